@@ -1,0 +1,155 @@
+"""The CDI subcommands of ``nri-cdi``: ``list``, ``validate``, ``inject``.
+
+Thin: each command parses its arguments, calls the library and prints. The ``nri-cdi``
+entry point (``nri_plugin.cli``) adds these to its parser with ``add_commands``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from .cache import SpecCache
+from .dirs import DEFAULT_SPEC_DIRS
+from .edits import apply
+from .errors import CDIError, FieldError, SpecError
+from .spec import is_json_path, load_document, read_spec
+
+
+def add_commands(subparsers: Any) -> None:
+    _add_list(subparsers)
+    _add_validate(subparsers)
+    _add_inject(subparsers)
+
+
+def _spec_dir_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--spec-dir", dest="spec_dirs", action="append", metavar="DIR",
+        help="a spec directory; repeat for several, later ones win "
+             f"(default: {' then '.join(DEFAULT_SPEC_DIRS)})")
+
+
+def _add_list(subparsers: Any) -> None:
+    parser = subparsers.add_parser("list", help="list the CDI devices of the spec directories")
+    _spec_dir_option(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit non-zero when any spec file has an error")
+    parser.set_defaults(func=cmd_list)
+
+
+def _add_validate(subparsers: Any) -> None:
+    parser = subparsers.add_parser("validate", help="validate CDI spec files")
+    parser.add_argument("files", nargs="+", metavar="FILE")
+    parser.add_argument("--schema", action="store_true",
+                        help="also check each file against the project's JSON schema")
+    parser.set_defaults(func=cmd_validate)
+
+
+def _add_inject(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "inject", help="apply CDI devices to an OCI runtime spec (config.json) and print it")
+    _spec_dir_option(parser)
+    parser.add_argument("--device", dest="devices", action="append", required=True,
+                        metavar="NAME", help="a qualified device name; repeat for several")
+    parser.add_argument("file", nargs="?", default="-", metavar="FILE|-",
+                        help="the OCI runtime spec (default: standard input)")
+    parser.set_defaults(func=cmd_inject)
+
+
+def cmd_list(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
+    snapshot = SpecCache(args.spec_dirs).refresh()
+    for path, messages in sorted(snapshot.errors.items()):
+        for message in messages:
+            print(f"{path}: {message}", file=err)
+    if args.json:
+        listing = [{"name": name, "spec": snapshot.devices[name].spec.path}
+                   for name in snapshot.device_names()]
+        errors = [{"file": p, "error": m} for p, ms in sorted(snapshot.errors.items()) for m in ms]
+        json.dump({"devices": listing, "errors": errors}, out, indent=2)
+        out.write("\n")
+    else:
+        for name in snapshot.device_names():
+            print(name, file=out)
+    return 1 if args.strict and snapshot.errors else 0
+
+
+def cmd_validate(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
+    failed = False
+    for path in args.files:
+        errors = _file_errors(path, with_schema=args.schema)
+        failed |= bool(errors)
+        for line in errors:
+            print(line, file=err)
+        if not errors:
+            print(f"{path}: valid", file=out)
+    return 1 if failed else 0
+
+
+def _file_errors(path: str, *, with_schema: bool) -> list[str]:
+    lines: list[str] = []
+    try:
+        spec = read_spec(path)
+    except SpecError as exc:
+        lines += exc.lines()
+    else:
+        del spec
+    if with_schema:
+        lines += [f"{path}: schema: {e}" for e in _schema_errors(path)]
+    return lines
+
+
+def _schema_errors(path: str) -> list[FieldError]:
+    from .schema import schema_errors  # jsonschema is only needed for --schema
+
+    try:
+        with open(path, "rb") as handle:
+            document = load_document(handle.read(), json_format=is_json_path(path))
+    except (OSError, SpecError):
+        return []  # already reported by the code's validator
+    return schema_errors(document)
+
+
+def cmd_inject(
+    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        oci = _read_oci(args.file)
+    except (OSError, ValueError) as exc:
+        print(f"{args.file}: cannot read OCI runtime spec: {exc}", file=err)
+        return 1
+    snapshot = SpecCache(args.spec_dirs).refresh()
+    try:
+        result = apply(oci, snapshot.resolve(args.devices))
+    except CDIError as exc:
+        print(f"nri-cdi inject: {exc}", file=err)
+        return 1
+    json.dump(result, out, indent=2)
+    out.write("\n")
+    return 0
+
+
+def _read_oci(name: str) -> dict[str, Any]:
+    text = sys.stdin.read() if name == "-" else open(name, encoding="utf-8").read()  # noqa: SIM115
+    document = json.loads(text)
+    if not isinstance(document, dict):
+        raise ValueError("not a JSON object")
+    return document
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Stand-alone entry (``python -m cdi``) with only the CDI commands."""
+    parser = argparse.ArgumentParser(prog="nri-cdi")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))

@@ -1,0 +1,58 @@
+"""Spec directories: defaults, priorities and the directory scan (CDI spec, spec directories)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from .spec import SPEC_EXTENSIONS
+
+# Static specs first, dynamic (generated at boot) second: a later directory has the
+# higher priority, so a fresh /var/run/cdi spec shadows a leftover in /etc/cdi.
+DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+
+
+@dataclass(frozen=True, slots=True)
+class SpecFile:
+    path: str
+    priority: int
+    # (device, inode, size, mtime_ns, ctime_ns): equal signatures mean unchanged content.
+    signature: tuple[int, int, int, int, int] | None
+    error: str | None = None
+
+
+def is_spec_name(name: str) -> bool:
+    """Only ``.json`` and ``.yaml`` count (``.yml`` does not, as in the reference)."""
+    return name.endswith(SPEC_EXTENSIONS)
+
+
+def scan(dirs: Sequence[str]) -> Iterator[SpecFile]:
+    """Every spec file in ``dirs`` (no recursion), with its priority (= directory index).
+
+    Missing directories are skipped. Files are listed in name order so that results are
+    stable. A name that is not a regular file (a folder, a FIFO) is reported, not opened.
+    """
+    for priority, folder in enumerate(dirs):
+        try:
+            names = sorted(os.listdir(folder))
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            yield SpecFile(folder, priority, None, f"cannot list directory: {exc.strerror}")
+            continue
+        for name in names:
+            if is_spec_name(name):
+                yield _stat_file(os.path.join(folder, name), priority)
+
+
+def _stat_file(path: str, priority: int) -> SpecFile:
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        return SpecFile(path, priority, None, f"cannot read: {exc.strerror}")
+    if not stat.S_ISREG(info.st_mode):
+        return SpecFile(path, priority, None, "not a regular file")
+    signature = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    return SpecFile(path, priority, signature)

@@ -1,0 +1,117 @@
+"""Merging container edits and applying them to an OCI runtime spec (CDI spec, apply
+semantics). Pure: ``apply`` works on a copy and never touches the host; device nodes
+must already be filled in (the cache does that when it loads specs)."""
+
+from __future__ import annotations
+
+import copy
+import posixpath
+from collections.abc import Iterable
+from typing import Any
+
+from .errors import EditError
+from .model import ContainerEdits, DeviceNode, Mount
+from .oci import cgroup_rule, device_to_oci, hook_to_oci, intel_rdt_to_oci, mount_to_oci
+from .validate import HOOK_NAMES
+
+
+def merge(parts: Iterable[ContainerEdits]) -> ContainerEdits:
+    """Concatenate edits in order; ``intelRdt`` is last-one-wins."""
+    env: list[str] = []
+    nodes: list[DeviceNode] = []
+    mounts: list[Mount] = []
+    hooks: list[Any] = []
+    gids: list[int] = []
+    nets: list[Any] = []
+    rdt = None
+    for part in parts:
+        env += part.env
+        nodes += part.device_nodes
+        mounts += part.mounts
+        hooks += part.hooks
+        gids += part.additional_gids
+        nets += part.net_devices
+        rdt = part.intel_rdt if part.intel_rdt is not None else rdt
+    return ContainerEdits(env=tuple(env), device_nodes=tuple(nodes), mounts=tuple(mounts),
+                          hooks=tuple(hooks), intel_rdt=rdt, additional_gids=tuple(gids),
+                          net_devices=tuple(nets))
+
+
+def mount_depth(destination: str) -> int:
+    """Path components of a cleaned destination: the key mounts are stably sorted by, so
+    that a parent folder is always mounted before what goes inside it."""
+    return posixpath.normpath(destination).count("/")
+
+
+def apply(oci: dict[str, Any], edits: ContainerEdits) -> dict[str, Any]:
+    """A copy of the OCI runtime spec ``oci`` with ``edits`` applied."""
+    result = copy.deepcopy(oci)
+    _apply_env(result, edits.env)
+    _apply_device_nodes(result, edits.device_nodes)
+    if edits.net_devices:
+        nets = result.setdefault("linux", {}).setdefault("netDevices", {})
+        for dev in edits.net_devices:
+            nets[dev.host_interface_name] = {"name": dev.name}
+    if edits.mounts:
+        _apply_mounts(result, edits.mounts)
+    _apply_hooks(result, edits)
+    if edits.intel_rdt is not None:
+        result.setdefault("linux", {})["intelRdt"] = intel_rdt_to_oci(edits.intel_rdt)
+    _apply_gids(result, edits.additional_gids)
+    return result
+
+
+def _apply_env(oci: dict[str, Any], env: tuple[str, ...]) -> None:
+    if not env:
+        return
+    current: list[str] = oci.setdefault("process", {}).setdefault("env", [])
+    index = {entry.partition("=")[0]: i for i, entry in enumerate(current)}
+    for entry in env:
+        name = entry.partition("=")[0]
+        if name in index:
+            current[index[name]] = entry
+        else:
+            index[name] = len(current)
+            current.append(entry)
+
+
+def _apply_device_nodes(oci: dict[str, Any], nodes: tuple[DeviceNode, ...]) -> None:
+    if not nodes:
+        return
+    user = oci.get("process", {}).get("user", {})
+    linux = oci.setdefault("linux", {})
+    devices: list[dict[str, Any]] = linux.setdefault("devices", [])
+    for node in nodes:
+        device = device_to_oci(node, process_uid=user.get("uid", 0),
+                               process_gid=user.get("gid", 0))
+        devices[:] = [d for d in devices if d.get("path") != device["path"]]
+        devices.append(device)
+        if node.type in ("b", "c"):
+            rules = linux.setdefault("resources", {}).setdefault("devices", [])
+            rules.append(cgroup_rule(node))
+
+
+def _apply_mounts(oci: dict[str, Any], mounts: tuple[Mount, ...]) -> None:
+    current: list[dict[str, Any]] = oci.setdefault("mounts", [])
+    for mount in mounts:
+        current[:] = [m for m in current if m.get("destination") != mount.container_path]
+        current.append(mount_to_oci(mount))
+    current.sort(key=lambda m: mount_depth(m.get("destination", "")))  # stable
+
+
+def _apply_hooks(oci: dict[str, Any], edits: ContainerEdits) -> None:
+    for hook in edits.hooks:
+        if hook.hook_name not in HOOK_NAMES:
+            raise EditError(f"unknown hook name {hook.hook_name!r}")
+        oci.setdefault("hooks", {}).setdefault(hook.hook_name, []).append(hook_to_oci(hook))
+
+
+def _apply_gids(oci: dict[str, Any], gids: tuple[int, ...]) -> None:
+    wanted = [gid for gid in gids if gid != 0]
+    if not wanted:
+        return
+    user = oci.setdefault("process", {}).setdefault("user", {})
+    current: list[int] = user.setdefault("additionalGids", [])
+    for gid in wanted:
+        if gid not in current:
+            current.append(gid)

@@ -1,0 +1,68 @@
+"""Error types of the CDI library: one root, messages that say what and where."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+
+class CDIError(Exception):
+    """Root of every error this package raises on purpose."""
+
+
+@dataclass(frozen=True, slots=True)
+class FieldError:
+    """One problem in a spec, located by a field path such as
+    ``devices[2].containerEdits.deviceNodes[0].type``."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class SpecError(CDIError):
+    """A spec document that cannot be used: bad syntax, bad structure or a broken rule.
+
+    Carries every problem found (not only the first), each with its field path, and the
+    file it came from when there is one.
+    """
+
+    def __init__(self, errors: Iterable[FieldError], *, file: str | None = None) -> None:
+        self.errors: tuple[FieldError, ...] = tuple(errors)
+        self.file = file
+        super().__init__("\n".join(self.lines()))
+
+    def lines(self) -> list[str]:
+        prefix = f"{self.file}: " if self.file else ""
+        return [f"{prefix}{err}" for err in self.errors]
+
+    def with_file(self, file: str) -> SpecError:
+        return SpecError(self.errors, file=file)
+
+
+class QualifiedNameError(CDIError, ValueError):
+    """A string that is not a valid ``vendor/class=name`` device name."""
+
+
+class AnnotationError(CDIError, ValueError):
+    """A ``cdi.k8s.io/`` annotation key or value that breaks the convention."""
+
+
+class DeviceNodeError(CDIError):
+    """A device node whose host side cannot be used (missing, wrong type)."""
+
+
+class UnresolvedDevicesError(CDIError):
+    """Some requested devices cannot be resolved; names every one of them."""
+
+    def __init__(self, reasons: Mapping[str, str]) -> None:
+        self.reasons = dict(reasons)
+        self.names = tuple(self.reasons)
+        detail = "; ".join(f"{name}: {why}" for name, why in self.reasons.items())
+        super().__init__(f"unresolvable CDI devices {', '.join(self.names)} ({detail})")
+
+
+class EditError(CDIError):
+    """Edits that cannot be applied to an OCI runtime spec."""

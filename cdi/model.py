@@ -1,0 +1,369 @@
+"""The CDI spec format as frozen dataclasses, with strict decoding and deterministic encoding.
+
+Decoding is strict like the reference library: unknown fields, wrong types and missing
+required fields are errors. It collects every structural problem with its field path
+instead of stopping at the first. Semantic rules (names, versions, hook types) live in
+``validate.py``; this module only knows shapes.
+
+JSON keys are those of the spec and the reference Go types (``additionalGids``,
+``schemata``), not the typos of the spec's prose sketch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from .errors import FieldError, SpecError
+
+UINT32_MAX = 2**32 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Aliases in YAML can make a small file decode into an enormous tree; no real spec comes
+# near this many values, so past it we stop instead of eating the node's memory.
+MAX_DECODED_VALUES = 2_000_000
+
+
+
+def _empty_map() -> Mapping[str, str]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceNode:
+    path: str
+    host_path: str | None = None
+    type: str | None = None
+    major: int | None = None
+    minor: int | None = None
+    file_mode: int | None = None
+    permissions: str | None = None
+    uid: int | None = None
+    gid: int | None = None
+
+    @property
+    def host(self) -> str:
+        return self.host_path or self.path
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Mount:
+    host_path: str
+    container_path: str
+    type: str | None = None
+    options: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hook:
+    hook_name: str
+    path: str
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    timeout: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IntelRdt:
+    clos_id: str | None = None
+    l3_cache_schema: str | None = None
+    mem_bw_schema: str | None = None
+    schemata: tuple[str, ...] | None = None  # 1.1.0
+    enable_monitoring: bool | None = None  # 1.1.0
+    enable_cmt: bool | None = None  # 0.7.0 .. 1.0.x, removed in 1.1.0
+    enable_mbm: bool | None = None  # 0.7.0 .. 1.0.x, removed in 1.1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetDevice:
+    host_interface_name: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContainerEdits:
+    env: tuple[str, ...] = ()
+    device_nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    hooks: tuple[Hook, ...] = ()
+    intel_rdt: IntelRdt | None = None
+    additional_gids: tuple[int, ...] = ()
+    net_devices: tuple[NetDevice, ...] = ()
+
+    def is_empty(self) -> bool:
+        return not (
+            self.env
+            or self.device_nodes
+            or self.mounts
+            or self.hooks
+            or self.intel_rdt is not None
+            or self.additional_gids
+            or self.net_devices
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceData:
+    name: str
+    annotations: Mapping[str, str] = field(default_factory=_empty_map)
+    container_edits: ContainerEdits = field(default_factory=ContainerEdits)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpecData:
+    cdi_version: str
+    kind: str
+    devices: tuple[DeviceData, ...]
+    annotations: Mapping[str, str] = field(default_factory=_empty_map)
+    container_edits: ContainerEdits = field(default_factory=ContainerEdits)
+
+
+# --------------------------------------------------------------------------------------
+# Field tables: JSON key, attribute, value kind, required. One table drives both the
+# decoder and the encoder, so the two cannot disagree.
+
+Decoder = Callable[[Any, str, "_Context"], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    key: str
+    attr: str
+    decode: Decoder
+    required: bool = False
+    # Encode even when empty: a required list, or a present-but-empty object whose mere
+    # presence means something (``intelRdt: {}`` raises the minimum version).
+    keep_empty: bool = False
+
+
+class _Invalid:
+    """Marks a value that failed to decode (its error is already recorded)."""
+
+
+INVALID = _Invalid()
+
+
+class _Context:
+    def __init__(self) -> None:
+        self.errors: list[FieldError] = []
+        self.values = 0
+
+    def error(self, path: str, message: str) -> _Invalid:
+        self.errors.append(FieldError(path, message))
+        return INVALID
+
+    def count(self, path: str) -> bool:
+        self.values += 1
+        if self.values == MAX_DECODED_VALUES:
+            self.error(path, f"spec has more than {MAX_DECODED_VALUES} values")
+        return self.values < MAX_DECODED_VALUES
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "boolean", int: "integer", float: "number", str: "string",
+            list: "list", dict: "mapping"}.get(type(value), type(value).__name__)
+
+
+def _string(value: Any, path: str, ctx: _Context) -> Any:
+    if not isinstance(value, str):
+        return ctx.error(path, f"must be a string, not {_type_name(value)}")
+    return value
+
+
+def _boolean(value: Any, path: str, ctx: _Context) -> Any:
+    if not isinstance(value, bool):
+        return ctx.error(path, f"must be a boolean, not {_type_name(value)}")
+    return value
+
+
+def _integer(low: int, high: int) -> Decoder:
+    def decode(value: Any, path: str, ctx: _Context) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return ctx.error(path, f"must be an integer, not {_type_name(value)}")
+        if not low <= value <= high:
+            return ctx.error(path, f"must be between {low} and {high}, not {value}")
+        return value
+
+    return decode
+
+
+_uint32 = _integer(0, UINT32_MAX)
+_int64 = _integer(INT64_MIN, INT64_MAX)
+# Go's int for hook timeouts; the spec requires > 0, checked in validate.py.
+_int = _integer(INT64_MIN, INT64_MAX)
+
+
+def _list_of(item: Decoder) -> Decoder:
+    def decode(value: Any, path: str, ctx: _Context) -> Any:
+        if not isinstance(value, list):
+            return ctx.error(path, f"must be a list, not {_type_name(value)}")
+        items = []
+        for index, element in enumerate(value):
+            if not ctx.count(path):
+                return INVALID
+            items.append(item(element, f"{path}[{index}]", ctx))
+        return INVALID if any(i is INVALID for i in items) else tuple(items)
+
+    return decode
+
+
+def _string_map(value: Any, path: str, ctx: _Context) -> Any:
+    if not isinstance(value, dict):
+        return ctx.error(path, f"must be a mapping of strings, not {_type_name(value)}")
+    before = len(ctx.errors)
+    for key, item in value.items():
+        ctx.count(path)
+        if not isinstance(key, str):
+            ctx.error(path, f"key {key!r} must be a string, not {_type_name(key)}")
+        elif not isinstance(item, str):
+            ctx.error(f"{path}[{key!r}]", f"must be a string, not {_type_name(item)}")
+    return INVALID if len(ctx.errors) > before else MappingProxyType(dict(value))
+
+
+def _object(cls: type) -> Decoder:
+    def decode(value: Any, path: str, ctx: _Context) -> Any:
+        return _decode_object(cls, value, path, ctx)
+
+    return decode
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _decode_object(cls: Any, value: Any, path: str, ctx: _Context) -> Any:
+    fields: tuple[_Field, ...] = _FIELDS[cls]
+    if not isinstance(value, dict):
+        return ctx.error(path, f"must be a mapping, not {_type_name(value)}")
+    if not ctx.count(path):
+        return INVALID
+    before = len(ctx.errors)
+    known = {f.key: f for f in fields}
+    for key in value:
+        if key not in known:
+            ctx.error(_join(path, str(key)), "unknown field")
+    kwargs = {}
+    for spec in fields:
+        if spec.key not in value:
+            if spec.required:
+                ctx.error(_join(path, spec.key), "required field is missing")
+            continue
+        raw = value[spec.key]
+        if raw is None and not spec.required:
+            continue  # an explicit null is the same as absent, as in Go's decoder
+        kwargs[spec.attr] = spec.decode(raw, _join(path, spec.key), ctx)
+    if len(ctx.errors) > before:
+        return INVALID
+    return cls(**kwargs)
+
+
+_FIELDS: dict[type, tuple[_Field, ...]] = {}
+_FIELDS[DeviceNode] = (
+    _Field("path", "path", _string, required=True),
+    _Field("hostPath", "host_path", _string),
+    _Field("type", "type", _string),
+    _Field("major", "major", _int64),
+    _Field("minor", "minor", _int64),
+    _Field("fileMode", "file_mode", _uint32),
+    _Field("permissions", "permissions", _string),
+    _Field("uid", "uid", _uint32),
+    _Field("gid", "gid", _uint32),
+)
+_FIELDS[Mount] = (
+    _Field("hostPath", "host_path", _string, required=True),
+    _Field("containerPath", "container_path", _string, required=True),
+    _Field("type", "type", _string),
+    _Field("options", "options", _list_of(_string)),
+)
+_FIELDS[Hook] = (
+    _Field("hookName", "hook_name", _string, required=True),
+    _Field("path", "path", _string, required=True),
+    _Field("args", "args", _list_of(_string)),
+    _Field("env", "env", _list_of(_string)),
+    _Field("timeout", "timeout", _int),
+)
+_FIELDS[IntelRdt] = (
+    _Field("closID", "clos_id", _string),
+    _Field("l3CacheSchema", "l3_cache_schema", _string),
+    _Field("memBwSchema", "mem_bw_schema", _string),
+    _Field("schemata", "schemata", _list_of(_string), keep_empty=True),
+    _Field("enableMonitoring", "enable_monitoring", _boolean),
+    _Field("enableCMT", "enable_cmt", _boolean),
+    _Field("enableMBM", "enable_mbm", _boolean),
+)
+_FIELDS[NetDevice] = (
+    _Field("hostInterfaceName", "host_interface_name", _string, required=True),
+    _Field("name", "name", _string, required=True),
+)
+_FIELDS[ContainerEdits] = (
+    _Field("env", "env", _list_of(_string)),
+    _Field("deviceNodes", "device_nodes", _list_of(_object(DeviceNode))),
+    _Field("mounts", "mounts", _list_of(_object(Mount))),
+    _Field("hooks", "hooks", _list_of(_object(Hook))),
+    _Field("intelRdt", "intel_rdt", _object(IntelRdt), keep_empty=True),
+    _Field("additionalGids", "additional_gids", _list_of(_uint32)),
+    _Field("netDevices", "net_devices", _list_of(_object(NetDevice))),
+)
+_FIELDS[DeviceData] = (
+    _Field("name", "name", _string, required=True),
+    _Field("annotations", "annotations", _string_map),
+    _Field("containerEdits", "container_edits", _object(ContainerEdits), required=True,
+           keep_empty=True),
+)
+_FIELDS[SpecData] = (
+    _Field("cdiVersion", "cdi_version", _string, required=True),
+    _Field("kind", "kind", _string, required=True),
+    _Field("annotations", "annotations", _string_map),
+    _Field("devices", "devices", _list_of(_object(DeviceData)), required=True, keep_empty=True),
+    _Field("containerEdits", "container_edits", _object(ContainerEdits)),
+)
+FIELD_KEYS: Mapping[type, tuple[str, ...]] = MappingProxyType(
+    {cls: tuple(f.key for f in fields) for cls, fields in _FIELDS.items()}
+)
+
+
+def spec_from_dict(document: Any) -> SpecData:
+    """Decode a parsed JSON/YAML document; raise SpecError listing every structural problem."""
+    ctx = _Context()
+    if document is None:
+        raise SpecError([FieldError("", "spec is empty")])
+    result = _decode_object(SpecData, document, "", ctx)
+    if ctx.errors or result is INVALID:
+        raise SpecError(ctx.errors)
+    return result  # type: ignore[no-any-return]
+
+
+def edits_from_dict(document: Any, path: str = "containerEdits") -> ContainerEdits:
+    """Decode one ``containerEdits`` object (used by tools that build edits by hand)."""
+    ctx = _Context()
+    result = _decode_object(ContainerEdits, document, path, ctx)
+    if ctx.errors or result is INVALID:
+        raise SpecError(ctx.errors)
+    return result  # type: ignore[no-any-return]
+
+
+def to_dict(value: Any) -> Any:
+    """Encode a model value as plain JSON data, in field-table order, leaving out empty
+    optional fields, so that equal values always give equal (and stable) output."""
+    fields = _FIELDS.get(type(value))
+    if fields is None:
+        if isinstance(value, tuple):
+            return [to_dict(item) for item in value]
+        if isinstance(value, Mapping):
+            return {key: value[key] for key in sorted(value)}
+        return value
+    out: dict[str, Any] = {}
+    for spec in fields:
+        item = getattr(value, spec.attr)
+        if item is None:
+            continue
+        empty = item == () or (isinstance(item, Mapping) and not item) or (
+            isinstance(item, ContainerEdits) and item.is_empty()
+        )
+        if empty and not (spec.required or spec.keep_empty):
+            continue
+        out[spec.key] = to_dict(item)
+    return out

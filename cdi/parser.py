@@ -1,0 +1,131 @@
+"""Qualified device names ``vendor/class=name`` and their parts (CDI spec, names section).
+
+Pure functions, no dependencies: every other module may import this one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import QualifiedNameError
+
+# vendor and class: a letter first, alphanumeric last, [A-Za-z0-9_.-] between.
+_QUALIFIER_RE = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
+# device name: alphanumeric at both ends, ':' allowed inside (MIG names such as 0:1).
+_NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+
+# Limits from the spec text (vendor is a DNS subdomain, class a DNS label); the Go
+# library does not enforce them, we do, because a runtime keyed on DNS names may.
+MAX_VENDOR_LENGTH = 253
+MAX_CLASS_LENGTH = 63
+
+
+@dataclass(frozen=True, slots=True)
+class QualifiedName:
+    vendor: str
+    class_: str
+    name: str
+
+    @property
+    def kind(self) -> str:
+        return f"{self.vendor}/{self.class_}"
+
+    def __str__(self) -> str:
+        return f"{self.vendor}/{self.class_}={self.name}"
+
+
+def vendor_error(vendor: str) -> str | None:
+    """Why ``vendor`` is not a valid vendor, or None when it is."""
+    return _qualifier_error("vendor", vendor, MAX_VENDOR_LENGTH)
+
+
+def class_error(class_: str) -> str | None:
+    """Why ``class_`` is not a valid device class, or None when it is."""
+    return _qualifier_error("class", class_, MAX_CLASS_LENGTH)
+
+
+def _qualifier_error(what: str, value: str, max_length: int) -> str | None:
+    if not value:
+        return f"{what} is empty"
+    if len(value) > max_length:
+        return f"{what} {value!r} is longer than {max_length} characters"
+    if not value[0].isascii() or not value[0].isalpha():
+        return f"{what} {value!r} must start with a letter"
+    if not _QUALIFIER_RE.fullmatch(value):
+        return (
+            f"{what} {value!r} must end with a letter or digit and contain only "
+            "letters, digits, '_', '.' and '-'"
+        )
+    return None
+
+
+def device_name_error(name: str) -> str | None:
+    """Why ``name`` is not a valid device name, or None when it is."""
+    if not name:
+        return "device name is empty"
+    if not _NAME_RE.fullmatch(name):
+        return (
+            f"device name {name!r} must start and end with a letter or digit and contain "
+            "only letters, digits, '_', '.', ':' and '-'"
+        )
+    return None
+
+
+def parse_kind(kind: str) -> tuple[str, str]:
+    """Split ``vendor/class`` at the first ``/``; ("", "") when it has no two parts."""
+    vendor, sep, class_ = kind.partition("/")
+    if not sep or not vendor or not class_:
+        return "", ""
+    return vendor, class_
+
+
+def kind_error(kind: str) -> str | None:
+    vendor, class_ = parse_kind(kind)
+    if not vendor:
+        return f"kind {kind!r} must have the form vendor/class"
+    return vendor_error(vendor) or class_error(class_)
+
+
+def split_device(device: str) -> tuple[str, str, str]:
+    """Split a possibly qualified name; unqualified input comes back as ("", "", input).
+
+    Anything empty or starting with '/' is a device path, not a CDI name.
+    """
+    if not device or device.startswith("/"):
+        return "", "", device
+    kind, sep, name = device.partition("=")
+    if not sep or not kind or not name:
+        return "", "", device
+    vendor, class_ = parse_kind(kind)
+    if not vendor:
+        return "", "", device
+    return vendor, class_, name
+
+
+def parse_qualified_name(device: str) -> QualifiedName:
+    """Parse and validate ``vendor/class=name``; raise QualifiedNameError saying why not."""
+    vendor, class_, name = split_device(device)
+    if not vendor:
+        raise QualifiedNameError(
+            f"invalid CDI device name {device!r}: expected vendor/class=name"
+        )
+    problem = vendor_error(vendor) or class_error(class_) or device_name_error(name)
+    if problem:
+        raise QualifiedNameError(f"invalid CDI device name {device!r}: {problem}")
+    return QualifiedName(vendor, class_, name)
+
+
+def is_qualified_name(device: str) -> bool:
+    try:
+        parse_qualified_name(device)
+    except QualifiedNameError:
+        return False
+    return True
+
+
+def qualified_name(vendor: str, class_: str, name: str) -> str:
+    """Build ``vendor/class=name``, validating every part."""
+    result = f"{vendor}/{class_}={name}"
+    parse_qualified_name(result)
+    return result

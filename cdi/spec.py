@@ -1,0 +1,194 @@
+"""One CDI spec file: strict parsing (pure), reading, deterministic dumping, atomic writing."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import FieldError, SpecError
+from .model import DeviceData, SpecData, spec_from_dict, to_dict
+from .parser import parse_kind
+from .validate import validate_spec
+from .version import minimum_version
+
+SPEC_EXTENSIONS = (".json", ".yaml")
+# A real spec for 8 GPUs x 7 MIG devices is well under 1 MiB; refuse to slurp anything
+# absurd that happens to sit in a spec directory.
+MAX_SPEC_BYTES = 32 * 1024 * 1024
+
+_BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present
+
+
+class _StrictLoader(_BaseLoader):  # type: ignore[misc,valid-type]
+    """Safe YAML loader that rejects duplicate mapping keys, as the reference's strict
+    decoder does (a silently shadowed key is a bug in the spec, not a preference)."""
+
+
+def _construct_strict_mapping(loader: Any, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, yaml.Node] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            continue  # reported later as a non-string key
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark)
+        seen[key] = key_node
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                              _construct_strict_mapping)
+
+
+def _reject_duplicate_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def load_document(data: bytes | str, *, json_format: bool) -> Any:
+    """Parse JSON or YAML strictly into plain data; raise SpecError on bad syntax."""
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecError([FieldError("", f"spec is larger than {MAX_SPEC_BYTES} bytes")])
+    try:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        if json_format:
+            return json.loads(text, object_pairs_hook=_reject_duplicate_pairs)
+        return yaml.load(text, Loader=_StrictLoader)
+    except UnicodeDecodeError as exc:
+        raise SpecError([FieldError("", f"not UTF-8 text: {exc}")]) from None
+    except json.JSONDecodeError as exc:
+        raise SpecError([FieldError("", f"invalid JSON: {exc}")]) from None
+    except ValueError as exc:  # duplicate JSON key
+        raise SpecError([FieldError("", f"invalid JSON: {exc}")]) from None
+    except yaml.YAMLError as exc:
+        raise SpecError([FieldError("", f"invalid YAML: {_one_line(str(exc))}")]) from None
+    except RecursionError:
+        raise SpecError([FieldError("", "spec nests too deeply")]) from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def parse_spec_data(data: bytes | str, *, json_format: bool = False) -> SpecData:
+    """Bytes to a validated SpecData; SpecError lists every problem. Pure."""
+    document = load_document(data, json_format=json_format)
+    spec = spec_from_dict(document)
+    validate_spec(spec)
+    return spec
+
+
+def is_json_path(path: str | os.PathLike[str]) -> bool:
+    return str(path).endswith(".json")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Spec:
+    """A valid spec with where it came from. Exists only if valid."""
+
+    data: SpecData
+    path: str = ""
+    priority: int = 0
+
+    @property
+    def kind(self) -> str:
+        return self.data.kind
+
+    @property
+    def vendor(self) -> str:
+        return parse_kind(self.data.kind)[0]
+
+    @property
+    def class_(self) -> str:
+        return parse_kind(self.data.kind)[1]
+
+    @property
+    def devices(self) -> tuple[DeviceData, ...]:
+        return self.data.devices
+
+
+def parse_spec(data: bytes | str, path: str = "", priority: int = 0) -> Spec:
+    """Parse a spec document; errors name ``path``. Pure: the path is only a label."""
+    try:
+        spec_data = parse_spec_data(data, json_format=is_json_path(path))
+    except SpecError as exc:
+        raise exc.with_file(path) if path else exc from None
+    return Spec(data=spec_data, path=path, priority=priority)
+
+
+def read_spec(path: str | os.PathLike[str], priority: int = 0) -> Spec:
+    name = os.fspath(path)
+    try:
+        with open(name, "rb") as handle:
+            data = handle.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise SpecError([FieldError("", f"cannot read: {exc.strerror}")], file=name) from None
+    return parse_spec(data, name, priority)
+
+
+def dump_spec(spec: SpecData, *, json_format: bool = False) -> str:
+    """Deterministic text of a spec: fields in spec order, empty fields left out."""
+    document = to_dict(spec)
+    if json_format:
+        return json.dumps(document, indent=2) + "\n"
+    dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    body = yaml.dump(document, Dumper=dumper, sort_keys=False, default_flow_style=False,
+                     allow_unicode=True, width=1 << 16)
+    return "---\n" + body
+
+
+def with_minimum_version(spec: SpecData) -> SpecData:
+    """The same spec declaring the minimum version its content needs."""
+    from dataclasses import replace
+
+    return replace(spec, cdi_version=minimum_version(spec))
+
+
+def write_spec(spec: SpecData, path: str | os.PathLike[str], *, mode: int = 0o644) -> None:
+    """Validate, then write atomically: a temporary file in the same folder, fsync, rename.
+
+    A failure at any point leaves the previous file untouched and no temporary behind.
+    """
+    validate_spec(spec)
+    target = Path(path)
+    text = dump_spec(spec, json_format=is_json_path(target))
+    atomic_write(target, text.encode("utf-8"), mode=mode)
+
+
+def atomic_write(target: Path, data: bytes, *, mode: int = 0o644) -> None:
+    # The temporary name ends in .tmp so that spec-directory watchers ignore it.
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fchmod(handle.fileno(), mode)
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(target.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

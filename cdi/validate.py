@@ -1,0 +1,216 @@
+"""Semantic rules of a CDI spec (CDI spec validation rules; reference library behaviour).
+
+Every rule adds a FieldError with the path of the offending field; ``validate_spec``
+raises one SpecError carrying all of them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+from .errors import FieldError, SpecError
+from .model import ContainerEdits, DeviceNode, Hook, IntelRdt, SpecData
+from .parser import device_name_error, kind_error
+from .version import EARLIEST_SUPPORTED, KNOWN_VERSIONS, minimum_requirement, version_key
+
+# OCI hook points; ``prestart`` is deprecated by OCI but still accepted by the reference.
+HOOK_NAMES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart",
+              "poststop")
+DEVICE_TYPES = ("b", "c", "u", "p")
+MAX_ANNOTATIONS_SIZE = 256 * 1024
+MAX_CLOS_ID_LENGTH = 4096
+
+_DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN_RE = re.compile(rf"{_DNS_LABEL}(?:\.{_DNS_LABEL})*")
+_QUALIFIED_NAME_RE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def validate_spec(spec: SpecData) -> None:
+    errors = spec_errors(spec)
+    if errors:
+        raise SpecError(errors)
+
+
+def spec_errors(spec: SpecData) -> list[FieldError]:
+    errors: list[FieldError] = []
+    errors += _version_errors(spec)
+    problem = kind_error(spec.kind)
+    if problem:
+        errors.append(FieldError("kind", problem))
+    errors += annotation_errors(spec.annotations, "annotations")
+    errors += _device_errors(spec)
+    errors += edits_errors(spec.container_edits, "containerEdits")
+    return errors
+
+
+def _version_errors(spec: SpecData) -> list[FieldError]:
+    declared = spec.cdi_version
+    if declared.removeprefix("v") not in KNOWN_VERSIONS:
+        return [FieldError("cdiVersion", f"invalid version {declared!r}: known versions are "
+                           f"{', '.join(reversed(KNOWN_VERSIONS[:-2]))}")]
+    errors = []
+    requirement = minimum_requirement(spec)
+    if requirement and version_key(declared) < version_key(requirement.version):
+        errors.append(FieldError(
+            "cdiVersion",
+            f"version {declared} is too old for this spec: {requirement.feature} "
+            f"({requirement.path}) needs at least {requirement.version}",
+        ))
+    elif version_key(declared) < version_key(EARLIEST_SUPPORTED):
+        errors.append(FieldError("cdiVersion", f"version {declared} is not supported: "
+                                 f"it must be at least {EARLIEST_SUPPORTED}"))
+    if version_key(declared) >= (1, 1, 0):
+        errors += _removed_field_errors(spec, declared)
+    return errors
+
+
+def _removed_field_errors(spec: SpecData, declared: str) -> list[FieldError]:
+    """enableCMT/enableMBM existed up to 1.0.x; a 1.1.0 spec may not use them."""
+    errors = []
+    edits = [("containerEdits", spec.container_edits)] + [
+        (f"devices[{i}].containerEdits", d.container_edits) for i, d in enumerate(spec.devices)
+    ]
+    for path, item in edits:
+        rdt = item.intel_rdt
+        for key, value in (("enableCMT", rdt and rdt.enable_cmt),
+                           ("enableMBM", rdt and rdt.enable_mbm)):
+            if value is not None:
+                errors.append(FieldError(
+                    f"{path}.intelRdt.{key}",
+                    f"removed in CDI 1.1.0 (spec declares {declared}); use enableMonitoring",
+                ))
+    return errors
+
+
+def _device_errors(spec: SpecData) -> list[FieldError]:
+    if not spec.devices:
+        return [FieldError("devices", "a spec must define at least one device")]
+    errors = []
+    seen: dict[str, int] = {}
+    for index, device in enumerate(spec.devices):
+        path = f"devices[{index}]"
+        problem = device_name_error(device.name)
+        if problem:
+            errors.append(FieldError(f"{path}.name", problem))
+        elif device.name in seen:
+            errors.append(FieldError(f"{path}.name", f"duplicate device name {device.name!r} "
+                                     f"(also devices[{seen[device.name]}])"))
+        else:
+            seen[device.name] = index
+        errors += annotation_errors(device.annotations, f"{path}.annotations")
+        if device.container_edits.is_empty():
+            errors.append(FieldError(f"{path}.containerEdits",
+                                     "invalid device, empty device edits"))
+        errors += edits_errors(device.container_edits, f"{path}.containerEdits")
+    return errors
+
+
+def annotation_errors(annotations: Mapping[str, str], path: str) -> list[FieldError]:
+    """Kubernetes annotation rules: qualified-name keys, at most 256 KiB in all."""
+    errors = []
+    total = 0
+    for key, value in annotations.items():
+        total += len(key) + len(value)
+        problem = _annotation_key_error(key)
+        if problem:
+            errors.append(FieldError(f"{path}[{key!r}]", problem))
+    if total > MAX_ANNOTATIONS_SIZE:
+        errors.append(FieldError(path, f"annotations are {total} bytes in all, more than the "
+                                 f"limit of {MAX_ANNOTATIONS_SIZE}"))
+    return errors
+
+
+def _annotation_key_error(key: str) -> str | None:
+    # Kubernetes compares annotation keys lower-cased.
+    prefix, sep, name = key.lower().rpartition("/")
+    if sep:
+        if not prefix:
+            return "key prefix before '/' is empty"
+        if len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.fullmatch(prefix):
+            return f"key prefix {prefix!r} must be a DNS subdomain of at most 253 characters"
+    if not name:
+        return "key name is empty"
+    if len(name) > 63 or not _QUALIFIED_NAME_RE.fullmatch(name):
+        return (f"key name {name!r} must be at most 63 characters, start and end with a letter "
+                "or digit, and contain only letters, digits, '-', '_' and '.'")
+    return None
+
+
+def edits_errors(edits: ContainerEdits, path: str) -> list[FieldError]:
+    errors = _env_errors(edits.env, f"{path}.env")
+    for index, node in enumerate(edits.device_nodes):
+        errors += _device_node_errors(node, f"{path}.deviceNodes[{index}]")
+    for index, mount in enumerate(edits.mounts):
+        where = f"{path}.mounts[{index}]"
+        if not mount.host_path:
+            errors.append(FieldError(f"{where}.hostPath", "must not be empty"))
+        if not mount.container_path:
+            errors.append(FieldError(f"{where}.containerPath", "must not be empty"))
+    for index, hook in enumerate(edits.hooks):
+        errors += _hook_errors(hook, f"{path}.hooks[{index}]")
+    if edits.intel_rdt is not None:
+        errors += _intel_rdt_errors(edits.intel_rdt, f"{path}.intelRdt")
+    errors += _net_device_errors(edits, f"{path}.netDevices")
+    return errors
+
+
+def _env_errors(env: Iterable[str], path: str) -> list[FieldError]:
+    return [FieldError(f"{path}[{i}]", f"invalid environment variable {entry!r}: "
+                       "must have the form NAME=VALUE")
+            for i, entry in enumerate(env) if entry.find("=") <= 0]
+
+
+def _device_node_errors(node: DeviceNode, path: str) -> list[FieldError]:
+    errors = []
+    if not node.path:
+        errors.append(FieldError(f"{path}.path", "must not be empty"))
+    if node.type and node.type not in DEVICE_TYPES:
+        errors.append(FieldError(f"{path}.type", f"must be one of {', '.join(DEVICE_TYPES)}"))
+    perms = node.permissions
+    if perms and perms != "none" and set(perms) - set("rwm"):
+        errors.append(FieldError(f"{path}.permissions",
+                                 f"invalid permissions {perms!r}: use r, w and m, or none"))
+    return errors
+
+
+def _hook_errors(hook: Hook, path: str) -> list[FieldError]:
+    errors = []
+    if hook.hook_name not in HOOK_NAMES:
+        errors.append(FieldError(f"{path}.hookName", f"invalid hook name {hook.hook_name!r}: "
+                                 f"must be one of {', '.join(HOOK_NAMES)}"))
+    if not hook.path:
+        errors.append(FieldError(f"{path}.path", "must not be empty"))
+    elif not hook.path.startswith("/"):
+        errors.append(FieldError(f"{path}.path", f"must be an absolute path, not {hook.path!r}"))
+    if hook.timeout is not None and hook.timeout <= 0:
+        errors.append(FieldError(f"{path}.timeout", f"must be greater than 0, not {hook.timeout}"))
+    return errors + _env_errors(hook.env, f"{path}.env")
+
+
+def _intel_rdt_errors(rdt: IntelRdt, path: str) -> list[FieldError]:
+    clos = rdt.clos_id
+    if clos is None or clos == "/":  # "/" names the root CLOS
+        return []
+    if len(clos) >= MAX_CLOS_ID_LENGTH:
+        return [FieldError(f"{path}.closID", f"longer than {MAX_CLOS_ID_LENGTH - 1} characters")]
+    if clos in (".", "..") or "/" in clos or "\n" in clos:
+        return [FieldError(f"{path}.closID", f"invalid CLOS id {clos!r}: must not be '.' or "
+                           "'..' or contain '/' or a newline")]
+    return []
+
+
+def _net_device_errors(edits: ContainerEdits, path: str) -> list[FieldError]:
+    errors = []
+    host_names: set[str] = set()
+    names: set[str] = set()
+    for index, dev in enumerate(edits.net_devices):
+        where = f"{path}[{index}]"
+        for key, value, seen in (("hostInterfaceName", dev.host_interface_name, host_names),
+                                 ("name", dev.name, names)):
+            if not value:
+                errors.append(FieldError(f"{where}.{key}", "must not be empty"))
+            elif value in seen:
+                errors.append(FieldError(f"{where}.{key}", f"duplicate {key} {value!r}"))
+            seen.add(value)
+    return errors

@@ -1,0 +1,27 @@
+"""``nri-cdi``: one command for the CDI library, the generator, the hooks and the plugin."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from cdi.cli import add_commands as add_cdi_commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nri-cdi",
+        description="CDI specs for GPU nodes and a containerd NRI plugin that applies them.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_cdi_commands(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
