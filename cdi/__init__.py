@@ -1,43 +1,45 @@
 """Container Device Interface (CDI): specs, qualified names, the spec registry and applying
-edits to OCI runtime specs. Vendor-neutral; the NVIDIA generator lives in ``cdi.nvidia``."""
+edits to OCI runtime specs. Vendor-neutral; the NVIDIA generator lives in ``cdi.nvidia``.
+
+Public names are imported on first use, so that ``import cdi.nvidia.elf`` (the generator's
+start-up path) or ``import cdi.parser`` does not pay for the whole library.
+"""
 
 from __future__ import annotations
 
-from .annotations import ANNOTATION_PREFIX, annotation_key, parse_annotations
-from .cache import Snapshot, SpecCache
-from .device import Device
-from .dirs import DEFAULT_SPEC_DIRS
-from .edits import apply, merge
-from .errors import (
-    AnnotationError,
-    CDIError,
-    DeviceNodeError,
-    EditError,
-    FieldError,
-    QualifiedNameError,
-    SpecError,
-    UnresolvedDevicesError,
-)
-from .model import (
-    ContainerEdits,
-    DeviceData,
-    DeviceNode,
-    Hook,
-    IntelRdt,
-    Mount,
-    NetDevice,
-    SpecData,
-)
-from .parser import QualifiedName, is_qualified_name, parse_qualified_name, qualified_name
-from .spec import Spec, dump_spec, parse_spec, read_spec, write_spec
-from .version import CURRENT_VERSION, minimum_version
+import importlib
+from typing import Any
 
-__all__ = [
-    "ANNOTATION_PREFIX", "CURRENT_VERSION", "DEFAULT_SPEC_DIRS", "AnnotationError", "CDIError",
-    "ContainerEdits", "Device", "DeviceData", "DeviceNode", "DeviceNodeError", "EditError",
-    "FieldError", "Hook", "IntelRdt", "Mount", "NetDevice", "QualifiedName",
-    "QualifiedNameError", "Snapshot", "Spec", "SpecCache", "SpecData", "SpecError",
-    "UnresolvedDevicesError", "annotation_key", "apply", "dump_spec", "is_qualified_name",
-    "merge", "minimum_version", "parse_annotations", "parse_qualified_name", "parse_spec",
-    "qualified_name", "read_spec", "write_spec",
-]
+_EXPORTS = {
+    "ANNOTATION_PREFIX": "annotations", "annotation_key": "annotations",
+    "parse_annotations": "annotations",
+    "Snapshot": "cache", "SpecCache": "cache",
+    "Device": "device",
+    "DEFAULT_SPEC_DIRS": "dirs",
+    "apply": "edits", "merge": "edits",
+    "AnnotationError": "errors", "CDIError": "errors", "DeviceNodeError": "errors",
+    "EditError": "errors", "FieldError": "errors", "QualifiedNameError": "errors",
+    "SpecError": "errors", "UnresolvedDevicesError": "errors",
+    "ContainerEdits": "model", "DeviceData": "model", "DeviceNode": "model", "Hook": "model",
+    "IntelRdt": "model", "Mount": "model", "NetDevice": "model", "SpecData": "model",
+    "QualifiedName": "parser", "is_qualified_name": "parser",
+    "parse_qualified_name": "parser", "qualified_name": "parser",
+    "Spec": "spec", "dump_spec": "spec", "parse_spec": "spec", "read_spec": "spec",
+    "write_spec": "spec",
+    "CURRENT_VERSION": "version", "minimum_version": "version",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cdi' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -34,6 +34,8 @@ class _StrictLoader(_BaseLoader):  # type: ignore[misc,valid-type]
 def _construct_strict_mapping(loader: Any, node: yaml.MappingNode, deep: bool = False) -> Any:
     seen: dict[Any, yaml.Node] = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # '<<' merge keys are expanded by the base constructor
         key = loader.construct_object(key_node, deep=True)
         try:
             hash(key)

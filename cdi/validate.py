@@ -111,7 +111,7 @@ def annotation_errors(annotations: Mapping[str, str], path: str) -> list[FieldEr
     errors = []
     total = 0
     for key, value in annotations.items():
-        total += len(key) + len(value)
+        total += len(key.encode()) + len(value.encode())  # bytes, as Kubernetes counts
         problem = _annotation_key_error(key)
         if problem:
             errors.append(FieldError(f"{path}[{key!r}]", problem))

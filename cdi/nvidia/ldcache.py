@@ -1,0 +1,319 @@
+"""Reader for glibc's ``ld.so.cache`` and in-root library lookup.
+
+The generator finds driver libraries the way the dynamic loader would: through the cache
+that ``ldconfig`` wrote under the driver root.  Two layouts exist in the wild:
+
+* new format only (glibc >= 2.32 writes this by default): a 48-byte header
+  ``glibc-ld.so.cache1.1`` + nlibs + string-table size + flags + extension offset, then
+  nlibs 24-byte entries ``{flags i32, key u32, value u32, osversion u32, hwcap u64}``,
+  then the string table;
+* "compat" format: an old ``ld.so-1.7.0`` header with 12-byte entries, padded to 8 bytes,
+  followed by a complete new-format section.  Only the new section is read.
+
+String offsets in new entries count from the start of the new header.  ``parse`` is pure
+(bytes in, values out); ``read_ldcache`` adds only the file read and its name in errors.
+Every malformed input raises :class:`LdCacheError` naming the source and the offset.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import os
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "LdCache",
+    "LdCacheEntry",
+    "LdCacheError",
+    "find_libraries",
+    "parse",
+    "parse_ldcache",
+    "read_ldcache",
+    "resolve_in_root",
+]
+
+OLD_MAGIC = b"ld.so-1.7.0"
+NEW_MAGIC = b"glibc-ld.so.cache1.1"
+_OLD_HEADER_SIZE = 16  # 11-byte magic, padded, + u32 nlibs
+_OLD_ENTRY_SIZE = 12
+_NEW_HEADER_SIZE = 48
+_NEW_ENTRY_SIZE = 24
+_EXTENSION_MAGIC = 0xEAA42174
+_EXTENSION_TAG_GENERATOR = 0
+
+# Byte 28 of the new header records the writer's byte order (glibc >= 2.33).
+_ENDIAN_UNSET, _ENDIAN_INVALID, _ENDIAN_LITTLE, _ENDIAN_BIG = 0, 1, 2, 3
+
+FLAG_TYPE_MASK = 0x00FF
+FLAG_ELF = 0x0001  # set for both FLAG_ELF (1) and FLAG_ELF_LIBC6 (3)
+FLAG_ARCH_MASK = 0xFF00
+
+# Arch bits that ldconfig records.  0x0000 means "the platform's default 32-bit ABI",
+# which on x86 hosts is i386.
+ARCH_NAMES: dict[int, str] = {
+    0x0000: "i386",
+    0x0300: "x86-64",
+    0x0500: "ppc64",
+    0x0800: "x32",
+    0x0900: "armhf",
+    0x0A00: "aarch64",
+}
+ARCH_64BIT = frozenset({0x0300, 0x0500, 0x0A00})
+
+_MAX_SYMLINK_HOPS = 40  # same bound as Linux's path walk
+
+
+class LdCacheError(Exception):
+    """The cache is malformed; ``source`` and ``offset`` say where."""
+
+    def __init__(self, message: str, *, source: str = "<bytes>", offset: int | None = None):
+        self.source = source
+        self.offset = offset
+        where = source if offset is None else f"{source}: offset {offset}"
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LdCacheEntry:
+    """One library in the cache: ``key`` is the name the loader looks up (the SONAME)."""
+
+    key: str
+    path: str
+    flags: int
+    osversion: int = 0
+    hwcap: int = 0
+
+    @property
+    def soname(self) -> str:
+        return self.key
+
+    @property
+    def is_elf(self) -> bool:
+        return bool(self.flags & FLAG_TYPE_MASK & FLAG_ELF)
+
+    @property
+    def arch_flag(self) -> int:
+        return self.flags & FLAG_ARCH_MASK
+
+    @property
+    def arch(self) -> str:
+        return ARCH_NAMES.get(self.arch_flag, f"unknown(0x{self.arch_flag:04x})")
+
+    @property
+    def is_64bit(self) -> bool:
+        return self.arch_flag in ARCH_64BIT
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LdCache:
+    entries: tuple[LdCacheEntry, ...]
+    compat: bool = False  # an old-format section preceded the new one
+    big_endian: bool = False
+    generator: str | None = None  # e.g. "ldconfig (GNU libc) 2.36", from the extension
+
+
+def parse(data: bytes, *, source: str = "<bytes>") -> LdCache:
+    """Parse a whole cache file's bytes."""
+    base, compat = _find_new_header(data, source)
+    order, nlibs, strings_len, ext_offset = _read_new_header(data, base, source)
+    entries_end = base + _NEW_HEADER_SIZE + nlibs * _NEW_ENTRY_SIZE
+    if entries_end > len(data):
+        raise LdCacheError(
+            f"truncated: {nlibs} entries need {entries_end} bytes, file has {len(data)}",
+            source=source,
+            offset=len(data),
+        )
+    strings_end = entries_end + strings_len
+    if strings_end > len(data):
+        raise LdCacheError(
+            f"truncated string table: needs {strings_end} bytes, file has {len(data)}",
+            source=source,
+            offset=len(data),
+        )
+    table = _StringTable(data, base, entries_end, strings_end, source)
+    entries = tuple(
+        _read_entry(data, base + _NEW_HEADER_SIZE + i * _NEW_ENTRY_SIZE, order, table)
+        for i in range(nlibs)
+    )
+    generator = _read_extension(data, ext_offset, order, source) if ext_offset else None
+    return LdCache(entries=entries, compat=compat, big_endian=order == ">", generator=generator)
+
+
+def parse_ldcache(data: bytes, *, source: str = "<bytes>") -> list[LdCacheEntry]:
+    """The cache's entries, in file order (the loader's preference order)."""
+    return list(parse(data, source=source).entries)
+
+
+def read_ldcache(path: str | os.PathLike[str]) -> list[LdCacheEntry]:
+    """Read and parse a cache file; I/O errors propagate as ``OSError``."""
+    with open(path, "rb") as f:
+        data = f.read()
+    return parse_ldcache(data, source=os.fspath(path))
+
+
+def _find_new_header(data: bytes, source: str) -> tuple[int, bool]:
+    if data.startswith(NEW_MAGIC):
+        return 0, False
+    if not data.startswith(OLD_MAGIC):
+        raise LdCacheError("bad magic: not an ld.so.cache", source=source, offset=0)
+    if len(data) < _OLD_HEADER_SIZE:
+        raise LdCacheError("truncated old-format header", source=source, offset=len(data))
+    (old_nlibs,) = struct.unpack_from("<I", data, 12)
+    # The new section is aligned like its header struct (which holds a u64): to 8 bytes.
+    base = _align(_OLD_HEADER_SIZE + old_nlibs * _OLD_ENTRY_SIZE, 8)
+    if not data.startswith(NEW_MAGIC, base):
+        raise LdCacheError(
+            "old-format cache without a new-format section is not supported",
+            source=source,
+            offset=min(base, len(data)),
+        )
+    return base, True
+
+
+def _read_new_header(data: bytes, base: int, source: str) -> tuple[str, int, int, int]:
+    if len(data) < base + _NEW_HEADER_SIZE:
+        raise LdCacheError("truncated new-format header", source=source, offset=len(data))
+    endian = data[base + 28] & 3
+    if endian == _ENDIAN_INVALID:
+        raise LdCacheError("header marks the byte order invalid", source=source, offset=base + 28)
+    # "unset" caches come from glibc < 2.33, which wrote host order; we assume little-endian.
+    order = ">" if endian == _ENDIAN_BIG else "<"
+    nlibs, strings_len = struct.unpack_from(order + "II", data, base + 20)
+    (ext_offset,) = struct.unpack_from(order + "I", data, base + 32)
+    return order, nlibs, strings_len, ext_offset
+
+
+class _StringTable:
+    """NUL-terminated strings, addressed relative to the new header."""
+
+    def __init__(self, data: bytes, base: int, start: int, end: int, source: str):
+        self._data, self._base, self._start, self._end = data, base, start, end
+        self._source = source
+
+    def get(self, rel: int, field_offset: int) -> str:
+        pos = self._base + rel
+        if not self._start <= pos < self._end:
+            raise LdCacheError(
+                f"string offset {rel} outside the string table",
+                source=self._source,
+                offset=field_offset,
+            )
+        nul = self._data.find(b"\0", pos, self._end)
+        if nul < 0:
+            raise LdCacheError("unterminated string", source=self._source, offset=pos)
+        return os.fsdecode(self._data[pos:nul])
+
+
+def _read_entry(data: bytes, off: int, order: str, table: _StringTable) -> LdCacheEntry:
+    flags, key, value, osversion, hwcap = struct.unpack_from(order + "iIIIQ", data, off)
+    return LdCacheEntry(
+        key=table.get(key, off + 4),
+        path=table.get(value, off + 8),
+        flags=flags,
+        osversion=osversion,
+        hwcap=hwcap,
+    )
+
+
+def _read_extension(data: bytes, pos: int, order: str, source: str) -> str | None:
+    """Validate the extension directory (glibc >= 2.33) and return the generator string.
+
+    Unlike string offsets, extension offsets count from the start of the file (this is
+    visible in compat-format caches, where the new header does not start at 0).
+    """
+    if pos + 8 > len(data):
+        raise LdCacheError("truncated extension directory", source=source, offset=len(data))
+    magic, count = struct.unpack_from(order + "II", data, pos)
+    if magic != _EXTENSION_MAGIC:
+        raise LdCacheError("bad extension magic", source=source, offset=pos)
+    if pos + 8 + count * 16 > len(data):
+        raise LdCacheError("truncated extension sections", source=source, offset=len(data))
+    generator = None
+    for i in range(count):
+        sec = pos + 8 + i * 16
+        tag, _flags, offset, size = struct.unpack_from(order + "IIII", data, sec)
+        start = offset
+        if start + size > len(data):
+            raise LdCacheError(
+                f"extension section {i} runs past the end", source=source, offset=sec
+            )
+        if tag == _EXTENSION_TAG_GENERATOR:
+            generator = data[start : start + size].decode("utf-8", "replace")
+    return generator
+
+
+def _align(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+# --- lookup -------------------------------------------------------------------------------
+
+
+def resolve_in_root(root: str | os.PathLike[str], path: str) -> Path:
+    """Resolve ``path`` as seen from inside ``root`` (like a chroot) and return the host path.
+
+    Absolute symlink targets restart at ``root``; ``..`` never climbs above it, so a
+    hostile driver root cannot make us read host files.  Missing components are kept
+    as they are (like ``realpath -m``); symlink loops raise ``OSError(ELOOP)``.
+    """
+    root_path = Path(root)
+    todo = [p for p in reversed(path.split("/")) if p]
+    done: list[str] = []
+    hops = 0
+    while todo:
+        part = todo.pop()
+        if part == ".":
+            continue
+        if part == "..":
+            if done:
+                done.pop()
+            continue
+        candidate = root_path.joinpath(*done, part)
+        try:
+            target = os.readlink(candidate)
+        except OSError:  # not a link, or does not exist
+            done.append(part)
+            continue
+        hops += 1
+        if hops > _MAX_SYMLINK_HOPS:
+            raise OSError(errno.ELOOP, "too many levels of symbolic links", str(candidate))
+        if target.startswith("/"):
+            done = []
+        todo.extend(p for p in reversed(target.split("/")) if p)
+    return root_path.joinpath(*done)
+
+
+def find_libraries(
+    entries: Iterable[LdCacheEntry],
+    patterns: str | Sequence[str],
+    *,
+    root: str | os.PathLike[str] = "/",
+    only_64bit: bool = True,
+) -> list[Path]:
+    """Host paths of the regular files that cache entries matching ``patterns`` point to.
+
+    A pattern (``fnmatch`` glob) may match either the entry's own name (``libcuda.so.1``)
+    or the basename at the end of its symlink chain (``libcuda.so.580.82.07``).  Results
+    keep cache order and are de-duplicated; dangling entries are skipped.
+    """
+    pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+    found: list[Path] = []
+    seen: set[Path] = set()
+    for entry in entries:
+        if only_64bit and not entry.is_64bit:
+            continue
+        try:
+            resolved = resolve_in_root(root, entry.path)
+        except OSError:
+            continue
+        names = (os.path.basename(entry.path), resolved.name)
+        if not any(fnmatch.fnmatchcase(n, p) for n in names for p in pats):
+            continue
+        if resolved not in seen and resolved.is_file():
+            seen.add(resolved)
+            found.append(resolved)
+    return found

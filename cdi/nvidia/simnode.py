@@ -1,0 +1,1217 @@
+"""Simulated GPU node: a folder a CDI generator can read exactly like a real node.
+
+``build_node(root, NodeLayout(...))`` creates, under ``root``:
+
+* a driver root with real ELF shared objects (built by gcc, with the SONAMEs, version
+  suffixes and symlinks of a 5xx driver), an ``etc/ld.so.cache`` written by glibc's own
+  ``ldconfig -r``, binaries, GSP firmware, ICD/vendor configs and IPC sockets;
+* a dev root with character devices made by ``mknod`` (majors and modes as on a real
+  node: 195 for nvidia, a dynamic major for nvidia-uvm and nvidia-caps, 226 for DRM);
+* ``proc/`` (driver version, per-GPU information, MIG capabilities, mig-minors,
+  devices) and ``sys/`` (PCI DRM entries);
+* ``simnode.json``, a manifest of everything above, at the top of ``root`` and outside
+  the driver tree, so tests can compute expectations and the pynvml test double can
+  answer from it.
+
+The fake ``libcuda`` exports ``cuDriverGetVersion``/``cuInit``/``cuDeviceGetCount`` (the
+count is the number of ``/dev/nvidia<N>`` character devices visible to the caller, so it
+tells what a container was given) and ``fake_gpu_node_id``.  The fake ``libnvidia-ml``
+exports enough NVML (init, shutdown, driver/CUDA version, device count) for the real
+nvidia-ml-py to initialise through it.  Every library exports
+``fake_nvidia_library()`` returning its own file name.
+
+Compiled objects are cached by content (``cache_dir``, default
+``$SIMNODE_CACHE`` or ``~/.cache/nri-cdi/simnode``) and copied, so a second build of an
+8-GPU x 7-MIG node takes a fraction of a second.  gcc and ldconfig are only needed when
+building; importing this module needs neither.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = [
+    "BuiltNode",
+    "GpuSpec",
+    "MigDevice",
+    "NodeLayout",
+    "SimNodeError",
+    "build_node",
+    "main",
+    "parse_mig_arg",
+]
+
+MANIFEST_NAME = "simnode.json"
+DEFAULT_DRIVER_VERSION = "580.82.07"
+MANIFEST_FORMAT = 1
+NVIDIA_MAJOR = 195
+DRM_MAJOR = 226
+CTL_MINOR = 255
+MODESET_MINOR = 254
+# The driver's mig-minors file has entries for this many GPU minors (config=1, monitor=2, then
+# 135 minors per GPU: for each of 15 GPU instances, its access cap + 8 compute instances).
+MIG_MINORS_GPUS = 32
+_GI_PER_GPU = 15
+_CI_PER_GI = 8
+_MINORS_PER_GI = 1 + _CI_PER_GI
+
+Distro = Literal["debian", "rhel"]
+
+
+class SimNodeError(Exception):
+    """The layout is invalid or the node cannot be built here (missing gcc, no mknod)."""
+
+
+# --- description ---------------------------------------------------------------------------
+
+
+_PROFILE_RE = re.compile(r"^(?P<slices>[1-8])g\.(?P<mem>\d+)gb(?P<attrs>(\+[a-z]+)*)$")
+# NVML GPU-instance profile ids (nvmlGpuInstanceProfile) by slice count and attribute.
+_PROFILE_IDS = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
+_PROFILE_IDS_GFX = {1: 0xA, 2: 0xB, 4: 0xC, 3: 0x11}
+_PROFILE_IDS_ME = {1: 0x7, 2: 0x8}
+# GPU-instance ids the driver hands out first for each size on a 7-slice GPU.
+_GI_CANDIDATES: dict[int, tuple[int, ...]] = {
+    7: (0,),
+    4: (1,),
+    3: (1, 2),
+    2: (3, 4, 5),
+    1: tuple(range(7, 15)),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MigDevice:
+    """One MIG device: a GPU instance ``gi`` with compute instance ``ci``.
+
+    ``profile`` is the nvidia-smi name (``1g.10gb``, ``3g.40gb``, ``1g.24gb+gfx``); a
+    ``+gfx`` attribute makes it a graphics-capable instance (gets the GPU's DRM nodes).
+    ``gi=None`` picks the id the driver would use first for that size.
+    """
+
+    profile: str = "1g.10gb"
+    gi: int | None = None
+    ci: int = 0
+    profile_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if not _PROFILE_RE.match(self.profile):
+            raise SimNodeError(f"bad MIG profile name {self.profile!r} (want e.g. 1g.10gb)")
+        if self.gi is not None and not 0 <= self.gi < _GI_PER_GPU:
+            raise SimNodeError(f"GPU instance id {self.gi} out of range 0..{_GI_PER_GPU - 1}")
+        if not 0 <= self.ci < _CI_PER_GI:
+            raise SimNodeError(f"compute instance id {self.ci} out of range 0..{_CI_PER_GI - 1}")
+
+    @property
+    def slices(self) -> int:
+        return int(self.profile.split("g.", 1)[0])
+
+    @property
+    def attributes(self) -> tuple[str, ...]:
+        return tuple(a for a in self.profile.split("+")[1:])
+
+    @property
+    def gfx(self) -> bool:
+        return "gfx" in self.attributes
+
+    @property
+    def nvml_profile_id(self) -> int:
+        if self.profile_id is not None:
+            return self.profile_id
+        table = (
+            _PROFILE_IDS_GFX
+            if self.gfx
+            else _PROFILE_IDS_ME
+            if "me" in self.attributes
+            else _PROFILE_IDS
+        )
+        return table.get(self.slices, _PROFILE_IDS.get(self.slices, 0))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSpec:
+    """One physical GPU.  ``minor``/``bus_id`` default from the GPU's index."""
+
+    name: str = "NVIDIA H100 80GB HBM3"
+    brand: int = 14  # NVML_BRAND_NVIDIA, what current drivers report for data-centre parts
+    compute_capability: tuple[int, int] = (9, 0)
+    minor: int | None = None
+    bus_id: str | None = None
+    pci_device_id: int = 0x2330
+    mig_capable: bool = True
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDevice, ...] = ()
+    max_mig_devices: int = 7
+    vbios: str = "96.00.99.00.01"
+
+    def __post_init__(self) -> None:
+        if self.mig_devices and not self.mig_enabled:
+            raise SimNodeError("MIG devices given for a GPU with MIG disabled")
+        if self.mig_enabled and not self.mig_capable:
+            raise SimNodeError("MIG enabled on a GPU that is not MIG-capable")
+        if len(self.mig_devices) > self.max_mig_devices:
+            raise SimNodeError(
+                f"{len(self.mig_devices)} MIG devices, at most {self.max_mig_devices}"
+            )
+        if self.bus_id is not None and not _BUS_ID_RE.match(self.bus_id):
+            raise SimNodeError(f"bad PCI bus id {self.bus_id!r} (want 0000:65:00.0)")
+
+
+_BUS_ID_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+# Bus ids of the eight GPUs of a typical 8-way HGX board.
+_DEFAULT_BUS_IDS = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeLayout:
+    """Everything that varies between simulated nodes; defaults are a 1-GPU Debian host."""
+
+    gpus: tuple[GpuSpec, ...] = (GpuSpec(),)
+    driver_version: str = DEFAULT_DRIVER_VERSION
+    cuda_version: tuple[int, int] = (13, 0)
+    distro: Distro = "debian"
+    driver_container: bool = False  # driver under <root>/run/nvidia/driver, /dev at <root>
+    uvm_major: int = 508
+    caps_major: int = 509
+    video_gid: int = 44
+    render_gid: int = 105
+    seed: str = "simnode"
+    persistenced_socket: bool = True
+    mps_pipe_dir: bool = False
+    compat32: bool = False  # also build i386 libraries (needs gcc -m32)
+    bmc_vga: bool = False  # an on-board VGA takes /dev/dri/card0 (GPUs start at card1)
+    device_nodes: bool = True  # mknod; needs root or CAP_MKNOD
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"\d+\.\d+(\.\d+)?", self.driver_version):
+            raise SimNodeError(f"bad driver version {self.driver_version!r}")
+        if self.distro not in ("debian", "rhel"):
+            raise SimNodeError(f"unknown distro layout {self.distro!r}")
+        if not 1 <= len(self.gpus) <= MIG_MINORS_GPUS:
+            raise SimNodeError(f"GPU count must be 1..{MIG_MINORS_GPUS}")
+        minors = [self.minor_of(i) for i in range(len(self.gpus))]
+        if len(set(minors)) != len(minors) or not all(0 <= m < MIG_MINORS_GPUS for m in minors):
+            raise SimNodeError(f"GPU minors must be distinct and in 0..31: {minors}")
+        bus_ids = [self.bus_id_of(i) for i in range(len(self.gpus))]
+        if len(set(bus_ids)) != len(bus_ids):
+            raise SimNodeError(f"duplicate PCI bus ids: {bus_ids}")
+        for i in range(len(self.gpus)):
+            self.mig_of(i)  # validates GI/CI uniqueness
+
+    @classmethod
+    def uniform(
+        cls,
+        count: int = 1,
+        *,
+        gpu: GpuSpec | None = None,
+        mig: Mapping[int, str | Sequence[MigDevice]] | None = None,
+        minors: Sequence[int] | None = None,
+        **kwargs: Any,
+    ) -> NodeLayout:
+        """``count`` identical GPUs; ``mig`` maps a GPU index to its MIG devices."""
+        base = gpu or GpuSpec()
+        mig = dict(mig or {})
+        gpus = []
+        for i in range(count):
+            spec = base
+            if minors is not None:
+                spec = replace(spec, minor=minors[i])
+            if i in mig:
+                devs = mig[i]
+                devices = parse_mig_devices(devs) if isinstance(devs, str) else tuple(devs)
+                spec = replace(spec, mig_enabled=True, mig_devices=devices)
+            gpus.append(spec)
+        if set(mig) - set(range(count)):
+            raise SimNodeError(f"MIG given for unknown GPU index: {sorted(set(mig))}")
+        return cls(gpus=tuple(gpus), **kwargs)
+
+    # -- derived values --
+
+    def minor_of(self, index: int) -> int:
+        m = self.gpus[index].minor
+        return index if m is None else m
+
+    def bus_id_of(self, index: int) -> str:
+        b = self.gpus[index].bus_id
+        if b is not None:
+            return b
+        bus = _DEFAULT_BUS_IDS[index] if index < len(_DEFAULT_BUS_IDS) else f"{index + 0xE0:02x}"
+        return f"0000:{bus}:00.0"
+
+    def gpu_uuid(self, index: int) -> str:
+        return "GPU-" + _det_uuid(self.seed, "gpu", index)
+
+    def mig_of(self, index: int) -> tuple[tuple[MigDevice, int], ...]:
+        """The GPU's MIG devices with their GPU-instance id resolved."""
+        used: set[int] = {d.gi for d in self.gpus[index].mig_devices if d.gi is not None}
+        pairs: set[tuple[int, int]] = set()
+        out = []
+        for dev in self.gpus[index].mig_devices:
+            gi = dev.gi
+            if gi is None:
+                gi = _pick_gi(dev.slices, used)
+                used.add(gi)
+            if (gi, dev.ci) in pairs:
+                raise SimNodeError(f"GPU {index}: MIG gi{gi}/ci{dev.ci} given twice")
+            pairs.add((gi, dev.ci))
+            out.append((dev, gi))
+        return tuple(out)
+
+    @property
+    def cuda_driver_version(self) -> int:
+        major, minor = self.cuda_version
+        return major * 1000 + minor * 10
+
+    @property
+    def node_id(self) -> str:
+        return "simnode-" + hashlib.sha256(self.seed.encode()).hexdigest()[:12]
+
+
+def _pick_gi(slices: int, used: set[int]) -> int:
+    candidates: list[int] = [*_GI_CANDIDATES.get(slices, ()), *range(_GI_PER_GPU)]
+    for gi in candidates:
+        if gi not in used:
+            return gi
+    raise SimNodeError("no free GPU-instance id left")
+
+
+def _det_uuid(seed: str, *parts: object) -> str:
+    digest = hashlib.sha256("/".join([seed, *map(str, parts)]).encode()).digest()
+    return str(uuid.UUID(bytes=digest[:16], version=4))
+
+
+def parse_mig_devices(text: str) -> tuple[MigDevice, ...]:
+    """``"1g.10gb*3,2g.20gb"`` -> MIG devices; ``*N`` repeats a profile."""
+    devices: list[MigDevice] = []
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        profile, _, count = item.partition("*")
+        try:
+            n = int(count) if count else 1
+        except ValueError:
+            raise SimNodeError(f"bad MIG repeat count in {item!r}") from None
+        devices.extend(MigDevice(profile=profile) for _ in range(n))
+    return tuple(devices)
+
+
+def parse_mig_arg(text: str) -> tuple[int, tuple[MigDevice, ...]]:
+    """``"0:1g.10gb*7"`` (the CLI's ``--mig``) -> (GPU index, devices)."""
+    index, sep, rest = text.partition(":")
+    if not sep or not index.isdigit():
+        raise SimNodeError(f"--mig wants INDEX:PROFILES, got {text!r}")
+    return int(index), parse_mig_devices(rest)
+
+
+# --- the driver's file set -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Lib:
+    file: str  # relative to the lib dir; "{v}" = driver version
+    soname: str
+    links: tuple[str, ...] = ()  # extra dev links -> soname
+    kind: str = "generic"  # which C source: generic, cuda, nvml
+    compat32: bool = False  # also shipped as i386
+
+
+# Roughly the library set of a 5xx data-centre driver.
+_LIBS: tuple[_Lib, ...] = (
+    _Lib("libcuda.so.{v}", "libcuda.so.1", ("libcuda.so",), "cuda", True),
+    _Lib("libcudadebugger.so.{v}", "libcudadebugger.so.1"),
+    _Lib("libnvidia-ml.so.{v}", "libnvidia-ml.so.1", (), "nvml", True),
+    _Lib("libnvidia-ptxjitcompiler.so.{v}", "libnvidia-ptxjitcompiler.so.1", (), "generic", True),
+    _Lib("libnvidia-nvvm.so.{v}", "libnvidia-nvvm.so.4", (), "generic", True),
+    _Lib("libnvidia-nvvm70.so.4", "libnvidia-nvvm70.so.4"),
+    _Lib("libnvidia-gpucomp.so.{v}", "libnvidia-gpucomp.so.{v}", (), "generic", True),
+    _Lib("libnvidia-opencl.so.{v}", "libnvidia-opencl.so.1"),
+    _Lib("libnvidia-allocator.so.{v}", "libnvidia-allocator.so.1"),
+    _Lib("libnvidia-cfg.so.{v}", "libnvidia-cfg.so.1"),
+    _Lib("libnvidia-sandboxutils.so.{v}", "libnvidia-sandboxutils.so.1"),
+    _Lib("libnvidia-pkcs11.so.{v}", "libnvidia-pkcs11.so.{v}"),
+    _Lib("libnvidia-pkcs11-openssl3.so.{v}", "libnvidia-pkcs11-openssl3.so.{v}"),
+    _Lib("libnvidia-eglcore.so.{v}", "libnvidia-eglcore.so.{v}", (), "generic", True),
+    _Lib("libnvidia-glcore.so.{v}", "libnvidia-glcore.so.{v}", (), "generic", True),
+    _Lib("libnvidia-glsi.so.{v}", "libnvidia-glsi.so.{v}", (), "generic", True),
+    _Lib("libnvidia-tls.so.{v}", "libnvidia-tls.so.{v}", (), "generic", True),
+    _Lib("libnvidia-glvkspirv.so.{v}", "libnvidia-glvkspirv.so.{v}"),
+    _Lib("libnvidia-rtcore.so.{v}", "libnvidia-rtcore.so.{v}"),
+    _Lib("libGLX_nvidia.so.{v}", "libGLX_nvidia.so.0", (), "generic", True),
+    _Lib("libEGL_nvidia.so.{v}", "libEGL_nvidia.so.0", (), "generic", True),
+    _Lib("libGLESv2_nvidia.so.{v}", "libGLESv2_nvidia.so.2", (), "generic", True),
+    _Lib("libGLESv1_CM_nvidia.so.{v}", "libGLESv1_CM_nvidia.so.1", (), "generic", True),
+    _Lib("libnvidia-encode.so.{v}", "libnvidia-encode.so.1", ("libnvidia-encode.so",)),
+    _Lib("libnvcuvid.so.{v}", "libnvcuvid.so.1", ("libnvcuvid.so",)),
+    _Lib(
+        "libnvidia-opticalflow.so.{v}", "libnvidia-opticalflow.so.1", ("libnvidia-opticalflow.so",)
+    ),
+    _Lib("vdpau/libvdpau_nvidia.so.{v}", "libvdpau_nvidia.so.1"),
+    _Lib("libnvidia-fbc.so.{v}", "libnvidia-fbc.so.1"),
+    _Lib("libnvidia-ngx.so.{v}", "libnvidia-ngx.so.1"),
+    _Lib("libnvoptix.so.{v}", "libnvoptix.so.1"),
+    _Lib("libnvidia-api.so.1", "libnvidia-api.so.1"),
+    _Lib("libnvidia-wayland-client.so.{v}", "libnvidia-wayland-client.so.{v}"),
+    _Lib("libnvidia-vksc-core.so.{v}", "libnvidia-vksc-core.so.1"),
+    _Lib("libnvidia-egl-wayland.so.1.1.19", "libnvidia-egl-wayland.so.1"),
+    _Lib("libnvidia-egl-gbm.so.1.1.2", "libnvidia-egl-gbm.so.1"),
+    _Lib("libnvidia-egl-xcb.so.1.0.1", "libnvidia-egl-xcb.so.1"),
+    _Lib("libnvidia-egl-xlib.so.1.0.1", "libnvidia-egl-xlib.so.1"),
+)
+# X.Org modules, relative to the xorg modules dir.
+_XORG_LIBS: tuple[_Lib, ...] = (
+    _Lib("drivers/nvidia_drv.so", ""),
+    _Lib(
+        "extensions/libglxserver_nvidia.so.{v}",
+        "libglxserver_nvidia.so.{v}",
+        ("libglxserver_nvidia.so",),
+    ),
+)
+_BINARIES = (
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+)
+_FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+
+_DIRS: dict[str, dict[str, str]] = {
+    "debian": {
+        "lib": "usr/lib/x86_64-linux-gnu",
+        "lib32": "usr/lib/i386-linux-gnu",
+        "xorg": "usr/lib/xorg/modules",
+    },
+    "rhel": {"lib": "usr/lib64", "lib32": "usr/lib", "xorg": "usr/lib64/xorg/modules"},
+}
+
+
+def _json(obj: object) -> str:
+    return json.dumps(obj, indent=2) + "\n"
+
+
+def _configs(v: str) -> dict[str, str]:
+    """Config files by path relative to the driver root."""
+    icd = {"file_format_version": "1.0.0", "ICD": {"library_path": "libEGL_nvidia.so.0"}}
+
+    def egl_platform(lib: str) -> str:
+        return _json({"file_format_version": "1.0.0", "ICD": {"library_path": lib}})
+
+    vulkan = {
+        "file_format_version": "1.0.1",
+        "ICD": {"library_path": "libGLX_nvidia.so.0", "api_version": "1.4.312"},
+    }
+    layers = {
+        "file_format_version": "1.0.1",
+        "layer": {
+            "name": "VK_LAYER_NV_optimus",
+            "type": "INSTANCE",
+            "library_path": "libGLX_nvidia.so.0",
+            "api_version": "1.4.312",
+            "implementation_version": "1",
+            "description": "NVIDIA Optimus layer",
+        },
+    }
+    platform = "usr/share/egl/egl_external_platform.d/"
+    xorg_conf = (
+        'Section "OutputClass"\n    Identifier "nvidia"\n    MatchDriver "nvidia-drm"\n'
+        '    Driver "nvidia"\nEndSection\n'
+    )
+    return {
+        "usr/share/glvnd/egl_vendor.d/10_nvidia.json": _json(icd),
+        platform + "10_nvidia_wayland.json": egl_platform("libnvidia-egl-wayland.so.1"),
+        platform + "15_nvidia_gbm.json": egl_platform("libnvidia-egl-gbm.so.1"),
+        platform + "20_nvidia_xcb.json": egl_platform("libnvidia-egl-xcb.so.1"),
+        platform + "20_nvidia_xlib.json": egl_platform("libnvidia-egl-xlib.so.1"),
+        "etc/vulkan/icd.d/nvidia_icd.json": _json(vulkan),
+        "etc/vulkan/implicit_layer.d/nvidia_layers.json": _json(layers),
+        "etc/OpenCL/vendors/nvidia.icd": "libnvidia-opencl.so.1\n",
+        "usr/share/nvidia/nvoptix.bin": f"simulated optix data for driver {v}\n",
+        "usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf": xorg_conf,
+    }
+
+
+# --- C sources -------------------------------------------------------------------------------
+
+_EXPORT = '__attribute__((visibility("default")))'
+
+_C_GENERIC = """\
+/* Simulated NVIDIA driver library (nri-cdi test fixture). */
+{export} const char *fake_nvidia_library(void) {{ return "{name}"; }}
+{export} const char *fake_nvidia_driver_version(void) {{ return "{version}"; }}
+"""
+
+_C_CUDA = """\
+#include <dirent.h>
+#include <string.h>
+#include <sys/stat.h>
+
+{export} int cuInit(unsigned int flags) {{ (void)flags; return 0; }}
+
+{export} int cuDriverGetVersion(int *version) {{
+    if (!version) return 1; /* CUDA_ERROR_INVALID_VALUE */
+    *version = {cuda};
+    return 0;
+}}
+
+/* Count the /dev/nvidia<N> character devices this process can see. */
+{export} int cuDeviceGetCount(int *count) {{
+    if (!count) return 1;
+    *count = 0;
+    DIR *d = opendir("/dev");
+    if (!d) return 0;
+    struct dirent *e;
+    char path[300];
+    struct stat st;
+    while ((e = readdir(d)) != NULL) {{
+        const char *n = e->d_name;
+        if (strncmp(n, "nvidia", 6) != 0 || n[6] < '0' || n[6] > '9') continue;
+        const char *p = n + 6;
+        while (*p >= '0' && *p <= '9') p++;
+        if (*p) continue;
+        strcpy(path, "/dev/");
+        strncat(path, n, sizeof(path) - 6);
+        if (stat(path, &st) == 0 && S_ISCHR(st.st_mode)) (*count)++;
+    }}
+    closedir(d);
+    return 0;
+}}
+
+{export} const char *fake_gpu_node_id(void) {{ return "{node_id}"; }}
+"""
+
+_C_NVML = """\
+{export} int nvmlInit(void) {{ return 0; }}
+{export} int nvmlInit_v2(void) {{ return 0; }}
+{export} int nvmlInitWithFlags(unsigned int flags) {{ (void)flags; return 0; }}
+{export} int nvmlShutdown(void) {{ return 0; }}
+{export} const char *nvmlErrorString(int result) {{ (void)result; return "simulated NVML"; }}
+
+{export} int nvmlSystemGetDriverVersion(char *buf, unsigned int len) {{
+    const char *v = "{version}";
+    unsigned int i = 0;
+    while (v[i]) i++;
+    if (!buf) return 2; /* NVML_ERROR_INVALID_ARGUMENT */
+    if (len < i + 1) return 7; /* NVML_ERROR_INSUFFICIENT_SIZE */
+    for (unsigned int j = 0; j <= i; j++) buf[j] = v[j];
+    return 0;
+}}
+{export} int nvmlSystemGetCudaDriverVersion(int *v) {{ if (!v) return 2; *v = {cuda}; return 0; }}
+{export} int nvmlSystemGetCudaDriverVersion_v2(int *v) {{
+    if (!v) return 2; *v = {cuda}; return 0; }}
+{export} int nvmlDeviceGetCount_v2(unsigned int *n) {{ if (!n) return 2; *n = {gpus}; return 0; }}
+{export} int nvmlDeviceGetCount(unsigned int *n) {{ return nvmlDeviceGetCount_v2(n); }}
+{export} const char *fake_gpu_node_id(void) {{ return "{node_id}"; }}
+"""
+
+
+def _c_source(lib: _Lib, name: str, layout: NodeLayout, *, bits: int) -> str:
+    text = _C_GENERIC.format(export=_EXPORT, name=name, version=layout.driver_version)
+    if bits == 32:  # no 32-bit libc here: keep compat objects header- and libc-free
+        return text
+    params = {
+        "export": _EXPORT,
+        "cuda": layout.cuda_driver_version,
+        "node_id": layout.node_id,
+        "version": layout.driver_version,
+        "gpus": len(layout.gpus),
+    }
+    if lib.kind == "cuda":
+        text += _C_CUDA.format(**params)
+    elif lib.kind == "nvml":
+        text += _C_NVML.format(**params)
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    source: str
+    soname: str
+    bits: int
+    dest: Path
+
+
+class _Compiler:
+    """gcc with a content-addressed cache of built objects."""
+
+    def __init__(self, cache_dir: Path):
+        self.cache_dir = cache_dir
+        self.gcc = shutil.which("gcc") or shutil.which("cc")
+
+    def build_all(self, jobs: Sequence[_Job]) -> None:
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        workers = min(len(jobs), os.cpu_count() or 2) or 1
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(self._build, jobs))
+
+    def _args(self, job: _Job, out: str, src: str) -> list[str]:
+        args = [self.gcc or "gcc", "-shared", "-fPIC", "-O1", "-Wl,--build-id=none"]
+        if job.soname:
+            args.append(f"-Wl,-soname,{job.soname}")
+        if job.bits == 32:
+            args += ["-m32", "-nostdlib"]
+        return [*args, "-o", out, src]
+
+    def _build(self, job: _Job) -> None:
+        key = hashlib.sha256(
+            json.dumps([job.source, job.soname, job.bits, self._args(job, "", "")]).encode()
+        ).hexdigest()[:32]
+        cached = self.cache_dir / f"{key}.so"
+        if not cached.exists():
+            self._compile(job, cached)
+        shutil.copyfile(cached, job.dest)
+        os.chmod(job.dest, 0o755)
+
+    def _compile(self, job: _Job, cached: Path) -> None:
+        if self.gcc is None:
+            raise SimNodeError("building a simulated node needs gcc on PATH")
+        with tempfile.TemporaryDirectory(dir=self.cache_dir) as tmp:
+            src, out = os.path.join(tmp, "lib.c"), os.path.join(tmp, "lib.so")
+            Path(src).write_text(job.source)
+            proc = subprocess.run(self._args(job, out, src), capture_output=True, text=True)
+            if proc.returncode != 0:
+                hint = " (32-bit build: is gcc multilib installed?)" if job.bits == 32 else ""
+                raise SimNodeError(
+                    f"gcc failed for {job.soname or job.dest.name}{hint}:\n{proc.stderr.strip()}"
+                )
+            os.replace(out, cached)  # atomic: parallel builders may race on the same key
+
+
+def _default_cache_dir() -> Path:
+    env = os.environ.get("SIMNODE_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "nri-cdi" / "simnode"
+
+
+# --- result ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BuiltNode:
+    """Where a built node's parts are; ``manifest`` is the parsed ``simnode.json``."""
+
+    root: Path
+    driver_root: Path
+    dev_root: Path
+    proc_root: Path  # the folder holding ``proc/`` (i.e. a stand-in for "/")
+    sys_root: Path
+    manifest_path: Path
+    manifest: Mapping[str, Any] = field(repr=False)
+
+    @property
+    def lib_dir(self) -> Path:
+        return self.driver_root / str(self.manifest["lib_dir"]).lstrip("/")
+
+    @property
+    def ldcache_path(self) -> Path:
+        return self.driver_root / "etc" / "ld.so.cache"
+
+    @property
+    def driver_version(self) -> str:
+        return str(self.manifest["driver_version"])
+
+    def host_path(self, container_path: str, *, where: str = "driver") -> Path:
+        """Host path of an absolute in-root path (``where``: driver, dev, proc or sys)."""
+        base = {
+            "driver": self.driver_root,
+            "dev": self.dev_root,
+            "proc": self.proc_root,
+            "sys": self.sys_root,
+        }[where]
+        return base / container_path.lstrip("/")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> BuiltNode:
+        """Open an existing node from its root folder or its manifest file."""
+        p = Path(path)
+        manifest_path = p / MANIFEST_NAME if p.is_dir() else p
+        manifest = json.loads(manifest_path.read_text())
+        root = manifest_path.parent
+        roots = manifest["roots"]
+        return cls(
+            root=root,
+            driver_root=(root / roots["driver"]).resolve(),
+            dev_root=(root / roots["dev"]).resolve(),
+            proc_root=(root / roots["proc"]).resolve(),
+            sys_root=(root / roots["sys"]).resolve(),
+            manifest_path=manifest_path,
+            manifest=manifest,
+        )
+
+
+# --- builder ---------------------------------------------------------------------------------
+
+
+class _Builder:
+    def __init__(self, root: Path, layout: NodeLayout, cache_dir: Path):
+        self.layout = layout
+        self.root = root
+        self.driver_root = root / "run/nvidia/driver" if layout.driver_container else root
+        self.dev_root = root
+        self.proc_root = root
+        self.sys_root = root
+        self.dirs = _DIRS[layout.distro]
+        self.compiler = _Compiler(cache_dir)
+        self.libraries: list[dict[str, Any]] = []
+        self.device_nodes: list[dict[str, Any]] = []
+        self.files: dict[str, list[str]] = {
+            "binaries": [],
+            "firmware": [],
+            "configs": [],
+            "ipc": [],
+            "symlinks": [],
+        }
+
+    # small helpers
+
+    def _write(self, base: Path, rel: str, text: str | bytes, mode: int = 0o644) -> Path:
+        path = base / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(text, bytes):
+            path.write_bytes(text)
+        else:
+            path.write_text(text)
+        os.chmod(path, mode)
+        return path
+
+    def _symlink(self, base: Path, rel: str, target: str) -> None:
+        path = base / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, path)
+        self.files["symlinks"].append("/" + rel)
+
+    def _v(self, s: str) -> str:
+        return s.replace("{v}", self.layout.driver_version)
+
+    # steps
+
+    def libraries_step(self) -> None:
+        jobs: list[_Job] = []
+        links: list[tuple[str, str]] = []  # (link rel path, target)
+        sets = [(self.dirs["lib"], _LIBS, 64), (self.dirs["xorg"], _XORG_LIBS, 64)]
+        if self.layout.compat32:
+            sets.append((self.dirs["lib32"], tuple(x for x in _LIBS if x.compat32), 32))
+        for libdir, libs, bits in sets:
+            for lib in libs:
+                jobs.append(self._lib_job(libdir, lib, bits, links))
+        for job in jobs:
+            job.dest.parent.mkdir(parents=True, exist_ok=True)
+        self.compiler.build_all(jobs)
+        for link, target in links:
+            self._symlink(self.driver_root, link, target)
+        # GBM backend link, as the driver installer makes it.
+        self._symlink(
+            self.driver_root,
+            self.dirs["lib"] + "/gbm/nvidia-drm_gbm.so",
+            "../libnvidia-allocator.so.1",
+        )
+
+    def _lib_job(self, libdir: str, lib: _Lib, bits: int, links: list[tuple[str, str]]) -> _Job:
+        rel = f"{libdir}/{self._v(lib.file)}"
+        name = os.path.basename(rel)
+        soname = self._v(lib.soname)
+        folder = os.path.dirname(rel)
+        entry_links = []
+        if soname and soname != name:
+            links.append((f"{folder}/{soname}", name))
+            entry_links.append(f"/{folder}/{soname}")
+        for dev in lib.links:
+            dev = self._v(dev)
+            links.append((f"{folder}/{dev}", soname or name))
+            entry_links.append(f"/{folder}/{dev}")
+        self.libraries.append(
+            {"path": "/" + rel, "soname": soname or None, "bits": bits, "links": entry_links}
+        )
+        source = _c_source(lib, name, self.layout, bits=bits)
+        return _Job(source, soname, bits, self.driver_root / rel)
+
+    def ldcache_step(self) -> None:
+        conf = [self.dirs["lib"], self.dirs["lib"] + "/vdpau"]
+        if self.layout.compat32:
+            conf.append(self.dirs["lib32"])
+        self._write(self.driver_root, "etc/ld.so.conf", "".join(f"/{d}\n" for d in conf))
+        ldconfig = _find_ldconfig()
+        # -X: keep our links exactly as made (as the driver's packages would ship them).
+        proc = subprocess.run(
+            [ldconfig, "-X", "-r", str(self.driver_root)], capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            raise SimNodeError(f"ldconfig -r failed: {proc.stderr.strip()}")
+
+    def binaries_step(self) -> None:
+        for name in _BINARIES:
+            body = (
+                _nvidia_smi_script(self.layout)
+                if name == "nvidia-smi"
+                else (f"#!/bin/sh\necho 'simulated {name} {self.layout.driver_version}'\n")
+            )
+            self._write(self.driver_root, f"usr/bin/{name}", body, 0o755)
+            self.files["binaries"].append(f"/usr/bin/{name}")
+
+    def firmware_step(self) -> None:
+        for name in _FIRMWARE:
+            rel = f"lib/firmware/nvidia/{self.layout.driver_version}/{name}"
+            self._write(self.driver_root, rel, b"\x7fGSP simulated firmware\n" + name.encode())
+            self.files["firmware"].append("/" + rel)
+
+    def configs_step(self) -> None:
+        for rel, text in _configs(self.layout.driver_version).items():
+            self._write(self.driver_root, rel, text)
+            self.files["configs"].append("/" + rel)
+
+    def ipc_step(self) -> None:
+        if self.layout.persistenced_socket:
+            rel = "run/nvidia-persistenced/socket"
+            _make_socket(self.driver_root / rel)
+            self.files["ipc"].append("/" + rel)
+        if self.layout.mps_pipe_dir:
+            d = self.driver_root / "tmp/nvidia-mps"
+            d.mkdir(parents=True, exist_ok=True)
+            os.mkfifo(d / "control")
+            self.files["ipc"].append("/tmp/nvidia-mps")
+
+    def devices_step(self) -> list[dict[str, Any]]:
+        lay = self.layout
+        self._node("nvidiactl", NVIDIA_MAJOR, CTL_MINOR, 0o666)
+        self._node("nvidia-modeset", NVIDIA_MAJOR, MODESET_MINOR, 0o666)
+        self._node("nvidia-uvm", lay.uvm_major, 0, 0o666)
+        self._node("nvidia-uvm-tools", lay.uvm_major, 1, 0o666)
+        if lay.bmc_vga:
+            self._drm_card(0, None, "0000:03:00.0")
+        gpus = []
+        for i, gpu in enumerate(lay.gpus):
+            minor = lay.minor_of(i)
+            self._node(f"nvidia{minor}", NVIDIA_MAJOR, minor, 0o666)
+            card = i + (1 if lay.bmc_vga else 0)
+            drm = self._drm_card(card, 128 + i, lay.bus_id_of(i))
+            gpus.append(self._gpu_record(i, gpu, minor, drm))
+        if any(g.mig_capable for g in lay.gpus):
+            self._node("nvidia-caps/nvidia-cap1", lay.caps_major, 1, 0o400)
+            self._node("nvidia-caps/nvidia-cap2", lay.caps_major, 2, 0o400)
+            for rec in gpus:
+                for mig in rec["mig_devices"]:
+                    self._node(
+                        f"nvidia-caps/nvidia-cap{mig['gi_cap_minor']}",
+                        lay.caps_major,
+                        mig["gi_cap_minor"],
+                        0o444,
+                    )
+                    self._node(
+                        f"nvidia-caps/nvidia-cap{mig['ci_cap_minor']}",
+                        lay.caps_major,
+                        mig["ci_cap_minor"],
+                        0o444,
+                    )
+        return gpus
+
+    def _node(self, rel: str, major: int, minor: int, mode: int, gid: int = 0) -> None:
+        path = self.dev_root / "dev" / rel
+        if any(n["path"] == f"/dev/{rel}" for n in self.device_nodes):
+            return  # GI cap shared by several compute instances
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if self.layout.device_nodes:
+            try:
+                os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
+            except PermissionError as e:
+                raise SimNodeError(
+                    f"mknod {path}: {e.strerror}; building device nodes needs root or "
+                    "CAP_MKNOD (or NodeLayout(device_nodes=False))"
+                ) from None
+            os.chmod(path, mode)  # mknod's mode is filtered by the umask
+            if gid:
+                os.chown(path, 0, gid)
+        self.device_nodes.append(
+            {"path": f"/dev/{rel}", "major": major, "minor": minor, "mode": mode, "gid": gid}
+        )
+
+    def _drm_card(self, card: int, render: int | None, bus_id: str) -> dict[str, Any]:
+        names = {"card": f"card{card}"}
+        self._node(f"dri/card{card}", DRM_MAJOR, card, 0o660, self.layout.video_gid)
+        self._symlink(self.dev_root, f"dev/dri/by-path/pci-{bus_id}-card", f"../card{card}")
+        if render is not None:
+            names["render"] = f"renderD{render}"
+            self._node(f"dri/renderD{render}", DRM_MAJOR, render, 0o660, self.layout.render_gid)
+            self._symlink(
+                self.dev_root, f"dev/dri/by-path/pci-{bus_id}-render", f"../renderD{render}"
+            )
+        for name in names.values():
+            (self.sys_root / f"sys/bus/pci/devices/{bus_id}/drm/{name}").mkdir(
+                parents=True, exist_ok=True
+            )
+        return names
+
+    def _gpu_record(self, i: int, gpu: GpuSpec, minor: int, drm: dict[str, str]) -> dict[str, Any]:
+        lay = self.layout
+        bus_id = lay.bus_id_of(i)
+        domain, bus, devfn = bus_id.split(":")
+        mig = []
+        for j, (dev, gi) in enumerate(lay.mig_of(i)):
+            mig.append(
+                {
+                    "index": j,
+                    "gi": gi,
+                    "ci": dev.ci,
+                    "profile": dev.profile,
+                    "profile_id": dev.nvml_profile_id,
+                    "gfx": dev.gfx,
+                    "uuid": "MIG-" + _det_uuid(lay.seed, "mig", i, gi, dev.ci),
+                    "name": f"{gpu.name} MIG {dev.profile}",
+                    "gi_cap_minor": _gi_cap_minor(minor, gi),
+                    "ci_cap_minor": _ci_cap_minor(minor, gi, dev.ci),
+                }
+            )
+        return {
+            "index": i,
+            "minor": minor,
+            "uuid": lay.gpu_uuid(i),
+            "bus_id": bus_id,
+            # NVML's spellings: 8-digit domain, upper-case hex.
+            "nvml_bus_id": f"{int(domain, 16):08X}:{bus.upper()}:{devfn.upper()}",
+            "nvml_bus_id_legacy": f"{int(domain, 16):04X}:{bus.upper()}:{devfn.upper()}",
+            "pci_device_id": (gpu.pci_device_id << 16) | 0x10DE,
+            "name": gpu.name,
+            "brand": gpu.brand,
+            "compute_capability": list(gpu.compute_capability),
+            "mig_capable": gpu.mig_capable,
+            "mig_enabled": gpu.mig_enabled,
+            "max_mig_devices": gpu.max_mig_devices if gpu.mig_capable else 0,
+            "drm": drm,
+            "vbios": gpu.vbios,
+            "mig_devices": mig,
+        }
+
+    def proc_step(self, gpus: list[dict[str, Any]]) -> None:
+        lay = self.layout
+        proc = self.proc_root / "proc"
+        self._write(proc, "driver/nvidia/version", _version_text(lay.driver_version))
+        self._write(proc, "driver/nvidia/params", _PARAMS)
+        self._write(proc, "driver/nvidia/registry", 'Binary: ""\n')
+        for g in gpus:
+            self._write(proc, f"driver/nvidia/gpus/{g['bus_id']}/information", _information_text(g))
+            self._write_sysfs_pci(g)
+        if any(g["mig_capable"] for g in gpus):
+            self._write(proc, "driver/nvidia-caps/mig-minors", _mig_minors_text())
+            self._write(proc, "driver/nvidia/capabilities/mig/config", _cap_text(1, 0o400))
+            self._write(proc, "driver/nvidia/capabilities/mig/monitor", _cap_text(2, 0o400))
+        for g in gpus:
+            for m in g["mig_devices"]:
+                base = f"driver/nvidia/capabilities/gpu{g['minor']}/mig/gi{m['gi']}"
+                self._write(proc, f"{base}/access", _cap_text(m["gi_cap_minor"], 0o444))
+                self._write(proc, f"{base}/ci{m['ci']}/access", _cap_text(m["ci_cap_minor"], 0o444))
+        self._write(proc, "devices", _proc_devices_text(lay))
+        self._write(self.sys_root, "sys/module/firmware_class/parameters/path", "\n")
+
+    def _write_sysfs_pci(self, g: dict[str, Any]) -> None:
+        base = self.sys_root / f"sys/bus/pci/devices/{g['bus_id']}"
+        self._write(base, "vendor", "0x10de\n")
+        self._write(base, "device", f"0x{g['pci_device_id'] >> 16:04x}\n")
+        self._write(base, "class", "0x030200\n")
+
+    def manifest(self, gpus: list[dict[str, Any]]) -> dict[str, Any]:
+        lay = self.layout
+
+        def rel(p: Path) -> str:
+            return os.path.relpath(p, self.root)
+
+        return {
+            "format": MANIFEST_FORMAT,
+            "node_id": lay.node_id,
+            "seed": lay.seed,
+            "driver_version": lay.driver_version,
+            "cuda_version": f"{lay.cuda_version[0]}.{lay.cuda_version[1]}",
+            "cuda_driver_version": lay.cuda_driver_version,
+            "distro": lay.distro,
+            "driver_container": lay.driver_container,
+            "roots": {
+                "driver": rel(self.driver_root),
+                "dev": rel(self.dev_root),
+                "proc": rel(self.proc_root),
+                "sys": rel(self.sys_root),
+            },
+            "lib_dir": "/" + self.dirs["lib"],
+            "lib32_dir": "/" + self.dirs["lib32"] if lay.compat32 else None,
+            "xorg_dir": "/" + self.dirs["xorg"],
+            "majors": {
+                "nvidia": NVIDIA_MAJOR,
+                "nvidia-uvm": lay.uvm_major,
+                "nvidia-caps": lay.caps_major,
+                "drm": DRM_MAJOR,
+            },
+            "gids": {"video": lay.video_gid, "render": lay.render_gid},
+            "gpus": gpus,
+            "libraries": self.libraries,
+            "device_nodes": self.device_nodes,
+            **self.files,
+        }
+
+
+def _find_ldconfig() -> str:
+    for cand in (shutil.which("ldconfig"), "/sbin/ldconfig", "/usr/sbin/ldconfig"):
+        if cand and os.access(cand, os.X_OK):
+            # Ubuntu ships a wrapper script; the real binary sits next to it.
+            real = cand + ".real"
+            return real if os.access(real, os.X_OK) else cand
+    raise SimNodeError("building a simulated node needs glibc's ldconfig")
+
+
+def _make_socket(path: Path) -> None:
+    """A bound unix socket file at ``path``; binds in a short temp dir, then renames.
+
+    sun_path holds at most 107 bytes, which deep test folders exceed.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmpdir = tempfile.mkdtemp(prefix="simsock")
+    try:
+        tmp = os.path.join(tmpdir, "s")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.bind(tmp)
+        os.chmod(tmp, 0o666)
+        shutil.move(tmp, path)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _gi_cap_minor(gpu_minor: int, gi: int) -> int:
+    return 3 + gpu_minor * _GI_PER_GPU * _MINORS_PER_GI + gi * _MINORS_PER_GI
+
+
+def _ci_cap_minor(gpu_minor: int, gi: int, ci: int) -> int:
+    return _gi_cap_minor(gpu_minor, gi) + 1 + ci
+
+
+def _mig_minors_text() -> str:
+    lines = ["config 1", "monitor 2"]
+    for g in range(MIG_MINORS_GPUS):
+        for gi in range(_GI_PER_GPU):
+            lines.append(f"gpu{g}/gi{gi}/access {_gi_cap_minor(g, gi)}")
+            lines.extend(
+                f"gpu{g}/gi{gi}/ci{ci}/access {_ci_cap_minor(g, gi, ci)}"
+                for ci in range(_CI_PER_GI)
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _cap_text(minor: int, mode: int) -> str:
+    return f"DeviceFileMinor: {minor}\nDeviceFileMode: {mode}\nDeviceFileModify: 1\n"
+
+
+def _version_text(v: str) -> str:
+    return (
+        f"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  {v}  Release Build  "
+        "(simnode@builder)  Mon Jan  6 12:00:00 UTC 2025\n"
+        "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
+    )
+
+
+_PARAMS = "".join(
+    f"{k}: {v}\n"
+    for k, v in (
+        ("ResmanDebugLevel", "4294967295"),
+        ("RmLogonRC", "1"),
+        ("ModifyDeviceFiles", "1"),
+        ("DeviceFileUID", "0"),
+        ("DeviceFileGID", "0"),
+        ("DeviceFileMode", "438"),
+        ("InitializeSystemMemoryAllocations", "1"),
+        ("UsePageAttributeTable", "4294967295"),
+        ("EnableMSI", "1"),
+        ("EnablePCIeGen3", "0"),
+        ("MemoryPoolSize", "0"),
+        ("KMallocHeapMaxSize", "0"),
+        ("VMallocHeapMaxSize", "0"),
+        ("IgnoreMMIOCheck", "0"),
+        ("EnableStreamMemOPs", "0"),
+        ("EnableUserNUMAManagement", "1"),
+        ("NvLinkDisable", "0"),
+        ("RmProfilingAdminOnly", "1"),
+        ("PreserveVideoMemoryAllocations", "0"),
+        ("EnableS0ixPowerManagement", "0"),
+        ("DynamicPowerManagement", "3"),
+        ("RegistryDwords", '""'),
+        ("RmMsg", '""'),
+        ("GpuBlacklist", '""'),
+        ("TemporaryFilePath", '""'),
+        ("ExcludedGpus", '""'),
+        ("DmaRemapPeerMmio", "1"),
+    )
+)
+
+
+def _information_text(g: Mapping[str, Any]) -> str:
+    rows = (
+        ("Model", g["name"]),
+        ("IRQ", str(200 + g["index"])),
+        ("GPU UUID", g["uuid"]),
+        ("Video BIOS", g["vbios"]),
+        ("Bus Type", "PCIe"),
+        ("DMA Size", "52 bits"),
+        ("DMA Mask", "0xfffffffffffff"),
+        ("Bus Location", g["bus_id"]),
+        ("Device Minor", str(g["minor"])),
+        ("GPU Excluded", "No"),
+    )
+    return "".join(f"{k}: \t {v}\n" for k, v in rows)
+
+
+def _proc_devices_text(lay: NodeLayout) -> str:
+    chars = [
+        (1, "mem"),
+        (4, "/dev/vc/0"),
+        (4, "tty"),
+        (5, "/dev/tty"),
+        (5, "/dev/console"),
+        (5, "/dev/ptmx"),
+        (10, "misc"),
+        (13, "input"),
+        (136, "pts"),
+        (NVIDIA_MAJOR, "nvidia-frontend"),
+        (DRM_MAJOR, "drm"),
+        (lay.uvm_major, "nvidia-uvm"),
+        (lay.caps_major, "nvidia-caps"),
+    ]
+    blocks = [(7, "loop"), (8, "sd"), (259, "blkext")]
+    out = ["Character devices:"]
+    out += [f"{m:3d} {n}" for m, n in sorted(chars, key=lambda x: x[0])]
+    out += ["", "Block devices:"] + [f"{m:3d} {n}" for m, n in blocks]
+    return "\n".join(out) + "\n"
+
+
+def _nvidia_smi_script(lay: NodeLayout) -> str:
+    lines = []
+    for i, gpu in enumerate(lay.gpus):
+        lines.append(f"GPU {i}: {gpu.name} (UUID: {lay.gpu_uuid(i)})")
+        for j, (dev, gi) in enumerate(lay.mig_of(i)):
+            mig_uuid = "MIG-" + _det_uuid(lay.seed, "mig", i, gi, dev.ci)
+            lines.append(f"  MIG {dev.profile:<11} Device {j:>2}: (UUID: {mig_uuid})")
+    listing = "\n".join(lines)
+    major, minor = lay.cuda_version
+    return (
+        "#!/bin/sh\n# simulated nvidia-smi\n"
+        'if [ "$1" = "-L" ]; then\ncat <<\'EOF\'\n'
+        f"{listing}\nEOF\nexit 0\nfi\n"
+        f"echo 'NVIDIA-SMI {lay.driver_version}  Driver Version: {lay.driver_version}  "
+        f"CUDA Version: {major}.{minor}'\n"
+    )
+
+
+def build_node(
+    root: str | os.PathLike[str],
+    layout: NodeLayout | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> BuiltNode:
+    """Build a simulated node in ``root`` (created; must be empty if it exists)."""
+    layout = layout or NodeLayout()
+    root_path = Path(root).absolute()
+    if root_path.exists() and any(root_path.iterdir()):
+        raise SimNodeError(f"{root_path} is not empty")
+    root_path.mkdir(parents=True, exist_ok=True)
+    b = _Builder(root_path, layout, Path(cache_dir) if cache_dir else _default_cache_dir())
+    b.libraries_step()
+    b.ldcache_step()
+    b.binaries_step()
+    b.firmware_step()
+    b.configs_step()
+    b.ipc_step()
+    gpus = b.devices_step()
+    b.proc_step(gpus)
+    manifest_path = root_path / MANIFEST_NAME
+    manifest_path.write_text(json.dumps(b.manifest(gpus), indent=2) + "\n")
+    return BuiltNode.load(manifest_path)
+
+
+# --- CLI -------------------------------------------------------------------------------------
+
+
+def _arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m cdi.nvidia.simnode",
+        description="Build a simulated NVIDIA GPU node (driver files, /dev, /proc, /sys).",
+    )
+    p.add_argument("root", type=Path, help="folder to build in (created, must be empty)")
+    p.add_argument("--gpus", type=int, default=1, help="number of GPUs (default 1)")
+    p.add_argument(
+        "--mig",
+        action="append",
+        default=[],
+        metavar="INDEX:PROFILES",
+        help="enable MIG on a GPU, e.g. 0:1g.10gb*7 or 1:3g.40gb,2g.20gb "
+        "(repeatable; '+gfx' marks a graphics profile)",
+    )
+    p.add_argument("--minors", help="comma-separated device minors by GPU index")
+    p.add_argument("--layout", choices=("debian", "rhel"), default="debian")
+    p.add_argument(
+        "--driver-container",
+        action="store_true",
+        help="driver under ROOT/run/nvidia/driver, device nodes under ROOT/dev",
+    )
+    p.add_argument("--driver-version", default=DEFAULT_DRIVER_VERSION)
+    p.add_argument("--cuda", default="13.0", help="CUDA version the driver supports")
+    p.add_argument("--seed", default="simnode", help="seed for UUIDs")
+    p.add_argument("--compat32", action="store_true", help="also build i386 libraries")
+    p.add_argument("--bmc-vga", action="store_true", help="an on-board VGA owns card0")
+    p.add_argument("--no-device-nodes", action="store_true", help="skip mknod (no root)")
+    p.add_argument("--cache-dir", type=Path, help="compiled-object cache")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _arg_parser().parse_args(argv)
+    try:
+        mig = dict(parse_mig_arg(m) for m in args.mig)
+        minors = [int(x) for x in args.minors.split(",")] if args.minors else None
+        if minors is not None and len(minors) != args.gpus:
+            raise SimNodeError("--minors needs one minor per GPU")
+        cuda_major, _, cuda_minor = args.cuda.partition(".")
+        layout = NodeLayout.uniform(
+            args.gpus,
+            mig=mig,
+            minors=minors,
+            driver_version=args.driver_version,
+            cuda_version=(int(cuda_major), int(cuda_minor or 0)),
+            distro=args.layout,
+            driver_container=args.driver_container,
+            seed=args.seed,
+            compat32=args.compat32,
+            bmc_vga=args.bmc_vga,
+            device_nodes=not args.no_device_nodes,
+        )
+        node = build_node(args.root, layout, cache_dir=args.cache_dir)
+    except (SimNodeError, ValueError) as e:
+        print(f"simnode: error: {e}", file=sys.stderr)
+        return 2
+    _print_summary(node)
+    return 0
+
+
+def _print_summary(node: BuiltNode) -> None:
+    m = node.manifest
+    print(f"driver root: {node.driver_root}")
+    print(f"dev root:    {node.dev_root}")
+    print(f"manifest:    {node.manifest_path}")
+    print(
+        f"driver {m['driver_version']}, CUDA {m['cuda_version']}, "
+        f"{len(m['libraries'])} libraries, {len(m['device_nodes'])} device nodes"
+    )
+    for g in m["gpus"]:
+        mig = f", MIG: {len(g['mig_devices'])} devices" if g["mig_enabled"] else ""
+        print(f"  GPU {g['index']} minor {g['minor']} {g['bus_id']} {g['uuid']}{mig}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

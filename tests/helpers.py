@@ -1,0 +1,31 @@
+"""Builders shared by the tests."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from collections.abc import Mapping
+from pathlib import Path
+
+
+def write_specs(folder: Path, files: Mapping[str, str]) -> Path:
+    """Create ``folder`` with one file per entry; content is dedented."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        (folder / name).write_text(textwrap.dedent(content))
+    return folder
+
+
+def simple_spec(kind: str, *names: str, env: str = "X=1", version: str = "0.5.0") -> str:
+    devices = "".join(
+        f"  - name: \"{n}\"\n    containerEdits:\n      env: [\"{env}\", \"DEV_{i}={n}\"]\n"
+        for i, n in enumerate(names)
+    )
+    return f"cdiVersion: {version}\nkind: {kind}\ndevices:\n{devices}"
+
+
+def make_char_device(path: Path, major: int = 1, minor: int = 3, mode: int = 0o666) -> Path:
+    """A real character device node (root only), by default equal to /dev/null."""
+    os.mknod(path, 0o020000 | mode, os.makedev(major, minor))
+    os.chmod(path, mode)
+    return path
