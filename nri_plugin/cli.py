@@ -12,7 +12,8 @@ from cdi.cli import add_commands as add_cdi_commands
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nri-cdi",
-        description="CDI specs for GPU nodes and a containerd NRI plugin that applies them.")
+        description="CDI specs for GPU nodes and a containerd NRI plugin that applies them.",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_cdi_commands(subparsers)
     return parser

@@ -1,0 +1,313 @@
+"""From a ttrpc request on the Plugin service to a ``Plugin`` method and back.
+
+One table row per method (style.md §2, "don't copy" one interface per method).
+Everything here is pure: bytes and protobuf messages in, bytes out, so the
+CreateContainer path can be driven and timed without sockets or an event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import DecodeError, Message
+
+from nri_plugin.api import (
+    LEGACY_VALID_EVENTS,
+    PLUGIN_SERVICE,
+    VALID_EVENTS,
+    Event,
+    EventMask,
+    nri_pb2,
+)
+from nri_plugin.plugin import Plugin
+from nri_plugin.wire import Code
+
+log = logging.getLogger(__name__)
+
+_EMPTY = b""  # nri_pb2.Empty() serializes to nothing
+
+
+class RpcError(Exception):
+    """Raise from a handler to answer its request with this status code."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# Which Plugin method handles each lifecycle event (§3.4 table). Validation
+# (event 14) is not supported: we never subscribe to it.
+EVENT_HANDLERS: dict[Event, str] = {
+    Event.RUN_POD_SANDBOX: "run_pod_sandbox",
+    Event.STOP_POD_SANDBOX: "stop_pod_sandbox",
+    Event.REMOVE_POD_SANDBOX: "remove_pod_sandbox",
+    Event.CREATE_CONTAINER: "create_container",
+    Event.POST_CREATE_CONTAINER: "post_create_container",
+    Event.START_CONTAINER: "start_container",
+    Event.POST_START_CONTAINER: "post_start_container",
+    Event.UPDATE_CONTAINER: "update_container",
+    Event.POST_UPDATE_CONTAINER: "post_update_container",
+    Event.STOP_CONTAINER: "stop_container",
+    Event.REMOVE_CONTAINER: "remove_container",
+    Event.UPDATE_POD_SANDBOX: "update_pod_sandbox",
+    Event.POST_UPDATE_POD_SANDBOX: "post_update_pod_sandbox",
+}
+_POD_EVENTS = frozenset(
+    {
+        Event.RUN_POD_SANDBOX,
+        Event.STOP_POD_SANDBOX,
+        Event.REMOVE_POD_SANDBOX,
+        Event.POST_UPDATE_POD_SANDBOX,
+    }
+)
+
+
+def implemented(plugin: Plugin, name: str) -> bool:
+    """A handler counts as implemented when the plugin's class overrides it."""
+    return getattr(type(plugin), name) is not getattr(Plugin, name)
+
+
+def implemented_events(plugin: Plugin) -> EventMask:
+    return EventMask.of(e for e, name in EVENT_HANDLERS.items() if implemented(plugin, name))
+
+
+def subscription(
+    plugin: Plugin, requested: EventMask | None = None, *, valid: EventMask = LEGACY_VALID_EVENTS
+) -> EventMask:
+    """The mask to send in ConfigureResponse: never 0, never a bit outside ``valid``.
+
+    0 would subscribe us to everything, validation included, and a bit the
+    runtime does not know makes it drop us (§3.4).
+    """
+    have = implemented_events(plugin)
+    mask = have if requested is None else EventMask(requested)
+    if mask & ~have:
+        raise RpcError(
+            Code.INVALID_ARGUMENT, f"subscription to events without a handler: {mask & ~have!r}"
+        )
+    mask &= valid
+    if not mask:
+        raise RpcError(
+            Code.FAILED_PRECONDITION,
+            f"none of the implemented events {have!r} is supported by this runtime",
+        )
+    return mask
+
+
+# --- per-row adapters: (plugin, request) -> response message ---------------
+
+
+def _as_updates(updates: Iterable[nri_pb2.ContainerUpdate] | None) -> list[Any]:
+    return [] if updates is None else list(updates)
+
+
+def _create(plugin: Plugin, req: nri_pb2.CreateContainerRequest) -> Message:
+    result = plugin.create_container(req.pod, req.container)
+    if result is None:
+        return nri_pb2.CreateContainerResponse()
+    if isinstance(result, nri_pb2.CreateContainerResponse):
+        return result
+    return nri_pb2.CreateContainerResponse(adjust=result)
+
+
+def _update(plugin: Plugin, req: nri_pb2.UpdateContainerRequest) -> Message:
+    updates = plugin.update_container(req.pod, req.container, req.linux_resources)
+    return nri_pb2.UpdateContainerResponse(update=_as_updates(updates))
+
+
+def _stop(plugin: Plugin, req: nri_pb2.StopContainerRequest) -> Message:
+    updates = plugin.stop_container(req.pod, req.container)
+    return nri_pb2.StopContainerResponse(update=_as_updates(updates))
+
+
+def _update_pod(plugin: Plugin, req: nri_pb2.UpdatePodSandboxRequest) -> Message:
+    plugin.update_pod_sandbox(req.pod, req.overhead_linux_resources, req.linux_resources)
+    return nri_pb2.Empty()
+
+
+def _notify(event: Event) -> Callable[[Plugin, Any], Message]:
+    name = EVENT_HANDLERS[event]
+
+    def call(plugin: Plugin, req: Any) -> Message:
+        args = (req.pod,) if event in _POD_EVENTS else (req.pod, req.container)
+        getattr(plugin, name)(*args)  # notifications have nothing to return
+        return nri_pb2.Empty()
+
+    return call
+
+
+def _state_change(plugin: Plugin, req: nri_pb2.StateChangeEvent) -> Message:
+    # Pre-v0.12 runtimes deliver the nine notifications here (§3.6).
+    try:
+        event = Event(req.event)
+    except ValueError:
+        raise RpcError(Code.INVALID_ARGUMENT, f"unknown event {req.event}") from None
+    if event not in EVENT_HANDLERS or event is Event.UPDATE_POD_SANDBOX:
+        raise RpcError(Code.INVALID_ARGUMENT, f"event {event.name} is not a state change")
+    if event in (Event.CREATE_CONTAINER, Event.UPDATE_CONTAINER, Event.STOP_CONTAINER):
+        raise RpcError(Code.INVALID_ARGUMENT, f"event {event.name} has its own RPC")
+    return _notify(event)(plugin, req)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Route:
+    request: type[Message]
+    call: Callable[[Plugin, Any], Message]
+    handler: str | None  # the Plugin method behind it; None for protocol-level rows
+
+
+def _route(request: type[Message], event: Event) -> Route:
+    return Route(request=request, call=_notify(event), handler=EVENT_HANDLERS[event])
+
+
+ROUTES: dict[str, Route] = {
+    "CreateContainer": Route(
+        request=nri_pb2.CreateContainerRequest, call=_create, handler="create_container"
+    ),
+    "UpdateContainer": Route(
+        request=nri_pb2.UpdateContainerRequest, call=_update, handler="update_container"
+    ),
+    "StopContainer": Route(
+        request=nri_pb2.StopContainerRequest, call=_stop, handler="stop_container"
+    ),
+    "UpdatePodSandbox": Route(
+        request=nri_pb2.UpdatePodSandboxRequest, call=_update_pod, handler="update_pod_sandbox"
+    ),
+    "StateChange": Route(request=nri_pb2.StateChangeEvent, call=_state_change, handler=None),
+    "RunPodSandbox": _route(nri_pb2.PodSandboxEventRequest, Event.RUN_POD_SANDBOX),
+    "StopPodSandbox": _route(nri_pb2.PodSandboxEventRequest, Event.STOP_POD_SANDBOX),
+    "RemovePodSandbox": _route(nri_pb2.PodSandboxEventRequest, Event.REMOVE_POD_SANDBOX),
+    "PostUpdatePodSandbox": _route(nri_pb2.PodSandboxEventRequest, Event.POST_UPDATE_POD_SANDBOX),
+    "PostCreateContainer": _route(nri_pb2.ContainerEventRequest, Event.POST_CREATE_CONTAINER),
+    "StartContainer": _route(nri_pb2.ContainerEventRequest, Event.START_CONTAINER),
+    "PostStartContainer": _route(nri_pb2.ContainerEventRequest, Event.POST_START_CONTAINER),
+    "PostUpdateContainer": _route(nri_pb2.ContainerEventRequest, Event.POST_UPDATE_CONTAINER),
+    "RemoveContainer": _route(nri_pb2.ContainerEventRequest, Event.REMOVE_CONTAINER),
+}
+
+# Configure, Synchronize and Shutdown carry connection state; Dispatcher handles them.
+METHODS: frozenset[str] = frozenset({*ROUTES, "Configure", "Synchronize", "Shutdown"})
+SERVICES: dict[str, frozenset[str]] = {PLUGIN_SERVICE: METHODS}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Configuration:
+    """What the runtime told us in Configure (§3.4); timeouts in milliseconds."""
+
+    config: str
+    runtime_name: str
+    runtime_version: str
+    nri_version: str  # "" before NRI v0.12.0
+    registration_timeout_ms: int  # 0 before NRI v0.7.0: the runtime default applies
+    request_timeout_ms: int
+    events: EventMask
+
+    DEFAULT_REQUEST_TIMEOUT_MS = 2000  # pkg/api/timeouts.go default (§6)
+
+    @property
+    def request_timeout(self) -> float:
+        """Seconds the runtime waits for each reply."""
+        return (self.request_timeout_ms or self.DEFAULT_REQUEST_TIMEOUT_MS) / 1000
+
+
+class SyncCollector:
+    """Joins paged Synchronize requests (§3.5) so the plugin sees the state once."""
+
+    __slots__ = ("containers", "pods")
+
+    def __init__(self) -> None:
+        self.pods: list[nri_pb2.PodSandbox] = []
+        self.containers: list[nri_pb2.Container] = []
+
+    def add(self, req: nri_pb2.SynchronizeRequest) -> bool:
+        """Add a page; True when it was the last one."""
+        self.pods.extend(req.pods)
+        self.containers.extend(req.containers)
+        return not req.more
+
+    def reset(self) -> None:
+        self.pods = []
+        self.containers = []
+
+
+class Dispatcher:
+    """Per-connection dispatch state: the Configure result and Synchronize pages."""
+
+    def __init__(self, plugin: Plugin) -> None:
+        if not implemented_events(plugin):
+            raise ValueError(f"{type(plugin).__name__} implements no event handler")
+        self.plugin = plugin
+        self.configuration: Configuration | None = None
+        self.synchronized = False
+        self._sync = SyncCollector()
+
+    def dispatch(self, method: str, payload: bytes) -> bytes:
+        """Handle one Plugin-service request; return the serialized reply.
+
+        Raises ``RpcError`` for an error status. A handler's exception fails
+        only this request; the caller keeps serving others.
+        """
+        try:
+            return self._dispatch(method, payload)
+        except RpcError:
+            raise
+        except DecodeError as exc:
+            raise RpcError(Code.INVALID_ARGUMENT, f"{method}: undecodable request") from exc
+        except Exception as exc:
+            # Go maps a plain error to UNKNOWN (§1.4); the runtime then fails the
+            # operation (CreateContainer, StartContainer) or just logs it (§6).
+            log.exception("%s handler failed", method)
+            raise RpcError(Code.UNKNOWN, f"{method}: {type(exc).__name__}: {exc}") from exc
+
+    def _dispatch(self, method: str, payload: bytes) -> bytes:
+        if method == "Configure":
+            return self._configure(nri_pb2.ConfigureRequest.FromString(payload))
+        if method == "Synchronize":
+            return self._synchronize(nri_pb2.SynchronizeRequest.FromString(payload))
+        if method == "Shutdown":
+            self.plugin.shutdown()
+            return _EMPTY
+        route = ROUTES.get(method)
+        if route is None:
+            raise RpcError(Code.UNIMPLEMENTED, f"method {method}")
+        request = route.request.FromString(payload)
+        if route.handler is not None and not implemented(self.plugin, route.handler):
+            # Go stub behaviour: a missing handler is an empty reply, not an error.
+            return _EMPTY
+        return route.call(self.plugin, request).SerializeToString()
+
+    def _configure(self, req: nri_pb2.ConfigureRequest) -> bytes:
+        requested = self.plugin.configure(req.config, req.runtime_name, req.runtime_version)
+        # NRI_version is only sent from v0.12.0, whose runtimes accept events 12-14;
+        # without it we must assume containerd 1.7-2.1 (ValidEvents 0x7FF, §3.4).
+        valid = VALID_EVENTS if req.NRI_version else LEGACY_VALID_EVENTS
+        mask = subscription(self.plugin, requested, valid=valid)
+        self.configuration = Configuration(
+            config=req.config,
+            runtime_name=req.runtime_name,
+            runtime_version=req.runtime_version,
+            nri_version=req.NRI_version,
+            registration_timeout_ms=req.registration_timeout,
+            request_timeout_ms=req.request_timeout,
+            events=mask,
+        )
+        return nri_pb2.ConfigureResponse(events=int(mask)).SerializeToString()
+
+    def _synchronize(self, req: nri_pb2.SynchronizeRequest) -> bytes:
+        if not self._sync.add(req):
+            # Every page but the last must be answered more=true and no updates (§3.5).
+            return nri_pb2.SynchronizeResponse(more=True).SerializeToString()
+        pods, containers = self._sync.pods, self._sync.containers
+        self._sync.reset()
+        updates = self.plugin.synchronize(pods, containers)
+        self.synchronized = True
+        return nri_pb2.SynchronizeResponse(update=_as_updates(updates)).SerializeToString()
+
+
+def dispatch(plugin: Plugin, method: str, payload: bytes) -> bytes:
+    """One-shot dispatch without connection state (no Synchronize paging)."""
+    return Dispatcher(plugin).dispatch(method, payload)

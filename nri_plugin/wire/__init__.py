@@ -1,0 +1,48 @@
+"""Sans-IO core of the NRI protocol: mux frames, ttrpc frames and stream state.
+
+Feed bytes to ``Connection.receive_data`` and get events back; send with
+``send_request``/``send_response`` and write out ``data_to_send()``. This package
+must not import asyncio, socket or os (tests/test_layering.py checks).
+"""
+
+from __future__ import annotations
+
+from nri_plugin.wire._connection import Connection, Role
+from nri_plugin.wire._errors import (
+    FrameTooLargeError,
+    LocalProtocolError,
+    MessageTooLargeError,
+    ProtocolError,
+    RemoteProtocolError,
+)
+from nri_plugin.wire._events import (
+    ConnectionClosed,
+    Event,
+    RequestReceived,
+    RequestRejected,
+    ResponseReceived,
+)
+from nri_plugin.wire._mux import GO_READ_BUFFER, PLUGIN_CONN, RUNTIME_CONN
+from nri_plugin.wire._state import ConnectionState
+from nri_plugin.wire._ttrpc import MAX_DATA, Code
+
+__all__ = [
+    "GO_READ_BUFFER",
+    "MAX_DATA",
+    "PLUGIN_CONN",
+    "RUNTIME_CONN",
+    "Code",
+    "Connection",
+    "ConnectionClosed",
+    "ConnectionState",
+    "Event",
+    "FrameTooLargeError",
+    "LocalProtocolError",
+    "MessageTooLargeError",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "RequestReceived",
+    "RequestRejected",
+    "ResponseReceived",
+    "Role",
+]

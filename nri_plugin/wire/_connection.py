@@ -1,0 +1,264 @@
+"""The sans-IO NRI connection: mux + two ttrpc sessions (docs/nri-protocol.md §1, §2).
+
+Bytes go in through ``receive_data`` and come back as events; calls and replies
+are queued as bytes and drained with ``data_to_send``. Nothing here blocks,
+reads, writes or knows about event loops.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Collection, Iterable, Mapping
+
+from nri_plugin.wire._errors import LocalProtocolError, RemoteProtocolError
+from nri_plugin.wire._events import (
+    ConnectionClosed,
+    Event,
+    RequestReceived,
+    RequestRejected,
+    ResponseReceived,
+)
+from nri_plugin.wire._mux import PLUGIN_CONN, RUNTIME_CONN, MuxReader, frame_message
+from nri_plugin.wire._state import ClientStreams, ConnectionState, ServerStreams
+from nri_plugin.wire._ttrpc import (
+    Code,
+    Frame,
+    FrameReader,
+    MessageType,
+    decode_request,
+    decode_response,
+    encode_frame,
+    encode_request,
+    encode_response,
+)
+
+_NULL_LOGGER = logging.getLogger("nri_plugin.wire")
+_NULL_LOGGER.addHandler(logging.NullHandler())
+
+
+class Role(enum.Enum):
+    """Which end of the trunk we are; it fixes which conn we serve (§2.2)."""
+
+    PLUGIN = "plugin"
+    RUNTIME = "runtime"  # only used by tests, to play the runtime
+
+    @property
+    def server_conn(self) -> int:
+        return PLUGIN_CONN if self is Role.PLUGIN else RUNTIME_CONN
+
+    @property
+    def client_conn(self) -> int:
+        return RUNTIME_CONN if self is Role.PLUGIN else PLUGIN_CONN
+
+
+class Connection:
+    """One NRI trunk: we serve ttrpc on one conn id and call out on the other.
+
+    ``services`` maps each service name we serve to its method names; requests
+    for anything else are answered UNIMPLEMENTED here (§1.3), which is also what
+    makes v0.12 runtimes fall back to StateChange (§3.6). ``None`` passes every
+    request through.
+    """
+
+    def __init__(
+        self,
+        *,
+        role: Role = Role.PLUGIN,
+        services: Mapping[str, Collection[str]] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.role = role
+        self.state = ConnectionState.OPEN
+        self._services = (
+            None if services is None else {k: frozenset(v) for k, v in services.items()}
+        )
+        self._log = logger or _NULL_LOGGER
+        self._mux = MuxReader()
+        self._readers = {PLUGIN_CONN: FrameReader(), RUNTIME_CONN: FrameReader()}
+        self._server = ServerStreams()
+        self._client = ClientStreams()
+        self._outbound = bytearray()
+
+    # --- inbound ---------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> list[Event]:
+        """Feed bytes read from the socket; ``b""`` means EOF."""
+        if self.state is ConnectionState.ERROR:
+            raise RemoteProtocolError("connection already failed; no more data accepted")
+        if self.state is ConnectionState.CLOSED:
+            raise LocalProtocolError("data received after EOF")
+        try:
+            if not data:
+                return [self._eof()]
+            events: list[Event] = []
+            for chunk in self._mux.feed(data):
+                for frame in self._readers[chunk.conn_id].feed(chunk.data):
+                    events.extend(self._handle_frame(chunk.conn_id, frame))
+            return events
+        except RemoteProtocolError:
+            self.state = ConnectionState.ERROR
+            raise
+
+    def _eof(self) -> ConnectionClosed:
+        if self._mux.mid_frame or any(r.mid_frame for r in self._readers.values()):
+            raise RemoteProtocolError("connection closed in the middle of a frame")
+        self.state = ConnectionState.CLOSED
+        pending = tuple(sorted(self._client.pending))
+        self._client.pending.clear()
+        return ConnectionClosed(pending=pending)
+
+    def _handle_frame(self, conn_id: int, frame: Frame) -> list[Event]:
+        stream_id = frame.stream_id
+        if conn_id == self.role.server_conn:
+            if frame.type != MessageType.REQUEST:
+                raise RemoteProtocolError(
+                    f"ttrpc message type {frame.type} on conn {conn_id} stream {stream_id}; "
+                    "only requests are valid there"
+                )
+            return [self._handle_request(stream_id, frame.data)]
+        if frame.type != MessageType.RESPONSE:
+            raise RemoteProtocolError(
+                f"ttrpc message type {frame.type} on conn {conn_id} stream {stream_id}; "
+                "only responses are valid there"
+            )
+        return [self._handle_response(stream_id, frame.data)]
+
+    def _handle_request(self, stream_id: int, data: bytes) -> Event:
+        invalid = self._server.accept(stream_id)
+        if invalid is not None:
+            return self._reject(stream_id, "", "", Code.INVALID_ARGUMENT, invalid, tracked=False)
+        try:
+            request = decode_request(data, stream_id)
+        except RemoteProtocolError as exc:
+            # Framing is intact, so only this call fails (Go answers it the same way).
+            return self._reject(stream_id, "", "", Code.INVALID_ARGUMENT, str(exc))
+        service, method = request.service, request.method
+        if self._services is not None:
+            if service not in self._services:
+                return self._reject(
+                    stream_id, service, method, Code.UNIMPLEMENTED, f"service {service}"
+                )
+            if method not in self._services[service]:
+                return self._reject(
+                    stream_id, service, method, Code.UNIMPLEMENTED, f"method {method}"
+                )
+        return RequestReceived(
+            stream_id=stream_id,
+            service=service,
+            method=method,
+            payload=request.payload,
+            timeout_nano=request.timeout_nano,
+            metadata=tuple((kv.key, kv.value) for kv in request.metadata),
+        )
+
+    def _reject(
+        self,
+        stream_id: int,
+        service: str,
+        method: str,
+        code: Code,
+        message: str,
+        *,
+        tracked: bool = True,
+    ) -> RequestRejected:
+        self._log.debug("rejecting stream %d (%s/%s): %s", stream_id, service, method, message)
+        if tracked:
+            self._server.close(stream_id)
+        self._queue(
+            self.role.server_conn,
+            stream_id,
+            MessageType.RESPONSE,
+            encode_response(b"", code, message),
+        )
+        return RequestRejected(
+            stream_id=stream_id, service=service, method=method, code=code, message=message
+        )
+
+    def _handle_response(self, stream_id: int, data: bytes) -> ResponseReceived:
+        service, method = self._client.close(stream_id)
+        try:
+            response = decode_response(data, stream_id)
+        except RemoteProtocolError as exc:
+            # The call is answered, just unreadably: fail that call, not the trunk.
+            return ResponseReceived(
+                stream_id=stream_id,
+                service=service,
+                method=method,
+                payload=b"",
+                code=Code.DATA_LOSS,
+                message=str(exc),
+            )
+        return ResponseReceived(
+            stream_id=stream_id,
+            service=service,
+            method=method,
+            payload=response.payload,
+            code=response.status.code,
+            message=response.status.message,
+        )
+
+    # --- outbound --------------------------------------------------------
+
+    def send_request(
+        self,
+        service: str,
+        method: str,
+        payload: bytes,
+        *,
+        timeout_nano: int = 0,
+        metadata: Iterable[tuple[str, str]] = (),
+    ) -> int:
+        """Queue a call on our client conn; return its stream id."""
+        self._check_usable()
+        data = encode_request(
+            service, method, payload, timeout_nano=timeout_nano, metadata=metadata
+        )
+        # Encode before taking a stream id: an oversize call then leaves no gap or trace.
+        frame = encode_frame(self._client.next_id, MessageType.REQUEST, data)
+        stream_id = self._client.open(service, method)
+        self._outbound += frame_message(self.role.client_conn, frame)
+        return stream_id
+
+    def send_response(
+        self, stream_id: int, payload: bytes = b"", *, code: int = Code.OK, message: str = ""
+    ) -> None:
+        """Answer a ``RequestReceived``. A non-OK ``code`` sends an error status.
+
+        Raises ``MessageTooLargeError`` (the stream stays open) when the reply is
+        above 4 MiB, so the caller can answer RESOURCE_EXHAUSTED instead.
+        """
+        self._check_usable()
+        self._server.check_open(stream_id)
+        data = encode_response(payload, code, message)
+        frame = encode_frame(stream_id, MessageType.RESPONSE, data)
+        self._server.close(stream_id)
+        self._outbound += frame_message(self.role.server_conn, frame)
+
+    def _queue(self, conn_id: int, stream_id: int, mtype: MessageType, data: bytes) -> None:
+        self._outbound += frame_message(conn_id, encode_frame(stream_id, mtype, data))
+
+    def _check_usable(self) -> None:
+        if self.state is not ConnectionState.OPEN:
+            raise LocalProtocolError(f"connection is {self.state.value}; cannot send")
+
+    def data_to_send(self) -> bytes:
+        """Drain the bytes queued so far (whole mux frames, ready to write)."""
+        data = bytes(self._outbound)
+        self._outbound.clear()
+        return data
+
+    @property
+    def buffered(self) -> int:
+        """Received bytes held for incomplete frames (bounded, see ``FrameReader``)."""
+        return self._mux.buffered + sum(r.buffered for r in self._readers.values())
+
+    @property
+    def pending_calls(self) -> tuple[int, ...]:
+        """Stream ids of our calls still waiting for a response."""
+        return tuple(sorted(self._client.pending))
+
+    @property
+    def requests_in_flight(self) -> tuple[int, ...]:
+        """Stream ids of peer requests we have not answered yet."""
+        return tuple(sorted(self._server.in_flight))

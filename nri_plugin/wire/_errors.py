@@ -1,0 +1,30 @@
+"""Protocol errors, split by blame as in h11 (style.md §1)."""
+
+from __future__ import annotations
+
+
+class ProtocolError(Exception):
+    """Root of all errors raised by the protocol core."""
+
+
+class LocalProtocolError(ProtocolError):
+    """Our caller misused the API (e.g. answered a stream that is not open)."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent bytes that break the mux or ttrpc framing."""
+
+
+class FrameTooLargeError(RemoteProtocolError):
+    """A frame header announced more data than the protocol allows.
+
+    Raised as soon as the header parses, before any of the data is buffered.
+    """
+
+
+class MessageTooLargeError(LocalProtocolError):
+    """We were asked to send a ttrpc message above the 4 MiB limit (§1.1).
+
+    Raised before anything is queued, so the connection stays usable: the caller
+    can answer the stream with RESOURCE_EXHAUSTED instead, as Go's sender does.
+    """

@@ -1,0 +1,70 @@
+"""Events returned by ``Connection.receive_data`` (validated at construction)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nri_plugin.wire._ttrpc import Code
+
+
+def _check_stream_id(stream_id: int) -> None:
+    if stream_id <= 0 or stream_id % 2 == 0:
+        raise ValueError(f"client-initiated stream ids are odd and positive, got {stream_id}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestReceived:
+    """The peer called one of the methods we serve; answer with ``send_response``."""
+
+    stream_id: int
+    service: str
+    method: str
+    payload: bytes
+    timeout_nano: int = 0  # the peer's remaining deadline; 0 = none (§1.3)
+    metadata: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_stream_id(self.stream_id)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestRejected:
+    """A request the core answered by itself (bad stream id, unknown method, ...).
+
+    Informational: the error reply is already queued in ``data_to_send()``.
+    """
+
+    stream_id: int
+    service: str
+    method: str
+    code: Code
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseReceived:
+    """The reply to one of our ``send_request`` calls."""
+
+    stream_id: int
+    service: str
+    method: str
+    payload: bytes
+    code: int = Code.OK
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        _check_stream_id(self.stream_id)
+
+    @property
+    def ok(self) -> bool:
+        return self.code == Code.OK
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectionClosed:
+    """The peer closed the trunk cleanly; ``pending`` calls will never be answered."""
+
+    pending: tuple[int, ...] = ()
+
+
+Event = RequestReceived | RequestRejected | ResponseReceived | ConnectionClosed

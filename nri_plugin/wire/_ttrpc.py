@@ -1,0 +1,161 @@
+"""ttrpc frames and the Request/Response envelopes (docs/nri-protocol.md §1).
+
+A frame is a 10-byte big-endian header (data length, stream id, message type,
+flags) followed by the data: a serialized ``ttrpc.Request`` or ``ttrpc.Response``.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+
+from nri_plugin.api import ttrpc_pb2
+from nri_plugin.wire._buffer import ReceiveBuffer
+from nri_plugin.wire._errors import FrameTooLargeError, MessageTooLargeError, RemoteProtocolError
+
+HEADER = struct.Struct(">IIBB")
+MAX_DATA = 4 << 20  # messageLengthMax (§1.1)
+
+
+class MessageType(enum.IntEnum):
+    REQUEST = 1
+    RESPONSE = 2
+    DATA = 3  # streaming only; NRI never sends it (§1.1)
+
+
+class Code(enum.IntEnum):
+    """gRPC status codes carried in ttrpc responses (§1.4)."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Frame:
+    stream_id: int
+    type: int  # a MessageType value, or whatever unknown byte the peer sent
+    flags: int
+    data: bytes
+
+
+def encode_frame(stream_id: int, mtype: MessageType, data: bytes, flags: int = 0) -> bytes:
+    if len(data) > MAX_DATA:
+        # Go's sender refuses the same way (OversizedMessageErr, §1.1).
+        raise MessageTooLargeError(
+            f"ttrpc message on stream {stream_id} is {len(data)} bytes (max {MAX_DATA})"
+        )
+    return HEADER.pack(len(data), stream_id, mtype, flags) + data
+
+
+class FrameReader:
+    """Reassembles ttrpc frames from one logical connection's chunks.
+
+    Holds at most one incomplete frame: the length is checked as soon as the
+    header is complete, so buffering is bounded by ``HEADER.size + MAX_DATA`` plus
+    whatever the caller fed in one go.
+    """
+
+    __slots__ = ("_buffer", "_header", "_max_data")
+
+    def __init__(self, *, max_data: int = MAX_DATA) -> None:
+        self._buffer = ReceiveBuffer()
+        self._header: tuple[int, int, int, int] | None = None
+        self._max_data = max_data
+
+    @property
+    def mid_frame(self) -> bool:
+        return self._header is not None or bool(self._buffer)
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> list[Frame]:
+        self._buffer.feed(data)
+        frames = []
+        while (frame := self._next_frame()) is not None:
+            frames.append(frame)
+        return frames
+
+    def _next_frame(self) -> Frame | None:
+        if self._header is None:
+            raw = self._buffer.take(HEADER.size)
+            if raw is None:
+                return None
+            length, stream_id, mtype, flags = HEADER.unpack(raw)
+            if length > self._max_data:
+                # Go discards the data and answers RESOURCE_EXHAUSTED; no conforming
+                # NRI peer sends this (its own sender refuses), so we treat it as a
+                # broken peer rather than buffer or skip up to 4 GiB.
+                raise FrameTooLargeError(
+                    f"ttrpc frame on stream {stream_id} announces {length} bytes (max {MAX_DATA})"
+                )
+            self._header = (length, stream_id, mtype, flags)
+        length, stream_id, mtype, flags = self._header
+        data = self._buffer.take(length)
+        if data is None:
+            return None
+        self._header = None
+        return Frame(stream_id=stream_id, type=mtype, flags=flags, data=data)
+
+
+def encode_request(
+    service: str,
+    method: str,
+    payload: bytes,
+    *,
+    timeout_nano: int = 0,
+    metadata: Iterable[tuple[str, str]] = (),
+) -> bytes:
+    request = ttrpc_pb2.Request(
+        service=service, method=method, payload=payload, timeout_nano=timeout_nano
+    )
+    for key, value in metadata:
+        request.metadata.add(key=key, value=value)
+    return request.SerializeToString()
+
+
+def decode_request(data: bytes, stream_id: int) -> ttrpc_pb2.Request:
+    request = ttrpc_pb2.Request()
+    try:
+        request.ParseFromString(data)
+    except DecodeError as exc:
+        raise RemoteProtocolError(f"undecodable ttrpc request on stream {stream_id}") from exc
+    return request
+
+
+def encode_response(payload: bytes, code: int = Code.OK, message: str = "") -> bytes:
+    response = ttrpc_pb2.Response(payload=payload)
+    if code != Code.OK:
+        # Go servers leave status unset on success (§1.4); do the same.
+        response.status.code = code
+        response.status.message = message
+    return response.SerializeToString()
+
+
+def decode_response(data: bytes, stream_id: int) -> ttrpc_pb2.Response:
+    response = ttrpc_pb2.Response()
+    try:
+        response.ParseFromString(data)
+    except DecodeError as exc:
+        raise RemoteProtocolError(f"undecodable ttrpc response on stream {stream_id}") from exc
+    return response

@@ -1,0 +1,66 @@
+"""The committed *_pb2 modules must match our .proto files."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+import pytest
+from google.protobuf import descriptor_pb2
+
+from nri_plugin.api import Event, EventMask, generate, nri_pb2, ttrpc_pb2
+
+pytest.importorskip("grpc_tools", reason="grpcio-tools is needed to regenerate")
+
+VERSION = re.compile(rb"^# Protobuf Python Version: (\S+)$", re.M)
+
+
+def _descriptor(pb2_source: bytes) -> descriptor_pb2.FileDescriptorProto:
+    """Rebuild the FileDescriptorProto embedded in a generated module's source."""
+    namespace: dict[str, object] = {}
+    match = re.search(rb"AddSerializedFile\((b'.*?')\)\n", pb2_source, re.S)
+    assert match, "generated module layout changed"
+    exec(compile(b"blob = " + match.group(1), "<pb2>", "exec"), namespace)  # a bytes literal
+    return descriptor_pb2.FileDescriptorProto.FromString(namespace["blob"])  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def fresh() -> dict[str, bytes]:
+    with tempfile.TemporaryDirectory() as tmp:
+        return generate.generate(Path(tmp))
+
+
+@pytest.mark.parametrize("name", ["nri_pb2.py", "ttrpc_pb2.py"])
+def test_committed_descriptors_match_the_proto(fresh: dict[str, bytes], name: str) -> None:
+    committed = (generate.API_DIR / name).read_bytes()
+    assert _descriptor(committed) == _descriptor(fresh[name]), (
+        f"nri_plugin/api/{name} is stale: run python -m nri_plugin.api.generate"
+    )
+
+
+def test_committed_files_are_byte_identical_with_the_same_protoc(fresh: dict[str, bytes]) -> None:
+    committed = (generate.API_DIR / "nri_pb2.py").read_bytes()
+    ours, theirs = VERSION.search(committed), VERSION.search(fresh["nri_pb2.py"])
+    assert ours and theirs
+    if ours.group(1) != theirs.group(1):
+        pytest.skip(f"installed protoc makes {theirs.group(1)!r}, committed is {ours.group(1)!r}")
+    assert generate.stale_files() == []
+
+
+def test_generated_modules_carry_the_wire_names() -> None:
+    assert nri_pb2.DESCRIPTOR.services_by_name["Plugin"].full_name == "nri.pkg.api.v1alpha1.Plugin"
+    assert nri_pb2.DESCRIPTOR.name == "nri_plugin/api/nri.proto"
+    assert ttrpc_pb2.DESCRIPTOR.name == "nri_plugin/api/ttrpc.proto"
+
+
+def test_event_enum_matches_the_proto() -> None:
+    for event in Event:
+        assert nri_pb2.Event.Value(event.name) == event.value
+        assert EventMask[event.name] == 1 << (event.value - 1) == event.bit
+
+
+def test_event_mask_helpers() -> None:
+    mask = EventMask.of([Event.CREATE_CONTAINER, Event.REMOVE_CONTAINER])
+    assert int(mask) == 0x408
+    assert mask.events() == (Event.CREATE_CONTAINER, Event.REMOVE_CONTAINER)
