@@ -91,8 +91,10 @@ class Snapshot:
     def _why_unusable(self, name: str, device: Device | None) -> str | None:
         if device is None:
             if name in self.conflicts:
-                return f"defined in more than one spec of equal priority: " \
-                       f"{', '.join(self.conflicts[name])}"
+                return (
+                    f"defined in more than one spec of equal priority: "
+                    f"{', '.join(self.conflicts[name])}"
+                )
             if not split_device(name)[0]:
                 return "not a qualified CDI device name (vendor/class=name)"
             return "no such device in the spec directories"
@@ -119,8 +121,10 @@ class SpecCache:
             self._parsed = {path: r for path, r in results.items() if r is not None}
             snapshot = _build_snapshot(
                 self.spec_dirs,
-                [(f, r[1] if r else SpecError([FieldError("", f.error or "unreadable")]))
-                 for f, r in ((f, results[f.path]) for f in files)],
+                [
+                    (f, r[1] if r else SpecError([FieldError("", f.error or "unreadable")]))
+                    for f, r in ((f, results[f.path]) for f in files)
+                ],
                 self.snapshot.generation + 1,
             )
             self.snapshot = snapshot
@@ -134,14 +138,22 @@ class SpecCache:
             fd = os.open(spec_file.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
             return (0, 0, 0, 0, 0, -1), SpecError(
-                [FieldError("", f"cannot read: {exc.strerror}")], file=spec_file.path)
+                [FieldError("", f"cannot read: {exc.strerror}")], file=spec_file.path
+            )
         with os.fdopen(fd, "rb") as handle:
             info = os.fstat(fd)
-            signature = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns,
-                         info.st_ctime_ns, spec_file.priority)
+            signature = (
+                info.st_dev,
+                info.st_ino,
+                info.st_size,
+                info.st_mtime_ns,
+                info.st_ctime_ns,
+                spec_file.priority,
+            )
             if not stat.S_ISREG(info.st_mode):
-                return signature, SpecError([FieldError("", "not a regular file")],
-                                            file=spec_file.path)
+                return signature, SpecError(
+                    [FieldError("", "not a regular file")], file=spec_file.path
+                )
             previous = self._parsed.get(spec_file.path)
             if previous and previous[0] == signature:
                 return previous
@@ -175,9 +187,15 @@ def _build_snapshot(
         for data in result.devices:
             device_edits, device_error = _fill(data.container_edits)
             name = f"{vendor_class}={data.name}"
-            candidates.setdefault(name, []).append(Device(
-                qualified_name=name, spec=result, data=data, edits=device_edits,
-                error=device_error))
+            candidates.setdefault(name, []).append(
+                Device(
+                    qualified_name=name,
+                    spec=result,
+                    data=data,
+                    edits=device_edits,
+                    error=device_error,
+                )
+            )
     devices, conflicts = _resolve_conflicts(candidates, errors)
     return Snapshot(
         spec_dirs=spec_dirs,
@@ -211,5 +229,6 @@ def _resolve_conflicts(
             others = ", ".join(p for p in paths if p != path)
             errors.setdefault(path, []).append(
                 f"conflicting device {name!r}: also defined in {others} (same priority); "
-                "device dropped")
+                "device dropped"
+            )
     return devices, conflicts

@@ -27,50 +27,70 @@ def add_commands(subparsers: Any) -> None:
 
 def _spec_dir_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--spec-dir", dest="spec_dirs", action="append", metavar="DIR",
+        "--spec-dir",
+        dest="spec_dirs",
+        action="append",
+        metavar="DIR",
         help="a spec directory; repeat for several, later ones win "
-             f"(default: {' then '.join(DEFAULT_SPEC_DIRS)})")
+        f"(default: {' then '.join(DEFAULT_SPEC_DIRS)})",
+    )
 
 
 def _add_list(subparsers: Any) -> None:
     parser = subparsers.add_parser("list", help="list the CDI devices of the spec directories")
     _spec_dir_option(parser)
     parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument("--strict", action="store_true",
-                        help="exit non-zero when any spec file has an error")
+    parser.add_argument(
+        "--strict", action="store_true", help="exit non-zero when any spec file has an error"
+    )
     parser.set_defaults(func=cmd_list)
 
 
 def _add_validate(subparsers: Any) -> None:
     parser = subparsers.add_parser("validate", help="validate CDI spec files")
     parser.add_argument("files", nargs="+", metavar="FILE")
-    parser.add_argument("--schema", action="store_true",
-                        help="also check each file against the project's JSON schema")
+    parser.add_argument(
+        "--schema",
+        action="store_true",
+        help="also check each file against the project's JSON schema",
+    )
     parser.set_defaults(func=cmd_validate)
 
 
 def _add_inject(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "inject", help="apply CDI devices to an OCI runtime spec (config.json) and print it")
+        "inject", help="apply CDI devices to an OCI runtime spec (config.json) and print it"
+    )
     _spec_dir_option(parser)
-    parser.add_argument("--device", dest="devices", action="append", required=True,
-                        metavar="NAME", help="a qualified device name; repeat for several")
-    parser.add_argument("file", nargs="?", default="-", metavar="FILE|-",
-                        help="the OCI runtime spec (default: standard input)")
+    parser.add_argument(
+        "--device",
+        dest="devices",
+        action="append",
+        required=True,
+        metavar="NAME",
+        help="a qualified device name; repeat for several",
+    )
+    parser.add_argument(
+        "file",
+        nargs="?",
+        default="-",
+        metavar="FILE|-",
+        help="the OCI runtime spec (default: standard input)",
+    )
     parser.set_defaults(func=cmd_inject)
 
 
-def cmd_list(
-    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
-) -> int:
+def cmd_list(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
     snapshot = SpecCache(args.spec_dirs).refresh()
     for path, messages in sorted(snapshot.errors.items()):
         for message in messages:
             print(f"{path}: {message}", file=err)
     if args.json:
-        listing = [{"name": name, "spec": snapshot.devices[name].spec.path}
-                   for name in snapshot.device_names()]
+        listing = [
+            {"name": name, "spec": snapshot.devices[name].spec.path}
+            for name in snapshot.device_names()
+        ]
         errors = [{"file": p, "error": m} for p, ms in sorted(snapshot.errors.items()) for m in ms]
         json.dump({"devices": listing, "errors": errors}, out, indent=2)
         out.write("\n")

@@ -32,9 +32,15 @@ def merge(parts: Iterable[ContainerEdits]) -> ContainerEdits:
         gids += part.additional_gids
         nets += part.net_devices
         rdt = part.intel_rdt if part.intel_rdt is not None else rdt
-    return ContainerEdits(env=tuple(env), device_nodes=tuple(nodes), mounts=tuple(mounts),
-                          hooks=tuple(hooks), intel_rdt=rdt, additional_gids=tuple(gids),
-                          net_devices=tuple(nets))
+    return ContainerEdits(
+        env=tuple(env),
+        device_nodes=tuple(nodes),
+        mounts=tuple(mounts),
+        hooks=tuple(hooks),
+        intel_rdt=rdt,
+        additional_gids=tuple(gids),
+        net_devices=tuple(nets),
+    )
 
 
 def mount_depth(destination: str) -> int:
@@ -82,8 +88,7 @@ def _apply_device_nodes(oci: dict[str, Any], nodes: tuple[DeviceNode, ...]) -> N
     linux = oci.setdefault("linux", {})
     devices: list[dict[str, Any]] = linux.setdefault("devices", [])
     for node in nodes:
-        device = device_to_oci(node, process_uid=user.get("uid", 0),
-                               process_gid=user.get("gid", 0))
+        device = device_to_oci(node, process_uid=user.get("uid", 0), process_gid=user.get("gid", 0))
         devices[:] = [d for d in devices if d.get("path") != device["path"]]
         devices.append(device)
         if node.type in ("b", "c"):

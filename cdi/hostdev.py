@@ -34,7 +34,8 @@ def fill_device_node(node: DeviceNode) -> DeviceNode:
         if _is_minimal(node):
             return node
         raise DeviceNodeError(
-            f"failed to stat CDI host device {host!r}: {exc.strerror or exc}") from None
+            f"failed to stat CDI host device {host!r}: {exc.strerror or exc}"
+        ) from None
     host_type = _HOST_TYPES.get(stat.S_IFMT(info.st_mode))
     file_mode = node.file_mode if node.file_mode is not None else stat.S_IMODE(info.st_mode)
     if _is_minimal(node):
@@ -43,8 +44,8 @@ def fill_device_node(node: DeviceNode) -> DeviceNode:
         raise DeviceNodeError(f"failed to stat CDI host device {host!r}: not a device node")
     if node.type and node.type != host_type:
         raise DeviceNodeError(
-            f"CDI device ({node.path!r}, {host!r}), host type mismatch "
-            f"({node.type}, {host_type})")
+            f"CDI device ({node.path!r}, {host!r}), host type mismatch ({node.type}, {host_type})"
+        )
     filled = replace(node, type=node.type or host_type, file_mode=file_mode)
     if host_type != "p" and not node.major:
         filled = replace(filled, major=os.major(info.st_rdev), minor=os.minor(info.st_rdev))

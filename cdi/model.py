@@ -25,7 +25,6 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_DECODED_VALUES = 2_000_000
 
 
-
 def _empty_map() -> Mapping[str, str]:
     return MappingProxyType({})
 
@@ -163,8 +162,14 @@ class _Context:
 def _type_name(value: Any) -> str:
     if value is None:
         return "null"
-    return {bool: "boolean", int: "integer", float: "number", str: "string",
-            list: "list", dict: "mapping"}.get(type(value), type(value).__name__)
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        str: "string",
+        list: "list",
+        dict: "mapping",
+    }.get(type(value), type(value).__name__)
 
 
 def _string(value: Any, path: str, ctx: _Context) -> Any:
@@ -310,8 +315,9 @@ _FIELDS[ContainerEdits] = (
 _FIELDS[DeviceData] = (
     _Field("name", "name", _string, required=True),
     _Field("annotations", "annotations", _string_map),
-    _Field("containerEdits", "container_edits", _object(ContainerEdits), required=True,
-           keep_empty=True),
+    _Field(
+        "containerEdits", "container_edits", _object(ContainerEdits), required=True, keep_empty=True
+    ),
 )
 _FIELDS[SpecData] = (
     _Field("cdiVersion", "cdi_version", _string, required=True),
@@ -360,8 +366,10 @@ def to_dict(value: Any) -> Any:
         item = getattr(value, spec.attr)
         if item is None:
             continue
-        empty = item == () or (isinstance(item, Mapping) and not item) or (
-            isinstance(item, ContainerEdits) and item.is_empty()
+        empty = (
+            item == ()
+            or (isinstance(item, Mapping) and not item)
+            or (isinstance(item, ContainerEdits) and item.is_empty())
         )
         if empty and not (spec.required or spec.keep_empty):
             continue

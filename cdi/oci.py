@@ -34,8 +34,13 @@ def device_to_oci(
 
 
 def cgroup_rule(node: DeviceNode) -> dict[str, Any]:
-    return {"allow": True, "type": node.type, "major": node.major or 0,
-            "minor": node.minor or 0, "access": cgroup_access(node)}
+    return {
+        "allow": True,
+        "type": node.type,
+        "major": node.major or 0,
+        "minor": node.minor or 0,
+        "access": cgroup_access(node),
+    }
 
 
 def mount_to_oci(mount: Mount) -> dict[str, Any]:
@@ -59,9 +64,13 @@ def hook_to_oci(hook: Hook) -> dict[str, Any]:
 
 
 def intel_rdt_to_oci(rdt: IntelRdt) -> dict[str, Any]:
-    pairs = (("closID", rdt.clos_id), ("l3CacheSchema", rdt.l3_cache_schema),
-             ("memBwSchema", rdt.mem_bw_schema),
-             ("schemata", list(rdt.schemata) if rdt.schemata is not None else None),
-             ("enableMonitoring", rdt.enable_monitoring), ("enableCMT", rdt.enable_cmt),
-             ("enableMBM", rdt.enable_mbm))
+    pairs = (
+        ("closID", rdt.clos_id),
+        ("l3CacheSchema", rdt.l3_cache_schema),
+        ("memBwSchema", rdt.mem_bw_schema),
+        ("schemata", list(rdt.schemata) if rdt.schemata is not None else None),
+        ("enableMonitoring", rdt.enable_monitoring),
+        ("enableCMT", rdt.enable_cmt),
+        ("enableMBM", rdt.enable_mbm),
+    )
     return {key: value for key, value in pairs if value not in (None, "", False)}

@@ -107,9 +107,7 @@ def parse_qualified_name(device: str) -> QualifiedName:
     """Parse and validate ``vendor/class=name``; raise QualifiedNameError saying why not."""
     vendor, class_, name = split_device(device)
     if not vendor:
-        raise QualifiedNameError(
-            f"invalid CDI device name {device!r}: expected vendor/class=name"
-        )
+        raise QualifiedNameError(f"invalid CDI device name {device!r}: expected vendor/class=name")
     problem = vendor_error(vendor) or class_error(class_) or device_name_error(name)
     if problem:
         raise QualifiedNameError(f"invalid CDI device name {device!r}: {problem}")

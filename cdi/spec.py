@@ -43,13 +43,15 @@ def _construct_strict_mapping(loader: Any, node: yaml.MappingNode, deep: bool = 
             continue  # reported later as a non-string key
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark)
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
         seen[key] = key_node
     return loader.construct_mapping(node, deep=deep)
 
 
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-                              _construct_strict_mapping)
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_strict_mapping
+)
 
 
 def _reject_duplicate_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -148,8 +150,14 @@ def dump_spec(spec: SpecData, *, json_format: bool = False) -> str:
     if json_format:
         return json.dumps(document, indent=2) + "\n"
     dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    body = yaml.dump(document, Dumper=dumper, sort_keys=False, default_flow_style=False,
-                     allow_unicode=True, width=1 << 16)
+    body = yaml.dump(
+        document,
+        Dumper=dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        allow_unicode=True,
+        width=1 << 16,
+    )
     return "---\n" + body
 
 

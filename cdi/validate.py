@@ -15,8 +15,14 @@ from .parser import device_name_error, kind_error
 from .version import EARLIEST_SUPPORTED, KNOWN_VERSIONS, minimum_requirement, version_key
 
 # OCI hook points; ``prestart`` is deprecated by OCI but still accepted by the reference.
-HOOK_NAMES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart",
-              "poststop")
+HOOK_NAMES = (
+    "prestart",
+    "createRuntime",
+    "createContainer",
+    "startContainer",
+    "poststart",
+    "poststop",
+)
 DEVICE_TYPES = ("b", "c", "u", "p")
 MAX_ANNOTATIONS_SIZE = 256 * 1024
 MAX_CLOS_ID_LENGTH = 4096
@@ -47,19 +53,30 @@ def spec_errors(spec: SpecData) -> list[FieldError]:
 def _version_errors(spec: SpecData) -> list[FieldError]:
     declared = spec.cdi_version
     if declared.removeprefix("v") not in KNOWN_VERSIONS:
-        return [FieldError("cdiVersion", f"invalid version {declared!r}: known versions are "
-                           f"{', '.join(reversed(KNOWN_VERSIONS[:-2]))}")]
+        return [
+            FieldError(
+                "cdiVersion",
+                f"invalid version {declared!r}: known versions are "
+                f"{', '.join(reversed(KNOWN_VERSIONS[:-2]))}",
+            )
+        ]
     errors = []
     requirement = minimum_requirement(spec)
     if requirement and version_key(declared) < version_key(requirement.version):
-        errors.append(FieldError(
-            "cdiVersion",
-            f"version {declared} is too old for this spec: {requirement.feature} "
-            f"({requirement.path}) needs at least {requirement.version}",
-        ))
+        errors.append(
+            FieldError(
+                "cdiVersion",
+                f"version {declared} is too old for this spec: {requirement.feature} "
+                f"({requirement.path}) needs at least {requirement.version}",
+            )
+        )
     elif version_key(declared) < version_key(EARLIEST_SUPPORTED):
-        errors.append(FieldError("cdiVersion", f"version {declared} is not supported: "
-                                 f"it must be at least {EARLIEST_SUPPORTED}"))
+        errors.append(
+            FieldError(
+                "cdiVersion",
+                f"version {declared} is not supported: it must be at least {EARLIEST_SUPPORTED}",
+            )
+        )
     if version_key(declared) >= (1, 1, 0):
         errors += _removed_field_errors(spec, declared)
     return errors
@@ -73,13 +90,17 @@ def _removed_field_errors(spec: SpecData, declared: str) -> list[FieldError]:
     ]
     for path, item in edits:
         rdt = item.intel_rdt
-        for key, value in (("enableCMT", rdt and rdt.enable_cmt),
-                           ("enableMBM", rdt and rdt.enable_mbm)):
+        for key, value in (
+            ("enableCMT", rdt and rdt.enable_cmt),
+            ("enableMBM", rdt and rdt.enable_mbm),
+        ):
             if value is not None:
-                errors.append(FieldError(
-                    f"{path}.intelRdt.{key}",
-                    f"removed in CDI 1.1.0 (spec declares {declared}); use enableMonitoring",
-                ))
+                errors.append(
+                    FieldError(
+                        f"{path}.intelRdt.{key}",
+                        f"removed in CDI 1.1.0 (spec declares {declared}); use enableMonitoring",
+                    )
+                )
     return errors
 
 
@@ -94,14 +115,19 @@ def _device_errors(spec: SpecData) -> list[FieldError]:
         if problem:
             errors.append(FieldError(f"{path}.name", problem))
         elif device.name in seen:
-            errors.append(FieldError(f"{path}.name", f"duplicate device name {device.name!r} "
-                                     f"(also devices[{seen[device.name]}])"))
+            errors.append(
+                FieldError(
+                    f"{path}.name",
+                    f"duplicate device name {device.name!r} (also devices[{seen[device.name]}])",
+                )
+            )
         else:
             seen[device.name] = index
         errors += annotation_errors(device.annotations, f"{path}.annotations")
         if device.container_edits.is_empty():
-            errors.append(FieldError(f"{path}.containerEdits",
-                                     "invalid device, empty device edits"))
+            errors.append(
+                FieldError(f"{path}.containerEdits", "invalid device, empty device edits")
+            )
         errors += edits_errors(device.container_edits, f"{path}.containerEdits")
     return errors
 
@@ -116,8 +142,13 @@ def annotation_errors(annotations: Mapping[str, str], path: str) -> list[FieldEr
         if problem:
             errors.append(FieldError(f"{path}[{key!r}]", problem))
     if total > MAX_ANNOTATIONS_SIZE:
-        errors.append(FieldError(path, f"annotations are {total} bytes in all, more than the "
-                                 f"limit of {MAX_ANNOTATIONS_SIZE}"))
+        errors.append(
+            FieldError(
+                path,
+                f"annotations are {total} bytes in all, more than the "
+                f"limit of {MAX_ANNOTATIONS_SIZE}",
+            )
+        )
     return errors
 
 
@@ -132,8 +163,10 @@ def _annotation_key_error(key: str) -> str | None:
     if not name:
         return "key name is empty"
     if len(name) > 63 or not _QUALIFIED_NAME_RE.fullmatch(name):
-        return (f"key name {name!r} must be at most 63 characters, start and end with a letter "
-                "or digit, and contain only letters, digits, '-', '_' and '.'")
+        return (
+            f"key name {name!r} must be at most 63 characters, start and end with a letter "
+            "or digit, and contain only letters, digits, '-', '_' and '.'"
+        )
     return None
 
 
@@ -156,9 +189,13 @@ def edits_errors(edits: ContainerEdits, path: str) -> list[FieldError]:
 
 
 def _env_errors(env: Iterable[str], path: str) -> list[FieldError]:
-    return [FieldError(f"{path}[{i}]", f"invalid environment variable {entry!r}: "
-                       "must have the form NAME=VALUE")
-            for i, entry in enumerate(env) if entry.find("=") <= 0]
+    return [
+        FieldError(
+            f"{path}[{i}]", f"invalid environment variable {entry!r}: must have the form NAME=VALUE"
+        )
+        for i, entry in enumerate(env)
+        if entry.find("=") <= 0
+    ]
 
 
 def _device_node_errors(node: DeviceNode, path: str) -> list[FieldError]:
@@ -169,16 +206,23 @@ def _device_node_errors(node: DeviceNode, path: str) -> list[FieldError]:
         errors.append(FieldError(f"{path}.type", f"must be one of {', '.join(DEVICE_TYPES)}"))
     perms = node.permissions
     if perms and perms != "none" and set(perms) - set("rwm"):
-        errors.append(FieldError(f"{path}.permissions",
-                                 f"invalid permissions {perms!r}: use r, w and m, or none"))
+        errors.append(
+            FieldError(
+                f"{path}.permissions", f"invalid permissions {perms!r}: use r, w and m, or none"
+            )
+        )
     return errors
 
 
 def _hook_errors(hook: Hook, path: str) -> list[FieldError]:
     errors = []
     if hook.hook_name not in HOOK_NAMES:
-        errors.append(FieldError(f"{path}.hookName", f"invalid hook name {hook.hook_name!r}: "
-                                 f"must be one of {', '.join(HOOK_NAMES)}"))
+        errors.append(
+            FieldError(
+                f"{path}.hookName",
+                f"invalid hook name {hook.hook_name!r}: must be one of {', '.join(HOOK_NAMES)}",
+            )
+        )
     if not hook.path:
         errors.append(FieldError(f"{path}.path", "must not be empty"))
     elif not hook.path.startswith("/"):
@@ -195,8 +239,12 @@ def _intel_rdt_errors(rdt: IntelRdt, path: str) -> list[FieldError]:
     if len(clos) >= MAX_CLOS_ID_LENGTH:
         return [FieldError(f"{path}.closID", f"longer than {MAX_CLOS_ID_LENGTH - 1} characters")]
     if clos in (".", "..") or "/" in clos or "\n" in clos:
-        return [FieldError(f"{path}.closID", f"invalid CLOS id {clos!r}: must not be '.' or "
-                           "'..' or contain '/' or a newline")]
+        return [
+            FieldError(
+                f"{path}.closID",
+                f"invalid CLOS id {clos!r}: must not be '.' or '..' or contain '/' or a newline",
+            )
+        ]
     return []
 
 
@@ -206,8 +254,10 @@ def _net_device_errors(edits: ContainerEdits, path: str) -> list[FieldError]:
     names: set[str] = set()
     for index, dev in enumerate(edits.net_devices):
         where = f"{path}[{index}]"
-        for key, value, seen in (("hostInterfaceName", dev.host_interface_name, host_names),
-                                 ("name", dev.name, names)):
+        for key, value, seen in (
+            ("hostInterfaceName", dev.host_interface_name, host_names),
+            ("name", dev.name, names),
+        ):
             if not value:
                 errors.append(FieldError(f"{where}.{key}", "must not be empty"))
             elif value in seen:

@@ -14,8 +14,18 @@ from .parser import parse_kind
 
 CURRENT_VERSION = "1.1.0"
 # Newest first: the minimum-version walk visits them in this order.
-KNOWN_VERSIONS = ("1.1.0", "1.0.0", "0.8.0", "0.7.0", "0.6.0", "0.5.0", "0.4.0", "0.3.0",
-                  "0.2.0", "0.1.0")
+KNOWN_VERSIONS = (
+    "1.1.0",
+    "1.0.0",
+    "0.8.0",
+    "0.7.0",
+    "0.6.0",
+    "0.5.0",
+    "0.4.0",
+    "0.3.0",
+    "0.2.0",
+    "0.1.0",
+)
 EARLIEST_SUPPORTED = "0.3.0"
 
 
@@ -58,8 +68,9 @@ def _needs_1_1_0(spec: SpecData) -> Iterator[Requirement]:
         if rdt is not None and rdt.schemata is not None:
             yield Requirement("1.1.0", f"{path}.intelRdt.schemata", "intelRdt.schemata")
         if rdt is not None and rdt.enable_monitoring:
-            yield Requirement("1.1.0", f"{path}.intelRdt.enableMonitoring",
-                              "intelRdt.enableMonitoring")
+            yield Requirement(
+                "1.1.0", f"{path}.intelRdt.enableMonitoring", "intelRdt.enableMonitoring"
+            )
 
 
 def _needs_0_7_0(spec: SpecData) -> Iterator[Requirement]:
@@ -85,12 +96,14 @@ def _needs_0_5_0(spec: SpecData) -> Iterator[Requirement]:
     for path, edits in _all_edits(spec):
         for index, node in enumerate(edits.device_nodes):
             if node.host_path:
-                yield Requirement("0.5.0", f"{path}.deviceNodes[{index}].hostPath",
-                                  "deviceNodes[].hostPath")
+                yield Requirement(
+                    "0.5.0", f"{path}.deviceNodes[{index}].hostPath", "deviceNodes[].hostPath"
+                )
     for index, device in enumerate(spec.devices):
         if device.name[:1].isdigit():
-            yield Requirement("0.5.0", f"devices[{index}].name",
-                              "a device name starting with a digit")
+            yield Requirement(
+                "0.5.0", f"devices[{index}].name", "a device name starting with a digit"
+            )
 
 
 def _needs_0_4_0(spec: SpecData) -> Iterator[Requirement]:
@@ -102,7 +115,11 @@ def _needs_0_4_0(spec: SpecData) -> Iterator[Requirement]:
 
 # 0.8.0 and 1.0.0 changed only the Go API, so nothing in a document requires them.
 _CHECKS: tuple[Callable[[SpecData], Iterator[Requirement]], ...] = (
-    _needs_1_1_0, _needs_0_7_0, _needs_0_6_0, _needs_0_5_0, _needs_0_4_0,
+    _needs_1_1_0,
+    _needs_0_7_0,
+    _needs_0_6_0,
+    _needs_0_5_0,
+    _needs_0_4_0,
 )
 
 

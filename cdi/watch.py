@@ -23,8 +23,16 @@ from .dirs import is_spec_name
 
 log = logging.getLogger(__name__)
 
-_DIR_MASK = (flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE
-             | flags.DELETE_SELF | flags.MOVE_SELF | flags.CREATE | flags.ONLYDIR)
+_DIR_MASK = (
+    flags.CLOSE_WRITE
+    | flags.MOVED_TO
+    | flags.MOVED_FROM
+    | flags.DELETE
+    | flags.DELETE_SELF
+    | flags.MOVE_SELF
+    | flags.CREATE
+    | flags.ONLYDIR
+)
 _PARENT_MASK = flags.CREATE | flags.MOVED_TO | flags.ONLYDIR
 _FILE_EVENTS = flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE
 _SELF_EVENTS = flags.DELETE_SELF | flags.MOVE_SELF | flags.IGNORED | flags.Q_OVERFLOW
@@ -136,8 +144,7 @@ class AutoRefresh:
 
     def _run(self) -> None:
         while not self._stopping:
-            ready, _, _ = select.select([self._watcher, self._wake_r], [], [],
-                                        self.rescan_interval)
+            ready, _, _ = select.select([self._watcher, self._wake_r], [], [], self.rescan_interval)
             if self._stopping:
                 return
             if not ready or self._watcher.read_changes():

@@ -17,8 +17,11 @@ from tests.helpers import make_char_device, write_specs
 
 BASE_OCI: dict[str, Any] = {
     "ociVersion": "1.1.0",
-    "process": {"user": {"uid": 0, "gid": 0}, "env": ["PATH=/bin", "KEEP=1", "GPU=none"],
-                "args": ["sh"]},
+    "process": {
+        "user": {"uid": 0, "gid": 0},
+        "env": ["PATH=/bin", "KEEP=1", "GPU=none"],
+        "args": ["sh"],
+    },
     "root": {"path": "rootfs"},
     "mounts": [
         {"destination": "/proc", "type": "proc", "source": "proc"},
@@ -96,28 +99,48 @@ def test_two_devices_applied_as_hand_checked(gpu_node_dir: Path, tmp_path: Path)
             {"destination": "/proc", "type": "proc", "source": "proc"},
             {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
             {"destination": "/usr/lib/x", "source": "/host/lib"},
-            {"destination": "/usr/lib/x/libx.so.1", "source": "/host/lib/libx.so.1",
-             "options": ["ro", "nosuid", "nodev", "bind"]},
-            {"destination": "/usr/lib/x/libold.so", "source": "/host/lib/libold.so",
-             "type": "bind", "options": ["ro", "bind"]},
+            {
+                "destination": "/usr/lib/x/libx.so.1",
+                "source": "/host/lib/libx.so.1",
+                "options": ["ro", "nosuid", "nodev", "bind"],
+            },
+            {
+                "destination": "/usr/lib/x/libold.so",
+                "source": "/host/lib/libold.so",
+                "type": "bind",
+                "options": ["ro", "bind"],
+            },
         ],
         "linux": {
             "devices": [  # /dev/gpu0 replaced, the rest appended
                 {"path": "/dev/ctl", "type": "c", "major": 1, "minor": 5, "fileMode": 0o660},
                 {"path": "/dev/gpu0", "type": "c", "major": 1, "minor": 3, "fileMode": 0o666},
                 {"path": "/dev/pipe", "type": "p", "major": 0, "minor": 0, "fileMode": 0o600},
-                {"path": "/dev/gpu1", "type": "c", "major": 1, "minor": 7, "fileMode": 384,
-                 "uid": 7, "gid": 8},
+                {
+                    "path": "/dev/gpu1",
+                    "type": "c",
+                    "major": 1,
+                    "minor": 7,
+                    "fileMode": 384,
+                    "uid": 7,
+                    "gid": 8,
+                },
             ],
-            "resources": {"devices": [
-                {"allow": True, "type": "c", "major": 1, "minor": 5, "access": "rw"},
-                {"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"},
-                {"allow": True, "type": "c", "major": 1, "minor": 7, "access": ""},
-            ]},
+            "resources": {
+                "devices": [
+                    {"allow": True, "type": "c", "major": 1, "minor": 5, "access": "rw"},
+                    {"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"},
+                    {"allow": True, "type": "c", "major": 1, "minor": 7, "access": ""},
+                ]
+            },
         },
         "hooks": {
-            "createContainer": [{"path": "/usr/bin/nri-cdi", "args": [
-                "nri-cdi", "hook", "update-ldcache", "--folder", "/usr/lib/x"]}],
+            "createContainer": [
+                {
+                    "path": "/usr/bin/nri-cdi",
+                    "args": ["nri-cdi", "hook", "update-ldcache", "--folder", "/usr/lib/x"],
+                }
+            ],
             "startContainer": [{"path": "/bin/true", "timeout": 5}],
         },
     }
@@ -131,14 +154,19 @@ def test_device_nodes_take_the_process_user_when_not_root(
     oci = {"process": {"user": {"uid": 1000, "gid": 100}}}
     result = apply(oci, snapshot.resolve(["example.com/gpu=1", "example.com/gpu=0"]))
     owners = {d["path"]: (d.get("uid"), d.get("gid")) for d in result["linux"]["devices"]}
-    assert owners == {"/dev/ctl": (1000, 100), "/dev/gpu1": (7, 8), "/dev/gpu0": (1000, 100),
-                      "/dev/pipe": (1000, 100)}
+    assert owners == {
+        "/dev/ctl": (1000, 100),
+        "/dev/gpu1": (7, 8),
+        "/dev/gpu0": (1000, 100),
+        "/dev/pipe": (1000, 100),
+    }
 
 
-def test_host_type_mismatch_uses_the_reference_message(
-    gpu_node_dir: Path, tmp_path: Path
-) -> None:
-    folder = write_specs(tmp_path / "cdi", {"gpu.yaml": f"""\
+def test_host_type_mismatch_uses_the_reference_message(gpu_node_dir: Path, tmp_path: Path) -> None:
+    folder = write_specs(
+        tmp_path / "cdi",
+        {
+            "gpu.yaml": f"""\
         cdiVersion: 0.5.0
         kind: example.com/gpu
         devices:
@@ -148,47 +176,63 @@ def test_host_type_mismatch_uses_the_reference_message(
         - name: file
           containerEdits:
             deviceNodes: [{{path: /dev/f, hostPath: {tmp_path}/cdi/gpu.yaml}}]
-        """})
+        """
+        },
+    )
     snapshot = SpecCache([str(folder)]).refresh()
     with pytest.raises(UnresolvedDevicesError) as info:
         snapshot.resolve(["example.com/gpu=blk", "example.com/gpu=file"])
     assert info.value.reasons == {
-        "example.com/gpu=blk":
-            f"CDI device ('/dev/b', '{gpu_node_dir}/gpu0'), host type mismatch (b, c)",
-        "example.com/gpu=file":
-            f"failed to stat CDI host device '{tmp_path}/cdi/gpu.yaml': not a device node",
+        "example.com/gpu=blk": (
+            f"CDI device ('/dev/b', '{gpu_node_dir}/gpu0'), host type mismatch (b, c)"
+        ),
+        "example.com/gpu=file": (
+            f"failed to stat CDI host device '{tmp_path}/cdi/gpu.yaml': not a device node"
+        ),
     }
 
 
 def test_net_devices_intel_rdt_and_gids() -> None:
-    edits = merge([
-        ContainerEdits(intel_rdt=IntelRdt(clos_id="old"), additional_gids=(5,)),
-        ContainerEdits(net_devices=(NetDevice(host_interface_name="eth1", name="net0"),),
-                       intel_rdt=IntelRdt(clos_id="gold", schemata=("L3:0=ff",),
-                                          enable_monitoring=True),
-                       additional_gids=(5, 6)),
-    ])
+    edits = merge(
+        [
+            ContainerEdits(intel_rdt=IntelRdt(clos_id="old"), additional_gids=(5,)),
+            ContainerEdits(
+                net_devices=(NetDevice(host_interface_name="eth1", name="net0"),),
+                intel_rdt=IntelRdt(clos_id="gold", schemata=("L3:0=ff",), enable_monitoring=True),
+                additional_gids=(5, 6),
+            ),
+        ]
+    )
     result = apply({"process": {"user": {"uid": 0, "gid": 0, "additionalGids": [6]}}}, edits)
     assert result == {
         "process": {"user": {"uid": 0, "gid": 0, "additionalGids": [6, 5]}},
-        "linux": {"netDevices": {"eth1": {"name": "net0"}},
-                  "intelRdt": {"closID": "gold", "schemata": ["L3:0=ff"],
-                               "enableMonitoring": True}},
+        "linux": {
+            "netDevices": {"eth1": {"name": "net0"}},
+            "intelRdt": {"closID": "gold", "schemata": ["L3:0=ff"], "enableMonitoring": True},
+        },
     }
 
 
 def test_mount_sort_is_stable_and_by_depth() -> None:
-    mounts = tuple(Mount(host_path=f"/h{i}", container_path=p)
-                   for i, p in enumerate(["/a/b/c", "/z", "/a//b/", "/a/./b/d/..", "/y"]))
-    result = apply({"mounts": [{"destination": "/y/q", "source": "s"}]},
-                   ContainerEdits(mounts=mounts))
+    mounts = tuple(
+        Mount(host_path=f"/h{i}", container_path=p)
+        for i, p in enumerate(["/a/b/c", "/z", "/a//b/", "/a/./b/d/..", "/y"])
+    )
+    result = apply(
+        {"mounts": [{"destination": "/y/q", "source": "s"}]}, ContainerEdits(mounts=mounts)
+    )
     assert [m["destination"] for m in result["mounts"]] == [
-        "/z", "/y", "/y/q", "/a//b/", "/a/./b/d/..", "/a/b/c"]
+        "/z",
+        "/y",
+        "/y/q",
+        "/a//b/",
+        "/a/./b/d/..",
+        "/a/b/c",
+    ]
 
 
 def test_unknown_hook_type_is_an_error_and_input_untouched() -> None:
     oci: dict[str, Any] = {}
     with pytest.raises(EditError, match="unknown hook name 'preStart'"):
-        apply(oci, ContainerEdits(env=("A=1",),
-                                  hooks=(Hook(hook_name="preStart", path="/bin/x"),)))
+        apply(oci, ContainerEdits(env=("A=1",), hooks=(Hook(hook_name="preStart", path="/bin/x"),)))
     assert oci == {}

@@ -22,12 +22,20 @@ VENDOR_B = simple_spec("vendor-b.com/nic", "n0")
 
 def test_devices_of_all_dirs_are_listed_sorted(tmp_path: Path) -> None:
     low = write_specs(tmp_path / "etc", {"a.yaml": VENDOR_A})
-    high = write_specs(tmp_path / "run", {"b.json": '{"cdiVersion": "0.3.0", "kind": '
-                                          '"vendor-b.com/nic", "devices": [{"name": "n0", '
-                                          '"containerEdits": {"env": ["N=0"]}}]}'})
+    high = write_specs(
+        tmp_path / "run",
+        {
+            "b.json": '{"cdiVersion": "0.3.0", "kind": '
+            '"vendor-b.com/nic", "devices": [{"name": "n0", '
+            '"containerEdits": {"env": ["N=0"]}}]}'
+        },
+    )
     snapshot = SpecCache([str(low), str(high)]).refresh()
     assert snapshot.device_names() == [
-        "vendor-a.com/fpga=f0", "vendor-a.com/fpga=f1", "vendor-b.com/nic=n0"]
+        "vendor-a.com/fpga=f0",
+        "vendor-a.com/fpga=f1",
+        "vendor-b.com/nic=n0",
+    ]
     assert dict(snapshot.errors) == {}
 
 
@@ -41,10 +49,13 @@ def test_later_directory_wins(tmp_path: Path) -> None:
 
 
 def test_equal_priority_conflict_drops_device_and_reports_both(tmp_path: Path) -> None:
-    folder = write_specs(tmp_path / "etc", {
-        "one.yaml": simple_spec("x.com/gpu", "0", "1"),
-        "two.yaml": simple_spec("x.com/gpu", "1", "2"),
-    })
+    folder = write_specs(
+        tmp_path / "etc",
+        {
+            "one.yaml": simple_spec("x.com/gpu", "0", "1"),
+            "two.yaml": simple_spec("x.com/gpu", "1", "2"),
+        },
+    )
     snapshot = SpecCache([str(folder)]).refresh()
     assert snapshot.device_names() == ["x.com/gpu=0", "x.com/gpu=2"]
     one, two = str(folder / "one.yaml"), str(folder / "two.yaml")
@@ -56,28 +67,37 @@ def test_equal_priority_conflict_drops_device_and_reports_both(tmp_path: Path) -
 
 
 def test_conflict_below_a_higher_definition_does_not_drop_it(tmp_path: Path) -> None:
-    low = write_specs(tmp_path / "etc", {"one.yaml": simple_spec("x.com/gpu", "0"),
-                                         "two.yaml": simple_spec("x.com/gpu", "0")})
+    low = write_specs(
+        tmp_path / "etc",
+        {"one.yaml": simple_spec("x.com/gpu", "0"), "two.yaml": simple_spec("x.com/gpu", "0")},
+    )
     high = write_specs(tmp_path / "run", {"gpu.yaml": simple_spec("x.com/gpu", "0", env="H=1")})
     snapshot = SpecCache([str(low), str(high)]).refresh()
     assert snapshot.resolve(["x.com/gpu=0"]).env[0] == "H=1"
 
 
 def test_bad_file_never_hides_good_ones(tmp_path: Path) -> None:
-    folder = write_specs(tmp_path / "etc", {
-        "a.yaml": VENDOR_A,
-        "broken.yaml": "cdiVersion: 0.3.0\nkind: vendor-c.com/x\ndevices: [{name: d}]\n",
-        "syntax.json": "{not json",
-        "z.yaml": VENDOR_B,
-        "ignored.yml": "not read at all: [",
-        "notes.txt": "ignored",
-    })
+    folder = write_specs(
+        tmp_path / "etc",
+        {
+            "a.yaml": VENDOR_A,
+            "broken.yaml": "cdiVersion: 0.3.0\nkind: vendor-c.com/x\ndevices: [{name: d}]\n",
+            "syntax.json": "{not json",
+            "z.yaml": VENDOR_B,
+            "ignored.yml": "not read at all: [",
+            "notes.txt": "ignored",
+        },
+    )
     snapshot = SpecCache([str(folder)]).refresh()
     assert snapshot.device_names() == [
-        "vendor-a.com/fpga=f0", "vendor-a.com/fpga=f1", "vendor-b.com/nic=n0"]
+        "vendor-a.com/fpga=f0",
+        "vendor-a.com/fpga=f1",
+        "vendor-b.com/nic=n0",
+    ]
     assert set(snapshot.errors) == {str(folder / "broken.yaml"), str(folder / "syntax.json")}
     assert snapshot.errors[str(folder / "broken.yaml")] == (
-        "devices[0].containerEdits: required field is missing",)
+        "devices[0].containerEdits: required field is missing",
+    )
     assert snapshot.errors[str(folder / "syntax.json")][0].startswith("invalid JSON")
 
 
@@ -98,7 +118,10 @@ def test_missing_directories_are_skipped(tmp_path: Path) -> None:
 
 
 def test_resolve_merges_spec_edits_once_per_file_in_request_order(tmp_path: Path) -> None:
-    folder = write_specs(tmp_path / "etc", {"a.yaml": """\
+    folder = write_specs(
+        tmp_path / "etc",
+        {
+            "a.yaml": """\
         cdiVersion: 0.5.0
         kind: x.com/gpu
         containerEdits:
@@ -106,14 +129,17 @@ def test_resolve_merges_spec_edits_once_per_file_in_request_order(tmp_path: Path
         devices:
         - {name: "0", containerEdits: {env: [D0=1]}}
         - {name: "1", containerEdits: {env: [D1=1]}}
-        """, "b.yaml": """\
+        """,
+            "b.yaml": """\
         cdiVersion: 0.3.0
         kind: y.com/nic
         containerEdits:
           env: [NIC=1]
         devices:
         - {name: n, containerEdits: {env: [N=1]}}
-        """})
+        """,
+        },
+    )
     snapshot = SpecCache([str(folder)]).refresh()
     edits = snapshot.resolve(["x.com/gpu=1", "y.com/nic=n", "x.com/gpu=0", "x.com/gpu=1"])
     assert edits.env == ("COMMON=1", "D1=1", "NIC=1", "N=1", "D0=1")
@@ -133,7 +159,10 @@ def test_host_device_info_is_filled_at_load_and_errors_only_on_request(
     tmp_path: Path, need_root: None
 ) -> None:
     node = make_char_device(tmp_path / "gpu0", major=1, minor=3, mode=0o660)
-    folder = write_specs(tmp_path / "etc", {"a.yaml": f"""\
+    folder = write_specs(
+        tmp_path / "etc",
+        {
+            "a.yaml": f"""\
         cdiVersion: 0.5.0
         kind: x.com/gpu
         devices:
@@ -143,7 +172,9 @@ def test_host_device_info_is_filled_at_load_and_errors_only_on_request(
         - name: missing
           containerEdits:
             deviceNodes: [{{path: {tmp_path}/absent}}]
-        """})
+        """
+        },
+    )
     snapshot = SpecCache([str(folder)]).refresh()
     filled = snapshot.resolve(["x.com/gpu=good"]).device_nodes[0]
     assert (filled.type, filled.major, filled.minor, filled.file_mode) == ("c", 1, 3, 0o660)
@@ -222,6 +253,11 @@ def test_refresh_during_renames_never_sees_a_half_written_spec(tmp_path: Path) -
                 cache.refresh()  # also refresh from this thread, racing the watcher
         finally:
             writer.wait()
-        _wait_for(lambda: cache.snapshot.specs and next(
-            iter(cache.snapshot.specs.values())).spec.data.annotations["version"] == str(rounds))
+        _wait_for(
+            lambda: (
+                cache.snapshot.specs
+                and next(iter(cache.snapshot.specs.values())).spec.data.annotations["version"]
+                == str(rounds)
+            )
+        )
     assert len(seen_versions) >= 2

@@ -23,13 +23,16 @@ from cdi.parser import (
 )
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("nvidia.com/gpu=0", ("nvidia.com", "gpu", "0")),
-    ("nvidia.com/gpu=0:1", ("nvidia.com", "gpu", "0:1")),
-    ("nvidia.com/gpu=GPU-3f6d6c2e-1a2b", ("nvidia.com", "gpu", "GPU-3f6d6c2e-1a2b")),
-    ("vendor.example/class.sub=all", ("vendor.example", "class.sub", "all")),
-    ("a/b=c=d", None),  # split at the first '=': the name 'c=d' is invalid
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("nvidia.com/gpu=0", ("nvidia.com", "gpu", "0")),
+        ("nvidia.com/gpu=0:1", ("nvidia.com", "gpu", "0:1")),
+        ("nvidia.com/gpu=GPU-3f6d6c2e-1a2b", ("nvidia.com", "gpu", "GPU-3f6d6c2e-1a2b")),
+        ("vendor.example/class.sub=all", ("vendor.example", "class.sub", "all")),
+        ("a/b=c=d", None),  # split at the first '=': the name 'c=d' is invalid
+    ],
+)
 def test_parse_qualified_name(text: str, expected: tuple[str, str, str] | None) -> None:
     if expected is None:
         with pytest.raises(QualifiedNameError):
@@ -39,23 +42,26 @@ def test_parse_qualified_name(text: str, expected: tuple[str, str, str] | None) 
         assert str(parse_qualified_name(text)) == text
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("", "expected vendor/class=name"),
-    ("/dev/nvidia0", "expected vendor/class=name"),
-    ("gpu0", "expected vendor/class=name"),
-    ("nvidia.com=0", "expected vendor/class=name"),
-    ("nvidia.com/gpu=", "expected vendor/class=name"),
-    ("/gpu=0", "expected vendor/class=name"),
-    ("1nvidia.com/gpu=0", "vendor '1nvidia.com' must start with a letter"),
-    ("nvidia.com-/gpu=0", "must end with a letter or digit"),
-    ("nvidia.com/gpu!=0", "class 'gpu!' must end"),
-    ("nvidia.com/9gpu=0", "class '9gpu' must start with a letter"),
-    ("nvidia.com/gpu=-0", "device name '-0' must start and end"),
-    ("nvidia.com/gpu=0:", "device name '0:' must start and end"),
-    ("nvidia.com/gpu=a b", "device name 'a b'"),
-    ("v" * 254 + "/gpu=0", "longer than 253 characters"),
-    ("nvidia.com/" + "c" * 64 + "=0", "longer than 63 characters"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("", "expected vendor/class=name"),
+        ("/dev/nvidia0", "expected vendor/class=name"),
+        ("gpu0", "expected vendor/class=name"),
+        ("nvidia.com=0", "expected vendor/class=name"),
+        ("nvidia.com/gpu=", "expected vendor/class=name"),
+        ("/gpu=0", "expected vendor/class=name"),
+        ("1nvidia.com/gpu=0", "vendor '1nvidia.com' must start with a letter"),
+        ("nvidia.com-/gpu=0", "must end with a letter or digit"),
+        ("nvidia.com/gpu!=0", "class 'gpu!' must end"),
+        ("nvidia.com/9gpu=0", "class '9gpu' must start with a letter"),
+        ("nvidia.com/gpu=-0", "device name '-0' must start and end"),
+        ("nvidia.com/gpu=0:", "device name '0:' must start and end"),
+        ("nvidia.com/gpu=a b", "device name 'a b'"),
+        ("v" * 254 + "/gpu=0", "longer than 253 characters"),
+        ("nvidia.com/" + "c" * 64 + "=0", "longer than 63 characters"),
+    ],
+)
 def test_invalid_qualified_names_say_why(text: str, reason: str) -> None:
     with pytest.raises(QualifiedNameError, match="invalid CDI device name") as info:
         parse_qualified_name(text)
@@ -99,22 +105,27 @@ def test_add_annotation_never_overwrites() -> None:
 
 
 def test_parse_annotations_sorted_keys_and_order_of_values() -> None:
-    keys, devices = parse_annotations({
-        "cdi.k8s.io/z": "v.com/c=3",
-        "other/key": "ignored",
-        "cdi.k8s.io/a": "v.com/c=1,v.com/c=2",
-    })
+    keys, devices = parse_annotations(
+        {
+            "cdi.k8s.io/z": "v.com/c=3",
+            "other/key": "ignored",
+            "cdi.k8s.io/a": "v.com/c=1,v.com/c=2",
+        }
+    )
     assert keys == ["cdi.k8s.io/a", "cdi.k8s.io/z"]
     assert devices == ["v.com/c=1", "v.com/c=2", "v.com/c=3"]
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("cdi.k8s.io/gpu", "nvidia.com/gpu=0, nvidia.com/gpu=1", "' nvidia.com/gpu=1'"),
-    ("cdi.k8s.io/gpu", "", "invalid CDI device name ''"),
-    ("cdi.k8s.io/gpu", "/dev/nvidia0", "'/dev/nvidia0'"),
-    ("cdi.k8s.io/", "nvidia.com/gpu=0", "invalid key: the part after 'cdi.k8s.io/' is empty"),
-    ("cdi.k8s.io/_x", "nvidia.com/gpu=0", "invalid key"),
-])
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("cdi.k8s.io/gpu", "nvidia.com/gpu=0, nvidia.com/gpu=1", "' nvidia.com/gpu=1'"),
+        ("cdi.k8s.io/gpu", "", "invalid CDI device name ''"),
+        ("cdi.k8s.io/gpu", "/dev/nvidia0", "'/dev/nvidia0'"),
+        ("cdi.k8s.io/", "nvidia.com/gpu=0", "invalid key: the part after 'cdi.k8s.io/' is empty"),
+        ("cdi.k8s.io/_x", "nvidia.com/gpu=0", "invalid key"),
+    ],
+)
 def test_malformed_annotations_name_the_key(key: str, value: str, message: str) -> None:
     with pytest.raises(AnnotationError) as info:
         parse_annotation(key, value)

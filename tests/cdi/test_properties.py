@@ -28,14 +28,18 @@ from cdi.version import KNOWN_VERSIONS, minimum_version, version_key
 
 text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
 paths = st.from_regex(r"/[a-z0-9_./-]{0,20}", fullmatch=True)
-env_entries = st.builds(lambda k, v: f"{k}={v}",
-                        st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True), text)
+env_entries = st.builds(
+    lambda k, v: f"{k}={v}", st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True), text
+)
 uint32 = st.integers(0, 2**32 - 1)
 small = st.integers(-(2**63), 2**63 - 1)
 qualifier = st.from_regex(r"[a-z]([a-z0-9_.-]{0,10}[a-z0-9])?", fullmatch=True)
 device_names = st.from_regex(r"[A-Za-z0-9]([A-Za-z0-9_.:-]{0,10}[A-Za-z0-9])?", fullmatch=True)
-annotation_keys = st.from_regex(r"([a-z0-9]{1,5}\.)?[a-z0-9]{1,5}/[A-Za-z0-9]([A-Za-z0-9_.-]{0,8}"
-                                r"[A-Za-z0-9])?", fullmatch=True)
+annotation_keys = st.from_regex(
+    r"([a-z0-9]{1,5}\.)?[a-z0-9]{1,5}/[A-Za-z0-9]([A-Za-z0-9_.-]{0,8}"
+    r"[A-Za-z0-9])?",
+    fullmatch=True,
+)
 annotations = st.dictionaries(annotation_keys, text, max_size=3)
 
 
@@ -44,30 +48,55 @@ def optional(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 
 device_nodes = st.builds(
-    DeviceNode, path=paths, host_path=optional(paths), type=optional(st.sampled_from(DEVICE_TYPES)),
-    major=optional(small), minor=optional(small), file_mode=optional(uint32),
+    DeviceNode,
+    path=paths,
+    host_path=optional(paths),
+    type=optional(st.sampled_from(DEVICE_TYPES)),
+    major=optional(small),
+    minor=optional(small),
+    file_mode=optional(uint32),
     permissions=optional(st.sampled_from(["r", "rw", "rwm", "m", "none", "wm"])),
-    uid=optional(uint32), gid=optional(uint32))
-mounts = st.builds(Mount, host_path=paths, container_path=paths, type=optional(qualifier),
-                   options=st.lists(text, max_size=3).map(tuple))
-hooks = st.builds(Hook, hook_name=st.sampled_from(HOOK_NAMES), path=paths,
-                  args=st.lists(text, max_size=3).map(tuple),
-                  env=st.lists(env_entries, max_size=2).map(tuple),
-                  timeout=optional(st.integers(1, 2**31)))
-intel_rdt = st.builds(IntelRdt, clos_id=optional(st.from_regex(r"[a-z0-9]{1,8}", fullmatch=True)),
-                      l3_cache_schema=optional(text), mem_bw_schema=optional(text),
-                      schemata=optional(st.lists(text, max_size=2).map(tuple)),
-                      enable_monitoring=optional(st.booleans()),
-                      enable_cmt=optional(st.booleans()), enable_mbm=optional(st.booleans()))
-net_devices = st.lists(st.tuples(qualifier, qualifier), max_size=3, unique_by=(
-    lambda t: t[0], lambda t: t[1])).map(
-    lambda pairs: tuple(NetDevice(host_interface_name=h, name=n) for h, n in pairs))
+    uid=optional(uint32),
+    gid=optional(uint32),
+)
+mounts = st.builds(
+    Mount,
+    host_path=paths,
+    container_path=paths,
+    type=optional(qualifier),
+    options=st.lists(text, max_size=3).map(tuple),
+)
+hooks = st.builds(
+    Hook,
+    hook_name=st.sampled_from(HOOK_NAMES),
+    path=paths,
+    args=st.lists(text, max_size=3).map(tuple),
+    env=st.lists(env_entries, max_size=2).map(tuple),
+    timeout=optional(st.integers(1, 2**31)),
+)
+intel_rdt = st.builds(
+    IntelRdt,
+    clos_id=optional(st.from_regex(r"[a-z0-9]{1,8}", fullmatch=True)),
+    l3_cache_schema=optional(text),
+    mem_bw_schema=optional(text),
+    schemata=optional(st.lists(text, max_size=2).map(tuple)),
+    enable_monitoring=optional(st.booleans()),
+    enable_cmt=optional(st.booleans()),
+    enable_mbm=optional(st.booleans()),
+)
+net_devices = st.lists(
+    st.tuples(qualifier, qualifier), max_size=3, unique_by=(lambda t: t[0], lambda t: t[1])
+).map(lambda pairs: tuple(NetDevice(host_interface_name=h, name=n) for h, n in pairs))
 edits = st.builds(
-    ContainerEdits, env=st.lists(env_entries, max_size=3).map(tuple),
+    ContainerEdits,
+    env=st.lists(env_entries, max_size=3).map(tuple),
     device_nodes=st.lists(device_nodes, max_size=3).map(tuple),
-    mounts=st.lists(mounts, max_size=3).map(tuple), hooks=st.lists(hooks, max_size=2).map(tuple),
-    intel_rdt=optional(intel_rdt), additional_gids=st.lists(uint32, max_size=3).map(tuple),
-    net_devices=net_devices)
+    mounts=st.lists(mounts, max_size=3).map(tuple),
+    hooks=st.lists(hooks, max_size=2).map(tuple),
+    intel_rdt=optional(intel_rdt),
+    additional_gids=st.lists(uint32, max_size=3).map(tuple),
+    net_devices=net_devices,
+)
 
 
 @st.composite
@@ -76,11 +105,16 @@ def valid_specs(draw: st.DrawFn) -> SpecData:
     devices = []
     for name in names:
         device_edits = draw(edits.filter(lambda e: not e.is_empty()))
-        devices.append(DeviceData(name=name, annotations=draw(annotations),
-                                  container_edits=device_edits))
-    spec = SpecData(cdi_version="0.3.0", kind=f"{draw(qualifier)}/{draw(qualifier)}",
-                    devices=tuple(devices), annotations=draw(annotations),
-                    container_edits=draw(edits))
+        devices.append(
+            DeviceData(name=name, annotations=draw(annotations), container_edits=device_edits)
+        )
+    spec = SpecData(
+        cdi_version="0.3.0",
+        kind=f"{draw(qualifier)}/{draw(qualifier)}",
+        devices=tuple(devices),
+        annotations=draw(annotations),
+        container_edits=draw(edits),
+    )
     spec = _drop_removed_fields_if_needed(spec, draw(st.booleans()))
     floor = version_key(minimum_version(spec))
     allowed = [v for v in KNOWN_VERSIONS if version_key(v) >= floor]
@@ -95,33 +129,44 @@ def _edits_of(spec: SpecData) -> list[ContainerEdits]:
 
 
 def _uses_removed_fields(spec: SpecData) -> bool:
-    return any(e.intel_rdt is not None and (e.intel_rdt.enable_cmt is not None
-                                            or e.intel_rdt.enable_mbm is not None)
-               for e in _edits_of(spec))
+    return any(
+        e.intel_rdt is not None
+        and (e.intel_rdt.enable_cmt is not None or e.intel_rdt.enable_mbm is not None)
+        for e in _edits_of(spec)
+    )
 
 
 def _drop_removed_fields_if_needed(spec: SpecData, keep_old: bool) -> SpecData:
     """enableCMT/MBM cannot be combined with 1.1.0 features: drop one or the other."""
+
     def fix(e: ContainerEdits) -> ContainerEdits:
         rdt = e.intel_rdt
         if keep_old:
             e = replace(e, net_devices=())
-            return e if rdt is None else replace(e, intel_rdt=replace(
-                rdt, schemata=None, enable_monitoring=None))
-        return e if rdt is None else replace(e, intel_rdt=replace(
-            rdt, enable_cmt=None, enable_mbm=None))
+            return (
+                e
+                if rdt is None
+                else replace(e, intel_rdt=replace(rdt, schemata=None, enable_monitoring=None))
+            )
+        return (
+            e
+            if rdt is None
+            else replace(e, intel_rdt=replace(rdt, enable_cmt=None, enable_mbm=None))
+        )
 
-    uses_new = any(e.net_devices or (e.intel_rdt and (e.intel_rdt.schemata is not None
-                                                      or e.intel_rdt.enable_monitoring))
-                   for e in _edits_of(spec))
+    uses_new = any(
+        e.net_devices
+        or (e.intel_rdt and (e.intel_rdt.schemata is not None or e.intel_rdt.enable_monitoring))
+        for e in _edits_of(spec)
+    )
     if not (uses_new and _uses_removed_fields(spec)):
         return spec
+
     def fix_device(e: ContainerEdits) -> ContainerEdits:
         fixed = fix(e)
         return replace(fixed, env=("KEPT=1",)) if fixed.is_empty() else fixed
 
-    devices = tuple(replace(d, container_edits=fix_device(d.container_edits))
-                    for d in spec.devices)
+    devices = tuple(replace(d, container_edits=fix_device(d.container_edits)) for d in spec.devices)
     return replace(spec, container_edits=fix(spec.container_edits), devices=devices)
 
 
@@ -131,14 +176,16 @@ def test_valid_specs_round_trip(spec: SpecData, as_json: bool) -> None:
     validate_spec(spec)
     text_form = dump_spec(spec, json_format=as_json)
     assert parse_spec_data(text_form, json_format=as_json) == spec
-    assert dump_spec(parse_spec_data(text_form, json_format=as_json),
-                     json_format=as_json) == text_form  # deterministic
+    assert (
+        dump_spec(parse_spec_data(text_form, json_format=as_json), json_format=as_json) == text_form
+    )  # deterministic
 
 
 junk = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | text,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
-    max_leaves=6)
+    max_leaves=6,
+)
 
 
 def _containers(node: Any, trail: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
