@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: installs what the tests need (Python packages, the
+# Debian tools, a private containerd for the end-to-end tests), lints, then runs pytest.
+# Extra arguments go to pytest (e.g. scripts/test.sh tests/cdi -x).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+if [ -f scripts/install-containerd.sh ]; then
+    bash scripts/install-containerd.sh
+fi
+python3 -m ruff check .
+python3 -m pytest "$@"
