@@ -26,7 +26,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cdi.cache import SpecCache  # noqa: E402
+from cdi.cache import SpecCache
 
 
 def spec_text(index: int) -> str:

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 from cdi.cli import add_commands as add_cdi_commands
 
+from .daemon import add_command as add_plugin_command
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -16,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_cdi_commands(subparsers)
+    add_plugin_command(subparsers)
     return parser
 
 

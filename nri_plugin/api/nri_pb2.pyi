@@ -523,6 +523,12 @@ class OptionalFileMode(_message.Message):
     value: int
     def __init__(self, value: _Optional[int] = ...) -> None: ...
 
+class OptionalRepeatedString(_message.Message):
+    __slots__ = ("value",)
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    value: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, value: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class LinuxResources(_message.Message):
     __slots__ = ("memory", "cpu", "hugepage_limits", "blockio_class", "rdt_class", "unified", "devices", "pids")
     class UnifiedEntry(_message.Message):
@@ -616,7 +622,7 @@ class ContainerAdjustment(_message.Message):
     def __init__(self, annotations: _Optional[_Mapping[str, str]] = ..., mounts: _Optional[_Iterable[_Union[Mount, _Mapping]]] = ..., env: _Optional[_Iterable[_Union[KeyValue, _Mapping]]] = ..., hooks: _Optional[_Union[Hooks, _Mapping]] = ..., linux: _Optional[_Union[LinuxContainerAdjustment, _Mapping]] = ..., rlimits: _Optional[_Iterable[_Union[POSIXRlimit, _Mapping]]] = ..., CDI_devices: _Optional[_Iterable[_Union[CDIDevice, _Mapping]]] = ..., args: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class LinuxContainerAdjustment(_message.Message):
-    __slots__ = ("devices", "resources", "cgroups_path", "oom_score_adj", "namespaces", "sysctl")
+    __slots__ = ("devices", "resources", "cgroups_path", "oom_score_adj", "namespaces", "sysctl", "net_devices", "rdt")
     class SysctlEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -624,19 +630,48 @@ class LinuxContainerAdjustment(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class NetDevicesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: LinuxNetDevice
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[LinuxNetDevice, _Mapping]] = ...) -> None: ...
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     CGROUPS_PATH_FIELD_NUMBER: _ClassVar[int]
     OOM_SCORE_ADJ_FIELD_NUMBER: _ClassVar[int]
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
     SYSCTL_FIELD_NUMBER: _ClassVar[int]
+    NET_DEVICES_FIELD_NUMBER: _ClassVar[int]
+    RDT_FIELD_NUMBER: _ClassVar[int]
     devices: _containers.RepeatedCompositeFieldContainer[LinuxDevice]
     resources: LinuxResources
     cgroups_path: str
     oom_score_adj: OptionalInt
     namespaces: _containers.RepeatedCompositeFieldContainer[LinuxNamespace]
     sysctl: _containers.ScalarMap[str, str]
-    def __init__(self, devices: _Optional[_Iterable[_Union[LinuxDevice, _Mapping]]] = ..., resources: _Optional[_Union[LinuxResources, _Mapping]] = ..., cgroups_path: _Optional[str] = ..., oom_score_adj: _Optional[_Union[OptionalInt, _Mapping]] = ..., namespaces: _Optional[_Iterable[_Union[LinuxNamespace, _Mapping]]] = ..., sysctl: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    net_devices: _containers.MessageMap[str, LinuxNetDevice]
+    rdt: LinuxRdt
+    def __init__(self, devices: _Optional[_Iterable[_Union[LinuxDevice, _Mapping]]] = ..., resources: _Optional[_Union[LinuxResources, _Mapping]] = ..., cgroups_path: _Optional[str] = ..., oom_score_adj: _Optional[_Union[OptionalInt, _Mapping]] = ..., namespaces: _Optional[_Iterable[_Union[LinuxNamespace, _Mapping]]] = ..., sysctl: _Optional[_Mapping[str, str]] = ..., net_devices: _Optional[_Mapping[str, LinuxNetDevice]] = ..., rdt: _Optional[_Union[LinuxRdt, _Mapping]] = ...) -> None: ...
+
+class LinuxNetDevice(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class LinuxRdt(_message.Message):
+    __slots__ = ("clos_id", "schemata", "enable_monitoring", "remove")
+    CLOS_ID_FIELD_NUMBER: _ClassVar[int]
+    SCHEMATA_FIELD_NUMBER: _ClassVar[int]
+    ENABLE_MONITORING_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    clos_id: OptionalString
+    schemata: OptionalRepeatedString
+    enable_monitoring: OptionalBool
+    remove: bool
+    def __init__(self, clos_id: _Optional[_Union[OptionalString, _Mapping]] = ..., schemata: _Optional[_Union[OptionalRepeatedString, _Mapping]] = ..., enable_monitoring: _Optional[_Union[OptionalBool, _Mapping]] = ..., remove: _Optional[bool] = ...) -> None: ...
 
 class ContainerUpdate(_message.Message):
     __slots__ = ("container_id", "linux", "ignore_failure")

@@ -1,0 +1,103 @@
+"""CDI container edits → an NRI ContainerAdjustment. A pure function of plain data.
+
+The edits are first applied with the CDI library's own ``apply`` to an empty OCI spec, so
+that ordering and replacement rules (env by name, devices by path, mounts by destination
+then by depth, cgroup rules, process-user ownership of device nodes) are exactly those of
+the reference semantics; the resulting OCI fragments are then translated one to one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cdi.edits import apply
+from cdi.model import ContainerEdits
+
+from .api import nri_pb2
+from .runtime import RuntimeInfo
+
+_HOOK_FIELDS = {"prestart": "prestart", "createRuntime": "create_runtime",
+                "createContainer": "create_container", "startContainer": "start_container",
+                "poststart": "poststart", "poststop": "poststop"}
+
+
+class UnsupportedEditsError(Exception):
+    """Edits that an NRI adjustment cannot carry on this runtime; ``reasons`` says which."""
+
+    def __init__(self, reasons: list[str]) -> None:
+        self.reasons = reasons
+        super().__init__("; ".join(reasons))
+
+
+def unsupported_edits(edits: ContainerEdits, runtime: RuntimeInfo) -> list[str]:
+    """Why these edits cannot go into an NRI adjustment for ``runtime`` (empty: they can)."""
+    reasons = []
+    if any(gid != 0 for gid in edits.additional_gids):
+        reasons.append("additionalGids (NRI cannot add supplementary groups)")
+    rdt = edits.intel_rdt
+    if rdt is not None:
+        if not runtime.supports_rdt_and_net_devices:
+            reasons.append(f"intelRdt (needs NRI 0.11; runtime is {runtime.describe()})")
+        elif rdt.l3_cache_schema or rdt.mem_bw_schema or rdt.enable_cmt or rdt.enable_mbm:
+            reasons.append("intelRdt l3CacheSchema/memBwSchema/enableCMT/enableMBM "
+                           "(NRI's RDT adjustment has only closID, schemata, monitoring)")
+    if edits.net_devices and not runtime.supports_rdt_and_net_devices:
+        reasons.append(f"netDevices (needs NRI 0.11; runtime is {runtime.describe()})")
+    return reasons
+
+
+def to_adjustment(
+    edits: ContainerEdits, *, runtime: RuntimeInfo, uid: int = 0, gid: int = 0
+) -> nri_pb2.ContainerAdjustment:
+    """The adjustment that gives a container ``edits``; raises UnsupportedEditsError."""
+    reasons = unsupported_edits(edits, runtime)
+    if reasons:
+        raise UnsupportedEditsError(reasons)
+    oci = apply({"process": {"user": {"uid": uid, "gid": gid}}}, edits)
+    adjustment = nri_pb2.ContainerAdjustment()
+    for entry in oci["process"].get("env", []):
+        name, _, value = entry.partition("=")
+        adjustment.env.add(key=name, value=value)
+    for mount in oci.get("mounts", []):
+        adjustment.mounts.add(destination=mount["destination"], source=mount["source"],
+                              type=mount.get("type", ""), options=mount.get("options", []))
+    for hook_name, hooks in oci.get("hooks", {}).items():
+        for hook in hooks:
+            _add_hook(getattr(adjustment.hooks, _HOOK_FIELDS[hook_name]), hook)
+    _add_linux(adjustment.linux, oci.get("linux", {}))
+    return adjustment
+
+
+def _add_hook(target: Any, hook: dict[str, Any]) -> None:
+    added = target.add(path=hook["path"], args=hook.get("args", []), env=hook.get("env", []))
+    if "timeout" in hook:
+        added.timeout.value = hook["timeout"]
+
+
+def _add_linux(linux: nri_pb2.LinuxContainerAdjustment, oci_linux: dict[str, Any]) -> None:
+    for device in oci_linux.get("devices", []):
+        added = linux.devices.add(path=device["path"], type=device["type"],
+                                  major=device["major"], minor=device["minor"])
+        if "fileMode" in device:
+            added.file_mode.value = device["fileMode"] & 0o7777  # permission bits only (§4.3)
+        if "uid" in device:
+            added.uid.value = device["uid"]
+        if "gid" in device:
+            added.gid.value = device["gid"]
+    # Applied by NRI 0.10+ runtimes; older ones add an "rw" rule per device themselves.
+    for rule in oci_linux.get("resources", {}).get("devices", []):
+        added_rule = linux.resources.devices.add(allow=rule["allow"], type=rule["type"],
+                                                 access=rule["access"])
+        added_rule.major.value = rule["major"]
+        added_rule.minor.value = rule["minor"]
+    for host_name, net in oci_linux.get("netDevices", {}).items():
+        linux.net_devices[host_name].name = net["name"]
+    rdt = oci_linux.get("intelRdt")
+    if rdt is not None:
+        if "closID" in rdt:
+            linux.rdt.clos_id.value = rdt["closID"]
+        if "schemata" in rdt:
+            linux.rdt.schemata.value.extend(rdt["schemata"])
+        if "enableMonitoring" in rdt:
+            linux.rdt.enable_monitoring.value = rdt["enableMonitoring"]
+        linux.rdt.SetInParent()

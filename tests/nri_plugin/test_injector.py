@@ -1,0 +1,209 @@
+"""Requests → adjustments, without sockets: annotations, the pure plan, the NRI mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+import pytest
+
+from cdi.cache import Snapshot, SpecCache
+from cdi.errors import AnnotationError
+from cdi.model import ContainerEdits, IntelRdt, NetDevice
+from nri_plugin.adjust import UnsupportedEditsError, to_adjustment
+from nri_plugin.api import nri_pb2
+from nri_plugin.dispatch import dispatch
+from nri_plugin.injector import CdiInjector, InjectionError, plan_injection
+from nri_plugin.requests import DeviceRequest, requested_devices
+from nri_plugin.runtime import RuntimeInfo
+from nri_plugin.stub import Stub
+from tests.helpers import write_specs
+from tests.nri_runtime_peer import RuntimePeer
+
+CONTAINERD_17 = RuntimeInfo.from_configure("containerd", "v1.7.24")
+CONTAINERD_21 = RuntimeInfo.from_configure("containerd", "v2.1.3")
+CONTAINERD_23 = RuntimeInfo.from_configure("containerd", "2.3.0")
+
+SPEC = """\
+cdiVersion: 0.7.0
+kind: example.com/gpu
+containerEdits:
+  env: [GPU_SPEC=1, SHARED=spec]
+  deviceNodes: [{path: /dev/ctl, type: c, major: 195, minor: 255, fileMode: 438}]
+  mounts:
+  - {hostPath: /drv/lib/libx.so.1, containerPath: /usr/lib/libx.so.1, options: [ro, bind]}
+  - {hostPath: /drv/lib, containerPath: /usr/lib/drv, options: [ro, rbind]}
+  hooks:
+  - {hookName: createContainer, path: /usr/bin/nri-cdi, args: [nri-cdi, hook, x], timeout: 5}
+devices:
+- name: "0"
+  containerEdits:
+    env: [SHARED=dev0]
+    deviceNodes:
+    - {path: /dev/gpu0, type: c, major: 195, minor: 0, permissions: rw, uid: 1, gid: 2}
+- name: "1"
+  containerEdits:
+    deviceNodes: [{path: /dev/gpu1, type: c, major: 195, minor: 1}]
+- name: grouped
+  containerEdits:
+    deviceNodes: [{path: /dev/gpu2, type: c, major: 195, minor: 2}]
+    additionalGids: [44]
+"""
+NET_SPEC = """\
+cdiVersion: 1.1.0
+kind: example.com/nic
+devices:
+- name: n0
+  containerEdits:
+    netDevices: [{hostInterfaceName: eth9, name: net0}]
+    intelRdt: {closID: gold, schemata: ["L3:0=f"], enableMonitoring: true}
+"""
+
+
+@pytest.fixture(scope="module")
+def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Snapshot:
+    folder = write_specs(tmp_path_factory.mktemp("cdi"), {"gpu.yaml": SPEC, "nic.yaml": NET_SPEC})
+    snap = SpecCache([str(folder)]).refresh()
+    assert not snap.errors
+    return snap
+
+
+def names(requests: list[DeviceRequest]) -> list[str]:
+    return [r.name for r in requests]
+
+
+def test_requests_from_pod_container_key_and_container_annotations() -> None:
+    pod = {"cdi.k8s.io/gpu": "example.com/gpu=0", "cdi.k8s.io/ctr.worker": "example.com/gpu=1",
+           "cdi.k8s.io/ctr.other": "example.com/gpu=grouped", "unrelated": "x"}
+    ctr = {"cdi.k8s.io/nvidia.gpu_dev1": "example.com/gpu=1,example.com/gpu=9"}
+    assert names(requested_devices(pod, "worker", ctr)) == [  # pod keys sorted, then container
+        "example.com/gpu=1", "example.com/gpu=0", "example.com/gpu=9"]
+    assert names(requested_devices(pod, "sidecar", {})) == ["example.com/gpu=0"]
+    assert requested_devices({}, "x", {"io.kubernetes.cri.container-type": "container"}) == []
+    sources = {r.name: r.source for r in requested_devices(pod, "worker", ctr)}
+    assert sources["example.com/gpu=1"] == "pod annotation 'cdi.k8s.io/ctr.worker'"
+    assert sources["example.com/gpu=9"] == "container annotation 'cdi.k8s.io/nvidia.gpu_dev1'"
+
+
+@pytest.mark.parametrize("pod, ctr, message", [
+    ({"cdi.k8s.io/gpu": "nvidia.com/gpu=0,"}, {}, "pod annotation 'cdi.k8s.io/gpu': invalid CDI"),
+    ({}, {"cdi.k8s.io/x": "gpu0"}, "container annotation 'cdi.k8s.io/x': invalid CDI device"),
+    ({"cdi.k8s.io/-bad-": "a.com/b=c"}, {}, "pod annotation 'cdi.k8s.io/-bad-': invalid key"),
+])
+def test_malformed_annotations_name_the_annotation(pod: dict, ctr: dict, message: str) -> None:
+    with pytest.raises(AnnotationError, match=message):
+        requested_devices(pod, "c", ctr)
+
+
+def test_plan_matches_cdi_semantics(snapshot: Snapshot) -> None:
+    requests = [DeviceRequest("example.com/gpu=1", "s"), DeviceRequest("example.com/gpu=0", "s")]
+    plan = plan_injection(snapshot, requests, CONTAINERD_17, uid=1000, gid=100)
+    adj = plan.adjustment
+    assert plan.devices == ("example.com/gpu=1", "example.com/gpu=0") and not plan.delegated
+    assert [(kv.key, kv.value) for kv in adj.env] == [("GPU_SPEC", "1"), ("SHARED", "dev0")]
+    assert [(d.path, d.major, d.minor, d.file_mode.value if d.HasField("file_mode") else None,
+             d.uid.value, d.gid.value) for d in adj.linux.devices] == [
+        ("/dev/ctl", 195, 255, 0o666, 1000, 100),
+        ("/dev/gpu1", 195, 1, None, 1000, 100),
+        ("/dev/gpu0", 195, 0, None, 1, 2)]
+    assert [(r.type, r.major.value, r.minor.value, r.access)
+            for r in adj.linux.resources.devices] == [
+        ("c", 195, 255, "rwm"), ("c", 195, 1, "rwm"), ("c", 195, 0, "rw")]
+    assert [m.destination for m in adj.mounts] == ["/usr/lib/libx.so.1", "/usr/lib/drv"]
+    assert list(adj.mounts[1].options) == ["ro", "rbind"] and adj.mounts[1].source == "/drv/lib"
+    hook = adj.hooks.create_container[0]
+    assert (hook.path, list(hook.args), hook.timeout.value) == (
+        "/usr/bin/nri-cdi", ["nri-cdi", "hook", "x"], 5)
+    assert not adj.CDI_devices
+
+
+def test_unresolvable_names_device_and_annotation(snapshot: Snapshot) -> None:
+    requests = [DeviceRequest("example.com/gpu=7", "pod annotation 'cdi.k8s.io/gpu'")]
+    with pytest.raises(InjectionError) as info:
+        plan_injection(snapshot, requests, CONTAINERD_17)
+    assert str(info.value) == (
+        "unresolvable CDI devices: example.com/gpu=7 (from pod annotation 'cdi.k8s.io/gpu'): "
+        "no such device in the spec directories")
+
+
+def test_inexpressible_edits_fail_on_old_runtimes(snapshot: Snapshot) -> None:
+    requests = [DeviceRequest("example.com/gpu=grouped", "s")]
+    with pytest.raises(InjectionError, match=r"additionalGids \(NRI cannot add supplementary"):
+        plan_injection(snapshot, requests, CONTAINERD_17)
+
+
+def test_inexpressible_edits_go_to_the_runtimes_cdi_when_it_can(snapshot: Snapshot) -> None:
+    requests = [DeviceRequest("example.com/gpu=grouped", "s"),
+                DeviceRequest("example.com/nic=n0", "s")]
+    plan = plan_injection(snapshot, requests, CONTAINERD_21)
+    assert plan.delegated == ("example.com/gpu=grouped", "example.com/nic=n0")
+    assert [d.name for d in plan.adjustment.CDI_devices] == list(plan.delegated)
+    assert not plan.adjustment.linux.devices and not plan.adjustment.env
+
+
+def test_net_devices_and_rdt_are_native_from_nri_0_11(snapshot: Snapshot) -> None:
+    plan = plan_injection(snapshot, [DeviceRequest("example.com/nic=n0", "s")], CONTAINERD_23)
+    linux = plan.adjustment.linux
+    assert linux.net_devices["eth9"].name == "net0"
+    assert (linux.rdt.clos_id.value, list(linux.rdt.schemata.value),
+            linux.rdt.enable_monitoring.value) == ("gold", ["L3:0=f"], True)
+    with pytest.raises(UnsupportedEditsError, match="l3CacheSchema"):
+        to_adjustment(ContainerEdits(intel_rdt=IntelRdt(l3_cache_schema="L3:0=1")),
+                      runtime=CONTAINERD_23)
+    with pytest.raises(UnsupportedEditsError, match="netDevices"):
+        to_adjustment(ContainerEdits(net_devices=(NetDevice(host_interface_name="a", name="b"),)),
+                      runtime=CONTAINERD_17)
+
+
+@pytest.mark.parametrize("name, version, cdi_devices", [
+    ("containerd", "v1.7.24", False), ("containerd", "1.7.30", True),
+    ("containerd", "v2.0.5", False), ("containerd", "v2.1.0", True),
+    ("cri-o", "1.33.2", False), ("cri-o", "1.34.0", True), ("other", "9.9", False),
+])
+def test_runtime_capabilities(name: str, version: str, cdi_devices: bool) -> None:
+    assert RuntimeInfo.from_configure(name, version).supports_cdi_devices is cdi_devices
+
+
+def test_dispatch_create_container(snapshot: Snapshot) -> None:
+    plugin = CdiInjector(lambda: snapshot)
+    plugin.configure("", "containerd", "v1.7.24")
+    request = nri_pb2.CreateContainerRequest(
+        pod=nri_pb2.PodSandbox(name="p", namespace="ns",
+                               annotations={"cdi.k8s.io/gpu": "example.com/gpu=0"}),
+        container=nri_pb2.Container(name="c"))
+    reply = nri_pb2.CreateContainerResponse.FromString(
+        dispatch(plugin, "CreateContainer", request.SerializeToString()))
+    assert [d.path for d in reply.adjust.linux.devices] == ["/dev/ctl", "/dev/gpu0"]
+    empty = nri_pb2.CreateContainerRequest(pod=nri_pb2.PodSandbox(), container=nri_pb2.Container())
+    assert dispatch(plugin, "CreateContainer", empty.SerializeToString()) == b""
+
+
+def test_create_container_over_a_socket_refuses_only_the_bad_request(
+    snapshot: Snapshot, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        ours, theirs = socket.socketpair()
+        stub = Stub(CdiInjector(lambda: snapshot), sock=ours, name="nri-cdi", idx="10", env={})
+        runner = asyncio.create_task(stub.run())
+        peer = RuntimePeer(*await asyncio.open_unix_connection(sock=theirs))
+        await peer.handshake()
+        bad = nri_pb2.CreateContainerRequest(
+            pod=nri_pb2.PodSandbox(annotations={"cdi.k8s.io/gpu": "example.com/gpu=nope"}),
+            container=nri_pb2.Container(name="c"))
+        good = nri_pb2.CreateContainerRequest(
+            pod=nri_pb2.PodSandbox(annotations={"cdi.k8s.io/gpu": "example.com/gpu=1"}),
+            container=nri_pb2.Container(name="c"))
+        bad_stream = peer.send_request("CreateContainer", bad)
+        good_stream = peer.send_request("CreateContainer", good)
+        failed = await peer.response_to(bad_stream)
+        assert failed.status.code != 0
+        assert "example.com/gpu=nope (from pod annotation 'cdi.k8s.io/gpu')" in \
+            failed.status.message
+        ok = await peer.response_to(good_stream)
+        reply = nri_pb2.CreateContainerResponse.FromString(ok.payload)
+        assert [d.path for d in reply.adjust.linux.devices] == ["/dev/ctl", "/dev/gpu1"]
+        peer.close()
+        await asyncio.wait_for(runner, 5)
+
+    asyncio.run(asyncio.wait_for(main(), 20))
