@@ -5,6 +5,7 @@ must already be filled in (the cache does that when it loads specs)."""
 from __future__ import annotations
 
 import copy
+import functools
 import posixpath
 from collections.abc import Iterable
 from typing import Any
@@ -43,6 +44,7 @@ def merge(parts: Iterable[ContainerEdits]) -> ContainerEdits:
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def mount_depth(destination: str) -> int:
     """Path components of a cleaned destination: the key mounts are stably sorted by, so
     that a parent folder is always mounted before what goes inside it."""
@@ -81,26 +83,33 @@ def _apply_env(oci: dict[str, Any], env: tuple[str, ...]) -> None:
             current.append(entry)
 
 
+def _replace_by_key(current: list[dict[str, Any]], new: list[dict[str, Any]], key: str) -> None:
+    """``current`` as if each new entry removed every entry with its key, then was appended.
+
+    Linear instead of one pass over the list per entry: a GPU spec has dozens of mounts.
+    """
+    last = {entry[key]: index for index, entry in enumerate(new)}
+    current[:] = [entry for entry in current if entry.get(key) not in last] + [
+        entry for index, entry in enumerate(new) if last[entry[key]] == index
+    ]
+
+
 def _apply_device_nodes(oci: dict[str, Any], nodes: tuple[DeviceNode, ...]) -> None:
     if not nodes:
         return
     user = oci.get("process", {}).get("user", {})
+    uid, gid = user.get("uid", 0), user.get("gid", 0)
     linux = oci.setdefault("linux", {})
-    devices: list[dict[str, Any]] = linux.setdefault("devices", [])
-    for node in nodes:
-        device = device_to_oci(node, process_uid=user.get("uid", 0), process_gid=user.get("gid", 0))
-        devices[:] = [d for d in devices if d.get("path") != device["path"]]
-        devices.append(device)
-        if node.type in ("b", "c"):
-            rules = linux.setdefault("resources", {}).setdefault("devices", [])
-            rules.append(cgroup_rule(node))
+    devices = [device_to_oci(node, process_uid=uid, process_gid=gid) for node in nodes]
+    _replace_by_key(linux.setdefault("devices", []), devices, "path")
+    rules = [cgroup_rule(node) for node in nodes if node.type in ("b", "c")]
+    if rules:
+        linux.setdefault("resources", {}).setdefault("devices", []).extend(rules)
 
 
 def _apply_mounts(oci: dict[str, Any], mounts: tuple[Mount, ...]) -> None:
     current: list[dict[str, Any]] = oci.setdefault("mounts", [])
-    for mount in mounts:
-        current[:] = [m for m in current if m.get("destination") != mount.container_path]
-        current.append(mount_to_oci(mount))
+    _replace_by_key(current, [mount_to_oci(m) for m in mounts], "destination")
     current.sort(key=lambda m: mount_depth(m.get("destination", "")))  # stable
 
 
