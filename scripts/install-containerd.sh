@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Install what the end-to-end tests (tests/e2e) need to run a real containerd 1.7 with
+# CRI + NRI, without installing containerd system-wide:
+#   - bookworm packages runc, busybox-static, gcc, libc6-dev (apt-get install, if missing);
+#   - trixie packages containerd and golang-github-kubernetes-cri-api-dev, downloaded with a
+#     private apt config (the system's apt sources/lists/cache are never touched) and unpacked
+#     with dpkg -x into the cache folder;
+#   - the CRI v1 api.proto compiled with grpc_tools into $CACHE/cri_gen/cri_api_v1.
+# Idempotent: a stamp file makes a second run return at once.
+#
+# Cache folder: $NRI_CDI_CACHE, default <repo>/.cache/containerd (git-ignored).
+# Needs root (apt-get install) and python3 with grpcio-tools (pip install grpcio-tools).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE=${NRI_CDI_CACHE:-$REPO/.cache/containerd}
+PYTHON=${PYTHON:-python3}
+# Bump when the layout of the cache changes, so old caches are rebuilt.
+STAMP_VERSION=1
+STAMP=$CACHE/.installed-v$STAMP_VERSION
+ROOTFS=$CACHE/root
+BIN=$ROOTFS/usr/bin
+GEN=$CACHE/cri_gen
+PKG=cri_api_v1
+CRI_PROTO_IN_DEB=usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto
+HOST_PACKAGES=(runc busybox-static gcc libc6-dev)
+
+log() { echo "install-containerd: $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+report() {
+    cat <<EOF
+containerd bin folder : $BIN  (containerd, ctr, containerd-shim-runc-v2)
+runc                  : $(command -v runc || echo missing)
+busybox               : $(command -v busybox || echo missing)
+CRI v1 python stubs   : $GEN/$PKG  (add $GEN to sys.path, import $PKG.api_pb2)
+cache folder          : $CACHE  (override with NRI_CDI_CACHE)
+EOF
+}
+
+host_packages_ok() {
+    local p
+    for p in "${HOST_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || return 1
+    done
+}
+
+install_host_packages() {
+    host_packages_ok && return 0
+    [ "$(id -u)" = 0 ] || die "apt-get install ${HOST_PACKAGES[*]} needs root"
+    log "installing bookworm packages: ${HOST_PACKAGES[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${HOST_PACKAGES[@]}" >/dev/null
+}
+
+# The Debian mirror the system's apt already uses (deb822 first, then the one-line format).
+debian_mirror() {
+    local m
+    m=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
+    [ -n "$m" ] || m=$(awk '$1=="deb" && $3 ~ /^bookworm$/ {print $2; exit}' \
+        /etc/apt/sources.list 2>/dev/null || true)
+    echo "${m:-http://deb.debian.org/debian}"
+}
+
+download_trixie_debs() {
+    local a=$CACHE/apt debs=$CACHE/debs
+    if ls "$debs"/containerd_*.deb "$debs"/golang-github-kubernetes-cri-api-dev_*.deb \
+        >/dev/null 2>&1; then
+        return 0
+    fi
+    mkdir -p "$a/lists/partial" "$a/cache/archives/partial" "$debs"
+    echo "deb $(debian_mirror) trixie main" >"$a/sources.list"
+    # Private sources, lists and package cache: the system's apt state stays untouched.
+    local o=(-o "Dir::Etc::SourceList=$a/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+        -o "Dir::State::Lists=$a/lists" -o "Dir::Cache=$a/cache"
+        -o APT::Sandbox::User=root)
+    log "fetching trixie package lists (private apt config in $a)"
+    apt-get "${o[@]}" -qq update
+    log "downloading trixie containerd and golang-github-kubernetes-cri-api-dev"
+    (cd "$debs" && apt-get "${o[@]}" -qq download containerd golang-github-kubernetes-cri-api-dev)
+}
+
+unpack_debs() {
+    [ -x "$BIN/containerd" ] && [ -f "$ROOTFS/$CRI_PROTO_IN_DEB" ] && return 0
+    rm -rf "$ROOTFS"
+    mkdir -p "$ROOTFS"
+    local deb
+    for deb in "$CACHE"/debs/*.deb; do
+        dpkg -x "$deb" "$ROOTFS"
+    done
+    # trixie's runc needs glibc 2.38; bookworm's /usr/sbin/runc is used instead.
+    rm -f "$ROOTFS/usr/sbin/runc" "$ROOTFS/usr/bin/runc"
+    [ -x "$BIN/containerd" ] || die "no containerd binary in $BIN after unpacking"
+    "$BIN/containerd" --version >&2
+}
+
+compile_cri_proto() {
+    [ -f "$GEN/$PKG/api_pb2_grpc.py" ] && return 0
+    "$PYTHON" -c "import grpc_tools.protoc" 2>/dev/null ||
+        die "$PYTHON lacks grpc_tools: run '$PYTHON -m pip install grpcio grpcio-tools'"
+    local src=$CACHE/cri_src
+    rm -rf "$src" "$GEN"
+    mkdir -p "$src/$PKG" "$GEN/$PKG"
+    # gogoproto options only matter to Go code generators, and their import is not available.
+    grep -v gogoproto "$ROOTFS/$CRI_PROTO_IN_DEB" >"$src/$PKG/api.proto"
+    # The proto sits at <pkg>/api.proto so the generated _grpc module imports it as
+    # "from cri_api_v1 import api_pb2", not as a top-level "api_pb2".
+    "$PYTHON" -m grpc_tools.protoc -I "$src" --python_out="$GEN" --pyi_out="$GEN" \
+        --grpc_python_out="$GEN" "$src/$PKG/api.proto"
+    : >"$GEN/$PKG/__init__.py"
+    log "compiled CRI v1 stubs into $GEN/$PKG"
+}
+
+main() {
+    mkdir -p "$CACHE"
+    # Two concurrent runs (e.g. parallel CI jobs) must not unpack over each other.
+    exec 9>"$CACHE/.lock"
+    flock 9
+    if [ -f "$STAMP" ] && [ -x "$BIN/containerd" ] && [ -f "$GEN/$PKG/api_pb2_grpc.py" ] &&
+        host_packages_ok; then
+        report
+        return 0
+    fi
+    install_host_packages
+    download_trixie_debs
+    unpack_debs
+    compile_cri_proto
+    touch "$STAMP"
+    report
+}
+
+main "$@"

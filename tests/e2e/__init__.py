@@ -1,0 +1,1 @@
+"""End-to-end tests against a real containerd (see README.md in this folder)."""

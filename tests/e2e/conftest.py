@@ -1,0 +1,89 @@
+"""Fixtures for the end-to-end tests: a private containerd per test module, images loaded.
+
+Missing prerequisites skip these tests with a reason naming the install script, except when
+``CI`` is set: there they fail, because CI must never silently skip the e2e tests.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e import images, paths
+from tests.e2e.containerd import Containerd
+
+E2E_DIR = Path(__file__).parent
+
+# Started containerds, so that a failing test's report shows their log tails.
+_LIVE: list[Containerd] = []
+
+ContainerdFactory = Callable[..., Containerd]
+
+
+def require_prerequisites() -> None:
+    """pytest.skip (or pytest.fail under CI) when the e2e tests cannot run here."""
+    missing = paths.missing_prerequisites()
+    if not missing:
+        return
+    reason = (f"e2e prerequisites missing ({'; '.join(missing)}); "
+              f"run: bash {paths.INSTALL_SCRIPT}")
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set, e2e tests must not be skipped: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # This hook sees the whole session's items: mark only those under tests/e2e.
+    for item in items:
+        if E2E_DIR in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and _LIVE and E2E_DIR in Path(str(item.path)).parents:
+        for i, ctrd in enumerate(_LIVE):
+            report.sections.append((f"containerd #{i} log (tail) {ctrd.log_path}",
+                                    ctrd.log_tail(60)))
+
+
+@pytest.fixture(scope="session")
+def e2e_ready() -> None:
+    require_prerequisites()
+
+
+@pytest.fixture(scope="session")
+def image_archives(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The pause and busybox image archives, built once per session."""
+    out = tmp_path_factory.mktemp("images")
+    return [images.pause_image(out), images.busybox_image(out)]
+
+
+@pytest.fixture(scope="module")
+def containerd(image_archives: list[Path]) -> Iterator[ContainerdFactory]:
+    """Factory: ``containerd(**options)`` starts a fresh private containerd (options as for
+    ``Containerd``: enable_cdi, cdi_spec_dirs, nri_plugins, ...) with the test images
+    imported. Every containerd it made is stopped and removed at the end of the module."""
+    made: list[Containerd] = []
+
+    def start(**options: Any) -> Containerd:
+        ctrd = Containerd(**options)
+        made.append(ctrd)
+        ctrd.start()
+        _LIVE.append(ctrd)
+        ctrd.import_images(*image_archives)
+        return ctrd
+
+    try:
+        yield start
+    finally:
+        for ctrd in made:
+            if ctrd in _LIVE:
+                _LIVE.remove(ctrd)
+            ctrd.close()

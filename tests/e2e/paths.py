@@ -1,0 +1,54 @@
+"""Where scripts/install-containerd.sh puts things, and what is missing for the e2e tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+INSTALL_SCRIPT = "scripts/install-containerd.sh"
+RUNC = Path("/usr/sbin/runc")
+CRI_PACKAGE = "cri_api_v1"
+
+
+def cache_dir() -> Path:
+    """The install script's cache folder (same rule as the script: $NRI_CDI_CACHE first)."""
+    env = os.environ.get("NRI_CDI_CACHE")
+    return Path(env) if env else REPO / ".cache" / "containerd"
+
+
+def bin_dir() -> Path:
+    """trixie's containerd, ctr and containerd-shim-runc-v2, unpacked by the install script."""
+    return cache_dir() / "root" / "usr" / "bin"
+
+
+def cri_gen_dir() -> Path:
+    """Folder to put on sys.path to import the generated CRI v1 stubs."""
+    return cache_dir() / "cri_gen"
+
+
+def busybox() -> Path | None:
+    found = shutil.which("busybox") or "/bin/busybox"
+    return Path(found) if os.access(found, os.X_OK) else None
+
+
+def missing_prerequisites() -> list[str]:
+    """Human-readable list of what keeps the e2e tests from running (empty when ready)."""
+    missing = [
+        f"{bin_dir() / name}"
+        for name in ("containerd", "ctr", "containerd-shim-runc-v2")
+        if not os.access(bin_dir() / name, os.X_OK)
+    ]
+    if not os.access(RUNC, os.X_OK):
+        missing.append(str(RUNC))
+    if busybox() is None:
+        missing.append("busybox (busybox-static)")
+    if not (cri_gen_dir() / CRI_PACKAGE / "api_pb2_grpc.py").is_file():
+        missing.append(f"CRI stubs in {cri_gen_dir() / CRI_PACKAGE}")
+    if importlib.util.find_spec("grpc") is None:
+        missing.append("python package grpcio")
+    if os.geteuid() != 0:
+        missing.append("root privileges (containerd and runc need them)")
+    return missing
