@@ -1,0 +1,242 @@
+"""Our NRI plugin against a real containerd: injection, failures, reconnects, launch mode,
+and the same result as containerd's own CDI support."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import ContainerdFactory
+from tests.e2e.containerd import Containerd
+from tests.e2e.cri import CriClient
+from tests.e2e.images import BUSYBOX_IMAGE
+from tests.e2e.plugin import PluginProcess, launcher_script
+from tests.helpers import make_char_device
+
+KIND = "test.example/gpu"
+SLEEP = ["sleep", "600"]
+# Majors from the range Linux leaves for local use, so that no default device-cgroup rule
+# of the container (for /dev/null, /dev/zero, ...) can be mistaken for ours.
+GPU_MAJOR = 241
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory, e2e_ready: None) -> Path:
+    """A fake driver: two GPU nodes, a library folder, a hook that records its calls."""
+    root = tmp_path_factory.mktemp("node")
+    host = root / "host"
+    (host / "lib").mkdir(parents=True)
+    (host / "lib" / "libtest.so.1").write_text("fake driver library\n")
+    (root / "markers").mkdir()
+    for minor in (0, 1):
+        make_char_device(host / f"gpu{minor}", major=GPU_MAJOR, minor=minor, mode=0o666)
+    hook = host / "hook.sh"
+    hook.write_text(
+        "#!/bin/sh\n"
+        "state=$(cat)\n"
+        "id=$(printf '%s' \"$state\" | sed -n 's/.*\"id\": *\"\\([^\"]*\\)\".*/\\1/p')\n"
+        f"printf '%s' \"$state\" > {root}/markers/$id\n")
+    hook.chmod(0o755)
+    specs = root / "cdi"
+    specs.mkdir()
+    (specs / "test.yaml").write_text(f"""\
+cdiVersion: 0.5.0
+kind: {KIND}
+containerEdits:
+  env: [TEST_DRIVER=1]
+  mounts:
+  - {{hostPath: {host}/lib, containerPath: /usr/lib/testdrv,
+     options: [ro, nosuid, nodev, rbind, rprivate]}}
+  hooks:
+  - {{hookName: createContainer, path: {hook}, args: [hook.sh]}}
+devices:
+- name: "0"
+  containerEdits:
+    deviceNodes: [{{path: /dev/testgpu0, hostPath: {host}/gpu0}}]
+    env: [TEST_GPU=0]
+- name: "1"
+  containerEdits:
+    deviceNodes: [{{path: /dev/testgpu1, hostPath: {host}/gpu1}}]
+    env: [TEST_GPU=1]
+""")
+    return root
+
+
+@pytest.fixture(scope="module")
+def ctrd(containerd: ContainerdFactory) -> Containerd:
+    return containerd()
+
+
+@pytest.fixture
+def plugin(ctrd: Containerd, node: Path) -> Iterator[PluginProcess]:
+    process = PluginProcess(ctrd.nri_socket, [node / "cdi"], node / "plugin.log").start()
+    yield process
+    process.kill()
+
+
+@pytest.fixture
+def cri(ctrd: Containerd) -> Iterator[CriClient]:
+    with ctrd.cri() as client, client.cleanup():
+        yield client
+
+
+def run(cri: CriClient, pod: str, name: str, **kwargs: Any) -> str:
+    return cri.run_container(pod, name, BUSYBOX_IMAGE, command=SLEEP, **kwargs)
+
+
+def sh(cri: CriClient, container: str, script: str) -> str:
+    return cri.exec_sync(container, ["sh", "-c", script]).stdout
+
+
+def test_pod_annotation_injects_device_mount_env_and_hook(
+    cri: CriClient, plugin: PluginProcess, node: Path
+) -> None:
+    pod = cri.run_pod("gpu-pod", annotations={"cdi.k8s.io/gpu": f"{KIND}=0"})
+    ctr = run(cri, pod, "app")
+    assert sh(cri, ctr, "ls -l /dev/testgpu0").startswith("crw-rw-rw-")
+    assert f"{GPU_MAJOR},   0" in sh(cri, ctr, "ls -l /dev/testgpu0")
+    assert sh(cri, ctr, "test -e /dev/testgpu1 && echo leaked || echo absent") == "absent\n"
+    assert sh(cri, ctr, "cat /usr/lib/testdrv/libtest.so.1") == "fake driver library\n"
+    assert "Read-only file system" in cri.exec_sync(
+        ctr, ["touch", "/usr/lib/testdrv/x"]).stderr
+    env = sh(cri, ctr, "env")
+    assert "TEST_DRIVER=1" in env and "TEST_GPU=0" in env
+    state = json.loads((node / "markers" / ctr).read_text())  # the hook ran, for this container
+    assert state["id"] == ctr
+    spec = cri.runtime_spec(ctr)
+    assert {"path": "/dev/testgpu0", "type": "c", "major": GPU_MAJOR, "minor": 0,
+            "fileMode": 0o666} in spec["linux"]["devices"]
+    assert "injected container=app" in plugin.log()
+
+
+def test_per_container_key_reaches_only_the_named_container(
+    cri: CriClient, plugin: PluginProcess
+) -> None:
+    pod = cri.run_pod("two", annotations={"cdi.k8s.io/ctr.worker": f"{KIND}=1"})
+    worker, sidecar = run(cri, pod, "worker"), run(cri, pod, "sidecar")
+    assert "TEST_GPU=1" in sh(cri, worker, "env")
+    assert sh(cri, worker, "test -c /dev/testgpu1 && echo yes") == "yes\n"
+    assert sh(cri, sidecar, "test -e /dev/testgpu1 && echo leaked || echo absent") == "absent\n"
+    assert "TEST_GPU" not in sh(cri, sidecar, "env")
+
+
+def test_container_that_asks_for_nothing_is_untouched(cri: CriClient, plugin: PluginProcess) -> None:
+    pod = cri.run_pod("plain")
+    spec = cri.runtime_spec(run(cri, pod, "plain"))
+    assert not [d for d in spec["linux"].get("devices", []) if d["path"].startswith("/dev/test")]
+    assert not [e for e in spec["process"]["env"] if e.startswith("TEST_")]
+
+
+@pytest.mark.parametrize("annotations, container_annotations, message", [
+    ({"cdi.k8s.io/gpu": f"{KIND}=7"}, {},
+     f"unresolvable CDI devices: {KIND}=7 (from pod annotation 'cdi.k8s.io/gpu')"),
+    ({}, {"cdi.k8s.io/dp_0": "gpu0"},
+     "container annotation 'cdi.k8s.io/dp_0': invalid CDI device name 'gpu0'"),
+    ({"cdi.k8s.io/gpu": f"{KIND}=0,"}, {},
+     "pod annotation 'cdi.k8s.io/gpu': invalid CDI device name ''"),
+])
+def test_bad_requests_fail_only_that_container_with_our_message(
+    cri: CriClient, plugin: PluginProcess, annotations: dict[str, str],
+    container_annotations: dict[str, str], message: str
+) -> None:
+    pod = cri.run_pod("bad", annotations=annotations)
+    with pytest.raises(cri._grpc.RpcError) as info:
+        cri.create_container(pod, "app", BUSYBOX_IMAGE, command=SLEEP,
+                             annotations=container_annotations)
+    assert message in info.value.details()
+    good = cri.run_pod("good", annotations={"cdi.k8s.io/gpu": f"{KIND}=1"})
+    assert "TEST_GPU=1" in sh(cri, run(cri, good, "app"), "env")  # the plugin is still fine
+
+
+def test_plugin_killed_and_restarted_injects_again(
+    cri: CriClient, ctrd: Containerd, node: Path
+) -> None:
+    first = PluginProcess(ctrd.nri_socket, [node / "cdi"], node / "restart.log").start()
+    first.kill()
+    second = PluginProcess(ctrd.nri_socket, [node / "cdi"], node / "restart.log").start()
+    try:
+        pod = cri.run_pod("again", annotations={"cdi.k8s.io/gpu": f"{KIND}=0"})
+        assert "TEST_GPU=0" in sh(cri, run(cri, pod, "app"), "env")
+    finally:
+        second.kill()
+
+
+def test_plugin_reconnects_when_containerd_restarts(
+    ctrd: Containerd, plugin: PluginProcess
+) -> None:
+    mark = plugin.log_size()
+    ctrd.restart()
+    plugin.wait_for_log("connected to containerd", timeout=30, after=mark)
+    with ctrd.cri() as cri, cri.cleanup():
+        pod = cri.run_pod("after", annotations={"cdi.k8s.io/gpu": f"{KIND}=1"})
+        assert "TEST_GPU=1" in sh(cri, run(cri, pod, "app"), "env")
+
+
+def test_sigterm_stops_the_plugin_cleanly(ctrd: Containerd, node: Path) -> None:
+    process = PluginProcess(ctrd.nri_socket, [node / "cdi"], node / "term.log").start()
+    assert process.terminate() == 0
+    assert "plugin stopped" in process.log()
+
+
+def test_runtime_launched_plugin_injects(containerd: ContainerdFactory, node: Path) -> None:
+    log = node / "launched.log"
+    launcher = launcher_script(node / "launcher", [node / "cdi"], log)
+    launched = containerd(nri_plugins={"10-nri-cdi": launcher})
+    deadline = time.monotonic() + 15
+    while "connected to containerd" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+        time.sleep(0.05)
+    with launched.cri() as cri, cri.cleanup():
+        pod = cri.run_pod("launched", annotations={"cdi.k8s.io/gpu": f"{KIND}=0"})
+        assert "TEST_GPU=0" in sh(cri, run(cri, pod, "app"), "env")
+    assert "plugin 10-nri-cdi starting" in log.read_text()
+
+
+# --- the same as containerd's own CDI --------------------------------------------------------
+
+def _our_part(spec: dict[str, Any]) -> dict[str, Any]:
+    linux = spec["linux"]
+    return {
+        "devices": [d for d in linux.get("devices", []) if d["path"].startswith("/dev/testgpu")],
+        "cgroup": [r for r in linux["resources"]["devices"] if r.get("major") == GPU_MAJOR],
+        "mounts": [m for m in spec["mounts"] if m["destination"].startswith("/usr/lib/testdrv")],
+        "env": [e for e in spec["process"]["env"] if e.startswith("TEST_")],
+        "hooks": spec.get("hooks", {}).get("createContainer", []),
+        "mount_order": [m["destination"] for m in spec["mounts"]],
+    }
+
+
+def test_same_result_as_containerd_native_cdi(containerd: ContainerdFactory, node: Path) -> None:
+    both = containerd(enable_cdi=True, cdi_spec_dirs=[node / "cdi"])
+    plugin = PluginProcess(both.nri_socket, [node / "cdi"], node / "native.log").start()
+    devices = [f"{KIND}=1", f"{KIND}=0"]
+    try:
+        with both.cri() as cri, cri.cleanup():
+            native_pod = cri.run_pod("native")
+            native = cri.runtime_spec(cri.create_container(
+                native_pod, "app", BUSYBOX_IMAGE, command=SLEEP, cdi_devices=devices))
+            ours_pod = cri.run_pod("ours", annotations={"cdi.k8s.io/gpu": ",".join(devices)})
+            ours = cri.runtime_spec(cri.create_container(ours_pod, "app", BUSYBOX_IMAGE,
+                                                         command=SLEEP))
+    finally:
+        plugin.kill()
+    expected, got = _our_part(native), _our_part(ours)
+    # We fill a device node's missing fileMode from the host (as the CDI library does since
+    # v1.0); the CDI library vendored by containerd 1.7 leaves it out and runc then uses
+    # 0666. The host nodes here are 0666, so the container sees the same either way.
+    assert {d.pop("fileMode") for d in got["devices"]} == {0o666}
+    assert got["devices"] == expected["devices"]
+    assert got["mounts"] == expected["mounts"]
+    assert got["mount_order"] == expected["mount_order"]
+    assert got["env"] == expected["env"]
+    assert got["hooks"] == expected["hooks"]
+    # The one difference NRI before 0.10 (containerd < 2.2) imposes: it adds its own
+    # device-cgroup rule per device with access "rw" and ignores the explicit "rwm" rules
+    # we send; CDI's default access is "rwm". The devices are allowed either way.
+    assert [dict(r, access="rwm") for r in got["cgroup"]] == expected["cgroup"]
+    assert {r["access"] for r in got["cgroup"]} == {"rw"}
