@@ -125,7 +125,9 @@ def test_per_container_key_reaches_only_the_named_container(
     assert "TEST_GPU" not in sh(cri, sidecar, "env")
 
 
-def test_container_that_asks_for_nothing_is_untouched(cri: CriClient, plugin: PluginProcess) -> None:
+def test_container_that_asks_for_nothing_is_untouched(
+    cri: CriClient, plugin: PluginProcess
+) -> None:
     pod = cri.run_pod("plain")
     spec = cri.runtime_spec(run(cri, pod, "plain"))
     assert not [d for d in spec["linux"].get("devices", []) if d["path"].startswith("/dev/test")]
