@@ -1,0 +1,124 @@
+"""(c) Create+Start on a real containerd: no injection vs containerd's native CDI vs our
+NRI plugin, interleaved round by round in one run, medians and ratios.
+
+Two private containerds (scripts/install-containerd.sh must have run): one with native CDI
+enabled and no NRI plugin (serves "no injection" and "native CDI"), one with our plugin
+connected (serves "our plugin"). Each round creates and starts one container of each
+kind; the three request the same devices (two GPU-like char devices, a library folder,
+env, a createContainer hook). Containers are removed outside the timed part.
+
+Run as root: ``python3 bench/bench_containerd.py [--rounds 30]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.e2e import images, paths
+from tests.e2e.containerd import Containerd
+from tests.e2e.cri import CriClient
+from tests.e2e.plugin import PluginProcess
+from tests.helpers import make_char_device
+
+KIND = "bench.example/gpu"
+DEVICES = [f"{KIND}=0", f"{KIND}=1"]
+SLEEP = ["sleep", "600"]
+
+
+def make_node(root: Path) -> Path:
+    host = root / "host"
+    (host / "lib").mkdir(parents=True)
+    for minor in (0, 1):
+        make_char_device(host / f"gpu{minor}", major=241, minor=minor)
+    specs = root / "cdi"
+    specs.mkdir()
+    devices = "".join(
+        f"- name: \"{m}\"\n  containerEdits:\n    deviceNodes: "
+        f"[{{path: /dev/benchgpu{m}, hostPath: {host}/gpu{m}}}]\n" for m in (0, 1))
+    (specs / "bench.yaml").write_text(
+        f"cdiVersion: 0.5.0\nkind: {KIND}\ncontainerEdits:\n  env: [BENCH=1]\n"
+        f"  mounts:\n  - {{hostPath: {host}/lib, containerPath: /usr/lib/bench, "
+        "options: [ro, nosuid, nodev, rbind, rprivate]}\n"
+        "  hooks:\n  - {hookName: createContainer, path: /bin/true, args: ['true']}\n"
+        f"devices:\n{devices}")
+    return specs
+
+
+def timed_create_start(cri: CriClient, pod: str, **kwargs: object) -> float:
+    start = time.perf_counter()
+    container = cri.create_container(pod, "bench", images.BUSYBOX_IMAGE, command=SLEEP,
+                                     **kwargs)  # type: ignore[arg-type]
+    cri.start_container(container)
+    elapsed = time.perf_counter() - start
+    cri.stop_container(container)
+    cri.remove_container(container)
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    args = parser.parse_args()
+    missing = paths.missing_prerequisites()
+    if missing:
+        sys.exit(f"missing: {'; '.join(missing)}; run: bash scripts/install-containerd.sh")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        specs = make_node(root)
+        archives = [images.pause_image(root), images.busybox_image(root)]
+        native = Containerd(enable_cdi=True, cdi_spec_dirs=[specs]).start()
+        ours = Containerd().start()
+        plugin = None
+        try:
+            for ctrd in (native, ours):
+                ctrd.import_images(*archives)
+            plugin = PluginProcess(ours.nri_socket, [specs], root / "plugin.log").start()
+            samples = run_rounds(native, ours, args.rounds)
+        finally:
+            if plugin:
+                plugin.kill()
+            native.close()
+            ours.close()
+    report(samples, args.rounds)
+
+
+def run_rounds(native: Containerd, ours: Containerd, rounds: int) -> dict[str, list[float]]:
+    samples: dict[str, list[float]] = {"none": [], "native": [], "plugin": []}
+    with native.cri() as ncri, ours.cri() as ocri, ncri.cleanup(), ocri.cleanup():
+        plain_pod = ncri.run_pod("plain")
+        native_pod = ncri.run_pod("native")
+        plugin_pod = ocri.run_pod("plugin", annotations={"cdi.k8s.io/gpu": ",".join(DEVICES)})
+        kinds: list[tuple[str, Callable[[], float]]] = [
+            ("none", lambda: timed_create_start(ncri, plain_pod)),
+            ("native", lambda: timed_create_start(ncri, native_pod, cdi_devices=DEVICES)),
+            ("plugin", lambda: timed_create_start(ocri, plugin_pod)),
+        ]
+        for _kind, measure in kinds:  # warm-up, not counted
+            measure()
+        for index in range(rounds):
+            # Rotate the order each round so that no kind always runs first.
+            for kind, measure in kinds[index % 3:] + kinds[:index % 3]:
+                samples[kind].append(measure())
+    return samples
+
+
+def report(samples: dict[str, list[float]], rounds: int) -> None:
+    med = {kind: statistics.median(values) * 1000 for kind, values in samples.items()}
+    print(f"(c) Create+Start on containerd, {rounds} interleaved rounds (medians)")
+    print(f"    no injection        {med['none']:7.1f} ms")
+    print(f"    native CDI          {med['native']:7.1f} ms   ({med['native'] / med['none']:.3f}"
+          " x no injection)")
+    print(f"    our NRI plugin      {med['plugin']:7.1f} ms   ({med['plugin'] / med['none']:.3f}"
+          f" x no injection, {med['plugin'] / med['native']:.3f} x native CDI)")
+
+
+if __name__ == "__main__":
+    main()
