@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The main job. Installs nri-cdi, then shows the CDI library at work on the example specs:
-# list the devices, validate the specs (and a broken one), inject two devices into an OCI
-# runtime spec. Later parts of the project extend this into the full node demo.
+# The main job. Installs nri-cdi and a private containerd, then shows the CDI library at
+# work on the example specs (list, validate, inject into an OCI runtime spec) and the NRI
+# plugin at work on a real containerd: a pod asks for a CDI device by annotation and its
+# container gets the device node, the mount and the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
+bash scripts/install-containerd.sh >/dev/null
 
 say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
 run() { say "$*"; "$@"; }
@@ -18,3 +20,6 @@ oci='{"ociVersion": "1.1.0", "process": {"args": ["sh"], "env": ["PATH=/bin"]}, 
 say "echo '$oci' | nri-cdi inject --spec-dir specs/examples --device vendor.example/device=dev0 --device vendor.example/device=dev1"
 echo "$oci" | nri-cdi inject --spec-dir specs/examples \
     --device vendor.example/device=dev0 --device vendor.example/device=dev1
+
+say "python3 scripts/demo_node.py   # containerd + nri-cdi plugin + a pod asking for a device"
+python3 scripts/demo_node.py
