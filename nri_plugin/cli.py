@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from cdi.cli import add_commands as add_cdi_commands
+from cdi.nvidia.cli import add_commands as add_nvidia_commands
 
 from .daemon import add_command as add_plugin_command
 
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_cdi_commands(subparsers)
+    add_nvidia_commands(subparsers)
     add_plugin_command(subparsers)
     return parser
 

@@ -1,0 +1,349 @@
+"""What GPUs a node has: NVML or procfs discovery into plain frozen values.
+
+Everything is read under two roots so that a simulated node is just a folder: the driver
+root (libraries, among them the ``libnvidia-ml.so.1`` that NVML mode loads) and the dev
+root (``dev/``, and the kernel's ``proc/`` and ``sys/``, which belong to the host kernel
+and so sit with ``/dev`` rather than with the driver files of a driver container).
+
+Modes:
+
+* ``nvml``: nvidia-ml-py (module ``pynvml``), with the library found under the driver root
+  loaded by path first, so that we never talk to whatever NVML the loader would pick.
+* ``procfs``: no NVML.  GPUs from ``proc/driver/nvidia/gpus/*/information``, the driver
+  version from ``proc/driver/nvidia/version``, MIG devices from
+  ``proc/driver/nvidia/capabilities/gpu<minor>/mig/gi*/ci*``.  The kernel does not publish
+  MIG UUIDs, MIG profiles, brands, compute capabilities or the CUDA version there, so
+  those fields are ``None``.  GPU indices follow PCI bus order, as NVML's do; MIG indices
+  (the ``j`` of ``i:j``) follow (GI, CI) order, which matches NVML only when the instances
+  were created in that order: use ``nvml`` where ``i:j`` names must match nvidia-smi.  A
+  GPU with MIG enabled but no instances looks like a plain GPU here, and MIG devices never
+  get DRM nodes (the ``+gfx`` profile attribute is not visible).
+* ``management``: like ``procfs`` but never fails for want of GPUs (the spec is one
+  ``all`` device built from ``/dev``).
+* ``auto``: ``nvml`` when it loads and answers, else ``procfs``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DiscoveryError",
+    "Gpu",
+    "MigDevice",
+    "NodeInfo",
+    "Roots",
+    "discover",
+    "discover_nvml",
+    "discover_procfs",
+    "driver_version_from_proc",
+]
+
+MODES = ("auto", "nvml", "procfs", "management")
+
+# nvmlBrandType values -> the names NVIDIA_REQUIRE_BRAND compares against (lower-cased).
+_BRANDS = {
+    0: "unknown", 1: "quadro", 2: "tesla", 3: "nvs", 4: "grid", 5: "geforce", 6: "titan",
+    7: "nvidiavapps", 8: "nvidiavpc", 9: "nvidiavcs", 10: "nvidiavws",
+    11: "nvidiacloudgaming", 12: "quadrortx", 13: "nvidiartx", 14: "nvidia",
+    15: "geforcertx", 16: "titanrtx",
+}
+# NVML GPU-instance profile ids with the graphics attribute (*_SLICE_GFX).
+_GFX_PROFILE_IDS = frozenset({0xA, 0xB, 0xC, 0x11})
+_VERSION_RE = re.compile(r"\s(\d+\.\d+(?:\.\d+)?)\s")
+_MIG_DIR_RE = re.compile(r"^(gi|ci)(\d+)$")
+
+
+class DiscoveryError(Exception):
+    """No usable driver or GPU information; the message says what was looked for where."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Roots:
+    """Where the node's files are, as host paths."""
+
+    driver: Path = Path("/")
+    dev: Path = Path("/")
+
+    def driver_path(self, path: str) -> Path:
+        return self.driver / path.lstrip("/")
+
+    def dev_path(self, path: str) -> Path:
+        return self.dev / path.lstrip("/")
+
+    def proc_path(self, path: str) -> Path:
+        return self.dev / "proc" / path.lstrip("/")
+
+    def sys_path(self, path: str) -> Path:
+        return self.dev / "sys" / path.lstrip("/")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MigDevice:
+    index: int  # the j of the ``i:j`` name
+    gi: int
+    ci: int
+    uuid: str | None = None  # not published in procfs
+    profile: str | None = None  # e.g. ``1g.10gb`` (NVML only)
+    gfx: bool = False  # graphics-capable instance: gets the parent's DRM nodes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Gpu:
+    index: int
+    uuid: str
+    minor: int
+    bus_id: str  # sysfs spelling: lower case, 4-digit domain (0000:65:00.0)
+    name: str
+    brand: str | None = None
+    compute_capability: str | None = None  # "9.0"
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDevice, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeInfo:
+    mode: str  # the mode that produced it: nvml, procfs or management
+    driver_version: str
+    cuda_version: str | None  # "13.0"; NVML only
+    gpus: tuple[Gpu, ...]
+
+
+# --- procfs ---------------------------------------------------------------------------------
+
+
+def driver_version_from_proc(roots: Roots) -> str | None:
+    try:
+        text = roots.proc_path("driver/nvidia/version").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("NVRM"):
+            match = _VERSION_RE.search(line + " ")
+            return match.group(1) if match else None
+    return None
+
+
+def _information(path: Path) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key.strip()] = value.strip()
+    return fields
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """NVML's ``00000000:18:00.0`` or ``0000:18:00.0`` -> sysfs ``0000:18:00.0``."""
+    text = bus_id.strip().lower()
+    domain, sep, rest = text.partition(":")
+    if not sep:
+        return text
+    return f"{int(domain, 16):04x}:{rest}"
+
+
+def _procfs_gpus(roots: Roots) -> list[Gpu]:
+    base = roots.proc_path("driver/nvidia/gpus")
+    try:
+        entries = sorted(os.listdir(base))
+    except OSError:
+        return []
+    infos = []
+    for entry in entries:
+        try:
+            infos.append(_information(base / entry / "information"))
+        except OSError:
+            continue
+    infos.sort(key=lambda f: normalize_bus_id(f.get("Bus Location", "")))
+    gpus = []
+    for index, info in enumerate(infos):
+        minor = int(info.get("Device Minor", "-1"))
+        gpus.append(Gpu(
+            index=index,
+            uuid=info.get("GPU UUID", ""),
+            minor=minor,
+            bus_id=normalize_bus_id(info.get("Bus Location", "")),
+            name=info.get("Model", ""),
+        ))
+    return gpus
+
+
+def _numbered(folder: Path, prefix: str) -> list[int]:
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        match = _MIG_DIR_RE.match(name)
+        if match and match.group(1) == prefix:
+            found.append(int(match.group(2)))
+    return sorted(found)
+
+
+def _procfs_migs(roots: Roots, minor: int) -> tuple[MigDevice, ...]:
+    base = roots.proc_path(f"driver/nvidia/capabilities/gpu{minor}/mig")
+    pairs = [(gi, ci) for gi in _numbered(base, "gi") for ci in _numbered(base / f"gi{gi}", "ci")]
+    return tuple(MigDevice(index=j, gi=gi, ci=ci) for j, (gi, ci) in enumerate(pairs))
+
+
+def discover_procfs(roots: Roots, *, fallback_version: Callable[[], str | None]) -> NodeInfo:
+    version = driver_version_from_proc(roots) or fallback_version()
+    if not version:
+        raise DiscoveryError(
+            f"no NVIDIA driver found: {roots.proc_path('driver/nvidia/version')} is missing "
+            f"or has no version, and no libcuda.so.*.* or libnvidia-ml.so.*.* was found "
+            f"under the driver root {roots.driver}"
+        )
+    gpus = []
+    for gpu in _procfs_gpus(roots):
+        migs = _procfs_migs(roots, gpu.minor)
+        gpus.append(_with_migs(gpu, migs) if migs else gpu)
+    return NodeInfo(mode="procfs", driver_version=version, cuda_version=None, gpus=tuple(gpus))
+
+
+def _with_migs(gpu: Gpu, migs: tuple[MigDevice, ...]) -> Gpu:
+    return Gpu(index=gpu.index, uuid=gpu.uuid, minor=gpu.minor, bus_id=gpu.bus_id,
+               name=gpu.name, brand=gpu.brand, compute_capability=gpu.compute_capability,
+               mig_enabled=True, mig_devices=migs)
+
+
+# --- NVML -----------------------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    # nvidia-ml-py returned bytes before 11.5xx and str since; structure fields stay bytes.
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def load_nvml(library: Path | None) -> Any:
+    """Import pynvml, point it at ``library`` (loaded by path) and initialise NVML."""
+    import pynvml  # only NVML mode pays for this import
+
+    if library is not None and getattr(pynvml, "nvmlLib", None) is None:
+        import ctypes
+
+        pynvml.nvmlLib = ctypes.CDLL(os.fspath(library))
+    pynvml.nvmlInit()
+    return pynvml
+
+
+def discover_nvml(nvml: Any) -> NodeInfo:
+    """Query an initialised pynvml module; the caller shuts NVML down."""
+    version = _text(nvml.nvmlSystemGetDriverVersion())
+    cuda = int(nvml.nvmlSystemGetCudaDriverVersion_v2())
+    gpus = tuple(_nvml_gpu(nvml, i) for i in range(int(nvml.nvmlDeviceGetCount())))
+    return NodeInfo(mode="nvml", driver_version=version,
+                    cuda_version=f"{cuda // 1000}.{(cuda % 1000) // 10}", gpus=gpus)
+
+
+def _nvml_gpu(nvml: Any, index: int) -> Gpu:
+    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+    major, minor = nvml.nvmlDeviceGetCudaComputeCapability(handle)
+    mig_enabled = _mig_mode(nvml, handle)
+    return Gpu(
+        index=index,
+        uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+        minor=int(nvml.nvmlDeviceGetMinorNumber(handle)),
+        bus_id=normalize_bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId)),
+        name=_text(nvml.nvmlDeviceGetName(handle)),
+        brand=_BRANDS.get(int(nvml.nvmlDeviceGetBrand(handle)), "unknown"),
+        compute_capability=f"{major}.{minor}",
+        mig_enabled=mig_enabled,
+        mig_devices=tuple(_nvml_migs(nvml, handle)) if mig_enabled else (),
+    )
+
+
+def _mig_mode(nvml: Any, handle: Any) -> bool:
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+    except nvml.NVMLError as exc:
+        if exc.value == nvml.NVML_ERROR_NOT_SUPPORTED:
+            return False  # not MIG-capable
+        raise
+    return bool(current == nvml.NVML_DEVICE_MIG_ENABLE)
+
+
+def _nvml_migs(nvml: Any, handle: Any) -> Iterable[MigDevice]:
+    empty_slot = (nvml.NVML_ERROR_NOT_FOUND, nvml.NVML_ERROR_INVALID_ARGUMENT)
+    for j in range(int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))):
+        try:
+            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
+        except nvml.NVMLError as exc:
+            if exc.value in empty_slot:
+                continue
+            raise
+        gi = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
+        profile_id = nvml.nvmlGpuInstanceGetInfo(
+            nvml.nvmlDeviceGetGpuInstanceById(handle, gi)).profileId
+        yield MigDevice(
+            index=j,
+            gi=gi,
+            ci=int(nvml.nvmlDeviceGetComputeInstanceId(mig)),
+            uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
+            profile=_profile_name(_text(nvml.nvmlDeviceGetName(mig))),
+            gfx=int(profile_id) in _GFX_PROFILE_IDS,
+        )
+
+
+def _profile_name(device_name: str) -> str | None:
+    # MIG device names end in the nvidia-smi profile: "NVIDIA H100 80GB HBM3 MIG 1g.10gb".
+    _, sep, profile = device_name.rpartition(" MIG ")
+    return profile.strip() if sep else None
+
+
+# --- dispatch -------------------------------------------------------------------------------
+
+
+def discover(
+    mode: str,
+    roots: Roots,
+    *,
+    nvml_library: Callable[[], Path | None],
+    fallback_version: Callable[[], str | None],
+    warn: Callable[[str], None],
+) -> NodeInfo:
+    """Run discovery in ``mode``; ``auto`` says on ``warn`` which mode it picked and why."""
+    if mode in ("procfs", "management"):
+        info = discover_procfs(roots, fallback_version=fallback_version)
+        return info if mode == "procfs" else _as_management(info)
+    if mode == "nvml":
+        return _run_nvml(nvml_library())
+    if mode != "auto":
+        raise DiscoveryError(f"unknown discovery mode {mode!r} (want one of {', '.join(MODES)})")
+    try:
+        info = _run_nvml(nvml_library())
+    except DiscoveryError as exc:
+        warn(f"mode auto: using procfs ({exc})")
+        return discover_procfs(roots, fallback_version=fallback_version)
+    warn("mode auto: using nvml")
+    return info
+
+
+def _as_management(info: NodeInfo) -> NodeInfo:
+    return NodeInfo(mode="management", driver_version=info.driver_version,
+                    cuda_version=info.cuda_version, gpus=info.gpus)
+
+
+def _run_nvml(library: Path | None) -> NodeInfo:
+    if library is None:
+        raise DiscoveryError("NVML unavailable: no libnvidia-ml.so.1 under the driver root")
+    try:
+        nvml = load_nvml(library)
+    except ImportError:
+        raise DiscoveryError("NVML unavailable: nvidia-ml-py (pynvml) is not installed") from None
+    except Exception as exc:  # OSError from dlopen, NVMLError from init
+        raise DiscoveryError(f"NVML unavailable: cannot load {library}: {exc}") from None
+    try:
+        return discover_nvml(nvml)
+    except Exception as exc:  # an NVMLError or a missing symbol: NVML is not usable
+        raise DiscoveryError(f"NVML query failed with {library}: {exc}") from None
+    finally:
+        with contextlib.suppress(Exception):  # a failed shutdown does not change the result
+            nvml.nvmlShutdown()

@@ -1,0 +1,487 @@
+"""Assemble an NVIDIA CDI spec from discovered facts (pure), plus its fingerprint and metadata.
+
+``collect`` is the one impure step (it reads the node); ``build_spec`` turns the inventory
+into a ``SpecData`` in the shape ``nvidia-ctk cdi generate`` emits: one device per GPU and
+per MIG device for each naming strategy (GPUs in MIG mode are not emitted whole), the
+driver's files as spec-level edits, de-duplicated and stably ordered, an ``all`` device,
+and the minimum ``cdiVersion`` the content needs.
+
+Requirement metadata (for a later NVIDIA_REQUIRE_* / capability policy)
+-----------------------------------------------------------------------
+Each device's driver version, CUDA version, arch (compute capability) and brand, and
+which file serves which driver capability, must be recorded somewhere a consumer can
+read.  Spec and device ``annotations`` would be the natural place, but they force
+``cdiVersion`` >= 0.6.0, which runtimes that vendor an older CDI library (containerd 1.7,
+for one) reject outright: the whole spec would be lost to gain some metadata.  So:
+
+* by default the metadata goes to a **sidecar** ``<output>.meta.json`` written
+  atomically next to the spec, after it, and carrying the spec's sha256, so a reader can
+  tell a sidecar that belongs to another version of the spec; YAML specs also get a
+  comment header naming the generator, the mode and the fingerprint (comments are
+  invisible to CDI parsers);
+* only when ``--cdi-version`` says the target accepts 0.6.0 or later are the same facts
+  also put in ``nri-cdi/*`` annotations, since then they cost nothing.
+
+The fingerprint hashes what makes a spec go stale: the driver version, the device-node
+majors (the ``nvidia-uvm`` and ``nvidia-caps`` majors are dynamic), the GPU and MIG
+layout, the set of driver files, the generator version and the generation options.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from ..model import ContainerEdits, DeviceData, DeviceNode, Hook, Mount, SpecData
+from ..version import minimum_requirement, version_key
+from .discover import Gpu, MigDevice, NodeInfo, Roots
+from .driver import (
+    DeviceNodeInfo,
+    DeviceNodes,
+    DriverFiles,
+    FileMount,
+    Link,
+    capability_of,
+    gpu_nodes,
+    management_nodes,
+    mig_cap_paths,
+    read_mig_minors,
+    stat_device_node,
+)
+
+__all__ = [
+    "GENERATOR_VERSION",
+    "GenerateError",
+    "Inventory",
+    "Options",
+    "build_spec",
+    "collect",
+    "fingerprint",
+    "metadata",
+]
+
+# Keep in step with pyproject.toml (a test checks); importlib.metadata would cost start-up.
+GENERATOR_VERSION = "0.1.0"
+STRATEGIES = ("index", "uuid", "type-index")
+HOOK_NAMES = ("create-symlinks", "update-ldcache", "enable-cuda-compat",
+              "disable-device-node-modification", "update-application-profile", "chmod")
+# Hooks this generator emits (the others are accepted by name for nvidia-ctk compatibility).
+DEFAULT_HOOKS = frozenset({"create-symlinks", "update-ldcache"})
+# With --link-mode mounts no ldcache hook runs, so the driver's library folders are handed
+# over in this variable instead.  It is deliberately not LD_LIBRARY_PATH: a CDI env entry
+# replaces the image's value, and the NRI plugin appends this one to the image's
+# LD_LIBRARY_PATH instead.
+LD_LIBRARY_PATH_ENV = "NRI_CDI_LD_LIBRARY_PATH"
+ANNOTATION_PREFIX = "nri-cdi/"
+ANNOTATIONS_SINCE = "0.6.0"
+METADATA_FORMAT = 1
+
+
+class GenerateError(Exception):
+    """The spec cannot be generated as asked; the message says why."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Options:
+    vendor: str = "nvidia.com"
+    class_: str = "gpu"
+    strategies: tuple[str, ...] = ("index", "uuid")
+    device_ids: tuple[str, ...] = ("all",)
+    all_device: bool = True
+    link_mode: str = "hooks"  # hooks | mounts
+    hook_path: str = "/usr/local/bin/nri-cdi"
+    hooks: frozenset[str] = DEFAULT_HOOKS
+    ldconfig_path: str | None = None
+    max_version: str | None = None  # --cdi-version
+
+    @property
+    def kind(self) -> str:
+        return f"{self.vendor}/{self.class_}"
+
+    @property
+    def annotations(self) -> bool:
+        return self.max_version is not None and (
+            version_key(self.max_version) >= version_key(ANNOTATIONS_SINCE))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "strategies": list(self.strategies),
+                "device_ids": list(self.device_ids), "all_device": self.all_device,
+                "link_mode": self.link_mode, "hook_path": self.hook_path,
+                "hooks": sorted(self.hooks), "ldconfig_path": self.ldconfig_path,
+                "max_version": self.max_version}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Inventory:
+    """Everything read from the node: the one input of ``build_spec``."""
+
+    node: NodeInfo
+    driver: DriverFiles
+    gpu_nodes: Mapping[int, DeviceNodes] = field(default_factory=dict)
+    mig_nodes: Mapping[tuple[int, int], DeviceNodes] = field(default_factory=dict)
+    management_nodes: tuple[DeviceNodeInfo, ...] = ()
+
+
+# --- collect (reads the node) ---------------------------------------------------------------
+
+
+def collect(roots: Roots, node: NodeInfo, driver: DriverFiles) -> Inventory:
+    if node.mode == "management":
+        return Inventory(node=node, driver=driver, management_nodes=management_nodes(roots))
+    gpus = {g.index: gpu_nodes(roots, g.minor, g.bus_id) for g in node.gpus}
+    migs: dict[tuple[int, int], DeviceNodes] = {}
+    if any(g.mig_devices for g in node.gpus):
+        minors = read_mig_minors(roots)
+        if minors is None:
+            raise GenerateError(
+                f"MIG devices found but {roots.proc_path('driver/nvidia-caps/mig-minors')} "
+                "is missing, so their capability device nodes cannot be named")
+        for gpu in node.gpus:
+            for mig in gpu.mig_devices:
+                migs[gpu.index, mig.index] = _mig_nodes(roots, gpu, mig, minors, gpus[gpu.index])
+    return Inventory(node=node, driver=driver, gpu_nodes=gpus, mig_nodes=migs)
+
+
+def _mig_nodes(roots: Roots, gpu: Gpu, mig: MigDevice, minors: dict[str, int],
+               parent: DeviceNodes) -> DeviceNodes:
+    try:
+        caps = mig_cap_paths(minors, gpu.minor, mig.gi, mig.ci)
+    except KeyError as exc:
+        raise GenerateError(f"GPU {gpu.index} MIG gi{mig.gi}/ci{mig.ci}: no {exc} entry in "
+                            f"{roots.proc_path('driver/nvidia-caps/mig-minors')}") from None
+    nodes = [n for n in parent.nodes if n.path == f"/dev/nvidia{gpu.minor}"]
+    for path in caps:
+        found = stat_device_node(roots, path)
+        if found is None:
+            raise GenerateError(f"GPU {gpu.index} MIG {mig.index}: {roots.dev_path(path)} is "
+                                "not a character device (run nvidia-smi to create it)")
+        nodes.append(found)
+    if not mig.gfx:
+        return DeviceNodes(nodes=tuple(nodes))
+    drm = [n for n in parent.nodes if n.path.startswith("/dev/dri/")]
+    return DeviceNodes(nodes=(*nodes, *drm), links=parent.links)
+
+
+# --- edits ----------------------------------------------------------------------------------
+
+
+def _device_node(n: DeviceNodeInfo) -> DeviceNode:
+    return DeviceNode(path=n.path, host_path=n.host if n.host != n.path else None, type=n.type,
+                      major=n.major, minor=n.minor, file_mode=n.mode, permissions="rwm",
+                      gid=n.gid or None)
+
+
+def _mount(m: FileMount) -> Mount:
+    return Mount(host_path=m.host, container_path=m.path, options=m.options)
+
+
+def _hook(opts: Options, name: str, args: Iterable[str]) -> Hook:
+    return Hook(hook_name="createContainer", path=opts.hook_path,
+                args=("nri-cdi", "hook", name, *args))
+
+
+def _symlink_hook(opts: Options, links: Sequence[Link]) -> tuple[Hook, ...]:
+    if not links or "create-symlinks" not in opts.hooks or opts.link_mode != "hooks":
+        return ()
+    args: list[str] = []
+    for link in links:
+        args += ["--link", f"{link.target}::{link.path}"]
+    return (_hook(opts, "create-symlinks", args),)
+
+
+def _ldcache_hook(opts: Options, folders: Sequence[str]) -> tuple[Hook, ...]:
+    if not folders or "update-ldcache" not in opts.hooks or opts.link_mode != "hooks":
+        return ()
+    args: list[str] = []
+    if opts.ldconfig_path:
+        args += ["--ldconfig-path", opts.ldconfig_path]
+    for folder in folders:
+        args += ["--folder", folder]
+    return (_hook(opts, "update-ldcache", args),)
+
+
+def _link_mounts(opts: Options, links: Sequence[Link]) -> tuple[Mount, ...]:
+    if opts.link_mode != "mounts":
+        return ()
+    return tuple(_mount(k.resolved) for k in links if k.resolved is not None)
+
+
+def common_edits(driver: DriverFiles, opts: Options) -> ContainerEdits:
+    env = [f"NVIDIA_CTK_LIBCUDA_DIR={':'.join(driver.lib_dirs)}"] if driver.lib_dirs else []
+    if opts.link_mode == "mounts" and driver.lib_dirs:
+        env.append(f"{LD_LIBRARY_PATH_ENV}={':'.join(driver.lib_dirs)}")
+    env.append("NVIDIA_VISIBLE_DEVICES=void")
+    return ContainerEdits(
+        env=tuple(env),
+        device_nodes=tuple(_device_node(n) for n in driver.control_nodes),
+        mounts=(*(_mount(m) for m in driver.mounts()), *_link_mounts(opts, driver.links)),
+        hooks=(*_symlink_hook(opts, driver.links), *_ldcache_hook(opts, driver.lib_dirs)),
+    )
+
+
+def device_edits(nodes: DeviceNodes, opts: Options) -> ContainerEdits:
+    return ContainerEdits(device_nodes=tuple(_device_node(n) for n in nodes.nodes),
+                          hooks=_symlink_hook(opts, nodes.links))
+
+
+# --- simplification -------------------------------------------------------------------------
+
+
+def _depth_key(path: str) -> tuple[int, str]:
+    return path.rstrip("/").count("/"), path
+
+
+def _simplify(edits: ContainerEdits, common: ContainerEdits | None = None) -> ContainerEdits:
+    """De-duplicate, drop what the common edits already carry (unless that empties it),
+    and order nodes and mounts by path depth, then path; hooks and env keep their order."""
+    env = tuple(dict.fromkeys(edits.env))
+    nodes = tuple(dict.fromkeys(edits.device_nodes))
+    mounts = tuple(dict.fromkeys(edits.mounts))
+    hooks = tuple(dict.fromkeys(edits.hooks))
+    if common is not None:
+        reduced = ContainerEdits(
+            env=tuple(e for e in env if e not in common.env),
+            device_nodes=tuple(n for n in nodes if n not in common.device_nodes),
+            mounts=tuple(m for m in mounts if m not in common.mounts),
+            hooks=tuple(h for h in hooks if h not in common.hooks),
+        )
+        if not reduced.is_empty():
+            env, nodes, mounts, hooks = (reduced.env, reduced.device_nodes, reduced.mounts,
+                                         reduced.hooks)
+    return ContainerEdits(
+        env=env,
+        device_nodes=tuple(sorted(nodes, key=lambda n: _depth_key(n.path))),
+        mounts=tuple(sorted(mounts, key=lambda m: _depth_key(m.container_path))),
+        hooks=hooks,
+        additional_gids=tuple(sorted(set(edits.additional_gids))),
+    )
+
+
+def _merge(edits: Iterable[ContainerEdits]) -> ContainerEdits:
+    items = list(edits)
+    return ContainerEdits(
+        env=tuple(e for x in items for e in x.env),
+        device_nodes=tuple(n for x in items for n in x.device_nodes),
+        mounts=tuple(m for x in items for m in x.mounts),
+        hooks=tuple(h for x in items for h in x.hooks),
+    )
+
+
+# --- devices --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Target:
+    """One GPU or MIG device to expose, before it gets its names."""
+
+    gpu: Gpu
+    mig: MigDevice | None
+    nodes: DeviceNodes
+
+    def name(self, strategy: str) -> str | None:
+        g, m = self.gpu, self.mig
+        if strategy == "index":
+            return str(g.index) if m is None else f"{g.index}:{m.index}"
+        if strategy == "type-index":
+            return f"gpu{g.index}" if m is None else f"mig{g.index}:{m.index}"
+        return g.uuid if m is None else m.uuid  # None: procfs knows no MIG UUIDs
+
+    def matches(self, wanted: str) -> bool:
+        ids = {self.name("index"), self.name("uuid")}
+        return wanted in ids or wanted.lower() in {i.lower() for i in ids if i}
+
+
+def _mig_targets(inv: Inventory) -> list[_Target]:
+    return [_Target(gpu=g, mig=m, nodes=inv.mig_nodes[g.index, m.index])
+            for g in inv.node.gpus for m in g.mig_devices]
+
+
+def _gpu_targets(inv: Inventory, *, with_mig_mode: bool) -> list[_Target]:
+    return [_Target(gpu=g, mig=None, nodes=inv.gpu_nodes[g.index])
+            for g in inv.node.gpus if with_mig_mode or not g.mig_enabled]
+
+
+def _select(inv: Inventory, ids: Sequence[str]) -> list[_Target]:
+    """``all``: every GPU not in MIG mode, then every MIG device; else the named ones
+    (an index, ``i:j`` or a UUID; a GPU in MIG mode only when named)."""
+    if "all" in ids:
+        return _gpu_targets(inv, with_mig_mode=False) + _mig_targets(inv)
+    everything = _gpu_targets(inv, with_mig_mode=True) + _mig_targets(inv)
+    chosen: list[_Target] = []
+    for wanted in ids:
+        hits = [t for t in everything if t.matches(wanted)]
+        if not hits:
+            raise GenerateError(f"--device-id {wanted!r}: no such GPU or MIG device "
+                                "(want an index, i:j, or a GPU-/MIG- UUID)")
+        chosen += [t for t in hits if t not in chosen]
+    return chosen
+
+
+def _device_annotations(inv: Inventory, target: _Target | None) -> dict[str, str]:
+    node = inv.node
+    values = {"driver-version": node.driver_version, "cuda-version": node.cuda_version}
+    if target is not None:
+        values |= {"arch": target.gpu.compute_capability, "brand": target.gpu.brand,
+                   "gpu-uuid": target.gpu.uuid}
+        if target.mig is not None:
+            values |= {"mig-uuid": target.mig.uuid, "mig-profile": target.mig.profile}
+    return {ANNOTATION_PREFIX + k: v for k, v in values.items() if v}
+
+
+def _devices(inv: Inventory, opts: Options, common: ContainerEdits,
+             warn: Callable[[str], None]) -> list[DeviceData]:
+    devices = []
+    unnamed: list[str] = []
+    for target in _select(inv, opts.device_ids):
+        edits = _simplify(device_edits(target.nodes, opts), common)
+        notes = _device_annotations(inv, target) if opts.annotations else {}
+        names = [target.name(s) for s in opts.strategies]
+        if None in names:
+            unnamed.append(str(target.name("index")))
+        devices += [DeviceData(name=n, annotations=MappingProxyType(notes), container_edits=edits)
+                    for n in names if n is not None]
+    if unnamed:
+        warn(f"{inv.node.mode} mode knows no MIG UUIDs: MIG devices {', '.join(unnamed)} "
+             "have no uuid names (use --mode nvml for them)")
+    return devices
+
+
+def _all_device(inv: Inventory, opts: Options, devices: Sequence[DeviceData],
+                common: ContainerEdits) -> DeviceData:
+    edits = _simplify(_merge(d.container_edits for d in devices), common)
+    notes = _device_annotations(inv, None) if opts.annotations else {}
+    return DeviceData(name="all", annotations=MappingProxyType(notes), container_edits=edits)
+
+
+def _management_devices(inv: Inventory, opts: Options, common: ContainerEdits) -> list[DeviceData]:
+    edits = _simplify(ContainerEdits(
+        device_nodes=tuple(_device_node(n) for n in inv.management_nodes)), common)
+    if edits.is_empty():
+        raise GenerateError("management mode: no /dev/nvidia* device nodes found")
+    notes = _device_annotations(inv, None) if opts.annotations else {}
+    return [DeviceData(name="all", annotations=MappingProxyType(notes), container_edits=edits)]
+
+
+# --- the spec -------------------------------------------------------------------------------
+
+
+def build_spec(inv: Inventory, opts: Options, *, warn: Callable[[str], None] = lambda s: None,
+               spec_annotations: Mapping[str, str] | None = None) -> SpecData:
+    """The spec for ``inv``; GenerateError when the content needs a newer cdiVersion than
+    ``opts.max_version`` allows."""
+    common = _simplify(common_edits(inv.driver, opts))
+    if inv.node.mode == "management":
+        devices = _management_devices(inv, opts, common)
+    elif opts.device_ids == ("none",):
+        devices = [DeviceData(name="none",
+                              container_edits=ContainerEdits(env=("NVCT_EMPTY_DEVICE=",)))]
+    else:
+        devices = _devices(inv, opts, common, warn)
+        if not devices:
+            raise GenerateError(f"no GPUs found in {inv.node.mode} mode, so no devices to "
+                                "write (use --device-id none for a driver-only spec)")
+        if opts.all_device and not any(d.name == "all" for d in devices):
+            devices.append(_all_device(inv, opts, devices, common))
+    annotations = dict(spec_annotations or {}) if opts.annotations else {}
+    spec = SpecData(cdi_version="0.3.0", kind=opts.kind,
+                    devices=tuple(sorted(devices, key=lambda d: d.name)),
+                    annotations=MappingProxyType(annotations), container_edits=common)
+    return _with_version(spec, opts.max_version)
+
+
+def _with_version(spec: SpecData, maximum: str | None) -> SpecData:
+    from dataclasses import replace
+
+    need = minimum_requirement(spec)
+    version = need.version if need else "0.3.0"
+    if maximum is not None and need is not None and version_key(version) > version_key(maximum):
+        raise GenerateError(
+            f"the spec needs cdiVersion {version} ({need.path}: {need.feature}), more than "
+            f"--cdi-version {maximum} allows; use --device-name-strategy uuid or type-index "
+            "(no digit-leading names) and --dev-root / (no hostPath), or raise --cdi-version")
+    return replace(spec, cdi_version=version)
+
+
+def capability_files(driver: DriverFiles) -> dict[str, list[str]]:
+    """Container paths of libraries and binaries by driver capability (``other``: none)."""
+    out: dict[str, list[str]] = {}
+    for m in (*driver.libraries, *driver.binaries):
+        cap = capability_of(m.path.rsplit("/", 1)[-1]) or "other"
+        out.setdefault(cap, []).append(m.path)
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def spec_annotations(inv: Inventory, fp: str) -> dict[str, str]:
+    notes = {ANNOTATION_PREFIX + "fingerprint": fp,
+             ANNOTATION_PREFIX + "generator": f"nri-cdi {GENERATOR_VERSION}"}
+    for cap, paths in capability_files(inv.driver).items():
+        notes[f"{ANNOTATION_PREFIX}libraries.{cap}"] = ",".join(paths)
+    return notes
+
+
+# --- fingerprint and metadata ---------------------------------------------------------------
+
+
+def _all_nodes(inv: Inventory) -> Iterable[DeviceNodeInfo]:
+    yield from inv.driver.control_nodes
+    yield from inv.management_nodes
+    for group in (*inv.gpu_nodes.values(), *inv.mig_nodes.values()):
+        yield from group.nodes
+
+
+def fingerprint(inv: Inventory, opts: Options) -> str:
+    node = inv.node
+    layout = [[g.index, g.uuid, g.minor, g.bus_id, g.mig_enabled,
+               [[m.index, m.gi, m.ci, m.uuid, m.profile] for m in g.mig_devices]]
+              for g in node.gpus]
+    files = sorted(m.host for m in inv.driver.mounts())
+    data = {
+        "generator": GENERATOR_VERSION,
+        "driver": node.driver_version,
+        "majors": sorted({n.path: n.major for n in _all_nodes(inv)}.items()),
+        "layout": layout,
+        "files": hashlib.sha256("\n".join(files).encode()).hexdigest(),
+        "options": opts.as_dict(),
+        "mode": node.mode,
+    }
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def _device_meta(inv: Inventory, target: _Target) -> dict[str, Any]:
+    g, m = target.gpu, target.mig
+    meta: dict[str, Any] = {"type": "gpu" if m is None else "mig", "gpuIndex": g.index,
+                            "gpuUuid": g.uuid, "minor": g.minor, "busId": g.bus_id,
+                            "model": g.name, "arch": g.compute_capability, "brand": g.brand}
+    if m is not None:
+        meta |= {"migIndex": m.index, "migUuid": m.uuid, "gi": m.gi, "ci": m.ci,
+                 "profile": m.profile}
+    return meta
+
+
+def metadata(inv: Inventory, opts: Options, spec: SpecData, *, fp: str,
+             spec_file: str | None, spec_sha256: str | None) -> dict[str, Any]:
+    """The sidecar document: what a requirement/capability policy needs per device."""
+    devices: dict[str, Any] = {}
+    if inv.node.mode != "management" and opts.device_ids != ("none",):
+        for target in _select(inv, opts.device_ids):
+            for strategy in opts.strategies:
+                name = target.name(strategy)
+                if name is not None:
+                    devices[name] = _device_meta(inv, target)
+    return {
+        "format": METADATA_FORMAT,
+        "generator": f"nri-cdi {GENERATOR_VERSION}",
+        "mode": inv.node.mode,
+        "fingerprint": fp,
+        "spec": {"file": spec_file, "sha256": spec_sha256, "kind": spec.kind,
+                 "cdiVersion": spec.cdi_version},
+        "driver": {"version": inv.node.driver_version, "cudaVersion": inv.node.cuda_version,
+                   "libraryDirs": list(inv.driver.lib_dirs)},
+        "capabilities": capability_files(inv.driver),
+        "devices": dict(sorted(devices.items())),
+    }

@@ -1,0 +1,398 @@
+"""``nri-cdi generate`` on simulated nodes: goldens, NVML vs procfs, metadata, versions."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import tomllib
+import yaml
+
+from cdi.nvidia import cli
+from cdi.nvidia.generate import GENERATOR_VERSION
+from cdi.nvidia.simnode import BuiltNode, NodeLayout
+from cdi.spec import parse_spec
+
+NodeFactory = Callable[[str, NodeLayout], BuiltNode]
+CAN_MKNOD = os.geteuid() == 0  # as in conftest: mknod needs root
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "specs" / "golden"
+HOOK = "/usr/local/bin/nri-cdi"
+PLACEHOLDER = "/@NODE@"  # stays a valid plain YAML path
+
+needs_nodes = pytest.mark.skipif(not CAN_MKNOD, reason="goldens need real device nodes (root)")
+
+LAYOUTS = {
+    "one-gpu": NodeLayout(seed="golden-one"),
+    "eight-gpu": NodeLayout.uniform(8, seed="golden-eight"),
+    # as conftest's node8: MIG on GPUs 0 (7 x 1g.10gb) and 3 (with a gfx profile), minors permuted
+    "mig": NodeLayout.uniform(8, mig={0: "1g.10gb*7", 3: "3g.40gb,2g.20gb+gfx"},
+                              minors=[0, 1, 2, 3, 7, 6, 5, 4], seed="eight"),
+    "rhel": NodeLayout.uniform(2, distro="rhel", seed="golden-rhel"),
+    "driver-container": NodeLayout.uniform(2, driver_container=True, seed="golden-dc"),
+}
+
+
+def generate(argv: list[str], environ: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run ``nri-cdi generate`` in-process; returns (exit code, stdout, stderr)."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    cli.add_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["generate", *argv])
+    out, err = io.StringIO(), io.StringIO()
+    rc = cli.cmd_generate(args, out, err, environ=environ or {})
+    return rc, out.getvalue(), err.getvalue()
+
+
+def node_args(node: BuiltNode) -> list[str]:
+    return ["--driver-root", str(node.driver_root), "--dev-root", str(node.dev_root),
+            "--hook-path", HOOK]
+
+
+def body(text: str) -> str:
+    """The spec without its comment header (which names the mode and fingerprint)."""
+    return text[text.index("---"):]
+
+
+def templated(text: str, node: BuiltNode) -> str:
+    return text.replace(str(node.root), PLACEHOLDER)
+
+
+@pytest.fixture(scope="module")
+def nodes(node_factory: NodeFactory) -> dict[str, BuiltNode]:
+    return {name: node_factory(name, layout) for name, layout in LAYOUTS.items()}
+
+
+# --- goldens --------------------------------------------------------------------------------
+
+
+@needs_nodes
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_golden(name: str, nodes: dict[str, BuiltNode]) -> None:
+    node = nodes[name]
+    rc, out, err = generate([*node_args(node), "--mode", "procfs"])
+    assert rc == 0, err
+    parse_spec(out, f"{name}.yaml")  # our validator accepts it
+    text = templated(body(out), node)
+    golden = GOLDEN / f"{name}.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(text)
+    assert text == golden.read_text(), f"regenerate with UPDATE_GOLDEN=1 if intended ({name})"
+    parse_spec(golden.read_text(), str(golden))
+
+
+def test_goldens_are_valid_specs() -> None:
+    files = sorted(GOLDEN.glob("*.yaml"))
+    assert len(files) >= 5
+    for path in files:
+        spec = parse_spec(path.read_text(), str(path)).data
+        assert spec.kind == "nvidia.com/gpu"
+        assert spec.cdi_version == "0.5.0"
+
+
+def test_yaml_output_matches_pyyaml(nodes: dict[str, BuiltNode]) -> None:
+    # Our fast emitter writes exactly what cdi.spec.dump_spec would.
+    from cdi.spec import dump_spec
+
+    for node in nodes.values():
+        rc, out, _ = generate([*node_args(node), "--mode", "procfs"])
+        assert rc == 0
+        assert body(out) == dump_spec(parse_spec(out).data)
+
+
+@pytest.mark.parametrize("text", ["1", "3:0", "0:0", "yes", "~", "", "a: b", "x #y", "-", "foo:",
+                                  "null", "1.5", "tmp dir/x", "é", ".inf", "--link", "=", "0x1F",
+                                  "1_000", "2001-12-14", "a,b", "+1", "'q'", '"', "a\nb"])
+def test_yaml_emitter_round_trips(text: str) -> None:
+    doc = {"k": [text], "m": {}, "l": [], "n": [{"a": 1, "b": {"c": [1, {"d": text}]}}]}
+    assert yaml.safe_load(cli.render_yaml(doc)) == doc
+
+
+# --- content --------------------------------------------------------------------------------
+
+
+@needs_nodes
+def test_mig_gpus_not_emitted_whole(nodes: dict[str, BuiltNode]) -> None:
+    node = nodes["mig"]
+    _, out, _ = generate([*node_args(node), "--mode", "procfs"])
+    spec = parse_spec(out).data
+    names = {d.name for d in spec.devices}
+    assert "0" not in names and "3" not in names
+    assert {f"0:{j}" for j in range(7)} | {"3:0", "3:1", "1", "2", "all"} <= names
+    mig = next(d for d in spec.devices if d.name == "0:0").container_edits
+    gpu = node.manifest["gpus"][0]
+    caps = {f"/dev/nvidia-caps/nvidia-cap{gpu['mig_devices'][0][k]}"
+            for k in ("gi_cap_minor", "ci_cap_minor")}
+    assert {n.path for n in mig.device_nodes} == {"/dev/nvidia0", *caps}
+    # minors are not indices: GPU index 4 is /dev/nvidia7
+    gpu4 = next(d for d in spec.devices if d.name == "4").container_edits
+    assert "/dev/nvidia7" in {n.path for n in gpu4.device_nodes}
+
+
+@needs_nodes
+def test_device_nodes_are_stat_ed(nodes: dict[str, BuiltNode]) -> None:
+    node = nodes["one-gpu"]
+    _, out, _ = generate([*node_args(node), "--mode", "procfs"])
+    spec = parse_spec(out).data
+    by_path = {n.path: n for n in spec.container_edits.device_nodes}
+    uvm = by_path["/dev/nvidia-uvm"]
+    assert (uvm.type, uvm.major, uvm.minor, uvm.file_mode) == ("c", 508, 0, 0o666)
+    assert uvm.host_path == str(node.dev_root / "dev/nvidia-uvm")
+    gpu = next(d for d in spec.devices if d.name == "0").container_edits
+    card = next(n for n in gpu.device_nodes if n.path == "/dev/dri/card0")
+    assert (card.major, card.gid, card.file_mode) == (226, 44, 0o660)
+
+
+@needs_nodes
+def test_driver_container_paths(nodes: dict[str, BuiltNode]) -> None:
+    node = nodes["driver-container"]
+    _, out, _ = generate([*node_args(node), "--mode", "procfs"])
+    spec = parse_spec(out).data
+    libcuda = next(m for m in spec.container_edits.mounts
+                   if m.container_path.endswith(f"libcuda.so.{node.driver_version}"))
+    assert libcuda.host_path.startswith(str(node.driver_root))
+    assert libcuda.container_path == f"{node.manifest['lib_dir']}/libcuda.so.{node.driver_version}"
+    ctl = next(n for n in spec.container_edits.device_nodes if n.path == "/dev/nvidiactl")
+    assert ctl.host_path == str(node.dev_root / "dev/nvidiactl")
+
+
+@needs_nodes
+def test_hooks_and_links(nodes: dict[str, BuiltNode]) -> None:
+    node = nodes["rhel"]
+    _, out, _ = generate([*node_args(node), "--mode", "procfs"])
+    hooks = parse_spec(out).data.container_edits.hooks
+    assert [h.args[:3] for h in hooks] == [("nri-cdi", "hook", "create-symlinks"),
+                                           ("nri-cdi", "hook", "update-ldcache")]
+    assert all(h.path == HOOK and h.hook_name == "createContainer" for h in hooks)
+    links = hooks[0].args[3:]
+    v = node.driver_version
+    assert f"libcuda.so.{v}::/usr/lib64/libcuda.so.1" in links
+    assert "libcuda.so.1::/usr/lib64/libcuda.so" in links
+    assert f"libGLX_nvidia.so.{v}::/usr/lib64/libGLX_indirect.so.0" in links
+    assert hooks[1].args[3:] == ("--folder", "/usr/lib64", "--folder", "/usr/lib64/vdpau")
+
+
+@needs_nodes
+def test_link_mode_mounts(nodes: dict[str, BuiltNode]) -> None:
+    node = nodes["one-gpu"]
+    _, out, _ = generate([*node_args(node), "--mode", "procfs", "--link-mode", "mounts"])
+    edits = parse_spec(out).data.container_edits
+    assert not edits.hooks
+    lib = node.manifest["lib_dir"]
+    mounts = {m.container_path: m for m in edits.mounts}
+    so1 = mounts[f"{lib}/libcuda.so.1"]
+    assert so1.host_path == str(node.lib_dir / f"libcuda.so.{node.driver_version}")
+    assert "ro" in so1.options
+    assert mounts[f"{lib}/libcuda.so"].host_path == so1.host_path
+    assert f"NRI_CDI_LD_LIBRARY_PATH={lib}:{lib}/vdpau" in edits.env
+    for device in parse_spec(out).data.devices:
+        assert not device.container_edits.hooks  # no by-path hooks either
+
+
+def test_hook_path_defaults_to_installed_executable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli.shutil, "which", lambda name: None)
+    assert cli._hook_path(None) == "/usr/local/bin/nri-cdi"
+    monkeypatch.setattr(cli.shutil, "which", lambda name: f"/opt/bin/{name}")
+    assert cli._hook_path(None) == "/opt/bin/nri-cdi"
+    assert cli._hook_path("/x/nri-cdi") == "/x/nri-cdi"
+
+
+def test_generator_version_matches_pyproject() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["version"] == GENERATOR_VERSION
+
+
+# --- NVML mode through the pynvml double ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mig_node(node_factory: NodeFactory) -> BuiltNode:
+    """MIG without graphics profiles: procfs sees everything NVML sees except UUIDs.
+    Instances created in GPU-instance-id order, the order procfs mode numbers them in."""
+    return node_factory("mig-nogfx", NodeLayout.uniform(
+        3, mig={1: "2g.20gb,1g.10gb*2"}, minors=[2, 0, 1], seed="mig-nogfx"))
+
+
+def _nvml_and_procfs(node: BuiltNode, extra: list[str]) -> tuple[str, str]:
+    rc, nvml_out, err = generate([*node_args(node), "--mode", "nvml", *extra])
+    assert rc == 0, err
+    rc, procfs_out, err = generate([*node_args(node), "--mode", "procfs", *extra])
+    assert rc == 0, err
+    return nvml_out, procfs_out
+
+
+@needs_nodes
+@pytest.mark.parametrize("name", ["one-gpu", "eight-gpu", "rhel", "driver-container"])
+def test_nvml_equals_procfs(name: str, nodes: dict[str, BuiltNode], fake_pynvml: ModuleType,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    node = nodes[name]
+    monkeypatch.setenv("FAKE_PYNVML_MANIFEST", str(node.manifest_path))
+    nvml_out, procfs_out = _nvml_and_procfs(node, [])
+    assert body(nvml_out) == body(procfs_out)
+    assert "(nvml mode)" in nvml_out
+    # NVML was loaded from the driver root, not from wherever the loader looks.
+    assert fake_pynvml.fake_state().library_path == str(
+        node.lib_dir / f"libnvidia-ml.so.{node.driver_version}")
+
+
+@needs_nodes
+def test_nvml_equals_procfs_with_mig(mig_node: BuiltNode, fake_pynvml: ModuleType,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_PYNVML_MANIFEST", str(mig_node.manifest_path))
+    strategies = ["--device-name-strategy", "index", "--device-name-strategy", "type-index"]
+    nvml_out, procfs_out = _nvml_and_procfs(mig_node, strategies)
+    assert body(nvml_out) == body(procfs_out)
+    names = {d.name for d in parse_spec(nvml_out).data.devices}
+    assert names == {"0", "2", "1:0", "1:1", "1:2", "gpu0", "gpu2", "mig1:0", "mig1:1",
+                     "mig1:2", "all"}
+    # Only NVML knows MIG UUIDs: with the uuid strategy they appear in nvml mode only.
+    nvml_out, procfs_out = _nvml_and_procfs(mig_node, [])
+    mig_uuids = {m["uuid"] for m in mig_node.manifest["gpus"][1]["mig_devices"]}
+    assert mig_uuids <= {d.name for d in parse_spec(nvml_out).data.devices}
+    assert not mig_uuids & {d.name for d in parse_spec(procfs_out).data.devices}
+
+
+@needs_nodes
+def test_nvml_gfx_mig_gets_drm_nodes(nodes: dict[str, BuiltNode], fake_pynvml: ModuleType,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    node = nodes["mig"]  # GPU 3's second MIG device is 2g.20gb+gfx
+    monkeypatch.setenv("FAKE_PYNVML_MANIFEST", str(node.manifest_path))
+    nvml_out, procfs_out = _nvml_and_procfs(node, [])
+
+    def nodes_of(text: str, name: str) -> set[str]:
+        spec = parse_spec(text).data
+        return {n.path for n in next(d for d in spec.devices if d.name == name)
+                .container_edits.device_nodes}
+
+    assert any(p.startswith("/dev/dri/") for p in nodes_of(nvml_out, "3:1"))
+    assert not any(p.startswith("/dev/dri/") for p in nodes_of(nvml_out, "3:0"))
+    assert not any(p.startswith("/dev/dri/") for p in nodes_of(procfs_out, "3:1"))
+
+
+@needs_nodes
+def test_auto_falls_back_to_procfs_and_says_so(nodes: dict[str, BuiltNode],
+                                               fake_pynvml: ModuleType) -> None:
+    node = nodes["one-gpu"]
+    fake_pynvml.fake_configure(init_error=fake_pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    rc, out, err = generate(node_args(node))
+    assert rc == 0
+    assert "mode auto: using procfs" in err
+    assert "(procfs mode)" in out
+
+
+@needs_nodes
+def test_auto_uses_nvml_when_it_works(nodes: dict[str, BuiltNode], fake_pynvml: ModuleType,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    node = nodes["one-gpu"]
+    monkeypatch.setenv("FAKE_PYNVML_MANIFEST", str(node.manifest_path))
+    rc, out, err = generate(node_args(node))
+    assert rc == 0 and "mode auto: using nvml" in err and "(nvml mode)" in out
+
+
+# --- metadata, fingerprint, versions --------------------------------------------------------
+
+
+@needs_nodes
+def test_metadata_sidecar(nodes: dict[str, BuiltNode], fake_pynvml: ModuleType,
+                          monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    node = nodes["mig"]
+    monkeypatch.setenv("FAKE_PYNVML_MANIFEST", str(node.manifest_path))
+    target = tmp_path / "nvidia.yaml"
+    rc, _, err = generate([*node_args(node), "--mode", "nvml", "--output", str(target)])
+    assert rc == 0, err
+    text = target.read_text()
+    spec = parse_spec(text, str(target)).data
+    assert not spec.annotations and not any(d.annotations for d in spec.devices)
+    assert spec.cdi_version == "0.5.0"
+    meta = json.loads((tmp_path / "nvidia.yaml.meta").read_text())
+    assert re.search(r"^# fingerprint: (sha256:[0-9a-f]{64})$", text, re.M).group(1) == \
+        meta["fingerprint"]
+    assert meta["driver"] == {"version": node.driver_version, "cudaVersion": "13.0",
+                              "libraryDirs": [node.manifest["lib_dir"],
+                                              node.manifest["lib_dir"] + "/vdpau"]}
+    gpu1 = meta["devices"]["1"]
+    assert (gpu1["arch"], gpu1["brand"], gpu1["type"]) == ("9.0", "nvidia", "gpu")
+    assert meta["devices"]["3:1"]["profile"] == "2g.20gb+gfx"
+    lib = node.manifest["lib_dir"]
+    assert f"{lib}/libcuda.so.{node.driver_version}" in meta["capabilities"]["compute"]
+    assert "/usr/bin/nvidia-smi" in meta["capabilities"]["utility"]
+    assert f"{lib}/libnvidia-glcore.so.{node.driver_version}" in meta["capabilities"]["graphics"]
+    # The sidecar does not end in .json: spec folders would read it as a broken spec.
+    assert not any(p.name.endswith((".json", ".yaml")) and p != target for p in tmp_path.iterdir())
+
+
+@needs_nodes
+def test_annotations_only_when_cdi_version_allows(nodes: dict[str, BuiltNode]) -> None:
+    node = nodes["one-gpu"]
+    rc, out, err = generate([*node_args(node), "--mode", "procfs", "--cdi-version", "0.6.0"])
+    assert rc == 0, err
+    spec = parse_spec(out).data
+    assert spec.cdi_version == "0.6.0"
+    assert spec.annotations["nri-cdi/fingerprint"].startswith("sha256:")
+    assert "libcuda.so" in spec.annotations["nri-cdi/libraries.compute"]
+    gpu = next(d for d in spec.devices if d.name == "0")
+    assert gpu.annotations["nri-cdi/driver-version"] == node.driver_version
+    rc, out, _ = generate([*node_args(node), "--mode", "procfs", "--cdi-version", "0.5.0"])
+    assert rc == 0 and parse_spec(out).data.cdi_version == "0.5.0"
+
+
+@needs_nodes
+def test_cdi_version_too_low_fails_clearly(nodes: dict[str, BuiltNode], tmp_path: Path) -> None:
+    node = nodes["one-gpu"]
+    target = tmp_path / "nvidia.yaml"
+    target.write_text("previous\n")
+    rc, out, err = generate([*node_args(node), "--mode", "procfs", "--cdi-version", "0.4.0",
+                             "--output", str(target)])
+    assert rc == 1 and not out
+    assert "needs cdiVersion 0.5.0" in err and "--cdi-version 0.4.0" in err
+    assert target.read_text() == "previous\n"
+    rc, _, err = generate([*node_args(node), "--cdi-version", "9.9.9"])
+    assert rc == 1 and "unknown --cdi-version" in err
+
+
+@needs_nodes
+def test_if_changed(nodes: dict[str, BuiltNode], tmp_path: Path) -> None:
+    node = nodes["one-gpu"]
+    target = tmp_path / "nvidia.yaml"
+    args = [*node_args(node), "--mode", "procfs", "--output", str(target), "--if-changed"]
+    assert generate(args)[0] == 0
+    before = target.stat()
+    rc, _, err = generate(args)
+    assert rc == 0 and "up to date" in err
+    assert target.stat().st_ino == before.st_ino  # not replaced
+    rc, _, err = generate([*args, "--device-name-strategy", "uuid"])  # other options
+    assert "up to date" not in err and target.stat().st_ino != before.st_ino
+    target.write_text(target.read_text() + "# edited\n")  # a hand-edited spec is replaced
+    rc, _, err = generate([*args, "--device-name-strategy", "uuid"])
+    assert "up to date" not in err and "# edited" not in target.read_text()
+
+
+def test_fingerprint_tracks_what_makes_a_spec_stale() -> None:
+    from cdi.nvidia.discover import Gpu, NodeInfo
+    from cdi.nvidia.driver import DeviceNodeInfo, DeviceNodes, DriverFiles
+    from cdi.nvidia.generate import Inventory, Options, fingerprint
+
+    def inv(version: str = "580.1", uvm: int = 508, uuid: str = "GPU-a") -> Inventory:
+        ctl = DeviceNodeInfo(path="/dev/nvidia-uvm", host="/dev/nvidia-uvm", type="c",
+                             major=uvm, minor=0, mode=0o666, gid=0)
+        driver = DriverFiles(version=version, lib_dirs=(), libraries=(), links=(), binaries=(),
+                             ipc=(), firmware=(), configs=(), control_nodes=(ctl,))
+        gpu = Gpu(index=0, uuid=uuid, minor=0, bus_id="0000:01:00.0", name="x")
+        node = NodeInfo(mode="procfs", driver_version=version, cuda_version=None, gpus=(gpu,))
+        return Inventory(node=node, driver=driver, gpu_nodes={0: DeviceNodes(nodes=())})
+
+    base = fingerprint(inv(), Options())
+    assert fingerprint(inv(), Options()) == base
+    assert fingerprint(inv(version="580.2"), Options()) != base
+    assert fingerprint(inv(uvm=509), Options()) != base
+    assert fingerprint(inv(uuid="GPU-b"), Options()) != base
+    assert fingerprint(inv(), Options(strategies=("uuid",))) != base
