@@ -10,13 +10,15 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from .cache import SpecCache
 from .dirs import DEFAULT_SPEC_DIRS
-from .edits import apply
-from .errors import CDIError, FieldError, SpecError
-from .spec import is_json_path, load_document, read_spec
+
+if TYPE_CHECKING:
+    from .errors import FieldError
+
+# The library modules are imported inside each command, so that building the nri-cdi
+# parser (done for every subcommand, generate and the hooks included) stays cheap.
 
 
 def add_commands(subparsers: Any) -> None:
@@ -81,6 +83,8 @@ def _add_inject(subparsers: Any) -> None:
 
 
 def cmd_list(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    from .cache import SpecCache
+
     out, err = out or sys.stdout, err or sys.stderr
     snapshot = SpecCache(args.spec_dirs).refresh()
     for path, messages in sorted(snapshot.errors.items()):
@@ -116,6 +120,9 @@ def cmd_validate(
 
 
 def _file_errors(path: str, *, with_schema: bool) -> list[str]:
+    from .errors import SpecError
+    from .spec import read_spec
+
     lines: list[str] = []
     try:
         spec = read_spec(path)
@@ -129,7 +136,9 @@ def _file_errors(path: str, *, with_schema: bool) -> list[str]:
 
 
 def _schema_errors(path: str) -> list[FieldError]:
+    from .errors import SpecError
     from .schema import schema_errors  # jsonschema is only needed for --schema
+    from .spec import is_json_path, load_document
 
     try:
         with open(path, "rb") as handle:
@@ -142,6 +151,10 @@ def _schema_errors(path: str) -> list[FieldError]:
 def cmd_inject(
     args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
+    from .cache import SpecCache
+    from .edits import apply
+    from .errors import CDIError
+
     out, err = out or sys.stdout, err or sys.stderr
     try:
         oci = _read_oci(args.file)

@@ -7,7 +7,7 @@ import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from .spec import SPEC_EXTENSIONS
+SPEC_EXTENSIONS = (".json", ".yaml")  # only these are specs (".yml" is not, as upstream)
 
 # Static specs first, dynamic (generated at boot) second: a later directory has the
 # higher priority, so a fresh /var/run/cdi spec shadows a leftover in /etc/cdi.

@@ -18,7 +18,6 @@ from .parser import parse_kind
 from .validate import validate_spec
 from .version import minimum_version
 
-SPEC_EXTENSIONS = (".json", ".yaml")
 # A real spec for 8 GPUs x 7 MIG devices is well under 1 MiB; refuse to slurp anything
 # absurd that happens to sit in a spec directory.
 MAX_SPEC_BYTES = 32 * 1024 * 1024

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import logging.handlers
 import os
-import queue
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +18,7 @@ from cdi.dirs import DEFAULT_SPEC_DIRS
 
 if TYPE_CHECKING:
     import asyncio
+    import logging.handlers
 
     from .stub import Stub
 
@@ -60,6 +59,9 @@ def cmd_plugin(args: argparse.Namespace) -> int:
 
 
 def _setup_logging(level: str) -> logging.handlers.QueueListener:
+    import logging.handlers
+    import queue
+
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
