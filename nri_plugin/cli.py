@@ -7,9 +7,12 @@ import sys
 from collections.abc import Sequence
 
 from cdi.cli import add_commands as add_cdi_commands
+from cdi.hooks.cli import add_commands as add_hook_commands
 from cdi.nvidia.cli import add_commands as add_nvidia_commands
 
 from .daemon import add_command as add_plugin_command
+from .refresh import add_commands as add_refresh_commands
+from .settings import add_commands as add_config_commands
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_cdi_commands(subparsers)
     add_nvidia_commands(subparsers)
     add_plugin_command(subparsers)
+    add_hook_commands(subparsers)
+    add_refresh_commands(subparsers)
+    add_config_commands(subparsers)
     return parser
 
 

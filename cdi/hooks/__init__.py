@@ -1,0 +1,7 @@
+"""createContainer hooks that are safe by construction: ``create-symlinks`` and
+``update-ldcache`` act only inside the container root (see :mod:`cdi.hooks.rootfs`) and
+execute nothing from the image.  How a spec must invoke them: :mod:`cdi.hooks.entry`."""
+
+from __future__ import annotations
+
+__all__: list[str] = []

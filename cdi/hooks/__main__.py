@@ -1,0 +1,21 @@
+"""Isolated hook entry: ``PYTHON -I -S /abs/path/to/cdi/hooks/__main__.py SUBCOMMAND ...``.
+
+Under ``-I -S`` neither the current folder nor site-packages is on ``sys.path``, so the
+folder that holds the ``cdi`` package (derived from this file's own absolute path, a host
+path written in the spec) is put first.  ``python3 -I -m cdi.hooks`` works as well.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if not __package__:
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+
+from cdi.hooks.cli import main
+
+if __name__ == "__main__":
+    os.chdir("/")  # runc may start us inside the container root; we use no relative path
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""How a CDI spec must start a hook so that nothing from the container can get into it.
+
+A createContainer hook runs with host privileges, and runc starts it from its container-side
+init process, whose environment is the *container's* unless the hook entry carries its own
+``env`` (CVE-2025-23266: an image's ``LD_PRELOAD`` reached NVIDIA's hook that way).  Three
+layers keep the image out:
+
+1. every hook entry carries an explicit, fixed ``env`` (:data:`HOOK_ENV`), so the runtime
+   never hands the container's variables (``LD_PRELOAD``, ``GCONV_PATH``, ``PYTHONPATH``...)
+   to the dynamic loader or the interpreter;
+2. Python is started with ``-I -S``: ``PYTHON*`` variables, the user's site folder, the
+   current folder (the runtime may start us inside the container root) and ``.pth`` files
+   are all ignored; :mod:`cdi.hooks.__main__` puts its own package folder on ``sys.path``;
+3. optionally a static launcher (:mod:`cdi.hooks.launcher`): a statically linked program
+   has no dynamic loader, so even a runtime that passed a hostile environment could not
+   preload anything into it, and it re-executes Python as in 2 with :data:`HOOK_ENV`.
+
+The hooks themselves execute nothing: the cache is written from Python (:mod:`.ldconfig`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["ENTRY_SCRIPT", "HOOK_ENV", "HookCommand", "interpreter", "isolated_python", "launcher",
+           "nri_cdi"]
+
+HOOK_ENV: tuple[str, ...] = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
+ENTRY_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HookCommand:
+    """The ``path``, ``args`` and ``env`` of one CDI hook entry (``hookName: createContainer``)."""
+
+    path: str
+    args: tuple[str, ...]
+    env: tuple[str, ...] = HOOK_ENV
+
+    def __post_init__(self) -> None:
+        if not os.path.isabs(self.path):
+            raise ValueError(f"hook path {self.path!r} must be absolute")
+        if not self.env:
+            raise ValueError("a hook needs an explicit env, or it inherits the container's")
+
+
+def isolated_python(subcommand: str, args: Iterable[str], *, python: str | None = None,
+                    script: str = ENTRY_SCRIPT) -> HookCommand:
+    """The recommended entry: ``PYTHON -I -S .../cdi/hooks/__main__.py SUBCOMMAND ARGS``.
+
+    ``args[0]`` is the interpreter's absolute path, not ``python3``: CPython derives its
+    prefix (where the standard library is) from ``argv[0]``, and a bare name would be
+    searched on ``PATH``.
+    """
+    exe = python or interpreter()
+    return HookCommand(path=exe, args=(exe, "-I", "-S", script, subcommand, *args))
+
+
+def launcher(path: str, subcommand: str, args: Iterable[str]) -> HookCommand:
+    """The static launcher made by ``nri-cdi hook install-launcher PATH``."""
+    return HookCommand(path=path, args=(path, subcommand, *args))
+
+
+def nri_cdi(executable: str, subcommand: str, args: Iterable[str]) -> HookCommand:
+    """``nri-cdi hook SUBCOMMAND``: accepted, and it re-executes itself as
+    :func:`isolated_python` before doing anything, but its console script's interpreter has
+    already started without ``-I``; safe only because of the explicit ``env``."""
+    return HookCommand(path=executable, args=("nri-cdi", "hook", subcommand, *args))
+
+
+def interpreter() -> str:
+    exe = sys.executable
+    if not exe or not os.path.isabs(exe):
+        raise ValueError("cannot tell this interpreter's absolute path; pass python=")
+    return exe

@@ -1,0 +1,217 @@
+"""``update-ldcache``: make the injected folders' libraries findable by SONAME.
+
+For a glibc image: read the image's ``/etc/ld.so.cache`` (if any; a malformed one is
+replaced), scan each injected folder for shared objects, make missing SONAME links as
+``ldconfig`` would, and write a new cache with the injected entries first, atomically
+(temporary file + rename in ``/etc``).  When the image has ``/etc/ld.so.conf.d``, a
+``000-nri-cdi.conf`` listing the folders is written too, so that an ``ldconfig`` run later
+inside the container keeps them.  For a musl image: add the folders to
+``/etc/ld-musl-<arch>.path``.
+
+Every file is reached through :class:`~cdi.hooks.rootfs.RootFS`, every ELF header and old
+cache is parsed as untrusted input, and no program is run.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import secrets
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cdi.nvidia.elf import DynamicInfo, ElfError, read_dynamic
+from cdi.nvidia.ldcache import LdCacheEntry, LdCacheError, parse_ldcache
+
+from .ldcache_writer import encode, libcmp, merge
+from .rootfs import RootFS, RootFSError, split_container_path
+
+__all__ = ["LdcacheResult", "update_ldcache"]
+
+CACHE = "/etc/ld.so.cache"
+CONF_DIR = "/etc/ld.so.conf.d"
+CONF_NAME = "000-nri-cdi.conf"  # sorts first: our folders win, as ldconfig reads in order
+_MAX_CACHE = 64 << 20
+_MAX_PATH_FILE = 1 << 20
+_MUSL_ARCH = {"x86_64": "x86_64", "aarch64": "aarch64"}.get(platform.machine(), "x86_64")
+_MUSL_DEFAULT = ("/lib", "/usr/local/lib", "/usr/lib")  # musl's path when no .path file
+_LIBNAME = re.compile(r"^(lib|ld-).*\.so(\.[0-9A-Za-z_.+-]*)?$")
+_ET_DYN = 3
+_FLAG_ELF_LIBC6 = 0x0003
+# (e_machine, bits) -> ldconfig's arch bits; the loader accepts only its own exact flags.
+_ARCH_FLAGS = {(62, 64): 0x0300, (183, 64): 0x0A00, (21, 64): 0x0500, (62, 32): 0x0800,
+               (3, 32): 0x0000}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LdcacheResult:
+    libc: str  # "glibc" | "musl"
+    written: tuple[str, ...]  # container paths written
+    added: tuple[LdCacheEntry, ...] = ()
+    links: tuple[str, ...] = ()  # SONAME links made
+    kept: int = 0  # entries carried over from the image's cache
+    warnings: tuple[str, ...] = ()
+
+
+def update_ldcache(root: RootFS, folders: Sequence[str]) -> LdcacheResult:
+    for folder in folders:
+        split_container_path(folder)  # validate every argument before touching anything
+    if _has(root, f"/lib/ld-musl-{_MUSL_ARCH}.so.1"):
+        return _update_musl(root, folders)
+    return _update_glibc(root, folders)
+
+
+def _has(root: RootFS, path: str) -> bool:
+    try:
+        os.close(root.open_path(path))
+    except OSError:
+        return False
+    return True
+
+
+# --- glibc ----------------------------------------------------------------------------------
+
+
+def _update_glibc(root: RootFS, folders: Sequence[str]) -> LdcacheResult:
+    warnings: list[str] = []
+    added: list[LdCacheEntry] = []
+    links: list[str] = []
+    for folder in dict.fromkeys(f.rstrip("/") or "/" for f in folders):
+        try:
+            entries, made = _scan(root, folder)
+        except FileNotFoundError:
+            warnings.append(f"{folder}: not in the container; skipped")
+            continue
+        added += entries
+        links += made
+    old = _old_entries(root, warnings)
+    entries = merge(added, old)
+    written = [_write(root, CACHE, encode(entries))]
+    conf = "".join(f"{f}\n" for f in dict.fromkeys(folders))
+    if _is_dir(root, CONF_DIR):
+        written.append(_write(root, f"{CONF_DIR}/{CONF_NAME}", conf.encode()))
+    return LdcacheResult(libc="glibc", written=tuple(written), added=tuple(added),
+                         links=tuple(links), kept=len(entries) - len(added),
+                         warnings=tuple(warnings))
+
+
+def _old_entries(root: RootFS, warnings: list[str]) -> list[LdCacheEntry]:
+    try:
+        data = root.read_file(CACHE, limit=_MAX_CACHE)
+        return parse_ldcache(data, source=CACHE) if data is not None else []
+    except (RootFSError, LdCacheError, OSError) as exc:
+        warnings.append(f"the image's {CACHE} is not usable ({exc}); writing a new one")
+        return []
+
+
+def _scan(root: RootFS, folder: str) -> tuple[list[LdCacheEntry], list[str]]:
+    """Cache entries for the shared objects in ``folder``, and the SONAME links made."""
+    by_soname: dict[str, list[tuple[str, int]]] = {}
+    with root.directory(folder) as dir_fd:
+        names = _list(dir_fd)
+        for name in sorted(names):
+            if not _LIBNAME.match(name):
+                continue
+            info = _elf(root, f"{folder}/{name}".replace("//", "/"))
+            if info is None or info.elf_type != _ET_DYN:
+                continue
+            arch = _ARCH_FLAGS.get((info.machine, info.bits))
+            soname = info.soname or name
+            if arch is None or not _plain_name(soname):
+                continue  # a hostile SONAME such as "../../x" names no file we would make
+            by_soname.setdefault(soname, []).append((name, _FLAG_ELF_LIBC6 | arch))
+        made: list[str] = []
+        entries: list[LdCacheEntry] = []
+        for soname, found in by_soname.items():
+            if soname not in names:
+                newest = max(found, key=lambda f: _Version(f[0]))[0]
+                root.check_writable(dir_fd, folder)
+                os.symlink(newest, soname, dir_fd=dir_fd)
+                made.append(f"{folder}/{soname}")
+            for flags in dict.fromkeys(f for _, f in found):
+                entries.append(LdCacheEntry(key=soname, path=f"{folder.rstrip('/')}/{soname}",
+                                            flags=flags))
+    return entries, made
+
+
+class _Version:
+    def __init__(self, name: str):
+        self.raw = os.fsencode(name)
+
+    def __lt__(self, other: _Version) -> bool:
+        return libcmp(self.raw, other.raw) < 0
+
+
+def _list(dir_fd: int) -> set[str]:
+    # os.listdir needs a readable fd; re-open the folder we resolved (not its name).
+    fd = os.open(f"/proc/self/fd/{dir_fd}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return set(os.listdir(fd))
+    finally:
+        os.close(fd)
+
+
+def _elf(root: RootFS, path: str) -> DynamicInfo | None:
+    try:
+        fd = root.open_read(path)
+    except (OSError, RootFSError):
+        return None  # dangling link, folder, FIFO, ...: not a library
+    try:
+        return read_dynamic(f"/proc/self/fd/{fd}")
+    except (ElfError, OSError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _plain_name(name: str) -> bool:
+    return (0 < len(name) < 256 and "/" not in name and "\0" not in name
+            and name not in (".", "..") and name.isprintable())
+
+
+def _is_dir(root: RootFS, path: str) -> bool:
+    try:
+        fd = root.open_path(path)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISDIR(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
+
+
+def _write(root: RootFS, path: str, data: bytes) -> str:
+    """Replace ``path`` atomically: a new file in the same folder, then rename."""
+    with root.parent(path, create=True) as (dir_fd, name):
+        root.check_writable(dir_fd, path)
+        tmp = f".{name}.nri-cdi-{secrets.token_hex(4)}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o644, dir_fd=dir_fd)
+        try:
+            os.fchmod(fd, 0o644)  # whatever the hook's umask
+            os.write(fd, data)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp, dir_fd=dir_fd)
+            raise
+        os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    return path
+
+
+# --- musl -----------------------------------------------------------------------------------
+
+
+def _update_musl(root: RootFS, folders: Sequence[str]) -> LdcacheResult:
+    path = f"/etc/ld-musl-{_MUSL_ARCH}.path"
+    data = root.read_file(path, limit=_MAX_PATH_FILE)
+    text = os.fsdecode(data) if data is not None else ""
+    current = [p for p in re.split(r"[:\n]", text) if p] if data is not None else []
+    known = current or list(_MUSL_DEFAULT)  # the file replaces musl's default path
+    new = known + [f for f in dict.fromkeys(folders) if f not in known]
+    if data is not None and new == current:
+        return LdcacheResult(libc="musl", written=())
+    return LdcacheResult(libc="musl", written=(_write(root, path, ("\n".join(new) + "\n")
+                                                      .encode()),))

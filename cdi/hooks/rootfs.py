@@ -1,0 +1,286 @@
+"""Paths inside a container root, resolved so that nothing in the image can point outside it.
+
+A createContainer hook runs with host privileges while the container's root is still a plain
+folder on the host.  Every path a hook touches is therefore resolved *as if chrooted* into
+that folder: absolute symlinks restart at the root, ``..`` stops at the root, and magic links
+(``/proc/<pid>/root`` and friends) are never followed.  Two resolvers do this:
+
+* ``openat2(2)`` with ``RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`` (Linux >= 5.6): the kernel
+  resolves the whole path in one call, so no rename in the image can race a check;
+* a walk for older kernels (or seccomp filters that refuse the syscall): one component at a
+  time with ``O_PATH | O_NOFOLLOW`` relative to the fd of the folder reached so far; symlink
+  text is read from the link's own fd and re-resolved by us relative to the root, and ``..``
+  pops our own stack of folder fds instead of asking the filesystem, so a folder moved away
+  mid-walk cannot take us with it.
+
+Both return file descriptors, and callers act through them (``symlinkat``, ``renameat``,
+``mkdirat``, ``openat`` with ``O_NOFOLLOW``, all with a *final* name that is one plain
+component): there is no window between checking a path and using it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import platform
+import stat
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["RootFS", "RootFSError", "split_container_path"]
+
+_MAX_HOPS = 40  # symlinks per resolution, the bound Linux's own path walk uses
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_IN_ROOT = 0x10
+# openat2 is 437 on x86_64 and on the generic table that aarch64 uses.
+_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(platform.machine())
+_O_PATH = os.O_PATH | os.O_CLOEXEC
+
+
+class RootFSError(Exception):
+    """A path inside the container root cannot be used as asked; says which and why."""
+
+
+def split_container_path(path: str) -> tuple[str, ...]:
+    """The components of an absolute container path given to a hook.
+
+    Paths come from the CDI spec (host-controlled), so ``..`` or a relative path is a bug in
+    the spec rather than an attack; refusing them keeps what a hook touches obvious.
+    """
+    if not path.startswith("/") or "\0" in path:
+        raise RootFSError(f"{path!r}: want an absolute path inside the container")
+    parts = tuple(p for p in path.split("/") if p not in ("", "."))
+    if ".." in parts:
+        raise RootFSError(f"{path!r}: '..' is not allowed in hook paths")
+    return parts
+
+
+def read_only_message(where: str) -> str:
+    return (f"{where}: the container's filesystem is read-only, so the hook cannot write "
+            "there; generate the spec with --link-mode mounts for read-only roots")
+
+
+# --- the two resolvers ----------------------------------------------------------------------
+
+
+class _Openat2:
+    def __init__(self, number: int) -> None:
+        self._number = number
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._syscall = libc.syscall
+        self._syscall.restype = ctypes.c_long
+
+    def open(self, root_fd: int, parts: tuple[str, ...], follow: bool) -> int:
+        flags = _O_PATH | (0 if follow else os.O_NOFOLLOW)
+        how = struct.pack("=QQQ", flags, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+        path = os.fsencode("/".join(parts) or ".")
+        for _ in range(16):  # EAGAIN: a concurrent rename was seen; the kernel asks to retry
+            fd = self._syscall(ctypes.c_long(self._number), ctypes.c_int(root_fd),
+                               ctypes.c_char_p(path), ctypes.c_char_p(how),
+                               ctypes.c_size_t(len(how)))
+            if fd >= 0:
+                return int(fd)
+            err = ctypes.get_errno()
+            if err != errno.EAGAIN:
+                raise OSError(err, os.strerror(err), "/" + "/".join(parts))
+        raise OSError(errno.EAGAIN, "path keeps changing", "/" + "/".join(parts))
+
+
+class _Walk:
+    def open(self, root_fd: int, parts: tuple[str, ...], follow: bool) -> int:
+        stack = [os.dup(root_fd)]  # stack[0] is the root; '..' never pops it
+        todo = list(reversed(parts))
+        hops = 0
+        try:
+            while todo:
+                part = todo.pop()
+                if part in ("", "."):
+                    continue
+                if part == "..":
+                    if len(stack) > 1:
+                        os.close(stack.pop())
+                    continue
+                fd = os.open(part, _O_PATH | os.O_NOFOLLOW, dir_fd=stack[-1])
+                mode = os.fstat(fd).st_mode
+                if stat.S_ISLNK(mode) and (todo or follow):
+                    target = os.readlink("", dir_fd=fd)  # the link we hold, not a new lookup
+                    os.close(fd)
+                    hops += 1
+                    if hops > _MAX_HOPS:
+                        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), part)
+                    if target.startswith("/"):
+                        while len(stack) > 1:
+                            os.close(stack.pop())
+                    todo.extend(reversed([p for p in target.split("/") if p]))
+                    continue
+                if todo and not stat.S_ISDIR(mode):
+                    os.close(fd)
+                    raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), part)
+                stack.append(fd)
+            return os.dup(stack[-1])
+        finally:
+            for fd in stack:
+                os.close(fd)
+
+
+def _probe_openat2() -> _Openat2 | None:
+    if _OPENAT2 is None:
+        return None
+    try:
+        resolver = _Openat2(_OPENAT2)
+        fd = os.open("/", _O_PATH | os.O_DIRECTORY)
+        try:
+            os.close(resolver.open(fd, (), True))
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):  # ENOSYS on old kernels, EPERM under some seccomp
+        return None
+    return resolver
+
+
+_AUTO: _Openat2 | _Walk | None = None
+
+
+def _auto() -> _Openat2 | _Walk:
+    global _AUTO
+    if _AUTO is None:
+        _AUTO = _probe_openat2() or _Walk()
+    return _AUTO
+
+
+# --- the API hooks use ----------------------------------------------------------------------
+
+
+class RootFS:
+    """An open container root; every method resolves its path inside it.
+
+    ``resolver`` is ``"auto"`` (openat2 when the kernel has it), ``"openat2"`` or ``"walk"``;
+    the last two exist so that tests run both against the same hostile trees.
+    """
+
+    def __init__(self, path: str, *, resolver: str = "auto"):
+        self.path = path
+        impl: _Openat2 | _Walk | None
+        if resolver == "auto":
+            impl = _auto()
+        elif resolver == "openat2":
+            impl = _probe_openat2()
+            if impl is None:
+                raise RootFSError("openat2 is not available on this kernel")
+        elif resolver == "walk":
+            impl = _Walk()
+        else:
+            raise ValueError(f"unknown resolver {resolver!r}")
+        self._impl = impl
+        try:
+            self.fd = os.open(path, _O_PATH | os.O_DIRECTORY)
+        except OSError as exc:
+            raise RootFSError(f"container root {path}: {exc.strerror}") from None
+
+    @property
+    def resolver(self) -> str:
+        return "openat2" if isinstance(self._impl, _Openat2) else "walk"
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> RootFS:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def where(self, path: str) -> str:
+        """A host-side name for messages only (never opened)."""
+        return f"{self.path.rstrip('/')}{path}"
+
+    def open_path(self, path: str, *, follow: bool = True) -> int:
+        """An ``O_PATH`` fd of ``path`` resolved in the root; the caller closes it."""
+        return self._impl.open(self.fd, split_container_path(path), follow)
+
+    @contextmanager
+    def directory(self, path: str, *, create: bool = False) -> Iterator[int]:
+        """An ``O_PATH`` fd of the folder ``path``, made (``0755``) with its parents if asked."""
+        fd = self._open_dir(split_container_path(path), create)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    @contextmanager
+    def parent(self, path: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
+        """The folder holding ``path`` (resolved) and the last component (not resolved)."""
+        parts = split_container_path(path)
+        if not parts:
+            raise RootFSError(f"{path!r}: the container root itself has no parent")
+        fd = self._open_dir(parts[:-1], create)
+        try:
+            yield fd, parts[-1]
+        finally:
+            os.close(fd)
+
+    def check_writable(self, dir_fd: int, path: str) -> None:
+        """Refuse with a clear message, rather than EROFS half-way, on a read-only mount."""
+        if os.fstatvfs(dir_fd).f_flag & os.ST_RDONLY:
+            raise RootFSError(read_only_message(self.where(path)))
+
+    def open_read(self, path: str) -> int:
+        """A read-only fd of the regular file at ``path``; the caller closes it.
+
+        The object is resolved first as an ``O_PATH`` fd and only then re-opened for reading
+        through ``/proc/self/fd``: the re-open names the object we hold, not a path, and a
+        FIFO or device node planted in the image is refused before anything opens it.
+        """
+        pfd = self.open_path(path)
+        try:
+            if not stat.S_ISREG(os.fstat(pfd).st_mode):
+                raise RootFSError(f"{self.where(path)} is not a regular file")
+            try:
+                return os.open(f"/proc/self/fd/{pfd}", os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY)
+            except FileNotFoundError:
+                raise RootFSError("cannot re-open files: /proc is not mounted") from None
+        finally:
+            os.close(pfd)
+
+    def read_file(self, path: str, *, limit: int) -> bytes | None:
+        """The contents of a regular file (``None`` if absent), refusing more than ``limit``."""
+        try:
+            fd = self.open_read(path)
+        except FileNotFoundError:
+            return None
+        try:
+            data = os.read(fd, limit + 1)
+        finally:
+            os.close(fd)
+        if len(data) > limit:
+            raise RootFSError(f"{self.where(path)} is larger than {limit} bytes")
+        return data
+
+    def _open_dir(self, parts: tuple[str, ...], create: bool) -> int:
+        try:
+            fd = self._impl.open(self.fd, parts, True)
+        except FileNotFoundError:
+            if not create or not parts:
+                raise
+            with self._parent_fd(parts) as pfd, contextlib.suppress(FileExistsError):
+                os.mkdir(parts[-1], 0o755, dir_fd=pfd)  # EEXIST: made meanwhile, or see below
+            try:
+                fd = self._impl.open(self.fd, parts, True)
+            except FileNotFoundError:
+                raise RootFSError(f"{self.where('/' + '/'.join(parts))} is a dangling symlink; "
+                                  "not making a folder through it") from None
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise NotADirectoryError(errno.ENOTDIR, "not a folder", "/" + "/".join(parts))
+        return fd
+
+    @contextmanager
+    def _parent_fd(self, parts: tuple[str, ...]) -> Iterator[int]:
+        fd = self._open_dir(parts[:-1], True)
+        try:
+            yield fd
+        finally:
+            os.close(fd)

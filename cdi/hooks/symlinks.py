@@ -1,0 +1,104 @@
+"""``create-symlinks``: make ``LINK -> TARGET`` inside the container root.
+
+The link's folder is resolved in the root (and made when missing); the link itself is the
+last component, never followed.  TARGET is only the text stored in the link: the hook never
+resolves it, so a target such as ``../libnvidia-allocator.so.1`` is kept as written and is
+interpreted later by the container, inside its own root.
+
+* a link already pointing at TARGET is left alone (idempotent: hooks may run twice);
+* a link or regular file with other contents is replaced atomically: the new link is made
+  under a temporary name in the same folder, then renamed over the old name, so the name
+  never disappears (an image's ``libGLX_indirect.so.0 -> libGLX_mesa.so.0`` is not an error);
+* a folder at LINK is refused: replacing it would throw away image content.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .rootfs import RootFS, RootFSError, split_container_path
+
+__all__ = ["Link", "LinkResult", "create_symlinks", "parse_link"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    target: str
+    path: str
+
+    def __post_init__(self) -> None:
+        if not self.target or "\0" in self.target:
+            raise RootFSError(f"link {self.path!r}: empty or invalid target")
+        if not split_container_path(self.path):
+            raise RootFSError(f"link {self.path!r}: cannot replace the container root")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkResult:
+    link: Link
+    action: str  # "created" | "kept" | "replaced"
+    previous: str | None = None  # the old target, or "<file>" for a replaced regular file
+
+
+def parse_link(spec: str) -> Link:
+    """``TARGET::LINK`` as written on the command line (the nvidia-cdi-hook syntax)."""
+    target, sep, path = spec.partition("::")
+    if not sep:
+        raise RootFSError(f"--link {spec!r}: want TARGET::LINK")
+    return Link(target=target, path=path)
+
+
+def create_symlinks(root: RootFS, links: Iterable[Link]) -> list[LinkResult]:
+    return [_create(root, link) for link in links]
+
+
+def _create(root: RootFS, link: Link) -> LinkResult:
+    with root.parent(link.path, create=True) as (dir_fd, name):
+        root.check_writable(dir_fd, link.path)
+        previous = _current(root, link, dir_fd, name)
+        if previous is None:
+            try:
+                os.symlink(link.target, name, dir_fd=dir_fd)
+                return LinkResult(link=link, action="created")
+            except FileExistsError:
+                previous = _current(root, link, dir_fd, name)  # raced: fall through
+        if previous == link.target:
+            return LinkResult(link=link, action="kept")
+        _replace(dir_fd, name, link.target)
+        return LinkResult(link=link, action="replaced", previous=previous)
+
+
+def _current(root: RootFS, link: Link, dir_fd: int, name: str) -> str | None:
+    """The target of the existing link, ``"<file>"`` for a regular file, None if absent."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return os.readlink(name, dir_fd=dir_fd)
+    if stat.S_ISREG(st.st_mode):
+        return "<file>"
+    raise RootFSError(f"{root.where(link.path)} exists and is not a file or a link; "
+                      "not replacing it with a link")
+
+
+def _replace(dir_fd: int, name: str, target: str) -> None:
+    for _ in range(8):
+        tmp = f".{name}.nri-cdi-{secrets.token_hex(4)}"
+        try:
+            os.symlink(target, tmp, dir_fd=dir_fd)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise OSError(errno.EEXIST, "no free temporary name", name)
+    try:
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except OSError:
+        os.unlink(tmp, dir_fd=dir_fd)
+        raise
