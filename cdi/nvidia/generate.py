@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from ..hooks import entry as hook_entry
 from ..model import ContainerEdits, DeviceData, DeviceNode, Hook, Mount, SpecData
 from ..version import minimum_requirement, version_key
 from .discover import Gpu, MigDevice, NodeInfo, Roots
@@ -180,8 +181,12 @@ def _mount(m: FileMount) -> Mount:
 
 
 def _hook(opts: Options, name: str, args: Iterable[str]) -> Hook:
-    return Hook(hook_name="createContainer", path=opts.hook_path,
-                args=("nri-cdi", "hook", name, *args))
+    # An explicit env: a hook entry without one inherits the container's environment
+    # (LD_PRELOAD and PYTHON* from the image: CVE-2025-23266). The hook re-executes
+    # itself with an isolated interpreter before it reads anything (cdi.hooks.entry).
+    command = hook_entry.nri_cdi(opts.hook_path, name, args)
+    return Hook(hook_name="createContainer", path=command.path, args=command.args,
+                env=command.env)
 
 
 def _symlink_hook(opts: Options, links: Sequence[Link]) -> tuple[Hook, ...]:
