@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from cdi.edits import apply
+from cdi.hooks.libpath import EXTRA_ENV, LIBRARY_PATH_ENV, merge_library_path
 from cdi.model import ContainerEdits
 
 from .api import nri_pb2
@@ -47,15 +48,24 @@ def unsupported_edits(edits: ContainerEdits, runtime: RuntimeInfo) -> list[str]:
 
 
 def to_adjustment(
-    edits: ContainerEdits, *, runtime: RuntimeInfo, uid: int = 0, gid: int = 0
+    edits: ContainerEdits,
+    *,
+    runtime: RuntimeInfo,
+    uid: int = 0,
+    gid: int = 0,
+    image_library_path: str = "",
 ) -> nri_pb2.ContainerAdjustment:
-    """The adjustment that gives a container ``edits``; raises UnsupportedEditsError."""
+    """The adjustment that gives a container ``edits``; raises UnsupportedEditsError.
+
+    ``image_library_path`` is the container's own LD_LIBRARY_PATH: hook-free specs ask for
+    their library folders to be appended to it (see ``cdi.hooks.libpath``).
+    """
     reasons = unsupported_edits(edits, runtime)
     if reasons:
         raise UnsupportedEditsError(reasons)
     oci = apply({"process": {"user": {"uid": uid, "gid": gid}}}, edits)
     adjustment = nri_pb2.ContainerAdjustment()
-    for entry in oci["process"].get("env", []):
+    for entry in _with_library_path(oci["process"].get("env", []), image_library_path):
         name, _, value = entry.partition("=")
         adjustment.env.add(key=name, value=value)
     for mount in oci.get("mounts", []):
@@ -66,6 +76,15 @@ def to_adjustment(
             _add_hook(getattr(adjustment.hooks, _HOOK_FIELDS[hook_name]), hook)
     _add_linux(adjustment.linux, oci.get("linux", {}))
     return adjustment
+
+
+def _with_library_path(env: list[str], image_library_path: str) -> tuple[str, ...]:
+    """Fold the hook-free library folders into LD_LIBRARY_PATH, after the image's own
+    folders (or after the spec's LD_LIBRARY_PATH, which replaces the image's)."""
+    if not any(e.startswith(EXTRA_ENV + "=") for e in env):
+        return tuple(env)
+    base = [f"{LIBRARY_PATH_ENV}={image_library_path}"] if image_library_path else []
+    return merge_library_path(base + env)
 
 
 def _add_hook(target: Any, hook: dict[str, Any]) -> None:
