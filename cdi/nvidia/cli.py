@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +27,6 @@ from typing import Any, TextIO
 
 __all__ = ["add_commands", "cmd_generate", "main"]
 
-DEFAULT_HOOK_PATH = "/usr/local/bin/nri-cdi"
 METADATA_SUFFIX = ".meta"
 
 # flag destination -> (environment variable, kind); kind: str, list, bool
@@ -115,8 +113,8 @@ def _add_hook_options(p: argparse.ArgumentParser) -> None:
                    help="hooks (default): createContainer hooks make the driver's symlinks and "
                         "ld cache; mounts: bind mounts at the link paths, no hook runs")
     p.add_argument("--hook-path", "--nvidia-cdi-hook-path", "--nvidia-ctk-path",
-                   dest="hook_path", help="the nri-cdi executable the hooks run "
-                   f"(default: nri-cdi on PATH, else {DEFAULT_HOOK_PATH})")
+                   dest="hook_path", help="an nri-cdi executable for the hooks to run "
+                   "(default: this Python, isolated with -I -S, on the hooks' own script)")
     p.add_argument("--ldconfig-path", dest="ldconfig_path",
                    help="ldconfig for the update-ldcache hook")
     p.add_argument("--disable-hook", "--disable-hooks", dest="disabled_hooks", action="append",
@@ -160,11 +158,14 @@ def _hooks(enabled: Sequence[str] | None, disabled: Sequence[str] | None) -> fro
 
 
 def _hook_path(value: str | None) -> str:
+    """An explicit ``nri-cdi`` executable for the hooks, or "" for the default entry: this
+    interpreter started isolated (``-I -S``) on the hooks' own script, which starts one
+    Python per hook instead of two (the console script re-executes itself isolated)."""
     if value:
         if not os.path.isabs(value):
             raise UsageError(f"--hook-path must be absolute, got {value!r}")
         return value
-    return shutil.which("nri-cdi") or DEFAULT_HOOK_PATH
+    return ""
 
 
 def _options(v: dict[str, Any], mode: str) -> Any:

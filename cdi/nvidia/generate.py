@@ -94,7 +94,7 @@ class Options:
     device_ids: tuple[str, ...] = ("all",)
     all_device: bool = True
     link_mode: str = "hooks"  # hooks | mounts
-    hook_path: str = "/usr/local/bin/nri-cdi"
+    hook_path: str = ""  # "" = cdi.hooks.entry.isolated_python
     hooks: frozenset[str] = DEFAULT_HOOKS
     ldconfig_path: str | None = None
     max_version: str | None = None  # --cdi-version
@@ -184,7 +184,8 @@ def _hook(opts: Options, name: str, args: Iterable[str]) -> Hook:
     # An explicit env: a hook entry without one inherits the container's environment
     # (LD_PRELOAD and PYTHON* from the image: CVE-2025-23266). The hook re-executes
     # itself with an isolated interpreter before it reads anything (cdi.hooks.entry).
-    command = hook_entry.nri_cdi(opts.hook_path, name, args)
+    command = (hook_entry.nri_cdi(opts.hook_path, name, args) if opts.hook_path
+               else hook_entry.isolated_python(name, args))
     return Hook(hook_name="createContainer", path=command.path, args=command.args,
                 env=command.env)
 

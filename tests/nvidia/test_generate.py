@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -14,6 +15,7 @@ import pytest
 import tomllib
 import yaml
 
+from cdi.hooks import entry as hook_entry
 from cdi.nvidia import cli
 from cdi.nvidia.generate import GENERATOR_VERSION
 from cdi.nvidia.simnode import BuiltNode, NodeLayout
@@ -198,11 +200,17 @@ def test_link_mode_mounts(nodes: dict[str, BuiltNode]) -> None:
         assert not device.container_edits.hooks  # no by-path hooks either
 
 
-def test_hook_path_defaults_to_installed_executable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli.shutil, "which", lambda name: None)
-    assert cli._hook_path(None) == "/usr/local/bin/nri-cdi"
-    monkeypatch.setattr(cli.shutil, "which", lambda name: f"/opt/bin/{name}")
-    assert cli._hook_path(None) == "/opt/bin/nri-cdi"
+def test_hooks_default_to_the_isolated_interpreter_entry(nodes: dict[str, BuiltNode]) -> None:
+    node = nodes["one-gpu"]
+    rc, out, err = generate(["--driver-root", str(node.driver_root), "--dev-root",
+                             str(node.dev_root)])
+    assert rc == 0, err
+    hooks = parse_spec(out).data.container_edits.hooks
+    assert [h.args[1:5] for h in hooks] == [
+        ("-I", "-S", hook_entry.ENTRY_SCRIPT, "create-symlinks"),
+        ("-I", "-S", hook_entry.ENTRY_SCRIPT, "update-ldcache")]
+    assert all(h.path == h.args[0] == sys.executable and h.env == hook_entry.HOOK_ENV
+               for h in hooks)
     assert cli._hook_path("/x/nri-cdi") == "/x/nri-cdi"
 
 
