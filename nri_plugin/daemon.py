@@ -43,6 +43,9 @@ def add_command(subparsers: Any) -> None:
                              f"(default: {' then '.join(DEFAULT_SPEC_DIRS)})")
     parser.add_argument("--rescan-interval", type=float, default=60.0, metavar="SECONDS",
                         help="full rescan of the spec directories besides inotify (default 60)")
+    parser.add_argument("--policy", metavar="FILE",
+                        help="authorization policy (YAML; see README 'Policy, requirements "
+                             "and fail-closed'); default: the built-in secure defaults")
     parser.add_argument("--log-level", default="info",
                         choices=["debug", "info", "warning", "error"])
     parser.set_defaults(func=cmd_plugin)
@@ -53,7 +56,10 @@ def cmd_plugin(args: argparse.Namespace) -> int:
 
     listener = _setup_logging(args.log_level)
     try:
-        return asyncio.run(serve(args))
+        policy = _load_policy(args.policy)
+        if policy is None:
+            return 2
+        return asyncio.run(serve(args, policy))
     finally:
         listener.stop()
 
@@ -81,26 +87,62 @@ def _identity(args: argparse.Namespace) -> tuple[str | None, str | None]:
     return name, idx
 
 
-async def serve(args: argparse.Namespace) -> int:
+def _load_policy(path: str | None) -> Any:
+    """The policy from ``path`` (None: built-in defaults); None after logging an error."""
+    from .policy import Policy, PolicyError, load_policy
+
+    if path is None:
+        return Policy()
+    try:
+        policy = load_policy(path)
+    except PolicyError as exc:
+        log.error("%s", exc)
+        for problem in exc.problems:
+            log.error("policy %s: %s", path, problem)
+        return None
+    log.info("policy loaded from %s", path)
+    return policy
+
+
+async def serve(args: argparse.Namespace, policy: Any = None) -> int:
     import asyncio
     import signal
 
     from cdi.cache import SpecCache
     from cdi.watch import AutoRefresh
 
+    from .failclosed import act
     from .injector import CdiInjector
+    from .nodefacts import FactsHolder
     from .stub import Stub
 
     cache = SpecCache(args.spec_dirs)
+    facts = FactsHolder(lambda: cache.snapshot)
+
+    def refreshed(snapshot: Any) -> None:
+        _log_refresh(snapshot)
+        facts.reload(snapshot)  # sidecar metadata, loaded next to the specs
+
     refresher = AutoRefresh(cache, rescan_interval=args.rescan_interval,
-                            on_refresh=_log_refresh).start()
-    plugin = CdiInjector(lambda: cache.snapshot)
+                            on_refresh=refreshed).start()
+    loop = asyncio.get_running_loop()
+    plugin = CdiInjector(lambda: cache.snapshot, facts=facts.get, policy=policy)
     name, idx = _identity(args)
     stub = Stub(plugin, name=name, idx=idx, socket_path=args.socket)
-    log.info("plugin %s-%s starting; spec dirs %s", stub.idx, stub.name,
-             ", ".join(cache.spec_dirs))
+    # Synchronize finds containers created while we were away; acting on them waits for
+    # the Synchronize reply (the runtime holds its lock until then), hence a task.
+    tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
+
+    def on_unserved(unserved: Any) -> None:
+        task = loop.create_task(act(stub, unserved, plugin.policy.fail_closed_action,
+                                    plugin.counters))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    plugin.on_unserved = on_unserved
+    log.info("plugin %s-%s starting; spec dirs %s; policy %s", stub.idx, stub.name,
+             ", ".join(cache.spec_dirs), plugin.policy.origin)
     task = asyncio.ensure_future(stub.run())
-    loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, _shutdown, stub, task)
     try:

@@ -1,8 +1,11 @@
-"""The shipped plugin: CDI device requests in annotations → a ContainerAdjustment.
+"""The shipped plugin: CDI device requests → a ContainerAdjustment.
 
 ``plan_injection`` is pure (a snapshot, the requests, what the runtime can do → an
-adjustment or an InjectionError); ``CdiInjector`` is the thin Plugin around it. Nothing
-here reads files: the registry snapshot was loaded ahead and is swapped in by a refresher.
+adjustment or an InjectionError); ``CdiInjector`` is the thin Plugin around it: it gathers
+the requests from the sources the policy allows, checks the policy's device rules and the
+image's NVIDIA_REQUIRE_* against the node facts, and filters driver files by
+NVIDIA_DRIVER_CAPABILITIES. Nothing here reads files: the registry snapshot, the node facts
+and the policy were loaded ahead and are swapped in by a refresher.
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from cdi.cache import Snapshot
 from cdi.device import Device
@@ -21,15 +25,25 @@ from cdi.model import ContainerEdits
 
 from .adjust import to_adjustment, unsupported_edits
 from .api import nri_pb2
+from .capabilities import CapabilityError, filter_edits, requested_capabilities
+from .failclosed import Unserved, find_unserved
+from .nodefacts import NodeFacts, SpecFacts
 from .plugin import Plugin
-from .requests import DeviceRequest, requested_devices
+from .policy import Policy, PolicyDenied
+from .requests import DeviceRequest
+from .requirements import GpuInfo, RequirementError, check, env_map, requirements_from_env
 from .runtime import RuntimeInfo
+from .sources import gather, is_legacy_image, is_privileged
+from .visible_devices import VisibleDevicesError
 
 log = logging.getLogger("nri_cdi.injector")
 
 
 class InjectionError(Exception):
     """The container must not be created; the message says what and why."""
+
+
+Capabilities = tuple[Mapping[str, str], frozenset[str]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,7 +60,12 @@ def plan_injection(
     *,
     uid: int = 0,
     gid: int = 0,
+    capabilities: Capabilities | None = None,
+    library_path: str = "",
 ) -> Injection:
+    """``capabilities``: (container path → capability, wanted set) to drop the mounts of
+    driver capabilities not asked for; None keeps every mount. ``library_path``: the
+    container's own LD_LIBRARY_PATH, which hook-free specs append their folders to."""
     devices = _lookup(snapshot, requests)
     by_spec: dict[str, list[Device]] = {}
     for device in devices:
@@ -67,7 +86,10 @@ def plan_injection(
                 f"{runtime.describe()}: {'; '.join(reasons)}; a runtime that resolves "
                 "CDI_devices itself (containerd >= 2.1 or >= 1.7.30, CRI-O >= 1.34) can")
     edits = snapshot.resolve(d.qualified_name for d in ours) if ours else ContainerEdits()
-    adjustment = to_adjustment(edits, runtime=runtime, uid=uid, gid=gid)
+    if capabilities is not None:
+        edits = filter_edits(edits, *capabilities)
+    adjustment = to_adjustment(edits, runtime=runtime, uid=uid, gid=gid,
+                               image_library_path=library_path)
     for device in delegated:
         adjustment.CDI_devices.add(name=device.qualified_name)
     return Injection(adjustment=adjustment,
@@ -90,51 +112,190 @@ def _merged(snapshot: Snapshot, spec_path: str, group: list[Device]) -> Containe
 
 
 class CdiInjector(Plugin):
-    """Injects the CDI devices that pods and containers ask for."""
+    """Injects the CDI devices that pods and containers ask for, as the policy allows."""
 
     # Pods of one deployment ask for the same devices again and again: a small cache of
     # finished plans, keyed by everything a plan depends on, makes repeats nearly free.
     PLAN_CACHE_SIZE = 512
 
-    def __init__(self, snapshot: Callable[[], Snapshot]) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], Snapshot],
+        *,
+        facts: Callable[[], NodeFacts] | None = None,
+        policy: Policy | None = None,
+        on_unserved: Callable[[list[Unserved]], None] | None = None,
+    ) -> None:
         self._snapshot = snapshot  # returns the current registry snapshot; never does I/O
+        self._facts = facts or _no_facts  # the sidecar facts, loaded with each snapshot
+        self.policy = policy or Policy()
+        self.on_unserved = on_unserved  # gets the containers Synchronize found unserved
         self.runtime = RuntimeInfo()
         self._plans: OrderedDict[tuple[object, ...], Injection] = OrderedDict()
+        # Policy + requirement + capability decisions, same idea: keyed by all they read.
+        self._decisions: OrderedDict[tuple[object, ...], Capabilities | None] = OrderedDict()
+        # Counters for logs and metrics; plain ints, read without locking.
+        self.counters: dict[str, int] = {"injected": 0, "refused": 0, "unserved_found": 0}
 
     def configure(self, config: str, runtime_name: str, runtime_version: str) -> None:
         self.runtime = RuntimeInfo.from_configure(runtime_name, runtime_version)
         self._plans.clear()
         log.info("connected to %s", self.runtime.describe())
 
-    def plan(self, requests: list[DeviceRequest], uid: int, gid: int) -> Injection:
+    def plan(self, requests: Sequence[DeviceRequest], uid: int, gid: int,
+             capabilities: Capabilities | None = None, *, facts_generation: int = 0,
+             library_path: str = "") -> Injection:
         snapshot = self._snapshot()
-        key = (snapshot.generation, id(snapshot), tuple(r.name for r in requests), uid, gid)
+        wanted = capabilities[1] if capabilities else None
+        key = (snapshot.generation, id(snapshot), facts_generation,
+               tuple(r.name for r in requests), uid, gid, wanted, library_path)
         cached = self._plans.get(key)
         if cached is not None:
             self._plans.move_to_end(key)
             return cached
-        injection = plan_injection(snapshot, requests, self.runtime, uid=uid, gid=gid)
+        injection = plan_injection(snapshot, list(requests), self.runtime, uid=uid, gid=gid,
+                                   capabilities=capabilities, library_path=library_path)
         self._plans[key] = injection
         if len(self._plans) > self.PLAN_CACHE_SIZE:
             self._plans.popitem(last=False)
         return injection
+
+    def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
+                    containers: Sequence[nri_pb2.Container]) -> None:
+        """Fail-closed: find the containers created while we were away that asked for
+        devices they did not get, and hand them to ``on_unserved`` (evict or report). The
+        reply must go first (the runtime holds its lock until it has it), so acting on them
+        is left to the callback, which schedules it."""
+        unserved = find_unserved(pods, containers, self.policy, self._snapshot(),
+                                 self._facts())
+        self.counters["unserved_found"] += len(unserved)
+        for item in unserved:
+            log.warning("container %s (%s) of pod %s was created without its devices while "
+                        "the plugin was away: %s", item.name, item.container_id, item.pod,
+                        item.reason)
+        if unserved and self.on_unserved is not None:
+            self.on_unserved(unserved)
+        return None
 
     def create_container(
         self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
     ) -> nri_pb2.ContainerAdjustment | None:
         start = time.perf_counter_ns()
         try:
-            requests = requested_devices(pod.annotations, container.name, container.annotations)
-            if not requests:
-                return None
-            user = container.user if container.HasField("user") else None
-            injection = self.plan(requests, user.uid if user else 0, user.gid if user else 0)
-        except (AnnotationError, InjectionError) as exc:
+            injection = self.adjustment_for(pod, container)
+        except (AnnotationError, InjectionError, PolicyDenied, RequirementError,
+                CapabilityError, VisibleDevicesError) as exc:
+            self.counters["refused"] += 1
             log.warning("refused container %s of pod %s/%s: %s", container.name,
                         pod.namespace, pod.name, exc)
             raise
+        if injection is None:
+            return None
+        self.counters["injected"] += 1
         micros = (time.perf_counter_ns() - start) // 1000
         log.info("injected container=%s pod=%s/%s devices=%s delegated=%s us=%d",
                  container.name, pod.namespace, pod.name, ",".join(injection.devices) or "-",
                  ",".join(injection.delegated) or "-", micros)
         return injection.adjustment
+
+    def adjustment_for(self, pod: nri_pb2.PodSandbox,
+                       container: nri_pb2.Container) -> Injection | None:
+        """The whole decision for one container (no I/O); raises with the reason."""
+        snapshot, facts, policy = self._snapshot(), self._facts(), self.policy
+        env = env_map(container.env)
+        privileged = is_privileged(container)
+        gathered = gather(policy, namespace=pod.namespace, container_name=container.name,
+                          pod_annotations=pod.annotations,
+                          container_annotations=container.annotations, env=env,
+                          privileged=privileged, snapshot=snapshot, facts=facts)
+        if gathered.denied:
+            raise PolicyDenied(gathered.denied)
+        requests = not_yet_injected(gathered.requests, container, snapshot, privileged)
+        if not requests:
+            return None
+        capabilities = self._decide(requests, pod.namespace, privileged, env, snapshot, facts)
+        user = container.user if container.HasField("user") else None
+        return self.plan(requests, user.uid if user else 0, user.gid if user else 0,
+                         capabilities, facts_generation=facts.generation,
+                         library_path=env.get("LD_LIBRARY_PATH", ""))
+
+    def _decide(self, requests: Sequence[DeviceRequest], namespace: str, privileged: bool,
+                env: Mapping[str, str], snapshot: Snapshot, facts: NodeFacts
+                ) -> Capabilities | None:
+        """Device rules, then NVIDIA requirements and capabilities; raises on a denial.
+        Only successes are cached: a refusal is rare and its message must stay exact."""
+        names = tuple(r.name for r in requests)
+        key = (id(snapshot), snapshot.generation, id(facts), facts.generation,
+               id(self.policy), namespace, privileged, names, nvidia_env_key(env))
+        if key in self._decisions:
+            self._decisions.move_to_end(key)
+            return self._decisions[key]
+        self.policy.check_devices(names, namespace, privileged)
+        _lookup(snapshot, requests)  # unknown devices: say so before any NVIDIA check
+        capabilities = nvidia_checks(self.policy, names, env, snapshot, facts)
+        self._decisions[key] = capabilities
+        if len(self._decisions) > self.PLAN_CACHE_SIZE:
+            self._decisions.popitem(last=False)
+        return capabilities
+
+
+def nvidia_env_key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The env entries the NVIDIA checks read, as a hashable key."""
+    return tuple(sorted((k, v) for k, v in env.items()
+                        if k.startswith("NVIDIA_") or k == "CUDA_VERSION"))
+
+
+def _no_facts() -> NodeFacts:
+    return _EMPTY_FACTS
+
+
+_EMPTY_FACTS = NodeFacts()
+
+
+def not_yet_injected(requests: Sequence[DeviceRequest], container: nri_pb2.Container,
+                     snapshot: Snapshot, privileged: bool) -> list[DeviceRequest]:
+    """Drop what the runtime already injected itself: names in ``CDI_devices`` (NRI 0.10+),
+    or devices whose every node is already in the container (the runtime's own CDI on
+    older NRI). Privileged containers get every host node, so there only the names count."""
+    done = {d.name for d in container.CDI_devices}
+    present = set() if privileged else {d.path for d in container.linux.devices}
+    out = []
+    for request in requests:
+        if request.name in done:
+            continue
+        device = snapshot.devices.get(request.name)
+        nodes = device.edits.device_nodes if device is not None else ()
+        if nodes and all(n.path in present for n in nodes):
+            continue
+        out.append(request)
+    return out
+
+
+def nvidia_checks(policy: Policy, names: Sequence[str], env: Mapping[str, str],
+                  snapshot: Snapshot, facts: NodeFacts) -> Capabilities | None:
+    """Check NVIDIA_REQUIRE_* against the facts of the requested devices' specs and return
+    the capability filter for NVIDIA_DRIVER_CAPABILITIES (None: no facts, keep all)."""
+    specs = {s.path: s for s in (facts.spec_of(n, snapshot) for n in names) if s is not None}
+    if policy.enforce_requirements:
+        requirements = requirements_from_env(env)
+        if requirements and not specs and policy.unknown_facts == "deny":
+            raise RequirementError(
+                f"cannot check {requirements[0].env}: no recorded node facts for "
+                f"{', '.join(names)} (policy requirements.unknownFacts: deny)")
+        for spec in specs.values():
+            check(requirements, spec.versions, _gpus(names, spec))
+    if not policy.filter_capabilities or not specs:
+        return None
+    wanted = requested_capabilities(env, legacy=is_legacy_image(env))
+    capability_of: dict[str, str] = {}
+    for spec in specs.values():
+        capability_of.update(spec.capability_of)
+    return MappingProxyType(capability_of), wanted
+
+
+def _gpus(names: Sequence[str], spec: SpecFacts) -> list[GpuInfo]:
+    devices = spec.devices
+    requested = [devices[n] for n in names if n in devices]
+    if f"{spec.kind}=all" in names:  # "all": every device of that spec
+        requested = list(devices.values())
+    return [d.gpu_info() for d in requested]

@@ -41,6 +41,12 @@ def requested_devices(
     """Every requested device once, in a stable order: the pod's keys (pod-wide ones and
     this container's own) in key order, then the container's keys in key order. Raises
     AnnotationError naming the annotation for a malformed key or value."""
+    return _unique(pod_requests(pod_annotations, container_name)
+                   + container_requests(container_annotations))
+
+
+def pod_requests(pod_annotations: Mapping[str, str], container_name: str) -> list[DeviceRequest]:
+    """Requests from the pod's ``cdi.k8s.io/`` annotations (pod-wide and this container's)."""
     requests: list[DeviceRequest] = []
     own_key = container_key(container_name)
     for key in sorted(pod_annotations):
@@ -50,12 +56,19 @@ def requested_devices(
             continue  # another container's request
         source = f"pod annotation {key!r}"
         requests += [DeviceRequest(n, source) for n in _parse(key, pod_annotations[key], "pod")]
+    return requests
+
+
+def container_requests(container_annotations: Mapping[str, str]) -> list[DeviceRequest]:
+    """Requests from the container's ``cdi.k8s.io/`` annotations (kubelet: device plugins,
+    DRA)."""
+    requests: list[DeviceRequest] = []
     for key in sorted(container_annotations):
         if key.startswith(ANNOTATION_PREFIX):
             source = f"container annotation {key!r}"
             requests += [DeviceRequest(n, source)
                          for n in _parse(key, container_annotations[key], "container")]
-    return _unique(requests)
+    return requests
 
 
 def _parse(key: str, value: str, where: str) -> list[str]:

@@ -25,6 +25,8 @@ from tests.e2e.plugin import PluginProcess
 from tests.hooks.conftest import NIX_GLIBC, _cc, host_loader
 
 REPO = Path(__file__).resolve().parents[2]
+IMAGE_LIBRARY_PATH = "LD_LIBRARY_PATH=/opt/own/lib"
+LIBRARY_PATHS: dict[str, str] = {}  # image -> LD_LIBRARY_PATH seen in its last container
 PROG_C = r"""
 #include <dlfcn.h>
 #include <stdio.h>
@@ -75,8 +77,10 @@ def _images(ctrd: Containerd, world: dict[str, Path]) -> None:
             (tree / libc_dir).mkdir(parents=True, exist_ok=True)
             shutil.copy2(libc, tree / libc_dir / "libc.so.6")
             shutil.copy2(prog, tree / "prog")
+        # The image has a library path of its own, which the hook-free mode must keep.
+        config = ImageConfig(cmd=("sleep", "600"), env=(DEFAULT_PATH, IMAGE_LIBRARY_PATH))
         archive = image_from_tree(f"localhost/gpu/{name}:e2e", tree, out / f"{name}.tar",
-                                  config=ImageConfig(cmd=("sleep", "600"), env=(DEFAULT_PATH,)))
+                                  config=config)
         ctrd.import_images(archive)
 
 
@@ -89,6 +93,8 @@ def _run_prog(ctrd: Containerd, image: str, *, pod_annotations: dict[str, str] |
                                 **kwargs)
         result = cri.exec_sync(cid, ["/prog"])
         devices = cri.exec_sync(cid, ["sh", "-c", "ls /dev | grep nvidia | sort | tr '\\n' ' '"])
+        library_path = cri.exec_sync(cid, ["sh", "-c", "echo $LD_LIBRARY_PATH"])
+        LIBRARY_PATHS[image] = library_path.stdout.strip()
         return result.stdout.strip(), devices.stdout.strip()
 
 
@@ -132,6 +138,8 @@ def test_our_plugin_in_both_link_modes(plain: Containerd, world: dict[str, Path]
         plugin.kill()
     assert out == _expected(world)
     assert "nvidia1" in devices.split() and "nvidia0" not in devices.split()
+    expected_path = "/opt/own/lib" + (":/usr/lib64:/usr/lib64/vdpau" if mode == "mounts" else "")
+    assert LIBRARY_PATHS["glibc"] == expected_path
 
 
 def test_nix_like_image_works_hook_free(plain: Containerd, world: dict[str, Path]) -> None:

@@ -207,3 +207,13 @@ def test_create_container_over_a_socket_refuses_only_the_bad_request(
         await asyncio.wait_for(runner, 5)
 
     asyncio.run(asyncio.wait_for(main(), 20))
+
+
+def test_hook_free_folders_are_appended_to_the_images_library_path() -> None:
+    edits = ContainerEdits(env=("A=1", "NRI_CDI_LD_LIBRARY_PATH=/usr/lib64:/usr/lib64/vdpau"))
+    adj = to_adjustment(edits, runtime=CONTAINERD_17, image_library_path="/opt/own::/usr/lib64")
+    assert [(kv.key, kv.value) for kv in adj.env] == [
+        ("A", "1"), ("LD_LIBRARY_PATH", "/opt/own:/usr/lib64:/usr/lib64/vdpau")]
+    alone = to_adjustment(edits, runtime=CONTAINERD_17)
+    assert [(kv.key, kv.value) for kv in alone.env] == [
+        ("A", "1"), ("LD_LIBRARY_PATH", "/usr/lib64:/usr/lib64/vdpau")]

@@ -1,0 +1,63 @@
+"""NVIDIA_DRIVER_CAPABILITIES: mount only the driver files of the capabilities asked for.
+
+A static CDI spec lists every driver library and binary, and NVIDIA's CDI modes mount
+them all whatever the image asks for. The generator's sidecar says which file serves
+which capability (cdi-and-nvidia.md §3.1); we drop the mounts of capabilities not
+requested. The spec itself stays complete, so a runtime that reads it without us still
+gives a working container. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from cdi.model import ContainerEdits
+
+ENV = "NVIDIA_DRIVER_CAPABILITIES"
+KNOWN = frozenset({"compute", "compat32", "graphics", "utility", "video", "display", "ngx"})
+DEFAULT = frozenset({"utility", "compute"})
+# What one capability brings along (§3.1): video needs the compute libraries; display is
+# the graphics libraries plus the modeset node.
+_IMPLIES = {"video": frozenset({"compute"}), "display": frozenset({"graphics"})}
+
+
+class CapabilityError(Exception):
+    pass
+
+
+def requested_capabilities(env: Mapping[str, str], *, legacy: bool = False) -> frozenset[str]:
+    """The capability set a container asks for. Unset or empty: utility,compute (a legacy
+    image without the variable: all). Raises CapabilityError for an unknown name."""
+    text = env.get(ENV, "")
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    if not names:
+        return KNOWN if legacy else _expand(DEFAULT)
+    if "all" in names:
+        return KNOWN
+    unknown = sorted(names - KNOWN)
+    if unknown:
+        raise CapabilityError(f"{ENV}: unknown capability {', '.join(map(repr, unknown))} "
+                              f"(known: all, {', '.join(sorted(KNOWN))})")
+    return _expand(frozenset(names))
+
+
+def _expand(names: frozenset[str]) -> frozenset[str]:
+    out = set(names)
+    for name in names:
+        out |= _IMPLIES.get(name, frozenset())
+    return frozenset(out)
+
+
+def filter_edits(edits: ContainerEdits, capability_of: Mapping[str, str],
+                 wanted: frozenset[str]) -> ContainerEdits:
+    """``edits`` without the mounts whose container path belongs to a capability not in
+    ``wanted``. Files of no capability (``other``), device nodes, hooks and env stay."""
+    if wanted >= KNOWN or not capability_of:
+        return edits
+    kept = tuple(m for m in edits.mounts
+                 if capability_of.get(m.container_path, "other") in wanted
+                 or capability_of.get(m.container_path, "other") == "other")
+    if len(kept) == len(edits.mounts):
+        return edits
+    return replace(edits, mounts=kept)

@@ -1,0 +1,273 @@
+"""The authorization policy: which request sources each namespace may use, which devices,
+requirement and capability enforcement, and what to do with containers that were created
+without their devices while we were away. Loaded once from YAML, validated with messages
+that name the key; evaluation is pure.
+
+Defaults (no file, or keys left out), chosen to be safe:
+
+* ``cdi.k8s.io/*`` container annotations (set by kubelet from device plugins and DRA): on.
+* pod annotations (how users ask for devices): on, every namespace.
+* ``NVIDIA_VISIBLE_DEVICES`` in the container env: off. CUDA base images set it to
+  ``all``, so honouring it hands every GPU to any pod (k8s-device-plugin#87/#548/#1605).
+* device rules: every device but ``management.nvidia.com/*`` (which exposes all GPUs for
+  management tools), in every namespace.
+* privileged containers are not exempt from the rules.
+* requirements enforced; capability filtering on; fail-closed action ``evict``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from typing import Any
+
+SOURCES = ("containerAnnotations", "podAnnotations", "visibleDevicesEnv")
+SOURCE_TITLES = {"containerAnnotations": "container annotations",
+                 "podAnnotations": "pod annotations",
+                 "visibleDevicesEnv": "NVIDIA_VISIBLE_DEVICES"}
+ACTIONS = ("evict", "report")
+UNKNOWN_FACTS = ("allow", "deny")
+
+
+class PolicyError(Exception):
+    """The policy file is invalid; ``problems`` lists every error with its key path."""
+
+    def __init__(self, problems: list[str], path: str = "") -> None:
+        self.problems = problems
+        where = f"{path}: " if path else ""
+        super().__init__(f"invalid policy {where}" + "; ".join(problems))
+
+
+class PolicyDenied(Exception):
+    """A request the policy does not allow; the message names the rule."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SourceRule:
+    enabled: bool
+    namespaces: tuple[str, ...] = ("*",)
+    privileged_only: bool = False
+
+    def allows_namespace(self, namespace: str) -> bool:
+        return any(fnmatchcase(namespace, p) for p in self.namespaces)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceRule:
+    index: int
+    namespaces: tuple[str, ...] = ("*",)
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+
+    def applies_to(self, namespace: str) -> bool:
+        return any(fnmatchcase(namespace, p) for p in self.namespaces)
+
+    def describe(self) -> str:
+        return f"devices[{self.index}] (namespaces {list(self.namespaces)})"
+
+
+def _default_sources() -> Mapping[str, SourceRule]:
+    return {"containerAnnotations": SourceRule(enabled=True),
+            "podAnnotations": SourceRule(enabled=True),
+            "visibleDevicesEnv": SourceRule(enabled=False, privileged_only=True)}
+
+
+DEFAULT_DEVICE_RULES = (DeviceRule(index=0, allow=("*",), deny=("management.nvidia.com/*",)),)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    sources: Mapping[str, SourceRule] = field(default_factory=_default_sources)
+    devices: tuple[DeviceRule, ...] = DEFAULT_DEVICE_RULES
+    privileged_exempt: bool = False
+    enforce_requirements: bool = True
+    unknown_facts: str = "allow"  # a spec without sidecar facts: skip the checks
+    filter_capabilities: bool = True
+    fail_closed_action: str = "evict"
+    origin: str = "built-in defaults"
+
+    # --- evaluation (pure) ------------------------------------------------------------------
+
+    def source_allowed(self, source: str, namespace: str, privileged: bool) -> str | None:
+        """None if ``source`` may be used here, else why not (naming the rule)."""
+        rule = self.sources[source]
+        title = SOURCE_TITLES[source]
+        if not rule.enabled:
+            return f"request source {title} is disabled (sources.{source}.enabled)"
+        if privileged and self.privileged_exempt:
+            return None
+        if rule.privileged_only and not privileged:
+            return (f"request source {title} is for privileged containers only "
+                    f"(sources.{source}.privilegedOnly)")
+        if not rule.allows_namespace(namespace):
+            return (f"request source {title} is not allowed in namespace {namespace!r} "
+                    f"(sources.{source}.namespaces {list(rule.namespaces)})")
+        return None
+
+    def check_devices(self, names: Sequence[str], namespace: str, privileged: bool) -> None:
+        """Raise PolicyDenied naming the rule for the first device not allowed here."""
+        if privileged and self.privileged_exempt:
+            return
+        rules = [r for r in self.devices if r.applies_to(namespace)]
+        for name in names:
+            why = _device_denied(name, namespace, rules)
+            if why:
+                raise PolicyDenied(why)
+
+
+def _device_denied(name: str, namespace: str, rules: list[DeviceRule]) -> str | None:
+    for rule in rules:
+        for pattern in rule.deny:
+            if fnmatchcase(name, pattern):
+                return (f"device {name} denied in namespace {namespace!r} by policy rule "
+                        f"{rule.describe()} deny {pattern!r}")
+    if any(fnmatchcase(name, p) for rule in rules for p in rule.allow):
+        return None
+    if not rules:
+        return (f"device {name} denied: no policy devices rule applies to namespace "
+                f"{namespace!r}")
+    return (f"device {name} denied in namespace {namespace!r}: no allow pattern matches in "
+            f"policy rules {', '.join(r.describe() for r in rules)}")
+
+
+# --- loading and validation ------------------------------------------------------------------
+
+
+def load_policy(path: str) -> Policy:
+    """Read and validate a policy file (YAML); raises PolicyError naming every problem."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            doc = yaml.safe_load(handle)
+    except OSError as exc:
+        raise PolicyError([f"cannot read: {exc.strerror}"], path) from None
+    except yaml.YAMLError as exc:
+        raise PolicyError([f"not valid YAML: {exc}"], path) from None
+    return parse_policy(doc, origin=path)
+
+
+def parse_policy(doc: Any, *, origin: str = "") -> Policy:
+    problems: list[str] = []
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict):
+        raise PolicyError(["the document must be a mapping"], origin)
+    _keys(doc, "", {"version", "sources", "devices", "privilegedExempt", "requirements",
+                    "capabilities", "failClosed"}, problems)
+    if doc.get("version", 1) != 1:
+        problems.append(f"version: unsupported {doc.get('version')!r} (want 1)")
+    sources = _sources(doc.get("sources", {}), problems)
+    devices = _device_rules(doc.get("devices"), problems)
+    req = _section(doc, "requirements", {"enforce", "unknownFacts"}, problems)
+    caps = _section(doc, "capabilities", {"filter"}, problems)
+    fail = _section(doc, "failClosed", {"action"}, problems)
+    policy = Policy(
+        sources=sources, devices=devices,
+        privileged_exempt=_bool(doc, "privilegedExempt", False, "", problems),
+        enforce_requirements=_bool(req, "enforce", True, "requirements.", problems),
+        unknown_facts=_choice(req, "unknownFacts", "allow", UNKNOWN_FACTS, "requirements.",
+                              problems),
+        filter_capabilities=_bool(caps, "filter", True, "capabilities.", problems),
+        fail_closed_action=_choice(fail, "action", "evict", ACTIONS, "failClosed.", problems),
+        origin=origin or "inline")
+    if problems:
+        raise PolicyError(problems, origin)
+    return policy
+
+
+def _keys(doc: Mapping[str, Any], where: str, known: set[str], problems: list[str]) -> None:
+    for key in doc:
+        if key not in known:
+            problems.append(f"{where}{key}: unknown key (known: {', '.join(sorted(known))})")
+
+
+def _section(doc: Mapping[str, Any], key: str, known: set[str],
+             problems: list[str]) -> Mapping[str, Any]:
+    value = doc.get(key, {})
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        problems.append(f"{key}: must be a mapping")
+        return {}
+    _keys(value, key + ".", known, problems)
+    return value
+
+
+def _bool(doc: Mapping[str, Any], key: str, default: bool, where: str,
+          problems: list[str]) -> bool:
+    value = doc.get(key, default)
+    if not isinstance(value, bool):
+        problems.append(f"{where}{key}: must be true or false, got {value!r}")
+        return default
+    return value
+
+
+def _choice(doc: Mapping[str, Any], key: str, default: str, choices: Sequence[str],
+            where: str, problems: list[str]) -> str:
+    value = doc.get(key, default)
+    if value not in choices:
+        problems.append(f"{where}{key}: must be one of {', '.join(choices)}, got {value!r}")
+        return default
+    return str(value)
+
+
+def _patterns(value: Any, where: str, problems: list[str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
+        problems.append(f"{where}: must be a list of non-empty glob patterns, got {value!r}")
+        return ()
+    return tuple(value)
+
+
+def _sources(doc: Any, problems: list[str]) -> Mapping[str, SourceRule]:
+    defaults = _default_sources()
+    if not isinstance(doc, dict):
+        problems.append("sources: must be a mapping")
+        return defaults
+    _keys(doc, "sources.", set(SOURCES), problems)
+    out = dict(defaults)
+    for name in SOURCES:
+        section = doc.get(name)
+        if section is None:
+            continue
+        where = f"sources.{name}"
+        if not isinstance(section, dict):
+            problems.append(f"{where}: must be a mapping")
+            continue
+        _keys(section, where + ".", {"enabled", "namespaces", "privilegedOnly"}, problems)
+        base = defaults[name]
+        out[name] = SourceRule(
+            enabled=_bool(section, "enabled", base.enabled, where + ".", problems),
+            namespaces=_patterns(section.get("namespaces", list(base.namespaces)),
+                                 where + ".namespaces", problems),
+            privileged_only=_bool(section, "privilegedOnly", base.privileged_only,
+                                  where + ".", problems))
+    return out
+
+
+def _device_rules(doc: Any, problems: list[str]) -> tuple[DeviceRule, ...]:
+    if doc is None:
+        return DEFAULT_DEVICE_RULES
+    if not isinstance(doc, list):
+        problems.append("devices: must be a list of rules")
+        return DEFAULT_DEVICE_RULES
+    rules = []
+    for i, item in enumerate(doc):
+        where = f"devices[{i}]"
+        if not isinstance(item, dict):
+            problems.append(f"{where}: must be a mapping")
+            continue
+        _keys(item, where + ".", {"namespaces", "allow", "deny"}, problems)
+        if "allow" not in item and "deny" not in item:
+            problems.append(f"{where}: needs allow or deny")
+        rules.append(DeviceRule(
+            index=i, namespaces=_patterns(item.get("namespaces", ["*"]), where + ".namespaces",
+                                          problems),
+            allow=_patterns(item.get("allow", []), where + ".allow", problems)
+            if item.get("allow", []) else (),
+            deny=_patterns(item.get("deny", []), where + ".deny", problems)
+            if item.get("deny", []) else ()))
+    return tuple(rules)

@@ -1,0 +1,188 @@
+"""NVIDIA_REQUIRE_* checks (cdi-and-nvidia.md §3.5). Pure functions of the container's env
+and the node facts the generator recorded in its sidecar.
+
+NVIDIA's CDI runtime modes skip these checks (nvidia-container-toolkit#1470), so an image
+built for a newer CUDA starts on an old driver and fails later with an obscure CUDA error.
+We refuse it at creation instead, with a message that names the constraint and the node.
+
+Grammar: each ``NVIDIA_REQUIRE_<X>`` (but ``NVIDIA_REQUIRE_JETPACK``) is one requirement and
+all must hold; a requirement is space-separated alternatives (OR), each a comma-separated
+conjunction (AND) of ``name OP value`` with OP one of ``= != < <= > >=``; names are
+``cuda``, ``driver``, ``arch``, ``brand`` (``brand``: ``=``/``!=`` only, case-insensitive).
+Versions compare numerically, component by component, trailing ``.0`` ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+REQUIRE_PREFIX = "NVIDIA_REQUIRE_"
+IGNORED = frozenset({"NVIDIA_REQUIRE_JETPACK"})
+DISABLE = "NVIDIA_DISABLE_REQUIRE"
+NAMES = ("cuda", "driver", "arch", "brand")
+# Longest first, so that "<=" is not read as "<" followed by "=value".
+_OPS = ("<=", ">=", "!=", "<", ">", "=")
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_VERSION = re.compile(r"^\d+(\.\d+)*$")
+
+
+class RequirementError(Exception):
+    """A requirement is malformed or not met; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    name: str
+    op: str
+    value: str
+
+    def __str__(self) -> str:
+        return f"{self.name}{self.op}{self.value}"
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    env: str  # the variable it came from, e.g. NVIDIA_REQUIRE_CUDA
+    text: str
+    alternatives: tuple[tuple[Constraint, ...], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeVersions:
+    driver: str | None = None  # RM version, e.g. 550.54.15
+    cuda: str | None = None  # the newest CUDA the driver supports, e.g. 12.4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuInfo:
+    name: str  # CDI name, for messages
+    arch: str | None = None  # compute capability, e.g. 8.0
+    brand: str | None = None  # e.g. tesla, nvidia
+
+
+def env_map(env: Sequence[str]) -> dict[str, str]:
+    """``K=V`` entries → a dict; a later entry wins, as in execve's environment."""
+    out: dict[str, str] = {}
+    for entry in env:
+        key, _, value = entry.partition("=")
+        out[key] = value
+    return out
+
+
+def parse_bool(text: str) -> bool:
+    """True for what Go's strconv.ParseBool reads as true; anything else is false."""
+    return text.strip() in _TRUE
+
+
+def version_key(text: str) -> tuple[int, ...]:
+    parts = [int(p) for p in text.split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
+
+
+def parse_requirement(env: str, text: str) -> Requirement:
+    alternatives = []
+    for alternative in text.split():
+        terms = tuple(_parse_constraint(env, term) for term in alternative.split(",") if term)
+        if terms:
+            alternatives.append(terms)
+    return Requirement(env=env, text=" ".join(text.split()), alternatives=tuple(alternatives))
+
+
+def _parse_constraint(env: str, term: str) -> Constraint:
+    for op in _OPS:
+        name, sep, value = term.partition(op)
+        if sep and name and value:
+            return _checked(env, Constraint(name.strip().lower(), op, value.strip()))
+    raise RequirementError(f"{env}: cannot parse {term!r} (want NAME OP VALUE, OP one of "
+                           "= != < <= > >=)")
+
+
+def _checked(env: str, c: Constraint) -> Constraint:
+    if c.name not in NAMES:
+        raise RequirementError(f"{env}: unknown name {c.name!r} in {c} (known: "
+                               f"{', '.join(NAMES)})")
+    if c.name == "brand":
+        if c.op not in ("=", "!="):
+            raise RequirementError(f"{env}: brand takes only = or !=, got {c}")
+        return Constraint(c.name, c.op, c.value.lower())
+    if not _VERSION.match(c.value):
+        raise RequirementError(f"{env}: {c.value!r} in {c} is not a version (digits and dots)")
+    return c
+
+
+def requirements_from_env(env: Mapping[str, str]) -> list[Requirement]:
+    """The container's requirements; none when NVIDIA_DISABLE_REQUIRE is true. A legacy
+    image (CUDA_VERSION set, NVIDIA_REQUIRE_CUDA unset) requires cuda>=major.minor."""
+    if parse_bool(env.get(DISABLE, "")):
+        return []
+    found = [parse_requirement(key, value) for key, value in sorted(env.items())
+             if key.startswith(REQUIRE_PREFIX) and key not in IGNORED and value.strip()]
+    if "NVIDIA_REQUIRE_CUDA" not in env and env.get("CUDA_VERSION"):
+        match = re.match(r"^(\d+)\.(\d+)", env["CUDA_VERSION"])
+        if match:
+            implicit = f"cuda>={match.group(1)}.{match.group(2)}"
+            found.append(parse_requirement("CUDA_VERSION (legacy image)", implicit))
+    return found
+
+
+def check(requirements: Sequence[Requirement], node: NodeVersions,
+          gpus: Sequence[GpuInfo]) -> None:
+    """Raise RequirementError for the first requirement not met. Evaluated once per GPU
+    (arch and brand are per device); with no GPU, once with arch/brand taken as met."""
+    for requirement in requirements:
+        for gpu in gpus or (None,):
+            failures = [_first_failure(alt, node, gpu) for alt in requirement.alternatives]
+            if requirement.alternatives and all(failures):
+                raise RequirementError(_message(requirement, [f for f in failures if f]))
+
+
+def _first_failure(terms: tuple[Constraint, ...], node: NodeVersions,
+                   gpu: GpuInfo | None) -> str | None:
+    for c in terms:
+        why = _failure(c, node, gpu)
+        if why:
+            return why
+    return None
+
+
+def _failure(c: Constraint, node: NodeVersions, gpu: GpuInfo | None) -> str | None:
+    if c.name == "cuda":
+        have = node.cuda
+        described = f"node driver {node.driver or '(unknown version)'} supports CUDA {have}"
+    elif c.name == "driver":
+        have, described = node.driver, f"node driver is {node.driver}"
+    elif gpu is None:
+        return None  # no GPU visible: arch and brand hold
+    elif c.name == "arch":
+        have, described = gpu.arch, f"GPU {gpu.name} has arch {gpu.arch}"
+    else:
+        have, described = gpu.brand, f"GPU {gpu.name} is brand {gpu.brand}"
+    if have is None:
+        return f"{c}: the node's {c.name} is not recorded (regenerate the spec in nvml mode)"
+    if _holds(c, have):
+        return None
+    return f"{c} not met: {described}"
+
+
+def _holds(c: Constraint, have: str) -> bool:
+    if c.name == "brand":
+        return (have.lower() == c.value) == (c.op == "=")
+    if not _VERSION.match(have):
+        return False
+    a, b = version_key(have), version_key(c.value)
+    return {"=": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b,
+            ">=": a >= b}[c.op]
+
+
+def _message(requirement: Requirement, failures: list[str]) -> str:
+    # One alternative with one failing term: "requirement cuda>=12.8 not met: node ...".
+    if len(failures) == 1:
+        detail = f"requirement {failures[0]}"
+    else:
+        detail = (f"requirement {requirement.text!r} not met, no alternative holds: "
+                  + "; ".join(failures))
+    return (f"{detail} ({requirement.env}; NVIDIA_DISABLE_REQUIRE=true skips the check)")

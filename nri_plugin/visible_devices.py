@@ -1,0 +1,104 @@
+"""NVIDIA_VISIBLE_DEVICES → CDI names of the generated NVIDIA spec (§3.4). Pure.
+
+Values: unset, empty or ``void`` (anywhere): nothing; ``none``: no GPU (we inject nothing:
+the driver-only case needs no device and has no CDI name); ``all``; or a comma list of GPU
+indices, ``GPU-…``/``MIG-…`` UUIDs (case-insensitive), PCI bus ids, ``<gpu>:<mig>``, or
+fully qualified CDI names. An unknown id is an error, as in the toolkit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from cdi.cache import Snapshot
+
+from .nodefacts import DeviceFacts, NodeFacts
+
+ENV = "NVIDIA_VISIBLE_DEVICES"
+GPU_KIND = "nvidia.com/gpu"
+
+
+class VisibleDevicesError(Exception):
+    pass
+
+
+def visible_device_names(env: Mapping[str, str], snapshot: Snapshot, facts: NodeFacts,
+                         *, legacy: bool = False) -> list[str]:
+    """The CDI names the variable selects (empty: none). ``legacy``: unset means ``all``."""
+    text = env.get(ENV, "all" if legacy else "")
+    ids = [i.strip() for i in text.split(",") if i.strip()]
+    if not ids or "void" in ids or ids == ["none"]:
+        return []
+    known = [d for d in facts.devices.values() if d.name.startswith(GPU_KIND + "=")]
+    names: list[str] = []
+    for item in ids:
+        if item == "none":
+            continue
+        names += _resolve(item, known, snapshot)
+    return list(dict.fromkeys(names))
+
+
+def _resolve(item: str, known: list[DeviceFacts], snapshot: Snapshot) -> list[str]:
+    if "=" in item:  # already a CDI name
+        return [item]
+    if item == "all":
+        return _all(known, snapshot)
+    found = _match(item, known)
+    if found is not None:
+        return [found]
+    fallback = f"{GPU_KIND}={item}"  # no sidecar: the spec's own index/uuid names
+    if fallback in snapshot.devices:
+        return [fallback]
+    raise VisibleDevicesError(f"{ENV}: unknown device {item!r}")
+
+
+def _all(known: list[DeviceFacts], snapshot: Snapshot) -> list[str]:
+    if f"{GPU_KIND}=all" in snapshot.devices:
+        return [f"{GPU_KIND}=all"]
+    names = _one_name_each(known)
+    if not names:
+        raise VisibleDevicesError(f"{ENV}=all: no {GPU_KIND} devices on this node")
+    return names
+
+
+def _one_name_each(known: Iterable[DeviceFacts]) -> list[str]:
+    # Each physical device is listed once per naming strategy: keep the first name.
+    seen: set[tuple[object, ...]] = set()
+    out = []
+    for d in sorted(known, key=lambda d: d.name):
+        key = (d.gpu_uuid, d.mig_uuid)
+        if key not in seen:
+            seen.add(key)
+            out.append(d.name)
+    return out
+
+
+def _match(item: str, known: list[DeviceFacts]) -> str | None:
+    lowered = item.lower()
+    candidates: list[DeviceFacts] = []
+    if item.isdigit():
+        candidates = [d for d in known if d.type == "gpu" and d.gpu_index == int(item)]
+    elif ":" in item and all(p.isdigit() for p in item.split(":")) and item.count(":") == 1:
+        gpu, mig = (int(p) for p in item.split(":"))
+        candidates = [d for d in known if d.type == "mig" and d.gpu_index == gpu
+                      and d.mig_index == mig]
+    elif lowered.startswith("gpu-"):
+        candidates = [d for d in known if d.type == "gpu" and d.gpu_uuid.lower() == lowered]
+    elif lowered.startswith("mig-"):
+        candidates = [d for d in known if d.mig_uuid.lower() == lowered]
+    else:
+        bus = _bus(lowered)
+        candidates = [d for d in known if d.type == "gpu" and _bus(d.bus_id.lower()) == bus]
+    if not candidates:
+        return None
+    # Prefer the name that is the id itself (index strategy), else the first by name.
+    for d in candidates:
+        if d.name == f"{GPU_KIND}={item}":
+            return d.name
+    return sorted(d.name for d in candidates)[0]
+
+
+def _bus(text: str) -> str:
+    """PCI bus id with the domain padded to 8 digits, so 0000:65:00.0 = 00000000:65:00.0."""
+    domain, sep, rest = text.partition(":")
+    return f"{domain.zfill(8)}:{rest}" if sep and rest else text

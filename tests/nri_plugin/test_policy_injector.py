@@ -1,0 +1,199 @@
+"""The injector under a policy, with node facts: sources, duplicates, requirements,
+capabilities; and fail-closed detection at Synchronize. No sockets, no containerd."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from cdi.cache import Snapshot, SpecCache
+from nri_plugin.api import nri_pb2
+from nri_plugin.failclosed import act, find_unserved
+from nri_plugin.injector import CdiInjector
+from nri_plugin.nodefacts import NodeFacts, load_facts
+from nri_plugin.policy import Policy, PolicyDenied, parse_policy
+from nri_plugin.requirements import RequirementError
+from tests.helpers import write_specs
+
+SPEC = """\
+cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+containerEdits:
+  mounts:
+  - {hostPath: /drv/libcuda.so.550, containerPath: /lib/libcuda.so.550, options: [ro, bind]}
+  - {hostPath: /drv/libGLX_nvidia.so.550, containerPath: /lib/libGLX_nvidia.so.550,
+     options: [ro, bind]}
+  - {hostPath: /drv/nvidia-smi, containerPath: /bin/nvidia-smi, options: [ro, bind]}
+devices:
+- name: "0"
+  containerEdits:
+    deviceNodes: [{path: /dev/nvidia0, type: c, major: 195, minor: 0}]
+- name: "1"
+  containerEdits:
+    deviceNodes: [{path: /dev/nvidia1, type: c, major: 195, minor: 1}]
+"""
+
+
+def _sidecar(spec: bytes) -> dict[str, object]:
+    return {
+        "spec": {"sha256": hashlib.sha256(spec).hexdigest()},
+        "driver": {"version": "550.54.15", "cudaVersion": "12.4"},
+        "capabilities": {"compute": ["/lib/libcuda.so.550"],
+                         "graphics": ["/lib/libGLX_nvidia.so.550"],
+                         "utility": ["/bin/nvidia-smi"]},
+        "devices": {"0": {"type": "gpu", "gpuIndex": 0, "gpuUuid": "GPU-a", "arch": "8.0",
+                          "brand": "tesla"},
+                    "1": {"type": "gpu", "gpuIndex": 1, "gpuUuid": "GPU-b", "arch": "7.0",
+                          "brand": "tesla"}},
+    }
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> tuple[Snapshot, NodeFacts]:
+    folder = write_specs(tmp_path / "cdi", {"nvidia.yaml": SPEC})
+    spec = folder / "nvidia.yaml"
+    (folder / "nvidia.yaml.meta").write_text(json.dumps(_sidecar(spec.read_bytes())))
+    snapshot = SpecCache([str(folder)]).refresh()
+    return snapshot, load_facts(snapshot)
+
+
+def injector(registry: tuple[Snapshot, NodeFacts], policy: Policy | None = None) -> CdiInjector:
+    snapshot, facts = registry
+    plugin = CdiInjector(lambda: snapshot, facts=lambda: facts, policy=policy)
+    plugin.configure("", "containerd", "1.7.24")
+    return plugin
+
+
+def pod(namespace: str = "default", **annotations: str) -> nri_pb2.PodSandbox:
+    return nri_pb2.PodSandbox(id="p1", name="pod", namespace=namespace, annotations=annotations)
+
+
+def container(*env: str, name: str = "app", **annotations: str) -> nri_pb2.Container:
+    return nri_pb2.Container(id="c1", pod_sandbox_id="p1", name=name, env=list(env),
+                             annotations=annotations)
+
+
+def mounts(adjustment: nri_pb2.ContainerAdjustment) -> list[str]:
+    return [m.destination for m in adjustment.mounts]
+
+
+def test_facts_loaded_from_sidecar(registry: tuple[Snapshot, NodeFacts]) -> None:
+    _, facts = registry
+    assert facts.devices["nvidia.com/gpu=0"].arch == "8.0"
+    assert next(iter(facts.specs.values())).versions.cuda == "12.4"
+
+
+def test_stale_sidecar_is_ignored(tmp_path: Path) -> None:
+    folder = write_specs(tmp_path / "cdi", {"nvidia.yaml": SPEC})
+    (folder / "nvidia.yaml.meta").write_text(json.dumps(_sidecar(b"other")))
+    facts = load_facts(SpecCache([str(folder)]).refresh())
+    assert not facts.specs and facts.stale
+
+
+@pytest.mark.parametrize("caps, expected", [
+    ("", ["/lib/libcuda.so.550", "/bin/nvidia-smi"]),
+    ("compute", ["/lib/libcuda.so.550"]),
+    ("graphics", ["/lib/libGLX_nvidia.so.550"]),
+    ("all", ["/lib/libcuda.so.550", "/lib/libGLX_nvidia.so.550", "/bin/nvidia-smi"]),
+])
+def test_capability_filtering(registry: tuple[Snapshot, NodeFacts], caps: str,
+                              expected: list[str]) -> None:
+    env = [f"NVIDIA_DRIVER_CAPABILITIES={caps}"] if caps else []
+    adj = injector(registry).create_container(
+        pod(**{"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}), container(*env))
+    assert adj is not None and mounts(adj) == expected
+
+
+def test_capability_filter_off_by_policy(registry: tuple[Snapshot, NodeFacts]) -> None:
+    plugin = injector(registry, parse_policy({"capabilities": {"filter": False}}))
+    adj = plugin.create_container(pod(**{"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}), container())
+    assert adj is not None and len(adj.mounts) == 3
+
+
+@pytest.mark.parametrize("env, device, error", [
+    ("NVIDIA_REQUIRE_CUDA=cuda>=12.8", "0",
+     "requirement cuda>=12.8 not met: node driver 550.54.15 supports CUDA 12.4"),
+    ("NVIDIA_REQUIRE_ARCH=arch>=8.0", "1", "GPU nvidia.com/gpu=1 has arch 7.0"),
+    ("CUDA_VERSION=12.6.1", "0", "requirement cuda>=12.6 not met"),
+    ("NVIDIA_REQUIRE_CUDA=cuda>=12.0", "0", None),
+    ("NVIDIA_REQUIRE_ARCH=arch>=8.0", "0", None),
+])
+def test_requirements(registry: tuple[Snapshot, NodeFacts], env: str, device: str,
+                      error: str | None) -> None:
+    plugin = injector(registry)
+    args = (pod(**{"cdi.k8s.io/gpu": f"nvidia.com/gpu={device}"}), container(env))
+    if error is None:
+        assert plugin.create_container(*args) is not None
+    else:
+        with pytest.raises(RequirementError, match=re.escape(error)):
+            plugin.create_container(*args)
+    off = injector(registry, parse_policy({"requirements": {"enforce": False}}))
+    assert off.create_container(*args) is not None
+
+
+def test_source_denial_and_env_ignored(registry: tuple[Snapshot, NodeFacts]) -> None:
+    policy = parse_policy({"sources": {"podAnnotations": {"namespaces": ["ml"]}}})
+    plugin = injector(registry, policy)
+    with pytest.raises(PolicyDenied, match=re.escape("sources.podAnnotations.namespaces")):
+        plugin.create_container(pod("web", **{"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}),
+                                container())
+    # NVIDIA_VISIBLE_DEVICES is off by default: ignored, not refused.
+    assert plugin.create_container(pod("web"), container("NVIDIA_VISIBLE_DEVICES=all")) is None
+    on = injector(registry, parse_policy(
+        {"sources": {"visibleDevicesEnv": {"enabled": True, "privilegedOnly": False}}}))
+    adj = on.create_container(pod("web"), container("NVIDIA_VISIBLE_DEVICES=1"))
+    assert adj is not None and [d.path for d in adj.linux.devices] == ["/dev/nvidia1"]
+
+
+def test_devices_already_injected_are_skipped(registry: tuple[Snapshot, NodeFacts]) -> None:
+    plugin = injector(registry)
+    ctr = container(**{"cdi.k8s.io/dp_0": "nvidia.com/gpu=0"})
+    ctr.linux.devices.add(path="/dev/nvidia0", type="c", major=195, minor=0)
+    assert plugin.create_container(pod(), ctr) is None
+    ctr2 = container(**{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
+    ctr2.CDI_devices.add(name="nvidia.com/gpu=1")
+    assert plugin.create_container(pod(), ctr2) is None
+
+
+# --- fail-closed -----------------------------------------------------------------------------
+
+def live(cid: str, name: str, **annotations: str) -> nri_pb2.Container:
+    return nri_pb2.Container(id=cid, pod_sandbox_id="p1", name=name, pid=0,
+                             state=nri_pb2.CONTAINER_RUNNING, annotations=annotations)
+
+
+def test_find_unserved(registry: tuple[Snapshot, NodeFacts]) -> None:
+    snapshot, facts = registry
+    served = live("c1", "served", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=0"})
+    served.linux.devices.add(path="/dev/nvidia0", type="c", major=195, minor=0)
+    starved = live("c2", "starved", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
+    plain = live("c3", "plain")
+    stopped = live("c4", "stopped", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
+    stopped.state = nri_pb2.CONTAINER_STOPPED
+    found = find_unserved([pod()], [served, starved, plain, stopped], Policy(), snapshot, facts)
+    assert [(u.name, u.missing) for u in found] == [("starved", ("nvidia.com/gpu=1",))]
+
+
+def test_report_action_stops_nothing(registry: tuple[Snapshot, NodeFacts],
+                                     caplog: pytest.LogCaptureFixture) -> None:
+    snapshot, facts = registry
+    starved = live("c2", "starved", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
+    found = find_unserved([pod()], [starved], Policy(), snapshot, facts)
+    counters: dict[str, int] = {}
+    asyncio.run(act(None, found, "report", counters))
+    assert counters == {"unserved_reported": 1}
+    assert "fail-closed report: container starved" in caplog.text
+
+
+def test_synchronize_hands_unserved_to_callback(registry: tuple[Snapshot, NodeFacts]) -> None:
+    plugin = injector(registry)
+    got: list[object] = []
+    plugin.on_unserved = got.extend
+    starved = live("c2", "starved", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
+    assert plugin.synchronize([pod()], [starved, live("c3", "plain")]) is None
+    assert len(got) == 1 and plugin.counters["unserved_found"] == 1
