@@ -11,8 +11,10 @@ from cdi.hooks.cli import add_commands as add_hook_commands
 from cdi.nvidia.cli import add_commands as add_nvidia_commands
 
 from .daemon import add_command as add_plugin_command
+from .doctor import add_commands as add_doctor_commands
 from .refresh import add_commands as add_refresh_commands
 from .settings import add_commands as add_config_commands
+from .units import add_commands as add_unit_commands
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_hook_commands(subparsers)
     add_refresh_commands(subparsers)
     add_config_commands(subparsers)
+    add_unit_commands(subparsers)
+    add_doctor_commands(subparsers)
     return parser
 
 

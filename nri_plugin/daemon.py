@@ -31,8 +31,12 @@ log = logging.getLogger("nri_cdi")
 
 
 def add_command(subparsers: Any) -> None:
+    from .settings import add_config_argument
+
     parser = subparsers.add_parser("plugin", help="run the NRI plugin that injects CDI devices")
-    parser.add_argument("--socket", default=DEFAULT_SOCKET_PATH,
+    add_config_argument(parser)
+    # Flags default to None: a flag overrides the config file only when given.
+    parser.add_argument("--socket",
                         help=f"NRI socket of the runtime (default {DEFAULT_SOCKET_PATH}); "
                              "ignored when the runtime launched us (NRI_PLUGIN_SOCKET)")
     parser.add_argument("--name", help=f"plugin name (default: NRI_PLUGIN_NAME or {DEFAULT_NAME})")
@@ -41,36 +45,50 @@ def add_command(subparsers: Any) -> None:
     parser.add_argument("--spec-dir", dest="spec_dirs", action="append", metavar="DIR",
                         help="CDI spec directory; repeat for several, later ones win "
                              f"(default: {' then '.join(DEFAULT_SPEC_DIRS)})")
-    parser.add_argument("--rescan-interval", type=float, default=60.0, metavar="SECONDS",
+    parser.add_argument("--rescan-interval", type=float, metavar="SECONDS",
                         help="full rescan of the spec directories besides inotify (default 60)")
     parser.add_argument("--policy", metavar="FILE",
                         help="authorization policy (YAML; see README 'Policy, requirements "
-                             "and fail-closed'); default: the built-in secure defaults")
-    parser.add_argument("--log-level", default="info",
-                        choices=["debug", "info", "warning", "error"])
+                             "and fail-closed'); default: the config file's policy section, "
+                             "else the built-in secure defaults")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                        help="default info")
+    parser.add_argument("--log-format", choices=["text", "json"], help="default text")
+    parser.add_argument("--metrics-address", metavar="HOST:PORT",
+                        help="serve /metrics, /healthz and /livez there (default: off)")
     parser.set_defaults(func=cmd_plugin)
 
 
 def cmd_plugin(args: argparse.Namespace) -> int:
     import asyncio
 
-    listener = _setup_logging(args.log_level)
+    from .settings import SettingsError, settings_from_args
+
     try:
-        policy = _load_policy(args.policy)
+        settings = settings_from_args(args)
+    except SettingsError as exc:
+        for line in exc.lines():
+            print(line, file=sys.stderr)
+        return 2
+    listener = _setup_logging(settings["log"]["level"], settings["log"]["format"])
+    try:
+        policy = _load_policy(args.policy, settings)
         if policy is None:
             return 2
-        return asyncio.run(serve(args, policy))
+        return asyncio.run(serve(args, policy, settings))
     finally:
         listener.stop()
 
 
-def _setup_logging(level: str) -> logging.handlers.QueueListener:
+def _setup_logging(level: str, kind: str = "text") -> logging.handlers.QueueListener:
     import logging.handlers
     import queue
 
+    from .logformat import log_formatter
+
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(log_formatter(kind))
     root = logging.getLogger()
     root.handlers[:] = [logging.handlers.QueueHandler(records)]
     root.setLevel(level.upper())
@@ -79,22 +97,27 @@ def _setup_logging(level: str) -> logging.handlers.QueueListener:
     return listener
 
 
-def _identity(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    """Flags win; then the runtime's NRI_PLUGIN_* (the Stub reads those); then defaults."""
+def _identity(args: argparse.Namespace, settings: Any) -> tuple[str | None, str | None]:
+    """Flags win; then the runtime's NRI_PLUGIN_* (the Stub reads those); then the config."""
     launched = "NRI_PLUGIN_NAME" in os.environ
-    name = args.name or (None if launched else DEFAULT_NAME)
-    idx = args.idx or (None if "NRI_PLUGIN_IDX" in os.environ else DEFAULT_INDEX)
+    name = args.name or (None if launched else settings["plugin"]["name"])
+    idx = args.idx or (None if "NRI_PLUGIN_IDX" in os.environ else settings["plugin"]["index"])
     return name, idx
 
 
-def _load_policy(path: str | None) -> Any:
-    """The policy from ``path`` (None: built-in defaults); None after logging an error."""
-    from .policy import Policy, PolicyError, load_policy
+def _load_policy(path: str | None, settings: Any) -> Any:
+    """The policy from ``path``, else the config file's ``policy`` section, else the
+    built-in defaults; None after logging every problem."""
+    from .policy import Policy, PolicyError, load_policy, parse_policy
 
-    if path is None:
+    if path is None and not settings.policy:
         return Policy()
     try:
-        policy = load_policy(path)
+        if path is None:
+            path = f"{settings.source} (policy section)"
+            policy = parse_policy(dict(settings.policy), origin=path)
+        else:
+            policy = load_policy(path)
     except PolicyError as exc:
         log.error("%s", exc)
         for problem in exc.problems:
@@ -104,7 +127,7 @@ def _load_policy(path: str | None) -> Any:
     return policy
 
 
-async def serve(args: argparse.Namespace, policy: Any = None) -> int:
+async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
     import asyncio
     import signal
 
@@ -116,26 +139,42 @@ async def serve(args: argparse.Namespace, policy: Any = None) -> int:
     from .nodefacts import FactsHolder
     from .stub import Stub
 
-    cache = SpecCache(args.spec_dirs)
+    plugin_settings = settings["plugin"]
+    metrics, server = _start_metrics(settings["metrics"]["address"])
+    cache = SpecCache(plugin_settings["spec_dirs"])
     facts = FactsHolder(lambda: cache.snapshot)
 
     def refreshed(snapshot: Any) -> None:
         _log_refresh(snapshot)
         facts.reload(snapshot)  # sidecar metadata, loaded next to the specs
+        if metrics is not None:
+            metrics.registry(snapshot)
 
-    refresher = AutoRefresh(cache, rescan_interval=args.rescan_interval,
+    refresher = AutoRefresh(cache, rescan_interval=plugin_settings["rescan_interval"],
                             on_refresh=refreshed).start()
     loop = asyncio.get_running_loop()
-    plugin = CdiInjector(lambda: cache.snapshot, facts=facts.get, policy=policy)
-    name, idx = _identity(args)
-    stub = Stub(plugin, name=name, idx=idx, socket_path=args.socket)
+    if metrics is None:
+        plugin = CdiInjector(lambda: cache.snapshot, facts=facts.get, policy=policy)
+    else:
+        from .metered import MeteredInjector
+
+        plugin = MeteredInjector(lambda: cache.snapshot, metrics, facts=facts.get,
+                                 policy=policy)
+    name, idx = _identity(args, settings)
+    stub = Stub(plugin, name=name, idx=idx, socket_path=plugin_settings["socket"],
+                on_close=None if metrics is None else lambda s, e: metrics.disconnected())
     # Synchronize finds containers created while we were away; acting on them waits for
     # the Synchronize reply (the runtime holds its lock until then), hence a task.
     tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
 
+    async def act_and_count(unserved: Any) -> None:
+        before = plugin.counters.get("unserved_evicted", 0)
+        await act(stub, unserved, plugin.policy.fail_closed_action, plugin.counters)
+        if metrics is not None:
+            metrics.eviction(plugin.counters.get("unserved_evicted", 0) - before)
+
     def on_unserved(unserved: Any) -> None:
-        task = loop.create_task(act(stub, unserved, plugin.policy.fail_closed_action,
-                                    plugin.counters))
+        task = loop.create_task(act_and_count(unserved))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
@@ -151,8 +190,23 @@ async def serve(args: argparse.Namespace, policy: Any = None) -> int:
         pass
     finally:
         refresher.stop()
+        if server is not None:
+            server.close()
     log.info("plugin stopped")
     return 0
+
+
+def _start_metrics(address: str) -> tuple[Any, Any]:
+    """Metrics and their HTTP server when an address is configured (off by default)."""
+    if not address:
+        return None, None
+    from .metrics import Metrics, parse_address
+
+    metrics = Metrics()
+    server = metrics.serve(address)
+    log.info("metrics and health on http://%s:%d/metrics", parse_address(address)[0],
+             server.port)
+    return metrics, server
 
 
 def _shutdown(stub: Stub, task: asyncio.Future[None]) -> None:

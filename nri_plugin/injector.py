@@ -111,6 +111,12 @@ def _merged(snapshot: Snapshot, spec_path: str, group: list[Device]) -> Containe
     return merge([snapshot.specs[spec_path].edits, *(d.edits for d in group)])
 
 
+# What refuses one container's creation with a message for the user (anything else is a
+# bug, reported the same way by the dispatcher but counted apart in the metrics).
+REFUSALS = (AnnotationError, InjectionError, PolicyDenied, RequirementError, CapabilityError,
+            VisibleDevicesError)
+
+
 class CdiInjector(Plugin):
     """Injects the CDI devices that pods and containers ask for, as the policy allows."""
 
@@ -183,8 +189,7 @@ class CdiInjector(Plugin):
         start = time.perf_counter_ns()
         try:
             injection = self.adjustment_for(pod, container)
-        except (AnnotationError, InjectionError, PolicyDenied, RequirementError,
-                CapabilityError, VisibleDevicesError) as exc:
+        except REFUSALS as exc:
             self.counters["refused"] += 1
             log.warning("refused container %s of pod %s/%s: %s", container.name,
                         pod.namespace, pod.name, exc)

@@ -17,6 +17,7 @@ Defaults (no file, or keys left out), chosen to be safe:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -40,7 +41,13 @@ class PolicyError(Exception):
 
 
 class PolicyDenied(Exception):
-    """A request the policy does not allow; the message names the rule."""
+    """A request the policy does not allow; the message names the rule, and ``rule`` is
+    its short id (``sources.podAnnotations.namespaces``, ``devices[1]``) for metrics."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        match = re.search(r"\((sources\.\w+\.\w+)|policy rule (devices\[\d+\])", message)
+        self.rule = next((g for g in match.groups() if g), "policy") if match else "policy"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

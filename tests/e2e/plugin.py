@@ -16,15 +16,19 @@ REPO = Path(__file__).resolve().parents[2]
 class PluginProcess:
     """``nri-cdi plugin`` connected to a containerd's NRI socket; log kept in a file."""
 
-    def __init__(self, nri_socket: str, spec_dirs: Sequence[Path], log_path: Path) -> None:
+    def __init__(self, nri_socket: str, spec_dirs: Sequence[Path], log_path: Path,
+                 extra_args: Sequence[str] = ()) -> None:
         self.nri_socket = nri_socket
         self.spec_dirs = list(spec_dirs)
         self.log_path = log_path
+        self.extra_args = list(extra_args)
         self.process: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
         args = [sys.executable, "-m", "nri_plugin.cli", "plugin", "--socket", self.nri_socket,
-                "--log-level", "debug", "--rescan-interval", "3600"]
+                "--rescan-interval", "3600", *self.extra_args]
+        if "--config" not in self.extra_args:
+            args += ["--log-level", "debug"]
         for folder in self.spec_dirs:
             args += ["--spec-dir", str(folder)]
         return args

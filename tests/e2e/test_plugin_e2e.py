@@ -242,3 +242,42 @@ def test_same_result_as_containerd_native_cdi(containerd: ContainerdFactory, nod
     # we send; CDI's default access is "rwm". The devices are allowed either way.
     assert [dict(r, access="rwm") for r in got["cgroup"]] == expected["cgroup"]
     assert {r["access"] for r in got["cgroup"]} == {"rw"}
+
+
+def test_config_file_json_logs_and_metrics_count_real_injections(
+    ctrd: Containerd, node: Path, tmp_path: Path
+) -> None:
+    import re
+    import urllib.error
+    import urllib.request
+
+    config = tmp_path / "config.yaml"
+    config.write_text("plugin: {index: '12'}\nlog: {level: debug, format: json}\n"
+                      "metrics: {address: '127.0.0.1:0'}\n"
+                      "policy: {sources: {podAnnotations: {namespaces: [allowed]}}}\n")
+    process = PluginProcess(ctrd.nri_socket, [node / "cdi"], tmp_path / "plugin.log",
+                            extra_args=["--config", str(config)]).start()
+    try:
+        port = re.search(r"127\.0\.0\.1:(\d+)/metrics", process.log()).group(1)  # type: ignore
+        base = f"http://127.0.0.1:{port}"
+        assert json.loads(urllib.request.urlopen(f"{base}/healthz").read())["connected"]
+        with ctrd.cri() as cri, cri.cleanup():
+            good = cri.run_pod("m-ok", namespace="allowed",
+                               annotations={"cdi.k8s.io/gpu": f"{KIND}=0"})
+            run(cri, good, "app")
+            denied = cri.run_pod("m-no", namespace="other",
+                                 annotations={"cdi.k8s.io/gpu": f"{KIND}=0"})
+            with pytest.raises(cri._grpc.RpcError, match=r"sources\.podAnnotations\.namespaces"):
+                cri.create_container(denied, "app", BUSYBOX_IMAGE, command=SLEEP)
+        text = urllib.request.urlopen(f"{base}/metrics").read().decode()
+        assert 'nri_cdi_injections_total{outcome="injected"} 1.0' in text
+        assert 'nri_cdi_injections_total{outcome="refused"} 1.0' in text
+        assert 'nri_cdi_denials_total{rule="sources.podAnnotations.namespaces"} 1.0' in text
+        assert "nri_cdi_registry_devices 2.0" in text
+        lines = [json.loads(line) for line in process.log().splitlines() if line.startswith("{")]
+        assert any("injected container=app" in line["message"] for line in lines)
+        assert "plugin 12-nri-cdi starting" in process.log()  # the config's index
+    finally:
+        process.kill()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"{base}/livez", timeout=2)

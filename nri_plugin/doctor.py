@@ -1,0 +1,404 @@
+"""``nri-cdi doctor``: is this node set up so that containers get their devices?
+
+Each check gives a verdict (ok, warn, fail, skip), one line of detail, and the fix when
+it is not ok. The checks read files and sockets only; the fingerprint check runs the
+generator to standard output (nothing is written). Exit status: 1 when any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .settings import Settings, SettingsError, add_config_argument, settings_from_args
+
+NRI_SECTION = "io.containerd.nri.v1.nri"
+CRI_V2_SECTION = "io.containerd.grpc.v1.cri"  # containerd 1.7 (config version 2)
+CRI_V3_SECTION = "io.containerd.cri.v1.runtime"  # containerd 2.x (config version 3)
+DEFAULT_CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+_MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Check:
+    name: str
+    status: str  # ok | warn | fail | skip
+    detail: str
+    fix: str = ""
+
+
+# --- containerd's configuration ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContainerdConfig:
+    path: str
+    data: Mapping[str, Any] | None  # None: no file (containerd's defaults apply)
+    major: int | None  # containerd major version, when known
+    error: str | None = None
+
+    def plugin(self, name: str) -> Mapping[str, Any]:
+        plugins = (self.data or {}).get("plugins", {})
+        section = plugins.get(name, {}) if isinstance(plugins, Mapping) else {}
+        return section if isinstance(section, Mapping) else {}
+
+    @property
+    def v2_defaults(self) -> bool:
+        """True when defaults are containerd 2.x's (NRI on, CDI on)."""
+        if self.major is not None:
+            return self.major >= 2
+        return bool(self.data and self.data.get("version") == 3)
+
+
+def containerd_major(binary: str | None = None) -> int | None:
+    exe = binary or shutil.which("containerd")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10,
+                             check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"\sv?(\d+)\.\d+", out)
+    return int(match.group(1)) if match else None
+
+
+def read_containerd_config(path: str, major: int | None) -> ContainerdConfig:
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        return ContainerdConfig(path=path, data=None, major=major,
+                                error="no TOML parser (Python 3.11+ has tomllib)")
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        return ContainerdConfig(path=path, data=None, major=major)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        return ContainerdConfig(path=path, data=None, major=major, error=str(exc))
+    return ContainerdConfig(path=path, data=data, major=major)
+
+
+def check_nri_enabled(cfg: ContainerdConfig, our_socket: str) -> Check:
+    name = "NRI enabled in containerd"
+    section = f'[plugins."{NRI_SECTION}"]'
+    fix = (f'in {cfg.path}: {section} disable = false (and disable_connections = false), '
+           "then restart containerd")
+    if cfg.error:
+        return Check(name=name, status="fail", detail=f"cannot read {cfg.path}: {cfg.error}",
+                     fix="fix the file's syntax (containerd would not start with it either)")
+    nri = cfg.plugin(NRI_SECTION)
+    default_off = not cfg.v2_defaults
+    disabled = nri.get("disable", default_off)
+    if cfg.data is None:
+        how = "off" if default_off else "on"
+        return Check(name=name, status="fail" if default_off else "ok",
+                     detail=f"no {cfg.path}: containerd's default applies (NRI {how})",
+                     fix=fix if default_off else "")
+    if disabled:
+        why = ("disable = true" if "disable" in nri
+               else "disable not set: NRI is off by default in containerd 1.7")
+        return Check(name=name, status="fail", detail=f"{section}: {why}", fix=fix)
+    if nri.get("disable_connections", False):
+        return Check(name=name, status="fail",
+                     detail="disable_connections = true: external plugins cannot connect",
+                     fix=f"set disable_connections = false in {section}, or run the plugin "
+                         "from the runtime's plugin_path (nri-cdi install-launcher)")
+    socket_path = nri.get("socket_path", "/var/run/nri/nri.sock")
+    if _same_path(socket_path, our_socket):
+        return Check(name=name, status="ok", detail=f"NRI on, socket {socket_path}")
+    return Check(name=name, status="warn",
+                 detail=f"containerd's NRI socket is {socket_path}, the plugin uses {our_socket}",
+                 fix="set plugin.socket in the nri-cdi configuration to containerd's "
+                     "socket_path")
+
+
+def _same_path(a: str, b: str) -> bool:
+    # /var/run is a symlink to /run on current distributions
+    return os.path.normpath(a.replace("/var/run/", "/run/")) == os.path.normpath(
+        b.replace("/var/run/", "/run/"))
+
+
+def check_socket(path: str) -> Check:
+    name = "NRI socket reachable"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(2)
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            return Check(name=name, status="fail", detail=f"{path}: {exc.strerror or exc}",
+                         fix="start containerd with NRI enabled; run doctor as root (the "
+                             "socket's folder is 0700)")
+    return Check(name=name, status="ok", detail=f"{path} accepts connections")
+
+
+def check_plugin(health_url: str | None) -> Check:
+    name = "plugin connected"
+    if not health_url:
+        return Check(name=name, status="skip", detail="no health endpoint configured",
+                     fix="set metrics.address (e.g. 127.0.0.1:9464) so that doctor can ask "
+                         "the plugin; or: systemctl status nri-cdi-plugin")
+    try:
+        with urllib.request.urlopen(health_url, timeout=3) as resp:
+            body = json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        with contextlib.suppress(ValueError):
+            body = json.loads(exc.read() or b"{}")
+            return Check(name=name, status="fail",
+                         detail=f"{health_url}: {body.get('status', exc.code)}",
+                         fix="the plugin runs but is not connected: check NRI (above) and "
+                             "the plugin's log")
+        return Check(name=name, status="fail", detail=f"{health_url}: HTTP {exc.code}")
+    except (OSError, ValueError) as exc:
+        return Check(name=name, status="fail", detail=f"{health_url}: {exc}",
+                     fix="start the plugin: systemctl start nri-cdi-plugin (or check the "
+                         "DaemonSet pod)")
+    return Check(name=name, status="ok",
+                 detail=f"connected to {body.get('runtime')}; registry {body.get('registry')}")
+
+
+def health_url(settings: Settings) -> str | None:
+    if settings["doctor"]["health_url"]:
+        return str(settings["doctor"]["health_url"])
+    address = settings["metrics"]["address"]
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"http://{host if ':' not in host else f'[{host}]'}:{port}/healthz"
+
+
+# --- specs ---------------------------------------------------------------------------------
+
+
+def check_spec_dirs(dirs: Iterable[str]) -> tuple[Check, Any]:
+    from cdi.cache import SpecCache
+
+    name = "spec directories"
+    dirs = list(dirs)
+    unreadable = [d for d in dirs if os.path.isdir(d) and not os.access(d, os.R_OK | os.X_OK)]
+    if unreadable:
+        return Check(name=name, status="fail", detail=f"cannot read {', '.join(unreadable)}",
+                     fix="run doctor (and the plugin) as root"), None
+    snapshot = SpecCache(dirs).refresh()
+    if snapshot.errors:
+        lines = [f"{path}: {msgs[0]}" for path, msgs in sorted(snapshot.errors.items())]
+        return Check(name=name, status="fail", detail="; ".join(lines),
+                     fix="fix or remove the files named (a bad spec is skipped, so its "
+                         "devices are unresolvable); regenerate generated ones with "
+                         "nri-cdi refresh"), snapshot
+    if not snapshot.devices:
+        return Check(name=name, status="warn", detail=f"no CDI devices in {', '.join(dirs)}",
+                     fix="generate a spec: nri-cdi refresh (or systemctl start "
+                         "nri-cdi-generate)"), snapshot
+    return Check(name=name, status="ok",
+                 detail=f"{len(snapshot.devices)} devices from {len(snapshot.specs)} specs"), \
+        snapshot
+
+
+def _spec_documents(dirs: Iterable[str]) -> Iterable[tuple[str, Mapping[str, Any]]]:
+    import yaml
+
+    from cdi.dirs import scan
+
+    for spec_file in scan(list(dirs)):
+        if spec_file.error:
+            continue
+        try:
+            with open(spec_file.path, encoding="utf-8") as handle:
+                doc = yaml.safe_load(handle)
+        except (OSError, yaml.YAMLError):
+            continue  # reported by check_spec_dirs
+        if isinstance(doc, Mapping):
+            yield spec_file.path, doc
+
+
+def _device_nodes(doc: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
+    edits = [doc.get("containerEdits") or {}]
+    edits += [(d or {}).get("containerEdits") or {} for d in doc.get("devices") or []]
+    for e in edits:
+        yield from (n for n in e.get("deviceNodes") or [] if isinstance(n, Mapping))
+
+
+def check_device_nodes(dirs: Iterable[str]) -> Check:
+    name = "device nodes present"
+    missing: list[str] = []
+    wrong: list[str] = []
+    seen = 0
+    for path, doc in _spec_documents(dirs):
+        for node in _device_nodes(doc):
+            host = str(node.get("hostPath") or node.get("path") or "")
+            seen += 1
+            try:
+                st = os.stat(host)
+            except OSError:
+                missing.append(f"{host} ({os.path.basename(path)})")
+                continue
+            major = node.get("major")
+            if stat.S_ISCHR(st.st_mode) and major is not None and os.major(st.st_rdev) != major:
+                wrong.append(f"{host} is {os.major(st.st_rdev)}:x, spec says {major}")
+    if missing or wrong:
+        shown = sorted(set(missing))[:5] + wrong[:5]
+        more = len(set(missing)) + len(wrong) - len(shown)
+        return Check(name=name, status="fail",
+                     detail="; ".join(shown) + (f" and {more} more" if more > 0 else ""),
+                     fix="load the driver and create the nodes (nvidia-smi, or nvidia-modprobe "
+                         "-c0 -u), then regenerate: nri-cdi refresh")
+    return Check(name=name, status="ok", detail=f"{seen} device node entries, all present")
+
+
+def check_fingerprint(settings: Settings,
+                      current: Callable[[Settings], tuple[str | None, str]] | None = None
+                      ) -> Check:
+    name = "spec matches the node"
+    output = Path(settings["generate"]["output"])
+    meta_path = output.with_name(output.name + ".meta")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        if not output.exists():
+            return Check(name=name, status="skip", detail=f"no generated spec at {output}",
+                         fix="if this node has NVIDIA GPUs: nri-cdi refresh")
+        return Check(name=name, status="warn", detail=f"{output} has no {meta_path.name}",
+                     fix="regenerate it with nri-cdi refresh (records the fingerprint)")
+    fingerprint, error = (current or current_fingerprint)(settings)
+    if fingerprint is None:
+        return Check(name=name, status="fail", detail=f"cannot inspect the node: {error}",
+                     fix="check the driver (nvidia-smi) and the generate section")
+    if fingerprint == meta.get("fingerprint"):
+        return Check(name=name, status="ok", detail=f"fingerprint {fingerprint[:19]}…, "
+                     f"driver {meta.get('driver', {}).get('version')}")
+    return Check(name=name, status="fail", detail=_stale_detail(settings, meta),
+                 fix="regenerate: nri-cdi refresh; keep it current with nri-cdi-watch.service "
+                     "(driver upgrades and MIG changes)")
+
+
+def _stale_detail(settings: Settings, meta: Mapping[str, Any]) -> str:
+    from .refresh import node_paths
+
+    spec_version = meta.get("driver", {}).get("version")
+    try:
+        text = node_paths(settings).proc("driver/nvidia/version").read_text()
+        match = re.search(r"\s(\d+\.\d+(?:\.\d+)?)\s", text)
+        node_version = match.group(1) if match else None
+    except OSError:
+        node_version = None
+    if node_version and spec_version and node_version != spec_version:
+        return f"stale: spec is for driver {spec_version}, the node runs {node_version}"
+    return ("stale: the node's GPUs, MIG layout, device majors or driver files differ from "
+            "when the spec was generated")
+
+
+def current_fingerprint(settings: Settings) -> tuple[str | None, str]:
+    """(fingerprint, error) of what the generator would write now (stdout, nothing saved)."""
+    from .refresh import _run_child, generator_args
+
+    args = generator_args(settings)
+    out = args.index("--output")
+    args = [a for i, a in enumerate(args) if a != "--if-changed" and i not in (out, out + 1)]
+    done = _run_child([*args, "--format", "yaml"])
+    match = re.search(r"^# fingerprint: (\S+)$", done.stdout, re.M)
+    if done.returncode != 0 or not match:
+        return None, done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
+    return match.group(1), ""
+
+
+# --- containerd's own CDI ------------------------------------------------------------------
+
+
+def check_native_cdi(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
+    name = "containerd's own CDI"
+    section_name = CRI_V3_SECTION if cfg.data and cfg.data.get("version") == 3 \
+        else CRI_V2_SECTION
+    cri = cfg.plugin(section_name)
+    enabled = cri.get("enable_cdi", cfg.v2_defaults)
+    if not enabled:
+        return Check(name=name, status="ok", detail="enable_cdi is off: only the plugin "
+                     "injects CDI devices")
+    theirs = cri.get("cdi_spec_dirs") or list(DEFAULT_CDI_DIRS)
+    shared = sorted({d for d in our_dirs if any(_same_path(d, t) for t in theirs)})
+    if not shared:
+        return Check(name=name, status="ok", detail="enable_cdi is on, but no spec folder is "
+                     "shared with the plugin")
+    return Check(name=name, status="warn",
+                 detail=f"enable_cdi is on and reads {', '.join(shared)} too: a device asked "
+                        "for through CRI CDIDevices or a container cdi.k8s.io annotation is "
+                        "injected by containerd and again by the plugin (hooks run twice)",
+                 fix=f'[plugins."{section_name}"] enable_cdi = false if the plugin should '
+                     "inject everything; or give the two disjoint spec folders")
+
+
+# --- the command ---------------------------------------------------------------------------
+
+
+def run_checks(settings: Settings, *, containerd_major_version: int | None = None,
+               fingerprint: Callable[[Settings], tuple[str | None, str]] | None = None,
+               check_generated: bool = True) -> list[Check]:
+    plugin = settings["plugin"]
+    cfg = read_containerd_config(settings["doctor"]["containerd_config"],
+                                 containerd_major_version)
+    checks = [check_nri_enabled(cfg, plugin["socket"]), check_socket(plugin["socket"]),
+              check_plugin(health_url(settings))]
+    dirs_check, _ = check_spec_dirs(plugin["spec_dirs"])
+    checks.append(dirs_check)
+    if check_generated:
+        checks.append(check_fingerprint(settings, fingerprint))
+    checks += [check_device_nodes(plugin["spec_dirs"]), check_native_cdi(cfg, plugin["spec_dirs"])]
+    return checks
+
+
+def render(checks: Iterable[Check]) -> str:
+    lines = []
+    for c in checks:
+        lines.append(f"[{_MARK[c.status]}] {c.name}: {c.detail}")
+        if c.fix and c.status != "ok":
+            lines.append(f"       fix: {c.fix}")
+    return "\n".join(lines) + "\n"
+
+
+def add_commands(subparsers: Any) -> None:
+    parser = subparsers.add_parser("doctor", help="check the node set-up; say what to fix")
+    add_config_argument(parser)
+    parser.add_argument("--containerd-config", help="containerd's config.toml "
+                        "(doctor.containerd_config, default /etc/containerd/config.toml)")
+    parser.add_argument("--health-url", help="the plugin's /healthz URL (default: from "
+                        "metrics.address)")
+    parser.add_argument("--socket", help="NRI socket (plugin.socket)")
+    parser.add_argument("--spec-dir", dest="spec_dirs", action="append", metavar="DIR",
+                        help="spec folder (plugin.spec_dirs; repeatable)")
+    parser.add_argument("--no-generate", dest="check_generated", action="store_false",
+                        help="skip the fingerprint check (it runs the generator)")
+    parser.add_argument("--json", action="store_true", help="JSON output")
+    parser.set_defaults(func=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+    except SettingsError as exc:
+        print("\n".join(f"nri-cdi doctor: error: {line}" for line in exc.lines()),
+              file=sys.stderr)
+        return 2
+    checks = run_checks(settings, containerd_major_version=containerd_major(),
+                        check_generated=args.check_generated)
+    if args.json:
+        print(json.dumps([asdict(c) for c in checks], indent=2))
+    else:
+        print(render(checks), end="")
+    return 1 if any(c.status == "fail" for c in checks) else 0

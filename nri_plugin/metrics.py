@@ -1,0 +1,181 @@
+"""Prometheus metrics and health endpoints for the plugin (off unless ``metrics.address``).
+
+``Metrics`` is what the daemon and the injector call; every call is a counter or gauge
+update (no I/O), so it is safe on the CreateContainer path. ``serve(address)`` starts a
+small HTTP server in a daemon thread:
+
+* ``/metrics``: Prometheus text format;
+* ``/healthz``: 200 when connected to the runtime, else 503 (a readiness signal: while
+  disconnected, containers are created without their devices);
+* ``/livez``: 200 while the process serves HTTP (liveness: a disconnected plugin is
+  retrying, restarting it would not help).
+
+Both health answers are JSON with the runtime, the registry generation and counts.
+prometheus-client is imported when a ``Metrics`` is made, so commands that never make
+one do not pay for it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+# CreateContainer must answer within the runtime's 2 s request timeout; a cached plan takes
+# tens of microseconds, a cold one milliseconds.
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                   0.25, 0.5, 1.0, 2.0)
+OUTCOMES = ("injected", "delegated", "refused", "error")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry_ = CollectorRegistry(auto_describe=True)
+        r = self.registry_
+        self._injections = Counter("nri_cdi_injections", "CreateContainer requests that "
+                                   "asked for CDI devices, by outcome", ["outcome"], registry=r)
+        self._latency = Histogram("nri_cdi_injection_seconds", "time to answer a "
+                                  "CreateContainer that asked for CDI devices",
+                                  buckets=LATENCY_BUCKETS, registry=r)
+        self._denials = Counter("nri_cdi_denials", "requests refused by a policy rule",
+                                ["rule"], registry=r)
+        self._evictions = Counter("nri_cdi_evictions", "containers the plugin asked the "
+                                  "runtime to evict", registry=r)
+        self._reconnects = Counter("nri_cdi_reconnects", "connections to the runtime after "
+                                   "the first", registry=r)
+        self._connected = Gauge("nri_cdi_connected", "1 while connected to the runtime",
+                                registry=r)
+        self._devices = Gauge("nri_cdi_registry_devices", "CDI devices in the registry",
+                              registry=r)
+        self._specs = Gauge("nri_cdi_registry_specs", "spec files loaded", registry=r)
+        self._file_errors = Gauge("nri_cdi_registry_file_errors", "spec files with errors",
+                                  registry=r)
+        self._generation = Gauge("nri_cdi_registry_generation", "registry refresh count",
+                                 registry=r)
+        self._lock = threading.Lock()
+        self._state: dict[str, Any] = {"connected": False, "runtime": None, "connections": 0,
+                                       "registry": None}
+        for outcome in OUTCOMES:  # present from the start, so rate() works at once
+            self._injections.labels(outcome)
+
+    # --- calls from the plugin ----------------------------------------------------------------
+
+    def injection(self, outcome: str, seconds: float) -> None:
+        self._injections.labels(outcome).inc()
+        self._latency.observe(seconds)
+
+    def denial(self, rule: str) -> None:
+        self._denials.labels(rule).inc()
+
+    def eviction(self, count: int = 1) -> None:
+        self._evictions.inc(count)
+
+    def registry(self, snapshot: Any) -> None:
+        """A new registry snapshot (``cdi.cache.Snapshot``) was swapped in."""
+        self._devices.set(len(snapshot.devices))
+        self._specs.set(len(snapshot.specs))
+        self._file_errors.set(len(snapshot.errors))
+        self._generation.set(snapshot.generation)
+        with self._lock:
+            self._state["registry"] = {"generation": snapshot.generation,
+                                       "devices": len(snapshot.devices),
+                                       "specs": len(snapshot.specs),
+                                       "file_errors": len(snapshot.errors)}
+
+    def connected(self, runtime: str) -> None:
+        """Configure arrived: connected (again) to ``runtime``."""
+        with self._lock:
+            self._state["connections"] += 1
+            again = self._state["connections"] > 1
+            self._state.update(connected=True, runtime=runtime)
+        if again:
+            self._reconnects.inc()
+        self._connected.set(1)
+
+    def disconnected(self) -> None:
+        with self._lock:
+            self._state["connected"] = False
+        self._connected.set(0)
+
+    def reconnect(self) -> None:
+        """For callers that count reconnects themselves (``connected`` already does)."""
+        self._reconnects.inc()
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        with self._lock:
+            state = dict(self._state)
+        state["status"] = "ok" if state["connected"] else "disconnected"
+        del state["connections"]
+        return state
+
+    def render(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry_), CONTENT_TYPE_LATEST
+
+    def serve(self, address: str) -> Server:
+        host, port = parse_address(address)
+        server = ThreadingHTTPServer((host, port), _handler(self))
+        server.daemon_threads = True
+        thread = threading.Thread(target=server.serve_forever, name="nri-cdi-metrics",
+                                  daemon=True)
+        thread.start()
+        return Server(server=server, thread=thread)
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    server: ThreadingHTTPServer
+    thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or ``:port`` (all interfaces)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"metrics address must be host:port, got {address!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _handler(metrics: Metrics) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                body, content_type = metrics.render()
+                self._reply(200, body, content_type)
+            elif path in ("/healthz", "/livez"):
+                health = metrics.health()
+                ok = path == "/livez" or health["connected"]
+                self._reply(200 if ok else 503, json.dumps(health).encode() + b"\n",
+                            "application/json")
+            else:
+                self._reply(404, b"not found: try /metrics, /healthz or /livez\n",
+                            "text/plain")
+
+        def _reply(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # scrapes every few seconds would drown the plugin's own log
+
+    return Handler

@@ -1,0 +1,383 @@
+"""``nri-cdi watch`` and ``nri-cdi refresh``: keep the generated spec in step with the node.
+
+The two failures operators hit most are a spec left stale by a driver upgrade (it names
+versioned libraries that are gone) and a spec that ignores a MIG reconfiguration (NVIDIA's
+own refresh units watch only ``modules.dep`` and miss MIG, toolkit #1828). So the watcher
+regenerates on both:
+
+* driver: the text of ``/proc/driver/nvidia/version``, the identity of
+  ``/sys/module/nvidia`` (sysfs makes a new directory, with a new inode, when the module is
+  loaded again), ``/lib/modules/<release>/modules.dep``, and the inode/mtime/size of the
+  NVML and CUDA libraries in the spec's library folders (a package upgrade renames new
+  files into place);
+* MIG layout: the tree under ``/proc/driver/nvidia/capabilities`` (the driver adds a
+  ``gpu<minor>/mig/gi<g>/ci<c>`` entry per instance) and the GPU list in
+  ``/proc/driver/nvidia/gpus``;
+* device majors: the ``nvidia*`` lines of ``/proc/devices``.
+
+procfs and sysfs send no inotify events, so the node is *polled*: a poll is a few stats and
+one small directory walk. A change must hold still for ``settle`` seconds (an upgrade
+replaces many files) before the generator runs. The generator runs as a child process
+with ``--if-changed``: its fingerprint (driver version, majors, MIG layout, file list,
+options) decides whether anything is written, so a poll that saw a harmless change writes
+nothing. It runs in a child because NVML must be loaded fresh after a driver upgrade, and a
+watcher that kept NVML open would hold the GPUs that a MIG reconfiguration needs free.
+Changes only NVML can see are caught by the periodic ``resync_interval`` run.
+
+The spec is written atomically (temporary file + rename): the plugin's inotify watch
+sees one complete file, builds a new registry snapshot off the request path and swaps it
+in one assignment, so each container gets the edits of exactly one spec version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .settings import Settings, SettingsError, add_config_argument, settings_from_args
+
+log = logging.getLogger("nri_cdi.refresh")
+
+METADATA_SUFFIX = ".meta"  # the generator's sidecar (cdi/nvidia/cli.py)
+_LIBRARY_PREFIXES = ("libnvidia-ml.so", "libcuda.so")
+_DEFAULT_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+                     "/usr/lib", "/lib64")
+
+
+# --- what the node looks like ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """What the poll compares. Equal states mean: no reason to run the generator."""
+
+    driver: tuple[Any, ...]
+    mig: tuple[str, ...]
+    devices: tuple[str, ...]
+
+    def changes(self, other: NodeState) -> list[str]:
+        """Human names of what differs, for the log."""
+        names = {"driver": "driver", "mig": "MIG layout", "devices": "device majors"}
+        return [names[f.name] for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(other, f.name)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodePaths:
+    driver_root: Path
+    dev_root: Path
+    lib_dirs: tuple[str, ...] = _DEFAULT_LIB_DIRS
+
+    def proc(self, rel: str) -> Path:
+        return self.dev_root / "proc" / rel
+
+    def sys(self, rel: str) -> Path:
+        return self.dev_root / "sys" / rel
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+def _libraries(paths: NodePaths) -> tuple[Any, ...]:
+    found = []
+    for folder in paths.lib_dirs:
+        host = paths.driver_root / folder.lstrip("/")
+        try:
+            names = sorted(n for n in os.listdir(host) if n.startswith(_LIBRARY_PREFIXES))
+        except OSError:
+            continue
+        found += [(folder, name, _identity(host / name)) for name in names]
+    return tuple(found)
+
+
+def _tree(folder: Path) -> tuple[str, ...]:
+    entries = []
+    for top, dirs, _files in os.walk(folder):
+        dirs.sort()
+        rel = os.path.relpath(top, folder)
+        entries += [os.path.join(rel, d) for d in dirs]
+    return tuple(sorted(entries))
+
+
+def probe(paths: NodePaths) -> NodeState:
+    release = os.uname().release
+    driver = (
+        _read(paths.proc("driver/nvidia/version")),
+        _inode(paths.sys("module/nvidia")),
+        _identity(paths.dev_root / "lib/modules" / release / "modules.dep"),
+        _libraries(paths),
+    )
+    mig = _tree(paths.proc("driver/nvidia/capabilities")) + tuple(
+        "gpus/" + g for g in _tree(paths.proc("driver/nvidia/gpus")))
+    devices = tuple(line.strip() for line in (_read(paths.proc("devices")) or "").splitlines()
+                    if "nvidia" in line)
+    return NodeState(driver=driver, mig=mig, devices=devices)
+
+
+# --- running the generator ---------------------------------------------------------------
+
+
+def generator_args(settings: Settings) -> list[str]:
+    """``nri-cdi generate`` flags for the ``generate`` section (always ``--if-changed``)."""
+    g = settings["generate"]
+    args = ["--if-changed", "--output", g["output"], "--mode", g["mode"],
+            "--driver-root", g["driver_root"], "--link-mode", g["link_mode"]]
+    if g["dev_root"]:
+        args += ["--dev-root", g["dev_root"]]
+    for strategy in g["device_name_strategies"]:
+        args += ["--device-name-strategy", strategy]
+    if g["hook_path"]:
+        args += ["--hook-path", g["hook_path"]]
+    for hook in g["disabled_hooks"]:
+        args += ["--disable-hook", hook]
+    return args + list(g["extra_args"])
+
+
+def node_paths(settings: Settings) -> NodePaths:
+    g = settings["generate"]
+    driver = Path(g["driver_root"])
+    lib_dirs = _meta_lib_dirs(Path(g["output"])) or _DEFAULT_LIB_DIRS
+    return NodePaths(driver_root=driver, dev_root=Path(g["dev_root"] or driver),
+                     lib_dirs=lib_dirs)
+
+
+def _meta(output: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(output.with_name(output.name + METADATA_SUFFIX).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _meta_lib_dirs(output: Path) -> tuple[str, ...]:
+    dirs = _meta(output).get("driver", {}).get("libraryDirs")
+    return tuple(d for d in dirs if isinstance(d, str)) if isinstance(dirs, list) else ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    ok: bool
+    written: bool
+    fingerprint: str | None
+    message: str = ""
+
+
+Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
+
+
+def _run_child(args: list[str]) -> subprocess.CompletedProcess[str]:
+    # The package's own folder on PYTHONPATH: works from a checkout and from an install.
+    package_parent = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH"))
+                                        if p)
+    return subprocess.run([sys.executable, "-m", "cdi.nvidia.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def run_generator(settings: Settings, runner: Runner = _run_child) -> Outcome:
+    output = Path(settings["generate"]["output"])
+    before = _identity(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        done = runner(generator_args(settings))
+    except (OSError, subprocess.SubprocessError) as exc:
+        return Outcome(ok=False, written=False, fingerprint=None, message=str(exc))
+    message = done.stderr.strip()
+    fingerprint = _meta(output).get("fingerprint")
+    if done.returncode != 0:
+        return Outcome(ok=False, written=False, fingerprint=fingerprint, message=message)
+    return Outcome(ok=True, written=_identity(output) != before, fingerprint=fingerprint,
+                   message=message)
+
+
+# --- the watch loop ------------------------------------------------------------------------
+
+
+class Watcher:
+    """Poll the node; on a settled change (or every ``resync_interval``) run the generator.
+
+    ``generate`` and ``probe_node`` are parameters so that tests can count runs."""
+
+    def __init__(self, settings: Settings, *,
+                 generate: Callable[[], Outcome] | None = None,
+                 probe_node: Callable[[], NodeState] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        w = settings["watch"]
+        self.settings = settings
+        self.poll_interval = w["poll_interval"]
+        self.settle = w["settle"]
+        self.resync_interval = w["resync_interval"]
+        self._generate = generate or (lambda: run_generator(settings))
+        self._probe = probe_node or (lambda: probe(node_paths(settings)))
+        self._clock = clock
+        self._stop = threading.Event()
+        self._state: NodeState | None = None
+        self._retry = False
+        self._next_resync = 0.0
+        self._last_error = ""
+        self.regenerations = 0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        self.refresh("start")
+        while not self._stop.wait(self.poll_interval):
+            self.step()
+
+    def step(self) -> None:
+        state = self._probe()
+        if state != self._state:
+            state = self._settled(state)
+            if self._stop.is_set():
+                return
+            old = self._state
+            reasons = state.changes(old) if old is not None else ["start"]
+            self._state = state
+            self.refresh(" and ".join(reasons) + " changed")
+        elif self._retry or self._clock() >= self._next_resync:
+            self.refresh("retry" if self._retry else "periodic check")
+
+    def _settled(self, state: NodeState) -> NodeState:
+        """Wait until the node stays the same for ``settle`` seconds (or stop is asked)."""
+        while not self._stop.wait(self.settle):
+            again = self._probe()
+            if again == state:
+                return state
+            state = again
+        return state
+
+    def refresh(self, reason: str) -> Outcome:
+        if self._state is None:
+            self._state = self._probe()
+        outcome = self._generate()
+        self._next_resync = self._clock() + self.resync_interval
+        self._retry = not outcome.ok
+        if not outcome.ok:
+            if outcome.message != self._last_error:
+                log.error("spec generation failed (%s): %s", reason, outcome.message)
+            self._last_error = outcome.message
+            return outcome
+        self._last_error = ""
+        if outcome.written:
+            self.regenerations += 1
+            log.info("spec regenerated (%s): %s fingerprint %s", reason,
+                     self.settings["generate"]["output"], outcome.fingerprint)
+        else:
+            log.info("spec up to date (%s): fingerprint %s", reason, outcome.fingerprint)
+        return outcome
+
+
+# --- commands ------------------------------------------------------------------------------
+
+
+def add_commands(subparsers: Any) -> None:
+    watch = subparsers.add_parser(
+        "watch", help="regenerate the NVIDIA spec when the driver or the MIG layout changes")
+    _common(watch)
+    watch.add_argument("--poll-interval", type=float, metavar="SECONDS",
+                       help="seconds between node polls (watch.poll_interval, default 2)")
+    watch.add_argument("--settle", type=float, metavar="SECONDS",
+                       help="a change must hold this long before regenerating (default 1)")
+    watch.add_argument("--resync-interval", type=float, metavar="SECONDS",
+                       help="run the generator (with --if-changed) at least this often "
+                            "(default 300)")
+    watch.set_defaults(func=cmd_watch)
+    refresh = subparsers.add_parser(
+        "refresh", help="regenerate the NVIDIA spec once if the node changed (for boot)")
+    _common(refresh)
+    refresh.set_defaults(func=cmd_refresh)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    add_config_argument(parser)
+    parser.add_argument("--output", help="spec file (generate.output)")
+    parser.add_argument("--mode", choices=("auto", "nvml", "procfs", "management"),
+                        help="discovery mode (generate.mode)")
+    parser.add_argument("--driver-root", help="driver root (generate.driver_root)")
+    parser.add_argument("--dev-root", help="dev root (generate.dev_root)")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--log-format", choices=("text", "json"))
+
+
+def _setup(args: argparse.Namespace) -> Settings | None:
+    from .logformat import log_formatter
+
+    try:
+        settings = settings_from_args(args)
+    except SettingsError as exc:
+        print("\n".join(f"nri-cdi {args.command}: error: {line}" for line in exc.lines()),
+              file=sys.stderr)
+        return None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(log_formatter(settings["log"]["format"]))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings["log"]["level"].upper())
+    return settings
+
+
+def cmd_refresh(args: argparse.Namespace) -> int:
+    settings = _setup(args)
+    if settings is None:
+        return 2
+    outcome = Watcher(settings).refresh("refresh")
+    return 0 if outcome.ok else 1
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    settings = _setup(args)
+    if settings is None:
+        return 2
+    watcher = Watcher(settings)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: watcher.stop())
+    log.info("watching %s (poll %.1fs, settle %.1fs, resync %.0fs) for %s",
+             settings["generate"]["driver_root"], watcher.poll_interval, watcher.settle,
+             watcher.resync_interval, settings["generate"]["output"])
+    watcher.run()
+    log.info("watch stopped")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nri-cdi")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

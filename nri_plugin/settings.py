@@ -1,0 +1,405 @@
+"""One configuration file for the plugin, the generator, the refresher and the policy.
+
+``/etc/nri-cdi/config.yaml`` by default (``--config`` or ``NRI_CDI_CONFIG`` to choose).
+Every key has a default, so an absent default file means "all defaults"; an explicitly
+named file that is absent is an error. The file is validated as a whole when a command
+starts, and every error names its key (``plugin.rescan_interval: expected a number > 0,
+got 'soon'``), so a typo never silently falls back to a default.
+
+Precedence: command-line flag > file > built-in default. ``apply_flags`` does the first
+step for any argparse namespace whose attributes are ``None`` when the flag was not given.
+
+The ``policy`` section is kept as a plain mapping here and validated by the policy code:
+this module only checks that it is a mapping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+DEFAULT_CONFIG_PATH = "/etc/nri-cdi/config.yaml"
+CONFIG_ENV = "NRI_CDI_CONFIG"
+
+
+class SettingsError(Exception):
+    """The configuration is invalid; ``problems`` lists one ``key: why`` line each."""
+
+    def __init__(self, source: str, problems: Sequence[str]) -> None:
+        self.source = source
+        self.problems = tuple(problems)
+        super().__init__(f"{source}: " + "; ".join(self.problems))
+
+    def lines(self) -> list[str]:
+        return [f"{self.source}: {p}" for p in self.problems]
+
+
+# --- value checkers: (value) -> normalised value, or raise ValueError(why) -----------------
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {value!r}")
+    return value
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else _str(value)
+
+
+def _abs_path(value: Any) -> str:
+    text = _str(value)
+    if not os.path.isabs(text):
+        raise ValueError(f"expected an absolute path, got {value!r}")
+    return text
+
+
+def _opt_abs_path(value: Any) -> str | None:
+    return None if value is None else _abs_path(value)
+
+
+def _paths(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"expected a list of absolute paths, got {value!r}")
+    if not value:
+        raise ValueError("expected at least one path")
+    return tuple(_abs_path(v) for v in value)
+
+
+def _strs(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ValueError(f"expected a list of strings, got {value!r}")
+    return tuple(_str(v) for v in value)
+
+
+def _positive(value: Any) -> float:
+    # bool is an int subclass: "true" must not read as 1 second
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"expected a number > 0, got {value!r}")
+    return float(value)
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
+def _index(value: Any) -> str:
+    text = f"{value:02d}" if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or len(text) != 2 or not text.isdigit():
+        raise ValueError(f"expected two digits (00-99), got {value!r}")
+    return text
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+        return str(value)
+
+    return check
+
+
+def _address(value: Any) -> str:
+    """``host:port`` or ``:port``; empty string = off; port 0 = any free port (logged)."""
+    text = _str(value)
+    if text == "":
+        return text
+    _, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"expected host:port (or \"\" for off), got {value!r}")
+    return text
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"expected a mapping, got {value!r}")
+    return MappingProxyType(dict(value))
+
+
+# --- the schema ----------------------------------------------------------------------------
+# section -> key -> (checker, default). Defaults go through the checker too (tested), so the
+# table cannot hold a default that the file itself would be refused for.
+
+Checker = Callable[[Any], Any]
+SCHEMA: dict[str, dict[str, tuple[Checker, Any]]] = {
+    "plugin": {
+        "socket": (_abs_path, "/var/run/nri/nri.sock"),
+        "name": (_str, "nri-cdi"),
+        "index": (_index, "10"),
+        "spec_dirs": (_paths, ("/etc/cdi", "/var/run/cdi")),
+        "rescan_interval": (_positive, 60.0),
+    },
+    "generate": {
+        "output": (_abs_path, "/var/run/cdi/nvidia.yaml"),
+        "mode": (_choice("auto", "nvml", "procfs", "management"), "auto"),
+        "driver_root": (_abs_path, "/"),
+        "dev_root": (_opt_abs_path, None),
+        "device_name_strategies": (_strs, ("index", "uuid")),
+        "link_mode": (_choice("hooks", "mounts"), "hooks"),
+        "hook_path": (_opt_abs_path, None),
+        "disabled_hooks": (_strs, ()),
+        "extra_args": (_strs, ()),
+    },
+    "watch": {
+        "poll_interval": (_positive, 2.0),
+        "settle": (_positive, 1.0),
+        "resync_interval": (_positive, 300.0),
+    },
+    "metrics": {
+        "address": (_address, ""),
+    },
+    "log": {
+        "level": (_choice("debug", "info", "warning", "error"), "info"),
+        "format": (_choice("text", "json"), "text"),
+    },
+    "doctor": {
+        "containerd_config": (_abs_path, "/etc/containerd/config.toml"),
+        "health_url": (_opt_str, None),
+    },
+}
+# Sections passed through to other code as plain mappings.
+OPAQUE_SECTIONS: dict[str, Mapping[str, Any]] = {"policy": MappingProxyType({})}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """The effective configuration: ``values[section][key]``; ``policy`` as given."""
+
+    values: Mapping[str, Mapping[str, Any]]
+    policy: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    source: str = "(defaults)"
+
+    def __getitem__(self, section: str) -> Mapping[str, Any]:
+        return self.values[section]
+
+    def get(self, dotted: str) -> Any:
+        section, key = dotted.split(".", 1)
+        return self.values[section][key]
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (lists, dicts) for printing."""
+        out: dict[str, Any] = {
+            section: {k: list(v) if isinstance(v, tuple) else v for k, v in keys.items()}
+            for section, keys in self.values.items()
+        }
+        out["policy"] = _plain(self.policy)
+        return out
+
+    def replace(self, overrides: Mapping[str, Any]) -> Settings:
+        """A copy with ``{"section.key": value}`` overrides, each checked like file values."""
+        values = {s: dict(keys) for s, keys in self.values.items()}
+        problems = []
+        for dotted, value in overrides.items():
+            section, key = dotted.split(".", 1)
+            checker, _ = SCHEMA[section][key]
+            try:
+                values[section][key] = checker(value)
+            except ValueError as exc:
+                problems.append(f"{dotted}: {exc}")
+        if problems:
+            raise SettingsError("command line", problems)
+        return Settings(values=_freeze(values), policy=self.policy, source=self.source)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _freeze(values: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Mapping[str, Any]]:
+    return MappingProxyType({s: MappingProxyType(dict(k)) for s, k in values.items()})
+
+
+def defaults() -> Settings:
+    return Settings(values=_freeze({s: {k: d for k, (_, d) in keys.items()}
+                                    for s, keys in SCHEMA.items()}))
+
+
+def parse_settings(document: Any, source: str = "config") -> Settings:
+    """Validate a parsed YAML document (None = empty file). Collects every problem."""
+    if document is None:
+        document = {}
+    if not isinstance(document, Mapping):
+        raise SettingsError(source, [f"(top level): expected a mapping, got {document!r}"])
+    problems: list[str] = []
+    values = {s: {k: d for k, (_, d) in keys.items()} for s, keys in SCHEMA.items()}
+    policy: Mapping[str, Any] = OPAQUE_SECTIONS["policy"]
+    for section, body in document.items():
+        if section == "policy":
+            try:
+                policy = _mapping({} if body is None else body)
+            except ValueError as exc:
+                problems.append(f"policy: {exc}")
+            continue
+        if section not in SCHEMA:
+            problems.append(f"{section}: unknown section (known: "
+                            f"{', '.join([*SCHEMA, *OPAQUE_SECTIONS])})")
+            continue
+        if body is None:
+            continue
+        if not isinstance(body, Mapping):
+            problems.append(f"{section}: expected a mapping, got {body!r}")
+            continue
+        problems += _section(section, body, values[section])
+    if problems:
+        raise SettingsError(source, problems)
+    return Settings(values=_freeze(values), policy=policy, source=source)
+
+
+def _section(section: str, body: Mapping[str, Any], into: dict[str, Any]) -> list[str]:
+    problems = []
+    for key, value in body.items():
+        spec = SCHEMA[section].get(key)
+        if spec is None:
+            problems.append(f"{section}.{key}: unknown key (known: "
+                            f"{', '.join(SCHEMA[section])})")
+            continue
+        try:
+            into[key] = spec[0](value)
+        except ValueError as exc:
+            problems.append(f"{section}.{key}: {exc}")
+    return problems
+
+
+def config_path(explicit: str | None, environ: Mapping[str, str] | None = None) -> tuple[str, bool]:
+    """(path, required): a path given by flag or NRI_CDI_CONFIG must exist; the default
+    path may be absent."""
+    env = os.environ if environ is None else environ
+    if explicit:
+        return explicit, True
+    if env.get(CONFIG_ENV):
+        return env[CONFIG_ENV], True
+    return DEFAULT_CONFIG_PATH, False
+
+
+def load_settings(explicit: str | None = None,
+                  environ: Mapping[str, str] | None = None) -> Settings:
+    import yaml
+
+    path, required = config_path(explicit, environ)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        if required:
+            raise SettingsError(path, ["file not found"]) from None
+        return defaults()
+    except OSError as exc:
+        raise SettingsError(path, [f"cannot read: {exc.strerror}"]) from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SettingsError(path, [f"not valid YAML: {exc}"]) from None
+    return parse_settings(document, path)
+
+
+# --- flags ---------------------------------------------------------------------------------
+# argparse destination -> settings key, for the flags that exist on the commands. A flag
+# overrides the file only when given: its default must be None (or an empty list).
+FLAG_KEYS: dict[str, str] = {
+    "socket": "plugin.socket",
+    "name": "plugin.name",
+    "idx": "plugin.index",
+    "spec_dirs": "plugin.spec_dirs",
+    "rescan_interval": "plugin.rescan_interval",
+    "log_level": "log.level",
+    "log_format": "log.format",
+    "metrics_address": "metrics.address",
+    "output": "generate.output",
+    "mode": "generate.mode",
+    "driver_root": "generate.driver_root",
+    "dev_root": "generate.dev_root",
+    "poll_interval": "watch.poll_interval",
+    "settle": "watch.settle",
+    "resync_interval": "watch.resync_interval",
+    "containerd_config": "doctor.containerd_config",
+    "health_url": "doctor.health_url",
+}
+
+
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE",
+                        help=f"configuration file (default: ${CONFIG_ENV} or "
+                             f"{DEFAULT_CONFIG_PATH} if it exists)")
+
+
+def apply_flags(settings: Settings, args: argparse.Namespace) -> Settings:
+    overrides = {key: getattr(args, dest) for dest, key in FLAG_KEYS.items()
+                 if getattr(args, dest, None) not in (None, [])}
+    return settings.replace(overrides) if overrides else settings
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """File (``args.config``) then flags: what every command calls first."""
+    return apply_flags(load_settings(getattr(args, "config", None)), args)
+
+
+# --- `nri-cdi config show|check` -------------------------------------------------------------
+
+
+def add_commands(subparsers: Any) -> None:
+    parser = subparsers.add_parser("config", help="show or check the configuration file")
+    sub = parser.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    show = sub.add_parser("show", help="print the effective configuration (file + flags)")
+    add_config_argument(show)
+    show.add_argument("--format", dest="output_format", choices=("yaml", "json"),
+                      default="yaml")
+    for dest, key in FLAG_KEYS.items():
+        if dest != "spec_dirs":
+            show.add_argument("--" + dest.replace("_", "-"), dest=dest, metavar="VALUE",
+                              type=_flag_type(key), help=f"override {key}")
+    show.add_argument("--spec-dir", dest="spec_dirs", action="append", metavar="DIR",
+                      help="override plugin.spec_dirs (repeatable)")
+    show.set_defaults(func=cmd_show)
+    check = sub.add_parser("check", help="validate the configuration file; exit 1 if invalid")
+    add_config_argument(check)
+    check.set_defaults(func=cmd_check)
+
+
+def _flag_type(key: str) -> Callable[[str], Any]:
+    section, name = key.split(".")
+    default = SCHEMA[section][name][1]
+    return float if isinstance(default, float) else str
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    import sys
+
+    try:
+        settings = settings_from_args(args)
+    except SettingsError as exc:
+        print("\n".join(f"nri-cdi config: error: {line}" for line in exc.lines()),
+              file=sys.stderr)
+        return 1
+    data = settings.as_dict()
+    if args.output_format == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        import yaml
+
+        print(f"# effective configuration; file: {settings.source}")
+        print(yaml.safe_dump(data, sort_keys=False, default_flow_style=False), end="")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    import sys
+
+    try:
+        settings = load_settings(args.config)
+    except SettingsError as exc:
+        print("\n".join(f"nri-cdi config: error: {line}" for line in exc.lines()),
+              file=sys.stderr)
+        return 1
+    print(f"{settings.source}: valid")
+    return 0

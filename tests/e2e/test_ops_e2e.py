@@ -1,0 +1,148 @@
+"""Operations pieces against a real containerd: the launcher that `nri-cdi install-launcher`
+writes, started by containerd itself from its NRI plugin folder."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from nri_plugin.units import render_launcher
+from tests.e2e.conftest import ContainerdFactory
+from tests.e2e.images import BUSYBOX_IMAGE
+from tests.e2e.plugin import REPO
+from tests.helpers import simple_spec, write_specs
+
+KIND = "ops.example/dev"
+
+
+@pytest.fixture(scope="module")
+def specs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_specs(tmp_path_factory.mktemp("ops") / "cdi",
+                       {"ops.yaml": simple_spec(KIND, "a", env="OPS=1")})
+
+
+def _wait_for(path: Path, text: str, timeout: float = 20.0) -> str:
+    deadline = time.monotonic() + timeout
+    while text not in (content := path.read_text() if path.exists() else ""):
+        assert time.monotonic() < deadline, content[-3000:] or "no log"
+        time.sleep(0.05)
+    return content
+
+
+def test_installed_launcher_is_started_by_containerd(
+    containerd: ContainerdFactory, specs: Path, tmp_path: Path
+) -> None:
+    log = tmp_path / "launched.log"
+    launcher = tmp_path / "launcher"
+    # containerd gives it an empty environment: the launcher must bring everything.
+    # (--config is left out until the plugin command reads the configuration file.)
+    launcher.write_text(render_launcher(config=None, log_file=str(log), pythonpath=str(REPO),
+                                        extra_args=["--spec-dir", str(specs)]))
+    launcher.chmod(0o755)
+    ctrd = containerd(nri_plugins={"10-nri-cdi": launcher})
+    _wait_for(log, "connected to containerd")
+    with ctrd.cri() as cri, cri.cleanup():
+        pod = cri.run_pod("launched", annotations={"cdi.k8s.io/dev": f"{KIND}=a"})
+        ctr = cri.run_container(pod, "app", BUSYBOX_IMAGE, command=["sleep", "600"])
+        assert "DEV_0=a" in cri.exec_sync(ctr, ["env"]).stdout
+    assert "plugin 10-nri-cdi starting" in log.read_text()
+
+
+# --- metrics and health, counting real injections ----------------------------------------
+# The daemon's wiring of Metrics is mirrored here (MeteredInjector, registry callback,
+# on_close), so that the endpoint is tested on the real CreateContainer path.
+
+HARNESS = """\
+import asyncio, logging, sys
+from cdi.cache import SpecCache
+from cdi.watch import AutoRefresh
+from nri_plugin.metered import MeteredInjector
+from nri_plugin.metrics import Metrics
+from nri_plugin.stub import Stub
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+metrics = Metrics()
+server = metrics.serve("127.0.0.1:0")
+print("PORT", server.port, file=sys.stderr, flush=True)
+cache = SpecCache([sys.argv[2]])
+AutoRefresh(cache, rescan_interval=3600, on_refresh=metrics.registry).start()
+plugin = MeteredInjector(lambda: cache.snapshot, metrics)
+stub = Stub(plugin, name="nri-cdi", idx="10", socket_path=sys.argv[1],
+            on_close=lambda stub, error: metrics.disconnected())
+asyncio.run(stub.run())
+"""
+
+
+def _get(url: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _sample(text: str, line_start: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(line_start + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {line_start} in:\n{text}")
+
+
+def test_metrics_and_health_count_real_injections(
+    containerd: ContainerdFactory, specs: Path, tmp_path: Path
+) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    ctrd = containerd()
+    log = tmp_path / "metered.log"
+    (tmp_path / "harness.py").write_text(HARNESS)
+    with open(log, "ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, str(tmp_path / "harness.py"), ctrd.nri_socket, str(specs)],
+            stdout=out, stderr=out, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        text = _wait_for(log, "connected to containerd")
+        base = f"http://127.0.0.1:{text.split('PORT ', 1)[1].split()[0]}"
+        status, body = _get(base + "/healthz")
+        assert status == 200 and json.loads(body)["runtime"].startswith("containerd")
+        with ctrd.cri() as cri, cri.cleanup():
+            pod = cri.run_pod("m", annotations={"cdi.k8s.io/dev": f"{KIND}=a"})
+            cri.run_container(pod, "one", BUSYBOX_IMAGE, command=["sleep", "600"])
+            cri.run_container(pod, "two", BUSYBOX_IMAGE, command=["sleep", "600"])
+            bad = cri.run_pod("bad", annotations={"cdi.k8s.io/dev": f"{KIND}=nope"})
+            with pytest.raises(cri._grpc.RpcError):
+                cri.create_container(bad, "app", BUSYBOX_IMAGE, command=["sleep", "600"])
+            plain = cri.run_pod("plain")
+            cri.run_container(plain, "app", BUSYBOX_IMAGE, command=["sleep", "600"])
+        _, metrics = _get(base + "/metrics")
+        assert _sample(metrics, 'nri_cdi_injections_total{outcome="injected"}') == 2
+        assert _sample(metrics, 'nri_cdi_injections_total{outcome="refused"}') == 1
+        assert _sample(metrics, "nri_cdi_injection_seconds_count") == 3  # not the plain one
+        assert _sample(metrics, "nri_cdi_registry_devices") == 1
+        assert _sample(metrics, "nri_cdi_registry_file_errors") == 0
+        assert _sample(metrics, "nri_cdi_connected") == 1
+        assert _sample(metrics, "nri_cdi_reconnects_total") == 0
+
+        ctrd.stop_daemon()
+        deadline = time.monotonic() + 10
+        while _get(base + "/healthz")[0] != 503:
+            assert time.monotonic() < deadline, "health stayed ok with containerd down"
+            time.sleep(0.05)
+        ctrd.start()
+        deadline = time.monotonic() + 30
+        while _get(base + "/healthz")[0] != 200:
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.1)
+        _, metrics = _get(base + "/metrics")
+        assert _sample(metrics, "nri_cdi_reconnects_total") == 1
+        assert _get(base + "/livez")[0] == 200
+    finally:
+        process.kill()
+        process.wait()

@@ -1,0 +1,217 @@
+"""Spec refresh end to end: ``nri-cdi watch`` on a simulated node, ``nri-cdi plugin`` on a
+real containerd, and a loop creating containers the whole time.
+
+The node's driver is upgraded (580 -> 590), then MIG is enabled on its GPU. The watcher
+must regenerate the spec once per change and never when nothing changed; the loop must see
+no failure, and every container must carry the edits of exactly one spec version (all its
+driver mounts and device nodes from the same spec file), the last ones the newest.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cdi.nvidia.simnode import BuiltNode, NodeLayout, build_node
+from tests.e2e.conftest import ContainerdFactory
+from tests.e2e.containerd import Containerd
+from tests.e2e.images import BUSYBOX_IMAGE
+from tests.e2e.plugin import REPO, PluginProcess
+from tests.ops.simchange import apply_mig, upgrade_driver
+
+OLD, NEW = "580.82.07", "590.48.01"
+SEED = "refresh-e2e"
+REGENERATED = "spec regenerated"
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory, e2e_ready: None) -> dict[str, BuiltNode]:
+    if os.geteuid() != 0:
+        pytest.skip("device nodes need root")
+    cache = tmp_path_factory.mktemp("simnode-cache")
+
+    def make(name: str, **kwargs: Any) -> BuiltNode:
+        return build_node(tmp_path_factory.mktemp(name) / "node",
+                          NodeLayout.uniform(1, seed=SEED, **kwargs), cache_dir=cache)
+
+    return {"live": make("live", driver_version=OLD),
+            "upgraded": make("upgraded", driver_version=NEW),
+            "mig": make("mig", driver_version=NEW, mig={0: "1g.10gb*2"})}
+
+
+class Watch:
+    """``nri-cdi watch`` as a child process with its log in a file."""
+
+    def __init__(self, config: Path, log_path: Path) -> None:
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "nri_plugin.cli", "watch", "--config", str(config)],
+                stdout=log, stderr=log, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def regenerations(self) -> int:
+        return self.log().count(REGENERATED)
+
+    def wait_regenerations(self, count: int, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.regenerations() < count:
+            assert self.process.poll() is None, f"watch exited:\n{self.log()}"
+            assert time.monotonic() < deadline, f"no regeneration #{count}:\n{self.log()}"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+@dataclass
+class Loop:
+    """Creates, starts, inspects and removes containers until stopped."""
+
+    ctrd: Containerd
+    pod_annotations: dict[str, str]
+    results: list[tuple[int, Any]] = field(default_factory=list)  # (n, runtime spec | error)
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        with self.ctrd.cri() as cri, cri.cleanup():
+            pod = cri.run_pod("refresh", annotations=self.pod_annotations)
+            n = 0
+            while not self.stopping.is_set():
+                n += 1
+                try:
+                    # every capability: the plugin then mounts everything the spec lists
+                    ctr = cri.create_container(pod, f"c{n}", BUSYBOX_IMAGE,
+                                               command=["sleep", "600"],
+                                               env={"NVIDIA_DRIVER_CAPABILITIES": "all"})
+                    cri.start_container(ctr)
+                    spec = cri.runtime_spec(ctr)
+                    cri.stop_container(ctr)
+                    cri.remove_container(ctr)
+                    self.results.append((n, spec))
+                except Exception as exc:
+                    self.results.append((n, exc))
+
+    def count(self) -> int:
+        return len(self.results)
+
+    def wait_for(self, more: int, timeout: float = 30.0) -> None:
+        target = self.count() + more
+        deadline = time.monotonic() + timeout
+        while self.count() < target:
+            assert time.monotonic() < deadline, "container loop stalled"
+            time.sleep(0.05)
+
+
+def spec_edits(text: str) -> tuple[frozenset[str], frozenset[str]]:
+    """(host paths of mounts, container paths of device nodes) that ``all`` gets."""
+    spec = yaml.safe_load(text)
+    edits = [spec.get("containerEdits", {})]
+    edits += [d["containerEdits"] for d in spec["devices"] if d["name"] == "all"]
+    mounts = frozenset(m["hostPath"] for e in edits for m in e.get("mounts", []))
+    nodes = frozenset(n["path"] for e in edits for n in e.get("deviceNodes", []))
+    return mounts, nodes
+
+
+def container_edits(spec: dict[str, Any], root: Path,
+                    device_paths: frozenset[str]) -> tuple[frozenset[str], frozenset[str]]:
+    mounts = frozenset(m["source"] for m in spec["mounts"]
+                       if m.get("source", "").startswith(str(root) + "/"))
+    nodes = frozenset(d["path"] for d in spec["linux"].get("devices", [])
+                      if d["path"] in device_paths)
+    return mounts, nodes
+
+
+@pytest.fixture
+def setup(nodes: dict[str, BuiltNode], containerd: ContainerdFactory,
+          tmp_path: Path) -> Iterator[tuple[Watch, Loop, Path]]:
+    live = nodes["live"]
+    specs = tmp_path / "cdi"
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({
+        "generate": {"output": str(specs / "nvidia.yaml"), "mode": "procfs",
+                     "driver_root": str(live.root), "link_mode": "mounts",
+                     "disabled_hooks": ["all"], "device_name_strategies": ["index"]},
+        # a short resync: the quiet phase below sees several "nothing changed" runs
+        "watch": {"poll_interval": 0.2, "settle": 0.3, "resync_interval": 1.0},
+    }))
+    watch = Watch(config, tmp_path / "watch.log")
+    plugin: PluginProcess | None = None
+    loop: Loop | None = None
+    thread: threading.Thread | None = None
+    try:
+        watch.wait_regenerations(1)
+        ctrd = containerd()
+        plugin = PluginProcess(ctrd.nri_socket, [specs], tmp_path / "plugin.log").start()
+        loop = Loop(ctrd, {"cdi.k8s.io/gpu": "nvidia.com/gpu=all"})
+        thread = threading.Thread(target=loop.run, daemon=True)
+        thread.start()
+        yield watch, loop, specs / "nvidia.yaml"
+    finally:
+        if loop is not None and thread is not None:
+            loop.stopping.set()
+            thread.join(timeout=60)
+        if plugin is not None:
+            plugin.kill()
+        watch.stop()
+
+
+def test_driver_upgrade_and_mig_change_regenerate_once_each_without_failures(
+    setup: tuple[Watch, Loop, Path], nodes: dict[str, BuiltNode]
+) -> None:
+    watch, loop, spec_path = setup
+    live = nodes["live"]
+    versions = [spec_edits(spec_path.read_text())]
+    loop.wait_for(5)
+
+    time.sleep(2.5)  # quiet: polls and two periodic generator runs, nothing to write
+    assert watch.regenerations() == 1, watch.log()
+    assert "spec up to date (periodic check)" in watch.log()
+
+    upgrade_driver(live, nodes["upgraded"])
+    watch.wait_regenerations(2)
+    versions.append(spec_edits(spec_path.read_text()))
+    loop.wait_for(8)
+
+    apply_mig(live, nodes["mig"])
+    watch.wait_regenerations(3)
+    versions.append(spec_edits(spec_path.read_text()))
+    loop.wait_for(8)
+    time.sleep(1.5)
+    loop.stopping.set()
+    time.sleep(0.5)
+
+    assert watch.regenerations() == 3, watch.log()
+    log = watch.log()
+    assert "spec regenerated (driver changed)" in log
+    assert "spec regenerated (MIG layout changed)" in log
+    failures = [(n, r) for n, r in loop.results if isinstance(r, Exception)]
+    assert not failures, failures[:3]
+
+    assert len(set(versions)) == 3  # three different specs
+    assert any(NEW in p for p in versions[1][0]) and not any(OLD in p for p in versions[1][0])
+    assert any("nvidia-caps" in p for p in versions[2][1])
+    device_paths = frozenset().union(*(v[1] for v in versions))
+    seen = [versions.index(container_edits(spec, live.root, device_paths))
+            if container_edits(spec, live.root, device_paths) in versions else None
+            for _, spec in loop.results]
+    if None in seen:
+        got = container_edits(loop.results[seen.index(None)][1], live.root, device_paths)
+        detail = [(sorted(got[0] ^ v[0])[:4], sorted(got[1] ^ v[1])) for v in versions]
+        raise AssertionError(f"a container got edits that match no single spec version: "
+                             f"differences from each version: {detail}")
+    assert seen == sorted(seen), "a container got an older spec after a newer one"
+    assert set(seen) == {0, 1, 2} and seen[-1] == 2

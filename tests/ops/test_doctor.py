@@ -1,0 +1,164 @@
+"""nri-cdi doctor on a healthy set-up and on broken ones (NRI off, stale spec, bad spec)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cdi.nvidia.simnode import BuiltNode, NodeLayout, build_node
+from nri_plugin.doctor import Check, run_checks
+from nri_plugin.metrics import Metrics
+from nri_plugin.refresh import Watcher
+from nri_plugin.settings import Settings, defaults
+from tests.ops.simchange import upgrade_driver
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds the simulated node"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the simulated node's device nodes need root"),
+]
+
+NRI_ON = """\
+version = 2
+[plugins."io.containerd.grpc.v1.cri"]
+  enable_cdi = false
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = "{socket}"
+"""
+
+
+@dataclass
+class Node:
+    root: Path
+    node: BuiltNode
+    settings: Settings
+    metrics: Metrics
+
+
+def _cache(tmp: pytest.TempPathFactory) -> Path:
+    env = os.environ.get("SIMNODE_CACHE")
+    return Path(env) if env else tmp.mktemp("simnode-cache")
+
+
+@pytest.fixture
+def healthy(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    node = build_node(tmp_path / "node", NodeLayout.uniform(1, seed="doctor"),
+                      cache_dir=_cache(tmp_path_factory))
+    nri = tmp_path / "nri.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(nri))
+    listener.listen()
+    (tmp_path / "config.toml").write_text(NRI_ON.format(socket=nri))
+    metrics = Metrics()
+    server = metrics.serve("127.0.0.1:0")
+    settings = defaults().replace({
+        "plugin.socket": str(nri), "plugin.spec_dirs": [str(tmp_path / "cdi")],
+        "generate.output": str(tmp_path / "cdi" / "nvidia.yaml"),
+        "generate.driver_root": str(node.root), "generate.mode": "procfs",
+        "doctor.containerd_config": str(tmp_path / "config.toml"),
+        "doctor.health_url": f"http://127.0.0.1:{server.port}/healthz",
+    })
+    assert Watcher(settings).refresh("test").written
+    metrics.connected("containerd 1.7.30")
+    try:
+        yield Node(tmp_path, node, settings, metrics)
+    finally:
+        server.close()
+        listener.close()
+
+
+def by_name(checks: list[Check]) -> dict[str, Check]:
+    return {c.name: c for c in checks}
+
+
+def test_healthy_node_passes_every_check(healthy: Node) -> None:
+    checks = run_checks(healthy.settings, containerd_major_version=1)
+    assert [(c.name, c.status) for c in checks if c.status != "ok"] == []
+    assert "connected to containerd 1.7.30" in by_name(checks)["plugin connected"].detail
+
+
+def test_nri_disabled(healthy: Node) -> None:
+    config = Path(healthy.settings["doctor"]["containerd_config"])
+    config.write_text(config.read_text().replace("disable = false", "disable = true"))
+    check = by_name(run_checks(healthy.settings, check_generated=False))[
+        "NRI enabled in containerd"]
+    assert check.status == "fail" and "disable = true" in check.detail
+    assert "disable = false" in check.fix
+
+
+@pytest.mark.parametrize("major, status", [(1, "fail"), (2, "ok")])
+def test_nri_section_missing_depends_on_containerd_version(
+    healthy: Node, major: int, status: str
+) -> None:
+    config = Path(healthy.settings["doctor"]["containerd_config"])
+    # no "disable" key: containerd's default decides
+    config.write_text(f'version = 2\n[plugins."io.containerd.nri.v1.nri"]\n'
+                      f'  socket_path = "{healthy.settings["plugin"]["socket"]}"\n')
+    check = by_name(run_checks(healthy.settings, containerd_major_version=major,
+                               check_generated=False))["NRI enabled in containerd"]
+    assert check.status == status
+
+
+def test_stale_spec_after_driver_upgrade(healthy: Node, tmp_path_factory: pytest.TempPathFactory,
+                                         tmp_path: Path) -> None:
+    new = build_node(tmp_path / "new", NodeLayout.uniform(1, seed="doctor",
+                                                          driver_version="590.48.01"),
+                     cache_dir=_cache(tmp_path_factory))
+    upgrade_driver(healthy.node, new)
+    check = by_name(run_checks(healthy.settings))["spec matches the node"]
+    assert check.status == "fail"
+    assert "spec is for driver 580.82.07, the node runs 590.48.01" in check.detail
+    assert "nri-cdi refresh" in check.fix
+
+
+def test_bad_spec_file_is_named(healthy: Node) -> None:
+    (healthy.root / "cdi" / "broken.yaml").write_text("cdiVersion: 0.5.0\nkind: x\n")
+    check = by_name(run_checks(healthy.settings, check_generated=False))["spec directories"]
+    assert check.status == "fail" and "broken.yaml" in check.detail
+
+
+def test_missing_device_node(healthy: Node) -> None:
+    (healthy.node.dev_root / "dev" / "nvidia0").unlink()
+    check = by_name(run_checks(healthy.settings, check_generated=False))["device nodes present"]
+    assert check.status == "fail" and "dev/nvidia0" in check.detail
+
+
+def test_plugin_disconnected_and_socket_gone(healthy: Node) -> None:
+    healthy.metrics.disconnected()
+    os.unlink(healthy.settings["plugin"]["socket"])
+    checks = by_name(run_checks(healthy.settings, check_generated=False))
+    assert checks["plugin connected"].status == "fail"
+    assert "disconnected" in checks["plugin connected"].detail
+    assert checks["NRI socket reachable"].status == "fail"
+
+
+def test_native_cdi_on_the_same_folders_warns(healthy: Node) -> None:
+    config = Path(healthy.settings["doctor"]["containerd_config"])
+    config.write_text(config.read_text().replace(
+        "enable_cdi = false", f'enable_cdi = true\n  cdi_spec_dirs = ["{healthy.root}/cdi"]'))
+    check = by_name(run_checks(healthy.settings, check_generated=False))["containerd's own CDI"]
+    assert check.status == "warn" and "hooks run twice" in check.detail
+    assert "enable_cdi = false" in check.fix
+
+
+def test_doctor_command_exit_status(healthy: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from nri_plugin.cli import main
+
+    config = healthy.root / "nri-cdi.yaml"
+    config.write_text(yaml.safe_dump(healthy.settings.as_dict()))
+    assert main(["doctor", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "[ok  ] spec matches the node" in out
+    Path(healthy.settings["doctor"]["containerd_config"]).write_text(
+        NRI_ON.format(socket="/x").replace("disable = false", "disable = true"))
+    assert main(["doctor", "--config", str(config), "--no-generate"]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] NRI enabled in containerd" in out and "fix: in " in out
