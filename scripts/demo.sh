@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
-# The main job. Installs nri-cdi and a private containerd, then shows the CDI library at
-# work on the example specs (list, validate, inject into an OCI runtime spec) and the NRI
-# plugin at work on a real containerd: a pod asks for a CDI device by annotation and its
-# container gets the device node, the mount and the environment.
+# The main job.
+# On a GPU node (an NVIDIA driver is loaded): generate the node's CDI spec into
+# /var/run/cdi, list it, check the node with doctor, then run the NRI plugin against the
+# node's containerd (Ctrl-C stops it).
+# Elsewhere: installs nri-cdi and a private containerd, then shows the CDI library at work
+# on the example specs (list, validate, inject) and the plugin at work on a real
+# containerd, first with an example device, then with a simulated GPU node whose spec
+# comes from nri-cdi generate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >/dev/null
-bash scripts/install-containerd.sh >/dev/null
 
 say() { printf '\n\033[1m$ %s\033[0m\n' "$*"; }
 run() { say "$*"; "$@"; }
+
+if [ -e /proc/driver/nvidia/version ] && [ -z "${NRI_CDI_DEMO_SIMULATED:-}" ]; then
+    run nri-cdi generate --output /var/run/cdi/nvidia.yaml --if-changed
+    run nri-cdi list
+    say "nri-cdi doctor"
+    nri-cdi doctor || echo "(doctor found problems: see above)"
+    run exec nri-cdi plugin
+fi
+
+bash scripts/install-containerd.sh >/dev/null
 
 run nri-cdi list --spec-dir specs/examples
 run nri-cdi validate --schema specs/examples/vendor-example-device.yaml specs/examples/fpga.json

@@ -1,5 +1,10 @@
-"""The node demo: a private containerd with NRI, our plugin connected to it, and a pod that
-asks for a CDI device by annotation. Prints what the container sees. Run by demo.sh."""
+"""The node demo on a machine without a GPU: a private containerd with NRI and our plugin.
+
+1. A pod asks for a device of the example specs by annotation; its container gets it.
+2. A simulated GPU node (real gcc-built driver libraries, mknod'ed device nodes, /proc
+   files) gets its spec from ``nri-cdi generate``; a pod asks for ``nvidia.com/gpu=0`` and
+   its container gets /dev/nvidia0, the control nodes and the driver libraries — and not
+   /dev/nvidia1. Run by demo.sh."""
 
 from __future__ import annotations
 
@@ -10,6 +15,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import subprocess  # noqa: E402
+
+from cdi.nvidia.simnode import NodeLayout, build_node  # noqa: E402
 from tests.e2e import images, paths  # noqa: E402 - the private-containerd harness
 from tests.e2e.containerd import Containerd  # noqa: E402
 from tests.e2e.plugin import PluginProcess  # noqa: E402
@@ -38,7 +46,37 @@ def main() -> int:
             run_pod(ctrd, plugin)
         finally:
             plugin.kill()
+        gpu_node(ctrd, root)
     return 0
+
+
+def gpu_node(ctrd: Containerd, root: Path) -> None:
+    node = build_node(root / "node", NodeLayout.uniform(2))
+    specs = root / "cdi"
+    specs.mkdir()
+    command = ["nri-cdi", "generate", "--mode", "procfs", "--driver-root", str(node.root),
+               "--link-mode", "mounts", "--output", str(specs / "nvidia.yaml")]
+    subprocess.run([sys.executable, "-m", "nri_plugin.cli", *command[1:]], check=True,
+                   cwd=REPO)
+    show("a simulated node with 2 GPUs: " + " ".join(command).replace(str(root), "$TMP"),
+         subprocess.run([sys.executable, "-m", "nri_plugin.cli", "list", "--spec-dir",
+                         str(specs)], capture_output=True, text=True, cwd=REPO).stdout)
+    plugin = PluginProcess(ctrd.nri_socket, [specs], root / "gpu-plugin.log").start()
+    try:
+        with ctrd.cri() as cri, cri.cleanup():
+            pod = cri.run_pod("gpu", annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
+            show("pod 'gpu' annotated", "cdi.k8s.io/gpu: nvidia.com/gpu=0")
+            ctr = cri.run_container(pod, "app", images.BUSYBOX_IMAGE, command=["sleep", "600"])
+            for title, script in (
+                ("its device nodes", "ls -l /dev | grep nvidia"),
+                ("its driver libraries (read-only bind mounts)",
+                 "ls /usr/lib/x86_64-linux-gnu | grep -E 'libcuda|libnvidia-ml'"),
+                ("its environment", "env | grep -E 'NVIDIA|LD_LIBRARY' | sort"),
+            ):
+                result = cri.exec_sync(ctr, ["sh", "-c", script])
+                show(f"{title}: {script}", result.stdout + result.stderr)
+    finally:
+        plugin.kill()
 
 
 def run_pod(ctrd: Containerd, plugin: PluginProcess) -> None:

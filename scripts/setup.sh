@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for tool in gcc:gcc ldconfig:libc-bin readelf:binutils; do
+# systemd-analyze: the unit tests verify our systemd units with it.
+for tool in gcc:gcc ldconfig:libc-bin readelf:binutils systemd-analyze:systemd; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || need_apt+=("${tool##*:}")
 done
 [ -e /usr/include/dirent.h ] || need_apt+=(libc6-dev)
