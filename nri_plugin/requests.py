@@ -41,7 +41,7 @@ def requested_devices(
     """Every requested device once, in a stable order: the pod's keys (pod-wide ones and
     this container's own) in key order, then the container's keys in key order. Raises
     AnnotationError naming the annotation for a malformed key or value."""
-    return _unique(pod_requests(pod_annotations, container_name)
+    return unique_requests(pod_requests(pod_annotations, container_name)
                    + container_requests(container_annotations))
 
 
@@ -78,7 +78,8 @@ def _parse(key: str, value: str, where: str) -> list[str]:
         raise AnnotationError(f"{where} {exc}") from None
 
 
-def _unique(requests: list[DeviceRequest]) -> list[DeviceRequest]:
+def unique_requests(requests: list[DeviceRequest]) -> list[DeviceRequest]:
+    """Each device once, at its first request (its source names the first asker)."""
     seen: set[str] = set()
     result = []
     for request in requests:

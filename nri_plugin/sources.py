@@ -18,7 +18,7 @@ from cdi.cache import Snapshot
 from .api import nri_pb2
 from .nodefacts import NodeFacts
 from .policy import Policy
-from .requests import DeviceRequest, container_requests, pod_requests
+from .requests import DeviceRequest, container_requests, pod_requests, unique_requests
 from .visible_devices import ENV as VISIBLE_ENV
 from .visible_devices import visible_device_names
 
@@ -67,14 +67,4 @@ def gather(policy: Policy, *, namespace: str, container_name: str,
         names = visible_device_names(env, snapshot, facts, legacy=is_legacy_image(env))
         source = f"env {VISIBLE_ENV}={env.get(VISIBLE_ENV, '(unset, legacy image)')}"
         requests += [DeviceRequest(n, source) for n in names]
-    return Gathered(tuple(_unique(requests)), denied)
-
-
-def _unique(requests: list[DeviceRequest]) -> list[DeviceRequest]:
-    seen: set[str] = set()
-    out = []
-    for r in requests:
-        if r.name not in seen:
-            seen.add(r.name)
-            out.append(r)
-    return out
+    return Gathered(tuple(unique_requests(requests)), denied)

@@ -28,6 +28,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ._errors import BinaryFormatError
+
 __all__ = ["DynamicInfo", "ElfError", "parse_dynamic", "read_dynamic", "read_soname"]
 
 _ELF_MAGIC = b"\x7fELF"
@@ -45,14 +47,8 @@ _PHDR64 = "IIQQQQQQ"  # type, flags, offset, vaddr, paddr, filesz, memsz, align
 _DYN = {_ELFCLASS32: "iI", _ELFCLASS64: "qQ"}
 
 
-class ElfError(Exception):
+class ElfError(BinaryFormatError):
     """The file is not an ELF object or is malformed; says which file and where."""
-
-    def __init__(self, message: str, *, source: str = "<bytes>", offset: int | None = None):
-        self.source = source
-        self.offset = offset
-        where = source if offset is None else f"{source}: offset {offset}"
-        super().__init__(f"{where}: {message}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ._errors import BinaryFormatError
+
 __all__ = [
     "LdCache",
     "LdCacheEntry",
@@ -67,14 +69,8 @@ ARCH_64BIT = frozenset({0x0300, 0x0500, 0x0A00})
 _MAX_SYMLINK_HOPS = 40  # same bound as Linux's path walk
 
 
-class LdCacheError(Exception):
+class LdCacheError(BinaryFormatError):
     """The cache is malformed; ``source`` and ``offset`` say where."""
-
-    def __init__(self, message: str, *, source: str = "<bytes>", offset: int | None = None):
-        self.source = source
-        self.offset = offset
-        where = source if offset is None else f"{source}: offset {offset}"
-        super().__init__(f"{where}: {message}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
