@@ -1,41 +1,50 @@
-"""``nri-cdi``: one command for the CDI library, the generator, the hooks and the plugin."""
+"""``nri-cdi``: one command for the CDI library, the generator, the hooks and the plugin.
+
+Each subcommand lives in the module that owns it. Only the module of the subcommand being
+run is imported (all of them for ``--help``): ``nri-cdi generate`` and the hooks, which
+the runtime starts for every container, must not pay for the plugin or the doctor.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
-from cdi.cli import add_commands as add_cdi_commands
-from cdi.hooks.cli import add_commands as add_hook_commands
-from cdi.nvidia.cli import add_commands as add_nvidia_commands
+# subcommand -> (module, function that adds that module's subcommands), in help order.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "list": ("cdi.cli", "add_commands"),
+    "validate": ("cdi.cli", "add_commands"),
+    "inject": ("cdi.cli", "add_commands"),
+    "generate": ("cdi.nvidia.cli", "add_commands"),
+    "plugin": ("nri_plugin.daemon", "add_command"),
+    "hook": ("cdi.hooks.cli", "add_commands"),
+    "watch": ("nri_plugin.refresh", "add_commands"),
+    "refresh": ("nri_plugin.refresh", "add_commands"),
+    "config": ("nri_plugin.settings", "add_commands"),
+    "install-units": ("nri_plugin.units", "add_commands"),
+    "install-launcher": ("nri_plugin.units", "add_commands"),
+    "doctor": ("nri_plugin.doctor", "add_commands"),
+}
 
-from .daemon import add_command as add_plugin_command
-from .doctor import add_commands as add_doctor_commands
-from .refresh import add_commands as add_refresh_commands
-from .settings import add_commands as add_config_commands
-from .units import add_commands as add_unit_commands
 
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every subcommand, or only ``command``'s module when it is known."""
     parser = argparse.ArgumentParser(
         prog="nri-cdi",
         description="CDI specs for GPU nodes and a containerd NRI plugin that applies them.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_cdi_commands(subparsers)
-    add_nvidia_commands(subparsers)
-    add_plugin_command(subparsers)
-    add_hook_commands(subparsers)
-    add_refresh_commands(subparsers)
-    add_config_commands(subparsers)
-    add_unit_commands(subparsers)
-    add_doctor_commands(subparsers)
+    wanted = [COMMANDS[command]] if command in COMMANDS else list(COMMANDS.values())
+    for module, function in dict.fromkeys(wanted):
+        getattr(importlib.import_module(module), function)(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     return int(args.func(args))
 
 
