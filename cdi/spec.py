@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from .errors import FieldError, SpecError
 from .model import DeviceData, SpecData, spec_from_dict, to_dict
@@ -22,35 +21,39 @@ from .version import minimum_version
 # absurd that happens to sit in a spec directory.
 MAX_SPEC_BYTES = 32 * 1024 * 1024
 
-_BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present
 
+@functools.cache
+def _strict_loader() -> Any:
+    """A safe YAML loader (libyaml's when present) that rejects duplicate mapping keys, as
+    the reference's strict decoder does: a silently shadowed key is a bug in the spec.
 
-class _StrictLoader(_BaseLoader):  # type: ignore[misc,valid-type]
-    """Safe YAML loader that rejects duplicate mapping keys, as the reference's strict
-    decoder does (a silently shadowed key is a bug in the spec, not a preference)."""
+    Built on first use: PyYAML is imported only by what reads or writes YAML, not by
+    ``nri-cdi generate`` (its own emitter) or the hooks.
+    """
+    import yaml
 
+    base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-def _construct_strict_mapping(loader: Any, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: dict[Any, yaml.Node] = {}
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue  # '<<' merge keys are expanded by the base constructor
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            hash(key)
-        except TypeError:
-            continue  # reported later as a non-string key
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen[key] = key_node
-    return loader.construct_mapping(node, deep=deep)
+    def construct_strict_mapping(loader: Any, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # '<<' merge keys are expanded by the base constructor
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                continue  # reported later as a non-string key
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return loader.construct_mapping(node, deep=deep)
 
-
-_StrictLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_strict_mapping
-)
+    loader = type("StrictLoader", (base,), {})
+    loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_strict_mapping)
+    return loader
 
 
 def _reject_duplicate_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -64,13 +67,15 @@ def _reject_duplicate_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def load_document(data: bytes | str, *, json_format: bool) -> Any:
     """Parse JSON or YAML strictly into plain data; raise SpecError on bad syntax."""
+    import yaml
+
     if len(data) > MAX_SPEC_BYTES:
         raise SpecError([FieldError("", f"spec is larger than {MAX_SPEC_BYTES} bytes")])
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         if json_format:
             return json.loads(text, object_pairs_hook=_reject_duplicate_pairs)
-        return yaml.load(text, Loader=_StrictLoader)
+        return yaml.load(text, Loader=_strict_loader())
     except UnicodeDecodeError as exc:
         raise SpecError([FieldError("", f"not UTF-8 text: {exc}")]) from None
     except json.JSONDecodeError as exc:
@@ -148,6 +153,8 @@ def dump_spec(spec: SpecData, *, json_format: bool = False) -> str:
     document = to_dict(spec)
     if json_format:
         return json.dumps(document, indent=2) + "\n"
+    import yaml
+
     dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
     body = yaml.dump(
         document,

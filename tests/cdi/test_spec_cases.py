@@ -27,7 +27,7 @@ VALID: dict[str, dict[str, str]] = EXPECTED["valid"]
 INVALID: dict[str, dict[str, Any]] = EXPECTED["invalid"]
 
 # Messages of a third-party parser: exact only with the parser they were recorded with.
-_LIBYAML = spec_module._BaseLoader is getattr(yaml, "CSafeLoader", None)
+_LIBYAML = spec_module._strict_loader().__mro__[1] is getattr(yaml, "CSafeLoader", None)
 
 
 def _files(kind: str) -> list[str]:
