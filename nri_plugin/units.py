@@ -126,10 +126,11 @@ ExecStart={binary} plugin --config {config}
 # while it is gone, containers are created without their devices (NRI is fail-open).
 Restart=always
 RestartSec=2
-# Root without capabilities: it owns the NRI socket and its 0700 folder, and the specs
-# are world-readable. The NRI socket is reached by connect(), which a read-only mount
-# does not block; the metrics endpoint, when enabled, needs AF_INET/AF_INET6.
-CapabilityBoundingSet=
+# Root with one capability: it owns the NRI socket and its 0700 folder, and the specs
+# are world-readable. CAP_KILL lets fail-closed stop a container created without its
+# devices whatever user runs it. The NRI socket is reached by connect(), which a
+# read-only mount does not block; the metrics endpoint, when enabled, needs AF_INET/6.
+CapabilityBoundingSet=CAP_KILL
 AmbientCapabilities=
 ProtectProc=invisible
 DevicePolicy=closed

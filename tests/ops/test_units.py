@@ -79,7 +79,7 @@ def test_plugin_unit_ordering_restart_and_sandbox() -> None:
     assert service["Restart"] == ["always"]
     assert service["ExecStart"] == ["/usr/bin/nri-cdi plugin --config /etc/x.yaml"]
     for key, value in [("ProtectSystem", "strict"), ("NoNewPrivileges", "yes"),
-                       ("ProtectHome", "yes"), ("CapabilityBoundingSet", "")]:
+                       ("ProtectHome", "yes"), ("CapabilityBoundingSet", "CAP_KILL")]:
         assert service[key] == [value]
     assert "AF_UNIX" in service["RestrictAddressFamilies"][0]  # the NRI socket
     assert "PrivateDevices" not in service  # it stats /dev/nvidia* for device numbers
