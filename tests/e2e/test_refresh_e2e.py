@@ -72,6 +72,17 @@ class Watch:
             assert time.monotonic() < deadline, f"no regeneration #{count}:\n{self.log()}"
             time.sleep(0.05)
 
+    def just_after_periodic_check(self, timeout: float = 20.0) -> None:
+        """Return right after a periodic generator run finished. The next one is then a
+        whole resync interval away, so a change made now is seen by the poller (and
+        settled) before any periodic run could read it half-made: the count of
+        regenerations per change is exact, not a race."""
+        seen = self.log().count("(periodic check)")
+        deadline = time.monotonic() + timeout
+        while self.log().count("(periodic check)") == seen:
+            assert time.monotonic() < deadline, f"no periodic check:\n{self.log()}"
+            time.sleep(0.01)
+
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=10)
@@ -181,11 +192,13 @@ def test_driver_upgrade_and_mig_change_regenerate_once_each_without_failures(
     assert watch.regenerations() == 1, watch.log()
     assert "spec up to date (periodic check)" in watch.log()
 
+    watch.just_after_periodic_check()
     upgrade_driver(live, nodes["upgraded"])
     watch.wait_regenerations(2)
     versions.append(spec_edits(spec_path.read_text()))
     loop.wait_for(8)
 
+    watch.just_after_periodic_check()
     apply_mig(live, nodes["mig"])
     watch.wait_regenerations(3)
     versions.append(spec_edits(spec_path.read_text()))
