@@ -90,11 +90,29 @@ def _setup_logging(level: str, kind: str = "text") -> logging.handlers.QueueList
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(log_formatter(kind))
     root = logging.getLogger()
-    root.handlers[:] = [logging.handlers.QueueHandler(records)]
+    root.handlers[:] = [_deferred_queue_handler(records)]
     root.setLevel(level.upper())
     listener = logging.handlers.QueueListener(records, handler)
     listener.start()
     return listener
+
+
+def _deferred_queue_handler(records: Any) -> logging.Handler:
+    """A QueueHandler that leaves all formatting to the listener thread.
+
+    The stock one formats the record where it is logged, and a traceback's formatting reads
+    source files (linecache): that would be file I/O on the event loop, in the middle of a
+    CreateContainer, whenever a handler fails. The queue is in-process, so the record and
+    its exc_info can travel as they are; only the message is fixed now (args may change).
+    """
+    import logging.handlers
+
+    class DeferredQueueHandler(logging.handlers.QueueHandler):
+        def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+            record.msg, record.args = record.getMessage(), None
+            return record
+
+    return DeferredQueueHandler(records)
 
 
 def _identity(args: argparse.Namespace, settings: Any) -> tuple[str | None, str | None]:
