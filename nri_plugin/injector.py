@@ -26,6 +26,7 @@ from cdi.model import ContainerEdits
 from .adjust import to_adjustment, unsupported_edits
 from .api import nri_pb2
 from .capabilities import CapabilityError, filter_edits, requested_capabilities
+from .dispatch import RpcError
 from .failclosed import Unserved, find_unserved
 from .nodefacts import NodeFacts, SpecFacts
 from .plugin import Plugin
@@ -35,6 +36,7 @@ from .requirements import GpuInfo, RequirementError, check, env_map, requirement
 from .runtime import RuntimeInfo
 from .sources import gather, is_legacy_image, is_privileged
 from .visible_devices import VisibleDevicesError
+from .wire import Code
 
 log = logging.getLogger("nri_cdi.injector")
 
@@ -193,7 +195,9 @@ class CdiInjector(Plugin):
             self.counters["refused"] += 1
             log.warning("refused container %s of pod %s/%s: %s", container.name,
                         pod.namespace, pod.name, exc)
-            raise
+            # An expected answer, not a bug: an error status with the reason (the same text
+            # the dispatcher would send), without its bug path's traceback in the log.
+            raise RpcError(Code.UNKNOWN, f"CreateContainer: {type(exc).__name__}: {exc}") from exc
         if injection is None:
             return None
         self.counters["injected"] += 1

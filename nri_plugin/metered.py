@@ -16,7 +16,8 @@ from typing import Any
 from cdi.cache import Snapshot
 
 from .api import nri_pb2
-from .injector import REFUSALS, CdiInjector
+from .dispatch import RpcError
+from .injector import CdiInjector
 from .metrics import Metrics
 
 
@@ -37,8 +38,8 @@ class MeteredInjector(CdiInjector):
         start = time.perf_counter()
         try:
             adjustment = super().create_container(pod, container)
-        except REFUSALS as exc:
-            rule = getattr(exc, "rule", None)
+        except RpcError as exc:  # a refusal; its cause is one of REFUSALS
+            rule = getattr(exc.__cause__, "rule", None)
             if rule:
                 self.metrics.denial(str(rule))
             self.metrics.injection("refused", time.perf_counter() - start)

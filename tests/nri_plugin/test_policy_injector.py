@@ -13,6 +13,7 @@ import pytest
 
 from cdi.cache import Snapshot, SpecCache
 from nri_plugin.api import nri_pb2
+from nri_plugin.dispatch import RpcError
 from nri_plugin.failclosed import act, find_unserved
 from nri_plugin.injector import CdiInjector
 from nri_plugin.nodefacts import NodeFacts, load_facts
@@ -130,8 +131,9 @@ def test_requirements(registry: tuple[Snapshot, NodeFacts], env: str, device: st
     if error is None:
         assert plugin.create_container(*args) is not None
     else:
-        with pytest.raises(RequirementError, match=re.escape(error)):
+        with pytest.raises(RpcError, match=re.escape(error)) as info:
             plugin.create_container(*args)
+        assert isinstance(info.value.__cause__, RequirementError)
     off = injector(registry, parse_policy({"requirements": {"enforce": False}}))
     assert off.create_container(*args) is not None
 
@@ -139,9 +141,10 @@ def test_requirements(registry: tuple[Snapshot, NodeFacts], env: str, device: st
 def test_source_denial_and_env_ignored(registry: tuple[Snapshot, NodeFacts]) -> None:
     policy = parse_policy({"sources": {"podAnnotations": {"namespaces": ["ml"]}}})
     plugin = injector(registry, policy)
-    with pytest.raises(PolicyDenied, match=re.escape("sources.podAnnotations.namespaces")):
+    with pytest.raises(RpcError, match=re.escape("sources.podAnnotations.namespaces")) as info:
         plugin.create_container(pod("web", **{"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}),
                                 container())
+    assert isinstance(info.value.__cause__, PolicyDenied)
     # NVIDIA_VISIBLE_DEVICES is off by default: ignored, not refused.
     assert plugin.create_container(pod("web"), container("NVIDIA_VISIBLE_DEVICES=all")) is None
     on = injector(registry, parse_policy(
