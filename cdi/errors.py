@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class CDIError(Exception):
     """Root of every error this package raises on purpose."""
 
 
-@dataclass(frozen=True, slots=True)
-class FieldError:
+class FieldError(NamedTuple):
     """One problem in a spec, located by a field path such as
     ``devices[2].containerEdits.deviceNodes[0].type``."""
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import replace
 
 from .errors import DeviceNodeError
 from .model import ContainerEdits, DeviceNode
@@ -39,16 +38,16 @@ def fill_device_node(node: DeviceNode) -> DeviceNode:
     host_type = _HOST_TYPES.get(stat.S_IFMT(info.st_mode))
     file_mode = node.file_mode if node.file_mode is not None else stat.S_IMODE(info.st_mode)
     if _is_minimal(node):
-        return replace(node, file_mode=file_mode)
+        return node._replace(file_mode=file_mode)
     if host_type is None:
         raise DeviceNodeError(f"failed to stat CDI host device {host!r}: not a device node")
     if node.type and node.type != host_type:
         raise DeviceNodeError(
             f"CDI device ({node.path!r}, {host!r}), host type mismatch ({node.type}, {host_type})"
         )
-    filled = replace(node, type=node.type or host_type, file_mode=file_mode)
+    filled = node._replace(type=node.type or host_type, file_mode=file_mode)
     if host_type != "p" and not node.major:
-        filled = replace(filled, major=os.major(info.st_rdev), minor=os.minor(info.st_rdev))
+        filled = filled._replace(major=os.major(info.st_rdev), minor=os.minor(info.st_rdev))
     return filled
 
 
@@ -56,4 +55,4 @@ def fill_edits(edits: ContainerEdits) -> ContainerEdits:
     """The edits with every device node filled in; raises DeviceNodeError on the first bad one."""
     if not edits.device_nodes:
         return edits
-    return replace(edits, device_nodes=tuple(fill_device_node(n) for n in edits.device_nodes))
+    return edits._replace(device_nodes=tuple(fill_device_node(n) for n in edits.device_nodes))

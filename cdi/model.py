@@ -1,4 +1,4 @@
-"""The CDI spec format as frozen dataclasses, with strict decoding and deterministic encoding.
+"""The CDI spec format as immutable records, with strict decoding and deterministic encoding.
 
 Decoding is strict like the reference library: unknown fields, wrong types and missing
 required fields are errors. It collects every structural problem with its field path
@@ -12,11 +12,16 @@ JSON keys are those of the spec and the reference Go types (``additionalGids``,
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import FieldError, SpecError
+
+# Records are ``typing.NamedTuple``s, not frozen dataclasses, on purpose: a frozen slotted
+# dataclass compiles its methods from source when it is defined (about 2 ms a class on a
+# slow node, 4x a NamedTuple) and builds instances through object.__setattr__; every
+# short-lived command that loads specs (generate, the hooks, list) paid for that.  Build
+# them with keywords, as before, and change them with ``_replace``.
 
 UINT32_MAX = 2**32 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -25,12 +30,11 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_DECODED_VALUES = 2_000_000
 
 
-def _empty_map() -> Mapping[str, str]:
-    return MappingProxyType({})
+# Shared by every record without annotations: read-only, so sharing is safe.
+EMPTY_MAP: Mapping[str, str] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeviceNode:
+class DeviceNode(NamedTuple):
     path: str
     host_path: str | None = None
     type: str | None = None
@@ -46,16 +50,14 @@ class DeviceNode:
         return self.host_path or self.path
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Mount:
+class Mount(NamedTuple):
     host_path: str
     container_path: str
     type: str | None = None
     options: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Hook:
+class Hook(NamedTuple):
     hook_name: str
     path: str
     args: tuple[str, ...] = ()
@@ -63,8 +65,7 @@ class Hook:
     timeout: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class IntelRdt:
+class IntelRdt(NamedTuple):
     clos_id: str | None = None
     l3_cache_schema: str | None = None
     mem_bw_schema: str | None = None
@@ -74,14 +75,12 @@ class IntelRdt:
     enable_mbm: bool | None = None  # 0.7.0 .. 1.0.x, removed in 1.1.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NetDevice:
+class NetDevice(NamedTuple):
     host_interface_name: str
     name: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ContainerEdits:
+class ContainerEdits(NamedTuple):
     env: tuple[str, ...] = ()
     device_nodes: tuple[DeviceNode, ...] = ()
     mounts: tuple[Mount, ...] = ()
@@ -102,20 +101,21 @@ class ContainerEdits:
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeviceData:
+NO_EDITS = ContainerEdits()
+
+
+class DeviceData(NamedTuple):
     name: str
-    annotations: Mapping[str, str] = field(default_factory=_empty_map)
-    container_edits: ContainerEdits = field(default_factory=ContainerEdits)
+    annotations: Mapping[str, str] = EMPTY_MAP
+    container_edits: ContainerEdits = NO_EDITS
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SpecData:
+class SpecData(NamedTuple):
     cdi_version: str
     kind: str
     devices: tuple[DeviceData, ...]
-    annotations: Mapping[str, str] = field(default_factory=_empty_map)
-    container_edits: ContainerEdits = field(default_factory=ContainerEdits)
+    annotations: Mapping[str, str] = EMPTY_MAP
+    container_edits: ContainerEdits = NO_EDITS
 
 
 # --------------------------------------------------------------------------------------
@@ -125,8 +125,7 @@ class SpecData:
 Decoder = Callable[[Any, str, "_Context"], Any]
 
 
-@dataclass(frozen=True, slots=True)
-class _Field:
+class _Field(NamedTuple):
     key: str
     attr: str
     decode: Decoder

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import QualifiedNameError
 
@@ -22,8 +22,7 @@ MAX_VENDOR_LENGTH = 253
 MAX_CLASS_LENGTH = 63
 
 
-@dataclass(frozen=True, slots=True)
-class QualifiedName:
+class QualifiedName(NamedTuple):
     vendor: str
     class_: str
     name: str

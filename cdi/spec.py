@@ -7,9 +7,8 @@ import functools
 import json
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import FieldError, SpecError
 from .model import DeviceData, SpecData, spec_from_dict, to_dict
@@ -104,8 +103,7 @@ def is_json_path(path: str | os.PathLike[str]) -> bool:
     return str(path).endswith(".json")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Spec:
+class Spec(NamedTuple):
     """A valid spec with where it came from. Exists only if valid."""
 
     data: SpecData
@@ -169,9 +167,7 @@ def dump_spec(spec: SpecData, *, json_format: bool = False) -> str:
 
 def with_minimum_version(spec: SpecData) -> SpecData:
     """The same spec declaring the minimum version its content needs."""
-    from dataclasses import replace
-
-    return replace(spec, cdi_version=minimum_version(spec))
+    return spec._replace(cdi_version=minimum_version(spec))
 
 
 def write_spec(spec: SpecData, path: str | os.PathLike[str], *, mode: int = 0o644) -> None:

@@ -7,7 +7,7 @@ rejects a spec that declares less than its content needs.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .model import ContainerEdits, SpecData
 from .parser import parse_kind
@@ -45,8 +45,7 @@ def version_key(version: str) -> tuple[int, int, int]:
     return parsed
 
 
-@dataclass(frozen=True, slots=True)
-class Requirement:
+class Requirement(NamedTuple):
     """Why a spec needs a version: the version and the field that needs it."""
 
     version: str

@@ -10,7 +10,6 @@ gives a working container. Pure.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 from cdi.model import ContainerEdits
 
@@ -60,4 +59,4 @@ def filter_edits(edits: ContainerEdits, capability_of: Mapping[str, str],
                  or capability_of.get(m.container_path, "other") == "other")
     if len(kept) == len(edits.mounts):
         return edits
-    return replace(edits, mounts=kept)
+    return edits._replace(mounts=kept)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["ENTRY_SCRIPT", "HOOK_ENV", "HookCommand", "interpreter", "isolated_python", "launcher",
            "nri_cdi"]
@@ -32,19 +32,24 @@ HOOK_ENV: tuple[str, ...] = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
 ENTRY_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HookCommand:
-    """The ``path``, ``args`` and ``env`` of one CDI hook entry (``hookName: createContainer``)."""
-
+class _HookFields(NamedTuple):
     path: str
     args: tuple[str, ...]
-    env: tuple[str, ...] = HOOK_ENV
+    env: tuple[str, ...]
 
-    def __post_init__(self) -> None:
-        if not os.path.isabs(self.path):
-            raise ValueError(f"hook path {self.path!r} must be absolute")
-        if not self.env:
+
+class HookCommand(_HookFields):
+    """The ``path``, ``args`` and ``env`` of one CDI hook entry (``hookName: createContainer``)."""
+
+    __slots__ = ()
+
+    def __new__(cls, path: str, args: tuple[str, ...],
+                env: tuple[str, ...] = HOOK_ENV) -> HookCommand:
+        if not os.path.isabs(path):
+            raise ValueError(f"hook path {path!r} must be absolute")
+        if not env:
             raise ValueError("a hook needs an explicit env, or it inherits the container's")
+        return super().__new__(cls, path, args, env)
 
 
 def isolated_python(subcommand: str, args: Iterable[str], *, python: str | None = None,

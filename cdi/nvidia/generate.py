@@ -32,9 +32,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..hooks import entry as hook_entry
 from ..model import ContainerEdits, DeviceData, DeviceNode, Hook, Mount, SpecData
@@ -86,8 +85,7 @@ class GenerateError(Exception):
     """The spec cannot be generated as asked; the message says why."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Options:
+class Options(NamedTuple):
     vendor: str = "nvidia.com"
     class_: str = "gpu"
     strategies: tuple[str, ...] = ("index", "uuid")
@@ -116,14 +114,13 @@ class Options:
                 "max_version": self.max_version}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Inventory:
+class Inventory(NamedTuple):
     """Everything read from the node: the one input of ``build_spec``."""
 
     node: NodeInfo
     driver: DriverFiles
-    gpu_nodes: Mapping[int, DeviceNodes] = field(default_factory=dict)
-    mig_nodes: Mapping[tuple[int, int], DeviceNodes] = field(default_factory=dict)
+    gpu_nodes: Mapping[int, DeviceNodes] = MappingProxyType({})
+    mig_nodes: Mapping[tuple[int, int], DeviceNodes] = MappingProxyType({})
     management_nodes: tuple[DeviceNodeInfo, ...] = ()
 
 
@@ -280,8 +277,7 @@ def _merge(edits: Iterable[ContainerEdits]) -> ContainerEdits:
 # --- devices --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Target:
+class _Target(NamedTuple):
     """One GPU or MIG device to expose, before it gets its names."""
 
     gpu: Gpu
@@ -400,8 +396,6 @@ def build_spec(inv: Inventory, opts: Options, *, warn: Callable[[str], None] = l
 
 
 def _with_version(spec: SpecData, maximum: str | None) -> SpecData:
-    from dataclasses import replace
-
     need = minimum_requirement(spec)
     version = need.version if need else "0.3.0"
     if maximum is not None and need is not None and version_key(version) > version_key(maximum):
@@ -409,7 +403,7 @@ def _with_version(spec: SpecData, maximum: str | None) -> SpecData:
             f"the spec needs cdiVersion {version} ({need.path}: {need.feature}), more than "
             f"--cdi-version {maximum} allows; use --device-name-strategy uuid or type-index "
             "(no digit-leading names) and --dev-root / (no hostPath), or raise --cdi-version")
-    return replace(spec, cdi_version=version)
+    return spec._replace(cdi_version=version)
 
 
 def capability_files(driver: DriverFiles) -> dict[str, list[str]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import replace
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -121,7 +120,7 @@ def valid_specs(draw: st.DrawFn) -> SpecData:
     if _uses_removed_fields(spec):
         allowed = [v for v in allowed if version_key(v) < (1, 1, 0)]
     version = draw(st.sampled_from(allowed))
-    return replace(spec, cdi_version=draw(st.sampled_from([version, "v" + version])))
+    return spec._replace(cdi_version=draw(st.sampled_from([version, "v" + version])))
 
 
 def _edits_of(spec: SpecData) -> list[ContainerEdits]:
@@ -142,16 +141,16 @@ def _drop_removed_fields_if_needed(spec: SpecData, keep_old: bool) -> SpecData:
     def fix(e: ContainerEdits) -> ContainerEdits:
         rdt = e.intel_rdt
         if keep_old:
-            e = replace(e, net_devices=())
+            e = e._replace(net_devices=())
             return (
                 e
                 if rdt is None
-                else replace(e, intel_rdt=replace(rdt, schemata=None, enable_monitoring=None))
+                else e._replace(intel_rdt=rdt._replace(schemata=None, enable_monitoring=None))
             )
         return (
             e
             if rdt is None
-            else replace(e, intel_rdt=replace(rdt, enable_cmt=None, enable_mbm=None))
+            else e._replace(intel_rdt=rdt._replace(enable_cmt=None, enable_mbm=None))
         )
 
     uses_new = any(
@@ -164,10 +163,10 @@ def _drop_removed_fields_if_needed(spec: SpecData, keep_old: bool) -> SpecData:
 
     def fix_device(e: ContainerEdits) -> ContainerEdits:
         fixed = fix(e)
-        return replace(fixed, env=("KEPT=1",)) if fixed.is_empty() else fixed
+        return fixed._replace(env=("KEPT=1",)) if fixed.is_empty() else fixed
 
-    devices = tuple(replace(d, container_edits=fix_device(d.container_edits)) for d in spec.devices)
-    return replace(spec, container_edits=fix(spec.container_edits), devices=devices)
+    devices = tuple(d._replace(container_edits=fix_device(d.container_edits)) for d in spec.devices)
+    return spec._replace(container_edits=fix(spec.container_edits), devices=devices)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
