@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..yaml11 import STR, implicit_tag
+
 __all__ = ["add_commands", "cmd_generate", "main"]
 
 METADATA_SUFFIX = ".meta"
@@ -302,9 +304,11 @@ def _render(spec: Any, json_format: bool, *, mode: str, fp: str, sidecar: Path |
 # PyYAML's representer spends about 100 ms on the ~5,000 nodes of an 8 x 7-MIG spec, two
 # thirds of the start-up budget.  A spec is only mappings, lists, strings and integers, so
 # this emitter writes the same block style as ``cdi.spec.dump_spec`` directly; strings are
-# left plain exactly when PyYAML's own resolver reads them back as strings, single-quoted
+# left plain exactly when PyYAML's resolver would read them back as strings, single-quoted
 # when they would read as another type (like PyYAML), and double-quoted (JSON escapes are
-# valid YAML) when they hold characters that plain scalars cannot.
+# valid YAML) when they hold characters that plain scalars cannot.  That resolver's answer
+# comes from ``cdi.yaml11.implicit_tag``, a stdlib re-implementation checked against
+# PyYAML in tests/cdi/test_yaml11.py: importing PyYAML alone would cost about 26 ms.
 
 _PLAIN = re.compile(r"[A-Za-z0-9_./+-][A-Za-z0-9_./:+=,@~-]*")
 
@@ -327,23 +331,9 @@ def _scalar(value: Any) -> str:
 def _string(text: str) -> str:
     if not _PLAIN.fullmatch(text) or text.endswith(":") or text == "-":
         return json.dumps(text)
-    if _resolves_to(text) != "tag:yaml.org,2002:str":
+    if implicit_tag(text) != STR:
         return f"'{text}'"
     return text
-
-
-def _resolves_to(text: str) -> str:
-    import yaml
-
-    tag: str = _resolver().resolve(yaml.ScalarNode, text, (True, False))
-    return tag
-
-
-@functools.lru_cache(maxsize=1)
-def _resolver() -> Any:
-    import yaml
-
-    return yaml.resolver.Resolver()
 
 
 def _emit(value: Any, indent: int, lines: list[str], lead: str | None = None) -> None:
