@@ -350,27 +350,36 @@ def edits_from_dict(document: Any, path: str = "containerEdits") -> ContainerEdi
     return result  # type: ignore[no-any-return]
 
 
+_SCALARS = (str, int, bool, float)
+
+
 def to_dict(value: Any) -> Any:
     """Encode a model value as plain JSON data, in field-table order, leaving out empty
     optional fields, so that equal values always give equal (and stable) output."""
     fields = _FIELDS.get(type(value))
     if fields is None:
-        if isinstance(value, tuple):
-            return [to_dict(item) for item in value]
-        if isinstance(value, Mapping):
-            return {key: value[key] for key in sorted(value)}
-        return value
+        return _plain(value)
     out: dict[str, Any] = {}
     for spec in fields:
         item = getattr(value, spec.attr)
         if item is None:
             continue
-        empty = (
-            item == ()
-            or (isinstance(item, Mapping) and not item)
-            or (isinstance(item, ContainerEdits) and item.is_empty())
-        )
-        if empty and not (spec.required or spec.keep_empty):
-            continue
-        out[spec.key] = to_dict(item)
+        if type(item) in _SCALARS:  # the common case, and never "empty"
+            out[spec.key] = item
+        elif spec.required or spec.keep_empty or not _is_empty(item):
+            out[spec.key] = to_dict(item)
     return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [item if type(item) in _SCALARS else to_dict(item) for item in value]
+    if isinstance(value, Mapping):
+        return {key: value[key] for key in sorted(value)}
+    return value
+
+
+def _is_empty(item: Any) -> bool:
+    if isinstance(item, ContainerEdits):
+        return item.is_empty()
+    return item == () or (isinstance(item, Mapping) and not item)
