@@ -311,18 +311,22 @@ def _render(spec: Any, json_format: bool, *, mode: str, fp: str, sidecar: Path |
 # PyYAML in tests/cdi/test_yaml11.py: importing PyYAML alone would cost about 26 ms.
 
 _PLAIN = re.compile(r"[A-Za-z0-9_./+-][A-Za-z0-9_./:+=,@~-]*")
+# Left raw by json.dumps(ensure_ascii=False) but not printable in YAML, or read as a line
+# break inside a quoted scalar (NEL, LS, PS).  ensure_ascii=True is no answer: it writes
+# astral characters as surrogate pairs, which YAML readers take as two lone surrogates.
+_YAML_UNPRINTABLE = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff\ufeff\ufffe\uffff]")
 
 
 def render_yaml(document: Any) -> str:
     lines = ["---"]
-    _emit(document, 0, lines)
+    _emit_mapping(document, "", "", lines)
     return "\n".join(lines) + "\n"
 
 
 def _scalar(value: Any) -> str:
-    if isinstance(value, bool):
+    if value is True or value is False:
         return "true" if value else "false"
-    if isinstance(value, int):
+    if type(value) is int:
         return str(value)
     return _string(str(value))
 
@@ -330,32 +334,64 @@ def _scalar(value: Any) -> str:
 @functools.lru_cache(maxsize=4096)  # a spec repeats the same paths and names many times
 def _string(text: str) -> str:
     if not _PLAIN.fullmatch(text) or text.endswith(":") or text == "-":
-        return json.dumps(text)
+        return _double_quoted(text)
     if implicit_tag(text) != STR:
         return f"'{text}'"
     return text
 
 
-def _emit(value: Any, indent: int, lines: list[str], lead: str | None = None) -> None:
-    """Append ``value`` (a mapping or list) at ``indent``; ``lead`` replaces the indent of
-    its first line (``- `` for a mapping that is a list item)."""
-    pad = " " * indent
-    first = True
-    lead = pad if lead is None else lead
-    items = value.items() if isinstance(value, dict) else ((None, v) for v in value)
-    for key, item in items:
-        prefix = (lead if first else pad) + (f"{key}:" if key is not None else "-")
-        first = False
-        if isinstance(item, (dict, list)) and item:
-            if key is None and isinstance(item, dict):
-                _emit(item, indent + 2, lines, lead=prefix + " ")
-                continue
+def _double_quoted(text: str) -> str:
+    # JSON's escapes (\" \\ \n \t \uXXXX for controls) are all valid YAML escapes.
+    quoted = json.dumps(text, ensure_ascii=False)
+    return _YAML_UNPRINTABLE.sub(_escape, quoted)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+# Two mutually recursive walkers rather than one generic one: a spec renders ~3,000 lines
+# and this runs on every generate, so each line costs one type() test, not several.
+
+
+def _emit_mapping(mapping: dict[str, Any], pad: str, lead: str, lines: list[str]) -> None:
+    """Append ``mapping``'s entries indented by ``pad``; the first line starts with
+    ``lead`` instead (``pad`` with ``- `` in it when the mapping is a list item)."""
+    for key, item in mapping.items():
+        prefix = f"{lead}{_string(key)}:"  # annotation keys are free text too
+        lead = pad
+        kind = type(item)
+        if kind is dict and item:
             lines.append(prefix)
-            _emit(item, indent + (2 if isinstance(item, dict) else 0), lines)
-        elif isinstance(item, (dict, list)):
-            lines.append(f"{prefix} {'{}' if isinstance(item, dict) else '[]'}")
+            _emit_mapping(item, pad + "  ", pad + "  ", lines)
+        elif kind is list and item:
+            lines.append(prefix)  # block lists sit at their key's indent, as PyYAML's do
+            _emit_list(item, pad, lines)
         else:
-            lines.append(f"{prefix} {_scalar(item)}")
+            lines.append(f"{prefix} {_leaf(item)}")
+
+
+def _emit_list(items: list[Any], pad: str, lines: list[str]) -> None:
+    for item in items:
+        kind = type(item)
+        if kind is dict and item:
+            _emit_mapping(item, pad + "  ", pad + "- ", lines)
+        elif kind is list and item:
+            lines.append(f"{pad}-")
+            _emit_list(item, pad + "  ", lines)
+        else:
+            lines.append(f"{pad}- {_leaf(item)}")
+
+
+def _leaf(item: Any) -> str:
+    if type(item) is str:
+        return _string(item)
+    if type(item) is dict:
+        return "{}"
+    if type(item) is list:
+        return "[]"
+    return _scalar(item)
 
 
 def _sidecar(path: Path) -> Path:

@@ -14,6 +14,8 @@ from types import ModuleType
 import pytest
 import tomllib
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cdi.hooks import entry as hook_entry
 from cdi.nvidia import cli
@@ -117,6 +119,20 @@ def test_yaml_output_matches_pyyaml(nodes: dict[str, BuiltNode]) -> None:
 def test_yaml_emitter_round_trips(text: str) -> None:
     doc = {"k": [text], "m": {}, "l": [], "n": [{"a": 1, "b": {"c": [1, {"d": text}]}}]}
     assert yaml.safe_load(cli.render_yaml(doc)) == doc
+
+
+_KEYS = st.text(st.characters(min_codepoint=97, max_codepoint=122), min_size=1, max_size=6)
+_LEAVES = st.one_of(st.text(max_size=12), st.integers(-(2**40), 2**40), st.booleans())
+_DOCUMENTS = st.dictionaries(_KEYS, st.recursive(
+    _LEAVES, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_KEYS, inner, max_size=4),
+    max_leaves=20), max_size=5)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_DOCUMENTS)
+def test_yaml_emitter_round_trips_any_document(doc: dict) -> None:
+    # Lists in lists, empty containers in lists and every string PyYAML might misread.
+    assert yaml.safe_load(cli.render_yaml(doc)) == (doc or None)
 
 
 # --- content --------------------------------------------------------------------------------
