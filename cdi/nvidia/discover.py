@@ -29,9 +29,8 @@ import contextlib
 import os
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "DiscoveryError",
@@ -43,6 +42,8 @@ __all__ = [
     "discover_nvml",
     "discover_procfs",
     "driver_version_from_proc",
+    "read_text",
+    "under",
 ]
 
 MODES = ("auto", "nvml", "procfs", "management")
@@ -56,16 +57,27 @@ _BRANDS = {
 }
 # NVML GPU-instance profile ids with the graphics attribute (*_SLICE_GFX).
 _GFX_PROFILE_IDS = frozenset({0xA, 0xB, 0xC, 0x11})
-_VERSION_RE = re.compile(r"\s(\d+\.\d+(?:\.\d+)?)\s")
-_MIG_DIR_RE = re.compile(r"^(gi|ci)(\d+)$")
+# procfs mode only: left to re's own cache, so that NVML mode never compiles them.
+_VERSION_PATTERN = r"\s(\d+\.\d+(?:\.\d+)?)\s"
+_MIG_DIR_PATTERN = r"^(gi|ci)(\d+)$"
 
 
 class DiscoveryError(Exception):
     """No usable driver or GPU information; the message says what was looked for where."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Roots:
+def under(root: Path, path: str) -> str:
+    """``os.fspath(root / path.lstrip("/"))``, the same string without making Paths: the
+    generator joins a few hundred paths per run, and pathlib spends microseconds on each."""
+    rel = path.lstrip("/")
+    base = os.fspath(root)
+    if (base == "." or not rel or "//" in rel or rel.endswith("/")
+            or "/./" in f"/{rel}/"):  # pathlib would drop an empty or "." component
+        return os.fspath(root / rel)  # the odd cases, spelled by pathlib itself
+    return base + rel if base.endswith("/") else f"{base}/{rel}"  # "/" (or "//") ends in "/"
+
+
+class Roots(NamedTuple):
     """Where the node's files are, as host paths."""
 
     driver: Path = Path("/")
@@ -84,9 +96,9 @@ class Roots:
         return self.dev / "sys" / path.lstrip("/")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MigDevice:
-    index: int  # the j of the ``i:j`` name
+# ``index`` hides tuple.index() on these two: the field is what every caller means.
+class MigDevice(NamedTuple):
+    index: int  # type: ignore[assignment]  # the j of the ``i:j`` name
     gi: int
     ci: int
     uuid: str | None = None  # not published in procfs
@@ -94,9 +106,8 @@ class MigDevice:
     gfx: bool = False  # graphics-capable instance: gets the parent's DRM nodes
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Gpu:
-    index: int
+class Gpu(NamedTuple):
+    index: int  # type: ignore[assignment]
     uuid: str
     minor: int
     bus_id: str  # sysfs spelling: lower case, 4-digit domain (0000:65:00.0)
@@ -107,8 +118,7 @@ class Gpu:
     mig_devices: tuple[MigDevice, ...] = ()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeInfo:
+class NodeInfo(NamedTuple):
     mode: str  # the mode that produced it: nvml, procfs or management
     driver_version: str
     cuda_version: str | None  # "13.0"; NVML only
@@ -120,19 +130,25 @@ class NodeInfo:
 
 def driver_version_from_proc(roots: Roots) -> str | None:
     try:
-        text = roots.proc_path("driver/nvidia/version").read_text()
+        text = read_text(under(roots.dev, "proc/driver/nvidia/version"))
     except OSError:
         return None
     for line in text.splitlines():
         if line.startswith("NVRM"):
-            match = _VERSION_RE.search(line + " ")
+            match = re.search(_VERSION_PATTERN, line + " ")
             return match.group(1) if match else None
     return None
 
 
-def _information(path: Path) -> dict[str, str]:
+def read_text(path: str) -> str:
+    """What ``Path(path).read_text()`` returns (the locale's encoding), minus the Path."""
+    with open(path, encoding="locale") as file:
+        return file.read()
+
+
+def _information(path: str) -> dict[str, str]:
     fields: dict[str, str] = {}
-    for line in path.read_text().splitlines():
+    for line in read_text(path).splitlines():
         key, sep, value = line.partition(":")
         if sep:
             fields[key.strip()] = value.strip()
@@ -149,7 +165,7 @@ def normalize_bus_id(bus_id: str) -> str:
 
 
 def _procfs_gpus(roots: Roots) -> list[Gpu]:
-    base = roots.proc_path("driver/nvidia/gpus")
+    base = under(roots.dev, "proc/driver/nvidia/gpus")
     try:
         entries = sorted(os.listdir(base))
     except OSError:
@@ -157,7 +173,7 @@ def _procfs_gpus(roots: Roots) -> list[Gpu]:
     infos = []
     for entry in entries:
         try:
-            infos.append(_information(base / entry / "information"))
+            infos.append(_information(f"{base}/{entry}/information"))
         except OSError:
             continue
     infos.sort(key=lambda f: normalize_bus_id(f.get("Bus Location", "")))
@@ -174,22 +190,22 @@ def _procfs_gpus(roots: Roots) -> list[Gpu]:
     return gpus
 
 
-def _numbered(folder: Path, prefix: str) -> list[int]:
+def _numbered(folder: str, prefix: str) -> list[int]:
     try:
         names = os.listdir(folder)
     except OSError:
         return []
     found = []
     for name in names:
-        match = _MIG_DIR_RE.match(name)
+        match = re.match(_MIG_DIR_PATTERN, name)
         if match and match.group(1) == prefix:
             found.append(int(match.group(2)))
     return sorted(found)
 
 
 def _procfs_migs(roots: Roots, minor: int) -> tuple[MigDevice, ...]:
-    base = roots.proc_path(f"driver/nvidia/capabilities/gpu{minor}/mig")
-    pairs = [(gi, ci) for gi in _numbered(base, "gi") for ci in _numbered(base / f"gi{gi}", "ci")]
+    base = under(roots.dev, f"proc/driver/nvidia/capabilities/gpu{minor}/mig")
+    pairs = [(gi, ci) for gi in _numbered(base, "gi") for ci in _numbered(f"{base}/gi{gi}", "ci")]
     return tuple(MigDevice(index=j, gi=gi, ci=ci) for j, (gi, ci) in enumerate(pairs))
 
 
@@ -204,14 +220,8 @@ def discover_procfs(roots: Roots, *, fallback_version: Callable[[], str | None])
     gpus = []
     for gpu in _procfs_gpus(roots):
         migs = _procfs_migs(roots, gpu.minor)
-        gpus.append(_with_migs(gpu, migs) if migs else gpu)
+        gpus.append(gpu._replace(mig_enabled=True, mig_devices=migs) if migs else gpu)
     return NodeInfo(mode="procfs", driver_version=version, cuda_version=None, gpus=tuple(gpus))
-
-
-def _with_migs(gpu: Gpu, migs: tuple[MigDevice, ...]) -> Gpu:
-    return Gpu(index=gpu.index, uuid=gpu.uuid, minor=gpu.minor, bus_id=gpu.bus_id,
-               name=gpu.name, brand=gpu.brand, compute_capability=gpu.compute_capability,
-               mig_enabled=True, mig_devices=migs)
 
 
 # --- NVML -----------------------------------------------------------------------------------
@@ -327,8 +337,7 @@ def discover(
 
 
 def _as_management(info: NodeInfo) -> NodeInfo:
-    return NodeInfo(mode="management", driver_version=info.driver_version,
-                    cuda_version=info.cuda_version, gpus=info.gpus)
+    return info._replace(mode="management")
 
 
 def _run_nvml(library: Path | None) -> NodeInfo:

@@ -12,20 +12,28 @@ unusual folders are found too (the cache is how the loader finds them).  With
 ``--library-search-path`` only those folders are scanned.  The driver's folders are the
 parents of every ``*.so.<driver-version>`` found; every such file in them (and in their
 ``vdpau/``) is a driver library, as is the set of non-RM-versioned graphics libraries.
+
+Paths are handled as plain strings, and each run resolves and lists a folder once: a run
+probes a few hundred candidate paths in a few dozen folders, and making pathlib objects for
+them used to cost more than the system calls.  Host paths are spelled exactly as pathlib
+would spell them (the spec is compared byte for byte).
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import functools
 import os
 import posixpath
+import re
 import stat
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
-from .discover import Roots
+from .discover import Roots, read_text, under
+from .ldcache import host_path, resolve_from, root_prefix
 
 __all__ = [
     "DeviceNodeInfo",
@@ -118,28 +126,27 @@ CAPABILITY_PREFIXES: dict[str, tuple[str, ...]] = {
 }
 
 
+# The same table, as what a basename may start with: ``prefix.`` (``libcuda.so.1``).
+_CAPABILITY_DOTTED = {cap: tuple(p + "." for p in prefixes)
+                      for cap, prefixes in CAPABILITY_PREFIXES.items()}
+
+
 def capability_of(basename: str) -> str | None:
+    # "libcuda.so" must match "libcuda.so.1" but "nvidia-smi" only itself.
     for capability, prefixes in CAPABILITY_PREFIXES.items():
-        if any(_prefix_match(basename, p) for p in prefixes):
+        if basename in prefixes or basename.startswith(_CAPABILITY_DOTTED[capability]):
             return capability
     return None
 
 
-def _prefix_match(basename: str, prefix: str) -> bool:
-    # "libcuda.so" must match "libcuda.so.1" but "nvidia-smi" only itself.
-    return basename == prefix or basename.startswith(prefix + ".")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FileMount:
+class FileMount(NamedTuple):
     host: str  # host path (under the driver root)
     path: str  # container path
     kind: str  # library, binary, config, firmware, ipc, xorg
     options: tuple[str, ...] = FILE_OPTIONS
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Link:
+class Link(NamedTuple):
     """A symlink the driver has on the host, to recreate in the container."""
 
     target: str  # the link's text, usually a bare file name
@@ -147,8 +154,7 @@ class Link:
     resolved: FileMount | None  # the file the link ends at, for link-mode ``mounts``
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeviceNodeInfo:
+class DeviceNodeInfo(NamedTuple):
     path: str  # in the container (/dev/...)
     host: str  # on the host (under the dev root)
     type: str
@@ -158,8 +164,7 @@ class DeviceNodeInfo:
     gid: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DriverFiles:
+class DriverFiles(NamedTuple):
     version: str
     lib_dirs: tuple[str, ...]  # container paths holding driver libraries
     libraries: tuple[FileMount, ...]
@@ -174,54 +179,183 @@ class DriverFiles:
         return (*self.libraries, *self.binaries, *self.ipc, *self.firmware, *self.configs)
 
 
-# --- small file-system helpers --------------------------------------------------------------
+# --- the driver root ------------------------------------------------------------------------
+
+# A folder resolved inside the root: its components (none of them a link), the links
+# followed to get there, and whether it is a folder: True; False when it certainly is not
+# (so nothing under it exists); None when stat failed otherwise (ask the kernel each time).
+_Folder = tuple[list[str], int, bool | None]
+_MISSING_ERRNOS = (errno.ENOENT, errno.ENOTDIR)
+# errnos that pathlib's is_dir()/is_file() answer False to; any other error propagates.
+_PATHLIB_IGNORED = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
 
 
-def _container_path(root: Path, host: Path) -> str:
-    rel = os.path.relpath(host, root)
-    return "/" if rel == "." else "/" + rel
+class _Tree:
+    """The driver root as seen from inside (like a chroot), for one run.
+
+    Paths resolve as ``ldcache.resolve_in_root`` resolves them, but each folder is resolved
+    once (from its resolved parent) and listed at most once: a file probed in a known
+    folder then costs one ``lstat``, and one in a missing folder none.  Nothing outlives the
+    run, so a long-lived caller sees a node that changed.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = os.fspath(root)
+        self._prefix = root_prefix(self.root)
+        self._folders: dict[str, _Folder] = {"": ([], 0, _folder_state(self.root))}
+        self._listings: dict[str, list[os.DirEntry[str]]] = {}
+
+    def host(self, container: str) -> str:
+        """The host path of a resolved container path (absolute, normal)."""
+        return self.root if container == "/" else self._prefix + container[1:]
+
+    def container(self, host: str) -> str:
+        """The container path of a host path under the root: ``/`` + its relative path."""
+        rel = host[len(self._prefix):]
+        if (self.root != "." and host.startswith(self._prefix) and rel and "//" not in rel
+                and not rel.startswith((".", "/")) and "/." not in rel and not rel.endswith("/")):
+            return "/" + rel  # already what relpath would make of it
+        rel = os.path.relpath(host, self.root)  # "..", "." or the root itself: spell it out
+        return "/" if rel == "." else "/" + rel
+
+    def lookup(self, path: str) -> tuple[str, os.stat_result | None]:
+        """``path`` resolved inside the root, and what ``os.stat`` says of it (None where
+        that fails).  Folders are normalised first (lexically, ``..`` included), and only
+        the last component is followed when it is a link."""
+        folder, _, name = _normal(path).rpartition("/")
+        parts, _hops, state = self._folder(folder)
+        if not name:
+            return "/", _stat(self.root)
+        resolved = [*parts, name]
+        if state is False:
+            return "/" + "/".join(resolved), None  # in no folder: no file either
+        try:
+            st = os.lstat(self.host("/" + "/".join(resolved)))
+        except OSError:
+            return "/" + "/".join(resolved), None
+        if stat.S_ISLNK(st.st_mode):
+            # The folder's components are no links, so this is the walk from the top.
+            resolved, _ = resolve_from(self.root, parts, name)
+            container = "/" + "/".join(resolved)
+            return container, _stat(self.host(container))
+        return "/" + "/".join(resolved), st  # not a link: lstat is stat
+
+    def resolve(self, path: str) -> str:
+        return self.lookup(path)[0]
+
+    def glob(self, folder: str, pattern: str) -> list[str]:
+        """Host paths of the regular files (links followed) in the host folder ``folder``
+        whose names match ``pattern``, in name order."""
+        entries = self._listings.get(folder)
+        if entries is None:
+            entries = self._listings[folder] = _scandir(folder)
+        match = _fnmatch(pattern)
+        return [host_path(folder, (e.name,)) for e in entries
+                if match(e.name) and _entry_is_file(e)]
+
+    def _folder(self, folder: str) -> _Folder:
+        known = self._folders.get(folder)
+        if known is None:
+            parent, _, name = folder.rpartition("/")
+            parts, hops, state = self._folder(parent)
+            if state is False:  # nothing under it exists, so no component is a link
+                known = ([*parts, name], hops, False)
+            else:
+                parts, hops = resolve_from(self.root, parts, name, hops)
+                known = (parts, hops, _folder_state(self.host("/" + "/".join(parts))))
+            self._folders[folder] = known
+        return known
 
 
-def _resolve(root: Path, path: str) -> Path:
-    """``path`` resolved inside ``root``.  Folders are resolved once and remembered: the
-    generator probes about a hundred candidate files in a dozen folders."""
-    folder, name = posixpath.split(posixpath.normpath("/" + path))
-    base = _resolve_folder(root, folder)
-    candidate = base / name if name else base
-    if name and os.path.islink(candidate):
-        return _resolve_in_root(root, _container_path(root, candidate))
-    return candidate
+def _normal(path: str) -> str:
+    """``path`` as an absolute path with one leading slash, lexically normalised."""
+    path = "/" + path.lstrip("/")
+    if "//" in path or "/." in path or (path.endswith("/") and path != "/"):
+        return posixpath.normpath(path)
+    return path
 
 
-@functools.lru_cache(maxsize=256)
-def _resolve_folder(root: Path, folder: str) -> Path:
-    return _resolve_in_root(root, folder)
-
-
-def _resolve_in_root(root: Path, path: str) -> Path:
-    from .ldcache import resolve_in_root
-
-    return resolve_in_root(root, path)
-
-
-def _listdir(folder: Path) -> list[str]:
+def _folder_state(host: str) -> bool | None:
     try:
-        return sorted(os.listdir(folder))
+        return stat.S_ISDIR(os.stat(host).st_mode)
+    except OSError as exc:
+        return False if exc.errno in _MISSING_ERRNOS else None
+
+
+def _stat(host: str) -> os.stat_result | None:
+    try:
+        return os.stat(host)
+    except OSError:
+        return None
+
+
+def _is_dir(host: str) -> bool:
+    """``Path(host).is_dir()``: errors other than "not there" propagate."""
+    try:
+        return stat.S_ISDIR(os.stat(host).st_mode)
+    except OSError as exc:
+        if exc.errno not in _PATHLIB_IGNORED:
+            raise
+        return False
+    except ValueError:
+        return False
+
+
+def _is_regular(st: os.stat_result | None) -> bool:
+    return st is not None and stat.S_ISREG(st.st_mode)
+
+
+def _scandir(folder: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(entries, key=lambda e: e.name)
     except OSError:
         return []
 
 
-def _is_file(path: Path) -> bool:
+def _entry_is_file(entry: os.DirEntry[str]) -> bool:
     try:
-        return stat.S_ISREG(os.stat(path).st_mode)
+        return entry.is_file()  # d_type answers for all but links: no stat
     except OSError:
         return False
 
 
-def _mount(root: Path, host: Path, kind: str, path: str | None = None,
+@functools.lru_cache(maxsize=64)
+def _fnmatch(pattern: str) -> Callable[[str], re.Match[str] | None]:
+    """``fnmatch.fnmatchcase(name, pattern)`` as one compiled matcher for many names."""
+    return re.compile(fnmatch.translate(pattern)).match
+
+
+def _parent(host: str) -> str:
+    """``str(Path(host).parent)`` for a pathlib-normal path."""
+    folder = host.rpartition("/")[0]
+    if folder.strip("/"):
+        return folder
+    return host[: host.rindex("/") + 1] if "/" in host else "."
+
+
+def _name(host: str) -> str:
+    return host.rpartition("/")[2]
+
+
+def _child(folder: str, name: str) -> str:
+    """``str(Path(folder) / name)``; ``name`` is usually a plain file name, but a SONAME
+    read from a file can be anything."""
+    if not name or name == "." or "/" in name:
+        return os.fspath(Path(folder) / name)
+    return host_path(folder, (name,))
+
+
+def _mount(tree: _Tree, host: str, kind: str, path: str | None = None,
            options: tuple[str, ...] = FILE_OPTIONS) -> FileMount:
-    return FileMount(host=os.fspath(host), path=path or _container_path(root, host),
-                     kind=kind, options=options)
+    return FileMount(host=host, path=path or tree.container(host), kind=kind, options=options)
+
+
+def _listdir(folder: str) -> list[str]:
+    try:
+        return sorted(os.listdir(folder))
+    except OSError:
+        return []
 
 
 # --- device nodes ---------------------------------------------------------------------------
@@ -229,14 +363,14 @@ def _mount(root: Path, host: Path, kind: str, path: str | None = None,
 
 def stat_device_node(roots: Roots, path: str) -> DeviceNodeInfo | None:
     """The character device at ``path`` (a /dev path) under the dev root, or None."""
-    host = roots.dev_path(path)
+    host = under(roots.dev, path)
     try:
         st = os.stat(host)
     except OSError:
         return None
     if not stat.S_ISCHR(st.st_mode):
         return None
-    return DeviceNodeInfo(path=path, host=os.fspath(host), type="c",
+    return DeviceNodeInfo(path=path, host=host, type="c",
                           major=os.major(st.st_rdev), minor=os.minor(st.st_rdev),
                           mode=stat.S_IMODE(st.st_mode), gid=st.st_gid)
 
@@ -249,125 +383,115 @@ def control_nodes(roots: Roots) -> tuple[DeviceNodeInfo, ...]:
 # --- libraries ------------------------------------------------------------------------------
 
 
-def _scan_dirs(roots: Roots, dirs: Sequence[str]) -> list[Path]:
+def _scan_dirs(tree: _Tree, dirs: Sequence[str]) -> list[str]:
     """The distinct real folders (resolved in the driver root) among ``dirs``."""
-    seen: dict[Path, None] = {}
+    seen: dict[str, None] = {}
     for folder in dirs:
-        real = _resolve(roots.driver, folder)
-        if real.is_dir():
+        real = tree.host(tree.resolve(folder))
+        if _is_dir(real):
             seen.setdefault(real)
     return list(seen)
 
 
-def _ldcache_files(roots: Roots, patterns: Sequence[str]) -> list[Path]:
+def _ldcache_files(tree: _Tree, patterns: Sequence[str]) -> list[str]:
     from .ldcache import LdCacheError, find_libraries, read_ldcache
 
-    cache = roots.driver_path("etc/ld.so.cache")
+    cache = host_path(tree.root, ("etc", "ld.so.cache"))
     try:
         entries = read_ldcache(cache)
     except (OSError, LdCacheError):
         return []
-    return find_libraries(entries, patterns, root=roots.driver)
-
-
-def _glob(folder: Path, pattern: str) -> list[Path]:
-    return [folder / n for n in _listdir(folder)
-            if fnmatch.fnmatchcase(n, pattern) and _is_file(folder / n)]
+    return [os.fspath(p) for p in find_libraries(entries, patterns, root=tree.root)]
 
 
 def find_version_from_libraries(roots: Roots, search: Sequence[str] | None) -> str | None:
     """The RM version from ``libcuda.so.<v>`` or ``libnvidia-ml.so.<v>`` file names."""
+    tree = _Tree(roots.driver)
     for stem in ("libcuda.so.", "libnvidia-ml.so."):
-        for path in _library_candidates(roots, search, [stem + "*.*"]):
-            suffix = path.name[len(stem):]
+        for path in _library_candidates(tree, search, [stem + "*.*"]):
+            suffix = _name(path)[len(stem):]
             if suffix.replace(".", "").isdigit():
                 return suffix
     return None
 
 
-def _library_candidates(roots: Roots, search: Sequence[str] | None,
-                        patterns: Sequence[str]) -> list[Path]:
-    folders = _scan_dirs(roots, search if search else LIBRARY_DIRS)
-    found = [p for folder in folders for pat in patterns for p in _glob(folder, pat)]
+def _library_candidates(tree: _Tree, search: Sequence[str] | None,
+                        patterns: Sequence[str]) -> list[str]:
+    folders = _scan_dirs(tree, search if search else LIBRARY_DIRS)
+    found = [p for folder in folders for pat in patterns for p in tree.glob(folder, pat)]
     if not found and not search:
         # The loader's own view: finds drivers installed outside the usual folders.
-        found = _ldcache_files(roots, patterns)
+        found = _ldcache_files(tree, patterns)
     return list(dict.fromkeys(found))
 
 
 def find_nvml_library(roots: Roots, search: Sequence[str] | None) -> Path | None:
     """The ``libnvidia-ml.so.1`` under the driver root, resolved to its file."""
-    for folder in _scan_dirs(roots, search if search else LIBRARY_DIRS):
-        candidate = _resolve(roots.driver, _container_path(roots.driver, folder)
-                             + "/libnvidia-ml.so.1")
-        if _is_file(candidate):
-            return candidate
+    tree = _Tree(roots.driver)
+    for folder in _scan_dirs(tree, search if search else LIBRARY_DIRS):
+        found, st = tree.lookup(tree.container(folder) + "/libnvidia-ml.so.1")
+        if _is_regular(st):
+            return Path(tree.host(found))
     if not search:
-        hits = _ldcache_files(roots, ["libnvidia-ml.so.1"])
-        return hits[0] if hits else None
+        hits = _ldcache_files(tree, ["libnvidia-ml.so.1"])
+        return Path(hits[0]) if hits else None
     return None
 
 
-def _driver_libraries(roots: Roots, version: str,
-                      search: Sequence[str] | None) -> tuple[list[Path], list[Path]]:
-    """(library folders, library files) of the driver."""
-    seeds = _library_candidates(roots, search, [f"*.so.{version}"])
-    folders = list(dict.fromkeys(p.parent for p in seeds))
-    files: list[Path] = []
-    for folder in folders:
-        for sub in (folder, folder / "vdpau"):
-            files += _glob(sub, f"*.so.{version}")
-            if sub == folder:
-                for pattern in GRAPHICS_LIBRARIES:
-                    files += _glob(sub, pattern)
+def _driver_libraries(tree: _Tree, version: str,
+                      search: Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """(library folders, library files) of the driver, as host paths."""
+    seeds = _library_candidates(tree, search, [f"*.so.{version}"])
+    files: list[str] = []
+    for folder in dict.fromkeys(_parent(p) for p in seeds):
+        files += tree.glob(folder, f"*.so.{version}")
+        for pattern in GRAPHICS_LIBRARIES:
+            files += tree.glob(folder, pattern)
+        files += tree.glob(_child(folder, "vdpau"), f"*.so.{version}")
     files = list(dict.fromkeys(files))
     # Folders that hold a library (vdpau/ included), in first-seen order.
-    return list(dict.fromkeys(p.parent for p in files)), files
+    return list(dict.fromkeys(_parent(p) for p in files)), files
 
 
-def _library_links(roots: Roots, files: Sequence[Path], folders: Sequence[Path],
+def _library_links(tree: _Tree, files: Sequence[str], folders: Sequence[str],
                    version: str) -> list[Link]:
     from .elf import ElfError, read_soname
 
-    by_host = {p: _mount(roots.driver, p, "library") for p in files}
-    links: list[Link] = []
+    links: list[Link | None] = []  # each ends at a library
     for path in files:
-        names = []
+        folder, name = _parent(path), _name(path)
         try:
             soname = read_soname(path)
         except (OSError, ElfError):
             soname = None
-        if soname and soname != path.name:
-            names.append(soname)
-        stem = path.name.split(".so", 1)[0] + ".so"
-        names.append(stem)
-        links += (_host_link(roots, by_host, path.parent / n) for n in names)
+        if soname and soname != name:
+            links.append(_host_link(tree, folder, soname))
+        links.append(_host_link(tree, folder, name.split(".so", 1)[0] + ".so"))
     # Links the driver's users expect even where the host lacks them.
     extra = {"libcuda.so": "libcuda.so.1", "libGLX_indirect.so.0": f"libGLX_nvidia.so.{version}"}
     for folder in folders:
         for name, target in extra.items():
-            links.append(_link(roots, by_host, folder / name, target))
-        links.append(_host_link(roots, by_host, folder / "gbm" / "nvidia-drm_gbm.so"))
+            links.append(_link(tree, tree.container(_child(folder, name)), target))
+        links.append(_host_link(tree, _child(folder, "gbm"), "nvidia-drm_gbm.so"))
     return _unique_links(links)
 
 
-def _host_link(roots: Roots, by_host: dict[Path, FileMount], path: Path) -> Link | None:
+def _host_link(tree: _Tree, folder: str, name: str) -> Link | None:
+    path = _child(folder, name)
     try:
         target = os.readlink(path)
     except OSError:
         return None  # only links the driver made on the host are recreated
-    return _link(roots, by_host, path, target)
+    return _link(tree, tree.container(path), target)
 
 
-def _link(roots: Roots, by_host: dict[Path, FileMount], path: Path, target: str) -> Link | None:
-    container = _container_path(roots.driver, path)
+def _link(tree: _Tree, container: str, target: str) -> Link | None:
     # Follow the target rather than the link: a link we add may not exist on the host.
-    end = _resolve(roots.driver, posixpath.join(posixpath.dirname(container), target))
-    if not _is_file(end):
+    end, st = tree.lookup(posixpath.join(posixpath.dirname(container), target))
+    if not _is_regular(st):
         return None
-    kind = by_host[end].kind if end in by_host else "library"
     return Link(target=target, path=container,
-                resolved=_mount(roots.driver, end, kind, path=container))
+                resolved=FileMount(host=tree.host(end), path=container, kind="library"))
 
 
 def _unique_links(links: Iterable[Link | None]) -> list[Link]:
@@ -378,92 +502,92 @@ def _unique_links(links: Iterable[Link | None]) -> list[Link]:
     return sorted(seen.values(), key=lambda k: k.path)
 
 
-def _xorg(roots: Roots, lib_dirs: Sequence[str], version: str) -> tuple[list[Path], list[Link]]:
+def _xorg(tree: _Tree, lib_dirs: Sequence[str], version: str) -> tuple[list[str], list[Link]]:
     bases = [f"{d}/nvidia/xorg" for d in lib_dirs] + [f"{d}/xorg/modules" for d in lib_dirs]
     bases += list(XORG_BASES)
-    files: list[Path] = []
+    files: list[str] = []
     links: list[Link] = []
     for name in ("nvidia_drv.so", f"libglxserver_nvidia.so.{version}"):
-        hit = _first_xorg(roots, bases, name)
+        hit = _first_xorg(tree, bases, name)
         if hit is None:
             continue
         files.append(hit)
         if name.startswith("libglxserver"):
-            links.append(_host_link(roots, {}, hit.parent / "libglxserver_nvidia.so"))
-    return files, [k for k in links if k is not None]
+            link = _host_link(tree, _parent(hit), "libglxserver_nvidia.so")
+            if link is not None:
+                links.append(link)
+    return files, links
 
 
-def _first_xorg(roots: Roots, bases: Sequence[str], name: str) -> Path | None:
+def _first_xorg(tree: _Tree, bases: Sequence[str], name: str) -> str | None:
     for base in bases:
         if base.endswith("/nvidia/xorg"):
             subdirs: tuple[str, ...] = ("",)
         else:
             subdirs = XORG_SUBDIRS
         for sub in subdirs:
-            candidate = _resolve(roots.driver, f"{base}/{sub}/{name}" if sub else f"{base}/{name}")
-            if _is_file(candidate):
-                return candidate
+            found, st = tree.lookup(f"{base}/{sub}/{name}" if sub else f"{base}/{name}")
+            if _is_regular(st):
+                return tree.host(found)
     return None
 
 
 # --- other files ----------------------------------------------------------------------------
 
 
-def _binaries(roots: Roots) -> list[FileMount]:
+def _binaries(tree: _Tree) -> list[FileMount]:
     found = []
     for name in BINARIES:
         for folder in BINARY_DIRS:
-            host = _resolve(roots.driver, f"{folder}/{name}")
-            if _is_file(host) and os.access(host, os.X_OK):
-                found.append(_mount(roots.driver, host, "binary", path=f"{folder}/{name}"))
+            resolved, st = tree.lookup(f"{folder}/{name}")
+            host = tree.host(resolved)
+            if _is_regular(st) and os.access(host, os.X_OK):
+                found.append(_mount(tree, host, "binary", path=f"{folder}/{name}"))
                 break
     return found
 
 
-def _ipc(roots: Roots) -> list[FileMount]:
-    found: dict[Path, FileMount] = {}
+def _ipc(tree: _Tree) -> list[FileMount]:
+    found: dict[str, FileMount] = {}
     for path in IPC_SOCKETS:
-        host = _resolve(roots.driver, path)
-        try:
-            is_socket = stat.S_ISSOCK(os.stat(host).st_mode)
-        except OSError:
-            continue
-        if is_socket:
-            found.setdefault(host, _mount(roots.driver, host, "ipc", path, IPC_OPTIONS))
-    mps = _resolve(roots.driver, MPS_PIPE_DIR)
-    if mps.is_dir():
-        found.setdefault(mps, _mount(roots.driver, mps, "ipc", MPS_PIPE_DIR, IPC_OPTIONS))
+        resolved, st = tree.lookup(path)
+        if st is not None and stat.S_ISSOCK(st.st_mode):
+            host = tree.host(resolved)
+            found.setdefault(host, _mount(tree, host, "ipc", path, IPC_OPTIONS))
+    mps = tree.host(tree.resolve(MPS_PIPE_DIR))
+    if _is_dir(mps):
+        found.setdefault(mps, _mount(tree, mps, "ipc", MPS_PIPE_DIR, IPC_OPTIONS))
     return list(found.values())
 
 
-def _firmware(roots: Roots, version: str) -> list[FileMount]:
+def _firmware(tree: _Tree, roots: Roots, version: str) -> list[FileMount]:
     release = os.uname().release
     dirs = []
     try:
-        custom = roots.sys_path("module/firmware_class/parameters/path").read_text().strip()
+        custom = read_text(under(roots.dev, "sys/module/firmware_class/parameters/path")).strip()
     except OSError:
         custom = ""
     if custom:
         dirs.append(custom)
     dirs += [f"/lib/firmware/updates/{release}", "/lib/firmware/updates",
              f"/lib/firmware/{release}", "/lib/firmware"]
-    found: dict[Path, FileMount] = {}
+    found: dict[str, FileMount] = {}
     for folder in dirs:
         sub = f"{folder}/nvidia/{version}"
-        for host in _glob(_resolve(roots.driver, sub), "gsp*.bin"):
-            found.setdefault(host, _mount(roots.driver, host, "firmware", f"{sub}/{host.name}"))
+        for host in tree.glob(tree.host(tree.resolve(sub)), "gsp*.bin"):
+            found.setdefault(host, _mount(tree, host, "firmware", f"{sub}/{_name(host)}"))
     return list(found.values())
 
 
-def _configs(roots: Roots, search: Sequence[str] | None) -> list[FileMount]:
+def _configs(tree: _Tree, search: Sequence[str] | None) -> list[FileMount]:
     dirs = tuple(search) if search else CONFIG_DIRS
     found = []
     for rel, where in [*((r, "/usr/share") for r in SHARE_CONFIGS),
                        *((r, "/etc") for r in ETC_CONFIGS)]:
         for folder in dirs:
-            host = _resolve(roots.driver, f"{folder}/{rel}")
-            if _is_file(host):
-                found.append(_mount(roots.driver, host, "config", f"{where}/{rel}"))
+            resolved, st = tree.lookup(f"{folder}/{rel}")
+            if _is_regular(st):
+                found.append(_mount(tree, tree.host(resolved), "config", f"{where}/{rel}"))
                 break
     return found
 
@@ -479,20 +603,21 @@ def locate_driver(
     config_search_paths: Sequence[str] | None = None,
 ) -> DriverFiles:
     """Every driver artifact of ``version`` under the roots (missing ones are left out)."""
-    folders, files = _driver_libraries(roots, version, library_search_paths)
-    lib_dirs = [_container_path(roots.driver, f) for f in folders]
-    xorg_files, xorg_links = _xorg(roots, lib_dirs, version)
-    libraries = [_mount(roots.driver, p, "library") for p in [*files, *xorg_files]]
-    links = _library_links(roots, files, folders, version) + xorg_links
+    tree = _Tree(roots.driver)
+    folders, files = _driver_libraries(tree, version, library_search_paths)
+    lib_dirs = [tree.container(f) for f in folders]
+    xorg_files, xorg_links = _xorg(tree, lib_dirs, version)
+    libraries = [_mount(tree, p, "library") for p in [*files, *xorg_files]]
+    links = _library_links(tree, files, folders, version) + xorg_links
     return DriverFiles(
         version=version,
         lib_dirs=tuple(lib_dirs),
         libraries=tuple(libraries),
         links=tuple(_unique_links(links)),
-        binaries=tuple(_binaries(roots)),
-        ipc=tuple(_ipc(roots)),
-        firmware=tuple(_firmware(roots, version)),
-        configs=tuple(_configs(roots, config_search_paths)),
+        binaries=tuple(_binaries(tree)),
+        ipc=tuple(_ipc(tree)),
+        firmware=tuple(_firmware(tree, roots, version)),
+        configs=tuple(_configs(tree, config_search_paths)),
         control_nodes=control_nodes(roots),
     )
 
@@ -500,8 +625,7 @@ def locate_driver(
 # --- per-device nodes -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DeviceNodes:
+class DeviceNodes(NamedTuple):
     """The nodes of one GPU or MIG device, and its ``/dev/dri/by-path`` links."""
 
     nodes: tuple[DeviceNodeInfo, ...]
@@ -519,14 +643,14 @@ def gpu_nodes(roots: Roots, minor: int, bus_id: str) -> DeviceNodes:
 def drm_nodes(roots: Roots, bus_id: str) -> DeviceNodes:
     # A sysfs DRM entry without a /dev node (old kernels' controlD<N>) is skipped: a spec
     # naming a missing node fails every container that asks for the GPU.
-    names = _listdir(roots.sys_path(f"bus/pci/devices/{bus_id}/drm"))
+    names = _listdir(under(roots.dev, f"sys/bus/pci/devices/{bus_id}/drm"))
     nodes = [stat_device_node(roots, f"/dev/dri/{name}") for name in names]
     present = [n for n in nodes if n is not None]
     links = []
     for suffix in ("card", "render"):
         link = f"/dev/dri/by-path/pci-{bus_id}-{suffix}"
         try:
-            target = os.readlink(roots.dev_path(link))
+            target = os.readlink(under(roots.dev, link))
         except OSError:
             continue
         if any(n.path == os.path.normpath(f"/dev/dri/by-path/{target}") for n in present):
@@ -534,12 +658,38 @@ def drm_nodes(roots: Roots, bus_id: str) -> DeviceNodes:
     return DeviceNodes(nodes=tuple(present), links=tuple(links))
 
 
+# Line breaks of str.splitlines() besides "\n" (read_text() has turned "\r\n" into "\n").
+_OTHER_LINE_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
+
+
 def read_mig_minors(roots: Roots) -> dict[str, int] | None:
     """``proc/driver/nvidia-caps/mig-minors`` as {key: minor}; None when it is missing."""
     try:
-        text = roots.proc_path("driver/nvidia-caps/mig-minors").read_text()
+        text = read_text(under(roots.dev, "proc/driver/nvidia-caps/mig-minors"))
     except OSError:
         return None
+    table = _kernel_mig_minors(text)
+    return table if table is not None else _lenient_mig_minors(text)
+
+
+def _kernel_mig_minors(text: str) -> dict[str, int] | None:
+    """The file in the kernel's format, ``<key> <minor>`` lines (thousands with MIG), parsed
+    without a Python loop per line; None when it is in any other shape."""
+    body = text[:-1] if text.endswith("\n") else text
+    words = body.replace("\n", " ").split(" ")
+    keys, minors = words[::2], words[1::2]
+    digits = "".join(minors)
+    if (len(keys) != len(minors) or "" in minors or not (digits.isascii() and digits.isdigit())
+            or any(mark in body for mark in _OTHER_LINE_BREAKS)):
+        return None
+    # Neither keys nor minors hold a space or a newline, so this rebuilds every line.
+    if "\n".join(map(" ".join, zip(keys, minors, strict=True))) != body:
+        return None
+    return dict(zip(keys, map(int, minors), strict=True))
+
+
+def _lenient_mig_minors(text: str) -> dict[str, int]:
+    # The key is what precedes the first space; the rest, stripped, must be a number.
     table = {}
     for line in text.splitlines():
         key, _, value = line.partition(" ")
@@ -561,12 +711,12 @@ _MANAGEMENT_SKIP = ("nvidia-fs", "nvidia-nvswitch", "nvidia-nvlink")
 
 
 def management_nodes(roots: Roots) -> tuple[DeviceNodeInfo, ...]:
-    paths = [f"/dev/{n}" for n in _listdir(roots.dev_path("/dev"))
+    paths = [f"/dev/{n}" for n in _listdir(under(roots.dev, "/dev"))
              if n.startswith("nvidia") and not n.startswith(_MANAGEMENT_SKIP)]
-    paths += [f"/dev/nvidia-caps/{n}" for n in _listdir(roots.dev_path("/dev/nvidia-caps"))
+    paths += [f"/dev/nvidia-caps/{n}" for n in _listdir(under(roots.dev, "/dev/nvidia-caps"))
               if n.startswith("nvidia-cap")]
     paths += [f"/dev/nvidia-caps-imex-channels/{n}"
-              for n in _listdir(roots.dev_path("/dev/nvidia-caps-imex-channels"))
+              for n in _listdir(under(roots.dev, "/dev/nvidia-caps-imex-channels"))
               if n.startswith("channel")]
     found = (stat_device_node(roots, p) for p in paths)
     return tuple(n for n in found if n is not None)

@@ -18,24 +18,28 @@ Every malformed input raises :class:`LdCacheError` naming the source and the off
 from __future__ import annotations
 
 import errno
-import fnmatch
 import os
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 from ._errors import BinaryFormatError
+
+if TYPE_CHECKING:  # pathlib costs the OCI hooks, which only parse, milliseconds at start-up
+    from pathlib import Path
 
 __all__ = [
     "LdCache",
     "LdCacheEntry",
     "LdCacheError",
     "find_libraries",
+    "host_path",
     "parse",
     "parse_ldcache",
     "read_ldcache",
+    "resolve_from",
     "resolve_in_root",
+    "root_prefix",
 ]
 
 OLD_MAGIC = b"ld.so-1.7.0"
@@ -73,8 +77,7 @@ class LdCacheError(BinaryFormatError):
     """The cache is malformed; ``source`` and ``offset`` say where."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LdCacheEntry:
+class LdCacheEntry(NamedTuple):
     """One library in the cache: ``key`` is the name the loader looks up (the SONAME)."""
 
     key: str
@@ -104,8 +107,7 @@ class LdCacheEntry:
         return self.arch_flag in ARCH_64BIT
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LdCache:
+class LdCache(NamedTuple):
     entries: tuple[LdCacheEntry, ...]
     compat: bool = False  # an old-format section preceded the new one
     big_endian: bool = False
@@ -247,6 +249,8 @@ def _align(n: int, to: int) -> int:
 
 
 # --- lookup -------------------------------------------------------------------------------
+# The walk works on plain strings: the generator resolves a few hundred candidate paths per
+# run, and pathlib objects cost more than the readlink calls themselves.
 
 
 def resolve_in_root(root: str | os.PathLike[str], path: str) -> Path:
@@ -256,31 +260,60 @@ def resolve_in_root(root: str | os.PathLike[str], path: str) -> Path:
     hostile driver root cannot make us read host files.  Missing components are kept
     as they are (like ``realpath -m``); symlink loops raise ``OSError(ELOOP)``.
     """
+    from pathlib import Path
+
     root_path = Path(root)
-    todo = [p for p in reversed(path.split("/")) if p]
-    done: list[str] = []
-    hops = 0
+    parts, _hops = resolve_from(os.fspath(root_path), (), path)
+    return root_path.joinpath(*parts)
+
+
+def resolve_from(root: str, done: Sequence[str], rest: str,
+                 hops: int = 0) -> tuple[list[str], int]:
+    """Go on resolving inside ``root`` (a pathlib-normal string, as ``str(Path(...))``).
+
+    ``done`` are the components resolved so far (none of them a link), ``rest`` the path
+    still to walk and ``hops`` the links followed so far.  Returns the components of the
+    result and the new hop count, so that a resolved folder can be remembered and a walk
+    continued from it, giving what a walk from the top gives.
+    """
+    prefix = root_prefix(root)
+    resolved = list(done)
+    todo = [p for p in reversed(rest.split("/")) if p]
     while todo:
         part = todo.pop()
         if part == ".":
             continue
         if part == "..":
-            if done:
-                done.pop()
+            if resolved:
+                resolved.pop()
             continue
-        candidate = root_path.joinpath(*done, part)
+        resolved.append(part)
+        candidate = prefix + "/".join(resolved)
         try:
             target = os.readlink(candidate)
         except OSError:  # not a link, or does not exist
-            done.append(part)
             continue
+        resolved.pop()
         hops += 1
         if hops > _MAX_SYMLINK_HOPS:
-            raise OSError(errno.ELOOP, "too many levels of symbolic links", str(candidate))
+            raise OSError(errno.ELOOP, "too many levels of symbolic links", candidate)
         if target.startswith("/"):
-            done = []
+            resolved.clear()
         todo.extend(p for p in reversed(target.split("/")) if p)
-    return root_path.joinpath(*done)
+    return resolved, hops
+
+
+def host_path(root: str, parts: Sequence[str]) -> str:
+    """``str(Path(root).joinpath(*parts))`` for a pathlib-normal ``root`` and parts that
+    pathlib keeps as they are (none empty or ``.``, none holding a ``/``)."""
+    return root_prefix(root) + "/".join(parts) if parts else root
+
+
+def root_prefix(root: str) -> str:
+    """What goes before a relative path joined to ``root``, spelled as pathlib spells it."""
+    if root == ".":
+        return ""
+    return root if root.endswith("/") else root + "/"  # only "/" and "//" end in "/"
 
 
 def find_libraries(
@@ -296,20 +329,36 @@ def find_libraries(
     or the basename at the end of its symlink chain (``libcuda.so.580.82.07``).  Results
     keep cache order and are de-duplicated; dangling entries are skipped.
     """
+    import fnmatch
+    from pathlib import Path
+
     pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+    root_path = Path(root)
+    top = os.fspath(root_path)
+    # A cache lists a few folders many times: each is walked once, and a walk of
+    # folder-then-name is the same walk as one over the whole path.
+    folders: dict[str, tuple[list[str], int]] = {}
     found: list[Path] = []
-    seen: set[Path] = set()
+    seen: set[str] = set()
     for entry in entries:
         if only_64bit and not entry.is_64bit:
             continue
+        folder, _, name = entry.path.rpartition("/")
         try:
-            resolved = resolve_in_root(root, entry.path)
+            if folder not in folders:
+                folders[folder] = resolve_from(top, (), folder)
+            done, hops = folders[folder]
+            parts, _ = resolve_from(top, done, name, hops)
         except OSError:
             continue
-        names = (os.path.basename(entry.path), resolved.name)
+        names = (os.path.basename(entry.path), parts[-1] if parts else root_path.name)
         if not any(fnmatch.fnmatchcase(n, p) for n in names for p in pats):
             continue
-        if resolved not in seen and resolved.is_file():
-            seen.add(resolved)
+        host = host_path(top, parts)
+        if host in seen:
+            continue
+        resolved = Path(host)
+        if resolved.is_file():  # pathlib's errors: EACCES propagates, as it always did
+            seen.add(host)
             found.append(resolved)
     return found

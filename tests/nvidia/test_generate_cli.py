@@ -255,9 +255,11 @@ def test_as_a_process(root_args: list[str], tmp_path: Path) -> None:
                            str(target)], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     parse_spec(target.read_text(), str(target))
-    # The generate path does not import jsonschema, pynvml (outside nvml mode) or protobuf.
+    # The generate path does not import jsonschema, pynvml (outside nvml mode), protobuf,
+    # PyYAML (its own emitter) or dataclasses (records are NamedTuples: start-up cost).
     probe = ("import sys; from cdi.nvidia.cli import main; main(sys.argv[1:]); "
-             "bad = {'jsonschema', 'pynvml', 'google.protobuf'} & set(sys.modules); "
+             "bad = {'jsonschema', 'pynvml', 'google.protobuf', 'yaml', 'dataclasses'} "
+             "& set(sys.modules); "
              "sys.exit(f'imported {bad}' if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", probe, *root_args, "--output", str(target)],
                           cwd=REPO, capture_output=True, text=True)
