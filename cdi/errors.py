@@ -1,6 +1,5 @@
 """Error types of the CDI library: one root, messages that say what and where."""
 
-from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
@@ -37,7 +36,7 @@ class SpecError(CDIError):
         prefix = f"{self.file}: " if self.file else ""
         return [f"{prefix}{err}" for err in self.errors]
 
-    def with_file(self, file: str) -> SpecError:
+    def with_file(self, file: str) -> "SpecError":
         return SpecError(self.errors, file=file)
 
 

@@ -9,7 +9,6 @@ JSON keys are those of the spec and the reference Go types (``additionalGids``,
 ``schemata``), not the typos of the spec's prose sketch.
 """
 
-from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType

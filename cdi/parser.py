@@ -3,7 +3,6 @@
 Pure functions, no dependencies: every other module may import this one.
 """
 
-from __future__ import annotations
 
 import functools
 import re

@@ -1,6 +1,5 @@
 """One CDI spec file: strict parsing (pure), reading, deterministic dumping, atomic writing."""
 
-from __future__ import annotations
 
 import contextlib
 import functools

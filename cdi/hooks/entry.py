@@ -18,7 +18,6 @@ layers keep the image out:
 The hooks themselves execute nothing: the cache is written from Python (:mod:`.ldconfig`).
 """
 
-from __future__ import annotations
 
 import os
 import sys
@@ -44,7 +43,7 @@ class HookCommand(_HookFields):
     __slots__ = ()
 
     def __new__(cls, path: str, args: tuple[str, ...],
-                env: tuple[str, ...] = HOOK_ENV) -> HookCommand:
+                env: tuple[str, ...] = HOOK_ENV) -> "HookCommand":
         if not os.path.isabs(path):
             raise ValueError(f"hook path {path!r} must be absolute")
         if not env:

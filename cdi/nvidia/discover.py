@@ -23,7 +23,6 @@ Modes:
 * ``auto``: ``nvml`` when it loads and answers, else ``procfs``.
 """
 
-from __future__ import annotations
 
 import contextlib
 import os

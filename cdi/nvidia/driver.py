@@ -19,7 +19,6 @@ them used to cost more than the system calls.  Host paths are spelled exactly as
 would spell them (the spec is compared byte for byte).
 """
 
-from __future__ import annotations
 
 import errno
 import fnmatch
