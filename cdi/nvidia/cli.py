@@ -314,7 +314,9 @@ _PLAIN = re.compile(r"[A-Za-z0-9_./+-][A-Za-z0-9_./:+=,@~-]*")
 # Left raw by json.dumps(ensure_ascii=False) but not printable in YAML, or read as a line
 # break inside a quoted scalar (NEL, LS, PS).  ensure_ascii=True is no answer: it writes
 # astral characters as surrogate pairs, which YAML readers take as two lone surrogates.
-_YAML_UNPRINTABLE = re.compile("[\x7f-\x9f\u2028\u2029\ud800-\udfff\ufeff\ufffe\uffff]")
+# Compiled on first use (about 1 ms: its ranges span the astral planes); a generated spec
+# rarely has a string to double-quote.
+_YAML_UNPRINTABLE = "[\x7f-\x9f\u2028\u2029\ud800-\udfff\ufeff\ufffe\uffff]"
 
 
 def render_yaml(document: Any) -> str:
@@ -343,7 +345,7 @@ def _string(text: str) -> str:
 def _double_quoted(text: str) -> str:
     # JSON's escapes (\" \\ \n \t \uXXXX for controls) are all valid YAML escapes.
     quoted = json.dumps(text, ensure_ascii=False)
-    return _YAML_UNPRINTABLE.sub(_escape, quoted)
+    return re.sub(_YAML_UNPRINTABLE, _escape, quoted)  # re caches the compiled pattern
 
 
 def _escape(match: re.Match[str]) -> str:
