@@ -60,6 +60,14 @@ class UsageError(Exception):
     """Bad options; reported without a traceback."""
 
 
+class OutputError(Exception):
+    """The spec or its sidecar could not be written (the cause is chained)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path))
+        self.path = path
+
+
 def add_commands(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "generate", help="generate an NVIDIA CDI spec (nvidia-ctk cdi generate compatible)",
@@ -234,8 +242,14 @@ def cmd_generate(args: argparse.Namespace, out: TextIO | None = None,
         warn(f"error: {exc}")
     except SpecError as exc:
         warn("error: the generated spec is invalid:\n  " + "\n  ".join(exc.lines()))
-    except OSError as exc:
-        warn(f"error: cannot write {exc.filename or 'the spec'}: {exc.strerror or exc}")
+    except OutputError as exc:
+        cause = exc.__cause__
+        detail = getattr(cause, "strerror", None) or str(cause)
+        other = getattr(cause, "filename", None)  # a temporary file, or the sidecar
+        where = f" ({other})" if other and str(other) != str(exc.path) else ""
+        warn(f"error: cannot write {exc.path}: {detail}{where}")
+    except OSError as exc:  # reading the node: a folder we may not enter, a vanished file
+        warn(f"error: cannot read {exc.filename or 'the node'}: {exc.strerror or exc}")
     return 1
 
 
@@ -258,6 +272,8 @@ def _generate(v: dict[str, Any], out: TextIO, warn: Any) -> int:
                            config_search_paths=v["config_search_paths"])
     if not driver.lib_dirs:
         warn(f"no *.so.{node.driver_version} driver libraries found under {roots.driver}")
+    for looped in driver.loops:
+        warn(f"skipped {looped}: too many levels of symbolic links (a link loop)")
     inv = collect(roots, node, driver)
     fp = fingerprint(inv, opts)
     if v["if_changed"] and path is not None and _unchanged(path, fp):
@@ -268,7 +284,10 @@ def _generate(v: dict[str, Any], out: TextIO, warn: Any) -> int:
     if path is None:
         out.write(text)
         return 0
-    _write(path, text, inv, opts, spec, fp)
+    try:
+        _write(path, text, inv, opts, spec, fp)
+    except OSError as exc:
+        raise OutputError(path) from exc
     return 0
 
 

@@ -173,6 +173,7 @@ class DriverFiles(NamedTuple):
     firmware: tuple[FileMount, ...]
     configs: tuple[FileMount, ...]
     control_nodes: tuple[DeviceNodeInfo, ...]
+    loops: tuple[str, ...] = ()  # host paths skipped: their symlinks loop
 
     def mounts(self) -> tuple[FileMount, ...]:
         return (*self.libraries, *self.binaries, *self.ipc, *self.firmware, *self.configs)
@@ -203,6 +204,9 @@ class _Tree:
         self._prefix = root_prefix(self.root)
         self._folders: dict[str, _Folder] = {"": ([], 0, _folder_state(self.root))}
         self._listings: dict[str, list[os.DirEntry[str]]] = {}
+        # Host paths given up on because their links loop: reported, never fatal (one bad
+        # link must not cost the node its whole spec).
+        self.loops: set[str] = set()
 
     def host(self, container: str) -> str:
         """The host path of a resolved container path (absolute, normal)."""
@@ -234,8 +238,10 @@ class _Tree:
             return "/" + "/".join(resolved), None
         if stat.S_ISLNK(st.st_mode):
             # The folder's components are no links, so this is the walk from the top.
-            resolved, _ = resolve_from(self.root, parts, name)
-            container = "/" + "/".join(resolved)
+            walked = self._walk(parts, name, 0)
+            if walked is None:
+                return "/" + "/".join(resolved), None
+            container = "/" + "/".join(walked[0])
             return container, _stat(self.host(container))
         return "/" + "/".join(resolved), st  # not a link: lstat is stat
 
@@ -260,10 +266,24 @@ class _Tree:
             if state is False:  # nothing under it exists, so no component is a link
                 known = ([*parts, name], hops, False)
             else:
-                parts, hops = resolve_from(self.root, parts, name, hops)
-                known = (parts, hops, _folder_state(self.host("/" + "/".join(parts))))
+                walked = self._walk(parts, name, hops)
+                if walked is None:
+                    known = ([*parts, name], hops, False)
+                else:
+                    parts, hops = walked
+                    known = (parts, hops, _folder_state(self.host("/" + "/".join(parts))))
             self._folders[folder] = known
         return known
+
+
+    def _walk(self, parts: list[str], rest: str, hops: int) -> tuple[list[str], int] | None:
+        try:
+            return resolve_from(self.root, parts, rest, hops)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            self.loops.add(exc.filename or self.host("/" + "/".join([*parts, rest])))
+            return None
 
 
 def _normal(path: str) -> str:
@@ -446,7 +466,8 @@ def _driver_libraries(tree: _Tree, version: str,
         files += tree.glob(folder, f"*.so.{version}")
         for pattern in GRAPHICS_LIBRARIES:
             files += tree.glob(folder, pattern)
-        files += tree.glob(_child(folder, "vdpau"), f"*.so.{version}")
+        vdpau = tree.host(tree.resolve(tree.container(folder) + "/vdpau"))  # links in the root
+        files += tree.glob(vdpau, f"*.so.{version}")
     files = list(dict.fromkeys(files))
     # Folders that hold a library (vdpau/ included), in first-seen order.
     return list(dict.fromkeys(_parent(p) for p in files)), files
@@ -463,7 +484,7 @@ def _library_links(tree: _Tree, files: Sequence[str], folders: Sequence[str],
             soname = read_soname(path)
         except (OSError, ElfError):
             soname = None
-        if soname and soname != name:
+        if soname and soname != name and _is_file_name(soname):
             links.append(_host_link(tree, folder, soname))
         links.append(_host_link(tree, folder, name.split(".so", 1)[0] + ".so"))
     # Links the driver's users expect even where the host lacks them.
@@ -473,6 +494,12 @@ def _library_links(tree: _Tree, files: Sequence[str], folders: Sequence[str],
             links.append(_link(tree, tree.container(_child(folder, name)), target))
         links.append(_host_link(tree, _child(folder, "gbm"), "nvidia-drm_gbm.so"))
     return _unique_links(links)
+
+
+def _is_file_name(soname: str) -> bool:
+    # A SONAME is read from the library itself: one naming another folder ("../x", "/etc/x")
+    # is no link the driver made next to it, and would put a link outside the folder.
+    return soname not in (".", "..") and "/" not in soname and "\0" not in soname
 
 
 def _host_link(tree: _Tree, folder: str, name: str) -> Link | None:
@@ -618,6 +645,7 @@ def locate_driver(
         firmware=tuple(_firmware(tree, roots, version)),
         configs=tuple(_configs(tree, config_search_paths)),
         control_nodes=control_nodes(roots),
+        loops=tuple(sorted(tree.loops)),
     )
 
 

@@ -231,9 +231,32 @@ def test_failed_write_keeps_previous_spec(root_args: list[str], tmp_path: Path,
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
     rc, _, err = generate([*root_args, "--output", str(target), "--device-name-strategy", "uuid"])
-    assert rc == 1 and "No space left on device" in err
+    assert rc == 1 and f"error: cannot write {target}: No space left on device" in err
     assert target.read_bytes() == previous
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nvidia.yaml", "nvidia.yaml.meta"]
+
+
+@needs_nodes
+def test_missing_output_folder_is_a_write_error(root_args: list[str], tmp_path: Path) -> None:
+    target = tmp_path / "absent" / "nvidia.yaml"
+    rc, _, err = generate([*root_args, "--output", str(target)])
+    assert rc == 1 and f"error: cannot write {target}: No such file or directory" in err
+
+
+@needs_nodes
+def test_unreadable_node_is_a_read_error(root_args: list[str], tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    real_stat = os.stat
+
+    def denied(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if str(path).endswith("x86_64-linux-gnu"):  # the library folder
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "stat", denied)
+    rc, _, err = generate([*root_args, "--output", str(tmp_path / "nvidia.yaml")])
+    assert "cannot write" not in err
+    assert rc == 1 and "error: cannot read " in err and "Permission denied" in err
 
 
 @needs_nodes

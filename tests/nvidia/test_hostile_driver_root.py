@@ -1,0 +1,78 @@
+"""A driver root with broken or hostile files: generate skips what it cannot trust, says
+so, and still writes the spec of everything else."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from cdi.nvidia import cli
+from cdi.nvidia.simnode import BuiltNode, NodeLayout
+from cdi.spec import parse_spec
+
+NodeFactory = Callable[[str, NodeLayout], BuiltNode]
+
+
+@pytest.fixture
+def node(node_factory: NodeFactory) -> BuiltNode:
+    return node_factory("hostile", NodeLayout(seed="hostile"))
+
+
+def _spec_text(node: BuiltNode, *extra: str) -> tuple[str, str]:
+    """(spec, stderr) of ``generate`` run in-process on ``node``."""
+    parser = argparse.ArgumentParser()
+    cli.add_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["generate", "--driver-root", str(node.driver_root), "--dev-root",
+                              str(node.dev_root), "--mode", "procfs", *extra])
+    out, err = io.StringIO(), io.StringIO()
+    rc = cli.cmd_generate(args, out, err, environ={})
+    assert rc == 0, err.getvalue()
+    out, err = out.getvalue(), err.getvalue()
+    parse_spec(out)  # still a valid spec
+    return out, err
+
+
+def test_symlink_loop_is_skipped_with_a_warning(node: BuiltNode) -> None:
+    before, _ = _spec_text(node)
+    icd = node.driver_root / "etc/vulkan/icd.d/nvidia_icd.json"
+    assert str(icd.relative_to(node.driver_root)) in before.replace("/@", "/")
+    icd.unlink()
+    icd.symlink_to(icd.name)  # a link to itself
+    after, err = _spec_text(node)
+    assert f"skipped {icd}: too many levels of symbolic links" in err
+    assert "/etc/vulkan/icd.d/nvidia_icd.json" not in after
+    # everything else is still there
+    assert after.count("hostPath:") == before.count("hostPath:") - 1
+
+
+def test_library_folder_in_a_loop_costs_only_that_folder(node: BuiltNode) -> None:
+    loop = node.driver_root / "usr/lib64"  # searched, absent on a Debian-layout node
+    assert not loop.exists()
+    loop.symlink_to("lib64")
+    out, err = _spec_text(node)
+    assert "too many levels of symbolic links" in err
+    assert "libcuda.so" in out
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds the hostile library")
+def test_soname_naming_another_folder_makes_no_link(node: BuiltNode, tmp_path: Path) -> None:
+    version = str(node.manifest["driver_version"])
+    lib = node.lib_dir / f"libnvidia-hostile.so.{version}"
+    src = tmp_path / "hostile.c"
+    src.write_text("int hostile(void) { return 1; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,../hostile.so.1", "-o", str(lib),
+                    str(src)], check=True)
+    # The link the SONAME names exists (pointing at the library), outside the lib folder.
+    outside = node.lib_dir.parent / "hostile.so.1"
+    outside.symlink_to(os.path.relpath(lib, outside.parent))
+    out, _ = _spec_text(node)
+    assert f"libnvidia-hostile.so.{version}" in out  # the library itself is mounted
+    assert "hostile.so.1" not in out  # but no link is made for its SONAME
+    assert "/.." not in out
