@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import hashlib
 import json
 import os
@@ -227,6 +228,20 @@ def _output(v: dict[str, Any], warn: Any) -> tuple[Path | None, bool]:
 
 def cmd_generate(args: argparse.Namespace, out: TextIO | None = None,
                  err: TextIO | None = None, environ: Any = None) -> int:
+    # A run allocates thousands of objects that all live until it ends: the cyclic
+    # collector would walk them a dozen times for nothing (~2 ms of a ~50 ms run).  Paused,
+    # not disabled, so that a long-lived caller (the refresh daemon) gets it back.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _cmd_generate(args, out, err, environ)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _cmd_generate(args: argparse.Namespace, out: TextIO | None, err: TextIO | None,
+                  environ: Any) -> int:
     out, err = out or sys.stdout, err or sys.stderr
 
     def warn(message: str) -> None:
