@@ -444,7 +444,21 @@ def _write(path: Path, text: str, inv: Any, opts: Any, spec: Any, fp: str) -> No
     # so --if-changed regenerates instead of trusting it.
     meta = metadata(inv, opts, spec, fp=fp, spec_file=path.name,
                     spec_sha256=hashlib.sha256(data).hexdigest())
-    atomic_write(_sidecar(path), (json.dumps(meta, indent=2) + "\n").encode(), mode=0o644)
+    atomic_write(_sidecar(path), _json_lines(meta).encode(), mode=0o644)
+
+
+def _json_lines(document: dict[str, Any]) -> str:
+    """``document`` as JSON with an entry per line two levels deep (a device per line):
+    as readable as ``indent=2`` for a sidecar, and made by json's C encoder, where
+    ``indent=`` runs the pure-Python one (~2 ms for 100 devices)."""
+    entries = []
+    for key, value in document.items():
+        if isinstance(value, dict) and value:
+            inner = ",\n".join(f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in value.items())
+            entries.append(f"  {json.dumps(key)}: {{\n{inner}\n  }}")
+        else:
+            entries.append(f"  {json.dumps(key)}: {json.dumps(value)}")
+    return "{\n" + ",\n".join(entries) + "\n}\n"
 
 
 def _unchanged(path: Path, fp: str) -> bool:

@@ -689,8 +689,10 @@ def drm_nodes(roots: Roots, bus_id: str) -> DeviceNodes:
 _OTHER_LINE_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
 
 
-def read_mig_minors(roots: Roots) -> dict[str, int] | None:
-    """``proc/driver/nvidia-caps/mig-minors`` as {key: minor}; None when it is missing."""
+def read_mig_minors(roots: Roots) -> dict[str, str] | None:
+    """``proc/driver/nvidia-caps/mig-minors`` as {key: minor, in digits}; None when it is
+    missing.  The minors stay text: the file has thousands of lines, a spec uses a few of
+    them, and ``mig_cap_paths`` makes numbers of those."""
     try:
         text = read_text(under(roots.dev, "proc/driver/nvidia-caps/mig-minors"))
     except OSError:
@@ -699,7 +701,7 @@ def read_mig_minors(roots: Roots) -> dict[str, int] | None:
     return table if table is not None else _lenient_mig_minors(text)
 
 
-def _kernel_mig_minors(text: str) -> dict[str, int] | None:
+def _kernel_mig_minors(text: str) -> dict[str, str] | None:
     """The file in the kernel's format, ``<key> <minor>`` lines (thousands with MIG), parsed
     without a Python loop per line; None when it is in any other shape."""
     body = text[:-1] if text.endswith("\n") else text
@@ -712,25 +714,26 @@ def _kernel_mig_minors(text: str) -> dict[str, int] | None:
     # Neither keys nor minors hold a space or a newline, so this rebuilds every line.
     if "\n".join(map(" ".join, zip(keys, minors, strict=True))) != body:
         return None
-    return dict(zip(keys, map(int, minors), strict=True))
+    return dict(zip(keys, minors, strict=True))
 
 
-def _lenient_mig_minors(text: str) -> dict[str, int]:
+def _lenient_mig_minors(text: str) -> dict[str, str]:
     # The key is what precedes the first space; the rest, stripped, must be a number.
     table = {}
     for line in text.splitlines():
         key, _, value = line.partition(" ")
-        if value.strip().isdigit():
-            table[key] = int(value)
+        value = value.strip()
+        if value.isascii() and value.isdigit():  # int() refuses other scripts' digits
+            table[key] = value
     return table
 
 
-def mig_cap_paths(minors: dict[str, int], parent_minor: int, gi: int, ci: int) -> tuple[str, str]:
+def mig_cap_paths(minors: dict[str, str], parent_minor: int, gi: int, ci: int) -> tuple[str, str]:
     """The GPU-instance and compute-instance cap nodes of one MIG device."""
     gi_key = f"gpu{parent_minor}/gi{gi}/access"
     ci_key = f"gpu{parent_minor}/gi{gi}/ci{ci}/access"
-    return (f"/dev/nvidia-caps/nvidia-cap{minors[gi_key]}",
-            f"/dev/nvidia-caps/nvidia-cap{minors[ci_key]}")
+    return (f"/dev/nvidia-caps/nvidia-cap{int(minors[gi_key])}",
+            f"/dev/nvidia-caps/nvidia-cap{int(minors[ci_key])}")
 
 
 # Management mode takes every NVIDIA node except those of other subsystems.

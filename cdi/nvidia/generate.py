@@ -143,7 +143,7 @@ def collect(roots: Roots, node: NodeInfo, driver: DriverFiles) -> Inventory:
     return Inventory(node=node, driver=driver, gpu_nodes=gpus, mig_nodes=migs)
 
 
-def _mig_nodes(roots: Roots, gpu: Gpu, mig: MigDevice, minors: dict[str, int],
+def _mig_nodes(roots: Roots, gpu: Gpu, mig: MigDevice, minors: dict[str, str],
                parent: DeviceNodes) -> DeviceNodes:
     try:
         caps = mig_cap_paths(minors, gpu.minor, mig.gi, mig.ci)
