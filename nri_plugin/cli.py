@@ -12,6 +12,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from cdi.process import finish
+
 # subcommand -> (module, function that adds that module's subcommands), in help order.
 COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("cdi.cli", "add_commands"),
@@ -48,5 +50,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(args.func(args))
 
 
+def entry() -> None:
+    """The ``nri-cdi`` console script: ``main`` in a process of its own."""
+    finish(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

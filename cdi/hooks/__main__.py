@@ -15,7 +15,8 @@ if not __package__:
         os.path.abspath(__file__)))))
 
 from cdi.hooks.cli import main
+from cdi.process import finish
 
 if __name__ == "__main__":
     os.chdir("/")  # runc may start us inside the container root; we use no relative path
-    sys.exit(main())
+    finish(main())

@@ -1,0 +1,18 @@
+"""How a one-shot command process ends."""
+
+import gc
+import sys
+from typing import NoReturn
+
+
+def finish(status: int) -> NoReturn:
+    """Exit with ``status``, skipping the final collection of what lived until now.
+
+    At exit the interpreter walks every object still tracked by the cyclic collector, and a
+    command that just built a spec leaves tens of thousands: about 10 ms of a 50 ms
+    ``generate`` on a slow node, paid for nothing.  ``gc.freeze()`` moves them out of the
+    collector's reach; finalizers, atexit handlers and stream flushing still run.  Only
+    for process entry points: a long-lived caller must never freeze its heap.
+    """
+    gc.freeze()
+    sys.exit(status)
