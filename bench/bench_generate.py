@@ -15,7 +15,7 @@ Each child's wall time is measured around the process and its peak RSS is its ow
 (``PYTHONPYCACHEPREFIX``, one warm-up run) as an installed package would have, even where
 PYTHONDONTWRITEBYTECODE is set.
 Prints medians, peaks and the ratios to the floor.  Target: <= 150 ms wall, <= 60 MB.
-Run: ``python3 bench/bench_generate.py [--rounds 15]``.
+Run: ``python3 bench/bench_generate.py [--rounds 15] [--compare OLDER_CHECKOUT]``.
 """
 
 from __future__ import annotations
@@ -41,12 +41,13 @@ from cdi.nvidia.simnode import NodeLayout, build_node  # noqa: E402
 GNU_TIME = shutil.which("time") or ("/usr/bin/time" if os.path.exists("/usr/bin/time") else None)
 
 
-def run_child(argv: list[str], env: dict[str, str], scratch: Path) -> tuple[float, float]:
+def run_child(argv: list[str], env: dict[str, str], scratch: Path,
+              cwd: Path = REPO) -> tuple[float, float]:
     """(wall ms, peak RSS MB) of one child process."""
     report = scratch / "maxrss"
     wrapped = [GNU_TIME, "-f", "%M", "-o", str(report), *argv] if GNU_TIME else argv
     start = time.perf_counter()
-    proc = subprocess.Popen(wrapped, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(wrapped, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = (time.perf_counter() - start) * 1000
@@ -63,6 +64,9 @@ def run_child(argv: list[str], env: dict[str, str], scratch: Path) -> tuple[floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--compare", type=Path, metavar="TREE",
+                        help="also time `python -m cdi.nvidia.cli` of another checkout (an "
+                             "older commit, say) in the same rounds")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as tmp:
         layout = NodeLayout.uniform(8, mig={i: "1g.10gb*7" for i in range(8)}, seed="bench")
@@ -83,13 +87,18 @@ def main() -> None:
         installed = shutil.which("nri-cdi")
         if installed:
             commands["nri-cdi generate (console script)"] = [installed, "generate", *common]
-        for argv in commands.values():  # warm-up: bytecode cache, page cache
-            run_child(argv, env, out)
+        folders = dict.fromkeys(commands, REPO)
+        if args.compare:
+            name = f"generate ({args.compare.name})"
+            commands[name] = [sys.executable, "-m", "cdi.nvidia.cli", *common]
+            folders[name] = args.compare.resolve()
+        for name, argv in commands.items():  # warm-up: bytecode cache, page cache
+            run_child(argv, env, out, folders[name])
         walls: dict[str, list[float]] = {name: [] for name in commands}
         peaks: dict[str, list[float]] = {name: [] for name in commands}
         for _ in range(args.rounds):
             for name, argv in commands.items():
-                wall, peak = run_child(argv, env, out)
+                wall, peak = run_child(argv, env, out, folders[name])
                 walls[name].append(wall)
                 peaks[name].append(peak)
         report(walls, peaks, args.rounds)
