@@ -1,6 +1,5 @@
 """Error types of the CDI library: one root, messages that say what and where."""
 
-
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 

@@ -9,7 +9,6 @@ JSON keys are those of the spec and the reference Go types (``additionalGids``,
 ``schemata``), not the typos of the spec's prose sketch.
 """
 
-
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -20,7 +19,9 @@ from .errors import FieldError, SpecError
 # dataclass compiles its methods from source when it is defined (about 2 ms a class on a
 # slow node, 4x a NamedTuple) and builds instances through object.__setattr__; every
 # short-lived command that loads specs (generate, the hooks, list) paid for that.  Build
-# them with keywords, as before, and change them with ``_replace``.
+# them with keywords, as before, and change them with ``_replace``.  Modules that define records
+# on start-up paths do without ``from __future__ import annotations``: NamedTuple compiles
+# every string annotation into a ForwardRef (0.43 instead of 0.24 ms a record).
 
 UINT32_MAX = 2**32 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

@@ -3,7 +3,6 @@
 Pure functions, no dependencies: every other module may import this one.
 """
 
-
 import functools
 import re
 from typing import NamedTuple

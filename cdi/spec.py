@@ -1,6 +1,5 @@
 """One CDI spec file: strict parsing (pure), reading, deterministic dumping, atomic writing."""
 
-
 import contextlib
 import functools
 import json

@@ -4,7 +4,6 @@ A generator should declare the minimum so that older runtimes accept its specs; 
 rejects a spec that declares less than its content needs.
 """
 
-
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 

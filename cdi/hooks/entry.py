@@ -18,7 +18,6 @@ layers keep the image out:
 The hooks themselves execute nothing: the cache is written from Python (:mod:`.ldconfig`).
 """
 
-
 import os
 import sys
 from collections.abc import Iterable

@@ -23,7 +23,6 @@ Modes:
 * ``auto``: ``nvml`` when it loads and answers, else ``procfs``.
 """
 
-
 import contextlib
 import os
 import re

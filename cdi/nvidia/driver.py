@@ -19,7 +19,6 @@ them used to cost more than the system calls.  Host paths are spelled exactly as
 would spell them (the spec is compared byte for byte).
 """
 
-
 import errno
 import fnmatch
 import functools

@@ -22,7 +22,6 @@ the headers the walk starts with sit there (all of a small object does).  Malfor
 raises :class:`ElfError` naming the file and offset.
 """
 
-
 import os
 import struct
 from collections.abc import Callable

@@ -27,7 +27,6 @@ majors (the ``nvidia-uvm`` and ``nvidia-caps`` majors are dynamic), the GPU and 
 layout, the set of driver files, the generator version and the generation options.
 """
 
-
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence

@@ -15,7 +15,6 @@ String offsets in new entries count from the start of the new header.  ``parse``
 Every malformed input raises :class:`LdCacheError` naming the source and the offset.
 """
 
-
 import errno
 import os
 import struct
