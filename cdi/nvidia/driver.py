@@ -684,10 +684,6 @@ def drm_nodes(roots: Roots, bus_id: str) -> DeviceNodes:
     return DeviceNodes(nodes=tuple(present), links=tuple(links))
 
 
-# Line breaks of str.splitlines() besides "\n" (read_text() has turned "\r\n" into "\n").
-_OTHER_LINE_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
-
-
 def read_mig_minors(roots: Roots) -> dict[str, str] | None:
     """``proc/driver/nvidia-caps/mig-minors`` as {key: minor, in digits}; None when it is
     missing.  The minors stay text: the file has thousands of lines, a spec uses a few of
@@ -696,28 +692,7 @@ def read_mig_minors(roots: Roots) -> dict[str, str] | None:
         text = read_text(under(roots.dev, "proc/driver/nvidia-caps/mig-minors"))
     except OSError:
         return None
-    table = _kernel_mig_minors(text)
-    return table if table is not None else _lenient_mig_minors(text)
-
-
-def _kernel_mig_minors(text: str) -> dict[str, str] | None:
-    """The file in the kernel's format, ``<key> <minor>`` lines (thousands with MIG), parsed
-    without a Python loop per line; None when it is in any other shape."""
-    body = text[:-1] if text.endswith("\n") else text
-    words = body.replace("\n", " ").split(" ")
-    keys, minors = words[::2], words[1::2]
-    digits = "".join(minors)
-    if (len(keys) != len(minors) or "" in minors or not (digits.isascii() and digits.isdigit())
-            or any(mark in body for mark in _OTHER_LINE_BREAKS)):
-        return None
-    # Neither keys nor minors hold a space or a newline, so this rebuilds every line.
-    if "\n".join(map(" ".join, zip(keys, minors, strict=True))) != body:
-        return None
-    return dict(zip(keys, minors, strict=True))
-
-
-def _lenient_mig_minors(text: str) -> dict[str, str]:
-    # The key is what precedes the first space; the rest, stripped, must be a number.
+    # ``<key> <minor>`` lines; a line whose rest, stripped, is not a number is no entry.
     table = {}
     for line in text.splitlines():
         key, _, value = line.partition(" ")
