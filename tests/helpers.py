@@ -29,3 +29,19 @@ def make_char_device(path: Path, major: int = 1, minor: int = 3, mode: int = 0o6
     os.mknod(path, 0o020000 | mode, os.makedev(major, minor))
     os.chmod(path, mode)
     return path
+
+
+def run_generate(argv: list[str], environ: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run ``nri-cdi generate`` in-process, with only ``environ`` as its environment;
+    returns (exit code, stdout, stderr)."""
+    import argparse
+    import io
+
+    from cdi.nvidia import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["generate", *argv])
+    out, err = io.StringIO(), io.StringIO()
+    rc = cli.cmd_generate(args, out, err, environ=environ or {})
+    return rc, out.getvalue(), err.getvalue()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -22,6 +21,7 @@ from cdi.nvidia import cli
 from cdi.nvidia.generate import GENERATOR_VERSION
 from cdi.nvidia.simnode import BuiltNode, NodeLayout
 from cdi.spec import parse_spec
+from tests.helpers import run_generate as generate
 
 NodeFactory = Callable[[str, NodeLayout], BuiltNode]
 CAN_MKNOD = os.geteuid() == 0  # as in conftest: mknod needs root
@@ -42,18 +42,6 @@ LAYOUTS = {
     "rhel": NodeLayout.uniform(2, distro="rhel", seed="golden-rhel"),
     "driver-container": NodeLayout.uniform(2, driver_container=True, seed="golden-dc"),
 }
-
-
-def generate(argv: list[str], environ: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """Run ``nri-cdi generate`` in-process; returns (exit code, stdout, stderr)."""
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    cli.add_commands(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["generate", *argv])
-    out, err = io.StringIO(), io.StringIO()
-    rc = cli.cmd_generate(args, out, err, environ=environ or {})
-    return rc, out.getvalue(), err.getvalue()
 
 
 def node_args(node: BuiltNode) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
@@ -17,21 +16,11 @@ import pytest
 from cdi.nvidia import cli
 from cdi.nvidia.simnode import BuiltNode, NodeLayout
 from cdi.spec import parse_spec
+from tests.helpers import run_generate as generate
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK = "/usr/local/bin/nri-cdi"
 needs_nodes = pytest.mark.skipif(os.geteuid() != 0, reason="needs real device nodes (root)")
-
-
-def generate(argv: list[str], environ: dict[str, str] | None = None) -> tuple[int, str, str]:
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    cli.add_commands(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["generate", *argv])
-    out, err = io.StringIO(), io.StringIO()
-    rc = cli.cmd_generate(args, out, err, environ=environ or {})
-    return rc, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,6 @@ so, and still writes the spec of everything else."""
 
 from __future__ import annotations
 
-import argparse
-import io
 import os
 import shutil
 import subprocess
@@ -13,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cdi.nvidia import cli
 from cdi.nvidia.simnode import BuiltNode, NodeLayout
 from cdi.spec import parse_spec
+from tests.helpers import run_generate
 
 NodeFactory = Callable[[str, NodeLayout], BuiltNode]
 
@@ -27,14 +25,9 @@ def node(node_factory: NodeFactory) -> BuiltNode:
 
 def _spec_text(node: BuiltNode, *extra: str) -> tuple[str, str]:
     """(spec, stderr) of ``generate`` run in-process on ``node``."""
-    parser = argparse.ArgumentParser()
-    cli.add_commands(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["generate", "--driver-root", str(node.driver_root), "--dev-root",
-                              str(node.dev_root), "--mode", "procfs", *extra])
-    out, err = io.StringIO(), io.StringIO()
-    rc = cli.cmd_generate(args, out, err, environ={})
-    assert rc == 0, err.getvalue()
-    out, err = out.getvalue(), err.getvalue()
+    rc, out, err = run_generate(["--driver-root", str(node.driver_root), "--dev-root",
+                                 str(node.dev_root), "--mode", "procfs", *extra])
+    assert rc == 0, err
     parse_spec(out)  # still a valid spec
     return out, err
 
@@ -42,7 +35,7 @@ def _spec_text(node: BuiltNode, *extra: str) -> tuple[str, str]:
 def test_symlink_loop_is_skipped_with_a_warning(node: BuiltNode) -> None:
     before, _ = _spec_text(node)
     icd = node.driver_root / "etc/vulkan/icd.d/nvidia_icd.json"
-    assert str(icd.relative_to(node.driver_root)) in before.replace("/@", "/")
+    assert "/etc/vulkan/icd.d/nvidia_icd.json" in before
     icd.unlink()
     icd.symlink_to(icd.name)  # a link to itself
     after, err = _spec_text(node)
