@@ -21,12 +21,10 @@ would spell them (the spec is compared byte for byte).
 
 import errno
 import fnmatch
-import functools
 import os
 import posixpath
-import re
 import stat
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -253,9 +251,9 @@ class _Tree:
         entries = self._listings.get(folder)
         if entries is None:
             entries = self._listings[folder] = _scandir(folder)
-        match = _fnmatch(pattern)
+        names = set(fnmatch.filter([e.name for e in entries], pattern))  # one compile
         return [host_path(folder, (e.name,)) for e in entries
-                if match(e.name) and _entry_is_file(e)]
+                if e.name in names and _entry_is_file(e)]
 
     def _folder(self, folder: str) -> _Folder:
         known = self._folders.get(folder)
@@ -336,12 +334,6 @@ def _entry_is_file(entry: os.DirEntry[str]) -> bool:
         return entry.is_file()  # d_type answers for all but links: no stat
     except OSError:
         return False
-
-
-@functools.lru_cache(maxsize=64)
-def _fnmatch(pattern: str) -> Callable[[str], re.Match[str] | None]:
-    """``fnmatch.fnmatchcase(name, pattern)`` as one compiled matcher for many names."""
-    return re.compile(fnmatch.translate(pattern)).match
 
 
 def _parent(host: str) -> str:
