@@ -287,8 +287,8 @@ def _generate(v: dict[str, Any], out: TextIO, warn: Any) -> int:
                            config_search_paths=v["config_search_paths"])
     if not driver.lib_dirs:
         warn(f"no *.so.{node.driver_version} driver libraries found under {roots.driver}")
-    for looped in driver.loops:
-        warn(f"skipped {looped}: too many levels of symbolic links (a link loop)")
+    for skipped in driver.skipped:
+        warn(f"skipped {skipped}")
     inv = collect(roots, node, driver)
     fp = fingerprint(inv, opts)
     if v["if_changed"] and path is not None and _unchanged(path, fp):

@@ -170,7 +170,7 @@ class DriverFiles(NamedTuple):
     firmware: tuple[FileMount, ...]
     configs: tuple[FileMount, ...]
     control_nodes: tuple[DeviceNodeInfo, ...]
-    loops: tuple[str, ...] = ()  # host paths skipped: their symlinks loop
+    skipped: tuple[str, ...] = ()  # "<host path>: why", for what was left out as untrustworthy
 
     def mounts(self) -> tuple[FileMount, ...]:
         return (*self.libraries, *self.binaries, *self.ipc, *self.firmware, *self.configs)
@@ -201,9 +201,9 @@ class _Tree:
         self._prefix = root_prefix(self.root)
         self._folders: dict[str, _Folder] = {"": ([], 0, _folder_state(self.root))}
         self._listings: dict[str, list[os.DirEntry[str]]] = {}
-        # Host paths given up on because their links loop: reported, never fatal (one bad
-        # link must not cost the node its whole spec).
-        self.loops: set[str] = set()
+        # Host paths left out (a link loop, a SONAME naming another folder) and why:
+        # reported, never fatal (one bad file must not cost the node its whole spec).
+        self.skipped: dict[str, str] = {}
 
     def host(self, container: str) -> str:
         """The host path of a resolved container path (absolute, normal)."""
@@ -279,7 +279,8 @@ class _Tree:
         except OSError as exc:
             if exc.errno != errno.ELOOP:
                 raise
-            self.loops.add(exc.filename or self.host("/" + "/".join([*parts, rest])))
+            where = exc.filename or self.host("/" + "/".join([*parts, rest]))
+            self.skipped[where] = "too many levels of symbolic links (a link loop)"
             return None
 
 
@@ -475,7 +476,9 @@ def _library_links(tree: _Tree, files: Sequence[str], folders: Sequence[str],
             soname = read_soname(path)
         except (OSError, ElfError):
             soname = None
-        if soname and soname != name and _is_file_name(soname):
+        if soname and not _is_file_name(soname):
+            tree.skipped[path] = f"its SONAME {soname!r} names another folder; no link made"
+        elif soname and soname != name:
             links.append(_host_link(tree, folder, soname))
         links.append(_host_link(tree, folder, name.split(".so", 1)[0] + ".so"))
     # Links the driver's users expect even where the host lacks them.
@@ -636,7 +639,7 @@ def locate_driver(
         firmware=tuple(_firmware(tree, roots, version)),
         configs=tuple(_configs(tree, config_search_paths)),
         control_nodes=control_nodes(roots),
-        loops=tuple(sorted(tree.loops)),
+        skipped=tuple(f"{path}: {why}" for path, why in sorted(tree.skipped.items())),
     )
 
 
