@@ -6,7 +6,7 @@ each round so that machine noise hits all sides alike:
 
 - floor: ``python -c pass`` (interpreter start-up, site imports);
 - generate: ``python -m cdi.nvidia.cli --mode procfs ...`` (the lean entry point);
-- nri-cdi generate: ``python -m nri_plugin.cli generate --mode procfs ...`` (the command's
+- nri-cdi generate: ``python -m nri_plugin.ops.cli generate --mode procfs ...`` (the command's
   dispatcher, which imports only the ``generate`` module);
 - the installed ``nri-cdi`` console script, when it is on PATH (what an operator runs).
 
@@ -81,7 +81,7 @@ def main() -> None:
             "python -c pass (floor)": [sys.executable, "-c", "pass"],
             "generate (python -m cdi.nvidia.cli)": [sys.executable, "-m", "cdi.nvidia.cli",
                                                     *common],
-            "nri-cdi generate (nri_plugin.cli)": [sys.executable, "-m", "nri_plugin.cli",
+            "nri-cdi generate (nri_plugin.ops.cli)": [sys.executable, "-m", "nri_plugin.ops.cli",
                                                   "generate", *common],
         }
         installed = shutil.which("nri-cdi")

@@ -37,7 +37,7 @@ HOOK_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
 def generate(node: Path, mode: str, klass: str, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "nri_plugin.cli", "generate", "--mode", "procfs",
+    subprocess.run([sys.executable, "-m", "nri_plugin.ops.cli", "generate", "--mode", "procfs",
                     "--driver-root", str(node), "--link-mode", mode, "--class", klass,
                     "--output", str(out / f"{klass}.yaml")], check=True, cwd=REPO,
                    capture_output=True)

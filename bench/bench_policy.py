@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_plugin import gpu_spec
 from cdi.cache import Snapshot, SpecCache
 from nri_plugin.api import nri_pb2
-from nri_plugin.injector import CdiInjector, plan_injection
-from nri_plugin.nodefacts import NodeFacts, load_facts
 from nri_plugin.plugin import Plugin
-from nri_plugin.requests import requested_devices
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, plan_injection
+from nri_plugin.plugins.cdi_injector.requests import requested_devices
 from nri_plugin.stub import Stub
+from nri_plugin.vendors.nvidia.nodefacts import NodeFacts, load_facts
 from tests.nri_runtime_peer import RuntimePeer
 
 LIB = "/usr/lib/x86_64-linux-gnu"

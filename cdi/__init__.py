@@ -1,7 +1,7 @@
 """Container Device Interface (CDI): specs, qualified names, the spec registry and applying
 edits to OCI runtime specs. Vendor-neutral; the NVIDIA generator lives in ``cdi.nvidia``.
 
-Public names are imported on first use, so that ``import cdi.nvidia.elf`` (the generator's
+Public names are imported on first use, so that ``import cdi.linux.elf`` (the generator's
 start-up path) or ``import cdi.parser`` does not pay for the whole library.
 """
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from .errors import AnnotationError, QualifiedNameError
-from .parser import parse_qualified_name
+from cdi.errors import AnnotationError, QualifiedNameError
+from cdi.parser import parse_qualified_name
 
 ANNOTATION_PREFIX = "cdi.k8s.io/"
 MAX_KEY_SUFFIX_LENGTH = 63

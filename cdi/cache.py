@@ -18,14 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from .device import Device
-from .dirs import DEFAULT_SPEC_DIRS, SpecFile, scan
-from .edits import merge
-from .errors import DeviceNodeError, FieldError, SpecError, UnresolvedDevicesError
-from .hostdev import fill_edits
-from .model import ContainerEdits
-from .parser import split_device
-from .spec import MAX_SPEC_BYTES, Spec, parse_spec
+from cdi.device import Device
+from cdi.dirs import DEFAULT_SPEC_DIRS, SpecFile, scan
+from cdi.edits import merge
+from cdi.errors import DeviceNodeError, FieldError, SpecError, UnresolvedDevicesError
+from cdi.hostdev import fill_edits
+from cdi.model import ContainerEdits
+from cdi.parser import split_device
+from cdi.spec import MAX_SPEC_BYTES, Spec, parse_spec
 
 Signature = tuple[int, int, int, int, int, int]  # dev, ino, size, mtime, ctime, priority
 

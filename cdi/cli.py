@@ -1,7 +1,7 @@
 """The CDI subcommands of ``nri-cdi``: ``list``, ``validate``, ``inject``.
 
 Thin: each command parses its arguments, calls the library and prints. The ``nri-cdi``
-entry point (``nri_plugin.cli``) adds these to its parser with ``add_commands``.
+entry point (``nri_plugin.ops.cli``) adds these to its parser with ``add_commands``.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .dirs import DEFAULT_SPEC_DIRS
+from cdi.dirs import DEFAULT_SPEC_DIRS
 
 if TYPE_CHECKING:
-    from .errors import FieldError
+    from cdi.errors import FieldError
 
 # The library modules are imported inside each command, so that building the nri-cdi
 # parser (done for every subcommand, generate and the hooks included) stays cheap.
@@ -83,7 +83,7 @@ def _add_inject(subparsers: Any) -> None:
 
 
 def cmd_list(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    from .cache import SpecCache
+    from cdi.cache import SpecCache
 
     out, err = out or sys.stdout, err or sys.stderr
     snapshot = SpecCache(args.spec_dirs).refresh()
@@ -120,8 +120,8 @@ def cmd_validate(
 
 
 def _file_errors(path: str, *, with_schema: bool) -> list[str]:
-    from .errors import SpecError
-    from .spec import read_spec
+    from cdi.errors import SpecError
+    from cdi.spec import read_spec
 
     lines: list[str] = []
     try:
@@ -136,9 +136,9 @@ def _file_errors(path: str, *, with_schema: bool) -> list[str]:
 
 
 def _schema_errors(path: str) -> list[FieldError]:
-    from .errors import SpecError
-    from .schema import schema_errors  # jsonschema is only needed for --schema
-    from .spec import is_json_path, load_document
+    from cdi.errors import SpecError
+    from cdi.schema import schema_errors  # jsonschema is only needed for --schema
+    from cdi.spec import is_json_path, load_document
 
     try:
         with open(path, "rb") as handle:
@@ -151,9 +151,9 @@ def _schema_errors(path: str) -> list[FieldError]:
 def cmd_inject(
     args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
-    from .cache import SpecCache
-    from .edits import apply
-    from .errors import CDIError
+    from cdi.cache import SpecCache
+    from cdi.edits import apply
+    from cdi.errors import CDIError
 
     out, err = out or sys.stdout, err or sys.stderr
     try:

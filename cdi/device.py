@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .model import ContainerEdits, DeviceData
-from .spec import Spec
+from cdi.model import ContainerEdits, DeviceData
+from cdi.spec import Spec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

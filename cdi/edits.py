@@ -10,10 +10,10 @@ import posixpath
 from collections.abc import Iterable
 from typing import Any
 
-from .errors import EditError
-from .model import ContainerEdits, DeviceNode, Mount
-from .oci import cgroup_rule, device_to_oci, hook_to_oci, intel_rdt_to_oci, mount_to_oci
-from .validate import HOOK_NAMES
+from cdi.errors import EditError
+from cdi.model import ContainerEdits, DeviceNode, Mount
+from cdi.oci import cgroup_rule, device_to_oci, hook_to_oci, intel_rdt_to_oci, mount_to_oci
+from cdi.validate import HOOK_NAMES
 
 
 def merge(parts: Iterable[ContainerEdits]) -> ContainerEdits:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import stat
 
-from .errors import DeviceNodeError
-from .model import ContainerEdits, DeviceNode
+from cdi.errors import DeviceNodeError
+from cdi.model import ContainerEdits, DeviceNode
 
 _HOST_TYPES = {stat.S_IFCHR: "c", stat.S_IFBLK: "b", stat.S_IFIFO: "p"}
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from .errors import FieldError, SpecError
+from cdi.errors import FieldError, SpecError
 
 # Records are ``typing.NamedTuple``s, not frozen dataclasses, on purpose: a frozen slotted
 # dataclass compiles its methods from source when it is defined (about 2 ms a class on a

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import DeviceNode, Hook, IntelRdt, Mount
+from cdi.model import DeviceNode, Hook, IntelRdt, Mount
 
 
 def cgroup_access(node: DeviceNode) -> str:

@@ -7,7 +7,7 @@ import functools
 import re
 from typing import NamedTuple
 
-from .errors import QualifiedNameError
+from cdi.errors import QualifiedNameError
 
 # vendor and class: a letter first, alphanumeric last, [A-Za-z0-9_.-] between.
 _QUALIFIER_RE = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")

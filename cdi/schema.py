@@ -25,7 +25,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, ValidationError, validators
 
-from .errors import FieldError
+from cdi.errors import FieldError
 
 SCHEMA_PATH = Path(__file__).with_name("schema") / "cdi-spec.schema.json"
 

@@ -8,11 +8,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .errors import FieldError, SpecError
-from .model import DeviceData, SpecData, spec_from_dict, to_dict
-from .parser import parse_kind
-from .validate import validate_spec
-from .version import minimum_version
+from cdi.errors import FieldError, SpecError
+from cdi.model import DeviceData, SpecData, spec_from_dict, to_dict
+from cdi.parser import parse_kind
+from cdi.validate import validate_spec
+from cdi.version import minimum_version
 
 # A real spec for 8 GPUs x 7 MIG devices is well under 1 MiB; refuse to slurp anything
 # absurd that happens to sit in a spec directory.

@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from .errors import FieldError, SpecError
-from .model import ContainerEdits, DeviceNode, Hook, IntelRdt, SpecData
-from .parser import device_name_error, kind_error
-from .version import EARLIEST_SUPPORTED, KNOWN_VERSIONS, minimum_requirement, version_key
+from cdi.errors import FieldError, SpecError
+from cdi.model import ContainerEdits, DeviceNode, Hook, IntelRdt, SpecData
+from cdi.parser import device_name_error, kind_error
+from cdi.version import EARLIEST_SUPPORTED, KNOWN_VERSIONS, minimum_requirement, version_key
 
 # OCI hook points; ``prestart`` is deprecated by OCI but still accepted by the reference.
 HOOK_NAMES = (

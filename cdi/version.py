@@ -7,8 +7,8 @@ rejects a spec that declares less than its content needs.
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from .model import ContainerEdits, SpecData
-from .parser import parse_kind
+from cdi.model import ContainerEdits, SpecData
+from cdi.parser import parse_kind
 
 CURRENT_VERSION = "1.1.0"
 # Newest first: the minimum-version walk visits them in this order.

@@ -18,8 +18,8 @@ from collections.abc import Callable, Sequence
 
 from inotify_simple import INotify, flags
 
-from .cache import Snapshot, SpecCache
-from .dirs import is_spec_name
+from cdi.cache import Snapshot, SpecCache
+from cdi.dirs import is_spec_name
 
 log = logging.getLogger(__name__)
 

@@ -56,10 +56,10 @@ def gpu_node(ctrd: Containerd, root: Path) -> None:
     specs.mkdir()
     command = ["nri-cdi", "generate", "--mode", "procfs", "--driver-root", str(node.root),
                "--link-mode", "mounts", "--output", str(specs / "nvidia.yaml")]
-    subprocess.run([sys.executable, "-m", "nri_plugin.cli", *command[1:]], check=True,
+    subprocess.run([sys.executable, "-m", "nri_plugin.ops.cli", *command[1:]], check=True,
                    cwd=REPO)
     show("a simulated node with 2 GPUs: " + " ".join(command).replace(str(root), "$TMP"),
-         subprocess.run([sys.executable, "-m", "nri_plugin.cli", "list", "--spec-dir",
+         subprocess.run([sys.executable, "-m", "nri_plugin.ops.cli", "list", "--spec-dir",
                          str(specs)], capture_output=True, text=True, cwd=REPO).stdout)
     plugin = PluginProcess(ctrd.nri_socket, [specs], root / "gpu-plugin.log").start()
     try:

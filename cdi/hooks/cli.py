@@ -15,9 +15,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
-from .entry import ENTRY_SCRIPT, HOOK_ENV
-from .rootfs import RootFS, RootFSError, read_only_message
-from .state import StateError, read_state
+from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV
+from cdi.hooks.rootfs import RootFS, RootFSError, read_only_message
+from cdi.hooks.state import StateError, read_state
 
 __all__ = ["add_commands", "build_parser", "main"]
 
@@ -101,7 +101,7 @@ def _fail(hook: str, message: str) -> int:
 
 
 def _create_symlinks(root: RootFS, args: argparse.Namespace) -> list[str]:
-    from .symlinks import create_symlinks, parse_link
+    from cdi.hooks.symlinks import create_symlinks, parse_link
 
     links = [parse_link(s) for s in args.link]
     results = create_symlinks(root, links)
@@ -110,14 +110,14 @@ def _create_symlinks(root: RootFS, args: argparse.Namespace) -> list[str]:
 
 
 def _update_ldcache(root: RootFS, args: argparse.Namespace) -> list[str]:
-    from .ldconfig import update_ldcache
+    from cdi.hooks.ldconfig import update_ldcache
 
     result = update_ldcache(root, args.folder)
     return list(result.warnings)
 
 
 def _install_launcher(args: argparse.Namespace) -> int:
-    from .launcher import LauncherError, build_launcher
+    from cdi.hooks.launcher import LauncherError, build_launcher
 
     try:
         path = build_launcher(args.path, python=args.python)

@@ -15,7 +15,7 @@ import re
 import subprocess
 import tempfile
 
-from .entry import ENTRY_SCRIPT, HOOK_ENV, interpreter
+from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV, interpreter
 
 __all__ = ["LauncherError", "build_launcher", "launcher_source"]
 

@@ -7,7 +7,7 @@ image that may be hostile (CVE-2025-23267 was ldconfig following such links).  T
 a small, documented format; writing it from Python executes nothing from the image and
 follows no path but the ones :mod:`cdi.hooks.rootfs` resolved inside the root.
 
-Format facts used here (the reader in :mod:`cdi.nvidia.ldcache` documents them in full):
+Format facts used here (the reader in :mod:`cdi.linux.ldcache` documents them in full):
 only the "new" format is written, which every glibc loader since 2.2 reads; it is
 a 48-byte header, 24-byte entries, then the NUL-terminated strings; string offsets count
 from the header.  The loader finds a name by binary search over entries sorted in
@@ -23,7 +23,7 @@ import os
 import struct
 from collections.abc import Iterable, Sequence
 
-from cdi.nvidia.ldcache import NEW_MAGIC, LdCacheEntry
+from cdi.linux.ldcache import NEW_MAGIC, LdCacheEntry
 
 __all__ = ["encode", "libcmp", "merge", "uses_hwcaps_extension"]
 

@@ -21,7 +21,7 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .rootfs import RootFS, RootFSError, split_container_path
+from cdi.hooks.rootfs import RootFS, RootFSError, split_container_path
 
 __all__ = ["Link", "LinkResult", "create_symlinks", "parse_link"]
 

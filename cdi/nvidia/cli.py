@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..yaml11 import STR, implicit_tag
+from cdi.yaml11 import STR, implicit_tag
 
 __all__ = ["add_commands", "cmd_generate", "main"]
 
@@ -157,7 +157,7 @@ def _from_env(args: argparse.Namespace, environ: Any) -> dict[str, Any]:
 
 
 def _hooks(enabled: Sequence[str] | None, disabled: Sequence[str] | None) -> frozenset[str]:
-    from .generate import DEFAULT_HOOKS, HOOK_NAMES
+    from cdi.nvidia.generate import DEFAULT_HOOKS, HOOK_NAMES
 
     for name in (*(enabled or ()), *(disabled or ())):
         if name != "all" and name not in HOOK_NAMES:
@@ -180,8 +180,8 @@ def _hook_path(value: str | None) -> str:
 
 
 def _options(v: dict[str, Any], mode: str) -> Any:
-    from ..version import parse_version
-    from .generate import STRATEGIES, Options
+    from cdi.nvidia.generate import STRATEGIES, Options
+    from cdi.version import parse_version
 
     strategies = tuple(dict.fromkeys(v["strategies"] or ("index", "uuid")))
     for s in strategies:
@@ -247,9 +247,9 @@ def _cmd_generate(args: argparse.Namespace, out: TextIO | None, err: TextIO | No
     def warn(message: str) -> None:
         print(f"nri-cdi generate: {message}", file=err)
 
-    from ..errors import SpecError
-    from .discover import DiscoveryError
-    from .generate import GenerateError
+    from cdi.errors import SpecError
+    from cdi.nvidia.discover import DiscoveryError
+    from cdi.nvidia.generate import GenerateError
 
     try:
         return _generate(_from_env(args, os.environ if environ is None else environ), out, warn)
@@ -269,9 +269,9 @@ def _cmd_generate(args: argparse.Namespace, out: TextIO | None, err: TextIO | No
 
 
 def _generate(v: dict[str, Any], out: TextIO, warn: Any) -> int:
-    from .discover import MODES, discover
-    from .driver import find_nvml_library, find_version_from_libraries, locate_driver
-    from .generate import build_spec, collect, fingerprint, spec_annotations
+    from cdi.nvidia.discover import MODES, discover
+    from cdi.nvidia.driver import find_nvml_library, find_version_from_libraries, locate_driver
+    from cdi.nvidia.generate import build_spec, collect, fingerprint, spec_annotations
 
     mode = v["mode"] or "auto"
     if mode not in MODES:
@@ -307,7 +307,7 @@ def _generate(v: dict[str, Any], out: TextIO, warn: Any) -> int:
 
 
 def _roots(v: dict[str, Any]) -> Any:
-    from .discover import Roots
+    from cdi.nvidia.discover import Roots
 
     driver = Path(v["driver_root"] or "/")
     dev = Path(v["dev_root"] or driver)
@@ -318,10 +318,10 @@ def _roots(v: dict[str, Any]) -> Any:
 
 
 def _render(spec: Any, json_format: bool, *, mode: str, fp: str, sidecar: Path | None) -> str:
-    from ..model import to_dict
-    from ..spec import dump_spec
-    from ..validate import validate_spec
-    from .generate import GENERATOR_VERSION
+    from cdi.model import to_dict
+    from cdi.nvidia.generate import GENERATOR_VERSION
+    from cdi.spec import dump_spec
+    from cdi.validate import validate_spec
 
     validate_spec(spec)
     if json_format:  # JSON has no comments: the fingerprint is in the sidecar only
@@ -435,8 +435,8 @@ def _sidecar(path: Path) -> Path:
 
 
 def _write(path: Path, text: str, inv: Any, opts: Any, spec: Any, fp: str) -> None:
-    from ..spec import atomic_write
-    from .generate import metadata
+    from cdi.nvidia.generate import metadata
+    from cdi.spec import atomic_write
 
     data = text.encode("utf-8")
     atomic_write(path, data, mode=0o644)
@@ -481,6 +481,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from ..process import finish
+    from cdi.process import finish
 
     finish(main())

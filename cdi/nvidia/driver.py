@@ -28,8 +28,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from .discover import Roots, read_text, under
-from .ldcache import host_path, resolve_from, root_prefix
+from cdi.linux.ldcache import host_path, resolve_from, root_prefix
+from cdi.nvidia.discover import Roots, read_text, under
 
 __all__ = [
     "DeviceNodeInfo",
@@ -405,7 +405,7 @@ def _scan_dirs(tree: _Tree, dirs: Sequence[str]) -> list[str]:
 
 
 def _ldcache_files(tree: _Tree, patterns: Sequence[str]) -> list[str]:
-    from .ldcache import LdCacheError, find_libraries, read_ldcache
+    from cdi.linux.ldcache import LdCacheError, find_libraries, read_ldcache
 
     cache = host_path(tree.root, ("etc", "ld.so.cache"))
     try:
@@ -467,7 +467,7 @@ def _driver_libraries(tree: _Tree, version: str,
 
 def _library_links(tree: _Tree, files: Sequence[str], folders: Sequence[str],
                    version: str) -> list[Link]:
-    from .elf import ElfError, read_soname
+    from cdi.linux.elf import ElfError, read_soname
 
     links: list[Link | None] = []  # each ends at a library
     for path in files:

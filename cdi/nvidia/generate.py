@@ -33,11 +33,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from ..hooks import entry as hook_entry
-from ..model import ContainerEdits, DeviceData, DeviceNode, Hook, Mount, SpecData
-from ..version import minimum_requirement, version_key
-from .discover import Gpu, MigDevice, NodeInfo, Roots
-from .driver import (
+from cdi.hooks import entry as hook_entry
+from cdi.model import ContainerEdits, DeviceData, DeviceNode, Hook, Mount, SpecData
+from cdi.nvidia.discover import Gpu, MigDevice, NodeInfo, Roots
+from cdi.nvidia.driver import (
     DeviceNodeInfo,
     DeviceNodes,
     DriverFiles,
@@ -50,6 +49,7 @@ from .driver import (
     read_mig_minors,
     stat_device_node,
 )
+from cdi.version import minimum_requirement, version_key
 
 __all__ = [
     "GENERATOR_VERSION",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_plugin.cli import main
+from nri_plugin.ops.cli import main
 from tests.helpers import simple_spec, write_specs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -18,7 +18,7 @@ EXAMPLES = REPO / "specs" / "examples"
 
 def run_cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "nri_plugin.cli", *args],
+        [sys.executable, "-m", "nri_plugin.ops.cli", *args],
         input=stdin,
         capture_output=True,
         text=True,

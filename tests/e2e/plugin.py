@@ -25,7 +25,7 @@ class PluginProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
-        args = [sys.executable, "-m", "nri_plugin.cli", "plugin", "--socket", self.nri_socket,
+        args = [sys.executable, "-m", "nri_plugin.ops.cli", "plugin", "--socket", self.nri_socket,
                 "--rescan-interval", "3600", *self.extra_args]
         if "--config" not in self.extra_args:
             args += ["--log-level", "debug"]
@@ -79,7 +79,7 @@ def launcher_script(path: Path, spec_dirs: Sequence[Path], log_path: Path) -> Pa
     dirs = " ".join(f"--spec-dir {d}" for d in spec_dirs)
     path.write_text(
         "#!/bin/sh\n"
-        f"PYTHONPATH={REPO} exec {sys.executable} -m nri_plugin.cli plugin {dirs} "
+        f"PYTHONPATH={REPO} exec {sys.executable} -m nri_plugin.ops.cli plugin {dirs} "
         f"--log-level debug 2>>{log_path}\n")
     path.chmod(0o755)
     return path

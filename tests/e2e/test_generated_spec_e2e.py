@@ -52,7 +52,7 @@ def world(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     for mode in ("hooks", "mounts"):
         (out / mode).mkdir()
         subprocess.run(
-            [sys.executable, "-m", "nri_plugin.cli", "generate", "--mode", "procfs",
+            [sys.executable, "-m", "nri_plugin.ops.cli", "generate", "--mode", "procfs",
              "--driver-root", str(node.driver_root), "--link-mode", mode,
              "--output", str(out / mode / "nvidia.yaml")],
             check=True, cwd=REPO, capture_output=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_plugin.units import render_launcher
+from nri_plugin.ops.units import render_launcher
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.images import BUSYBOX_IMAGE
 from tests.e2e.plugin import REPO
@@ -58,8 +58,8 @@ HARNESS = """\
 import asyncio, logging, sys
 from cdi.cache import SpecCache
 from cdi.watch import AutoRefresh
-from nri_plugin.metered import MeteredInjector
-from nri_plugin.metrics import Metrics
+from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
+from nri_plugin.ops.metrics import Metrics
 from nri_plugin.stub import Stub
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 metrics = Metrics()

@@ -300,7 +300,7 @@ def test_policy_file_with_errors_stops_the_plugin(ctrd: Containerd, gpu_node: Pa
                    "failClosed: {action: shoot}\n")
     log = gpu_node / "badpolicy.log"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "nri_plugin.cli", "plugin", "--socket",
+    result = subprocess.run([sys.executable, "-m", "nri_plugin.ops.cli", "plugin", "--socket",
                              ctrd.nri_socket, "--policy", str(bad)], env=env, cwd=REPO,
                             capture_output=True, text=True, timeout=30)
     log.write_text(result.stderr)

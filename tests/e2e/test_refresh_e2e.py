@@ -56,7 +56,7 @@ class Watch:
         self.log_path = log_path
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "nri_plugin.cli", "watch", "--config", str(config)],
+                [sys.executable, "-m", "nri_plugin.ops.cli", "watch", "--config", str(config)],
                 stdout=log, stderr=log, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
 
     def log(self) -> str:

@@ -15,10 +15,9 @@ from cdi.hooks import entry
 from cdi.hooks.launcher import LauncherError, build_launcher, launcher_source
 from cdi.hooks.ldcache_writer import encode, libcmp, merge
 from cdi.hooks.libpath import EXTRA_ENV, merge_library_path
-from cdi.nvidia.ldcache import LdCacheEntry, parse_ldcache, read_ldcache
-
-from .conftest import NIX_GLIBC, Artifacts, host_loader, make_bundle
-from .test_symlinks import run_hook
+from cdi.linux.ldcache import LdCacheEntry, parse_ldcache, read_ldcache
+from tests.hooks.conftest import NIX_GLIBC, Artifacts, host_loader, make_bundle
+from tests.hooks.test_symlinks import run_hook
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/lib64/ld-linux-x86-64.so.2"),
                                 reason="needs an x86_64 glibc host")

@@ -19,8 +19,7 @@ import pytest
 from cdi.hooks.ldconfig import update_ldcache
 from cdi.hooks.rootfs import RootFS, RootFSError, split_container_path
 from cdi.hooks.symlinks import Link, create_symlinks
-
-from .conftest import tree_digest
+from tests.hooks.conftest import tree_digest
 
 HOST_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf")
 

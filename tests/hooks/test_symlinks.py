@@ -15,8 +15,7 @@ from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV
 from cdi.hooks.rootfs import RootFS, RootFSError
 from cdi.hooks.state import StateError, parse_state, read_state
 from cdi.hooks.symlinks import Link, create_symlinks, parse_link
-
-from .conftest import make_bundle, tree_digest
+from tests.hooks.conftest import make_bundle, tree_digest
 
 
 def run_hook(state: bytes, *args: str) -> subprocess.CompletedProcess[str]:

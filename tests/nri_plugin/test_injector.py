@@ -11,11 +11,11 @@ import pytest
 from cdi.cache import Snapshot, SpecCache
 from cdi.errors import AnnotationError
 from cdi.model import ContainerEdits, IntelRdt, NetDevice
-from nri_plugin.adjust import UnsupportedEditsError, to_adjustment
 from nri_plugin.api import nri_pb2
 from nri_plugin.dispatch import dispatch
-from nri_plugin.injector import CdiInjector, InjectionError, plan_injection
-from nri_plugin.requests import DeviceRequest, requested_devices
+from nri_plugin.plugins.cdi_injector.adjust import UnsupportedEditsError, to_adjustment
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, InjectionError, plan_injection
+from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, requested_devices
 from nri_plugin.runtime import RuntimeInfo
 from nri_plugin.stub import Stub
 from tests.helpers import write_specs

@@ -24,9 +24,9 @@ import pytest
 
 from cdi.cache import SpecCache
 from nri_plugin.api import nri_pb2
-from nri_plugin.daemon import _deferred_queue_handler
 from nri_plugin.dispatch import RpcError, dispatch
-from nri_plugin.injector import CdiInjector
+from nri_plugin.ops.daemon import _deferred_queue_handler
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from tests.helpers import make_char_device, write_specs
 
 FORBIDDEN = ("open", "os.scandir", "os.listdir", "socket.__new__", "subprocess.Popen",

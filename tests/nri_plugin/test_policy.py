@@ -11,14 +11,15 @@ import pytest
 from cdi.cache import Snapshot
 from cdi.model import ContainerEdits, Mount
 from nri_plugin.api import nri_pb2
-from nri_plugin.capabilities import (
+from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied, PolicyError, parse_policy
+from nri_plugin.plugins.cdi_injector.sources import is_privileged
+from nri_plugin.vendors.nvidia.capabilities import (
     CapabilityError,
     filter_edits,
     requested_capabilities,
 )
-from nri_plugin.nodefacts import NodeFacts, parse_sidecar
-from nri_plugin.policy import Policy, PolicyDenied, PolicyError, parse_policy
-from nri_plugin.requirements import (
+from nri_plugin.vendors.nvidia.nodefacts import NodeFacts, parse_sidecar
+from nri_plugin.vendors.nvidia.requirements import (
     GpuInfo,
     NodeVersions,
     RequirementError,
@@ -26,8 +27,7 @@ from nri_plugin.requirements import (
     parse_requirement,
     requirements_from_env,
 )
-from nri_plugin.sources import is_privileged
-from nri_plugin.visible_devices import VisibleDevicesError, visible_device_names
+from nri_plugin.vendors.nvidia.visible_devices import VisibleDevicesError, visible_device_names
 
 NODE = NodeVersions(driver="550.54.15", cuda="12.4")
 A100 = GpuInfo(name="nvidia.com/gpu=0", arch="8.0", brand="tesla")

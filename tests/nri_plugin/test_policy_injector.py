@@ -14,11 +14,11 @@ import pytest
 from cdi.cache import Snapshot, SpecCache
 from nri_plugin.api import nri_pb2
 from nri_plugin.dispatch import RpcError
-from nri_plugin.failclosed import act, find_unserved
-from nri_plugin.injector import CdiInjector
-from nri_plugin.nodefacts import NodeFacts, load_facts
-from nri_plugin.policy import Policy, PolicyDenied, parse_policy
-from nri_plugin.requirements import RequirementError
+from nri_plugin.plugins.cdi_injector.failclosed import act, find_unserved
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied, parse_policy
+from nri_plugin.vendors.nvidia.nodefacts import NodeFacts, load_facts
+from nri_plugin.vendors.nvidia.requirements import RequirementError
 from tests.helpers import write_specs
 
 SPEC = """\

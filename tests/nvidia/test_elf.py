@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cdi.nvidia import elf
-from cdi.nvidia.elf import ElfError
+from cdi.linux import elf
+from cdi.linux.elf import ElfError
 
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not found")
 
@@ -199,7 +199,7 @@ def test_real_system_library() -> None:
 
 def test_import_is_cheap() -> None:
     """The module must not pull in pyelftools (or anything heavy) at import."""
-    code = "import sys, cdi.nvidia.elf; print(sorted(m for m in sys.modules if 'elftools' in m))"
+    code = "import sys, cdi.linux.elf; print(sorted(m for m in sys.modules if 'elftools' in m))"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -162,7 +162,7 @@ def test_no_driver_says_what_was_looked_for(tmp_path: Path) -> None:
 
 
 def test_wired_into_nri_cdi() -> None:
-    from nri_plugin.cli import build_parser
+    from nri_plugin.ops.cli import build_parser
 
     args = build_parser().parse_args(["generate", "--mode", "procfs"])
     assert args.func is cli.cmd_generate

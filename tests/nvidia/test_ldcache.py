@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdi.nvidia import ldcache
-from cdi.nvidia.ldcache import LdCacheError
+from cdi.linux import ldcache
+from cdi.linux.ldcache import LdCacheError
 
 LDCONFIG = next(
     (

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cdi.nvidia import elf, ldcache
+from cdi.linux import elf, ldcache
 from cdi.nvidia.simnode import (
     BuiltNode,
     GpuSpec,

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from nri_plugin.doctor import ContainerdConfig, check_nri_enabled
-from nri_plugin.settings import parse_settings
+from nri_plugin.ops.doctor import ContainerdConfig, check_nri_enabled
+from nri_plugin.ops.settings import parse_settings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from cdi.nvidia.simnode import BuiltNode, NodeLayout, build_node
-from nri_plugin.doctor import Check, run_checks
-from nri_plugin.metrics import Metrics
-from nri_plugin.refresh import Watcher
-from nri_plugin.settings import Settings, defaults
+from nri_plugin.ops.doctor import Check, run_checks
+from nri_plugin.ops.metrics import Metrics
+from nri_plugin.ops.refresh import Watcher
+from nri_plugin.ops.settings import Settings, defaults
 from tests.ops.simchange import upgrade_driver
 
 pytestmark = [
@@ -150,7 +150,7 @@ def test_native_cdi_on_the_same_folders_warns(healthy: Node) -> None:
 def test_doctor_command_exit_status(healthy: Node, capsys: pytest.CaptureFixture[str]) -> None:
     import yaml
 
-    from nri_plugin.cli import main
+    from nri_plugin.ops.cli import main
 
     config = healthy.root / "nri-cdi.yaml"
     config.write_text(yaml.safe_dump(healthy.settings.as_dict()))

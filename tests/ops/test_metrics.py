@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from nri_plugin.logformat import JsonFormatter, log_formatter
-from nri_plugin.metrics import Metrics, parse_address
+from nri_plugin.ops.logformat import JsonFormatter, log_formatter
+from nri_plugin.ops.metrics import Metrics, parse_address
 
 
 def _get(url: str) -> tuple[int, str]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from nri_plugin.refresh import NodeState, Outcome, Watcher, generator_args
-from nri_plugin.settings import defaults
+from nri_plugin.ops.refresh import NodeState, Outcome, Watcher, generator_args
+from nri_plugin.ops.settings import defaults
 
 A = NodeState(driver=("580",), mig=(), devices=("195 nvidia",))
 B = NodeState(driver=("590",), mig=(), devices=("195 nvidia",))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from nri_plugin.cli import main
-from nri_plugin.settings import (
+from nri_plugin.ops.cli import main
+from nri_plugin.ops.settings import (
     DEFAULT_CONFIG_PATH,
     SCHEMA,
     SettingsError,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nri_plugin.cli import main
-from nri_plugin.units import ENABLE, install_units, render_launcher, render_units
+from nri_plugin.ops.cli import main
+from nri_plugin.ops.units import ENABLE, install_units, render_launcher, render_units
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -116,7 +116,7 @@ def test_install_units_command_no_enable(tmp_path: Path) -> None:
 def test_launcher_names_everything_absolutely(tmp_path: Path) -> None:
     text = render_launcher(python="/usr/bin/python3", log_file="/var/log/nri-cdi.log")
     assert text.startswith("#!/bin/sh\n")
-    assert "exec /usr/bin/python3 -m nri_plugin.cli plugin --config /etc/nri-cdi/config.yaml" \
+    assert "exec /usr/bin/python3 -m nri_plugin.ops.cli plugin --config /etc/nri-cdi/config.yaml" \
         in text
     assert ">>/var/log/nri-cdi.log 2>&1" in text
     rc = main(["install-launcher", "--plugin-dir", str(tmp_path), "--index", "07"])

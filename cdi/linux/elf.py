@@ -27,7 +27,7 @@ import struct
 from collections.abc import Callable
 from typing import NamedTuple
 
-from ._errors import BinaryFormatError
+from cdi.linux._errors import BinaryFormatError
 
 __all__ = ["DynamicInfo", "ElfError", "parse_dynamic", "read_dynamic", "read_soname"]
 

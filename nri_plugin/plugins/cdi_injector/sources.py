@@ -14,13 +14,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cdi.cache import Snapshot
-
-from .api import nri_pb2
-from .nodefacts import NodeFacts
-from .policy import Policy
-from .requests import DeviceRequest, container_requests, pod_requests, unique_requests
-from .visible_devices import ENV as VISIBLE_ENV
-from .visible_devices import visible_device_names
+from nri_plugin.api import nri_pb2
+from nri_plugin.plugins.cdi_injector.policy import Policy
+from nri_plugin.plugins.cdi_injector.requests import (
+    DeviceRequest,
+    container_requests,
+    pod_requests,
+    unique_requests,
+)
+from nri_plugin.vendors.nvidia.nodefacts import NodeFacts
+from nri_plugin.vendors.nvidia.visible_devices import ENV as VISIBLE_ENV
+from nri_plugin.vendors.nvidia.visible_devices import visible_device_names
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
-from ._errors import BinaryFormatError
+from cdi.linux._errors import BinaryFormatError
 
 if TYPE_CHECKING:  # pathlib costs the OCI hooks, which only parse, milliseconds at start-up
     from pathlib import Path

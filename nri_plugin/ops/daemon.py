@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import asyncio
     import logging.handlers
 
-    from .stub import Stub
+    from nri_plugin.stub import Stub
 
 # asyncio, the stub and the registry are imported when the daemon starts, not when the
 # nri-cdi command builds its parser: other subcommands (generate, hooks) start faster.
@@ -31,7 +31,7 @@ log = logging.getLogger("nri_cdi")
 
 
 def add_command(subparsers: Any) -> None:
-    from .settings import add_config_argument
+    from nri_plugin.ops.settings import add_config_argument
 
     parser = subparsers.add_parser("plugin", help="run the NRI plugin that injects CDI devices")
     add_config_argument(parser)
@@ -62,7 +62,7 @@ def add_command(subparsers: Any) -> None:
 def cmd_plugin(args: argparse.Namespace) -> int:
     import asyncio
 
-    from .settings import SettingsError, settings_from_args
+    from nri_plugin.ops.settings import SettingsError, settings_from_args
 
     try:
         settings = settings_from_args(args)
@@ -84,7 +84,7 @@ def _setup_logging(level: str, kind: str = "text") -> logging.handlers.QueueList
     import logging.handlers
     import queue
 
-    from .logformat import log_formatter
+    from nri_plugin.ops.logformat import log_formatter
 
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     handler = logging.StreamHandler(sys.stderr)
@@ -126,7 +126,12 @@ def _identity(args: argparse.Namespace, settings: Any) -> tuple[str | None, str 
 def _load_policy(path: str | None, settings: Any) -> Any:
     """The policy from ``path``, else the config file's ``policy`` section, else the
     built-in defaults; None after logging every problem."""
-    from .policy import Policy, PolicyError, load_policy, parse_policy
+    from nri_plugin.plugins.cdi_injector.policy import (
+        Policy,
+        PolicyError,
+        load_policy,
+        parse_policy,
+    )
 
     if path is None and not settings.policy:
         return Policy()
@@ -151,11 +156,10 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
 
     from cdi.cache import SpecCache
     from cdi.watch import AutoRefresh
-
-    from .failclosed import act
-    from .injector import CdiInjector
-    from .nodefacts import FactsHolder
-    from .stub import Stub
+    from nri_plugin.plugins.cdi_injector.failclosed import act
+    from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+    from nri_plugin.stub import Stub
+    from nri_plugin.vendors.nvidia.nodefacts import FactsHolder
 
     plugin_settings = settings["plugin"]
     metrics, server = _start_metrics(settings["metrics"]["address"])
@@ -174,7 +178,7 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
     if metrics is None:
         plugin = CdiInjector(lambda: cache.snapshot, facts=facts.get, policy=policy)
     else:
-        from .metered import MeteredInjector
+        from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
 
         plugin = MeteredInjector(lambda: cache.snapshot, metrics, facts=facts.get,
                                  policy=policy)
@@ -218,7 +222,7 @@ def _start_metrics(address: str) -> tuple[Any, Any]:
     """Metrics and their HTTP server when an address is configured (off by default)."""
     if not address:
         return None, None
-    from .metrics import Metrics, parse_address
+    from nri_plugin.ops.metrics import Metrics, parse_address
 
     metrics = Metrics()
     server = metrics.serve(address)

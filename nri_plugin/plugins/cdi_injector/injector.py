@@ -22,21 +22,30 @@ from cdi.device import Device
 from cdi.edits import merge
 from cdi.errors import AnnotationError, UnresolvedDevicesError
 from cdi.model import ContainerEdits
-
-from .adjust import to_adjustment, unsupported_edits
-from .api import nri_pb2
-from .capabilities import CapabilityError, filter_edits, requested_capabilities
-from .dispatch import RpcError
-from .failclosed import Unserved, find_unserved
-from .nodefacts import NodeFacts, SpecFacts
-from .plugin import Plugin
-from .policy import Policy, PolicyDenied
-from .requests import DeviceRequest
-from .requirements import GpuInfo, RequirementError, check, env_map, requirements_from_env
-from .runtime import RuntimeInfo
-from .sources import gather, is_legacy_image, is_privileged
-from .visible_devices import VisibleDevicesError
-from .wire import Code
+from nri_plugin.api import nri_pb2
+from nri_plugin.dispatch import RpcError
+from nri_plugin.plugin import Plugin
+from nri_plugin.plugins.cdi_injector.adjust import to_adjustment, unsupported_edits
+from nri_plugin.plugins.cdi_injector.failclosed import Unserved, find_unserved
+from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
+from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+from nri_plugin.plugins.cdi_injector.sources import gather, is_legacy_image, is_privileged
+from nri_plugin.runtime import RuntimeInfo
+from nri_plugin.vendors.nvidia.capabilities import (
+    CapabilityError,
+    filter_edits,
+    requested_capabilities,
+)
+from nri_plugin.vendors.nvidia.nodefacts import NodeFacts, SpecFacts
+from nri_plugin.vendors.nvidia.requirements import (
+    GpuInfo,
+    RequirementError,
+    check,
+    env_map,
+    requirements_from_env,
+)
+from nri_plugin.vendors.nvidia.visible_devices import VisibleDevicesError
+from nri_plugin.wire import Code
 
 log = logging.getLogger("nri_cdi.injector")
 

@@ -20,14 +20,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("cdi.cli", "add_commands"),
     "inject": ("cdi.cli", "add_commands"),
     "generate": ("cdi.nvidia.cli", "add_commands"),
-    "plugin": ("nri_plugin.daemon", "add_command"),
+    "plugin": ("nri_plugin.ops.daemon", "add_command"),
     "hook": ("cdi.hooks.cli", "add_commands"),
-    "watch": ("nri_plugin.refresh", "add_commands"),
-    "refresh": ("nri_plugin.refresh", "add_commands"),
-    "config": ("nri_plugin.settings", "add_commands"),
-    "install-units": ("nri_plugin.units", "add_commands"),
-    "install-launcher": ("nri_plugin.units", "add_commands"),
-    "doctor": ("nri_plugin.doctor", "add_commands"),
+    "watch": ("nri_plugin.ops.refresh", "add_commands"),
+    "refresh": ("nri_plugin.ops.refresh", "add_commands"),
+    "config": ("nri_plugin.ops.settings", "add_commands"),
+    "install-units": ("nri_plugin.ops.units", "add_commands"),
+    "install-launcher": ("nri_plugin.ops.units", "add_commands"),
+    "doctor": ("nri_plugin.ops.doctor", "add_commands"),
 }
 
 

@@ -179,7 +179,7 @@ def render_launcher(*, python: str = sys.executable, config: str | None = DEFAUL
     ]
     if pythonpath:
         lines += [f"PYTHONPATH={shlex.quote(pythonpath)}", "export PYTHONPATH"]
-    lines.append(f"exec {shlex.quote(python)} -m nri_plugin.cli plugin {args} "
+    lines.append(f"exec {shlex.quote(python)} -m nri_plugin.ops.cli plugin {args} "
                  f">>{shlex.quote(log_file)} 2>&1")
     return "\n".join(lines) + "\n"
 

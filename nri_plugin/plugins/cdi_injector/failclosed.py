@@ -27,13 +27,12 @@ from dataclasses import dataclass
 from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
 from cdi.errors import AnnotationError
-
-from .api import nri_pb2
-from .nodefacts import NodeFacts
-from .policy import Policy
-from .requirements import env_map
-from .sources import gather, is_privileged
-from .visible_devices import VisibleDevicesError
+from nri_plugin.api import nri_pb2
+from nri_plugin.plugins.cdi_injector.policy import Policy
+from nri_plugin.plugins.cdi_injector.sources import gather, is_privileged
+from nri_plugin.vendors.nvidia.nodefacts import NodeFacts
+from nri_plugin.vendors.nvidia.requirements import env_map
+from nri_plugin.vendors.nvidia.visible_devices import VisibleDevicesError
 
 log = logging.getLogger("nri_cdi.failclosed")
 # Created (not started: the init process waits) and running containers can be used.

@@ -13,9 +13,8 @@ from typing import Any
 from cdi.edits import apply
 from cdi.hooks.libpath import EXTRA_ENV, LIBRARY_PATH_ENV, merge_library_path
 from cdi.model import ContainerEdits
-
-from .api import nri_pb2
-from .runtime import RuntimeInfo
+from nri_plugin.api import nri_pb2
+from nri_plugin.runtime import RuntimeInfo
 
 _HOOK_FIELDS = {"prestart": "prestart", "createRuntime": "create_runtime",
                 "createContainer": "create_container", "startContainer": "start_container",

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .settings import Settings, SettingsError, add_config_argument, settings_from_args
+from nri_plugin.ops.settings import Settings, SettingsError, add_config_argument, settings_from_args
 
 NRI_SECTION = "io.containerd.nri.v1.nri"
 CRI_V2_SECTION = "io.containerd.grpc.v1.cri"  # containerd 1.7 (config version 2)
@@ -290,7 +290,7 @@ def check_fingerprint(settings: Settings,
 
 
 def _stale_detail(settings: Settings, meta: Mapping[str, Any]) -> str:
-    from .refresh import node_paths
+    from nri_plugin.ops.refresh import node_paths
 
     spec_version = meta.get("driver", {}).get("version")
     try:
@@ -307,7 +307,7 @@ def _stale_detail(settings: Settings, meta: Mapping[str, Any]) -> str:
 
 def current_fingerprint(settings: Settings) -> tuple[str | None, str]:
     """(fingerprint, error) of what the generator would write now (stdout, nothing saved)."""
-    from .refresh import _run_child, generator_args
+    from nri_plugin.ops.refresh import _run_child, generator_args
 
     args = generator_args(settings)
     out = args.index("--output")

@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from cdi.cache import Snapshot
-
-from .nodefacts import DeviceFacts, NodeFacts
+from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts
 
 ENV = "NVIDIA_VISIBLE_DEVICES"
 GPU_KIND = "nvidia.com/gpu"

@@ -14,11 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from cdi.cache import Snapshot
-
-from .api import nri_pb2
-from .dispatch import RpcError
-from .injector import CdiInjector
-from .metrics import Metrics
+from nri_plugin.api import nri_pb2
+from nri_plugin.dispatch import RpcError
+from nri_plugin.ops.metrics import Metrics
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 
 
 class MeteredInjector(CdiInjector):

@@ -18,8 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from cdi.cache import Snapshot
-
-from .requirements import GpuInfo, NodeVersions
+from nri_plugin.vendors.nvidia.requirements import GpuInfo, NodeVersions
 
 log = logging.getLogger("nri_cdi.facts")
 SIDECAR_SUFFIX = ".meta"  # as written by ``nri-cdi generate``

@@ -1,0 +1,1 @@
+"""nri_plugin.vendors."""
