@@ -28,6 +28,7 @@ from cdi.cache import Snapshot, SpecCache
 from nri_plugin.api import nri_pb2
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.runtime import RuntimeInfo
 from nri_plugin.stub import Stub
 from tests.nri_runtime_peer import RuntimePeer
@@ -87,7 +88,7 @@ async def round_trips(
     snapshot: Snapshot, rounds: int, *, plan_cache: bool
 ) -> tuple[list[float], list[float]]:
     ours, theirs = socket.socketpair()
-    injector = CdiInjector(lambda: snapshot)
+    injector = CdiInjector(lambda: Registry(snapshot))
     if not plan_cache:
         injector.PLAN_CACHE_SIZE = 0  # every request computes its plan afresh
     stub = Stub(injector, sock=ours, name="bench", idx="10", env={})

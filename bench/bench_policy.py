@@ -25,7 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -35,9 +35,15 @@ from cdi.cache import Snapshot, SpecCache
 from nri_plugin.api import nri_pb2
 from nri_plugin.plugin import Plugin
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, plan_injection
-from nri_plugin.plugins.cdi_injector.requests import requested_devices
+from nri_plugin.plugins.cdi_injector.requests import (
+    container_requests,
+    pod_requests,
+    unique_requests,
+)
+from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.stub import Stub
 from nri_plugin.vendors.nvidia.nodefacts import NodeFacts, load_facts
+from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.nri_runtime_peer import RuntimePeer
 
 LIB = "/usr/lib/x86_64-linux-gnu"
@@ -61,6 +67,10 @@ def percentiles(samples: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
+def requested_devices(pod: Mapping[str, str], name: str, ctr: Mapping[str, str]) -> list:
+    return unique_requests(pod_requests(pod, name) + container_requests(ctr))
+
+
 def timed(fn: Callable[[], object], rounds: int) -> tuple[float, float]:
     samples = []
     for _ in range(rounds):
@@ -79,8 +89,8 @@ def bench_adjustment(snapshot: Snapshot, facts: NodeFacts, rounds: int) -> None:
     ctr.linux.resources.devices.add(allow=False, access="rwm")
     results = {}
     for cached in (True, False):
-        on = CdiInjector(lambda: snapshot, facts=lambda: facts)
-        off = CdiInjector(lambda: snapshot)
+        on = CdiInjector(lambda: Registry(snapshot, (facts,)), vendors=[NvidiaRules()])
+        off = CdiInjector(lambda: Registry(snapshot))
         for plugin in (on, off):
             plugin.configure("", "containerd", "1.7.24")
             if not cached:
@@ -165,7 +175,7 @@ def bench_sync(snapshot: Snapshot, facts: NodeFacts, repeats: int) -> None:
     found: list[int] = []
     ours, base = [], []
     for _ in range(repeats):
-        plugin = CdiInjector(lambda: snapshot, facts=lambda: facts)
+        plugin = CdiInjector(lambda: Registry(snapshot, (facts,)), vendors=[NvidiaRules()])
         plugin.on_unserved = lambda unserved: found.append(len(unserved))
         ours.append(asyncio.run(sync_reply_ms(plugin, requests)))
         base.append(asyncio.run(sync_reply_ms(NoCheck(), requests)))

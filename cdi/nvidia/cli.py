@@ -439,12 +439,14 @@ def _write(path: Path, text: str, inv: Any, opts: Any, spec: Any, fp: str) -> No
     from cdi.spec import atomic_write
 
     data = text.encode("utf-8")
-    atomic_write(path, data, mode=0o644)
-    # After the spec: a sidecar from a previous run then still names the old spec's hash,
-    # so --if-changed regenerates instead of trusting it.
     meta = metadata(inv, opts, spec, fp=fp, spec_file=path.name,
                     spec_sha256=hashlib.sha256(data).hexdigest())
+    # The sidecar first: the spec's own change then wakes the plugin with the matching
+    # sidecar already there (it keeps the old spec's facts until then). A run stopped in
+    # between leaves a sidecar naming a spec hash that is not on disk, so --if-changed
+    # regenerates instead of trusting it.
     atomic_write(_sidecar(path), _json_lines(meta).encode(), mode=0o644)
+    atomic_write(path, data, mode=0o644)
 
 
 def _json_lines(document: dict[str, Any]) -> str:

@@ -158,30 +158,33 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
     from cdi.watch import AutoRefresh
     from nri_plugin.plugins.cdi_injector.failclosed import act
     from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+    from nri_plugin.plugins.cdi_injector.vendor import RegistryHolder
     from nri_plugin.stub import Stub
-    from nri_plugin.vendors.nvidia.nodefacts import FactsHolder
+    from nri_plugin.vendors.nvidia.rules import NvidiaRules
 
     plugin_settings = settings["plugin"]
     metrics, server = _start_metrics(settings["metrics"]["address"])
     cache = SpecCache(plugin_settings["spec_dirs"])
-    facts = FactsHolder(lambda: cache.snapshot)
+    # The registry the injector reads: each new snapshot with the NVIDIA facts (sidecars)
+    # loaded for it, swapped in together by the refresher thread.
+    registry = RegistryHolder([NvidiaRules()])
 
     def refreshed(snapshot: Any) -> None:
+        registry.update(snapshot)
         _log_refresh(snapshot)
-        facts.reload(snapshot)  # sidecar metadata, loaded next to the specs
         if metrics is not None:
             metrics.registry(snapshot)
 
     refresher = AutoRefresh(cache, rescan_interval=plugin_settings["rescan_interval"],
                             on_refresh=refreshed).start()
     loop = asyncio.get_running_loop()
+    options: dict[str, Any] = {"vendors": registry.vendors, "policy": policy}
     if metrics is None:
-        plugin = CdiInjector(lambda: cache.snapshot, facts=facts.get, policy=policy)
+        plugin = CdiInjector(registry.get, **options)
     else:
         from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
 
-        plugin = MeteredInjector(lambda: cache.snapshot, metrics, facts=facts.get,
-                                 policy=policy)
+        plugin = MeteredInjector(registry.get, metrics, **options)
     name, idx = _identity(args, settings)
     stub = Stub(plugin, name=name, idx=idx, socket_path=plugin_settings["socket"],
                 on_close=None if metrics is None else lambda s, e: metrics.disconnected())

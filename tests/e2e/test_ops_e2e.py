@@ -59,6 +59,7 @@ import asyncio, logging, sys
 from cdi.cache import SpecCache
 from cdi.watch import AutoRefresh
 from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
+from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.ops.metrics import Metrics
 from nri_plugin.stub import Stub
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
@@ -67,7 +68,7 @@ server = metrics.serve("127.0.0.1:0")
 print("PORT", server.port, file=sys.stderr, flush=True)
 cache = SpecCache([sys.argv[2]])
 AutoRefresh(cache, rescan_interval=3600, on_refresh=metrics.registry).start()
-plugin = MeteredInjector(lambda: cache.snapshot, metrics)
+plugin = MeteredInjector(lambda: Registry(cache.snapshot), metrics)
 stub = Stub(plugin, name="nri-cdi", idx="10", socket_path=sys.argv[1],
             on_close=lambda stub, error: metrics.disconnected())
 asyncio.run(stub.run())

@@ -9,13 +9,19 @@ from pathlib import Path
 import pytest
 
 from cdi.cache import Snapshot, SpecCache
-from cdi.errors import AnnotationError
 from cdi.model import ContainerEdits, IntelRdt, NetDevice
 from nri_plugin.api import nri_pb2
 from nri_plugin.dispatch import dispatch
 from nri_plugin.plugins.cdi_injector.adjust import UnsupportedEditsError, to_adjustment
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, InjectionError, plan_injection
-from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, requested_devices
+from nri_plugin.plugins.cdi_injector.requests import (
+    DeviceRequest,
+    RequestError,
+    container_requests,
+    pod_requests,
+    unique_requests,
+)
+from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.runtime import RuntimeInfo
 from nri_plugin.stub import Stub
 from tests.helpers import write_specs
@@ -69,6 +75,11 @@ def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Snapshot:
     return snap
 
 
+def requested_devices(pod: dict[str, str], name: str,
+                      ctr: dict[str, str]) -> list[DeviceRequest]:
+    return unique_requests(pod_requests(pod, name) + container_requests(ctr))
+
+
 def names(requests: list[DeviceRequest]) -> list[str]:
     return [r.name for r in requests]
 
@@ -92,8 +103,10 @@ def test_requests_from_pod_container_key_and_container_annotations() -> None:
     ({"cdi.k8s.io/-bad-": "a.com/b=c"}, {}, "pod annotation 'cdi.k8s.io/-bad-': invalid key"),
 ])
 def test_malformed_annotations_name_the_annotation(pod: dict, ctr: dict, message: str) -> None:
-    with pytest.raises(AnnotationError, match=message):
+    with pytest.raises(RequestError, match=message) as info:
         requested_devices(pod, "c", ctr)
+    assert info.value.reason.annotation == next(iter({**pod, **ctr}))
+    assert info.value.reason.rule == "request.annotation"
 
 
 def test_plan_matches_cdi_semantics(snapshot: Snapshot) -> None:
@@ -166,7 +179,7 @@ def test_runtime_capabilities(name: str, version: str, cdi_devices: bool) -> Non
 
 
 def test_dispatch_create_container(snapshot: Snapshot) -> None:
-    plugin = CdiInjector(lambda: snapshot)
+    plugin = CdiInjector(lambda: Registry(snapshot))
     plugin.configure("", "containerd", "v1.7.24")
     request = nri_pb2.CreateContainerRequest(
         pod=nri_pb2.PodSandbox(name="p", namespace="ns",
@@ -184,7 +197,8 @@ def test_create_container_over_a_socket_refuses_only_the_bad_request(
 ) -> None:
     async def main() -> None:
         ours, theirs = socket.socketpair()
-        stub = Stub(CdiInjector(lambda: snapshot), sock=ours, name="nri-cdi", idx="10", env={})
+        stub = Stub(CdiInjector(lambda: Registry(snapshot)), sock=ours, name="nri-cdi",
+                    idx="10", env={})
         runner = asyncio.create_task(stub.run())
         peer = RuntimePeer(*await asyncio.open_unix_connection(sock=theirs))
         await peer.handshake()

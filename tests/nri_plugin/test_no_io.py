@@ -1,8 +1,10 @@
 """The CreateContainer path does no file I/O, starts no process, opens no socket and
 imports nothing: it runs for every container on a node, inside the runtime's 2 s budget.
 
-The path is driven from raw request bytes through ``dispatch`` while an audit hook (armed
-by a ContextVar, since audit hooks cannot be removed) fails on the events that mean I/O.
+The path is driven from raw request bytes through ``dispatch``, and from raw wire bytes on
+a socket through the Stub and the metered, policy-enforcing injector with the NVIDIA rules
+and their node facts, while an audit hook (armed by a flag, since audit hooks cannot be
+removed) fails on the events that mean I/O.
 ``os.stat``/``os.lstat`` raise no audit event, so they are patched to fail as well.
 Logging is the daemon's: records go to a queue and are formatted (tracebacks too) in the
 listener thread, so pytest's own in-thread log capture is switched off here.
@@ -10,12 +12,16 @@ listener thread, so pytest's own in-thread log capture is switched off here.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
+import hashlib
+import json
 import logging
 import os
 import queue
 import re
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,17 +32,27 @@ from cdi.cache import SpecCache
 from nri_plugin.api import nri_pb2
 from nri_plugin.dispatch import RpcError, dispatch
 from nri_plugin.ops.daemon import _deferred_queue_handler
+from nri_plugin.ops.metrics import Metrics
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
+from nri_plugin.plugins.cdi_injector.policy import parse_policy
+from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
+from nri_plugin.stub import Stub
+from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import make_char_device, write_specs
+from tests.nri_runtime_peer import RuntimePeer
 
 FORBIDDEN = ("open", "os.scandir", "os.listdir", "socket.__new__", "subprocess.Popen",
              "os.system", "os.exec", "os.posix_spawn", "import")
 _armed: contextvars.ContextVar[bool] = contextvars.ContextVar("no_io_armed", default=False)
+# Armed for the whole process (the wire test: the stub's callbacks run in the event loop's
+# context, not the test's); only while the test waits for replies on the loop.
+_armed_everywhere = False
 _seen: list[str] = []
 
 
 def _audit(event: str, args: tuple[object, ...]) -> None:
-    if _armed.get() and event in FORBIDDEN:
+    if (_armed.get() or _armed_everywhere) and event in FORBIDDEN:
         _seen.append(f"{event}{args!r:.120}")
         raise RuntimeError(f"I/O on the CreateContainer path: {event} {args!r:.120}")
 
@@ -81,7 +97,7 @@ def test_create_container_from_bytes_does_no_io(tmp_path: Path, need_root: None)
             deviceNodes: [{{path: /dev/gpu0, hostPath: {node}}}]
         """})
     snapshot = SpecCache([str(folder)]).refresh()  # the I/O happens here, ahead of use
-    plugin = CdiInjector(lambda: snapshot)
+    plugin = CdiInjector(lambda: Registry(snapshot))
     plugin.configure("", "containerd", "v1.7.24")
     good = nri_pb2.CreateContainerRequest(
         pod=nri_pb2.PodSandbox(name="p", namespace="ns",
@@ -112,3 +128,114 @@ def test_the_guard_catches_io(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="I/O on the CreateContainer path: open"), no_io():
         open(tmp_path / "x", "w").close()
     _seen.clear()
+
+
+NVIDIA_SPEC = """\
+cdiVersion: 0.5.0
+kind: nvidia.com/gpu
+containerEdits:
+  env: [NRI_CDI_LD_LIBRARY_PATH=/usr/lib64]
+  mounts:
+  - {{hostPath: {root}, containerPath: /usr/lib64/libcuda.so.1, options: [ro, bind]}}
+  - {{hostPath: {root}, containerPath: /usr/lib64/libGLX_nvidia.so.0, options: [ro, bind]}}
+devices:
+- name: "0"
+  containerEdits:
+    deviceNodes: [{{path: /dev/nvidia0, hostPath: {gpu0}}}]
+- name: "1"
+  containerEdits:
+    deviceNodes: [{{path: /dev/nvidia1, hostPath: {gpu1}}}]
+"""
+
+
+def _nvidia_registry(tmp_path: Path) -> RegistryHolder:
+    """An NVIDIA spec with its sidecar, loaded ahead (all the I/O happens here)."""
+    gpus = [make_char_device(tmp_path / f"gpu{i}", major=241, minor=i) for i in range(2)]
+    folder = tmp_path / "cdi"
+    folder.mkdir()
+    spec = folder / "nvidia.yaml"
+    spec.write_text(NVIDIA_SPEC.format(root=tmp_path, gpu0=gpus[0], gpu1=gpus[1]))
+    (folder / "nvidia.yaml.meta").write_text(json.dumps({
+        "spec": {"sha256": hashlib.sha256(spec.read_bytes()).hexdigest()},
+        "driver": {"version": "550.54.15", "cudaVersion": "12.4"},
+        "capabilities": {"compute": ["/usr/lib64/libcuda.so.1"],
+                         "graphics": ["/usr/lib64/libGLX_nvidia.so.0"]},
+        "devices": {str(i): {"type": "gpu", "gpuIndex": i, "gpuUuid": f"GPU-{i}",
+                             "arch": "8.0", "brand": "tesla"} for i in range(2)}}))
+    holder = RegistryHolder([NvidiaRules()])
+    holder.update(SpecCache([str(folder)]).refresh())
+    assert holder.get().facts[0].specs, "sidecar facts not loaded"
+    return holder
+
+
+def _request(env: list[str], **annotations: str) -> nri_pb2.CreateContainerRequest:
+    return nri_pb2.CreateContainerRequest(
+        pod=nri_pb2.PodSandbox(name="p", namespace="ml", annotations=annotations),
+        container=nri_pb2.Container(name="c", env=env))
+
+
+def test_create_container_over_the_wire_with_nvidia_rules_does_no_io(
+        tmp_path: Path, need_root: None) -> None:
+    """The real path: raw mux + ttrpc bytes on a socket, the Stub, the dispatcher, the
+    metered injector under a policy, the NVIDIA rules with node facts (NVIDIA_REQUIRE_*,
+    NVIDIA_DRIVER_CAPABILITIES, NVIDIA_VISIBLE_DEVICES), the reply bytes back."""
+    global _armed_everywhere
+    registry = _nvidia_registry(tmp_path)
+    policy = parse_policy({"sources": {"visibleDevicesEnv": {"enabled": True,
+                                                             "privilegedOnly": False}}})
+    plugin = MeteredInjector(registry.get, Metrics(), vendors=registry.vendors, policy=policy)
+    gpu = {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}
+    requests = {
+        "annotation": _request(["NVIDIA_REQUIRE_CUDA=cuda>=12.0 brand=tesla",
+                                "NVIDIA_DRIVER_CAPABILITIES=compute"], **gpu),
+        "env": _request(["NVIDIA_VISIBLE_DEVICES=GPU-1", "NVIDIA_DRIVER_CAPABILITIES=all"]),
+        "requirement": _request(["NVIDIA_REQUIRE_CUDA=cuda>=12.8"], **gpu),
+        "capability": _request(["NVIDIA_DRIVER_CAPABILITIES=bogus"], **gpu),
+        "unknown": _request([], **{"cdi.k8s.io/gpu": "nvidia.com/gpu=7"}),
+    }
+
+    async def main() -> dict[str, tuple[int, str, bytes]]:
+        global _armed_everywhere
+        ours, theirs = socket.socketpair()
+        stub = Stub(plugin, sock=ours, name="nri-cdi", idx="10", env={})
+        runner = asyncio.create_task(stub.run())
+        peer = RuntimePeer(*await asyncio.open_unix_connection(sock=theirs))
+        await peer.handshake()
+        answers = {}
+        _seen.clear()
+        _armed_everywhere = True
+        try:
+            for _ in range(2):  # the first round fills the caches, the second reads them
+                for name, request in requests.items():
+                    reply = await peer.response_to(peer.send_request("CreateContainer",
+                                                                     request))
+                    answers[name] = (reply.status.code, reply.status.message, reply.payload)
+        finally:
+            _armed_everywhere = False
+        peer.close()
+        await asyncio.wait_for(runner, 5)
+        return answers
+
+    with _deferred_logging():
+        answers = asyncio.run(asyncio.wait_for(main(), 20))
+    assert _seen == []
+    injected = nri_pb2.CreateContainerResponse.FromString(answers["annotation"][2]).adjust
+    assert [d.path for d in injected.linux.devices] == ["/dev/nvidia0"]
+    assert [m.destination for m in injected.mounts] == ["/usr/lib64/libcuda.so.1"]
+    by_env = nri_pb2.CreateContainerResponse.FromString(answers["env"][2]).adjust
+    assert [d.path for d in by_env.linux.devices] == ["/dev/nvidia1"]
+    assert len(by_env.mounts) == 2
+    assert answers["requirement"][0] != 0 and "cuda>=12.8" in answers["requirement"][1]
+    assert answers["capability"][0] != 0 and "bogus" in answers["capability"][1]
+    assert answers["unknown"][0] != 0 and "nvidia.com/gpu=7" in answers["unknown"][1]
+
+
+@contextlib.contextmanager
+def _deferred_logging() -> Iterator[None]:
+    logger = logging.getLogger()
+    saved = logger.handlers[:]
+    logger.handlers[:] = [_deferred_queue_handler(queue.SimpleQueue())]
+    try:
+        yield
+    finally:
+        logger.handlers[:] = saved

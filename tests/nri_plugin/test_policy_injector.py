@@ -11,14 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from cdi.cache import Snapshot, SpecCache
+from cdi.cache import SpecCache
 from nri_plugin.api import nri_pb2
 from nri_plugin.dispatch import RpcError
+from nri_plugin.errors import Refusal
 from nri_plugin.plugins.cdi_injector.failclosed import act, find_unserved
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied, parse_policy
-from nri_plugin.vendors.nvidia.nodefacts import NodeFacts, load_facts
+from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
+from nri_plugin.vendors.nvidia.nodefacts import load_facts
 from nri_plugin.vendors.nvidia.requirements import RequirementError
+from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import write_specs
 
 SPEC = """\
@@ -55,17 +58,16 @@ def _sidecar(spec: bytes) -> dict[str, object]:
 
 
 @pytest.fixture
-def registry(tmp_path: Path) -> tuple[Snapshot, NodeFacts]:
+def registry(tmp_path: Path) -> Registry:
     folder = write_specs(tmp_path / "cdi", {"nvidia.yaml": SPEC})
     spec = folder / "nvidia.yaml"
     (folder / "nvidia.yaml.meta").write_text(json.dumps(_sidecar(spec.read_bytes())))
     snapshot = SpecCache([str(folder)]).refresh()
-    return snapshot, load_facts(snapshot)
+    return Registry.load(snapshot, [NvidiaRules()])
 
 
-def injector(registry: tuple[Snapshot, NodeFacts], policy: Policy | None = None) -> CdiInjector:
-    snapshot, facts = registry
-    plugin = CdiInjector(lambda: snapshot, facts=lambda: facts, policy=policy)
+def injector(registry: Registry, policy: Policy | None = None) -> CdiInjector:
+    plugin = CdiInjector(lambda: registry, vendors=[NvidiaRules()], policy=policy)
     plugin.configure("", "containerd", "1.7.24")
     return plugin
 
@@ -83,8 +85,8 @@ def mounts(adjustment: nri_pb2.ContainerAdjustment) -> list[str]:
     return [m.destination for m in adjustment.mounts]
 
 
-def test_facts_loaded_from_sidecar(registry: tuple[Snapshot, NodeFacts]) -> None:
-    _, facts = registry
+def test_facts_loaded_from_sidecar(registry: Registry) -> None:
+    facts = registry.facts[0]
     assert facts.devices["nvidia.com/gpu=0"].arch == "8.0"
     assert next(iter(facts.specs.values())).versions.cuda == "12.4"
 
@@ -102,7 +104,7 @@ def test_stale_sidecar_is_ignored(tmp_path: Path) -> None:
     ("graphics", ["/lib/libGLX_nvidia.so.550"]),
     ("all", ["/lib/libcuda.so.550", "/lib/libGLX_nvidia.so.550", "/bin/nvidia-smi"]),
 ])
-def test_capability_filtering(registry: tuple[Snapshot, NodeFacts], caps: str,
+def test_capability_filtering(registry: Registry, caps: str,
                               expected: list[str]) -> None:
     env = [f"NVIDIA_DRIVER_CAPABILITIES={caps}"] if caps else []
     adj = injector(registry).create_container(
@@ -110,7 +112,7 @@ def test_capability_filtering(registry: tuple[Snapshot, NodeFacts], caps: str,
     assert adj is not None and mounts(adj) == expected
 
 
-def test_capability_filter_off_by_policy(registry: tuple[Snapshot, NodeFacts]) -> None:
+def test_capability_filter_off_by_policy(registry: Registry) -> None:
     plugin = injector(registry, parse_policy({"capabilities": {"filter": False}}))
     adj = plugin.create_container(pod(**{"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}), container())
     assert adj is not None and len(adj.mounts) == 3
@@ -124,7 +126,7 @@ def test_capability_filter_off_by_policy(registry: tuple[Snapshot, NodeFacts]) -
     ("NVIDIA_REQUIRE_CUDA=cuda>=12.0", "0", None),
     ("NVIDIA_REQUIRE_ARCH=arch>=8.0", "0", None),
 ])
-def test_requirements(registry: tuple[Snapshot, NodeFacts], env: str, device: str,
+def test_requirements(registry: Registry, env: str, device: str,
                       error: str | None) -> None:
     plugin = injector(registry)
     args = (pod(**{"cdi.k8s.io/gpu": f"nvidia.com/gpu={device}"}), container(env))
@@ -138,7 +140,7 @@ def test_requirements(registry: tuple[Snapshot, NodeFacts], env: str, device: st
     assert off.create_container(*args) is not None
 
 
-def test_source_denial_and_env_ignored(registry: tuple[Snapshot, NodeFacts]) -> None:
+def test_source_denial_and_env_ignored(registry: Registry) -> None:
     policy = parse_policy({"sources": {"podAnnotations": {"namespaces": ["ml"]}}})
     plugin = injector(registry, policy)
     with pytest.raises(RpcError, match=re.escape("sources.podAnnotations.namespaces")) as info:
@@ -153,7 +155,7 @@ def test_source_denial_and_env_ignored(registry: tuple[Snapshot, NodeFacts]) -> 
     assert adj is not None and [d.path for d in adj.linux.devices] == ["/dev/nvidia1"]
 
 
-def test_devices_already_injected_are_skipped(registry: tuple[Snapshot, NodeFacts]) -> None:
+def test_devices_already_injected_are_skipped(registry: Registry) -> None:
     plugin = injector(registry)
     ctr = container(**{"cdi.k8s.io/dp_0": "nvidia.com/gpu=0"})
     ctr.linux.devices.add(path="/dev/nvidia0", type="c", major=195, minor=0)
@@ -170,33 +172,85 @@ def live(cid: str, name: str, **annotations: str) -> nri_pb2.Container:
                              state=nri_pb2.CONTAINER_RUNNING, annotations=annotations)
 
 
-def test_find_unserved(registry: tuple[Snapshot, NodeFacts]) -> None:
-    snapshot, facts = registry
+def test_find_unserved(registry: Registry) -> None:
     served = live("c1", "served", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=0"})
     served.linux.devices.add(path="/dev/nvidia0", type="c", major=195, minor=0)
     starved = live("c2", "starved", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
     plain = live("c3", "plain")
     stopped = live("c4", "stopped", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
     stopped.state = nri_pb2.CONTAINER_STOPPED
-    found = find_unserved([pod()], [served, starved, plain, stopped], Policy(), snapshot, facts)
+    found = find_unserved([pod()], [served, starved, plain, stopped], Policy(),
+                          [NvidiaRules()], registry)
     assert [(u.name, u.missing) for u in found] == [("starved", ("nvidia.com/gpu=1",))]
 
 
-def test_report_action_stops_nothing(registry: tuple[Snapshot, NodeFacts],
+def test_report_action_stops_nothing(registry: Registry,
                                      caplog: pytest.LogCaptureFixture) -> None:
-    snapshot, facts = registry
     starved = live("c2", "starved", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
-    found = find_unserved([pod()], [starved], Policy(), snapshot, facts)
+    found = find_unserved([pod()], [starved], Policy(), [NvidiaRules()], registry)
     counters: dict[str, int] = {}
     asyncio.run(act(None, found, "report", counters))
     assert counters == {"unserved_reported": 1}
     assert "fail-closed report: container starved" in caplog.text
 
 
-def test_synchronize_hands_unserved_to_callback(registry: tuple[Snapshot, NodeFacts]) -> None:
+def test_synchronize_hands_unserved_to_callback(registry: Registry) -> None:
     plugin = injector(registry)
     got: list[object] = []
     plugin.on_unserved = got.extend
     starved = live("c2", "starved", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
     assert plugin.synchronize([pod()], [starved, live("c3", "plain")]) is None
     assert len(got) == 1 and plugin.counters["unserved_found"] == 1
+
+
+# --- registry and facts swapped together, structured refusal reasons ----------------------
+
+def test_stale_sidecar_keeps_the_facts_of_the_unchanged_spec(tmp_path: Path) -> None:
+    """The generator writes the sidecar first: until the new spec arrives, the old spec
+    keeps the facts read for it; a changed spec with a sidecar of another spec gets none."""
+    folder = write_specs(tmp_path / "cdi", {"nvidia.yaml": SPEC})
+    spec, meta = folder / "nvidia.yaml", folder / "nvidia.yaml.meta"
+    meta.write_text(json.dumps(_sidecar(spec.read_bytes())))
+    cache, holder = SpecCache([str(folder)]), RegistryHolder([NvidiaRules()])
+    first = holder.update(cache.refresh())
+    assert first.facts[0].specs
+    meta.write_text(json.dumps(_sidecar(b"the next spec")))  # sidecar of the next version
+    kept = holder.update(cache.refresh())
+    assert kept.snapshot.generation == first.snapshot.generation + 1
+    assert kept.facts[0].specs and kept.facts[0].stale == (str(spec),)
+    spec.write_text(SPEC.replace("550", "560"))  # a spec the sidecar does not describe
+    changed = holder.update(cache.refresh())
+    assert not changed.facts[0].specs and changed.facts[0].stale
+
+
+def test_registry_holder_swaps_snapshot_and_facts_in_one_object(registry: Registry) -> None:
+    holder = RegistryHolder([NvidiaRules()])
+    before = holder.get()
+    after = holder.update(registry.snapshot)
+    assert holder.get() is after and after is not before
+    assert after.snapshot is registry.snapshot
+    assert after.facts[0].generation == registry.snapshot.generation
+
+
+@pytest.mark.parametrize("policy, env, annotations, rule, device", [
+    ({"devices": [{"namespaces": ["*"], "deny": ["nvidia.com/gpu=1"], "allow": ["*"]}]}, [],
+     {"cdi.k8s.io/gpu": "nvidia.com/gpu=1"}, "devices[0]", "nvidia.com/gpu=1"),
+    ({"sources": {"podAnnotations": {"enabled": False}}}, [],
+     {"cdi.k8s.io/gpu": "nvidia.com/gpu=1"}, "sources.podAnnotations.enabled", None),
+    ({}, ["NVIDIA_REQUIRE_CUDA=cuda>=13.0"], {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"},
+     "nvidia.requirements", None),
+    ({}, [], {"cdi.k8s.io/gpu": "nvidia.com/gpu=9"}, "unresolvable", "nvidia.com/gpu=9"),
+    ({}, [], {"cdi.k8s.io/gpu": "nvidia.com/gpu=0,"}, "request.annotation", None),
+])
+def test_refusals_carry_a_structured_reason(registry: Registry, policy: dict[str, object],
+                                            env: list[str], annotations: dict[str, str],
+                                            rule: str, device: str | None) -> None:
+    plugin = injector(registry, parse_policy(policy))
+    with pytest.raises(RpcError) as info:
+        plugin.create_container(pod(**annotations), container(*env))
+    cause = info.value.__cause__
+    assert isinstance(cause, Refusal)
+    assert cause.reason.rule == rule
+    assert cause.reason.device == device
+    if rule == "request.annotation":
+        assert cause.reason.annotation == "cdi.k8s.io/gpu"

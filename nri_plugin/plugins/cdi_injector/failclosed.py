@@ -26,20 +26,15 @@ from dataclasses import dataclass
 
 from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
-from cdi.errors import AnnotationError
 from nri_plugin.api import nri_pb2
+from nri_plugin.errors import Refusal
 from nri_plugin.plugins.cdi_injector.policy import Policy
-from nri_plugin.plugins.cdi_injector.sources import gather, is_privileged
-from nri_plugin.vendors.nvidia.nodefacts import NodeFacts
-from nri_plugin.vendors.nvidia.requirements import env_map
-from nri_plugin.vendors.nvidia.visible_devices import VisibleDevicesError
+from nri_plugin.plugins.cdi_injector.sources import env_map, gather, is_privileged
+from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules
 
 log = logging.getLogger("nri_cdi.failclosed")
 # Created (not started: the init process waits) and running containers can be used.
 _LIVE_STATES = (nri_pb2.CONTAINER_CREATED, nri_pb2.CONTAINER_RUNNING, nri_pb2.CONTAINER_PAUSED)
-
-
-_ENV_PREFIXES = ("NVIDIA_VISIBLE_DEVICES=", "CUDA_VERSION=")
 
 
 def _any_request_key(annotations: Mapping[str, str]) -> bool:
@@ -57,11 +52,13 @@ class Unserved:
 
 
 def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_pb2.Container],
-                  policy: Policy, snapshot: Snapshot, facts: NodeFacts) -> list[Unserved]:
+                  policy: Policy, vendors: Sequence[VendorRules],
+                  registry: Registry) -> list[Unserved]:
     """Live containers that asked for devices they do not have. Pure."""
     by_id = {p.id: p for p in pods}
     asking_pods = {p.id for p in pods if _any_request_key(p.annotations)}
-    env_on = policy.sources["visibleDevicesEnv"].enabled
+    env_prefixes = tuple(prefix for v in vendors if policy.sources[v.env_source].enabled
+                         for prefix in v.env_request_prefixes)
     out = []
     for container in containers:
         if container.state not in _LIVE_STATES:
@@ -69,29 +66,30 @@ def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_p
         # Cheap test first: most containers ask for nothing by any source.
         if (container.pod_sandbox_id not in asking_pods
                 and not _any_request_key(container.annotations)
-                and not (env_on and any(e.startswith(_ENV_PREFIXES) for e in container.env))):
+                and not (env_prefixes and any(e.startswith(env_prefixes)
+                                              for e in container.env))):
             continue
         pod = by_id.get(container.pod_sandbox_id)
-        found = _unserved(pod, container, policy, snapshot, facts)
+        found = _unserved(pod, container, policy, vendors, registry)
         if found is not None:
             out.append(found)
     return out
 
 
 def _unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container, policy: Policy,
-              snapshot: Snapshot, facts: NodeFacts) -> Unserved | None:
+              vendors: Sequence[VendorRules], registry: Registry) -> Unserved | None:
     annotations: Mapping[str, str] = pod.annotations if pod is not None else {}
     namespace = pod.namespace if pod is not None else ""
     try:
-        gathered = gather(policy, namespace=namespace, container_name=container.name,
-                          pod_annotations=annotations,
+        gathered = gather(policy, vendors, registry, namespace=namespace,
+                          container_name=container.name, pod_annotations=annotations,
                           container_annotations=container.annotations,
-                          env=env_map(container.env), privileged=is_privileged(container),
-                          snapshot=snapshot, facts=facts)
-    except (AnnotationError, VisibleDevicesError) as exc:
+                          env=env_map(container.env), privileged=is_privileged(container))
+    except Refusal as exc:
         return _item(pod, container, (), f"its request is invalid ({exc})")
     if not gathered.requests:
         return None
+    snapshot = registry.snapshot
     missing = tuple(r.name for r in gathered.requests if not _has(container, r.name, snapshot))
     if not missing:
         return None

@@ -2,10 +2,11 @@
 
 ``plan_injection`` is pure (a snapshot, the requests, what the runtime can do → an
 adjustment or an InjectionError); ``CdiInjector`` is the thin Plugin around it: it gathers
-the requests from the sources the policy allows, checks the policy's device rules and the
-image's NVIDIA_REQUIRE_* against the node facts, and filters driver files by
-NVIDIA_DRIVER_CAPABILITIES. Nothing here reads files: the registry snapshot, the node facts
-and the policy were loaded ahead and are swapped in by a refresher.
+the requests from the sources the policy allows, checks the policy's device rules, then
+asks each vendor's rules (``vendor.VendorRules``: for NVIDIA, NVIDIA_REQUIRE_* against the
+node facts and NVIDIA_DRIVER_CAPABILITIES as an edit filter). Vendor-neutral: nothing here
+knows a vendor. Nothing here reads files: the registry (snapshot plus the vendors' facts
+for it) and the policy were loaded ahead and are swapped in whole by a refresher.
 """
 
 from __future__ import annotations
@@ -15,46 +16,32 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 
 from cdi.cache import Snapshot
 from cdi.device import Device
 from cdi.edits import merge
-from cdi.errors import AnnotationError, UnresolvedDevicesError
+from cdi.errors import UnresolvedDevicesError
 from cdi.model import ContainerEdits
 from nri_plugin.api import nri_pb2
 from nri_plugin.dispatch import RpcError
+from nri_plugin.errors import Refusal
 from nri_plugin.plugin import Plugin
 from nri_plugin.plugins.cdi_injector.adjust import to_adjustment, unsupported_edits
 from nri_plugin.plugins.cdi_injector.failclosed import Unserved, find_unserved
-from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
+from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
-from nri_plugin.plugins.cdi_injector.sources import gather, is_legacy_image, is_privileged
+from nri_plugin.plugins.cdi_injector.sources import env_map, gather, is_privileged
+from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules
 from nri_plugin.runtime import RuntimeInfo
-from nri_plugin.vendors.nvidia.capabilities import (
-    CapabilityError,
-    filter_edits,
-    requested_capabilities,
-)
-from nri_plugin.vendors.nvidia.nodefacts import NodeFacts, SpecFacts
-from nri_plugin.vendors.nvidia.requirements import (
-    GpuInfo,
-    RequirementError,
-    check,
-    env_map,
-    requirements_from_env,
-)
-from nri_plugin.vendors.nvidia.visible_devices import VisibleDevicesError
 from nri_plugin.wire import Code
 
 log = logging.getLogger("nri_cdi.injector")
 
 
-class InjectionError(Exception):
+class InjectionError(Refusal):
     """The container must not be created; the message says what and why."""
 
-
-Capabilities = tuple[Mapping[str, str], frozenset[str]]
+    default_rule = "injection"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,11 +58,11 @@ def plan_injection(
     *,
     uid: int = 0,
     gid: int = 0,
-    capabilities: Capabilities | None = None,
+    edit_filter: EditFilter | None = None,
     library_path: str = "",
 ) -> Injection:
-    """``capabilities``: (container path → capability, wanted set) to drop the mounts of
-    driver capabilities not asked for; None keeps every mount. ``library_path``: the
+    """``edit_filter``: the vendor rules' filter of the resolved edits (e.g. the driver
+    mounts of capabilities not asked for); None keeps everything. ``library_path``: the
     container's own LD_LIBRARY_PATH, which hook-free specs append their folders to."""
     devices = _lookup(snapshot, requests)
     by_spec: dict[str, list[Device]] = {}
@@ -95,10 +82,11 @@ def plan_injection(
             raise InjectionError(
                 f"CDI devices {names} need edits that NRI cannot apply on "
                 f"{runtime.describe()}: {'; '.join(reasons)}; a runtime that resolves "
-                "CDI_devices itself (containerd >= 2.1 or >= 1.7.30, CRI-O >= 1.34) can")
+                "CDI_devices itself (containerd >= 2.1 or >= 1.7.30, CRI-O >= 1.34) can",
+                rule="unsupportedEdits", device=group[0].qualified_name)
     edits = snapshot.resolve(d.qualified_name for d in ours) if ours else ContainerEdits()
-    if capabilities is not None:
-        edits = filter_edits(edits, *capabilities)
+    if edit_filter is not None:
+        edits = edit_filter.apply(edits)
     adjustment = to_adjustment(edits, runtime=runtime, uid=uid, gid=gid,
                                image_library_path=library_path)
     for device in delegated:
@@ -115,17 +103,12 @@ def _lookup(snapshot: Snapshot, requests: list[DeviceRequest]) -> list[Device]:
         source = {r.name: r.source for r in requests}
         detail = "; ".join(f"{name} (from {source[name]}): {why}"
                            for name, why in exc.reasons.items())
-        raise InjectionError(f"unresolvable CDI devices: {detail}") from None
+        raise InjectionError(f"unresolvable CDI devices: {detail}",
+                             rule="unresolvable", device=next(iter(exc.reasons), None)) from None
 
 
 def _merged(snapshot: Snapshot, spec_path: str, group: list[Device]) -> ContainerEdits:
     return merge([snapshot.specs[spec_path].edits, *(d.edits for d in group)])
-
-
-# What refuses one container's creation with a message for the user (anything else is a
-# bug, reported the same way by the dispatcher but counted apart in the metrics).
-REFUSALS = (AnnotationError, InjectionError, PolicyDenied, RequirementError, CapabilityError,
-            VisibleDevicesError)
 
 
 class CdiInjector(Plugin):
@@ -137,20 +120,22 @@ class CdiInjector(Plugin):
 
     def __init__(
         self,
-        snapshot: Callable[[], Snapshot],
+        registry: Callable[[], Registry],
         *,
-        facts: Callable[[], NodeFacts] | None = None,
+        vendors: Sequence[VendorRules] = (),
         policy: Policy | None = None,
         on_unserved: Callable[[list[Unserved]], None] | None = None,
     ) -> None:
-        self._snapshot = snapshot  # returns the current registry snapshot; never does I/O
-        self._facts = facts or _no_facts  # the sidecar facts, loaded with each snapshot
+        # Returns the current registry (snapshot + the vendors' facts for it, in the order
+        # of ``vendors``), replaced whole by the refresher; never does I/O.
+        self._registry = registry
+        self.vendors = tuple(vendors)
         self.policy = policy or Policy()
         self.on_unserved = on_unserved  # gets the containers Synchronize found unserved
         self.runtime = RuntimeInfo()
         self._plans: OrderedDict[tuple[object, ...], Injection] = OrderedDict()
-        # Policy + requirement + capability decisions, same idea: keyed by all they read.
-        self._decisions: OrderedDict[tuple[object, ...], Capabilities | None] = OrderedDict()
+        # Policy + vendor decisions, same idea: keyed by all they read.
+        self._decisions: OrderedDict[tuple[object, ...], tuple[EditFilter, ...]] = OrderedDict()
         # Counters for logs and metrics; plain ints, read without locking.
         self.counters: dict[str, int] = {"injected": 0, "refused": 0, "unserved_found": 0}
 
@@ -160,18 +145,17 @@ class CdiInjector(Plugin):
         log.info("connected to %s", self.runtime.describe())
 
     def plan(self, requests: Sequence[DeviceRequest], uid: int, gid: int,
-             capabilities: Capabilities | None = None, *, facts_generation: int = 0,
-             library_path: str = "") -> Injection:
-        snapshot = self._snapshot()
-        wanted = capabilities[1] if capabilities else None
-        key = (snapshot.generation, id(snapshot), facts_generation,
-               tuple(r.name for r in requests), uid, gid, wanted, library_path)
+             edit_filter: EditFilter | None = None, *, library_path: str = "",
+             registry: Registry | None = None) -> Injection:
+        snapshot = (registry or self._registry()).snapshot
+        key = (snapshot.generation, id(snapshot), tuple(r.name for r in requests), uid, gid,
+               None if edit_filter is None else edit_filter.cache_key, library_path)
         cached = self._plans.get(key)
         if cached is not None:
             self._plans.move_to_end(key)
             return cached
         injection = plan_injection(snapshot, list(requests), self.runtime, uid=uid, gid=gid,
-                                   capabilities=capabilities, library_path=library_path)
+                                   edit_filter=edit_filter, library_path=library_path)
         self._plans[key] = injection
         if len(self._plans) > self.PLAN_CACHE_SIZE:
             self._plans.popitem(last=False)
@@ -183,8 +167,8 @@ class CdiInjector(Plugin):
         devices they did not get, and hand them to ``on_unserved`` (evict or report). The
         reply must go first (the runtime holds its lock until it has it), so acting on them
         is left to the callback, which schedules it."""
-        unserved = find_unserved(pods, containers, self.policy, self._snapshot(),
-                                 self._facts())
+        unserved = find_unserved(pods, containers, self.policy, self.vendors,
+                                 self._registry())
         self.counters["unserved_found"] += len(unserved)
         for item in unserved:
             log.warning("container %s (%s) of pod %s was created without its devices while "
@@ -200,7 +184,7 @@ class CdiInjector(Plugin):
         start = time.perf_counter_ns()
         try:
             injection = self.adjustment_for(pod, container)
-        except REFUSALS as exc:
+        except Refusal as exc:
             self.counters["refused"] += 1
             log.warning("refused container %s of pod %s/%s: %s", container.name,
                         pod.namespace, pod.name, exc)
@@ -218,56 +202,66 @@ class CdiInjector(Plugin):
 
     def adjustment_for(self, pod: nri_pb2.PodSandbox,
                        container: nri_pb2.Container) -> Injection | None:
-        """The whole decision for one container (no I/O); raises with the reason."""
-        snapshot, facts, policy = self._snapshot(), self._facts(), self.policy
+        """The whole decision for one container (no I/O); raises a Refusal with the reason.
+        The registry is read once: every step sees the same snapshot and facts."""
+        registry, policy = self._registry(), self.policy
         env = env_map(container.env)
         privileged = is_privileged(container)
-        gathered = gather(policy, namespace=pod.namespace, container_name=container.name,
-                          pod_annotations=pod.annotations,
+        gathered = gather(policy, self.vendors, registry, namespace=pod.namespace,
+                          container_name=container.name, pod_annotations=pod.annotations,
                           container_annotations=container.annotations, env=env,
-                          privileged=privileged, snapshot=snapshot, facts=facts)
-        if gathered.denied:
-            raise PolicyDenied(gathered.denied)
-        requests = not_yet_injected(gathered.requests, container, snapshot, privileged)
+                          privileged=privileged)
+        if gathered.denied is not None:
+            raise gathered.denied
+        requests = not_yet_injected(gathered.requests, container, registry.snapshot,
+                                    privileged)
         if not requests:
             return None
-        capabilities = self._decide(requests, pod.namespace, privileged, env, snapshot, facts)
+        filters = self._decide(requests, pod.namespace, privileged, env, registry)
         user = container.user if container.HasField("user") else None
         return self.plan(requests, user.uid if user else 0, user.gid if user else 0,
-                         capabilities, facts_generation=facts.generation,
-                         library_path=env.get("LD_LIBRARY_PATH", ""))
+                         _combined(filters), library_path=env.get("LD_LIBRARY_PATH", ""),
+                         registry=registry)
 
     def _decide(self, requests: Sequence[DeviceRequest], namespace: str, privileged: bool,
-                env: Mapping[str, str], snapshot: Snapshot, facts: NodeFacts
-                ) -> Capabilities | None:
-        """Device rules, then NVIDIA requirements and capabilities; raises on a denial.
-        Only successes are cached: a refusal is rare and its message must stay exact."""
+                env: Mapping[str, str], registry: Registry) -> tuple[EditFilter, ...]:
+        """Device rules, then each vendor's rules; raises on a denial. Only successes are
+        cached: a refusal is rare and its message must stay exact."""
+        snapshot = registry.snapshot
         names = tuple(r.name for r in requests)
-        key = (id(snapshot), snapshot.generation, id(facts), facts.generation,
-               id(self.policy), namespace, privileged, names, nvidia_env_key(env))
+        key = (id(snapshot), snapshot.generation, id(self.policy), namespace, privileged,
+               names, tuple(v.decision_key(env) for v in self.vendors))
         if key in self._decisions:
             self._decisions.move_to_end(key)
             return self._decisions[key]
         self.policy.check_devices(names, namespace, privileged)
-        _lookup(snapshot, requests)  # unknown devices: say so before any NVIDIA check
-        capabilities = nvidia_checks(self.policy, names, env, snapshot, facts)
-        self._decisions[key] = capabilities
+        _lookup(snapshot, requests)  # unknown devices: say so before any vendor check
+        filters = tuple(f for f in (vendor.check(self.policy, names, env, snapshot, facts)
+                                    for vendor, facts in registry.paired(self.vendors))
+                        if f is not None)
+        self._decisions[key] = filters
         if len(self._decisions) > self.PLAN_CACHE_SIZE:
             self._decisions.popitem(last=False)
-        return capabilities
+        return filters
 
 
-def nvidia_env_key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """The env entries the NVIDIA checks read, as a hashable key."""
-    return tuple(sorted((k, v) for k, v in env.items()
-                        if k.startswith("NVIDIA_") or k == "CUDA_VERSION"))
+class _FilterChain:
+    """Several vendors' edit filters applied in order."""
+
+    def __init__(self, filters: tuple[EditFilter, ...]) -> None:
+        self.filters = filters
+        self.cache_key = tuple(f.cache_key for f in filters)
+
+    def apply(self, edits: ContainerEdits) -> ContainerEdits:
+        for edit_filter in self.filters:
+            edits = edit_filter.apply(edits)
+        return edits
 
 
-def _no_facts() -> NodeFacts:
-    return _EMPTY_FACTS
-
-
-_EMPTY_FACTS = NodeFacts()
+def _combined(filters: tuple[EditFilter, ...]) -> EditFilter | None:
+    if not filters:
+        return None
+    return filters[0] if len(filters) == 1 else _FilterChain(filters)
 
 
 def not_yet_injected(requests: Sequence[DeviceRequest], container: nri_pb2.Container,
@@ -287,33 +281,3 @@ def not_yet_injected(requests: Sequence[DeviceRequest], container: nri_pb2.Conta
             continue
         out.append(request)
     return out
-
-
-def nvidia_checks(policy: Policy, names: Sequence[str], env: Mapping[str, str],
-                  snapshot: Snapshot, facts: NodeFacts) -> Capabilities | None:
-    """Check NVIDIA_REQUIRE_* against the facts of the requested devices' specs and return
-    the capability filter for NVIDIA_DRIVER_CAPABILITIES (None: no facts, keep all)."""
-    specs = {s.path: s for s in (facts.spec_of(n, snapshot) for n in names) if s is not None}
-    if policy.enforce_requirements:
-        requirements = requirements_from_env(env)
-        if requirements and not specs and policy.unknown_facts == "deny":
-            raise RequirementError(
-                f"cannot check {requirements[0].env}: no recorded node facts for "
-                f"{', '.join(names)} (policy requirements.unknownFacts: deny)")
-        for spec in specs.values():
-            check(requirements, spec.versions, _gpus(names, spec))
-    if not policy.filter_capabilities or not specs:
-        return None
-    wanted = requested_capabilities(env, legacy=is_legacy_image(env))
-    capability_of: dict[str, str] = {}
-    for spec in specs.values():
-        capability_of.update(spec.capability_of)
-    return MappingProxyType(capability_of), wanted
-
-
-def _gpus(names: Sequence[str], spec: SpecFacts) -> list[GpuInfo]:
-    devices = spec.devices
-    requested = [devices[n] for n in names if n in devices]
-    if f"{spec.kind}=all" in names:  # "all": every device of that spec
-        requested = list(devices.values())
-    return [d.gpu_info() for d in requested]

@@ -2,8 +2,8 @@
 
 It times each CreateContainer that asked for devices and counts it by outcome
 (``injected``; ``delegated`` when only the runtime's own CDI resolves the devices;
-``refused`` when the request is turned down, with the policy rule when the exception
-carries one in ``.rule``; ``error`` for anything unexpected), and tells the metrics when
+``refused`` when the request is turned down, with the rule from the Refusal's structured
+reason; ``error`` for anything unexpected), and tells the metrics when
 the runtime connection (re)starts.
 """
 
@@ -11,20 +11,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from cdi.cache import Snapshot
 from nri_plugin.api import nri_pb2
 from nri_plugin.dispatch import RpcError
-from nri_plugin.ops.metrics import Metrics
+from nri_plugin.errors import Refusal
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.vendor import Registry
+
+
+class InjectionMetrics(Protocol):
+    """What the injector reports (``nri_plugin.ops.metrics.Metrics`` implements it)."""
+
+    def connected(self, runtime: str) -> None: ...
+    def denial(self, rule: str) -> None: ...
+    def injection(self, outcome: str, seconds: float) -> None: ...
 
 
 class MeteredInjector(CdiInjector):
-    def __init__(self, snapshot: Callable[[], Snapshot], metrics: Metrics,
+    def __init__(self, registry: Callable[[], Registry], metrics: InjectionMetrics,
                  **options: Any) -> None:
-        """``options``: CdiInjector's keyword arguments (facts, policy, on_unserved)."""
-        super().__init__(snapshot, **options)
+        """``options``: CdiInjector's keyword arguments (vendors, policy, on_unserved)."""
+        super().__init__(registry, **options)
         self.metrics = metrics
 
     def configure(self, config: str, runtime_name: str, runtime_version: str) -> None:
@@ -37,10 +45,9 @@ class MeteredInjector(CdiInjector):
         start = time.perf_counter()
         try:
             adjustment = super().create_container(pod, container)
-        except RpcError as exc:  # a refusal; its cause is one of REFUSALS
-            rule = getattr(exc.__cause__, "rule", None)
-            if rule:
-                self.metrics.denial(str(rule))
+        except RpcError as exc:  # a refusal when its cause is a Refusal
+            if isinstance(exc.__cause__, Refusal):
+                self.metrics.denial(exc.__cause__.reason.rule)
             self.metrics.injection("refused", time.perf_counter() - start)
             raise
         except Exception:

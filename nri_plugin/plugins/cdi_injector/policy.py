@@ -17,11 +17,12 @@ Defaults (no file, or keys left out), chosen to be safe:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
+
+from nri_plugin.errors import NRIPluginError, Refusal
 
 SOURCES = ("containerAnnotations", "podAnnotations", "visibleDevicesEnv")
 SOURCE_TITLES = {"containerAnnotations": "container annotations",
@@ -31,7 +32,7 @@ ACTIONS = ("evict", "report")
 UNKNOWN_FACTS = ("allow", "deny")
 
 
-class PolicyError(Exception):
+class PolicyError(NRIPluginError):
     """The policy file is invalid; ``problems`` lists every error with its key path."""
 
     def __init__(self, problems: list[str], path: str = "") -> None:
@@ -40,14 +41,12 @@ class PolicyError(Exception):
         super().__init__(f"invalid policy {where}" + "; ".join(problems))
 
 
-class PolicyDenied(Exception):
-    """A request the policy does not allow; the message names the rule, and ``rule`` is
-    its short id (``sources.podAnnotations.namespaces``, ``devices[1]``) for metrics."""
+class PolicyDenied(Refusal):
+    """A request the policy does not allow; the message names the rule, and
+    ``reason.rule`` is its short id (``sources.podAnnotations.namespaces``, ``devices[1]``)
+    for metrics."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        match = re.search(r"\((sources\.\w+\.\w+)|policy rule (devices\[\d+\])", message)
-        self.rule = next((g for g in match.groups() if g), "policy") if match else "policy"
+    default_rule = "policy"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,18 +97,28 @@ class Policy:
 
     def source_allowed(self, source: str, namespace: str, privileged: bool) -> str | None:
         """None if ``source`` may be used here, else why not (naming the rule)."""
+        denial = self.source_denial(source, namespace, privileged)
+        return None if denial is None else str(denial)
+
+    def source_denial(self, source: str, namespace: str,
+                      privileged: bool) -> PolicyDenied | None:
+        """None if ``source`` may be used here, else the denial naming the rule."""
         rule = self.sources[source]
         title = SOURCE_TITLES[source]
         if not rule.enabled:
-            return f"request source {title} is disabled (sources.{source}.enabled)"
+            return PolicyDenied(f"request source {title} is disabled (sources.{source}.enabled)",
+                                rule=f"sources.{source}.enabled")
         if privileged and self.privileged_exempt:
             return None
         if rule.privileged_only and not privileged:
-            return (f"request source {title} is for privileged containers only "
-                    f"(sources.{source}.privilegedOnly)")
+            return PolicyDenied(f"request source {title} is for privileged containers only "
+                                f"(sources.{source}.privilegedOnly)",
+                                rule=f"sources.{source}.privilegedOnly")
         if not rule.allows_namespace(namespace):
-            return (f"request source {title} is not allowed in namespace {namespace!r} "
-                    f"(sources.{source}.namespaces {list(rule.namespaces)})")
+            return PolicyDenied(
+                f"request source {title} is not allowed in namespace {namespace!r} "
+                f"(sources.{source}.namespaces {list(rule.namespaces)})",
+                rule=f"sources.{source}.namespaces")
         return None
 
     def check_devices(self, names: Sequence[str], namespace: str, privileged: bool) -> None:
@@ -118,24 +127,27 @@ class Policy:
             return
         rules = [r for r in self.devices if r.applies_to(namespace)]
         for name in names:
-            why = _device_denied(name, namespace, rules)
-            if why:
-                raise PolicyDenied(why)
+            denial = _device_denied(name, namespace, rules)
+            if denial:
+                raise denial
 
 
-def _device_denied(name: str, namespace: str, rules: list[DeviceRule]) -> str | None:
+def _device_denied(name: str, namespace: str, rules: list[DeviceRule]) -> PolicyDenied | None:
     for rule in rules:
         for pattern in rule.deny:
             if fnmatchcase(name, pattern):
-                return (f"device {name} denied in namespace {namespace!r} by policy rule "
-                        f"{rule.describe()} deny {pattern!r}")
+                return PolicyDenied(
+                    f"device {name} denied in namespace {namespace!r} by policy rule "
+                    f"{rule.describe()} deny {pattern!r}",
+                    rule=f"devices[{rule.index}]", device=name)
     if any(fnmatchcase(name, p) for rule in rules for p in rule.allow):
         return None
     if not rules:
-        return (f"device {name} denied: no policy devices rule applies to namespace "
-                f"{namespace!r}")
-    return (f"device {name} denied in namespace {namespace!r}: no allow pattern matches in "
-            f"policy rules {', '.join(r.describe() for r in rules)}")
+        return PolicyDenied(f"device {name} denied: no policy devices rule applies to "
+                            f"namespace {namespace!r}", rule="devices", device=name)
+    return PolicyDenied(
+        f"device {name} denied in namespace {namespace!r}: no allow pattern matches in "
+        f"policy rules {', '.join(r.describe() for r in rules)}", rule="devices", device=name)
 
 
 # --- loading and validation ------------------------------------------------------------------

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from cdi.annotations import ANNOTATION_PREFIX, parse_annotation
 from cdi.errors import AnnotationError
+from nri_plugin.errors import Refusal
 
 CONTAINER_KEY_PREFIX = ANNOTATION_PREFIX + "ctr."
 
@@ -31,18 +32,6 @@ class DeviceRequest:
 
 def container_key(container_name: str) -> str:
     return CONTAINER_KEY_PREFIX + container_name
-
-
-def requested_devices(
-    pod_annotations: Mapping[str, str],
-    container_name: str,
-    container_annotations: Mapping[str, str],
-) -> list[DeviceRequest]:
-    """Every requested device once, in a stable order: the pod's keys (pod-wide ones and
-    this container's own) in key order, then the container's keys in key order. Raises
-    AnnotationError naming the annotation for a malformed key or value."""
-    return unique_requests(pod_requests(pod_annotations, container_name)
-                   + container_requests(container_annotations))
 
 
 def pod_requests(pod_annotations: Mapping[str, str], container_name: str) -> list[DeviceRequest]:
@@ -71,11 +60,17 @@ def container_requests(container_annotations: Mapping[str, str]) -> list[DeviceR
     return requests
 
 
+class RequestError(Refusal):
+    """A malformed request annotation; ``reason.annotation`` names its key."""
+
+    default_rule = "request.annotation"
+
+
 def _parse(key: str, value: str, where: str) -> list[str]:
     try:
         return parse_annotation(key, value)
     except AnnotationError as exc:
-        raise AnnotationError(f"{where} {exc}") from None
+        raise RequestError(f"{where} {exc}", annotation=key) from None
 
 
 def unique_requests(requests: list[DeviceRequest]) -> list[DeviceRequest]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cdi.model import ContainerEdits
+from nri_plugin.errors import Refusal
 
 ENV = "NVIDIA_DRIVER_CAPABILITIES"
 KNOWN = frozenset({"compute", "compat32", "graphics", "utility", "video", "display", "ngx"})
@@ -21,8 +22,8 @@ DEFAULT = frozenset({"utility", "compute"})
 _IMPLIES = {"video": frozenset({"compute"}), "display": frozenset({"graphics"})}
 
 
-class CapabilityError(Exception):
-    pass
+class CapabilityError(Refusal):
+    default_rule = "nvidia.capabilities"
 
 
 def requested_capabilities(env: Mapping[str, str], *, legacy: bool = False) -> frozenset[str]:

@@ -1,9 +1,14 @@
 """What the generator recorded about the node: ``<spec>.meta`` sidecars, loaded ahead.
 
-``load_facts`` does the file I/O, at start and after each registry refresh, and returns an
-immutable ``NodeFacts``; the CreateContainer path only reads that. A sidecar is used only
-when its ``spec.sha256`` matches the spec file it sits next to: a sidecar left from
-another version of the spec would give wrong versions and capability lists.
+``load_facts`` does the file I/O, in the refresher's thread with each registry refresh, and
+returns an immutable ``NodeFacts`` that is swapped in together with that snapshot (see
+``nri_plugin.plugins.cdi_injector.vendor.Registry``); the CreateContainer path only reads
+it. A sidecar is used only when its ``spec.sha256`` matches the spec file it sits next to:
+a sidecar left from another version of the spec would give wrong versions and capability
+lists. The generator writes the sidecar first and then the spec, so a sidecar that does not
+match is usually the next spec's, already there: the facts loaded earlier for the very
+spec object the snapshot still holds are kept until the new spec arrives (its change
+triggers the next refresh; the sidecar's own change does too). No timers.
 """
 
 from __future__ import annotations
@@ -11,8 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -60,23 +64,33 @@ class NodeFacts:
     specs: Mapping[str, SpecFacts] = field(default_factory=_empty)  # by spec path
     devices: Mapping[str, DeviceFacts] = field(default_factory=_empty)  # by CDI name
     generation: int = 0  # the snapshot generation they were loaded for
-    # Sidecars that did not match their spec (probably not rewritten yet): worth a retry.
+    # Sidecars that did not match their spec (one of the two is being rewritten).
     stale: tuple[str, ...] = ()
+    # The parsed spec object each spec's facts were read for (the registry keeps the
+    # object of an unchanged file), so that a later load can tell they still apply.
+    loaded_for: Mapping[str, object] = field(default_factory=_empty)
 
     def spec_of(self, device_name: str, snapshot: Snapshot) -> SpecFacts | None:
         device = snapshot.devices.get(device_name)
         return self.specs.get(device.spec.path) if device is not None else None
 
 
-def load_facts(snapshot: Snapshot) -> NodeFacts:
-    """Read every spec's sidecar (I/O); problems are logged and that sidecar skipped."""
+def load_facts(snapshot: Snapshot, previous: NodeFacts | None = None) -> NodeFacts:
+    """Read every spec's sidecar (I/O); problems are logged and that sidecar skipped. A
+    sidecar that does not match its spec keeps ``previous``'s facts for that spec when they
+    were read for the same parsed spec object (the file did not change since)."""
     specs: dict[str, SpecFacts] = {}
     devices: dict[str, DeviceFacts] = {}
     stale: list[str] = []
+    loaded_for: dict[str, object] = {}
     for path, loaded in snapshot.specs.items():
         doc = _read_sidecar(path)
         if doc is _STALE:
             stale.append(path)
+            kept = _still_valid(previous, path, loaded.spec)
+            if kept is not None:
+                specs[path], loaded_for[path] = kept, loaded.spec
+                devices.update(kept.devices)
             continue
         if doc is None:
             continue
@@ -86,10 +100,16 @@ def load_facts(snapshot: Snapshot) -> NodeFacts:
             log.warning("%s%s: unusable metadata (%s); no requirement or capability data "
                         "for this spec", path, SIDECAR_SUFFIX, exc)
             continue
-        specs[path] = facts
+        specs[path], loaded_for[path] = facts, loaded.spec
         devices.update(facts.devices)
     return NodeFacts(MappingProxyType(specs), MappingProxyType(devices), snapshot.generation,
-                     tuple(stale))
+                     tuple(stale), MappingProxyType(loaded_for))
+
+
+def _still_valid(previous: NodeFacts | None, path: str, spec: object) -> SpecFacts | None:
+    if previous is None or previous.loaded_for.get(path) is not spec:
+        return None
+    return previous.specs.get(path)
 
 
 _STALE: dict[str, Any] = {}
@@ -141,29 +161,3 @@ def _int(value: Any) -> int | None:
 
 def _str(value: Any) -> str | None:
     return None if value in (None, "") else str(value)
-
-
-class FactsHolder:
-    """The current NodeFacts for the plugin, reloaded after each registry refresh (in the
-    refresher's thread). A sidecar that does not match its spec yet is retried shortly:
-    the generator writes it just after the spec, and only the spec's change wakes us."""
-
-    RETRY_DELAY = 0.5
-    RETRIES = 20
-
-    def __init__(self, current: Callable[[], Snapshot]) -> None:
-        self._current = current
-        self._facts = NodeFacts()
-
-    def get(self) -> NodeFacts:
-        return self._facts
-
-    def reload(self, snapshot: Snapshot, retries: int = RETRIES) -> None:
-        if snapshot is not self._current():
-            return  # a newer snapshot has its own reload
-        facts = load_facts(snapshot)
-        self._facts = facts
-        if facts.stale and retries > 0:
-            timer = threading.Timer(self.RETRY_DELAY, self.reload, (snapshot, retries - 1))
-            timer.daemon = True
-            timer.start()

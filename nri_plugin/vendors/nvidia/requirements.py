@@ -18,6 +18,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from nri_plugin.errors import Refusal
+
 REQUIRE_PREFIX = "NVIDIA_REQUIRE_"
 IGNORED = frozenset({"NVIDIA_REQUIRE_JETPACK"})
 DISABLE = "NVIDIA_DISABLE_REQUIRE"
@@ -28,8 +30,10 @@ _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 _VERSION = re.compile(r"^\d+(\.\d+)*$")
 
 
-class RequirementError(Exception):
+class RequirementError(Refusal):
     """A requirement is malformed or not met; the message says which and why."""
+
+    default_rule = "nvidia.requirements"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,15 +64,6 @@ class GpuInfo:
     name: str  # CDI name, for messages
     arch: str | None = None  # compute capability, e.g. 8.0
     brand: str | None = None  # e.g. tesla, nvidia
-
-
-def env_map(env: Sequence[str]) -> dict[str, str]:
-    """``K=V`` entries → a dict; a later entry wins, as in execve's environment."""
-    out: dict[str, str] = {}
-    for entry in env:
-        key, _, value = entry.partition("=")
-        out[key] = value
-    return out
 
 
 def parse_bool(text: str) -> bool:

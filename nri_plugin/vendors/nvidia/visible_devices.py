@@ -11,14 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from cdi.cache import Snapshot
+from nri_plugin.errors import Refusal
 from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts
 
 ENV = "NVIDIA_VISIBLE_DEVICES"
 GPU_KIND = "nvidia.com/gpu"
 
 
-class VisibleDevicesError(Exception):
-    pass
+class VisibleDevicesError(Refusal):
+    default_rule = "nvidia.visibleDevices"
 
 
 def visible_device_names(env: Mapping[str, str], snapshot: Snapshot, facts: NodeFacts,
