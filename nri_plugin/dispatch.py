@@ -22,6 +22,7 @@ from nri_plugin.api import (
     EventMask,
     nri_pb2,
 )
+from nri_plugin.errors import NRIPluginError
 from nri_plugin.plugin import Plugin
 from nri_plugin.wire import Code
 
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 _EMPTY = b""  # nri_pb2.Empty() serializes to nothing
 
 
-class RpcError(Exception):
+class RpcError(NRIPluginError):
     """Raise from a handler to answer its request with this status code."""
 
     def __init__(self, code: Code, message: str) -> None:

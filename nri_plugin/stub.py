@@ -21,6 +21,7 @@ from typing import Any
 
 from nri_plugin.api import RUNTIME_SERVICE, nri_pb2
 from nri_plugin.dispatch import SERVICES, Configuration, Dispatcher, RpcError
+from nri_plugin.errors import NRIPluginError
 from nri_plugin.plugin import Plugin
 from nri_plugin.wire import (
     Code,
@@ -44,7 +45,7 @@ CloseCallback = Callable[["Stub", BaseException | None], Awaitable[None] | None]
 _NAME_WITH_INDEX = re.compile(r"^(\d\d)-(.+)$")
 
 
-class RegistrationError(Exception):
+class RegistrationError(NRIPluginError):
     """The runtime refused RegisterPlugin, or did not answer in time."""
 
 

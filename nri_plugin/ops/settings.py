@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from nri_plugin.errors import NRIPluginError
+
 DEFAULT_CONFIG_PATH = "/etc/nri-cdi/config.yaml"
 CONFIG_ENV = "NRI_CDI_CONFIG"
 
 
-class SettingsError(Exception):
+class SettingsError(NRIPluginError):
     """The configuration is invalid; ``problems`` lists one ``key: why`` line each."""
 
     def __init__(self, source: str, problems: Sequence[str]) -> None:

@@ -14,6 +14,7 @@ from cdi.edits import apply
 from cdi.hooks.libpath import EXTRA_ENV, LIBRARY_PATH_ENV, merge_library_path
 from cdi.model import ContainerEdits
 from nri_plugin.api import nri_pb2
+from nri_plugin.errors import NRIPluginError
 from nri_plugin.runtime import RuntimeInfo
 
 _HOOK_FIELDS = {"prestart": "prestart", "createRuntime": "create_runtime",
@@ -21,7 +22,7 @@ _HOOK_FIELDS = {"prestart": "prestart", "createRuntime": "create_runtime",
                 "poststart": "poststart", "poststop": "poststop"}
 
 
-class UnsupportedEditsError(Exception):
+class UnsupportedEditsError(NRIPluginError):
     """Edits that an NRI adjustment cannot carry on this runtime; ``reasons`` says which."""
 
     def __init__(self, reasons: list[str]) -> None:
