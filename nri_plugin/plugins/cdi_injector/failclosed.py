@@ -178,12 +178,11 @@ def cgroup_dir(cgroups_path: str, root: str = CGROUP_ROOT) -> str | None:
 def kill_cgroup(folder: str) -> int:
     """SIGKILL every process in the cgroup ``folder``; how many were signalled (-1: all,
     through cgroup.kill). Raises OSError when it cannot."""
-    try:
-        with open(f"{folder}/cgroup.kill", "w") as handle:  # cgroup v2, Linux >= 5.14
+    if os.path.exists(f"{folder}/cgroup.kill"):  # cgroup v2, Linux >= 5.14
+        # (Opening it for writing where it does not exist fails with EACCES, not ENOENT.)
+        with open(f"{folder}/cgroup.kill", "w") as handle:
             handle.write("1")
         return -1
-    except FileNotFoundError:
-        pass
     with open(f"{folder}/cgroup.procs") as handle:
         pids = [int(line) for line in handle if line.strip()]
     for pid in pids:
@@ -336,6 +335,9 @@ class StartGuard:
 
     def _check(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, stage: str) -> None:
         item = self._judge(pod, container)
+        log.debug("%s check of container %s (%s): pid %d, cgroup %r, %d devices: %s", stage,
+                  container.name, container.id, container.pid, container.linux.cgroups_path,
+                  len(container.linux.devices), "unserved" if item else "ok")
         if item is None:
             return
         if self.policy.fail_closed_action == "report":
