@@ -253,3 +253,17 @@ def test_plain_containers_are_not_touched(snapshot: Snapshot, cgroup_root: Path)
     assert proc.poll() is None
     proc.kill()
     proc.wait()
+
+
+def test_too_many_names_are_refused_before_parsing(snapshot: Snapshot,
+                                                   cgroup_root: Path) -> None:
+    plugin = guard(snapshot, cgroup_root)
+    many = ",".join(f"vendor.com/gpu={i}" for i in range(300_000))
+    with pytest.raises(RpcError, match="over 1024"):
+        plugin.create_container(pod(), container("many", **{"cdi.k8s.io/x": many}))
+    # Created while we were away with such a request: stopped at start like any other.
+    proc = sleeper()
+    with pytest.raises(RpcError, match="its request is invalid"):
+        plugin.start_container(pod(), container("many2", pid=proc.pid,
+                                                **{"cdi.k8s.io/x": many}))
+    assert killed(proc)
