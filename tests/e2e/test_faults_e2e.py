@@ -212,16 +212,20 @@ def none_runs_without_device(cri: CriClient, ids: list[str], timeout: float = 10
     """Every container either has the device or is not running (waits for pending stops)."""
     deadline = time.monotonic() + timeout
     while True:
-        tally = {"with device": 0, "not running": 0, "running without": 0}
+        tally = {"with device": 0, "never started": 0, "stopped after it ran": 0,
+                 "running without": 0}
         offenders = []
         for cid in ids:
+            current, started_at = state(cri, cid)
             if has_device(cri, cid):
                 tally["with device"] += 1
-            elif state(cri, cid)[0] == cri.pb.CONTAINER_RUNNING:
+            elif current == cri.pb.CONTAINER_RUNNING:
                 tally["running without"] += 1
                 offenders.append(cid)
-            else:
-                tally["not running"] += 1
+            elif started_at == 0:
+                tally["never started"] += 1
+            else:  # created and started while no plugin was connected (NRI is fail-open)
+                tally["stopped after it ran"] += 1
         if not offenders or time.monotonic() > deadline:
             assert not offenders, f"running without their device: {offenders}"
             return tally
