@@ -22,6 +22,7 @@ from nri_plugin.api import (
     EventMask,
     nri_pb2,
 )
+from nri_plugin.bounded import bound_message
 from nri_plugin.errors import NRIPluginError
 from nri_plugin.plugin import Plugin
 from nri_plugin.wire import Code
@@ -32,9 +33,14 @@ _EMPTY = b""  # nri_pb2.Empty() serializes to nothing
 
 
 class RpcError(NRIPluginError):
-    """Raise from a handler to answer its request with this status code."""
+    """Raise from a handler to answer its request with this status code.
+
+    The message is bounded (``bound_message``: long lists summarized, then cut at
+    2048 characters): it travels in one ttrpc frame and ends up in CRI clients and logs.
+    """
 
     def __init__(self, code: Code, message: str) -> None:
+        message = bound_message(message)
         super().__init__(message)
         self.code = code
         self.message = message
@@ -216,23 +222,43 @@ class Configuration:
 
 
 class SyncCollector:
-    """Joins paged Synchronize requests (§3.5) so the plugin sees the state once."""
+    """Joins paged Synchronize requests (§3.5) so the plugin sees the state once.
 
-    __slots__ = ("containers", "pods")
+    What it keeps is capped at ``max_bytes`` of page payload: a runtime only pages when
+    the state is over 4 MiB, and a peer sending ``more=true`` forever must not grow us
+    without end. Pages beyond the cap are still answered (``more=true``) but their
+    contents are counted, not kept; ``over_cap`` says so to the caller.
+    """
 
-    def __init__(self) -> None:
-        self.pods: list[nri_pb2.PodSandbox] = []
-        self.containers: list[nri_pb2.Container] = []
+    __slots__ = ("containers", "dropped_bytes", "dropped_pages", "kept_bytes", "max_bytes",
+                 "pages", "pods")
 
-    def add(self, req: nri_pb2.SynchronizeRequest) -> bool:
-        """Add a page; True when it was the last one."""
-        self.pods.extend(req.pods)
-        self.containers.extend(req.containers)
+    DEFAULT_MAX_BYTES = 16 << 20  # four full pages: thousands of containers
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.reset()
+
+    def add(self, req: nri_pb2.SynchronizeRequest, size: int = 0) -> bool:
+        """Add a page (``size``: its serialized bytes); True when it was the last one."""
+        self.pages += 1
+        if self.kept_bytes + size > self.max_bytes:
+            self.dropped_pages += 1
+            self.dropped_bytes += size
+        else:
+            self.kept_bytes += size
+            self.pods.extend(req.pods)
+            self.containers.extend(req.containers)
         return not req.more
 
+    @property
+    def over_cap(self) -> bool:
+        return self.dropped_pages > 0
+
     def reset(self) -> None:
-        self.pods = []
-        self.containers = []
+        self.pods: list[nri_pb2.PodSandbox] = []
+        self.containers: list[nri_pb2.Container] = []
+        self.pages = self.dropped_pages = self.kept_bytes = self.dropped_bytes = 0
 
 
 class Dispatcher:
@@ -268,7 +294,7 @@ class Dispatcher:
         if method == "Configure":
             return self._configure(nri_pb2.ConfigureRequest.FromString(payload))
         if method == "Synchronize":
-            return self._synchronize(nri_pb2.SynchronizeRequest.FromString(payload))
+            return self._synchronize(nri_pb2.SynchronizeRequest.FromString(payload), len(payload))
         if method == "Shutdown":
             self.plugin.shutdown()
             return _EMPTY
@@ -298,11 +324,16 @@ class Dispatcher:
         )
         return nri_pb2.ConfigureResponse(events=int(mask)).SerializeToString()
 
-    def _synchronize(self, req: nri_pb2.SynchronizeRequest) -> bytes:
-        if not self._sync.add(req):
+    def _synchronize(self, req: nri_pb2.SynchronizeRequest, size: int = 0) -> bytes:
+        if not self._sync.add(req, size):
             # Every page but the last must be answered more=true and no updates (§3.5).
             return nri_pb2.SynchronizeResponse(more=True).SerializeToString()
         pods, containers = self._sync.pods, self._sync.containers
+        if self._sync.over_cap:
+            log.error("Synchronize: %d of %d pages (%d bytes) were over the %d MiB cap and "
+                      "were not examined; their containers are checked only when they start",
+                      self._sync.dropped_pages, self._sync.pages, self._sync.dropped_bytes,
+                      self._sync.max_bytes >> 20)
         self._sync.reset()
         updates = self.plugin.synchronize(pods, containers)
         self.synchronized = True

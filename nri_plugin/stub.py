@@ -10,6 +10,7 @@ arrived in, far inside the runtime's request timeout (docs/nri-protocol.md §6).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import os
@@ -36,6 +37,20 @@ from nri_plugin.wire import (
 
 DEFAULT_SOCKET_PATH = "/var/run/nri/nri.sock"  # NRI v0.3.0+ (§3.1)
 DEFAULT_REGISTRATION_TIMEOUT = 5.0  # runtime default (§3.2); we wait no longer
+# While the socket is absent or refuses connections (the runtime restarts), try this often:
+# a failed connect costs the runtime nothing, and reconnecting within 1 s of the socket
+# coming back is the goal.
+POLL_INTERVAL = 0.05
+# A connection that ends before Synchronize (registration refused, Configure failed, closed
+# at once) is a failure: those back off from RETRY_INITIAL, doubling up to RETRY_MAX, so a
+# runtime that keeps refusing us is not hammered. A completed handshake resets it.
+RETRY_INITIAL = 0.1
+RETRY_MAX = 5.0
+# Back-pressure: stop reading requests while this much of our replies is unsent, and give
+# up on a peer that has not read anything for STALL_TIMEOUT (its replies are late anyway:
+# the runtime's request timeout is 2 s by default).
+WRITE_HIGH_WATER = 1 << 20
+STALL_TIMEOUT = 10.0
 # Warn when a handler uses more than this share of the runtime's request timeout.
 SLOW_HANDLER_SHARE = 0.25
 
@@ -79,7 +94,8 @@ async def _maybe_await(result: Awaitable[None] | None) -> None:
 class _Session(asyncio.Protocol):
     """One connection: feeds ``Connection``, runs handlers, resolves our calls."""
 
-    def __init__(self, plugin: Plugin, log: logging.Logger) -> None:
+    def __init__(self, plugin: Plugin, log: logging.Logger, *,
+                 stall_timeout: float = STALL_TIMEOUT) -> None:
         self.log = log
         self.conn = Connection(services=SERVICES, logger=log)
         self.dispatcher = Dispatcher(plugin)
@@ -89,12 +105,37 @@ class _Session(asyncio.Protocol):
             asyncio.get_running_loop().create_future()
         )
         self.shutdown_requested = False
+        self.stall_timeout = stall_timeout
+        self._stalled: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol ---
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)
+
+    def pause_writing(self) -> None:
+        # The peer does not read our replies: read no more requests until it does, so
+        # that what we hold stays bounded (the write buffer plus one read's replies).
+        if self.transport is not None:
+            self.transport.pause_reading()
+        loop = asyncio.get_running_loop()
+        self._stalled = loop.call_later(self.stall_timeout, self._give_up_on_reader)
+
+    def resume_writing(self) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def _give_up_on_reader(self) -> None:
+        self._stalled = None
+        size = self.transport.get_write_buffer_size() if self.transport else 0
+        self.log.error("the runtime has not read our replies for %.0f s (%d bytes waiting); "
+                       "dropping the connection", self.stall_timeout, size)
+        self._abort(ConnectionError("peer stopped reading"))
 
     def data_received(self, data: bytes) -> None:
         self._feed(data)
@@ -110,11 +151,20 @@ class _Session(asyncio.Protocol):
 
     def _feed(self, data: bytes) -> None:
         try:
-            events = self.conn.receive_data(data)
+            self._handle(self.conn.receive_data(data))
         except ProtocolError as exc:
             self.log.error("protocol error, dropping the connection: %s", exc)
             self._abort(exc)
             return
+        except Exception as exc:  # a bug: never let it escape data_received half-done
+            self.log.exception("unexpected error, dropping the connection")
+            self._abort(exc)
+            return
+        self.flush()
+        if self.shutdown_requested and self.transport is not None:
+            self.transport.close()
+
+    def _handle(self, events: list[Any]) -> None:
         for event in events:
             if isinstance(event, RequestReceived):
                 self._serve(event)
@@ -126,27 +176,36 @@ class _Session(asyncio.Protocol):
                 self.log.warning("rejected %s/%s: %s", event.service, event.method, event.message)
             elif isinstance(event, ConnectionClosed):
                 self._finish(None)
-        self.flush()
-        if self.shutdown_requested and self.transport is not None:
-            self.transport.close()
 
     def _serve(self, event: RequestReceived) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         try:
             payload = self.dispatcher.dispatch(event.method, event.payload)
-            try:
-                self.conn.send_response(event.stream_id, payload)
-            except MessageTooLargeError as exc:
-                self.conn.send_response(
-                    event.stream_id, code=Code.RESOURCE_EXHAUSTED, message=str(exc)
-                )
         except RpcError as err:
             self.log.warning("%s failed: %s", event.method, err.message)
-            self.conn.send_response(event.stream_id, code=err.code, message=err.message)
+            self._reply(event, b"", err.code, err.message)
+        else:
+            self._reply(event, payload)
         if event.method == "Shutdown":
             self.shutdown_requested = True
         self._check_latency(event, loop.time() - started)
+
+    def _reply(self, event: RequestReceived, payload: bytes, code: int = Code.OK,
+               message: str = "") -> None:
+        """Answer, whatever the size: a reply over the 4 MiB frame limit becomes a short
+        RESOURCE_EXHAUSTED error (never an exception out of data_received, which would
+        drop the connection and let the container be created without us)."""
+        try:
+            self.conn.send_response(event.stream_id, payload, code=code, message=message)
+        except MessageTooLargeError:
+            self.log.error("%s: the reply (%d bytes) is over the 4 MiB ttrpc limit; "
+                           "answering RESOURCE_EXHAUSTED", event.method, len(payload))
+            self.conn.send_response(
+                event.stream_id, code=Code.RESOURCE_EXHAUSTED,
+                message=f"{event.method}: the reply is {len(payload)} bytes, over the "
+                        "4 MiB ttrpc message limit",
+            )
 
     def _check_latency(self, event: RequestReceived, elapsed: float) -> None:
         conf = self.dispatcher.configuration
@@ -179,6 +238,9 @@ class _Session(asyncio.Protocol):
         self._finish(exc)
 
     def _finish(self, exc: BaseException | None) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
         for future in self.calls.values():
             if not future.done():
                 future.set_exception(ConnectionError("NRI connection closed"))
@@ -196,8 +258,11 @@ class Stub:
 
     Connection source, in order: ``sock``; the fd in NRI_PLUGIN_SOCKET (we were
     launched by the runtime: no reconnects, ``run()`` returns on disconnect);
-    else ``socket_path`` (external plugin: reconnect with capped exponential
-    backoff until ``stop()``).
+    else ``socket_path`` (external plugin: reconnect until ``stop()``). While the
+    socket is absent or refuses connections we try every ``poll_interval``, so we
+    are back within about that long of the runtime listening again; connections
+    that end before Synchronize (a refused registration, ...) back off from
+    ``retry_initial`` doubling to ``retry_max``.
     """
 
     def __init__(
@@ -212,8 +277,10 @@ class Stub:
         on_connected: Callback | None = None,
         on_close: CloseCallback | None = None,
         registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
-        reconnect_initial: float = 0.5,
-        reconnect_max: float = 30.0,
+        poll_interval: float = POLL_INTERVAL,
+        retry_initial: float = RETRY_INITIAL,
+        retry_max: float = RETRY_MAX,
+        stall_timeout: float = STALL_TIMEOUT,
         logger: logging.Logger | None = None,
     ) -> None:
         env = os.environ if env is None else env
@@ -228,12 +295,15 @@ class Stub:
         self.on_connected = on_connected
         self.on_close = on_close
         self.registration_timeout = registration_timeout
-        self.reconnect_initial = reconnect_initial
-        self.reconnect_max = reconnect_max
+        self.poll_interval = poll_interval
+        self.retry_initial = retry_initial
+        self.retry_max = retry_max
+        self.stall_timeout = stall_timeout
         self.log = logger or logging.getLogger("nri_plugin.stub")
         self._session: _Session | None = None
         self._registered = False
         self._stopping = False
+        self._wake = asyncio.Event()
 
     @property
     def launched(self) -> bool:
@@ -252,28 +322,45 @@ class Stub:
 
     async def run(self) -> None:
         """Serve until the runtime goes away (one-shot) or ``stop()`` is called."""
-        backoff = self.reconnect_initial
+        failures = 0  # connections in a row that ended before Synchronize
+        unreachable: str | None = None  # the error we last logged for an absent socket
         while not self._stopping:
             try:
                 session = await self._connect()
-            except OSError as exc:
+            except (OSError, asyncio.TimeoutError) as exc:
                 if self.launched:
                     raise
-                self.log.warning("cannot connect to %s: %s", self.socket_path, exc)
-            else:
-                if await self._serve(session):
-                    backoff = self.reconnect_initial  # a good session resets the backoff
-                if self.launched or session.shutdown_requested:
-                    return
-            if self._stopping:
+                # Logged once per outage, not every poll_interval.
+                if str(exc) != unreachable:
+                    unreachable = str(exc)
+                    self.log.warning("cannot connect to %s: %s; retrying every %.0f ms",
+                                     self.socket_path, exc or "timed out",
+                                     self.poll_interval * 1e3)
+                await self._pause(self.poll_interval)
+                continue
+            unreachable = None
+            await self._serve(session)
+            if self.launched or session.shutdown_requested or self._stopping:
                 return
-            self.log.info("reconnecting in %.1f s", backoff)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self.reconnect_max)
+            if session.dispatcher.synchronized:
+                failures = 0
+                continue  # the runtime went away after a good session: back at once
+            failures += 1
+            delay = min(self.retry_initial * 2 ** (failures - 1), self.retry_max)
+            self.log.info("reconnecting in %.1f s (%d connection%s in a row ended before "
+                          "Synchronize)", delay, failures, "s" if failures > 1 else "")
+            await self._pause(delay)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, or less if ``stop()`` is called meanwhile."""
+        self._wake.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
 
     def stop(self) -> None:
         """Close the connection and make ``run()`` return instead of reconnecting."""
         self._stopping = True
+        self._wake.set()
         if self._session is not None:
             self._session.close()
 
@@ -300,11 +387,16 @@ class Stub:
         sock = self._sock
         if sock is None and self._fd is not None:
             sock = socket.socket(fileno=self._fd)
-        factory = lambda: _Session(self.plugin, self.log)  # noqa: E731
+        def factory() -> _Session:
+            return _Session(self.plugin, self.log, stall_timeout=self.stall_timeout)
+
         if sock is not None:
             _, session = await loop.create_unix_connection(factory, sock=sock)
         else:
-            _, session = await loop.create_unix_connection(factory, path=self.socket_path)
+            # Bounded: a runtime that is frozen with its socket open must not hold us.
+            _, session = await asyncio.wait_for(
+                loop.create_unix_connection(factory, path=self.socket_path),
+                self.registration_timeout)
         return session
 
     async def _serve(self, session: _Session) -> bool:
@@ -319,7 +411,7 @@ class Stub:
                 await _maybe_await(self.on_connected(self))
             error = await session.closed
         except (RegistrationError, ConnectionError, asyncio.TimeoutError) as exc:
-            self.log.error("registration failed: %s", exc)
+            self.log.error("registration failed: %s", str(exc) or type(exc).__name__)
             error = exc
             session.close()
         finally:

@@ -84,13 +84,15 @@ def _setup_logging(level: str, kind: str = "text") -> logging.handlers.QueueList
     import logging.handlers
     import queue
 
-    from nri_plugin.ops.logformat import log_formatter
+    from nri_plugin.ops.logformat import BoundedLog, log_formatter
 
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(log_formatter(kind))
     root = logging.getLogger()
-    root.handlers[:] = [_deferred_queue_handler(records)]
+    queued = _deferred_queue_handler(records)
+    queued.addFilter(BoundedLog())  # bounded lines, repeats rate-limited, before the queue
+    root.handlers[:] = [queued]
     root.setLevel(level.upper())
     listener = logging.handlers.QueueListener(records, handler)
     listener.start()
@@ -156,7 +158,7 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
 
     from cdi.cache import SpecCache
     from cdi.watch import AutoRefresh
-    from nri_plugin.plugins.cdi_injector.failclosed import act
+    from nri_plugin.plugins.cdi_injector.failclosed import StartGuard, act
     from nri_plugin.plugins.cdi_injector.injector import CdiInjector
     from nri_plugin.plugins.cdi_injector.vendor import RegistryHolder
     from nri_plugin.stub import Stub
@@ -179,12 +181,18 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
                             on_refresh=refreshed).start()
     loop = asyncio.get_running_loop()
     options: dict[str, Any] = {"vendors": registry.vendors, "policy": policy}
+    # StartGuard checks every container again at creation and start (fail-closed for
+    # creations that did not pass through us); it wraps whichever injector we run.
+    plugin: Any
     if metrics is None:
-        plugin = CdiInjector(registry.get, **options)
+        guarded: Any = type("GuardedInjector", (StartGuard, CdiInjector), {})
+        plugin = guarded(registry.get, **options)
     else:
         from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
 
-        plugin = MeteredInjector(registry.get, metrics, **options)
+        guarded = type("GuardedMeteredInjector", (StartGuard, MeteredInjector), {})
+        plugin = guarded(registry.get, metrics, **options)
+        plugin.on_stopped = metrics.eviction
     name, idx = _identity(args, settings)
     stub = Stub(plugin, name=name, idx=idx, socket_path=plugin_settings["socket"],
                 on_close=None if metrics is None else lambda s, e: metrics.disconnected())
@@ -199,7 +207,10 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
             metrics.eviction(plugin.counters.get("unserved_evicted", 0) - before)
 
     def on_unserved(unserved: Any) -> None:
-        task = loop.create_task(act_and_count(unserved))
+        now = plugin.defer_unserved(unserved)  # not started yet: stopped when they start
+        if not now:
+            return
+        task = loop.create_task(act_and_count(now))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -21,7 +22,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        if record.exc_info:
+        if record.exc_text:
+            entry["exception"] = record.exc_text
+        elif record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)
 
@@ -29,7 +32,78 @@ class JsonFormatter(logging.Formatter):
 def log_formatter(kind: str) -> logging.Formatter:
     """The formatter for ``log.format``: ``text`` or ``json``."""
     if kind == "json":
-        return JsonFormatter()
+        return BoundedFormatter(JsonFormatter())
     if kind == "text":
-        return logging.Formatter(TEXT_FORMAT)
+        return BoundedFormatter(logging.Formatter(TEXT_FORMAT))
     raise ValueError(f"unknown log format {kind!r} (want text or json)")
+
+
+MAX_LINE = 4096  # characters of one log message; the rest is cut, saying how much
+
+
+class BoundedLog(logging.Filter):
+    """Bounds what the plugin logs, whatever the input (attach it to the handler).
+
+    * every message is cut to ``max_chars`` (a refusal may quote a 2 MB name);
+    * lines from the same call site (logger, level and format string) beyond ``burst``
+      per ``window`` seconds are dropped and counted; the next line from that site after
+      the window says how many were dropped. A flood of rejected requests then costs a
+      few lines per window instead of one per request.
+
+    It formats the message itself (``msg`` becomes the bounded text, ``args`` None), so it
+    belongs before a queue handler, which must not format again.
+    """
+
+    def __init__(self, max_chars: int = MAX_LINE, burst: int = 20, window: float = 10.0,
+                 clock: Any = time.monotonic, max_sites: int = 1024) -> None:
+        super().__init__()
+        self.max_chars = max_chars
+        self.burst = burst
+        self.window = window
+        self.clock = clock
+        self.max_sites = max_sites
+        self._sites: dict[tuple[str, int, str], list[float]] = {}  # [window start, n, dropped]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.levelno, str(record.msg)[:200])
+        now = self.clock()
+        site = self._sites.get(key)
+        if site is None or now - site[0] >= self.window:
+            dropped = int(site[2]) if site is not None else 0
+            if site is None and len(self._sites) >= self.max_sites:
+                self._sites.clear()  # pathological: messages without a fixed format
+            site = self._sites[key] = [now, 0, 0]
+        else:
+            dropped = 0
+        site[1] += 1
+        if site[1] > self.burst:
+            site[2] += 1
+            return False
+        message = record.getMessage()
+        if len(message) > self.max_chars:
+            message = clip_line(message, self.max_chars)
+        if dropped:
+            message += f" [{dropped} similar line(s) dropped in the last {self.window:.0f} s]"
+        record.msg, record.args = message, None
+        return True
+
+
+def clip_line(text: str, limit: int) -> str:
+    from nri_plugin.bounded import clip
+
+    return clip(text, limit)
+
+
+class BoundedFormatter(logging.Formatter):
+    """A formatter whose tracebacks are cut like messages (they quote the exception)."""
+
+    def __init__(self, inner: logging.Formatter, max_chars: int = MAX_LINE) -> None:
+        super().__init__()
+        self.inner = inner
+        self.max_chars = max_chars
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.exc_info and not record.exc_text:
+            record.exc_text = clip_line(self.inner.formatException(record.exc_info),
+                                        self.max_chars * 4)
+        return self.inner.format(record)

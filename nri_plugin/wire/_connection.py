@@ -11,6 +11,7 @@ import enum
 import logging
 from collections.abc import Collection, Iterable, Mapping
 
+from nri_plugin.bounded import bound_message, clip
 from nri_plugin.wire._errors import LocalProtocolError, RemoteProtocolError
 from nri_plugin.wire._events import (
     ConnectionClosed,
@@ -124,6 +125,9 @@ class Connection:
             )
         return [self._handle_response(stream_id, frame.data)]
 
+    # Service and method names are quoted in rejections; a hostile peer may send 4 MiB ones.
+    NAME_LIMIT = 128
+
     def _handle_request(self, stream_id: int, data: bytes) -> Event:
         invalid = self._server.accept(stream_id)
         if invalid is not None:
@@ -137,11 +141,13 @@ class Connection:
         if self._services is not None:
             if service not in self._services:
                 return self._reject(
-                    stream_id, service, method, Code.UNIMPLEMENTED, f"service {service}"
+                    stream_id, service, method, Code.UNIMPLEMENTED,
+                    f"service {clip(service, self.NAME_LIMIT)}",
                 )
             if method not in self._services[service]:
                 return self._reject(
-                    stream_id, service, method, Code.UNIMPLEMENTED, f"method {method}"
+                    stream_id, service, method, Code.UNIMPLEMENTED,
+                    f"method {clip(method, self.NAME_LIMIT)}",
                 )
         return RequestReceived(
             stream_id=stream_id,
@@ -162,6 +168,10 @@ class Connection:
         *,
         tracked: bool = True,
     ) -> RequestRejected:
+        # Bounded so that the reply always fits in a frame (a 4 MiB service name quoted
+        # in "service X" would not) and the event is cheap to log.
+        service, method = clip(service, self.NAME_LIMIT), clip(method, self.NAME_LIMIT)
+        message = bound_message(message)
         self._log.debug("rejecting stream %d (%s/%s): %s", stream_id, service, method, message)
         if tracked:
             self._server.close(stream_id)
@@ -226,10 +236,13 @@ class Connection:
         """Answer a ``RequestReceived``. A non-OK ``code`` sends an error status.
 
         Raises ``MessageTooLargeError`` (the stream stays open) when the reply is
-        above 4 MiB, so the caller can answer RESOURCE_EXHAUSTED instead.
+        above 4 MiB, so the caller can answer RESOURCE_EXHAUSTED instead. Error
+        messages are bounded (``bound_message``), so an error reply always fits.
         """
         self._check_usable()
         self._server.check_open(stream_id)
+        if code != Code.OK:
+            message = bound_message(message)
         data = encode_response(payload, code, message)
         frame = encode_frame(stream_id, MessageType.RESPONSE, data)
         self._server.close(stream_id)

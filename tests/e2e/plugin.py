@@ -35,12 +35,17 @@ class PluginProcess:
 
     def start(self, timeout: float = 15.0) -> PluginProcess:
         mark = self.log_size()
+        self.spawn()
+        self.wait_for_log("connected to containerd", timeout, after=mark)
+        return self
+
+    def spawn(self) -> PluginProcess:
+        """Start the process without waiting for it to connect."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.process = subprocess.Popen(self.command(), stdout=log, stderr=log, env=env,
                                         cwd=REPO)
         log.close()
-        self.wait_for_log("connected to containerd", timeout, after=mark)
         return self
 
     def log_size(self) -> int:

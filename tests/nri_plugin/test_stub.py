@@ -237,8 +237,7 @@ def test_external_plugin_reconnects_and_stops_on_shutdown(tmp_path: Path) -> Non
             Injector(),
             socket_path=path,
             env=ENV,
-            reconnect_initial=0.01,
-            reconnect_max=0.05,
+            poll_interval=0.01,
             on_connected=lambda s: connected.append(s.connected),
         )
         runner = asyncio.create_task(stub.run())
@@ -266,8 +265,7 @@ def test_external_plugin_keeps_retrying_until_stopped(tmp_path: Path) -> None:
             Injector(),
             socket_path=str(tmp_path / "missing.sock"),
             env=ENV,
-            reconnect_initial=0.01,
-            reconnect_max=0.02,
+            poll_interval=0.01,
             on_close=lambda s, e: closes.append(e),
         )
         runner = asyncio.create_task(stub.run())

@@ -1,0 +1,271 @@
+"""Fail-closed without the runtime: the StartGuard's second check, stopping by cgroup or
+pid (real processes, a real cgroup.procs file layout), bounded messages and logs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cdi.cache import Snapshot, SpecCache
+from nri_plugin.api import nri_pb2
+from nri_plugin.bounded import bound_message, clip
+from nri_plugin.dispatch import RpcError
+from nri_plugin.ops.logformat import BoundedLog
+from nri_plugin.plugins.cdi_injector.failclosed import (
+    StartGuard,
+    act,
+    cgroup_relpath,
+    find_unserved,
+    stop_processes,
+)
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.policy import Policy, parse_policy
+from nri_plugin.plugins.cdi_injector.vendor import Registry
+from nri_plugin.vendors.nvidia.rules import NvidiaRules
+from tests.helpers import write_specs
+
+SPEC = """\
+cdiVersion: 0.5.0
+kind: vendor.com/gpu
+devices:
+- name: "0"
+  containerEdits:
+    deviceNodes: [{path: /dev/vgpu0, type: c, major: 241, minor: 0}]
+"""
+ASK = {"cdi.k8s.io/dp_0": "vendor.com/gpu=0"}
+
+
+class Guarded(StartGuard, CdiInjector):
+    pass
+
+
+@pytest.fixture
+def snapshot(tmp_path: Path) -> Snapshot:
+    return SpecCache([str(write_specs(tmp_path / "cdi", {"v.yaml": SPEC}))]).refresh()
+
+
+@pytest.fixture
+def cgroup_root(tmp_path: Path) -> Path:
+    """A cgroup v1 layout (cgroup.procs, no cgroup.kill) in a plain folder."""
+    root = tmp_path / "cgroup"
+    (root / "pids").mkdir(parents=True)
+    return root
+
+
+def guard(snapshot: Snapshot, root: Path, policy: Policy | None = None) -> Guarded:
+    plugin = Guarded(lambda: Registry(snapshot), vendors=[NvidiaRules()], policy=policy)
+    plugin.cgroup_root = str(root)
+    return plugin
+
+
+def pod() -> nri_pb2.PodSandbox:
+    return nri_pb2.PodSandbox(id="p", name="pod", namespace="default")
+
+
+def container(cid: str, pid: int = 0, cgroup: str = "", **annotations: str) -> nri_pb2.Container:
+    ctr = nri_pb2.Container(id=cid, pod_sandbox_id="p", name=f"n-{cid}", pid=pid,
+                            annotations=annotations or ASK, state=nri_pb2.CONTAINER_CREATED)
+    ctr.linux.cgroups_path = cgroup
+    return ctr
+
+
+def sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["sleep", "60"])
+
+
+def in_cgroup(root: Path, path: str, pids: list[int]) -> None:
+    folder = root / "pids" / path.strip("/")
+    folder.mkdir(parents=True)
+    (folder / "cgroup.procs").write_text("".join(f"{p}\n" for p in pids))
+
+
+def killed(proc: subprocess.Popen[bytes]) -> bool:
+    try:
+        return proc.wait(timeout=5) == -9
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return False
+
+
+def test_served_container_is_left_alone_at_start(snapshot: Snapshot, cgroup_root: Path) -> None:
+    plugin = guard(snapshot, cgroup_root)
+    proc = sleeper()
+    ctr = container("served", pid=proc.pid)
+    assert plugin.create_container(pod(), ctr) is not None  # we injected it
+    plugin.start_container(pod(), ctr)  # no devices in this message, but we served it
+    plugin.post_start_container(pod(), ctr)
+    assert proc.poll() is None
+    proc.kill()
+    proc.wait()
+
+
+def test_container_with_its_devices_is_left_alone(snapshot: Snapshot,
+                                                  cgroup_root: Path) -> None:
+    plugin = guard(snapshot, cgroup_root)  # e.g. served by a previous plugin process
+    proc = sleeper()
+    ctr = container("had-them", pid=proc.pid)
+    ctr.linux.devices.add(path="/dev/vgpu0", type="c", major=241, minor=0)
+    plugin.start_container(pod(), ctr)
+    plugin.post_start_container(pod(), ctr)
+    assert proc.poll() is None
+    proc.kill()
+    proc.wait()
+
+
+def test_unserved_container_is_killed_by_cgroup_at_start_and_start_fails(
+    snapshot: Snapshot, cgroup_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin = guard(snapshot, cgroup_root)
+    procs = [sleeper(), sleeper()]
+    in_cgroup(cgroup_root, "/k8s.io/straddler", [p.pid for p in procs])
+    ctr = container("straddler", cgroup="/k8s.io/straddler")
+    plugin.post_create_container(pod(), ctr)  # created without us: remembered
+    assert "will be stopped when it starts" in caplog.text
+    with pytest.raises(RpcError, match=r"straddler \(straddler\) was created without"):
+        plugin.start_container(pod(), ctr)
+    assert all(killed(p) for p in procs)
+    assert "stopped container n-straddler (straddler) of pod default/pod before it ran" \
+        in caplog.text
+    assert plugin.counters["unserved_evicted"] == 1
+
+
+def test_pid_zero_at_synchronize_is_stopped_when_it_starts(
+    snapshot: Snapshot, cgroup_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin = guard(snapshot, cgroup_root)
+    found = find_unserved([pod()], [container("waiting")], plugin.policy,
+                          plugin.vendors, Registry(snapshot))
+    assert plugin.defer_unserved(found) == []  # nothing to stop yet
+    assert "(waiting) of pod default/pod is created but not started" in caplog.text
+    proc = sleeper()
+    with pytest.raises(RpcError):
+        plugin.start_container(pod(), container("waiting", pid=proc.pid))  # no cgroup: pid
+    assert killed(proc)
+
+
+def test_post_start_stops_what_start_could_not(snapshot: Snapshot, cgroup_root: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    plugin = guard(snapshot, cgroup_root)
+    with pytest.raises(RpcError):
+        plugin.start_container(pod(), container("late"))  # pid 0, no cgroup: nothing yet
+    assert "trying again after it starts" in caplog.text
+    proc = sleeper()
+    plugin.post_start_container(pod(), container("late", pid=proc.pid))
+    assert killed(proc)
+    assert "stopped container n-late (late) of pod default/pod as it started" in caplog.text
+
+
+def test_report_mode_names_the_id_and_stops_nothing(
+    snapshot: Snapshot, cgroup_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    plugin = guard(snapshot, cgroup_root, parse_policy({"failClosed": {"action": "report"}}))
+    proc = sleeper()
+    ctr = container("rep", pid=proc.pid)
+    plugin.start_container(pod(), ctr)
+    plugin.post_start_container(pod(), ctr)
+    assert proc.poll() is None
+    assert caplog.text.count("fail-closed report: container n-rep (rep)") == 1
+    found = find_unserved([pod()], [container("sync", pid=proc.pid)], plugin.policy,
+                          plugin.vendors, Registry(snapshot))
+    asyncio.run(act(None, found, "report", {}))
+    assert "fail-closed report: container n-sync (sync) of pod default/pod" in caplog.text
+    proc.kill()
+    proc.wait()
+
+
+def test_remove_forgets(snapshot: Snapshot, cgroup_root: Path) -> None:
+    plugin = guard(snapshot, cgroup_root)
+    plugin.REMEMBER = 3
+    for i in range(10):
+        plugin.create_container(pod(), container(f"c{i}"))
+    assert list(plugin._served) == ["c7", "c8", "c9"]  # bounded
+    plugin.remove_container(pod(), container("c9"))
+    assert "c9" not in plugin._served
+
+
+def test_act_never_calls_the_runtime(snapshot: Snapshot) -> None:
+    class Stub:
+        def update_containers(self, *args: object, **kw: object) -> None:
+            raise AssertionError("UpdateContainers must not be called")
+
+    proc = sleeper()
+    found = find_unserved([pod()], [container("s", pid=proc.pid)], Policy(), [],
+                          Registry(snapshot))
+    counters: dict[str, int] = {}
+    asyncio.run(act(Stub(), found, "evict", counters))
+    assert killed(proc) and counters == {"unserved_evicted": 1}
+
+
+@pytest.mark.parametrize("path, rel", [
+    ("/k8s.io/abc", "k8s.io/abc"),
+    ("kubepods-besteffort-pod12.slice:cri-containerd:abc",
+     "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod12.slice/"
+     "cri-containerd-abc.scope"),
+    ("system.slice:cri-containerd:abc", "system.slice/cri-containerd-abc.scope"),
+])
+def test_cgroup_paths(path: str, rel: str) -> None:
+    assert cgroup_relpath(path) == rel
+
+
+def test_stop_processes_with_nothing_to_stop(cgroup_root: Path) -> None:
+    assert stop_processes(0, "/k8s.io/gone", str(cgroup_root)) is None
+
+
+# --- bounded text ------------------------------------------------------------------------------
+
+def test_bound_message_summarizes_lists_and_cuts() -> None:
+    names = "; ".join(f"v.com/g=u{i}: unknown" for i in range(60000))
+    message = bound_message(f"unresolvable CDI devices: {names}")
+    assert len(message) <= 2048 and message.endswith("... and 59995 more")
+    long = bound_message("bad " + "x" * 3_000_000 + " in annotation 'a'")
+    assert len(long) == 2048 and long.endswith("in annotation 'a'")
+    assert "more characters" in long
+    assert clip("short", 10) == "short"
+
+
+def test_rpc_error_messages_are_bounded() -> None:
+    assert len(RpcError(2, "y" * 10_000_000).message) <= 2048
+
+
+def test_log_lines_are_cut_and_repeats_dropped_with_a_count() -> None:
+    now = [0.0]
+    limiter = BoundedLog(max_chars=100, burst=3, window=10, clock=lambda: now[0])
+    records = [logging.LogRecord("x", logging.WARNING, __file__, 1, "refused %s", (f"{i}" * 500,),
+                                 None) for i in range(10)]
+    passed = [r for r in records if limiter.filter(r)]
+    assert len(passed) == 3 and all(len(r.getMessage()) <= 100 for r in passed)
+    now[0] = 11
+    later = logging.LogRecord("x", logging.WARNING, __file__, 1, "refused %s", ("z",), None)
+    assert limiter.filter(later)
+    assert later.getMessage() == "refused z [7 similar line(s) dropped in the last 10 s]"
+    other = logging.LogRecord("x", logging.WARNING, __file__, 2, "other", (), None)
+    assert limiter.filter(other)  # another call site has its own budget
+
+
+def test_plain_containers_are_not_touched(snapshot: Snapshot, cgroup_root: Path) -> None:
+    plugin = guard(snapshot, cgroup_root)
+    proc = sleeper()
+    plain = nri_pb2.Container(id="plain", pod_sandbox_id="p", name="plain", pid=proc.pid)
+    plugin.start_container(pod(), plain)  # asks for nothing
+    plugin.post_start_container(pod(), plain)
+    assert proc.poll() is None
+    proc.kill()
+    proc.wait()
+
+
+def test_too_many_names_are_refused_before_parsing(snapshot: Snapshot,
+                                                   cgroup_root: Path) -> None:
+    plugin = guard(snapshot, cgroup_root)
+    many = ",".join(f"vendor.com/gpu={i}" for i in range(300_000))
+    with pytest.raises(RpcError, match="over 1024"):
+        plugin.create_container(pod(), container("many", **{"cdi.k8s.io/x": many}))
+    # Created while we were away with such a request: stopped at start like any other.
+    proc = sleeper()
+    with pytest.raises(RpcError, match="its request is invalid"):
+        plugin.start_container(pod(), container("many2", pid=proc.pid,
+                                                **{"cdi.k8s.io/x": many}))
+    assert killed(proc)
