@@ -149,18 +149,9 @@ def dump_spec(spec: SpecData, *, json_format: bool = False) -> str:
     document = to_dict(spec)
     if json_format:
         return json.dumps(document, indent=2) + "\n"
-    import yaml
+    from cdi.yaml11 import dump_yaml
 
-    dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    body = yaml.dump(
-        document,
-        Dumper=dumper,
-        sort_keys=False,
-        default_flow_style=False,
-        allow_unicode=True,
-        width=1 << 16,
-    )
-    return "---\n" + body
+    return dump_yaml(document)
 
 
 def with_minimum_version(spec: SpecData) -> SpecData:
