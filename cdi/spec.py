@@ -48,7 +48,7 @@ def _strict_loader() -> Any:
             seen.add(key)
         return loader.construct_mapping(node, deep=deep)
 
-    loader = type("StrictLoader", (base,), {})
+    loader: Any = type("StrictLoader", (base,), {})
     loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_strict_mapping)
     return loader
 

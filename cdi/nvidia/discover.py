@@ -344,7 +344,10 @@ def _run_nvml(library: Path | None) -> NodeInfo:
     try:
         nvml = load_nvml(library)
     except ImportError:
-        raise DiscoveryError("NVML unavailable: nvidia-ml-py (pynvml) is not installed") from None
+        from cdi.extras import MissingDependencyError
+
+        missing = MissingDependencyError("pynvml", "NVML mode")
+        raise DiscoveryError(f"NVML unavailable: {missing}") from None
     except Exception as exc:  # OSError from dlopen, NVMLError from init
         raise DiscoveryError(f"NVML unavailable: cannot load {library}: {exc}") from None
     try:

@@ -1,4 +1,5 @@
-"""``cdi.yaml11.implicit_tag`` gives exactly PyYAML's implicit tag for any string."""
+"""``cdi.yaml11``: ``implicit_tag`` gives exactly PyYAML's implicit tag for any string, and
+``dump_yaml`` writes what PyYAML's C dumper writes."""
 
 from __future__ import annotations
 
