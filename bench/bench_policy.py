@@ -25,8 +25,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -35,12 +36,21 @@ from cdi.cache import Snapshot, SpecCache
 from nri_plugin.api import nri_pb2
 from nri_plugin.plugin import Plugin
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, plan_injection
-from nri_plugin.plugins.cdi_injector.requests import requested_devices
+from nri_plugin.plugins.cdi_injector.requests import (
+    container_requests,
+    pod_requests,
+    unique_requests,
+)
 from nri_plugin.stub import Stub
 from nri_plugin.vendors.nvidia.nodefacts import NodeFacts, load_facts
 from tests.nri_runtime_peer import RuntimePeer
 
 LIB = "/usr/lib/x86_64-linux-gnu"
+
+
+def requested_devices(pod: Mapping[str, str], name: str, ctr: Mapping[str, str]) -> list[Any]:
+    """The annotation requests, joined as ``sources.gather`` joins them."""
+    return unique_requests(pod_requests(pod, name) + container_requests(ctr))
 GPUS = 8
 
 

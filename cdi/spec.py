@@ -12,7 +12,6 @@ from cdi.errors import FieldError, SpecError
 from cdi.model import DeviceData, SpecData, spec_from_dict, to_dict
 from cdi.parser import parse_kind
 from cdi.validate import validate_spec
-from cdi.version import minimum_version
 
 # A real spec for 8 GPUs x 7 MIG devices is well under 1 MiB; refuse to slurp anything
 # absurd that happens to sit in a spec directory.
@@ -152,11 +151,6 @@ def dump_spec(spec: SpecData, *, json_format: bool = False) -> str:
     from cdi.yaml11 import dump_yaml
 
     return dump_yaml(document)
-
-
-def with_minimum_version(spec: SpecData) -> SpecData:
-    """The same spec declaring the minimum version its content needs."""
-    return spec._replace(cdi_version=minimum_version(spec))
 
 
 def write_spec(spec: SpecData, path: str | os.PathLike[str], *, mode: int = 0o644) -> None:

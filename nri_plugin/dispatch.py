@@ -202,7 +202,6 @@ class Configuration:
     runtime_name: str
     runtime_version: str
     nri_version: str  # "" before NRI v0.12.0
-    registration_timeout_ms: int  # 0 before NRI v0.7.0: the runtime default applies
     request_timeout_ms: int
     events: EventMask
 
@@ -242,7 +241,6 @@ class Dispatcher:
             raise ValueError(f"{type(plugin).__name__} implements no event handler")
         self.plugin = plugin
         self.configuration: Configuration | None = None
-        self.synchronized = False
         self._sync = SyncCollector()
 
     def dispatch(self, method: str, payload: bytes) -> bytes:
@@ -291,7 +289,6 @@ class Dispatcher:
             runtime_name=req.runtime_name,
             runtime_version=req.runtime_version,
             nri_version=req.NRI_version,
-            registration_timeout_ms=req.registration_timeout,
             request_timeout_ms=req.request_timeout,
             events=mask,
         )
@@ -304,7 +301,6 @@ class Dispatcher:
         pods, containers = self._sync.pods, self._sync.containers
         self._sync.reset()
         updates = self.plugin.synchronize(pods, containers)
-        self.synchronized = True
         return nri_pb2.SynchronizeResponse(update=_as_updates(updates)).SerializeToString()
 
 

@@ -81,17 +81,11 @@ class Roots(NamedTuple):
     driver: Path = Path("/")
     dev: Path = Path("/")
 
-    def driver_path(self, path: str) -> Path:
-        return self.driver / path.lstrip("/")
-
     def dev_path(self, path: str) -> Path:
         return self.dev / path.lstrip("/")
 
     def proc_path(self, path: str) -> Path:
         return self.dev / "proc" / path.lstrip("/")
-
-    def sys_path(self, path: str) -> Path:
-        return self.dev / "sys" / path.lstrip("/")
 
 
 # ``index`` hides tuple.index() on these two: the field is what every caller means.

@@ -106,10 +106,6 @@ class Metrics:
             self._state["connected"] = False
         self._connected.set(0)
 
-    def reconnect(self) -> None:
-        """For callers that count reconnects themselves (``connected`` already does)."""
-        self._reconnects.inc()
-
     # --- reading ------------------------------------------------------------------------------
 
     def health(self) -> dict[str, Any]:

@@ -15,7 +15,12 @@ from nri_plugin.api import nri_pb2
 from nri_plugin.dispatch import dispatch
 from nri_plugin.plugins.cdi_injector.adjust import UnsupportedEditsError, to_adjustment
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, InjectionError, plan_injection
-from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, requested_devices
+from nri_plugin.plugins.cdi_injector.requests import (
+    DeviceRequest,
+    container_requests,
+    pod_requests,
+    unique_requests,
+)
 from nri_plugin.runtime import RuntimeInfo
 from nri_plugin.stub import Stub
 from tests.helpers import write_specs
@@ -67,6 +72,11 @@ def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Snapshot:
     snap = SpecCache([str(folder)]).refresh()
     assert not snap.errors
     return snap
+
+
+def requested_devices(pod: dict[str, str], name: str, ctr: dict[str, str]) -> list[DeviceRequest]:
+    """The annotation sources in the order ``sources.gather`` joins them."""
+    return unique_requests(pod_requests(pod, name) + container_requests(ctr))
 
 
 def names(requests: list[DeviceRequest]) -> list[str]:

@@ -33,18 +33,6 @@ def container_key(container_name: str) -> str:
     return CONTAINER_KEY_PREFIX + container_name
 
 
-def requested_devices(
-    pod_annotations: Mapping[str, str],
-    container_name: str,
-    container_annotations: Mapping[str, str],
-) -> list[DeviceRequest]:
-    """Every requested device once, in a stable order: the pod's keys (pod-wide ones and
-    this container's own) in key order, then the container's keys in key order. Raises
-    AnnotationError naming the annotation for a malformed key or value."""
-    return unique_requests(pod_requests(pod_annotations, container_name)
-                   + container_requests(container_annotations))
-
-
 def pod_requests(pod_annotations: Mapping[str, str], container_name: str) -> list[DeviceRequest]:
     """Requests from the pod's ``cdi.k8s.io/`` annotations (pod-wide and this container's)."""
     requests: list[DeviceRequest] = []
