@@ -94,15 +94,16 @@ def main() -> None:
         out.mkdir()
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
+        floor, ours = "python -c pass (floor)", "generate (python -m cdi.nvidia.cli)"
+        pyyaml = "generate, PyYAML C dumper"
         common = ["--mode", "procfs", "--driver-root", str(node.driver_root),
                   "--hook-path", "/usr/local/bin/nri-cdi", "--output", str(out / "nvidia.yaml")]
         commands = {
-            "python -c pass (floor)": [sys.executable, "-c", "pass"],
-            "generate (python -m cdi.nvidia.cli)": [sys.executable, "-m", "cdi.nvidia.cli",
-                                                    *common],
+            floor: [sys.executable, "-c", "pass"],
+            ours: [sys.executable, "-m", "cdi.nvidia.cli", *common],
             "nri-cdi generate (nri_plugin.ops.cli)": [sys.executable, "-m", "nri_plugin.ops.cli",
                                                   "generate", *common],
-            "generate, PyYAML C dumper": [sys.executable, "-c", PYYAML_GENERATE, *common],
+            pyyaml: [sys.executable, "-c", PYYAML_GENERATE, *common],
         }
         installed = shutil.which("nri-cdi")
         if installed:
@@ -112,8 +113,13 @@ def main() -> None:
             name = f"generate ({args.compare.name})"
             commands[name] = [sys.executable, "-m", "cdi.nvidia.cli", *common]
             folders[name] = args.compare.resolve()
+        written: dict[str, bytes] = {}
         for name, argv in commands.items():  # warm-up: bytecode cache, page cache
             run_child(argv, env, out, folders[name])
+            if name != floor:
+                written[name] = (out / "nvidia.yaml").read_bytes()
+        if written[pyyaml] != written[ours]:  # the comparison is only fair on equal output
+            raise SystemExit("PyYAML's C dumper wrote other bytes than cdi.yaml11")
         walls: dict[str, list[float]] = {name: [] for name in commands}
         peaks: dict[str, list[float]] = {name: [] for name in commands}
         for _ in range(args.rounds):
