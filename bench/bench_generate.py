@@ -8,7 +8,11 @@ each round so that machine noise hits all sides alike:
 - generate: ``python -m cdi.nvidia.cli --mode procfs ...`` (the lean entry point);
 - nri-cdi generate: ``python -m nri_plugin.ops.cli generate --mode procfs ...`` (the command's
   dispatcher, which imports only the ``generate`` module);
-- the installed ``nri-cdi`` console script, when it is on PATH (what an operator runs).
+- the installed ``nri-cdi`` console script, when it is on PATH (what an operator runs);
+- generate with PyYAML's C dumper: the lean entry point with ``cdi.yaml11.dump_yaml``
+  replaced by ``yaml.dump(Dumper=CSafeDumper)`` (the alternative to our own writer; the
+  output is byte-identical, tests/cdi/test_yaml11.py). The difference to ``generate`` is
+  what the hand-written YAML writer saves.
 
 Each child's wall time is measured around the process and its peak RSS is its own
 ``ru_maxrss`` (through GNU time, see ``run_child``).  Children get a bytecode cache
@@ -38,6 +42,21 @@ from cdi.nvidia.simnode import NodeLayout, build_node  # noqa: E402
 # Linux carries a process's peak RSS across fork and exec, so a child forked from this
 # (large) Python process reports at least our own peak.  GNU time is a small parent that
 # reads the child's own ru_maxrss from wait4; without it the figures are upper bounds.
+# generate, with PyYAML's C dumper in place of cdi.yaml11's writer (same bytes out).
+PYYAML_GENERATE = """\
+import sys
+import cdi.yaml11
+
+def dump_with_pyyaml(document):
+    import yaml
+    return "---\\n" + yaml.dump(document, Dumper=yaml.CSafeDumper, sort_keys=False,
+                                default_flow_style=False, allow_unicode=True, width=1 << 16)
+
+cdi.yaml11.dump_yaml = dump_with_pyyaml
+from cdi.nvidia.cli import main
+sys.exit(main())
+"""
+
 GNU_TIME = shutil.which("time") or ("/usr/bin/time" if os.path.exists("/usr/bin/time") else None)
 
 
@@ -75,14 +94,16 @@ def main() -> None:
         out.mkdir()
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
+        floor, ours = "python -c pass (floor)", "generate (python -m cdi.nvidia.cli)"
+        pyyaml = "generate, PyYAML C dumper"
         common = ["--mode", "procfs", "--driver-root", str(node.driver_root),
                   "--hook-path", "/usr/local/bin/nri-cdi", "--output", str(out / "nvidia.yaml")]
         commands = {
-            "python -c pass (floor)": [sys.executable, "-c", "pass"],
-            "generate (python -m cdi.nvidia.cli)": [sys.executable, "-m", "cdi.nvidia.cli",
-                                                    *common],
+            floor: [sys.executable, "-c", "pass"],
+            ours: [sys.executable, "-m", "cdi.nvidia.cli", *common],
             "nri-cdi generate (nri_plugin.ops.cli)": [sys.executable, "-m", "nri_plugin.ops.cli",
                                                   "generate", *common],
+            pyyaml: [sys.executable, "-c", PYYAML_GENERATE, *common],
         }
         installed = shutil.which("nri-cdi")
         if installed:
@@ -92,8 +113,13 @@ def main() -> None:
             name = f"generate ({args.compare.name})"
             commands[name] = [sys.executable, "-m", "cdi.nvidia.cli", *common]
             folders[name] = args.compare.resolve()
+        written: dict[str, bytes] = {}
         for name, argv in commands.items():  # warm-up: bytecode cache, page cache
             run_child(argv, env, out, folders[name])
+            if name != floor:
+                written[name] = (out / "nvidia.yaml").read_bytes()
+        if written[pyyaml] != written[ours]:  # the comparison is only fair on equal output
+            raise SystemExit("PyYAML's C dumper wrote other bytes than cdi.yaml11")
         walls: dict[str, list[float]] = {name: [] for name in commands}
         peaks: dict[str, list[float]] = {name: [] for name in commands}
         for _ in range(args.rounds):

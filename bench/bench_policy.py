@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -47,6 +48,13 @@ from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.nri_runtime_peer import RuntimePeer
 
 LIB = "/usr/lib/x86_64-linux-gnu"
+
+
+def requested_devices(pod: Mapping[str, str], name: str, ctr: Mapping[str, str]) -> list[Any]:
+    """The annotation requests, joined as ``sources.gather`` joins them."""
+    return unique_requests(pod_requests(pod, name) + container_requests(ctr))
+
+
 GPUS = 8
 
 
@@ -65,10 +73,6 @@ def sidecar(spec: bytes, libraries: int = 60) -> dict[str, object]:
 def percentiles(samples: list[float]) -> tuple[float, float]:
     ordered = sorted(samples)
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-
-
-def requested_devices(pod: Mapping[str, str], name: str, ctr: Mapping[str, str]) -> list:
-    return unique_requests(pod_requests(pod, name) + container_requests(ctr))
 
 
 def timed(fn: Callable[[], object], rounds: int) -> tuple[float, float]:

@@ -107,7 +107,9 @@ class SpecCache:
     """Owns the spec directories and the current Snapshot (``.snapshot``)."""
 
     def __init__(self, spec_dirs: Sequence[str] | None = None) -> None:
-        self.spec_dirs: tuple[str, ...] = tuple(spec_dirs) if spec_dirs else DEFAULT_SPEC_DIRS
+        # None means the default folders; an empty list means none (an empty registry).
+        self.spec_dirs: tuple[str, ...] = (DEFAULT_SPEC_DIRS if spec_dirs is None
+                                           else tuple(spec_dirs))
         self.snapshot = Snapshot(spec_dirs=self.spec_dirs)
         self._parsed: dict[str, tuple[Signature, Spec | SpecError]] = {}
         self._lock = threading.Lock()

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
 from cdi.dirs import DEFAULT_SPEC_DIRS
+from cdi.extras import MissingDependencyError
 
 if TYPE_CHECKING:
     from cdi.errors import FieldError
@@ -185,4 +186,8 @@ def run(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nri-cdi")
     add_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except MissingDependencyError as exc:  # one line, no traceback: it says what to install
+        print(f"nri-cdi {args.command}: {exc}", file=sys.stderr)
+        return 2

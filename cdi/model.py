@@ -325,9 +325,6 @@ _FIELDS[SpecData] = (
     _Field("devices", "devices", _list_of(_object(DeviceData)), required=True, keep_empty=True),
     _Field("containerEdits", "container_edits", _object(ContainerEdits)),
 )
-FIELD_KEYS: Mapping[type, tuple[str, ...]] = MappingProxyType(
-    {cls: tuple(f.key for f in fields) for cls, fields in _FIELDS.items()}
-)
 
 
 def spec_from_dict(document: Any) -> SpecData:
@@ -336,15 +333,6 @@ def spec_from_dict(document: Any) -> SpecData:
     if document is None:
         raise SpecError([FieldError("", "spec is empty")])
     result = _decode_object(SpecData, document, "", ctx)
-    if ctx.errors or result is INVALID:
-        raise SpecError(ctx.errors)
-    return result  # type: ignore[no-any-return]
-
-
-def edits_from_dict(document: Any, path: str = "containerEdits") -> ContainerEdits:
-    """Decode one ``containerEdits`` object (used by tools that build edits by hand)."""
-    ctx = _Context()
-    result = _decode_object(ContainerEdits, document, path, ctx)
     if ctx.errors or result is INVALID:
         raise SpecError(ctx.errors)
     return result  # type: ignore[no-any-return]

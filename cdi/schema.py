@@ -23,9 +23,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator, ValidationError, validators
-
 from cdi.errors import FieldError
+from cdi.extras import MissingDependencyError
+
+try:
+    from jsonschema import Draft202012Validator, ValidationError, validators
+except ImportError as exc:
+    raise MissingDependencyError("jsonschema", "checking specs against the JSON schema") from exc
 
 SCHEMA_PATH = Path(__file__).with_name("schema") / "cdi-spec.schema.json"
 

@@ -12,7 +12,6 @@ from cdi.errors import FieldError, SpecError
 from cdi.model import DeviceData, SpecData, spec_from_dict, to_dict
 from cdi.parser import parse_kind
 from cdi.validate import validate_spec
-from cdi.version import minimum_version
 
 # A real spec for 8 GPUs x 7 MIG devices is well under 1 MiB; refuse to slurp anything
 # absurd that happens to sit in a spec directory.
@@ -48,7 +47,7 @@ def _strict_loader() -> Any:
             seen.add(key)
         return loader.construct_mapping(node, deep=deep)
 
-    loader = type("StrictLoader", (base,), {})
+    loader: Any = type("StrictLoader", (base,), {})
     loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_strict_mapping)
     return loader
 
@@ -149,23 +148,9 @@ def dump_spec(spec: SpecData, *, json_format: bool = False) -> str:
     document = to_dict(spec)
     if json_format:
         return json.dumps(document, indent=2) + "\n"
-    import yaml
+    from cdi.yaml11 import dump_yaml
 
-    dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    body = yaml.dump(
-        document,
-        Dumper=dumper,
-        sort_keys=False,
-        default_flow_style=False,
-        allow_unicode=True,
-        width=1 << 16,
-    )
-    return "---\n" + body
-
-
-def with_minimum_version(spec: SpecData) -> SpecData:
-    """The same spec declaring the minimum version its content needs."""
-    return spec._replace(cdi_version=minimum_version(spec))
+    return dump_yaml(document)
 
 
 def write_spec(spec: SpecData, path: str | os.PathLike[str], *, mode: int = 0o644) -> None:

@@ -49,7 +49,7 @@ class SpecDirWatcher:
         self.update_watches()
 
     def fileno(self) -> int:
-        return self._inotify.fileno()
+        return int(self._inotify.fileno())
 
     def close(self) -> None:
         self._inotify.close()
@@ -144,7 +144,8 @@ class AutoRefresh:
 
     def _run(self) -> None:
         while not self._stopping:
-            ready, _, _ = select.select([self._watcher, self._wake_r], [], [], self.rescan_interval)
+            ready, _, _ = select.select([self._watcher.fileno(), self._wake_r], [], [],
+                                        self.rescan_interval)
             if self._stopping:
                 return
             if not ready or self._watcher.read_changes():

@@ -1,9 +1,17 @@
-"""YAML 1.1 implicit typing of plain scalars, as PyYAML's default resolver does it.
+"""The one YAML writer for CDI specs, and YAML 1.1 implicit typing of plain scalars.
+
+``dump_yaml(document)`` writes a spec document (mappings, lists, strings, integers,
+booleans) in the block style of PyYAML's ``safe_dump(sort_keys=False,
+default_flow_style=False, allow_unicode=True)`` with a ``---`` start; ``cdi.spec.dump_spec``
+and ``nri-cdi generate`` both use it. It exists instead of PyYAML's C dumper because it is
+faster on the generator's start-up path, which runs at boot and on every driver change:
+``bench/bench_generate.py`` measures the two side by side (README, Benchmarks), and
+tests/cdi/test_yaml11.py checks its output against PyYAML's, byte for byte.
 
 ``implicit_tag(text)`` is the tag PyYAML gives ``text`` read back as a plain (unquoted)
 scalar, i.e. ``yaml.resolver.Resolver().resolve(yaml.ScalarNode, text, (True, False))``.
-The YAML emitter of ``cdi.nvidia.cli`` quotes a string exactly when this is not ``str``;
-having it here keeps PyYAML (about 26 ms to import) off the generator's start-up path.
+The writer quotes a string exactly when this is not ``str``; having it here keeps PyYAML
+(about 26 ms to import) off the generator's start-up path.
 
 The types are those of https://yaml.org/type/ (bool, null, int, float, timestamp, merge,
 value; PyYAML adds ``yaml`` for a bare ``!``, ``&`` or ``*``), read the way PyYAML reads
@@ -26,9 +34,12 @@ and which is handled apart.
 
 from __future__ import annotations
 
+import functools
+import json
 import re
+from typing import Any
 
-__all__ = ["STR", "implicit_tag"]
+__all__ = ["STR", "dump_yaml", "implicit_tag"]
 
 _PREFIX = "tag:yaml.org,2002:"
 STR = _PREFIX + "str"
@@ -81,3 +92,103 @@ def implicit_tag(text: str) -> str:
         return _PREFIX + "null"
     match = _compiled().fullmatch(text)
     return STR if match is None else _PREFIX + str(match.lastgroup)
+
+
+# --- writer --------------------------------------------------------------------------------
+# PyYAML's representer spends about 100 ms on the ~5,000 nodes of an 8 x 7-MIG spec in pure
+# Python, and its C dumper still builds a node per value and needs PyYAML imported (about
+# 26 ms). A spec is only mappings, lists, strings and integers, so this writes the same
+# block style directly: strings are left plain exactly when PyYAML's resolver would read them
+# back as strings, single-quoted when they would read as another type (like PyYAML), and
+# double-quoted (JSON escapes are valid YAML) when they hold characters that plain scalars
+# cannot. Only in that last case may the bytes differ from PyYAML's (which picks between
+# single and double quotes by its own rules); both read back as the same string.
+
+_PLAIN = re.compile(r"[A-Za-z0-9_./+-][A-Za-z0-9_./:+=,@~-]*")
+# Left raw by json.dumps(ensure_ascii=False) but not printable in YAML, or read as a line
+# break inside a quoted scalar (NEL, LS, PS).  ensure_ascii=True is no answer: it writes
+# astral characters as surrogate pairs, which YAML readers take as two lone surrogates.
+# Compiled on first use (about 1 ms: its ranges span the astral planes); a generated spec
+# rarely has a string to double-quote.
+_YAML_UNPRINTABLE = "[\x7f-\x9f\u2028\u2029\ud800-\udfff\ufeff\ufffe\uffff]"
+
+
+def dump_yaml(document: dict[str, Any]) -> str:
+    """``document`` as a YAML stream of one document, starting with ``---``."""
+    lines = ["---"]
+    _emit_mapping(document, "", "", lines)
+    return "\n".join(lines) + "\n"
+
+
+def _scalar(value: Any) -> str:
+    if value is True or value is False:
+        return "true" if value else "false"
+    if type(value) is int:
+        return str(value)
+    return _string(str(value))
+
+
+@functools.lru_cache(maxsize=4096)  # a spec repeats the same paths and names many times
+def _string(text: str) -> str:
+    if not _PLAIN.fullmatch(text) or text.endswith(":") or text == "-":
+        return _double_quoted(text)
+    # PyYAML also quotes a string that starts like a document marker, wherever it stands.
+    if implicit_tag(text) != STR or text.startswith(("---", "...")):
+        return f"'{text}'"
+    return text
+
+
+def _double_quoted(text: str) -> str:
+    # JSON's escapes (\" \\ \n \t \uXXXX for controls) are all valid YAML escapes.
+    quoted = json.dumps(text, ensure_ascii=False)
+    return re.sub(_YAML_UNPRINTABLE, _escape, quoted)  # re caches the compiled pattern
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+# Two mutually recursive walkers rather than one generic one: a spec renders ~3,000 lines
+# and this runs on every generate, so each line costs one type() test, not several.
+
+
+def _emit_mapping(mapping: dict[str, Any], pad: str, lead: str, lines: list[str]) -> None:
+    """Append ``mapping``'s entries indented by ``pad``; the first line starts with
+    ``lead`` instead (``pad`` with ``- `` in it when the mapping is a list item)."""
+    for key, item in mapping.items():
+        prefix = f"{lead}{_string(key)}:"  # annotation keys are free text too
+        lead = pad
+        kind = type(item)
+        if kind is dict and item:
+            lines.append(prefix)
+            _emit_mapping(item, pad + "  ", pad + "  ", lines)
+        elif kind is list and item:
+            lines.append(prefix)  # block lists sit at their key's indent, as PyYAML's do
+            _emit_list(item, pad, pad, lines)
+        else:
+            lines.append(f"{prefix} {_leaf(item)}")
+
+
+def _emit_list(items: list[Any], pad: str, lead: str, lines: list[str]) -> None:
+    """Append ``items`` as a block list at indent ``pad``; the first line starts with
+    ``lead`` instead (a list in a list starts on its parent's ``- `` line, as in PyYAML)."""
+    for item in items:
+        kind = type(item)
+        if kind is dict and item:
+            _emit_mapping(item, pad + "  ", lead + "- ", lines)
+        elif kind is list and item:
+            _emit_list(item, pad + "  ", lead + "- ", lines)
+        else:
+            lines.append(f"{lead}- {_leaf(item)}")
+        lead = pad
+
+
+def _leaf(item: Any) -> str:
+    if type(item) is str:
+        return _string(item)
+    if type(item) is dict:
+        return "{}"
+    if type(item) is list:
+        return "[]"
+    return _scalar(item)

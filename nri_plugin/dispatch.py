@@ -22,10 +22,10 @@ from nri_plugin.api import (
     EventMask,
     nri_pb2,
 )
-from nri_plugin.bounded import bound_message
 from nri_plugin.errors import NRIPluginError
 from nri_plugin.plugin import Plugin
 from nri_plugin.wire import Code
+from nri_plugin.wire._bounded import bound_message
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +209,6 @@ class Configuration:
     runtime_name: str
     runtime_version: str
     nri_version: str  # "" before NRI v0.12.0
-    registration_timeout_ms: int  # 0 before NRI v0.7.0: the runtime default applies
     request_timeout_ms: int
     events: EventMask
 
@@ -269,6 +268,8 @@ class Dispatcher:
             raise ValueError(f"{type(plugin).__name__} implements no event handler")
         self.plugin = plugin
         self.configuration: Configuration | None = None
+        # A whole Synchronize was answered: the stub then reconnects at once after the
+        # runtime goes away, without back-off.
         self.synchronized = False
         self._sync = SyncCollector()
 
@@ -318,7 +319,6 @@ class Dispatcher:
             runtime_name=req.runtime_name,
             runtime_version=req.runtime_version,
             nri_version=req.NRI_version,
-            registration_timeout_ms=req.registration_timeout,
             request_timeout_ms=req.request_timeout,
             events=mask,
         )

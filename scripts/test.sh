@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: installs what the tests need (Python packages, the
-# Debian tools, a private containerd for the end-to-end tests), lints, then runs pytest.
+# Debian tools, a private containerd for the end-to-end tests), lints (ruff, mypy --strict),
+# then runs pytest.
 # Extra arguments go to pytest (e.g. scripts/test.sh tests/cdi -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,4 +10,5 @@ if [ -f scripts/install-containerd.sh ]; then
     bash scripts/install-containerd.sh
 fi
 python3 -m ruff check .
+python3 -m mypy  # --strict on cdi/ and nri_plugin/ (pyproject.toml [tool.mypy])
 python3 -m pytest "$@"

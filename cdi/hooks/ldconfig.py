@@ -22,10 +22,9 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cdi.hooks.ldcache_writer import encode, libcmp, merge
 from cdi.hooks.rootfs import RootFS, RootFSError, split_container_path
 from cdi.linux.elf import DynamicInfo, ElfError, read_dynamic
-from cdi.linux.ldcache import LdCacheEntry, LdCacheError, parse_ldcache
+from cdi.linux.ldcache import LdCacheEntry, LdCacheError, encode, libcmp, merge, parse_ldcache
 
 __all__ = ["LdcacheResult", "update_ldcache"]
 

@@ -81,17 +81,11 @@ class Roots(NamedTuple):
     driver: Path = Path("/")
     dev: Path = Path("/")
 
-    def driver_path(self, path: str) -> Path:
-        return self.driver / path.lstrip("/")
-
     def dev_path(self, path: str) -> Path:
         return self.dev / path.lstrip("/")
 
     def proc_path(self, path: str) -> Path:
         return self.dev / "proc" / path.lstrip("/")
-
-    def sys_path(self, path: str) -> Path:
-        return self.dev / "sys" / path.lstrip("/")
 
 
 # ``index`` hides tuple.index() on these two: the field is what every caller means.
@@ -344,7 +338,10 @@ def _run_nvml(library: Path | None) -> NodeInfo:
     try:
         nvml = load_nvml(library)
     except ImportError:
-        raise DiscoveryError("NVML unavailable: nvidia-ml-py (pynvml) is not installed") from None
+        from cdi.extras import MissingDependencyError
+
+        missing = MissingDependencyError("pynvml", "NVML mode")
+        raise DiscoveryError(f"NVML unavailable: {missing}") from None
     except Exception as exc:  # OSError from dlopen, NVMLError from init
         raise DiscoveryError(f"NVML unavailable: cannot load {library}: {exc}") from None
     try:

@@ -22,13 +22,6 @@ PROTOS = ("nri.proto", "ttrpc.proto")
 SUFFIXES = ("_pb2.py", "_pb2.pyi")
 
 
-def protoc_version() -> str:
-    """The version of the protoc bundled with the installed grpcio-tools."""
-    from importlib.metadata import version
-
-    return version("grpcio-tools")
-
-
 def generate(out_root: Path) -> dict[str, bytes]:
     """Run protoc into ``out_root``; return {file name: content} of the outputs."""
     from grpc_tools import protoc  # imported late: only a dev dependency

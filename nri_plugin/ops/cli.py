@@ -12,6 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from cdi.extras import MissingDependencyError
 from cdi.process import finish
 
 # subcommand -> (module, function that adds that module's subcommands), in help order.
@@ -47,7 +48,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv[0] if argv else None).parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except MissingDependencyError as exc:  # one line, no traceback: it says what to install
+        print(f"nri-cdi {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 def entry() -> None:

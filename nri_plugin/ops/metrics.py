@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from cdi.extras import MissingDependencyError
+
 # CreateContainer must answer within the runtime's 2 s request timeout; a cached plan takes
 # tens of microseconds, a cold one milliseconds.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -32,7 +34,10 @@ OUTCOMES = ("injected", "delegated", "refused", "error")
 
 class Metrics:
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        try:
+            from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        except ImportError as exc:
+            raise MissingDependencyError("prometheus_client", "metrics.address") from exc
 
         self.registry_ = CollectorRegistry(auto_describe=True)
         r = self.registry_
@@ -100,10 +105,6 @@ class Metrics:
         with self._lock:
             self._state["connected"] = False
         self._connected.set(0)
-
-    def reconnect(self) -> None:
-        """For callers that count reconnects themselves (``connected`` already does)."""
-        self._reconnects.inc()
 
     # --- reading ------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import enum
 import logging
 from collections.abc import Collection, Iterable, Mapping
 
-from nri_plugin.bounded import bound_message, clip
+from nri_plugin.wire._bounded import bound_message, clip
 from nri_plugin.wire._errors import LocalProtocolError, RemoteProtocolError
 from nri_plugin.wire._events import (
     ConnectionClosed,

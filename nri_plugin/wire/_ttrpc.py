@@ -107,7 +107,8 @@ class FrameReader:
                 # NRI peer sends this (its own sender refuses), so we treat it as a
                 # broken peer rather than buffer or skip up to 4 GiB.
                 raise FrameTooLargeError(
-                    f"ttrpc frame on stream {stream_id} announces {length} bytes (max {MAX_DATA})"
+                    f"ttrpc frame on stream {stream_id} announces {length} bytes "
+                    f"(max {self._max_data})"
                 )
             self._header = (length, stream_id, mtype, flags)
         length, stream_id, mtype, flags = self._header

@@ -261,3 +261,14 @@ def test_refresh_during_renames_never_sees_a_half_written_spec(tmp_path: Path) -
             )
         )
     assert len(seen_versions) >= 2
+
+
+def test_an_empty_folder_list_means_no_folders_and_none_means_the_defaults() -> None:
+    from cdi.dirs import DEFAULT_SPEC_DIRS
+
+    empty = SpecCache([])
+    assert empty.spec_dirs == ()
+    snapshot = empty.refresh()
+    assert (dict(snapshot.devices), dict(snapshot.errors), snapshot.spec_dirs) == ({}, {}, ())
+    assert SpecCache().spec_dirs == DEFAULT_SPEC_DIRS
+    assert SpecCache(None).spec_dirs == DEFAULT_SPEC_DIRS

@@ -1,4 +1,5 @@
-"""``cdi.yaml11.implicit_tag`` gives exactly PyYAML's implicit tag for any string."""
+"""``cdi.yaml11``: ``implicit_tag`` gives exactly PyYAML's implicit tag for any string, and
+``dump_yaml`` writes what PyYAML's C dumper writes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cdi.nvidia import cli
+from cdi import yaml11
 from cdi.yaml11 import STR, implicit_tag
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -179,12 +180,16 @@ def test_timestamps_match_pyyaml(when: datetime, sep: str, zone: str, short: boo
 
 
 def old_string(text: str) -> str | None:
-    """``cli._string`` as it was when it asked PyYAML, for strings it left plain or
+    """``yaml11._string`` as it was when it asked PyYAML, for strings it left plain or
     single-quoted (those bytes must not change); None for double-quoted ones, whose
-    escapes changed on purpose (astral and non-printable characters)."""
-    if not cli._PLAIN.fullmatch(text) or text.endswith(":") or text == "-":
+    escapes changed on purpose (astral and non-printable characters). Since the writer
+    became the only one, it also quotes document markers (``---``, ``...``) as PyYAML's
+    emitter does."""
+    if not yaml11._PLAIN.fullmatch(text) or text.endswith(":") or text == "-":
         return None
-    return text if pyyaml_tag(text) == STR else f"'{text}'"
+    if pyyaml_tag(text) == STR and not text.startswith(("---", "...")):
+        return text
+    return f"'{text}'"
 
 
 @examples(2000)
@@ -192,15 +197,59 @@ def old_string(text: str) -> str | None:
 def test_emitter_quoting_unchanged(text: str) -> None:
     expected = old_string(text)
     if expected is None:  # double-quoted: it must read back as the same string
-        assert cli._string(text).startswith('"')
-        assert yaml.safe_load(f"k: {cli._string(text)}") == {"k": text}
+        assert yaml11._string(text).startswith('"')
+        assert yaml.safe_load(f"k: {yaml11._string(text)}") == {"k": text}
     else:
-        assert cli._string(text) == expected
+        assert yaml11._string(text) == expected
 
 
 def test_rendering_never_imports_yaml() -> None:
-    code = ("import cdi.nvidia.cli, sys; "
-            "cdi.nvidia.cli.render_yaml({'a': ['1', 'yes', 'x', '', '2001-12-14', '.inf']}); "
+    code = ("import cdi.yaml11, sys; "
+            "cdi.yaml11.dump_yaml({'a': ['1', 'yes', 'x', '', '2001-12-14', '.inf']}); "
             "assert 'yaml' not in sys.modules, 'yaml imported'")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+# --- the writer against PyYAML's C dumper -------------------------------------------------------
+
+_KEYS = st.text(st.sampled_from("abcxyzAZ09_-./"), min_size=1, max_size=6) | rich_text | pieces
+_WORDS = st.one_of(rich_text, pieces, st.sampled_from(["yes", "1:20", "~", "0x1F", "a b", "x: y"]))
+_LEAVES = st.one_of(_WORDS, st.integers(-(2**40), 2**40), st.booleans())
+_DOCUMENTS = st.dictionaries(_KEYS, st.recursive(
+    _LEAVES, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_KEYS, inner, max_size=4),
+    max_leaves=20), max_size=5)
+
+
+def pyyaml_dump(document: dict[str, object]) -> str:
+    """What ``cdi.spec.dump_spec`` wrote when it called PyYAML's C dumper."""
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return "---\n" + yaml.dump(document, Dumper=dumper, sort_keys=False,
+                               default_flow_style=False, allow_unicode=True, width=1 << 16)
+
+
+def _strings(node: object) -> list[str]:
+    if isinstance(node, dict):
+        return [*node, *(s for v in node.values() for s in _strings(v))]
+    if isinstance(node, list):
+        return [s for v in node for s in _strings(v)]
+    return [node] if isinstance(node, str) else []
+
+
+@examples(500)
+@given(_DOCUMENTS.filter(bool))
+def test_writer_is_byte_identical_to_pyyaml_unless_it_double_quotes(doc: dict) -> None:
+    ours = yaml11.dump_yaml(doc)
+    assert yaml.safe_load(ours) == doc
+    if not any(yaml11._string(s).startswith('"') for s in _strings(doc)):
+        assert ours == pyyaml_dump(doc)
+
+
+def test_dump_spec_uses_the_one_writer() -> None:
+    from cdi.model import to_dict
+    from cdi.spec import dump_spec, parse_spec
+
+    text = (ROOT / "specs" / "golden" / "one-gpu.yaml").read_text()
+    spec = parse_spec(text).data
+    assert dump_spec(spec) == yaml11.dump_yaml(to_dict(spec)) == pyyaml_dump(to_dict(spec))
+    assert text.endswith(dump_spec(spec).removeprefix("---\n"))  # the golden's own bytes

@@ -318,7 +318,6 @@ def test_synchronize_pages_are_collected() -> None:
     ]
     assert [(r.more, len(r.update)) for r in replies] == [(True, 0), (True, 0), (False, 1)]
     assert plugin.calls == [("synchronize", ["p1", "p2"], ["c1", "c2"])]
-    assert d.synchronized
 
 
 def test_synchronize_pages_are_echoed_even_without_a_handler() -> None:

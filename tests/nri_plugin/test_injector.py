@@ -75,8 +75,8 @@ def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Snapshot:
     return snap
 
 
-def requested_devices(pod: dict[str, str], name: str,
-                      ctr: dict[str, str]) -> list[DeviceRequest]:
+def requested_devices(pod: dict[str, str], name: str, ctr: dict[str, str]) -> list[DeviceRequest]:
+    """The annotation sources in the order ``sources.gather`` joins them."""
     return unique_requests(pod_requests(pod, name) + container_requests(ctr))
 
 

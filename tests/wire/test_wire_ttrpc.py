@@ -83,6 +83,13 @@ def test_oversize_rejected_as_soon_as_the_header_parses() -> None:
         reader.feed(struct.pack(">IIBB", MAX_DATA + 1, 7, 1, 0))
 
 
+def test_oversize_message_names_the_readers_own_limit() -> None:
+    reader = FrameReader(max_data=100)
+    with pytest.raises(FrameTooLargeError) as caught:
+        reader.feed(struct.pack(">IIBB", 101, 3, 1, 0))
+    assert str(caught.value) == "ttrpc frame on stream 3 announces 101 bytes (max 100)"
+
+
 def test_request_envelope_field_numbers() -> None:
     data = encode_request("svc", "M", b"\x01", timeout_nano=5, metadata=[("k", "v")])
     # 1 service, 2 method, 3 payload, 4 timeout_nano, 5 metadata{1 key, 2 value} (§1.3)

@@ -96,7 +96,7 @@ def plan_injection(
                      delegated=tuple(d.qualified_name for d in delegated))
 
 
-def _lookup(snapshot: Snapshot, requests: list[DeviceRequest]) -> list[Device]:
+def _lookup(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> list[Device]:
     try:
         return snapshot.lookup(r.name for r in requests)
     except UnresolvedDevicesError as exc:

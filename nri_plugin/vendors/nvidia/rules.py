@@ -63,7 +63,7 @@ class NvidiaRules:
 
     name = "nvidia"
     env_source = "visibleDevicesEnv"
-    env_request_prefixes = (VISIBLE_ENV + "=", "CUDA_VERSION=")
+    env_request_prefixes: tuple[str, ...] = (VISIBLE_ENV + "=", "CUDA_VERSION=")
 
     def __init__(self) -> None:
         self._last: NodeFacts | None = None  # refresher thread only

@@ -1,0 +1,27 @@
+"""Optional dependencies: what each feature needs, and the one-line error when it is missing.
+
+The core (CDI library, generator in procfs mode, hooks, NRI plugin) needs only PyYAML,
+protobuf and inotify_simple. Heavier packages that only some users need are extras of the
+``nri-cdi`` distribution; ``pip install 'nri-cdi[test]'`` pulls all of them.
+"""
+
+from __future__ import annotations
+
+__all__ = ["EXTRAS", "MissingDependencyError"]
+
+# importable module -> (extra, distribution on PyPI)
+EXTRAS: dict[str, tuple[str, str]] = {
+    "pynvml": ("nvml", "nvidia-ml-py"),
+    "prometheus_client": ("metrics", "prometheus-client"),
+    "jsonschema": ("schema", "jsonschema"),
+}
+
+
+class MissingDependencyError(ImportError):
+    """A feature was used whose optional dependency is not installed."""
+
+    def __init__(self, module: str, feature: str) -> None:
+        extra, distribution = EXTRAS[module]
+        super().__init__(f"{feature} needs {distribution}, which is not installed: "
+                         f"pip install 'nri-cdi[{extra}]'", name=module)
+        self.extra = extra

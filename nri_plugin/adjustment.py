@@ -1,0 +1,148 @@
+"""Builders for a ``ContainerAdjustment``, the changes a plugin makes to a container.
+
+The counterparts of the methods NRI's Go API has on its adjustment type (``AddEnv``,
+``AddMount``, ``AddDevice``, ``AddHooks``, ``AddCDIDevice``, the ``Remove*`` ones): plain
+functions that fill in the protobuf message, so a plugin needs no knowledge of its field
+layout. Pure and cheap: fine on the CreateContainer path.
+
+Removals use NRI's own convention, a key prefixed with ``-`` (Go's ``MarkForRemoval``): the
+runtime drops the container's entry with that name, path or destination. Give a name one
+entry: for the environment, the runtime keeps the last entry for each name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from nri_plugin.api import nri_pb2
+
+__all__ = [
+    "HOOK_STAGES",
+    "add_annotation",
+    "add_cdi_device",
+    "add_device",
+    "add_env",
+    "add_hook",
+    "add_mount",
+    "remove_annotation",
+    "remove_device",
+    "remove_env",
+    "remove_mount",
+]
+
+# OCI hook stages, as named by NRI's ``Hooks`` message.
+HOOK_STAGES = ("prestart", "create_runtime", "create_container", "start_container",
+               "poststart", "poststop")
+_REMOVAL = "-"
+
+
+def add_env(adjustment: nri_pb2.ContainerAdjustment, key: str, value: str) -> None:
+    """Set environment variable ``key`` (replacing the image's or the pod's value)."""
+    if not key or "=" in key:
+        raise ValueError(f"environment variable name {key!r}: must be non-empty, without '='")
+    adjustment.env.add(key=key, value=value)
+
+
+def remove_env(adjustment: nri_pb2.ContainerAdjustment, key: str) -> None:
+    """Unset environment variable ``key``."""
+    adjustment.env.add(key=_REMOVAL + key)
+
+
+def add_mount(
+    adjustment: nri_pb2.ContainerAdjustment,
+    destination: str,
+    source: str,
+    *,
+    type: str = "bind",  # the OCI field's name
+    options: Iterable[str] = ("rbind", "ro"),
+) -> None:
+    """Mount ``source`` at ``destination`` in the container (read-only bind by default)."""
+    _absolute("mount destination", destination)
+    adjustment.mounts.add(destination=destination, source=source, type=type,
+                          options=list(options))
+
+
+def remove_mount(adjustment: nri_pb2.ContainerAdjustment, destination: str) -> None:
+    """Drop the container's mount at ``destination``."""
+    adjustment.mounts.add(destination=_REMOVAL + destination)
+
+
+def add_device(
+    adjustment: nri_pb2.ContainerAdjustment,
+    path: str,
+    *,
+    type: str,  # the OCI field's name
+    major: int,
+    minor: int,
+    file_mode: int | None = None,
+    uid: int | None = None,
+    gid: int | None = None,
+    access: str | None = "rwm",
+) -> None:
+    """Create device node ``path`` (``type`` ``c``, ``b``, ``u`` or ``p``) in the container
+    and, unless ``access`` is None, allow it in the device cgroup with that access."""
+    _absolute("device path", path)
+    if type not in ("c", "b", "u", "p"):
+        raise ValueError(f"device {path}: type {type!r} is not one of c, b, u, p")
+    device = adjustment.linux.devices.add(path=path, type=type, major=major, minor=minor)
+    if file_mode is not None:
+        device.file_mode.value = file_mode & 0o7777  # permission bits only: NRI adds the type
+    if uid is not None:
+        device.uid.value = uid
+    if gid is not None:
+        device.gid.value = gid
+    if access is not None and type != "p":  # a FIFO has no device number to allow
+        rule = adjustment.linux.resources.devices.add(allow=True, type=type, access=access)
+        rule.major.value = major
+        rule.minor.value = minor
+
+
+def remove_device(adjustment: nri_pb2.ContainerAdjustment, path: str) -> None:
+    """Drop the container's device node ``path``."""
+    adjustment.linux.devices.add(path=_REMOVAL + path)
+
+
+def add_hook(
+    adjustment: nri_pb2.ContainerAdjustment,
+    stage: str,
+    path: str,
+    *,
+    args: Iterable[str] = (),
+    env: Iterable[str] = (),
+    timeout: int | None = None,
+) -> None:
+    """Run OCI hook ``path`` at ``stage`` (one of ``HOOK_STAGES``); ``args`` include
+    argv[0], as in the OCI spec; ``timeout`` is in seconds."""
+    if stage not in HOOK_STAGES:
+        raise ValueError(f"hook stage {stage!r} is not one of {', '.join(HOOK_STAGES)}")
+    _absolute("hook path", path)
+    hook = getattr(adjustment.hooks, stage).add(path=path, args=list(args), env=list(env))
+    if timeout is not None:
+        hook.timeout.value = timeout
+
+
+def add_cdi_device(adjustment: nri_pb2.ContainerAdjustment, name: str) -> None:
+    """Ask the runtime to inject CDI device ``name`` (``vendor/class=device``) itself.
+
+    Only runtimes that resolve CDI act on this (containerd 2.1+ and 1.7.30+, CRI-O 1.34+);
+    older ones ignore it silently: check ``nri_plugin.runtime.RuntimeInfo`` first.
+    """
+    kind, sep, device = name.partition("=")
+    if not sep or "/" not in kind or not device:
+        raise ValueError(f"CDI device {name!r}: want vendor/class=device")
+    adjustment.CDI_devices.add(name=name)
+
+
+def add_annotation(adjustment: nri_pb2.ContainerAdjustment, key: str, value: str) -> None:
+    """Set container annotation ``key``."""
+    adjustment.annotations[key] = value
+
+
+def remove_annotation(adjustment: nri_pb2.ContainerAdjustment, key: str) -> None:
+    """Drop container annotation ``key``."""
+    adjustment.annotations[_REMOVAL + key] = ""
+
+
+def _absolute(what: str, path: str) -> None:
+    if not path.startswith("/"):
+        raise ValueError(f"{what} {path!r} is not absolute")
