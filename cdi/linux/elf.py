@@ -25,9 +25,9 @@ raises :class:`ElfError` naming the file and offset.
 import os
 import struct
 from collections.abc import Callable
-from typing import NamedTuple
 
 from cdi.linux._errors import BinaryFormatError
+from cdi.linux._tuple import NamedTuple
 
 __all__ = ["DynamicInfo", "ElfError", "parse_dynamic", "read_dynamic", "read_soname"]
 

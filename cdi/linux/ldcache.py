@@ -19,9 +19,9 @@ import errno
 import os
 import struct
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
 
 from cdi.linux._errors import BinaryFormatError
+from cdi.linux._tuple import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # pathlib costs the OCI hooks, which only parse, milliseconds at start-up
     from pathlib import Path
