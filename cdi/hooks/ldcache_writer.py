@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterable, Sequence
 
 from cdi.linux.ldcache import NEW_MAGIC, LdCacheEntry
+
+TYPE_CHECKING = False  # collections costs a hook process ~2 ms at start-up
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
 
 __all__ = ["encode", "libcmp", "merge", "uses_hwcaps_extension"]
 

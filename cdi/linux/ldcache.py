@@ -15,15 +15,17 @@ String offsets in new entries count from the start of the new header.  ``parse``
 Every malformed input raises :class:`LdCacheError` naming the source and the offset.
 """
 
+from __future__ import annotations
+
 import errno
 import os
 import struct
-from collections.abc import Iterable, Sequence
 
 from cdi.linux._errors import BinaryFormatError
 from cdi.linux._tuple import TYPE_CHECKING, NamedTuple
 
-if TYPE_CHECKING:  # pathlib costs the OCI hooks, which only parse, milliseconds at start-up
+if TYPE_CHECKING:  # pathlib, collections: milliseconds of the OCI hooks' start-up
+    from collections.abc import Iterable, Sequence
     from pathlib import Path
 
 __all__ = [
@@ -251,7 +253,7 @@ def _align(n: int, to: int) -> int:
 # run, and pathlib objects cost more than the readlink calls themselves.
 
 
-def resolve_in_root(root: str | os.PathLike[str], path: str) -> "Path":
+def resolve_in_root(root: str | os.PathLike[str], path: str) -> Path:
     """Resolve ``path`` as seen from inside ``root`` (like a chroot) and return the host path.
 
     Absolute symlink targets restart at ``root``; ``..`` never climbs above it, so a
@@ -320,7 +322,7 @@ def find_libraries(
     *,
     root: str | os.PathLike[str] = "/",
     only_64bit: bool = True,
-) -> "list[Path]":
+) -> list[Path]:
     """Host paths of the regular files that cache entries matching ``patterns`` point to.
 
     A pattern (``fnmatch`` glob) may match either the entry's own name (``libcuda.so.1``)
