@@ -96,15 +96,17 @@ class Operation:
 
 
 def _create_symlinks(root: RootFS, args: Args) -> list[str]:
-    from cdi.hooks.symlinks import create_symlinks, parse_link
+    from cdi.hooks.symlinks import Link, create_symlinks, parse_link
 
     links = [parse_link(s) for s in args.link]
-    for spec in args.device_link:
+    for spec in args.device_link:  # all checked, also those for devices not in this container
         device, sep, link = spec.partition("::")
-        if not sep or not device.startswith("/"):
+        target, sep2, path = link.partition("::")
+        if not sep or not sep2 or not device.startswith("/"):
             raise RootFSError(f"--device-link {spec!r}: want DEVICE::TARGET::LINK")
+        found = Link(target=target, path=path)
         if device in args.container.devices:  # the link is for a device this container has
-            links.append(parse_link(link))
+            links.append(found)
     results = create_symlinks(root, links)
     return [f"replaced {r.link.path} -> {r.link.target} (was {r.previous})"
             for r in results if r.action == "replaced"]
