@@ -189,6 +189,8 @@ def run_operations(steps: Sequence[tuple[Operation, Args]], stdin: IO[bytes]) ->
 
 def main(argv: Sequence[str] | None = None, *, stdin: IO[bytes] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["hook"]:  # a launcher given as --hook-path gets the `nri-cdi hook` argv
+        argv = argv[1:]
     if not argv or argv[0] in ("-h", "--help", "install-launcher"):
         args = build_parser().parse_args(argv)  # help, usage errors and the launcher
         return _install_launcher(args)
