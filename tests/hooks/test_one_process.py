@@ -185,3 +185,24 @@ def test_parse_operations_table() -> None:
     assert [(op.name, vars(args)) for op, args in steps] == [
         ("create-symlinks", {"link": ["--odd::/x", "a::/b"], "device_link": []}),
         ("update-ldcache", {"folder": [], "ldconfig_path": "/sbin/ldconfig"})]
+
+
+def test_launcher_as_hook_path_runs_the_nri_cdi_argv(need_root: None, tmp_path: Path) -> None:
+    """``generate --hook-path LAUNCHER`` writes ``[nri-cdi, hook, OPERATION, ...]``; the static
+    launcher hands ``hook OPERATION ...`` to the isolated entry, which accepts it."""
+    from cdi.hooks import entry
+    from cdi.hooks.launcher import LauncherError, build_launcher
+
+    launcher = tmp_path / "nri-cdi-hook"
+    try:
+        build_launcher(str(launcher))
+    except LauncherError as exc:
+        pytest.skip(str(exc))
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    hook = entry.nri_cdi(str(launcher), "create-symlinks", ["--link", "t::/x"])
+    proc = subprocess.run(list(hook.args), executable=hook.path,
+                          input=make_bundle(tmp_path, rootfs), env={}, capture_output=True,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert os.readlink(rootfs / "x") == "t"
