@@ -16,6 +16,10 @@ layers keep the image out:
    preload anything into it, and it re-executes Python as in 2 with :data:`HOOK_ENV`.
 
 The hooks themselves execute nothing: the cache is written from Python (:mod:`.ldconfig`).
+
+A spec needs only one entry per container: ``SUBCOMMAND ARGS`` may hold several
+operations in a row (``create-symlinks --link ... update-ldcache --folder ...``, see
+:mod:`cdi.hooks.cli`), which one process runs in order; the generator writes it so.
 """
 
 import os

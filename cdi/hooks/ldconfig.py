@@ -15,16 +15,15 @@ cache is parsed as untrusted input, and no program is run.
 from __future__ import annotations
 
 import os
-import platform
-import re
-import secrets
 import stat
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 from cdi.hooks.rootfs import RootFS, RootFSError, split_container_path
 from cdi.linux.elf import DynamicInfo, ElfError, read_dynamic
 from cdi.linux.ldcache import LdCacheEntry, LdCacheError, encode, libcmp, merge, parse_ldcache
+
+TYPE_CHECKING = False  # collections costs a hook process ~2 ms at start-up
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 __all__ = ["LdcacheResult", "update_ldcache"]
 
@@ -33,9 +32,10 @@ CONF_DIR = "/etc/ld.so.conf.d"
 CONF_NAME = "000-nri-cdi.conf"  # sorts first: our folders win, as ldconfig reads in order
 _MAX_CACHE = 64 << 20
 _MAX_PATH_FILE = 1 << 20
-_MUSL_ARCH = {"x86_64": "x86_64", "aarch64": "aarch64"}.get(platform.machine(), "x86_64")
+_MUSL_ARCH = {"x86_64": "x86_64", "aarch64": "aarch64"}.get(os.uname().machine, "x86_64")
 _MUSL_DEFAULT = ("/lib", "/usr/local/lib", "/usr/lib")  # musl's path when no .path file
-_LIBNAME = re.compile(r"^(lib|ld-).*\.so(\.[0-9A-Za-z_.+-]*)?$")
+# After ".so": nothing, or "." and these (a version such as ".1", ".580.82.07").
+_SO_SUFFIX = frozenset("0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_.+-")
 _ET_DYN = 3
 _FLAG_ELF_LIBC6 = 0x0003
 # (e_machine, bits) -> ldconfig's arch bits; the loader accepts only its own exact flags.
@@ -43,14 +43,24 @@ _ARCH_FLAGS = {(62, 64): 0x0300, (183, 64): 0x0A00, (21, 64): 0x0500, (62, 32): 
                (3, 32): 0x0000}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
 class LdcacheResult:
-    libc: str  # "glibc" | "musl"
-    written: tuple[str, ...]  # container paths written
-    added: tuple[LdCacheEntry, ...] = ()
-    links: tuple[str, ...] = ()  # SONAME links made
-    kept: int = 0  # entries carried over from the image's cache
-    warnings: tuple[str, ...] = ()
+    """What one run did (a plain class: ``dataclasses`` costs a hook ~19 ms to import)."""
+
+    __slots__ = ("added", "kept", "libc", "links", "warnings", "written")
+
+    def __init__(self, *, libc: str, written: tuple[str, ...],
+                 added: tuple[LdCacheEntry, ...] = (), links: tuple[str, ...] = (),
+                 kept: int = 0, warnings: tuple[str, ...] = ()) -> None:
+        self.libc = libc  # "glibc" | "musl"
+        self.written = written  # container paths written
+        self.added = added
+        self.links = links  # SONAME links made
+        self.kept = kept  # entries carried over from the image's cache
+        self.warnings = warnings
+
+    def __repr__(self) -> str:
+        return (f"LdcacheResult(libc={self.libc!r}, written={self.written!r}, "
+                f"links={self.links!r}, kept={self.kept!r}, warnings={self.warnings!r})")
 
 
 def update_ldcache(root: RootFS, folders: Sequence[str]) -> LdcacheResult:
@@ -110,7 +120,7 @@ def _scan(root: RootFS, folder: str) -> tuple[list[LdCacheEntry], list[str]]:
     with root.directory(folder) as dir_fd:
         names = _list(dir_fd)
         for name in sorted(names):
-            if not _LIBNAME.match(name):
+            if not _is_library_name(name):
                 continue
             info = _elf(root, f"{folder}/{name}".replace("//", "/"))
             if info is None or info.elf_type != _ET_DYN:
@@ -132,6 +142,19 @@ def _scan(root: RootFS, folder: str) -> tuple[list[LdCacheEntry], list[str]]:
                 entries.append(LdCacheEntry(key=soname, path=f"{folder.rstrip('/')}/{soname}",
                                             flags=flags))
     return entries, made
+
+
+def _is_library_name(name: str) -> bool:
+    """``lib*.so``, ``lib*.so.VERSION``, ``ld-*.so*``: the names ldconfig looks at."""
+    if not name.startswith(("lib", "ld-")) or "\n" in name:
+        return False
+    start = 3
+    while (i := name.find(".so", start)) >= 0:
+        rest = name[i + 3:]
+        if not rest or (rest[0] == "." and _SO_SUFFIX.issuperset(rest)):
+            return True
+        start = i + 1
+    return False
 
 
 class _Version:
@@ -184,7 +207,7 @@ def _write(root: RootFS, path: str, data: bytes) -> str:
     """Replace ``path`` atomically: a new file in the same folder, then rename."""
     with root.parent(path, create=True) as (dir_fd, name):
         root.check_writable(dir_fd, path)
-        tmp = f".{name}.nri-cdi-{secrets.token_hex(4)}"
+        tmp = f".{name}.nri-cdi-{os.urandom(4).hex()}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(tmp, flags, 0o644, dir_fd=dir_fd)
         try:
@@ -206,7 +229,7 @@ def _update_musl(root: RootFS, folders: Sequence[str]) -> LdcacheResult:
     path = f"/etc/ld-musl-{_MUSL_ARCH}.path"
     data = root.read_file(path, limit=_MAX_PATH_FILE)
     text = os.fsdecode(data) if data is not None else ""
-    current = [p for p in re.split(r"[:\n]", text) if p] if data is not None else []
+    current = [p for p in text.replace("\n", ":").split(":") if p] if data is not None else []
     known = current or list(_MUSL_DEFAULT)  # the file replaces musl's default path
     new = known + [f for f in dict.fromkeys(folders) if f not in known]
     if data is not None and new == current:

@@ -22,12 +22,13 @@ the headers the walk starts with sit there (all of a small object does).  Malfor
 raises :class:`ElfError` naming the file and offset.
 """
 
+from __future__ import annotations
+
 import os
 import struct
-from collections.abc import Callable
-from typing import NamedTuple
 
 from cdi.linux._errors import BinaryFormatError
+from cdi.linux._tuple import TYPE_CHECKING, NamedTuple
 
 __all__ = ["DynamicInfo", "ElfError", "parse_dynamic", "read_dynamic", "read_soname"]
 
@@ -60,7 +61,10 @@ class DynamicInfo(NamedTuple):
     needed: tuple[str, ...] = ()
 
 
-_Reader = Callable[[int, int], bytes]
+if TYPE_CHECKING:  # collections costs a hook process ~2 ms at start-up
+    from collections.abc import Callable
+
+    _Reader = Callable[[int, int], bytes]
 
 
 def read_soname(path: str | os.PathLike[str]) -> str | None:

@@ -17,16 +17,17 @@ Every malformed input raises :class:`LdCacheError` naming the source and the off
 The writer (``merge`` then ``encode``) is pure as well; the ``update-ldcache`` hook uses it.
 """
 
+from __future__ import annotations
+
 import errno
-import functools
 import os
 import struct
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, NamedTuple
 
 from cdi.linux._errors import BinaryFormatError
+from cdi.linux._tuple import TYPE_CHECKING, NamedTuple
 
-if TYPE_CHECKING:  # pathlib costs the OCI hooks, which only parse, milliseconds at start-up
+if TYPE_CHECKING:  # pathlib, collections: milliseconds of the OCI hooks' start-up
+    from collections.abc import Iterable, Sequence
     from pathlib import Path
 
 __all__ = [
@@ -259,7 +260,7 @@ def _align(n: int, to: int) -> int:
 # run, and pathlib objects cost more than the readlink calls themselves.
 
 
-def resolve_in_root(root: str | os.PathLike[str], path: str) -> "Path":
+def resolve_in_root(root: str | os.PathLike[str], path: str) -> Path:
     """Resolve ``path`` as seen from inside ``root`` (like a chroot) and return the host path.
 
     Absolute symlink targets restart at ``root``; ``..`` never climbs above it, so a
@@ -328,7 +329,7 @@ def find_libraries(
     *,
     root: str | os.PathLike[str] = "/",
     only_64bit: bool = True,
-) -> "list[Path]":
+) -> list[Path]:
     """Host paths of the regular files that cache entries matching ``patterns`` point to.
 
     A pattern (``fnmatch`` glob) may match either the entry's own name (``libcuda.so.1``)
@@ -441,9 +442,21 @@ def merge(first: Iterable[LdCacheEntry], then: Iterable[LdCacheEntry]) -> list[L
         seen.add(ident)
         out.append(entry)
     # sort() is stable, also with reverse=True, so equal names keep the order above.
-    key = functools.cmp_to_key(libcmp)
-    out.sort(key=lambda e: key(os.fsencode(e.key)), reverse=True)
+    out.sort(key=lambda e: _NameKey(os.fsencode(e.key)), reverse=True)
     return out
+
+
+class _NameKey:
+    """Sort key in :func:`libcmp` order (``functools.cmp_to_key`` without importing
+    functools, which costs a hook process about 3 ms at start-up)."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def __lt__(self, other: _NameKey) -> bool:
+        return libcmp(self.raw, other.raw) < 0
 
 
 def encode(entries: Sequence[LdCacheEntry]) -> bytes:

@@ -29,6 +29,7 @@ layout, the set of driver files, the generator version and the generation option
 
 import hashlib
 import json
+import posixpath
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -175,34 +176,56 @@ def _mount(m: FileMount) -> Mount:
     return Mount(host_path=m.host, container_path=m.path, options=m.options)
 
 
-def _hook(opts: Options, name: str, args: Iterable[str]) -> Hook:
+def _hook(opts: Options, steps: Sequence[tuple[str, Sequence[str]]]) -> tuple[Hook, ...]:
+    """One hook entry running every operation in ``steps``, in order, in one process: a
+    hook is an interpreter start per container, which costs more than the work itself
+    (cdi.hooks.cli), so a container gets one entry, not one per operation or device."""
+    if not steps:
+        return ()
+    words = [w for name, args in steps for w in (name, *args)]
     # An explicit env: a hook entry without one inherits the container's environment
     # (LD_PRELOAD and PYTHON* from the image: CVE-2025-23266). The hook re-executes
     # itself with an isolated interpreter before it reads anything (cdi.hooks.entry).
-    command = (hook_entry.nri_cdi(opts.hook_path, name, args) if opts.hook_path
-               else hook_entry.isolated_python(name, args))
-    return Hook(hook_name="createContainer", path=command.path, args=command.args,
-                env=command.env)
+    command = (hook_entry.nri_cdi(opts.hook_path, words[0], words[1:]) if opts.hook_path
+               else hook_entry.isolated_python(words[0], words[1:]))
+    return (Hook(hook_name="createContainer", path=command.path, args=command.args,
+                 env=command.env),)
 
 
-def _symlink_hook(opts: Options, links: Sequence[Link]) -> tuple[Hook, ...]:
-    if not links or "create-symlinks" not in opts.hooks or opts.link_mode != "hooks":
-        return ()
+def _symlink_step(opts: Options, links: Sequence[Link],
+                  device_links: Sequence[tuple[str, Link]] = ()) -> list[tuple[str, list[str]]]:
+    if (not links and not device_links) or "create-symlinks" not in opts.hooks \
+            or opts.link_mode != "hooks":
+        return []
     args: list[str] = []
     for link in links:
         args += ["--link", f"{link.target}::{link.path}"]
-    return (_hook(opts, "create-symlinks", args),)
+    for device, link in device_links:
+        args += ["--device-link", f"{device}::{link.target}::{link.path}"]
+    return [("create-symlinks", args)]
 
 
-def _ldcache_hook(opts: Options, folders: Sequence[str]) -> tuple[Hook, ...]:
+def _ldcache_step(opts: Options, folders: Sequence[str]) -> list[tuple[str, list[str]]]:
     if not folders or "update-ldcache" not in opts.hooks or opts.link_mode != "hooks":
-        return ()
+        return []
     args: list[str] = []
     if opts.ldconfig_path:
         args += ["--ldconfig-path", opts.ldconfig_path]
     for folder in folders:
         args += ["--folder", folder]
-    return (_hook(opts, "update-ldcache", args),)
+    return [("update-ldcache", args)]
+
+
+def device_links(nodes: DeviceNodes) -> list[tuple[str, Link]]:
+    """A device's ``/dev/dri/by-path`` links, each with the device node it belongs to: the
+    common hook makes a link only when the container has that node (``--device-link``),
+    so the devices need no hook entry of their own."""
+    paths = [n.path for n in nodes.nodes]
+    out = []
+    for link in nodes.links:
+        node = posixpath.normpath(posixpath.join(posixpath.dirname(link.path), link.target))
+        out.append((node if node in paths else paths[0], link))
+    return out
 
 
 def _link_mounts(opts: Options, links: Sequence[Link]) -> tuple[Mount, ...]:
@@ -211,7 +234,9 @@ def _link_mounts(opts: Options, links: Sequence[Link]) -> tuple[Mount, ...]:
     return tuple(_mount(k.resolved) for k in links if k.resolved is not None)
 
 
-def common_edits(driver: DriverFiles, opts: Options) -> ContainerEdits:
+def common_edits(driver: DriverFiles, opts: Options,
+                 devices: Sequence[tuple[str, Link]] = ()) -> ContainerEdits:
+    """The spec-wide edits; ``devices``: every device's links (see :func:`device_links`)."""
     env = [f"NVIDIA_CTK_LIBCUDA_DIR={':'.join(driver.lib_dirs)}"] if driver.lib_dirs else []
     if opts.link_mode == "mounts" and driver.lib_dirs:
         env.append(f"{LD_LIBRARY_PATH_ENV}={':'.join(driver.lib_dirs)}")
@@ -220,13 +245,14 @@ def common_edits(driver: DriverFiles, opts: Options) -> ContainerEdits:
         env=tuple(env),
         device_nodes=tuple(_device_node(n) for n in driver.control_nodes),
         mounts=(*(_mount(m) for m in driver.mounts()), *_link_mounts(opts, driver.links)),
-        hooks=(*_symlink_hook(opts, driver.links), *_ldcache_hook(opts, driver.lib_dirs)),
+        hooks=_hook(opts, [*_symlink_step(opts, driver.links, devices),
+                           *_ldcache_step(opts, driver.lib_dirs)]),
     )
 
 
 def device_edits(nodes: DeviceNodes, opts: Options) -> ContainerEdits:
-    return ContainerEdits(device_nodes=tuple(_device_node(n) for n in nodes.nodes),
-                          hooks=_symlink_hook(opts, nodes.links))
+    """A device's own edits: its nodes (its links are made by the common hook)."""
+    return ContainerEdits(device_nodes=tuple(_device_node(n) for n in nodes.nodes))
 
 
 # --- simplification -------------------------------------------------------------------------
@@ -373,7 +399,9 @@ def build_spec(inv: Inventory, opts: Options, *, warn: Callable[[str], None] = l
                spec_annotations: Mapping[str, str] | None = None) -> SpecData:
     """The spec for ``inv``; GenerateError when the content needs a newer cdiVersion than
     ``opts.max_version`` allows."""
-    common = _simplify(common_edits(inv.driver, opts))
+    links = [] if inv.node.mode == "management" or opts.device_ids == ("none",) else [
+        dl for t in _select(inv, opts.device_ids) for dl in device_links(t.nodes)]
+    common = _simplify(common_edits(inv.driver, opts, list(dict.fromkeys(links))))
     if inv.node.mode == "management":
         devices = _management_devices(inv, opts, common)
     elif opts.device_ids == ("none",):

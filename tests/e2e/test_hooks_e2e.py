@@ -1,6 +1,8 @@
 """Our createContainer hooks run by runc under a real containerd (native CDI).
 
-A glibc image gets a library by bind mount plus the two hooks and finds it by SONAME; a
+A glibc image gets a library by bind mount plus the two hooks and finds it by SONAME (as two
+entries, and as the one entry the generator writes, which also makes a device's by-path
+link only in the container that has the device); a
 Nix-like image finds it hook-free (links as mounts + LD_LIBRARY_PATH); a hostile image
 whose /etc points at a host folder is refused with our message, the host folder untouched.
 """
@@ -55,6 +57,15 @@ def world(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str
             "mounts": [_mount(fake, f"{LIB}/libfake.so.1.2.3")],
             "hooks": [_hook("create-symlinks", ["--link", f"libfake.so.1.2.3::{LIB}/libfake.so.1"]),
                       _hook("update-ldcache", ["--folder", LIB])]}},
+        {"name": "one", "containerEdits": {
+            "mounts": [_mount(fake, f"{LIB}/libfake.so.1.2.3")],
+            "deviceNodes": [{"path": "/dev/fake0", "hostPath": "/dev/null", "type": "c",
+                             "major": 1, "minor": 3}],
+            "hooks": [_hook("create-symlinks", [
+                "--link", f"libfake.so.1.2.3::{LIB}/libfake.so.1",
+                "--device-link", "/dev/fake0::../fake0::/dev/by-path/fake-0",
+                "--device-link", "/dev/fake1::../fake1::/dev/by-path/fake-1",
+                "update-ldcache", "--folder", LIB])]}},
         {"name": "mounts", "containerEdits": {
             "mounts": [_mount(fake, "/usr/lib64/libfake.so.1.2.3"),
                        _mount(fake, "/usr/lib64/libfake.so.1")],
@@ -92,16 +103,22 @@ def ctrd(containerd: ContainerdFactory, world: dict[str, Path]) -> Containerd:
     return c
 
 
-def _run(c: Containerd, image: str, device: str) -> str:
+def _run(c: Containerd, image: str, device: str, command: tuple[str, ...] = ("/prog",)) -> str:
     with c.cri() as cri, cri.pod(f"p-{image}-{device}") as pod:
         cid = cri.run_container(pod, "c", f"localhost/hooks/{image}:e2e",
                                 annotations={"cdi.k8s.io/fake": f"{KIND}={device}"})
-        result = cri.exec_sync(cid, ["/prog"])
+        result = cri.exec_sync(cid, list(command))
         return str(result.stdout)
 
 
 def test_glibc_image_with_hooks(ctrd: Containerd) -> None:
     assert _run(ctrd, "glibc", "hooks") == "answer=42\n"
+
+
+def test_one_entry_does_everything(ctrd: Containerd) -> None:
+    assert _run(ctrd, "glibc", "one", ("sh", "-c", "/prog; ls /dev/by-path; "
+                                       "readlink /dev/by-path/fake-0")) == (
+        "answer=42\nfake-0\n../fake0\n")
 
 
 def test_nix_like_image_hook_free(ctrd: Containerd) -> None:

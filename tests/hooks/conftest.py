@@ -7,7 +7,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,12 +89,17 @@ def host_loader() -> tuple[Path, Path]:
 
 
 def make_bundle(tmp: Path, rootfs: Path, *, relative: bool = True,
-                readonly: bool = False) -> bytes:
-    """An OCI bundle around ``rootfs``; returns the state document a runtime would send."""
+                readonly: bool = False, devices: Sequence[str] = ()) -> bytes:
+    """An OCI bundle around ``rootfs``; returns the state document a runtime would send.
+    ``devices``: container paths listed in the config's ``linux.devices``."""
     bundle = tmp / "bundle"
     bundle.mkdir(exist_ok=True)
     path = os.path.relpath(rootfs, bundle) if relative else str(rootfs)
-    config = {"ociVersion": "1.1.0", "root": {"path": path, "readonly": readonly}}
+    config: dict[str, object] = {"ociVersion": "1.1.0",
+                                 "root": {"path": path, "readonly": readonly}}
+    if devices:
+        config["linux"] = {"devices": [{"path": d, "type": "c", "major": 1, "minor": 3}
+                                       for d in devices]}
     (bundle / "config.json").write_text(json.dumps(config))
     return json.dumps({"ociVersion": "1.1.0", "id": "c1", "status": "creating", "pid": 1,
                        "bundle": str(bundle)}).encode()

@@ -180,16 +180,27 @@ def test_driver_container_paths(nodes: dict[str, BuiltNode]) -> None:
 def test_hooks_and_links(nodes: dict[str, BuiltNode]) -> None:
     node = nodes["rhel"]
     _, out, _ = generate([*node_args(node), "--mode", "procfs"])
-    hooks = parse_spec(out).data.container_edits.hooks
-    assert [h.args[:3] for h in hooks] == [("nri-cdi", "hook", "create-symlinks"),
-                                           ("nri-cdi", "hook", "update-ldcache")]
-    assert all(h.path == HOOK and h.hook_name == "createContainer" for h in hooks)
-    links = hooks[0].args[3:]
+    spec = parse_spec(out).data
+    # One entry does everything, so a container starts one hook process, whatever it asks.
+    (hook,) = spec.container_edits.hooks
+    assert hook.args[:3] == ("nri-cdi", "hook", "create-symlinks")
+    assert hook.path == HOOK and hook.hook_name == "createContainer"
+    assert not any(d.container_edits.hooks for d in spec.devices)
+    split = hook.args.index("update-ldcache")
+    links = hook.args[3:split]
     v = node.driver_version
     assert f"libcuda.so.{v}::/usr/lib64/libcuda.so.1" in links
     assert "libcuda.so.1::/usr/lib64/libcuda.so" in links
     assert f"libGLX_nvidia.so.{v}::/usr/lib64/libGLX_indirect.so.0" in links
-    assert hooks[1].args[3:] == ("--folder", "/usr/lib64", "--folder", "/usr/lib64/vdpau")
+    # The devices' by-path links, each made only in a container that has its DRM node.
+    device_links = [links[i + 1] for i, a in enumerate(links) if a == "--device-link"]
+    assert device_links and all(d.startswith("/dev/dri/card") or d.startswith(
+        "/dev/dri/renderD") for d in device_links)
+    gpu0 = next(d for d in spec.devices if d.name == "0").container_edits.device_nodes
+    card = next(n.path for n in gpu0 if n.path.startswith("/dev/dri/card"))
+    assert any(d.startswith(f"{card}::../{card.rsplit('/', 1)[1]}::/dev/dri/by-path/pci-")
+               for d in device_links)
+    assert hook.args[split + 1:] == ("--folder", "/usr/lib64", "--folder", "/usr/lib64/vdpau")
 
 
 @needs_nodes
@@ -216,8 +227,8 @@ def test_hooks_default_to_the_isolated_interpreter_entry(nodes: dict[str, BuiltN
     assert rc == 0, err
     hooks = parse_spec(out).data.container_edits.hooks
     assert [h.args[1:5] for h in hooks] == [
-        ("-I", "-S", hook_entry.ENTRY_SCRIPT, "create-symlinks"),
-        ("-I", "-S", hook_entry.ENTRY_SCRIPT, "update-ldcache")]
+        ("-I", "-S", hook_entry.ENTRY_SCRIPT, "create-symlinks")]
+    assert "update-ldcache" in hooks[0].args
     assert all(h.path == h.args[0] == sys.executable and h.env == hook_entry.HOOK_ENV
                for h in hooks)
     assert cli._hook_path("/x/nri-cdi") == "/x/nri-cdi"
