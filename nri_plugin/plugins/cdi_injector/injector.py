@@ -30,7 +30,12 @@ from nri_plugin.plugins.cdi_injector.adjust import to_adjustment, unsupported_ed
 from nri_plugin.plugins.cdi_injector.failclosed import Unserved, find_unserved
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
-from nri_plugin.plugins.cdi_injector.sources import env_map, gather, is_privileged
+from nri_plugin.plugins.cdi_injector.sources import (
+    container_mounts,
+    env_map,
+    gather,
+    is_privileged,
+)
 from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules
 from nri_plugin.runtime import RuntimeInfo
 from nri_plugin.wire import Code
@@ -210,18 +215,25 @@ class CdiInjector(Plugin):
         gathered = gather(policy, self.vendors, registry, namespace=pod.namespace,
                           container_name=container.name, pod_annotations=pod.annotations,
                           container_annotations=container.annotations, env=env,
-                          privileged=privileged)
+                          privileged=privileged, mounts=container_mounts(container))
         if gathered.denied is not None:
             raise gathered.denied
         requests = not_yet_injected(gathered.requests, container, registry.snapshot,
                                     privileged)
-        if not requests:
+        # No device, but the env may ask for edits of none (NVIDIA: the driver alone).
+        extras = not requests and any(v.asks_extras(env) for v in self.vendors)
+        if not requests and not extras:
             return None
         filters = self._decide(requests, pod.namespace, privileged, env, registry)
+        if not requests and not filters:
+            return None
         user = container.user if container.HasField("user") else None
-        return self.plan(requests, user.uid if user else 0, user.gid if user else 0,
-                         _combined(filters), library_path=env.get("LD_LIBRARY_PATH", ""),
-                         registry=registry)
+        injection = self.plan(requests, user.uid if user else 0, user.gid if user else 0,
+                              _combined(filters), library_path=env.get("LD_LIBRARY_PATH", ""),
+                              registry=registry)
+        if not requests and not injection.adjustment.ListFields():
+            return None
+        return injection
 
     def _decide(self, requests: Sequence[DeviceRequest], namespace: str, privileged: bool,
                 env: Mapping[str, str], registry: Registry) -> tuple[EditFilter, ...]:
@@ -236,7 +248,8 @@ class CdiInjector(Plugin):
             return self._decisions[key]
         self.policy.check_devices(names, namespace, privileged)
         _lookup(snapshot, requests)  # unknown devices: say so before any vendor check
-        filters = tuple(f for f in (vendor.check(self.policy, names, env, snapshot, facts)
+        filters = tuple(f for f in (vendor.check(self.policy, names, env, snapshot, facts,
+                                                 namespace=namespace, privileged=privileged)
                                     for vendor, facts in registry.paired(self.vendors))
                         if f is not None)
         self._decisions[key] = filters

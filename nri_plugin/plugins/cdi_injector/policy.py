@@ -24,10 +24,18 @@ from typing import Any
 
 from nri_plugin.errors import NRIPluginError, Refusal
 
-SOURCES = ("containerAnnotations", "podAnnotations", "visibleDevicesEnv")
+SOURCES = ("containerAnnotations", "podAnnotations", "visibleDevicesEnv",
+           "nvidiaNriAnnotations", "nriPluginsAnnotations", "volumeMounts",
+           "migCapabilitiesEnv", "imexChannelsEnv")
 SOURCE_TITLES = {"containerAnnotations": "container annotations",
                  "podAnnotations": "pod annotations",
-                 "visibleDevicesEnv": "NVIDIA_VISIBLE_DEVICES"}
+                 "visibleDevicesEnv": "NVIDIA_VISIBLE_DEVICES",
+                 "nvidiaNriAnnotations": "NVIDIA NRI plugin annotations (nvidia.cdi.k8s.io/)",
+                 "nriPluginsAnnotations": "nri-plugins CDI injector annotations (cdi.nri.io)",
+                 "volumeMounts": "device-plugin volume mounts "
+                                 "(/var/run/nvidia-container-devices/)",
+                 "migCapabilitiesEnv": "NVIDIA_MIG_CONFIG_DEVICES/NVIDIA_MIG_MONITOR_DEVICES",
+                 "imexChannelsEnv": "NVIDIA_IMEX_CHANNELS"}
 ACTIONS = ("evict", "report")
 UNKNOWN_FACTS = ("allow", "deny")
 
@@ -76,7 +84,15 @@ class DeviceRule:
 def _default_sources() -> Mapping[str, SourceRule]:
     return {"containerAnnotations": SourceRule(enabled=True),
             "podAnnotations": SourceRule(enabled=True),
-            "visibleDevicesEnv": SourceRule(enabled=False, privileged_only=True)}
+            "visibleDevicesEnv": SourceRule(enabled=False, privileged_only=True),
+            # The other NRI CDI injectors' pod annotations: the same trust as ours.
+            "nvidiaNriAnnotations": SourceRule(enabled=True),
+            "nriPluginsAnnotations": SourceRule(enabled=True),
+            # Off unless the cluster keeps pods from making such mounts (README).
+            "volumeMounts": SourceRule(enabled=False),
+            # As NVIDIA: the MIG management nodes for privileged containers only.
+            "migCapabilitiesEnv": SourceRule(enabled=True, privileged_only=True),
+            "imexChannelsEnv": SourceRule(enabled=False, privileged_only=True)}
 
 
 DEFAULT_DEVICE_RULES = (DeviceRule(index=0, allow=("*",), deny=("management.nvidia.com/*",)),)

@@ -18,9 +18,23 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
 from cdi.cache import Snapshot
-from cdi.model import ContainerEdits
+from cdi.edits import merge
+from cdi.model import ContainerEdits, DeviceNode
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.vendors.nvidia.capabilities import filter_edits, requested_capabilities
+from nri_plugin.vendors.nvidia.extras import (
+    IMEX_ENV,
+    MIG_CONFIG_ENV,
+    MIG_MONITOR_ENV,
+    ExtrasError,
+    driver_only_edits,
+    imex_channel_ids,
+    imex_channels,
+    mig_capability_node,
+    wants_driver_only,
+    wants_mig_capability,
+)
+from nri_plugin.vendors.nvidia.k8s_sources import nvidia_nri_requests, volume_mount_requests
 from nri_plugin.vendors.nvidia.nodefacts import NodeFacts, SpecFacts, load_facts
 from nri_plugin.vendors.nvidia.requirements import (
     GpuInfo,
@@ -43,18 +57,25 @@ def is_legacy_image(env: Mapping[str, str]) -> bool:
 
 
 class CapabilityFilter(NamedTuple):
-    """Keep the driver mounts of the capabilities in ``wanted`` (and files of none)."""
+    """Keep the driver mounts of the capabilities in ``wanted`` (and files of none), after
+    adding ``extra``: edits of no device (the driver alone, MIG and IMEX nodes)."""
 
     capability_of: Mapping[str, str]  # container path -> capability
     wanted: frozenset[str]
+    extra: ContainerEdits = ContainerEdits()
+    extra_key: Hashable = ()
 
     @property
     def cache_key(self) -> Hashable:
         # capability_of follows from the registry and the device names, which the plan
-        # cache keys on already.
-        return self.wanted
+        # cache keys on already; extra follows from the registry and extra_key.
+        return (self.wanted, self.extra_key)
 
     def apply(self, edits: ContainerEdits) -> ContainerEdits:
+        if not self.extra.is_empty():
+            edits = merge([edits, self.extra])
+        if not self.capability_of:
+            return edits
         return filter_edits(edits, self.capability_of, self.wanted)
 
 
@@ -63,7 +84,8 @@ class NvidiaRules:
 
     name = "nvidia"
     env_source = "visibleDevicesEnv"
-    env_request_prefixes = (VISIBLE_ENV + "=", "CUDA_VERSION=")
+    env_request_prefixes = (VISIBLE_ENV + "=", "CUDA_VERSION=", MIG_CONFIG_ENV + "=",
+                            MIG_MONITOR_ENV + "=", IMEX_ENV + "=")
 
     def __init__(self) -> None:
         self._last: NodeFacts | None = None  # refresher thread only
@@ -86,29 +108,88 @@ class NvidiaRules:
         return tuple(sorted((k, v) for k, v in env.items()
                             if k.startswith("NVIDIA_") or k == "CUDA_VERSION"))
 
+    def other_requests(self, *, pod_annotations: Mapping[str, str], container_name: str,
+                       mounts: Sequence[tuple[str, str]], snapshot: Snapshot,
+                       facts: object) -> list[tuple[str, list[DeviceRequest]]]:
+        return [("nvidiaNriAnnotations", nvidia_nri_requests(pod_annotations, container_name)),
+                ("volumeMounts", volume_mount_requests(mounts, snapshot, _facts(facts)))]
+
+    def asks_extras(self, env: Mapping[str, str]) -> bool:
+        return any(env.get(k) for k in (VISIBLE_ENV, MIG_CONFIG_ENV, MIG_MONITOR_ENV, IMEX_ENV))
+
     def check(self, policy: Policy, names: Sequence[str], env: Mapping[str, str],
-              snapshot: Snapshot, facts: object) -> CapabilityFilter | None:
-        """Check NVIDIA_REQUIRE_* against the facts of the requested devices' specs and
-        return the capability filter for NVIDIA_DRIVER_CAPABILITIES (None: no facts)."""
+              snapshot: Snapshot, facts: object, *, namespace: str = "",
+              privileged: bool = False) -> CapabilityFilter | None:
+        """Check NVIDIA_REQUIRE_* against the facts of the requested devices' specs, add
+        what ``none``, the MIG capabilities and IMEX channels ask for, and return the
+        capability filter for NVIDIA_DRIVER_CAPABILITIES (None: nothing to add or drop)."""
         node = _facts(facts)
         specs = {s.path: s for s in (node.spec_of(n, snapshot) for n in names)
                  if s is not None}
+        extra, key, extra_spec = self._extras(policy, names, env, snapshot, node,
+                                              namespace=namespace, privileged=privileged)
+        if extra_spec is not None and extra_spec in node.specs:
+            specs.setdefault(extra_spec, node.specs[extra_spec])
         if policy.enforce_requirements:
             requirements = requirements_from_env(env)
-            if requirements and not specs and policy.unknown_facts == "deny":
+            if requirements and names and not specs and policy.unknown_facts == "deny":
                 raise RequirementError(
                     f"cannot check {requirements[0].env}: no recorded node facts for "
                     f"{', '.join(names)} (policy requirements.unknownFacts: deny)",
                     rule="requirements.unknownFacts", device=names[0] if names else None)
             for spec in specs.values():
                 check(requirements, spec.versions, _gpus(names, spec))
-        if not policy.filter_capabilities or not specs:
+        capability_of: dict[str, str] = {}
+        if policy.filter_capabilities and specs:
+            for spec in specs.values():
+                capability_of.update(spec.capability_of)
+        if not capability_of and extra.is_empty():
             return None
         wanted = requested_capabilities(env, legacy=is_legacy_image(env))
-        capability_of: dict[str, str] = {}
-        for spec in specs.values():
-            capability_of.update(spec.capability_of)
-        return CapabilityFilter(MappingProxyType(capability_of), wanted)
+        return CapabilityFilter(MappingProxyType(capability_of), wanted, extra, key)
+
+    def _extras(self, policy: Policy, names: Sequence[str], env: Mapping[str, str],
+                snapshot: Snapshot, node: NodeFacts, *, namespace: str,
+                privileged: bool) -> tuple[ContainerEdits, Hashable, str | None]:
+        """Edits of no device that the env asks for and the policy allows: (edits, their
+        cache key, the NVIDIA spec they came from when ``none`` added its edits)."""
+        parts: list[ContainerEdits] = []
+        key: list[object] = []
+        spec_path = None
+        if (wants_driver_only(env) and not names
+                and policy.source_denial(self.env_source, namespace, privileged) is None):
+            spec_path, edits = driver_only_edits(snapshot)
+            parts.append(edits)
+            key.append(("none", spec_path))
+        nodes: list[DeviceNode] = []
+        for variable, which in ((MIG_CONFIG_ENV, "migConfig"), (MIG_MONITOR_ENV, "migMonitor")):
+            if not wants_mig_capability(env, variable):
+                continue
+            _allowed(policy, "migCapabilitiesEnv", variable, namespace, privileged)
+            mig = [n for n in names if node.devices.get(n) is not None
+                   and node.devices[n].type == "mig"]
+            if mig:
+                raise ExtrasError(f"{variable}: cannot be used with specific MIG devices "
+                                  f"selected ({', '.join(mig)})", rule=f"nvidia.{variable}")
+            nodes.append(mig_capability_node(node, which, variable))
+            key.append(which)
+        channels = imex_channels(node)
+        if env.get(IMEX_ENV):
+            wanted = imex_channel_ids(env, list(channels)) if env.get(IMEX_ENV) else []
+            if wanted:
+                _allowed(policy, "imexChannelsEnv", IMEX_ENV, namespace, privileged)
+                nodes += [channels[c] for c in wanted]
+                key.append(("imex", tuple(wanted)))
+        if nodes:
+            parts.append(ContainerEdits(device_nodes=tuple(nodes)))
+        return merge(parts) if parts else ContainerEdits(), tuple(key), spec_path
+
+
+def _allowed(policy: Policy, source: str, variable: str, namespace: str,
+             privileged: bool) -> None:
+    denial = policy.source_denial(source, namespace, privileged)
+    if denial is not None:
+        raise ExtrasError(f"{variable}: {denial}", rule=denial.rule)
 
 
 def _facts(facts: object) -> NodeFacts:

@@ -38,7 +38,19 @@ def visible_device_names(env: Mapping[str, str], snapshot: Snapshot, facts: Node
     return list(dict.fromkeys(names))
 
 
-def _resolve(item: str, known: list[DeviceFacts], snapshot: Snapshot) -> list[str]:
+def resolve_ids(ids: Iterable[str], snapshot: Snapshot, facts: NodeFacts,
+                label: str) -> list[str]:
+    """CDI names for device ids in NVIDIA_VISIBLE_DEVICES' grammar (one id each; ``label``
+    names where they came from in errors)."""
+    known = [d for d in facts.devices.values() if d.name.startswith(GPU_KIND + "=")]
+    names: list[str] = []
+    for item in ids:
+        names += _resolve(item, known, snapshot, label)
+    return list(dict.fromkeys(names))
+
+
+def _resolve(item: str, known: list[DeviceFacts], snapshot: Snapshot,
+             label: str = ENV) -> list[str]:
     if "=" in item:  # already a CDI name
         return [item]
     if item == "all":
@@ -49,7 +61,7 @@ def _resolve(item: str, known: list[DeviceFacts], snapshot: Snapshot) -> list[st
     fallback = f"{GPU_KIND}={item}"  # no sidecar: the spec's own index/uuid names
     if fallback in snapshot.devices:
         return [fallback]
-    raise VisibleDevicesError(f"{ENV}: unknown device {item!r}")
+    raise VisibleDevicesError(f"{label}: unknown device {item!r}")
 
 
 def _all(known: list[DeviceFacts], snapshot: Snapshot) -> list[str]:
