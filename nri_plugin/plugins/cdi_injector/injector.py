@@ -144,6 +144,11 @@ class CdiInjector(Plugin):
         # Counters for logs and metrics; plain ints, read without locking.
         self.counters: dict[str, int] = {"injected": 0, "refused": 0, "unserved_found": 0}
 
+    def set_policy(self, policy: Policy) -> None:
+        """Put a new (validated) policy in force; decisions made under the old one go."""
+        self.policy = policy
+        self._decisions.clear()
+
     def configure(self, config: str, runtime_name: str, runtime_version: str) -> None:
         self.runtime = RuntimeInfo.from_configure(runtime_name, runtime_version)
         self._plans.clear()

@@ -173,13 +173,14 @@ class NvidiaRules:
                                   f"selected ({', '.join(mig)})", rule=f"nvidia.{variable}")
             nodes.append(mig_capability_node(node, which, variable))
             key.append(which)
-        channels = imex_channels(node)
-        if env.get(IMEX_ENV):
-            wanted = imex_channel_ids(env, list(channels)) if env.get(IMEX_ENV) else []
-            if wanted:
-                _allowed(policy, "imexChannelsEnv", IMEX_ENV, namespace, privileged)
-                nodes += [channels[c] for c in wanted]
-                key.append(("imex", tuple(wanted)))
+        # Like NVIDIA_VISIBLE_DEVICES, and as NVIDIA's CDI modes do, the variable is
+        # ignored where the policy does not allow it (images and job scripts set it).
+        if env.get(IMEX_ENV) and policy.source_denial("imexChannelsEnv", namespace,
+                                                      privileged) is None:
+            channels = imex_channels(node)
+            wanted = imex_channel_ids(env, list(channels))
+            nodes += [channels[c] for c in wanted]
+            key.append(("imex", tuple(wanted)))
         if nodes:
             parts.append(ContainerEdits(device_nodes=tuple(nodes)))
         return merge(parts) if parts else ContainerEdits(), tuple(key), spec_path
