@@ -28,7 +28,7 @@ def add_commands(subparsers: Any) -> None:
     """Add ``hook`` to the ``nri-cdi`` command."""
     parser = subparsers.add_parser(
         "hook", help="createContainer hooks run by the OCI runtime (create-symlinks, "
-                     "update-ldcache)")
+                     "update-ldcache, mask-proc)")
     _add_subcommands(parser)
     parser.set_defaults(func=_from_nri_cdi)
 
@@ -57,6 +57,13 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     cache.add_argument("--ldconfig-path", help="accepted for nvidia-cdi-hook compatibility "
                        "and ignored: no ldconfig is run, the cache is written directly")
     cache.set_defaults(action=_update_ldcache)
+    mask = sub.add_parser("mask-proc",
+                          help="show only the given GPUs under /proc/driver/nvidia/gpus")
+    mask.add_argument("--gpu", action="append", default=[], metavar="BUS_ID",
+                      help="repeatable; a PCI bus id the container was given")
+    mask.add_argument("--proc-root", default="/proc/driver/nvidia", metavar="DIR",
+                      help="the driver's procfs folder on the host (default %(default)s)")
+    mask.set_defaults(action=_mask_proc)
     launcher = sub.add_parser("install-launcher",
                               help="build the static hook launcher at PATH (needs gcc)")
     launcher.add_argument("path")
@@ -114,6 +121,16 @@ def _update_ldcache(root: RootFS, args: argparse.Namespace) -> list[str]:
 
     result = update_ldcache(root, args.folder)
     return list(result.warnings)
+
+
+def _mask_proc(root: RootFS, args: argparse.Namespace) -> list[str]:
+    from cdi.hooks.mask_proc import MaskError, mask_proc
+
+    try:
+        mask_proc(root.path, args.gpu, args.proc_root)
+    except MaskError as exc:
+        raise RootFSError(str(exc)) from None
+    return []
 
 
 def _install_launcher(args: argparse.Namespace) -> int:

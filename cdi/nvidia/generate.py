@@ -124,6 +124,7 @@ class Inventory(NamedTuple):
     # Nodes that belong to no device, for the sidecar only (the plugin gives them on
     # request): migConfig, migMonitor, imexChannel<N>.
     extra_nodes: Mapping[str, DeviceNodeInfo] = MappingProxyType({})
+    proc_driver: str = ""  # host path of the driver's procfs folder (for mask-proc)
 
 
 # --- collect (reads the node) ---------------------------------------------------------------
@@ -166,7 +167,7 @@ def collect(roots: Roots, node: NodeInfo, driver: DriverFiles) -> Inventory:
             for mig in gpu.mig_devices:
                 migs[gpu.index, mig.index] = _mig_nodes(roots, gpu, mig, minors, gpus[gpu.index])
     return Inventory(node=node, driver=driver, gpu_nodes=gpus, mig_nodes=migs,
-                     extra_nodes=extra)
+                     extra_nodes=extra, proc_driver=str(roots.proc_path("driver/nvidia")))
 
 
 def _mig_nodes(roots: Roots, gpu: Gpu, mig: MigDevice, minors: dict[str, str],
@@ -510,7 +511,17 @@ def metadata(inv: Inventory, opts: Options, spec: SpecData, *, fp: str,
         "capabilities": capability_files(inv.driver),
         "devices": dict(sorted(devices.items())),
         "nodes": _extra_meta(inv.extra_nodes),
+        "procMask": _proc_mask_meta(inv, opts),
     }
+
+
+def _proc_mask_meta(inv: Inventory, opts: Options) -> dict[str, Any] | None:
+    """How the plugin starts ``mask-proc`` for a container (it adds ``--gpu`` per GPU)."""
+    if not inv.proc_driver:
+        return None
+    hook = _hook(opts, "mask-proc", ["--proc-root", inv.proc_driver])
+    return {"procRoot": inv.proc_driver,
+            "hook": {"path": hook.path, "args": list(hook.args), "env": list(hook.env)}}
 
 
 def _extra_meta(nodes: Mapping[str, DeviceNodeInfo]) -> dict[str, Any]:

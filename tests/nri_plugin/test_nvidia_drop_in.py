@@ -60,8 +60,10 @@ def _sidecar(spec: bytes) -> dict[str, object]:
                          "utility": ["/bin/nvidia-smi"]},
         "devices": {"0": {"type": "gpu", "gpuIndex": 0, "gpuUuid": "GPU-aaa",
                           "busId": "00000000:18:00.0"},
-                    "1": {"type": "gpu", "gpuIndex": 1, "gpuUuid": "GPU-bbb"},
-                    "1:0": {"type": "mig", "gpuIndex": 1, "migIndex": 0, "gpuUuid": "GPU-bbb"}},
+                    "1": {"type": "gpu", "gpuIndex": 1, "gpuUuid": "GPU-bbb",
+                          "busId": "00000000:2a:00.0"},
+                    "1:0": {"type": "mig", "gpuIndex": 1, "migIndex": 0, "gpuUuid": "GPU-bbb",
+                            "busId": "00000000:2a:00.0"}},
         "nodes": {"migConfig": {"path": "/dev/nvidia-caps/nvidia-cap1", "minor": 1, **CAP},
                   "migMonitor": {"path": "/dev/nvidia-caps/nvidia-cap2", "minor": 2, **CAP},
                   "imexChannels": {
@@ -69,6 +71,11 @@ def _sidecar(spec: bytes) -> dict[str, object]:
                             "minor": 0},
                       "3": {"path": "/dev/nvidia-caps-imex-channels/channel3", "major": 510,
                             "minor": 3}}},
+        "procMask": {"procRoot": "/proc/driver/nvidia",
+                     "hook": {"path": "/usr/bin/python3",
+                              "args": ["python3", "-I", "hook.py", "mask-proc", "--proc-root",
+                                       "/proc/driver/nvidia"],
+                              "env": ["PATH=/usr/bin"]}},
     }
 
 
@@ -257,3 +264,36 @@ def test_nri_plugins_annotation_source(registry: Registry) -> None:
     policy = parse_policy({"sources": {"nriPluginsAnnotations": {"namespaces": ["ml"]}}})
     with pytest.raises(Refusal, match=r"sources\.nriPluginsAnnotations\.namespaces"):
         run(registry, policy=policy, **{"cdi.nri.io": "nvidia.com/gpu=0"})
+
+
+MASK = parse_policy({"procMasking": {"enabled": True},
+                     "sources": {"visibleDevicesEnv": {"enabled": True, "privilegedOnly": False}}})
+
+
+def mask_args(adj: nri_pb2.ContainerAdjustment | None) -> list[list[str]]:
+    assert adj is not None
+    return [list(h.args[3:]) for h in adj.hooks.create_container]
+
+
+def test_proc_masking_off_by_default(registry: Registry) -> None:
+    adj = run(registry, **{"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
+    assert adj is not None and not adj.hooks.create_container
+
+
+@pytest.mark.parametrize("request_, gpus", [
+    ({"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}, ["00000000:18:00.0"]),
+    ({"cdi.k8s.io/gpu": "nvidia.com/gpu=1:0"}, ["00000000:2a:00.0"]),  # a MIG device: parent
+    ({"cdi.k8s.io/gpu": "nvidia.com/gpu=0,nvidia.com/gpu=1"},
+     ["00000000:18:00.0", "00000000:2a:00.0"]),
+])
+def test_proc_masking_names_the_given_gpus(registry: Registry, request_: dict[str, str],
+                                           gpus: list[str]) -> None:
+    args = ["mask-proc", "--proc-root", "/proc/driver/nvidia"]
+    for bus in gpus:
+        args += ["--gpu", bus]
+    assert mask_args(run(registry, policy=MASK, **request_)) == [args]
+
+
+def test_proc_masking_with_none_shows_no_gpu(registry: Registry) -> None:
+    adj = run(registry, "NVIDIA_VISIBLE_DEVICES=none", policy=MASK)
+    assert mask_args(adj) == [["mask-proc", "--proc-root", "/proc/driver/nvidia"]]

@@ -106,6 +106,7 @@ class Policy:
     enforce_requirements: bool = True
     unknown_facts: str = "allow"  # a spec without sidecar facts: skip the checks
     filter_capabilities: bool = True
+    mask_proc: bool = False  # procMasking.enabled: others' GPUs hidden in /proc (a hook)
     fail_closed_action: str = "evict"
     origin: str = "built-in defaults"
 
@@ -190,7 +191,7 @@ def parse_policy(doc: Any, *, origin: str = "") -> Policy:
     if not isinstance(doc, dict):
         raise PolicyError(["the document must be a mapping"], origin)
     _keys(doc, "", {"version", "sources", "devices", "privilegedExempt", "requirements",
-                    "capabilities", "failClosed"}, problems)
+                    "capabilities", "failClosed", "procMasking"}, problems)
     if doc.get("version", 1) != 1:
         problems.append(f"version: unsupported {doc.get('version')!r} (want 1)")
     sources = _sources(doc.get("sources", {}), problems)
@@ -198,6 +199,7 @@ def parse_policy(doc: Any, *, origin: str = "") -> Policy:
     req = _section(doc, "requirements", {"enforce", "unknownFacts"}, problems)
     caps = _section(doc, "capabilities", {"filter"}, problems)
     fail = _section(doc, "failClosed", {"action"}, problems)
+    masking = _section(doc, "procMasking", {"enabled"}, problems)
     policy = Policy(
         sources=sources, devices=devices,
         privileged_exempt=_bool(doc, "privilegedExempt", False, "", problems),
@@ -205,6 +207,7 @@ def parse_policy(doc: Any, *, origin: str = "") -> Policy:
         unknown_facts=_choice(req, "unknownFacts", "allow", UNKNOWN_FACTS, "requirements.",
                               problems),
         filter_capabilities=_bool(caps, "filter", True, "capabilities.", problems),
+        mask_proc=_bool(masking, "enabled", False, "procMasking.", problems),
         fail_closed_action=_choice(fail, "action", "evict", ACTIONS, "failClosed.", problems),
         origin=origin or "inline")
     if problems:

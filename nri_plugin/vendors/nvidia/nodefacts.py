@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from cdi.cache import Snapshot
-from cdi.model import DeviceNode
+from cdi.model import DeviceNode, Hook
 from nri_plugin.vendors.nvidia.requirements import GpuInfo, NodeVersions
 
 log = logging.getLogger("nri_cdi.facts")
@@ -62,6 +62,8 @@ class SpecFacts:
     # nodes, and the IMEX channel nodes by channel number (sidecar ``nodes``).
     nodes: Mapping[str, DeviceNode] = field(default_factory=_empty)
     imex_channels: Mapping[int, DeviceNode] = field(default_factory=_empty)
+    # ``nri-cdi hook mask-proc`` as the generator would start it (sidecar ``procMask``).
+    mask_hook: Hook | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,10 +161,14 @@ def parse_sidecar(path: str, kind: str, doc: Mapping[str, Any]) -> SpecFacts:
     nodes = {key: _node(recorded[key]) for key in ("migConfig", "migMonitor")
              if recorded.get(key)}
     imex = {int(n): _node(v) for n, v in (recorded.get("imexChannels") or {}).items()}
+    mask = (doc.get("procMask") or {}).get("hook")
+    mask_hook = None if not mask else Hook(
+        hook_name="createContainer", path=str(mask["path"]),
+        args=tuple(str(a) for a in mask["args"]), env=tuple(str(e) for e in mask["env"]))
     return SpecFacts(path=path, kind=kind, versions=versions,
                      capability_of=MappingProxyType(capability_of),
                      devices=MappingProxyType(devices), nodes=MappingProxyType(nodes),
-                     imex_channels=MappingProxyType(imex))
+                     imex_channels=MappingProxyType(imex), mask_hook=mask_hook)
 
 
 def _node(meta: Mapping[str, Any]) -> DeviceNode:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from cdi.cache import Snapshot
 from cdi.edits import merge
-from cdi.model import ContainerEdits, DeviceNode
+from cdi.model import ContainerEdits, DeviceNode, Hook
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.vendors.nvidia.capabilities import filter_edits, requested_capabilities
 from nri_plugin.vendors.nvidia.extras import (
@@ -183,7 +183,39 @@ class NvidiaRules:
             key.append(("imex", tuple(wanted)))
         if nodes:
             parts.append(ContainerEdits(device_nodes=tuple(nodes)))
+        if policy.mask_proc:
+            hook = _mask_hook(names, snapshot, node, spec_path)
+            if hook is not None:
+                parts.append(ContainerEdits(hooks=(hook,)))
+                key.append(("mask", hook.args))
         return merge(parts) if parts else ContainerEdits(), tuple(key), spec_path
+
+
+def _mask_hook(names: Sequence[str], snapshot: Snapshot, node: NodeFacts,
+               driver_only_spec: str | None) -> Hook | None:
+    """``mask-proc`` with one ``--gpu`` per GPU the container gets from NVIDIA specs that
+    record the hook (a MIG device: its parent); None when no such spec is involved."""
+    hook: Hook | None = None
+    buses: list[str] = []
+    involved = [node.specs.get(driver_only_spec)] if driver_only_spec else []
+    for name in names:
+        spec = node.spec_of(name, snapshot)
+        if spec is None or spec.mask_hook is None:
+            continue
+        involved.append(spec)
+        if name == f"{spec.kind}=all":
+            buses += [d.bus_id for d in spec.devices.values()]
+        elif name in spec.devices:
+            buses.append(spec.devices[name].bus_id)
+    for spec in involved:
+        if spec is not None and spec.mask_hook is not None:
+            hook = spec.mask_hook
+    if hook is None:
+        return None
+    args: list[str] = []
+    for bus in sorted({b for b in buses if b}):
+        args += ["--gpu", bus]
+    return hook._replace(args=(*hook.args, *args))
 
 
 def _allowed(policy: Policy, source: str, variable: str, namespace: str,
