@@ -243,6 +243,16 @@ def test_volume_mounts_source(registry: Registry) -> None:
             policy=policy)
 
 
+def test_volume_mounts_env_marker_is_no_env_request(registry: Registry) -> None:
+    # What the device plugin sets beside the mounts; the mounts are the request.
+    adj = run(registry, "NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices",
+              policy=parse_policy({"sources": {"volumeMounts": {"enabled": True},
+                                               "visibleDevicesEnv": {"enabled": True,
+                                                                     "privilegedOnly": False}}}),
+              mounts=(("/var/run/nvidia-container-devices/GPU-aaa", "/dev/null"),))
+    assert nodes(adj) == ["/dev/nvidia0", "/dev/nvidiactl"]
+
+
 def test_volume_mount_requirement_checked(registry: Registry) -> None:
     policy = parse_policy({"sources": {"volumeMounts": {"enabled": True}}})
     with pytest.raises(Refusal, match=r"cuda>=12\.8"):

@@ -19,10 +19,13 @@ from collections.abc import Mapping, Sequence
 from cdi.cache import Snapshot
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, comma_list_requests
 from nri_plugin.vendors.nvidia.nodefacts import NodeFacts
-from nri_plugin.vendors.nvidia.visible_devices import VisibleDevicesError, resolve_ids
+from nri_plugin.vendors.nvidia.visible_devices import (
+    VOLUME_MOUNT_ROOT,
+    VisibleDevicesError,
+    resolve_ids,
+)
 
 NRI_KEY_PREFIX = "nvidia.cdi.k8s.io/container."
-VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 
 
 def nvidia_nri_requests(pod_annotations: Mapping[str, str],

@@ -16,6 +16,7 @@ from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts
 
 ENV = "NVIDIA_VISIBLE_DEVICES"
 GPU_KIND = "nvidia.com/gpu"
+VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 
 
 class VisibleDevicesError(Refusal):
@@ -26,6 +27,8 @@ def visible_device_names(env: Mapping[str, str], snapshot: Snapshot, facts: Node
                          *, legacy: bool = False) -> list[str]:
     """The CDI names the variable selects (empty: none). ``legacy``: unset means ``all``."""
     text = env.get(ENV, "all" if legacy else "")
+    if text.rstrip("/") == VOLUME_MOUNT_ROOT:
+        return []  # the device plugin's volume-mounts strategy: the mounts are the request
     ids = [i.strip() for i in text.split(",") if i.strip()]
     if not ids or "void" in ids or ids == ["none"]:
         return []
