@@ -49,6 +49,15 @@ devices:
   containerEdits:
     deviceNodes: [{path: /dev/nvidia1, type: c, major: 195, minor: 1}]
 """
+# What NVIDIA's device plugin writes for its CDI strategies: no sidecar, no facts.
+PLUGIN_SPEC = """\
+cdiVersion: 0.5.0
+kind: k8s.device-plugin.nvidia.com/gpu
+devices:
+- name: GPU-aaa
+  containerEdits:
+    deviceNodes: [{path: /dev/nvidia0, type: c, major: 195, minor: 0}]
+"""
 CAP = {"major": 509, "fileMode": 0o400, "gid": 0}
 
 
@@ -59,7 +68,7 @@ def _sidecar(spec: bytes) -> dict[str, object]:
         "capabilities": {"compute": ["/lib/libcuda.so.550"], "compat32": ["/lib32/libcuda.so.550"],
                          "utility": ["/bin/nvidia-smi"]},
         "devices": {"0": {"type": "gpu", "gpuIndex": 0, "gpuUuid": "GPU-aaa",
-                          "busId": "00000000:18:00.0"},
+                          "busId": "00000000:18:00.0", "minor": 0},
                     "1": {"type": "gpu", "gpuIndex": 1, "gpuUuid": "GPU-bbb",
                           "busId": "00000000:2a:00.0"},
                     "1:0": {"type": "mig", "gpuIndex": 1, "migIndex": 0, "gpuUuid": "GPU-bbb",
@@ -81,7 +90,7 @@ def _sidecar(spec: bytes) -> dict[str, object]:
 
 @pytest.fixture
 def registry(tmp_path: Path) -> Registry:
-    folder = write_specs(tmp_path / "cdi", {"nvidia.yaml": SPEC})
+    folder = write_specs(tmp_path / "cdi", {"nvidia.yaml": SPEC, "plugin.yaml": PLUGIN_SPEC})
     spec = folder / "nvidia.yaml"
     (folder / "nvidia.yaml.meta").write_text(json.dumps(_sidecar(spec.read_bytes())))
     return Registry.load(SpecCache([str(folder)]).refresh(), [NvidiaRules()])
@@ -307,3 +316,10 @@ def test_proc_masking_names_the_given_gpus(registry: Registry, request_: dict[st
 def test_proc_masking_with_none_shows_no_gpu(registry: Registry) -> None:
     adj = run(registry, "NVIDIA_VISIBLE_DEVICES=none", policy=MASK)
     assert mask_args(adj) == [["mask-proc", "--proc-root", "/proc/driver/nvidia"]]
+
+
+def test_requirements_apply_to_gpus_of_another_spec(registry: Registry) -> None:
+    asks = {"cdi.k8s.io/gpu": "k8s.device-plugin.nvidia.com/gpu=GPU-aaa"}
+    with pytest.raises(Refusal, match=r"cuda>=12\.8 not met"):
+        run(registry, "NVIDIA_REQUIRE_CUDA=cuda>=12.8", **asks)
+    assert nodes(run(registry, "NVIDIA_REQUIRE_CUDA=cuda>=12.2", **asks)) == ["/dev/nvidia0"]

@@ -41,6 +41,7 @@ class DeviceFacts:
     mig_uuid: str = ""
     arch: str | None = None
     brand: str | None = None
+    minor: int | None = None  # of /dev/nvidia<minor> (the parent GPU's, for MIG)
 
     def gpu_info(self) -> GpuInfo:
         return GpuInfo(name=self.name, arch=self.arch, brand=self.brand)
@@ -156,7 +157,7 @@ def parse_sidecar(path: str, kind: str, doc: Mapping[str, Any]) -> SpecFacts:
             gpu_index=_int(meta.get("gpuIndex")), gpu_uuid=str(meta.get("gpuUuid") or ""),
             bus_id=str(meta.get("busId") or ""), mig_index=_int(meta.get("migIndex")),
             mig_uuid=str(meta.get("migUuid") or ""), arch=_str(meta.get("arch")),
-            brand=_str(meta.get("brand")))
+            brand=_str(meta.get("brand")), minor=_int(meta.get("minor")))
     recorded = doc.get("nodes") or {}
     nodes = {key: _node(recorded[key]) for key in ("migConfig", "migMonitor")
              if recorded.get(key)}

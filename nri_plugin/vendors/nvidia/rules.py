@@ -35,7 +35,7 @@ from nri_plugin.vendors.nvidia.extras import (
     wants_mig_capability,
 )
 from nri_plugin.vendors.nvidia.k8s_sources import nvidia_nri_requests, volume_mount_requests
-from nri_plugin.vendors.nvidia.nodefacts import NodeFacts, SpecFacts, load_facts
+from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts, SpecFacts, load_facts
 from nri_plugin.vendors.nvidia.requirements import (
     GpuInfo,
     RequirementError,
@@ -132,13 +132,18 @@ class NvidiaRules:
             specs.setdefault(extra_spec, node.specs[extra_spec])
         if policy.enforce_requirements:
             requirements = requirements_from_env(env)
-            if requirements and names and not specs and policy.unknown_facts == "deny":
+            if (requirements and names and not specs and policy.unknown_facts == "deny"
+                    and not _by_device_node(names, snapshot, node)):
                 raise RequirementError(
                     f"cannot check {requirements[0].env}: no recorded node facts for "
                     f"{', '.join(names)} (policy requirements.unknownFacts: deny)",
                     rule="requirements.unknownFacts", device=names[0] if names else None)
             for spec in specs.values():
                 check(requirements, spec.versions, _gpus(names, spec))
+            # GPUs named by another spec (the device plugin's own, another generator's):
+            # recognised by their /dev/nvidia<minor> node, checked with our spec's facts.
+            for path, gpus in _by_device_node(names, snapshot, node).items():
+                check(requirements, node.specs[path].versions, gpus)
         capability_of: dict[str, str] = {}
         if policy.filter_capabilities and specs:
             for spec in specs.values():
@@ -189,6 +194,28 @@ class NvidiaRules:
                 parts.append(ContainerEdits(hooks=(hook,)))
                 key.append(("mask", hook.args))
         return merge(parts) if parts else ContainerEdits(), tuple(key), spec_path
+
+
+def _by_device_node(names: Sequence[str], snapshot: Snapshot,
+                    node: NodeFacts) -> dict[str, list[GpuInfo]]:
+    """For requested devices of specs without facts: the recorded GPUs whose
+    ``/dev/nvidia<minor>`` node they carry, by the spec path whose facts know them."""
+    minors: dict[str, tuple[str, DeviceFacts]] = {}
+    for spec in node.specs.values():
+        for d in spec.devices.values():
+            if d.type == "gpu" and d.minor is not None:
+                minors.setdefault(f"/dev/nvidia{d.minor}", (spec.path, d))
+    out: dict[str, list[GpuInfo]] = {}
+    for name in names:
+        device = snapshot.devices.get(name)
+        if device is None or device.spec.path in node.specs:
+            continue
+        for dev_node in device.edits.device_nodes:
+            found = minors.get(dev_node.path)
+            if found is not None:
+                out.setdefault(found[0], []).append(
+                    GpuInfo(name=name, arch=found[1].arch, brand=found[1].brand))
+    return out
 
 
 def _mask_hook(names: Sequence[str], snapshot: Snapshot, node: NodeFacts,
