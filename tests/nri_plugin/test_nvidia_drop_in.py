@@ -323,3 +323,21 @@ def test_requirements_apply_to_gpus_of_another_spec(registry: Registry) -> None:
     with pytest.raises(Refusal, match=r"cuda>=12\.8 not met"):
         run(registry, "NVIDIA_REQUIRE_CUDA=cuda>=12.8", **asks)
     assert nodes(run(registry, "NVIDIA_REQUIRE_CUDA=cuda>=12.2", **asks)) == ["/dev/nvidia0"]
+
+
+def test_fail_closed_sees_volume_mounts_and_other_keys(registry: Registry) -> None:
+    from nri_plugin.plugins.cdi_injector.failclosed import find_unserved
+
+    policy = parse_policy({"sources": {"volumeMounts": {"enabled": True}}})
+    pods = [nri_pb2.PodSandbox(id="p1", name="a", namespace="default"),
+            nri_pb2.PodSandbox(id="p2", name="b", namespace="default",
+                               annotations={"nvidia.cdi.k8s.io/container.app": "nvidia.com/gpu=0"})]
+    by_mount = nri_pb2.Container(id="c1", pod_sandbox_id="p1", name="app",
+                                 state=nri_pb2.CONTAINER_RUNNING)
+    by_mount.mounts.add(destination="/var/run/nvidia-container-devices/GPU-aaa",
+                        source="/dev/null")
+    by_key = nri_pb2.Container(id="c2", pod_sandbox_id="p2", name="app",
+                               state=nri_pb2.CONTAINER_RUNNING)
+    found = find_unserved(pods, [by_mount, by_key], policy, [NvidiaRules()], registry)
+    assert [(u.container_id, u.missing) for u in found] == [
+        ("c1", ("nvidia.com/gpu=0",)), ("c2", ("nvidia.com/gpu=0",))]
