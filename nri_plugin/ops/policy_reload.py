@@ -33,7 +33,7 @@ class PolicyReloader:
         self._digest = _digest(path)
         self._inotify: Any = None
         self._timer: asyncio.TimerHandle | None = None
-        self._running: asyncio.Task[None] | None = None
+        self._running: asyncio.Task[bool] | None = None
         self._again = False
         self.reloads = 0  # policies swapped in
         self.rejected = 0  # new policies refused

@@ -252,7 +252,7 @@ class CdiInjector(Plugin):
             self._decisions.move_to_end(key)
             return self._decisions[key]
         self.policy.check_devices(names, namespace, privileged)
-        _lookup(snapshot, requests)  # unknown devices: say so before any vendor check
+        _lookup(snapshot, list(requests))  # unknown devices: say so before any vendor check
         filters = tuple(f for f in (vendor.check(self.policy, names, env, snapshot, facts,
                                                  namespace=namespace, privileged=privileged)
                                     for vendor, facts in registry.paired(self.vendors))

@@ -84,8 +84,9 @@ class NvidiaRules:
 
     name = "nvidia"
     env_source = "visibleDevicesEnv"
-    env_request_prefixes = (VISIBLE_ENV + "=", "CUDA_VERSION=", MIG_CONFIG_ENV + "=",
-                            MIG_MONITOR_ENV + "=", IMEX_ENV + "=")
+    env_request_prefixes: tuple[str, ...] = (
+        VISIBLE_ENV + "=", "CUDA_VERSION=", MIG_CONFIG_ENV + "=", MIG_MONITOR_ENV + "=",
+        IMEX_ENV + "=")
 
     def __init__(self) -> None:
         self._last: NodeFacts | None = None  # refresher thread only
