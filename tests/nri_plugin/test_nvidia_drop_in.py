@@ -341,3 +341,12 @@ def test_fail_closed_sees_volume_mounts_and_other_keys(registry: Registry) -> No
     found = find_unserved(pods, [by_mount, by_key], policy, [NvidiaRules()], registry)
     assert [(u.container_id, u.missing) for u in found] == [
         ("c1", ("nvidia.com/gpu=0",)), ("c2", ("nvidia.com/gpu=0",))]
+
+
+def test_readme_default_policy_is_the_default() -> None:
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("this is the default policy written out:\n\n```yaml\n", 1)[1]
+    written = parse_policy(yaml.safe_load(block.split("```", 1)[0]), origin="README")
+    assert written == Policy(origin="README")
