@@ -119,6 +119,18 @@ def _update_ldcache(root: RootFS, args: Args) -> list[str]:
     return list(result.warnings)
 
 
+def _mask_proc(root: RootFS, args: Args) -> list[str]:
+    from cdi.hooks.mask_proc import MaskError, mask_proc
+
+    try:
+        mask_proc(root.path, args.gpu, args.proc_root or DEFAULT_PROC_ROOT)
+    except MaskError as exc:
+        raise RootFSError(str(exc)) from None
+    return []
+
+
+DEFAULT_PROC_ROOT = "/proc/driver/nvidia"
+
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     Operation("create-symlinks", _create_symlinks, "make LINK -> TARGET in the container",
               Option("link", "TARGET::LINK", "repeatable; LINK is an absolute container path"),
@@ -130,6 +142,11 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
               Option("folder", "DIR", "repeatable; an absolute container path"),
               Option("ldconfig-path", "PATH", "accepted for nvidia-cdi-hook compatibility and "
                      "ignored: no ldconfig is run, the cache is written directly", many=False)),
+    Operation("mask-proc", _mask_proc,
+              "show only the given GPUs under /proc/driver/nvidia/gpus",
+              Option("gpu", "BUS_ID", "repeatable; a PCI bus id the container was given"),
+              Option("proc-root", "DIR", "the driver's procfs folder on the host (default "
+                     f"{DEFAULT_PROC_ROOT})", many=False)),
 )}
 
 

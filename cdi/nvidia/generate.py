@@ -29,6 +29,7 @@ layout, the set of driver files, the generator version and the generation option
 
 import hashlib
 import json
+import os
 import posixpath
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
@@ -121,9 +122,34 @@ class Inventory(NamedTuple):
     gpu_nodes: Mapping[int, DeviceNodes] = MappingProxyType({})
     mig_nodes: Mapping[tuple[int, int], DeviceNodes] = MappingProxyType({})
     management_nodes: tuple[DeviceNodeInfo, ...] = ()
+    # Nodes that belong to no device, for the sidecar only (the plugin gives them on
+    # request): migConfig, migMonitor, imexChannel<N>.
+    extra_nodes: Mapping[str, DeviceNodeInfo] = MappingProxyType({})
+    proc_driver: str = ""  # host path of the driver's procfs folder (for mask-proc)
 
 
 # --- collect (reads the node) ---------------------------------------------------------------
+
+
+IMEX_CHANNEL_DIR = "/dev/nvidia-caps-imex-channels"
+
+
+def _extra_nodes(roots: Roots, minors: dict[str, str] | None) -> dict[str, DeviceNodeInfo]:
+    """The MIG config/monitor capability nodes (``config``/``monitor`` in mig-minors) and
+    the IMEX channel nodes that exist on the node."""
+    found: dict[str, DeviceNodeInfo | None] = {}
+    for key, name in (("config", "migConfig"), ("monitor", "migMonitor")):
+        if minors is not None and key in minors:
+            found[name] = stat_device_node(roots, f"/dev/nvidia-caps/nvidia-cap{int(minors[key])}")
+    try:
+        channels = os.listdir(roots.dev_path(IMEX_CHANNEL_DIR))
+    except OSError:
+        channels = []
+    for entry in channels:
+        if entry.startswith("channel") and entry[7:].isdigit():
+            found[f"imexChannel{int(entry[7:])}"] = stat_device_node(
+                roots, f"{IMEX_CHANNEL_DIR}/{entry}")
+    return {k: v for k, v in sorted(found.items()) if v is not None}
 
 
 def collect(roots: Roots, node: NodeInfo, driver: DriverFiles) -> Inventory:
@@ -131,8 +157,9 @@ def collect(roots: Roots, node: NodeInfo, driver: DriverFiles) -> Inventory:
         return Inventory(node=node, driver=driver, management_nodes=management_nodes(roots))
     gpus = {g.index: gpu_nodes(roots, g.minor, g.bus_id) for g in node.gpus}
     migs: dict[tuple[int, int], DeviceNodes] = {}
+    minors = read_mig_minors(roots)
+    extra = MappingProxyType(_extra_nodes(roots, minors))
     if any(g.mig_devices for g in node.gpus):
-        minors = read_mig_minors(roots)
         if minors is None:
             raise GenerateError(
                 f"MIG devices found but {roots.proc_path('driver/nvidia-caps/mig-minors')} "
@@ -140,7 +167,8 @@ def collect(roots: Roots, node: NodeInfo, driver: DriverFiles) -> Inventory:
         for gpu in node.gpus:
             for mig in gpu.mig_devices:
                 migs[gpu.index, mig.index] = _mig_nodes(roots, gpu, mig, minors, gpus[gpu.index])
-    return Inventory(node=node, driver=driver, gpu_nodes=gpus, mig_nodes=migs)
+    return Inventory(node=node, driver=driver, gpu_nodes=gpus, mig_nodes=migs,
+                     extra_nodes=extra, proc_driver=str(roots.proc_path("driver/nvidia")))
 
 
 def _mig_nodes(roots: Roots, gpu: Gpu, mig: MigDevice, minors: dict[str, str],
@@ -510,4 +538,28 @@ def metadata(inv: Inventory, opts: Options, spec: SpecData, *, fp: str,
                    "libraryDirs": list(inv.driver.lib_dirs)},
         "capabilities": capability_files(inv.driver),
         "devices": dict(sorted(devices.items())),
+        "nodes": _extra_meta(inv.extra_nodes),
+        "procMask": _proc_mask_meta(inv, opts),
     }
+
+
+def _proc_mask_meta(inv: Inventory, opts: Options) -> dict[str, Any] | None:
+    """How the plugin starts ``mask-proc`` for a container (it adds ``--gpu`` per GPU)."""
+    if not inv.proc_driver:
+        return None
+    (hook,) = _hook(opts, [("mask-proc", ["--proc-root", inv.proc_driver])])
+    return {"procRoot": inv.proc_driver,
+            "hook": {"path": hook.path, "args": list(hook.args), "env": list(hook.env)}}
+
+
+def _extra_meta(nodes: Mapping[str, DeviceNodeInfo]) -> dict[str, Any]:
+    """Sidecar ``nodes``: ``migConfig``, ``migMonitor``, ``imexChannels`` by number."""
+    def one(n: DeviceNodeInfo) -> dict[str, Any]:
+        return {"path": n.path, "hostPath": n.host if n.host != n.path else None,
+                "major": n.major, "minor": n.minor, "fileMode": n.mode, "gid": n.gid}
+
+    out: dict[str, Any] = {k: one(v) for k, v in nodes.items() if k.startswith("mig")}
+    imex = {k[len("imexChannel"):]: one(v) for k, v in nodes.items() if k.startswith("imex")}
+    if imex:
+        out["imexChannels"] = dict(sorted(imex.items(), key=lambda kv: int(kv[0])))
+    return out

@@ -217,6 +217,7 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
     plugin.on_unserved = on_unserved
     log.info("plugin %s-%s starting; spec dirs %s; policy %s", stub.idx, stub.name,
              ", ".join(cache.spec_dirs), plugin.policy.origin)
+    reloader = _policy_reloader(args, settings, plugin).start(loop)
     task = asyncio.ensure_future(stub.run())
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, _shutdown, stub, task)
@@ -225,11 +226,35 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
     except asyncio.CancelledError:
         pass
     finally:
+        reloader.stop(loop)
         refresher.stop()
         if server is not None:
             server.close()
     log.info("plugin stopped")
     return 0
+
+
+def _policy_reloader(args: argparse.Namespace, settings: Any, plugin: Any) -> Any:
+    """Watches the policy's file (``--policy``, else the config file, whose ``policy``
+    section it is) and swaps a new valid policy into ``plugin``; SIGHUP forces a reload."""
+    from nri_plugin.ops.policy_reload import PolicyReloader
+    from nri_plugin.ops.settings import settings_from_args
+    from nri_plugin.plugins.cdi_injector.policy import Policy, load_policy, parse_policy
+
+    path: str | None = args.policy
+    if path is not None:
+        policy_file = path
+        return PolicyReloader(path, lambda: load_policy(policy_file), plugin.set_policy)
+
+    def from_config() -> Any:
+        fresh = settings_from_args(args)
+        if not fresh.policy:
+            return Policy()
+        return parse_policy(dict(fresh.policy), origin=f"{fresh.source} (policy section)")
+
+    source = settings.source
+    return PolicyReloader(source if os.path.isfile(source) else None, from_config,
+                          plugin.set_policy)
 
 
 def _start_metrics(address: str) -> tuple[Any, Any]:

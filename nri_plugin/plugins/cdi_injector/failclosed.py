@@ -41,7 +41,12 @@ from nri_plugin.api import nri_pb2
 from nri_plugin.dispatch import RpcError
 from nri_plugin.errors import Refusal
 from nri_plugin.plugins.cdi_injector.policy import Policy
-from nri_plugin.plugins.cdi_injector.sources import env_map, gather, is_privileged
+from nri_plugin.plugins.cdi_injector.sources import (
+    container_mounts,
+    env_map,
+    gather,
+    is_privileged,
+)
 from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules
 from nri_plugin.wire import Code
 
@@ -50,8 +55,12 @@ log = logging.getLogger("nri_cdi.failclosed")
 _LIVE_STATES = (nri_pb2.CONTAINER_CREATED, nri_pb2.CONTAINER_RUNNING, nri_pb2.CONTAINER_PAUSED)
 
 
+# The other injectors' pod annotation keys are request keys too (nri-plugins', NVIDIA's).
+_REQUEST_KEY_PREFIXES = (ANNOTATION_PREFIX, "cdi.nri.io", "nvidia.cdi.k8s.io/")
+
+
 def _any_request_key(annotations: Mapping[str, str]) -> bool:
-    return any(k.startswith(ANNOTATION_PREFIX) for k in annotations)
+    return any(k.startswith(_REQUEST_KEY_PREFIXES) for k in annotations)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,6 +82,7 @@ def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_p
     asking_pods = {p.id for p in pods if _any_request_key(p.annotations)}
     env_prefixes = tuple(prefix for v in vendors if policy.sources[v.env_source].enabled
                          for prefix in v.env_request_prefixes)
+    mounts_ask = policy.sources["volumeMounts"].enabled  # device-plugin volume mounts
     out = []
     for container in containers:
         if container.state not in _LIVE_STATES:
@@ -80,6 +90,7 @@ def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_p
         # Cheap test first: most containers ask for nothing by any source.
         if (container.pod_sandbox_id not in asking_pods
                 and not _any_request_key(container.annotations)
+                and not (mounts_ask and container.mounts)
                 and not (env_prefixes and any(e.startswith(env_prefixes)
                                               for e in container.env))):
             continue
@@ -130,7 +141,8 @@ def _unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container, poli
         gathered = gather(policy, vendors, registry, namespace=namespace,
                           container_name=container.name, pod_annotations=annotations,
                           container_annotations=container.annotations,
-                          env=env_map(container.env), privileged=is_privileged(container))
+                          env=env_map(container.env), privileged=is_privileged(container),
+                          mounts=container_mounts(container))
     except Refusal as exc:
         return _item(pod, container, (), f"its request is invalid ({exc})")
     if not gathered.requests:

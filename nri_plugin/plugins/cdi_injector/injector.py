@@ -30,7 +30,12 @@ from nri_plugin.plugins.cdi_injector.adjust import to_adjustment, unsupported_ed
 from nri_plugin.plugins.cdi_injector.failclosed import Unserved, find_unserved
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
-from nri_plugin.plugins.cdi_injector.sources import env_map, gather, is_privileged
+from nri_plugin.plugins.cdi_injector.sources import (
+    container_mounts,
+    env_map,
+    gather,
+    is_privileged,
+)
 from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules
 from nri_plugin.runtime import RuntimeInfo
 from nri_plugin.wire import Code
@@ -139,6 +144,11 @@ class CdiInjector(Plugin):
         # Counters for logs and metrics; plain ints, read without locking.
         self.counters: dict[str, int] = {"injected": 0, "refused": 0, "unserved_found": 0}
 
+    def set_policy(self, policy: Policy) -> None:
+        """Put a new (validated) policy in force; decisions made under the old one go."""
+        self.policy = policy
+        self._decisions.clear()
+
     def configure(self, config: str, runtime_name: str, runtime_version: str) -> None:
         self.runtime = RuntimeInfo.from_configure(runtime_name, runtime_version)
         self._plans.clear()
@@ -210,18 +220,25 @@ class CdiInjector(Plugin):
         gathered = gather(policy, self.vendors, registry, namespace=pod.namespace,
                           container_name=container.name, pod_annotations=pod.annotations,
                           container_annotations=container.annotations, env=env,
-                          privileged=privileged)
+                          privileged=privileged, mounts=container_mounts(container))
         if gathered.denied is not None:
             raise gathered.denied
         requests = not_yet_injected(gathered.requests, container, registry.snapshot,
                                     privileged)
-        if not requests:
+        # No device, but the env may ask for edits of none (NVIDIA: the driver alone).
+        extras = not requests and any(v.asks_extras(env) for v in self.vendors)
+        if not requests and not extras:
             return None
         filters = self._decide(requests, pod.namespace, privileged, env, registry)
+        if not requests and not filters:
+            return None
         user = container.user if container.HasField("user") else None
-        return self.plan(requests, user.uid if user else 0, user.gid if user else 0,
-                         _combined(filters), library_path=env.get("LD_LIBRARY_PATH", ""),
-                         registry=registry)
+        injection = self.plan(requests, user.uid if user else 0, user.gid if user else 0,
+                              _combined(filters), library_path=env.get("LD_LIBRARY_PATH", ""),
+                              registry=registry)
+        if not requests and not injection.adjustment.ListFields():
+            return None
+        return injection
 
     def _decide(self, requests: Sequence[DeviceRequest], namespace: str, privileged: bool,
                 env: Mapping[str, str], registry: Registry) -> tuple[EditFilter, ...]:
@@ -235,8 +252,9 @@ class CdiInjector(Plugin):
             self._decisions.move_to_end(key)
             return self._decisions[key]
         self.policy.check_devices(names, namespace, privileged)
-        _lookup(snapshot, requests)  # unknown devices: say so before any vendor check
-        filters = tuple(f for f in (vendor.check(self.policy, names, env, snapshot, facts)
+        _lookup(snapshot, list(requests))  # unknown devices: say so before any vendor check
+        filters = tuple(f for f in (vendor.check(self.policy, names, env, snapshot, facts,
+                                                 namespace=namespace, privileged=privileged)
                                     for vendor, facts in registry.paired(self.vendors))
                         if f is not None)
         self._decisions[key] = filters

@@ -24,10 +24,18 @@ from typing import Any
 
 from nri_plugin.errors import NRIPluginError, Refusal
 
-SOURCES = ("containerAnnotations", "podAnnotations", "visibleDevicesEnv")
+SOURCES = ("containerAnnotations", "podAnnotations", "visibleDevicesEnv",
+           "nvidiaNriAnnotations", "nriPluginsAnnotations", "volumeMounts",
+           "migCapabilitiesEnv", "imexChannelsEnv")
 SOURCE_TITLES = {"containerAnnotations": "container annotations",
                  "podAnnotations": "pod annotations",
-                 "visibleDevicesEnv": "NVIDIA_VISIBLE_DEVICES"}
+                 "visibleDevicesEnv": "NVIDIA_VISIBLE_DEVICES",
+                 "nvidiaNriAnnotations": "NVIDIA NRI plugin annotations (nvidia.cdi.k8s.io/)",
+                 "nriPluginsAnnotations": "nri-plugins CDI injector annotations (cdi.nri.io)",
+                 "volumeMounts": "device-plugin volume mounts "
+                                 "(/var/run/nvidia-container-devices/)",
+                 "migCapabilitiesEnv": "NVIDIA_MIG_CONFIG_DEVICES/NVIDIA_MIG_MONITOR_DEVICES",
+                 "imexChannelsEnv": "NVIDIA_IMEX_CHANNELS"}
 ACTIONS = ("evict", "report")
 UNKNOWN_FACTS = ("allow", "deny")
 
@@ -76,7 +84,15 @@ class DeviceRule:
 def _default_sources() -> Mapping[str, SourceRule]:
     return {"containerAnnotations": SourceRule(enabled=True),
             "podAnnotations": SourceRule(enabled=True),
-            "visibleDevicesEnv": SourceRule(enabled=False, privileged_only=True)}
+            "visibleDevicesEnv": SourceRule(enabled=False, privileged_only=True),
+            # The other NRI CDI injectors' pod annotations: the same trust as ours.
+            "nvidiaNriAnnotations": SourceRule(enabled=True),
+            "nriPluginsAnnotations": SourceRule(enabled=True),
+            # Off unless the cluster keeps pods from making such mounts (README).
+            "volumeMounts": SourceRule(enabled=False),
+            # As NVIDIA: the MIG management nodes for privileged containers only.
+            "migCapabilitiesEnv": SourceRule(enabled=True, privileged_only=True),
+            "imexChannelsEnv": SourceRule(enabled=False, privileged_only=True)}
 
 
 DEFAULT_DEVICE_RULES = (DeviceRule(index=0, allow=("*",), deny=("management.nvidia.com/*",)),)
@@ -90,6 +106,7 @@ class Policy:
     enforce_requirements: bool = True
     unknown_facts: str = "allow"  # a spec without sidecar facts: skip the checks
     filter_capabilities: bool = True
+    mask_proc: bool = False  # procMasking.enabled: others' GPUs hidden in /proc (a hook)
     fail_closed_action: str = "evict"
     origin: str = "built-in defaults"
 
@@ -174,7 +191,7 @@ def parse_policy(doc: Any, *, origin: str = "") -> Policy:
     if not isinstance(doc, dict):
         raise PolicyError(["the document must be a mapping"], origin)
     _keys(doc, "", {"version", "sources", "devices", "privilegedExempt", "requirements",
-                    "capabilities", "failClosed"}, problems)
+                    "capabilities", "failClosed", "procMasking"}, problems)
     if doc.get("version", 1) != 1:
         problems.append(f"version: unsupported {doc.get('version')!r} (want 1)")
     sources = _sources(doc.get("sources", {}), problems)
@@ -182,6 +199,7 @@ def parse_policy(doc: Any, *, origin: str = "") -> Policy:
     req = _section(doc, "requirements", {"enforce", "unknownFacts"}, problems)
     caps = _section(doc, "capabilities", {"filter"}, problems)
     fail = _section(doc, "failClosed", {"action"}, problems)
+    masking = _section(doc, "procMasking", {"enabled"}, problems)
     policy = Policy(
         sources=sources, devices=devices,
         privileged_exempt=_bool(doc, "privilegedExempt", False, "", problems),
@@ -189,6 +207,7 @@ def parse_policy(doc: Any, *, origin: str = "") -> Policy:
         unknown_facts=_choice(req, "unknownFacts", "allow", UNKNOWN_FACTS, "requirements.",
                               problems),
         filter_capabilities=_bool(caps, "filter", True, "capabilities.", problems),
+        mask_proc=_bool(masking, "enabled", False, "procMasking.", problems),
         fail_closed_action=_choice(fail, "action", "evict", ACTIONS, "failClosed.", problems),
         origin=origin or "inline")
     if problems:

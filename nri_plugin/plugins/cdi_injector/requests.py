@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from cdi.annotations import ANNOTATION_PREFIX, parse_annotation
 from cdi.errors import AnnotationError
+from cdi.parser import is_qualified_name
 from nri_plugin.errors import Refusal
 
 CONTAINER_KEY_PREFIX = ANNOTATION_PREFIX + "ctr."
@@ -58,6 +59,36 @@ def container_requests(container_annotations: Mapping[str, str]) -> list[DeviceR
             requests += [DeviceRequest(n, source)
                          for n in _parse(key, container_annotations[key], "container")]
     return requests
+
+
+NRI_PLUGINS_DOMAIN = "cdi.nri.io"  # containers/nri-plugins' cdi-device-injector
+
+
+def nri_plugins_requests(pod_annotations: Mapping[str, str],
+                         container_name: str) -> list[DeviceRequest]:
+    """The pod annotations of containers/nri-plugins' CDI device injector, all of which
+    apply together as there: ``cdi.nri.io/container.<name>``, ``cdi.nri.io/pod`` and the
+    bare ``cdi.nri.io``; each value a comma list of fully qualified CDI names."""
+    requests: list[DeviceRequest] = []
+    for key in (f"{NRI_PLUGINS_DOMAIN}/container.{container_name}",
+                f"{NRI_PLUGINS_DOMAIN}/pod", NRI_PLUGINS_DOMAIN):
+        if key in pod_annotations:
+            requests += comma_list_requests(key, pod_annotations[key])
+    return requests
+
+
+def comma_list_requests(key: str, value: str) -> list[DeviceRequest]:
+    """A pod annotation whose value is a comma list of qualified CDI names (the other NRI
+    injectors' format); a name that is not qualified is a RequestError naming the key."""
+    source = f"pod annotation {key!r}"
+    out = []
+    for item in value.split(","):
+        name = item.strip()
+        if not is_qualified_name(name):
+            raise RequestError(f"pod annotation {key!r}: {name!r} is not a fully qualified "
+                               "CDI device name (vendor/class=name)", annotation=key)
+        out.append(DeviceRequest(name, source))
+    return out
 
 
 class RequestError(Refusal):

@@ -1,11 +1,14 @@
 """All request sources of one container, under the policy, resolved to CDI names. Pure.
 
-Sources: container annotations ``cdi.k8s.io/*`` (kubelet), pod annotations (users), and
-whatever env variables the vendor rules read (NVIDIA: ``NVIDIA_VISIBLE_DEVICES``; off by
-default). An annotation source the policy does not allow here is a denial (the container
-fails, with the rule named): someone asked on purpose. An env source is different: CUDA
-base images set ``NVIDIA_VISIBLE_DEVICES=all`` in every container, so where the policy does
-not allow it the variable is ignored, not refused, or every CUDA image would break.
+Sources: container annotations ``cdi.k8s.io/*`` (kubelet), pod annotations (users), the
+other NRI CDI injectors' pod annotations (``cdi.nri.io``; the vendor's own, e.g. NVIDIA's
+NRI plugin keys), what the vendor reads from the container's mounts (NVIDIA: the device
+plugin's volume mounts), and whatever env variables the vendor rules read (NVIDIA:
+``NVIDIA_VISIBLE_DEVICES``; off by default). An annotation or mount source the policy
+does not allow here is a denial (the container fails, with the rule named): someone
+asked on purpose. An env source is different: CUDA base images set
+``NVIDIA_VISIBLE_DEVICES=all`` in every container, so where the policy does not allow it
+the variable is ignored, not refused, or every CUDA image would break.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
 from nri_plugin.plugins.cdi_injector.requests import (
     DeviceRequest,
     container_requests,
+    nri_plugins_requests,
     pod_requests,
     unique_requests,
 )
@@ -42,6 +46,12 @@ def is_privileged(container: nri_pb2.Container) -> bool:
     return False
 
 
+def container_mounts(container: nri_pb2.Container) -> tuple[tuple[str, str], ...]:
+    """(destination, source) of the container's mounts: what kubelet asked the runtime for
+    (an image cannot add these)."""
+    return tuple((m.destination, m.source) for m in container.mounts)
+
+
 def env_map(env: Sequence[str]) -> dict[str, str]:
     """``K=V`` entries → a dict; a later entry wins, as in execve's environment."""
     out: dict[str, str] = {}
@@ -54,13 +64,19 @@ def env_map(env: Sequence[str]) -> dict[str, str]:
 def gather(policy: Policy, vendors: Sequence[VendorRules], registry: Registry, *,
            namespace: str, container_name: str, pod_annotations: Mapping[str, str],
            container_annotations: Mapping[str, str], env: Mapping[str, str],
-           privileged: bool) -> Gathered:
+           privileged: bool, mounts: Sequence[tuple[str, str]] = ()) -> Gathered:
     """Every requested device once, in source order. Raises a Refusal (RequestError, or a
     vendor's) for a malformed annotation or an unknown id in an allowed env request."""
     requests: list[DeviceRequest] = []
     denied: PolicyDenied | None = None
-    for source, found in (("podAnnotations", pod_requests(pod_annotations, container_name)),
-                          ("containerAnnotations", container_requests(container_annotations))):
+    asked = [("podAnnotations", pod_requests(pod_annotations, container_name)),
+             ("containerAnnotations", container_requests(container_annotations)),
+             ("nriPluginsAnnotations", nri_plugins_requests(pod_annotations, container_name))]
+    for vendor, facts in registry.paired(vendors):
+        asked += vendor.other_requests(pod_annotations=pod_annotations,
+                                       container_name=container_name, mounts=mounts,
+                                       snapshot=registry.snapshot, facts=facts)
+    for source, found in asked:
         if not found:
             continue
         denial = policy.source_denial(source, namespace, privileged)

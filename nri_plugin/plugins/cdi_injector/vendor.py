@@ -55,13 +55,28 @@ class VendorRules(Protocol):
                      facts: object) -> list[DeviceRequest]:
         """Devices asked for through the container's environment (none: empty)."""
 
+    def other_requests(self, *, pod_annotations: Mapping[str, str], container_name: str,
+                       mounts: Sequence[tuple[str, str]], snapshot: Snapshot,
+                       facts: object) -> list[tuple[str, list[DeviceRequest]]]:
+        """Devices asked for by the vendor's other ways (NVIDIA: its NRI plugin's pod
+        annotations, the device plugin's volume mounts; ``mounts`` are the container's
+        (destination, source) pairs), as (policy source, requests) pairs. Like annotations, a source
+        the policy does not allow here is a refusal."""
+
+    def asks_extras(self, env: Mapping[str, str]) -> bool:
+        """Whether ``env`` may ask for edits that belong to no device (NVIDIA: the driver
+        without a GPU, MIG management and IMEX channel nodes); cheap, for the no-request
+        path. ``check`` then returns a filter that adds them."""
+
     def decision_key(self, env: Mapping[str, str]) -> Hashable:
         """The part of ``env`` that ``check`` reads, hashable (for the decision cache)."""
 
     def check(self, policy: Policy, names: Sequence[str], env: Mapping[str, str],
-              snapshot: Snapshot, facts: object) -> EditFilter | None:
+              snapshot: Snapshot, facts: object, *, namespace: str = "",
+              privileged: bool = False) -> EditFilter | None:
         """Refuse (raise Refusal) what the vendor's rules forbid for these devices, and
-        return the filter for the edits (None: keep all)."""
+        return the filter for the edits (None: keep all). A filter may also add edits of
+        no device (see ``asks_extras``)."""
 
 
 class Registry(NamedTuple):

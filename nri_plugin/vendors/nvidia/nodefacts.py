@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from cdi.cache import Snapshot
+from cdi.model import DeviceNode, Hook
 from nri_plugin.vendors.nvidia.requirements import GpuInfo, NodeVersions
 
 log = logging.getLogger("nri_cdi.facts")
@@ -40,9 +41,14 @@ class DeviceFacts:
     mig_uuid: str = ""
     arch: str | None = None
     brand: str | None = None
+    minor: int | None = None  # of /dev/nvidia<minor> (the parent GPU's, for MIG)
 
     def gpu_info(self) -> GpuInfo:
         return GpuInfo(name=self.name, arch=self.arch, brand=self.brand)
+
+
+def _empty() -> Mapping[Any, Any]:
+    return MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,10 +59,12 @@ class SpecFacts:
     # container path of a driver file → its capability (utility, compute, ..., other)
     capability_of: Mapping[str, str]
     devices: Mapping[str, DeviceFacts]
-
-
-def _empty() -> Mapping[str, Any]:
-    return MappingProxyType({})
+    # Device nodes that belong to no CDI device: ``migConfig`` / ``migMonitor`` capability
+    # nodes, and the IMEX channel nodes by channel number (sidecar ``nodes``).
+    nodes: Mapping[str, DeviceNode] = field(default_factory=_empty)
+    imex_channels: Mapping[int, DeviceNode] = field(default_factory=_empty)
+    # ``nri-cdi hook mask-proc`` as the generator would start it (sidecar ``procMask``).
+    mask_hook: Hook | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +157,27 @@ def parse_sidecar(path: str, kind: str, doc: Mapping[str, Any]) -> SpecFacts:
             gpu_index=_int(meta.get("gpuIndex")), gpu_uuid=str(meta.get("gpuUuid") or ""),
             bus_id=str(meta.get("busId") or ""), mig_index=_int(meta.get("migIndex")),
             mig_uuid=str(meta.get("migUuid") or ""), arch=_str(meta.get("arch")),
-            brand=_str(meta.get("brand")))
+            brand=_str(meta.get("brand")), minor=_int(meta.get("minor")))
+    recorded = doc.get("nodes") or {}
+    nodes = {key: _node(recorded[key]) for key in ("migConfig", "migMonitor")
+             if recorded.get(key)}
+    imex = {int(n): _node(v) for n, v in (recorded.get("imexChannels") or {}).items()}
+    mask = (doc.get("procMask") or {}).get("hook")
+    mask_hook = None if not mask else Hook(
+        hook_name="createContainer", path=str(mask["path"]),
+        args=tuple(str(a) for a in mask["args"]), env=tuple(str(e) for e in mask["env"]))
     return SpecFacts(path=path, kind=kind, versions=versions,
                      capability_of=MappingProxyType(capability_of),
-                     devices=MappingProxyType(devices))
+                     devices=MappingProxyType(devices), nodes=MappingProxyType(nodes),
+                     imex_channels=MappingProxyType(imex), mask_hook=mask_hook)
+
+
+def _node(meta: Mapping[str, Any]) -> DeviceNode:
+    """A recorded device node (the generator's sidecar ``nodes`` entries)."""
+    return DeviceNode(path=str(meta["path"]), host_path=_str(meta.get("hostPath")), type="c",
+                      major=int(meta["major"]), minor=int(meta["minor"]),
+                      file_mode=_int(meta.get("fileMode")), permissions="rw",
+                      gid=_int(meta.get("gid")) or None)
 
 
 def _int(value: Any) -> int | None:

@@ -18,10 +18,24 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
 from cdi.cache import Snapshot
-from cdi.model import ContainerEdits
+from cdi.edits import merge
+from cdi.model import ContainerEdits, DeviceNode, Hook
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.vendors.nvidia.capabilities import filter_edits, requested_capabilities
-from nri_plugin.vendors.nvidia.nodefacts import NodeFacts, SpecFacts, load_facts
+from nri_plugin.vendors.nvidia.extras import (
+    IMEX_ENV,
+    MIG_CONFIG_ENV,
+    MIG_MONITOR_ENV,
+    ExtrasError,
+    driver_only_edits,
+    imex_channel_ids,
+    imex_channels,
+    mig_capability_node,
+    wants_driver_only,
+    wants_mig_capability,
+)
+from nri_plugin.vendors.nvidia.k8s_sources import nvidia_nri_requests, volume_mount_requests
+from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts, SpecFacts, load_facts
 from nri_plugin.vendors.nvidia.requirements import (
     GpuInfo,
     RequirementError,
@@ -43,18 +57,25 @@ def is_legacy_image(env: Mapping[str, str]) -> bool:
 
 
 class CapabilityFilter(NamedTuple):
-    """Keep the driver mounts of the capabilities in ``wanted`` (and files of none)."""
+    """Keep the driver mounts of the capabilities in ``wanted`` (and files of none), after
+    adding ``extra``: edits of no device (the driver alone, MIG and IMEX nodes)."""
 
     capability_of: Mapping[str, str]  # container path -> capability
     wanted: frozenset[str]
+    extra: ContainerEdits = ContainerEdits()
+    extra_key: Hashable = ()
 
     @property
     def cache_key(self) -> Hashable:
         # capability_of follows from the registry and the device names, which the plan
-        # cache keys on already.
-        return self.wanted
+        # cache keys on already; extra follows from the registry and extra_key.
+        return (self.wanted, self.extra_key)
 
     def apply(self, edits: ContainerEdits) -> ContainerEdits:
+        if not self.extra.is_empty():
+            edits = merge([edits, self.extra])
+        if not self.capability_of:
+            return edits
         return filter_edits(edits, self.capability_of, self.wanted)
 
 
@@ -63,7 +84,9 @@ class NvidiaRules:
 
     name = "nvidia"
     env_source = "visibleDevicesEnv"
-    env_request_prefixes: tuple[str, ...] = (VISIBLE_ENV + "=", "CUDA_VERSION=")
+    env_request_prefixes: tuple[str, ...] = (
+        VISIBLE_ENV + "=", "CUDA_VERSION=", MIG_CONFIG_ENV + "=", MIG_MONITOR_ENV + "=",
+        IMEX_ENV + "=")
 
     def __init__(self) -> None:
         self._last: NodeFacts | None = None  # refresher thread only
@@ -86,29 +109,148 @@ class NvidiaRules:
         return tuple(sorted((k, v) for k, v in env.items()
                             if k.startswith("NVIDIA_") or k == "CUDA_VERSION"))
 
+    def other_requests(self, *, pod_annotations: Mapping[str, str], container_name: str,
+                       mounts: Sequence[tuple[str, str]], snapshot: Snapshot,
+                       facts: object) -> list[tuple[str, list[DeviceRequest]]]:
+        return [("nvidiaNriAnnotations", nvidia_nri_requests(pod_annotations, container_name)),
+                ("volumeMounts", volume_mount_requests(mounts, snapshot, _facts(facts)))]
+
+    def asks_extras(self, env: Mapping[str, str]) -> bool:
+        return any(env.get(k) for k in (VISIBLE_ENV, MIG_CONFIG_ENV, MIG_MONITOR_ENV, IMEX_ENV))
+
     def check(self, policy: Policy, names: Sequence[str], env: Mapping[str, str],
-              snapshot: Snapshot, facts: object) -> CapabilityFilter | None:
-        """Check NVIDIA_REQUIRE_* against the facts of the requested devices' specs and
-        return the capability filter for NVIDIA_DRIVER_CAPABILITIES (None: no facts)."""
+              snapshot: Snapshot, facts: object, *, namespace: str = "",
+              privileged: bool = False) -> CapabilityFilter | None:
+        """Check NVIDIA_REQUIRE_* against the facts of the requested devices' specs, add
+        what ``none``, the MIG capabilities and IMEX channels ask for, and return the
+        capability filter for NVIDIA_DRIVER_CAPABILITIES (None: nothing to add or drop)."""
         node = _facts(facts)
         specs = {s.path: s for s in (node.spec_of(n, snapshot) for n in names)
                  if s is not None}
+        extra, key, extra_spec = self._extras(policy, names, env, snapshot, node,
+                                              namespace=namespace, privileged=privileged)
+        if extra_spec is not None and extra_spec in node.specs:
+            specs.setdefault(extra_spec, node.specs[extra_spec])
         if policy.enforce_requirements:
             requirements = requirements_from_env(env)
-            if requirements and not specs and policy.unknown_facts == "deny":
+            if (requirements and names and not specs and policy.unknown_facts == "deny"
+                    and not _by_device_node(names, snapshot, node)):
                 raise RequirementError(
                     f"cannot check {requirements[0].env}: no recorded node facts for "
                     f"{', '.join(names)} (policy requirements.unknownFacts: deny)",
                     rule="requirements.unknownFacts", device=names[0] if names else None)
             for spec in specs.values():
                 check(requirements, spec.versions, _gpus(names, spec))
-        if not policy.filter_capabilities or not specs:
+            # GPUs named by another spec (the device plugin's own, another generator's):
+            # recognised by their /dev/nvidia<minor> node, checked with our spec's facts.
+            for path, gpus in _by_device_node(names, snapshot, node).items():
+                check(requirements, node.specs[path].versions, gpus)
+        capability_of: dict[str, str] = {}
+        if policy.filter_capabilities and specs:
+            for spec in specs.values():
+                capability_of.update(spec.capability_of)
+        if not capability_of and extra.is_empty():
             return None
         wanted = requested_capabilities(env, legacy=is_legacy_image(env))
-        capability_of: dict[str, str] = {}
-        for spec in specs.values():
-            capability_of.update(spec.capability_of)
-        return CapabilityFilter(MappingProxyType(capability_of), wanted)
+        return CapabilityFilter(MappingProxyType(capability_of), wanted, extra, key)
+
+    def _extras(self, policy: Policy, names: Sequence[str], env: Mapping[str, str],
+                snapshot: Snapshot, node: NodeFacts, *, namespace: str,
+                privileged: bool) -> tuple[ContainerEdits, Hashable, str | None]:
+        """Edits of no device that the env asks for and the policy allows: (edits, their
+        cache key, the NVIDIA spec they came from when ``none`` added its edits)."""
+        parts: list[ContainerEdits] = []
+        key: list[object] = []
+        spec_path = None
+        if (wants_driver_only(env) and not names
+                and policy.source_denial(self.env_source, namespace, privileged) is None):
+            spec_path, edits = driver_only_edits(snapshot)
+            parts.append(edits)
+            key.append(("none", spec_path))
+        nodes: list[DeviceNode] = []
+        for variable, which in ((MIG_CONFIG_ENV, "migConfig"), (MIG_MONITOR_ENV, "migMonitor")):
+            if not wants_mig_capability(env, variable):
+                continue
+            _allowed(policy, "migCapabilitiesEnv", variable, namespace, privileged)
+            mig = [n for n in names if node.devices.get(n) is not None
+                   and node.devices[n].type == "mig"]
+            if mig:
+                raise ExtrasError(f"{variable}: cannot be used with specific MIG devices "
+                                  f"selected ({', '.join(mig)})", rule=f"nvidia.{variable}")
+            nodes.append(mig_capability_node(node, which, variable))
+            key.append(which)
+        # Like NVIDIA_VISIBLE_DEVICES, and as NVIDIA's CDI modes do, the variable is
+        # ignored where the policy does not allow it (images and job scripts set it).
+        if env.get(IMEX_ENV) and policy.source_denial("imexChannelsEnv", namespace,
+                                                      privileged) is None:
+            channels = imex_channels(node)
+            wanted = imex_channel_ids(env, list(channels))
+            nodes += [channels[c] for c in wanted]
+            key.append(("imex", tuple(wanted)))
+        if nodes:
+            parts.append(ContainerEdits(device_nodes=tuple(nodes)))
+        if policy.mask_proc:
+            hook = _mask_hook(names, snapshot, node, spec_path)
+            if hook is not None:
+                parts.append(ContainerEdits(hooks=(hook,)))
+                key.append(("mask", hook.args))
+        return merge(parts) if parts else ContainerEdits(), tuple(key), spec_path
+
+
+def _by_device_node(names: Sequence[str], snapshot: Snapshot,
+                    node: NodeFacts) -> dict[str, list[GpuInfo]]:
+    """For requested devices of specs without facts: the recorded GPUs whose
+    ``/dev/nvidia<minor>`` node they carry, by the spec path whose facts know them."""
+    minors: dict[str, tuple[str, DeviceFacts]] = {}
+    for spec in node.specs.values():
+        for d in spec.devices.values():
+            if d.type == "gpu" and d.minor is not None:
+                minors.setdefault(f"/dev/nvidia{d.minor}", (spec.path, d))
+    out: dict[str, list[GpuInfo]] = {}
+    for name in names:
+        device = snapshot.devices.get(name)
+        if device is None or device.spec.path in node.specs:
+            continue
+        for dev_node in device.edits.device_nodes:
+            found = minors.get(dev_node.path)
+            if found is not None:
+                out.setdefault(found[0], []).append(
+                    GpuInfo(name=name, arch=found[1].arch, brand=found[1].brand))
+    return out
+
+
+def _mask_hook(names: Sequence[str], snapshot: Snapshot, node: NodeFacts,
+               driver_only_spec: str | None) -> Hook | None:
+    """``mask-proc`` with one ``--gpu`` per GPU the container gets from NVIDIA specs that
+    record the hook (a MIG device: its parent); None when no such spec is involved."""
+    hook: Hook | None = None
+    buses: list[str] = []
+    involved = [node.specs.get(driver_only_spec)] if driver_only_spec else []
+    for name in names:
+        spec = node.spec_of(name, snapshot)
+        if spec is None or spec.mask_hook is None:
+            continue
+        involved.append(spec)
+        if name == f"{spec.kind}=all":
+            buses += [d.bus_id for d in spec.devices.values()]
+        elif name in spec.devices:
+            buses.append(spec.devices[name].bus_id)
+    for spec in involved:
+        if spec is not None and spec.mask_hook is not None:
+            hook = spec.mask_hook
+    if hook is None:
+        return None
+    args: list[str] = []
+    for bus in sorted({b for b in buses if b}):
+        args += ["--gpu", bus]
+    return hook._replace(args=(*hook.args, *args))
+
+
+def _allowed(policy: Policy, source: str, variable: str, namespace: str,
+             privileged: bool) -> None:
+    denial = policy.source_denial(source, namespace, privileged)
+    if denial is not None:
+        raise ExtrasError(f"{variable}: {denial}", rule=denial.rule)
 
 
 def _facts(facts: object) -> NodeFacts:

@@ -16,6 +16,7 @@ from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts
 
 ENV = "NVIDIA_VISIBLE_DEVICES"
 GPU_KIND = "nvidia.com/gpu"
+VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 
 
 class VisibleDevicesError(Refusal):
@@ -26,6 +27,8 @@ def visible_device_names(env: Mapping[str, str], snapshot: Snapshot, facts: Node
                          *, legacy: bool = False) -> list[str]:
     """The CDI names the variable selects (empty: none). ``legacy``: unset means ``all``."""
     text = env.get(ENV, "all" if legacy else "")
+    if text.rstrip("/") == VOLUME_MOUNT_ROOT:
+        return []  # the device plugin's volume-mounts strategy: the mounts are the request
     ids = [i.strip() for i in text.split(",") if i.strip()]
     if not ids or "void" in ids or ids == ["none"]:
         return []
@@ -38,7 +41,19 @@ def visible_device_names(env: Mapping[str, str], snapshot: Snapshot, facts: Node
     return list(dict.fromkeys(names))
 
 
-def _resolve(item: str, known: list[DeviceFacts], snapshot: Snapshot) -> list[str]:
+def resolve_ids(ids: Iterable[str], snapshot: Snapshot, facts: NodeFacts,
+                label: str) -> list[str]:
+    """CDI names for device ids in NVIDIA_VISIBLE_DEVICES' grammar (one id each; ``label``
+    names where they came from in errors)."""
+    known = [d for d in facts.devices.values() if d.name.startswith(GPU_KIND + "=")]
+    names: list[str] = []
+    for item in ids:
+        names += _resolve(item, known, snapshot, label)
+    return list(dict.fromkeys(names))
+
+
+def _resolve(item: str, known: list[DeviceFacts], snapshot: Snapshot,
+             label: str = ENV) -> list[str]:
     if "=" in item:  # already a CDI name
         return [item]
     if item == "all":
@@ -49,7 +64,7 @@ def _resolve(item: str, known: list[DeviceFacts], snapshot: Snapshot) -> list[st
     fallback = f"{GPU_KIND}={item}"  # no sidecar: the spec's own index/uuid names
     if fallback in snapshot.devices:
         return [fallback]
-    raise VisibleDevicesError(f"{ENV}: unknown device {item!r}")
+    raise VisibleDevicesError(f"{label}: unknown device {item!r}")
 
 
 def _all(known: list[DeviceFacts], snapshot: Snapshot) -> list[str]:

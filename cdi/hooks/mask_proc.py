@@ -1,0 +1,139 @@
+"""``mask-proc``: the container sees only its own GPUs under ``/proc/driver/nvidia/gpus``.
+
+Under ``/proc/driver/nvidia/gpus/<bus id>/`` the driver publishes every GPU's
+``information``, ``registry`` and power files; a container with one GPU should not read the
+others'. An OCI mount cannot do it: runc refuses any mount whose destination lies inside
+``/proc`` (only a fixed list of lxcfs files is allowed), so this is a createContainer hook,
+which runs in the container's mount namespace after its mounts and before pivot_root:
+
+1. the container's ``/proc`` (``<root>/proc``, opened without following links) must be a
+   procfs mount, so nothing the image placed there can redirect a mount;
+2. a read-only tmpfs (mode 0555, nosuid, nodev, noexec) goes over its
+   ``driver/nvidia/gpus``;
+3. each GPU given to the container gets its folder back: a read-only bind mount of
+   ``<proc root>/gpus/<bus id>`` (the host's, ``/proc/driver/nvidia`` by default; the bus
+   id tried as given, then with the 4-digit PCI domain procfs uses).
+
+Without an NVIDIA driver in this kernel (a simulated node) ``driver/nvidia`` does not exist
+in procfs and cannot be made there: the tmpfs then goes over ``driver`` and the hook builds
+``nvidia/gpus/<bus id>`` in it from ``--proc-root``, the simulated node's procfs copy.
+All mounts are made through ``/proc/self/fd`` paths of descriptors opened first, so the
+checked folder is the one mounted on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from collections.abc import Sequence
+
+__all__ = ["MaskError", "mask_proc", "procfs_bus_names"]
+
+PROC_SUPER_MAGIC = 0x9FA0
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC = 32, 4096, 16384
+_SAFE = MS_NOSUID | MS_NODEV | MS_NOEXEC
+_O_PATH = getattr(os, "O_PATH", 0o10000000)
+
+
+class MaskError(Exception):
+    """Masking cannot be done; the message names the path."""
+
+
+class _Statfs(ctypes.Structure):
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 120)]
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _fs_type(fd: int) -> int:
+    buf = _Statfs()
+    if _libc().fstatfs(fd, ctypes.byref(buf)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return int(buf.f_type)
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int,
+           data: str | None = None) -> None:
+    enc = [None if v is None else v.encode() for v in (source, target, fstype, data)]
+    if _libc().mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]) != 0:
+        err = ctypes.get_errno()
+        raise MaskError(f"mount {target}: {os.strerror(err)}")
+
+
+def procfs_bus_names(bus: str) -> list[str]:
+    """Folder names a bus id may have under ``gpus/``: as given (lower case), then with the
+    4-digit domain procfs uses (NVML gives 8 digits)."""
+    bus = bus.lower()
+    names = [bus]
+    domain, sep, rest = bus.partition(":")
+    if sep and len(domain) == 8 and domain.startswith("0000"):
+        names.append(f"{domain[4:]}:{rest}")
+    return names
+
+
+def _source(proc_root: str, bus: str) -> str:
+    for name in procfs_bus_names(bus):
+        path = os.path.join(proc_root, "gpus", name)
+        if os.path.isdir(path):
+            return path
+    raise MaskError(f"GPU {bus}: no folder for it under {proc_root}/gpus")
+
+
+def _tmpfs(fd: int) -> str:
+    target = f"/proc/self/fd/{fd}"
+    _mount("tmpfs", target, "tmpfs", _SAFE, "mode=0755,size=64k")
+    return target
+
+
+def _bind(source: str, folder: str) -> None:
+    os.mkdir(folder, 0o555)
+    _mount(source, folder, None, MS_BIND | MS_REC)
+    _mount(None, folder, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _SAFE)
+
+
+def mask_proc(root: str, gpus: Sequence[str], proc_root: str = "/proc/driver/nvidia") -> str:
+    """Mask the container at ``root`` (host path of its root folder, in its mount
+    namespace); returns which folder was covered."""
+    sources = [(procfs_bus_names(b)[-1], _source(proc_root, b)) for b in gpus]
+    try:
+        proc = os.open(os.path.join(root, "proc"), _O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise MaskError(f"{root}/proc: {exc.strerror}") from None
+    try:
+        if _fs_type(proc) != PROC_SUPER_MAGIC:
+            raise MaskError(f"{root}/proc is not a procfs mount")
+        real = _open_dir(proc, "driver/nvidia/gpus")
+        fd = real if real is not None else _open_dir(proc, "driver")
+        if fd is None:
+            raise MaskError(f"{root}/proc has no driver folder")
+        try:
+            target = _tmpfs(fd)
+            # The new tmpfs is reached again through the path: the descriptor still names
+            # the folder underneath it.
+            mounted = os.path.realpath(target)
+            gpus_dir = mounted
+            if real is None:
+                os.mkdir(os.path.join(mounted, "nvidia"), 0o555)
+                gpus_dir = os.path.join(mounted, "nvidia", "gpus")
+                os.mkdir(gpus_dir, 0o555)
+            for name, source in sources:
+                _bind(source, os.path.join(gpus_dir, name))
+            os.chmod(mounted, 0o555)
+            _mount(None, mounted, None, MS_REMOUNT | MS_RDONLY | _SAFE)
+        finally:
+            os.close(fd)
+        return "driver/nvidia/gpus" if real is not None else "driver"
+    finally:
+        os.close(proc)
+
+
+def _open_dir(parent: int, path: str) -> int | None:
+    try:
+        return os.open(path, _O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,121 @@
+"""NVIDIA requests that name no CDI device, with libnvidia-container's value grammar. Pure.
+
+* ``NVIDIA_VISIBLE_DEVICES=none``: the driver without a GPU, i.e. the spec-level edits of
+  the NVIDIA spec (driver files, control nodes, hooks as the spec gives them), no GPU node.
+* ``NVIDIA_MIG_CONFIG_DEVICES`` / ``NVIDIA_MIG_MONITOR_DEVICES``: the MIG config / monitor
+  capability node (``/dev/nvidia-caps/nvidia-cap<N>``, N from
+  ``/proc/driver/nvidia-caps/mig-minors``), as the generator recorded it in the sidecar.
+  As in ``select_mig_config_devices``: a comma list whose only accepted item is ``all``
+  (any case; empty items skipped), refused when specific MIG devices were selected.
+* ``NVIDIA_IMEX_CHANNELS``: ``/dev/nvidia-caps-imex-channels/channel<N>`` for a comma list
+  of channel numbers, or ``all`` (every channel the node has); empty, ``void`` or ``none``:
+  nothing. A channel the node does not have is refused.
+
+Who may use each is the policy's business (sources ``visibleDevicesEnv``,
+``migCapabilitiesEnv``, ``imexChannelsEnv``); the caller checks that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from cdi.cache import Snapshot
+from cdi.model import ContainerEdits, DeviceNode
+from nri_plugin.errors import Refusal
+from nri_plugin.vendors.nvidia.nodefacts import NodeFacts
+
+VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
+MIG_CONFIG_ENV = "NVIDIA_MIG_CONFIG_DEVICES"
+MIG_MONITOR_ENV = "NVIDIA_MIG_MONITOR_DEVICES"
+IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
+GPU_KIND = "nvidia.com/gpu"
+
+
+class ExtrasError(Refusal):
+    default_rule = "nvidia.extras"
+
+
+def _items(value: str) -> list[str]:
+    return [i.strip() for i in value.split(",") if i.strip()]
+
+
+def wants_driver_only(env: Mapping[str, str]) -> bool:
+    """``NVIDIA_VISIBLE_DEVICES=none`` (``void`` anywhere wins: nothing at all)."""
+    items = _items(env.get(VISIBLE_ENV, ""))
+    return bool(items) and "void" not in items and all(i == "none" for i in items)
+
+
+def wants_mig_capability(env: Mapping[str, str], variable: str) -> bool:
+    """True for ``all``; False when unset or empty; ExtrasError for anything else."""
+    items = _items(env.get(variable, ""))
+    for item in items:
+        if item.lower() != "all":
+            raise ExtrasError(f"{variable}={env[variable]}: {item!r}: only 'all' is "
+                              "supported (as in libnvidia-container)", rule=f"nvidia.{variable}")
+    return bool(items)
+
+
+def imex_channel_ids(env: Mapping[str, str], available: Sequence[int]) -> list[int]:
+    """The channels ``NVIDIA_IMEX_CHANNELS`` asks for ([] for unset, empty, void, none)."""
+    text = env.get(IMEX_ENV, "")
+    items = _items(text)
+    if not items or "void" in items or items == ["none"]:
+        return []
+    if any(i.lower() == "all" for i in items):
+        if not available:
+            raise ExtrasError(f"{IMEX_ENV}=all: this node has no IMEX channel nodes",
+                              rule=f"nvidia.{IMEX_ENV}")
+        return sorted(available)
+    out: list[int] = []
+    for item in items:
+        if not item.isdigit():
+            raise ExtrasError(f"{IMEX_ENV}={text}: {item!r} is not a channel number",
+                              rule=f"nvidia.{IMEX_ENV}")
+        if int(item) not in available:
+            raise ExtrasError(f"{IMEX_ENV}={text}: channel {item} does not exist on this node "
+                              f"(have: {', '.join(map(str, sorted(available))) or 'none'})",
+                              rule=f"nvidia.{IMEX_ENV}")
+        out.append(int(item))
+    return sorted(set(out))
+
+
+def nvidia_spec_path(snapshot: Snapshot) -> str | None:
+    """The spec that serves ``nvidia.com/gpu`` (the one ``all`` comes from, else the first)."""
+    device = snapshot.devices.get(f"{GPU_KIND}=all")
+    if device is not None:
+        return device.spec.path
+    for path, loaded in snapshot.specs.items():
+        if loaded.spec.kind == GPU_KIND:
+            return path
+    return None
+
+
+def driver_only_edits(snapshot: Snapshot) -> tuple[str, ContainerEdits]:
+    """The NVIDIA spec's own (spec-level) edits: what ``none`` gives."""
+    path = nvidia_spec_path(snapshot)
+    if path is None:
+        raise ExtrasError(f"{VISIBLE_ENV}=none: no {GPU_KIND} spec in the spec directories",
+                          rule=f"nvidia.{VISIBLE_ENV}")
+    edits = snapshot.specs[path].edits
+    if any(gid != 0 for gid in edits.additional_gids):
+        raise ExtrasError(f"{VISIBLE_ENV}=none: the spec-level edits of {path} carry "
+                          "additionalGids, which NRI cannot add", rule=f"nvidia.{VISIBLE_ENV}")
+    return path, edits
+
+
+def mig_capability_node(facts: NodeFacts, which: str, variable: str) -> DeviceNode:
+    """The recorded ``migConfig`` / ``migMonitor`` node of the node's NVIDIA spec."""
+    for spec in facts.specs.values():
+        node = spec.nodes.get(which)
+        if node is not None:
+            return node
+    raise ExtrasError(f"{variable}=all: no MIG {which[3:].lower()} capability recorded for "
+                      "this node (no MIG-capable GPU, or the spec was generated without "
+                      "/proc/driver/nvidia-caps/mig-minors)", rule=f"nvidia.{variable}")
+
+
+def imex_channels(facts: NodeFacts) -> dict[int, DeviceNode]:
+    out: dict[int, DeviceNode] = {}
+    for spec in facts.specs.values():
+        out.update(spec.imex_channels)
+    return out

@@ -1,0 +1,75 @@
+"""How Kubernetes set-ups built for NVIDIA's toolkit ask for GPUs, as request sources. Pure.
+
+* NVIDIA's NRI plugin (toolkit >= 1.19, ``nvidia-ctk-installer``): the pod annotation
+  ``nvidia.cdi.k8s.io/container.<container name>``, else ``nvidia.cdi.k8s.io/container.*``
+  (every container), value a comma list of fully qualified CDI names. (There is no
+  ``…/pod`` and no bare key in that plugin: those are containers/nri-plugins', under
+  ``cdi.nri.io``, which the injector reads itself.)
+* The device plugin's ``volume-mounts`` strategy: kubelet bind-mounts ``/dev/null`` at
+  ``/var/run/nvidia-container-devices/<id>`` for each allocated device; ``<id>`` as in
+  NVIDIA_VISIBLE_DEVICES (UUID or index), or ``cdi/<vendor>/<class>/<name>`` for a CDI name.
+  Only mounts whose source is ``/dev/null`` count, as in the toolkit.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping, Sequence
+
+from cdi.cache import Snapshot
+from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, comma_list_requests
+from nri_plugin.vendors.nvidia.nodefacts import NodeFacts
+from nri_plugin.vendors.nvidia.visible_devices import (
+    VOLUME_MOUNT_ROOT,
+    VisibleDevicesError,
+    resolve_ids,
+)
+
+NRI_KEY_PREFIX = "nvidia.cdi.k8s.io/container."
+
+
+def nvidia_nri_requests(pod_annotations: Mapping[str, str],
+                        container_name: str) -> list[DeviceRequest]:
+    key = NRI_KEY_PREFIX + container_name
+    if key not in pod_annotations:
+        key = NRI_KEY_PREFIX + "*"
+        if key not in pod_annotations:
+            return []
+    return comma_list_requests(key, pod_annotations[key])
+
+
+def volume_mount_ids(mounts: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(id, destination) for each ``/dev/null`` mount under the device-list root."""
+    out = []
+    for destination, source in mounts:
+        if posixpath.normpath(source) != "/dev/null":
+            continue
+        path = posixpath.normpath(destination)
+        if not path.startswith(VOLUME_MOUNT_ROOT + "/"):
+            continue
+        device = path[len(VOLUME_MOUNT_ROOT) + 1:].strip("/")
+        if device:
+            out.append((device, destination))
+    return out
+
+
+def volume_mount_requests(mounts: Sequence[tuple[str, str]], snapshot: Snapshot,
+                          facts: NodeFacts) -> list[DeviceRequest]:
+    requests: list[DeviceRequest] = []
+    for device, destination in volume_mount_ids(mounts):
+        source = f"volume mount {destination}"
+        if device.startswith("cdi/"):
+            parts = device[4:].split("/")
+            if len(parts) < 3:
+                raise VisibleDevicesError(f"{source}: expected cdi/<vendor>/<class>/<name>",
+                                          rule="nvidia.volumeMounts")
+            name = f"{'/'.join(parts[:-2])}/{parts[-2]}={parts[-1]}"
+            requests.append(DeviceRequest(name, source))
+            continue
+        if device.startswith("imex/"):
+            raise VisibleDevicesError(f"{source}: IMEX channels as volume mounts are not "
+                                      "supported; use NVIDIA_IMEX_CHANNELS or a CDI name",
+                                      rule="nvidia.volumeMounts")
+        requests += [DeviceRequest(n, source)
+                     for n in resolve_ids([device], snapshot, facts, source)]
+    return requests
