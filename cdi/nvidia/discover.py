@@ -234,10 +234,16 @@ def load_nvml(library: Path | None) -> Any:
     """Import pynvml, point it at ``library`` (loaded by path) and initialise NVML."""
     import pynvml  # only NVML mode pays for this import
 
-    if library is not None and getattr(pynvml, "nvmlLib", None) is None:
+    loaded = getattr(pynvml, "nvmlLib", None)
+    if library is not None and getattr(loaded, "_name", None) != os.fspath(library):
         import ctypes
 
+        # nvidia-ml-py keeps one library per process, with its function pointers cached:
+        # a run for another driver root must not be answered by the first one's NVML.
         pynvml.nvmlLib = ctypes.CDLL(os.fspath(library))
+        cache = getattr(pynvml, "_nvmlGetFunctionPointer_cache", None)
+        if isinstance(cache, dict):
+            cache.clear()
     pynvml.nvmlInit()
     return pynvml
 

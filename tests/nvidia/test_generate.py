@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import tomllib
@@ -223,7 +223,10 @@ def test_generator_version_matches_pyproject() -> None:
     assert project["version"] == GENERATOR_VERSION
 
 
-# --- NVML mode through the pynvml double ----------------------------------------------------
+# --- NVML mode through nvidia-ml-py and the node's simulated libnvidia-ml ---------------------
+
+needs_pynvml = pytest.mark.skipif(importlib.util.find_spec("pynvml") is None,
+                                  reason="nvidia-ml-py (pynvml) is not installed")
 
 
 @pytest.fixture(scope="module")
@@ -242,24 +245,22 @@ def _nvml_and_procfs(node: BuiltNode, extra: list[str]) -> tuple[str, str]:
     return nvml_out, procfs_out
 
 
+@needs_pynvml
 @needs_nodes
 @pytest.mark.parametrize("name", ["one-gpu", "eight-gpu", "rhel", "driver-container"])
-def test_nvml_equals_procfs(name: str, nodes: dict[str, BuiltNode], fake_pynvml: ModuleType,
-                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nvml_equals_procfs(name: str, nodes: dict[str, BuiltNode]) -> None:
     node = nodes[name]
-    monkeypatch.setenv("FAKE_PYNVML_MANIFEST", str(node.manifest_path))
     nvml_out, procfs_out = _nvml_and_procfs(node, [])
     assert body(nvml_out) == body(procfs_out)
     assert "(nvml mode)" in nvml_out
     # NVML was loaded from the driver root, not from wherever the loader looks.
-    assert fake_pynvml.fake_state().library_path == str(
-        node.lib_dir / f"libnvidia-ml.so.{node.driver_version}")
+    import pynvml
+    assert pynvml.nvmlLib._name == str(node.lib_dir / f"libnvidia-ml.so.{node.driver_version}")
 
 
+@needs_pynvml
 @needs_nodes
-def test_nvml_equals_procfs_with_mig(mig_node: BuiltNode, fake_pynvml: ModuleType,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAKE_PYNVML_MANIFEST", str(mig_node.manifest_path))
+def test_nvml_equals_procfs_with_mig(mig_node: BuiltNode) -> None:
     strategies = ["--device-name-strategy", "index", "--device-name-strategy", "type-index"]
     nvml_out, procfs_out = _nvml_and_procfs(mig_node, strategies)
     assert body(nvml_out) == body(procfs_out)
@@ -273,11 +274,10 @@ def test_nvml_equals_procfs_with_mig(mig_node: BuiltNode, fake_pynvml: ModuleTyp
     assert not mig_uuids & {d.name for d in parse_spec(procfs_out).data.devices}
 
 
+@needs_pynvml
 @needs_nodes
-def test_nvml_gfx_mig_gets_drm_nodes(nodes: dict[str, BuiltNode], fake_pynvml: ModuleType,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nvml_gfx_mig_gets_drm_nodes(nodes: dict[str, BuiltNode]) -> None:
     node = nodes["mig"]  # GPU 3's second MIG device is 2g.20gb+gfx
-    monkeypatch.setenv("FAKE_PYNVML_MANIFEST", str(node.manifest_path))
     nvml_out, procfs_out = _nvml_and_procfs(node, [])
 
     def nodes_of(text: str, name: str) -> set[str]:
@@ -290,22 +290,25 @@ def test_nvml_gfx_mig_gets_drm_nodes(nodes: dict[str, BuiltNode], fake_pynvml: M
     assert not any(p.startswith("/dev/dri/") for p in nodes_of(procfs_out, "3:1"))
 
 
+@needs_pynvml
 @needs_nodes
 def test_auto_falls_back_to_procfs_and_says_so(nodes: dict[str, BuiltNode],
-                                               fake_pynvml: ModuleType) -> None:
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
     node = nodes["one-gpu"]
-    fake_pynvml.fake_configure(init_error=fake_pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    # The simulated library answers nvmlInit with NVML_ERROR_DRIVER_NOT_LOADED.
+    monkeypatch.setenv("SIMNODE_NVML_NODE", str(tmp_path / "no-such-node.txt"))
     rc, out, err = generate(node_args(node))
     assert rc == 0
-    assert "mode auto: using procfs" in err
+    assert "mode auto: using procfs (NVML unavailable" in err
+    assert "Driver Not Loaded" in err
     assert "(procfs mode)" in out
 
 
+@needs_pynvml
 @needs_nodes
-def test_auto_uses_nvml_when_it_works(nodes: dict[str, BuiltNode], fake_pynvml: ModuleType,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_uses_nvml_when_it_works(nodes: dict[str, BuiltNode]) -> None:
     node = nodes["one-gpu"]
-    monkeypatch.setenv("FAKE_PYNVML_MANIFEST", str(node.manifest_path))
     rc, out, err = generate(node_args(node))
     assert rc == 0 and "mode auto: using nvml" in err and "(nvml mode)" in out
 
@@ -313,11 +316,10 @@ def test_auto_uses_nvml_when_it_works(nodes: dict[str, BuiltNode], fake_pynvml: 
 # --- metadata, fingerprint, versions --------------------------------------------------------
 
 
+@needs_pynvml
 @needs_nodes
-def test_metadata_sidecar(nodes: dict[str, BuiltNode], fake_pynvml: ModuleType,
-                          monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_metadata_sidecar(nodes: dict[str, BuiltNode], tmp_path: Path) -> None:
     node = nodes["mig"]
-    monkeypatch.setenv("FAKE_PYNVML_MANIFEST", str(node.manifest_path))
     target = tmp_path / "nvidia.yaml"
     rc, _, err = generate([*node_args(node), "--mode", "nvml", "--output", str(target)])
     assert rc == 0, err
