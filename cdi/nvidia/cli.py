@@ -42,6 +42,7 @@ ENV: dict[str, tuple[str, str]] = {
     "dev_root": ("NVIDIA_CTK_DEV_ROOT", "str"),
     "library_search_paths": ("NVIDIA_CTK_CDI_GENERATE_LIBRARY_SEARCH_PATHS", "list"),
     "config_search_paths": ("NVIDIA_CTK_CDI_GENERATE_CONFIG_SEARCH_PATHS", "list"),
+    "xdg_data_dirs": ("XDG_DATA_DIRS", "str"),  # no flag: where configs are searched
     "hook_path": ("NVIDIA_CTK_CDI_HOOK_PATH", "str"),
     "ldconfig_path": ("NVIDIA_CTK_CDI_GENERATE_LDCONFIG_PATH", "str"),
     "vendor": ("NVIDIA_CTK_CDI_GENERATE_VENDOR", "str"),
@@ -284,7 +285,8 @@ def _generate(v: dict[str, Any], out: TextIO, warn: Any) -> int:
                     nvml_library=lambda: find_nvml_library(roots, search),
                     fallback_version=lambda: find_version_from_libraries(roots, search))
     driver = locate_driver(roots, node.driver_version, library_search_paths=search,
-                           config_search_paths=v["config_search_paths"])
+                           config_search_paths=v["config_search_paths"],
+                           xdg_data_dirs=v["xdg_data_dirs"])
     if not driver.lib_dirs:
         warn(f"no *.so.{node.driver_version} driver libraries found under {roots.driver}")
     for skipped in driver.skipped:

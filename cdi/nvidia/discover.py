@@ -13,9 +13,11 @@ Modes:
   version from ``proc/driver/nvidia/version``, MIG devices from
   ``proc/driver/nvidia/capabilities/gpu<minor>/mig/gi*/ci*``.  The kernel does not publish
   MIG UUIDs, MIG profiles, brands, compute capabilities or the CUDA version there, so
-  those fields are ``None``.  GPU indices follow PCI bus order, as NVML's do; MIG indices
-  (the ``j`` of ``i:j``) follow (GI, CI) order, which matches NVML only when the instances
-  were created in that order: use ``nvml`` where ``i:j`` names must match nvidia-smi.  A
+  those fields are ``None``.  GPU indices follow PCI bus order, as NVML's do.  NVML's MIG
+  device indices (the ``j`` of ``i:j``) are not published either, and NVML does not number
+  MIG devices by GPU-instance id (a graphics profile created first gets a higher id and a
+  lower index), so procfs MIG devices are marked ``indexed=False`` and named by what is
+  known (``<gpu>:gi<G>-ci<C>``), never by an ``i:j`` that could mean another slice.  A
   GPU with MIG enabled but no instances looks like a plain GPU here, and MIG devices never
   get DRM nodes (the ``+gfx`` profile attribute is not visible).
 * ``management``: like ``procfs`` but never fails for want of GPUs (the spec is one
@@ -102,6 +104,9 @@ class MigDevice(NamedTuple):
     uuid: str | None = None  # not published in procfs
     profile: str | None = None  # e.g. ``1g.10gb`` (NVML only)
     gfx: bool = False  # graphics-capable instance: gets the parent's DRM nodes
+    # Whether ``index`` is NVML's MIG device index.  procfs cannot know it (NVML numbers
+    # MIG devices in its own order, not by GPU-instance id), so there it is only a position.
+    indexed: bool = True
 
 
 class Gpu(NamedTuple):
@@ -204,7 +209,8 @@ def _numbered(folder: str, prefix: str) -> list[int]:
 def _procfs_migs(roots: Roots, minor: int) -> tuple[MigDevice, ...]:
     base = under(roots.dev, f"proc/driver/nvidia/capabilities/gpu{minor}/mig")
     pairs = [(gi, ci) for gi in _numbered(base, "gi") for ci in _numbered(f"{base}/gi{gi}", "ci")]
-    return tuple(MigDevice(index=j, gi=gi, ci=ci) for j, (gi, ci) in enumerate(pairs))
+    return tuple(MigDevice(index=j, gi=gi, ci=ci, indexed=False)
+                 for j, (gi, ci) in enumerate(pairs))
 
 
 def discover_procfs(roots: Roots, *, fallback_version: Callable[[], str | None]) -> NodeInfo:

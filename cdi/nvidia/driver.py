@@ -91,6 +91,8 @@ ETC_CONFIGS = (
     "vulkan/implicit_layer.d/nvidia_layers.json",
 )
 CONFIG_DIRS = ("/etc", "/usr/local/share", "/usr/share")
+# $XDG_DATA_DIRS when unset or empty (the XDG base directory spec's default).
+XDG_DATA_DIRS = ("/usr/local/share", "/usr/share")
 XORG_SUBDIRS = ("drivers", "extensions", "updates/drivers", "updates/extensions")
 XORG_BASES = ("/usr/lib/xorg/modules", "/usr/lib64/xorg/modules", "/usr/X11R6/lib/modules",
               "/usr/X11R6/lib64/modules")
@@ -482,7 +484,9 @@ def _library_links(tree: _Tree, files: Sequence[str], folders: Sequence[str],
             links.append(_host_link(tree, folder, soname))
         links.append(_host_link(tree, folder, name.split(".so", 1)[0] + ".so"))
     # Links the driver's users expect even where the host lacks them.
-    extra = {"libcuda.so": "libcuda.so.1", "libGLX_indirect.so.0": f"libGLX_nvidia.so.{version}"}
+    # libnvidia-vulkan-producer.so: what drivers 470-525 load by that name, without a link.
+    extra = {"libcuda.so": "libcuda.so.1", "libGLX_indirect.so.0": f"libGLX_nvidia.so.{version}",
+             "libnvidia-vulkan-producer.so": f"libnvidia-vulkan-producer.so.{version}"}
     for folder in folders:
         for name, target in extra.items():
             links.append(_link(tree, tree.container(_child(folder, name)), target))
@@ -599,12 +603,21 @@ def _firmware(tree: _Tree, roots: Roots, version: str) -> list[FileMount]:
     return list(found.values())
 
 
-def _configs(tree: _Tree, search: Sequence[str] | None) -> list[FileMount]:
-    dirs = tuple(search) if search else CONFIG_DIRS
+def config_dirs(xdg_data_dirs: str | None) -> tuple[str, ...]:
+    """``/etc`` and the XDG data folders (``$XDG_DATA_DIRS``: absolute entries only)."""
+    xdg = [d.rstrip("/") or "/" for d in (xdg_data_dirs or "").split(":") if d.startswith("/")]
+    return ("/etc", *dict.fromkeys(xdg or XDG_DATA_DIRS))
+
+
+def _configs(tree: _Tree, search: Sequence[str] | None,
+             xdg_data_dirs: str | None = None) -> list[FileMount]:
+    dirs = tuple(search) if search else config_dirs(xdg_data_dirs)
     found = []
     for rel, where in [*((r, "/usr/share") for r in SHARE_CONFIGS),
                        *((r, "/etc") for r in ETC_CONFIGS)]:
-        for folder in dirs:
+        # GKE's driver installs the Vulkan files at the top of its driver root.
+        top = ("/",) if rel.startswith("vulkan/") and not search else ()
+        for folder in (*dirs, *top):
             resolved, st = tree.lookup(f"{folder}/{rel}")
             if _is_regular(st):
                 found.append(_mount(tree, tree.host(resolved), "config", f"{where}/{rel}"))
@@ -621,6 +634,7 @@ def locate_driver(
     *,
     library_search_paths: Sequence[str] | None = None,
     config_search_paths: Sequence[str] | None = None,
+    xdg_data_dirs: str | None = None,
 ) -> DriverFiles:
     """Every driver artifact of ``version`` under the roots (missing ones are left out)."""
     tree = _Tree(roots.driver)
@@ -637,7 +651,7 @@ def locate_driver(
         binaries=tuple(_binaries(tree)),
         ipc=tuple(_ipc(tree)),
         firmware=tuple(_firmware(tree, roots, version)),
-        configs=tuple(_configs(tree, config_search_paths)),
+        configs=tuple(_configs(tree, config_search_paths, xdg_data_dirs)),
         control_nodes=control_nodes(roots),
         skipped=tuple(f"{path}: {why}" for path, why in sorted(tree.skipped.items())),
     )

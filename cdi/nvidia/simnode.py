@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 __all__ = [
+    "EXTRAS",
     "BuiltNode",
     "GpuSpec",
     "MigDevice",
@@ -75,7 +76,15 @@ _GI_PER_GPU = 15
 _CI_PER_GI = 8
 _MINORS_PER_GI = 1 + _CI_PER_GI
 
-Distro = Literal["debian", "rhel"]
+Distro = Literal["debian", "rhel", "debian-current"]
+# Optional parts of a node (NodeLayout.extras):
+EXTRAS = {
+    "vulkan-icd-at-root": "the Vulkan ICD at <driver root>/vulkan/icd.d (GKE), none in /etc",
+    "vulkan-producer": "libnvidia-vulkan-producer.so.<v> without its .so link (drivers 470-525)",
+    "configs-in-local-share": "the /usr/share configs under /usr/local/share instead",
+    "imex": "nvidia-imex and nvidia-imex-ctl binaries",
+    "fabricmanager": "the fabric manager's socket",
+}
 
 
 class SimNodeError(Exception):
@@ -201,11 +210,14 @@ class NodeLayout:
     compat32: bool = False  # also build i386 libraries (needs gcc -m32)
     bmc_vga: bool = False  # an on-board VGA takes /dev/dri/card0 (GPUs start at card1)
     device_nodes: bool = True  # mknod; needs root or CAP_MKNOD
+    extras: tuple[str, ...] = ()  # names from EXTRAS
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"\d+\.\d+(\.\d+)?", self.driver_version):
             raise SimNodeError(f"bad driver version {self.driver_version!r}")
-        if self.distro not in ("debian", "rhel"):
+        if unknown := set(self.extras) - set(EXTRAS):
+            raise SimNodeError(f"unknown extras {sorted(unknown)} (known: {sorted(EXTRAS)})")
+        if self.distro not in _DIRS:
             raise SimNodeError(f"unknown distro layout {self.distro!r}")
         if not 1 <= len(self.gpus) <= MIG_MINORS_GPUS:
             raise SimNodeError(f"GPU count must be 1..{MIG_MINORS_GPUS}")
@@ -400,6 +412,12 @@ _DIRS: dict[str, dict[str, str]] = {
         "xorg": "usr/lib/xorg/modules",
     },
     "rhel": {"lib": "usr/lib64", "lib32": "usr/lib", "xorg": "usr/lib64/xorg/modules"},
+    # Debian's packaged driver: the libraries in a nvidia/current folder the cache names.
+    "debian-current": {
+        "lib": "usr/lib/x86_64-linux-gnu/nvidia/current",
+        "lib32": "usr/lib/i386-linux-gnu/nvidia/current",
+        "xorg": "usr/lib/xorg/modules",
+    },
 }
 
 
@@ -1222,7 +1240,10 @@ class _Builder:
     def libraries_step(self) -> None:
         jobs: list[_Job] = []
         links: list[tuple[str, str]] = []  # (link rel path, target)
-        sets = [(self.dirs["lib"], _LIBS, 64), (self.dirs["xorg"], _XORG_LIBS, 64)]
+        libs = _LIBS
+        if "vulkan-producer" in self.layout.extras:
+            libs += (_Lib("libnvidia-vulkan-producer.so.{v}", "libnvidia-vulkan-producer.so.{v}"),)
+        sets = [(self.dirs["lib"], libs, 64), (self.dirs["xorg"], _XORG_LIBS, 64)]
         if self.layout.compat32:
             sets.append((self.dirs["lib32"], tuple(x for x in _LIBS if x.compat32), 32))
         for libdir, libs, bits in sets:
@@ -1273,7 +1294,8 @@ class _Builder:
             raise SimNodeError(f"ldconfig -r failed: {proc.stderr.strip()}")
 
     def binaries_step(self) -> None:
-        for name in _BINARIES:
+        extra = ("nvidia-imex", "nvidia-imex-ctl") if "imex" in self.layout.extras else ()
+        for name in (*_BINARIES, *extra):
             body = (
                 _nvidia_smi_script(self.layout)
                 if name == "nvidia-smi"
@@ -1289,13 +1311,22 @@ class _Builder:
             self.files["firmware"].append("/" + rel)
 
     def configs_step(self) -> None:
+        extras = self.layout.extras
         for rel, text in _configs(self.layout.driver_version).items():
+            if "vulkan-icd-at-root" in extras and rel.startswith("etc/vulkan/icd.d/"):
+                rel = rel.removeprefix("etc/")
+            if "configs-in-local-share" in extras and rel.startswith("usr/share/"):
+                rel = "usr/local/" + rel.removeprefix("usr/")
             self._write(self.driver_root, rel, text)
             self.files["configs"].append("/" + rel)
 
     def ipc_step(self) -> None:
         if self.layout.persistenced_socket:
             rel = "run/nvidia-persistenced/socket"
+            _make_socket(self.driver_root / rel)
+            self.files["ipc"].append("/" + rel)
+        if "fabricmanager" in self.layout.extras:
+            rel = "run/nvidia-fabricmanager/socket"
             _make_socket(self.driver_root / rel)
             self.files["ipc"].append("/" + rel)
         if self.layout.mps_pipe_dir:
@@ -1743,7 +1774,9 @@ def _arg_parser() -> argparse.ArgumentParser:
         "(repeatable; '+gfx' marks a graphics profile)",
     )
     p.add_argument("--minors", help="comma-separated device minors by GPU index")
-    p.add_argument("--layout", choices=("debian", "rhel"), default="debian")
+    p.add_argument("--layout", choices=sorted(_DIRS), default="debian")
+    p.add_argument("--extra", action="append", default=[], choices=sorted(EXTRAS),
+                   help="optional parts (repeatable)")
     p.add_argument(
         "--driver-container",
         action="store_true",
@@ -1779,6 +1812,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             compat32=args.compat32,
             bmc_vga=args.bmc_vga,
             device_nodes=not args.no_device_nodes,
+            extras=tuple(args.extra),
         )
         node = build_node(args.root, layout, cache_dir=args.cache_dir)
     except (SimNodeError, ValueError) as e:
