@@ -732,9 +732,13 @@ EXPORT int nvmlDeviceGetHandleByPciBusId(const char *b, nvmlDevice_t *d) {
     return nvmlDeviceGetHandleByPciBusId_v2(b, d);
 }
 
+/* A MIG device's index is its index within its parent GPU (the j of i:j). */
 EXPORT int nvmlDeviceGetIndex(nvmlDevice_t d, unsigned *i) {
-    struct gpu *g = as_gpu(d);
-    CHECK_INIT; if (!g || !i) return E_ARG; *i = g->index; return OK;
+    struct gpu *g = as_gpu(d); struct mig *m = as_mig(d);
+    CHECK_INIT;
+    if (!i || !(g || m)) return E_ARG;
+    *i = g ? (unsigned)g->index : (unsigned)m->index;
+    return OK;
 }
 
 EXPORT int nvmlDeviceGetUUID(nvmlDevice_t d, char *buf, unsigned len) {

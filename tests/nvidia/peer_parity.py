@@ -42,6 +42,8 @@ INTENDED = {
                         "libraries (their names carry no driver version; the EGL platform "
                         "files name them by SONAME, and hook-free specs have no ldconfig run "
                         "to make them)",
+    "mps-pipe-dir": "we mount the MPS pipe folder /tmp/nvidia-mps when the driver root has "
+                    "one; nvidia-ctk looks it up as a file and never finds the folder",
     "cdi-version": "nvidia-ctk always writes 0.7.0 and more; we write the lowest version "
                    "the content needs (0.7.0 once additionalGids are in it)",
 }
@@ -144,12 +146,18 @@ def differences(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
                     out.append(f"{where} hooks: only ours {sorted(extra)}, "
                                f"only nvidia-ctk {sorted(missing)}")
             elif a[key] != b[key]:
-                only_a = [x for x in a[key] if x not in b[key]
-                          and not (key == "links" and _extra_link(x))]
+                only_a = [x for x in a[key] if x not in b[key] and not _ours_only(key, x)]
                 only_b = [x for x in b[key] if x not in a[key]]
                 if only_a or only_b:
                     out.append(f"{where} {key}: only ours {only_a}, only nvidia-ctk {only_b}")
     return out
+
+
+def _ours_only(key: str, item: Any) -> bool:
+    """An entry only we emit, by design (see INTENDED)."""
+    if key == "links":
+        return _extra_link(item)
+    return key == "mounts" and item[0] == "/tmp/nvidia-mps"  # INTENDED["mps-pipe-dir"]
 
 
 def _extra_link(link: str) -> bool:
