@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
-import hashlib
 import json
 import os
 import re
@@ -27,6 +26,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from cdi.yaml11 import STR, implicit_tag
+
+try:  # CPython's own SHA-256: hashlib would load OpenSSL at start-up
+    from _sha256 import sha256
+except ImportError:  # pragma: no cover - other interpreters
+    from hashlib import sha256
 
 __all__ = ["add_commands", "cmd_generate", "main"]
 
@@ -445,7 +449,7 @@ def _write(path: Path, text: str, inv: Any, opts: Any, spec: Any, fp: str) -> No
     # After the spec: a sidecar from a previous run then still names the old spec's hash,
     # so --if-changed regenerates instead of trusting it.
     meta = metadata(inv, opts, spec, fp=fp, spec_file=path.name,
-                    spec_sha256=hashlib.sha256(data).hexdigest())
+                    spec_sha256=sha256(data).hexdigest())
     atomic_write(_sidecar(path), _json_lines(meta).encode(), mode=0o644)
 
 
@@ -471,7 +475,7 @@ def _unchanged(path: Path, fp: str) -> bool:
     except (OSError, ValueError):
         return False
     return bool(isinstance(meta, dict) and meta.get("fingerprint") == fp
-                and meta.get("spec", {}).get("sha256") == hashlib.sha256(data).hexdigest())
+                and meta.get("spec", {}).get("sha256") == sha256(data).hexdigest())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -238,7 +238,7 @@ def _text(value: Any) -> str:
 
 def load_nvml(library: Path | None) -> Any:
     """Import pynvml, point it at ``library`` (loaded by path) and initialise NVML."""
-    import pynvml  # only NVML mode pays for this import
+    pynvml = _import_pynvml()  # only NVML mode pays for this import
 
     loaded = getattr(pynvml, "nvmlLib", None)
     if library is not None and getattr(loaded, "_name", None) != os.fspath(library):
@@ -251,6 +251,23 @@ def load_nvml(library: Path | None) -> Any:
         if isinstance(cache, dict):
             cache.clear()
     pynvml.nvmlInit()
+    return pynvml
+
+
+def _import_pynvml() -> Any:
+    try:
+        import pynvml
+    except ImportError:
+        import sys
+
+        if not sys.flags.no_site:
+            raise
+        # Started with -S (the lean entry, cdi/nvidia/__main__.py): look in the
+        # interpreter's own site-packages, which ``site`` would have added.
+        import site
+
+        sys.path.extend(p for p in site.getsitepackages() if p not in sys.path)
+        import pynvml
     return pynvml
 
 
