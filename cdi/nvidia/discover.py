@@ -27,7 +27,6 @@ Modes:
 
 import contextlib
 import os
-import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -57,9 +56,6 @@ _BRANDS = {
 }
 # NVML GPU-instance profile ids with the graphics attribute (*_SLICE_GFX).
 _GFX_PROFILE_IDS = frozenset({0xA, 0xB, 0xC, 0x11})
-# procfs mode only: left to re's own cache, so that NVML mode never compiles them.
-_VERSION_PATTERN = r"\s(\d+\.\d+(?:\.\d+)?)\s"
-_MIG_DIR_PATTERN = r"^(gi|ci)(\d+)$"
 
 
 class DiscoveryError(Exception):
@@ -138,9 +134,14 @@ def driver_version_from_proc(roots: Roots) -> str | None:
         return None
     for line in text.splitlines():
         if line.startswith("NVRM"):
-            match = re.search(_VERSION_PATTERN, line + " ")
-            return match.group(1) if match else None
+            # the first blank-separated N.N or N.N.N (no regex: this runs once per process)
+            return next((w for w in line.split()[1:] if _is_version(w)), None)
     return None
+
+
+def _is_version(word: str) -> bool:
+    parts = word.split(".")
+    return 2 <= len(parts) <= 3 and all(p.isdecimal() for p in parts)  # \d: decimal digits
 
 
 def read_text(path: str) -> str:
@@ -198,12 +199,8 @@ def _numbered(folder: str, prefix: str) -> list[int]:
         names = os.listdir(folder)
     except OSError:
         return []
-    found = []
-    for name in names:
-        match = re.match(_MIG_DIR_PATTERN, name)
-        if match and match.group(1) == prefix:
-            found.append(int(match.group(2)))
-    return sorted(found)
+    # ``gi<N>`` / ``ci<N>`` folders; anything else there is not a MIG instance
+    return sorted(int(n[2:]) for n in names if n.startswith(prefix) and n[2:].isdecimal())
 
 
 def _procfs_migs(roots: Roots, minor: int) -> tuple[MigDevice, ...]:
