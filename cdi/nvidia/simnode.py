@@ -15,10 +15,14 @@
 
 The fake ``libcuda`` exports ``cuDriverGetVersion``/``cuInit``/``cuDeviceGetCount`` (the
 count is the number of ``/dev/nvidia<N>`` character devices visible to the caller, so it
-tells what a container was given) and ``fake_gpu_node_id``.  The fake ``libnvidia-ml``
-exports enough NVML (init, shutdown, driver/CUDA version, device count) for the real
-nvidia-ml-py to initialise through it.  Every library exports
-``fake_nvidia_library()`` returning its own file name.
+tells what a container was given) and ``fake_gpu_node_id``.  The simulated ``libnvidia-ml``
+answers the NVML calls of nvidia-ml-py and of ``nvidia-ctk cdi generate`` (go-nvml) from
+the node's description ``simnode-nvml.txt`` (written next to the manifest, found by walking
+up from the library's own path, or named by ``$SIMNODE_NVML_NODE``; read afresh by each
+``nvmlInit``): GPUs by index, UUID and PCI bus id, MIG devices, GPU and compute instances and
+their profiles, versions.  ``in_node_namespace`` runs a tool such as nvidia-ctk in a private
+mount namespace that shows it the node's ``/proc/driver`` and ``/sys/bus/pci/devices``.
+Every library exports ``fake_nvidia_library()`` returning its own file name.
 
 Compiled objects are cached by content (``cache_dir``, default
 ``$SIMNODE_CACHE`` or ``~/.cache/nri-cdi/simnode``) and copied, so a second build of an
