@@ -41,7 +41,9 @@ def gpu_node(tmp_path_factory: pytest.TempPathFactory, e2e_ready: None) -> Path:
            "FAKE_PYNVML_MANIFEST": str(node.manifest_path)}
     subprocess.run([sys.executable, "-m", "cdi.nvidia.cli", "--mode", "nvml",
                     "--driver-root", str(node.driver_root), "--dev-root", str(node.dev_root),
-                    "--disable-hook", "all", "--output", str(root / "cdi" / "nvidia.yaml")],
+                    "--disable-hook", "all", "--output", str(root / "cdi" / "nvidia.yaml"),
+                    # no additionalGids: NRI cannot carry them on containerd < 1.7.30
+                    "--cdi-version", "0.6.0"],
                    env=env, check=True, cwd=REPO)
     return root
 
