@@ -3,6 +3,8 @@ real nvidia-ml-py binding (ctypes), and agrees with the pynvml test double."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +13,7 @@ from types import ModuleType
 import pytest
 
 from cdi.nvidia.discover import discover_nvml, load_nvml
-from cdi.nvidia.simnode import NVML_DESCRIPTION, BuiltNode
+from cdi.nvidia.simnode import NVML_DESCRIPTION, BuiltNode, in_node_namespace
 
 pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py (pynvml) is not installed")
 
@@ -99,3 +101,18 @@ def test_description_is_read_afresh_on_each_init(node_factory, tmp_path: Path) -
     description.write_text("\n".join(line for line in lines
                                       if not line.startswith("gpu 1 ")) + "\n")
     assert len(_discover(node).gpus) == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="a private mount namespace needs root and unshare")
+def test_node_namespace_shows_the_node_and_leaves_the_host_alone(node8: BuiltNode) -> None:
+    before = sorted(os.listdir("/proc/driver")), sorted(os.listdir("/sys/bus/pci/devices"))
+    bus = node8.manifest["gpus"][5]["bus_id"]
+    out = subprocess.run(
+        in_node_namespace(node8, ["sh", "-c", "cat /proc/driver/nvidia/version; "
+                                  f"ls /sys/bus/pci/devices/{bus}/drm; "
+                                  "head -1 /proc/driver/nvidia-caps/mig-minors"]),
+        capture_output=True, text=True, check=True).stdout
+    assert node8.driver_version in out and "renderD133" in out and "config 1" in out
+    assert (sorted(os.listdir("/proc/driver")), sorted(os.listdir("/sys/bus/pci/devices"))) \
+        == before
