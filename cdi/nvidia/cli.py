@@ -28,7 +28,7 @@ from typing import Any, TextIO
 from cdi.yaml11 import STR, implicit_tag
 
 try:  # CPython's own SHA-256: hashlib would load OpenSSL at start-up
-    from _sha256 import sha256
+    from _sha256 import sha256  # type: ignore[import-not-found]
 except ImportError:  # pragma: no cover - other interpreters
     from hashlib import sha256
 

@@ -253,7 +253,7 @@ def load_nvml(library: Path | None) -> Any:
 
 def _import_pynvml() -> Any:
     try:
-        import pynvml
+        import pynvml  # type: ignore[import-untyped]
     except ImportError:
         import sys
 

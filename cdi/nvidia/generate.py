@@ -51,7 +51,7 @@ from cdi.nvidia.driver import (
 from cdi.version import minimum_requirement, version_key
 
 try:  # CPython's own SHA-256: hashlib would load OpenSSL (5-10 ms and ~3 MiB per run)
-    from _sha256 import sha256
+    from _sha256 import sha256  # type: ignore[import-not-found]
 except ImportError:  # pragma: no cover - other interpreters
     from hashlib import sha256
 
@@ -491,7 +491,7 @@ def fingerprint(inv: Inventory, opts: Options) -> str:
         "mode": node.mode,
     }
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + sha256(text.encode()).hexdigest()
+    return "sha256:" + str(sha256(text.encode()).hexdigest())
 
 
 def _device_meta(inv: Inventory, target: _Target) -> dict[str, Any]:
