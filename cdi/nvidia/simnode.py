@@ -539,7 +539,7 @@ _C_NVML = r"""/* Simulated NVML (nri-cdi test fixture): answers from the node de
 #define E_DRIVER 9
 #define E_UNKNOWN 999
 #define MAXGPU 32
-#define MAXMIG 8
+#define MAXMIG 16 /* _NVML_MAX_MIG in simnode.py */
 #define SLEN 96
 
 enum { M_GPU = 0x51a0, M_MIG, M_GI, M_CI };
@@ -1686,6 +1686,9 @@ def _memory_mb(name: str) -> int:
     return int(match.group(1)) * 1024 if match else 81920
 
 
+_NVML_MAX_MIG = 16  # MAXMIG in the C source
+
+
 def nvml_description(manifest: Mapping[str, Any]) -> str:
     """The node as the simulated ``libnvidia-ml`` reads it (``simnode-nvml.txt``): one
     ``gpu`` line per GPU in NVML index order, each followed by its ``mig`` lines in MIG
@@ -1695,6 +1698,9 @@ def nvml_description(manifest: Mapping[str, Any]) -> str:
     lines = ["simnode-nvml 1", f"driver {version}", f"nvml {major}.{version}",
              f"cuda {manifest['cuda_driver_version']}"]
     for g in manifest["gpus"]:
+        if len(g["mig_devices"]) > _NVML_MAX_MIG or len(g["name"]) >= 96:
+            raise SimNodeError(f"GPU {g['index']}: the simulated NVML holds at most "
+                               f"{_NVML_MAX_MIG} MIG devices and 95-character names")
         lines.append(
             f"gpu {g['minor']} {int(g['mig_capable'])} {int(g['mig_enabled'])} "
             f"{g['max_mig_devices']} {g['pci_device_id']:x} {g['brand']} "
