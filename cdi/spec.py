@@ -4,7 +4,6 @@ import contextlib
 import functools
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -166,7 +165,7 @@ def write_spec(spec: SpecData, path: str | os.PathLike[str], *, mode: int = 0o64
 
 def atomic_write(target: Path, data: bytes, *, mode: int = 0o644) -> None:
     # The temporary name ends in .tmp so that spec-directory watchers ignore it.
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    fd, tmp = _create_temporary(target.parent, f".{target.name}.", ".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -179,6 +178,20 @@ def atomic_write(target: Path, data: bytes, *, mode: int = 0o644) -> None:
             os.unlink(tmp)
         raise
     _fsync_dir(target.parent)
+
+
+def _create_temporary(folder: Path, prefix: str, suffix: str) -> tuple[int, str]:
+    """``tempfile.mkstemp`` (a new 0600 file, never an existing one or a link) without
+    importing tempfile, which brings shutil, random and the compression modules: a
+    ``generate`` process writes one spec, and those imports cost more than the writing."""
+    for _ in range(100):
+        name = os.path.join(folder, f"{prefix}{os.urandom(6).hex()}{suffix}")
+        try:
+            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            return os.open(name, flags, 0o600), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {folder}")
 
 
 def _fsync_dir(folder: Path) -> None:

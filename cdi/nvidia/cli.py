@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
 import json
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
+
+try:  # CPython's own SHA-256: hashlib would load OpenSSL at start-up
+    from _sha256 import sha256  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - other interpreters
+    from hashlib import sha256
 
 __all__ = ["add_commands", "cmd_generate", "main"]
 
@@ -38,6 +42,7 @@ ENV: dict[str, tuple[str, str]] = {
     "dev_root": ("NVIDIA_CTK_DEV_ROOT", "str"),
     "library_search_paths": ("NVIDIA_CTK_CDI_GENERATE_LIBRARY_SEARCH_PATHS", "list"),
     "config_search_paths": ("NVIDIA_CTK_CDI_GENERATE_CONFIG_SEARCH_PATHS", "list"),
+    "xdg_data_dirs": ("XDG_DATA_DIRS", "str"),  # no flag: where configs are searched
     "hook_path": ("NVIDIA_CTK_CDI_HOOK_PATH", "str"),
     "ldconfig_path": ("NVIDIA_CTK_CDI_GENERATE_LDCONFIG_PATH", "str"),
     "vendor": ("NVIDIA_CTK_CDI_GENERATE_VENDOR", "str"),
@@ -280,7 +285,8 @@ def _generate(v: dict[str, Any], out: TextIO, warn: Any) -> int:
                     nvml_library=lambda: find_nvml_library(roots, search),
                     fallback_version=lambda: find_version_from_libraries(roots, search))
     driver = locate_driver(roots, node.driver_version, library_search_paths=search,
-                           config_search_paths=v["config_search_paths"])
+                           config_search_paths=v["config_search_paths"],
+                           xdg_data_dirs=v["xdg_data_dirs"])
     if not driver.lib_dirs:
         warn(f"no *.so.{node.driver_version} driver libraries found under {roots.driver}")
     for skipped in driver.skipped:
@@ -341,7 +347,7 @@ def _write(path: Path, text: str, inv: Any, opts: Any, spec: Any, fp: str) -> No
 
     data = text.encode("utf-8")
     meta = metadata(inv, opts, spec, fp=fp, spec_file=path.name,
-                    spec_sha256=hashlib.sha256(data).hexdigest())
+                    spec_sha256=sha256(data).hexdigest())
     # The sidecar first: the spec's own change then wakes the plugin with the matching
     # sidecar already there (it keeps the old spec's facts until then). A run stopped in
     # between leaves a sidecar naming a spec hash that is not on disk, so --if-changed
@@ -372,7 +378,7 @@ def _unchanged(path: Path, fp: str) -> bool:
     except (OSError, ValueError):
         return False
     return bool(isinstance(meta, dict) and meta.get("fingerprint") == fp
-                and meta.get("spec", {}).get("sha256") == hashlib.sha256(data).hexdigest())
+                and meta.get("spec", {}).get("sha256") == sha256(data).hexdigest())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

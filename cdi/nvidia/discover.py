@@ -13,9 +13,11 @@ Modes:
   version from ``proc/driver/nvidia/version``, MIG devices from
   ``proc/driver/nvidia/capabilities/gpu<minor>/mig/gi*/ci*``.  The kernel does not publish
   MIG UUIDs, MIG profiles, brands, compute capabilities or the CUDA version there, so
-  those fields are ``None``.  GPU indices follow PCI bus order, as NVML's do; MIG indices
-  (the ``j`` of ``i:j``) follow (GI, CI) order, which matches NVML only when the instances
-  were created in that order: use ``nvml`` where ``i:j`` names must match nvidia-smi.  A
+  those fields are ``None``.  GPU indices follow PCI bus order, as NVML's do.  NVML's MIG
+  device indices (the ``j`` of ``i:j``) are not published either, and NVML does not number
+  MIG devices by GPU-instance id (a graphics profile created first gets a higher id and a
+  lower index), so procfs MIG devices are marked ``indexed=False`` and named by what is
+  known (``<gpu>:gi<G>-ci<C>``), never by an ``i:j`` that could mean another slice.  A
   GPU with MIG enabled but no instances looks like a plain GPU here, and MIG devices never
   get DRM nodes (the ``+gfx`` profile attribute is not visible).
 * ``management``: like ``procfs`` but never fails for want of GPUs (the spec is one
@@ -25,7 +27,6 @@ Modes:
 
 import contextlib
 import os
-import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -55,9 +56,6 @@ _BRANDS = {
 }
 # NVML GPU-instance profile ids with the graphics attribute (*_SLICE_GFX).
 _GFX_PROFILE_IDS = frozenset({0xA, 0xB, 0xC, 0x11})
-# procfs mode only: left to re's own cache, so that NVML mode never compiles them.
-_VERSION_PATTERN = r"\s(\d+\.\d+(?:\.\d+)?)\s"
-_MIG_DIR_PATTERN = r"^(gi|ci)(\d+)$"
 
 
 class DiscoveryError(Exception):
@@ -96,6 +94,9 @@ class MigDevice(NamedTuple):
     uuid: str | None = None  # not published in procfs
     profile: str | None = None  # e.g. ``1g.10gb`` (NVML only)
     gfx: bool = False  # graphics-capable instance: gets the parent's DRM nodes
+    # Whether ``index`` is NVML's MIG device index.  procfs cannot know it (NVML numbers
+    # MIG devices in its own order, not by GPU-instance id), so there it is only a position.
+    indexed: bool = True
 
 
 class Gpu(NamedTuple):
@@ -127,9 +128,14 @@ def driver_version_from_proc(roots: Roots) -> str | None:
         return None
     for line in text.splitlines():
         if line.startswith("NVRM"):
-            match = re.search(_VERSION_PATTERN, line + " ")
-            return match.group(1) if match else None
+            # the first blank-separated N.N or N.N.N (no regex: this runs once per process)
+            return next((w for w in line.split()[1:] if _is_version(w)), None)
     return None
+
+
+def _is_version(word: str) -> bool:
+    parts = word.split(".")
+    return 2 <= len(parts) <= 3 and all(p.isdecimal() for p in parts)  # \d: decimal digits
 
 
 def read_text(path: str) -> str:
@@ -187,18 +193,15 @@ def _numbered(folder: str, prefix: str) -> list[int]:
         names = os.listdir(folder)
     except OSError:
         return []
-    found = []
-    for name in names:
-        match = re.match(_MIG_DIR_PATTERN, name)
-        if match and match.group(1) == prefix:
-            found.append(int(match.group(2)))
-    return sorted(found)
+    # ``gi<N>`` / ``ci<N>`` folders; anything else there is not a MIG instance
+    return sorted(int(n[2:]) for n in names if n.startswith(prefix) and n[2:].isdecimal())
 
 
 def _procfs_migs(roots: Roots, minor: int) -> tuple[MigDevice, ...]:
     base = under(roots.dev, f"proc/driver/nvidia/capabilities/gpu{minor}/mig")
     pairs = [(gi, ci) for gi in _numbered(base, "gi") for ci in _numbered(f"{base}/gi{gi}", "ci")]
-    return tuple(MigDevice(index=j, gi=gi, ci=ci) for j, (gi, ci) in enumerate(pairs))
+    return tuple(MigDevice(index=j, gi=gi, ci=ci, indexed=False)
+                 for j, (gi, ci) in enumerate(pairs))
 
 
 def discover_procfs(roots: Roots, *, fallback_version: Callable[[], str | None]) -> NodeInfo:
@@ -226,13 +229,36 @@ def _text(value: Any) -> str:
 
 def load_nvml(library: Path | None) -> Any:
     """Import pynvml, point it at ``library`` (loaded by path) and initialise NVML."""
-    import pynvml  # only NVML mode pays for this import
+    pynvml = _import_pynvml()  # only NVML mode pays for this import
 
-    if library is not None and getattr(pynvml, "nvmlLib", None) is None:
+    loaded = getattr(pynvml, "nvmlLib", None)
+    if library is not None and getattr(loaded, "_name", None) != os.fspath(library):
         import ctypes
 
+        # nvidia-ml-py keeps one library per process, with its function pointers cached:
+        # a run for another driver root must not be answered by the first one's NVML.
         pynvml.nvmlLib = ctypes.CDLL(os.fspath(library))
+        cache = getattr(pynvml, "_nvmlGetFunctionPointer_cache", None)
+        if isinstance(cache, dict):
+            cache.clear()
     pynvml.nvmlInit()
+    return pynvml
+
+
+def _import_pynvml() -> Any:
+    try:
+        import pynvml  # type: ignore[import-untyped,unused-ignore]
+    except ImportError:
+        import sys
+
+        if not sys.flags.no_site:
+            raise
+        # Started with -S (the lean entry, cdi/nvidia/__main__.py): look in the
+        # interpreter's own site-packages, which ``site`` would have added.
+        import site
+
+        sys.path.extend(p for p in site.getsitepackages() if p not in sys.path)
+        import pynvml
     return pynvml
 
 

@@ -24,7 +24,7 @@ import fnmatch
 import os
 import posixpath
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -91,6 +91,8 @@ ETC_CONFIGS = (
     "vulkan/implicit_layer.d/nvidia_layers.json",
 )
 CONFIG_DIRS = ("/etc", "/usr/local/share", "/usr/share")
+# $XDG_DATA_DIRS when unset or empty (the XDG base directory spec's default).
+XDG_DATA_DIRS = ("/usr/local/share", "/usr/share")
 XORG_SUBDIRS = ("drivers", "extensions", "updates/drivers", "updates/extensions")
 XORG_BASES = ("/usr/lib/xorg/modules", "/usr/lib64/xorg/modules", "/usr/X11R6/lib/modules",
               "/usr/X11R6/lib64/modules")
@@ -251,9 +253,12 @@ class _Tree:
         entries = self._listings.get(folder)
         if entries is None:
             entries = self._listings[folder] = _scandir(folder)
-        names = set(fnmatch.filter([e.name for e in entries], pattern))  # one compile
+        match = star_matcher(pattern)
+        if match is None:
+            names = set(fnmatch.filter([e.name for e in entries], pattern))  # one compile
+            match = names.__contains__
         return [host_path(folder, (e.name,)) for e in entries
-                if e.name in names and _entry_is_file(e)]
+                if match(e.name) and _entry_is_file(e)]
 
     def _folder(self, folder: str) -> _Folder:
         known = self._folders.get(folder)
@@ -282,6 +287,31 @@ class _Tree:
             where = exc.filename or self.host("/" + "/".join([*parts, rest]))
             self.skipped[where] = "too many levels of symbolic links (a link loop)"
             return None
+
+
+def star_matcher(pattern: str) -> Callable[[str], bool] | None:
+    """What ``fnmatch`` matches (on POSIX) for a pattern whose only wildcard is ``*`` (all of
+    ours), without compiling a regular expression: a run globs a dozen patterns once each,
+    and compiling them cost more than the matching.  None for other patterns."""
+    if "?" in pattern or "[" in pattern:
+        return None
+    if "*" not in pattern:
+        return pattern.__eq__
+    head, *middle, tail = pattern.split("*")
+    least = len(head) + len(tail) + sum(map(len, middle))
+
+    def match(name: str) -> bool:
+        if len(name) < least or not name.startswith(head) or not name.endswith(tail):
+            return False
+        pos, end = len(head), len(name) - len(tail)
+        for part in middle:  # leftmost placement of each part leaves the most room after it
+            found = name.find(part, pos, end)
+            if found < 0:
+                return False
+            pos = found + len(part)
+        return True
+
+    return match
 
 
 def _normal(path: str) -> str:
@@ -482,7 +512,9 @@ def _library_links(tree: _Tree, files: Sequence[str], folders: Sequence[str],
             links.append(_host_link(tree, folder, soname))
         links.append(_host_link(tree, folder, name.split(".so", 1)[0] + ".so"))
     # Links the driver's users expect even where the host lacks them.
-    extra = {"libcuda.so": "libcuda.so.1", "libGLX_indirect.so.0": f"libGLX_nvidia.so.{version}"}
+    # libnvidia-vulkan-producer.so: what drivers 470-525 load by that name, without a link.
+    extra = {"libcuda.so": "libcuda.so.1", "libGLX_indirect.so.0": f"libGLX_nvidia.so.{version}",
+             "libnvidia-vulkan-producer.so": f"libnvidia-vulkan-producer.so.{version}"}
     for folder in folders:
         for name, target in extra.items():
             links.append(_link(tree, tree.container(_child(folder, name)), target))
@@ -599,12 +631,21 @@ def _firmware(tree: _Tree, roots: Roots, version: str) -> list[FileMount]:
     return list(found.values())
 
 
-def _configs(tree: _Tree, search: Sequence[str] | None) -> list[FileMount]:
-    dirs = tuple(search) if search else CONFIG_DIRS
+def config_dirs(xdg_data_dirs: str | None) -> tuple[str, ...]:
+    """``/etc`` and the XDG data folders (``$XDG_DATA_DIRS``: absolute entries only)."""
+    xdg = [d.rstrip("/") or "/" for d in (xdg_data_dirs or "").split(":") if d.startswith("/")]
+    return ("/etc", *dict.fromkeys(xdg or XDG_DATA_DIRS))
+
+
+def _configs(tree: _Tree, search: Sequence[str] | None,
+             xdg_data_dirs: str | None = None) -> list[FileMount]:
+    dirs = tuple(search) if search else config_dirs(xdg_data_dirs)
     found = []
     for rel, where in [*((r, "/usr/share") for r in SHARE_CONFIGS),
                        *((r, "/etc") for r in ETC_CONFIGS)]:
-        for folder in dirs:
+        # GKE's driver installs the Vulkan files at the top of its driver root.
+        top = ("/",) if rel.startswith("vulkan/") and not search else ()
+        for folder in (*dirs, *top):
             resolved, st = tree.lookup(f"{folder}/{rel}")
             if _is_regular(st):
                 found.append(_mount(tree, tree.host(resolved), "config", f"{where}/{rel}"))
@@ -621,6 +662,7 @@ def locate_driver(
     *,
     library_search_paths: Sequence[str] | None = None,
     config_search_paths: Sequence[str] | None = None,
+    xdg_data_dirs: str | None = None,
 ) -> DriverFiles:
     """Every driver artifact of ``version`` under the roots (missing ones are left out)."""
     tree = _Tree(roots.driver)
@@ -637,7 +679,7 @@ def locate_driver(
         binaries=tuple(_binaries(tree)),
         ipc=tuple(_ipc(tree)),
         firmware=tuple(_firmware(tree, roots, version)),
-        configs=tuple(_configs(tree, config_search_paths)),
+        configs=tuple(_configs(tree, config_search_paths, xdg_data_dirs)),
         control_nodes=control_nodes(roots),
         skipped=tuple(f"{path}: {why}" for path, why in sorted(tree.skipped.items())),
     )
@@ -687,6 +729,9 @@ def read_mig_minors(roots: Roots) -> dict[str, str] | None:
         text = read_text(under(roots.dev, "proc/driver/nvidia-caps/mig-minors"))
     except OSError:
         return None
+    fast = _mig_minors_fast(text)
+    if fast is not None:
+        return fast
     # ``<key> <minor>`` lines; a line whose rest, stripped, is not a number is no entry.
     table = {}
     for line in text.splitlines():
@@ -695,6 +740,21 @@ def read_mig_minors(roots: Roots) -> dict[str, str] | None:
         if value.isascii() and value.isdigit():  # int() refuses other scripts' digits
             table[key] = value
     return table
+
+
+def _mig_minors_fast(text: str) -> dict[str, str] | None:
+    """The table in a few C-level passes when every line is ``<key> <digits>`` (as the driver
+    writes the file: thousands of lines); None when any line is not, for the careful loop."""
+    if "\t" in text or "\r" in text or "\n " in text or text.startswith(" "):
+        return None
+    tokens = text.split()
+    if len(tokens) != 2 * len(text.splitlines()):
+        return None  # a line with one or three words, or an empty line
+    values = tokens[1::2]
+    digits = "".join(values)
+    if not (digits.isascii() and digits.isdigit()):
+        return None
+    return dict(zip(tokens[::2], values, strict=True))
 
 
 def mig_cap_paths(minors: dict[str, str], parent_minor: int, gi: int, ci: int) -> tuple[str, str]:

@@ -27,7 +27,6 @@ majors (the ``nvidia-uvm`` and ``nvidia-caps`` majors are dynamic), the GPU and 
 layout, the set of driver files, the generator version and the generation options.
 """
 
-import hashlib
 import json
 import os
 import posixpath
@@ -52,6 +51,11 @@ from cdi.nvidia.driver import (
     stat_device_node,
 )
 from cdi.version import minimum_requirement, version_key
+
+try:  # CPython's own SHA-256: hashlib would load OpenSSL (5-10 ms and ~3 MiB per run)
+    from _sha256 import sha256  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - other interpreters
+    from hashlib import sha256
 
 __all__ = [
     "GENERATOR_VERSION",
@@ -78,6 +82,7 @@ DEFAULT_HOOKS = frozenset({"create-symlinks", "update-ldcache"})
 LD_LIBRARY_PATH_ENV = "NRI_CDI_LD_LIBRARY_PATH"
 ANNOTATION_PREFIX = "nri-cdi/"
 ANNOTATIONS_SINCE = "0.6.0"
+GIDS_SINCE = "0.7.0"
 METADATA_FORMAT = 1
 
 
@@ -96,6 +101,9 @@ class Options(NamedTuple):
     hooks: frozenset[str] = DEFAULT_HOOKS
     ldconfig_path: str | None = None
     max_version: str | None = None  # --cdi-version
+    # additionalGids for device nodes a non-root process could not open otherwise (the
+    # nodes' own groups), as nvidia-ctk adds them; needs cdiVersion 0.7.0.
+    additional_gids: bool = True
 
     @property
     def kind(self) -> str:
@@ -111,7 +119,7 @@ class Options(NamedTuple):
                 "device_ids": list(self.device_ids), "all_device": self.all_device,
                 "link_mode": self.link_mode, "hook_path": self.hook_path,
                 "hooks": sorted(self.hooks), "ldconfig_path": self.ldconfig_path,
-                "max_version": self.max_version}
+                "max_version": self.max_version, "additional_gids": self.additional_gids}
 
 
 class Inventory(NamedTuple):
@@ -275,12 +283,27 @@ def common_edits(driver: DriverFiles, opts: Options,
         mounts=(*(_mount(m) for m in driver.mounts()), *_link_mounts(opts, driver.links)),
         hooks=_hook(opts, [*_symlink_step(opts, driver.links, devices),
                            *_ldcache_step(opts, driver.lib_dirs)]),
+        additional_gids=_gids(opts, driver.control_nodes),
     )
 
 
+def needs_group(n: DeviceNodeInfo) -> bool:
+    """A node only its group (not everyone) may read and write, e.g. a 0660 root:render
+    ``/dev/dri/renderD128``: a non-root process opens it only as a member of that group."""
+    return n.gid != 0 and (n.mode & 0o006) != 0o006
+
+
+def _gids(opts: Options, nodes: Iterable[DeviceNodeInfo]) -> tuple[int, ...]:
+    if not opts.additional_gids:
+        return ()
+    return tuple(sorted({n.gid for n in nodes if needs_group(n)}))
+
+
 def device_edits(nodes: DeviceNodes, opts: Options) -> ContainerEdits:
-    """A device's own edits: its nodes (its links are made by the common hook)."""
-    return ContainerEdits(device_nodes=tuple(_device_node(n) for n in nodes.nodes))
+    """A device's own edits: its nodes (its links are made by the common hook) and the
+    groups its nodes need."""
+    return ContainerEdits(device_nodes=tuple(_device_node(n) for n in nodes.nodes),
+                          additional_gids=_gids(opts, nodes.nodes))
 
 
 # --- simplification -------------------------------------------------------------------------
@@ -323,6 +346,7 @@ def _merge(edits: Iterable[ContainerEdits]) -> ContainerEdits:
         device_nodes=tuple(n for x in items for n in x.device_nodes),
         mounts=tuple(m for x in items for m in x.mounts),
         hooks=tuple(h for x in items for h in x.hooks),
+        additional_gids=tuple(g for x in items for g in x.additional_gids),
     )
 
 
@@ -338,6 +362,9 @@ class _Target(NamedTuple):
 
     def name(self, strategy: str) -> str | None:
         g, m = self.gpu, self.mig
+        if m is not None and not m.indexed:  # procfs: name the slice, not a guessed index
+            slot = f"{g.index}:gi{m.gi}-ci{m.ci}"
+            return None if strategy == "uuid" else slot if strategy == "index" else f"mig{slot}"
         if strategy == "index":
             return str(g.index) if m is None else f"{g.index}:{m.index}"
         if strategy == "type-index":
@@ -401,6 +428,10 @@ def _devices(inv: Inventory, opts: Options, common: ContainerEdits,
     if unnamed:
         warn(f"{inv.node.mode} mode knows no MIG UUIDs: MIG devices {', '.join(unnamed)} "
              "have no uuid names (use --mode nvml for them)")
+    if any(not m.indexed for g in inv.node.gpus for m in g.mig_devices):
+        warn(f"{inv.node.mode} mode cannot tell NVML's MIG device indices or profiles: MIG "
+             "devices are named <gpu>:gi<G>-ci<C> rather than i:j, and graphics (+gfx) "
+             "instances get no DRM nodes (use --mode nvml for i:j names and DRM nodes)")
     return devices
 
 
@@ -427,6 +458,7 @@ def build_spec(inv: Inventory, opts: Options, *, warn: Callable[[str], None] = l
                spec_annotations: Mapping[str, str] | None = None) -> SpecData:
     """The spec for ``inv``; GenerateError when the content needs a newer cdiVersion than
     ``opts.max_version`` allows."""
+    opts = _gid_policy(inv, opts, warn)
     links = [] if inv.node.mode == "management" or opts.device_ids == ("none",) else [
         dl for t in _select(inv, opts.device_ids) for dl in device_links(t.nodes)]
     common = _simplify(common_edits(inv.driver, opts, list(dict.fromkeys(links))))
@@ -447,6 +479,19 @@ def build_spec(inv: Inventory, opts: Options, *, warn: Callable[[str], None] = l
                     devices=tuple(sorted(devices, key=lambda d: d.name)),
                     annotations=MappingProxyType(annotations), container_edits=common)
     return _with_version(spec, opts.max_version)
+
+
+def _gid_policy(inv: Inventory, opts: Options, warn: Callable[[str], None]) -> Options:
+    """additionalGids need cdiVersion 0.7.0: below that they are left out, with a warning
+    naming the nodes a non-root container then cannot open."""
+    if not opts.additional_gids or opts.max_version is None or (
+            version_key(opts.max_version) >= version_key(GIDS_SINCE)):
+        return opts
+    grouped = sorted({n.path for n in _all_nodes(inv) if needs_group(n)})
+    if grouped:
+        warn(f"additionalGids left out (--cdi-version {opts.max_version} < {GIDS_SINCE}): "
+             f"only root or members of their groups can open {', '.join(grouped)}")
+    return opts._replace(additional_gids=False)
 
 
 def _with_version(spec: SpecData, maximum: str | None) -> SpecData:
@@ -498,12 +543,12 @@ def fingerprint(inv: Inventory, opts: Options) -> str:
         "driver": node.driver_version,
         "majors": sorted({n.path: n.major for n in _all_nodes(inv)}.items()),
         "layout": layout,
-        "files": hashlib.sha256("\n".join(files).encode()).hexdigest(),
+        "files": sha256("\n".join(files).encode()).hexdigest(),
         "options": opts.as_dict(),
         "mode": node.mode,
     }
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+    return "sha256:" + str(sha256(text.encode()).hexdigest())
 
 
 def _device_meta(inv: Inventory, target: _Target) -> dict[str, Any]:
@@ -512,8 +557,8 @@ def _device_meta(inv: Inventory, target: _Target) -> dict[str, Any]:
                             "gpuUuid": g.uuid, "minor": g.minor, "busId": g.bus_id,
                             "model": g.name, "arch": g.compute_capability, "brand": g.brand}
     if m is not None:
-        meta |= {"migIndex": m.index, "migUuid": m.uuid, "gi": m.gi, "ci": m.ci,
-                 "profile": m.profile}
+        meta |= {"migIndex": m.index if m.indexed else None, "migUuid": m.uuid, "gi": m.gi,
+                 "ci": m.ci, "profile": m.profile}
     return meta
 
 

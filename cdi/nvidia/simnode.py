@@ -15,10 +15,14 @@
 
 The fake ``libcuda`` exports ``cuDriverGetVersion``/``cuInit``/``cuDeviceGetCount`` (the
 count is the number of ``/dev/nvidia<N>`` character devices visible to the caller, so it
-tells what a container was given) and ``fake_gpu_node_id``.  The fake ``libnvidia-ml``
-exports enough NVML (init, shutdown, driver/CUDA version, device count) for the real
-nvidia-ml-py to initialise through it.  Every library exports
-``fake_nvidia_library()`` returning its own file name.
+tells what a container was given) and ``fake_gpu_node_id``.  The simulated ``libnvidia-ml``
+answers the NVML calls of nvidia-ml-py and of ``nvidia-ctk cdi generate`` (go-nvml) from
+the node's description ``simnode-nvml.txt`` (written next to the manifest, found by walking
+up from the library's own path, or named by ``$SIMNODE_NVML_NODE``; read afresh by each
+``nvmlInit``): GPUs by index, UUID and PCI bus id, MIG devices, GPU and compute instances and
+their profiles, versions.  ``in_node_namespace`` runs a tool such as nvidia-ctk in a private
+mount namespace that shows it the node's ``/proc/driver`` and ``/sys/bus/pci/devices``.
+Every library exports ``fake_nvidia_library()`` returning its own file name.
 
 Compiled objects are cached by content (``cache_dir``, default
 ``$SIMNODE_CACHE`` or ``~/.cache/nri-cdi/simnode``) and copied, so a second build of an
@@ -47,17 +51,22 @@ from pathlib import Path
 from typing import Any, Literal
 
 __all__ = [
+    "EXTRAS",
     "BuiltNode",
     "GpuSpec",
     "MigDevice",
     "NodeLayout",
     "SimNodeError",
     "build_node",
+    "in_node_namespace",
     "main",
+    "nvml_description",
     "parse_mig_arg",
 ]
 
 MANIFEST_NAME = "simnode.json"
+# What the simulated libnvidia-ml reads; it finds it by walking up from its own file.
+NVML_DESCRIPTION = "simnode-nvml.txt"
 DEFAULT_DRIVER_VERSION = "580.82.07"
 MANIFEST_FORMAT = 1
 NVIDIA_MAJOR = 195
@@ -71,7 +80,15 @@ _GI_PER_GPU = 15
 _CI_PER_GI = 8
 _MINORS_PER_GI = 1 + _CI_PER_GI
 
-Distro = Literal["debian", "rhel"]
+Distro = Literal["debian", "rhel", "debian-current"]
+# Optional parts of a node (NodeLayout.extras):
+EXTRAS = {
+    "vulkan-icd-at-root": "the Vulkan ICD at <driver root>/vulkan/icd.d (GKE), none in /etc",
+    "vulkan-producer": "libnvidia-vulkan-producer.so.<v> without its .so link (drivers 470-525)",
+    "configs-in-local-share": "the /usr/share configs under /usr/local/share instead",
+    "imex": "nvidia-imex and nvidia-imex-ctl binaries",
+    "fabricmanager": "the fabric manager's socket",
+}
 
 
 class SimNodeError(Exception):
@@ -197,11 +214,14 @@ class NodeLayout:
     compat32: bool = False  # also build i386 libraries (needs gcc -m32)
     bmc_vga: bool = False  # an on-board VGA takes /dev/dri/card0 (GPUs start at card1)
     device_nodes: bool = True  # mknod; needs root or CAP_MKNOD
+    extras: tuple[str, ...] = ()  # names from EXTRAS
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"\d+\.\d+(\.\d+)?", self.driver_version):
             raise SimNodeError(f"bad driver version {self.driver_version!r}")
-        if self.distro not in ("debian", "rhel"):
+        if unknown := set(self.extras) - set(EXTRAS):
+            raise SimNodeError(f"unknown extras {sorted(unknown)} (known: {sorted(EXTRAS)})")
+        if self.distro not in _DIRS:
             raise SimNodeError(f"unknown distro layout {self.distro!r}")
         if not 1 <= len(self.gpus) <= MIG_MINORS_GPUS:
             raise SimNodeError(f"GPU count must be 1..{MIG_MINORS_GPUS}")
@@ -396,6 +416,12 @@ _DIRS: dict[str, dict[str, str]] = {
         "xorg": "usr/lib/xorg/modules",
     },
     "rhel": {"lib": "usr/lib64", "lib32": "usr/lib", "xorg": "usr/lib64/xorg/modules"},
+    # Debian's packaged driver: the libraries in a nvidia/current folder the cache names.
+    "debian-current": {
+        "lib": "usr/lib/x86_64-linux-gnu/nvidia/current",
+        "lib32": "usr/lib/i386-linux-gnu/nvidia/current",
+        "xorg": "usr/lib/xorg/modules",
+    },
 }
 
 
@@ -493,27 +519,545 @@ _C_CUDA = """\
 {export} const char *fake_gpu_node_id(void) {{ return "{node_id}"; }}
 """
 
-_C_NVML = """\
-{export} int nvmlInit(void) {{ return 0; }}
-{export} int nvmlInit_v2(void) {{ return 0; }}
-{export} int nvmlInitWithFlags(unsigned int flags) {{ (void)flags; return 0; }}
-{export} int nvmlShutdown(void) {{ return 0; }}
-{export} const char *nvmlErrorString(int result) {{ (void)result; return "simulated NVML"; }}
+_C_NVML = r"""/* Simulated NVML (nri-cdi test fixture): answers from the node description that
+ * cdi/nvidia/simnode.py writes (simnode-nvml.txt at the node's top, found by walking up
+ * from this library's own path, or named by $SIMNODE_NVML_NODE). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-{export} int nvmlSystemGetDriverVersion(char *buf, unsigned int len) {{
-    const char *v = "{version}";
-    unsigned int i = 0;
-    while (v[i]) i++;
-    if (!buf) return 2; /* NVML_ERROR_INVALID_ARGUMENT */
-    if (len < i + 1) return 7; /* NVML_ERROR_INSUFFICIENT_SIZE */
-    for (unsigned int j = 0; j <= i; j++) buf[j] = v[j];
-    return 0;
-}}
-{export} int nvmlSystemGetCudaDriverVersion(int *v) {{ if (!v) return 2; *v = {cuda}; return 0; }}
-{export} int nvmlSystemGetCudaDriverVersion_v2(int *v) {{
-    if (!v) return 2; *v = {cuda}; return 0; }}
-{export} int nvmlDeviceGetCount_v2(unsigned int *n) {{ if (!n) return 2; *n = {gpus}; return 0; }}
-{export} int nvmlDeviceGetCount(unsigned int *n) {{ return nvmlDeviceGetCount_v2(n); }}
+#define EXPORT __attribute__((visibility("default")))
+#define OK 0
+#define E_UNINIT 1
+#define E_ARG 2
+#define E_NOTSUP 3
+#define E_NOTFOUND 6
+#define E_SIZE 7
+#define E_DRIVER 9
+#define E_UNKNOWN 999
+#define MAXGPU 32
+#define MAXMIG 16 /* _NVML_MAX_MIG in simnode.py */
+#define SLEN 96
+
+enum { M_GPU = 0x51a0, M_MIG, M_GI, M_CI };
+
+struct hdr { int magic; void *owner; };
+struct gpu;
+struct gi { struct hdr h; struct gpu *gpu; unsigned id, profile, start, size; };
+struct mig {
+    struct hdr dev, ci; struct gpu *gpu; struct gi *gi; int index;
+    unsigned gi_id, ci_id, gi_profile, ci_profile, slices; unsigned long long mem_mb;
+    char uuid[SLEN], name[SLEN];
+};
+struct gpu {
+    struct hdr h; int index; unsigned minor, mig_capable, mig_enabled, max_mig, pci_id, brand;
+    unsigned cc_major, cc_minor, arch; unsigned long long mem_mb;
+    char uuid[SLEN], bus[32], bus_legacy[16], name[SLEN];
+    int nmig, ngi; struct mig migs[MAXMIG]; struct gi gis[MAXMIG];
+};
+
+static struct gpu gpus[MAXGPU];
+static int ngpus, inited;
+static char driver[SLEN], nvml_version[SLEN];
+static int cuda_version;
+
+/* --- loading the description ------------------------------------------------------------ */
+
+static FILE *open_description(void) {
+    const char *env = getenv("SIMNODE_NVML_NODE");
+    if (env && *env) return fopen(env, "r");
+    Dl_info info;
+    char path[PATH_MAX];
+    if (!dladdr((void *)open_description, &info) || !info.dli_fname) return NULL;
+    if (!realpath(info.dli_fname, path)) return NULL;
+    for (int up = 0; up < 12; up++) {
+        char *slash = strrchr(path, '/');
+        if (!slash) return NULL;
+        *slash = 0;
+        char cand[PATH_MAX + 32];
+        snprintf(cand, sizeof cand, "%s/simnode-nvml.txt", path);
+        FILE *f = fopen(cand, "r");
+        if (f) return f;
+        if (!*path) return NULL;
+    }
+    return NULL;
+}
+
+static void rest_of_line(const char *s, char *out) {
+    while (*s == ' ') s++;
+    snprintf(out, SLEN, "%s", s);
+    out[strcspn(out, "\n")] = 0;
+}
+
+static struct gi *gi_of(struct gpu *g, unsigned id, unsigned profile, unsigned slices) {
+    for (int k = 0; k < g->ngi; k++)
+        if (g->gis[k].id == id) return &g->gis[k];
+    struct gi *x = &g->gis[g->ngi++];
+    x->h.magic = M_GI; x->h.owner = x; x->gpu = g; x->id = id; x->profile = profile;
+    x->start = id; x->size = slices;
+    return x;
+}
+
+static int load(void) {
+    FILE *f = open_description();
+    if (!f) return E_DRIVER;
+    char line[512];
+    int n, ok = 0;
+    ngpus = 0;
+    while (fgets(line, sizeof line, f)) {
+        struct gpu *g = ngpus ? &gpus[ngpus - 1] : NULL;
+        if (sscanf(line, "simnode-nvml %d", &n) == 1) ok = (n == 1);
+        else if (sscanf(line, "driver %95s", driver) == 1) {}
+        else if (sscanf(line, "nvml %95s", nvml_version) == 1) {}
+        else if (sscanf(line, "cuda %d", &cuda_version) == 1) {}
+        else if (strncmp(line, "gpu ", 4) == 0 && ngpus < MAXGPU) {
+            g = &gpus[ngpus];
+            memset(g, 0, sizeof *g);
+            if (sscanf(line, "gpu %u %u %u %u %x %u %u %u %u %llu %95s %31s %15s %n", &g->minor,
+                       &g->mig_capable, &g->mig_enabled, &g->max_mig, &g->pci_id, &g->brand,
+                       &g->cc_major, &g->cc_minor, &g->arch, &g->mem_mb, g->uuid, g->bus,
+                       g->bus_legacy, &n) < 13) { ok = 0; break; }
+            rest_of_line(line + n, g->name);
+            g->h.magic = M_GPU; g->h.owner = g; g->index = ngpus++;
+        } else if (strncmp(line, "mig ", 4) == 0 && g && g->nmig < MAXMIG) {
+            struct mig *m = &g->migs[g->nmig];
+            memset(m, 0, sizeof *m);
+            if (sscanf(line, "mig %u %u %u %u %u %llu %95s %n", &m->gi_id, &m->ci_id,
+                       &m->gi_profile, &m->ci_profile, &m->slices, &m->mem_mb, m->uuid,
+                       &n) < 7) { ok = 0; break; }
+            rest_of_line(line + n, m->name);
+            m->dev.magic = M_MIG; m->dev.owner = m; m->ci.magic = M_CI; m->ci.owner = m;
+            m->gpu = g; m->index = g->nmig++;
+            m->gi = gi_of(g, m->gi_id, m->gi_profile, m->slices);
+        }
+    }
+    fclose(f);
+    return ok ? OK : E_UNKNOWN;
+}
+
+/* --- handles ---------------------------------------------------------------------------- */
+
+typedef struct hdr *nvmlDevice_t;
+
+static struct gpu *as_gpu(nvmlDevice_t d) {
+    return (inited && d && d->magic == M_GPU) ? (struct gpu *)d->owner : NULL;
+}
+static struct mig *as_mig(nvmlDevice_t d) {
+    return (inited && d && d->magic == M_MIG) ? (struct mig *)d->owner : NULL;
+}
+#define CHECK_INIT if (!inited) return E_UNINIT
+
+static int copy_out(const char *s, char *buf, unsigned len) {
+    if (!buf) return E_ARG;
+    if (strlen(s) + 1 > len) return E_SIZE;
+    strcpy(buf, s);
+    return OK;
+}
+
+/* --- init and system -------------------------------------------------------------------- */
+
+EXPORT int nvmlInitWithFlags(unsigned flags) {
+    (void)flags;
+    if (!inited) { /* read afresh each session: a long-lived caller sees a changed node */
+        int r = load();
+        if (r != OK) return r;
+    }
+    inited++;
+    return OK;
+}
+EXPORT int nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+EXPORT int nvmlInit(void) { return nvmlInitWithFlags(0); }
+EXPORT int nvmlShutdown(void) { CHECK_INIT; inited--; return OK; }
+
+EXPORT const char *nvmlErrorString(int r) {
+    switch (r) {
+    case OK: return "Success";
+    case E_UNINIT: return "Uninitialized";
+    case E_ARG: return "Invalid Argument";
+    case E_NOTSUP: return "Not Supported";
+    case E_NOTFOUND: return "Not Found";
+    case E_SIZE: return "Insufficient Size";
+    case E_DRIVER: return "Driver Not Loaded";
+    default: return "Unknown Error";
+    }
+}
+
+EXPORT int nvmlSystemGetDriverVersion(char *buf, unsigned len) {
+    CHECK_INIT; return copy_out(driver, buf, len);
+}
+EXPORT int nvmlSystemGetNVMLVersion(char *buf, unsigned len) {
+    CHECK_INIT; return copy_out(nvml_version, buf, len);
+}
+EXPORT int nvmlSystemGetCudaDriverVersion(int *v) {
+    CHECK_INIT; if (!v) return E_ARG; *v = cuda_version; return OK;
+}
+EXPORT int nvmlSystemGetCudaDriverVersion_v2(int *v) { return nvmlSystemGetCudaDriverVersion(v); }
+
+/* --- GPUs ------------------------------------------------------------------------------- */
+
+EXPORT int nvmlDeviceGetCount_v2(unsigned *n) {
+    CHECK_INIT; if (!n) return E_ARG; *n = ngpus; return OK;
+}
+EXPORT int nvmlDeviceGetCount(unsigned *n) { return nvmlDeviceGetCount_v2(n); }
+
+EXPORT int nvmlDeviceGetHandleByIndex_v2(unsigned i, nvmlDevice_t *d) {
+    CHECK_INIT;
+    if (!d || i >= (unsigned)ngpus) return E_ARG;
+    *d = &gpus[i].h;
+    return OK;
+}
+EXPORT int nvmlDeviceGetHandleByIndex(unsigned i, nvmlDevice_t *d) {
+    return nvmlDeviceGetHandleByIndex_v2(i, d);
+}
+
+EXPORT int nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d) {
+    CHECK_INIT;
+    if (!uuid || !d) return E_ARG;
+    for (int i = 0; i < ngpus; i++) {
+        if (strcmp(gpus[i].uuid, uuid) == 0) { *d = &gpus[i].h; return OK; }
+        for (int j = 0; j < gpus[i].nmig; j++)
+            if (strcmp(gpus[i].migs[j].uuid, uuid) == 0) { *d = &gpus[i].migs[j].dev; return OK; }
+    }
+    return E_NOTFOUND;
+}
+
+EXPORT int nvmlDeviceGetHandleByPciBusId_v2(const char *bus, nvmlDevice_t *d) {
+    CHECK_INIT;
+    if (!bus || !d) return E_ARG;
+    for (int i = 0; i < ngpus; i++)
+        if (strcasecmp(gpus[i].bus, bus) == 0 || strcasecmp(gpus[i].bus_legacy, bus) == 0
+            || strcasecmp(gpus[i].bus + 4, bus) == 0) { *d = &gpus[i].h; return OK; }
+    return E_NOTFOUND;
+}
+EXPORT int nvmlDeviceGetHandleByPciBusId(const char *b, nvmlDevice_t *d) {
+    return nvmlDeviceGetHandleByPciBusId_v2(b, d);
+}
+
+/* A MIG device's index is its index within its parent GPU (the j of i:j). */
+EXPORT int nvmlDeviceGetIndex(nvmlDevice_t d, unsigned *i) {
+    struct gpu *g = as_gpu(d); struct mig *m = as_mig(d);
+    CHECK_INIT;
+    if (!i || !(g || m)) return E_ARG;
+    *i = g ? (unsigned)g->index : (unsigned)m->index;
+    return OK;
+}
+
+EXPORT int nvmlDeviceGetUUID(nvmlDevice_t d, char *buf, unsigned len) {
+    struct gpu *g = as_gpu(d); struct mig *m = as_mig(d);
+    CHECK_INIT;
+    if (g) return copy_out(g->uuid, buf, len);
+    if (m) return copy_out(m->uuid, buf, len);
+    return E_ARG;
+}
+
+EXPORT int nvmlDeviceGetName(nvmlDevice_t d, char *buf, unsigned len) {
+    struct gpu *g = as_gpu(d); struct mig *m = as_mig(d);
+    CHECK_INIT;
+    if (g) return copy_out(g->name, buf, len);
+    if (m) return copy_out(m->name, buf, len);
+    return E_ARG;
+}
+
+EXPORT int nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned *minor) {
+    struct gpu *g = as_gpu(d);
+    CHECK_INIT;
+    if (as_mig(d)) return E_NOTSUP;
+    if (!g || !minor) return E_ARG;
+    *minor = g->minor;
+    return OK;
+}
+
+EXPORT int nvmlDeviceGetBrand(nvmlDevice_t d, int *brand) {
+    struct gpu *g = as_gpu(d); struct mig *m = as_mig(d);
+    CHECK_INIT;
+    if (m) g = m->gpu;
+    if (!g || !brand) return E_ARG;
+    *brand = (int)g->brand;
+    return OK;
+}
+
+EXPORT int nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor) {
+    struct gpu *g = as_gpu(d); struct mig *m = as_mig(d);
+    CHECK_INIT;
+    if (m) g = m->gpu;
+    if (!g || !major || !minor) return E_ARG;
+    *major = (int)g->cc_major; *minor = (int)g->cc_minor;
+    return OK;
+}
+
+EXPORT int nvmlDeviceGetArchitecture(nvmlDevice_t d, unsigned *arch) {
+    struct gpu *g = as_gpu(d); struct mig *m = as_mig(d);
+    CHECK_INIT;
+    if (m) g = m->gpu;
+    if (!g || !arch) return E_ARG;
+    *arch = g->arch;
+    return OK;
+}
+
+typedef struct { char busIdLegacy[16]; unsigned domain, bus, device, pciDeviceId, pciSubSystemId;
+                 char busId[32]; } pci_v3;
+typedef struct { char busId[16]; unsigned domain, bus, device, pciDeviceId, pciSubSystemId,
+                 r0, r1, r2, r3; } pci_v1;
+
+static int pci_fields(nvmlDevice_t d, struct gpu **out, unsigned *dom, unsigned *bus,
+                      unsigned *dev) {
+    struct gpu *g = as_gpu(d); struct mig *m = as_mig(d);
+    if (!inited) return E_UNINIT;
+    if (m) g = m->gpu;
+    if (!g) return E_ARG;
+    if (sscanf(g->bus, "%x:%x:%x", dom, bus, dev) != 3) return E_UNKNOWN;
+    *out = g;
+    return OK;
+}
+
+EXPORT int nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, pci_v3 *p) {
+    struct gpu *g; unsigned dom, bus, dev;
+    int r = pci_fields(d, &g, &dom, &bus, &dev);
+    if (r != OK) return r;
+    if (!p) return E_ARG;
+    memset(p, 0, sizeof *p);
+    snprintf(p->busId, sizeof p->busId, "%s", g->bus);
+    snprintf(p->busIdLegacy, sizeof p->busIdLegacy, "%s", g->bus_legacy);
+    p->domain = dom; p->bus = bus; p->device = dev; p->pciDeviceId = g->pci_id;
+    p->pciSubSystemId = 0x16a110de;
+    return OK;
+}
+EXPORT int nvmlDeviceGetPciInfo_v2(nvmlDevice_t d, pci_v3 *p) {
+    return nvmlDeviceGetPciInfo_v3(d, p);
+}
+EXPORT int nvmlDeviceGetPciInfo(nvmlDevice_t d, pci_v1 *p) {
+    struct gpu *g; unsigned dom, bus, dev;
+    int r = pci_fields(d, &g, &dom, &bus, &dev);
+    if (r != OK) return r;
+    if (!p) return E_ARG;
+    memset(p, 0, sizeof *p);
+    snprintf(p->busId, sizeof p->busId, "%s", g->bus_legacy);
+    p->domain = dom; p->bus = bus; p->device = dev; p->pciDeviceId = g->pci_id;
+    p->pciSubSystemId = 0x16a110de;
+    return OK;
+}
+
+typedef struct { unsigned long long total, free, used; } mem_v1;
+typedef struct { unsigned version; unsigned long long total, reserved, free, used; } mem_v2;
+
+static unsigned long long mem_bytes(nvmlDevice_t d) {
+    struct gpu *g = as_gpu(d); struct mig *m = as_mig(d);
+    if (m) return m->mem_mb << 20;
+    return g ? g->mem_mb << 20 : 0;
+}
+EXPORT int nvmlDeviceGetMemoryInfo(nvmlDevice_t d, mem_v1 *mem) {
+    CHECK_INIT;
+    if (!mem || !(as_gpu(d) || as_mig(d))) return E_ARG;
+    mem->total = mem->free = mem_bytes(d); mem->used = 0;
+    return OK;
+}
+EXPORT int nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, mem_v2 *mem) {
+    CHECK_INIT;
+    if (!mem || !(as_gpu(d) || as_mig(d))) return E_ARG;
+    mem->total = mem->free = mem_bytes(d); mem->used = mem->reserved = 0;
+    return OK;
+}
+
+/* --- MIG -------------------------------------------------------------------------------- */
+
+EXPORT int nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned *current, unsigned *pending) {
+    struct gpu *g = as_gpu(d);
+    CHECK_INIT;
+    if (as_mig(d)) return E_NOTSUP;
+    if (!g || !current || !pending) return E_ARG;
+    if (!g->mig_capable) return E_NOTSUP;
+    *current = *pending = g->mig_enabled;
+    return OK;
+}
+
+EXPORT int nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned *is_mig) {
+    CHECK_INIT;
+    if (!is_mig || !(as_gpu(d) || as_mig(d))) return E_ARG;
+    *is_mig = as_mig(d) != NULL;
+    return OK;
+}
+
+EXPORT int nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned *n) {
+    struct gpu *g = as_gpu(d);
+    CHECK_INIT;
+    if (!g || !n) return E_ARG;
+    *n = g->mig_capable ? g->max_mig : 0;
+    return OK;
+}
+
+EXPORT int nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned i, nvmlDevice_t *out) {
+    struct gpu *g = as_gpu(d);
+    CHECK_INIT;
+    if (!g || !out) return E_ARG;
+    if (!g->mig_capable) return E_NOTSUP;
+    if (i >= g->max_mig) return E_ARG;
+    if (!g->mig_enabled || i >= (unsigned)g->nmig) return E_NOTFOUND;
+    *out = &g->migs[i].dev;
+    return OK;
+}
+
+EXPORT int nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t d, nvmlDevice_t *out) {
+    struct mig *m = as_mig(d);
+    CHECK_INIT;
+    if (!m || !out) return E_ARG;
+    *out = &m->gpu->h;
+    return OK;
+}
+
+EXPORT int nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned *id) {
+    struct mig *m = as_mig(d);
+    CHECK_INIT;
+    if (as_gpu(d)) return E_NOTSUP;
+    if (!m || !id) return E_ARG;
+    *id = m->gi_id;
+    return OK;
+}
+
+EXPORT int nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned *id) {
+    struct mig *m = as_mig(d);
+    CHECK_INIT;
+    if (as_gpu(d)) return E_NOTSUP;
+    if (!m || !id) return E_ARG;
+    *id = m->ci_id;
+    return OK;
+}
+
+typedef struct { unsigned mp, ce, dec, enc, jpeg, ofa, gi_slices, ci_slices;
+                 unsigned long long mem_mb; } attrs_t;
+
+EXPORT int nvmlDeviceGetAttributes_v2(nvmlDevice_t d, attrs_t *a) {
+    struct gpu *g = as_gpu(d); struct mig *m = as_mig(d);
+    CHECK_INIT;
+    if (!a || !(g || m)) return E_ARG;
+    memset(a, 0, sizeof *a);
+    unsigned slices = m ? m->slices : 8;
+    a->mp = 16 * slices; a->ce = slices; a->dec = slices; a->jpeg = slices;
+    a->gi_slices = slices; a->ci_slices = slices;
+    a->mem_mb = m ? m->mem_mb : g->mem_mb;
+    return OK;
+}
+EXPORT int nvmlDeviceGetAttributes(nvmlDevice_t d, attrs_t *a) {
+    return nvmlDeviceGetAttributes_v2(d, a);
+}
+
+typedef struct { nvmlDevice_t device; unsigned id, profileId, start, size; } gi_info_t;
+typedef struct { nvmlDevice_t device; struct hdr *gi; unsigned id, profileId, start, size;
+} ci_info_t;
+
+EXPORT int nvmlDeviceGetGpuInstanceById(nvmlDevice_t d, unsigned id, struct hdr **out) {
+    struct gpu *g = as_gpu(d);
+    CHECK_INIT;
+    if (!g || !out) return E_ARG;
+    if (!g->mig_capable) return E_NOTSUP;
+    for (int k = 0; k < g->ngi; k++)
+        if (g->gis[k].id == id) { *out = &g->gis[k].h; return OK; }
+    return E_NOTFOUND;
+}
+
+static struct gi *as_gi(struct hdr *h) {
+    return (inited && h && h->magic == M_GI) ? (struct gi *)h->owner : NULL;
+}
+
+EXPORT int nvmlGpuInstanceGetInfo(struct hdr *h, gi_info_t *info) {
+    struct gi *x = as_gi(h);
+    CHECK_INIT;
+    if (!x || !info) return E_ARG;
+    info->device = &x->gpu->h; info->id = x->id; info->profileId = x->profile;
+    info->start = x->start; info->size = x->size;
+    return OK;
+}
+
+EXPORT int nvmlGpuInstanceGetComputeInstanceById(struct hdr *h, unsigned id, struct hdr **out) {
+    struct gi *x = as_gi(h);
+    CHECK_INIT;
+    if (!x || !out) return E_ARG;
+    for (int j = 0; j < x->gpu->nmig; j++) {
+        struct mig *m = &x->gpu->migs[j];
+        if (m->gi == x && m->ci_id == id) { *out = &m->ci; return OK; }
+    }
+    return E_NOTFOUND;
+}
+
+EXPORT int nvmlComputeInstanceGetInfo_v2(struct hdr *h, ci_info_t *info) {
+    CHECK_INIT;
+    if (!h || h->magic != M_CI || !info) return E_ARG;
+    struct mig *m = (struct mig *)h->owner;
+    info->device = &m->gpu->h; info->gi = &m->gi->h; info->id = m->ci_id;
+    info->profileId = m->ci_profile; info->start = 0; info->size = m->slices;
+    return OK;
+}
+EXPORT int nvmlComputeInstanceGetInfo(struct hdr *h, ci_info_t *info) {
+    return nvmlComputeInstanceGetInfo_v2(h, info);
+}
+
+/* GPU-instance profiles: the standard ones, plus whatever the node's instances use. */
+static const unsigned std_slices[] = {1, 2, 3, 4, 7}; /* profile ids 0..4 */
+
+typedef struct { unsigned id, p2p, slices, count, mp, ce, dec, enc, jpeg, ofa;
+                 unsigned long long mem_mb; } gip_v1;
+typedef struct { unsigned version, id, p2p, slices, count, mp, ce, dec, enc, jpeg, ofa;
+                 unsigned long long mem_mb; char name[96]; } gip_v2;
+
+static int gi_profile(struct gpu *g, unsigned profile, gip_v1 *p) {
+    unsigned slices = 0; unsigned long long mem = 0;
+    for (int j = 0; j < g->nmig; j++)
+        if (g->migs[j].gi_profile == profile) {
+            slices = g->migs[j].slices; mem = g->migs[j].mem_mb;
+        }
+    if (!slices && profile < 5) { slices = std_slices[profile]; mem = g->mem_mb * slices / 8; }
+    if (!slices) return E_NOTSUP;
+    memset(p, 0, sizeof *p);
+    p->id = profile; p->slices = slices; p->count = 7 / slices; p->mp = 16 * slices;
+    p->ce = slices; p->dec = slices; p->jpeg = slices; p->mem_mb = mem;
+    return OK;
+}
+
+EXPORT int nvmlDeviceGetGpuInstanceProfileInfo(nvmlDevice_t d, unsigned profile, gip_v1 *p) {
+    struct gpu *g = as_gpu(d);
+    CHECK_INIT;
+    if (!g || !p) return E_ARG;
+    if (!g->mig_capable) return E_NOTSUP;
+    return gi_profile(g, profile, p);
+}
+
+EXPORT int nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t d, unsigned profile, gip_v2 *p) {
+    struct gpu *g = as_gpu(d); gip_v1 v1;
+    CHECK_INIT;
+    if (!g || !p) return E_ARG;
+    if (!g->mig_capable) return E_NOTSUP;
+    int r = gi_profile(g, profile, &v1);
+    if (r != OK) return r;
+    unsigned version = p->version;
+    memset(p, 0, sizeof *p);
+    p->version = version; p->id = v1.id; p->slices = v1.slices; p->count = v1.count;
+    p->mp = v1.mp; p->ce = v1.ce; p->dec = v1.dec; p->jpeg = v1.jpeg; p->mem_mb = v1.mem_mb;
+    snprintf(p->name, sizeof p->name, "%ug.%llugb", v1.slices, (v1.mem_mb + 512) / 1024);
+    return OK;
+}
+
+typedef struct { unsigned id, slices, count, mp, ce, dec, enc, jpeg, ofa; } cip_v1;
+
+EXPORT int nvmlGpuInstanceGetComputeInstanceProfileInfo(struct hdr *h, unsigned profile,
+                                                         unsigned engine, cip_v1 *p) {
+    struct gi *x = as_gi(h);
+    CHECK_INIT;
+    if (!x || !p) return E_ARG;
+    if (engine != 0) return E_NOTSUP;
+    for (int j = 0; j < x->gpu->nmig; j++) {
+        struct mig *m = &x->gpu->migs[j];
+        if (m->gi == x && m->ci_profile == profile) {
+            memset(p, 0, sizeof *p);
+            p->id = profile; p->slices = m->slices; p->count = 1; p->mp = 16 * m->slices;
+            return OK;
+        }
+    }
+    return E_NOTSUP;
+}
+"""
+_C_NVML_ID = """
 {export} const char *fake_gpu_node_id(void) {{ return "{node_id}"; }}
 """
 
@@ -532,7 +1076,8 @@ def _c_source(lib: _Lib, name: str, layout: NodeLayout, *, bits: int) -> str:
     if lib.kind == "cuda":
         text += _C_CUDA.format(**params)
     elif lib.kind == "nvml":
-        text += _C_NVML.format(**params)
+        # The same object for every node: it reads the node's description when NVML starts.
+        text = _C_NVML + text + _C_NVML_ID.format(**params)
     return text
 
 
@@ -703,7 +1248,10 @@ class _Builder:
     def libraries_step(self) -> None:
         jobs: list[_Job] = []
         links: list[tuple[str, str]] = []  # (link rel path, target)
-        sets = [(self.dirs["lib"], _LIBS, 64), (self.dirs["xorg"], _XORG_LIBS, 64)]
+        libs = _LIBS
+        if "vulkan-producer" in self.layout.extras:
+            libs += (_Lib("libnvidia-vulkan-producer.so.{v}", "libnvidia-vulkan-producer.so.{v}"),)
+        sets = [(self.dirs["lib"], libs, 64), (self.dirs["xorg"], _XORG_LIBS, 64)]
         if self.layout.compat32:
             sets.append((self.dirs["lib32"], tuple(x for x in _LIBS if x.compat32), 32))
         for libdir, libs, bits in sets:
@@ -754,7 +1302,8 @@ class _Builder:
             raise SimNodeError(f"ldconfig -r failed: {proc.stderr.strip()}")
 
     def binaries_step(self) -> None:
-        for name in _BINARIES:
+        extra = ("nvidia-imex", "nvidia-imex-ctl") if "imex" in self.layout.extras else ()
+        for name in (*_BINARIES, *extra):
             body = (
                 _nvidia_smi_script(self.layout)
                 if name == "nvidia-smi"
@@ -770,13 +1319,22 @@ class _Builder:
             self.files["firmware"].append("/" + rel)
 
     def configs_step(self) -> None:
+        extras = self.layout.extras
         for rel, text in _configs(self.layout.driver_version).items():
+            if "vulkan-icd-at-root" in extras and rel.startswith("etc/vulkan/icd.d/"):
+                rel = rel.removeprefix("etc/")
+            if "configs-in-local-share" in extras and rel.startswith("usr/share/"):
+                rel = "usr/local/" + rel.removeprefix("usr/")
             self._write(self.driver_root, rel, text)
             self.files["configs"].append("/" + rel)
 
     def ipc_step(self) -> None:
         if self.layout.persistenced_socket:
             rel = "run/nvidia-persistenced/socket"
+            _make_socket(self.driver_root / rel)
+            self.files["ipc"].append("/" + rel)
+        if "fabricmanager" in self.layout.extras:
+            rel = "run/nvidia-fabricmanager/socket"
             _make_socket(self.driver_root / rel)
             self.files["ipc"].append("/" + rel)
         if self.layout.mps_pipe_dir:
@@ -1109,6 +1667,55 @@ def _nvidia_smi_script(lay: NodeLayout) -> str:
     )
 
 
+# nvmlDeviceArchitecture_t by compute capability major (8.9 is Ada, the rest of 8.x Ampere).
+_ARCH_BY_CC = {3: 2, 5: 3, 6: 4, 7: 5, 8: 7, 9: 9, 10: 10, 12: 10}
+# Compute-instance profile ids (nvmlComputeInstanceProfile) by slice count.
+_CI_PROFILE_IDS = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
+
+
+def _arch(cc: Sequence[int]) -> int:
+    if tuple(cc[:2]) == (7, 5):
+        return 6  # Turing
+    if tuple(cc[:2]) == (8, 9):
+        return 8  # Ada
+    return _ARCH_BY_CC.get(int(cc[0]), 0xFFFFFFFF)  # NVML_DEVICE_ARCH_UNKNOWN
+
+
+def _memory_mb(name: str) -> int:
+    match = re.search(r"(\d+)GB", name)
+    return int(match.group(1)) * 1024 if match else 81920
+
+
+_NVML_MAX_MIG = 16  # MAXMIG in the C source
+
+
+def nvml_description(manifest: Mapping[str, Any]) -> str:
+    """The node as the simulated ``libnvidia-ml`` reads it (``simnode-nvml.txt``): one
+    ``gpu`` line per GPU in NVML index order, each followed by its ``mig`` lines in MIG
+    index order; names run to the end of the line."""
+    version = manifest["driver_version"]
+    major = int(manifest["cuda_driver_version"]) // 1000
+    lines = ["simnode-nvml 1", f"driver {version}", f"nvml {major}.{version}",
+             f"cuda {manifest['cuda_driver_version']}"]
+    for g in manifest["gpus"]:
+        if len(g["mig_devices"]) > _NVML_MAX_MIG or len(g["name"]) >= 96:
+            raise SimNodeError(f"GPU {g['index']}: the simulated NVML holds at most "
+                               f"{_NVML_MAX_MIG} MIG devices and 95-character names")
+        lines.append(
+            f"gpu {g['minor']} {int(g['mig_capable'])} {int(g['mig_enabled'])} "
+            f"{g['max_mig_devices']} {g['pci_device_id']:x} {g['brand']} "
+            f"{g['compute_capability'][0]} {g['compute_capability'][1]} "
+            f"{_arch(g['compute_capability'])} {_memory_mb(g['name'])} {g['uuid']} "
+            f"{g['nvml_bus_id']} {g['nvml_bus_id_legacy']} {g['name']}")
+        for m in g["mig_devices"]:
+            slices = int(m["profile"].split("g.", 1)[0])
+            mem = int(m["profile"].split(".", 1)[1].split("gb", 1)[0]) * 1024
+            lines.append(
+                f"mig {m['gi']} {m['ci']} {m['profile_id']} {_CI_PROFILE_IDS.get(slices, 0)} "
+                f"{slices} {mem} {m['uuid']} {m['name']}")
+    return "\n".join(lines) + "\n"
+
+
 def build_node(
     root: str | os.PathLike[str],
     layout: NodeLayout | None = None,
@@ -1131,8 +1738,35 @@ def build_node(
     gpus = b.devices_step()
     b.proc_step(gpus)
     manifest_path = root_path / MANIFEST_NAME
-    manifest_path.write_text(json.dumps(b.manifest(gpus), indent=2) + "\n")
+    manifest = b.manifest(gpus)
+    (root_path / NVML_DESCRIPTION).write_text(nvml_description(manifest))
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
     return BuiltNode.load(manifest_path)
+
+
+# --- running other tools on the node ---------------------------------------------------------
+
+# Shows the node's proc/driver and sys/bus/pci/devices at the host paths, then runs "$@".
+_NAMESPACE_SCRIPT = """set -e
+node_proc=$1 node_sys=$2; shift 2
+mount -t tmpfs -o mode=0755 simnode /proc/driver
+for d in nvidia nvidia-caps; do
+  if [ -d "$node_proc/driver/$d" ]; then
+    mkdir /proc/driver/$d && mount --bind "$node_proc/driver/$d" /proc/driver/$d
+  fi
+done
+mount --bind "$node_sys/bus/pci/devices" /sys/bus/pci/devices
+exec "$@"
+"""
+
+
+def in_node_namespace(node: BuiltNode, argv: Sequence[str]) -> list[str]:
+    """``argv`` run in a private mount namespace where the host's ``/proc/driver`` and
+    ``/sys/bus/pci/devices`` are the node's copies: for tools such as ``nvidia-ctk`` that
+    read those from the host rather than from their ``--dev-root``.  Needs root and
+    ``unshare``; the host's own mounts are untouched (the namespace ends with the process)."""
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", _NAMESPACE_SCRIPT, "sh",
+            os.fspath(node.proc_root / "proc"), os.fspath(node.sys_root / "sys"), *argv]
 
 
 # --- CLI -------------------------------------------------------------------------------------
@@ -1154,7 +1788,9 @@ def _arg_parser() -> argparse.ArgumentParser:
         "(repeatable; '+gfx' marks a graphics profile)",
     )
     p.add_argument("--minors", help="comma-separated device minors by GPU index")
-    p.add_argument("--layout", choices=("debian", "rhel"), default="debian")
+    p.add_argument("--layout", choices=sorted(_DIRS), default="debian")
+    p.add_argument("--extra", action="append", default=[], choices=sorted(EXTRAS),
+                   help="optional parts (repeatable)")
     p.add_argument(
         "--driver-container",
         action="store_true",
@@ -1190,6 +1826,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             compat32=args.compat32,
             bmc_vga=args.bmc_vga,
             device_nodes=not args.no_device_nodes,
+            extras=tuple(args.extra),
         )
         node = build_node(args.root, layout, cache_dir=args.cache_dir)
     except (SimNodeError, ValueError) as e:

@@ -37,11 +37,13 @@ def gpu_node(tmp_path_factory: pytest.TempPathFactory, e2e_ready: None) -> Path:
     root = tmp_path_factory.mktemp("gpunode")
     node = build_node(root / "node", NodeLayout.uniform(2))
     (root / "cdi").mkdir()
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests' / 'fake_pynvml'}:{REPO}",
-           "FAKE_PYNVML_MANIFEST": str(node.manifest_path)}
+    # NVML mode through nvidia-ml-py and the node's simulated libnvidia-ml
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run([sys.executable, "-m", "cdi.nvidia.cli", "--mode", "nvml",
                     "--driver-root", str(node.driver_root), "--dev-root", str(node.dev_root),
-                    "--disable-hook", "all", "--output", str(root / "cdi" / "nvidia.yaml")],
+                    "--disable-hook", "all", "--output", str(root / "cdi" / "nvidia.yaml"),
+                    # no additionalGids: NRI cannot carry them on containerd < 1.7.30
+                    "--cdi-version", "0.6.0"],
                    env=env, check=True, cwd=REPO)
     return root
 

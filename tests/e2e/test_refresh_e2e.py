@@ -155,7 +155,9 @@ def setup(nodes: dict[str, BuiltNode], containerd: ContainerdFactory,
     config.write_text(yaml.safe_dump({
         "generate": {"output": str(specs / "nvidia.yaml"), "mode": "procfs",
                      "driver_root": str(live.root), "link_mode": "mounts",
-                     "disabled_hooks": ["all"], "device_name_strategies": ["index"]},
+                     "disabled_hooks": ["all"], "device_name_strategies": ["index"],
+                     # no additionalGids: NRI cannot carry them on containerd < 1.7.30
+                     "extra_args": ["--cdi-version", "0.6.0"]},
         # a short resync: the quiet phase below sees several "nothing changed" runs
         "watch": {"poll_interval": 0.2, "settle": 0.3, "resync_interval": 1.0},
     }))

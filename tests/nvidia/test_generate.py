@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import tomllib
@@ -89,7 +89,7 @@ def test_goldens_are_valid_specs() -> None:
     for path in files:
         spec = parse_spec(path.read_text(), str(path)).data
         assert spec.kind == "nvidia.com/gpu"
-        assert spec.cdi_version == "0.5.0"
+        assert spec.cdi_version == "0.7.0"  # additionalGids for the 0660 DRM nodes
 
 
 def test_yaml_output_matches_pyyaml(nodes: dict[str, BuiltNode]) -> None:
@@ -138,9 +138,12 @@ def test_mig_gpus_not_emitted_whole(nodes: dict[str, BuiltNode]) -> None:
     spec = parse_spec(out).data
     names = {d.name for d in spec.devices}
     assert "0" not in names and "3" not in names
-    assert {f"0:{j}" for j in range(7)} | {"3:0", "3:1", "1", "2", "all"} <= names
-    mig = next(d for d in spec.devices if d.name == "0:0").container_edits
     gpu = node.manifest["gpus"][0]
+    slots = [f"{g['index']}:gi{m['gi']}-ci{m['ci']}" for g in node.manifest["gpus"]
+             for m in g["mig_devices"]]
+    assert len(slots) == 9 and set(slots) | {"1", "2", "all"} <= names
+    assert not any(re.fullmatch(r"\d+:\d+", n) for n in names)  # procfs knows no i:j
+    mig = next(d for d in spec.devices if d.name == slots[0]).container_edits
     caps = {f"/dev/nvidia-caps/nvidia-cap{gpu['mig_devices'][0][k]}"
             for k in ("gi_cap_minor", "ci_cap_minor")}
     assert {n.path for n in mig.device_nodes} == {"/dev/nvidia0", *caps}
@@ -239,7 +242,10 @@ def test_generator_version_matches_pyproject() -> None:
     assert project["version"] == GENERATOR_VERSION
 
 
-# --- NVML mode through the pynvml double ----------------------------------------------------
+# --- NVML mode through nvidia-ml-py and the node's simulated libnvidia-ml ---------------------
+
+needs_pynvml = pytest.mark.skipif(importlib.util.find_spec("pynvml") is None,
+                                  reason="nvidia-ml-py (pynvml) is not installed")
 
 
 @pytest.fixture(scope="module")
@@ -258,42 +264,79 @@ def _nvml_and_procfs(node: BuiltNode, extra: list[str]) -> tuple[str, str]:
     return nvml_out, procfs_out
 
 
+@needs_pynvml
 @needs_nodes
 @pytest.mark.parametrize("name", ["one-gpu", "eight-gpu", "rhel", "driver-container"])
-def test_nvml_equals_procfs(name: str, nodes: dict[str, BuiltNode], fake_pynvml: ModuleType,
-                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nvml_equals_procfs(name: str, nodes: dict[str, BuiltNode]) -> None:
     node = nodes[name]
-    monkeypatch.setenv("FAKE_PYNVML_MANIFEST", str(node.manifest_path))
     nvml_out, procfs_out = _nvml_and_procfs(node, [])
     assert body(nvml_out) == body(procfs_out)
     assert "(nvml mode)" in nvml_out
     # NVML was loaded from the driver root, not from wherever the loader looks.
-    assert fake_pynvml.fake_state().library_path == str(
-        node.lib_dir / f"libnvidia-ml.so.{node.driver_version}")
+    import pynvml
+    assert pynvml.nvmlLib._name == str(node.lib_dir / f"libnvidia-ml.so.{node.driver_version}")
 
 
+@needs_pynvml
 @needs_nodes
-def test_nvml_equals_procfs_with_mig(mig_node: BuiltNode, fake_pynvml: ModuleType,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAKE_PYNVML_MANIFEST", str(mig_node.manifest_path))
+def test_nvml_equals_procfs_with_mig(mig_node: BuiltNode) -> None:
     strategies = ["--device-name-strategy", "index", "--device-name-strategy", "type-index"]
     nvml_out, procfs_out = _nvml_and_procfs(mig_node, strategies)
-    assert body(nvml_out) == body(procfs_out)
     names = {d.name for d in parse_spec(nvml_out).data.devices}
     assert names == {"0", "2", "1:0", "1:1", "1:2", "gpu0", "gpu2", "mig1:0", "mig1:1",
                      "mig1:2", "all"}
+    # procfs names the same slices by GPU-instance and compute-instance id, with the same edits.
+    migs = mig_node.manifest["gpus"][1]["mig_devices"]
+    renames = {f"1:{m['index']}": f"1:gi{m['gi']}-ci{m['ci']}" for m in migs}
+    renames |= {f"mig{k}": f"mig{v}" for k, v in renames.items()}
+    by_name = {renames.get(d.name, d.name): d._replace(name=renames.get(d.name, d.name))
+               for d in parse_spec(nvml_out).data.devices}
+    procfs = parse_spec(procfs_out).data
+    assert {d.name: d for d in procfs.devices} == by_name
+    assert procfs.container_edits == parse_spec(nvml_out).data.container_edits
     # Only NVML knows MIG UUIDs: with the uuid strategy they appear in nvml mode only.
     nvml_out, procfs_out = _nvml_and_procfs(mig_node, [])
-    mig_uuids = {m["uuid"] for m in mig_node.manifest["gpus"][1]["mig_devices"]}
+    mig_uuids = {m["uuid"] for m in migs}
     assert mig_uuids <= {d.name for d in parse_spec(nvml_out).data.devices}
     assert not mig_uuids & {d.name for d in parse_spec(procfs_out).data.devices}
 
 
+@pytest.fixture(scope="module")
+def gfx_first_node(node_factory: NodeFactory) -> BuiltNode:
+    """The graphics instance created last gets the lowest GPU-instance id (3) but NVML index
+    2: sorting by GI id, as procfs could, would call it 0:0 (issue 15, defect 5)."""
+    return node_factory("gfx-first", NodeLayout.uniform(
+        1, mig={0: "1g.10gb*2,2g.20gb+gfx"}, seed="gfx-first"))
+
+
+@needs_pynvml
 @needs_nodes
-def test_nvml_gfx_mig_gets_drm_nodes(nodes: dict[str, BuiltNode], fake_pynvml: ModuleType,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_procfs_never_gives_a_slice_nvmls_name_for_another(gfx_first_node: BuiltNode) -> None:
+    node = gfx_first_node
+    migs = node.manifest["gpus"][0]["mig_devices"]
+    assert [m["gi"] for m in migs] == [7, 8, 3]
+    rc, nvml_out, _ = generate([*node_args(node), "--mode", "nvml"])
+    assert rc == 0
+    rc, procfs_out, err = generate([*node_args(node), "--mode", "procfs"])
+    assert rc == 0
+    assert "cannot tell NVML's MIG device indices" in err
+
+    def caps(text: str, name: str) -> set[str]:
+        device = next(d for d in parse_spec(text).data.devices if d.name == name)
+        return {n.path for n in device.container_edits.device_nodes if "caps" in n.path}
+
+    procfs_names = {d.name for d in parse_spec(procfs_out).data.devices}
+    assert not any(re.fullmatch(r"\d+:\d+", n) for n in procfs_names)
+    for m in migs:
+        want = {f"/dev/nvidia-caps/nvidia-cap{m[k]}" for k in ("gi_cap_minor", "ci_cap_minor")}
+        assert caps(nvml_out, f"0:{m['index']}") == want  # as nvidia-ctk names it
+        assert caps(procfs_out, f"0:gi{m['gi']}-ci{m['ci']}") == want
+
+
+@needs_pynvml
+@needs_nodes
+def test_nvml_gfx_mig_gets_drm_nodes(nodes: dict[str, BuiltNode]) -> None:
     node = nodes["mig"]  # GPU 3's second MIG device is 2g.20gb+gfx
-    monkeypatch.setenv("FAKE_PYNVML_MANIFEST", str(node.manifest_path))
     nvml_out, procfs_out = _nvml_and_procfs(node, [])
 
     def nodes_of(text: str, name: str) -> set[str]:
@@ -303,25 +346,31 @@ def test_nvml_gfx_mig_gets_drm_nodes(nodes: dict[str, BuiltNode], fake_pynvml: M
 
     assert any(p.startswith("/dev/dri/") for p in nodes_of(nvml_out, "3:1"))
     assert not any(p.startswith("/dev/dri/") for p in nodes_of(nvml_out, "3:0"))
-    assert not any(p.startswith("/dev/dri/") for p in nodes_of(procfs_out, "3:1"))
+    gfx = node.manifest["gpus"][3]["mig_devices"][1]
+    # procfs cannot see the +gfx attribute: no DRM nodes (and it says so).
+    assert not any(p.startswith("/dev/dri/")
+                   for p in nodes_of(procfs_out, f"3:gi{gfx['gi']}-ci{gfx['ci']}"))
 
 
+@needs_pynvml
 @needs_nodes
 def test_auto_falls_back_to_procfs_and_says_so(nodes: dict[str, BuiltNode],
-                                               fake_pynvml: ModuleType) -> None:
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
     node = nodes["one-gpu"]
-    fake_pynvml.fake_configure(init_error=fake_pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    # The simulated library answers nvmlInit with NVML_ERROR_DRIVER_NOT_LOADED.
+    monkeypatch.setenv("SIMNODE_NVML_NODE", str(tmp_path / "no-such-node.txt"))
     rc, out, err = generate(node_args(node))
     assert rc == 0
-    assert "mode auto: using procfs" in err
+    assert "mode auto: using procfs (NVML unavailable" in err
+    assert "Driver Not Loaded" in err
     assert "(procfs mode)" in out
 
 
+@needs_pynvml
 @needs_nodes
-def test_auto_uses_nvml_when_it_works(nodes: dict[str, BuiltNode], fake_pynvml: ModuleType,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_uses_nvml_when_it_works(nodes: dict[str, BuiltNode]) -> None:
     node = nodes["one-gpu"]
-    monkeypatch.setenv("FAKE_PYNVML_MANIFEST", str(node.manifest_path))
     rc, out, err = generate(node_args(node))
     assert rc == 0 and "mode auto: using nvml" in err and "(nvml mode)" in out
 
@@ -329,18 +378,17 @@ def test_auto_uses_nvml_when_it_works(nodes: dict[str, BuiltNode], fake_pynvml: 
 # --- metadata, fingerprint, versions --------------------------------------------------------
 
 
+@needs_pynvml
 @needs_nodes
-def test_metadata_sidecar(nodes: dict[str, BuiltNode], fake_pynvml: ModuleType,
-                          monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_metadata_sidecar(nodes: dict[str, BuiltNode], tmp_path: Path) -> None:
     node = nodes["mig"]
-    monkeypatch.setenv("FAKE_PYNVML_MANIFEST", str(node.manifest_path))
     target = tmp_path / "nvidia.yaml"
     rc, _, err = generate([*node_args(node), "--mode", "nvml", "--output", str(target)])
     assert rc == 0, err
     text = target.read_text()
     spec = parse_spec(text, str(target)).data
     assert not spec.annotations and not any(d.annotations for d in spec.devices)
-    assert spec.cdi_version == "0.5.0"
+    assert spec.cdi_version == "0.7.0"  # additionalGids for the 0660 DRM nodes
     meta = json.loads((tmp_path / "nvidia.yaml.meta").read_text())
     assert re.search(r"^# fingerprint: (sha256:[0-9a-f]{64})$", text, re.M).group(1) == \
         meta["fingerprint"]

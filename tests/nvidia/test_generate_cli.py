@@ -47,7 +47,7 @@ def test_environment_variables(node: BuiltNode, tmp_path: Path) -> None:
     target = tmp_path / "out.json"
     env = {
         "NVIDIA_CTK_DRIVER_ROOT": str(node.driver_root),
-        "NVIDIA_CTK_CDI_GENERATE_MODE": "procfs",
+        "NVIDIA_CTK_CDI_GENERATE_MODE": "nvml",
         "NVIDIA_CTK_CDI_OUTPUT_FILE_PATH": str(target),
         "NVIDIA_CTK_CDI_GENERATE_DEVICE_NAME_STRATEGIES": "type-index,uuid",
         "NVIDIA_CTK_CDI_GENERATE_VENDOR": "example.com",
@@ -89,8 +89,15 @@ def test_format_and_extension(root_args: list[str], tmp_path: Path) -> None:
 @needs_nodes
 def test_device_ids(node: BuiltNode, root_args: list[str]) -> None:
     uuid0 = node.manifest["gpus"][0]["uuid"]
-    rc, out, _ = generate([*root_args, "--device-id", "1:1", "--device-id", uuid0.lower()])
-    assert rc == 0 and sorted(names(out)) == sorted(["0", "1:1", uuid0, "all"])
+    nvml = [*root_args, "--mode", "nvml"]
+    rc, out, _ = generate([*nvml, "--device-id", "1:1", "--device-id", uuid0.lower()])
+    mig11 = node.manifest["gpus"][1]["mig_devices"][1]["uuid"]
+    assert rc == 0 and sorted(names(out)) == sorted(["0", "1:1", uuid0, mig11, "all"])
+    # procfs cannot tell which slice NVML calls 1:1: it refuses the name, and offers its own.
+    rc, _, err = generate([*root_args, "--device-id", "1:1"])
+    assert rc == 1 and "--device-id '1:1'" in err
+    rc, out, _ = generate([*root_args, "--device-id", "1:gi2-ci0"])
+    assert rc == 0 and sorted(names(out)) == ["1:gi2-ci0", "all"]
     rc, out, _ = generate([*root_args, "--device-id", "none"])
     spec = parse_spec(out).data
     assert [d.name for d in spec.devices] == ["none"]
