@@ -25,7 +25,13 @@ from cdi.model import ContainerEdits
 from nri_plugin.api import nri_pb2
 from nri_plugin.dispatch import RpcError
 from nri_plugin.plugin import Plugin
-from nri_plugin.plugins.cdi_injector.adjust import to_adjustment, unsupported_edits
+from nri_plugin.plugins.cdi_injector.adjust import (
+    as_native_file_modes,
+    narrowed_permissions,
+    to_adjustment,
+    unsupported_edits,
+)
+from nri_plugin.plugins.cdi_injector.delegation import delegation_problems, spec_device_nodes
 from nri_plugin.plugins.cdi_injector.failclosed import Unserved, find_unserved
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
@@ -83,9 +89,11 @@ def plan_injection(
         by_spec.setdefault(device.spec.path, []).append(device)
     ours: list[Device] = []
     delegated: list[Device] = []
+    narrowed = False
     for path, group in by_spec.items():
         edits = _merged(snapshot, path, group)
         reasons = unsupported_edits(edits, runtime)
+        narrowed = narrowed or bool(narrowed_permissions(edits))
         if not reasons:
             ours += group
         elif runtime.supports_cdi_devices:
@@ -96,7 +104,15 @@ def plan_injection(
                 f"CDI devices {names} need edits that NRI cannot apply on "
                 f"{runtime.describe()}: {'; '.join(reasons)}; a runtime that resolves "
                 "CDI_devices itself (containerd >= 2.1 or >= 1.7.30, CRI-O >= 1.34) can")
+    if narrowed:
+        # NRI's own allow rule for a device we add is per device number, so it would widen
+        # a narrowed node of the same number from another spec file: the runtime takes all.
+        ours, delegated = [], list(devices)
+    else:
+        ours = [d for d in devices if d in ours]  # request order, as native CDI merges
+    _check_delegation(delegated, runtime)
     edits = snapshot.resolve(d.qualified_name for d in ours) if ours else ContainerEdits()
+    edits = as_native_file_modes(edits, spec_device_nodes(snapshot, ours), runtime)
     if capabilities is not None:
         edits = filter_edits(edits, *capabilities)
     adjustment = to_adjustment(edits, runtime=runtime, uid=uid, gid=gid,
@@ -106,6 +122,15 @@ def plan_injection(
     return Injection(adjustment=adjustment,
                      devices=tuple(d.qualified_name for d in ours),
                      delegated=tuple(d.qualified_name for d in delegated))
+
+
+def _check_delegation(delegated: list[Device], runtime: RuntimeInfo) -> None:
+    problems = delegation_problems(delegated, runtime)
+    if problems:
+        raise InjectionError(
+            "CDI devices that only the runtime's own CDI can inject "
+            f"({', '.join(d.qualified_name for d in delegated)}) would fail there: "
+            + "; ".join(problems))
 
 
 def _lookup(snapshot: Snapshot, requests: list[DeviceRequest]) -> list[Device]:

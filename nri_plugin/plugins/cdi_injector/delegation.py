@@ -1,0 +1,74 @@
+"""Handing devices to the runtime's own CDI (``ContainerAdjustment.CDI_devices``). Pure.
+
+A delegated device is resolved by the runtime's CDI library from the runtime's own spec
+folders, after the plugin has answered: if the runtime cannot read the device's spec, the
+container fails there with "CDI device injection failed: unresolvable CDI devices …", which
+names no cause. So the plugin checks ahead what it can know and refuses with the cause:
+
+- the spec's folder must be one the runtime's CDI reads (``RuntimeInfo.cdi_spec_dirs``,
+  from the plugin's settings: ``runtime_cdi.spec_dirs``);
+- the spec's ``cdiVersion`` must be one the runtime's CDI library reads (a library
+  reads versions up to its own major.minor; see runtime.py for which runtime has which).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+from cdi.cache import Snapshot
+from cdi.device import Device
+from cdi.model import DeviceNode
+from cdi.version import parse_version
+from nri_plugin.runtime import RuntimeInfo
+
+
+def visible_to_runtime(spec_path: str, runtime: RuntimeInfo) -> bool:
+    """Whether the runtime's CDI reads the folder ``spec_path`` is in (unknown: assume so)."""
+    dirs = runtime.cdi_spec_dirs
+    if dirs is None:
+        return True
+    folder = _norm(os.path.dirname(spec_path))
+    return any(folder == _norm(d) for d in dirs)
+
+
+def _norm(path: str) -> str:
+    # /var/run is a link to /run on current distributions.
+    path = os.path.normpath(path)
+    return "/run" + path[len("/var/run"):] if path.startswith("/var/run/") or \
+        path == "/var/run" else path
+
+
+def delegation_problems(devices: Iterable[Device], runtime: RuntimeInfo) -> list[str]:
+    """Why the runtime's own CDI would fail to resolve these devices (empty: it would not)."""
+    problems = []
+    newest = runtime.max_spec_version
+    for device in devices:
+        spec = device.spec
+        version = parse_version(spec.data.cdi_version)
+        if newest is not None and version is not None and version > newest:
+            problems.append(
+                f"{device.qualified_name}: its spec {spec.path} is cdiVersion "
+                f"{spec.data.cdi_version}, and {runtime.describe_cdi()} of "
+                f"{runtime.describe()} reads up to {'.'.join(map(str, newest))}")
+        if not visible_to_runtime(spec.path, runtime):
+            problems.append(
+                f"{device.qualified_name}: its spec {spec.path} is not in a folder the "
+                f"runtime's own CDI reads ({', '.join(runtime.cdi_spec_dirs or ())}); "
+                "share the folder (containerd: cdi_spec_dirs, or the defaults /etc/cdi and "
+                "/var/run/cdi) and set runtime_cdi.spec_dirs to match")
+    return problems
+
+
+def spec_device_nodes(snapshot: Snapshot, devices: Sequence[Device]) -> tuple[DeviceNode, ...]:
+    """The device nodes of these devices as the spec files wrote them (not filled in from
+    the host), in the order ``Snapshot.resolve`` merges them: per device, its spec's nodes
+    first (once per spec file), then its own."""
+    nodes: list[DeviceNode] = []
+    seen: set[str] = set()
+    for device in devices:
+        if device.spec.path not in seen:
+            seen.add(device.spec.path)
+            nodes += snapshot.specs[device.spec.path].spec.data.container_edits.device_nodes
+        nodes += device.data.container_edits.device_nodes
+    return tuple(nodes)
