@@ -62,6 +62,9 @@ class RuntimeInfo:
     # The folders the runtime's own CDI reads (the plugin's runtime_cdi.spec_dirs setting);
     # None: not known, delegated devices are assumed visible.
     cdi_spec_dirs: tuple[str, ...] | None = None
+    # Whether the runtime's own CDI injects container cdi.k8s.io annotations before NRI
+    # (containerd enable_cdi); None: not known, the version's default is assumed.
+    native_cdi: bool | None = None
 
     @classmethod
     def from_configure(cls, name: str, version: str, nri_version: str = "") -> RuntimeInfo:

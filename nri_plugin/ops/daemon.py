@@ -56,6 +56,12 @@ def add_command(subparsers: Any) -> None:
     parser.add_argument("--log-format", choices=["text", "json"], help="default text")
     parser.add_argument("--metrics-address", metavar="HOST:PORT",
                         help="serve /metrics, /healthz and /livez there (default: off)")
+    parser.add_argument("--containerd-config", metavar="FILE",
+                        help="containerd's config.toml, read at start for its own CDI set-up "
+                             "(doctor.containerd_config, default /etc/containerd/config.toml)")
+    parser.add_argument("--runtime-cdi", choices=["auto", "on", "off"],
+                        help="whether the runtime's own CDI is on (runtime_cdi.enabled; "
+                             "default auto: from containerd's config)")
     parser.set_defaults(func=cmd_plugin)
 
 
@@ -156,6 +162,7 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
 
     from cdi.cache import SpecCache
     from cdi.watch import AutoRefresh
+    from nri_plugin.ops.runtime_cdi import runtime_cdi_config
     from nri_plugin.plugins.cdi_injector.failclosed import act
     from nri_plugin.plugins.cdi_injector.injector import CdiInjector
     from nri_plugin.stub import Stub
@@ -175,13 +182,15 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
     refresher = AutoRefresh(cache, rescan_interval=plugin_settings["rescan_interval"],
                             on_refresh=refreshed).start()
     loop = asyncio.get_running_loop()
+    runtime_cdi = runtime_cdi_config(settings)
     if metrics is None:
-        plugin = CdiInjector(lambda: cache.snapshot, facts=facts.get, policy=policy)
+        plugin = CdiInjector(lambda: cache.snapshot, facts=facts.get, policy=policy,
+                             runtime_cdi=runtime_cdi)
     else:
         from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
 
         plugin = MeteredInjector(lambda: cache.snapshot, metrics, facts=facts.get,
-                                 policy=policy)
+                                 policy=policy, runtime_cdi=runtime_cdi)
     name, idx = _identity(args, settings)
     stub = Stub(plugin, name=name, idx=idx, socket_path=plugin_settings["socket"],
                 on_close=None if metrics is None else lambda s, e: metrics.disconnected())

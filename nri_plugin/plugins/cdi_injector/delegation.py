@@ -13,14 +13,47 @@ names no cause. So the plugin checks ahead what it can know and refuses with the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from cdi.cache import Snapshot
 from cdi.device import Device
 from cdi.model import DeviceNode
 from cdi.version import parse_version
 from nri_plugin.runtime import RuntimeInfo
+
+# Where every CDI library looks when not told otherwise (containerd's defaults too).
+LIBRARY_DEFAULT_DIRS = ("/etc/cdi", "/var/run/cdi")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeCdiConfig:
+    """What the runtime's configuration says about its own CDI support: ``enabled``
+    (containerd enable_cdi; None: the version's default) and ``spec_dirs`` (cdi_spec_dirs;
+    None: not known). ``origin`` says where it was read, for the log."""
+
+    enabled: bool | None = None
+    spec_dirs: tuple[str, ...] | None = None
+    origin: str = "not configured"
+
+    def applied_to(self, runtime: RuntimeInfo) -> RuntimeInfo:
+        """``runtime`` with the folders its CDI resolves CDI_devices from and whether it
+        injects annotations itself. containerd >= 2.1 resolves CDI_devices with the CDI
+        library's default cache when enable_cdi is off; 1.7.30+ refuses them then."""
+        on = self.enabled if self.enabled is not None else runtime.native_cdi_on_by_default
+        dirs = self.spec_dirs
+        if not on and runtime.is_containerd and runtime.version is not None:
+            dirs = LIBRARY_DEFAULT_DIRS if runtime.version >= (2, 0, 0) else ()
+        return dataclasses.replace(runtime, native_cdi=on, cdi_spec_dirs=dirs)
+
+    def describe(self, runtime: RuntimeInfo) -> str:
+        applied = self.applied_to(runtime)
+        dirs = applied.cdi_spec_dirs
+        folders = "unknown folders" if dirs is None else ", ".join(dirs) or "no folders"
+        return (f"runtime's own CDI {'on' if applied.native_cdi else 'off'}, resolves "
+                f"CDI_devices from {folders} ({self.origin})")
 
 
 def visible_to_runtime(spec_path: str, runtime: RuntimeInfo) -> bool:
@@ -51,7 +84,11 @@ def delegation_problems(devices: Iterable[Device], runtime: RuntimeInfo) -> list
                 f"{device.qualified_name}: its spec {spec.path} is cdiVersion "
                 f"{spec.data.cdi_version}, and {runtime.describe_cdi()} of "
                 f"{runtime.describe()} reads up to {'.'.join(map(str, newest))}")
-        if not visible_to_runtime(spec.path, runtime):
+        if runtime.cdi_spec_dirs == ():
+            problems.append(
+                f"{device.qualified_name}: the runtime's own CDI is off ({runtime.describe()} "
+                "resolves CDI_devices only with enable_cdi = true)")
+        elif not visible_to_runtime(spec.path, runtime):
             problems.append(
                 f"{device.qualified_name}: its spec {spec.path} is not in a folder the "
                 f"runtime's own CDI reads ({', '.join(runtime.cdi_spec_dirs or ())}); "

@@ -31,8 +31,13 @@ from nri_plugin.plugins.cdi_injector.adjust import (
     to_adjustment,
     unsupported_edits,
 )
-from nri_plugin.plugins.cdi_injector.delegation import delegation_problems, spec_device_nodes
+from nri_plugin.plugins.cdi_injector.delegation import (
+    RuntimeCdiConfig,
+    delegation_problems,
+    spec_device_nodes,
+)
 from nri_plugin.plugins.cdi_injector.failclosed import Unserved, find_unserved
+from nri_plugin.plugins.cdi_injector.native import injected_by_runtime, log_runtime_facts
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.sources import gather, is_legacy_image, is_privileged
@@ -167,12 +172,16 @@ class CdiInjector(Plugin):
         facts: Callable[[], NodeFacts] | None = None,
         policy: Policy | None = None,
         on_unserved: Callable[[list[Unserved]], None] | None = None,
+        runtime_cdi: RuntimeCdiConfig | None = None,
     ) -> None:
         self._snapshot = snapshot  # returns the current registry snapshot; never does I/O
         self._facts = facts or _no_facts  # the sidecar facts, loaded with each snapshot
         self.policy = policy or Policy()
         self.on_unserved = on_unserved  # gets the containers Synchronize found unserved
         self.runtime = RuntimeInfo()
+        # The runtime's own CDI set-up (the daemon reads it); None: unknown, so annotations
+        # are not assumed injected by the runtime and delegation is not checked ahead.
+        self.runtime_cdi = runtime_cdi
         self._plans: OrderedDict[tuple[object, ...], Injection] = OrderedDict()
         # Policy + requirement + capability decisions, same idea: keyed by all they read.
         self._decisions: OrderedDict[tuple[object, ...], Capabilities | None] = OrderedDict()
@@ -180,9 +189,13 @@ class CdiInjector(Plugin):
         self.counters: dict[str, int] = {"injected": 0, "refused": 0, "unserved_found": 0}
 
     def configure(self, config: str, runtime_name: str, runtime_version: str) -> None:
-        self.runtime = RuntimeInfo.from_configure(runtime_name, runtime_version)
+        runtime = RuntimeInfo.from_configure(runtime_name, runtime_version)
+        cdi = self.runtime_cdi
+        self.runtime = cdi.applied_to(runtime) if cdi is not None else runtime
         self._plans.clear()
-        log.info("connected to %s", self.runtime.describe())
+        log.info("connected to %s; %s", self.runtime.describe(),
+                 cdi.describe(runtime) if cdi is not None else "runtime's own CDI: unknown")
+        log_runtime_facts(self.runtime)
 
     def plan(self, requests: Sequence[DeviceRequest], uid: int, gid: int,
              capabilities: Capabilities | None = None, *, facts_generation: int = 0,
@@ -253,7 +266,8 @@ class CdiInjector(Plugin):
                           privileged=privileged, snapshot=snapshot, facts=facts)
         if gathered.denied:
             raise PolicyDenied(gathered.denied)
-        requests = not_yet_injected(gathered.requests, container, snapshot, privileged)
+        requests = not_yet_injected(gathered.requests, container, snapshot, privileged,
+                                    native_cdi=self.runtime.native_cdi is True)
         if not requests:
             return None
         capabilities = self._decide(requests, pod.namespace, privileged, env, snapshot, facts)
@@ -296,11 +310,16 @@ _EMPTY_FACTS = NodeFacts()
 
 
 def not_yet_injected(requests: Sequence[DeviceRequest], container: nri_pb2.Container,
-                     snapshot: Snapshot, privileged: bool) -> list[DeviceRequest]:
-    """Drop what the runtime already injected itself: names in ``CDI_devices`` (NRI 0.10+),
-    or devices whose every node is already in the container (the runtime's own CDI on
-    older NRI). Privileged containers get every host node, so there only the names count."""
+                     snapshot: Snapshot, privileged: bool, *,
+                     native_cdi: bool = False) -> list[DeviceRequest]:
+    """Drop what the runtime already injected itself: names in ``CDI_devices`` (filled by
+    containerd 2.3+ from CRI CDIDevices), with ``native_cdi`` every device named in the
+    container's cdi.k8s.io annotations (see ``injected_by_runtime``), and devices whose
+    every node is already in the container. Privileged containers get every host node, so
+    there only the names count."""
     done = {d.name for d in container.CDI_devices}
+    if native_cdi:
+        done |= injected_by_runtime(container, snapshot, privileged)
     present = set() if privileged else {d.path for d in container.linux.devices}
     out = []
     for request in requests:
