@@ -126,3 +126,31 @@ def test_runtime_facts_table() -> None:
     assert C219.native_cdi_on_by_default and not C1724.native_cdi_on_by_default
     unknown = RuntimeInfo.from_configure("other", "1.0")
     assert unknown.cdi_version is None and unknown.native_fills_file_mode
+
+
+def test_one_delegated_device_takes_the_whole_request_to_the_runtime(
+        tmp_path: Path) -> None:
+    # NRI applies the plugin's edits before the runtime's CDI: a mix would merge env (and
+    # mounts, rules) in another order than native CDI. All or nothing.
+    folder = write_specs(tmp_path / "cdi", {
+        "a.yaml": """\
+            cdiVersion: 0.7.0
+            kind: example.com/first
+            containerEdits: {env: [SHARED=a]}
+            devices:
+            - {name: gids, containerEdits: {additionalGids: [44]}}
+            """,
+        "b.yaml": """\
+            cdiVersion: 0.5.0
+            kind: example.com/second
+            containerEdits: {env: [SHARED=b]}
+            devices:
+            - {name: other, containerEdits: {env: [B=1]}}
+            """})
+    snap = SpecCache([str(folder)]).refresh()
+    requests = [DeviceRequest("example.com/first=gids", "s"),
+                DeviceRequest("example.com/second=other", "s")]
+    plan = plan_injection(snap, requests, C219)
+    assert plan.delegated == tuple(r.name for r in requests) and not plan.adjustment.env
+    alone = plan_injection(snap, requests[1:], C219)
+    assert alone.devices == ("example.com/second=other",) and not alone.delegated

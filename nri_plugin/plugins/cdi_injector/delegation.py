@@ -109,3 +109,30 @@ def spec_device_nodes(snapshot: Snapshot, devices: Sequence[Device]) -> tuple[De
             nodes += snapshot.specs[device.spec.path].spec.data.container_edits.device_nodes
         nodes += device.data.container_edits.device_nodes
     return tuple(nodes)
+
+
+class DelegationTracker:
+    """Containers whose devices were handed to the runtime's CDI, until the runtime says how
+    it went: PostCreateContainer (it injected them) or, without that, Stop/RemoveContainer
+    (containerd undoes a creation that failed after the plugin answered, e.g. "CDI device
+    injection failed"). Bounded: the oldest entries are forgotten first."""
+
+    LIMIT = 1024
+
+    def __init__(self) -> None:
+        from collections import OrderedDict
+
+        self._pending: OrderedDict[str, tuple[str, tuple[str, ...]]] = OrderedDict()
+
+    def delegated(self, container_id: str, label: str, names: tuple[str, ...]) -> None:
+        self._pending[container_id] = (label, names)
+        if len(self._pending) > self.LIMIT:
+            self._pending.popitem(last=False)
+
+    def created(self, container_id: str) -> tuple[str, tuple[str, ...]] | None:
+        """The entry of a container the runtime created (and so injected into)."""
+        return self._pending.pop(container_id, None)
+
+    def undone(self, container_id: str) -> tuple[str, tuple[str, ...]] | None:
+        """The entry of a container removed before it was ever created: a failed creation."""
+        return self._pending.pop(container_id, None)

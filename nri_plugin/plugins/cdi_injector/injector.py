@@ -23,15 +23,16 @@ from cdi.edits import merge
 from cdi.errors import AnnotationError, UnresolvedDevicesError
 from cdi.model import ContainerEdits
 from nri_plugin.api import nri_pb2
+from nri_plugin.api.events import EventMask
 from nri_plugin.dispatch import RpcError
 from nri_plugin.plugin import Plugin
 from nri_plugin.plugins.cdi_injector.adjust import (
     as_native_file_modes,
-    narrowed_permissions,
     to_adjustment,
     unsupported_edits,
 )
 from nri_plugin.plugins.cdi_injector.delegation import (
+    DelegationTracker,
     RuntimeCdiConfig,
     delegation_problems,
     spec_device_nodes,
@@ -94,11 +95,9 @@ def plan_injection(
         by_spec.setdefault(device.spec.path, []).append(device)
     ours: list[Device] = []
     delegated: list[Device] = []
-    narrowed = False
     for path, group in by_spec.items():
         edits = _merged(snapshot, path, group)
         reasons = unsupported_edits(edits, runtime)
-        narrowed = narrowed or bool(narrowed_permissions(edits))
         if not reasons:
             ours += group
         elif runtime.supports_cdi_devices:
@@ -109,12 +108,13 @@ def plan_injection(
                 f"CDI devices {names} need edits that NRI cannot apply on "
                 f"{runtime.describe()}: {'; '.join(reasons)}; a runtime that resolves "
                 "CDI_devices itself (containerd >= 2.1 or >= 1.7.30, CRI-O >= 1.34) can")
-    if narrowed:
-        # NRI's own allow rule for a device we add is per device number, so it would widen
-        # a narrowed node of the same number from another spec file: the runtime takes all.
+    if delegated:
+        # All or nothing: NRI applies our edits before the runtime's CDI, so a mix merges
+        # env, mounts and device rules in another order than native CDI would (and NRI's
+        # rw rule for a device we add could widen a read-only one of the same number).
         ours, delegated = [], list(devices)
     else:
-        ours = [d for d in devices if d in ours]  # request order, as native CDI merges
+        ours = list(devices)  # request order, as native CDI merges
     _check_delegation(delegated, runtime)
     edits = snapshot.resolve(d.qualified_name for d in ours) if ours else ContainerEdits()
     edits = as_native_file_modes(edits, spec_device_nodes(snapshot, ours), runtime)
@@ -182,13 +182,15 @@ class CdiInjector(Plugin):
         # The runtime's own CDI set-up (the daemon reads it); None: unknown, so annotations
         # are not assumed injected by the runtime and delegation is not checked ahead.
         self.runtime_cdi = runtime_cdi
+        self.delegations = DelegationTracker()
         self._plans: OrderedDict[tuple[object, ...], Injection] = OrderedDict()
         # Policy + requirement + capability decisions, same idea: keyed by all they read.
         self._decisions: OrderedDict[tuple[object, ...], Capabilities | None] = OrderedDict()
         # Counters for logs and metrics; plain ints, read without locking.
         self.counters: dict[str, int] = {"injected": 0, "refused": 0, "unserved_found": 0}
 
-    def configure(self, config: str, runtime_name: str, runtime_version: str) -> None:
+    def configure(self, config: str, runtime_name: str,
+                  runtime_version: str) -> EventMask | None:
         runtime = RuntimeInfo.from_configure(runtime_name, runtime_version)
         cdi = self.runtime_cdi
         self.runtime = cdi.applied_to(runtime) if cdi is not None else runtime
@@ -196,6 +198,10 @@ class CdiInjector(Plugin):
         log.info("connected to %s; %s", self.runtime.describe(),
                  cdi.describe(runtime) if cdi is not None else "runtime's own CDI: unknown")
         log_runtime_facts(self.runtime)
+        if not self.runtime.supports_cdi_devices:
+            return EventMask.CREATE_CONTAINER  # nothing is delegated: nothing to follow up
+        return (EventMask.CREATE_CONTAINER | EventMask.POST_CREATE_CONTAINER
+                | EventMask.REMOVE_CONTAINER)
 
     def plan(self, requests: Sequence[DeviceRequest], uid: int, gid: int,
              capabilities: Capabilities | None = None, *, facts_generation: int = 0,
@@ -249,10 +255,32 @@ class CdiInjector(Plugin):
             return None
         self.counters["injected"] += 1
         micros = (time.perf_counter_ns() - start) // 1000
-        log.info("injected container=%s pod=%s/%s devices=%s delegated=%s us=%d",
-                 container.name, pod.namespace, pod.name, ",".join(injection.devices) or "-",
-                 ",".join(injection.delegated) or "-", micros)
+        label = f"container={container.name} pod={pod.namespace}/{pod.name}"
+        if injection.delegated:
+            # Not injected yet: the runtime's CDI resolves them after this reply.
+            self.delegations.delegated(container.id, label, injection.delegated)
+            log.info("adjusted %s devices=%s; handed to the runtime's own CDI: %s us=%d",
+                     label, ",".join(injection.devices) or "-",
+                     ",".join(injection.delegated), micros)
+        else:
+            log.info("injected %s devices=%s us=%d", label, ",".join(injection.devices),
+                     micros)
         return injection.adjustment
+
+    def post_create_container(self, pod: nri_pb2.PodSandbox,
+                              container: nri_pb2.Container) -> None:
+        entry = self.delegations.created(container.id)
+        if entry is not None:
+            log.info("the runtime's own CDI injected %s into %s", ",".join(entry[1]), entry[0])
+
+    def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        entry = self.delegations.undone(container.id)
+        if entry is not None:
+            self.counters["delegation_failed"] = self.counters.get("delegation_failed", 0) + 1
+            log.warning("the runtime did not create %s: its own CDI could not inject %s (its "
+                        "log says why, e.g. 'CDI device injection failed: unresolvable CDI "
+                        "devices'); nri-cdi doctor checks that it reads the plugin's spec "
+                        "folders", entry[0], ",".join(entry[1]))
 
     def adjustment_for(self, pod: nri_pb2.PodSandbox,
                        container: nri_pb2.Container) -> Injection | None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from cdi.cache import Snapshot
 from nri_plugin.api import nri_pb2
+from nri_plugin.api.events import EventMask
 from nri_plugin.dispatch import RpcError
 from nri_plugin.ops.metrics import Metrics
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
@@ -27,9 +28,11 @@ class MeteredInjector(CdiInjector):
         super().__init__(snapshot, **options)
         self.metrics = metrics
 
-    def configure(self, config: str, runtime_name: str, runtime_version: str) -> None:
-        super().configure(config, runtime_name, runtime_version)
+    def configure(self, config: str, runtime_name: str,
+                  runtime_version: str) -> EventMask | None:
+        mask = super().configure(config, runtime_name, runtime_version)
         self.metrics.connected(self.runtime.describe())
+        return mask
 
     def create_container(
         self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
