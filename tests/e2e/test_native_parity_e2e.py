@@ -215,3 +215,52 @@ def test_runtime_injected_annotations_are_not_injected_again(
     assert [h["args"] for h in spec["hooks"]] == [["true", "parity"]]
     assert "PAR_SHARED=from-env-device" in spec["env"]
     assert "container=app pod=default/annotated" not in plugin.log()
+
+
+# --- handing devices to the runtime: the set-ups that fail, and what the plugin says -------
+
+GIDS = "parity.example/first=gids"
+
+
+@pytest.mark.containerd_versions("2.1")
+@pytest.mark.parametrize("enable_cdi", [True, False], ids=["cdi-on", "cdi-off"])
+def test_handing_over_to_a_runtime_that_reads_other_folders_is_refused_with_the_cause(
+        containerd: ContainerdFactory, node: Path, tmp_path: Path, enable_cdi: bool) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    # cdi-off: containerd 2.1 resolves CDI_devices from the library defaults then
+    ctrd = containerd(enable_cdi=enable_cdi, cdi_spec_dirs=[elsewhere])
+    theirs = str(elsewhere) if enable_cdi else "/etc/cdi, /var/run/cdi"
+    process = PluginProcess(ctrd.nri_socket, [node / "cdi"], tmp_path / "plugin.log").start()
+    try:
+        with ctrd.cri() as cri, cri.cleanup():
+            pod = cri.run_pod("far", annotations={"cdi.k8s.io/dev": GIDS})
+            with pytest.raises(cri._grpc.RpcError,
+                               match=rf"its spec .*a\.json is not in a folder the runtime's own "
+                                     rf"CDI reads \({theirs}\)"):
+                cri.create_container(pod, "app", BUSYBOX_IMAGE, command=SLEEP)
+    finally:
+        process.kill()
+
+
+@pytest.mark.containerd_versions("2.1")
+def test_a_handed_over_device_the_runtime_fails_is_reported_as_failed(
+        containerd: ContainerdFactory, node: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ctrd = containerd(enable_cdi=True, cdi_spec_dirs=[elsewhere])
+    # A wrong claim in the plugin's settings: it cannot tell ahead, the runtime fails.
+    config = tmp_path / "config.yaml"
+    config.write_text(f"runtime_cdi: {{spec_dirs: ['{node / 'cdi'}']}}\nlog: {{level: debug}}\n")
+    process = PluginProcess(ctrd.nri_socket, [node / "cdi"], tmp_path / "plugin.log",
+                            extra_args=["--config", str(config)]).start()
+    try:
+        with ctrd.cri() as cri, cri.cleanup():
+            pod = cri.run_pod("lied", annotations={"cdi.k8s.io/dev": GIDS})
+            with pytest.raises(cri._grpc.RpcError, match="unresolvable CDI devices"):
+                cri.create_container(pod, "app", BUSYBOX_IMAGE, command=SLEEP)
+        process.wait_for_log("the runtime did not create container=app pod=default/lied: its "
+                             f"own CDI could not inject {GIDS}")
+        assert "injected container=app" not in process.log()
+    finally:
+        process.kill()
