@@ -32,7 +32,7 @@ class PluginProcess:
         config = Path(self.nri_socket).parent.parent / "config.toml"
         if "--containerd-config" not in self.extra_args and config.is_file():
             args += ["--containerd-config", str(config)]
-        if "--config" not in self.extra_args:
+        if "--config" not in self.extra_args and "--log-level" not in self.extra_args:
             args += ["--log-level", "debug"]
         for folder in self.spec_dirs:
             args += ["--spec-dir", str(folder)]
