@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
-from cdi.errors import AnnotationError
+from cdi.errors import AnnotationError, UnresolvedDevicesError
 from nri_plugin.api import nri_pb2
 from nri_plugin.plugins.cdi_injector.policy import Policy
+from nri_plugin.plugins.cdi_injector.requests import container_requests
 from nri_plugin.plugins.cdi_injector.sources import gather, is_privileged
 from nri_plugin.vendors.nvidia.nodefacts import NodeFacts
 from nri_plugin.vendors.nvidia.requirements import env_map
@@ -57,8 +58,11 @@ class Unserved:
 
 
 def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_pb2.Container],
-                  policy: Policy, snapshot: Snapshot, facts: NodeFacts) -> list[Unserved]:
-    """Live containers that asked for devices they do not have. Pure."""
+                  policy: Policy, snapshot: Snapshot, facts: NodeFacts, *,
+                  native_cdi: bool = False) -> list[Unserved]:
+    """Live containers that asked for devices they do not have. Pure. With ``native_cdi``
+    (the runtime's own CDI is on) devices named in container cdi.k8s.io annotations are the
+    runtime's: it injected them, or it did not create the container."""
     by_id = {p.id: p for p in pods}
     asking_pods = {p.id for p in pods if _any_request_key(p.annotations)}
     env_on = policy.sources["visibleDevicesEnv"].enabled
@@ -72,14 +76,14 @@ def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_p
                 and not (env_on and any(e.startswith(_ENV_PREFIXES) for e in container.env))):
             continue
         pod = by_id.get(container.pod_sandbox_id)
-        found = _unserved(pod, container, policy, snapshot, facts)
+        found = _unserved(pod, container, policy, snapshot, facts, native_cdi)
         if found is not None:
             out.append(found)
     return out
 
 
 def _unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container, policy: Policy,
-              snapshot: Snapshot, facts: NodeFacts) -> Unserved | None:
+              snapshot: Snapshot, facts: NodeFacts, native_cdi: bool) -> Unserved | None:
     annotations: Mapping[str, str] = pod.annotations if pod is not None else {}
     namespace = pod.namespace if pod is not None else ""
     try:
@@ -92,7 +96,12 @@ def _unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container, poli
         return _item(pod, container, (), f"its request is invalid ({exc})")
     if not gathered.requests:
         return None
-    missing = tuple(r.name for r in gathered.requests if not _has(container, r.name, snapshot))
+    requests = [r.name for r in gathered.requests]
+    if native_cdi:
+        theirs = {r.name for r in container_requests(container.annotations)}
+        requests = [n for n in requests if n not in theirs]
+    env = _final_env(snapshot, requests)
+    missing = tuple(n for n in requests if not _has(container, n, snapshot, env))
     if not missing:
         return None
     reason = f"asked for {', '.join(missing)} and does not have them"
@@ -108,9 +117,22 @@ def _item(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
                     pid=container.pid, missing=missing, reason=reason)
 
 
-def _has(container: nri_pb2.Container, name: str, snapshot: Snapshot) -> bool:
+def _final_env(snapshot: Snapshot, names: Sequence[str]) -> dict[str, str]:
+    """The env the devices give together: a later device's (or spec's) value of a name
+    replaces an earlier one, so an env-only device is seen by its names' final values."""
+    env: dict[str, str] = {}
+    with contextlib.suppress(UnresolvedDevicesError):
+        for entry in snapshot.resolve(n for n in names if n in snapshot.devices).env:
+            key, _, value = entry.partition("=")
+            env[key] = value
+    return env
+
+
+def _has(container: nri_pb2.Container, name: str, snapshot: Snapshot,
+         final_env: Mapping[str, str]) -> bool:
     """Whether the container shows the device: named in CDI_devices, or its device nodes
-    (else its env entries) are there. A device we cannot look up counts as missing."""
+    (else its env names, with the values all requested devices give them together) are
+    there. A device we cannot look up counts as missing."""
     if any(d.name == name for d in container.CDI_devices):
         return True
     device = snapshot.devices.get(name)
@@ -119,9 +141,9 @@ def _has(container: nri_pb2.Container, name: str, snapshot: Snapshot) -> bool:
     nodes = {n.path for n in device.edits.device_nodes}
     if nodes:
         return nodes <= {d.path for d in container.linux.devices}
-    env = set(device.edits.env)
-    if env:
-        return env <= set(container.env)
+    names = [e.partition("=")[0] for e in device.edits.env]
+    if names:
+        return {f"{n}={final_env.get(n, '')}" for n in names} <= set(container.env)
     return True  # nothing to see it by: do not evict on a guess
 
 

@@ -228,7 +228,7 @@ class CdiInjector(Plugin):
         reply must go first (the runtime holds its lock until it has it), so acting on them
         is left to the callback, which schedules it."""
         unserved = find_unserved(pods, containers, self.policy, self._snapshot(),
-                                 self._facts())
+                                 self._facts(), native_cdi=self.runtime.native_cdi is True)
         self.counters["unserved_found"] += len(unserved)
         for item in unserved:
             log.warning("container %s (%s) of pod %s was created without its devices while "
