@@ -316,7 +316,7 @@ class CdiInjector(Plugin):
             self._decisions.move_to_end(key)
             return self._decisions[key]
         self.policy.check_devices(names, namespace, privileged)
-        _lookup(snapshot, requests)  # unknown devices: say so before any NVIDIA check
+        _lookup(snapshot, list(requests))  # unknown devices: say so before any NVIDIA check
         capabilities = nvidia_checks(self.policy, names, env, snapshot, facts)
         self._decisions[key] = capabilities
         if len(self._decisions) > self.PLAN_CACHE_SIZE:
