@@ -372,6 +372,27 @@ def check_native_cdi(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
                         f"the plugin's folders ({', '.join(dirs)})")
 
 
+def check_kinds_runtimes_can_load(dirs: Iterable[str]) -> Check:
+    """Every released CDI library (0.3.0 to 1.1.0) panics on a one-character vendor or
+    class name (parser.validateVendorOrClassName slices name[1:len-1]; fixed upstream in
+    e1a6596, unreleased): containerd with enable_cdi on then crashes at start, or on the
+    next refresh of its spec folders."""
+    name = "spec kinds the runtime's CDI can load"
+    bad = []
+    for path, doc in _spec_documents(dirs):
+        kind = str(doc.get("kind") or "")
+        vendor, _, class_ = kind.partition("/")
+        if len(vendor) == 1 or len(class_) == 1:
+            bad.append(f"{path} (kind {kind!r})")
+    if bad:
+        return Check(name=name, status="fail",
+                     detail=f"one-character vendor or class in {'; '.join(sorted(bad)[:5])}: "
+                            "containerd's and CRI-O's CDI library (<= 1.1.0) panics loading it",
+                     fix="rename the kind (vendor and class at least two characters) and "
+                         "regenerate; until then keep the file out of the runtime's folders")
+    return Check(name=name, status="ok", detail="no kind with a one-character vendor or class")
+
+
 def check_runtime_cdi_setting(cfg: ContainerdConfig, settings: Settings) -> Check:
     """The plugin's runtime_cdi settings agree with containerd's configuration."""
     name = "plugin knows containerd's CDI"
@@ -413,7 +434,8 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
     if check_generated:
         checks.append(check_fingerprint(settings, fingerprint))
     checks += [check_device_nodes(plugin["spec_dirs"]), check_native_cdi(cfg, plugin["spec_dirs"]),
-               check_runtime_cdi_setting(cfg, settings)]
+               check_runtime_cdi_setting(cfg, settings),
+               check_kinds_runtimes_can_load(plugin["spec_dirs"])]
     return checks
 
 

@@ -165,6 +165,16 @@ def test_plugin_setting_that_contradicts_containerd_fails(healthy: Node) -> None
     assert "left to containerd, which does not inject them" in check.detail
 
 
+def test_one_character_vendor_or_class_fails(tmp_path: Path) -> None:
+    from nri_plugin.ops.doctor import check_kinds_runtimes_can_load
+
+    (tmp_path / "ok.yaml").write_text("cdiVersion: 0.5.0\nkind: ex.com/gpu\ndevices: []\n")
+    assert check_kinds_runtimes_can_load([str(tmp_path)]).status == "ok"
+    (tmp_path / "bad.yaml").write_text("cdiVersion: 0.5.0\nkind: example.com/a\ndevices: []\n")
+    check = check_kinds_runtimes_can_load([str(tmp_path)])
+    assert check.status == "fail" and "bad.yaml (kind 'example.com/a')" in check.detail
+
+
 def test_containerd_2_defaults_resolve_from_the_default_folders(healthy: Node) -> None:
     from nri_plugin.ops.doctor import ContainerdConfig, check_native_cdi
 
