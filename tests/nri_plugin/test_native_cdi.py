@@ -104,3 +104,18 @@ def test_runtime_info_from_config() -> None:
     assert off21.cdi_spec_dirs == ("/etc/cdi", "/var/run/cdi")  # the library's defaults
     on21 = RuntimeCdiConfig(spec_dirs=("/opt/x",)).applied_to(c21)
     assert on21.native_cdi is True and on21.cdi_spec_dirs == ("/opt/x",)
+
+
+def test_cdi_devices_names_count_unless_the_runtimes_cdi_is_known_off(
+        snapshot: Snapshot) -> None:
+    from nri_plugin.plugins.cdi_injector.injector import not_yet_injected
+    from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+
+    # containerd 2.3 lists CRI CDIDevices in Container.CDI_devices, injected only with its
+    # own CDI on.
+    ctr = nri_pb2.Container(id="c", name="app")
+    ctr.CDI_devices.add(name="example.com/dev=envonly")
+    wanted = [DeviceRequest("example.com/dev=envonly", "s")]
+    assert not_yet_injected(wanted, ctr, snapshot, False) == []
+    assert not_yet_injected(wanted, ctr, snapshot, False, native_cdi=True) == []
+    assert not_yet_injected(wanted, ctr, snapshot, False, native_cdi=False) == wanted

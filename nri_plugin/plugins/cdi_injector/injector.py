@@ -295,7 +295,7 @@ class CdiInjector(Plugin):
         if gathered.denied:
             raise PolicyDenied(gathered.denied)
         requests = not_yet_injected(gathered.requests, container, snapshot, privileged,
-                                    native_cdi=self.runtime.native_cdi is True)
+                                    native_cdi=self.runtime.native_cdi)
         if not requests:
             return None
         capabilities = self._decide(requests, pod.namespace, privileged, env, snapshot, facts)
@@ -339,13 +339,14 @@ _EMPTY_FACTS = NodeFacts()
 
 def not_yet_injected(requests: Sequence[DeviceRequest], container: nri_pb2.Container,
                      snapshot: Snapshot, privileged: bool, *,
-                     native_cdi: bool = False) -> list[DeviceRequest]:
+                     native_cdi: bool | None = None) -> list[DeviceRequest]:
     """Drop what the runtime already injected itself: names in ``CDI_devices`` (filled by
-    containerd 2.3+ from CRI CDIDevices), with ``native_cdi`` every device named in the
-    container's cdi.k8s.io annotations (see ``injected_by_runtime``), and devices whose
-    every node is already in the container. Privileged containers get every host node, so
-    there only the names count."""
-    done = {d.name for d in container.CDI_devices}
+    containerd 2.3+ from CRI CDIDevices, which it injects only with its own CDI on: not
+    trusted when ``native_cdi`` is known False), with ``native_cdi`` every device named in
+    the container's cdi.k8s.io annotations (see ``injected_by_runtime``), and devices
+    whose every node is already in the container. Privileged containers get every host
+    node, so there only the names count."""
+    done = set() if native_cdi is False else {d.name for d in container.CDI_devices}
     if native_cdi:
         done |= injected_by_runtime(container, snapshot, privileged)
     present = set() if privileged else {d.path for d in container.linux.devices}
