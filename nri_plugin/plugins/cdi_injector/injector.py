@@ -195,6 +195,7 @@ class CdiInjector(Plugin):
         cdi = self.runtime_cdi
         self.runtime = cdi.applied_to(runtime) if cdi is not None else runtime
         self._plans.clear()
+        self.delegations = DelegationTracker()  # events of an earlier connection are lost
         log.info("connected to %s; %s", self.runtime.describe(),
                  cdi.describe(runtime) if cdi is not None else "runtime's own CDI: unknown")
         log_runtime_facts(self.runtime)
