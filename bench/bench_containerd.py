@@ -1,13 +1,14 @@
 """(c) Create+Start on a real containerd: no injection vs containerd's native CDI vs our
-NRI plugin, interleaved round by round in one run, medians and ratios.
+NRI plugin, interleaved round by round in one run, medians and ratios, per containerd
+version (1.7 and 2.1 by default, ``--runtime 2.1`` for one).
 
-Two private containerds (scripts/install-containerd.sh must have run): one with native CDI
-enabled and no NRI plugin (serves "no injection" and "native CDI"), one with our plugin
-connected (serves "our plugin"). Each round creates and starts one container of each
+Per version, two private containerds (scripts/install-containerd.sh must have run): one
+with native CDI enabled and no NRI plugin (serves "no injection" and "native CDI"), one
+with our plugin connected (serves "our plugin"). Each round creates and starts one container of each
 kind; the three request the same devices (two GPU-like char devices, a library folder,
 env, a createContainer hook). Containers are removed outside the timed part.
 
-Run as root: ``python3 bench/bench_containerd.py [--rounds 30]``.
+Run as root: ``python3 bench/bench_containerd.py [--rounds 30] [--runtime 1.7 --runtime 2.1]``.
 """
 
 from __future__ import annotations
@@ -66,28 +67,36 @@ def timed_create_start(cri: CriClient, pod: str, **kwargs: object) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--runtime", action="append", choices=sorted(paths.RUNTIMES),
+                        help="containerd version (repeatable; default: all of them)")
     args = parser.parse_args()
-    missing = paths.missing_prerequisites()
+    versions = args.runtime or paths.runtimes()
+    missing = paths.missing_prerequisites(tuple(versions))
     if missing:
         sys.exit(f"missing: {'; '.join(missing)}; run: bash scripts/install-containerd.sh")
+    for version in versions:
+        report(bench_runtime(version, args.rounds), args.rounds, version)
+
+
+def bench_runtime(version: str, rounds: int) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         specs = make_node(root)
         archives = [images.pause_image(root), images.busybox_image(root)]
-        native = Containerd(enable_cdi=True, cdi_spec_dirs=[specs]).start()
-        ours = Containerd().start()
+        native = Containerd(enable_cdi=True, cdi_spec_dirs=[specs], version=version).start()
+        ours = Containerd(version=version).start()  # enable_cdi off: the plugin alone
         plugin = None
         try:
             for ctrd in (native, ours):
                 ctrd.import_images(*archives)
-            plugin = PluginProcess(ours.nri_socket, [specs], root / "plugin.log").start()
-            samples = run_rounds(native, ours, args.rounds)
+            plugin = PluginProcess(ours.nri_socket, [specs], root / "plugin.log",
+                                   extra_args=["--log-level", "info"]).start()
+            return run_rounds(native, ours, rounds)
         finally:
             if plugin:
                 plugin.kill()
             native.close()
             ours.close()
-    report(samples, args.rounds)
 
 
 def run_rounds(native: Containerd, ours: Containerd, rounds: int) -> dict[str, list[float]]:
@@ -110,9 +119,9 @@ def run_rounds(native: Containerd, ours: Containerd, rounds: int) -> dict[str, l
     return samples
 
 
-def report(samples: dict[str, list[float]], rounds: int) -> None:
+def report(samples: dict[str, list[float]], rounds: int, version: str) -> None:
     med = {kind: statistics.median(values) * 1000 for kind, values in samples.items()}
-    print(f"(c) Create+Start on containerd, {rounds} interleaved rounds (medians)")
+    print(f"(c) Create+Start on containerd {version}, {rounds} interleaved rounds (medians)")
     print(f"    no injection        {med['none']:7.1f} ms")
     print(f"    native CDI          {med['native']:7.1f} ms   ({med['native'] / med['none']:.3f}"
           " x no injection)")

@@ -220,6 +220,19 @@ class Configuration:
         return (self.request_timeout_ms or self.DEFAULT_REQUEST_TIMEOUT_MS) / 1000
 
 
+SYNC_STALLED = (
+    "Synchronize cannot complete: after {pods} pods and {containers} containers the runtime "
+    "sent a page with nothing in it and more=true. NRI 0.7+ (containerd 1.7.26+ and 2.x) "
+    "cannot split a Synchronize when one pod or container alone is over 4 MiB (huge "
+    "annotations or labels): it sends such empty pages until its request timeout and then "
+    "drops the plugin, on every reconnect. The page is refused at once and reconnects back "
+    "off; the fix is to shrink or remove that pod (NRI 0.7 to 0.12 all page this way)")
+
+
+class SyncStalledError(RpcError):
+    """The runtime's Synchronize paging makes no progress (see SYNC_STALLED)."""
+
+
 class SyncCollector:
     """Joins paged Synchronize requests (§3.5) so the plugin sees the state once.
 
@@ -237,6 +250,13 @@ class SyncCollector:
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_bytes = max_bytes
         self.reset()
+
+    @staticmethod
+    def stalled(req: nri_pb2.SynchronizeRequest) -> bool:
+        """A page with nothing and more=true: the runtime's pager advanced by zero objects,
+        so it would send the same empty page until its timeout (NRI adaptation/plugin.go
+        synchronize(): one object over 4 MiB rounds its objects-per-page down to 0)."""
+        return req.more and not req.pods and not req.containers
 
     def add(self, req: nri_pb2.SynchronizeRequest, size: int = 0) -> bool:
         """Add a page (``size``: its serialized bytes); True when it was the last one."""
@@ -271,6 +291,7 @@ class Dispatcher:
         # A whole Synchronize was answered: the stub then reconnects at once after the
         # runtime goes away, without back-off.
         self.synchronized = False
+        self.sync_stalled: str | None = None  # why Synchronize cannot complete
         self._sync = SyncCollector()
 
     def dispatch(self, method: str, payload: bytes) -> bytes:
@@ -325,6 +346,14 @@ class Dispatcher:
         return nri_pb2.ConfigureResponse(events=int(mask)).SerializeToString()
 
     def _synchronize(self, req: nri_pb2.SynchronizeRequest, size: int = 0) -> bytes:
+        if SyncCollector.stalled(req):
+            self.sync_stalled = SYNC_STALLED.format(pods=len(self._sync.pods),
+                                                    containers=len(self._sync.containers))
+            self._sync.reset()
+            log.error("%s", self.sync_stalled)
+            # An error reply makes the runtime give up at once (not a size error, so it does
+            # not retry smaller) instead of 2 s of empty pages holding its lock.
+            raise SyncStalledError(Code.FAILED_PRECONDITION, self.sync_stalled)
         if not self._sync.add(req, size):
             # Every page but the last must be answered more=true and no updates (§3.5).
             return nri_pb2.SynchronizeResponse(more=True).SerializeToString()

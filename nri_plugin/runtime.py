@@ -1,7 +1,11 @@
 """What the connected runtime can do, from the name and version it sends in Configure.
 
 Pure. The NRI version a runtime vendors is not on the wire before NRI 0.12, so it is
-looked up from the runtime's release (facts: nri-protocol.md §5.1, §5.2).
+looked up from the runtime's release (facts: nri-protocol.md §5.1, §5.2). So is the CDI
+library its own CDI support uses, whose behaviour the plugin must reproduce (README,
+"containerd 2.x and native CDI"): which spec versions it reads, whether it fills an unset
+device-node fileMode from the host (v1.1.0+, CDI commit 457489d) and how it orders mounts
+(by depth and name before v1.0.0, stably by depth only from v1.0.0, CDI commit 7d4fb44).
 """
 
 from __future__ import annotations
@@ -23,6 +27,22 @@ _CRIO_NRI: tuple[tuple[Version, Version], ...] = (
     ((1, 29, 0), (0, 5, 0)), ((1, 27, 0), (0, 3, 0)), ((1, 26, 0), (0, 2, 0)),
 )
 
+# (first runtime release, container-device-interface version in its go.mod), newest first.
+# Distribution builds may link another version (Debian trixie's containerd 1.7.24~ds1 uses
+# CDI 0.8.0, sid's 2.1.9~ds1 uses 1.0.1); the behaviours above change only at 1.0.0 and
+# 1.1.0, and both of those builds fall on the same side as the upstream release.
+_CONTAINERD_CDI: tuple[tuple[Version, Version], ...] = (
+    ((2, 2, 1), (1, 1, 0)), ((2, 1, 0), (1, 0, 1)), ((2, 0, 5), (1, 0, 0)),
+    ((2, 0, 3), (0, 8, 1)), ((2, 0, 0), (0, 8, 0)), ((1, 7, 27), (0, 8, 1)),
+    ((1, 7, 16), (0, 7, 2)), ((1, 7, 13), (0, 6, 2)), ((1, 7, 12), (0, 6, 1)),
+    ((1, 7, 0), (0, 5, 4)),
+)
+_CRIO_CDI: tuple[tuple[Version, Version], ...] = (
+    ((1, 35, 0), (1, 1, 0)), ((1, 33, 0), (1, 0, 1)), ((1, 32, 2), (0, 8, 1)),
+    ((1, 31, 0), (0, 8, 0)), ((1, 30, 0), (0, 7, 2)), ((1, 29, 0), (0, 6, 2)),
+    ((1, 28, 0), (0, 6, 0)), ((1, 27, 0), (0, 5, 4)), ((1, 26, 0), (0, 5, 3)),
+)
+
 
 def parse_version(text: str) -> Version | None:
     """``v1.7.24``, ``1.7.24~ds1`` or ``2.1.0-rc.1`` → (1, 7, 24); None if there is none."""
@@ -38,12 +58,20 @@ class RuntimeInfo:
     name: str = ""
     version: Version | None = None
     nri_version: Version | None = None
+    cdi_version: Version | None = None  # the CDI library of the runtime's own CDI support
+    # The folders the runtime's own CDI reads (the plugin's runtime_cdi.spec_dirs setting);
+    # None: not known, delegated devices are assumed visible.
+    cdi_spec_dirs: tuple[str, ...] | None = None
+    # Whether the runtime's own CDI injects container cdi.k8s.io annotations before NRI
+    # (containerd enable_cdi); None: not known, the version's default is assumed.
+    native_cdi: bool | None = None
 
     @classmethod
     def from_configure(cls, name: str, version: str, nri_version: str = "") -> RuntimeInfo:
         parsed = parse_version(version)
         nri = parse_version(nri_version) if nri_version else _nri_of(name, parsed)
-        return cls(name=name, version=parsed, nri_version=nri)
+        return cls(name=name, version=parsed, nri_version=nri,
+                   cdi_version=_lookup(_cdi_table(name), parsed))
 
     @property
     def is_containerd(self) -> bool:
@@ -65,6 +93,34 @@ class RuntimeInfo:
         return self.is_crio and v >= (1, 34, 0)
 
     @property
+    def native_fills_file_mode(self) -> bool:
+        """Whether the runtime's own CDI fills an unset device-node fileMode from the host
+        node (CDI v1.1.0+). When it does not, runc creates the node 0666. Unknown runtimes:
+        True, the current library's behaviour (and never wider than the host node)."""
+        return self.cdi_version is None or self.cdi_version >= (1, 1, 0)
+
+    @property
+    def native_mount_order_by_name(self) -> bool:
+        """Whether the runtime's own CDI sorts mounts by (depth, name), as NRI does with
+        every adjustment that has mounts (CDI before v1.0.0). From v1.0.0 it sorts by depth
+        only and keeps the order within a depth, so same-depth mounts can come out in
+        another order through NRI (same-depth mounts never nest, so only their order in
+        config.json differs)."""
+        return self.cdi_version is not None and self.cdi_version < (1, 0, 0)
+
+    @property
+    def max_spec_version(self) -> Version | None:
+        """The newest cdiVersion the runtime's own CDI library reads (its major.minor.0)."""
+        return (self.cdi_version[0], self.cdi_version[1], 0) if self.cdi_version else None
+
+    @property
+    def native_cdi_on_by_default(self) -> bool:
+        """containerd 2.x turns enable_cdi on by default (1.7: off); CRI-O always has it."""
+        if self.is_crio:
+            return True
+        return self.is_containerd and self.version is not None and self.version >= (2, 0, 0)
+
+    @property
     def supports_rdt_and_net_devices(self) -> bool:
         return self.nri_version is not None and self.nri_version >= (0, 11, 0)
 
@@ -73,13 +129,29 @@ class RuntimeInfo:
         nri = ".".join(map(str, self.nri_version)) if self.nri_version else "unknown"
         return f"{self.name or 'unknown runtime'} {version} (NRI {nri})"
 
+    def describe_cdi(self) -> str:
+        """The runtime's own CDI library, for messages."""
+        if self.cdi_version is None:
+            return f"{self.name or 'the runtime'}'s CDI library (version unknown)"
+        return f"{self.name}'s CDI library {'.'.join(map(str, self.cdi_version))}"
+
 
 def _nri_of(name: str, version: Version | None) -> Version | None:
     table = _CONTAINERD_NRI if name == "containerd" else _CRIO_NRI if name in (
         "cri-o", "crio") else ()
+    return _lookup(table, version)
+
+
+def _cdi_table(name: str) -> tuple[tuple[Version, Version], ...]:
+    return _CONTAINERD_CDI if name == "containerd" else _CRIO_CDI if name in (
+        "cri-o", "crio") else ()
+
+
+def _lookup(table: tuple[tuple[Version, Version], ...],
+            version: Version | None) -> Version | None:
     if version is None:
         return None
-    for first_release, nri in table:
+    for first_release, value in table:
         if version >= first_release:
-            return nri
+            return value
     return None

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from nri_plugin.api import RUNTIME_SERVICE, nri_pb2
-from nri_plugin.dispatch import SERVICES, Configuration, Dispatcher, RpcError
+from nri_plugin.dispatch import SERVICES, Configuration, Dispatcher, RpcError, SyncStalledError
 from nri_plugin.errors import NRIPluginError
 from nri_plugin.plugin import Plugin
 from nri_plugin.wire import (
@@ -183,7 +183,8 @@ class _Session(asyncio.Protocol):
         try:
             payload = self.dispatcher.dispatch(event.method, event.payload)
         except RpcError as err:
-            self.log.warning("%s failed: %s", event.method, err.message)
+            if not isinstance(err, SyncStalledError):  # the dispatcher logged it in full
+                self.log.warning("%s failed: %s", event.method, err.message)
             self._reply(event, b"", err.code, err.message)
         else:
             self._reply(event, payload)
@@ -420,7 +421,11 @@ class Stub:
         self.log.info("connection closed%s", f": {error}" if error else "")
         if self.on_close is not None:
             await _maybe_await(self.on_close(self, error))
-        return registered
+        # A session whose Synchronize cannot complete (paging stalled, or a frame over the
+        # protocol's 4 MiB from an NRI < 0.7 runtime that cannot page) is not a good one:
+        # the next ones would fail the same way, so they back off instead of looping.
+        return (registered and session.dispatcher.sync_stalled is None
+                and not isinstance(error, ProtocolError))
 
     async def _register(self, session: _Session) -> None:
         request = nri_pb2.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.idx)

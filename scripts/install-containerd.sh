@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Install what the end-to-end tests (tests/e2e) need to run a real containerd 1.7 with
-# CRI + NRI, without installing containerd system-wide:
+# Install what the end-to-end tests (tests/e2e) need to run a real containerd 1.7 and a real
+# containerd 2.1 with CRI + NRI, without installing containerd system-wide:
 #   - bookworm packages runc, busybox-static, gcc, libc6-dev (apt-get install, if missing);
-#   - trixie packages containerd and golang-github-kubernetes-cri-api-dev, downloaded with a
-#     private apt config (the system's apt sources/lists/cache are never touched) and unpacked
-#     with dpkg -x into the cache folder;
+#   - trixie packages containerd (1.7) and golang-github-kubernetes-cri-api-dev, downloaded
+#     with a private apt config (the system's apt sources/lists/cache are never touched) and
+#     unpacked with dpkg -x into $CACHE/root;
+#   - sid's containerd (2.1), the same way, into $CACHE/root-2.1 (its own apt folder, debs
+#     folder and stamp, so a cache that already holds 1.7 only gains 2.1);
 #   - the CRI v1 api.proto compiled with grpc_tools into $CACHE/cri_gen/cri_api_v1.
-# Idempotent: a stamp file makes a second run return at once.
+# Both containerds run with bookworm's runc 1.1.5: the .debs' own runc needs glibc 2.38.
+# Idempotent: stamp files make a second run return at once.
 #
 # Cache folder: $NRI_CDI_CACHE, default <repo>/.cache/containerd (git-ignored).
 # Needs root (apt-get install) and python3 with grpcio-tools (pip install grpcio-tools).
@@ -19,6 +22,10 @@ PYTHON=${PYTHON:-python3}
 STAMP_VERSION=1
 STAMP=$CACHE/.installed-v$STAMP_VERSION
 ROOTFS=$CACHE/root
+# containerd 2.x from sid: a separate tree with its own stamp, added next to the 1.7 one.
+STAMP_2=$CACHE/.installed-2.1-v1
+ROOTFS_2=$CACHE/root-2.1
+SUITE_2=sid
 BIN=$ROOTFS/usr/bin
 GEN=$CACHE/cri_gen
 PKG=cri_api_v1
@@ -31,6 +38,7 @@ die() { log "error: $*"; exit 1; }
 report() {
     cat <<EOF
 containerd bin folder : $BIN  (containerd, ctr, containerd-shim-runc-v2)
+containerd 2.x folder : $ROOTFS_2/usr/bin
 runc                  : $(command -v runc || echo missing)
 busybox               : $(command -v busybox || echo missing)
 CRI v1 python stubs   : $GEN/$PKG  (add $GEN to sys.path, import $PKG.api_pb2)
@@ -95,6 +103,44 @@ unpack_debs() {
     "$BIN/containerd" --version >&2
 }
 
+# containerd 2.x: sid's package through its own private apt folder, unpacked into ROOTFS_2.
+download_sid_containerd() {
+    local a=$CACHE/apt-$SUITE_2 debs=$CACHE/debs-2.1
+    ls "$debs"/containerd_2.*.deb >/dev/null 2>&1 && return 0
+    mkdir -p "$a/lists/partial" "$a/cache/archives/partial" "$debs"
+    echo "deb $(debian_mirror) $SUITE_2 main" >"$a/sources.list"
+    local o=(-o "Dir::Etc::SourceList=$a/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+        -o "Dir::State::Lists=$a/lists" -o "Dir::Cache=$a/cache"
+        -o APT::Sandbox::User=root)
+    log "fetching $SUITE_2 package lists (private apt config in $a)"
+    apt-get "${o[@]}" -qq update
+    log "downloading $SUITE_2 containerd"
+    (cd "$debs" && apt-get "${o[@]}" -qq download containerd)
+    ls "$debs"/containerd_2.*.deb >/dev/null 2>&1 ||
+        die "$SUITE_2's containerd is not a 2.x package: $(ls "$debs")"
+}
+
+unpack_containerd_2() {
+    [ -x "$ROOTFS_2/usr/bin/containerd" ] && return 0
+    local tmp=$ROOTFS_2.tmp
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    dpkg -x "$(ls "$CACHE"/debs-2.1/containerd_2.*.deb | head -1)" "$tmp"
+    rm -f "$tmp/usr/sbin/runc" "$tmp/usr/bin/runc"
+    [ -x "$tmp/usr/bin/containerd" ] || die "no containerd binary in $tmp/usr/bin"
+    # Readers of the cache never see a half-unpacked tree.
+    rm -rf "$ROOTFS_2"
+    mv "$tmp" "$ROOTFS_2"
+    "$ROOTFS_2/usr/bin/containerd" --version >&2
+}
+
+install_containerd_2() {
+    [ -f "$STAMP_2" ] && [ -x "$ROOTFS_2/usr/bin/containerd" ] && return 0
+    download_sid_containerd
+    unpack_containerd_2
+    touch "$STAMP_2"
+}
+
 compile_cri_proto() {
     [ -f "$GEN/$PKG/api_pb2_grpc.py" ] && return 0
     "$PYTHON" -c "import grpc_tools.protoc" 2>/dev/null ||
@@ -117,16 +163,15 @@ main() {
     # Two concurrent runs (e.g. parallel CI jobs) must not unpack over each other.
     exec 9>"$CACHE/.lock"
     flock 9
-    if [ -f "$STAMP" ] && [ -x "$BIN/containerd" ] && [ -f "$GEN/$PKG/api_pb2_grpc.py" ] &&
-        host_packages_ok; then
-        report
-        return 0
+    if ! { [ -f "$STAMP" ] && [ -x "$BIN/containerd" ] && [ -f "$GEN/$PKG/api_pb2_grpc.py" ] &&
+        host_packages_ok; }; then
+        install_host_packages
+        download_trixie_debs
+        unpack_debs
+        compile_cri_proto
+        touch "$STAMP"
     fi
-    install_host_packages
-    download_trixie_debs
-    unpack_debs
-    compile_cri_proto
-    touch "$STAMP"
+    install_containerd_2
     report
 }
 

@@ -56,6 +56,12 @@ def add_command(subparsers: Any) -> None:
     parser.add_argument("--log-format", choices=["text", "json"], help="default text")
     parser.add_argument("--metrics-address", metavar="HOST:PORT",
                         help="serve /metrics, /healthz and /livez there (default: off)")
+    parser.add_argument("--containerd-config", metavar="FILE",
+                        help="containerd's config.toml, read at start for its own CDI set-up "
+                             "(doctor.containerd_config, default /etc/containerd/config.toml)")
+    parser.add_argument("--runtime-cdi", choices=["auto", "on", "off"],
+                        help="whether the runtime's own CDI is on (runtime_cdi.enabled; "
+                             "default auto: from containerd's config)")
     parser.set_defaults(func=cmd_plugin)
 
 
@@ -158,6 +164,7 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
 
     from cdi.cache import SpecCache
     from cdi.watch import AutoRefresh
+    from nri_plugin.ops.runtime_cdi import runtime_cdi_config
     from nri_plugin.plugins.cdi_injector.failclosed import StartGuard, act
     from nri_plugin.plugins.cdi_injector.injector import CdiInjector
     from nri_plugin.plugins.cdi_injector.vendor import RegistryHolder
@@ -180,7 +187,8 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
     refresher = AutoRefresh(cache, rescan_interval=plugin_settings["rescan_interval"],
                             on_refresh=refreshed).start()
     loop = asyncio.get_running_loop()
-    options: dict[str, Any] = {"vendors": registry.vendors, "policy": policy}
+    options: dict[str, Any] = {"vendors": registry.vendors, "policy": policy,
+                               "runtime_cdi": runtime_cdi_config(settings)}
     # StartGuard checks every container again at creation and start (fail-closed for
     # creations that did not pass through us); it wraps whichever injector we run.
     plugin: Any

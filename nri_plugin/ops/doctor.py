@@ -320,28 +320,102 @@ def current_fingerprint(settings: Settings) -> tuple[str | None, str]:
 
 
 # --- containerd's own CDI ------------------------------------------------------------------
+# The set-up that works (README, "containerd's own CDI"): the runtime's CDI reads the
+# plugin's spec folders. Then devices named in container cdi.k8s.io annotations are injected
+# by containerd and left alone by the plugin, and devices the plugin hands to the runtime
+# (CDI_devices: additionalGids, narrowed permissions, ...) resolve. With separate folders
+# the runtime fails every handed-over device with "unresolvable CDI devices".
+
+
+def _runtime_cdi(cfg: ContainerdConfig) -> tuple[bool, tuple[str, ...], str]:
+    """(enable_cdi in effect, the folders it resolves from, the section name)."""
+    from nri_plugin.ops.runtime_cdi import cri_cdi_settings
+
+    section = CRI_V3_SECTION if (cfg.data and cfg.data.get("version") == 3) or (
+        not cfg.data and cfg.v2_defaults) else CRI_V2_SECTION
+    enabled, dirs = cri_cdi_settings(cfg.data)
+    return (cfg.v2_defaults if enabled is None else enabled), dirs, section
+
+
+def _unread(our_dirs: Iterable[str], theirs: Iterable[str]) -> list[str]:
+    theirs = list(theirs)
+    return sorted(d for d in our_dirs if not any(_same_path(d, t) for t in theirs))
 
 
 def check_native_cdi(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
     name = "containerd's own CDI"
-    section_name = CRI_V3_SECTION if cfg.data and cfg.data.get("version") == 3 \
-        else CRI_V2_SECTION
-    cri = cfg.plugin(section_name)
-    enabled = cri.get("enable_cdi", cfg.v2_defaults)
+    enabled, dirs, section = _runtime_cdi(cfg)
     if not enabled:
-        return Check(name=name, status="ok", detail="enable_cdi is off: only the plugin "
-                     "injects CDI devices")
-    theirs = cri.get("cdi_spec_dirs") or list(DEFAULT_CDI_DIRS)
-    shared = sorted({d for d in our_dirs if any(_same_path(d, t) for t in theirs)})
-    if not shared:
-        return Check(name=name, status="ok", detail="enable_cdi is on, but no spec folder is "
-                     "shared with the plugin")
-    return Check(name=name, status="warn",
-                 detail=f"enable_cdi is on and reads {', '.join(shared)} too: a device asked "
-                        "for through CRI CDIDevices or a container cdi.k8s.io annotation is "
-                        "injected by containerd and again by the plugin (hooks run twice)",
-                 fix=f'[plugins."{section_name}"] enable_cdi = false if the plugin should '
-                     "inject everything; or give the two disjoint spec folders")
+        if not cfg.v2_defaults:
+            return Check(name=name, status="ok",
+                         detail="enable_cdi is off: the plugin injects every device; devices "
+                                "NRI cannot carry (additionalGids, permissions narrower than "
+                                "rw) are refused, containerd 1.7 resolves CDI_devices only "
+                                "with enable_cdi = true")
+        # containerd 2.x resolves CDI_devices with the CDI library's default folders then.
+        dirs = DEFAULT_CDI_DIRS
+    unread = _unread(our_dirs, dirs)
+    state = "on" if enabled else "off (CDI_devices resolved from the library defaults)"
+    if unread:
+        return Check(name=name, status="warn",
+                     detail=f"enable_cdi is {state} and reads {', '.join(dirs)}, not "
+                            f"{', '.join(unread)}: devices from there that the plugin hands "
+                            "to containerd (additionalGids, permissions narrower than rw) fail "
+                            "with 'unresolvable CDI devices'",
+                     fix=f'[plugins."{section}"] enable_cdi = true and cdi_spec_dirs = '
+                         f"{json.dumps([*dirs, *unread])}, or keep the plugin's specs "
+                         f"in {', '.join(DEFAULT_CDI_DIRS)}")
+    how = ("injects devices named in container cdi.k8s.io annotations itself (the plugin "
+           "leaves those to it) and " if enabled else "")
+    return Check(name=name, status="ok",
+                 detail=f"enable_cdi is {state}; it {how}resolves handed-over devices from "
+                        f"the plugin's folders ({', '.join(dirs)})")
+
+
+def check_kinds_runtimes_can_load(dirs: Iterable[str]) -> Check:
+    """Every released CDI library (0.3.0 to 1.1.0) panics on a one-character vendor or
+    class name (parser.validateVendorOrClassName slices name[1:len-1]; fixed upstream in
+    e1a6596, unreleased): containerd with enable_cdi on then crashes at start, or on the
+    next refresh of its spec folders."""
+    name = "spec kinds the runtime's CDI can load"
+    bad = []
+    for path, doc in _spec_documents(dirs):
+        kind = str(doc.get("kind") or "")
+        vendor, _, class_ = kind.partition("/")
+        if len(vendor) == 1 or len(class_) == 1:
+            bad.append(f"{path} (kind {kind!r})")
+    if bad:
+        return Check(name=name, status="fail",
+                     detail=f"one-character vendor or class in {'; '.join(sorted(bad)[:5])}: "
+                            "containerd's and CRI-O's CDI library (<= 1.1.0) panics loading it",
+                     fix="rename the kind (vendor and class at least two characters) and "
+                         "regenerate; until then keep the file out of the runtime's folders")
+    return Check(name=name, status="ok", detail="no kind with a one-character vendor or class")
+
+
+def check_runtime_cdi_setting(cfg: ContainerdConfig, settings: Settings) -> Check:
+    """The plugin's runtime_cdi settings agree with containerd's configuration."""
+    name = "plugin knows containerd's CDI"
+    enabled, dirs, _ = _runtime_cdi(cfg)
+    wanted = settings["runtime_cdi"]
+    problems = []
+    if wanted["enabled"] != "auto" and (wanted["enabled"] == "on") != enabled:
+        effect = ("devices named in container cdi.k8s.io annotations are injected twice "
+                  "(hooks run twice)" if enabled else "devices named in container "
+                  "cdi.k8s.io annotations are left to containerd, which does not inject them")
+        problems.append(f"runtime_cdi.enabled is {wanted['enabled']} but containerd's "
+                        f"enable_cdi is {'on' if enabled else 'off'}: {effect}")
+    if wanted["spec_dirs"] is not None and enabled and _unread(wanted["spec_dirs"], dirs):
+        problems.append(f"runtime_cdi.spec_dirs is {', '.join(wanted['spec_dirs'])} but "
+                        f"containerd's cdi_spec_dirs is {', '.join(dirs)}")
+    if problems:
+        return Check(name=name, status="fail", detail="; ".join(problems),
+                     fix="set runtime_cdi.enabled: auto and leave runtime_cdi.spec_dirs unset "
+                         f"(the plugin then reads {cfg.path} when it starts)")
+    origin = "its own settings" if wanted["enabled"] != "auto" else cfg.path
+    return Check(name=name, status="ok",
+                 detail=f"the plugin assumes enable_cdi {'on' if enabled else 'off'} "
+                        f"(from {origin}), as containerd has it")
 
 
 # --- the command ---------------------------------------------------------------------------
@@ -359,7 +433,9 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
     checks.append(dirs_check)
     if check_generated:
         checks.append(check_fingerprint(settings, fingerprint))
-    checks += [check_device_nodes(plugin["spec_dirs"]), check_native_cdi(cfg, plugin["spec_dirs"])]
+    checks += [check_device_nodes(plugin["spec_dirs"]), check_native_cdi(cfg, plugin["spec_dirs"]),
+               check_runtime_cdi_setting(cfg, settings),
+               check_kinds_runtimes_can_load(plugin["spec_dirs"])]
     return checks
 
 

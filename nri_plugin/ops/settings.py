@@ -73,6 +73,10 @@ def _paths(value: Any) -> tuple[str, ...]:
     return tuple(_abs_path(v) for v in value)
 
 
+def _opt_paths(value: Any) -> tuple[str, ...] | None:
+    return None if value is None else _paths(value)
+
+
 def _strs(value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise ValueError(f"expected a list of strings, got {value!r}")
@@ -164,6 +168,14 @@ SCHEMA: dict[str, dict[str, tuple[Checker, Any]]] = {
     "doctor": {
         "containerd_config": (_abs_path, "/etc/containerd/config.toml"),
         "health_url": (_opt_str, None),
+    },
+    # The runtime's own CDI support (containerd enable_cdi / cdi_spec_dirs): whether it
+    # injects container cdi.k8s.io annotations itself (the plugin then leaves them alone)
+    # and which folders it resolves delegated devices (CDI_devices) from. auto / null: read
+    # from doctor.containerd_config when the plugin starts, else containerd's defaults.
+    "runtime_cdi": {
+        "enabled": (_choice("auto", "on", "off"), "auto"),
+        "spec_dirs": (_opt_paths, None),
     },
 }
 # Sections passed through to other code as plain mappings.
@@ -326,6 +338,7 @@ FLAG_KEYS: dict[str, str] = {
     "resync_interval": "watch.resync_interval",
     "containerd_config": "doctor.containerd_config",
     "health_url": "doctor.health_url",
+    "runtime_cdi": "runtime_cdi.enabled",
 }
 
 

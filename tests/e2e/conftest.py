@@ -1,5 +1,11 @@
 """Fixtures for the end-to-end tests: a private containerd per test module, images loaded.
 
+Every test that uses the ``containerd`` factory runs once per containerd version in
+``paths.RUNTIMES`` (1.7 and 2.1; ids ``ctrd1.7``/``ctrd2.1``). A test or module specific to
+some versions says so with ``@pytest.mark.containerd_versions("2.1", ...)``: the other
+versions are not generated at all (never skipped). ``NRI_CDI_E2E_RUNTIMES=1.7`` narrows a
+local run to fewer versions.
+
 Missing prerequisites skip these tests with a reason naming the install script, except when
 ``CI`` is set: there they fail, because CI must never silently skip the e2e tests.
 """
@@ -26,7 +32,7 @@ ContainerdFactory = Callable[..., Containerd]
 
 def require_prerequisites() -> None:
     """pytest.skip (or pytest.fail under CI) when the e2e tests cannot run here."""
-    missing = paths.missing_prerequisites()
+    missing = paths.missing_prerequisites(tuple(paths.runtimes()))
     if not missing:
         return
     reason = (f"e2e prerequisites missing ({'; '.join(missing)}); "
@@ -34,6 +40,31 @@ def require_prerequisites() -> None:
     if os.environ.get("CI"):
         pytest.fail(f"CI is set, e2e tests must not be skipped: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "containerd_versions(*versions): run this e2e test only on these "
+        "containerd versions (keys of tests/e2e/paths.py RUNTIMES)")
+
+
+def _versions_for(metafunc: pytest.Metafunc) -> list[str]:
+    versions = paths.runtimes()
+    for mark in metafunc.definition.iter_markers("containerd_versions"):
+        unknown = set(mark.args) - set(paths.RUNTIMES)
+        if unknown:
+            raise pytest.UsageError(f"{metafunc.definition.nodeid}: containerd_versions "
+                                    f"names unknown versions {sorted(unknown)}")
+        versions = [v for v in versions if v in mark.args]
+    return versions
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # Parametrizes the module-scoped factory (and so every fixture built on it) per version.
+    if "containerd" in metafunc.fixturenames:
+        versions = _versions_for(metafunc)
+        metafunc.parametrize("containerd", versions, indirect=True, scope="module",
+                             ids=[f"ctrd{v}" for v in versions])
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -66,13 +97,17 @@ def image_archives(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture(scope="module")
-def containerd(image_archives: list[Path]) -> Iterator[ContainerdFactory]:
-    """Factory: ``containerd(**options)`` starts a fresh private containerd (options as for
-    ``Containerd``: enable_cdi, cdi_spec_dirs, nri_plugins, ...) with the test images
-    imported. Every containerd it made is stopped and removed at the end of the module."""
+def containerd(request: pytest.FixtureRequest,
+               image_archives: list[Path]) -> Iterator[ContainerdFactory]:
+    """Factory: ``containerd(**options)`` starts a fresh private containerd of this
+    parameter's version (options as for ``Containerd``: enable_cdi, cdi_spec_dirs,
+    nri_plugins, ...) with the test images imported. Every containerd it made is stopped
+    and removed at the end of the module. ``ctrd.version`` says which one it is."""
+    version = getattr(request, "param", paths.DEFAULT_RUNTIME)
     made: list[Containerd] = []
 
     def start(**options: Any) -> Containerd:
+        options.setdefault("version", version)
         ctrd = Containerd(**options)
         made.append(ctrd)
         ctrd.start()

@@ -1,4 +1,4 @@
-"""A private containerd 1.7 (CRI + NRI) for end-to-end tests.
+"""A private containerd 1.7 or 2.1 (CRI + NRI) for end-to-end tests.
 
 Everything lives in one temp folder: config, root, state, sockets, runc state, NRI folders and
 the log. Nothing host-wide is used except /usr/sbin/runc and the kernel, and ``close()`` leaves
@@ -44,16 +44,21 @@ class Containerd:
     ``nri_plugins`` maps ``NN-name`` to an executable copied into the NRI plugin_path
     (containerd launches those itself, and exits if one fails to register);
     ``nri_plugin_configs`` maps file names to text for plugin_config_path.
+    ``version`` picks the containerd (a key of ``paths.RUNTIMES``): 1.7 gets a version 2
+    config, 2.x a version 3 config. ``enable_cdi`` defaults to off on both (2.x's own default
+    is on); ``cdi_spec_dirs`` empty means the runtime's defaults, /etc/cdi and /var/run/cdi.
     """
 
     def __init__(self, workdir: Path | None = None, *, enable_cdi: bool = False,
                  cdi_spec_dirs: Sequence[str | Path] = (), nri: bool = True,
                  nri_plugins: Mapping[str, str | Path] | None = None,
                  nri_plugin_configs: Mapping[str, str] | None = None,
-                 sandbox_image: str = PAUSE_IMAGE, bin_dir: Path | None = None) -> None:
+                 sandbox_image: str = PAUSE_IMAGE, bin_dir: Path | None = None,
+                 version: str = paths.DEFAULT_RUNTIME) -> None:
         # Short /tmp paths: unix socket paths are limited to 107 bytes.
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="nri-cdi-ctrd-"))
-        self.bin_dir = bin_dir or paths.bin_dir()
+        self.version = version
+        self.bin_dir = bin_dir or paths.bin_dir(version)
         self.enable_cdi = enable_cdi
         self.cdi_spec_dirs = [str(d) for d in cdi_spec_dirs]
         self.nri = nri
@@ -115,7 +120,77 @@ class Containerd:
         for name, text in configs.items():
             (self.plugin_config_path / name).write_text(text)
 
+    @property
+    def major(self) -> int:
+        """The containerd major version (1 or 2)."""
+        return int(self.version.split(".")[0])
+
     def render_config(self) -> str:
+        return self._render_v3() if self.major >= 2 else self._render_v2()
+
+    def _nri_section(self) -> list[str]:
+        return [
+            '[plugins."io.containerd.nri.v1.nri"]',
+            f"  disable = {str(not self.nri).lower()}",
+            "  disable_connections = false",
+            f"  socket_path = {_q(self.nri_socket)}",
+            f"  plugin_path = {_q(self.plugin_path)}",
+            f"  plugin_config_path = {_q(self.plugin_config_path)}",
+            '  plugin_registration_timeout = "5s"',
+            '  plugin_request_timeout = "2s"',
+        ]
+
+    def _runc_section(self, runc: str) -> list[str]:
+        return [
+            f"[{runc}]",
+            '  runtime_type = "io.containerd.runc.v2"',
+            f"[{runc}.options]",
+            # bookworm's runc (the .debs' own needs a newer glibc); private Root keeps runc
+            # state out of the host-wide /run/containerd/runc.
+            f"  BinaryName = {_q(paths.RUNC)}",
+            f"  Root = {_q(self.runc_root)}",
+            "  SystemdCgroup = false",
+        ]
+
+    def _cdi_lines(self) -> list[str]:
+        return [
+            f"  enable_cdi = {str(self.enable_cdi).lower()}",
+            # Without a list containerd uses its defaults, /etc/cdi and /var/run/cdi.
+            *([f"  cdi_spec_dirs = {json.dumps(self.cdi_spec_dirs)}"] if self.cdi_spec_dirs
+              else []),
+        ]
+
+    def _render_v3(self) -> str:
+        """containerd 2.x: CRI is split into cri.v1.images (the pinned sandbox image) and
+        cri.v1.runtime (runtimes, CNI, CDI, OOM); grpc.v1.cri keeps only the stream server."""
+        d = self.workdir
+        rt = 'plugins."io.containerd.cri.v1.runtime"'
+        lines = [
+            "version = 3",
+            f"root = {_q(d / 'root')}",
+            f"state = {_q(d / 'state')}",
+            "[grpc]", f"  address = {_q(self.address)}",
+            "[ttrpc]", f"  address = {_q(d / 'run' / 'containerd.sock.ttrpc')}",
+            '[plugins."io.containerd.cri.v1.images".pinned_images]',
+            f"  sandbox = {_q(self.sandbox_image)}",
+            f"[{rt}]",
+            # No CAP_SYS_RESOURCE here: the pause container's oom_score_adj=-998 would fail.
+            "  restrict_oom_score_adj = true",
+            *self._cdi_lines(),
+            f"[{rt}.cni]",
+            f"  bin_dirs = [{_q(d / 'cni' / 'bin')}]",
+            f"  conf_dir = {_q(d / 'cni' / 'conf')}",
+            f"[{rt}.containerd]",
+            '  default_runtime_name = "runc"',
+            *self._runc_section(f"{rt}.containerd.runtimes.runc"),
+            # 2.x's opt plugin would otherwise create /opt/containerd on the host.
+            '[plugins."io.containerd.internal.v1.opt"]',
+            f"  path = {_q(d / 'opt')}",
+            *self._nri_section(),
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _render_v2(self) -> str:
         d = self.workdir
         cri = 'plugins."io.containerd.grpc.v1.cri"'
         runc = f"{cri}.containerd.runtimes.runc"
@@ -129,31 +204,14 @@ class Containerd:
             f"  sandbox_image = {_q(self.sandbox_image)}",
             # No CAP_SYS_RESOURCE here: the pause container's oom_score_adj=-998 would fail.
             "  restrict_oom_score_adj = true",
-            f"  enable_cdi = {str(self.enable_cdi).lower()}",
-            # Without a list containerd uses its defaults, /etc/cdi and /var/run/cdi.
-            *([f"  cdi_spec_dirs = {json.dumps(self.cdi_spec_dirs)}"] if self.cdi_spec_dirs
-              else []),
+            *self._cdi_lines(),
             f"[{cri}.cni]",
             f"  bin_dir = {_q(d / 'cni' / 'bin')}",
             f"  conf_dir = {_q(d / 'cni' / 'conf')}",
             f"[{cri}.containerd]",
             '  default_runtime_name = "runc"',
-            f"[{runc}]",
-            '  runtime_type = "io.containerd.runc.v2"',
-            f"[{runc}.options]",
-            # bookworm's runc (trixie's needs a newer glibc); private Root keeps runc
-            # state out of the host-wide /run/containerd/runc.
-            f"  BinaryName = {_q(paths.RUNC)}",
-            f"  Root = {_q(self.runc_root)}",
-            "  SystemdCgroup = false",
-            '[plugins."io.containerd.nri.v1.nri"]',
-            f"  disable = {str(not self.nri).lower()}",
-            "  disable_connections = false",
-            f"  socket_path = {_q(self.nri_socket)}",
-            f"  plugin_path = {_q(self.plugin_path)}",
-            f"  plugin_config_path = {_q(self.plugin_config_path)}",
-            '  plugin_registration_timeout = "5s"',
-            '  plugin_request_timeout = "2s"',
+            *self._runc_section(runc),
+            *self._nri_section(),
         ]
         return "\n".join(lines) + "\n"
 

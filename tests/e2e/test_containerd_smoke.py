@@ -58,6 +58,13 @@ def with_cdi(containerd: ContainerdFactory, cdi_dir: Path) -> Containerd:
     return containerd(enable_cdi=True, cdi_spec_dirs=[cdi_dir])
 
 
+def test_runs_the_containerd_version_it_says(plain: Containerd) -> None:
+    # The fixture's parameter really picks another binary, and CRI reports it.
+    with plain.cri() as cri:
+        reported = cri.version().runtime_version
+    assert reported.lstrip("v").startswith(plain.version + "."), (plain.version, reported)
+
+
 def test_pod_and_container_lifecycle(plain: Containerd) -> None:
     with plain.cri() as cri, cri.pod("smoke", annotations={"example.com/a": "1"}) as pod:
         cid = cri.run_container(pod, "sleeper", BUSYBOX_IMAGE, command=SLEEP,

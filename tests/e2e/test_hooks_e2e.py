@@ -81,7 +81,9 @@ def world(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 def ctrd(containerd: ContainerdFactory, world: dict[str, Path]) -> Containerd:
     c = containerd(enable_cdi=True, cdi_spec_dirs=[world["specs"]])
     ld, libc = host_loader()
-    glibc, nix, hostile = (world["out"] / n for n in ("glibc", "nix", "hostile"))
+    # One set of image trees per containerd version (this fixture runs once per version).
+    trees = world["out"] / f"images-{c.version}"
+    glibc, nix, hostile = (trees / n for n in ("glibc", "nix", "hostile"))
     for tree, loader_dir, prog in ((glibc, "lib64", world["prog"]),
                                    (hostile, "lib64", world["prog"]),
                                    (nix, NIX_GLIBC.lstrip("/"), world["nix_prog"])):
@@ -99,7 +101,7 @@ def ctrd(containerd: ContainerdFactory, world: dict[str, Path]) -> Containerd:
     config = ImageConfig(cmd=SLEEP, env=(DEFAULT_PATH,))
     for name, tree in (("glibc", glibc), ("nix", nix), ("hostile", hostile)):
         c.import_images(image_from_tree(f"localhost/hooks/{name}:e2e", tree,
-                                        world["out"] / f"{name}.tar", config=config))
+                                        trees / f"{name}.tar", config=config))
     return c
 
 

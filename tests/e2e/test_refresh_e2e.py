@@ -35,7 +35,10 @@ REGENERATED = "spec regenerated"
 
 
 @pytest.fixture(scope="module")
-def nodes(tmp_path_factory: pytest.TempPathFactory, e2e_ready: None) -> dict[str, BuiltNode]:
+def nodes(tmp_path_factory: pytest.TempPathFactory, e2e_ready: None,
+          containerd: ContainerdFactory) -> dict[str, BuiltNode]:
+    # Depends on ``containerd`` only to be built once per containerd version: the test
+    # upgrades the live node's driver, so each version needs a fresh one.
     if os.geteuid() != 0:
         pytest.skip("device nodes need root")
     cache = tmp_path_factory.mktemp("simnode-cache")

@@ -11,6 +11,7 @@ from nri_plugin.dispatch import (
     METHODS,
     Dispatcher,
     RpcError,
+    SyncStalledError,
     dispatch,
     implemented_events,
     subscription,
@@ -322,11 +323,28 @@ def test_synchronize_pages_are_collected() -> None:
 
 def test_synchronize_pages_are_echoed_even_without_a_handler() -> None:
     d = Dispatcher(OnlyCreate())
-    more = nri_pb2.SynchronizeRequest(more=True).SerializeToString()
-    assert nri_pb2.SynchronizeResponse.FromString(d.dispatch("Synchronize", more)).more
+    more = nri_pb2.SynchronizeRequest(more=True, pods=[nri_pb2.PodSandbox(id="p")])
+    assert nri_pb2.SynchronizeResponse.FromString(
+        d.dispatch("Synchronize", more.SerializeToString())).more
     last = nri_pb2.SynchronizeResponse.FromString(d.dispatch("Synchronize", b""))
     assert not last.more
     assert not last.update
+
+
+def test_an_empty_page_with_more_is_a_stalled_synchronize() -> None:
+    # NRI 0.7-0.12 round one over-4-MiB pod to zero objects per page and then send empty
+    # more=true pages until their timeout: refuse the first, saying why.
+    d = Dispatcher(OnlyCreate())
+    page = nri_pb2.SynchronizeRequest(more=True, containers=[nri_pb2.Container(id="c")] * 3)
+    assert nri_pb2.SynchronizeResponse.FromString(
+        d.dispatch("Synchronize", page.SerializeToString())).more
+    empty = nri_pb2.SynchronizeRequest(more=True).SerializeToString()
+    with pytest.raises(SyncStalledError) as info:
+        d.dispatch("Synchronize", empty)
+    assert info.value.code == Code.FAILED_PRECONDITION
+    assert "after 0 pods and 3 containers" in info.value.message
+    assert "one pod or container alone is over 4 MiB" in info.value.message
+    assert d.sync_stalled == info.value.message and not d.synchronized
 
 
 def test_methods_cover_the_plugin_service() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 from pathlib import Path
 
@@ -147,12 +148,30 @@ def test_inexpressible_edits_fail_on_old_runtimes(snapshot: Snapshot) -> None:
 
 
 def test_inexpressible_edits_go_to_the_runtimes_cdi_when_it_can(snapshot: Snapshot) -> None:
-    requests = [DeviceRequest("example.com/gpu=grouped", "s"),
-                DeviceRequest("example.com/nic=n0", "s")]
+    requests = [DeviceRequest("example.com/gpu=grouped", "s")]
     plan = plan_injection(snapshot, requests, CONTAINERD_21)
-    assert plan.delegated == ("example.com/gpu=grouped", "example.com/nic=n0")
+    assert plan.delegated == ("example.com/gpu=grouped",)
     assert [d.name for d in plan.adjustment.CDI_devices] == list(plan.delegated)
     assert not plan.adjustment.linux.devices and not plan.adjustment.env
+
+
+def test_delegation_the_runtimes_cdi_cannot_read_is_refused_with_the_cause(
+        snapshot: Snapshot) -> None:
+    # nic.yaml is cdiVersion 1.1.0: containerd 2.1's CDI library (1.0.1) would fail it
+    # with "unresolvable CDI devices" after we answered; we say why instead.
+    requests = [DeviceRequest("example.com/gpu=grouped", "s"),
+                DeviceRequest("example.com/nic=n0", "s")]
+    with pytest.raises(InjectionError, match=r"nic=n0: its spec .*nic.yaml is cdiVersion "
+                       r"1\.1\.0, and containerd's CDI library 1\.0\.1 of containerd 2\.1\.3 "
+                       r"\(NRI 0\.8\.0\) reads up to 1\.0\.0"):
+        plan_injection(snapshot, requests, CONTAINERD_21)
+    elsewhere = dataclasses.replace(CONTAINERD_21, cdi_spec_dirs=("/etc/cdi", "/var/run/cdi"))
+    with pytest.raises(InjectionError, match=r"gpu=grouped: its spec .*gpu.yaml is not in a "
+                       r"folder the runtime's own CDI reads \(/etc/cdi, /var/run/cdi\)"):
+        plan_injection(snapshot, requests[:1], elsewhere)
+    folder = str(Path(snapshot.devices["example.com/gpu=grouped"].spec.path).parent)
+    seen = dataclasses.replace(CONTAINERD_21, cdi_spec_dirs=("/etc/cdi", folder))
+    assert plan_injection(snapshot, requests[:1], seen).delegated == (requests[0].name,)
 
 
 def test_net_devices_and_rdt_are_native_from_nri_0_11(snapshot: Snapshot) -> None:

@@ -86,6 +86,24 @@ def test_containerd_snippets_enable_nri(name: str, major: int) -> None:
     assert check_nri_enabled(cfg, "/var/run/nri/nri.sock").status == "ok"
 
 
+@pytest.mark.parametrize("name, major", [("containerd-1.7.toml", 1),
+                                         ("containerd-2.x.toml", 2)])
+def test_containerd_snippets_share_the_spec_folders(name: str, major: int) -> None:
+    tomllib = pytest.importorskip("tomllib")
+    from nri_plugin.ops.doctor import check_native_cdi
+
+    data = tomllib.loads((DEPLOY / name).read_text())
+    cfg = ContainerdConfig(path=name, data=data, major=major)
+    assert check_native_cdi(cfg, ["/etc/cdi", "/var/run/cdi"]).status == "ok"
+
+
+def test_the_plugin_container_can_read_containerds_config() -> None:
+    plugin = next(c for c in _daemonset()["spec"]["template"]["spec"]["containers"]
+                  if c["name"] == "plugin")
+    assert {"name": "containerd-config", "mountPath": "/etc/containerd",
+            "readOnly": True} in plugin["volumeMounts"]
+
+
 def test_crio_snippet_parses() -> None:
     tomllib = pytest.importorskip("tomllib")
 

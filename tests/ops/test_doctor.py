@@ -138,13 +138,52 @@ def test_plugin_disconnected_and_socket_gone(healthy: Node) -> None:
     assert checks["NRI socket reachable"].status == "fail"
 
 
-def test_native_cdi_on_the_same_folders_warns(healthy: Node) -> None:
+def test_native_cdi_on_the_same_folders_is_the_working_set_up(healthy: Node) -> None:
     config = Path(healthy.settings["doctor"]["containerd_config"])
     config.write_text(config.read_text().replace(
         "enable_cdi = false", f'enable_cdi = true\n  cdi_spec_dirs = ["{healthy.root}/cdi"]'))
+    checks = by_name(run_checks(healthy.settings, check_generated=False))
+    check = checks["containerd's own CDI"]
+    assert check.status == "ok" and "the plugin leaves those to it" in check.detail
+    assert checks["plugin knows containerd's CDI"].status == "ok"
+
+
+def test_native_cdi_on_other_folders_warns_that_handed_over_devices_fail(
+        healthy: Node) -> None:
+    config = Path(healthy.settings["doctor"]["containerd_config"])
+    config.write_text(config.read_text().replace(
+        "enable_cdi = false", 'enable_cdi = true\n  cdi_spec_dirs = ["/etc/cdi"]'))
     check = by_name(run_checks(healthy.settings, check_generated=False))["containerd's own CDI"]
-    assert check.status == "warn" and "hooks run twice" in check.detail
-    assert "enable_cdi = false" in check.fix
+    assert check.status == "warn" and "unresolvable CDI devices" in check.detail
+    assert f'cdi_spec_dirs = ["/etc/cdi", "{healthy.root}/cdi"]' in check.fix
+
+
+def test_plugin_setting_that_contradicts_containerd_fails(healthy: Node) -> None:
+    settings = healthy.settings.replace({"runtime_cdi.enabled": "on"})  # containerd: off
+    check = by_name(run_checks(settings, check_generated=False))["plugin knows containerd's CDI"]
+    assert check.status == "fail"
+    assert "left to containerd, which does not inject them" in check.detail
+
+
+def test_one_character_vendor_or_class_fails(tmp_path: Path) -> None:
+    from nri_plugin.ops.doctor import check_kinds_runtimes_can_load
+
+    (tmp_path / "ok.yaml").write_text("cdiVersion: 0.5.0\nkind: ex.com/gpu\ndevices: []\n")
+    assert check_kinds_runtimes_can_load([str(tmp_path)]).status == "ok"
+    (tmp_path / "bad.yaml").write_text("cdiVersion: 0.5.0\nkind: example.com/a\ndevices: []\n")
+    check = check_kinds_runtimes_can_load([str(tmp_path)])
+    assert check.status == "fail" and "bad.yaml (kind 'example.com/a')" in check.detail
+
+
+def test_containerd_2_defaults_resolve_from_the_default_folders(healthy: Node) -> None:
+    from nri_plugin.ops.doctor import ContainerdConfig, check_native_cdi
+
+    v3 = ContainerdConfig(path="/x", data={"version": 3}, major=2)
+    assert check_native_cdi(v3, ["/etc/cdi", "/var/run/cdi"]).status == "ok"
+    off = ContainerdConfig(path="/x", data={"version": 3, "plugins": {
+        "io.containerd.cri.v1.runtime": {"enable_cdi": False}}}, major=2)
+    assert check_native_cdi(off, ["/run/cdi"]).status == "ok"  # /var/run is /run
+    assert check_native_cdi(off, ["/opt/cdi"]).status == "warn"
 
 
 def test_doctor_command_exit_status(healthy: Node, capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,11 +8,13 @@ the reference semantics; the resulting OCI fragments are then translated one to 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from cdi.edits import apply
 from cdi.hooks.libpath import EXTRA_ENV, LIBRARY_PATH_ENV, merge_library_path
-from cdi.model import ContainerEdits
+from cdi.model import ContainerEdits, DeviceNode
+from cdi.oci import cgroup_access
 from nri_plugin.api import nri_pb2
 from nri_plugin.errors import NRIPluginError
 from nri_plugin.runtime import RuntimeInfo
@@ -30,9 +32,31 @@ class UnsupportedEditsError(NRIPluginError):
         super().__init__("; ".join(reasons))
 
 
+# The access every NRI version allows for a device node it adds (LinuxDevice.AccessString:
+# "rw", plus "m" for block devices), whatever rules the adjustment carries besides.
+_NRI_ACCESS = {"c": "rw", "b": "rwm"}
+
+
+def narrowed_permissions(edits: ContainerEdits) -> list[str]:
+    """Device nodes whose ``permissions`` deny something that NRI would allow: NRI adds an
+    allow rule of its own for each device node of an adjustment (before 0.10 it applies no
+    other rule; from 0.10 ours only add to it), so through NRI they would be widened."""
+    reasons = []
+    for node in edits.device_nodes:
+        granted = _NRI_ACCESS.get(node.type or "")
+        if granted is None:
+            continue
+        lost = "".join(c for c in granted if c not in cgroup_access(node))
+        if lost:
+            reasons.append(f"permissions {node.permissions!r} of {node.path} (NRI allows "
+                           f"{granted!r} on every device node it adds: {lost!r} would be "
+                           "granted)")
+    return reasons
+
+
 def unsupported_edits(edits: ContainerEdits, runtime: RuntimeInfo) -> list[str]:
     """Why these edits cannot go into an NRI adjustment for ``runtime`` (empty: they can)."""
-    reasons = []
+    reasons = narrowed_permissions(edits)
     if any(gid != 0 for gid in edits.additional_gids):
         reasons.append("additionalGids (NRI cannot add supplementary groups)")
     rdt = edits.intel_rdt
@@ -76,6 +100,25 @@ def to_adjustment(
             _add_hook(getattr(adjustment.hooks, _HOOK_FIELDS[hook_name]), hook)
     _add_linux(adjustment.linux, oci.get("linux", {}))
     return adjustment
+
+
+def as_native_file_modes(edits: ContainerEdits, spec_nodes: Sequence[DeviceNode],
+                         runtime: RuntimeInfo) -> ContainerEdits:
+    """The edits with each device node's fileMode as the runtime's own CDI would give it.
+
+    ``spec_nodes`` are the same nodes as ``edits.device_nodes``, in the same order, as the
+    spec files wrote them (before the host fill-in). A runtime whose CDI library predates
+    v1.1.0 does not fill an unset fileMode from the host node, and runc then creates the
+    node 0666: the adjustment must leave it unset too, or the container gets another mode
+    than native CDI gives it.
+    """
+    if runtime.native_fills_file_mode or len(spec_nodes) != len(edits.device_nodes):
+        return edits
+    nodes = tuple(
+        node._replace(file_mode=None) if spec.file_mode is None and node.file_mode is not None
+        else node
+        for node, spec in zip(edits.device_nodes, spec_nodes, strict=True))
+    return edits._replace(device_nodes=nodes)
 
 
 def _with_library_path(env: list[str], image_library_path: str) -> tuple[str, ...]:

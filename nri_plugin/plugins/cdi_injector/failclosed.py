@@ -27,6 +27,7 @@ Where the runtime can refuse creation itself, that closes the gap earlier: conta
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -37,10 +38,12 @@ from typing import Any
 
 from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
+from cdi.errors import UnresolvedDevicesError
 from nri_plugin.api import nri_pb2
 from nri_plugin.dispatch import RpcError
 from nri_plugin.errors import Refusal
 from nri_plugin.plugins.cdi_injector.policy import Policy
+from nri_plugin.plugins.cdi_injector.requests import container_requests
 from nri_plugin.plugins.cdi_injector.sources import (
     container_mounts,
     env_map,
@@ -75,9 +78,11 @@ class Unserved:
 
 
 def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_pb2.Container],
-                  policy: Policy, vendors: Sequence[VendorRules],
-                  registry: Registry) -> list[Unserved]:
-    """Live containers that asked for devices they do not have. Pure."""
+                  policy: Policy, vendors: Sequence[VendorRules], registry: Registry, *,
+                  native_cdi: bool = False) -> list[Unserved]:
+    """Live containers that asked for devices they do not have. Pure. With ``native_cdi``
+    (the runtime's own CDI is on) devices named in container cdi.k8s.io annotations are the
+    runtime's: it injected them, or it did not create the container."""
     by_id = {p.id: p for p in pods}
     asking_pods = {p.id for p in pods if _any_request_key(p.annotations)}
     env_prefixes = tuple(prefix for v in vendors if policy.sources[v.env_source].enabled
@@ -95,7 +100,7 @@ def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_p
                                               for e in container.env))):
             continue
         pod = by_id.get(container.pod_sandbox_id)
-        found = _unserved(pod, container, policy, vendors, registry)
+        found = _unserved(pod, container, policy, vendors, registry, native_cdi)
         if found is not None:
             out.append(found)
     return out
@@ -131,7 +136,8 @@ def _env_prefixes(vendors: Sequence[VendorRules]) -> tuple[str, ...]:
 
 
 def _unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container, policy: Policy,
-              vendors: Sequence[VendorRules], registry: Registry) -> Unserved | None:
+              vendors: Sequence[VendorRules], registry: Registry,
+              native_cdi: bool = False) -> Unserved | None:
     annotations: Mapping[str, str] = pod.annotations if pod is not None else {}
     namespace = pod.namespace if pod is not None else ""
     excess = too_many_names(annotations, container, _env_prefixes(vendors))
@@ -148,7 +154,12 @@ def _unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container, poli
     if not gathered.requests:
         return None
     snapshot = registry.snapshot
-    missing = tuple(r.name for r in gathered.requests if not _has(container, r.name, snapshot))
+    requests = [r.name for r in gathered.requests]
+    if native_cdi:
+        theirs = {r.name for r in container_requests(container.annotations)}
+        requests = [n for n in requests if n not in theirs]
+    env = _final_env(snapshot, requests)
+    missing = tuple(n for n in requests if not _has(container, n, snapshot, env))
     if not missing:
         return None
     reason = f"asked for {', '.join(missing)} and does not have them"
@@ -165,9 +176,22 @@ def _item(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
                     cgroups_path=container.linux.cgroups_path)
 
 
-def _has(container: nri_pb2.Container, name: str, snapshot: Snapshot) -> bool:
+def _final_env(snapshot: Snapshot, names: Sequence[str]) -> dict[str, str]:
+    """The env the devices give together: a later device's (or spec's) value of a name
+    replaces an earlier one, so an env-only device is seen by its names' final values."""
+    env: dict[str, str] = {}
+    with contextlib.suppress(UnresolvedDevicesError):
+        for entry in snapshot.resolve(n for n in names if n in snapshot.devices).env:
+            key, _, value = entry.partition("=")
+            env[key] = value
+    return env
+
+
+def _has(container: nri_pb2.Container, name: str, snapshot: Snapshot,
+         final_env: Mapping[str, str]) -> bool:
     """Whether the container shows the device: named in CDI_devices, or its device nodes
-    (else its env entries) are there. A device we cannot look up counts as missing."""
+    (else its env names, with the values all requested devices give them together) are
+    there. A device we cannot look up counts as missing."""
     if any(d.name == name for d in container.CDI_devices):
         return True
     device = snapshot.devices.get(name)
@@ -176,9 +200,9 @@ def _has(container: nri_pb2.Container, name: str, snapshot: Snapshot) -> bool:
     nodes = {n.path for n in device.edits.device_nodes}
     if nodes:
         return nodes <= {d.path for d in container.linux.devices}
-    env = set(device.edits.env)
-    if env:
-        return env <= set(container.env)
+    names = [e.partition("=")[0] for e in device.edits.env]
+    if names:
+        return {f"{n}={final_env.get(n, '')}" for n in names} <= set(container.env)
     return True  # nothing to see it by: do not evict on a guess
 
 
@@ -311,6 +335,7 @@ class StartGuard:
     policy: Any
     counters: dict[str, int]
     vendors: tuple[VendorRules, ...]
+    runtime: Any
     _registry: Callable[[], Registry]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -378,7 +403,8 @@ class StartGuard:
         pending = self._pending.get(container.id)
         if pending is not None:
             return pending
-        return _unserved(pod, container, self.policy, self.vendors, self._registry())
+        return _unserved(pod, container, self.policy, self.vendors, self._registry(),
+                         self.runtime.native_cdi is True)
 
     def _check(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, stage: str) -> None:
         item = self._judge(pod, container)

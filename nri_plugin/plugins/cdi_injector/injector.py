@@ -23,11 +23,23 @@ from cdi.edits import merge
 from cdi.errors import UnresolvedDevicesError
 from cdi.model import ContainerEdits
 from nri_plugin.api import nri_pb2
+from nri_plugin.api.events import EventMask
 from nri_plugin.dispatch import RpcError
 from nri_plugin.errors import Refusal
 from nri_plugin.plugin import Plugin
-from nri_plugin.plugins.cdi_injector.adjust import to_adjustment, unsupported_edits
+from nri_plugin.plugins.cdi_injector.adjust import (
+    as_native_file_modes,
+    to_adjustment,
+    unsupported_edits,
+)
+from nri_plugin.plugins.cdi_injector.delegation import (
+    DelegationTracker,
+    RuntimeCdiConfig,
+    delegation_problems,
+    spec_device_nodes,
+)
 from nri_plugin.plugins.cdi_injector.failclosed import Unserved, find_unserved
+from nri_plugin.plugins.cdi_injector.native import injected_by_runtime, log_runtime_facts
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.sources import (
@@ -89,7 +101,16 @@ def plan_injection(
                 f"{runtime.describe()}: {'; '.join(reasons)}; a runtime that resolves "
                 "CDI_devices itself (containerd >= 2.1 or >= 1.7.30, CRI-O >= 1.34) can",
                 rule="unsupportedEdits", device=group[0].qualified_name)
+    if delegated:
+        # All or nothing: NRI applies our edits before the runtime's CDI, so a mix merges
+        # env, mounts and device rules in another order than native CDI would (and NRI's
+        # rw rule for a device we add could widen a read-only one of the same number).
+        ours, delegated = [], list(devices)
+    else:
+        ours = list(devices)  # request order, as native CDI merges
+    _check_delegation(delegated, runtime)
     edits = snapshot.resolve(d.qualified_name for d in ours) if ours else ContainerEdits()
+    edits = as_native_file_modes(edits, spec_device_nodes(snapshot, ours), runtime)
     if edit_filter is not None:
         edits = edit_filter.apply(edits)
     adjustment = to_adjustment(edits, runtime=runtime, uid=uid, gid=gid,
@@ -99,6 +120,15 @@ def plan_injection(
     return Injection(adjustment=adjustment,
                      devices=tuple(d.qualified_name for d in ours),
                      delegated=tuple(d.qualified_name for d in delegated))
+
+
+def _check_delegation(delegated: list[Device], runtime: RuntimeInfo) -> None:
+    problems = delegation_problems(delegated, runtime)
+    if problems:
+        raise InjectionError(
+            "CDI devices that only the runtime's own CDI can inject "
+            f"({', '.join(d.qualified_name for d in delegated)}) would fail there: "
+            + "; ".join(problems))
 
 
 def _lookup(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> list[Device]:
@@ -130,6 +160,7 @@ class CdiInjector(Plugin):
         vendors: Sequence[VendorRules] = (),
         policy: Policy | None = None,
         on_unserved: Callable[[list[Unserved]], None] | None = None,
+        runtime_cdi: RuntimeCdiConfig | None = None,
     ) -> None:
         # Returns the current registry (snapshot + the vendors' facts for it, in the order
         # of ``vendors``), replaced whole by the refresher; never does I/O.
@@ -138,6 +169,10 @@ class CdiInjector(Plugin):
         self.policy = policy or Policy()
         self.on_unserved = on_unserved  # gets the containers Synchronize found unserved
         self.runtime = RuntimeInfo()
+        # The runtime's own CDI set-up (the daemon reads it); None: unknown, so annotations
+        # are not assumed injected by the runtime and delegation is not checked ahead.
+        self.runtime_cdi = runtime_cdi
+        self.delegations = DelegationTracker()
         self._plans: OrderedDict[tuple[object, ...], Injection] = OrderedDict()
         # Policy + vendor decisions, same idea: keyed by all they read.
         self._decisions: OrderedDict[tuple[object, ...], tuple[EditFilter, ...]] = OrderedDict()
@@ -149,10 +184,20 @@ class CdiInjector(Plugin):
         self.policy = policy
         self._decisions.clear()
 
-    def configure(self, config: str, runtime_name: str, runtime_version: str) -> None:
-        self.runtime = RuntimeInfo.from_configure(runtime_name, runtime_version)
+    def configure(self, config: str, runtime_name: str,
+                  runtime_version: str) -> EventMask | None:
+        runtime = RuntimeInfo.from_configure(runtime_name, runtime_version)
+        cdi = self.runtime_cdi
+        self.runtime = cdi.applied_to(runtime) if cdi is not None else runtime
         self._plans.clear()
-        log.info("connected to %s", self.runtime.describe())
+        self.delegations = DelegationTracker()  # events of an earlier connection are lost
+        log.info("connected to %s; %s", self.runtime.describe(),
+                 cdi.describe(runtime) if cdi is not None else "runtime's own CDI: unknown")
+        log_runtime_facts(self.runtime)
+        if not self.runtime.supports_cdi_devices:
+            return EventMask.CREATE_CONTAINER  # nothing is delegated: nothing to follow up
+        return (EventMask.CREATE_CONTAINER | EventMask.POST_CREATE_CONTAINER
+                | EventMask.REMOVE_CONTAINER)
 
     def plan(self, requests: Sequence[DeviceRequest], uid: int, gid: int,
              edit_filter: EditFilter | None = None, *, library_path: str = "",
@@ -178,7 +223,7 @@ class CdiInjector(Plugin):
         reply must go first (the runtime holds its lock until it has it), so acting on them
         is left to the callback, which schedules it."""
         unserved = find_unserved(pods, containers, self.policy, self.vendors,
-                                 self._registry())
+                                 self._registry(), native_cdi=self.runtime.native_cdi is True)
         self.counters["unserved_found"] += len(unserved)
         for item in unserved:
             log.warning("container %s (%s) of pod %s was created without its devices while "
@@ -205,10 +250,32 @@ class CdiInjector(Plugin):
             return None
         self.counters["injected"] += 1
         micros = (time.perf_counter_ns() - start) // 1000
-        log.info("injected container=%s pod=%s/%s devices=%s delegated=%s us=%d",
-                 container.name, pod.namespace, pod.name, ",".join(injection.devices) or "-",
-                 ",".join(injection.delegated) or "-", micros)
+        label = f"container={container.name} pod={pod.namespace}/{pod.name}"
+        if injection.delegated:
+            # Not injected yet: the runtime's CDI resolves them after this reply.
+            self.delegations.delegated(container.id, label, injection.delegated)
+            log.info("adjusted %s devices=%s; handed to the runtime's own CDI: %s us=%d",
+                     label, ",".join(injection.devices) or "-",
+                     ",".join(injection.delegated), micros)
+        else:
+            log.info("injected %s devices=%s us=%d", label, ",".join(injection.devices),
+                     micros)
         return injection.adjustment
+
+    def post_create_container(self, pod: nri_pb2.PodSandbox,
+                              container: nri_pb2.Container) -> None:
+        entry = self.delegations.created(container.id)
+        if entry is not None:
+            log.info("the runtime's own CDI injected %s into %s", ",".join(entry[1]), entry[0])
+
+    def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        entry = self.delegations.undone(container.id)
+        if entry is not None:
+            self.counters["delegation_failed"] = self.counters.get("delegation_failed", 0) + 1
+            log.warning("the runtime did not create %s: its own CDI could not inject %s (its "
+                        "log says why, e.g. 'CDI device injection failed: unresolvable CDI "
+                        "devices'); nri-cdi doctor checks that it reads the plugin's spec "
+                        "folders", entry[0], ",".join(entry[1]))
 
     def adjustment_for(self, pod: nri_pb2.PodSandbox,
                        container: nri_pb2.Container) -> Injection | None:
@@ -224,7 +291,7 @@ class CdiInjector(Plugin):
         if gathered.denied is not None:
             raise gathered.denied
         requests = not_yet_injected(gathered.requests, container, registry.snapshot,
-                                    privileged)
+                                    privileged, native_cdi=self.runtime.native_cdi)
         # No device, but the env may ask for edits of none (NVIDIA: the driver alone).
         extras = not requests and any(v.asks_extras(env) for v in self.vendors)
         if not requests and not extras:
@@ -283,11 +350,17 @@ def _combined(filters: tuple[EditFilter, ...]) -> EditFilter | None:
 
 
 def not_yet_injected(requests: Sequence[DeviceRequest], container: nri_pb2.Container,
-                     snapshot: Snapshot, privileged: bool) -> list[DeviceRequest]:
-    """Drop what the runtime already injected itself: names in ``CDI_devices`` (NRI 0.10+),
-    or devices whose every node is already in the container (the runtime's own CDI on
-    older NRI). Privileged containers get every host node, so there only the names count."""
-    done = {d.name for d in container.CDI_devices}
+                     snapshot: Snapshot, privileged: bool, *,
+                     native_cdi: bool | None = None) -> list[DeviceRequest]:
+    """Drop what the runtime already injected itself: names in ``CDI_devices`` (filled by
+    containerd 2.3+ from CRI CDIDevices, which it injects only with its own CDI on: not
+    trusted when ``native_cdi`` is known False), with ``native_cdi`` every device named in
+    the container's cdi.k8s.io annotations (see ``injected_by_runtime``), and devices
+    whose every node is already in the container. Privileged containers get every host
+    node, so there only the names count."""
+    done = set() if native_cdi is False else {d.name for d in container.CDI_devices}
+    if native_cdi:
+        done |= injected_by_runtime(container, snapshot, privileged)
     present = set() if privileged else {d.path for d in container.linux.devices}
     out = []
     for request in requests:

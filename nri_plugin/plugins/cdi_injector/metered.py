@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from nri_plugin.api import nri_pb2
+from nri_plugin.api.events import EventMask
 from nri_plugin.dispatch import RpcError
 from nri_plugin.errors import Refusal
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
@@ -35,9 +36,11 @@ class MeteredInjector(CdiInjector):
         super().__init__(registry, **options)
         self.metrics = metrics
 
-    def configure(self, config: str, runtime_name: str, runtime_version: str) -> None:
-        super().configure(config, runtime_name, runtime_version)
+    def configure(self, config: str, runtime_name: str,
+                  runtime_version: str) -> EventMask | None:
+        mask = super().configure(config, runtime_name, runtime_version)
         self.metrics.connected(self.runtime.describe())
+        return mask
 
     def create_container(
         self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container

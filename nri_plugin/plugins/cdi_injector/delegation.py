@@ -1,0 +1,138 @@
+"""Handing devices to the runtime's own CDI (``ContainerAdjustment.CDI_devices``). Pure.
+
+A delegated device is resolved by the runtime's CDI library from the runtime's own spec
+folders, after the plugin has answered: if the runtime cannot read the device's spec, the
+container fails there with "CDI device injection failed: unresolvable CDI devices …", which
+names no cause. So the plugin checks ahead what it can know and refuses with the cause:
+
+- the spec's folder must be one the runtime's CDI reads (``RuntimeInfo.cdi_spec_dirs``,
+  from the plugin's settings: ``runtime_cdi.spec_dirs``);
+- the spec's ``cdiVersion`` must be one the runtime's CDI library reads (a library
+  reads versions up to its own major.minor; see runtime.py for which runtime has which).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from cdi.cache import Snapshot
+from cdi.device import Device
+from cdi.model import DeviceNode
+from cdi.version import parse_version
+from nri_plugin.runtime import RuntimeInfo
+
+# Where every CDI library looks when not told otherwise (containerd's defaults too).
+LIBRARY_DEFAULT_DIRS = ("/etc/cdi", "/var/run/cdi")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeCdiConfig:
+    """What the runtime's configuration says about its own CDI support: ``enabled``
+    (containerd enable_cdi; None: the version's default) and ``spec_dirs`` (cdi_spec_dirs;
+    None: not known). ``origin`` says where it was read, for the log."""
+
+    enabled: bool | None = None
+    spec_dirs: tuple[str, ...] | None = None
+    origin: str = "not configured"
+
+    def applied_to(self, runtime: RuntimeInfo) -> RuntimeInfo:
+        """``runtime`` with the folders its CDI resolves CDI_devices from and whether it
+        injects annotations itself. containerd >= 2.1 resolves CDI_devices with the CDI
+        library's default cache when enable_cdi is off; 1.7.30+ refuses them then."""
+        on = self.enabled if self.enabled is not None else runtime.native_cdi_on_by_default
+        dirs = self.spec_dirs
+        if not on and runtime.is_containerd and runtime.version is not None:
+            dirs = LIBRARY_DEFAULT_DIRS if runtime.version >= (2, 0, 0) else ()
+        return dataclasses.replace(runtime, native_cdi=on, cdi_spec_dirs=dirs)
+
+    def describe(self, runtime: RuntimeInfo) -> str:
+        applied = self.applied_to(runtime)
+        dirs = applied.cdi_spec_dirs
+        folders = "unknown folders" if dirs is None else ", ".join(dirs) or "no folders"
+        return (f"runtime's own CDI {'on' if applied.native_cdi else 'off'}, resolves "
+                f"CDI_devices from {folders} ({self.origin})")
+
+
+def visible_to_runtime(spec_path: str, runtime: RuntimeInfo) -> bool:
+    """Whether the runtime's CDI reads the folder ``spec_path`` is in (unknown: assume so)."""
+    dirs = runtime.cdi_spec_dirs
+    if dirs is None:
+        return True
+    folder = _norm(os.path.dirname(spec_path))
+    return any(folder == _norm(d) for d in dirs)
+
+
+def _norm(path: str) -> str:
+    # /var/run is a link to /run on current distributions.
+    path = os.path.normpath(path)
+    return "/run" + path[len("/var/run"):] if path.startswith("/var/run/") or \
+        path == "/var/run" else path
+
+
+def delegation_problems(devices: Iterable[Device], runtime: RuntimeInfo) -> list[str]:
+    """Why the runtime's own CDI would fail to resolve these devices (empty: it would not)."""
+    problems = []
+    newest = runtime.max_spec_version
+    for device in devices:
+        spec = device.spec
+        version = parse_version(spec.data.cdi_version)
+        if newest is not None and version is not None and version > newest:
+            problems.append(
+                f"{device.qualified_name}: its spec {spec.path} is cdiVersion "
+                f"{spec.data.cdi_version}, and {runtime.describe_cdi()} of "
+                f"{runtime.describe()} reads up to {'.'.join(map(str, newest))}")
+        if runtime.cdi_spec_dirs == ():
+            problems.append(
+                f"{device.qualified_name}: the runtime's own CDI is off ({runtime.describe()} "
+                "resolves CDI_devices only with enable_cdi = true)")
+        elif not visible_to_runtime(spec.path, runtime):
+            problems.append(
+                f"{device.qualified_name}: its spec {spec.path} is not in a folder the "
+                f"runtime's own CDI reads ({', '.join(runtime.cdi_spec_dirs or ())}); "
+                "share the folder (containerd: cdi_spec_dirs, or the defaults /etc/cdi and "
+                "/var/run/cdi) and set runtime_cdi.spec_dirs to match")
+    return problems
+
+
+def spec_device_nodes(snapshot: Snapshot, devices: Sequence[Device]) -> tuple[DeviceNode, ...]:
+    """The device nodes of these devices as the spec files wrote them (not filled in from
+    the host), in the order ``Snapshot.resolve`` merges them: per device, its spec's nodes
+    first (once per spec file), then its own."""
+    nodes: list[DeviceNode] = []
+    seen: set[str] = set()
+    for device in devices:
+        if device.spec.path not in seen:
+            seen.add(device.spec.path)
+            nodes += snapshot.specs[device.spec.path].spec.data.container_edits.device_nodes
+        nodes += device.data.container_edits.device_nodes
+    return tuple(nodes)
+
+
+class DelegationTracker:
+    """Containers whose devices were handed to the runtime's CDI, until the runtime says how
+    it went: PostCreateContainer (it injected them) or, without that, Stop/RemoveContainer
+    (containerd undoes a creation that failed after the plugin answered, e.g. "CDI device
+    injection failed"). Bounded: the oldest entries are forgotten first."""
+
+    LIMIT = 1024
+
+    def __init__(self) -> None:
+        from collections import OrderedDict
+
+        self._pending: OrderedDict[str, tuple[str, tuple[str, ...]]] = OrderedDict()
+
+    def delegated(self, container_id: str, label: str, names: tuple[str, ...]) -> None:
+        self._pending[container_id] = (label, names)
+        if len(self._pending) > self.LIMIT:
+            self._pending.popitem(last=False)
+
+    def created(self, container_id: str) -> tuple[str, tuple[str, ...]] | None:
+        """The entry of a container the runtime created (and so injected into)."""
+        return self._pending.pop(container_id, None)
+
+    def undone(self, container_id: str) -> tuple[str, tuple[str, ...]] | None:
+        """The entry of a container removed before it was ever created: a failed creation."""
+        return self._pending.pop(container_id, None)

@@ -1,0 +1,64 @@
+"""What the runtime's own CDI support already did to a container, and the facts about it
+worth one log line per connection. Pure (logging aside).
+
+containerd and CRI-O run their own CDI injection *before* NRI: with it on, every device
+named in a container's ``cdi.k8s.io/`` annotations has been injected by the runtime by the
+time the plugin sees CreateContainer, or the runtime failed the container already
+("unresolvable CDI devices"). Injecting those again would run their hooks twice and
+re-apply their env over what later devices set. The runtime names what it injected only
+from containerd 2.3 (``Container.CDI_devices``, the CRI CDIDevices field), so for the
+annotations the plugin relies on knowing that the runtime's CDI is on (``runtime_cdi``
+settings, read from containerd's config), with one safety check: a named device whose
+device nodes are missing from the container was evidently not injected.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from cdi.cache import Snapshot
+from cdi.errors import AnnotationError
+from nri_plugin.api import nri_pb2
+from nri_plugin.plugins.cdi_injector.requests import container_requests
+from nri_plugin.runtime import RuntimeInfo
+
+log = logging.getLogger("nri_cdi.injector")
+_warned: set[str] = set()
+
+
+def injected_by_runtime(container: nri_pb2.Container, snapshot: Snapshot,
+                        privileged: bool) -> frozenset[str]:
+    """The devices the runtime's own CDI (known to be on) injected from the container's
+    ``cdi.k8s.io/`` annotations; empty when the container shows it did not run."""
+    try:
+        names = [r.name for r in container_requests(container.annotations)]
+    except AnnotationError:
+        return frozenset()  # the runtime would have failed it; gather() reports it
+    if not names:
+        return frozenset()
+    present = None if privileged else {d.path for d in container.linux.devices}
+    for name in names:
+        device = snapshot.devices.get(name)
+        nodes = device.edits.device_nodes if device is not None else ()
+        if present is not None and nodes and not all(n.path in present for n in nodes):
+            _warn_once("off", f"container {container.name}: the runtime's own CDI is set as on, "
+                       f"but {name}'s device nodes are not in the container, so it did not "
+                       "inject its cdi.k8s.io annotations: the plugin injects them (check "
+                       "runtime_cdi.enabled against containerd's enable_cdi)")
+            return frozenset()
+    return frozenset(names)
+
+
+def log_runtime_facts(runtime: RuntimeInfo) -> None:
+    """Say once per connection where the plugin's result must differ from native CDI."""
+    if runtime.cdi_version is not None and not runtime.native_mount_order_by_name:
+        log.info("%s keeps spec order within one mount depth; NRI re-sorts a container's "
+                 "mounts by (depth, path) whenever a plugin adds mounts, so same-depth mounts "
+                 "(which never nest) may be listed in another order than with native CDI",
+                 runtime.describe_cdi())
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning("%s", message)

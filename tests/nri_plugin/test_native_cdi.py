@@ -1,0 +1,121 @@
+"""With the runtime's own CDI on, devices named in container cdi.k8s.io annotations are the
+runtime's: the plugin neither injects them again nor counts them as missing at Synchronize.
+Env-only devices are judged by the values all requested devices give together."""
+
+from __future__ import annotations
+
+import pytest
+
+from cdi.cache import Snapshot, SpecCache
+from nri_plugin.api import nri_pb2
+from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
+from nri_plugin.plugins.cdi_injector.failclosed import find_unserved
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.policy import Policy
+from nri_plugin.plugins.cdi_injector.vendor import Registry
+from nri_plugin.runtime import RuntimeInfo
+from tests.helpers import write_specs
+
+SPEC = """\
+cdiVersion: 0.5.0
+kind: example.com/dev
+devices:
+- name: envonly
+  containerEdits: {env: [FOO=from-env-device]}
+- name: node
+  containerEdits:
+    env: [FOO=bar]
+    deviceNodes: [{path: /dev/ex0, type: c, major: 241, minor: 0}]
+    hooks: [{hookName: createContainer, path: /bin/true}]
+"""
+BOTH = "example.com/dev=envonly,example.com/dev=node"
+
+
+@pytest.fixture(scope="module")
+def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Snapshot:
+    folder = write_specs(tmp_path_factory.mktemp("cdi"), {"dev.yaml": SPEC})
+    return SpecCache([str(folder)]).refresh()
+
+
+def _pod() -> nri_pb2.PodSandbox:
+    return nri_pb2.PodSandbox(id="p1", name="p", namespace="default")
+
+
+def _native_result(annotations: dict[str, str]) -> nri_pb2.Container:
+    """A container as containerd's own CDI left it: FOO=bar (node after envonly), the node."""
+    ctr = nri_pb2.Container(id="c1", pod_sandbox_id="p1", name="app", annotations=annotations,
+                            env=["PATH=/bin", "FOO=bar"], state=nri_pb2.CONTAINER_RUNNING)
+    ctr.linux.devices.add(path="/dev/ex0", type="c", major=241, minor=0)
+    return ctr
+
+
+def _plugin(snapshot: Snapshot, enabled: bool | None) -> CdiInjector:
+    plugin = CdiInjector(lambda: Registry(snapshot), runtime_cdi=RuntimeCdiConfig(
+        enabled=enabled, spec_dirs=tuple(snapshot.spec_dirs), origin="test"))
+    plugin.configure("", "containerd", "2.1.9")
+    return plugin
+
+
+def test_runtime_injected_annotations_are_left_alone(snapshot: Snapshot) -> None:
+    plugin = _plugin(snapshot, None)  # containerd 2.x: on by default
+    assert plugin.runtime.native_cdi is True
+    assert plugin.create_container(_pod(), _native_result({"cdi.k8s.io/x": BOTH})) is None
+
+
+def test_without_native_cdi_the_env_only_device_would_flip_the_value(
+        snapshot: Snapshot) -> None:
+    # What the issue saw with 2.x defaults: only the node device was recognised, the
+    # env-only one applied again over FOO=bar.
+    plugin = _plugin(snapshot, False)
+    adjustment = plugin.create_container(_pod(), _native_result({"cdi.k8s.io/x": BOTH}))
+    assert adjustment is not None
+    assert [(kv.key, kv.value) for kv in adjustment.env] == [("FOO", "from-env-device")]
+
+
+def test_native_cdi_set_but_evidently_off_injects(snapshot: Snapshot) -> None:
+    plugin = _plugin(snapshot, True)
+    bare = nri_pb2.Container(id="c2", pod_sandbox_id="p1", name="app",
+                             annotations={"cdi.k8s.io/x": BOTH})  # no /dev/ex0: not injected
+    adjustment = plugin.create_container(_pod(), bare)
+    assert adjustment is not None and [d.path for d in adjustment.linux.devices] == ["/dev/ex0"]
+
+
+def test_synchronize_does_not_evict_what_the_runtime_injected(
+        snapshot: Snapshot) -> None:
+    ctr = _native_result({"cdi.k8s.io/x": BOTH})
+    # env-only device: FOO's final value is the node device's; the container has it
+    assert find_unserved([_pod()], [ctr], Policy(), [], Registry(snapshot)) == []
+    bare = nri_pb2.Container(id="c2", pod_sandbox_id="p1", name="app", env=["FOO=bar"],
+                             annotations={"cdi.k8s.io/x": BOTH},
+                             state=nri_pb2.CONTAINER_RUNNING)
+    found = find_unserved([_pod()], [bare], Policy(), [], Registry(snapshot))
+    assert [u.missing for u in found] == [("example.com/dev=node",)]
+    # with the runtime's CDI on, container annotations are its business, not ours
+    assert find_unserved([_pod()], [bare], Policy(), [], Registry(snapshot),
+                         native_cdi=True) == []
+
+
+def test_runtime_info_from_config() -> None:
+    c17 = RuntimeInfo.from_configure("containerd", "1.7.30")
+    off = RuntimeCdiConfig(enabled=None, spec_dirs=("/etc/cdi",)).applied_to(c17)
+    assert off.native_cdi is False and off.cdi_spec_dirs == ()  # 1.7 needs enable_cdi
+    c21 = RuntimeInfo.from_configure("containerd", "2.1.9")
+    off21 = RuntimeCdiConfig(enabled=False, spec_dirs=("/opt/x",)).applied_to(c21)
+    assert off21.cdi_spec_dirs == ("/etc/cdi", "/var/run/cdi")  # the library's defaults
+    on21 = RuntimeCdiConfig(spec_dirs=("/opt/x",)).applied_to(c21)
+    assert on21.native_cdi is True and on21.cdi_spec_dirs == ("/opt/x",)
+
+
+def test_cdi_devices_names_count_unless_the_runtimes_cdi_is_known_off(
+        snapshot: Snapshot) -> None:
+    from nri_plugin.plugins.cdi_injector.injector import not_yet_injected
+    from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+
+    # containerd 2.3 lists CRI CDIDevices in Container.CDI_devices, injected only with its
+    # own CDI on.
+    ctr = nri_pb2.Container(id="c", name="app")
+    ctr.CDI_devices.add(name="example.com/dev=envonly")
+    wanted = [DeviceRequest("example.com/dev=envonly", "s")]
+    assert not_yet_injected(wanted, ctr, snapshot, False) == []
+    assert not_yet_injected(wanted, ctr, snapshot, False, native_cdi=True) == []
+    assert not_yet_injected(wanted, ctr, snapshot, False, native_cdi=False) == wanted
