@@ -1,7 +1,9 @@
 """``nri-cdi hook ...`` and the isolated entry's command line.
 
-``create-symlinks --link TARGET::LINK ...`` and ``update-ldcache --folder DIR ...`` read the
-OCI state from stdin and act inside the container root; ``install-launcher PATH`` builds the
+``create-symlinks --link TARGET::LINK ...``, ``update-ldcache --folder DIR ...``,
+``enable-cuda-compat --host-driver-version=V`` and ``disable-device-node-modification``
+(nvidia-cdi-hook's names and flags) read the OCI state from stdin and act inside the
+container root; ``install-launcher PATH`` builds the
 static launcher (:mod:`cdi.hooks.launcher`).  A failure prints one line naming the container
 path and exits 1, which makes the runtime fail the container's creation.
 """
@@ -28,7 +30,7 @@ def add_commands(subparsers: Any) -> None:
     """Add ``hook`` to the ``nri-cdi`` command."""
     parser = subparsers.add_parser(
         "hook", help="createContainer hooks run by the OCI runtime (create-symlinks, "
-                     "update-ldcache)")
+                     "update-ldcache, enable-cuda-compat, disable-device-node-modification)")
     _add_subcommands(parser)
     parser.set_defaults(func=_from_nri_cdi)
 
@@ -57,6 +59,7 @@ def _add_subcommands(parser: argparse.ArgumentParser) -> None:
     cache.add_argument("--ldconfig-path", help="accepted for nvidia-cdi-hook compatibility "
                        "and ignored: no ldconfig is run, the cache is written directly")
     cache.set_defaults(action=_update_ldcache)
+    _add_nvidia_parity(sub)
     launcher = sub.add_parser("install-launcher",
                               help="build the static hook launcher at PATH (needs gcc)")
     launcher.add_argument("path")
@@ -114,6 +117,37 @@ def _update_ldcache(root: RootFS, args: argparse.Namespace) -> list[str]:
 
     result = update_ldcache(root, args.folder)
     return list(result.warnings)
+
+
+def _add_nvidia_parity(sub: Any) -> None:
+    """The two other hooks nvidia-ctk's specs run by default (same names and flags)."""
+    compat = sub.add_parser("enable-cuda-compat", help="put the image's CUDA forward-"
+                            "compatibility libraries first when newer than the host driver")
+    compat.add_argument("--host-driver-version", default="")
+    compat.add_argument("--host-cuda-version", default="")
+    compat.add_argument("--cuda-compat-container-root", default="/usr/local/cuda/compat")
+    compat.set_defaults(action=_enable_cuda_compat)
+    params = sub.add_parser("disable-device-node-modification",
+                            help="show the container ModifyDeviceFiles: 0")
+    params.add_argument("--host-params", default="/proc/driver/nvidia/params",
+                        help=argparse.SUPPRESS)  # tests: a node's copy of the host file
+    params.set_defaults(action=_disable_device_node_modification)
+
+
+def _enable_cuda_compat(root: RootFS, args: argparse.Namespace) -> list[str]:
+    from cdi.hooks.cuda_compat import enable_cuda_compat
+
+    enable_cuda_compat(root, host_driver=args.host_driver_version,
+                       host_cuda=args.host_cuda_version,
+                       compat_root=args.cuda_compat_container_root)
+    return []  # silent either way, as the other hooks are when they succeed
+
+
+def _disable_device_node_modification(root: RootFS, args: argparse.Namespace) -> list[str]:
+    from cdi.hooks.device_params import disable_device_node_modification
+
+    disable_device_node_modification(root, host_params=args.host_params)
+    return []
 
 
 def _install_launcher(args: argparse.Namespace) -> int:

@@ -22,12 +22,13 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cdi.hooks.cuda_compat import compat_folders
 from cdi.hooks.ldcache_writer import encode, libcmp, merge
 from cdi.hooks.rootfs import RootFS, RootFSError, split_container_path
 from cdi.linux.elf import DynamicInfo, ElfError, read_dynamic
 from cdi.linux.ldcache import LdCacheEntry, LdCacheError, parse_ldcache
 
-__all__ = ["LdcacheResult", "update_ldcache"]
+__all__ = ["LdcacheResult", "update_ldcache", "write_file"]
 
 CACHE = "/etc/ld.so.cache"
 CONF_DIR = "/etc/ld.so.conf.d"
@@ -77,7 +78,9 @@ def _update_glibc(root: RootFS, folders: Sequence[str]) -> LdcacheResult:
     warnings: list[str] = []
     added: list[LdCacheEntry] = []
     links: list[str] = []
-    for folder in dict.fromkeys(f.rstrip("/") or "/" for f in folders):
+    # enable-cuda-compat's folders first: their libcuda.so.1 must win over the injected one.
+    first = compat_folders(root)
+    for folder in dict.fromkeys(f.rstrip("/") or "/" for f in (*first, *folders)):
         try:
             entries, made = _scan(root, folder)
         except FileNotFoundError:
@@ -179,6 +182,11 @@ def _is_dir(root: RootFS, path: str) -> bool:
         return stat.S_ISDIR(os.fstat(fd).st_mode)
     finally:
         os.close(fd)
+
+
+def write_file(root: RootFS, path: str, data: bytes) -> str:
+    """Replace the container file ``path`` atomically (mode 0644, folders made)."""
+    return _write(root, path, data)
 
 
 def _write(root: RootFS, path: str, data: bytes) -> str:
