@@ -29,6 +29,7 @@ layout, the set of driver files, the generator version and the generation option
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -67,8 +68,13 @@ GENERATOR_VERSION = "0.1.0"
 STRATEGIES = ("index", "uuid", "type-index")
 HOOK_NAMES = ("create-symlinks", "update-ldcache", "enable-cuda-compat",
               "disable-device-node-modification", "update-application-profile", "chmod")
-# Hooks this generator emits (the others are accepted by name for nvidia-ctk compatibility).
-DEFAULT_HOOKS = frozenset({"create-symlinks", "update-ldcache"})
+# Hooks emitted by default in hooks mode, as nvidia-ctk does; the other two names are
+# accepted by --disable-hook and refused by --enable-hook (cdi.nvidia.cli says why).
+DEFAULT_HOOKS = frozenset({"create-symlinks", "enable-cuda-compat", "update-ldcache",
+                           "disable-device-node-modification"})
+# Programs a hook entry can name (--hook-path), by basename: NVIDIA's two take the same
+# subcommands and flags as ours, under another argv prefix and env.
+HOOK_PROGRAMS = ("nri-cdi", "nvidia-cdi-hook", "nvidia-ctk")
 # With --link-mode mounts no ldcache hook runs, so the driver's library folders are handed
 # over in this variable instead.  It is deliberately not LD_LIBRARY_PATH: a CDI env entry
 # replaces the image's value, and the NRI plugin appends this one to the image's
@@ -94,6 +100,8 @@ class Options(NamedTuple):
     hooks: frozenset[str] = DEFAULT_HOOKS
     ldconfig_path: str | None = None
     max_version: str | None = None  # --cdi-version
+    feature_flags: frozenset[str] = frozenset()
+    debug: bool = False  # NVIDIA hook programs get NVIDIA_CTK_DEBUG=<debug>
 
     @property
     def kind(self) -> str:
@@ -109,7 +117,7 @@ class Options(NamedTuple):
                 "device_ids": list(self.device_ids), "all_device": self.all_device,
                 "link_mode": self.link_mode, "hook_path": self.hook_path,
                 "hooks": sorted(self.hooks), "ldconfig_path": self.ldconfig_path,
-                "max_version": self.max_version}
+                "max_version": self.max_version, "feature_flags": sorted(self.feature_flags)}
 
 
 class Inventory(NamedTuple):
@@ -179,10 +187,21 @@ def _hook(opts: Options, name: str, args: Iterable[str]) -> Hook:
     # An explicit env: a hook entry without one inherits the container's environment
     # (LD_PRELOAD and PYTHON* from the image: CVE-2025-23266). The hook re-executes
     # itself with an isolated interpreter before it reads anything (cdi.hooks.entry).
+    program = os.path.basename(opts.hook_path)
+    if program in ("nvidia-cdi-hook", "nvidia-ctk"):
+        return _nvidia_hook(opts, program, name, args)
     command = (hook_entry.nri_cdi(opts.hook_path, name, args) if opts.hook_path
                else hook_entry.isolated_python(name, args))
     return Hook(hook_name="createContainer", path=command.path, args=command.args,
                 env=command.env)
+
+
+def _nvidia_hook(opts: Options, program: str, name: str, args: Iterable[str]) -> Hook:
+    """NVIDIA's hook programs, written as nvidia-ctk writes them: ``[nvidia-cdi-hook, NAME,
+    ...]`` or ``[nvidia-ctk, hook, NAME, ...]``, env ``NVIDIA_CTK_DEBUG=false``."""
+    prefix = (program, "hook") if program == "nvidia-ctk" else (program,)
+    return Hook(hook_name="createContainer", path=opts.hook_path, args=(*prefix, name, *args),
+                env=(f"NVIDIA_CTK_DEBUG={'true' if opts.debug else 'false'}",))
 
 
 def _symlink_hook(opts: Options, links: Sequence[Link]) -> tuple[Hook, ...]:
@@ -205,6 +224,22 @@ def _ldcache_hook(opts: Options, folders: Sequence[str]) -> tuple[Hook, ...]:
     return (_hook(opts, "update-ldcache", args),)
 
 
+def _compat_hook(opts: Options, version: str) -> tuple[Hook, ...]:
+    """Before update-ldcache, which puts the folder it chooses first."""
+    if "enable-cuda-compat" not in opts.hooks or opts.link_mode != "hooks":
+        return ()
+    args = [f"--host-driver-version={version}"] if version and "*" not in version else []
+    return (_hook(opts, "enable-cuda-compat", args),)
+
+
+def _params_hook(opts: Options) -> tuple[Hook, ...]:
+    # Also in mounts mode when asked for (it mounts, writes nothing in the root); the CLI
+    # leaves it out of that mode's defaults, which run no hook at all.
+    if "disable-device-node-modification" not in opts.hooks:
+        return ()
+    return (_hook(opts, "disable-device-node-modification", ()),)
+
+
 def _link_mounts(opts: Options, links: Sequence[Link]) -> tuple[Mount, ...]:
     if opts.link_mode != "mounts":
         return ()
@@ -220,7 +255,8 @@ def common_edits(driver: DriverFiles, opts: Options) -> ContainerEdits:
         env=tuple(env),
         device_nodes=tuple(_device_node(n) for n in driver.control_nodes),
         mounts=(*(_mount(m) for m in driver.mounts()), *_link_mounts(opts, driver.links)),
-        hooks=(*_symlink_hook(opts, driver.links), *_ldcache_hook(opts, driver.lib_dirs)),
+        hooks=(*_symlink_hook(opts, driver.links), *_compat_hook(opts, driver.version),
+               *_ldcache_hook(opts, driver.lib_dirs), *_params_hook(opts)),
     )
 
 

@@ -176,15 +176,19 @@ def test_hooks_and_links(nodes: dict[str, BuiltNode]) -> None:
     node = nodes["rhel"]
     _, out, _ = generate([*node_args(node), "--mode", "procfs"])
     hooks = parse_spec(out).data.container_edits.hooks
-    assert [h.args[:3] for h in hooks] == [("nri-cdi", "hook", "create-symlinks"),
-                                           ("nri-cdi", "hook", "update-ldcache")]
+    assert [h.args[:3] for h in hooks] == [
+        ("nri-cdi", "hook", "create-symlinks"), ("nri-cdi", "hook", "enable-cuda-compat"),
+        ("nri-cdi", "hook", "update-ldcache"),
+        ("nri-cdi", "hook", "disable-device-node-modification")]
     assert all(h.path == HOOK and h.hook_name == "createContainer" for h in hooks)
     links = hooks[0].args[3:]
     v = node.driver_version
     assert f"libcuda.so.{v}::/usr/lib64/libcuda.so.1" in links
     assert "libcuda.so.1::/usr/lib64/libcuda.so" in links
     assert f"libGLX_nvidia.so.{v}::/usr/lib64/libGLX_indirect.so.0" in links
-    assert hooks[1].args[3:] == ("--folder", "/usr/lib64", "--folder", "/usr/lib64/vdpau")
+    assert hooks[1].args[3:] == (f"--host-driver-version={v}",)
+    assert hooks[2].args[3:] == ("--folder", "/usr/lib64", "--folder", "/usr/lib64/vdpau")
+    assert hooks[3].args[3:] == ()
 
 
 @needs_nodes
@@ -212,7 +216,9 @@ def test_hooks_default_to_the_isolated_interpreter_entry(nodes: dict[str, BuiltN
     hooks = parse_spec(out).data.container_edits.hooks
     assert [h.args[1:5] for h in hooks] == [
         ("-I", "-S", hook_entry.ENTRY_SCRIPT, "create-symlinks"),
-        ("-I", "-S", hook_entry.ENTRY_SCRIPT, "update-ldcache")]
+        ("-I", "-S", hook_entry.ENTRY_SCRIPT, "enable-cuda-compat"),
+        ("-I", "-S", hook_entry.ENTRY_SCRIPT, "update-ldcache"),
+        ("-I", "-S", hook_entry.ENTRY_SCRIPT, "disable-device-node-modification")]
     assert all(h.path == h.args[0] == sys.executable and h.env == hook_entry.HOOK_ENV
                for h in hooks)
     assert cli._hook_path("/x/nri-cdi") == "/x/nri-cdi"
