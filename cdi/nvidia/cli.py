@@ -74,6 +74,12 @@ FEATURE_FLAGS: dict[str, str | None] = {
                                    "supported",
     "disable-multiple-csv-devices": "CSV (Tegra) mode is not supported",
 }
+# The highest cdiVersion each runtime's vendored CDI library accepts (a newer version is
+# "invalid", and the runtime then reports the devices as unresolvable).  Read from the
+# binaries: Debian's containerd 1.7.24 (CDI library 0.8: requiresV080 is its newest check)
+# and 2.1.9 (specs-go 1.0: requiresV100); Debian bookworm's podman 4.3.1 (CDI 0.5).
+RUNTIME_MAX_VERSIONS = {"podman-4.3": "0.5.0", "containerd-1.7.24": "0.8.0",
+                        "containerd-2.1.9": "1.0.0"}
 # nvidia-ctk's hooks that nri-cdi does not emit, and why.
 UNSUPPORTED_HOOKS = {
     "chmod": "it is a deprecated workaround for old crun versions (nvidia-ctk disables it by "
@@ -138,9 +144,10 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", help="spec file to write (default: standard output)")
     p.add_argument("--format", choices=("yaml", "json"),
                    help="output format (default: from the --output extension, else yaml)")
-    p.add_argument("--cdi-version", dest="cdi_version", metavar="VERSION",
-                   help="highest cdiVersion the target runtimes accept; fail if the spec "
-                        "needs more (>= 0.6.0 also records metadata as annotations)")
+    p.add_argument("--cdi-version", dest="cdi_version", metavar="VERSION|RUNTIME",
+                   help="highest cdiVersion the target runtimes accept, or a runtime "
+                        f"({', '.join(RUNTIME_MAX_VERSIONS)}) for its highest; fail if the "
+                        "spec needs more (>= 0.6.0 also records metadata as annotations)")
     p.add_argument("--if-changed", dest="if_changed", action="store_true", default=None,
                    help="do nothing when the existing spec has the same fingerprint")
 
@@ -312,8 +319,11 @@ def _options(v: dict[str, Any], mode: str) -> Any:
         if s not in STRATEGIES:
             raise UsageError(f"unknown --device-name-strategy {s!r} "
                              f"(want one of {', '.join(STRATEGIES)})")
+    if v["cdi_version"] in RUNTIME_MAX_VERSIONS:
+        v["cdi_version"] = RUNTIME_MAX_VERSIONS[v["cdi_version"]]
     if v["cdi_version"] and parse_version(v["cdi_version"]) is None:
-        raise UsageError(f"unknown --cdi-version {v['cdi_version']!r}")
+        raise UsageError(f"unknown --cdi-version {v['cdi_version']!r} (want a version such as "
+                         f"0.5.0, or one of {', '.join(RUNTIME_MAX_VERSIONS)})")
     ids = tuple(v["device_ids"] or ("all",))
     if "none" in ids and len(ids) > 1:
         raise UsageError("--device-id none cannot be combined with other ids")
@@ -443,6 +453,8 @@ def _generate(v: dict[str, Any], out: TextIO, warn: Any,
         warn(f"{path} is up to date ({fp}); not rewritten")
         return 0
     spec = build_spec(inv, opts, warn=warn, spec_annotations=spec_annotations(inv, fp))
+    if opts.max_version is None:
+        _warn_runtime_maxima(spec.cdi_version, warn)
     text = _render(spec, json_format, mode=node.mode, fp=fp, sidecar=path)
     if path is None:
         out.write(text)
@@ -452,6 +464,16 @@ def _generate(v: dict[str, Any], out: TextIO, warn: Any,
     except OSError as exc:
         raise OutputError(path) from exc
     return 0
+
+
+def _warn_runtime_maxima(version: str, warn: Any) -> None:
+    from cdi.version import version_key
+
+    older = [f"{name} (up to {top})" for name, top in RUNTIME_MAX_VERSIONS.items()
+             if version_key(version) > version_key(top)]
+    if older:
+        warn(f"the spec needs cdiVersion {version}, which {', '.join(older)} cannot read; "
+             "pass --cdi-version with your runtimes' highest to be told what to change")
 
 
 def _warn_missing_control_nodes(roots: Any, driver: Any, warn: Any) -> None:

@@ -256,3 +256,20 @@ root, path, *argv = sys.argv[1:]
 subprocess.run(["mount", "--bind", root, root], check=True)
 os.execve(path, argv, dict(os.environ))
 """
+
+
+# --- --cdi-version and the runtimes' maxima -------------------------------------------------
+
+
+@needs_nodes
+def test_cdi_version_by_runtime(args: list[str]) -> None:
+    rc, out, err = generate([*args, "--cdi-version", "podman-4.3"])
+    assert rc == 0 and parse_spec(out).data.cdi_version == "0.5.0" and "cannot read" not in err
+    # A dot in the class needs 0.6.0: refused for podman 4.3, warned about without a target.
+    rc, _, err = generate([*args, "--class", "gpu.all", "--cdi-version", "podman-4.3"])
+    assert rc == 1 and "needs cdiVersion 0.6.0" in err and "more than --cdi-version 0.5.0" in err
+    rc, out, err = generate([*args, "--class", "gpu.all"])
+    assert rc == 0 and parse_spec(out).data.cdi_version == "0.6.0"
+    assert "podman-4.3 (up to 0.5.0) cannot read" in err and "containerd" not in err
+    rc, _, err = generate([*args, "--cdi-version", "docker-27"])
+    assert rc == 1 and "one of podman-4.3, containerd-1.7.24, containerd-2.1.9" in err
