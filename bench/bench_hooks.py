@@ -1,9 +1,10 @@
 """Issue 5 bench: what our hooks cost.
 
 (1) Create+Start on a real containerd (native CDI, so only the spec differs) for a GPU of
-    a simulated node (about 60 library files): hook mode (bind mounts + create-symlinks +
-    update-ldcache) vs hook-free mode (links as extra bind mounts, no hook) vs no
-    injection, interleaved round by round, medians and ratios.
+    a simulated node (about 60 library files): hook mode (bind mounts + the default hooks:
+    create-symlinks, enable-cuda-compat, update-ldcache, disable-device-node-modification)
+    vs the same with only the first and third vs hook-free mode (links as extra bind
+    mounts, no hook) vs no injection, interleaved round by round, medians and ratios.
 (2) The hook processes alone against a prepared container root: ``update-ldcache`` and
     ``create-symlinks`` as the runtime starts them (``nri-cdi hook ...`` with a clean
     environment), next to ``python -c pass`` in the same run.
@@ -35,11 +36,11 @@ from tests.e2e.containerd import Containerd  # noqa: E402
 HOOK_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
-def generate(node: Path, mode: str, klass: str, out: Path) -> Path:
+def generate(node: Path, mode: str, klass: str, out: Path, *extra: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "nri_plugin.ops.cli", "generate", "--mode", "procfs",
                     "--driver-root", str(node), "--link-mode", mode, "--class", klass,
-                    "--output", str(out / f"{klass}.yaml")], check=True, cwd=REPO,
+                    "--output", str(out / f"{klass}.yaml"), *extra], check=True, cwd=REPO,
                    capture_output=True)
     return out / f"{klass}.yaml"
 
@@ -57,7 +58,8 @@ def create_start(cri: object, pod: str, devices: list[str]) -> float:
 
 
 def bench_containerd(specs: Path, root: Path, rounds: int) -> dict[str, float]:
-    kinds = {"none": [], "hooks": ["nvidia.com/gpu=0"], "hook-free": ["nvidia.com/flat=0"]}
+    kinds = {"none": [], "hooks": ["nvidia.com/gpu=0"], "2 hooks": ["nvidia.com/two=0"],
+             "hook-free": ["nvidia.com/flat=0"]}
     samples: dict[str, list[float]] = {k: [] for k in kinds}
     archives = [images.pause_image(root), images.busybox_image(root)]
     with Containerd(enable_cdi=True, cdi_spec_dirs=[specs]) as ctrd:
@@ -68,7 +70,7 @@ def bench_containerd(specs: Path, root: Path, rounds: int) -> dict[str, float]:
             for _, devices in order:
                 create_start(cri, pod, devices)  # warm-up
             for index in range(rounds):
-                for kind, devices in order[index % 3:] + order[:index % 3]:
+                for kind, devices in order[index % len(order):] + order[:index % len(order)]:
                     samples[kind].append(create_start(cri, pod, devices))
     return {k: statistics.median(v) * 1000 for k, v in samples.items()}
 
@@ -118,13 +120,19 @@ def main() -> None:
         node = build_node(root / "node", NodeLayout.uniform(1)).driver_root
         specs = root / "cdi"
         hooks_spec = generate(node, "hooks", "gpu", specs)
+        # The two hooks before issue 15 (no enable-cuda-compat, no
+        # disable-device-node-modification), to price the two it added.
+        generate(node, "hooks", "two", specs, "--disable-hook", "enable-cuda-compat",
+                 "--disable-hook", "disable-device-node-modification")
         flat_spec = generate(node, "mounts", "flat", specs)
         mounts = len(read_spec(hooks_spec).data.container_edits.mounts)
+        hooks = len(read_spec(hooks_spec).data.container_edits.hooks)
         flat_mounts = len(read_spec(flat_spec).data.container_edits.mounts)
         med = bench_containerd(specs, root, args.rounds)
         print(f"(1) Create+Start, {args.rounds} interleaved rounds (medians); hook mode: "
-              f"{mounts} mounts + 2 hooks, hook-free: {flat_mounts} mounts")
-        for kind in ("none", "hooks", "hook-free"):
+              f"{mounts} mounts + {hooks} hooks (2 hooks: create-symlinks, update-ldcache), "
+              f"hook-free: {flat_mounts} mounts")
+        for kind in ("none", "hooks", "2 hooks", "hook-free"):
             print(f"    {kind:12} {med[kind]:7.1f} ms   ({med[kind] / med['none']:.3f} x none)")
         bench_hook_processes(hooks_spec, node, root, args.rounds)
 
