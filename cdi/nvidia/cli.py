@@ -185,7 +185,8 @@ def _add_hook_options(p: argparse.ArgumentParser) -> None:
                         "ld cache; mounts: bind mounts at the link paths, no hook runs")
     p.add_argument("--hook-path", "--nvidia-cdi-hook-path", "--nvidia-ctk-path",
                    dest="hook_path", help="the hook program the spec names: an absolute path "
-                   "to nri-cdi, nvidia-cdi-hook or nvidia-ctk, each given arguments it "
+                   "to nri-cdi, nri-cdi-hook (the static launcher), nvidia-cdi-hook or "
+                   "nvidia-ctk, each given arguments it "
                    "understands (default: this Python, isolated with -I -S, on the hooks' "
                    "own script)")
     p.add_argument("--ldconfig-path", dest="ldconfig_path",

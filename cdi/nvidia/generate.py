@@ -74,7 +74,9 @@ DEFAULT_HOOKS = frozenset({"create-symlinks", "enable-cuda-compat", "update-ldca
                            "disable-device-node-modification"})
 # Programs a hook entry can name (--hook-path), by basename: NVIDIA's two take the same
 # subcommands and flags as ours, under another argv prefix and env.
-HOOK_PROGRAMS = ("nri-cdi", "nvidia-cdi-hook", "nvidia-ctk")
+# ``nri-cdi-hook`` is our static launcher (``nri-cdi hook install-launcher PATH``), which
+# takes the subcommand first.
+HOOK_PROGRAMS = ("nri-cdi", "nri-cdi-hook", "nvidia-cdi-hook", "nvidia-ctk")
 # With --link-mode mounts no ldcache hook runs, so the driver's library folders are handed
 # over in this variable instead.  It is deliberately not LD_LIBRARY_PATH: a CDI env entry
 # replaces the image's value, and the NRI plugin appends this one to the image's
@@ -190,8 +192,12 @@ def _hook(opts: Options, name: str, args: Iterable[str]) -> Hook:
     program = os.path.basename(opts.hook_path)
     if program in ("nvidia-cdi-hook", "nvidia-ctk"):
         return _nvidia_hook(opts, program, name, args)
-    command = (hook_entry.nri_cdi(opts.hook_path, name, args) if opts.hook_path
-               else hook_entry.isolated_python(name, args))
+    if program == "nri-cdi-hook":
+        command = hook_entry.launcher(opts.hook_path, name, args)
+    elif opts.hook_path:
+        command = hook_entry.nri_cdi(opts.hook_path, name, args)
+    else:
+        command = hook_entry.isolated_python(name, args)
     return Hook(hook_name="createContainer", path=command.path, args=command.args,
                 env=command.env)
 

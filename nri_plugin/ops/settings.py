@@ -64,7 +64,7 @@ def _opt_abs_path(value: Any) -> str | None:
 
 
 # = cdi.nvidia.generate.HOOK_PROGRAMS (a test checks), without importing the generator here.
-HOOK_PROGRAMS = ("nri-cdi", "nvidia-cdi-hook", "nvidia-ctk")
+HOOK_PROGRAMS = ("nri-cdi", "nri-cdi-hook", "nvidia-cdi-hook", "nvidia-ctk")
 
 
 def _hook_program(value: Any) -> str | None:

@@ -51,6 +51,7 @@ def hooks_of(out: str) -> list[Hook]:
     ("/usr/bin/nvidia-cdi-hook", ("nvidia-cdi-hook",), ("NVIDIA_CTK_DEBUG=false",)),
     ("/usr/bin/nvidia-ctk", ("nvidia-ctk", "hook"), ("NVIDIA_CTK_DEBUG=false",)),
     ("/usr/local/bin/nri-cdi", ("nri-cdi", "hook"), ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)),
+    ("/opt/nri-cdi-hook", ("/opt/nri-cdi-hook",), ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)),
 ])
 def test_hook_programs_get_their_own_argv(args: list[str], node: BuiltNode, path: str,
                                           prefix: tuple[str, ...], env: tuple[str, ...]) -> None:
