@@ -64,6 +64,9 @@ def test_missing_and_stale_nodes_are_made(node: BuiltNode) -> None:
     (dev / "nvidiactl").unlink()
     os.unlink(dev / "nvidia-uvm-tools")  # and a stale major (from before a module reload):
     os.mknod(dev / "nvidia-uvm-tools", stat.S_IFCHR | 0o600, os.makedev(500, 1))
+    rc, _, err = generate(["--driver-root", str(node.driver_root), "--mode", "procfs"])
+    assert rc == 0 and f"{dev / 'nvidia-uvm-tools'} is 500:1 but the loaded module says 508:1" \
+        in err and "/dev/nvidia-uvm, /dev/nvidiactl" in err
     dry = system("create-device-nodes", "--control-devices", "--dev-root", str(node.dev_root),
                  "--dry-run")
     assert dry.returncode == 0 and "would create" in dry.stderr
