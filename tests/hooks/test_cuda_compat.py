@@ -136,16 +136,20 @@ def _root(tmp: Path, libs: dict[str, Path], compat: str | None, version: str) ->
     ("noted", "575.10.01", 1),  # listed, but older than the host
     (None, "", 1),  # no compat folder
 ])
+@pytest.mark.parametrize("one_entry", [True, False], ids=["one-entry", "one-per-hook"])
 def test_hooks_in_order_pick_the_right_libcuda(tmp_path: Path, libs: dict[str, Path],
                                                compat: str | None, version: str,
-                                               answer: int) -> None:
+                                               answer: int, one_entry: bool) -> None:
+    """As the generator writes it (one process, the operations in order) and as
+    nvidia-ctk lays it out (one process per hook)."""
     if os.geteuid() != 0:
         pytest.skip("chroot needs root")
     root = _root(tmp_path, libs, compat, version)
     state = make_bundle(tmp_path, root)
-    for args in (("create-symlinks", "--link", f"libcuda.so.{HOST}::{DRIVER_DIR}/libcuda.so.1"),
-                 ("enable-cuda-compat", f"--host-driver-version={HOST}"),
-                 ("update-ldcache", "--folder", DRIVER_DIR)):
+    steps = [("create-symlinks", "--link", f"libcuda.so.{HOST}::{DRIVER_DIR}/libcuda.so.1"),
+             ("enable-cuda-compat", f"--host-driver-version={HOST}"),
+             ("update-ldcache", "--folder", DRIVER_DIR)]
+    for args in [tuple(w for step in steps for w in step)] if one_entry else steps:
         proc = run_hook(state, *args)
         assert proc.returncode == 0 and not proc.stderr, (args, proc.stderr)
     run = subprocess.run([CHROOT, str(root), "/prog"], capture_output=True, text=True,
