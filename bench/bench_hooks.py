@@ -2,16 +2,16 @@
 
 (1) Create+Start on a real containerd (native CDI, so only the spec differs) for a GPU of
     a simulated node (about 60 library files), interleaved round by round, medians:
-    no device; our hook mode; our hook-free mode (links as bind mounts, no hook); and, when
+    no device; our hook mode (nvidia-ctk's default operations, one entry); the same with
+    only create-symlinks and update-ldcache (``hooks-2ops``: what the two others cost);
+    our hook-free mode (links as bind mounts, no hook); and, when
     ``../shared/peers/nvidia-cdi-hook`` is present, the same spec with its hook entries
     rewritten to NVIDIA's hook binary (``nvidia``: the same operations as ours, one entry
     per operation and the device's links in the device, as ``nvidia-ctk`` lays them out;
-    ``nvidia-default``: plus the other hooks ``nvidia-ctk cdi generate`` adds by default,
-    ``enable-cuda-compat``, ``disable-device-node-modification`` and
-    ``update-application-profile``).  The image is glibc-like (a static ``ldconfig`` in
-    ``/sbin``, ``/etc/ld.so.conf``), so NVIDIA's ``update-ldcache`` has an ldconfig to run
-    and ours has a cache to rewrite.  The figure that matters is the *added* time over no
-    device, ours against NVIDIA's.
+    ``nvidia-default``: plus ``update-application-profile``).  The image is glibc-like (a
+    static ``ldconfig`` in ``/sbin``, ``/etc/ld.so.conf``), so NVIDIA's ``update-ldcache``
+    has an ldconfig to run and ours has a cache to rewrite.  The figure that matters is
+    the *added* time over no device, ours against NVIDIA's.
 (2) The hook processes alone against a prepared container root, as the runtime starts
     them (clean environment, OCI state on stdin): every hook entry of our spec, then the
     same operations with ``nvidia-cdi-hook``, next to ``python -I -S -c pass``.
@@ -48,14 +48,15 @@ NVIDIA_HOOK = REPO.parent / "shared/peers/nvidia-cdi-hook"
 NVIDIA_ENV = ["NVIDIA_CTK_DEBUG=false"]
 IMAGE = "localhost/nri-cdi/bench-glibc:e2e"
 # Our operations and their options that take a value (see cdi/hooks/cli.py).
-OPERATIONS = ("create-symlinks", "update-ldcache")
+OPERATIONS = ("create-symlinks", "enable-cuda-compat", "update-ldcache",
+              "disable-device-node-modification")
 
 
-def generate(node: Path, mode: str, klass: str, out: Path) -> Path:
+def generate(node: Path, mode: str, klass: str, out: Path, *extra: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "nri_plugin.ops.cli", "generate", "--mode", "procfs",
                     "--driver-root", str(node), "--link-mode", mode, "--class", klass,
-                    "--output", str(out / f"{klass}.json")], check=True, cwd=REPO,
+                    "--output", str(out / f"{klass}.json"), *extra], check=True, cwd=REPO,
                    capture_output=True)
     return out / f"{klass}.json"
 
@@ -111,7 +112,7 @@ def _split_links(options: list[str]) -> tuple[list[str], dict[str, list[str]], l
 
 
 def _nvidia_edits(edits: dict[str, Any], by_device: dict[str, list[str]], *,
-                  driver_version: str, defaults: bool) -> list[dict[str, Any]]:
+                  defaults: bool) -> list[dict[str, Any]]:
     hooks: list[dict[str, Any]] = []
     device_paths = [n["path"] for n in edits.get("deviceNodes", [])]
     device_links = [link for p in device_paths for link in by_device.get(p, [])]
@@ -124,18 +125,14 @@ def _nvidia_edits(edits: dict[str, Any], by_device: dict[str, list[str]], *,
             if op == "create-symlinks" and links:
                 hooks.append(_nvidia_hook("create-symlinks",
                                           *[a for v in links for a in ("--link", v)]))
-            elif op == "update-ldcache":
-                if defaults:
-                    hooks.append(_nvidia_hook("enable-cuda-compat",
-                                              f"--host-driver-version={driver_version}"))
-                hooks.append(_nvidia_hook("update-ldcache", *rest))
+            elif op != "create-symlinks":
+                hooks.append(_nvidia_hook(op, *rest))
     if defaults and any(_our_ops(h) for h in edits.get("hooks", [])):
-        hooks += [_nvidia_hook("disable-device-node-modification"),
-                  _nvidia_hook("update-application-profile")]
+        hooks.append(_nvidia_hook("update-application-profile"))
     return hooks
 
 
-def nvidia_spec(ours: Path, klass: str, *, driver_version: str, defaults: bool) -> Path:
+def nvidia_spec(ours: Path, klass: str, *, defaults: bool) -> Path:
     """``ours`` with every hook entry replaced by NVIDIA's entries for the same work."""
     spec = json.loads(ours.read_text())
     by_device: dict[str, list[str]] = {}
@@ -145,12 +142,10 @@ def nvidia_spec(ours: Path, klass: str, *, driver_version: str, defaults: bool) 
                 by_device.setdefault(device, []).extend(links)
     spec["kind"] = f"nvidia.com/{klass}"
     common = spec.get("containerEdits", {})
-    common["hooks"] = _nvidia_edits(common, {}, driver_version=driver_version,
-                                    defaults=defaults)
+    common["hooks"] = _nvidia_edits(common, {}, defaults=defaults)
     for device in spec["devices"]:
         edits = device["containerEdits"]
-        edits["hooks"] = _nvidia_edits({**edits}, by_device, driver_version=driver_version,
-                                       defaults=False)
+        edits["hooks"] = _nvidia_edits({**edits}, by_device, defaults=False)
         if not edits["hooks"]:
             del edits["hooks"]
     out = ours.with_name(f"{klass}.json")
@@ -313,14 +308,16 @@ def main() -> None:
         node = built.driver_root
         specs = root / "cdi"
         hooks_spec = generate(node, "hooks", "gpu", specs)
+        generate(node, "hooks", "two", specs, "--disable-hook", "enable-cuda-compat",
+                 "--disable-hook", "disable-device-node-modification")
         flat_spec = generate(node, "mounts", "flat", specs)
-        kinds = {"none": [], "hooks": ["nvidia.com/gpu=0"], "hook-free": ["nvidia.com/flat=0"]}
-        version = built.driver_version
+        kinds = {"none": [], "hooks": ["nvidia.com/gpu=0"], "hooks-2ops": ["nvidia.com/two=0"],
+                 "hook-free": ["nvidia.com/flat=0"]}
         nv_specs: dict[str, Path] = {}
         if NVIDIA_HOOK.exists():
             for klass, defaults in (("nvidia", False), ("nvidia-default", True)):
                 nv_specs[klass] = nvidia_spec(hooks_spec, klass.replace("-", ""),
-                                              driver_version=version, defaults=defaults)
+                                              defaults=defaults)
                 kinds[klass] = [f"nvidia.com/{klass.replace('-', '')}=0"]
         else:
             print(f"({NVIDIA_HOOK} is absent: no NVIDIA figures)")

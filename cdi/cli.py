@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
@@ -28,6 +29,9 @@ def add_commands(subparsers: Any) -> None:
     _add_inject(subparsers)
 
 
+SPEC_DIRS_ENV = "NVIDIA_CTK_CDI_SPEC_DIRS"  # nvidia-ctk cdi list's variable (comma-separated)
+
+
 def _spec_dir_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--spec-dir",
@@ -35,8 +39,16 @@ def _spec_dir_option(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="DIR",
         help="a spec directory; repeat for several, later ones win "
-        f"(default: {' then '.join(DEFAULT_SPEC_DIRS)})",
+        f"(default: ${SPEC_DIRS_ENV}, else {' then '.join(DEFAULT_SPEC_DIRS)})",
     )
+
+
+def spec_dirs(args: argparse.Namespace, environ: Any = None) -> list[str] | None:
+    """``--spec-dir`` values, else ``$NVIDIA_CTK_CDI_SPEC_DIRS``, else None (the defaults)."""
+    if args.spec_dirs:
+        return list(args.spec_dirs)
+    raw = (os.environ if environ is None else environ).get(SPEC_DIRS_ENV, "")
+    return [d.strip() for d in raw.split(",") if d.strip()] or None
 
 
 def _add_list(subparsers: Any) -> None:
@@ -87,7 +99,7 @@ def cmd_list(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
     from cdi.cache import SpecCache
 
     out, err = out or sys.stdout, err or sys.stderr
-    snapshot = SpecCache(args.spec_dirs).refresh()
+    snapshot = SpecCache(spec_dirs(args)).refresh()
     for path, messages in sorted(snapshot.errors.items()):
         for message in messages:
             print(f"{path}: {message}", file=err)
@@ -162,7 +174,7 @@ def cmd_inject(
     except (OSError, ValueError) as exc:
         print(f"{args.file}: cannot read OCI runtime spec: {exc}", file=err)
         return 1
-    snapshot = SpecCache(args.spec_dirs).refresh()
+    snapshot = SpecCache(spec_dirs(args)).refresh()
     try:
         result = apply(oci, snapshot.resolve(args.devices))
     except CDIError as exc:

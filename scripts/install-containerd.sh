@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install what the end-to-end tests (tests/e2e) need to run a real containerd 1.7 and a real
 # containerd 2.1 with CRI + NRI, without installing containerd system-wide:
-#   - bookworm packages runc, busybox-static, gcc, libc6-dev (apt-get install, if missing);
+#   - bookworm packages runc, busybox-static, gcc, libc6-dev and podman (apt-get install
+#     --no-install-recommends, if missing; podman 4.3 is the second CDI consumer tested);
 #   - trixie packages containerd (1.7) and golang-github-kubernetes-cri-api-dev, downloaded
 #     with a private apt config (the system's apt sources/lists/cache are never touched) and
 #     unpacked with dpkg -x into $CACHE/root;
@@ -30,7 +31,7 @@ BIN=$ROOTFS/usr/bin
 GEN=$CACHE/cri_gen
 PKG=cri_api_v1
 CRI_PROTO_IN_DEB=usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto
-HOST_PACKAGES=(runc busybox-static gcc libc6-dev)
+HOST_PACKAGES=(runc busybox-static gcc libc6-dev podman)
 
 log() { echo "install-containerd: $*" >&2; }
 die() { log "error: $*"; exit 1; }

@@ -3,14 +3,16 @@
 ``OPERATION [--option VALUE]... [OPERATION [--option VALUE]...]...``, for example::
 
     create-symlinks --link TARGET::LINK ... --device-link DEVICE::TARGET::LINK ...
+    enable-cuda-compat --host-driver-version=V
     update-ldcache --folder DIR ...
+    disable-device-node-modification
 
 The OCI state is read from stdin once, the container root opened once, and the operations
 run in the order given; the first failure prints one line naming the operation and the
 container path and exits 1, which makes the runtime fail the container's creation.  One
 operation alone (``create-symlinks --link ...``) is the same command line as before, and as
-``nvidia-cdi-hook``'s.  ``install-launcher PATH`` builds the static launcher
-(:mod:`cdi.hooks.launcher`).
+``nvidia-cdi-hook``'s (the operations have its names and flags).  ``install-launcher PATH``
+builds the static launcher (:mod:`cdi.hooks.launcher`).
 
 Why one process: a hook is a Python interpreter started by the runtime for every container,
 and starting one costs more than any operation's work; so the generator writes a single hook
@@ -129,6 +131,22 @@ def _mask_proc(root: RootFS, args: Args) -> list[str]:
     return []
 
 
+def _enable_cuda_compat(root: RootFS, args: Args) -> list[str]:
+    from cdi.hooks.cuda_compat import COMPAT_ROOT, enable_cuda_compat
+
+    enable_cuda_compat(root, host_driver=args.host_driver_version or "",
+                       host_cuda=args.host_cuda_version or "",
+                       compat_root=args.cuda_compat_container_root or COMPAT_ROOT)
+    return []  # silent either way, as the other operations are when they succeed
+
+
+def _disable_device_node_modification(root: RootFS, args: Args) -> list[str]:
+    from cdi.hooks.device_params import PARAMS, disable_device_node_modification
+
+    disable_device_node_modification(root, host_params=args.host_params or PARAMS)
+    return []
+
+
 DEFAULT_PROC_ROOT = "/proc/driver/nvidia"
 
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (
@@ -142,6 +160,19 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
               Option("folder", "DIR", "repeatable; an absolute container path"),
               Option("ldconfig-path", "PATH", "accepted for nvidia-cdi-hook compatibility and "
                      "ignored: no ldconfig is run, the cache is written directly", many=False)),
+    # The generator runs it before update-ldcache, which puts the folders of the
+    # 00-compat-*.conf it writes first (the table's order is only the help's).
+    Operation("enable-cuda-compat", _enable_cuda_compat,
+              "put the image's CUDA forward-compatibility libraries first when newer than "
+              "the host driver",
+              Option("host-driver-version", "V", "the host driver's version", many=False),
+              Option("host-cuda-version", "V", "the host's CUDA version", many=False),
+              Option("cuda-compat-container-root", "DIR", "the compat libraries' container "
+                     "folder (default /usr/local/cuda/compat)", many=False)),
+    Operation("disable-device-node-modification", _disable_device_node_modification,
+              "show the container ModifyDeviceFiles: 0 in /proc/driver/nvidia/params",
+              Option("host-params", "FILE", "the driver's params file on the host (default "
+                     "/proc/driver/nvidia/params)", many=False)),
     Operation("mask-proc", _mask_proc,
               "show only the given GPUs under /proc/driver/nvidia/gpus",
               Option("gpu", "BUS_ID", "repeatable; a PCI bus id the container was given"),

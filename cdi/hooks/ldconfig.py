@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import stat
 
+from cdi.hooks.cuda_compat import compat_folders
 from cdi.hooks.rootfs import RootFS, RootFSError, split_container_path
 from cdi.linux.elf import DynamicInfo, ElfError, read_dynamic
 from cdi.linux.ldcache import LdCacheEntry, LdCacheError, encode, libcmp, merge, parse_ldcache
@@ -25,7 +26,7 @@ TYPE_CHECKING = False  # collections costs a hook process ~2 ms at start-up
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["LdcacheResult", "update_ldcache"]
+__all__ = ["LdcacheResult", "update_ldcache", "write_file"]
 
 CACHE = "/etc/ld.so.cache"
 CONF_DIR = "/etc/ld.so.conf.d"
@@ -86,7 +87,9 @@ def _update_glibc(root: RootFS, folders: Sequence[str]) -> LdcacheResult:
     warnings: list[str] = []
     added: list[LdCacheEntry] = []
     links: list[str] = []
-    for folder in dict.fromkeys(f.rstrip("/") or "/" for f in folders):
+    # enable-cuda-compat's folders first: their libcuda.so.1 must win over the injected one.
+    first = compat_folders(root)
+    for folder in dict.fromkeys(f.rstrip("/") or "/" for f in (*first, *folders)):
         try:
             entries, made = _scan(root, folder)
         except FileNotFoundError:
@@ -201,6 +204,11 @@ def _is_dir(root: RootFS, path: str) -> bool:
         return stat.S_ISDIR(os.fstat(fd).st_mode)
     finally:
         os.close(fd)
+
+
+def write_file(root: RootFS, path: str, data: bytes) -> str:
+    """Replace the container file ``path`` atomically (mode 0644, folders made)."""
+    return _write(root, path, data)
 
 
 def _write(root: RootFS, path: str, data: bytes) -> str:

@@ -51,11 +51,46 @@ ENV: dict[str, tuple[str, str]] = {
     "device_ids": ("NVIDIA_CTK_CDI_GENERATE_DEVICE_IDS", "list"),
     "disabled_hooks": ("NVIDIA_CTK_CDI_GENERATE_DISABLED_HOOKS", "list"),
     "enabled_hooks": ("NVIDIA_CTK_CDI_GENERATE_ENABLED_HOOKS", "list"),
+    "feature_flags": ("NVIDIA_CTK_CDI_GENERATE_FEATURE_FLAGS", "list"),
+    "csv_files": ("NVIDIA_CTK_CDI_GENERATE_CSV_FILES", "list"),
+    "csv_ignore_patterns": ("NVIDIA_CTK_CDI_GENERATE_CSV_IGNORE_PATTERNS", "list"),
+    "csv_compat_root": ("NVIDIA_CTK_CDI_GENERATE_CSV_CONTAINER_COMPAT_ROOT", "str"),
+    "debug": ("NVIDIA_CTK_DEBUG", "bool"),
+    "quiet": ("NVIDIA_CTK_QUIET", "bool"),
+    "config": ("NVIDIA_CTK_CONFIG", "str"),
     "link_mode": ("NRI_CDI_GENERATE_LINK_MODE", "str"),
     "cdi_version": ("NRI_CDI_GENERATE_CDI_VERSION", "str"),
     "if_changed": ("NRI_CDI_GENERATE_IF_CHANGED", "bool"),
 }
 _TRUE = ("1", "t", "true", "yes", "y", "on")
+# Feature flags nvidia-ctk knows, and what each means here.  Accepted: those whose effect
+# we have (or always have); the others are refused by name with the reason.
+FEATURE_FLAGS: dict[str, str | None] = {
+    "disable-nvsandboxutils": None,  # nri-cdi never loads libnvidia-sandboxutils
+    "disable-ipc-discoverer": None,  # no persistenced/fabricmanager/MPS mounts
+    "no-additional-gids-for-device-nodes": None,  # Options.additional_gids off
+    "enable-explicit-driver-libraries": "nri-cdi mounts only the driver's versioned "
+                                        "libraries; the explicit (GLVND) list is not supported",
+    "enable-coherent-annotations": "coherence annotations and the gpu.coherent specs are not "
+                                   "supported",
+    "disable-multiple-csv-devices": "CSV (Tegra) mode is not supported",
+}
+# The highest cdiVersion each runtime's vendored CDI library accepts (a newer version is
+# "invalid", and the runtime then reports the devices as unresolvable).  Read from the
+# binaries: Debian's containerd 1.7.24 (CDI library 0.8: requiresV080 is its newest check)
+# and 2.1.9 (specs-go 1.0: requiresV100); Debian bookworm's podman 4.3.1 (CDI 0.5).
+RUNTIME_MAX_VERSIONS = {"podman-4.3": "0.5.0", "containerd-1.7.24": "0.8.0",
+                        "containerd-2.1.9": "1.0.0"}
+# nvidia-ctk's hooks that nri-cdi does not emit, and why.
+UNSUPPORTED_HOOKS = {
+    "chmod": "it is a deprecated workaround for old crun versions (nvidia-ctk disables it by "
+             "default too)",
+    "update-application-profile": "nri-cdi has no such hook (EGL/Vulkan GPU visibility "
+                                  "profiles)",
+}
+# Hooks that act in the container root by links and the ld cache: --link-mode mounts does
+# that with bind mounts instead, and cannot run them.
+_LINK_HOOKS = ("create-symlinks", "update-ldcache", "enable-cuda-compat")
 
 
 class UsageError(Exception):
@@ -78,7 +113,31 @@ def add_commands(subparsers: Any) -> None:
     _add_discovery_options(parser)
     _add_naming_options(parser)
     _add_hook_options(parser)
+    _add_nvidia_ctk_options(parser)
     parser.set_defaults(func=cmd_generate)
+
+
+def _add_nvidia_ctk_options(p: argparse.ArgumentParser) -> None:
+    """nvidia-ctk's global options and its CSV/feature-flag ones: taken where they map to
+    something nri-cdi does, refused by name otherwise (never silently ignored)."""
+    p.add_argument("--feature-flag", "--feature-flags", dest="feature_flags", action="append",
+                   metavar="FLAG", help=f"one of {', '.join(FEATURE_FLAGS)} (only "
+                   "disable-nvsandboxutils, disable-ipc-discoverer and "
+                   "no-additional-gids-for-device-nodes are supported)")
+    p.add_argument("--csv.file", dest="csv_files", action="append", metavar="FILE",
+                   help="refused: CSV (Tegra) mode is not supported")
+    p.add_argument("--csv.ignore-pattern", dest="csv_ignore_patterns", action="append",
+                   metavar="PATTERN", help="refused: CSV (Tegra) mode is not supported")
+    p.add_argument("--csv.compat-container-root", dest="csv_compat_root", metavar="DIR",
+                   help="refused: CSV (Tegra) mode is not supported")
+    p.add_argument("--debug", "-d", dest="debug", action="store_true", default=None,
+                   help="say what was found and decided, on stderr (NVIDIA hook programs "
+                        "also get NVIDIA_CTK_DEBUG=true)")
+    p.add_argument("--quiet", dest="quiet", action="store_true", default=None,
+                   help="print errors only; overrides --debug")
+    p.add_argument("--config", dest="config", metavar="FILE",
+                   help="nvidia-ctk's config.toml: its nvidia-container-cli.root is the "
+                        "default driver root")
 
 
 def _add_output_options(p: argparse.ArgumentParser) -> None:
@@ -86,9 +145,10 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", help="spec file to write (default: standard output)")
     p.add_argument("--format", choices=("yaml", "json"),
                    help="output format (default: from the --output extension, else yaml)")
-    p.add_argument("--cdi-version", dest="cdi_version", metavar="VERSION",
-                   help="highest cdiVersion the target runtimes accept; fail if the spec "
-                        "needs more (>= 0.6.0 also records metadata as annotations)")
+    p.add_argument("--cdi-version", dest="cdi_version", metavar="VERSION|RUNTIME",
+                   help="highest cdiVersion the target runtimes accept, or a runtime "
+                        f"({', '.join(RUNTIME_MAX_VERSIONS)}) for its highest; fail if the "
+                        "spec needs more (>= 0.6.0 also records metadata as annotations)")
     p.add_argument("--if-changed", dest="if_changed", action="store_true", default=None,
                    help="do nothing when the existing spec has the same fingerprint")
 
@@ -125,8 +185,11 @@ def _add_hook_options(p: argparse.ArgumentParser) -> None:
                    help="hooks (default): createContainer hooks make the driver's symlinks and "
                         "ld cache; mounts: bind mounts at the link paths, no hook runs")
     p.add_argument("--hook-path", "--nvidia-cdi-hook-path", "--nvidia-ctk-path",
-                   dest="hook_path", help="an nri-cdi executable for the hooks to run "
-                   "(default: this Python, isolated with -I -S, on the hooks' own script)")
+                   dest="hook_path", help="the hook program the spec names: an absolute path "
+                   "to nri-cdi, nri-cdi-hook (the static launcher), nvidia-cdi-hook or "
+                   "nvidia-ctk, each given arguments it "
+                   "understands (default: this Python, isolated with -I -S, on the hooks' "
+                   "own script)")
     p.add_argument("--ldconfig-path", dest="ldconfig_path",
                    help="ldconfig for the update-ldcache hook")
     p.add_argument("--disable-hook", "--disable-hooks", dest="disabled_hooks", action="append",
@@ -157,27 +220,96 @@ def _from_env(args: argparse.Namespace, environ: Any) -> dict[str, Any]:
     return values
 
 
-def _hooks(enabled: Sequence[str] | None, disabled: Sequence[str] | None) -> frozenset[str]:
+def _hooks(enabled: Sequence[str] | None, disabled: Sequence[str] | None, *,
+           link_mode: str = "hooks", mode: str = "auto") -> frozenset[str]:
+    """The hooks to emit.  Defaults: nvidia-ctk's (less the two we lack) in hooks mode,
+    none in mounts mode; management mode leaves out disable-device-node-modification, as
+    nvidia-ctk does.  An explicit --enable-hook that cannot take effect is refused."""
     from cdi.nvidia.generate import DEFAULT_HOOKS, HOOK_NAMES
 
-    for name in (*(enabled or ()), *(disabled or ())):
+    enabled, disabled = list(enabled or ()), list(disabled or ())
+    for name in (*enabled, *disabled):
         if name != "all" and name not in HOOK_NAMES:
             raise UsageError(f"unknown hook {name!r} (want one of {', '.join(HOOK_NAMES)})")
-    if "all" in (enabled or ()):
+    if "all" in enabled:
         raise UsageError("--enable-hook all is not allowed; name the hooks")
-    hooks = set() if "all" in (disabled or ()) else set(DEFAULT_HOOKS) - set(disabled or ())
-    return frozenset(hooks | (set(enabled or ()) & DEFAULT_HOOKS))
+    for name in enabled:
+        if name in UNSUPPORTED_HOOKS:
+            raise UsageError(f"--enable-hook {name}: not supported: {UNSUPPORTED_HOOKS[name]}")
+        if link_mode == "mounts" and name in _LINK_HOOKS:
+            raise UsageError(f"--enable-hook {name}: --link-mode mounts runs no {name} hook "
+                             "(links are bind mounts and the loader path comes from the "
+                             "environment); use --link-mode hooks")
+    defaults = set(DEFAULT_HOOKS) if link_mode == "hooks" else set()
+    if mode == "management":
+        defaults.discard("disable-device-node-modification")
+    hooks = set() if "all" in disabled else defaults - set(disabled)
+    return frozenset(hooks | set(enabled))
 
 
 def _hook_path(value: str | None) -> str:
-    """An explicit ``nri-cdi`` executable for the hooks, or "" for the default entry: this
-    interpreter started isolated (``-I -S``) on the hooks' own script, which starts one
-    Python per hook instead of two (the console script re-executes itself isolated)."""
-    if value:
-        if not os.path.isabs(value):
-            raise UsageError(f"--hook-path must be absolute, got {value!r}")
-        return value
-    return ""
+    """The hook program named by the spec, or "" for the default entry: this interpreter
+    started isolated (``-I -S``) on the hooks' own script, which starts one Python per hook
+    instead of two (the console script re-executes itself isolated).
+
+    The program is recognised by its name, which decides the argument layout; a program
+    we cannot place would get arguments it does not understand (NVIDIA's binary answers
+    ``Unsupported CDI hook: hook`` to ours and exits 0, so a container would start without
+    ``libcuda.so.1``), hence refused."""
+    from cdi.nvidia.generate import HOOK_PROGRAMS
+
+    if not value:
+        return ""
+    if not os.path.isabs(value):
+        raise UsageError(f"--hook-path must be absolute, got {value!r}")
+    program = os.path.basename(value)
+    if program not in HOOK_PROGRAMS:
+        raise UsageError(f"--hook-path {value}: {program!r} is not a hook program nri-cdi "
+                         f"knows the arguments of (want a path ending in "
+                         f"{', '.join('/' + p for p in HOOK_PROGRAMS)})")
+    return value
+
+
+def _feature_flags(values: Sequence[str] | None) -> frozenset[str]:
+    for flag in values or ():
+        if flag not in FEATURE_FLAGS:
+            raise UsageError(f"unknown --feature-flag {flag!r} "
+                             f"(nvidia-ctk's are {', '.join(FEATURE_FLAGS)})")
+        reason = FEATURE_FLAGS[flag]
+        if reason is not None:
+            raise UsageError(f"--feature-flag {flag}: not supported: {reason}")
+    return frozenset(values or ())
+
+
+def _refuse_csv(v: dict[str, Any]) -> None:
+    for dest, flag in (("csv_files", "--csv.file"), ("csv_ignore_patterns",
+                                                     "--csv.ignore-pattern"),
+                       ("csv_compat_root", "--csv.compat-container-root")):
+        if v[dest]:
+            raise UsageError(f"{flag} / {ENV[dest][0]}: CSV (Tegra) mode is not supported by "
+                             "nri-cdi generate")
+
+
+def _config_driver_root(path: str) -> str | None:
+    """``nvidia-container-cli.root`` from nvidia-ctk's config.toml, the one key of that
+    file ``nvidia-ctk cdi generate`` uses."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        raise UsageError(f"--config {path}: reading TOML needs Python >= 3.11") from None
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise UsageError(f"--config {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"--config {path}: not TOML: {exc}") from None
+    section = data.get("nvidia-container-cli")
+    root = section.get("root") if isinstance(section, dict) else None
+    if root is not None and (not isinstance(root, str) or not root.startswith("/")):
+        raise UsageError(f"--config {path}: nvidia-container-cli.root: want an absolute path, "
+                         f"got {root!r}")
+    return root or None
 
 
 def _options(v: dict[str, Any], mode: str) -> Any:
@@ -189,8 +321,11 @@ def _options(v: dict[str, Any], mode: str) -> Any:
         if s not in STRATEGIES:
             raise UsageError(f"unknown --device-name-strategy {s!r} "
                              f"(want one of {', '.join(STRATEGIES)})")
+    if v["cdi_version"] in RUNTIME_MAX_VERSIONS:
+        v["cdi_version"] = RUNTIME_MAX_VERSIONS[v["cdi_version"]]
     if v["cdi_version"] and parse_version(v["cdi_version"]) is None:
-        raise UsageError(f"unknown --cdi-version {v['cdi_version']!r}")
+        raise UsageError(f"unknown --cdi-version {v['cdi_version']!r} (want a version such as "
+                         f"0.5.0, or one of {', '.join(RUNTIME_MAX_VERSIONS)})")
     ids = tuple(v["device_ids"] or ("all",))
     if "none" in ids and len(ids) > 1:
         raise UsageError("--device-id none cannot be combined with other ids")
@@ -199,9 +334,12 @@ def _options(v: dict[str, Any], mode: str) -> Any:
         vendor=vendor, class_=v["class_"] or "gpu", strategies=strategies, device_ids=ids,
         all_device=not v["no_all_device"] and ids != ("none",),
         link_mode=v["link_mode"] or "hooks", hook_path=_hook_path(v["hook_path"]),
-        hooks=_hooks(v["enabled_hooks"], v["disabled_hooks"]),
+        hooks=_hooks(v["enabled_hooks"], v["disabled_hooks"],
+                     link_mode=v["link_mode"] or "hooks", mode=mode),
         ldconfig_path=v["ldconfig_path"],
         max_version=v["cdi_version"].lstrip("v") if v["cdi_version"] else None,
+        feature_flags=(flags := _feature_flags(v["feature_flags"])), debug=bool(v["debug"]),
+        additional_gids="no-additional-gids-for-device-nodes" not in flags,
     )
 
 
@@ -244,32 +382,42 @@ def cmd_generate(args: argparse.Namespace, out: TextIO | None = None,
 def _cmd_generate(args: argparse.Namespace, out: TextIO | None, err: TextIO | None,
                   environ: Any) -> int:
     out, err = out or sys.stdout, err or sys.stderr
+    v = _from_env(args, os.environ if environ is None else environ)
+
+    def say(message: str) -> None:
+        print(f"nri-cdi generate: {message}", file=err)
 
     def warn(message: str) -> None:
-        print(f"nri-cdi generate: {message}", file=err)
+        if not v["quiet"]:
+            say(message)
+
+    def debug(message: str) -> None:
+        if v["debug"] and not v["quiet"]:
+            say(f"debug: {message}")
 
     from cdi.errors import SpecError
     from cdi.nvidia.discover import DiscoveryError
     from cdi.nvidia.generate import GenerateError
 
     try:
-        return _generate(_from_env(args, os.environ if environ is None else environ), out, warn)
+        return _generate(v, out, warn, debug)
     except (UsageError, DiscoveryError, GenerateError) as exc:
-        warn(f"error: {exc}")
+        say(f"error: {exc}")
     except SpecError as exc:
-        warn("error: the generated spec is invalid:\n  " + "\n  ".join(exc.lines()))
+        say("error: the generated spec is invalid:\n  " + "\n  ".join(exc.lines()))
     except OutputError as exc:
         cause = exc.__cause__
         detail = getattr(cause, "strerror", None) or str(cause)
         other = getattr(cause, "filename", None)  # a temporary file, or the sidecar
         where = f" ({other})" if other and str(other) != str(exc.path) else ""
-        warn(f"error: cannot write {exc.path}: {detail}{where}")
+        say(f"error: cannot write {exc.path}: {detail}{where}")
     except OSError as exc:  # reading the node: a folder we may not enter, a vanished file
-        warn(f"error: cannot read {exc.filename or 'the node'}: {exc.strerror or exc}")
+        say(f"error: cannot read {exc.filename or 'the node'}: {exc.strerror or exc}")
     return 1
 
 
-def _generate(v: dict[str, Any], out: TextIO, warn: Any) -> int:
+def _generate(v: dict[str, Any], out: TextIO, warn: Any,
+              debug: Any = lambda message: None) -> int:
     from cdi.nvidia.discover import MODES, discover
     from cdi.nvidia.driver import find_nvml_library, find_version_from_libraries, locate_driver
     from cdi.nvidia.generate import build_spec, collect, fingerprint, spec_annotations
@@ -277,9 +425,14 @@ def _generate(v: dict[str, Any], out: TextIO, warn: Any) -> int:
     mode = v["mode"] or "auto"
     if mode not in MODES:
         raise UsageError(f"mode {mode!r} is not supported (want one of {', '.join(MODES)})")
+    _refuse_csv(v)
+    if v["config"] and not v["driver_root"]:
+        v["driver_root"] = _config_driver_root(v["config"])
+        debug(f"driver root from {v['config']}: {v['driver_root'] or '(not set)'}")
     opts = _options(v, mode)
     path, json_format = _output(v, warn)
     roots = _roots(v)
+    debug(f"driver root {roots.driver}, dev root {roots.dev}, mode {mode}")
     search = v["library_search_paths"]
     node = discover(mode, roots, warn=warn,
                     nvml_library=lambda: find_nvml_library(roots, search),
@@ -291,12 +444,21 @@ def _generate(v: dict[str, Any], out: TextIO, warn: Any) -> int:
         warn(f"no *.so.{node.driver_version} driver libraries found under {roots.driver}")
     for skipped in driver.skipped:
         warn(f"skipped {skipped}")
+    if "disable-ipc-discoverer" in opts.feature_flags:
+        driver = driver._replace(ipc=())
+    _warn_missing_control_nodes(roots, driver, warn)
+    debug(f"{node.mode} mode: driver {node.driver_version}, {len(node.gpus)} GPU(s), "
+          f"library folders {', '.join(driver.lib_dirs) or 'none'}, "
+          f"hooks {', '.join(sorted(opts.hooks)) or 'none'} via "
+          f"{opts.hook_path or 'this Python'}")
     inv = collect(roots, node, driver)
     fp = fingerprint(inv, opts)
     if v["if_changed"] and path is not None and _unchanged(path, fp):
         warn(f"{path} is up to date ({fp}); not rewritten")
         return 0
     spec = build_spec(inv, opts, warn=warn, spec_annotations=spec_annotations(inv, fp))
+    if opts.max_version is None:
+        _warn_runtime_maxima(spec.cdi_version, warn)
     text = _render(spec, json_format, mode=node.mode, fp=fp, sidecar=path)
     if path is None:
         out.write(text)
@@ -306,6 +468,49 @@ def _generate(v: dict[str, Any], out: TextIO, warn: Any) -> int:
     except OSError as exc:
         raise OutputError(path) from exc
     return 0
+
+
+def _warn_runtime_maxima(version: str, warn: Any) -> None:
+    from cdi.version import version_key
+
+    older = [f"{name} (up to {top})" for name, top in RUNTIME_MAX_VERSIONS.items()
+             if version_key(version) > version_key(top)]
+    if older:
+        warn(f"the spec needs cdiVersion {version}, which {', '.join(older)} cannot read; "
+             "pass --cdi-version with your runtimes' highest to be told what to change")
+
+
+def _warn_missing_control_nodes(roots: Any, driver: Any, warn: Any) -> None:
+    """nvidia-ctk warns too; a container without /dev/nvidia-uvm cannot run CUDA, and
+    nothing but nvidia-smi or ``nri-cdi system create-device-nodes`` creates it."""
+    from cdi.nvidia.driver import CONTROL_NODES
+
+    found = {n.path for n in driver.control_nodes}
+    missing = [p for p in CONTROL_NODES if p not in found]
+    if missing:
+        warn(f"control device nodes missing under {roots.dev}: {', '.join(missing)}; the spec "
+             "leaves them out (create them with `nri-cdi system create-device-nodes "
+             "--control-devices`, then generate again)")
+    for line in _stale_control_nodes(roots, driver):
+        warn(line)
+
+
+def _stale_control_nodes(roots: Any, driver: Any) -> list[str]:
+    """Nodes whose numbers differ from what the loaded modules registered (the nvidia-uvm
+    major changes when the module is reloaded): a spec would carry the stale numbers."""
+    from cdi.nvidia.devnodes import char_majors, control_node_plan
+
+    try:
+        text = roots.proc_path("devices").read_text(errors="replace")
+    except OSError:
+        return []
+    plan = {f"/dev/{name}": (major, minor)
+            for name, major, minor in control_node_plan(char_majors(text))[0]}
+    return [f"{n.host} is {n.major}:{n.minor} but the loaded module says "
+            f"{plan[n.path][0]}:{plan[n.path][1]} (stale after a module reload?); "
+            "`nri-cdi system create-device-nodes --control-devices` replaces it"
+            for n in driver.control_nodes
+            if n.path in plan and (n.major, n.minor) != plan[n.path]]
 
 
 def _roots(v: dict[str, Any]) -> Any:

@@ -73,8 +73,17 @@ GENERATOR_VERSION = "0.1.0"
 STRATEGIES = ("index", "uuid", "type-index")
 HOOK_NAMES = ("create-symlinks", "update-ldcache", "enable-cuda-compat",
               "disable-device-node-modification", "update-application-profile", "chmod")
-# Hooks this generator emits (the others are accepted by name for nvidia-ctk compatibility).
-DEFAULT_HOOKS = frozenset({"create-symlinks", "update-ldcache"})
+# Hooks emitted by default in hooks mode, as nvidia-ctk does; the other two names are
+# accepted by --disable-hook and refused by --enable-hook (cdi.nvidia.cli says why).
+DEFAULT_HOOKS = frozenset({"create-symlinks", "enable-cuda-compat", "update-ldcache",
+                           "disable-device-node-modification"})
+# Programs a hook entry can name (--hook-path), by basename: NVIDIA's two take the same
+# subcommands and flags as ours, under another argv prefix and env.
+# ``nri-cdi-hook`` is our static launcher (``nri-cdi hook install-launcher PATH``), which
+# takes the subcommand first.
+HOOK_PROGRAMS = ("nri-cdi", "nri-cdi-hook", "nvidia-cdi-hook", "nvidia-ctk")
+# NVIDIA's run one hook per entry; ours take every operation in one entry (cdi.hooks.cli).
+NVIDIA_HOOK_PROGRAMS = ("nvidia-cdi-hook", "nvidia-ctk")
 # With --link-mode mounts no ldcache hook runs, so the driver's library folders are handed
 # over in this variable instead.  It is deliberately not LD_LIBRARY_PATH: a CDI env entry
 # replaces the image's value, and the NRI plugin appends this one to the image's
@@ -104,6 +113,8 @@ class Options(NamedTuple):
     # additionalGids for device nodes a non-root process could not open otherwise (the
     # nodes' own groups), as nvidia-ctk adds them; needs cdiVersion 0.7.0.
     additional_gids: bool = True
+    feature_flags: frozenset[str] = frozenset()
+    debug: bool = False  # NVIDIA hook programs get NVIDIA_CTK_DEBUG=<debug>
 
     @property
     def kind(self) -> str:
@@ -119,7 +130,8 @@ class Options(NamedTuple):
                 "device_ids": list(self.device_ids), "all_device": self.all_device,
                 "link_mode": self.link_mode, "hook_path": self.hook_path,
                 "hooks": sorted(self.hooks), "ldconfig_path": self.ldconfig_path,
-                "max_version": self.max_version, "additional_gids": self.additional_gids}
+                "max_version": self.max_version, "additional_gids": self.additional_gids,
+                "feature_flags": sorted(self.feature_flags)}
 
 
 class Inventory(NamedTuple):
@@ -215,17 +227,37 @@ def _mount(m: FileMount) -> Mount:
 def _hook(opts: Options, steps: Sequence[tuple[str, Sequence[str]]]) -> tuple[Hook, ...]:
     """One hook entry running every operation in ``steps``, in order, in one process: a
     hook is an interpreter start per container, which costs more than the work itself
-    (cdi.hooks.cli), so a container gets one entry, not one per operation or device."""
+    (cdi.hooks.cli), so a container gets one entry, not one per operation or device.
+    NVIDIA's hook programs take one operation each: one entry per step, as nvidia-ctk writes."""
     if not steps:
         return ()
     words = [w for name, args in steps for w in (name, *args)]
     # An explicit env: a hook entry without one inherits the container's environment
     # (LD_PRELOAD and PYTHON* from the image: CVE-2025-23266). The hook re-executes
     # itself with an isolated interpreter before it reads anything (cdi.hooks.entry).
-    command = (hook_entry.nri_cdi(opts.hook_path, words[0], words[1:]) if opts.hook_path
-               else hook_entry.isolated_python(words[0], words[1:]))
+    program = os.path.basename(opts.hook_path)
+    if program in NVIDIA_HOOK_PROGRAMS:  # they run one hook per entry
+        return tuple(_nvidia_hook(opts, program, name, args) for name, args in steps)
+    if program == "nri-cdi-hook":
+        command = hook_entry.launcher(opts.hook_path, words[0], words[1:])
+    elif opts.hook_path:
+        command = hook_entry.nri_cdi(opts.hook_path, words[0], words[1:])
+    else:
+        command = hook_entry.isolated_python(words[0], words[1:])
     return (Hook(hook_name="createContainer", path=command.path, args=command.args,
                  env=command.env),)
+
+
+def _nvidia_hook(opts: Options, program: str, name: str, args: Iterable[str]) -> Hook:
+    """NVIDIA's hook programs, written as nvidia-ctk writes them: ``[nvidia-cdi-hook, NAME,
+    ...]`` or ``[nvidia-ctk, hook, NAME, ...]``, env ``NVIDIA_CTK_DEBUG=false``."""
+    prefix = (program, "hook") if program == "nvidia-ctk" else (program,)
+    return Hook(hook_name="createContainer", path=opts.hook_path, args=(*prefix, name, *args),
+                env=(f"NVIDIA_CTK_DEBUG={'true' if opts.debug else 'false'}",))
+
+
+def _nvidia_program(opts: Options) -> bool:
+    return os.path.basename(opts.hook_path) in NVIDIA_HOOK_PROGRAMS
 
 
 def _symlink_step(opts: Options, links: Sequence[Link],
@@ -264,6 +296,23 @@ def device_links(nodes: DeviceNodes) -> list[tuple[str, Link]]:
     return out
 
 
+def _compat_step(opts: Options, version: str) -> list[tuple[str, list[str]]]:
+    """Before update-ldcache, which puts the folder it chooses first (nvidia-ctk's order:
+    create-symlinks, enable-cuda-compat, update-ldcache, disable-device-node-modification)."""
+    if "enable-cuda-compat" not in opts.hooks or opts.link_mode != "hooks":
+        return []
+    args = [f"--host-driver-version={version}"] if version and "*" not in version else []
+    return [("enable-cuda-compat", args)]
+
+
+def _params_step(opts: Options) -> list[tuple[str, list[str]]]:
+    # Also in mounts mode when asked for (it mounts, writes nothing in the root); the CLI
+    # leaves it out of that mode's defaults, which run no hook at all.
+    if "disable-device-node-modification" not in opts.hooks:
+        return []
+    return [("disable-device-node-modification", [])]
+
+
 def _link_mounts(opts: Options, links: Sequence[Link]) -> tuple[Mount, ...]:
     if opts.link_mode != "mounts":
         return ()
@@ -282,7 +331,8 @@ def common_edits(driver: DriverFiles, opts: Options,
         device_nodes=tuple(_device_node(n) for n in driver.control_nodes),
         mounts=(*(_mount(m) for m in driver.mounts()), *_link_mounts(opts, driver.links)),
         hooks=_hook(opts, [*_symlink_step(opts, driver.links, devices),
-                           *_ldcache_step(opts, driver.lib_dirs)]),
+                           *_compat_step(opts, driver.version),
+                           *_ldcache_step(opts, driver.lib_dirs), *_params_step(opts)]),
         additional_gids=_gids(opts, driver.control_nodes),
     )
 
@@ -300,10 +350,12 @@ def _gids(opts: Options, nodes: Iterable[DeviceNodeInfo]) -> tuple[int, ...]:
 
 
 def device_edits(nodes: DeviceNodes, opts: Options) -> ContainerEdits:
-    """A device's own edits: its nodes (its links are made by the common hook) and the
-    groups its nodes need."""
+    """A device's own edits: its nodes; its links are made by the common hook, except for
+    NVIDIA's hook programs, which know no ``--device-link``: there the device has its own
+    create-symlinks entry, as nvidia-ctk writes it. Also the groups its nodes need."""
+    hooks = _hook(opts, _symlink_step(opts, nodes.links)) if _nvidia_program(opts) else ()
     return ContainerEdits(device_nodes=tuple(_device_node(n) for n in nodes.nodes),
-                          additional_gids=_gids(opts, nodes.nodes))
+                          hooks=hooks, additional_gids=_gids(opts, nodes.nodes))
 
 
 # --- simplification -------------------------------------------------------------------------
@@ -459,7 +511,8 @@ def build_spec(inv: Inventory, opts: Options, *, warn: Callable[[str], None] = l
     """The spec for ``inv``; GenerateError when the content needs a newer cdiVersion than
     ``opts.max_version`` allows."""
     opts = _gid_policy(inv, opts, warn)
-    links = [] if inv.node.mode == "management" or opts.device_ids == ("none",) else [
+    links = [] if inv.node.mode == "management" or opts.device_ids == ("none",) \
+        or _nvidia_program(opts) else [
         dl for t in _select(inv, opts.device_ids) for dl in device_links(t.nodes)]
     common = _simplify(common_edits(inv.driver, opts, list(dict.fromkeys(links))))
     if inv.node.mode == "management":

@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("cdi.cli", "add_commands"),
     "inject": ("cdi.cli", "add_commands"),
     "generate": ("cdi.nvidia.cli", "add_commands"),
+    "system": ("cdi.nvidia.devnodes", "add_commands"),
     "plugin": ("nri_plugin.ops.daemon", "add_command"),
     "hook": ("cdi.hooks.cli", "add_commands"),
     "watch": ("nri_plugin.ops.refresh", "add_commands"),

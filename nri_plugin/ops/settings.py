@@ -65,6 +65,19 @@ def _opt_abs_path(value: Any) -> str | None:
     return None if value is None else _abs_path(value)
 
 
+# = cdi.nvidia.generate.HOOK_PROGRAMS (a test checks), without importing the generator here.
+HOOK_PROGRAMS = ("nri-cdi", "nri-cdi-hook", "nvidia-cdi-hook", "nvidia-ctk")
+
+
+def _hook_program(value: Any) -> str | None:
+    """An absolute path to a hook program generate knows the arguments of."""
+    path = _opt_abs_path(value)
+    if path is not None and os.path.basename(path) not in HOOK_PROGRAMS:
+        raise ValueError(f"expected a path ending in /{', /'.join(HOOK_PROGRAMS)}, "
+                         f"got {path!r}")
+    return path
+
+
 def _paths(value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise ValueError(f"expected a list of absolute paths, got {value!r}")
@@ -149,7 +162,7 @@ SCHEMA: dict[str, dict[str, tuple[Checker, Any]]] = {
         "dev_root": (_opt_abs_path, None),
         "device_name_strategies": (_strs, ("index", "uuid")),
         "link_mode": (_choice("hooks", "mounts"), "hooks"),
-        "hook_path": (_opt_abs_path, None),
+        "hook_path": (_hook_program, None),
         "disabled_hooks": (_strs, ()),
         "extra_args": (_strs, ()),
     },

@@ -5,7 +5,8 @@ The units are rendered from this module (the copies in the repository's ``system
 folder are its output for the default paths, checked by a test), so the installed
 ExecStart lines always name the ``nri-cdi`` that is actually installed.
 
-* ``nri-cdi-generate.service``: oneshot at boot, before containerd and the plugin, runs
+* ``nri-cdi-generate.service``: oneshot at boot, before containerd and the plugin, creates
+  missing NVIDIA control nodes and /dev/char links (``nri-cdi system ...``), then runs
   ``nri-cdi refresh`` (the generator with ``--if-changed``);
 * ``nri-cdi-generate.path``: runs it again when ``modules.dep`` (a driver or kernel
   package was installed) or the ``nri-cdi`` executable changes;
@@ -65,6 +66,10 @@ StartLimitBurst=5
 
 [Service]
 Type=oneshot
+# Nothing else creates the control nodes before CUDA first runs: make the missing ones
+# (and their /dev/char links) so that the spec has them. Best effort, as nvidia-ctk's unit.
+ExecStartPre=-{binary} system create-device-nodes --control-devices
+ExecStartPre=-{binary} system create-dev-char-symlinks
 ExecStart={binary} refresh --config {config}
 # The driver may still be loading at boot: try again rather than leave no spec.
 Restart=on-failure

@@ -94,13 +94,17 @@ def test_start_up_imports_only_what_the_operations_use(tmp_path: Path) -> None:
     env = dict(e.split("=", 1) for e in HOOK_ENV)
     proc = subprocess.run([sys.executable, "-I", "-S", "-X", "importtime", ENTRY_SCRIPT,
                            "create-symlinks", "--link", "t::/x", "--device-link", "/d::t::/y",
-                           "update-ldcache", "--folder", "/lib"],
+                           "enable-cuda-compat", "--host-driver-version=580.82.07",
+                           "update-ldcache", "--folder", "/lib",
+                           "disable-device-node-modification",
+                           "--host-params", str(tmp_path / "no-params")],
                           input=make_bundle(tmp_path, rootfs), env=env, capture_output=True,
                           check=False)
     assert proc.returncode == 0, proc.stderr
     imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.decode().splitlines()
                 if line.startswith("import time:") and "|" in line}
-    assert {"cdi.hooks.symlinks", "cdi.hooks.ldconfig", "ctypes"} <= imported  # the control
+    assert {"cdi.hooks.symlinks", "cdi.hooks.ldconfig", "cdi.hooks.cuda_compat",
+            "cdi.hooks.device_params", "ctypes"} <= imported  # the control
     assert imported & HEAVY == set()
 
 

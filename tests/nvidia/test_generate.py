@@ -16,6 +16,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdi.hooks import cli as cli_ops
 from cdi.hooks import entry as hook_entry
 from cdi.nvidia import cli
 from cdi.nvidia.generate import GENERATOR_VERSION
@@ -184,13 +185,17 @@ def test_hooks_and_links(nodes: dict[str, BuiltNode]) -> None:
     node = nodes["rhel"]
     _, out, _ = generate([*node_args(node), "--mode", "procfs"])
     spec = parse_spec(out).data
-    # One entry does everything, so a container starts one hook process, whatever it asks.
+    # One entry does everything, so a container starts one hook process, whatever it asks;
+    # the operations in nvidia-ctk's order (enable-cuda-compat before update-ldcache).
     (hook,) = spec.container_edits.hooks
     assert hook.args[:3] == ("nri-cdi", "hook", "create-symlinks")
     assert hook.path == HOOK and hook.hook_name == "createContainer"
     assert not any(d.container_edits.hooks for d in spec.devices)
+    compat = hook.args.index("enable-cuda-compat")
     split = hook.args.index("update-ldcache")
-    links = hook.args[3:split]
+    params = hook.args.index("disable-device-node-modification")
+    assert compat < split < params == len(hook.args) - 1
+    links = hook.args[3:compat]
     v = node.driver_version
     assert f"libcuda.so.{v}::/usr/lib64/libcuda.so.1" in links
     assert "libcuda.so.1::/usr/lib64/libcuda.so" in links
@@ -203,7 +208,9 @@ def test_hooks_and_links(nodes: dict[str, BuiltNode]) -> None:
     card = next(n.path for n in gpu0 if n.path.startswith("/dev/dri/card"))
     assert any(d.startswith(f"{card}::../{card.rsplit('/', 1)[1]}::/dev/dri/by-path/pci-")
                for d in device_links)
-    assert hook.args[split + 1:] == ("--folder", "/usr/lib64", "--folder", "/usr/lib64/vdpau")
+    assert hook.args[compat + 1:split] == (f"--host-driver-version={v}",)
+    assert hook.args[split + 1:params] == (
+        "--folder", "/usr/lib64", "--folder", "/usr/lib64/vdpau")
 
 
 @needs_nodes
@@ -231,7 +238,9 @@ def test_hooks_default_to_the_isolated_interpreter_entry(nodes: dict[str, BuiltN
     hooks = parse_spec(out).data.container_edits.hooks
     assert [h.args[1:5] for h in hooks] == [
         ("-I", "-S", hook_entry.ENTRY_SCRIPT, "create-symlinks")]
-    assert "update-ldcache" in hooks[0].args
+    ops = [a for a in hooks[0].args if a in cli_ops.OPERATIONS]
+    assert ops == ["create-symlinks", "enable-cuda-compat", "update-ldcache",
+                   "disable-device-node-modification"]
     assert all(h.path == h.args[0] == sys.executable and h.env == hook_entry.HOOK_ENV
                for h in hooks)
     assert cli._hook_path("/x/nri-cdi") == "/x/nri-cdi"

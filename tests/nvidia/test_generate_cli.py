@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from cdi import yaml11
+from cdi.hooks.cli import OPERATIONS
 from cdi.nvidia import cli
 from cdi.nvidia.simnode import BuiltNode, NodeLayout
 from cdi.spec import parse_spec
@@ -64,9 +65,10 @@ def test_environment_variables(node: BuiltNode, tmp_path: Path) -> None:
     device_names = {d.name for d in spec.devices}
     assert {"gpu0", "mig1:0", "mig1:1", node.manifest["gpus"][0]["uuid"]} <= device_names
     assert "all" not in device_names and "0" not in device_names
-    hooks = spec.container_edits.hooks
-    assert [h.args[2] for h in hooks] == ["create-symlinks"]
-    assert hooks[0].path == "/opt/nri-cdi"
+    (hook,) = spec.container_edits.hooks  # our hook program: one entry, every operation
+    assert [a for a in hook.args if a in OPERATIONS] == [
+        "create-symlinks", "enable-cuda-compat", "disable-device-node-modification"]
+    assert hook.path == "/opt/nri-cdi"
     # A flag wins over its variable.
     env["NVIDIA_CTK_CDI_OUTPUT_FILE_PATH"] = ""
     rc, out, _ = generate(["--vendor", "nvidia.com"], env)
@@ -121,8 +123,11 @@ def test_hooks_options(root_args: list[str]) -> None:
     assert generate([*root_args, "--enable-hook", "all"])[0] == 1
     rc, _, err = generate([*root_args, "--disable-hook", "bogus"])
     assert rc == 1 and "unknown hook 'bogus'" in err
-    # nvidia-ctk's other hook names are accepted (and not emitted).
+    # nvidia-ctk's hooks that we lack: disabling them is true already, enabling is refused.
     assert generate([*root_args, "--disable-hook", "chmod"])[0] == 0
+    for name in ("chmod", "update-application-profile"):
+        rc, _, err = generate([*root_args, "--enable-hook", name])
+        assert rc == 1 and f"--enable-hook {name}: not supported" in err
 
 
 @needs_nodes

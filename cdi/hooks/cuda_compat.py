@@ -1,0 +1,233 @@
+"""``enable-cuda-compat``: use the image's CUDA forward-compatibility libraries when they are
+newer than the host driver.
+
+CUDA images can carry ``cuda-compat`` (``/usr/local/cuda/compat/libcuda.so.<version>``): a
+user-space driver newer than the node's, which datacenter GPUs accept on an older kernel
+module.  The hook decides, as NVIDIA's hook of the same name does:
+
+* nothing to do without a host driver or CUDA version, without the compat folder, or
+  unless the folder holds exactly one ``libcuda.so.*.*`` (regular file);
+* when that library has the ELF note ``.note.cuda.fwd_compatibility`` (owner
+  ``NVIDIA Corporation``, a JSON description such as
+  ``{"CUDA Version": "12.9", "Driver": [535, 550], ...}``): with both driver versions
+  known, use it when the host driver's major is listed and the compat version is higher
+  than the host's; otherwise compare the note's CUDA version with the host's;
+* without the note: use it when its major version is above the host driver's (and no host
+  CUDA version was given, which needs the note).
+
+"Use it" means writing ``/etc/ld.so.conf.d/00-compat-nri-cdi.conf`` naming the folder.
+``update-ldcache`` (which must run after this hook, as the generator orders them) puts the
+folders of ``00-compat-*.conf`` files ahead of the injected driver, as ``ldconfig`` would:
+those files sort before its own ``000-nri-cdi.conf``.
+
+Everything is reached through :class:`~cdi.hooks.rootfs.RootFS`, the library is parsed as
+untrusted bytes (bounded reads, no loader), and nothing from the image runs.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import struct
+
+from cdi.hooks.rootfs import RootFS, RootFSError, split_container_path
+from cdi.linux._tuple import NamedTuple
+
+# On the hook's start-up path (update-ldcache imports compat_folders, and the generator
+# runs enable-cuda-compat in every container): no re, fnmatch, json or dataclasses here
+# (tests/hooks/test_one_process.py); json is imported only when a compat note is parsed.
+
+__all__ = ["COMPAT_ROOT", "CONF_PATH", "CompatNote", "CompatResult", "enable_cuda_compat",
+           "parse_note", "parse_version", "read_compat_note", "use_compat"]
+
+COMPAT_ROOT = "/usr/local/cuda/compat"
+CONF_DIR = "/etc/ld.so.conf.d"
+CONF_PATH = f"{CONF_DIR}/00-compat-nri-cdi.conf"
+NOTE_SECTION = b".note.cuda.fwd_compatibility"
+NOTE_OWNER = b"NVIDIA Corporation"
+_SHT_NOTE = 7
+_MAX_SECTIONS = 4096
+_MAX_NOTE = 64 << 10
+_MAX_SHSTRTAB = 1 << 20
+
+
+class CompatNote(NamedTuple):
+    cuda_version: str
+    drivers: tuple[int, ...]
+
+
+class CompatResult(NamedTuple):
+    folder: str | None  # the compat folder put first, or None when not used
+    reason: str  # why (one line, for the hook's message)
+
+
+def parse_version(text: str | None) -> tuple[int, int, int] | None:
+    """``580``, ``12.9`` or ``575.57.08`` as a comparable triple (missing parts are 0)."""
+    text = (text or "").strip()
+    parts = (text[1:] if text.startswith("v") else text).split(".")
+    if len(parts) > 3 or not all(p.isdecimal() for p in parts):
+        return None
+    major, minor, patch = (*map(int, parts), 0, 0)[:3]
+    return major, minor, patch
+
+
+def use_compat(compat_version: str, host_driver: str, host_cuda: str,
+               note: CompatNote | None) -> bool:
+    """Whether the compat library of ``compat_version`` should win over the host driver."""
+    compat, driver, cuda = (parse_version(compat_version), parse_version(host_driver),
+                            parse_version(host_cuda))
+    if note is not None:
+        if compat is None or driver is None:
+            wanted = parse_version(note.cuda_version)
+            return cuda is not None and wanted is not None and wanted > cuda
+        return driver[0] in note.drivers and compat > driver
+    if host_cuda or compat is None or driver is None:
+        return False  # a CUDA version alone can only be checked against the note
+    return driver[0] < compat[0]
+
+
+# --- the ELF note (untrusted bytes) -----------------------------------------------------------
+
+
+def parse_note(data: bytes, *, little: bool, align: int) -> CompatNote | None:
+    """The JSON description of an NVIDIA note section, or None when it is not one."""
+    order = "<" if little else ">"
+    if len(data) < 12:
+        return None
+    namesz, descsz, _ = struct.unpack_from(f"{order}III", data)
+    if not namesz or not descsz:
+        return None
+    step = max(align, 1)
+    name_end = 12 + (namesz + step - 1) // step * step
+    if data[12:12 + namesz].strip(b"\0") != NOTE_OWNER:
+        return None
+    import json
+
+    try:
+        desc = json.loads(data[name_end:name_end + descsz].strip(b"\0"))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(desc, dict):
+        return None
+    cuda = desc.get("CUDA Version")
+    drivers = desc.get("Driver")
+    return CompatNote(
+        cuda_version=cuda if isinstance(cuda, str) else "",
+        drivers=tuple(d for d in drivers if type(d) is int) if isinstance(drivers, list) else ())
+
+
+def read_compat_note(fd: int) -> CompatNote | None:
+    """The ``.note.cuda.fwd_compatibility`` note of the ELF file open at ``fd``, if any."""
+    head = os.pread(fd, 64, 0)
+    if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
+        return None
+    is64, little = head[4] == 2, head[5] == 1
+    o = "<" if little else ">"
+    if is64:
+        shoff, = struct.unpack_from(f"{o}Q", head, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from(f"{o}HHH", head, 0x3A)
+        fmt, size = f"{o}IIQQQQIIQQ", 64
+    else:
+        shoff, = struct.unpack_from(f"{o}I", head, 0x20)
+        shentsize, shnum, shstrndx = struct.unpack_from(f"{o}HHH", head, 0x2E)
+        fmt, size = f"{o}IIIIIIIIII", 40
+    if shentsize != size or not 0 < shnum <= _MAX_SECTIONS or shstrndx >= shnum:
+        return None
+    table = os.pread(fd, shnum * size, shoff)
+    if len(table) != shnum * size:
+        return None
+    sections = [struct.unpack_from(fmt, table, i * size) for i in range(shnum)]
+    # (name, type, flags, addr, offset, size, link, info, addralign, entsize)
+    strtab = sections[shstrndx]
+    if strtab[5] > _MAX_SHSTRTAB:
+        return None
+    names = os.pread(fd, strtab[5], strtab[4])
+    for sec in sections:
+        name_end = names.find(b"\0", sec[0])
+        if sec[1] != _SHT_NOTE or names[sec[0]:name_end] != NOTE_SECTION:
+            continue
+        if sec[5] > _MAX_NOTE:
+            return None
+        return parse_note(os.pread(fd, sec[5], sec[4]), little=little, align=sec[8])
+    return None
+
+
+# --- the hook -------------------------------------------------------------------------------
+
+
+def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = "",
+                       compat_root: str = COMPAT_ROOT) -> CompatResult:
+    """Decide, and write :data:`CONF_PATH` when the image's compat libraries should win."""
+    split_container_path(compat_root)
+    if not host_driver and not host_cuda:
+        return CompatResult(folder=None, reason="no host driver or CUDA version given")
+    try:
+        with root.directory(compat_root) as dir_fd:
+            names = _list(dir_fd)
+    except (FileNotFoundError, NotADirectoryError):
+        return CompatResult(folder=None, reason=f"no {compat_root} in the container")
+    candidates = []
+    for name in sorted(n for n in names if _matches(n, "libcuda.so.", "")
+                       and "." in n[len("libcuda.so."):]):
+        path = f"{compat_root.rstrip('/')}/{name}"
+        try:
+            fd = root.open_read(path)
+        except (OSError, RootFSError):
+            continue  # a folder, a FIFO, a dangling link: not a library
+        candidates.append((path, fd))
+    try:
+        if len(candidates) != 1:
+            found = ", ".join(p for p, _ in candidates) or "none"
+            return CompatResult(folder=None, reason=f"want one libcuda.so.*.* in {compat_root}, "
+                                                    f"found {found}")
+        path, fd = candidates[0]
+        version = path.rsplit("/libcuda.so.", 1)[1]
+        note = read_compat_note(fd)
+    finally:
+        for _, fd in candidates:
+            os.close(fd)
+    if not use_compat(version, host_driver, host_cuda, note):
+        return CompatResult(folder=None, reason=f"{path} is not newer than the host driver "
+                                                f"{host_driver or host_cuda}")
+    from cdi.hooks.ldconfig import write_file
+
+    write_file(root, CONF_PATH, f"{compat_root}\n".encode())
+    return CompatResult(folder=compat_root,
+                        reason=f"{path} is newer than the host driver {host_driver or host_cuda}")
+
+
+def compat_folders(root: RootFS, *, limit: int = 64 << 10) -> list[str]:
+    """The folders named by ``/etc/ld.so.conf.d/00-compat-*.conf`` (in name order), which
+    ``update-ldcache`` puts ahead of the injected ones."""
+    try:
+        with root.directory(CONF_DIR) as dir_fd:
+            names = sorted(n for n in _list(dir_fd) if _matches(n, "00-compat-", ".conf"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    folders: list[str] = []
+    for name in names[:16]:
+        try:
+            data = root.read_file(f"{CONF_DIR}/{name}", limit=limit)
+        except (OSError, RootFSError):
+            continue
+        for line in os.fsdecode(data or b"").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line.startswith("/") and ".." not in line.split("/"):
+                folders.append(line)
+    return list(dict.fromkeys(folders))
+
+
+def _list(dir_fd: int) -> list[str]:
+    fd = os.open(f"/proc/self/fd/{dir_fd}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            return []
+        return os.listdir(fd)
+    finally:
+        os.close(fd)
+
+
+def _matches(name: str, prefix: str, suffix: str) -> bool:
+    """``fnmatch(name, prefix + "*" + suffix)`` without fnmatch (which imports re)."""
+    return (len(name) >= len(prefix) + len(suffix) and name.startswith(prefix)
+            and name.endswith(suffix))

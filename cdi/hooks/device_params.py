@@ -1,0 +1,153 @@
+"""``disable-device-node-modification``: the container sees ``ModifyDeviceFiles: 0``.
+
+With ``ModifyDeviceFiles: 1`` in ``/proc/driver/nvidia/params`` (the driver's default),
+``libnvidia-ml`` and ``nvidia-smi`` inside a container try to create or fix ``/dev/nvidia*``
+nodes themselves.  NVIDIA's hook of the same name, and ours, hide that: the host's params
+are copied with the ``1`` turned into ``0`` and mounted read-only over the container's
+``/proc/driver/nvidia/params``.
+
+It runs as a createContainer hook, i.e. in the container's mount namespace before
+``pivot_root``, so the mount is seen by the container only.  A bind mount into ``/proc``
+cannot be written in a spec (runc refuses mount destinations inside ``/proc``), hence a
+hook, and no hook-free equivalent.
+
+Unlike NVIDIA's hook, which mounts a tmpfs on a scratch folder under the container's
+``/run`` first, ours builds the copy on a *detached* tmpfs (``fsopen``/``fsmount``, Linux
+>= 5.2), clones just that file (``open_tree``), makes it read-only (``mount_setattr``,
+5.12) and attaches it with ``move_mount`` to the ``O_PATH`` descriptor that
+:class:`~cdi.hooks.rootfs.RootFS` resolved inside the root: no path in the container is
+created, and no path is looked up twice.  Without that API the hook says so and does
+nothing (the container still starts).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+import struct
+
+from cdi.hooks.rootfs import RootFS, RootFSError
+from cdi.linux._tuple import NamedTuple  # not dataclasses: the hook's start-up budget
+
+__all__ = ["PARAMS", "ParamsResult", "disable_device_node_modification", "modified_params"]
+
+PARAMS = "/proc/driver/nvidia/params"
+_MAX_PARAMS = 64 << 10
+# Syscall numbers: the same on x86_64 and on the generic table aarch64 uses.
+_OPEN_TREE, _MOVE_MOUNT, _FSOPEN, _FSCONFIG, _FSMOUNT, _MOUNT_SETATTR = (
+    428, 429, 430, 431, 432, 442)
+_FSOPEN_CLOEXEC = 0x1
+_FSCONFIG_SET_STRING = 1
+_FSCONFIG_CMD_CREATE = 6
+_FSMOUNT_CLOEXEC = 0x1
+_MOUNT_ATTR_RDONLY, _MOUNT_ATTR_NOSUID, _MOUNT_ATTR_NODEV, _MOUNT_ATTR_NOEXEC = 0x1, 0x2, 0x4, 0x8
+_OPEN_TREE_CLONE = 0x1
+_OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+_AT_EMPTY_PATH = 0x1000
+_MOVE_MOUNT_F_EMPTY_PATH, _MOVE_MOUNT_T_EMPTY_PATH = 0x4, 0x40
+
+
+class ParamsResult(NamedTuple):
+    mounted: bool
+    reason: str
+
+
+def modified_params(text: str) -> str | None:
+    """``text`` with ``ModifyDeviceFiles: 1`` turned into ``0``; None when nothing needs
+    hiding (already 0, or no such line)."""
+    lines = text.splitlines()
+    changed = False
+    for i, line in enumerate(lines):
+        if line.startswith("ModifyDeviceFiles: "):
+            if line == "ModifyDeviceFiles: 0":
+                return None
+            if line == "ModifyDeviceFiles: 1":
+                lines[i] = "ModifyDeviceFiles: 0"
+                changed = True
+    return "".join(f"{line}\n" for line in lines) if changed else None
+
+
+def disable_device_node_modification(root: RootFS, *, host_params: str = PARAMS
+                                     ) -> ParamsResult:
+    try:
+        with open(host_params, "rb") as f:
+            data = f.read(_MAX_PARAMS + 1)
+    except FileNotFoundError:
+        return ParamsResult(mounted=False, reason=f"no {host_params} on the host")
+    if len(data) > _MAX_PARAMS:
+        raise RootFSError(f"{host_params} is larger than {_MAX_PARAMS} bytes")
+    contents = modified_params(data.decode("utf-8", "replace"))
+    if contents is None:
+        return ParamsResult(mounted=False, reason=f"{host_params} already has "
+                                                  "ModifyDeviceFiles: 0 (or none)")
+    try:
+        target = root.open_path(PARAMS)
+    except FileNotFoundError:
+        return ParamsResult(mounted=False, reason=f"no {PARAMS} in the container")
+    try:
+        if not stat.S_ISREG(os.fstat(target).st_mode):
+            raise RootFSError(f"{root.where(PARAMS)} is not a regular file")
+        _mount_copy(target, contents.encode())
+    except OSError as exc:
+        if exc.errno in (errno.ENOSYS, errno.EPERM) and exc.filename == "mount API":
+            return ParamsResult(mounted=False, reason="this kernel (or its seccomp filter) "
+                                "lacks the mount API (Linux >= 5.12); device node "
+                                "modification stays allowed")
+        raise
+    finally:
+        os.close(target)
+    return ParamsResult(mounted=True, reason=f"{PARAMS}: ModifyDeviceFiles: 0 mounted")
+
+
+# --- the new mount API through ctypes -------------------------------------------------------
+
+
+class _Api:
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._syscall = libc.syscall
+        self._syscall.restype = ctypes.c_long
+
+    def call(self, number: int, *args: object) -> int:
+        result = self._syscall(ctypes.c_long(number), *args)
+        if result < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), "mount API")
+        return int(result)
+
+
+def _mount_copy(target_fd: int, contents: bytes) -> None:
+    api = _Api()
+    c_int, c_uint, c_str = ctypes.c_int, ctypes.c_uint, ctypes.c_char_p
+    fds: list[int] = []
+    try:
+        fs = api.call(_FSOPEN, c_str(b"tmpfs"), c_uint(_FSOPEN_CLOEXEC))
+        fds.append(fs)
+        for key, value in ((b"size", str(max(len(contents), 4096)).encode()),
+                           (b"mode", b"0755")):
+            api.call(_FSCONFIG, c_int(fs), c_uint(_FSCONFIG_SET_STRING), c_str(key),
+                     c_str(value), c_int(0))
+        api.call(_FSCONFIG, c_int(fs), c_uint(_FSCONFIG_CMD_CREATE), None, None, c_int(0))
+        mnt = api.call(_FSMOUNT, c_int(fs), c_uint(_FSMOUNT_CLOEXEC), c_uint(
+            _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV | _MOUNT_ATTR_NOEXEC))
+        fds.append(mnt)
+        fd = os.open("params", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444,
+                     dir_fd=mnt)
+        try:
+            os.write(fd, contents)
+            os.fchmod(fd, 0o444)
+        finally:
+            os.close(fd)
+        tree = api.call(_OPEN_TREE, c_int(mnt), c_str(b"params"),
+                        c_uint(_OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC))
+        fds.append(tree)
+        attr = struct.pack("=QQQQ", _MOUNT_ATTR_RDONLY, 0, 0, 0)  # set, clr, propagation, userns
+        api.call(_MOUNT_SETATTR, c_int(tree), c_str(b""), c_uint(_AT_EMPTY_PATH), c_str(attr),
+                 ctypes.c_size_t(len(attr)))
+        api.call(_MOVE_MOUNT, c_int(tree), c_str(b""), c_int(target_fd), c_str(b""),
+                 c_uint(_MOVE_MOUNT_F_EMPTY_PATH | _MOVE_MOUNT_T_EMPTY_PATH))
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
