@@ -25,7 +25,7 @@ from cdi.spec import dump_spec, parse_spec, parse_spec_data
 from cdi.validate import DEVICE_TYPES, HOOK_NAMES, validate_spec
 from cdi.version import KNOWN_VERSIONS, minimum_version, version_key
 
-text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=12)
 paths = st.from_regex(r"/[a-z0-9_./-]{0,20}", fullmatch=True)
 env_entries = st.builds(
     lambda k, v: f"{k}={v}", st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True), text
