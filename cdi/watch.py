@@ -1,10 +1,12 @@
 """Refreshing a SpecCache when its directories change (inotify), in a background thread.
 
-Only events that mean a spec file is complete trigger a refresh: close-after-write,
-rename into place, removal. A writer that renames a finished file into place (as
-``write_spec`` does) is therefore never seen half-written. A directory that does not
-exist yet is noticed when it is created (its nearest existing parent is watched), and a
-periodic rescan backs everything up (device nodes that appear later, missed events).
+A file's new content is taken when the file says it is complete: closed after writing or
+renamed into place, and then quiet for a short settle. A file that changes without such an
+event (rewritten in place while another file's event triggers a refresh) keeps serving its
+last complete version until it has been still for a while (``quiet``). Removals, symlinks
+and FIFOs created in a spec folder are seen at once. A directory that does not exist yet is
+noticed when it is created (its nearest existing parent is watched), and a periodic rescan
+backs everything up (device nodes that appear later, missed events).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import contextlib
 import logging
 import os
 import select
+import stat
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from inotify_simple import INotify, flags
@@ -31,10 +35,13 @@ _DIR_MASK = (
     | flags.DELETE_SELF
     | flags.MOVE_SELF
     | flags.CREATE
+    | flags.ATTRIB
     | flags.ONLYDIR
 )
 _PARENT_MASK = flags.CREATE | flags.MOVED_TO | flags.ONLYDIR
 _FILE_EVENTS = flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE
+# Events after which a file's content is complete: take it without waiting for quiet.
+_DONE_EVENTS = flags.CLOSE_WRITE | flags.MOVED_TO
 _SELF_EVENTS = flags.DELETE_SELF | flags.MOVE_SELF | flags.IGNORED | flags.Q_OVERFLOW
 
 
@@ -83,6 +90,14 @@ class SpecDirWatcher:
 
     def read_changes(self) -> bool:
         """Drain pending events (non-blocking); True when the specs may have changed."""
+        done, changed = self.read_events()
+        return changed or bool(done)
+
+    def read_events(self) -> tuple[set[str], bool]:
+        """Drain pending events (non-blocking): the spec files now complete (closed after
+        writing, renamed into place, a symlink or FIFO created), and whether anything
+        else may have changed (a removal, a new name, a folder event)."""
+        done: set[str] = set()
         changed = False
         rewatch = False
         for event in self._inotify.read(timeout=0):
@@ -90,12 +105,25 @@ class SpecDirWatcher:
             is_spec_dir = path in self._dirs
             if event.mask & _SELF_EVENTS or event.mask & flags.ISDIR or not is_spec_dir:
                 changed = rewatch = True
-            elif event.mask & _FILE_EVENTS and is_spec_name(event.name):
+            elif not is_spec_name(event.name):
+                continue
+            elif event.mask & _DONE_EVENTS:
+                done.add(os.path.join(str(path), event.name))
+            elif event.mask & flags.CREATE and _is_special(os.path.join(str(path), event.name)):
+                done.add(os.path.join(str(path), event.name))  # no close event will follow
+            elif event.mask & (_FILE_EVENTS | flags.CREATE | flags.ATTRIB):
                 changed = True
         if rewatch:
             self.update_watches()
-        return changed
+        return done, changed
 
+
+def _is_special(path: str) -> bool:
+    """A symlink or anything but a regular file: created whole, never written."""
+    try:
+        return not stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return True  # already gone: a refresh will notice
 
 def _nearest_existing_parent(folder: str) -> str:
     parent = os.path.dirname(folder)
@@ -106,7 +134,12 @@ def _nearest_existing_parent(folder: str) -> str:
 
 class AutoRefresh:
     """A daemon thread that refreshes ``cache`` on directory changes and every
-    ``rescan_interval`` seconds. ``on_refresh`` is called with each new Snapshot."""
+    ``rescan_interval`` seconds. ``on_refresh`` is called with each new Snapshot.
+
+    After an event it waits until the folder has been quiet for ``settle`` seconds (at
+    most ``max_delay``), so a burst of writes is read once, complete. A file changed
+    without a completion event is taken once it has been still for ``quiet`` seconds.
+    """
 
     def __init__(
         self,
@@ -114,17 +147,23 @@ class AutoRefresh:
         *,
         rescan_interval: float = 60.0,
         on_refresh: Callable[[Snapshot], None] | None = None,
+        settle: float = 0.05,
+        quiet: float = 1.0,
+        max_delay: float = 1.0,
     ) -> None:
         self.cache = cache
         self.rescan_interval = rescan_interval
         self.on_refresh = on_refresh
+        self.settle = settle
+        self.quiet = quiet
+        self.max_delay = max_delay
         self._watcher = SpecDirWatcher(cache.spec_dirs)
         self._wake_r, self._wake_w = os.pipe()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="cdi-refresh", daemon=True)
 
     def start(self) -> AutoRefresh:
-        self._refresh()
+        self._refresh(None)
         self._thread.start()
         return self
 
@@ -143,16 +182,42 @@ class AutoRefresh:
         self.stop()
 
     def _run(self) -> None:
+        done: set[str] = set()
+        dirty_since: float | None = None  # first unprocessed event
         while not self._stopping:
-            ready, _, _ = select.select([self._watcher, self._wake_r], [], [], self.rescan_interval)
+            timeout = self._timeout(dirty_since)
+            ready, _, _ = select.select([self._watcher, self._wake_r], [], [], timeout)
             if self._stopping:
                 return
-            if not ready or self._watcher.read_changes():
-                self._refresh()
+            now = time.monotonic()
+            if ready:
+                try:
+                    paths, changed = self._watcher.read_events()
+                except OSError:
+                    log.exception("reading spec folder events failed")
+                    paths, changed = set(), True
+                if paths or changed:
+                    done |= paths
+                    dirty_since = dirty_since if dirty_since is not None else now
+                if dirty_since is None or now - dirty_since < self.max_delay:
+                    continue  # wait for the burst to end
+            self._refresh(done)
+            done = set()
+            dirty_since = None
 
-    def _refresh(self) -> None:
+    def _timeout(self, dirty_since: float | None) -> float:
+        if dirty_since is not None:
+            return self.settle
+        if self.cache.pending:
+            return min(self.quiet, self.rescan_interval)
+        return self.rescan_interval
+
+    def _refresh(self, done: set[str] | None) -> None:
         try:
-            snapshot = self.cache.refresh()
+            if done is None:
+                snapshot = self.cache.refresh()
+            else:
+                snapshot = self.cache.refresh(done, quiet_ns=int(self.quiet * 1e9))
         except Exception:  # a refresh bug must not kill the thread; keep the old snapshot
             log.exception("refreshing CDI specs failed")
             return
