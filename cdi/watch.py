@@ -36,6 +36,7 @@ _DIR_MASK = (
     | flags.MOVE_SELF
     | flags.CREATE
     | flags.ATTRIB
+    | flags.MODIFY
     | flags.ONLYDIR
 )
 _PARENT_MASK = flags.CREATE | flags.MOVED_TO | flags.ONLYDIR
@@ -52,6 +53,9 @@ class SpecDirWatcher:
         self._dirs = tuple(os.path.abspath(d) for d in dirs)
         self._inotify = INotify()
         self._watches: dict[str, tuple[int, int]] = {}  # path -> (wd, mask)
+        # File -> complete? by its latest event: a close after writing says yes, a later
+        # write says no again (a writer that truncates and rewrites in place).
+        self.state: dict[str, bool] = {}
         self._paths: dict[int, str] = {}
         self.update_watches()
 
@@ -89,15 +93,8 @@ class SpecDirWatcher:
             self._inotify.rm_watch(wd)
 
     def read_changes(self) -> bool:
-        """Drain pending events (non-blocking); True when the specs may have changed."""
-        done, changed = self.read_events()
-        return changed or bool(done)
-
-    def read_events(self) -> tuple[set[str], bool]:
-        """Drain pending events (non-blocking): the spec files now complete (closed after
-        writing, renamed into place, a symlink or FIFO created), and whether anything
-        else may have changed (a removal, a new name, a folder event)."""
-        done: set[str] = set()
+        """Drain pending events (non-blocking) into ``self.state``; True when the specs
+        may have changed. ``take_done()`` then gives the files complete now."""
         changed = False
         rewatch = False
         for event in self._inotify.read(timeout=0):
@@ -105,17 +102,26 @@ class SpecDirWatcher:
             is_spec_dir = path in self._dirs
             if event.mask & _SELF_EVENTS or event.mask & flags.ISDIR or not is_spec_dir:
                 changed = rewatch = True
-            elif not is_spec_name(event.name):
                 continue
-            elif event.mask & _DONE_EVENTS:
-                done.add(os.path.join(str(path), event.name))
-            elif event.mask & flags.CREATE and _is_special(os.path.join(str(path), event.name)):
-                done.add(os.path.join(str(path), event.name))  # no close event will follow
-            elif event.mask & (_FILE_EVENTS | flags.CREATE | flags.ATTRIB):
-                changed = True
+            if not is_spec_name(event.name):
+                continue
+            name = os.path.join(str(path), event.name)
+            changed = True
+            if event.mask & _DONE_EVENTS:
+                self.state[name] = True  # closed after writing, or renamed into place
+            elif event.mask & flags.MODIFY:
+                self.state[name] = False  # written to again: not complete until closed
+            elif event.mask & flags.CREATE and _is_special(name):
+                self.state[name] = True  # a symlink or FIFO: created whole, never closed
         if rewatch:
             self.update_watches()
-        return done, changed
+        return changed
+
+    def take_done(self) -> set[str]:
+        """The files whose last event says they are complete; forgets them all."""
+        done = {name for name, complete in self.state.items() if complete}
+        self.state.clear()
+        return done
 
 
 def _is_special(path: str) -> bool:
@@ -182,7 +188,6 @@ class AutoRefresh:
         self.stop()
 
     def _run(self) -> None:
-        done: set[str] = set()
         dirty_since: float | None = None  # first unprocessed event
         while not self._stopping:
             timeout = self._timeout(dirty_since)
@@ -192,17 +197,15 @@ class AutoRefresh:
             now = time.monotonic()
             if ready:
                 try:
-                    paths, changed = self._watcher.read_events()
+                    changed = self._watcher.read_changes()
                 except OSError:
                     log.exception("reading spec folder events failed")
-                    paths, changed = set(), True
-                if paths or changed:
-                    done |= paths
-                    dirty_since = dirty_since if dirty_since is not None else now
+                    changed = True
+                if changed and dirty_since is None:
+                    dirty_since = now
                 if dirty_since is None or now - dirty_since < self.max_delay:
                     continue  # wait for the burst to end
-            self._refresh(done)
-            done = set()
+            self._refresh(self._watcher.take_done())
             dirty_since = None
 
     def _timeout(self, dirty_since: float | None) -> float:
