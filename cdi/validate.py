@@ -240,6 +240,10 @@ def _device_node_errors(node: DeviceNode, path: str) -> list[FieldError]:
     errors = []
     if not node.path:
         errors.append(FieldError(f"{path}.path", "must not be empty"))
+    for key, number in (("major", node.major), ("minor", node.minor)):
+        if number is not None and number < 0:
+            # -1 is the wildcard of a device-cgroup rule: it would allow every device
+            errors.append(FieldError(f"{path}.{key}", f"must not be negative, not {number}"))
     if node.type and node.type not in DEVICE_TYPES:
         errors.append(FieldError(f"{path}.type", f"must be one of {', '.join(DEVICE_TYPES)}"))
     perms = node.permissions
