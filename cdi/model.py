@@ -190,6 +190,8 @@ def text_problem(value: str) -> str | None:
     for a path, the runtime or a log line). None when it is fine."""
     if "\0" in value:
         return "must not contain a NUL character"
+    if value.isascii():  # O(1) on CPython: the common case costs nothing more
+        return None
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

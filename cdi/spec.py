@@ -33,8 +33,6 @@ _FLOAT = (
     r"""|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"""
 )
 _NULL_TEXTS = ("", "~", "null", "Null", "NULL")
-# A sentinel tag for the bare non-specific tag ``!``, which the reference refuses.
-_BARE_TAG = "tag:nri-cdi,2026:bare-non-specific-tag"
 
 
 @functools.cache
@@ -45,8 +43,8 @@ def _strict_loader() -> Any:
     * plain scalars resolve as YAML 1.1 without sexagesimal numbers and without implicit
       timestamps (both stay strings, as the reference reads them);
     * an explicit tag never raises from inside the loader: a value its tag cannot make
-      sense of, an unknown tag or a bare ``!`` becomes a ``BadScalar`` that every field
-      decoder refuses, so the error names the field.
+      sense of, or an unknown tag, becomes a ``BadScalar`` that every field decoder
+      refuses, so the error names the field.
 
     Built on first use: PyYAML is imported only by what reads or writes YAML, not by
     ``nri-cdi generate`` (its own emitter) or the hooks.
@@ -60,7 +58,7 @@ def _strict_loader() -> Any:
     base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
     def bad(tag: str, node: Any, why: str) -> BadScalar:
-        short = tag.replace(_YAML, "!!") if tag != _BARE_TAG else "!"
+        short = tag.replace(_YAML, "!!")
         text = node.value if isinstance(node.value, str) else f"<{node.id}>"
         return BadScalar(short, text, why)
 
@@ -107,19 +105,13 @@ def _strict_loader() -> Any:
         return node.value
 
     def construct_unknown(loader: Any, node: Any) -> Any:
-        if node.tag == _BARE_TAG:
-            return bad(node.tag, node, "the non-specific tag '!' is not supported")
         return bad(node.tag, node, "unknown tag")
 
+    # (The bare tag '!' is found by ``_yaml_event_error`` before loading: libyaml resolves
+    # it like an untagged node, so no constructor ever sees it.)
     class StrictLoader(base):  # type: ignore[misc,valid-type]
         yaml_implicit_resolvers: dict[str, list[tuple[str, Any]]] = {}
         yaml_constructors: dict[Any, Any] = dict(base.yaml_constructors)
-
-        def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
-            # Called for an untagged node and for the bare '!' (implicit all False).
-            if implicit == (False, False) or (not isinstance(implicit, tuple) and not implicit):
-                return _BARE_TAG
-            return str(super().resolve(kind, value, implicit))
 
     for first, resolvers in base.yaml_implicit_resolvers.items():
         kept = [(t, r) for t, r in resolvers if t not in (_YAML + "timestamp",)]
@@ -129,9 +121,15 @@ def _strict_loader() -> Any:
             for t, r in kept
         ]
     scalar, seq, mapping = yaml.ScalarNode, yaml.SequenceNode, yaml.MappingNode
+    def construct_str(loader: Any, node: Any) -> Any:
+        # The hot path (every string of a spec): no wrapper around it.
+        if node.__class__ is scalar:
+            return node.value
+        return bad(_YAML + "str", node, f"not a {scalar.id}")
+
     for name, kind in (
         ("bool", scalar), ("int", scalar), ("float", scalar), ("binary", scalar),
-        ("str", scalar), ("seq", seq), ("set", mapping), ("omap", seq), ("pairs", seq),
+        ("seq", seq), ("set", mapping), ("omap", seq), ("pairs", seq),
     ):
         tag = _YAML + name
         StrictLoader.add_constructor(tag, checked(tag, kind, base.yaml_constructors[tag]))
@@ -139,6 +137,7 @@ def _strict_loader() -> Any:
     StrictLoader.add_constructor(
         _YAML + "timestamp", checked(_YAML + "timestamp", scalar, construct_timestamp)
     )
+    StrictLoader.add_constructor(_YAML + "str", construct_str)
     StrictLoader.add_constructor(_YAML + "map", construct_strict_mapping)
     StrictLoader.add_constructor(None, construct_unknown)
     return StrictLoader
@@ -168,13 +167,21 @@ def nesting_error(text: str, *, json_format: bool) -> str | None:
     openers = text.count("[") + text.count("{")
     bound = openers
     if not json_format and bound <= MAX_NESTING:
-        bound += 2 * (max(map(len, _LINE_BREAKS.split(text)), default=0) + 1)
+        bound += 2 * (_longest_line(text) + 1)
     if bound <= MAX_NESTING:
         return None
     depth = _json_depth(text) if json_format else _yaml_depth(text)
     if depth > MAX_NESTING:
         return f"spec nests deeper than {MAX_NESTING} levels"
     return None
+
+
+def _longest_line(text: str) -> int:
+    # str.splitlines is fast but also splits at \v, \f and \x1c-\x1e, which YAML does
+    # not: with any of those present, split at YAML's own line breaks only.
+    if any(c in text for c in "\v\f\x1c\x1d\x1e"):
+        return max(map(len, _LINE_BREAKS.split(text)), default=0)
+    return max(map(len, text.splitlines()), default=0)
 
 
 def _json_depth(text: str) -> int:
@@ -219,7 +226,7 @@ def _yaml_event_error(text: str) -> str | None:
     directive for a version other than 1.1 (PyYAML only warns) and the bare tag ``!``
     on a scalar (libyaml resolves it like an untagged one). Events are walked only when
     the text could hold either."""
-    if "%YAML" not in text and not _BARE_TAG_TEXT.search(text):
+    if "%YAML" not in text and ("!" not in text or not _BARE_TAG_TEXT.search(text)):
         return None
     import yaml
 
