@@ -78,8 +78,9 @@ def _env(ctrd: Containerd, pod: str, cri: Any, name: str, device: str) -> list[s
 def plugin_factory(tmp_path: Path) -> Any:
     started: list[PluginProcess] = []
 
-    def start(ctrd: Containerd, folder: Path) -> PluginProcess:
-        plugin = PluginProcess(ctrd.nri_socket, [folder], tmp_path / "plugin.log").start()
+    def start(ctrd: Containerd, folder: Path, *extra: str) -> PluginProcess:
+        plugin = PluginProcess(ctrd.nri_socket, [folder], tmp_path / "plugin.log",
+                               extra_args=extra).start()
         started.append(plugin)
         return plugin
 
@@ -216,3 +217,33 @@ def test_rewrites_in_place_and_renames_during_a_creation_loop(
     assert len(results) >= 10 and len(set(versions)) >= 3, versions
     assert versions == sorted(versions), versions  # never an older version after a newer
     assert "Traceback" not in plugin.log()
+
+
+def test_world_writable_spec_is_refused_when_configured(
+    containerd: ContainerdFactory, plugin_factory: Any, tmp_path: Path
+) -> None:
+    folder = tmp_path / "cdi"
+    folder.mkdir()
+    folder.chmod(0o755)
+    spec = folder / "open.yaml"
+    spec.write_text(_good("g0"))
+    spec.chmod(0o666)
+    config = tmp_path / "config.yaml"
+    config.write_text("plugin:\n  spec_permissions: refuse\nlog:\n  level: debug\n")
+    ctrd = containerd()
+    plugin = plugin_factory(ctrd, folder, "--config", str(config))
+    plugin.wait_for_log(f"{spec}: refused: file is world-writable")
+    with ctrd.cri() as cri, cri.cleanup():
+        pod = cri.run_pod("perms")
+        with pytest.raises(Exception, match="no such device"):
+            _env(ctrd, pod, cri, "c0", "good.example/dev=g0")
+        spec.chmod(0o644)  # fixed: the attribute change alone brings it in
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                env = _env(ctrd, pod, cri, f"c1-{time.monotonic_ns()}", "good.example/dev=g0")
+                break
+            except Exception:
+                assert time.monotonic() < deadline, plugin.log()[-3000:]
+                time.sleep(0.2)
+        assert "GOOD_G0=1" in env
