@@ -218,3 +218,24 @@ def test_world_writable_spec_warns_and_can_be_refused(tmp_path: Path) -> None:
     assert snapshot.warnings == {str(folder): ("spec directory is world-writable",)}
     assert SpecCache([str(folder)], permissions="refuse").refresh().device_names() == []
     assert SpecCache([str(folder)], permissions="ignore").refresh().warnings == {}
+
+
+def test_file_name_that_is_not_utf8_is_reported_printably(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    folder = tmp_path / "cdi"
+    folder.mkdir()
+    (folder / "good.yaml").write_text(GOOD)
+    fd = os.open(os.fsencode(folder) + b"/bad\xff\x1b[31m.yaml", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"cdiVersion: 0.5.0\n")
+    os.close(fd)
+    root = Path(__file__).resolve().parents[2]
+    for extra in ([], ["--json"]):
+        result = subprocess.run([sys.executable, "-m", "cdi", "list", "--spec-dir", str(folder),
+                                 *extra], cwd=root, capture_output=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert b"good.example/dev=g0" in result.stdout
+        err = result.stderr.decode("utf-8")
+        assert all(line.isprintable() for line in err.splitlines()), err
+        assert "\\udcff\\x1b[31m.yaml: kind: required field is missing" in err
