@@ -11,23 +11,28 @@ a bad file is reported and never hides the good ones.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 from cdi.device import Device
-from cdi.dirs import DEFAULT_SPEC_DIRS, SpecFile, scan
+from cdi.dirs import DEFAULT_SPEC_DIRS, SpecFile, permission_problem, scan
 from cdi.edits import merge
 from cdi.errors import DeviceNodeError, FieldError, SpecError, UnresolvedDevicesError
 from cdi.hostdev import fill_edits
 from cdi.model import ContainerEdits
 from cdi.parser import split_device
 from cdi.spec import MAX_SPEC_BYTES, Spec, parse_spec
+from cdi.validate import interop_warnings
 
 Signature = tuple[int, int, int, int, int, int]  # dev, ino, size, mtime, ctime, priority
+# (a priority of -2 marks a result that came from no read: never reused)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,6 +56,8 @@ class Snapshot:
     devices: Mapping[str, Device] = field(default_factory=lambda: _frozen({}))
     # Problems by file path: parse and validation errors, conflicts.
     errors: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _frozen({}))
+    # Warnings by path (file or folder): loaded, but worth a look (permissions, interop).
+    warnings: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _frozen({}))
     # Device names dropped because two files of equal priority define them.
     conflicts: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _frozen({}))
     generation: int = 0
@@ -103,67 +110,174 @@ class Snapshot:
         return self.specs[device.spec.path].error
 
 
-class SpecCache:
-    """Owns the spec directories and the current Snapshot (``.snapshot``)."""
+PERMISSION_POLICIES = ("warn", "refuse", "ignore")
 
-    def __init__(self, spec_dirs: Sequence[str] | None = None) -> None:
+
+class _Pending(NamedTuple):
+    """A file whose identity changed but whose new content is not confirmed yet."""
+
+
+class SpecCache:
+    """Owns the spec directories and the current Snapshot (``.snapshot``).
+
+    ``permissions`` says what to do with world-writable or foreign-owned spec files and
+    folders: ``warn`` (load them, with a warning), ``refuse`` (report, do not load) or
+    ``ignore``.
+    """
+
+    def __init__(self, spec_dirs: Sequence[str] | None = None, *,
+                 permissions: str = "warn") -> None:
+        if permissions not in PERMISSION_POLICIES:
+            raise ValueError(f"permissions must be one of {', '.join(PERMISSION_POLICIES)}")
         # None means the default folders; an empty list means none (an empty registry).
         self.spec_dirs: tuple[str, ...] = (DEFAULT_SPEC_DIRS if spec_dirs is None
                                            else tuple(spec_dirs))
+        self.permissions = permissions
         self.snapshot = Snapshot(spec_dirs=self.spec_dirs)
         self._parsed: dict[str, tuple[Signature, Spec | SpecError]] = {}
+        # Files whose new content was not taken yet (still changing); the watcher comes
+        # back for them.
+        self.pending: frozenset[str] = frozenset()
         self._lock = threading.Lock()
 
-    def refresh(self) -> Snapshot:
-        """Rescan every directory and swap in a new Snapshot. Unchanged files are not
-        parsed again. Safe to call from several threads."""
+    def refresh(self, changed: Iterable[str] | None = None, *, quiet_ns: int = 0) -> Snapshot:
+        """Rescan every directory and swap in a new Snapshot. Safe from several threads.
+
+        A file is read again only when its identity (inode, size, mtime, ctime) changed,
+        and its new content replaces the last good one only when a second look confirms
+        it: the file did not change while it was read and parsed. With ``changed`` (the
+        watcher's set of files closed after writing or renamed into place), a changed file
+        outside that set is taken only once it has been still for ``quiet_ns``: a file
+        being rewritten in place keeps serving its last complete version meanwhile.
+        Without ``changed`` (a direct call) every changed file is taken at once.
+        """
         with self._lock:
+            events = None if changed is None else set(changed)
+            now = time.time_ns()
             files = list(scan(self.spec_dirs))
-            results = {f.path: self._load(f) for f in files}
-            self._parsed = {path: r for path, r in results.items() if r is not None}
+            loaded: list[tuple[SpecFile, Spec | SpecError]] = []
+            parsed: dict[str, tuple[Signature, Spec | SpecError]] = {}
+            pending = set()
+            for spec_file in files:
+                result = self._load_isolated(spec_file, events, quiet_ns, now)
+                if isinstance(result, _Pending):
+                    pending.add(spec_file.path)
+                    previous = self._parsed.get(spec_file.path)
+                    if previous is None:
+                        continue  # a new file not complete yet: not listed at all
+                    result = previous
+                if result[0][-1] != -2:  # keep what came from a real read
+                    parsed[spec_file.path] = result
+                loaded.append((spec_file, result[1]))
+            self._parsed = parsed
+            self.pending = frozenset(pending)
             snapshot = _build_snapshot(
-                self.spec_dirs,
-                [
-                    (f, r[1] if r else SpecError([FieldError("", f.error or "unreadable")]))
-                    for f, r in ((f, results[f.path]) for f in files)
-                ],
-                self.snapshot.generation + 1,
+                self.spec_dirs, loaded, self.snapshot.generation + 1,
+                warnings=self._permission_warnings(files),
             )
             self.snapshot = snapshot
             return snapshot
 
-    def _load(self, spec_file: SpecFile) -> tuple[Signature, Spec | SpecError] | None:
-        if spec_file.error:
+    def _permission_warnings(self, files: list[SpecFile]) -> dict[str, list[str]]:
+        if self.permissions == "ignore":
+            return {}
+        warnings: dict[str, list[str]] = {}
+        for folder in self.spec_dirs:
+            try:
+                info = os.stat(folder)
+            except (OSError, ValueError):
+                continue
+            problem = permission_problem(info.st_mode, info.st_uid, "spec directory")
+            if problem:
+                warnings.setdefault(folder, []).append(problem)
+        for spec_file in files:
+            if spec_file.signature is None:
+                continue
+            problem = permission_problem(spec_file.mode, spec_file.uid)
+            if problem:
+                warnings.setdefault(spec_file.path, []).append(problem)
+        return warnings
+
+    def _refused(self, spec_file: SpecFile) -> str | None:
+        if self.permissions != "refuse":
             return None
+        problem = permission_problem(spec_file.mode, spec_file.uid)
+        if problem is None:
+            try:
+                info = os.stat(os.path.dirname(spec_file.path) or ".")
+            except (OSError, ValueError):
+                return None
+            problem = permission_problem(info.st_mode, info.st_uid, "its directory")
+        return f"refused: {problem} (spec permissions: refuse)" if problem else None
+
+    def _load_isolated(
+        self, spec_file: SpecFile, events: set[str] | None, quiet_ns: int, now: int
+    ) -> tuple[Signature, Spec | SpecError] | _Pending:
+        """One file, with every failure turned into that file's error: nothing one file
+        does can stop a refresh or hide another file's devices."""
         try:
-            # O_NONBLOCK: a FIFO named *.yaml must not hang the refresh.
-            fd = os.open(spec_file.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            return self._load(spec_file, events, quiet_ns, now)
+        except Exception as exc:  # a bug or an odd file: report it against that file only
+            return _UNREAD, SpecError(
+                [FieldError("", f"cannot load: {type(exc).__name__}: {exc}")], file=spec_file.path
+            )
+
+    def _load(
+        self, spec_file: SpecFile, events: set[str] | None, quiet_ns: int, now: int
+    ) -> tuple[Signature, Spec | SpecError] | _Pending:
+        path = spec_file.path
+        if spec_file.error or spec_file.signature is None:
+            return _UNREAD, SpecError([FieldError("", spec_file.error or "unreadable")], file=path)
+        refused = self._refused(spec_file)
+        if refused:
+            return _UNREAD, SpecError([FieldError("", refused)], file=path)
+        signature = (*spec_file.signature, spec_file.priority)
+        previous = self._parsed.get(path)
+        if previous and previous[0] == signature:
+            return previous
+        if events is not None and path not in events:
+            # Changed without a completion event: take it only once it has been still.
+            last_change = max(spec_file.signature[3], spec_file.signature[4])
+            if now - last_change < quiet_ns:
+                return _Pending()
+        try:
+            read = _read_stable(path)
         except OSError as exc:
-            return (0, 0, 0, 0, 0, -1), SpecError(
-                [FieldError("", f"cannot read: {exc.strerror}")], file=spec_file.path
-            )
-        with os.fdopen(fd, "rb") as handle:
-            info = os.fstat(fd)
-            signature = (
-                info.st_dev,
-                info.st_ino,
-                info.st_size,
-                info.st_mtime_ns,
-                info.st_ctime_ns,
-                spec_file.priority,
-            )
-            if not stat.S_ISREG(info.st_mode):
-                return signature, SpecError(
-                    [FieldError("", "not a regular file")], file=spec_file.path
-                )
-            previous = self._parsed.get(spec_file.path)
-            if previous and previous[0] == signature:
-                return previous
-            data = handle.read(MAX_SPEC_BYTES + 1)
+            return _UNREAD, SpecError([FieldError("", f"cannot read: {exc.strerror}")], file=path)
+        if read is None:
+            return _Pending()  # changed while it was read
+        info, data = read
         try:
-            return signature, parse_spec(data, spec_file.path, spec_file.priority)
+            result: Spec | SpecError = parse_spec(data, path, spec_file.priority)
         except SpecError as exc:
-            return signature, exc
+            result = exc
+        now_info = os.stat(path)
+        if now_info.st_ino == info.st_ino and _identity(now_info) != _identity(info):
+            return _Pending()  # written to in place meanwhile: what was read may be partial
+        # (a file renamed over it meanwhile leaves what was read whole: its own event follows)
+        return (*_identity(info), spec_file.priority), result
+
+
+_UNREAD: Signature = (0, 0, 0, 0, 0, -2)
+
+
+def _identity(info: os.stat_result) -> tuple[int, int, int, int, int]:
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
+
+
+def _read_stable(path: str) -> tuple[os.stat_result, bytes] | None:
+    """The file's bytes with its identity, or None when it changed while being read."""
+    # O_NONBLOCK: a FIFO swapped in under the name must not hang the refresh.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        before = os.fstat(fd)
+        if not stat.S_ISREG(before.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = handle.read(MAX_SPEC_BYTES + 1)
+        after = os.fstat(fd)
+    if _identity(before) != _identity(after) or len(data) != before.st_size:
+        return None
+    return before, data
 
 
 def _fill(edits: ContainerEdits) -> tuple[ContainerEdits, str | None]:
@@ -171,42 +285,64 @@ def _fill(edits: ContainerEdits) -> tuple[ContainerEdits, str | None]:
         return fill_edits(edits), None
     except DeviceNodeError as exc:
         return edits, str(exc)
+    except (OSError, ValueError) as exc:  # a host path stat() cannot take
+        return edits, f"cannot use a device node: {exc}"
 
 
 def _build_snapshot(
-    spec_dirs: tuple[str, ...], loaded: list[tuple[SpecFile, Spec | SpecError]], generation: int
+    spec_dirs: tuple[str, ...],
+    loaded: list[tuple[SpecFile, Spec | SpecError]],
+    generation: int,
+    *,
+    warnings: Mapping[str, list[str]] | None = None,
 ) -> Snapshot:
     errors: dict[str, list[str]] = {}
+    notes: dict[str, list[str]] = {path: list(w) for path, w in (warnings or {}).items()}
     specs: dict[str, LoadedSpec] = {}
     candidates: dict[str, list[Device]] = {}
     for spec_file, result in loaded:
         if isinstance(result, SpecError):
             errors.setdefault(spec_file.path, []).extend(str(e) for e in result.errors)
             continue
-        edits, error = _fill(result.data.container_edits)
-        specs[spec_file.path] = LoadedSpec(spec=result, edits=edits, error=error)
-        vendor_class = result.kind
-        for data in result.devices:
-            device_edits, device_error = _fill(data.container_edits)
-            name = f"{vendor_class}={data.name}"
-            candidates.setdefault(name, []).append(
-                Device(
-                    qualified_name=name,
-                    spec=result,
-                    data=data,
-                    edits=device_edits,
-                    error=device_error,
-                )
+        try:
+            loaded_spec, devices = _spec_devices(result)
+        except Exception as exc:  # one file's surprise stays that file's error
+            errors.setdefault(spec_file.path, []).append(
+                f"cannot load: {type(exc).__name__}: {exc}"
             )
-    devices, conflicts = _resolve_conflicts(candidates, errors)
+            continue
+        specs[spec_file.path] = loaded_spec
+        for device in devices:
+            candidates.setdefault(device.qualified_name, []).append(device)
+        for problem in interop_warnings(result.data):
+            notes.setdefault(spec_file.path, []).append(str(problem))
+    resolved, conflicts = _resolve_conflicts(candidates, errors)
     return Snapshot(
         spec_dirs=spec_dirs,
         specs=_frozen(specs),
-        devices=_frozen(devices),
+        devices=_frozen(resolved),
         errors=_frozen({path: tuple(msgs) for path, msgs in errors.items()}),
+        warnings=_frozen({path: tuple(msgs) for path, msgs in notes.items()}),
         conflicts=_frozen(conflicts),
         generation=generation,
     )
+
+
+def _spec_devices(spec: Spec) -> tuple[LoadedSpec, list[Device]]:
+    edits, error = _fill(spec.data.container_edits)
+    devices = []
+    for data in spec.devices:
+        device_edits, device_error = _fill(data.container_edits)
+        devices.append(
+            Device(
+                qualified_name=f"{spec.kind}={data.name}",
+                spec=spec,
+                data=data,
+                edits=device_edits,
+                error=device_error,
+            )
+        )
+    return LoadedSpec(spec=spec, edits=edits, error=error), devices
 
 
 def _resolve_conflicts(

@@ -97,19 +97,27 @@ def _add_inject(subparsers: Any) -> None:
 
 def cmd_list(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     from cdi.cache import SpecCache
+    from cdi.errors import printable
 
     out, err = out or sys.stdout, err or sys.stderr
     snapshot = SpecCache(spec_dirs(args)).refresh()
     for path, messages in sorted(snapshot.errors.items()):
         for message in messages:
-            print(f"{path}: {message}", file=err)
+            print(printable(f"{path}: {message}"), file=err)
+    for path, messages in sorted(snapshot.warnings.items()):
+        for message in messages:
+            print(printable(f"{path}: {message}"), file=err)
     if args.json:
         listing = [
             {"name": name, "spec": snapshot.devices[name].spec.path}
             for name in snapshot.device_names()
         ]
         errors = [{"file": p, "error": m} for p, ms in sorted(snapshot.errors.items()) for m in ms]
-        json.dump({"devices": listing, "errors": errors}, out, indent=2)
+        warnings = [
+            {"file": p, "warning": m} for p, ms in sorted(snapshot.warnings.items()) for m in ms
+        ]
+        # ensure_ascii (the default) also writes names that are not UTF-8 as escapes
+        json.dump({"devices": listing, "errors": errors, "warnings": warnings}, out, indent=2)
         out.write("\n")
     else:
         for name in snapshot.device_names():
@@ -120,21 +128,25 @@ def cmd_list(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
 def cmd_validate(
     args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
+    from cdi.errors import printable
+
     out, err = out or sys.stdout, err or sys.stderr
     failed = False
     for path in args.files:
-        errors = _file_errors(path, with_schema=args.schema)
+        errors = _file_errors(path, with_schema=args.schema, err=err)
         failed |= bool(errors)
         for line in errors:
             print(line, file=err)
         if not errors:
-            print(f"{path}: valid", file=out)
+            print(f"{printable(path)}: valid", file=out)
     return 1 if failed else 0
 
 
-def _file_errors(path: str, *, with_schema: bool) -> list[str]:
-    from cdi.errors import SpecError
+def _file_errors(path: str, *, with_schema: bool, err: TextIO | None = None) -> list[str]:
+    """Error lines for ``path``; warnings (valid, but trouble elsewhere) go to ``err``."""
+    from cdi.errors import SpecError, printable
     from cdi.spec import read_spec
+    from cdi.validate import interop_warnings
 
     lines: list[str] = []
     try:
@@ -142,9 +154,10 @@ def _file_errors(path: str, *, with_schema: bool) -> list[str]:
     except SpecError as exc:
         lines += exc.lines()
     else:
-        del spec
+        for warning in interop_warnings(spec.data):
+            print(f"{printable(path)}: {warning}", file=err or sys.stderr)
     if with_schema:
-        lines += [f"{path}: schema: {e}" for e in _schema_errors(path)]
+        lines += [f"{printable(path)}: schema: {e}" for e in _schema_errors(path)]
     return lines
 
 
@@ -156,7 +169,7 @@ def _schema_errors(path: str) -> list[FieldError]:
     try:
         with open(path, "rb") as handle:
             document = load_document(handle.read(), json_format=is_json_path(path))
-    except (OSError, SpecError):
+    except (OSError, ValueError, SpecError):
         return []  # already reported by the code's validator
     return schema_errors(document)
 

@@ -21,6 +21,8 @@ class SpecFile:
     # (device, inode, size, mtime_ns, ctime_ns): equal signatures mean unchanged content.
     signature: tuple[int, int, int, int, int] | None
     error: str | None = None
+    mode: int = 0  # st_mode and st_uid of what the name points to, for the permission check
+    uid: int = 0
 
 
 def is_spec_name(name: str) -> bool:
@@ -42,6 +44,9 @@ def scan(dirs: Sequence[str]) -> Iterator[SpecFile]:
         except OSError as exc:
             yield SpecFile(folder, priority, None, f"cannot list directory: {exc.strerror}")
             continue
+        except ValueError as exc:  # a NUL in a configured name
+            yield SpecFile(folder, priority, None, f"cannot list directory: {exc}")
+            continue
         for name in names:
             if is_spec_name(name):
                 yield _stat_file(os.path.join(folder, name), priority)
@@ -55,4 +60,16 @@ def _stat_file(path: str, priority: int) -> SpecFile:
     if not stat.S_ISREG(info.st_mode):
         return SpecFile(path, priority, None, "not a regular file")
     signature = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-    return SpecFile(path, priority, signature)
+    return SpecFile(path, priority, signature, mode=info.st_mode, uid=info.st_uid)
+
+
+def permission_problem(mode: int, uid: int, what: str = "file") -> str | None:
+    """Why a spec file or folder could be changed by someone other than its trusted
+    owner: world-writable, or owned by neither root nor the user reading it. A spec
+    decides what every container that asks for its devices gets."""
+    problems = []
+    if mode & stat.S_IWOTH:
+        problems.append("world-writable")
+    if uid not in (0, os.geteuid()):
+        problems.append(f"owned by uid {uid}, not root")
+    return f"{what} is {' and '.join(problems)}" if problems else None

@@ -4,6 +4,15 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (newlines, escape sequences,
+    lone surrogates, NUL) written as a Python escape, so that a message stays on one line
+    and cannot drive a terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class CDIError(Exception):
     """Root of every error this package raises on purpose."""
 
@@ -16,7 +25,8 @@ class FieldError(NamedTuple):
     message: str
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.message}" if self.path else self.message
+        text = f"{self.path}: {self.message}" if self.path else self.message
+        return printable(text)
 
 
 class SpecError(CDIError):
@@ -32,7 +42,7 @@ class SpecError(CDIError):
         super().__init__("\n".join(self.lines()))
 
     def lines(self) -> list[str]:
-        prefix = f"{self.file}: " if self.file else ""
+        prefix = f"{printable(self.file)}: " if self.file else ""
         return [f"{prefix}{err}" for err in self.errors]
 
     def with_file(self, file: str) -> "SpecError":

@@ -9,6 +9,7 @@ JSON keys are those of the spec and the reference Go types (``additionalGids``,
 ``schemata``), not the typos of the spec's prose sketch.
 """
 
+import re
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -135,6 +136,16 @@ class _Field(NamedTuple):
     keep_empty: bool = False
 
 
+class BadScalar(NamedTuple):
+    """What the YAML loader gives for an explicitly tagged value it cannot honour
+    (``!!bool x``, ``!!int ""``, an unknown tag): every field decoder rejects it, so the
+    error names the field instead of surfacing as a loader traceback."""
+
+    tag: str
+    text: str
+    why: str
+
+
 class _Invalid:
     """Marks a value that failed to decode (its error is already recorded)."""
 
@@ -161,6 +172,8 @@ class _Context:
 def _type_name(value: Any) -> str:
     if value is None:
         return "null"
+    if isinstance(value, BadScalar):
+        return f"{value.tag} {value.text!r} ({value.why})"
     return {
         bool: "boolean",
         int: "integer",
@@ -171,9 +184,27 @@ def _type_name(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
+def text_problem(value: str) -> str | None:
+    """Why a string cannot be used in a spec: a NUL cannot pass through a system call or
+    an environment, and a lone surrogate is not Unicode (it cannot be encoded as UTF-8
+    for a path, the runtime or a log line). None when it is fine."""
+    if "\0" in value:
+        return "must not contain a NUL character"
+    if value.isascii():  # O(1) on CPython: the common case costs nothing more
+        return None
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must be valid Unicode (it contains a lone surrogate)"
+    return None
+
+
 def _string(value: Any, path: str, ctx: _Context) -> Any:
     if not isinstance(value, str):
         return ctx.error(path, f"must be a string, not {_type_name(value)}")
+    problem = text_problem(value)
+    if problem:
+        return ctx.error(path, problem)
     return value
 
 
@@ -222,8 +253,12 @@ def _string_map(value: Any, path: str, ctx: _Context) -> Any:
         ctx.count(path)
         if not isinstance(key, str):
             ctx.error(path, f"key {key!r} must be a string, not {_type_name(key)}")
+        elif text_problem(key):
+            ctx.error(f"{path}[{key!r}]", f"key {text_problem(key)}")
         elif not isinstance(item, str):
             ctx.error(f"{path}[{key!r}]", f"must be a string, not {_type_name(item)}")
+        elif text_problem(item):
+            ctx.error(f"{path}[{key!r}]", str(text_problem(item)))
     return INVALID if len(ctx.errors) > before else MappingProxyType(dict(value))
 
 
@@ -238,6 +273,18 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def key_path(path: str, key: Any) -> str:
+    """Where an unknown key sits: ``path.key`` for a plain name, ``path['k\\n']`` (repr)
+    for anything else, so that an empty, odd or non-string key is visible and one error
+    stays one line."""
+    if isinstance(key, str) and _PLAIN_KEY.fullmatch(key):
+        return _join(path, key)
+    return f"{path}[{key!r}]"
+
+
 def _decode_object(cls: Any, value: Any, path: str, ctx: _Context) -> Any:
     fields: tuple[_Field, ...] = _FIELDS[cls]
     if not isinstance(value, dict):
@@ -248,7 +295,7 @@ def _decode_object(cls: Any, value: Any, path: str, ctx: _Context) -> Any:
     known = {f.key: f for f in fields}
     for key in value:
         if key not in known:
-            ctx.error(_join(path, str(key)), "unknown field")
+            ctx.error(key_path(path, key), "unknown field")
     kwargs = {}
     for spec in fields:
         if spec.key not in value:

@@ -30,6 +30,7 @@ try:
     from jsonschema import Draft202012Validator, ValidationError, validators
 except ImportError as exc:
     raise MissingDependencyError("jsonschema", "checking specs against the JSON schema") from exc
+from cdi.model import key_path
 
 SCHEMA_PATH = Path(__file__).with_name("schema") / "cdi-spec.schema.json"
 
@@ -118,7 +119,7 @@ def _field_errors(error: ValidationError, document: Any) -> Iterator[FieldError]
         known = schema.get("properties", {})
         for key in instance:
             if key not in known:
-                yield FieldError(_join(path, str(key), in_map=False), "unknown field")
+                yield FieldError(key_path(path, key), "unknown field")
         return
     schema_path = list(error.relative_schema_path)
     if len(schema_path) >= 2 and schema_path[-2] == "propertyNames":

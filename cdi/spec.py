@@ -4,6 +4,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -17,22 +18,54 @@ from cdi.validate import validate_spec
 MAX_SPEC_BYTES = 32 * 1024 * 1024
 
 
+# Deeper than any spec can be (a valid one nests 7 levels): past it the document is
+# refused before a recursive parser (libyaml's composer, the json module) sees it.
+MAX_NESTING = 512
+
+_YAML = "tag:yaml.org,2002:"
+# YAML 1.1 numbers without the sexagesimal forms (``1:30``), which the reference's YAML
+# library reads as strings; the rest as PyYAML's resolver has them.
+_INT = r"""^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"""
+_FLOAT = (
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"""
+    r"""|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"""
+)
+_NULL_TEXTS = ("", "~", "null", "Null", "NULL")
+
+
 @functools.cache
 def _strict_loader() -> Any:
-    """A safe YAML loader (libyaml's when present) that rejects duplicate mapping keys, as
-    the reference's strict decoder does: a silently shadowed key is a bug in the spec.
+    """A safe YAML loader (libyaml's when present) for specs.
+
+    * duplicate mapping keys are errors, as in the reference's strict decoder;
+    * plain scalars resolve as YAML 1.1 without sexagesimal numbers and without implicit
+      timestamps (both stay strings, as the reference reads them);
+    * an explicit tag never raises from inside the loader: a value its tag cannot make
+      sense of, or an unknown tag, becomes a ``BadScalar`` that every field decoder
+      refuses, so the error names the field.
 
     Built on first use: PyYAML is imported only by what reads or writes YAML, not by
     ``nri-cdi generate`` (its own emitter) or the hooks.
     """
+    import re
+
     import yaml
+
+    from cdi.model import BadScalar
 
     base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+    def bad(tag: str, node: Any, why: str) -> BadScalar:
+        short = tag.replace(_YAML, "!!")
+        text = node.value if isinstance(node.value, str) else f"<{node.id}>"
+        return BadScalar(short, text, why)
+
     def construct_strict_mapping(loader: Any, node: Any, deep: bool = False) -> Any:
+        if not isinstance(node, yaml.MappingNode):
+            return bad(node.tag, node, "not a mapping")
         seen: set[Any] = set()
         for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
+            if key_node.tag == _YAML + "merge":
                 continue  # '<<' merge keys are expanded by the base constructor
             key = loader.construct_object(key_node, deep=True)
             try:
@@ -46,9 +79,66 @@ def _strict_loader() -> Any:
             seen.add(key)
         return loader.construct_mapping(node, deep=deep)
 
-    loader: Any = type("StrictLoader", (base,), {})
-    loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_strict_mapping)
-    return loader
+    def checked(tag: str, kind: Any, build: Any) -> Any:
+        """The base constructor for ``tag``, turned into a BadScalar on any failure."""
+
+        def construct(loader: Any, node: Any) -> Any:
+            if not isinstance(node, kind):
+                return bad(tag, node, f"not a {kind.id}")
+            try:
+                return build(loader, node)
+            except Exception:  # the base constructors raise KeyError, ValueError, ...
+                return bad(tag, node, f"not a valid {tag.replace(_YAML, '!!')}")
+
+        return construct
+
+    def construct_null(loader: Any, node: Any) -> Any:
+        if node.value not in _NULL_TEXTS:
+            return bad(node.tag, node, "not a null")
+        return None
+
+    def construct_timestamp(loader: Any, node: Any) -> Any:
+        # The reference keeps a timestamp as the text written; an invalid one is refused.
+        base.construct_yaml_timestamp(loader, node)
+        return node.value
+
+    def construct_unknown(loader: Any, node: Any) -> Any:
+        return bad(node.tag, node, "unknown tag")
+
+    # (The bare tag '!' is found by ``_yaml_event_error`` before loading: libyaml resolves
+    # it like an untagged node, so no constructor ever sees it.)
+    class StrictLoader(base):  # type: ignore[misc,valid-type,unused-ignore]
+        yaml_implicit_resolvers: dict[str, list[tuple[str, Any]]] = {}
+        yaml_constructors: dict[Any, Any] = dict(base.yaml_constructors)
+
+    for first, resolvers in base.yaml_implicit_resolvers.items():
+        kept = [(t, r) for t, r in resolvers if t not in (_YAML + "timestamp",)]
+        StrictLoader.yaml_implicit_resolvers[first] = [
+            (t, re.compile(_INT, re.X) if t == _YAML + "int" else
+             re.compile(_FLOAT, re.X) if t == _YAML + "float" else r)
+            for t, r in kept
+        ]
+    scalar, seq, mapping = yaml.ScalarNode, yaml.SequenceNode, yaml.MappingNode
+    def construct_str(loader: Any, node: Any) -> Any:
+        # The hot path (every string of a spec): no wrapper around it.
+        if node.__class__ is scalar:
+            return node.value
+        return bad(_YAML + "str", node, f"not a {scalar.id}")
+
+    for name, kind in (
+        ("bool", scalar), ("int", scalar), ("float", scalar), ("binary", scalar),
+        ("seq", seq), ("set", mapping), ("omap", seq), ("pairs", seq),
+    ):
+        tag = _YAML + name
+        StrictLoader.add_constructor(tag, checked(tag, kind, base.yaml_constructors[tag]))
+    StrictLoader.add_constructor(_YAML + "null", checked(_YAML + "null", scalar, construct_null))
+    StrictLoader.add_constructor(
+        _YAML + "timestamp", checked(_YAML + "timestamp", scalar, construct_timestamp)
+    )
+    StrictLoader.add_constructor(_YAML + "str", construct_str)
+    StrictLoader.add_constructor(_YAML + "map", construct_strict_mapping)
+    StrictLoader.add_constructor(None, construct_unknown)
+    return StrictLoader
 
 
 def _reject_duplicate_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -60,6 +150,96 @@ def _reject_duplicate_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
+_LINE_BREAKS = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.S)
+
+
+def nesting_error(text: str, *, json_format: bool) -> str | None:
+    """Why ``text`` nests too deeply to be handed to a recursive parser; None if fine.
+
+    Cheap bound first: JSON cannot nest deeper than its brackets; in YAML a block
+    collection nested in another starts further right (an indentless sequence at most
+    once in a row), so block depth is at most twice the longest line, plus the flow
+    brackets. Only a text past the bound is scanned, without recursion.
+    """
+    openers = text.count("[") + text.count("{")
+    bound = openers
+    if not json_format and bound <= MAX_NESTING:
+        bound += 2 * (_longest_line(text) + 1)
+    if bound <= MAX_NESTING:
+        return None
+    depth = _json_depth(text) if json_format else _yaml_depth(text)
+    if depth > MAX_NESTING:
+        return f"spec nests deeper than {MAX_NESTING} levels"
+    return None
+
+
+def _longest_line(text: str) -> int:
+    # str.splitlines is fast but also splits at \v, \f and \x1c-\x1e, which YAML does
+    # not: with any of those present, split at YAML's own line breaks only.
+    if any(c in text for c in "\v\f\x1c\x1d\x1e"):
+        return max(map(len, _LINE_BREAKS.split(text)), default=0)
+    return max(map(len, text.splitlines()), default=0)
+
+
+def _json_depth(text: str) -> int:
+    depth = deepest = 0
+    for match in _JSON_TOKENS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_NESTING:
+                break
+        elif token in "]}":
+            depth = max(depth - 1, 0)
+    return deepest
+
+
+def _yaml_depth(text: str) -> int:
+    import yaml
+
+    # libyaml's parser keeps its state on a heap stack: walking its events is safe at any
+    # depth (its composer, which builds nodes, is the part that recurses).
+    starts = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+    ends = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
+    depth = deepest = 0
+    for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+        if isinstance(event, starts):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_NESTING:
+                break
+        elif isinstance(event, ends):
+            depth -= 1
+    return deepest
+
+
+# A '!' that can only be the bare non-specific tag: after a separator, before one.
+_BARE_TAG_TEXT = re.compile(r"(?:^|(?<=[\s\[{,]))!(?=[\s\]},]|$)", re.M)
+
+
+def _yaml_event_error(text: str) -> str | None:
+    """What the reference refuses that PyYAML's loader lets through: a ``%YAML``
+    directive for a version other than 1.1 (PyYAML only warns) and the bare tag ``!``
+    on a scalar (libyaml resolves it like an untagged one). Events are walked only when
+    the text could hold either."""
+    if "%YAML" not in text and ("!" not in text or not _BARE_TAG_TEXT.search(text)):
+        return None
+    import yaml
+
+    for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+        if isinstance(event, yaml.DocumentStartEvent):
+            version = event.version
+            if version is not None and tuple(version) != (1, 1):
+                return f"YAML version {'.'.join(map(str, version))} is not supported (only 1.1)"
+        elif getattr(event, "tag", None) == "!":
+            mark = event.start_mark
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            return f"the non-specific tag '!' is not supported{where}"
+    return None
+
+
 def load_document(data: bytes | str, *, json_format: bool) -> Any:
     """Parse JSON or YAML strictly into plain data; raise SpecError on bad syntax."""
     import yaml
@@ -68,6 +248,11 @@ def load_document(data: bytes | str, *, json_format: bool) -> Any:
         raise SpecError([FieldError("", f"spec is larger than {MAX_SPEC_BYTES} bytes")])
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
+        problem = nesting_error(text, json_format=json_format) or (
+            None if json_format else _yaml_event_error(text)
+        )
+        if problem:
+            raise SpecError([FieldError("", problem)])
         if json_format:
             return json.loads(text, object_pairs_hook=_reject_duplicate_pairs)
         return yaml.load(text, Loader=_strict_loader())

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from cdi.errors import FieldError, SpecError
 from cdi.model import ContainerEdits, DeviceNode, Hook, IntelRdt, SpecData
-from cdi.parser import device_name_error, kind_error
+from cdi.parser import device_name_error, kind_error, parse_kind
 from cdi.version import EARLIEST_SUPPORTED, KNOWN_VERSIONS, minimum_requirement, version_key
 
 # OCI hook points; ``prestart`` is deprecated by OCI but still accepted by the reference.
@@ -102,6 +102,44 @@ def _removed_field_errors(spec: SpecData, declared: str) -> list[FieldError]:
                     )
                 )
     return errors
+
+
+def interop_warnings(spec: SpecData) -> list[FieldError]:
+    """What is valid by the spec but breaks other CDI implementations; worth a warning.
+
+    * a one-letter vendor or class (``kind: v/c``): the Go CDI library up to 1.1.0 panics
+      on it, taking down the runtime that reads the spec folder (containerd 1.7, podman 4);
+    * ``intelRdt.enableCMT``/``enableMBM``: the Go CDI library 1.1.0 dropped them at every
+      cdiVersion, so runtimes built on it refuse the whole file.
+    """
+    warnings = []
+    vendor, class_ = parse_kind(spec.kind)
+    if vendor and class_ and (len(vendor) == 1 or len(class_) == 1):
+        warnings.append(
+            FieldError(
+                "kind",
+                f"warning: a one-letter vendor or class ({spec.kind!r}) makes the Go CDI "
+                "library up to 1.1.0 panic (containerd 1.7, podman 4 go down with it)",
+            )
+        )
+    edits = [("containerEdits", spec.container_edits)] + [
+        (f"devices[{i}].containerEdits", d.container_edits) for i, d in enumerate(spec.devices)
+    ]
+    for path, item in edits:
+        rdt = item.intel_rdt
+        for key, value in (
+            ("enableCMT", rdt and rdt.enable_cmt),
+            ("enableMBM", rdt and rdt.enable_mbm),
+        ):
+            if value is not None:
+                warnings.append(
+                    FieldError(
+                        f"{path}.intelRdt.{key}",
+                        "warning: dropped by the Go CDI library 1.1.0 at every cdiVersion; "
+                        "runtimes built on it refuse this file",
+                    )
+                )
+    return warnings
 
 
 def _device_errors(spec: SpecData) -> list[FieldError]:
@@ -202,6 +240,10 @@ def _device_node_errors(node: DeviceNode, path: str) -> list[FieldError]:
     errors = []
     if not node.path:
         errors.append(FieldError(f"{path}.path", "must not be empty"))
+    for key, number in (("major", node.major), ("minor", node.minor)):
+        if number is not None and number < 0:
+            # -1 is the wildcard of a device-cgroup rule: it would allow every device
+            errors.append(FieldError(f"{path}.{key}", f"must not be negative, not {number}"))
     if node.type and node.type not in DEVICE_TYPES:
         errors.append(FieldError(f"{path}.type", f"must be one of {', '.join(DEVICE_TYPES)}"))
     perms = node.permissions

@@ -1,10 +1,12 @@
 """Refreshing a SpecCache when its directories change (inotify), in a background thread.
 
-Only events that mean a spec file is complete trigger a refresh: close-after-write,
-rename into place, removal. A writer that renames a finished file into place (as
-``write_spec`` does) is therefore never seen half-written. A directory that does not
-exist yet is noticed when it is created (its nearest existing parent is watched), and a
-periodic rescan backs everything up (device nodes that appear later, missed events).
+A file's new content is taken when the file says it is complete: closed after writing or
+renamed into place, and then quiet for a short settle. A file that changes without such an
+event (rewritten in place while another file's event triggers a refresh) keeps serving its
+last complete version until it has been still for a while (``quiet``). Removals, symlinks
+and FIFOs created in a spec folder are seen at once. A directory that does not exist yet is
+noticed when it is created (its nearest existing parent is watched), and a periodic rescan
+backs everything up (device nodes that appear later, missed events).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import contextlib
 import logging
 import os
 import select
+import stat
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from inotify_simple import INotify, flags
@@ -31,10 +35,14 @@ _DIR_MASK = (
     | flags.DELETE_SELF
     | flags.MOVE_SELF
     | flags.CREATE
+    | flags.ATTRIB
+    | flags.MODIFY
     | flags.ONLYDIR
 )
 _PARENT_MASK = flags.CREATE | flags.MOVED_TO | flags.ONLYDIR
 _FILE_EVENTS = flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE
+# Events after which a file's content is complete: take it without waiting for quiet.
+_DONE_EVENTS = flags.CLOSE_WRITE | flags.MOVED_TO
 _SELF_EVENTS = flags.DELETE_SELF | flags.MOVE_SELF | flags.IGNORED | flags.Q_OVERFLOW
 
 
@@ -45,6 +53,9 @@ class SpecDirWatcher:
         self._dirs = tuple(os.path.abspath(d) for d in dirs)
         self._inotify = INotify()
         self._watches: dict[str, tuple[int, int]] = {}  # path -> (wd, mask)
+        # File -> complete? by its latest event: a close after writing says yes, a later
+        # write says no again (a writer that truncates and rewrites in place).
+        self.state: dict[str, bool] = {}
         self._paths: dict[int, str] = {}
         self.update_watches()
 
@@ -82,7 +93,8 @@ class SpecDirWatcher:
             self._inotify.rm_watch(wd)
 
     def read_changes(self) -> bool:
-        """Drain pending events (non-blocking); True when the specs may have changed."""
+        """Drain pending events (non-blocking) into ``self.state``; True when the specs
+        may have changed. ``take_done()`` then gives the files complete now."""
         changed = False
         rewatch = False
         for event in self._inotify.read(timeout=0):
@@ -90,12 +102,34 @@ class SpecDirWatcher:
             is_spec_dir = path in self._dirs
             if event.mask & _SELF_EVENTS or event.mask & flags.ISDIR or not is_spec_dir:
                 changed = rewatch = True
-            elif event.mask & _FILE_EVENTS and is_spec_name(event.name):
-                changed = True
+                continue
+            if not is_spec_name(event.name):
+                continue
+            name = os.path.join(str(path), event.name)
+            changed = True
+            if event.mask & _DONE_EVENTS:
+                self.state[name] = True  # closed after writing, or renamed into place
+            elif event.mask & flags.MODIFY:
+                self.state[name] = False  # written to again: not complete until closed
+            elif event.mask & flags.CREATE and _is_special(name):
+                self.state[name] = True  # a symlink or FIFO: created whole, never closed
         if rewatch:
             self.update_watches()
         return changed
 
+    def take_done(self) -> set[str]:
+        """The files whose last event says they are complete; forgets them all."""
+        done = {name for name, complete in self.state.items() if complete}
+        self.state.clear()
+        return done
+
+
+def _is_special(path: str) -> bool:
+    """A symlink or anything but a regular file: created whole, never written."""
+    try:
+        return not stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return True  # already gone: a refresh will notice
 
 def _nearest_existing_parent(folder: str) -> str:
     parent = os.path.dirname(folder)
@@ -106,7 +140,12 @@ def _nearest_existing_parent(folder: str) -> str:
 
 class AutoRefresh:
     """A daemon thread that refreshes ``cache`` on directory changes and every
-    ``rescan_interval`` seconds. ``on_refresh`` is called with each new Snapshot."""
+    ``rescan_interval`` seconds. ``on_refresh`` is called with each new Snapshot.
+
+    After an event it waits until the folder has been quiet for ``settle`` seconds (at
+    most ``max_delay``), so a burst of writes is read once, complete. A file changed
+    without a completion event is taken once it has been still for ``quiet`` seconds.
+    """
 
     def __init__(
         self,
@@ -114,17 +153,23 @@ class AutoRefresh:
         *,
         rescan_interval: float = 60.0,
         on_refresh: Callable[[Snapshot], None] | None = None,
+        settle: float = 0.05,
+        quiet: float = 1.0,
+        max_delay: float = 1.0,
     ) -> None:
         self.cache = cache
         self.rescan_interval = rescan_interval
         self.on_refresh = on_refresh
+        self.settle = settle
+        self.quiet = quiet
+        self.max_delay = max_delay
         self._watcher = SpecDirWatcher(cache.spec_dirs)
         self._wake_r, self._wake_w = os.pipe()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="cdi-refresh", daemon=True)
 
     def start(self) -> AutoRefresh:
-        self._refresh()
+        self._refresh(None)
         self._thread.start()
         return self
 
@@ -143,17 +188,39 @@ class AutoRefresh:
         self.stop()
 
     def _run(self) -> None:
+        dirty_since: float | None = None  # first unprocessed event
         while not self._stopping:
-            ready, _, _ = select.select([self._watcher.fileno(), self._wake_r], [], [],
-                                        self.rescan_interval)
+            timeout = self._timeout(dirty_since)
+            ready, _, _ = select.select([self._watcher.fileno(), self._wake_r], [], [], timeout)
             if self._stopping:
                 return
-            if not ready or self._watcher.read_changes():
-                self._refresh()
+            now = time.monotonic()
+            if ready:
+                try:
+                    changed = self._watcher.read_changes()
+                except OSError:
+                    log.exception("reading spec folder events failed")
+                    changed = True
+                if changed and dirty_since is None:
+                    dirty_since = now
+                if dirty_since is None or now - dirty_since < self.max_delay:
+                    continue  # wait for the burst to end
+            self._refresh(self._watcher.take_done())
+            dirty_since = None
 
-    def _refresh(self) -> None:
+    def _timeout(self, dirty_since: float | None) -> float:
+        if dirty_since is not None:
+            return self.settle
+        if self.cache.pending:
+            return min(self.quiet, self.rescan_interval)
+        return self.rescan_interval
+
+    def _refresh(self, done: set[str] | None) -> None:
         try:
-            snapshot = self.cache.refresh()
+            if done is None:
+                snapshot = self.cache.refresh()
+            else:
+                snapshot = self.cache.refresh(done, quiet_ns=int(self.quiet * 1e9))
         except Exception:  # a refresh bug must not kill the thread; keep the old snapshot
             log.exception("refreshing CDI specs failed")
             return

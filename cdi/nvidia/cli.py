@@ -330,6 +330,10 @@ def _options(v: dict[str, Any], mode: str) -> Any:
     if "none" in ids and len(ids) > 1:
         raise UsageError("--device-id none cannot be combined with other ids")
     vendor = v["vendor"] or ("management.nvidia.com" if mode == "management" else "nvidia.com")
+    for flag, name in (("--vendor", vendor), ("--class", v["class_"] or "gpu")):
+        if len(name) == 1:  # valid by the spec, but the Go CDI library <= 1.1.0 panics on it
+            raise UsageError(f"{flag} {name!r}: one-letter names crash runtimes built on the "
+                             "Go CDI library up to 1.1.0 (containerd 1.7, podman 4)")
     return Options(
         vendor=vendor, class_=v["class_"] or "gpu", strategies=strategies, device_ids=ids,
         all_device=not v["no_all_device"] and ids != ("none",),

@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from cdi.dirs import DEFAULT_SPEC_DIRS
+from cdi.errors import printable
 
 if TYPE_CHECKING:
     import asyncio
@@ -173,7 +174,8 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
 
     plugin_settings = settings["plugin"]
     metrics, server = _start_metrics(settings["metrics"]["address"])
-    cache = SpecCache(plugin_settings["spec_dirs"])
+    cache = SpecCache(plugin_settings["spec_dirs"],
+                      permissions=plugin_settings["spec_permissions"])
     # The registry the injector reads: each new snapshot with the NVIDIA facts (sidecars)
     # loaded for it, swapped in together by the refresher thread.
     registry = RegistryHolder([NvidiaRules()])
@@ -285,6 +287,7 @@ def _shutdown(stub: Stub, task: asyncio.Future[None]) -> None:
 
 
 _last_errors: dict[str, tuple[str, ...]] = {}
+_last_warnings: dict[str, tuple[str, ...]] = {}
 
 
 def _log_refresh(snapshot: Any) -> None:
@@ -296,6 +299,14 @@ def _log_refresh(snapshot: Any) -> None:
     if errors != _last_errors:
         for path, messages in sorted(errors.items()):
             for message in messages:
-                log.warning("%s: %s", path, message)
+                log.warning("%s: %s", printable(path), printable(message))
         _last_errors.clear()
         _last_errors.update(errors)
+    warnings = dict(getattr(snapshot, "warnings", {}))
+    if warnings != _last_warnings:
+        for path, messages in sorted(warnings.items()):
+            if _last_warnings.get(path) != messages:
+                for message in messages:
+                    log.warning("%s: %s", printable(path), message)
+        _last_warnings.clear()
+        _last_warnings.update(warnings)

@@ -154,6 +154,8 @@ SCHEMA: dict[str, dict[str, tuple[Checker, Any]]] = {
         "index": (_index, "10"),
         "spec_dirs": (_paths, ("/etc/cdi", "/var/run/cdi")),
         "rescan_interval": (_positive, 60.0),
+        # world-writable or non-root-owned spec files and folders: warn, refuse or ignore
+        "spec_permissions": (_choice("warn", "refuse", "ignore"), "warn"),
     },
     "generate": {
         "output": (_abs_path, "/var/run/cdi/nvidia.yaml"),

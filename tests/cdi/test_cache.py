@@ -240,7 +240,10 @@ def test_refresh_during_renames_never_sees_a_half_written_spec(tmp_path: Path) -
     with AutoRefresh(cache, rescan_interval=3600):
         writer = subprocess.Popen([sys.executable, "-c", WRITER, str(folder), str(rounds)])
         try:
-            while writer.poll() is None or len(seen_versions) < 2:
+            deadline = time.monotonic() + 120
+            while (writer.poll() is None or len(seen_versions) < 2) and (
+                time.monotonic() < deadline
+            ):
                 snapshot = cache.snapshot
                 assert not snapshot.errors, snapshot.errors
                 if snapshot.devices:

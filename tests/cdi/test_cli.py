@@ -33,14 +33,14 @@ def test_list_sorted_with_errors_on_stderr(
     low = write_specs(
         tmp_path / "etc",
         {
-            "b.yaml": simple_spec("b.com/x", "1", "0"),
+            "b.yaml": simple_spec("b.com/xy", "1", "0"),
             "bad.yaml": "cdiVersion: 9.9.9\nkind: a/b\ndevices: []\n",
         },
     )
-    high = write_specs(tmp_path / "run", {"a.yaml": simple_spec("a.com/x", "z")})
+    high = write_specs(tmp_path / "run", {"a.yaml": simple_spec("a.com/xy", "z")})
     assert main(["list", "--spec-dir", str(low), "--spec-dir", str(high)]) == 0
     out, err = capsys.readouterr()
-    assert out.splitlines() == ["a.com/x=z", "b.com/x=0", "b.com/x=1"]
+    assert out.splitlines() == ["a.com/xy=z", "b.com/xy=0", "b.com/xy=1"]
     assert err.splitlines() == [
         f"{low}/bad.yaml: cdiVersion: invalid version '9.9.9': known versions are 0.3.0, 0.4.0, "
         "0.5.0, 0.6.0, 0.7.0, 0.8.0, 1.0.0, 1.1.0",
@@ -50,12 +50,13 @@ def test_list_sorted_with_errors_on_stderr(
 
 
 def test_list_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    folder = write_specs(tmp_path / "etc", {"b.yaml": simple_spec("b.com/x", "0"), "c.json": "[]"})
+    folder = write_specs(tmp_path / "etc", {"b.yaml": simple_spec("b.com/xy", "0"), "c.json": "[]"})
     assert main(["list", "--json", "--spec-dir", str(folder)]) == 0
     listing = json.loads(capsys.readouterr().out)
     assert listing == {
-        "devices": [{"name": "b.com/x=0", "spec": f"{folder}/b.yaml"}],
+        "devices": [{"name": "b.com/xy=0", "spec": f"{folder}/b.yaml"}],
         "errors": [{"file": f"{folder}/c.json", "error": "must be a mapping, not list"}],
+        "warnings": [],
     }
 
 

@@ -25,13 +25,12 @@ from cdi.spec import dump_spec, parse_spec, parse_spec_data
 from cdi.validate import DEVICE_TYPES, HOOK_NAMES, validate_spec
 from cdi.version import KNOWN_VERSIONS, minimum_version, version_key
 
-text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=12)
 paths = st.from_regex(r"/[a-z0-9_./-]{0,20}", fullmatch=True)
 env_entries = st.builds(
     lambda k, v: f"{k}={v}", st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True), text
 )
 uint32 = st.integers(0, 2**32 - 1)
-small = st.integers(-(2**63), 2**63 - 1)
 qualifier = st.from_regex(r"[a-z]([a-z0-9_.-]{0,10}[a-z0-9])?", fullmatch=True)
 device_names = st.from_regex(r"[A-Za-z0-9]([A-Za-z0-9_.:-]{0,10}[A-Za-z0-9])?", fullmatch=True)
 annotation_keys = st.from_regex(
@@ -51,8 +50,8 @@ device_nodes = st.builds(
     path=paths,
     host_path=optional(paths),
     type=optional(st.sampled_from(DEVICE_TYPES)),
-    major=optional(small),
-    minor=optional(small),
+    major=optional(st.integers(0, 2**63 - 1)),
+    minor=optional(st.integers(0, 2**63 - 1)),
     file_mode=optional(uint32),
     permissions=optional(st.sampled_from(["r", "rw", "rwm", "m", "none", "wm"])),
     uid=optional(uint32),

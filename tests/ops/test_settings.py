@@ -56,6 +56,8 @@ policy:
     ({"plugin": {"spec_dirs": "/etc/cdi"}}, "plugin.spec_dirs: expected a list"),
     ({"plugin": {"rescan_interval": "soon"}}, "plugin.rescan_interval: expected a number > 0"),
     ({"plugin": {"rescan_interval": True}}, "plugin.rescan_interval: expected a number > 0"),
+    ({"plugin": {"spec_permissions": "strict"}},
+     "plugin.spec_permissions: expected one of warn, refuse, ignore"),
     ({"generate": {"mode": "csv"}}, "generate.mode: expected one of auto, nvml"),
     ({"watch": {"settle": -1}}, "watch.settle: expected a number > 0"),
     ({"metrics": {"address": "9464"}}, "metrics.address: expected host:port"),

@@ -1,0 +1,241 @@
+"""The registry with hostile files beside a good one, at start and while refreshing, and
+with specs rewritten in place while other specs change: the good devices stay served, the
+bad file is reported, and no snapshot ever holds a cut-short or mixed spec."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from cdi.cache import Snapshot, SpecCache
+from cdi.watch import AutoRefresh
+from tests.helpers import simple_spec
+
+GOOD = simple_spec("good.example/dev", "g0")
+GOOD_MORE = simple_spec("good.example/dev", "g0", "g1")
+HEAD = "cdiVersion: 0.5.0\nkind: bad.example/dev\ndevices:\n"
+
+# name -> bytes of the file, or a maker for what is not a plain file
+HOSTILE: dict[str, bytes | Callable[[Path], None]] = {
+    "deep.yaml": (HEAD.replace("devices:\n", "devices: ") + "[" * 30000 + "]" * 30000).encode(),
+    "deep.json": b'{"devices": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+    "tag-bool.yaml": (HEAD + "- name: !!bool x\n").encode(),
+    "tag-int.yaml": (HEAD + '- name: !!int ""\n').encode(),
+    "tag-map.yaml": (HEAD + "- name: a\n  containerEdits: {env: !!map [1]}\n").encode(),
+    "nul-path.json": b'{"cdiVersion": "0.5.0", "kind": "bad.example/dev", "devices": [{"name": '
+    b'"a", "containerEdits": {"deviceNodes": [{"path": "/dev/x\\u0000y"}]}}]}',
+    "surrogate.json": b'{"cdiVersion": "0.6.0", "kind": "bad.example/dev", "devices": [{"name": '
+    b'"a", "annotations": {"a": "\\ud800"}, "containerEdits": {"env": ["A=\\ud800"]}}]}',
+    "not-utf8.yaml": b"cdiVersion: 0.5.0\nkind: \xff\xfe\n",
+    "empty.yaml": b"",
+    "fifo.yaml": lambda path: os.mkfifo(path),
+    "dangling.yaml": lambda path: os.symlink(path.parent / "nowhere", path),
+    "folder.yaml": lambda path: path.mkdir(),
+}
+
+
+def _make(folder: Path, name: str) -> Path:
+    path = folder / name
+    content = HOSTILE[name]
+    if isinstance(content, bytes):
+        tmp = folder / f".{name}.tmp"
+        tmp.write_bytes(content)
+        tmp.rename(path)
+    else:
+        content(path)
+    return path
+
+
+def _wait_for(check: Callable[[], object], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_file_at_start_hides_nothing(tmp_path: Path, name: str) -> None:
+    folder = tmp_path / "cdi"
+    folder.mkdir()
+    (folder / "good.yaml").write_text(GOOD)
+    bad = _make(folder, name)
+    snapshot = SpecCache([str(folder)]).refresh()
+    assert snapshot.device_names() == ["good.example/dev=g0"]
+    assert snapshot.resolve(["good.example/dev=g0"]).env
+    assert list(snapshot.errors) == [str(bad)]
+    assert all(line.isprintable() for line in snapshot.errors[str(bad)])
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_file_during_refresh_stops_nothing(tmp_path: Path, name: str) -> None:
+    folder = tmp_path / "cdi"
+    folder.mkdir()
+    (folder / "good.yaml").write_text(GOOD)
+    cache = SpecCache([str(folder)])
+    # A rescan an hour away: whatever is seen below is seen through the events.
+    with AutoRefresh(cache, rescan_interval=3600):
+        assert cache.snapshot.device_names() == ["good.example/dev=g0"]
+        bad = _make(folder, name)
+        _wait_for(lambda: str(bad) in cache.snapshot.errors)
+        tmp = folder / ".good.yaml.tmp"
+        tmp.write_text(GOOD_MORE)
+        tmp.rename(folder / "good.yaml")
+        _wait_for(lambda: "good.example/dev=g1" in cache.snapshot.devices)
+        snapshot = cache.snapshot
+        assert snapshot.device_names() == ["good.example/dev=g0", "good.example/dev=g1"]
+        assert list(snapshot.errors) == [str(bad)]
+
+
+def _versioned(version: int, devices: int = 30) -> str:
+    body = "".join(
+        f"- name: d{i}\n  containerEdits:\n    env: [VERSION={version}, DEV=d{i}]\n"
+        f"    mounts: [{{hostPath: /v{version}, containerPath: /c{i}}}]\n"
+        for i in range(devices)
+    )
+    return f"cdiVersion: 0.6.0\nkind: torn.example/dev\nannotations: {{v: '{version}'}}\n" \
+        f"devices:\n{body}"
+
+
+def _check_whole(snapshot: Snapshot, devices: int = 30) -> int | None:
+    """The version the snapshot serves for torn.yaml, asserting it is whole and unmixed."""
+    names = [n for n in snapshot.devices if n.startswith("torn.example/")]
+    if not names:
+        return None
+    assert len(names) == devices, sorted(names)
+    versions = set()
+    for name in names:
+        edits = snapshot.devices[name].edits
+        assert len(edits.env) == 2 and len(edits.mounts) == 1, (name, edits)
+        versions.add(edits.env[0])
+    assert len(versions) == 1, versions
+    return int(versions.pop().split("=")[1])
+
+
+def test_in_place_rewrites_never_serve_a_torn_spec(tmp_path: Path) -> None:
+    """torn.yaml is rewritten in place (truncate, slow chunks, close) while other.yaml is
+    replaced over and over, so refreshes happen in the middle of every rewrite."""
+    folder = tmp_path / "cdi"
+    folder.mkdir()
+    torn = folder / "torn.yaml"
+    torn.write_text(_versioned(0))
+    (folder / "other.yaml").write_text(GOOD)
+    cache = SpecCache([str(folder)])
+    rounds = 20
+    stop = threading.Event()
+
+    def rewrite() -> None:
+        for version in range(1, rounds + 1):
+            data = _versioned(version).encode()
+            with open(torn, "wb") as handle:  # "> torn.yaml"
+                for start in range(0, len(data), 700):
+                    handle.write(data[start:start + 700])
+                    handle.flush()
+                    time.sleep(0.004)
+            time.sleep(0.15)
+
+    def churn() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            tmp = folder / ".other.tmp"
+            tmp.write_text(simple_spec("good.example/dev", "g0", env=f"N={n}"))
+            tmp.rename(folder / "other.yaml")
+            time.sleep(0.03)
+
+    seen = set()
+    with AutoRefresh(cache, rescan_interval=3600, quiet=1.0):
+        writer = threading.Thread(target=rewrite)
+        churner = threading.Thread(target=churn)
+        writer.start()
+        churner.start()
+        try:
+            while writer.is_alive():
+                snapshot = cache.snapshot
+                assert str(torn) not in snapshot.errors, snapshot.errors
+                version = _check_whole(snapshot)
+                assert version is not None  # the device never vanishes
+                seen.add(version)
+                cache.refresh(set(), quiet_ns=10**9)  # a refresh racing the watcher's
+        finally:
+            writer.join()
+            stop.set()
+            churner.join()
+        _wait_for(lambda: _check_whole(cache.snapshot) == rounds)
+    assert len(seen) >= 2, seen
+
+
+def test_file_changed_without_event_is_taken_once_quiet(tmp_path: Path) -> None:
+    folder = tmp_path / "cdi"
+    folder.mkdir()
+    spec = folder / "torn.yaml"
+    spec.write_text(_versioned(1))
+    cache = SpecCache([str(folder)])
+    assert _check_whole(cache.refresh()) == 1
+    with open(spec, "w") as handle:  # half of a new version, still "being written"
+        handle.write(_versioned(2)[:500])
+        handle.flush()
+        assert _check_whole(cache.refresh(set(), quiet_ns=10**9)) == 1
+        assert cache.pending == {str(spec)}
+        handle.write(_versioned(2)[500:])
+    # complete and closed (the watcher would report it): taken at once
+    assert _check_whole(cache.refresh({str(spec)}, quiet_ns=10**9)) == 2
+    assert not cache.pending
+
+
+def test_symlink_and_fifo_are_seen_without_the_rescan(tmp_path: Path) -> None:
+    folder = tmp_path / "cdi"
+    folder.mkdir()
+    (tmp_path / "elsewhere.yaml").write_text(GOOD)
+    cache = SpecCache([str(folder)])
+    with AutoRefresh(cache, rescan_interval=3600):
+        os.symlink(tmp_path / "elsewhere.yaml", folder / "link.yaml")
+        _wait_for(lambda: "good.example/dev=g0" in cache.snapshot.devices, timeout=5)
+        os.mkfifo(folder / "pipe.yaml")
+        _wait_for(lambda: str(folder / "pipe.yaml") in cache.snapshot.errors, timeout=5)
+
+
+def test_world_writable_spec_warns_and_can_be_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "cdi"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    spec = folder / "open.yaml"
+    spec.write_text(GOOD)
+    spec.chmod(0o666)
+    snapshot = SpecCache([str(folder)]).refresh()
+    assert snapshot.device_names() == ["good.example/dev=g0"]
+    assert snapshot.warnings == {str(spec): ("file is world-writable",)}
+    refused = SpecCache([str(folder)], permissions="refuse").refresh()
+    assert refused.device_names() == []
+    assert "refused: file is world-writable" in refused.errors[str(spec)][0]
+    spec.chmod(0o644)
+    folder.chmod(0o777)
+    snapshot = SpecCache([str(folder)]).refresh()
+    assert snapshot.warnings == {str(folder): ("spec directory is world-writable",)}
+    assert SpecCache([str(folder)], permissions="refuse").refresh().device_names() == []
+    assert SpecCache([str(folder)], permissions="ignore").refresh().warnings == {}
+
+
+def test_file_name_that_is_not_utf8_is_reported_printably(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    folder = tmp_path / "cdi"
+    folder.mkdir()
+    (folder / "good.yaml").write_text(GOOD)
+    fd = os.open(os.fsencode(folder) + b"/bad\xff\x1b[31m.yaml", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"cdiVersion: 0.5.0\n")
+    os.close(fd)
+    root = Path(__file__).resolve().parents[2]
+    for extra in ([], ["--json"]):
+        result = subprocess.run([sys.executable, "-m", "cdi", "list", "--spec-dir", str(folder),
+                                 *extra], cwd=root, capture_output=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert b"good.example/dev=g0" in result.stdout
+        err = result.stderr.decode("utf-8")
+        assert all(line.isprintable() for line in err.splitlines()), err
+        assert "\\udcff\\x1b[31m.yaml: kind: required field is missing" in err
