@@ -1742,7 +1742,8 @@ def _proc_devices_text(lay: NodeLayout) -> str:
 
 def _nvidia_smi_script(lay: NodeLayout) -> str:
     """A POSIX shell ``nvidia-smi`` (it runs in a busybox container too): ``-L`` lists the
-    GPUs whose ``/dev/nvidia<minor>`` the caller sees, numbered as NVML would in there."""
+    GPUs whose ``/dev/nvidia<minor>`` the caller sees, numbered as NVML would in there
+    (``$SIMNODE_DEV`` names another dev folder, e.g. the node's, on the host)."""
     lines = ["n=0"]
     for i, gpu in enumerate(lay.gpus):
         listing = [f"GPU $n: {gpu.name} (UUID: {lay.gpu_uuid(i)})"]
@@ -1750,11 +1751,12 @@ def _nvidia_smi_script(lay: NodeLayout) -> str:
             mig_uuid = "MIG-" + _det_uuid(lay.seed, "mig", i, gi, dev.ci)
             listing.append(f"  MIG {dev.profile:<11} Device {j:>2}: (UUID: {mig_uuid})")
         echo = "; ".join(f'echo "{line}"' for line in listing)
-        lines.append(f"if [ -c /dev/nvidia{lay.minor_of(i)} ]; then {echo}; n=$((n+1)); fi")
+        lines.append(f"if [ -c $dev/nvidia{lay.minor_of(i)} ]; then {echo}; n=$((n+1)); fi")
     major, minor = lay.cuda_version
     return (
-        "#!/bin/sh\n# simulated nvidia-smi\n"
-        '[ -c /dev/nvidiactl ] || { echo "NVIDIA-SMI has failed because it couldn\'t '
+        "#!/bin/sh\n# simulated nvidia-smi ($SIMNODE_DEV: the node's /dev, to run it on the host)\n"
+        "dev=${SIMNODE_DEV:-/dev}\n"
+        '[ -c $dev/nvidiactl ] || { echo "NVIDIA-SMI has failed because it couldn\'t '
         'communicate with the NVIDIA driver." >&2; exit 9; }\n'
         'if [ "$1" = "-L" ]; then\n' + "\n".join(lines) + "\nexit 0\nfi\n"
         f"echo 'NVIDIA-SMI {lay.driver_version}  Driver Version: {lay.driver_version}  "

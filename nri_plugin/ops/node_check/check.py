@@ -381,7 +381,8 @@ def check_require(cri: Any, request: str) -> tuple[bool, str]:
     try:
         _in_container(cri, {"NVIDIA_REQUIRE_CUDA": IMPOSSIBLE_CUDA}, request)
     except Exception as exc:  # grpc.RpcError: CreateContainer refused
-        reason = str(getattr(exc, "details", lambda: exc)())
+        details = getattr(exc, "details", None)
+        reason = str(details() if callable(details) else exc)
         ok = "requirement" in reason and IMPOSSIBLE_CUDA in reason
         return ok, f"refused: {reason[:300]}"
     return False, f"NVIDIA_REQUIRE_CUDA={IMPOSSIBLE_CUDA}: the container was created"
@@ -420,7 +421,7 @@ def _specs(opts: Options, node: Node, work: Path, report: Report) -> dict[str, P
             ms = _generate(node, mode, "hooks", work / f"spec-{mode}" / "nvidia.yaml")
             report.timings_ms[f"generate {mode}"] = round(ms, 1)
         docs = [_load(work / f"spec-{m}" / "nvidia.yaml") for m in ("nvml", "procfs")]
-        report.differences = spec_differences(*docs)
+        report.differences = spec_differences(docs[0], docs[1])
         d_ok = not any(d.startswith(f"device {opts.gpu}:") for d in report.differences)
         report.add("nvml vs procfs", d_ok, f"{len(report.differences)} difference(s)"
                    + ("" if d_ok else f" in device {opts.gpu}"))
