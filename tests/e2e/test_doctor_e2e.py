@@ -8,7 +8,9 @@ import json
 import os
 import subprocess
 import sys
+import signal
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +106,23 @@ def test_without_grpcio_one_line_names_the_extra() -> None:
     assert proc.stderr.strip().splitlines() == [
         "nri-cdi doctor: doctor --e2e needs grpcio, which is not installed: "
         "pip install 'nri-cdi[e2e]'"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_run_leaves_nothing(e2e_ready: None, signum: int) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NRI_CDI_CACHE": str(paths.cache_dir())}
+    proc = subprocess.Popen([sys.executable, "-m", "nri_plugin.ops.cli", "doctor", "--e2e",
+                             "--simulated", "--repeat", "1"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Interrupt once our plugin is connected to the private containerd: a containerd, its
+    # shims, a plugin, mounts and the temp folder are all there to clean up.
+    deadline = time.monotonic() + 60
+    while not any(log.stat().st_size for log in
+                  Path(tempfile.gettempdir()).glob(PREFIX + "*/plugin-*.log")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted; everything it started was removed" in stderr
+    assert _leftovers() == []

@@ -292,11 +292,14 @@ class Runtime:
     def plugin_on(self, spec_dir: Path, log: Path) -> Iterator[None]:
         from nri_plugin.ops.node_check.plugin import PluginProcess
 
-        self.plugin = PluginProcess(self.nri_socket, [spec_dir], log).start()
+        # Known before it starts: an interrupt while it connects still stops it.
+        self.plugin = PluginProcess(self.nri_socket, [spec_dir], log)
         try:
+            self.plugin.start()
             yield
         finally:
-            self.plugin.kill()
+            if self.plugin is not None:
+                self.plugin.kill()
             self.plugin = None
 
     def close(self) -> None:
