@@ -19,6 +19,7 @@ import yaml
 
 from cdi.nvidia.simnode import NodeLayout, build_node
 from tests.e2e import paths
+from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.plugin import REPO
 
 PREFIX = "nri-cdi-e2e-"
@@ -125,4 +126,21 @@ def test_interrupted_run_leaves_nothing(e2e_ready: None, signum: int) -> None:
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr
     assert "interrupted; everything it started was removed" in stderr
+    assert _leftovers() == []
+
+
+def test_the_nodes_own_containerd(containerd: ContainerdFactory) -> None:
+    # Stands for the node's containerd: doctor starts none, connects our plugin to its NRI
+    # socket, and takes away only the images it added and the pods it ran.
+    ctrd = containerd()
+    before = set(ctrd.ctr("images", "ls", "-q").stdout.split())
+    rc, report, stderr = _doctor("--simulated", "--containerd-address", ctrd.address,
+                                 "--socket", ctrd.nri_socket, "--containerd-bin",
+                                 str(ctrd.bin_dir))
+    verdicts = {c["name"]: c["status"] for c in report["checks"]}
+    assert (rc, verdicts) == (0, dict.fromkeys(CHECKS, "PASS")), (stderr, report)
+    assert report["runtime"] == ctrd.address
+    assert set(ctrd.ctr("images", "ls", "-q").stdout.split()) == before
+    with ctrd.cri() as cri:
+        assert cri.list_pods() == [] and cri.list_containers() == []
     assert _leftovers() == []

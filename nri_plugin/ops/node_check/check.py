@@ -274,11 +274,21 @@ class Runtime:
             self.ctrd.start()
             self.ctrd.import_images(*archives)
             return
-        ctr = (self.opts.containerd_bin / "ctr" if self.opts.containerd_bin
-               else Path(shutil.which("ctr") or "ctr"))
+        before = set(self._ctr("images", "ls", "-q").split())
         for archive in archives:
-            import_image(archive, self.opts.containerd_address, ctr=ctr)
-            self.imported.append(str(archive))
+            import_image(archive, self.address, ctr=self._ctr_path())
+        # Only what was not there before is removed at the end.
+        self.imported = sorted(set(self._ctr("images", "ls", "-q").split()) - before)
+
+    def _ctr_path(self) -> Path:
+        if self.opts.containerd_bin is not None:
+            return self.opts.containerd_bin / "ctr"
+        return Path(shutil.which("ctr") or "ctr")
+
+    def _ctr(self, *args: str) -> str:
+        proc = subprocess.run([str(self._ctr_path()), "-a", self.address, "-n", "k8s.io", *args],
+                              capture_output=True, text=True, check=False, timeout=60)
+        return proc.stdout
 
     @property
     def address(self) -> str:
@@ -308,11 +318,7 @@ class Runtime:
         if self.ctrd is not None:
             self.ctrd.close()
         elif self.imported:
-            ctr = (self.opts.containerd_bin / "ctr" if self.opts.containerd_bin
-                   else Path(shutil.which("ctr") or "ctr"))
-            subprocess.run([str(ctr), "-a", self.address, "-n", "k8s.io", "images", "rm",
-                            images.PAUSE_IMAGE, images.BUSYBOX_IMAGE, PROBE_IMAGE],
-                           capture_output=True, check=False)
+            self._ctr("images", "rm", *self.imported)
 
 
 # --- the container checks --------------------------------------------------------------------
