@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
-import signal
 import tempfile
 import time
 from pathlib import Path
