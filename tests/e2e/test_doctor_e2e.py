@@ -144,3 +144,16 @@ def test_the_nodes_own_containerd(containerd: ContainerdFactory) -> None:
     with ctrd.cri() as cri:
         assert cri.list_pods() == [] and cri.list_containers() == []
     assert _leftovers() == []
+
+
+def test_a_missing_cache_is_one_line_naming_the_install_script(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "nri_plugin.ops.cli", "doctor", "--e2e",
+                           "--cache", str(tmp_path / "none")], capture_output=True, text=True,
+                          env=env, cwd=REPO)
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("nri-cdi doctor --e2e: missing: ")
+    assert f"{tmp_path}/none/root/usr/bin/containerd" in line
+    assert "run bash scripts/install-containerd.sh, or pass --cache/--containerd-bin" in line
+    assert _leftovers() == []

@@ -552,6 +552,8 @@ def _raise_on_term(signum: int, frame: object) -> None:
 def cmd(args: Any) -> int:
     if args.cache:
         os.environ["NRI_CDI_CACHE"] = str(args.cache)
+    if args.runc:  # this process only: the private containerd's config names it
+        paths.RUNC = args.runc
     opts = Options(runtime=args.runtime, containerd_bin=args.containerd_bin,
                    containerd_address=args.containerd_address,
                    nri_socket=args.socket or "/var/run/nri/nri.sock",
@@ -585,6 +587,9 @@ def add_arguments(parser: Any) -> None:
                        "(default $NRI_CDI_CACHE, else .cache/containerd in the source tree)")
     group.add_argument("--containerd-bin", type=Path, metavar="DIR",
                        help="a folder holding containerd, ctr and containerd-shim-runc-v2")
+    group.add_argument("--runc", type=Path, metavar="PATH",
+                       help="the runc for the private containerd (default $NRI_CDI_RUNC, "
+                       "else /usr/sbin/runc)")
     group.add_argument("--containerd-address", metavar="SOCK",
                        help="use the node's containerd at SOCK (our plugin connects to --socket)")
     group.add_argument("--simulated", action="store_true",
