@@ -482,6 +482,16 @@ def require(opts: Options) -> None:
                                  f"{paths.INSTALL_SCRIPT}, or pass --cache/--containerd-bin)")
 
 
+def driver_files(facts: SpecFacts) -> tuple[bool, str]:
+    detail = f"libcuda.so.1 at {facts.libcuda}, nvidia-smi at {facts.smi}"
+    if facts.libcuda and facts.smi:
+        return True, detail
+    # The generator searches the usual folders and /usr/local/nvidia: a driver elsewhere
+    # needs its root named.
+    return False, (detail + "; pass --driver-root DIR (the folder holding the driver's "
+                   "usr/), or generate with --library-search-path")
+
+
 def run(opts: Options) -> Report:
     require(opts)
     report = Report(runtime=opts.containerd_address or f"private containerd {opts.runtime}")
@@ -498,12 +508,14 @@ def run(opts: Options) -> Report:
         for i, (label, folder) in enumerate(dirs.items()):
             facts = spec_facts(_spec_doc(folder), opts.gpu)
             if i == 0:
-                report.add("driver files in the spec", bool(facts.libcuda and facts.smi),
-                           f"libcuda.so.1 at {facts.libcuda}, nvidia-smi at {facts.smi}"
-                           + ("" if facts.libcuda else
-                              "; pass --driver-root (e.g. /usr/local/nvidia's parent root)"))
-            with rt.plugin_on(folder, work / f"plugin-{label}.log"):
-                container_checks(rt, node, facts, label, report, full=i == 0)
+                report.add("driver files in the spec", *driver_files(facts))
+            try:
+                with rt.plugin_on(folder, work / f"plugin-{label}.log"):
+                    container_checks(rt, node, facts, label, report, full=i == 0)
+            except Exception as exc:  # a refused container, a CRI error: this mode fails
+                details = getattr(exc, "details", None)
+                why = str(details() if callable(details) else exc).splitlines()[0][:300]
+                report.add(f"GPU container [{label}]", False, f"{type(exc).__name__}: {why}")
     finally:
         rt.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -550,6 +562,9 @@ def _raise_on_term(signum: int, frame: object) -> None:
 
 
 def cmd(args: Any) -> int:
+    from cdi.nvidia.simnode import SimNodeError
+    from nri_plugin.ops.node_check.containerd import ContainerdError
+
     if args.cache:
         os.environ["NRI_CDI_CACHE"] = str(args.cache)
     if args.runc:  # this process only: the private containerd's config names it
@@ -562,7 +577,8 @@ def cmd(args: Any) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_on_term)
     try:
         report = run(opts)
-    except NodeCheckError as exc:
+    except (NodeCheckError, SimNodeError, ContainerdError) as exc:
+        # Cleanup has run: the error says what could not start (containerd: its log tail).
         print(f"nri-cdi doctor --e2e: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
