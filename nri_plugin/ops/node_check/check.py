@@ -116,6 +116,7 @@ def pick_node(opts: Options, work: Path) -> Node:
             why = _nvml_loadable(driver_root) or ""
             if not why:
                 return Node("real", driver_root, Path("/"), "NVML answers", {})
+            why += f"; /dev/nvidiactl is here: is the driver under --driver-root {driver_root}?"
     from cdi.nvidia.simnode import BuiltNode, NodeLayout, build_node
 
     if opts.sim_node is not None:
