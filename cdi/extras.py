@@ -14,6 +14,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "pynvml": ("nvml", "nvidia-ml-py"),
     "prometheus_client": ("metrics", "prometheus-client"),
     "jsonschema": ("schema", "jsonschema"),
+    "grpc": ("e2e", "grpcio"),  # nri-cdi doctor --e2e (a CRI client)
 }
 
 

@@ -53,6 +53,9 @@ LIBRARY_DIRS = (
     "/lib/x86_64-linux-gnu/nvidia/current",
     "/lib/aarch64-linux-gnu",
     "/lib/aarch64-linux-gnu/nvidia/current",
+    # GKE and other hosted nodes: the driver in one folder that the loader's cache may
+    # not list (issue 18).
+    "/usr/local/nvidia/lib64",
 )
 # Graphics libraries that do not carry the RM version in their names.
 GRAPHICS_LIBRARIES = (
@@ -65,7 +68,8 @@ BINARIES = (
 )
 # The generating process's $PATH describes its own root, not the driver root, so only
 # this fixed list is searched; output does not depend on the caller's environment.
-BINARY_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+BINARY_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin",
+               "/usr/local/nvidia/bin")
 IPC_SOCKETS = (
     "/run/nvidia-persistenced/socket", "/var/run/nvidia-persistenced/socket",
     "/run/nvidia-fabricmanager/socket", "/var/run/nvidia-fabricmanager/socket",

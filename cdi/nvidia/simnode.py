@@ -80,7 +80,7 @@ _GI_PER_GPU = 15
 _CI_PER_GI = 8
 _MINORS_PER_GI = 1 + _CI_PER_GI
 
-Distro = Literal["debian", "rhel", "debian-current"]
+Distro = Literal["debian", "rhel", "debian-current", "gke"]
 # Optional parts of a node (NodeLayout.extras):
 EXTRAS = {
     "vulkan-icd-at-root": "the Vulkan ICD at <driver root>/vulkan/icd.d (GKE), none in /etc",
@@ -422,6 +422,15 @@ _DIRS: dict[str, dict[str, str]] = {
         "lib32": "usr/lib/i386-linux-gnu/nvidia/current",
         "xorg": "usr/lib/xorg/modules",
     },
+    # GKE and other hosted nodes: the whole driver in one folder outside /usr, which the
+    # loader's cache does not list (containers get it by LD_LIBRARY_PATH).
+    "gke": {
+        "lib": "usr/local/nvidia/lib64",
+        "lib32": "usr/local/nvidia/lib",
+        "xorg": "usr/local/nvidia/lib64/xorg/modules",
+        "bin": "usr/local/nvidia/bin",
+        "uncached": "yes",
+    },
 }
 
 
@@ -481,38 +490,114 @@ _C_GENERIC = """\
 """
 
 _C_CUDA = """\
-#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-{export} int cuInit(unsigned int flags) {{ (void)flags; return 0; }}
+/* The node's GPUs in NVML index order: minor, name, memory in MiB. */
+static const struct {{ int minor; const char *name; unsigned long long mib; }} gpus[] = {{
+{gpu_table}
+}};
+#define NGPUS ((int)(sizeof(gpus) / sizeof(gpus[0])))
+
+/* CUDA numbers the GPUs this process can see (their /dev/nvidia<minor> is a character
+ * device), in NVML order: ordinal i is the i-th visible GPU. */
+static int visible(int ordinal) {{
+    char path[32];
+    struct stat st;
+    int seen = 0;
+    for (int i = 0; i < NGPUS; i++) {{
+        snprintf(path, sizeof(path), "/dev/nvidia%d", gpus[i].minor);
+        if (stat(path, &st) == 0 && S_ISCHR(st.st_mode)) {{
+            if (seen == ordinal) return i;
+            seen++;
+        }}
+    }}
+    return ordinal < 0 ? seen : -1;  /* visible(-1): how many */
+}}
+
+static int initialised, contexts;
+
+/* CUDA_SUCCESS 0, INVALID_VALUE 1, NOT_INITIALIZED 3, NO_DEVICE 100, INVALID_DEVICE 101,
+ * INVALID_CONTEXT 201 */
+{export} int cuInit(unsigned int flags) {{
+    (void)flags;
+    struct stat st;
+    if (stat("/dev/nvidiactl", &st) != 0 || visible(-1) == 0) return 100;
+    initialised = 1;
+    return 0;
+}}
 
 {export} int cuDriverGetVersion(int *version) {{
-    if (!version) return 1; /* CUDA_ERROR_INVALID_VALUE */
+    if (!version) return 1;
     *version = {cuda};
     return 0;
 }}
 
-/* Count the /dev/nvidia<N> character devices this process can see. */
 {export} int cuDeviceGetCount(int *count) {{
     if (!count) return 1;
-    *count = 0;
-    DIR *d = opendir("/dev");
-    if (!d) return 0;
-    struct dirent *e;
-    char path[300];
-    struct stat st;
-    while ((e = readdir(d)) != NULL) {{
-        const char *n = e->d_name;
-        if (strncmp(n, "nvidia", 6) != 0 || n[6] < '0' || n[6] > '9') continue;
-        const char *p = n + 6;
-        while (*p >= '0' && *p <= '9') p++;
-        if (*p) continue;
-        strcpy(path, "/dev/");
-        strncat(path, n, sizeof(path) - 6);
-        if (stat(path, &st) == 0 && S_ISCHR(st.st_mode)) (*count)++;
-    }}
-    closedir(d);
+    *count = visible(-1);
+    return 0;
+}}
+
+{export} int cuDeviceGet(int *device, int ordinal) {{
+    if (!initialised) return 3;
+    if (!device) return 1;
+    if (visible(ordinal) < 0) return 101;
+    *device = ordinal;
+    return 0;
+}}
+
+{export} int cuDeviceGetName(char *name, int len, int device) {{
+    if (!initialised) return 3;
+    int i = visible(device);
+    if (i < 0) return 101;
+    if (!name || len <= 0) return 1;
+    snprintf(name, (size_t)len, "%s", gpus[i].name);
+    return 0;
+}}
+
+{export} int cuDeviceTotalMem_v2(size_t *bytes, int device) {{
+    if (!initialised) return 3;
+    int i = visible(device);
+    if (i < 0) return 101;
+    if (!bytes) return 1;
+    *bytes = (size_t)(gpus[i].mib << 20);
+    return 0;
+}}
+
+{export} int cuCtxCreate_v2(void **ctx, unsigned int flags, int device) {{
+    (void)flags;
+    if (!initialised) return 3;
+    if (visible(device) < 0) return 101;
+    if (!ctx) return 1;
+    *ctx = malloc(1);
+    contexts++;
+    return 0;
+}}
+
+{export} int cuCtxDestroy_v2(void *ctx) {{
+    if (!ctx || contexts == 0) return 201;
+    free(ctx);
+    contexts--;
+    return 0;
+}}
+
+/* "Device memory" is host memory here: enough to prove the calls reach the driver. */
+{export} int cuMemAlloc_v2(unsigned long long *dptr, size_t bytes) {{
+    if (!initialised) return 3;
+    if (contexts == 0) return 201;
+    if (!dptr || bytes == 0) return 1;
+    void *p = malloc(bytes);
+    if (!p) return 2;  /* CUDA_ERROR_OUT_OF_MEMORY */
+    *dptr = (unsigned long long)(size_t)p;
+    return 0;
+}}
+
+{export} int cuMemFree_v2(unsigned long long dptr) {{
+    if (contexts == 0) return 201;
+    free((void *)(size_t)dptr);
     return 0;
 }}
 
@@ -1072,6 +1157,9 @@ def _c_source(lib: _Lib, name: str, layout: NodeLayout, *, bits: int) -> str:
         "node_id": layout.node_id,
         "version": layout.driver_version,
         "gpus": len(layout.gpus),
+        "gpu_table": ",\n".join(
+            f"    {{{layout.minor_of(i)}, {json.dumps(g.name)}, {_memory_mb(g.name)}ULL}}"
+            for i, g in enumerate(layout.gpus)),
     }
     if lib.kind == "cuda":
         text += _C_CUDA.format(**params)
@@ -1292,6 +1380,8 @@ class _Builder:
         conf = [self.dirs["lib"], self.dirs["lib"] + "/vdpau"]
         if self.layout.compat32:
             conf.append(self.dirs["lib32"])
+        if self.dirs.get("uncached"):
+            conf = []
         self._write(self.driver_root, "etc/ld.so.conf", "".join(f"/{d}\n" for d in conf))
         ldconfig = _find_ldconfig()
         # -X: keep our links exactly as made (as the driver's packages would ship them).
@@ -1309,8 +1399,9 @@ class _Builder:
                 if name == "nvidia-smi"
                 else (f"#!/bin/sh\necho 'simulated {name} {self.layout.driver_version}'\n")
             )
-            self._write(self.driver_root, f"usr/bin/{name}", body, 0o755)
-            self.files["binaries"].append(f"/usr/bin/{name}")
+            bin_dir = self.dirs.get("bin", "usr/bin")
+            self._write(self.driver_root, f"{bin_dir}/{name}", body, 0o755)
+            self.files["binaries"].append(f"/{bin_dir}/{name}")
 
     def firmware_step(self) -> None:
         for name in _FIRMWARE:
@@ -1650,18 +1741,24 @@ def _proc_devices_text(lay: NodeLayout) -> str:
 
 
 def _nvidia_smi_script(lay: NodeLayout) -> str:
-    lines = []
+    """A POSIX shell ``nvidia-smi`` (it runs in a busybox container too): ``-L`` lists the
+    GPUs whose ``/dev/nvidia<minor>`` the caller sees, numbered as NVML would in there
+    (``$SIMNODE_DEV`` names another dev folder, e.g. the node's, on the host)."""
+    lines = ["n=0"]
     for i, gpu in enumerate(lay.gpus):
-        lines.append(f"GPU {i}: {gpu.name} (UUID: {lay.gpu_uuid(i)})")
+        listing = [f"GPU $n: {gpu.name} (UUID: {lay.gpu_uuid(i)})"]
         for j, (dev, gi) in enumerate(lay.mig_of(i)):
             mig_uuid = "MIG-" + _det_uuid(lay.seed, "mig", i, gi, dev.ci)
-            lines.append(f"  MIG {dev.profile:<11} Device {j:>2}: (UUID: {mig_uuid})")
-    listing = "\n".join(lines)
+            listing.append(f"  MIG {dev.profile:<11} Device {j:>2}: (UUID: {mig_uuid})")
+        echo = "; ".join(f'echo "{line}"' for line in listing)
+        lines.append(f"if [ -c $dev/nvidia{lay.minor_of(i)} ]; then {echo}; n=$((n+1)); fi")
     major, minor = lay.cuda_version
     return (
-        "#!/bin/sh\n# simulated nvidia-smi\n"
-        'if [ "$1" = "-L" ]; then\ncat <<\'EOF\'\n'
-        f"{listing}\nEOF\nexit 0\nfi\n"
+        "#!/bin/sh\n# simulated nvidia-smi ($SIMNODE_DEV: the node's /dev, to run it on the host)\n"
+        "dev=${SIMNODE_DEV:-/dev}\n"
+        '[ -c $dev/nvidiactl ] || { echo "NVIDIA-SMI has failed because it couldn\'t '
+        'communicate with the NVIDIA driver." >&2; exit 9; }\n'
+        'if [ "$1" = "-L" ]; then\n' + "\n".join(lines) + "\nexit 0\nfi\n"
         f"echo 'NVIDIA-SMI {lay.driver_version}  Driver Version: {lay.driver_version}  "
         f"CUDA Version: {major}.{minor}'\n"
     )

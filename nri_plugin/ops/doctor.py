@@ -461,10 +461,17 @@ def add_commands(subparsers: Any) -> None:
     parser.add_argument("--no-generate", dest="check_generated", action="store_false",
                         help="skip the fingerprint check (it runs the generator)")
     parser.add_argument("--json", action="store_true", help="JSON output")
+    from nri_plugin.ops.node_check import check
+
+    check.add_arguments(parser)
     parser.set_defaults(func=cmd_doctor)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    if args.e2e:
+        from nri_plugin.ops.node_check import check
+
+        return check.cmd(args)
     try:
         settings = settings_from_args(args)
     except SettingsError as exc:

@@ -354,13 +354,24 @@ def test_real_nvidia_ml_py_initialises_through_fake_library(node8: BuiltNode) ->
     assert out == [node8.driver_version, "8", "13000"]
 
 
-def test_nvidia_smi_lists_gpus(node8: BuiltNode) -> None:
-    out = subprocess.run(
-        [str(node8.driver_root / "usr/bin/nvidia-smi"), "-L"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+def test_nvidia_smi_lists_gpus(node8: BuiltNode, can_mknod: bool) -> None:
+    smi = str(node8.driver_root / "usr/bin/nvidia-smi")
+    env = {**os.environ, "SIMNODE_DEV": str(node8.dev_root / "dev")}
+    if not can_mknod:  # no device nodes: it cannot talk to the driver, as the real one
+        assert subprocess.run([smi, "-L"], env=env, capture_output=True).returncode == 9
+        return
+    out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=True,
+                         env=env).stdout
+    # A node gone (a container not given that GPU): not listed, the others renumbered.
+    os.rename(node8.dev_root / "dev/nvidia0", node8.dev_root / "dev/hidden0")
+    try:
+        fewer = subprocess.run([smi, "-L"], capture_output=True, text=True, check=True,
+                               env=env).stdout
+    finally:
+        os.rename(node8.dev_root / "dev/hidden0", node8.dev_root / "dev/nvidia0")
+    uuids = [g["uuid"] for g in node8.manifest["gpus"]]
+    assert uuids[0] not in fewer and f"GPU 0: {node8.manifest['gpus'][1]['name']} " \
+        f"(UUID: {uuids[1]})" in fewer
     for g in node8.manifest["gpus"]:
         assert f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})" in out
         for d in g["mig_devices"]:

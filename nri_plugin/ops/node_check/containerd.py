@@ -1,0 +1,384 @@
+"""A private containerd 1.7 or 2.1 (CRI + NRI), for the e2e tests and `nri-cdi doctor --e2e`.
+
+Everything lives in one temp folder: config, root, state, sockets, runc state, NRI folders and
+the log. Nothing host-wide is used except /usr/sbin/runc and the kernel, and ``close()`` leaves
+no process (containerd, shim, container) and no mount behind. See
+/work/shared/docs/e2e-containerd.md for why each setting is there.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+from nri_plugin.ops.node_check import paths
+from nri_plugin.ops.node_check.cri import CriClient
+from nri_plugin.ops.node_check.images import PAUSE_IMAGE, import_image
+
+MNT_DETACH = 2
+
+
+def _q(value: str | Path) -> str:
+    """A TOML basic string (JSON string escaping is valid TOML for these values)."""
+    return json.dumps(str(value))
+
+
+class ContainerdError(RuntimeError):
+    pass
+
+
+class Containerd:
+    """One private containerd daemon; restartable on the same state.
+
+    ``workdir`` (default: a new short /tmp folder) holds everything and is removed by close().
+    ``nri_plugins`` maps ``NN-name`` to an executable copied into the NRI plugin_path
+    (containerd launches those itself, and exits if one fails to register);
+    ``nri_plugin_configs`` maps file names to text for plugin_config_path.
+    ``version`` picks the containerd (a key of ``paths.RUNTIMES``): 1.7 gets a version 2
+    config, 2.x a version 3 config. ``enable_cdi`` defaults to off on both (2.x's own default
+    is on); ``cdi_spec_dirs`` empty means the runtime's defaults, /etc/cdi and /var/run/cdi.
+    """
+
+    def __init__(self, workdir: Path | None = None, *, enable_cdi: bool = False,
+                 cdi_spec_dirs: Sequence[str | Path] = (), nri: bool = True,
+                 nri_plugins: Mapping[str, str | Path] | None = None,
+                 nri_plugin_configs: Mapping[str, str] | None = None,
+                 sandbox_image: str = PAUSE_IMAGE, bin_dir: Path | None = None,
+                 version: str = paths.DEFAULT_RUNTIME) -> None:
+        # Short /tmp paths: unix socket paths are limited to 107 bytes.
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="nri-cdi-ctrd-"))
+        self.version = version
+        self.bin_dir = bin_dir or paths.bin_dir(version)
+        self.enable_cdi = enable_cdi
+        self.cdi_spec_dirs = [str(d) for d in cdi_spec_dirs]
+        self.nri = nri
+        self.sandbox_image = sandbox_image
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._closed = False
+        self._make_dirs()
+        self._install_nri_plugins(nri_plugins or {}, nri_plugin_configs or {})
+        self.config_path.write_text(self.render_config())
+
+    # --- layout -------------------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        """The containerd gRPC socket, which also serves CRI."""
+        return str(self.workdir / "run" / "containerd.sock")
+
+    @property
+    def nri_socket(self) -> str:
+        """Where external NRI plugins connect."""
+        return str(self.workdir / "nri" / "nri.sock")
+
+    @property
+    def plugin_path(self) -> Path:
+        """NRI plugin_path: executables named NN-name that containerd launches itself."""
+        return self.workdir / "nri" / "plugins"
+
+    @property
+    def plugin_config_path(self) -> Path:
+        return self.workdir / "nri" / "conf.d"
+
+    @property
+    def runc_root(self) -> Path:
+        return self.workdir / "runc"
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "config.toml"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "containerd.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def _make_dirs(self) -> None:
+        for sub in ("root", "state", "run", "runc", "cni/bin", "cni/conf", "nri/plugins",
+                    "nri/conf.d"):
+            (self.workdir / sub).mkdir(parents=True, exist_ok=True)
+
+    def _install_nri_plugins(self, plugins: Mapping[str, str | Path],
+                             configs: Mapping[str, str]) -> None:
+        for name, exe in plugins.items():
+            target = self.plugin_path / name
+            shutil.copy2(exe, target)
+            target.chmod(0o755)
+        for name, text in configs.items():
+            (self.plugin_config_path / name).write_text(text)
+
+    @property
+    def major(self) -> int:
+        """The containerd major version (1 or 2)."""
+        return int(self.version.split(".")[0])
+
+    def render_config(self) -> str:
+        return self._render_v3() if self.major >= 2 else self._render_v2()
+
+    def _nri_section(self) -> list[str]:
+        return [
+            '[plugins."io.containerd.nri.v1.nri"]',
+            f"  disable = {str(not self.nri).lower()}",
+            "  disable_connections = false",
+            f"  socket_path = {_q(self.nri_socket)}",
+            f"  plugin_path = {_q(self.plugin_path)}",
+            f"  plugin_config_path = {_q(self.plugin_config_path)}",
+            '  plugin_registration_timeout = "5s"',
+            '  plugin_request_timeout = "2s"',
+        ]
+
+    def _runc_section(self, runc: str) -> list[str]:
+        return [
+            f"[{runc}]",
+            '  runtime_type = "io.containerd.runc.v2"',
+            f"[{runc}.options]",
+            # bookworm's runc (the .debs' own needs a newer glibc); private Root keeps runc
+            # state out of the host-wide /run/containerd/runc.
+            f"  BinaryName = {_q(paths.RUNC)}",
+            f"  Root = {_q(self.runc_root)}",
+            "  SystemdCgroup = false",
+        ]
+
+    def _cdi_lines(self) -> list[str]:
+        return [
+            f"  enable_cdi = {str(self.enable_cdi).lower()}",
+            # Without a list containerd uses its defaults, /etc/cdi and /var/run/cdi.
+            *([f"  cdi_spec_dirs = {json.dumps(self.cdi_spec_dirs)}"] if self.cdi_spec_dirs
+              else []),
+        ]
+
+    def _render_v3(self) -> str:
+        """containerd 2.x: CRI is split into cri.v1.images (the pinned sandbox image) and
+        cri.v1.runtime (runtimes, CNI, CDI, OOM); grpc.v1.cri keeps only the stream server."""
+        d = self.workdir
+        rt = 'plugins."io.containerd.cri.v1.runtime"'
+        lines = [
+            "version = 3",
+            f"root = {_q(d / 'root')}",
+            f"state = {_q(d / 'state')}",
+            "[grpc]", f"  address = {_q(self.address)}",
+            "[ttrpc]", f"  address = {_q(d / 'run' / 'containerd.sock.ttrpc')}",
+            '[plugins."io.containerd.cri.v1.images".pinned_images]',
+            f"  sandbox = {_q(self.sandbox_image)}",
+            f"[{rt}]",
+            # No CAP_SYS_RESOURCE here: the pause container's oom_score_adj=-998 would fail.
+            "  restrict_oom_score_adj = true",
+            *self._cdi_lines(),
+            f"[{rt}.cni]",
+            f"  bin_dirs = [{_q(d / 'cni' / 'bin')}]",
+            f"  conf_dir = {_q(d / 'cni' / 'conf')}",
+            f"[{rt}.containerd]",
+            '  default_runtime_name = "runc"',
+            *self._runc_section(f"{rt}.containerd.runtimes.runc"),
+            # 2.x's opt plugin would otherwise create /opt/containerd on the host.
+            '[plugins."io.containerd.internal.v1.opt"]',
+            f"  path = {_q(d / 'opt')}",
+            *self._nri_section(),
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _render_v2(self) -> str:
+        d = self.workdir
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        runc = f"{cri}.containerd.runtimes.runc"
+        lines = [
+            "version = 2",
+            f"root = {_q(d / 'root')}",
+            f"state = {_q(d / 'state')}",
+            "[grpc]", f"  address = {_q(self.address)}",
+            "[ttrpc]", f"  address = {_q(d / 'run' / 'containerd.sock.ttrpc')}",
+            f"[{cri}]",
+            f"  sandbox_image = {_q(self.sandbox_image)}",
+            # No CAP_SYS_RESOURCE here: the pause container's oom_score_adj=-998 would fail.
+            "  restrict_oom_score_adj = true",
+            *self._cdi_lines(),
+            f"[{cri}.cni]",
+            f"  bin_dir = {_q(d / 'cni' / 'bin')}",
+            f"  conf_dir = {_q(d / 'cni' / 'conf')}",
+            f"[{cri}.containerd]",
+            '  default_runtime_name = "runc"',
+            *self._runc_section(runc),
+            *self._nri_section(),
+        ]
+        return "\n".join(lines) + "\n"
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def start(self, timeout: float = 15.0) -> Containerd:
+        """Start the daemon and wait until CRI answers. Returns self."""
+        if self.running:
+            raise ContainerdError("containerd is already running")
+        if self._closed:
+            raise ContainerdError("this Containerd was closed")
+        env = {**os.environ, "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+        # The shim is found through PATH; start_new_session = setsid, so a Ctrl-C in the
+        # test terminal does not hit containerd before the fixtures stop it.
+        with self.log_path.open("ab") as log:
+            log.write(f"==== start {time.strftime('%H:%M:%S')} ====\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                [str(self.bin_dir / "containerd"), "--config", str(self.config_path)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,
+            )
+        atexit.register(self.close)
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.address):
+            self._check_alive()
+            if time.monotonic() > deadline:
+                self._fail(f"no socket {self.address} after {timeout}s")
+            time.sleep(0.01)
+        try:
+            with CriClient(self.address) as client:
+                client.wait_ready(max(0.5, deadline - time.monotonic()))
+        except Exception as exc:
+            self._fail(f"CRI not ready: {exc}")
+
+    def _check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            self._fail(f"containerd exited with status {self.proc.returncode}")
+
+    def _fail(self, why: str) -> None:
+        tail = self.log_tail()  # read before close() removes the folder
+        self.close()
+        raise ContainerdError(f"{why}\n--- containerd log (tail) ---\n{tail}")
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop_daemon(self, timeout: float = 10.0) -> None:
+        """Stop only containerd (TERM, then KILL); shims and containers keep running."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def restart(self, timeout: float = 15.0) -> Containerd:
+        """Stop and start the daemon on the same state: pods and containers survive, and
+        NRI plugins must reconnect."""
+        self.stop_daemon()
+        return self.start(timeout)
+
+    def kill_daemon(self) -> None:
+        """SIGKILL containerd (a crash); shims and containers keep running."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def stop(self) -> None:
+        """Stop containerd, then every container, shim and mount it left behind."""
+        self.stop_daemon()
+        self._delete_runc_containers()
+        for pid in self.shim_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._unmount_all()
+
+    def close(self) -> None:
+        """stop() and remove the temp folder. Safe to call more than once."""
+        if self._closed:
+            return
+        self.stop()
+        self._closed = True
+        atexit.unregister(self.close)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Containerd:
+        return self.start() if not self.running else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- leftovers ----------------------------------------------------------------------------
+
+    def shim_pids(self) -> list[int]:
+        """Pids of containerd-shim-runc-v2 processes serving this containerd."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"containerd-shim" in argv[0] and self.address.encode() in argv:
+                found.append(int(entry.name))
+        return found
+
+    def _delete_runc_containers(self) -> None:
+        # The shim passes Root/<namespace> to runc; delete --force kills what is still running.
+        for ns_root in self.runc_root.iterdir() if self.runc_root.exists() else ():
+            listed = subprocess.run([str(paths.RUNC), "--root", str(ns_root), "list", "-q"],
+                                    capture_output=True, text=True, check=False)
+            for cid in listed.stdout.split():
+                subprocess.run([str(paths.RUNC), "--root", str(ns_root), "delete", "--force",
+                                cid], capture_output=True, check=False)
+
+    def mounts(self) -> list[str]:
+        """Mount points under this containerd's folder (rootfs overlays, pod shm)."""
+        prefix = str(self.workdir) + "/"
+        found = []
+        with open("/proc/self/mountinfo") as mountinfo:
+            for line in mountinfo:
+                point = line.split()[4].encode().decode("unicode_escape")
+                if point.startswith(prefix):
+                    found.append(point)
+        return found
+
+    def _unmount_all(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        # Deepest first, so that nested mounts do not keep their parents busy.
+        for point in sorted(self.mounts(), key=len, reverse=True):
+            libc.umount2(point.encode(), MNT_DETACH)
+
+    # --- helpers ------------------------------------------------------------------------------
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def ctr(self, *args: str, namespace: str = "k8s.io",
+            check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.bin_dir / "ctr"), "-a", self.address, "-n", namespace, *args],
+            capture_output=True, text=True, check=check, timeout=60,
+        )
+
+    def import_images(self, *archives: Path) -> None:
+        for archive in archives:
+            import_image(archive, self.address, ctr=self.bin_dir / "ctr")
+
+    @contextlib.contextmanager
+    def cri(self) -> Iterator[CriClient]:
+        """A CriClient on this containerd, closed on exit."""
+        with CriClient(self.address) as client:
+            yield client
+

@@ -1,0 +1,239 @@
+"""A small CRI v1 client (what kubelet would do), over grpcio with stubs compiled at install time.
+
+The stubs come from the cache folder (``scripts/install-containerd.sh`` compiles the CRI
+api.proto there); they are imported as ``cri_api_v1`` so that no local module shadows them.
+Pods are host-network (no CNI needed) and have no hostname (runc refuses one without a
+private UTS namespace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from nri_plugin.ops.node_check import paths
+
+
+def load_stubs() -> tuple[ModuleType, ModuleType]:
+    """(api_pb2, api_pb2_grpc) of CRI v1, from the install script's cache folder."""
+    gen = str(paths.cri_gen_dir())
+    if gen not in sys.path:
+        sys.path.append(gen)
+    pb2 = importlib.import_module(f"{paths.CRI_PACKAGE}.api_pb2")
+    grpc_mod = importlib.import_module(f"{paths.CRI_PACKAGE}.api_pb2_grpc")
+    return pb2, grpc_mod
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+class CriClient:
+    """Blocking CRI RuntimeService client on a unix socket."""
+
+    def __init__(self, address: str, timeout: float = 30.0) -> None:
+        import grpc  # imported here: grpcio is an extra (e2e), needed only here
+
+        self.pb, grpc_mod = load_stubs()
+        self.address = address
+        self.timeout = timeout
+        self._grpc = grpc
+        self._channel = grpc.insecure_channel(
+            f"unix://{address}", options=[("grpc.enable_http_proxy", 0)]
+        )
+        self.runtime = grpc_mod.RuntimeServiceStub(self._channel)
+        self.images = grpc_mod.ImageServiceStub(self._channel)
+        # CreateContainer needs the pod's config again: remember it per pod id.
+        self._pod_configs: dict[str, Any] = {}
+        self._tracking: list[list[str]] = []
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> CriClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def has_cdi_devices_field(self) -> bool:
+        """Whether this CRI version has ContainerConfig.CDI_devices (CRI >= 1.28)."""
+        return "CDI_devices" in self.pb.ContainerConfig.DESCRIPTOR.fields_by_name
+
+    # --- runtime ------------------------------------------------------------------------------
+
+    def version(self) -> Any:
+        return self.runtime.Version(self.pb.VersionRequest(), timeout=self.timeout)
+
+    def wait_ready(self, timeout: float = 10.0) -> Any:
+        """Version, retried until the CRI service answers (it starts after the socket)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.runtime.Version(self.pb.VersionRequest(), timeout=1.0)
+            except self._grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+    # --- pods ---------------------------------------------------------------------------------
+
+    def pod_config(self, name: str, *, namespace: str = "default",
+                   annotations: Mapping[str, str] | None = None,
+                   labels: Mapping[str, str] | None = None) -> Any:
+        pb = self.pb
+        ns_options = pb.NamespaceOption(network=pb.NamespaceMode.NODE)
+        return pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(name=name, uid=uuid.uuid4().hex,
+                                           namespace=namespace, attempt=0),
+            annotations=dict(annotations or {}),
+            labels=dict(labels or {}),
+            linux=pb.LinuxPodSandboxConfig(
+                security_context=pb.LinuxSandboxSecurityContext(namespace_options=ns_options)
+            ),
+        )
+
+    def run_pod(self, name: str, *, namespace: str = "default",
+                annotations: Mapping[str, str] | None = None,
+                labels: Mapping[str, str] | None = None) -> str:
+        """RunPodSandbox for a host-network pod; returns the pod sandbox id."""
+        config = self.pod_config(name, namespace=namespace, annotations=annotations,
+                                 labels=labels)
+        resp = self.runtime.RunPodSandbox(self.pb.RunPodSandboxRequest(config=config),
+                                          timeout=self.timeout)
+        self._pod_configs[resp.pod_sandbox_id] = config
+        if self._tracking:
+            self._tracking[-1].append(resp.pod_sandbox_id)
+        return str(resp.pod_sandbox_id)
+
+    def stop_pod(self, pod_id: str) -> None:
+        self.runtime.StopPodSandbox(self.pb.StopPodSandboxRequest(pod_sandbox_id=pod_id),
+                                    timeout=self.timeout)
+
+    def remove_pod(self, pod_id: str) -> None:
+        """RemovePodSandbox (also removes the pod's containers)."""
+        self.runtime.RemovePodSandbox(self.pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id),
+                                      timeout=self.timeout)
+        self._pod_configs.pop(pod_id, None)
+
+    def delete_pod(self, pod_id: str) -> None:
+        self.stop_pod(pod_id)
+        self.remove_pod(pod_id)
+
+    def list_pods(self) -> list[Any]:
+        return list(self.runtime.ListPodSandbox(self.pb.ListPodSandboxRequest(),
+                                                timeout=self.timeout).items)
+
+    @contextlib.contextmanager
+    def pod(self, name: str, **kwargs: Any) -> Iterator[str]:
+        """A pod (run_pod arguments) that is stopped and removed on exit."""
+        pod_id = self.run_pod(name, **kwargs)
+        try:
+            yield pod_id
+        finally:
+            self.delete_pod(pod_id)
+
+    @contextlib.contextmanager
+    def cleanup(self) -> Iterator[CriClient]:
+        """Stops and removes every pod run_pod creates inside the block, even on failure."""
+        created: list[str] = []
+        self._tracking.append(created)
+        try:
+            yield self
+        finally:
+            self._tracking.pop()
+            errors = []
+            for pod_id in reversed(created):
+                try:
+                    self.delete_pod(pod_id)
+                except self._grpc.RpcError as exc:  # keep cleaning the others
+                    errors.append(exc)
+            if errors and sys.exc_info()[0] is None:
+                raise errors[0]
+
+    # --- containers ---------------------------------------------------------------------------
+
+    def container_config(self, name: str, image: str, *, command: Sequence[str] = (),
+                         args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+                         annotations: Mapping[str, str] | None = None,
+                         labels: Mapping[str, str] | None = None,
+                         cdi_devices: Sequence[str] = ()) -> Any:
+        pb = self.pb
+        config = pb.ContainerConfig(
+            metadata=pb.ContainerMetadata(name=name, attempt=0),
+            image=pb.ImageSpec(image=image),
+            command=list(command),
+            args=list(args),
+            envs=[pb.KeyValue(key=k, value=v) for k, v in (env or {}).items()],
+            annotations=dict(annotations or {}),
+            labels=dict(labels or {}),
+        )
+        if cdi_devices:
+            if not self.has_cdi_devices_field:
+                raise ValueError("this CRI version has no CDI_devices field")
+            config.CDI_devices.extend(pb.CDIDevice(name=d) for d in cdi_devices)
+        return config
+
+    def create_container(self, pod_id: str, name: str, image: str, **kwargs: Any) -> str:
+        """CreateContainer in ``pod_id``; kwargs as for container_config. Returns its id."""
+        request = self.pb.CreateContainerRequest(
+            pod_sandbox_id=pod_id,
+            config=self.container_config(name, image, **kwargs),
+            sandbox_config=self._pod_configs[pod_id],
+        )
+        return str(self.runtime.CreateContainer(request, timeout=self.timeout).container_id)
+
+    def start_container(self, container_id: str) -> None:
+        self.runtime.StartContainer(self.pb.StartContainerRequest(container_id=container_id),
+                                    timeout=self.timeout)
+
+    def run_container(self, pod_id: str, name: str, image: str, **kwargs: Any) -> str:
+        """create_container then start_container."""
+        container_id = self.create_container(pod_id, name, image, **kwargs)
+        self.start_container(container_id)
+        return container_id
+
+    def exec_sync(self, container_id: str, cmd: Sequence[str], timeout: int = 10) -> ExecResult:
+        request = self.pb.ExecSyncRequest(container_id=container_id, cmd=list(cmd),
+                                          timeout=timeout)
+        resp = self.runtime.ExecSync(request, timeout=timeout + self.timeout)
+        return ExecResult(resp.exit_code, resp.stdout.decode(errors="replace"),
+                          resp.stderr.decode(errors="replace"))
+
+    def container_status(self, container_id: str, verbose: bool = False) -> Any:
+        request = self.pb.ContainerStatusRequest(container_id=container_id, verbose=verbose)
+        return self.runtime.ContainerStatus(request, timeout=self.timeout)
+
+    def container_info(self, container_id: str) -> dict[str, Any]:
+        """containerd's verbose info JSON (``info["info"]``) for the container."""
+        info = self.container_status(container_id, verbose=True).info
+        return dict(json.loads(info["info"]))
+
+    def runtime_spec(self, container_id: str) -> dict[str, Any]:
+        """The final OCI runtime spec that containerd handed to runc."""
+        return dict(self.container_info(container_id)["runtimeSpec"])
+
+    def stop_container(self, container_id: str, timeout: int = 0) -> None:
+        request = self.pb.StopContainerRequest(container_id=container_id, timeout=timeout)
+        self.runtime.StopContainer(request, timeout=timeout + self.timeout)
+
+    def remove_container(self, container_id: str) -> None:
+        self.runtime.RemoveContainer(
+            self.pb.RemoveContainerRequest(container_id=container_id), timeout=self.timeout
+        )
+
+    def list_containers(self) -> list[Any]:
+        return list(self.runtime.ListContainers(self.pb.ListContainersRequest(),
+                                                timeout=self.timeout).containers)

@@ -1,0 +1,96 @@
+"""Running our NRI plugin as a real process next to a test containerd."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+# The folder that holds the nri_plugin package (a source checkout, or site-packages).
+REPO = Path(__file__).resolve().parents[3]
+
+
+class PluginProcess:
+    """``nri-cdi plugin`` connected to a containerd's NRI socket; log kept in a file."""
+
+    def __init__(self, nri_socket: str, spec_dirs: Sequence[Path], log_path: Path,
+                 extra_args: Sequence[str] = ()) -> None:
+        self.nri_socket = nri_socket
+        self.spec_dirs = list(spec_dirs)
+        self.log_path = log_path
+        self.extra_args = list(extra_args)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        args = [sys.executable, "-m", "nri_plugin.ops.cli", "plugin", "--socket", self.nri_socket,
+                "--rescan-interval", "3600", *self.extra_args]
+        # The test containerd's config sits next to its NRI socket folder: the plugin reads
+        # its own CDI set-up (enable_cdi, cdi_spec_dirs) from there, as on a node.
+        config = Path(self.nri_socket).parent.parent / "config.toml"
+        if "--containerd-config" not in self.extra_args and config.is_file():
+            args += ["--containerd-config", str(config)]
+        if "--config" not in self.extra_args and "--log-level" not in self.extra_args:
+            args += ["--log-level", "debug"]
+        for folder in self.spec_dirs:
+            args += ["--spec-dir", str(folder)]
+        return args
+
+    def start(self, timeout: float = 15.0) -> PluginProcess:
+        mark = self.log_size()
+        self.spawn()
+        self.wait_for_log("connected to containerd", timeout, after=mark)
+        return self
+
+    def spawn(self) -> PluginProcess:
+        """Start the process without waiting for it to connect."""
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.process = subprocess.Popen(self.command(), stdout=log, stderr=log, env=env,
+                                        cwd=REPO)
+        log.close()
+        return self
+
+    def log_size(self) -> int:
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log(self, after: int = 0) -> str:
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as handle:
+            handle.seek(after)
+            return handle.read().decode(errors="replace")
+
+    def wait_for_log(self, text: str, timeout: float = 15.0, *, after: int = 0) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.log(after):
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"plugin exited ({self.process.returncode}):\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"plugin log never said {text!r}:\n{self.log()[-3000:]}")
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def terminate(self) -> int:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=10)
+
+
+def launcher_script(path: Path, spec_dirs: Sequence[Path], log_path: Path) -> Path:
+    """An executable for containerd's plugin_path. containerd starts it with an empty
+    environment, so it names the interpreter and the code by absolute path."""
+    dirs = " ".join(f"--spec-dir {d}" for d in spec_dirs)
+    path.write_text(
+        "#!/bin/sh\n"
+        f"PYTHONPATH={REPO} exec {sys.executable} -m nri_plugin.ops.cli plugin {dirs} "
+        f"--log-level debug 2>>{log_path}\n")
+    path.chmod(0o755)
+    return path

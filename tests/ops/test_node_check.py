@@ -1,0 +1,50 @@
+"""The parts of ``doctor --e2e`` that need no containerd: how two specs are compared and
+what the container checks expect from a spec."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nri_plugin.ops.node_check.check import spec_differences, spec_facts
+
+
+def _gpu(name: str, minor: int) -> dict[str, Any]:
+    return {"name": name, "containerEdits": {"deviceNodes": [{"path": f"/dev/nvidia{minor}"}]}}
+
+
+def _spec(*devices: dict[str, Any], mounts: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"devices": list(devices), "containerEdits": {
+        "mounts": [{"hostPath": "/h" + m, "containerPath": m} for m in mounts]}}
+
+
+def test_identical_specs_have_no_differences() -> None:
+    spec = _spec(_gpu("0", 0), _gpu("GPU-a", 0), mounts=("/usr/bin/nvidia-smi",))
+    assert spec_differences(spec, spec) == []
+
+
+def test_every_difference_is_one_line() -> None:
+    nvml = _spec(_gpu("0", 0), _gpu("GPU-a", 0), _gpu("0:0", 0), mounts=("/usr/bin/x",))
+    procfs = _spec(_gpu("0", 1), _gpu("GPU-a", 0))
+    assert spec_differences(nvml, procfs) == [
+        "device 0:0: only in nvml",
+        'spec: only in nvml: mounts: {"containerPath": "/usr/bin/x", "hostPath": "/h/usr/bin/x"}',
+        'device 0: only in nvml: deviceNodes: {"path": "/dev/nvidia0"}',
+        'device 0: only in procfs: deviceNodes: {"path": "/dev/nvidia1"}',
+    ]
+
+
+def test_facts_name_this_gpu_its_uuid_and_the_others_nodes() -> None:
+    spec = _spec(_gpu("0", 0), _gpu("1", 1), _gpu("GPU-b", 1), _gpu("GPU-a", 0),
+                 mounts=("/usr/bin/nvidia-smi", "/usr/lib64/libcuda.so.580.1"))
+    facts = spec_facts(spec, 0)
+    assert (facts.own_nodes, facts.other_nodes, facts.uuid) == (
+        {"/dev/nvidia0"}, {"/dev/nvidia1"}, "GPU-a")
+    # hooks mode mounts the versioned file; the SONAME link sits next to it
+    assert (facts.smi, facts.libcuda) == ("/usr/bin/nvidia-smi", "/usr/lib64/libcuda.so.1")
+
+
+def test_a_node_given_to_two_gpus_counts_as_another_gpus() -> None:
+    broken = _gpu("0", 0)
+    broken["containerEdits"]["deviceNodes"].append({"path": "/dev/nvidia1"})
+    facts = spec_facts(_spec(broken, _gpu("1", 1)), 0)
+    assert "/dev/nvidia1" in facts.own_nodes and "/dev/nvidia1" in facts.other_nodes
