@@ -24,7 +24,7 @@ def nri_cdi_without(module: str, *argv: str) -> subprocess.CompletedProcess[str]
 
 def test_validate_schema_without_jsonschema(tmp_path: Path) -> None:
     spec = tmp_path / "a.yaml"
-    spec.write_text(simple_spec("a.com/x", "0"))
+    spec.write_text(simple_spec("acme.com/xpu", "0"))
     proc = nri_cdi_without("jsonschema", "validate", "--schema", str(spec))
     assert proc.returncode == 2
     assert proc.stderr == ("nri-cdi validate: checking specs against the JSON schema needs "

@@ -12,7 +12,7 @@ import pytest
 from cdi.cache import Snapshot, SpecCache
 from cdi.model import ContainerEdits, IntelRdt, NetDevice
 from nri_plugin.api import nri_pb2
-from nri_plugin.dispatch import dispatch
+from nri_plugin.dispatch import RpcError, dispatch
 from nri_plugin.plugins.cdi_injector.adjust import UnsupportedEditsError, to_adjustment
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, InjectionError, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import (
@@ -145,6 +145,36 @@ def test_inexpressible_edits_fail_on_old_runtimes(snapshot: Snapshot) -> None:
     requests = [DeviceRequest("example.com/gpu=grouped", "s")]
     with pytest.raises(InjectionError, match=r"additionalGids \(NRI cannot add supplementary"):
         plan_injection(snapshot, requests, CONTAINERD_17)
+
+
+def test_gids_alone_are_dropped_on_old_runtimes_when_the_policy_says_drop(
+        snapshot: Snapshot) -> None:
+    requests = [DeviceRequest("example.com/gpu=grouped", "s")]
+    plan = plan_injection(snapshot, requests, CONTAINERD_17, drop_gids=True)
+    assert plan.dropped_gids == (44,) and not plan.delegated
+    assert [d.path for d in plan.adjustment.linux.devices] == ["/dev/ctl", "/dev/gpu2"]
+    # a runtime that can take the devices gets them, gids and all, as native CDI
+    plan = plan_injection(snapshot, requests, CONTAINERD_21, drop_gids=True)
+    assert plan.delegated == ("example.com/gpu=grouped",) and not plan.dropped_gids
+
+
+def test_the_injector_drops_gids_by_default_and_refuses_them_on_request(
+        snapshot: Snapshot, caplog: pytest.LogCaptureFixture) -> None:
+    from nri_plugin.plugins.cdi_injector.policy import parse_policy
+
+    def create(policy: dict[str, str]) -> nri_pb2.ContainerAdjustment | None:
+        plugin = CdiInjector(lambda: Registry(snapshot), policy=parse_policy(policy))
+        plugin.configure("", "containerd", "v1.7.24")
+        return plugin.create_container(
+            nri_pb2.PodSandbox(name="p", namespace="ns",
+                               annotations={"cdi.k8s.io/gpu": "example.com/gpu=grouped"}),
+            nri_pb2.Container(name="c"))
+
+    adjusted = create({})
+    assert adjusted is not None and [d.path for d in adjusted.linux.devices][-1] == "/dev/gpu2"
+    assert "additionalGids 44 left out" in caplog.text
+    with pytest.raises(RpcError, match=r"additionalGids \(NRI cannot add"):
+        create({"additionalGids": "refuse"})
 
 
 def test_inexpressible_edits_go_to_the_runtimes_cdi_when_it_can(snapshot: Snapshot) -> None:

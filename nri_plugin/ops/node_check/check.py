@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nri_plugin.errors import NRIPluginError
 from nri_plugin.ops.node_check import images, paths
 
 PROBE_SOURCE = Path(__file__).with_name("cuda_probe.c")
@@ -39,7 +40,7 @@ IMPOSSIBLE_CUDA = "cuda>=99.0"
 MODES = ("hooks", "mounts")
 
 
-class NodeCheckError(RuntimeError):
+class NodeCheckError(NRIPluginError):
     """Something the checks need is missing; one line, said before anything starts."""
 
 

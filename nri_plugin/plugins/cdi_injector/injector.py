@@ -28,6 +28,7 @@ from nri_plugin.dispatch import RpcError
 from nri_plugin.errors import Refusal
 from nri_plugin.plugin import Plugin
 from nri_plugin.plugins.cdi_injector.adjust import (
+    GIDS_REASON,
     as_native_file_modes,
     to_adjustment,
     unsupported_edits,
@@ -66,6 +67,9 @@ class Injection:
     adjustment: nri_pb2.ContainerAdjustment
     devices: tuple[str, ...]  # injected by us
     delegated: tuple[str, ...]  # handed to the runtime's own CDI resolver
+    # additionalGids left out (policy additionalGids: drop) where neither NRI nor the
+    # runtime's own CDI could apply them: narrower than the spec, never wider.
+    dropped_gids: tuple[int, ...] = ()
 
 
 def plan_injection(
@@ -77,23 +81,32 @@ def plan_injection(
     gid: int = 0,
     edit_filter: EditFilter | None = None,
     library_path: str = "",
+    drop_gids: bool = False,
 ) -> Injection:
     """``edit_filter``: the vendor rules' filter of the resolved edits (e.g. the driver
     mounts of capabilities not asked for); None keeps everything. ``library_path``: the
-    container's own LD_LIBRARY_PATH, which hook-free specs append their folders to."""
+    container's own LD_LIBRARY_PATH, which hook-free specs append their folders to.
+    ``drop_gids``: where additionalGids are all that NRI cannot carry and the runtime's own
+    CDI cannot take the devices either, inject without them instead of refusing."""
     devices = _lookup(snapshot, requests)
     by_spec: dict[str, list[Device]] = {}
     for device in devices:
         by_spec.setdefault(device.spec.path, []).append(device)
     ours: list[Device] = []
     delegated: list[Device] = []
+    dropped: set[int] = set()
     for path, group in by_spec.items():
         edits = _merged(snapshot, path, group)
         reasons = unsupported_edits(edits, runtime)
+        gids_only = drop_gids and reasons == [GIDS_REASON]
         if not reasons:
             ours += group
-        elif runtime.supports_cdi_devices:
+        elif runtime.supports_cdi_devices and not (
+                gids_only and delegation_problems(group, runtime)):
             delegated += group  # the runtime's own CDI applies what NRI cannot carry
+        elif gids_only:
+            ours += group
+            dropped.update(g for g in edits.additional_gids if g != 0)
         else:
             names = ", ".join(d.qualified_name for d in group)
             raise InjectionError(
@@ -110,6 +123,8 @@ def plan_injection(
         ours = list(devices)  # request order, as native CDI merges
     _check_delegation(delegated, runtime)
     edits = snapshot.resolve(d.qualified_name for d in ours) if ours else ContainerEdits()
+    if dropped:
+        edits = edits._replace(additional_gids=())
     edits = as_native_file_modes(edits, spec_device_nodes(snapshot, ours), runtime)
     if edit_filter is not None:
         edits = edit_filter.apply(edits)
@@ -119,7 +134,8 @@ def plan_injection(
         adjustment.CDI_devices.add(name=device.qualified_name)
     return Injection(adjustment=adjustment,
                      devices=tuple(d.qualified_name for d in ours),
-                     delegated=tuple(d.qualified_name for d in delegated))
+                     delegated=tuple(d.qualified_name for d in delegated),
+                     dropped_gids=tuple(sorted(dropped)))
 
 
 def _check_delegation(delegated: list[Device], runtime: RuntimeInfo) -> None:
@@ -203,14 +219,16 @@ class CdiInjector(Plugin):
              edit_filter: EditFilter | None = None, *, library_path: str = "",
              registry: Registry | None = None) -> Injection:
         snapshot = (registry or self._registry()).snapshot
+        drop_gids = self.policy.additional_gids == "drop"
         key = (snapshot.generation, id(snapshot), tuple(r.name for r in requests), uid, gid,
-               None if edit_filter is None else edit_filter.cache_key, library_path)
+               None if edit_filter is None else edit_filter.cache_key, library_path, drop_gids)
         cached = self._plans.get(key)
         if cached is not None:
             self._plans.move_to_end(key)
             return cached
         injection = plan_injection(snapshot, list(requests), self.runtime, uid=uid, gid=gid,
-                                   edit_filter=edit_filter, library_path=library_path)
+                                   edit_filter=edit_filter, library_path=library_path,
+                                   drop_gids=drop_gids)
         self._plans[key] = injection
         if len(self._plans) > self.PLAN_CACHE_SIZE:
             self._plans.popitem(last=False)
@@ -251,6 +269,12 @@ class CdiInjector(Plugin):
         self.counters["injected"] += 1
         micros = (time.perf_counter_ns() - start) // 1000
         label = f"container={container.name} pod={pod.namespace}/{pod.name}"
+        if injection.dropped_gids:
+            log.warning("%s: additionalGids %s left out: neither NRI nor the runtime's own CDI "
+                        "can apply them on %s, so only root or members of those groups can "
+                        "open the device nodes that need them (policy additionalGids: drop; "
+                        "'refuse' fails such containers instead)", label,
+                        ",".join(map(str, injection.dropped_gids)), self.runtime.describe())
         if injection.delegated:
             # Not injected yet: the runtime's CDI resolves them after this reply.
             self.delegations.delegated(container.id, label, injection.delegated)

@@ -37,6 +37,7 @@ SOURCE_TITLES = {"containerAnnotations": "container annotations",
                  "migCapabilitiesEnv": "NVIDIA_MIG_CONFIG_DEVICES/NVIDIA_MIG_MONITOR_DEVICES",
                  "imexChannelsEnv": "NVIDIA_IMEX_CHANNELS"}
 ACTIONS = ("evict", "report")
+GID_ACTIONS = ("drop", "refuse")
 UNKNOWN_FACTS = ("allow", "deny")
 
 
@@ -107,6 +108,9 @@ class Policy:
     unknown_facts: str = "allow"  # a spec without sidecar facts: skip the checks
     filter_capabilities: bool = True
     mask_proc: bool = False  # procMasking.enabled: others' GPUs hidden in /proc (a hook)
+    # additionalGids NRI cannot carry and the runtime cannot take: drop (inject without
+    # them, with a warning: narrower than the spec) or refuse the container.
+    additional_gids: str = "drop"
     fail_closed_action: str = "evict"
     origin: str = "built-in defaults"
 
@@ -191,7 +195,7 @@ def parse_policy(doc: Any, *, origin: str = "") -> Policy:
     if not isinstance(doc, dict):
         raise PolicyError(["the document must be a mapping"], origin)
     _keys(doc, "", {"version", "sources", "devices", "privilegedExempt", "requirements",
-                    "capabilities", "failClosed", "procMasking"}, problems)
+                    "capabilities", "failClosed", "procMasking", "additionalGids"}, problems)
     if doc.get("version", 1) != 1:
         problems.append(f"version: unsupported {doc.get('version')!r} (want 1)")
     sources = _sources(doc.get("sources", {}), problems)
@@ -208,6 +212,7 @@ def parse_policy(doc: Any, *, origin: str = "") -> Policy:
                               problems),
         filter_capabilities=_bool(caps, "filter", True, "capabilities.", problems),
         mask_proc=_bool(masking, "enabled", False, "procMasking.", problems),
+        additional_gids=_choice(doc, "additionalGids", "drop", GID_ACTIONS, "", problems),
         fail_closed_action=_choice(fail, "action", "evict", ACTIONS, "failClosed.", problems),
         origin=origin or "inline")
     if problems:
