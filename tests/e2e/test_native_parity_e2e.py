@@ -229,6 +229,7 @@ def test_runtime_injected_annotations_are_not_injected_again(
 # --- handing devices to the runtime: the set-ups that fail, and what the plugin says -------
 
 GIDS = "parity.example/first=gids"
+READ_ONLY = "parity.example/first=readonly"  # narrower than NRI's rw: never dropped
 
 
 @pytest.mark.containerd_versions("2.1")
@@ -243,7 +244,7 @@ def test_handing_over_to_a_runtime_that_reads_other_folders_is_refused_with_the_
     process = PluginProcess(ctrd.nri_socket, [node / "cdi"], tmp_path / "plugin.log").start()
     try:
         with ctrd.cri() as cri, cri.cleanup():
-            pod = cri.run_pod("far", annotations={"cdi.k8s.io/dev": GIDS})
+            pod = cri.run_pod("far", annotations={"cdi.k8s.io/dev": READ_ONLY})
             with pytest.raises(cri._grpc.RpcError,
                                match=rf"its spec .*a\.json is not in a folder the runtime's own "
                                      rf"CDI reads \({theirs}\)"):

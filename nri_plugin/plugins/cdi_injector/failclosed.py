@@ -40,6 +40,7 @@ from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
 from cdi.errors import UnresolvedDevicesError
 from nri_plugin.api import nri_pb2
+from nri_plugin.api.events import EventMask
 from nri_plugin.dispatch import RpcError
 from nri_plugin.errors import Refusal
 from nri_plugin.plugins.cdi_injector.policy import Policy
@@ -365,7 +366,16 @@ class StartGuard:
             self._remember(self._served, container.id)
         return result
 
+    # The events the guard needs on every runtime, whatever the injector subscribes to.
+    GUARD_EVENTS = (EventMask.POST_CREATE_CONTAINER | EventMask.START_CONTAINER
+                    | EventMask.POST_START_CONTAINER | EventMask.REMOVE_CONTAINER)
+
+    def configure(self, config: str, runtime_name: str, runtime_version: str) -> Any:
+        mask = super().configure(config, runtime_name, runtime_version)  # type: ignore[misc]
+        return None if mask is None else mask | self.GUARD_EVENTS
+
     def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        super().remove_container(pod, container)  # type: ignore[misc]
         for table in (self._served, self._pending, self._reported):
             table.pop(container.id, None)
 
@@ -388,6 +398,7 @@ class StartGuard:
 
     def post_create_container(self, pod: nri_pb2.PodSandbox,
                               container: nri_pb2.Container) -> None:
+        super().post_create_container(pod, container)  # type: ignore[misc]
         self._check(pod, container, "post-create")
 
     def start_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
