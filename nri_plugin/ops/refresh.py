@@ -196,13 +196,14 @@ class Outcome:
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 
 
+# The generator's lean entry: an isolated interpreter without ``site`` (no .pth files, no
+# site-packages scan: most of a generate run's start-up); it finds its own package from its
+# path and nvidia-ml-py in the interpreter's site-packages only for --mode nvml.
+GENERATOR_ENTRY = Path(__file__).resolve().parents[2] / "cdi" / "nvidia" / "__main__.py"
+
+
 def _run_child(args: list[str]) -> subprocess.CompletedProcess[str]:
-    # The package's own folder on PYTHONPATH: works from a checkout and from an install.
-    package_parent = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_parent, env.get("PYTHONPATH"))
-                                        if p)
-    return subprocess.run([sys.executable, "-m", "cdi.nvidia.cli", *args], env=env,
+    return subprocess.run([sys.executable, "-I", "-S", str(GENERATOR_ENTRY), *args],
                           capture_output=True, text=True, timeout=300, check=False)
 
 

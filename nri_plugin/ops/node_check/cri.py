@@ -49,8 +49,14 @@ class CriClient:
         self.address = address
         self.timeout = timeout
         self._grpc = grpc
+        # Short reconnect back-off: after containerd restarts (a stale socket answers
+        # "connection refused" until the new daemon listens) gRPC's default back-off grows
+        # to seconds per try, longer than containerd takes to come back.
         self._channel = grpc.insecure_channel(
-            f"unix://{address}", options=[("grpc.enable_http_proxy", 0)]
+            f"unix://{address}", options=[("grpc.enable_http_proxy", 0),
+                                          ("grpc.initial_reconnect_backoff_ms", 50),
+                                          ("grpc.min_reconnect_backoff_ms", 50),
+                                          ("grpc.max_reconnect_backoff_ms", 500)]
         )
         self.runtime = grpc_mod.RuntimeServiceStub(self._channel)
         self.images = grpc_mod.ImageServiceStub(self._channel)
