@@ -48,8 +48,9 @@ class Metrics:
                                   buckets=LATENCY_BUCKETS, registry=r)
         self._denials = Counter("nri_cdi_denials", "requests refused by a policy rule",
                                 ["rule"], registry=r)
-        self._evictions = Counter("nri_cdi_evictions", "containers the plugin asked the "
-                                  "runtime to evict", registry=r)
+        self._evictions = Counter("nri_cdi_evictions", "containers fail-closed stopped "
+                                  "(SIGKILL by cgroup or pid) for running without their "
+                                  "devices", registry=r)
         self._reconnects = Counter("nri_cdi_reconnects", "connections to the runtime after "
                                    "the first", registry=r)
         self._connected = Gauge("nri_cdi_connected", "1 while connected to the runtime",
