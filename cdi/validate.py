@@ -84,10 +84,16 @@ def _version_errors(spec: SpecData) -> list[FieldError]:
 
 def _removed_field_errors(spec: SpecData, declared: str) -> list[FieldError]:
     """enableCMT/enableMBM existed up to 1.0.x; a 1.1.0 spec may not use them."""
-    errors = []
+    return [FieldError(path, f"removed in CDI 1.1.0 (spec declares {declared}); use "
+                             "enableMonitoring") for path in _cmt_mbm_paths(spec)]
+
+
+def _cmt_mbm_paths(spec: SpecData) -> list[str]:
+    """The field paths of every intelRdt.enableCMT/enableMBM the spec sets."""
     edits = [("containerEdits", spec.container_edits)] + [
         (f"devices[{i}].containerEdits", d.container_edits) for i, d in enumerate(spec.devices)
     ]
+    paths = []
     for path, item in edits:
         rdt = item.intel_rdt
         for key, value in (
@@ -95,13 +101,8 @@ def _removed_field_errors(spec: SpecData, declared: str) -> list[FieldError]:
             ("enableMBM", rdt and rdt.enable_mbm),
         ):
             if value is not None:
-                errors.append(
-                    FieldError(
-                        f"{path}.intelRdt.{key}",
-                        f"removed in CDI 1.1.0 (spec declares {declared}); use enableMonitoring",
-                    )
-                )
-    return errors
+                paths.append(f"{path}.intelRdt.{key}")
+    return paths
 
 
 def interop_warnings(spec: SpecData) -> list[FieldError]:
@@ -122,23 +123,9 @@ def interop_warnings(spec: SpecData) -> list[FieldError]:
                 "library up to 1.1.0 panic (containerd 1.7, podman 4 go down with it)",
             )
         )
-    edits = [("containerEdits", spec.container_edits)] + [
-        (f"devices[{i}].containerEdits", d.container_edits) for i, d in enumerate(spec.devices)
-    ]
-    for path, item in edits:
-        rdt = item.intel_rdt
-        for key, value in (
-            ("enableCMT", rdt and rdt.enable_cmt),
-            ("enableMBM", rdt and rdt.enable_mbm),
-        ):
-            if value is not None:
-                warnings.append(
-                    FieldError(
-                        f"{path}.intelRdt.{key}",
-                        "warning: dropped by the Go CDI library 1.1.0 at every cdiVersion; "
-                        "runtimes built on it refuse this file",
-                    )
-                )
+    warnings += [FieldError(path, "warning: dropped by the Go CDI library 1.1.0 at every "
+                                  "cdiVersion; runtimes built on it refuse this file")
+                 for path in _cmt_mbm_paths(spec)]
     return warnings
 
 
