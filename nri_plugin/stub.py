@@ -340,17 +340,39 @@ class Stub:
                 await self._pause(self.poll_interval)
                 continue
             unreachable = None
+            # Our part of a reconnection ends here; registering waits on the runtime (a
+            # containerd restoring its tasks answers only once CRI is up again).
+            self.log.info("connected to %s; registering", self.socket_path or "the runtime")
+            served_socket = _socket_identity(self.socket_path)
             await self._serve(session)
             if self.launched or session.shutdown_requested or self._stopping:
                 return
             if session.dispatcher.synchronized:
                 failures = 0
-                continue  # the runtime went away after a good session: back at once
+                # The runtime went away after a good session: back at once. But a runtime
+                # that is shutting down still listens for a moment, and connecting to its
+                # socket again would wait out the registration timeout on a dying daemon
+                # while the new one's socket is already there: wait (briefly) for a new one.
+                await self._await_new_socket(served_socket)
+                continue
             failures += 1
             delay = min(self.retry_initial * 2 ** (failures - 1), self.retry_max)
             self.log.info("reconnecting in %.1f s (%d connection%s in a row ended before "
                           "Synchronize)", delay, failures, "s" if failures > 1 else "")
             await self._pause(delay)
+
+    async def _await_new_socket(self, served: tuple[int, int] | None,
+                                grace: float = 1.0) -> None:
+        """Until the socket file is not the one we were served on (a new runtime's, or
+        none yet), for at most ``grace`` seconds: after that the same socket is tried
+        again (the runtime only dropped the connection)."""
+        if served is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while (not self._stopping and loop.time() < deadline
+               and _socket_identity(self.socket_path) == served):
+            await self._pause(self.poll_interval / 5)
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, or less if ``stop()`` is called meanwhile."""
@@ -432,3 +454,14 @@ class Stub:
         reply = await session.call("RegisterPlugin", request, self.registration_timeout)
         if not reply.ok:
             raise RegistrationError(f"runtime refused registration: {reply.message}")
+
+
+def _socket_identity(path: str | None) -> tuple[int, int] | None:
+    """(inode, ctime) of the socket file: a restarted runtime makes a new one."""
+    if not path:
+        return None
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_ino, info.st_ctime_ns
