@@ -140,7 +140,8 @@ class SpecCache:
         self.pending: frozenset[str] = frozenset()
         self._lock = threading.Lock()
 
-    def refresh(self, changed: Iterable[str] | None = None, *, quiet_ns: int = 0) -> Snapshot:
+    def refresh(self, changed: Iterable[str] | None = None, *, quiet_ns: int = 0,
+                events_ns: int | None = None) -> Snapshot:
         """Rescan every directory and swap in a new Snapshot. Safe from several threads.
 
         A file is read again only when its identity (inode, size, mtime, ctime) changed,
@@ -150,6 +151,8 @@ class SpecCache:
         outside that set is taken only once it has been still for ``quiet_ns``: a file
         being rewritten in place keeps serving its last complete version meanwhile.
         Without ``changed`` (a direct call) every changed file is taken at once.
+        ``events_ns``: when ``changed`` was taken (wall clock); a file in it that changed
+        after that was written to again since its completion event, and counts as outside.
         """
         with self._lock:
             events = None if changed is None else set(changed)
@@ -159,7 +162,7 @@ class SpecCache:
             parsed: dict[str, tuple[Signature, Spec | SpecError]] = {}
             pending = set()
             for spec_file in files:
-                result = self._load_isolated(spec_file, events, quiet_ns, now)
+                result = self._load_isolated(spec_file, events, quiet_ns, now, events_ns)
                 if isinstance(result, _Pending):
                     pending.add(spec_file.path)
                     previous = self._parsed.get(spec_file.path)
@@ -211,19 +214,21 @@ class SpecCache:
         return f"refused: {problem} (spec permissions: refuse)" if problem else None
 
     def _load_isolated(
-        self, spec_file: SpecFile, events: set[str] | None, quiet_ns: int, now: int
+        self, spec_file: SpecFile, events: set[str] | None, quiet_ns: int, now: int,
+        events_ns: int | None = None,
     ) -> tuple[Signature, Spec | SpecError] | _Pending:
         """One file, with every failure turned into that file's error: nothing one file
         does can stop a refresh or hide another file's devices."""
         try:
-            return self._load(spec_file, events, quiet_ns, now)
+            return self._load(spec_file, events, quiet_ns, now, events_ns)
         except Exception as exc:  # a bug or an odd file: report it against that file only
             return _UNREAD, SpecError(
                 [FieldError("", f"cannot load: {type(exc).__name__}: {exc}")], file=spec_file.path
             )
 
     def _load(
-        self, spec_file: SpecFile, events: set[str] | None, quiet_ns: int, now: int
+        self, spec_file: SpecFile, events: set[str] | None, quiet_ns: int, now: int,
+        events_ns: int | None = None,
     ) -> tuple[Signature, Spec | SpecError] | _Pending:
         path = spec_file.path
         if spec_file.error or spec_file.signature is None:
@@ -235,11 +240,13 @@ class SpecCache:
         previous = self._parsed.get(path)
         if previous and previous[0] == signature:
             return previous
-        if events is not None and path not in events:
-            # Changed without a completion event: take it only once it has been still.
-            last_change = max(spec_file.signature[3], spec_file.signature[4])
-            if now - last_change < quiet_ns:
-                return _Pending()
+        last_change = max(spec_file.signature[3], spec_file.signature[4])
+        rewritten = events_ns is not None and last_change > events_ns - _CLOCK_SLACK_NS
+        # Changed without a completion event (or written to again after it): take it only
+        # once it has been still.
+        if events is not None and (path not in events or rewritten) \
+                and now - last_change < quiet_ns:
+            return _Pending()
         try:
             read = _read_stable(path)
         except OSError as exc:
@@ -259,6 +266,8 @@ class SpecCache:
 
 
 _UNREAD: Signature = (0, 0, 0, 0, 0, -2)
+# File times come from the kernel's coarse clock, up to a tick behind time.time_ns().
+_CLOCK_SLACK_NS = 5_000_000
 
 
 def _identity(info: os.stat_result) -> tuple[int, int, int, int, int]:

@@ -205,7 +205,16 @@ class AutoRefresh:
                     dirty_since = now
                 if dirty_since is None or now - dirty_since < self.max_delay:
                     continue  # wait for the burst to end
-            self._refresh(self._watcher.take_done())
+            # Whatever a file's completion event said, a write that began since makes it
+            # incomplete again: note the time first, then drain what is queued (a MODIFY
+            # queued before that time cancels the close); the registry checks each file's
+            # own change time against it for writes that come later still.
+            taken_ns = time.time_ns()
+            try:
+                self._watcher.read_changes()
+            except OSError:
+                log.exception("reading spec folder events failed")
+            self._refresh(self._watcher.take_done(), taken_ns)
             dirty_since = None
 
     def _timeout(self, dirty_since: float | None) -> float:
@@ -215,12 +224,13 @@ class AutoRefresh:
             return min(self.quiet, self.rescan_interval)
         return self.rescan_interval
 
-    def _refresh(self, done: set[str] | None) -> None:
+    def _refresh(self, done: set[str] | None, taken_ns: int | None = None) -> None:
         try:
             if done is None:
                 snapshot = self.cache.refresh()
             else:
-                snapshot = self.cache.refresh(done, quiet_ns=int(self.quiet * 1e9))
+                snapshot = self.cache.refresh(done, quiet_ns=int(self.quiet * 1e9),
+                                              events_ns=taken_ns)
         except Exception:  # a refresh bug must not kill the thread; keep the old snapshot
             log.exception("refreshing CDI specs failed")
             return
