@@ -239,3 +239,26 @@ def test_file_name_that_is_not_utf8_is_reported_printably(tmp_path: Path) -> Non
         err = result.stderr.decode("utf-8")
         assert all(line.isprintable() for line in err.splitlines()), err
         assert "\\udcff\\x1b[31m.yaml: kind: required field is missing" in err
+
+
+def test_a_write_after_the_completion_event_makes_the_file_incomplete_again(
+        tmp_path: Path) -> None:
+    """The watcher took a file's close event, then the next in-place rewrite began before
+    the registry read it: the file's own change time, later than when the events were
+    taken, says it is not complete; the last good version stays."""
+    folder = tmp_path / "cdi"
+    folder.mkdir()
+    spec = folder / "torn.yaml"
+    spec.write_text(_versioned(1))
+    cache = SpecCache([str(folder)])
+    assert _check_whole(cache.refresh()) == 1
+    taken_ns = time.time_ns()  # the close event of version 1 was taken here
+    time.sleep(0.02)
+    with open(spec, "w") as handle:  # version 2 begins, cut short for now
+        handle.write(_versioned(2)[:200])
+    kept = cache.refresh({str(spec)}, quiet_ns=10**9, events_ns=taken_ns)
+    assert _check_whole(kept) == 1 and str(spec) not in kept.errors
+    assert str(spec) in cache.pending
+    # without the time (as before), the completion event alone would let it through
+    torn = cache.refresh({str(spec)}, quiet_ns=10**9)
+    assert str(spec) in torn.errors
