@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 
@@ -45,3 +45,16 @@ def run_generate(argv: list[str], environ: dict[str, str] | None = None) -> tupl
     out, err = io.StringIO(), io.StringIO()
     rc = cli.cmd_generate(args, out, err, environ=environ or {})
     return rc, out.getvalue(), err.getvalue()
+
+
+def place_file(folder: Path, name: str, content: bytes | Callable[[Path], object]) -> Path:
+    """``folder/name`` made at once: bytes are written aside and renamed into place (never
+    seen half-written); a callable makes it itself (a link, a FIFO, a folder, ...)."""
+    path = folder / name
+    if isinstance(content, bytes):
+        tmp = folder / f".{name}.tmp"
+        tmp.write_bytes(content)
+        tmp.rename(path)
+    else:
+        content(path)
+    return path

@@ -14,7 +14,7 @@ import pytest
 
 from cdi.cache import Snapshot, SpecCache
 from cdi.watch import AutoRefresh
-from tests.helpers import simple_spec
+from tests.helpers import place_file, simple_spec
 
 GOOD = simple_spec("good.example/dev", "g0")
 GOOD_MORE = simple_spec("good.example/dev", "g0", "g1")
@@ -40,15 +40,7 @@ HOSTILE: dict[str, bytes | Callable[[Path], None]] = {
 
 
 def _make(folder: Path, name: str) -> Path:
-    path = folder / name
-    content = HOSTILE[name]
-    if isinstance(content, bytes):
-        tmp = folder / f".{name}.tmp"
-        tmp.write_bytes(content)
-        tmp.rename(path)
-    else:
-        content(path)
-    return path
+    return place_file(folder, name, HOSTILE[name])
 
 
 def _wait_for(check: Callable[[], object], timeout: float = 20.0) -> None:

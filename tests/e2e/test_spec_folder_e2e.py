@@ -23,6 +23,7 @@ from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.images import BUSYBOX_IMAGE
 from tests.e2e.plugin import PluginProcess
+from tests.helpers import place_file
 
 SLEEP = ["sleep", "600"]
 GOOD_HEAD = "cdiVersion: 0.5.0\nkind: good.example/dev\ndevices:\n"
@@ -48,15 +49,7 @@ HOSTILE: dict[str, bytes | Callable[[Path], None]] = {
 
 
 def _drop(folder: Path, name: str) -> Path:
-    path = folder / name
-    content = HOSTILE[name]
-    if isinstance(content, bytes):
-        tmp = folder / f".{name}.tmp"
-        tmp.write_bytes(content)
-        tmp.rename(path)
-    else:
-        content(path)
-    return path
+    return place_file(folder, name, HOSTILE[name])
 
 
 def _replace(path: Path, text: str) -> None:
