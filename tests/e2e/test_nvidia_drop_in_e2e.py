@@ -90,23 +90,9 @@ def create(cri: CriClient, name: str, *, env: dict[str, str] | None = None,
            pod_annotations: dict[str, str] | None = None, privileged: bool = False,
            mounts: dict[str, str] | None = None) -> str:
     """A started busybox container; ``mounts``: container path -> host path (as kubelet)."""
-    pb = cri.pb
-    config = cri.pod_config(name, annotations=pod_annotations or {})
-    config.linux.security_context.privileged = privileged
-    pod = cri.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config),
-                                    timeout=cri.timeout).pod_sandbox_id
-    cri._pod_configs[pod] = config
-    if cri._tracking:
-        cri._tracking[-1].append(pod)
-    ctr_config = cri.container_config("app", BUSYBOX_IMAGE, command=SLEEP, env=env)
-    ctr_config.linux.security_context.privileged = privileged
-    for container_path, host_path in (mounts or {}).items():
-        ctr_config.mounts.add(container_path=container_path, host_path=host_path)
-    request = pb.CreateContainerRequest(pod_sandbox_id=pod, config=ctr_config,
-                                        sandbox_config=config)
-    ctr = str(cri.runtime.CreateContainer(request, timeout=cri.timeout).container_id)
-    cri.start_container(ctr)
-    return ctr
+    pod = cri.run_pod(name, annotations=pod_annotations, privileged=privileged)
+    return cri.run_container(pod, "app", BUSYBOX_IMAGE, command=SLEEP, env=env,
+                             privileged=privileged, mounts=mounts)
 
 
 def refused(cri: CriClient, name: str, **kwargs: Any) -> str:

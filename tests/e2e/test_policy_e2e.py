@@ -102,22 +102,10 @@ def create_fails(cri: CriClient, pod: str, **kwargs: Any) -> str:
 
 
 def run_privileged(cri: CriClient, name: str, env: dict[str, str]) -> str:
-    """A privileged container in a privileged pod (cri.py has no flag for it)."""
-    pb = cri.pb
-    config = cri.pod_config(name)
-    config.linux.security_context.privileged = True
-    pod = cri.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config),
-                                    timeout=cri.timeout).pod_sandbox_id
-    cri._pod_configs[pod] = config
-    if cri._tracking:
-        cri._tracking[-1].append(pod)
-    ctr_config = cri.container_config("app", BUSYBOX_IMAGE, command=SLEEP, env=env)
-    ctr_config.linux.security_context.privileged = True
-    request = pb.CreateContainerRequest(pod_sandbox_id=pod, config=ctr_config,
-                                        sandbox_config=config)
-    ctr = str(cri.runtime.CreateContainer(request, timeout=cri.timeout).container_id)
-    cri.start_container(ctr)
-    return ctr
+    """A privileged container in a privileged pod."""
+    pod = cri.run_pod(name, privileged=True)
+    return cri.run_container(pod, "app", BUSYBOX_IMAGE, command=SLEEP, env=env,
+                             privileged=True)
 
 
 # --- 1. request sources ------------------------------------------------------------------------

@@ -98,10 +98,10 @@ class CriClient:
 
     def pod_config(self, name: str, *, namespace: str = "default",
                    annotations: Mapping[str, str] | None = None,
-                   labels: Mapping[str, str] | None = None) -> Any:
+                   labels: Mapping[str, str] | None = None, privileged: bool = False) -> Any:
         pb = self.pb
         ns_options = pb.NamespaceOption(network=pb.NamespaceMode.NODE)
-        return pb.PodSandboxConfig(
+        config = pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=name, uid=uuid.uuid4().hex,
                                            namespace=namespace, attempt=0),
             annotations=dict(annotations or {}),
@@ -110,13 +110,15 @@ class CriClient:
                 security_context=pb.LinuxSandboxSecurityContext(namespace_options=ns_options)
             ),
         )
+        config.linux.security_context.privileged = privileged
+        return config
 
     def run_pod(self, name: str, *, namespace: str = "default",
                 annotations: Mapping[str, str] | None = None,
-                labels: Mapping[str, str] | None = None) -> str:
+                labels: Mapping[str, str] | None = None, privileged: bool = False) -> str:
         """RunPodSandbox for a host-network pod; returns the pod sandbox id."""
         config = self.pod_config(name, namespace=namespace, annotations=annotations,
-                                 labels=labels)
+                                 labels=labels, privileged=privileged)
         resp = self.runtime.RunPodSandbox(self.pb.RunPodSandboxRequest(config=config),
                                           timeout=self.timeout)
         self._pod_configs[resp.pod_sandbox_id] = config
@@ -175,7 +177,9 @@ class CriClient:
                          args: Sequence[str] = (), env: Mapping[str, str] | None = None,
                          annotations: Mapping[str, str] | None = None,
                          labels: Mapping[str, str] | None = None,
-                         cdi_devices: Sequence[str] = ()) -> Any:
+                         cdi_devices: Sequence[str] = (), privileged: bool = False,
+                         mounts: Mapping[str, str] | None = None) -> Any:
+        """``mounts``: container path -> host path (bind mounts, as kubelet makes them)."""
         pb = self.pb
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=0),
@@ -190,6 +194,9 @@ class CriClient:
             if not self.has_cdi_devices_field:
                 raise ValueError("this CRI version has no CDI_devices field")
             config.CDI_devices.extend(pb.CDIDevice(name=d) for d in cdi_devices)
+        config.linux.security_context.privileged = privileged
+        for container_path, host_path in (mounts or {}).items():
+            config.mounts.add(container_path=container_path, host_path=host_path)
         return config
 
     def create_container(self, pod_id: str, name: str, image: str, **kwargs: Any) -> str:
