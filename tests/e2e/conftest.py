@@ -21,6 +21,7 @@ import pytest
 
 from tests.e2e import images, paths
 from tests.e2e.containerd import Containerd
+from tests.e2e.cri import CriClient
 
 E2E_DIR = Path(__file__).parent
 
@@ -122,3 +123,11 @@ def containerd(request: pytest.FixtureRequest,
             if ctrd in _LIVE:
                 _LIVE.remove(ctrd)
             ctrd.close()
+
+
+@pytest.fixture
+def cri(ctrd: Containerd) -> Iterator[CriClient]:
+    """A CRI client on the module's ``ctrd`` (each module defines that fixture: its own
+    containerd set-up); pods and containers it made are removed afterwards."""
+    with ctrd.cri() as client, client.cleanup():
+        yield client

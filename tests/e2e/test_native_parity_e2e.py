@@ -93,12 +93,6 @@ def plugin(ctrd: Containerd, node: Path) -> Iterator[PluginProcess]:
     process.kill()
 
 
-@pytest.fixture
-def cri(ctrd: Containerd) -> Iterator[CriClient]:
-    with ctrd.cri() as client, client.cleanup():
-        yield client
-
-
 def _ours(spec: dict[str, Any]) -> dict[str, Any]:
     linux = spec["linux"]
     return {

@@ -54,12 +54,6 @@ def ctrd(containerd: ContainerdFactory) -> Containerd:
     return containerd()
 
 
-@pytest.fixture
-def cri(ctrd: Containerd) -> Iterator[CriClient]:
-    with ctrd.cri() as client, client.cleanup():
-        yield client
-
-
 class Plugin(PluginProcess):
     def __init__(self, *args: Any, policy: Path) -> None:
         super().__init__(*args)

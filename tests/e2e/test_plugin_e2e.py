@@ -80,12 +80,6 @@ def plugin(ctrd: Containerd, node: Path) -> Iterator[PluginProcess]:
     process.kill()
 
 
-@pytest.fixture
-def cri(ctrd: Containerd) -> Iterator[CriClient]:
-    with ctrd.cri() as client, client.cleanup():
-        yield client
-
-
 def run(cri: CriClient, pod: str, name: str, **kwargs: Any) -> str:
     return cri.run_container(pod, name, BUSYBOX_IMAGE, command=SLEEP, **kwargs)
 

@@ -79,12 +79,6 @@ def plugin(ctrd: Containerd, gpu_node: Path) -> Iterator[PolicyPlugin]:
     process.kill()
 
 
-@pytest.fixture
-def cri(ctrd: Containerd) -> Iterator[CriClient]:
-    with ctrd.cri() as client, client.cleanup():
-        yield client
-
-
 def sh(cri: CriClient, container: str, script: str) -> str:
     return cri.exec_sync(container, ["sh", "-c", script]).stdout
 
