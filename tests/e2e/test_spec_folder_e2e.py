@@ -58,6 +58,19 @@ def _replace(path: Path, text: str) -> None:
     tmp.rename(path)
 
 
+def _env_once_served(ctrd: Containerd, pod: str, cri: Any, plugin: Any, device: str,
+                     timeout: float = 20.0) -> str:
+    """``_env`` of a new container asking for ``device``, retried until the plugin serves it
+    (the registry takes a changed file after its event and a short settle)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return _env(ctrd, pod, cri, f"c1-{time.monotonic_ns()}", device)
+        except Exception:
+            assert time.monotonic() < deadline, plugin.log()[-3000:]
+            time.sleep(0.2)
+
+
 def _env(ctrd: Containerd, pod: str, cri: Any, name: str, device: str) -> list[str]:
     ctr = cri.create_container(pod, name, BUSYBOX_IMAGE, command=SLEEP,
                                annotations={"cdi.k8s.io/t": device})
@@ -103,14 +116,7 @@ def test_hostile_files_never_hide_the_good_spec(
         for name in later:
             _drop(folder, name)
         _replace(folder / "good.yaml", _good("g0", "g1"))
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                env = _env(ctrd, pod, cri, f"c1-{time.monotonic_ns()}", "good.example/dev=g1")
-                break
-            except Exception:
-                assert time.monotonic() < deadline, plugin.log()[-3000:]
-                time.sleep(0.2)
+        env = _env_once_served(ctrd, pod, cri, plugin, "good.example/dev=g1")
         assert "GOOD_G1=1" in env
         for name in later:
             plugin.wait_for_log(f"{folder / name}: ")
@@ -231,12 +237,5 @@ def test_world_writable_spec_is_refused_when_configured(
         with pytest.raises(Exception, match="no such device"):
             _env(ctrd, pod, cri, "c0", "good.example/dev=g0")
         spec.chmod(0o644)  # fixed: the attribute change alone brings it in
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                env = _env(ctrd, pod, cri, f"c1-{time.monotonic_ns()}", "good.example/dev=g0")
-                break
-            except Exception:
-                assert time.monotonic() < deadline, plugin.log()[-3000:]
-                time.sleep(0.2)
+        env = _env_once_served(ctrd, pod, cri, plugin, "good.example/dev=g0")
         assert "GOOD_G0=1" in env
