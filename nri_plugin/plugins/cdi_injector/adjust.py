@@ -32,8 +32,6 @@ class UnsupportedEditsError(NRIPluginError):
         super().__init__("; ".join(reasons))
 
 
-GIDS_REASON = "additionalGids (NRI cannot add supplementary groups)"
-
 # The access every NRI version allows for a device node it adds (LinuxDevice.AccessString:
 # "rw", plus "m" for block devices), whatever rules the adjustment carries besides.
 _NRI_ACCESS = {"c": "rw", "b": "rwm"}
@@ -60,7 +58,7 @@ def unsupported_edits(edits: ContainerEdits, runtime: RuntimeInfo) -> list[str]:
     """Why these edits cannot go into an NRI adjustment for ``runtime`` (empty: they can)."""
     reasons = narrowed_permissions(edits)
     if any(gid != 0 for gid in edits.additional_gids):
-        reasons.append(GIDS_REASON)
+        reasons.append("additionalGids (NRI cannot add supplementary groups)")
     rdt = edits.intel_rdt
     if rdt is not None:
         if not runtime.supports_rdt_and_net_devices:

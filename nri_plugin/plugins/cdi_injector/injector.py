@@ -28,7 +28,6 @@ from nri_plugin.dispatch import RpcError
 from nri_plugin.errors import Refusal
 from nri_plugin.plugin import Plugin
 from nri_plugin.plugins.cdi_injector.adjust import (
-    GIDS_REASON,
     as_native_file_modes,
     to_adjustment,
     unsupported_edits,
@@ -98,7 +97,9 @@ def plan_injection(
     for path, group in by_spec.items():
         edits = _merged(snapshot, path, group)
         reasons = unsupported_edits(edits, runtime)
-        gids_only = drop_gids and reasons == [GIDS_REASON]
+        # additionalGids are all NRI cannot carry: without them, nothing would be left.
+        gids_only = drop_gids and bool(reasons) and not unsupported_edits(
+            edits._replace(additional_gids=()), runtime)
         if not reasons:
             ours += group
         elif runtime.supports_cdi_devices and not (
