@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cdi.hooks.cuda_compat import (
+from cdi.nvidia.hooks.cuda_compat import (
     CONF_PATH,
     CompatNote,
     enable_cuda_compat,

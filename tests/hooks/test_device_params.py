@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cdi.hooks.device_params import modified_params
+from cdi.nvidia.hooks.device_params import modified_params
 from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV
 from tests.hooks.conftest import make_bundle
 
