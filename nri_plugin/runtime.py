@@ -15,6 +15,16 @@ from dataclasses import dataclass
 
 Version = tuple[int, int, int]
 
+# Where a runtime serves NRI unless configured otherwise (containerd and CRI-O, NRI 0.3.0
+# and later; docs/nri-protocol.md). The one definition: the stub, the settings, the daemon
+# and the doctor import it.
+DEFAULT_SOCKET_PATH = "/var/run/nri/nri.sock"
+# What a runtime that launches a plugin from its plugin_path puts in the plugin's (otherwise
+# empty) environment: its name, its two-digit index, and the connected socket's fd.
+PLUGIN_NAME_ENV = "NRI_PLUGIN_NAME"
+PLUGIN_IDX_ENV = "NRI_PLUGIN_IDX"
+PLUGIN_SOCKET_ENV = "NRI_PLUGIN_SOCKET"
+
 # (first runtime release, NRI version it vendors), newest first per runtime.
 _CONTAINERD_NRI: tuple[tuple[Version, Version], ...] = (
     ((2, 3, 0), (0, 12, 0)), ((2, 2, 1), (0, 11, 0)), ((2, 2, 0), (0, 10, 0)),

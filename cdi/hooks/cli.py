@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import IO, Any
 
-    from cdi.hooks.state import ContainerRoot
 
 __all__ = ["OPERATIONS", "Args", "Operation", "Option", "UsageError", "add_commands",
            "build_parser", "main", "operations", "parse_operations", "run_operations"]
@@ -92,8 +91,9 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     Operation("update-ldcache", _update_ldcache,
               "make the libraries in DIR findable by SONAME",
               Option("folder", "DIR", "repeatable; an absolute container path"),
-              Option("ldconfig-path", "PATH", "accepted for compatibility with other hook programs and "
-                     "ignored: no ldconfig is run, the cache is written directly", many=False)),
+              Option("ldconfig-path", "PATH", "accepted for compatibility with other hook "
+                     "programs and ignored: no ldconfig is run, the cache is written "
+                     "directly", many=False)),
 )}
 
 

@@ -59,7 +59,7 @@ class LinkResult:
 
 
 def parse_link(spec: str) -> Link:
-    """``TARGET::LINK`` as written on the command line (the syntax the vendors' hook programs use too)."""
+    """``TARGET::LINK`` as written on the command line (the vendors' hook programs' syntax)."""
     target, sep, path = spec.partition("::")
     if not sep:
         raise RootFSError(f"--link {spec!r}: want TARGET::LINK")

@@ -14,9 +14,10 @@ read.  Spec and device ``annotations`` would be the natural place, but they forc
 ``cdiVersion`` >= 0.6.0, which runtimes that vendor an older CDI library (containerd 1.7,
 for one) reject outright: the whole spec would be lost to gain some metadata.  So:
 
-* by default the metadata goes to a **sidecar** ``<output>.meta.json`` written
-  atomically next to the spec, after it, and carrying the spec's sha256, so a reader can
-  tell a sidecar that belongs to another version of the spec; YAML specs also get a
+* by default the metadata goes to a **sidecar** ``<output>.meta``
+  (:mod:`cdi.nvidia.sidecar`) written atomically next to the spec, before it, and
+  carrying the spec's sha256, so a reader can tell a sidecar that belongs to another
+  version of the spec; YAML specs also get a
   comment header naming the generator, the mode and the fingerprint (comments are
   invisible to CDI parsers);
 * only when ``--cdi-version`` says the target accepts 0.6.0 or later are the same facts

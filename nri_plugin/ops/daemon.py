@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.errors import printable
+from nri_plugin.runtime import DEFAULT_SOCKET_PATH, PLUGIN_IDX_ENV, PLUGIN_NAME_ENV
 
 if TYPE_CHECKING:
     import asyncio
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 
 # asyncio, the stub and the registry are imported when the daemon starts, not when the
 # nri-cdi command builds its parser: other subcommands (generate, hooks) start faster.
-DEFAULT_SOCKET_PATH = "/var/run/nri/nri.sock"
 DEFAULT_NAME = "nri-cdi"
 DEFAULT_INDEX = "10"
 log = logging.getLogger("nri_cdi")
@@ -126,9 +126,9 @@ def _deferred_queue_handler(records: Any) -> logging.Handler:
 
 def _identity(args: argparse.Namespace, settings: Any) -> tuple[str | None, str | None]:
     """Flags win; then the runtime's NRI_PLUGIN_* (the Stub reads those); then the config."""
-    launched = "NRI_PLUGIN_NAME" in os.environ
+    launched = PLUGIN_NAME_ENV in os.environ
     name = args.name or (None if launched else settings["plugin"]["name"])
-    idx = args.idx or (None if "NRI_PLUGIN_IDX" in os.environ else settings["plugin"]["index"])
+    idx = args.idx or (None if PLUGIN_IDX_ENV in os.environ else settings["plugin"]["index"])
     return name, idx
 
 

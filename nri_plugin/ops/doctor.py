@@ -24,12 +24,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from cdi.dirs import DEFAULT_SPEC_DIRS
+from cdi.nvidia.sidecar import sidecar_path
 from nri_plugin.ops.settings import Settings, SettingsError, add_config_argument, settings_from_args
+from nri_plugin.runtime import DEFAULT_SOCKET_PATH
 
 NRI_SECTION = "io.containerd.nri.v1.nri"
 CRI_V2_SECTION = "io.containerd.grpc.v1.cri"  # containerd 1.7 (config version 2)
 CRI_V3_SECTION = "io.containerd.cri.v1.runtime"  # containerd 2.x (config version 3)
-DEFAULT_CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
 
@@ -118,7 +120,7 @@ def check_nri_enabled(cfg: ContainerdConfig, our_socket: str) -> Check:
                      detail="disable_connections = true: external plugins cannot connect",
                      fix=f"set disable_connections = false in {section}, or run the plugin "
                          "from the runtime's plugin_path (nri-cdi install-launcher)")
-    socket_path = nri.get("socket_path", "/var/run/nri/nri.sock")
+    socket_path = nri.get("socket_path", DEFAULT_SOCKET_PATH)
     if _same_path(socket_path, our_socket):
         return Check(name=name, status="ok", detail=f"NRI on, socket {socket_path}")
     return Check(name=name, status="warn",
@@ -268,7 +270,7 @@ def check_fingerprint(settings: Settings,
                       ) -> Check:
     name = "spec matches the node"
     output = Path(settings["generate"]["output"])
-    meta_path = output.with_name(output.name + ".meta")
+    meta_path = sidecar_path(output)
     try:
         meta = json.loads(meta_path.read_text())
     except (OSError, ValueError):
@@ -353,7 +355,7 @@ def check_native_cdi(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
                                 "rw) are refused, containerd 1.7 resolves CDI_devices only "
                                 "with enable_cdi = true")
         # containerd 2.x resolves CDI_devices with the CDI library's default folders then.
-        dirs = DEFAULT_CDI_DIRS
+        dirs = DEFAULT_SPEC_DIRS
     unread = _unread(our_dirs, dirs)
     state = "on" if enabled else "off (CDI_devices resolved from the library defaults)"
     if unread:
@@ -364,7 +366,7 @@ def check_native_cdi(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
                             "with 'unresolvable CDI devices'",
                      fix=f'[plugins."{section}"] enable_cdi = true and cdi_spec_dirs = '
                          f"{json.dumps([*dirs, *unread])}, or keep the plugin's specs "
-                         f"in {', '.join(DEFAULT_CDI_DIRS)}")
+                         f"in {', '.join(DEFAULT_SPEC_DIRS)}")
     how = ("injects devices named in container cdi.k8s.io annotations itself (the plugin "
            "leaves those to it) and " if enabled else "")
     return Check(name=name, status="ok",

@@ -46,11 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdi.nvidia.sidecar import sidecar_path
 from nri_plugin.ops.settings import Settings, SettingsError, add_config_argument, settings_from_args
 
 log = logging.getLogger("nri_cdi.refresh")
 
-METADATA_SUFFIX = ".meta"  # the generator's sidecar (cdi/nvidia/cli.py)
 _LIBRARY_PREFIXES = ("libnvidia-ml.so", "libcuda.so")
 _DEFAULT_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
                      "/usr/lib", "/lib64")
@@ -174,7 +174,7 @@ def node_paths(settings: Settings) -> NodePaths:
 
 def _meta(output: Path) -> dict[str, Any]:
     try:
-        data = json.loads(output.with_name(output.name + METADATA_SUFFIX).read_text())
+        data = json.loads(sidecar_path(output).read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}

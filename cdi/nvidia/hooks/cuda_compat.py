@@ -34,7 +34,8 @@ from cdi.hooks.ldconfig import CONF_DIR, write_file
 from cdi.hooks.rootfs import RootFS, RootFSError, split_container_path
 from cdi.linux._tuple import NamedTuple
 
-# On the hook's start-up path (the generator runs enable-cuda-compat in every container): no re, fnmatch, json or dataclasses here
+# On the hook's start-up path (the generator runs enable-cuda-compat in every container):
+# no re, fnmatch, json or dataclasses here
 # (tests/hooks/test_one_process.py); json is imported only when a compat note is parsed.
 
 __all__ = ["COMPAT_ROOT", "CONF_PATH", "CompatNote", "CompatResult", "enable_cuda_compat",
