@@ -23,7 +23,7 @@ class MissingDependencyError(ImportError):
 
     def __init__(self, module: str, feature: str,
                  extra: tuple[str, str] | None = None) -> None:
-        extra, distribution = extra or EXTRAS[module]
+        name, distribution = extra or EXTRAS[module]
         super().__init__(f"{feature} needs {distribution}, which is not installed: "
-                         f"pip install 'nri-cdi[{extra}]'", name=module)
-        self.extra = extra
+                         f"pip install 'nri-cdi[{name}]'", name=module)
+        self.extra = name

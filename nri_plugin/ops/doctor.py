@@ -174,9 +174,9 @@ def check_plugin(health_url: str | None) -> Check:
 
 
 def health_url(settings: Settings) -> str | None:
-    if settings["doctor"]["health_url"]:
-        return str(settings["doctor"]["health_url"])
-    address = settings["metrics"]["address"]
+    if settings.doctor.health_url:
+        return str(settings.doctor.health_url)
+    address = settings.metrics.address
     if not address:
         return None
     host, _, port = address.rpartition(":")
@@ -269,7 +269,7 @@ def check_fingerprint(settings: Settings,
                       current: Callable[[Settings], tuple[str | None, str]] | None = None
                       ) -> Check:
     name = "spec matches the node"
-    output = Path(settings["generate"]["output"])
+    output = Path(settings.generate.output)
     meta_path = sidecar_path(output)
     try:
         meta = json.loads(meta_path.read_text())
@@ -399,22 +399,22 @@ def check_runtime_cdi_setting(cfg: ContainerdConfig, settings: Settings) -> Chec
     """The plugin's runtime_cdi settings agree with containerd's configuration."""
     name = "plugin knows containerd's CDI"
     enabled, dirs, _ = _runtime_cdi(cfg)
-    wanted = settings["runtime_cdi"]
+    wanted = settings.runtime_cdi
     problems = []
-    if wanted["enabled"] != "auto" and (wanted["enabled"] == "on") != enabled:
+    if wanted.enabled != "auto" and (wanted.enabled == "on") != enabled:
         effect = ("devices named in container cdi.k8s.io annotations are injected twice "
                   "(hooks run twice)" if enabled else "devices named in container "
                   "cdi.k8s.io annotations are left to containerd, which does not inject them")
-        problems.append(f"runtime_cdi.enabled is {wanted['enabled']} but containerd's "
+        problems.append(f"runtime_cdi.enabled is {wanted.enabled} but containerd's "
                         f"enable_cdi is {'on' if enabled else 'off'}: {effect}")
-    if wanted["spec_dirs"] is not None and enabled and _unread(wanted["spec_dirs"], dirs):
-        problems.append(f"runtime_cdi.spec_dirs is {', '.join(wanted['spec_dirs'])} but "
+    if wanted.spec_dirs is not None and enabled and _unread(wanted.spec_dirs, dirs):
+        problems.append(f"runtime_cdi.spec_dirs is {', '.join(wanted.spec_dirs)} but "
                         f"containerd's cdi_spec_dirs is {', '.join(dirs)}")
     if problems:
         return Check(name=name, status="fail", detail="; ".join(problems),
                      fix="set runtime_cdi.enabled: auto and leave runtime_cdi.spec_dirs unset "
                          f"(the plugin then reads {cfg.path} when it starts)")
-    origin = "its own settings" if wanted["enabled"] != "auto" else cfg.path
+    origin = "its own settings" if wanted.enabled != "auto" else cfg.path
     return Check(name=name, status="ok",
                  detail=f"the plugin assumes enable_cdi {'on' if enabled else 'off'} "
                         f"(from {origin}), as containerd has it")
@@ -426,18 +426,18 @@ def check_runtime_cdi_setting(cfg: ContainerdConfig, settings: Settings) -> Chec
 def run_checks(settings: Settings, *, containerd_major_version: int | None = None,
                fingerprint: Callable[[Settings], tuple[str | None, str]] | None = None,
                check_generated: bool = True) -> list[Check]:
-    plugin = settings["plugin"]
-    cfg = read_containerd_config(settings["doctor"]["containerd_config"],
+    plugin = settings.plugin
+    cfg = read_containerd_config(settings.doctor.containerd_config,
                                  containerd_major_version)
-    checks = [check_nri_enabled(cfg, plugin["socket"]), check_socket(plugin["socket"]),
+    checks = [check_nri_enabled(cfg, plugin.socket), check_socket(plugin.socket),
               check_plugin(health_url(settings))]
-    dirs_check, _ = check_spec_dirs(plugin["spec_dirs"])
+    dirs_check, _ = check_spec_dirs(plugin.spec_dirs)
     checks.append(dirs_check)
     if check_generated:
         checks.append(check_fingerprint(settings, fingerprint))
-    checks += [check_device_nodes(plugin["spec_dirs"]), check_native_cdi(cfg, plugin["spec_dirs"]),
+    checks += [check_device_nodes(plugin.spec_dirs), check_native_cdi(cfg, plugin.spec_dirs),
                check_runtime_cdi_setting(cfg, settings),
-               check_kinds_runtimes_can_load(plugin["spec_dirs"])]
+               check_kinds_runtimes_can_load(plugin.spec_dirs)]
     return checks
 
 
