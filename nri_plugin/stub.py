@@ -41,7 +41,7 @@ from nri_plugin.wire import (
     ResponseReceived,
 )
 
-DEFAULT_REGISTRATION_TIMEOUT = 5.0  # runtime default (§3.2); we wait no longer
+DEFAULT_REGISTRATION_TIMEOUT = 5.0  # runtime default (docs/nri-protocol.md §3.2); we wait no longer
 # While the socket is absent or refuses connections (the runtime restarts), try this often:
 # a failed connect costs the runtime nothing, and reconnecting within 1 s of the socket
 # coming back is the goal.
@@ -75,7 +75,7 @@ def plugin_identity(
     """Name and index: arguments, then NRI_PLUGIN_NAME/IDX, then ``NN-name`` argv[0].
 
     NRI v0.3.0 (containerd 1.7.0-1.7.6) passes the full ``NN-name`` as the
-    name (§3.1), so a leading ``NN-`` is stripped whatever the source.
+    name (docs/nri-protocol.md §3.1), so a leading ``NN-`` is stripped whatever the source.
     """
     base = os.path.basename(argv0)
     from_argv = _NAME_WITH_INDEX.match(base)

@@ -26,7 +26,7 @@ _MODULE_NAME = re.compile(r"(cdi|nri_plugin)(\.[A-Za-z_]\w*)*")
 # The NRI plugin runtime: what any plugin author uses, ours or not.
 RUNTIME = ("nri_plugin.wire", "nri_plugin.api", "nri_plugin.plugin", "nri_plugin.dispatch",
            "nri_plugin.runtime", "nri_plugin.adjustment", "nri_plugin.stub")
-# The protocol core: sans-IO, no event loop and no sockets (style.md §6).
+# The protocol core: sans-IO, no event loop and no sockets (docs/architecture.md).
 PROTOCOL_CORE = ("nri_plugin.wire", "nri_plugin.dispatch")
 
 

@@ -1,7 +1,7 @@
 """Every nvidia-ctk option and variable ``generate`` accepts has its effect, or is refused by
 name: hook programs (ours, nvidia-cdi-hook, nvidia-ctk), hooks by link mode, feature flags,
 CSV options, --debug/--quiet, --config, and NVIDIA_CTK_CDI_SPEC_DIRS for ``list``.  Where
-NVIDIA's hook binary is at hand (../shared/peers), the hooks written for it are run by it on
+NVIDIA's hook binary is at hand ($NRI_CDI_PEERS), the hooks written for it are run by it on
 a container root, so "arguments it understands" is checked by the binary itself."""
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from cdi.spec import parse_spec
 from nri_plugin.ops.cli import build_parser
 from tests.helpers import run_generate as generate
 from tests.hooks.conftest import make_bundle
+from tests.peers import absent, peer
 
-PEERS = Path(__file__).resolve().parents[3] / "shared" / "peers"
 needs_nodes = pytest.mark.skipif(os.geteuid() != 0, reason="needs real device nodes (root)")
 
 
@@ -270,9 +270,9 @@ def test_list_reads_nvidia_ctk_spec_dirs(tmp_path: Path, monkeypatch: pytest.Mon
 @pytest.mark.parametrize("program", ["nvidia-cdi-hook", "nvidia-ctk"])
 def test_nvidia_binary_understands_the_hooks(args: list[str], node: BuiltNode, tmp_path: Path,
                                              program: str) -> None:
-    binary = PEERS / program
+    binary = peer(program)
     if not binary.is_file():
-        pytest.skip(f"{binary} is absent (NVIDIA's peer tools are not in this checkout)")
+        pytest.skip(absent(program))
     # NVIDIA's update-ldcache mounts the host's /sbin/ldconfig into the root and runs it.
     rc, out, err = generate([*args, "--hook-path", str(binary)])
     assert rc == 0, err
