@@ -23,7 +23,7 @@ from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.test_generated_spec_e2e import PROG_C, _expected, _images, _run_prog
 from tests.hooks.conftest import NIX_GLIBC, _cc
-from tests.peers import peer
+from tests.peers import absent, peer
 
 REPO = Path(__file__).resolve().parents[2]
 PROGRAMS: dict[str, Path | None] = {
@@ -71,9 +71,8 @@ def test_libcuda_resolves_with_each_hook_program(native: Containerd, world: dict
                                                  cls: str) -> None:
     program = world["launcher"] if cls == "launcher" else PROGRAMS[cls]
     if program is not None and not program.is_file():
-        pytest.skip(f"{program} is absent: " + ("the static launcher could not be built (gcc "
-                    "-static needs libc6-dev)" if cls == "launcher" else
-                    "NVIDIA's peer tools are not next to this checkout"))
+        pytest.skip(f"{program} is absent: the static launcher could not be built (gcc "
+                    "-static needs libc6-dev)" if cls == "launcher" else absent(program.name))
     spec = (world["specs"] / f"nvidia-{cls}.yaml").read_text()
     assert "enable-cuda-compat" in spec and "disable-device-node-modification" in spec
     out, devices = _run_prog(native, "glibc", cdi_devices=[f"nvidia.com/{cls}=0"])
