@@ -1,7 +1,7 @@
 """Whole-process ``generate`` next to NVIDIA's ``nvidia-ctk cdi generate`` on one simulated
 node (2 GPUs, MIG on one), paired in each round:
 
-- ``nvidia-ctk cdi generate --mode nvml`` (../shared/peers/nvidia-ctk), through the node's
+- ``nvidia-ctk cdi generate --mode nvml`` ($NRI_CDI_PEERS/nvidia-ctk), through the node's
   simulated libnvidia-ml;
 - ``python -m cdi.nvidia.cli --mode nvml`` (nvidia-ml-py on the same library);
 - ``python -m cdi.nvidia.cli --mode procfs``;
@@ -34,8 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from cdi.nvidia.simnode import NodeLayout, build_node, in_node_namespace  # noqa: E402
+from tests.peers import peer  # noqa: E402
 
-CTK = REPO.parent / "shared" / "peers" / "nvidia-ctk"
+CTK = peer("nvidia-ctk")
 GNU_TIME = shutil.which("time") or "/usr/bin/time"
 
 

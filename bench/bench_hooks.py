@@ -5,7 +5,7 @@
     no device; our hook mode (nvidia-ctk's default operations, one entry); the same with
     only create-symlinks and update-ldcache (``hooks-2ops``: what the two others cost);
     our hook-free mode (links as bind mounts, no hook); and, when
-    ``../shared/peers/nvidia-cdi-hook`` is present, the same spec with its hook entries
+    ``$NRI_CDI_PEERS/nvidia-cdi-hook`` is present, the same spec with its hook entries
     rewritten to NVIDIA's hook binary (``nvidia``: the same operations as ours, one entry
     per operation and the device's links in the device, as ``nvidia-ctk`` lays them out;
     ``nvidia-default``: plus ``update-application-profile``).  The image is glibc-like (a
@@ -42,9 +42,10 @@ from cdi.nvidia.simnode import NodeLayout, build_node  # noqa: E402
 from cdi.spec import read_spec  # noqa: E402
 from tests.e2e import images, paths  # noqa: E402
 from tests.e2e.containerd import Containerd  # noqa: E402
+from tests.peers import peer  # noqa: E402
 
 HOOK_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-NVIDIA_HOOK = REPO.parent / "shared/peers/nvidia-cdi-hook"
+NVIDIA_HOOK = peer("nvidia-cdi-hook")
 NVIDIA_ENV = ["NVIDIA_CTK_DEBUG=false"]
 IMAGE = "localhost/nri-cdi/bench-glibc:e2e"
 # Our operations and their options that take a value (see cdi/hooks/cli.py).

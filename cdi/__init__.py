@@ -1,5 +1,6 @@
 """Container Device Interface (CDI): specs, qualified names, the spec registry and applying
-edits to OCI runtime specs. Vendor-neutral; the NVIDIA generator lives in ``cdi.nvidia``.
+edits to OCI runtime specs. Vendor-neutral; a vendor's generator and hook operations live
+in a subpackage of their own.
 
 Public names are imported on first use, so that ``import cdi.linux.elf`` (the generator's
 start-up path) or ``import cdi.parser`` does not pay for the whole library.

@@ -23,37 +23,41 @@ if TYPE_CHECKING:
 # parser (done for every subcommand, generate and the hooks included) stays cheap.
 
 
-def add_commands(subparsers: Any) -> None:
-    _add_list(subparsers)
+def add_commands(subparsers: Any, *, spec_dirs_env: str = "") -> None:
+    """Add ``list``, ``validate`` and ``inject``; ``spec_dirs_env`` names an environment
+    variable (comma-separated folders) that replaces the default spec folders when no
+    ``--spec-dir`` is given: a vendor's tool convention, passed in by its caller."""
+    _add_list(subparsers, spec_dirs_env)
     _add_validate(subparsers)
-    _add_inject(subparsers)
+    _add_inject(subparsers, spec_dirs_env)
 
 
-SPEC_DIRS_ENV = "NVIDIA_CTK_CDI_SPEC_DIRS"  # nvidia-ctk cdi list's variable (comma-separated)
-
-
-def _spec_dir_option(parser: argparse.ArgumentParser) -> None:
+def _spec_dir_option(parser: argparse.ArgumentParser, spec_dirs_env: str) -> None:
+    default = " then ".join(DEFAULT_SPEC_DIRS)
     parser.add_argument(
         "--spec-dir",
         dest="spec_dirs",
         action="append",
         metavar="DIR",
         help="a spec directory; repeat for several, later ones win "
-        f"(default: ${SPEC_DIRS_ENV}, else {' then '.join(DEFAULT_SPEC_DIRS)})",
+        f"(default: {f'${spec_dirs_env}, else ' if spec_dirs_env else ''}{default})",
     )
+    parser.set_defaults(spec_dirs_env=spec_dirs_env)
 
 
 def spec_dirs(args: argparse.Namespace, environ: Any = None) -> list[str] | None:
-    """``--spec-dir`` values, else ``$NVIDIA_CTK_CDI_SPEC_DIRS``, else None (the defaults)."""
+    """``--spec-dir`` values, else those of ``$<args.spec_dirs_env>`` (when the command was
+    added with one), else None (the defaults)."""
     if args.spec_dirs:
         return list(args.spec_dirs)
-    raw = (os.environ if environ is None else environ).get(SPEC_DIRS_ENV, "")
+    name = getattr(args, "spec_dirs_env", "")
+    raw = (os.environ if environ is None else environ).get(name, "") if name else ""
     return [d.strip() for d in raw.split(",") if d.strip()] or None
 
 
-def _add_list(subparsers: Any) -> None:
+def _add_list(subparsers: Any, spec_dirs_env: str) -> None:
     parser = subparsers.add_parser("list", help="list the CDI devices of the spec directories")
-    _spec_dir_option(parser)
+    _spec_dir_option(parser, spec_dirs_env)
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.add_argument(
         "--strict", action="store_true", help="exit non-zero when any spec file has an error"
@@ -72,11 +76,11 @@ def _add_validate(subparsers: Any) -> None:
     parser.set_defaults(func=cmd_validate)
 
 
-def _add_inject(subparsers: Any) -> None:
+def _add_inject(subparsers: Any, spec_dirs_env: str) -> None:
     parser = subparsers.add_parser(
         "inject", help="apply CDI devices to an OCI runtime spec (config.json) and print it"
     )
-    _spec_dir_option(parser)
+    _spec_dir_option(parser, spec_dirs_env)
     parser.add_argument(
         "--device",
         dest="devices",

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 __all__ = ["EXTRAS", "MissingDependencyError"]
 
-# importable module -> (extra, distribution on PyPI)
+# importable module -> (extra, distribution on PyPI); a vendor's extras are passed by the
+# vendor's code (``extra=``), so this table names none.
 EXTRAS: dict[str, tuple[str, str]] = {
-    "pynvml": ("nvml", "nvidia-ml-py"),
     "prometheus_client": ("metrics", "prometheus-client"),
     "jsonschema": ("schema", "jsonschema"),
     "grpc": ("e2e", "grpcio"),  # nri-cdi doctor --e2e (a CRI client)
@@ -21,8 +21,9 @@ EXTRAS: dict[str, tuple[str, str]] = {
 class MissingDependencyError(ImportError):
     """A feature was used whose optional dependency is not installed."""
 
-    def __init__(self, module: str, feature: str) -> None:
-        extra, distribution = EXTRAS[module]
+    def __init__(self, module: str, feature: str,
+                 extra: tuple[str, str] | None = None) -> None:
+        name, distribution = extra or EXTRAS[module]
         super().__init__(f"{feature} needs {distribution}, which is not installed: "
-                         f"pip install 'nri-cdi[{extra}]'", name=module)
-        self.extra = extra
+                         f"pip install 'nri-cdi[{name}]'", name=module)
+        self.extra = name

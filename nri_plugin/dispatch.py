@@ -1,6 +1,6 @@
 """From a ttrpc request on the Plugin service to a ``Plugin`` method and back.
 
-One table row per method (style.md §2, "don't copy" one interface per method).
+One table row per method, rather than one interface per method.
 Everything here is pure: bytes and protobuf messages in, bytes out, so the
 CreateContainer path can be driven and timed without sockets or an event loop.
 """
@@ -46,7 +46,7 @@ class RpcError(NRIPluginError):
         self.message = message
 
 
-# Which Plugin method handles each lifecycle event (§3.4 table). Validation
+# Which Plugin method handles each lifecycle event (docs/nri-protocol.md §3.4 table). Validation
 # (event 14) is not supported: we never subscribe to it.
 EVENT_HANDLERS: dict[Event, str] = {
     Event.RUN_POD_SANDBOX: "run_pod_sandbox",
@@ -88,7 +88,7 @@ def subscription(
     """The mask to send in ConfigureResponse: never 0, never a bit outside ``valid``.
 
     0 would subscribe us to everything, validation included, and a bit the
-    runtime does not know makes it drop us (§3.4).
+    runtime does not know makes it drop us (docs/nri-protocol.md §3.4).
     """
     have = implemented_events(plugin)
     mask = have if requested is None else EventMask(requested)
@@ -148,7 +148,7 @@ def _notify(event: Event) -> Callable[[Plugin, Any], Message]:
 
 
 def _state_change(plugin: Plugin, req: nri_pb2.StateChangeEvent) -> Message:
-    # Pre-v0.12 runtimes deliver the nine notifications here (§3.6).
+    # Pre-v0.12 runtimes deliver the nine notifications here (docs/nri-protocol.md §3.6).
     try:
         event = Event(req.event)
     except ValueError:
@@ -203,7 +203,8 @@ SERVICES: dict[str, frozenset[str]] = {PLUGIN_SERVICE: METHODS}
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Configuration:
-    """What the runtime told us in Configure (§3.4); timeouts in milliseconds."""
+    """What the runtime told us in Configure (docs/nri-protocol.md §3.4); timeouts in
+    milliseconds."""
 
     config: str
     runtime_name: str
@@ -212,7 +213,7 @@ class Configuration:
     request_timeout_ms: int
     events: EventMask
 
-    DEFAULT_REQUEST_TIMEOUT_MS = 2000  # pkg/api/timeouts.go default (§6)
+    DEFAULT_REQUEST_TIMEOUT_MS = 2000  # pkg/api/timeouts.go default (docs/nri-protocol.md §6)
 
     @property
     def request_timeout(self) -> float:
@@ -234,7 +235,8 @@ class SyncStalledError(RpcError):
 
 
 class SyncCollector:
-    """Joins paged Synchronize requests (§3.5) so the plugin sees the state once.
+    """Joins paged Synchronize requests (docs/nri-protocol.md §3.5) so the plugin sees the
+    state once.
 
     What it keeps is capped at ``max_bytes`` of page payload: a runtime only pages when
     the state is over 4 MiB, and a peer sending ``more=true`` forever must not grow us
@@ -307,8 +309,9 @@ class Dispatcher:
         except DecodeError as exc:
             raise RpcError(Code.INVALID_ARGUMENT, f"{method}: undecodable request") from exc
         except Exception as exc:
-            # Go maps a plain error to UNKNOWN (§1.4); the runtime then fails the
-            # operation (CreateContainer, StartContainer) or just logs it (§6).
+            # Go maps a plain error to UNKNOWN (docs/nri-protocol.md §1.4); the runtime then
+            # fails the operation (CreateContainer, StartContainer) or just logs it
+            # (docs/nri-protocol.md §6).
             log.exception("%s handler failed", method)
             raise RpcError(Code.UNKNOWN, f"{method}: {type(exc).__name__}: {exc}") from exc
 
@@ -332,7 +335,8 @@ class Dispatcher:
     def _configure(self, req: nri_pb2.ConfigureRequest) -> bytes:
         requested = self.plugin.configure(req.config, req.runtime_name, req.runtime_version)
         # NRI_version is only sent from v0.12.0, whose runtimes accept events 12-14;
-        # without it we must assume containerd 1.7-2.1 (ValidEvents 0x7FF, §3.4).
+        # without it we must assume containerd 1.7-2.1 (ValidEvents 0x7FF,
+        # docs/nri-protocol.md §3.4).
         valid = VALID_EVENTS if req.NRI_version else LEGACY_VALID_EVENTS
         mask = subscription(self.plugin, requested, valid=valid)
         self.configuration = Configuration(
@@ -355,7 +359,8 @@ class Dispatcher:
             # not retry smaller) instead of 2 s of empty pages holding its lock.
             raise SyncStalledError(Code.FAILED_PRECONDITION, self.sync_stalled)
         if not self._sync.add(req, size):
-            # Every page but the last must be answered more=true and no updates (§3.5).
+            # Every page but the last must be answered more=true and no updates
+            # (docs/nri-protocol.md §3.5).
             return nri_pb2.SynchronizeResponse(more=True).SerializeToString()
         pods, containers = self._sync.pods, self._sync.containers
         if self._sync.over_cap:

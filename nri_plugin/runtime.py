@@ -1,11 +1,12 @@
 """What the connected runtime can do, from the name and version it sends in Configure.
 
 Pure. The NRI version a runtime vendors is not on the wire before NRI 0.12, so it is
-looked up from the runtime's release (facts: nri-protocol.md §5.1, §5.2). So is the CDI
+looked up from the runtime's release (docs/nri-protocol.md §5.1, §5.2). So is the CDI
 library its own CDI support uses, whose behaviour the plugin must reproduce (README,
-"containerd 2.x and native CDI"): which spec versions it reads, whether it fills an unset
-device-node fileMode from the host (v1.1.0+, CDI commit 457489d) and how it orders mounts
-(by depth and name before v1.0.0, stably by depth only from v1.0.0, CDI commit 7d4fb44).
+"The runtime's own CDI, version by version"): which spec versions it reads, whether it
+fills an unset device-node fileMode from the host (v1.1.0+, CDI commit 457489d) and how it
+orders mounts (by depth and name before v1.0.0, stably by depth only from v1.0.0, CDI
+commit 7d4fb44).
 """
 
 from __future__ import annotations
@@ -14,6 +15,16 @@ import re
 from dataclasses import dataclass
 
 Version = tuple[int, int, int]
+
+# Where a runtime serves NRI unless configured otherwise (containerd and CRI-O, NRI 0.3.0
+# and later; docs/nri-protocol.md). The one definition: the stub, the settings, the daemon
+# and the doctor import it.
+DEFAULT_SOCKET_PATH = "/var/run/nri/nri.sock"
+# What a runtime that launches a plugin from its plugin_path puts in the plugin's (otherwise
+# empty) environment: its name, its two-digit index, and the connected socket's fd.
+PLUGIN_NAME_ENV = "NRI_PLUGIN_NAME"
+PLUGIN_IDX_ENV = "NRI_PLUGIN_IDX"
+PLUGIN_SOCKET_ENV = "NRI_PLUGIN_SOCKET"
 
 # (first runtime release, NRI version it vendors), newest first per runtime.
 _CONTAINERD_NRI: tuple[tuple[Version, Version], ...] = (
@@ -83,8 +94,9 @@ class RuntimeInfo:
 
     @property
     def supports_cdi_devices(self) -> bool:
-        """Whether ``ContainerAdjustment.CDI_devices`` is acted on (§5.2): containerd 2.1+ and
-        1.7.30+ (backport), CRI-O 1.34+. Older runtimes ignore it silently, so we must know."""
+        """Whether ``ContainerAdjustment.CDI_devices`` is acted on: containerd 2.1+ and
+        1.7.30+ (backport), CRI-O 1.34+ (docs/nri-protocol.md §5.2). Older runtimes ignore
+        it silently, so we must know."""
         v = self.version
         if v is None:
             return False

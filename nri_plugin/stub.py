@@ -24,6 +24,12 @@ from nri_plugin.api import RUNTIME_SERVICE, nri_pb2
 from nri_plugin.dispatch import SERVICES, Configuration, Dispatcher, RpcError, SyncStalledError
 from nri_plugin.errors import NRIPluginError
 from nri_plugin.plugin import Plugin
+from nri_plugin.runtime import (
+    DEFAULT_SOCKET_PATH,
+    PLUGIN_IDX_ENV,
+    PLUGIN_NAME_ENV,
+    PLUGIN_SOCKET_ENV,
+)
 from nri_plugin.wire import (
     Code,
     Connection,
@@ -35,8 +41,7 @@ from nri_plugin.wire import (
     ResponseReceived,
 )
 
-DEFAULT_SOCKET_PATH = "/var/run/nri/nri.sock"  # NRI v0.3.0+ (§3.1)
-DEFAULT_REGISTRATION_TIMEOUT = 5.0  # runtime default (§3.2); we wait no longer
+DEFAULT_REGISTRATION_TIMEOUT = 5.0  # runtime default (docs/nri-protocol.md §3.2); we wait no longer
 # While the socket is absent or refuses connections (the runtime restarts), try this often:
 # a failed connect costs the runtime nothing, and reconnecting within 1 s of the socket
 # coming back is the goal.
@@ -70,15 +75,15 @@ def plugin_identity(
     """Name and index: arguments, then NRI_PLUGIN_NAME/IDX, then ``NN-name`` argv[0].
 
     NRI v0.3.0 (containerd 1.7.0-1.7.6) passes the full ``NN-name`` as the
-    name (§3.1), so a leading ``NN-`` is stripped whatever the source.
+    name (docs/nri-protocol.md §3.1), so a leading ``NN-`` is stripped whatever the source.
     """
     base = os.path.basename(argv0)
     from_argv = _NAME_WITH_INDEX.match(base)
-    name = name or env.get("NRI_PLUGIN_NAME") or (from_argv.group(2) if from_argv else base)
+    name = name or env.get(PLUGIN_NAME_ENV) or (from_argv.group(2) if from_argv else base)
     if (m := _NAME_WITH_INDEX.match(name)) is not None:
         name = m.group(2)
-        idx = idx or env.get("NRI_PLUGIN_IDX") or m.group(1)
-    idx = idx or env.get("NRI_PLUGIN_IDX") or (from_argv.group(1) if from_argv else "")
+        idx = idx or env.get(PLUGIN_IDX_ENV) or m.group(1)
+    idx = idx or env.get(PLUGIN_IDX_ENV) or (from_argv.group(1) if from_argv else "")
     if not name:
         raise ValueError("plugin name is empty")
     if not re.fullmatch(r"\d\d", idx):
@@ -291,7 +296,7 @@ class Stub:
         self.socket_path = socket_path
         self._sock = sock
         self._fd = (
-            int(env["NRI_PLUGIN_SOCKET"]) if sock is None and "NRI_PLUGIN_SOCKET" in env else None
+            int(env[PLUGIN_SOCKET_ENV]) if sock is None and PLUGIN_SOCKET_ENV in env else None
         )
         self.on_connected = on_connected
         self.on_close = on_close

@@ -3,7 +3,7 @@
 Deliberately independent of ``nri_plugin.wire``, so a framing bug in production
 code cannot hide behind the same bug in the peer. It plays the Go runtime's
 part (docs/nri-protocol.md §2.2): it serves the Runtime service on conn 2,
-calls the Plugin service on conn 1, and checks the §2.4 frame-size rule on
+calls the Plugin service on conn 1, and checks the docs/nri-protocol.md §2.4 frame-size rule on
 every frame the plugin writes, as the Go reader would.
 """
 
@@ -70,7 +70,8 @@ class PeerMessage:
 
 @dataclass
 class RawParser:
-    """Parses the plugin's byte stream; records §2.4 violations instead of dying."""
+    """Parses the plugin's byte stream; records violations of docs/nri-protocol.md §2.4
+    instead of dying."""
 
     trunk: bytearray = field(default_factory=bytearray)
     streams: dict[int, bytearray] = field(
@@ -223,7 +224,7 @@ class RuntimePeer:
         configure_first: bool = True,
         pages: list[nri_pb2.SynchronizeRequest] | None = None,
     ) -> tuple[nri_pb2.RegisterPluginRequest, nri_pb2.ConfigureResponse]:
-        """Register -> Configure -> Synchronize, like §3.2.
+        """Register -> Configure -> Synchronize, like docs/nri-protocol.md §3.2.
 
         ``configure_first`` sends Configure before the RegisterPlugin reply,
         reproducing the race the runtime really has.

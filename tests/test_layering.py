@@ -26,7 +26,7 @@ _MODULE_NAME = re.compile(r"(cdi|nri_plugin)(\.[A-Za-z_]\w*)*")
 # The NRI plugin runtime: what any plugin author uses, ours or not.
 RUNTIME = ("nri_plugin.wire", "nri_plugin.api", "nri_plugin.plugin", "nri_plugin.dispatch",
            "nri_plugin.runtime", "nri_plugin.adjustment", "nri_plugin.stub")
-# The protocol core: sans-IO, no event loop and no sockets (style.md §6).
+# The protocol core: sans-IO, no event loop and no sockets (docs/architecture.md).
 PROTOCOL_CORE = ("nri_plugin.wire", "nri_plugin.dispatch")
 
 
@@ -105,6 +105,40 @@ def test_cdi_never_imports_nri_plugin() -> None:
 def test_only_the_nvidia_generator_imports_nvidia_modules_within_cdi() -> None:
     # The library, the hooks and the Linux formats are vendor-neutral.
     assert violations(["cdi"], ["cdi.nvidia"], exempt=["cdi.nvidia"]) == []
+
+
+# What only NVIDIA's code may name: its kinds, files, /proc folder and variables.
+NVIDIA_SPECIFIC = re.compile(r"nvidia|libcuda|/proc/driver", re.IGNORECASE)
+
+
+def nvidia_mentions(folder: str, exempt: Iterable[str]) -> list[str]:
+    """``file:line: text`` for each line of a ``.py`` file under ``folder`` (but not under an
+    ``exempt`` folder) that names an NVIDIA specific, comments and docstrings included."""
+    found = []
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        if any(relative.startswith(e + "/") for e in exempt):
+            continue
+        found += [f"{relative}:{n}: {line.strip()}"
+                  for n, line in enumerate(path.read_text().splitlines(), 1)
+                  if NVIDIA_SPECIFIC.search(line)]
+    return found
+
+
+def test_the_neutral_cdi_library_names_no_nvidia_specific() -> None:
+    # cdi/ outside cdi/nvidia/ (the library, the neutral hooks, the Linux formats) is
+    # vendor-neutral in its text too: a vendor's specifics reach it as arguments or tables.
+    assert nvidia_mentions("cdi/nvidia", exempt=[]) != []  # the control: the scan sees them
+    assert nvidia_mentions("cdi", exempt=["cdi/nvidia"]) == []
+
+
+def test_no_import_cycle_in_cdi() -> None:
+    graph = {m: {i for i in imports_of(m) if i in all_modules() and i != m}
+             for m in all_modules() if within(m, ["cdi"])}
+    cycles = sorted(f"{a} <-> {b}" for a in graph for b in graph[a]
+                    if a < b and a in graph.get(b, set())
+                    and not (b.startswith(a + ".") or a.startswith(b + ".")))
+    assert cycles == []
 
 
 def test_cdi_linux_imports_neither_the_generator_nor_the_hooks() -> None:

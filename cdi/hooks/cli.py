@@ -3,15 +3,15 @@
 ``OPERATION [--option VALUE]... [OPERATION [--option VALUE]...]...``, for example::
 
     create-symlinks --link TARGET::LINK ... --device-link DEVICE::TARGET::LINK ...
-    enable-cuda-compat --host-driver-version=V
     update-ldcache --folder DIR ...
-    disable-device-node-modification
+
+with a vendor's operations (see :func:`operations`) anywhere among them.
 
 The OCI state is read from stdin once, the container root opened once, and the operations
 run in the order given; the first failure prints one line naming the operation and the
 container path and exits 1, which makes the runtime fail the container's creation.  One
 operation alone (``create-symlinks --link ...``) is the same command line as before, and as
-``nvidia-cdi-hook``'s (the operations have its names and flags).  ``install-launcher PATH``
+the vendor hook programs' whose names and flags the operations share.  ``install-launcher PATH``
 builds the static launcher (:mod:`cdi.hooks.launcher`).
 
 Why one process: a hook is a Python interpreter started by the runtime for every container,
@@ -23,8 +23,10 @@ builds an ``argparse`` parser from the same table.
 
 Adding an operation: a function ``run(root, args) -> list[str]`` (messages to print; raise
 :class:`~cdi.hooks.rootfs.RootFSError` or ``OSError`` to fail) that imports its module
-inside, and one :class:`Operation` in :data:`OPERATIONS` naming its options.  ``args``
-holds one attribute per option (``--host-driver-version`` → ``args.host_driver_version``:
+inside, and one :class:`~cdi.hooks.operation.Operation` naming its options, in
+:data:`OPERATIONS` for a neutral operation or in the vendor's own table
+(``cdi/<vendor>/hooks/operations.py``).  ``args`` holds one attribute per option
+(``--device-link`` → ``args.device_link``:
 a list for a repeatable option, else a string or None) and ``args.container``, the
 :class:`~cdi.hooks.state.ContainerRoot` (bundle, root path, ``linux.devices`` paths).
 """
@@ -35,63 +37,22 @@ import errno
 import os
 import sys
 
+from cdi.hooks.operation import Args, Operation, Option, UsageError
 from cdi.hooks.rootfs import RootFS, RootFSError, read_only_message
 from cdi.hooks.state import StateError, read_state
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
     from typing import IO, Any
 
-    from cdi.hooks.state import ContainerRoot
 
 __all__ = ["OPERATIONS", "Args", "Operation", "Option", "UsageError", "add_commands",
-           "build_parser", "main", "parse_operations", "run_operations"]
+           "build_parser", "main", "operations", "parse_operations", "run_operations"]
 
 _PROG = "nri-cdi hook"
-
-
-class UsageError(Exception):
-    """The command line names no operation, or an unknown one or option; says which."""
-
-
-class Args:
-    """One operation's option values (attributes named after the options) and the container."""
-
-    container: ContainerRoot
-    if TYPE_CHECKING:  # the options: one attribute each, typed by the operation that reads it
-        def __getattr__(self, name: str) -> Any: ...
-
-    def __init__(self, **values: Any) -> None:
-        self.__dict__.update(values)
-
-    def __repr__(self) -> str:
-        return f"Args({', '.join(f'{k}={v!r}' for k, v in sorted(self.__dict__.items()))})"
-
-
-class Option:
-    """``--name VALUE`` (or ``--name=VALUE``); ``many``: repeatable, collected in a list."""
-
-    __slots__ = ("dest", "help", "many", "metavar", "name")
-
-    def __init__(self, name: str, metavar: str, help: str, *, many: bool = True) -> None:
-        self.name, self.metavar, self.help, self.many = name, metavar, help, many
-        self.dest = name.replace("-", "_")
-
-
-class Operation:
-    """A hook operation: its name, what it does (help), its options and its function."""
-
-    __slots__ = ("help", "name", "options", "run")
-
-    def __init__(self, name: str, run: Callable[[RootFS, Args], list[str]], help: str,
-                 *options: Option) -> None:
-        self.name, self.run, self.help = name, run, help
-        self.options = {o.name: o for o in options}
-
-    def defaults(self) -> dict[str, Any]:
-        return {o.dest: [] if o.many else None for o in self.options.values()}
+_CDI = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the cdi package's folder
 
 
 # --- the operations (their logic lives in their own modules) --------------------------------
@@ -121,34 +82,6 @@ def _update_ldcache(root: RootFS, args: Args) -> list[str]:
     return list(result.warnings)
 
 
-def _mask_proc(root: RootFS, args: Args) -> list[str]:
-    from cdi.hooks.mask_proc import MaskError, mask_proc
-
-    try:
-        mask_proc(root.path, args.gpu, args.proc_root or DEFAULT_PROC_ROOT)
-    except MaskError as exc:
-        raise RootFSError(str(exc)) from None
-    return []
-
-
-def _enable_cuda_compat(root: RootFS, args: Args) -> list[str]:
-    from cdi.hooks.cuda_compat import COMPAT_ROOT, enable_cuda_compat
-
-    enable_cuda_compat(root, host_driver=args.host_driver_version or "",
-                       host_cuda=args.host_cuda_version or "",
-                       compat_root=args.cuda_compat_container_root or COMPAT_ROOT)
-    return []  # silent either way, as the other operations are when they succeed
-
-
-def _disable_device_node_modification(root: RootFS, args: Args) -> list[str]:
-    from cdi.hooks.device_params import PARAMS, disable_device_node_modification
-
-    disable_device_node_modification(root, host_params=args.host_params or PARAMS)
-    return []
-
-
-DEFAULT_PROC_ROOT = "/proc/driver/nvidia"
-
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     Operation("create-symlinks", _create_symlinks, "make LINK -> TARGET in the container",
               Option("link", "TARGET::LINK", "repeatable; LINK is an absolute container path"),
@@ -158,27 +91,28 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     Operation("update-ldcache", _update_ldcache,
               "make the libraries in DIR findable by SONAME",
               Option("folder", "DIR", "repeatable; an absolute container path"),
-              Option("ldconfig-path", "PATH", "accepted for nvidia-cdi-hook compatibility and "
-                     "ignored: no ldconfig is run, the cache is written directly", many=False)),
-    # The generator runs it before update-ldcache, which puts the folders of the
-    # 00-compat-*.conf it writes first (the table's order is only the help's).
-    Operation("enable-cuda-compat", _enable_cuda_compat,
-              "put the image's CUDA forward-compatibility libraries first when newer than "
-              "the host driver",
-              Option("host-driver-version", "V", "the host driver's version", many=False),
-              Option("host-cuda-version", "V", "the host's CUDA version", many=False),
-              Option("cuda-compat-container-root", "DIR", "the compat libraries' container "
-                     "folder (default /usr/local/cuda/compat)", many=False)),
-    Operation("disable-device-node-modification", _disable_device_node_modification,
-              "show the container ModifyDeviceFiles: 0 in /proc/driver/nvidia/params",
-              Option("host-params", "FILE", "the driver's params file on the host (default "
-                     "/proc/driver/nvidia/params)", many=False)),
-    Operation("mask-proc", _mask_proc,
-              "show only the given GPUs under /proc/driver/nvidia/gpus",
-              Option("gpu", "BUS_ID", "repeatable; a PCI bus id the container was given"),
-              Option("proc-root", "DIR", "the driver's procfs folder on the host (default "
-                     f"{DEFAULT_PROC_ROOT})", many=False)),
+              Option("ldconfig-path", "PATH", "accepted for compatibility with other hook "
+                     "programs and ignored: no ldconfig is run, the cache is written "
+                     "directly", many=False)),
 )}
+
+
+def operations() -> dict[str, Operation]:
+    """Every operation a command line may name: the neutral ones (:data:`OPERATIONS`) and
+    every vendor's.
+
+    A vendor adds operations by shipping ``cdi/<vendor>/hooks/operations.py`` with an
+    ``OPERATIONS`` table of its own; this entry names no vendor.  :func:`parse_operations`
+    calls this only for a name that is not neutral, so a hook of neutral operations alone
+    imports no vendor module.
+    """
+    table = dict(OPERATIONS)
+    for vendor in sorted(os.listdir(_CDI)):
+        if os.path.isfile(os.path.join(_CDI, vendor, "hooks", "operations.py")):
+            # __import__, not importlib: importlib costs every hook ~0.5 ms of start-up.
+            module = __import__(f"cdi.{vendor}.hooks.operations", fromlist=["OPERATIONS"])
+            table.update(module.OPERATIONS)
+    return table
 
 
 # --- command line ---------------------------------------------------------------------------
@@ -187,14 +121,18 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
 def parse_operations(argv: Sequence[str]) -> list[tuple[Operation, Args]]:
     """``OPERATION [--option VALUE]...`` repeated, checked before anything is touched."""
     if not argv:
-        raise UsageError(f"no operation given (want one of: {', '.join(OPERATIONS)})")
+        raise UsageError(f"no operation given (want one of: {', '.join(operations())})")
+    table = OPERATIONS
     steps: list[tuple[Operation, Args]] = []
     i = 0
     while i < len(argv):
-        op = OPERATIONS.get(argv[i])
+        op = table.get(argv[i])
+        if op is None and table is OPERATIONS:  # a vendor's operation, or a mistake
+            table = operations()
+            op = table.get(argv[i])
         if op is None:
             raise UsageError(f"{argv[i]!r}: not an operation (want one of: "
-                             f"{', '.join(OPERATIONS)})")
+                             f"{', '.join(table)})")
         values = op.defaults()
         i += 1
         while i < len(argv) and argv[i].startswith("--"):
@@ -260,7 +198,7 @@ def _fail(where: str, message: str) -> int:
 def _describe() -> str:
     lines = ["operations (one or more, each followed by its options; they run in order, "
              "in one process):"]
-    for op in OPERATIONS.values():
+    for op in operations().values():
         lines.append(f"  {op.name}: {op.help}")
         lines += [f"    --{o.name} {o.metavar}: {o.help}" for o in op.options.values()]
     return "\n".join(lines)

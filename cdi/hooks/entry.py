@@ -2,7 +2,7 @@
 
 A createContainer hook runs with host privileges, and runc starts it from its container-side
 init process, whose environment is the *container's* unless the hook entry carries its own
-``env`` (CVE-2025-23266: an image's ``LD_PRELOAD`` reached NVIDIA's hook that way).  Three
+``env`` (CVE-2025-23266: an image's ``LD_PRELOAD`` reached a vendor's hook that way).  Three
 layers keep the image out:
 
 1. every hook entry carries an explicit, fixed ``env`` (:data:`HOOK_ENV`), so the runtime

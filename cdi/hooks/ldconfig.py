@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import stat
 
-from cdi.hooks.cuda_compat import compat_folders
 from cdi.hooks.rootfs import RootFS, RootFSError, split_container_path
 from cdi.linux.elf import DynamicInfo, ElfError, read_dynamic
 from cdi.linux.ldcache import LdCacheEntry, LdCacheError, encode, libcmp, merge, parse_ldcache
@@ -87,7 +86,8 @@ def _update_glibc(root: RootFS, folders: Sequence[str]) -> LdcacheResult:
     warnings: list[str] = []
     added: list[LdCacheEntry] = []
     links: list[str] = []
-    # enable-cuda-compat's folders first: their libcuda.so.1 must win over the injected one.
+    # The folders a 00-compat-*.conf names first (a vendor's forward-compatibility hook
+    # writes one): their libraries must win over the injected ones, as with ldconfig.
     first = compat_folders(root)
     for folder in dict.fromkeys(f.rstrip("/") or "/" for f in (*first, *folders)):
         try:
@@ -244,3 +244,33 @@ def _update_musl(root: RootFS, folders: Sequence[str]) -> LdcacheResult:
         return LdcacheResult(libc="musl", written=())
     return LdcacheResult(libc="musl", written=(_write(root, path, ("\n".join(new) + "\n")
                                                       .encode()),))
+
+
+# --- 00-compat-*.conf: folders a hook named to go first -------------------------------
+
+
+def compat_folders(root: RootFS, *, limit: int = 64 << 10) -> list[str]:
+    """The folders named by ``/etc/ld.so.conf.d/00-compat-*.conf`` (in name order), which
+    ``update-ldcache`` puts ahead of the injected ones."""
+    try:
+        with root.directory(CONF_DIR) as dir_fd:
+            names = sorted(n for n in _list(dir_fd) if _matches(n, "00-compat-", ".conf"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    folders: list[str] = []
+    for name in names[:16]:
+        try:
+            data = root.read_file(f"{CONF_DIR}/{name}", limit=limit)
+        except (OSError, RootFSError):
+            continue
+        for line in os.fsdecode(data or b"").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line.startswith("/") and ".." not in line.split("/"):
+                folders.append(line)
+    return list(dict.fromkeys(folders))
+
+
+def _matches(name: str, prefix: str, suffix: str) -> bool:
+    """``fnmatch(name, prefix + "*" + suffix)`` without fnmatch (which imports re)."""
+    return (len(name) >= len(prefix) + len(suffix) and name.startswith(prefix)
+            and name.endswith(suffix))

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 __all__ = ["EXTRA_ENV", "LIBRARY_PATH_ENV", "merge_library_path"]
 
-EXTRA_ENV = "NRI_CDI_LD_LIBRARY_PATH"  # same name as cdi.nvidia.generate.LD_LIBRARY_PATH_ENV
+EXTRA_ENV = "NRI_CDI_LD_LIBRARY_PATH"  # the one definition: the generator imports it
 LIBRARY_PATH_ENV = "LD_LIBRARY_PATH"
 
 

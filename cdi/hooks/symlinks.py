@@ -2,7 +2,7 @@
 
 The link's folder is resolved in the root (and made when missing); the link itself is the
 last component, never followed.  TARGET is only the text stored in the link: the hook never
-resolves it, so a target such as ``../libnvidia-allocator.so.1`` is kept as written and is
+resolves it, so a target such as ``../libfoo-allocator.so.1`` is kept as written and is
 interpreted later by the container, inside its own root.
 
 * a link already pointing at TARGET is left alone (idempotent: hooks may run twice);
@@ -59,7 +59,7 @@ class LinkResult:
 
 
 def parse_link(spec: str) -> Link:
-    """``TARGET::LINK`` as written on the command line (the nvidia-cdi-hook syntax)."""
+    """``TARGET::LINK`` as written on the command line (the vendors' hook programs' syntax)."""
     target, sep, path = spec.partition("::")
     if not sep:
         raise RootFSError(f"--link {spec!r}: want TARGET::LINK")

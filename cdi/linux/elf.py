@@ -17,7 +17,7 @@ segment and its strings, located the way the dynamic loader locates them, so it 
 works on objects whose section headers were stripped.
 
 Only the needed bytes are read (``os.pread``), never the whole object: real driver
-libraries such as libcuda are tens of megabytes.  The first 4 KiB come in one read, as
+libraries are tens of megabytes.  The first 4 KiB come in one read, as
 the headers the walk starts with sit there (all of a small object does).  Malformed input
 raises :class:`ElfError` naming the file and offset.
 """

@@ -332,8 +332,8 @@ def find_libraries(
 ) -> list[Path]:
     """Host paths of the regular files that cache entries matching ``patterns`` point to.
 
-    A pattern (``fnmatch`` glob) may match either the entry's own name (``libcuda.so.1``)
-    or the basename at the end of its symlink chain (``libcuda.so.580.82.07``).  Results
+    A pattern (``fnmatch`` glob) may match either the entry's own name (``libfoo.so.1``)
+    or the basename at the end of its symlink chain (``libfoo.so.1.2.3``).  Results
     keep cache order and are de-duplicated; dangling entries are skipped.
     """
     import fnmatch

@@ -45,6 +45,7 @@ __all__ = [
     "under",
 ]
 
+NVML_EXTRA = ("nvml", "nvidia-ml-py")  # pynvml's extra and distribution (cdi.extras)
 MODES = ("auto", "nvml", "procfs", "management")
 
 # nvmlBrandType values -> the names NVIDIA_REQUIRE_BRAND compares against (lower-cased).
@@ -366,7 +367,7 @@ def _run_nvml(library: Path | None) -> NodeInfo:
     except ImportError:
         from cdi.extras import MissingDependencyError
 
-        missing = MissingDependencyError("pynvml", "NVML mode")
+        missing = MissingDependencyError("pynvml", "NVML mode", NVML_EXTRA)
         raise DiscoveryError(f"NVML unavailable: {missing}") from None
     except Exception as exc:  # OSError from dlopen, NVMLError from init
         raise DiscoveryError(f"NVML unavailable: cannot load {library}: {exc}") from None

@@ -14,9 +14,10 @@ read.  Spec and device ``annotations`` would be the natural place, but they forc
 ``cdiVersion`` >= 0.6.0, which runtimes that vendor an older CDI library (containerd 1.7,
 for one) reject outright: the whole spec would be lost to gain some metadata.  So:
 
-* by default the metadata goes to a **sidecar** ``<output>.meta.json`` written
-  atomically next to the spec, after it, and carrying the spec's sha256, so a reader can
-  tell a sidecar that belongs to another version of the spec; YAML specs also get a
+* by default the metadata goes to a **sidecar** ``<output>.meta``
+  (:mod:`cdi.nvidia.sidecar`) written atomically next to the spec, before it, and
+  carrying the spec's sha256, so a reader can tell a sidecar that belongs to another
+  version of the spec; YAML specs also get a
   comment header naming the generator, the mode and the fingerprint (comments are
   invisible to CDI parsers);
 * only when ``--cdi-version`` says the target accepts 0.6.0 or later are the same facts
@@ -35,6 +36,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from cdi.hooks import entry as hook_entry
+from cdi.hooks.libpath import EXTRA_ENV
 from cdi.model import ContainerEdits, DeviceData, DeviceNode, Hook, Mount, SpecData
 from cdi.nvidia.discover import Gpu, MigDevice, NodeInfo, Roots
 from cdi.nvidia.driver import (
@@ -87,8 +89,8 @@ NVIDIA_HOOK_PROGRAMS = ("nvidia-cdi-hook", "nvidia-ctk")
 # With --link-mode mounts no ldcache hook runs, so the driver's library folders are handed
 # over in this variable instead.  It is deliberately not LD_LIBRARY_PATH: a CDI env entry
 # replaces the image's value, and the NRI plugin appends this one to the image's
-# LD_LIBRARY_PATH instead.
-LD_LIBRARY_PATH_ENV = "NRI_CDI_LD_LIBRARY_PATH"
+# LD_LIBRARY_PATH instead (cdi.hooks.libpath, which defines the name).
+LD_LIBRARY_PATH_ENV = EXTRA_ENV
 ANNOTATION_PREFIX = "nri-cdi/"
 ANNOTATIONS_SINCE = "0.6.0"
 GIDS_SINCE = "0.7.0"

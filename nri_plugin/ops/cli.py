@@ -17,9 +17,9 @@ from cdi.process import finish
 
 # subcommand -> (module, function that adds that module's subcommands), in help order.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "list": ("cdi.cli", "add_commands"),
-    "validate": ("cdi.cli", "add_commands"),
-    "inject": ("cdi.cli", "add_commands"),
+    "list": ("cdi.nvidia.cdi_commands", "add_commands"),
+    "validate": ("cdi.nvidia.cdi_commands", "add_commands"),
+    "inject": ("cdi.nvidia.cdi_commands", "add_commands"),
     "generate": ("cdi.nvidia.cli", "add_commands"),
     "system": ("cdi.nvidia.devnodes", "add_commands"),
     "plugin": ("nri_plugin.ops.daemon", "add_command"),

@@ -16,16 +16,17 @@ from typing import TYPE_CHECKING, Any
 
 from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.errors import printable
+from nri_plugin.runtime import DEFAULT_SOCKET_PATH, PLUGIN_IDX_ENV, PLUGIN_NAME_ENV
 
 if TYPE_CHECKING:
     import asyncio
     import logging.handlers
 
+    from nri_plugin.ops.settings import Settings
     from nri_plugin.stub import Stub
 
 # asyncio, the stub and the registry are imported when the daemon starts, not when the
 # nri-cdi command builds its parser: other subcommands (generate, hooks) start faster.
-DEFAULT_SOCKET_PATH = "/var/run/nri/nri.sock"
 DEFAULT_NAME = "nri-cdi"
 DEFAULT_INDEX = "10"
 log = logging.getLogger("nri_cdi")
@@ -77,7 +78,7 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         for line in exc.lines():
             print(line, file=sys.stderr)
         return 2
-    listener = _setup_logging(settings["log"]["level"], settings["log"]["format"])
+    listener = _setup_logging(settings.log.level, settings.log.format)
     try:
         policy = _load_policy(args.policy, settings)
         if policy is None:
@@ -124,15 +125,15 @@ def _deferred_queue_handler(records: Any) -> logging.Handler:
     return DeferredQueueHandler(records)
 
 
-def _identity(args: argparse.Namespace, settings: Any) -> tuple[str | None, str | None]:
+def _identity(args: argparse.Namespace, settings: Settings) -> tuple[str | None, str | None]:
     """Flags win; then the runtime's NRI_PLUGIN_* (the Stub reads those); then the config."""
-    launched = "NRI_PLUGIN_NAME" in os.environ
-    name = args.name or (None if launched else settings["plugin"]["name"])
-    idx = args.idx or (None if "NRI_PLUGIN_IDX" in os.environ else settings["plugin"]["index"])
+    launched = PLUGIN_NAME_ENV in os.environ
+    name = args.name or (None if launched else settings.plugin.name)
+    idx = args.idx or (None if PLUGIN_IDX_ENV in os.environ else settings.plugin.index)
     return name, idx
 
 
-def _load_policy(path: str | None, settings: Any) -> Any:
+def _load_policy(path: str | None, settings: Settings) -> Any:
     """The policy from ``path``, else the config file's ``policy`` section, else the
     built-in defaults; None after logging every problem."""
     from nri_plugin.plugins.cdi_injector.policy import (
@@ -159,7 +160,7 @@ def _load_policy(path: str | None, settings: Any) -> Any:
     return policy
 
 
-async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
+async def serve(args: argparse.Namespace, policy: Any, settings: Settings) -> int:
     import asyncio
     import signal
 
@@ -172,10 +173,10 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
     from nri_plugin.stub import Stub
     from nri_plugin.vendors.nvidia.rules import NvidiaRules
 
-    plugin_settings = settings["plugin"]
-    metrics, server = _start_metrics(settings["metrics"]["address"])
-    cache = SpecCache(plugin_settings["spec_dirs"],
-                      permissions=plugin_settings["spec_permissions"])
+    plugin_settings = settings.plugin
+    metrics, server = _start_metrics(settings.metrics.address)
+    cache = SpecCache(plugin_settings.spec_dirs,
+                      permissions=plugin_settings.spec_permissions)
     # The registry the injector reads: each new snapshot with the NVIDIA facts (sidecars)
     # loaded for it, swapped in together by the refresher thread.
     registry = RegistryHolder([NvidiaRules()])
@@ -186,7 +187,7 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
         if metrics is not None:
             metrics.registry(snapshot)
 
-    refresher = AutoRefresh(cache, rescan_interval=plugin_settings["rescan_interval"],
+    refresher = AutoRefresh(cache, rescan_interval=plugin_settings.rescan_interval,
                             on_refresh=refreshed).start()
     loop = asyncio.get_running_loop()
     options: dict[str, Any] = {"vendors": registry.vendors, "policy": policy,
@@ -204,7 +205,7 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
         plugin = guarded(registry.get, metrics, **options)
         plugin.on_stopped = metrics.eviction
     name, idx = _identity(args, settings)
-    stub = Stub(plugin, name=name, idx=idx, socket_path=plugin_settings["socket"],
+    stub = Stub(plugin, name=name, idx=idx, socket_path=plugin_settings.socket,
                 on_close=None if metrics is None else lambda s, e: metrics.disconnected())
     # Synchronize finds containers created while we were away; acting on them waits for
     # the Synchronize reply (the runtime holds its lock until then), hence a task.

@@ -24,12 +24,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from cdi.dirs import DEFAULT_SPEC_DIRS
+from cdi.nvidia.sidecar import sidecar_path
 from nri_plugin.ops.settings import Settings, SettingsError, add_config_argument, settings_from_args
+from nri_plugin.runtime import DEFAULT_SOCKET_PATH
 
 NRI_SECTION = "io.containerd.nri.v1.nri"
 CRI_V2_SECTION = "io.containerd.grpc.v1.cri"  # containerd 1.7 (config version 2)
 CRI_V3_SECTION = "io.containerd.cri.v1.runtime"  # containerd 2.x (config version 3)
-DEFAULT_CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
 
@@ -118,7 +120,7 @@ def check_nri_enabled(cfg: ContainerdConfig, our_socket: str) -> Check:
                      detail="disable_connections = true: external plugins cannot connect",
                      fix=f"set disable_connections = false in {section}, or run the plugin "
                          "from the runtime's plugin_path (nri-cdi install-launcher)")
-    socket_path = nri.get("socket_path", "/var/run/nri/nri.sock")
+    socket_path = nri.get("socket_path", DEFAULT_SOCKET_PATH)
     if _same_path(socket_path, our_socket):
         return Check(name=name, status="ok", detail=f"NRI on, socket {socket_path}")
     return Check(name=name, status="warn",
@@ -172,9 +174,9 @@ def check_plugin(health_url: str | None) -> Check:
 
 
 def health_url(settings: Settings) -> str | None:
-    if settings["doctor"]["health_url"]:
-        return str(settings["doctor"]["health_url"])
-    address = settings["metrics"]["address"]
+    if settings.doctor.health_url:
+        return str(settings.doctor.health_url)
+    address = settings.metrics.address
     if not address:
         return None
     host, _, port = address.rpartition(":")
@@ -267,8 +269,8 @@ def check_fingerprint(settings: Settings,
                       current: Callable[[Settings], tuple[str | None, str]] | None = None
                       ) -> Check:
     name = "spec matches the node"
-    output = Path(settings["generate"]["output"])
-    meta_path = output.with_name(output.name + ".meta")
+    output = Path(settings.generate.output)
+    meta_path = sidecar_path(output)
     try:
         meta = json.loads(meta_path.read_text())
     except (OSError, ValueError):
@@ -353,7 +355,7 @@ def check_native_cdi(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
                                 "rw) are refused, containerd 1.7 resolves CDI_devices only "
                                 "with enable_cdi = true")
         # containerd 2.x resolves CDI_devices with the CDI library's default folders then.
-        dirs = DEFAULT_CDI_DIRS
+        dirs = DEFAULT_SPEC_DIRS
     unread = _unread(our_dirs, dirs)
     state = "on" if enabled else "off (CDI_devices resolved from the library defaults)"
     if unread:
@@ -364,7 +366,7 @@ def check_native_cdi(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
                             "with 'unresolvable CDI devices'",
                      fix=f'[plugins."{section}"] enable_cdi = true and cdi_spec_dirs = '
                          f"{json.dumps([*dirs, *unread])}, or keep the plugin's specs "
-                         f"in {', '.join(DEFAULT_CDI_DIRS)}")
+                         f"in {', '.join(DEFAULT_SPEC_DIRS)}")
     how = ("injects devices named in container cdi.k8s.io annotations itself (the plugin "
            "leaves those to it) and " if enabled else "")
     return Check(name=name, status="ok",
@@ -397,22 +399,22 @@ def check_runtime_cdi_setting(cfg: ContainerdConfig, settings: Settings) -> Chec
     """The plugin's runtime_cdi settings agree with containerd's configuration."""
     name = "plugin knows containerd's CDI"
     enabled, dirs, _ = _runtime_cdi(cfg)
-    wanted = settings["runtime_cdi"]
+    wanted = settings.runtime_cdi
     problems = []
-    if wanted["enabled"] != "auto" and (wanted["enabled"] == "on") != enabled:
+    if wanted.enabled != "auto" and (wanted.enabled == "on") != enabled:
         effect = ("devices named in container cdi.k8s.io annotations are injected twice "
                   "(hooks run twice)" if enabled else "devices named in container "
                   "cdi.k8s.io annotations are left to containerd, which does not inject them")
-        problems.append(f"runtime_cdi.enabled is {wanted['enabled']} but containerd's "
+        problems.append(f"runtime_cdi.enabled is {wanted.enabled} but containerd's "
                         f"enable_cdi is {'on' if enabled else 'off'}: {effect}")
-    if wanted["spec_dirs"] is not None and enabled and _unread(wanted["spec_dirs"], dirs):
-        problems.append(f"runtime_cdi.spec_dirs is {', '.join(wanted['spec_dirs'])} but "
+    if wanted.spec_dirs is not None and enabled and _unread(wanted.spec_dirs, dirs):
+        problems.append(f"runtime_cdi.spec_dirs is {', '.join(wanted.spec_dirs)} but "
                         f"containerd's cdi_spec_dirs is {', '.join(dirs)}")
     if problems:
         return Check(name=name, status="fail", detail="; ".join(problems),
                      fix="set runtime_cdi.enabled: auto and leave runtime_cdi.spec_dirs unset "
                          f"(the plugin then reads {cfg.path} when it starts)")
-    origin = "its own settings" if wanted["enabled"] != "auto" else cfg.path
+    origin = "its own settings" if wanted.enabled != "auto" else cfg.path
     return Check(name=name, status="ok",
                  detail=f"the plugin assumes enable_cdi {'on' if enabled else 'off'} "
                         f"(from {origin}), as containerd has it")
@@ -424,18 +426,18 @@ def check_runtime_cdi_setting(cfg: ContainerdConfig, settings: Settings) -> Chec
 def run_checks(settings: Settings, *, containerd_major_version: int | None = None,
                fingerprint: Callable[[Settings], tuple[str | None, str]] | None = None,
                check_generated: bool = True) -> list[Check]:
-    plugin = settings["plugin"]
-    cfg = read_containerd_config(settings["doctor"]["containerd_config"],
+    plugin = settings.plugin
+    cfg = read_containerd_config(settings.doctor.containerd_config,
                                  containerd_major_version)
-    checks = [check_nri_enabled(cfg, plugin["socket"]), check_socket(plugin["socket"]),
+    checks = [check_nri_enabled(cfg, plugin.socket), check_socket(plugin.socket),
               check_plugin(health_url(settings))]
-    dirs_check, _ = check_spec_dirs(plugin["spec_dirs"])
+    dirs_check, _ = check_spec_dirs(plugin.spec_dirs)
     checks.append(dirs_check)
     if check_generated:
         checks.append(check_fingerprint(settings, fingerprint))
-    checks += [check_device_nodes(plugin["spec_dirs"]), check_native_cdi(cfg, plugin["spec_dirs"]),
+    checks += [check_device_nodes(plugin.spec_dirs), check_native_cdi(cfg, plugin.spec_dirs),
                check_runtime_cdi_setting(cfg, settings),
-               check_kinds_runtimes_can_load(plugin["spec_dirs"])]
+               check_kinds_runtimes_can_load(plugin.spec_dirs)]
     return checks
 
 

@@ -46,11 +46,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdi.nvidia.sidecar import sidecar_path
 from nri_plugin.ops.settings import Settings, SettingsError, add_config_argument, settings_from_args
 
 log = logging.getLogger("nri_cdi.refresh")
 
-METADATA_SUFFIX = ".meta"  # the generator's sidecar (cdi/nvidia/cli.py)
 _LIBRARY_PREFIXES = ("libnvidia-ml.so", "libcuda.so")
 _DEFAULT_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
                      "/usr/lib", "/lib64")
@@ -150,31 +150,31 @@ def probe(paths: NodePaths) -> NodeState:
 
 def generator_args(settings: Settings) -> list[str]:
     """``nri-cdi generate`` flags for the ``generate`` section (always ``--if-changed``)."""
-    g = settings["generate"]
-    args = ["--if-changed", "--output", g["output"], "--mode", g["mode"],
-            "--driver-root", g["driver_root"], "--link-mode", g["link_mode"]]
-    if g["dev_root"]:
-        args += ["--dev-root", g["dev_root"]]
-    for strategy in g["device_name_strategies"]:
+    g = settings.generate
+    args = ["--if-changed", "--output", g.output, "--mode", g.mode,
+            "--driver-root", g.driver_root, "--link-mode", g.link_mode]
+    if g.dev_root:
+        args += ["--dev-root", g.dev_root]
+    for strategy in g.device_name_strategies:
         args += ["--device-name-strategy", strategy]
-    if g["hook_path"]:
-        args += ["--hook-path", g["hook_path"]]
-    for hook in g["disabled_hooks"]:
+    if g.hook_path:
+        args += ["--hook-path", g.hook_path]
+    for hook in g.disabled_hooks:
         args += ["--disable-hook", hook]
-    return args + list(g["extra_args"])
+    return args + list(g.extra_args)
 
 
 def node_paths(settings: Settings) -> NodePaths:
-    g = settings["generate"]
-    driver = Path(g["driver_root"])
-    lib_dirs = _meta_lib_dirs(Path(g["output"])) or _DEFAULT_LIB_DIRS
-    return NodePaths(driver_root=driver, dev_root=Path(g["dev_root"] or driver),
+    g = settings.generate
+    driver = Path(g.driver_root)
+    lib_dirs = _meta_lib_dirs(Path(g.output)) or _DEFAULT_LIB_DIRS
+    return NodePaths(driver_root=driver, dev_root=Path(g.dev_root or driver),
                      lib_dirs=lib_dirs)
 
 
 def _meta(output: Path) -> dict[str, Any]:
     try:
-        data = json.loads(output.with_name(output.name + METADATA_SUFFIX).read_text())
+        data = json.loads(sidecar_path(output).read_text())
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -208,7 +208,7 @@ def _run_child(args: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 def run_generator(settings: Settings, runner: Runner = _run_child) -> Outcome:
-    output = Path(settings["generate"]["output"])
+    output = Path(settings.generate.output)
     before = _identity(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -235,11 +235,11 @@ class Watcher:
                  generate: Callable[[], Outcome] | None = None,
                  probe_node: Callable[[], NodeState] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        w = settings["watch"]
+        w = settings.watch
         self.settings = settings
-        self.poll_interval = w["poll_interval"]
-        self.settle = w["settle"]
-        self.resync_interval = w["resync_interval"]
+        self.poll_interval = w.poll_interval
+        self.settle = w.settle
+        self.resync_interval = w.resync_interval
         self._generate = generate or (lambda: run_generator(settings))
         self._probe = probe_node or (lambda: probe(node_paths(settings)))
         self._clock = clock
@@ -295,7 +295,7 @@ class Watcher:
         if outcome.written:
             self.regenerations += 1
             log.info("spec regenerated (%s): %s fingerprint %s", reason,
-                     self.settings["generate"]["output"], outcome.fingerprint)
+                     self.settings.generate.output, outcome.fingerprint)
         else:
             log.info("spec up to date (%s): fingerprint %s", reason, outcome.fingerprint)
         return outcome
@@ -343,10 +343,10 @@ def _setup(args: argparse.Namespace) -> Settings | None:
               file=sys.stderr)
         return None
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(log_formatter(settings["log"]["format"]))
+    handler.setFormatter(log_formatter(settings.log.format))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(settings["log"]["level"].upper())
+    root.setLevel(settings.log.level.upper())
     return settings
 
 
@@ -366,8 +366,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: watcher.stop())
     log.info("watching %s (poll %.1fs, settle %.1fs, resync %.0fs) for %s",
-             settings["generate"]["driver_root"], watcher.poll_interval, watcher.settle,
-             watcher.resync_interval, settings["generate"]["output"])
+             settings.generate.driver_root, watcher.poll_interval, watcher.settle,
+             watcher.resync_interval, settings.generate.output)
     watcher.run()
     log.info("watch stopped")
     return 0

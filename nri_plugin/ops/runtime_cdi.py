@@ -8,9 +8,12 @@ containerd's defaults.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nri_plugin.plugins.cdi_injector.delegation import LIBRARY_DEFAULT_DIRS, RuntimeCdiConfig
+
+if TYPE_CHECKING:
+    from nri_plugin.ops.settings import Settings
 
 CRI_V2_SECTION = "io.containerd.grpc.v1.cri"  # containerd 1.7 (config version 2)
 CRI_V3_SECTION = "io.containerd.cri.v1.runtime"  # containerd 2.x (config version 3)
@@ -33,19 +36,19 @@ def cri_cdi_settings(data: Mapping[str, Any] | None) -> tuple[bool | None, tuple
             else LIBRARY_DEFAULT_DIRS)
 
 
-def runtime_cdi_config(settings: Any) -> RuntimeCdiConfig:
+def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
     from nri_plugin.ops.doctor import read_containerd_config
 
-    path = settings["doctor"]["containerd_config"]
-    wanted = settings["runtime_cdi"]
+    path = settings.doctor.containerd_config
+    wanted = settings.runtime_cdi
     cfg = read_containerd_config(path, None)
     enabled, dirs = cri_cdi_settings(cfg.data)
     why = f"unreadable: {cfg.error}" if cfg.error else "absent"
     origin = path if cfg.data is not None else f"containerd's defaults: {path} {why}"
-    if wanted["enabled"] != "auto":
-        enabled = wanted["enabled"] == "on"
+    if wanted.enabled != "auto":
+        enabled = wanted.enabled == "on"
         origin += "; runtime_cdi.enabled set"
-    if wanted["spec_dirs"] is not None:
-        dirs = tuple(wanted["spec_dirs"])
+    if wanted.spec_dirs is not None:
+        dirs = tuple(wanted.spec_dirs)
         origin += "; runtime_cdi.spec_dirs set"
     return RuntimeCdiConfig(enabled=enabled, spec_dirs=dirs, origin=origin)

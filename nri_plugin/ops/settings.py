@@ -9,8 +9,10 @@ got 'soon'``), so a typo never silently falls back to a default.
 Precedence: command-line flag > file > built-in default. ``apply_flags`` does the first
 step for any argparse namespace whose attributes are ``None`` when the flag was not given.
 
-The ``policy`` section is kept as a plain mapping here and validated by the policy code:
-this module only checks that it is a mapping.
+The result is a :class:`Settings`: frozen dataclasses, one per section
+(``settings.plugin.spec_dirs``), each key typed; a file key is a field of its section's
+class and has one check (:data:`SECTIONS`). The ``policy`` section is kept as a read-only
+mapping here and validated by the policy code: this module only checks that it is a mapping.
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ import argparse
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
+from cdi.dirs import DEFAULT_SPEC_DIRS
 from nri_plugin.errors import NRIPluginError
+from nri_plugin.runtime import DEFAULT_SOCKET_PATH
 
 DEFAULT_CONFIG_PATH = "/etc/nri-cdi/config.yaml"
 CONFIG_ENV = "NRI_CDI_CONFIG"
@@ -142,56 +146,118 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     return MappingProxyType(dict(value))
 
 
-# --- the schema ----------------------------------------------------------------------------
-# section -> key -> (checker, default). Defaults go through the checker too (tested), so the
-# table cannot hold a default that the file itself would be refused for.
+# --- the sections: typed, immutable values; each key's check, and the file's schema --------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PluginSettings:
+    """``plugin``: how the NRI plugin connects and where it reads specs."""
+
+    socket: str = DEFAULT_SOCKET_PATH
+    name: str = "nri-cdi"
+    index: str = "10"  # two digits
+    spec_dirs: tuple[str, ...] = DEFAULT_SPEC_DIRS
+    rescan_interval: float = 60.0
+    # world-writable or non-root-owned spec files and folders: warn, refuse or ignore
+    spec_permissions: str = "warn"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerateSettings:
+    """``generate``: the ``nri-cdi generate`` options ``refresh`` and ``watch`` run with."""
+
+    output: str = "/var/run/cdi/nvidia.yaml"
+    mode: str = "auto"
+    driver_root: str = "/"
+    dev_root: str | None = None
+    device_name_strategies: tuple[str, ...] = ("index", "uuid")
+    link_mode: str = "hooks"
+    hook_path: str | None = None
+    disabled_hooks: tuple[str, ...] = ()
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WatchSettings:
+    """``watch``: how often the node is looked at (seconds)."""
+
+    poll_interval: float = 2.0
+    settle: float = 1.0
+    resync_interval: float = 300.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricsSettings:
+    address: str = ""  # host:port, :port, or "" for off
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogSettings:
+    level: str = "info"
+    format: str = "text"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DoctorSettings:
+    containerd_config: str = "/etc/containerd/config.toml"
+    health_url: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeCdiSettings:
+    """The runtime's own CDI support (containerd enable_cdi / cdi_spec_dirs): whether it
+    injects container cdi.k8s.io annotations itself (the plugin then leaves them alone) and
+    which folders it resolves delegated devices (CDI_devices) from. auto / None: read from
+    doctor.containerd_config when the plugin starts, else containerd's defaults."""
+
+    enabled: str = "auto"
+    spec_dirs: tuple[str, ...] | None = None
+
 
 Checker = Callable[[Any], Any]
+# section -> (its class, key -> checker). Every key of a section's class has a checker
+# (tested); the defaults are the classes' and go through the checkers too (tested), so no
+# default can be one the file itself would be refused for.
+SECTIONS: dict[str, tuple[type[Any], dict[str, Checker]]] = {
+    "plugin": (PluginSettings, {
+        "socket": _abs_path,
+        "name": _str,
+        "index": _index,
+        "spec_dirs": _paths,
+        "rescan_interval": _positive,
+        "spec_permissions": _choice("warn", "refuse", "ignore"),
+    }),
+    "generate": (GenerateSettings, {
+        "output": _abs_path,
+        "mode": _choice("auto", "nvml", "procfs", "management"),
+        "driver_root": _abs_path,
+        "dev_root": _opt_abs_path,
+        "device_name_strategies": _strs,
+        "link_mode": _choice("hooks", "mounts"),
+        "hook_path": _hook_program,
+        "disabled_hooks": _strs,
+        "extra_args": _strs,
+    }),
+    "watch": (WatchSettings, {
+        "poll_interval": _positive,
+        "settle": _positive,
+        "resync_interval": _positive,
+    }),
+    "metrics": (MetricsSettings, {"address": _address}),
+    "log": (LogSettings, {
+        "level": _choice("debug", "info", "warning", "error"),
+        "format": _choice("text", "json"),
+    }),
+    "doctor": (DoctorSettings, {"containerd_config": _abs_path, "health_url": _opt_str}),
+    "runtime_cdi": (RuntimeCdiSettings, {
+        "enabled": _choice("auto", "on", "off"),
+        "spec_dirs": _opt_paths,
+    }),
+}
+# section -> key -> (checker, default): the file's schema, as the sections define it.
 SCHEMA: dict[str, dict[str, tuple[Checker, Any]]] = {
-    "plugin": {
-        "socket": (_abs_path, "/var/run/nri/nri.sock"),
-        "name": (_str, "nri-cdi"),
-        "index": (_index, "10"),
-        "spec_dirs": (_paths, ("/etc/cdi", "/var/run/cdi")),
-        "rescan_interval": (_positive, 60.0),
-        # world-writable or non-root-owned spec files and folders: warn, refuse or ignore
-        "spec_permissions": (_choice("warn", "refuse", "ignore"), "warn"),
-    },
-    "generate": {
-        "output": (_abs_path, "/var/run/cdi/nvidia.yaml"),
-        "mode": (_choice("auto", "nvml", "procfs", "management"), "auto"),
-        "driver_root": (_abs_path, "/"),
-        "dev_root": (_opt_abs_path, None),
-        "device_name_strategies": (_strs, ("index", "uuid")),
-        "link_mode": (_choice("hooks", "mounts"), "hooks"),
-        "hook_path": (_hook_program, None),
-        "disabled_hooks": (_strs, ()),
-        "extra_args": (_strs, ()),
-    },
-    "watch": {
-        "poll_interval": (_positive, 2.0),
-        "settle": (_positive, 1.0),
-        "resync_interval": (_positive, 300.0),
-    },
-    "metrics": {
-        "address": (_address, ""),
-    },
-    "log": {
-        "level": (_choice("debug", "info", "warning", "error"), "info"),
-        "format": (_choice("text", "json"), "text"),
-    },
-    "doctor": {
-        "containerd_config": (_abs_path, "/etc/containerd/config.toml"),
-        "health_url": (_opt_str, None),
-    },
-    # The runtime's own CDI support (containerd enable_cdi / cdi_spec_dirs): whether it
-    # injects container cdi.k8s.io annotations itself (the plugin then leaves them alone)
-    # and which folders it resolves delegated devices (CDI_devices) from. auto / null: read
-    # from doctor.containerd_config when the plugin starts, else containerd's defaults.
-    "runtime_cdi": {
-        "enabled": (_choice("auto", "on", "off"), "auto"),
-        "spec_dirs": (_opt_paths, None),
-    },
+    section: {key: (check, getattr(cls(), key)) for key, check in checks.items()}
+    for section, (cls, checks) in SECTIONS.items()
 }
 # Sections passed through to other code as plain mappings.
 OPAQUE_SECTIONS: dict[str, Mapping[str, Any]] = {"policy": MappingProxyType({})}
@@ -199,42 +265,50 @@ OPAQUE_SECTIONS: dict[str, Mapping[str, Any]] = {"policy": MappingProxyType({})}
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:
-    """The effective configuration: ``values[section][key]``; ``policy`` as given."""
+    """The effective configuration, one typed section each; ``policy`` as given."""
 
-    values: Mapping[str, Mapping[str, Any]]
+    plugin: PluginSettings = PluginSettings()
+    generate: GenerateSettings = GenerateSettings()
+    watch: WatchSettings = WatchSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    log: LogSettings = LogSettings()
+    doctor: DoctorSettings = DoctorSettings()
+    runtime_cdi: RuntimeCdiSettings = RuntimeCdiSettings()
     policy: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     source: str = "(defaults)"
 
-    def __getitem__(self, section: str) -> Mapping[str, Any]:
-        return self.values[section]
-
-    def get(self, dotted: str) -> Any:
-        section, key = dotted.split(".", 1)
-        return self.values[section][key]
-
     def as_dict(self) -> dict[str, Any]:
-        """Plain data (lists, dicts) for printing."""
+        """Plain data (lists, dicts) for printing, in the file's layout."""
         out: dict[str, Any] = {
-            section: {k: list(v) if isinstance(v, tuple) else v for k, v in keys.items()}
-            for section, keys in self.values.items()
+            section: {key: _plain(getattr(getattr(self, section), key)) for key in checks}
+            for section, (_, checks) in SECTIONS.items()
         }
         out["policy"] = _plain(self.policy)
         return out
 
-    def replace(self, overrides: Mapping[str, Any]) -> Settings:
+    def with_values(self, overrides: Mapping[str, Any]) -> Settings:
         """A copy with ``{"section.key": value}`` overrides, each checked like file values."""
-        values = {s: dict(keys) for s, keys in self.values.items()}
+        values = {section: _fields(getattr(self, section)) for section in SECTIONS}
         problems = []
         for dotted, value in overrides.items():
             section, key = dotted.split(".", 1)
-            checker, _ = SCHEMA[section][key]
             try:
-                values[section][key] = checker(value)
+                values[section][key] = SECTIONS[section][1][key](value)
             except ValueError as exc:
                 problems.append(f"{dotted}: {exc}")
         if problems:
             raise SettingsError("command line", problems)
-        return Settings(values=_freeze(values), policy=self.policy, source=self.source)
+        return _build(values, self.policy, self.source)
+
+
+def _fields(section: Any) -> dict[str, Any]:
+    return {f.name: getattr(section, f.name) for f in fields(section)}
+
+
+def _build(values: Mapping[str, Mapping[str, Any]], policy: Mapping[str, Any],
+           source: str) -> Settings:
+    sections = {name: SECTIONS[name][0](**keys) for name, keys in values.items()}
+    return Settings(**sections, policy=policy, source=source)
 
 
 def _plain(value: Any) -> Any:
@@ -245,13 +319,8 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _freeze(values: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Mapping[str, Any]]:
-    return MappingProxyType({s: MappingProxyType(dict(k)) for s, k in values.items()})
-
-
 def defaults() -> Settings:
-    return Settings(values=_freeze({s: {k: d for k, (_, d) in keys.items()}
-                                    for s, keys in SCHEMA.items()}))
+    return Settings()
 
 
 def parse_settings(document: Any, source: str = "config") -> Settings:
@@ -261,7 +330,7 @@ def parse_settings(document: Any, source: str = "config") -> Settings:
     if not isinstance(document, Mapping):
         raise SettingsError(source, [f"(top level): expected a mapping, got {document!r}"])
     problems: list[str] = []
-    values = {s: {k: d for k, (_, d) in keys.items()} for s, keys in SCHEMA.items()}
+    values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
     policy: Mapping[str, Any] = OPAQUE_SECTIONS["policy"]
     for section, body in document.items():
         if section == "policy":
@@ -270,9 +339,9 @@ def parse_settings(document: Any, source: str = "config") -> Settings:
             except ValueError as exc:
                 problems.append(f"policy: {exc}")
             continue
-        if section not in SCHEMA:
+        if section not in SECTIONS:
             problems.append(f"{section}: unknown section (known: "
-                            f"{', '.join([*SCHEMA, *OPAQUE_SECTIONS])})")
+                            f"{', '.join([*SECTIONS, *OPAQUE_SECTIONS])})")
             continue
         if body is None:
             continue
@@ -282,19 +351,19 @@ def parse_settings(document: Any, source: str = "config") -> Settings:
         problems += _section(section, body, values[section])
     if problems:
         raise SettingsError(source, problems)
-    return Settings(values=_freeze(values), policy=policy, source=source)
+    return _build(values, policy, source)
 
 
 def _section(section: str, body: Mapping[str, Any], into: dict[str, Any]) -> list[str]:
     problems = []
+    checks = SECTIONS[section][1]
     for key, value in body.items():
-        spec = SCHEMA[section].get(key)
-        if spec is None:
-            problems.append(f"{section}.{key}: unknown key (known: "
-                            f"{', '.join(SCHEMA[section])})")
+        check = checks.get(key)
+        if check is None:
+            problems.append(f"{section}.{key}: unknown key (known: {', '.join(checks)})")
             continue
         try:
-            into[key] = spec[0](value)
+            into[key] = check(value)
         except ValueError as exc:
             problems.append(f"{section}.{key}: {exc}")
     return problems
@@ -366,7 +435,7 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
 def apply_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     overrides = {key: getattr(args, dest) for dest, key in FLAG_KEYS.items()
                  if getattr(args, dest, None) not in (None, [])}
-    return settings.replace(overrides) if overrides else settings
+    return settings.with_values(overrides) if overrides else settings
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

@@ -26,8 +26,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from nri_plugin.ops.settings import DEFAULT_CONFIG_PATH
+
 DEFAULT_BINARY = "/usr/local/bin/nri-cdi"
-DEFAULT_CONFIG = "/etc/nri-cdi/config.yaml"
+DEFAULT_CONFIG = DEFAULT_CONFIG_PATH
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
 DEFAULT_PLUGIN_DIR = "/opt/nri/plugins"
 DEFAULT_LAUNCHER_LOG = "/var/log/nri-cdi.log"

@@ -1,4 +1,4 @@
-"""A receive buffer that consumes in O(bytes consumed) (style.md §1, h11's idea)."""
+"""A receive buffer that consumes in O(bytes consumed) (h11's idea)."""
 
 from __future__ import annotations
 

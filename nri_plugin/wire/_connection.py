@@ -39,7 +39,7 @@ _NULL_LOGGER.addHandler(logging.NullHandler())
 
 
 class Role(enum.Enum):
-    """Which end of the trunk we are; it fixes which conn we serve (§2.2)."""
+    """Which end of the trunk we are; it fixes which conn we serve (docs/nri-protocol.md §2.2)."""
 
     PLUGIN = "plugin"
     RUNTIME = "runtime"  # only used by tests, to play the runtime
@@ -57,8 +57,9 @@ class Connection:
     """One NRI trunk: we serve ttrpc on one conn id and call out on the other.
 
     ``services`` maps each service name we serve to its method names; requests
-    for anything else are answered UNIMPLEMENTED here (§1.3), which is also what
-    makes v0.12 runtimes fall back to StateChange (§3.6). ``None`` passes every
+    for anything else are answered UNIMPLEMENTED here (docs/nri-protocol.md §1.3), which is
+    also what makes v0.12 runtimes fall back to StateChange (docs/nri-protocol.md §3.6).
+    ``None`` passes every
     request through.
     """
 

@@ -16,7 +16,7 @@ class ConnectionState(enum.Enum):
 
 
 class ClientStreams:
-    """Calls we made on one logical connection: odd ids 1, 3, 5, ... (§1.2)."""
+    """Calls we made on one logical connection: odd ids 1, 3, 5, ... (docs/nri-protocol.md §1.2)."""
 
     __slots__ = ("_next_id", "pending")
 
@@ -46,7 +46,7 @@ class ClientStreams:
 
 
 class ServerStreams:
-    """Calls the peer made to us: each new id odd and above the last (§1.2)."""
+    """Calls the peer made to us: each new id odd and above the last (docs/nri-protocol.md §1.2)."""
 
     __slots__ = ("in_flight", "last_id")
 

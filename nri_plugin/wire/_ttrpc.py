@@ -18,17 +18,17 @@ from nri_plugin.wire._buffer import ReceiveBuffer
 from nri_plugin.wire._errors import FrameTooLargeError, MessageTooLargeError, RemoteProtocolError
 
 HEADER = struct.Struct(">IIBB")
-MAX_DATA = 4 << 20  # messageLengthMax (§1.1)
+MAX_DATA = 4 << 20  # messageLengthMax (docs/nri-protocol.md §1.1)
 
 
 class MessageType(enum.IntEnum):
     REQUEST = 1
     RESPONSE = 2
-    DATA = 3  # streaming only; NRI never sends it (§1.1)
+    DATA = 3  # streaming only; NRI never sends it (docs/nri-protocol.md §1.1)
 
 
 class Code(enum.IntEnum):
-    """gRPC status codes carried in ttrpc responses (§1.4)."""
+    """gRPC status codes carried in ttrpc responses (docs/nri-protocol.md §1.4)."""
 
     OK = 0
     CANCELLED = 1
@@ -59,7 +59,7 @@ class Frame:
 
 def encode_frame(stream_id: int, mtype: MessageType, data: bytes, flags: int = 0) -> bytes:
     if len(data) > MAX_DATA:
-        # Go's sender refuses the same way (OversizedMessageErr, §1.1).
+        # Go's sender refuses the same way (OversizedMessageErr, docs/nri-protocol.md §1.1).
         raise MessageTooLargeError(
             f"ttrpc message on stream {stream_id} is {len(data)} bytes (max {MAX_DATA})"
         )
@@ -147,7 +147,7 @@ def decode_request(data: bytes, stream_id: int) -> ttrpc_pb2.Request:
 def encode_response(payload: bytes, code: int = Code.OK, message: str = "") -> bytes:
     response = ttrpc_pb2.Response(payload=payload)
     if code != Code.OK:
-        # Go servers leave status unset on success (§1.4); do the same.
+        # Go servers leave status unset on success (docs/nri-protocol.md §1.4); do the same.
         response.status.code = code
         response.status.message = message
     return response.SerializeToString()

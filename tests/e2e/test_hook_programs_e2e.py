@@ -1,6 +1,6 @@
 """Each hook program a generated spec can name, run by runc under a real containerd
 (native CDI): ours (the default entry, and the static launcher ``nri-cdi-hook``), NVIDIA's
-``nvidia-cdi-hook`` and ``nvidia-ctk`` (from ../shared/peers, skipped where absent).
+``nvidia-cdi-hook`` and ``nvidia-ctk`` (from $NRI_CDI_PEERS, tests/peers.py; skipped where absent).
 
 In every case the program in a glibc image dlopen()s ``libcuda.so.1`` from the simulated
 node's RHEL layout (/usr/lib64, not in the loader's default path): it resolves only if the
@@ -23,12 +23,12 @@ from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.test_generated_spec_e2e import PROG_C, _expected, _images, _run_prog
 from tests.hooks.conftest import NIX_GLIBC, _cc
+from tests.peers import absent, peer
 
 REPO = Path(__file__).resolve().parents[2]
-PEERS = REPO.parent / "shared" / "peers"
 PROGRAMS: dict[str, Path | None] = {
-    "ours": None, "launcher": Path("nri-cdi-hook"), "nvcdihook": PEERS / "nvidia-cdi-hook",
-    "nvctk": PEERS / "nvidia-ctk"}
+    "ours": None, "launcher": Path("nri-cdi-hook"), "nvcdihook": peer("nvidia-cdi-hook"),
+    "nvctk": peer("nvidia-ctk")}
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +71,8 @@ def test_libcuda_resolves_with_each_hook_program(native: Containerd, world: dict
                                                  cls: str) -> None:
     program = world["launcher"] if cls == "launcher" else PROGRAMS[cls]
     if program is not None and not program.is_file():
-        pytest.skip(f"{program} is absent: " + ("the static launcher could not be built (gcc "
-                    "-static needs libc6-dev)" if cls == "launcher" else
-                    "NVIDIA's peer tools are not next to this checkout"))
+        pytest.skip(f"{program} is absent: the static launcher could not be built (gcc "
+                    "-static needs libc6-dev)" if cls == "launcher" else absent(program.name))
     spec = (world["specs"] / f"nvidia-{cls}.yaml").read_text()
     assert "enable-cuda-compat" in spec and "disable-device-node-modification" in spec
     out, devices = _run_prog(native, "glibc", cdi_devices=[f"nvidia.com/{cls}=0"])

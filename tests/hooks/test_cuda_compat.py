@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cdi.hooks.cuda_compat import (
+from cdi.hooks.rootfs import RootFS
+from cdi.nvidia.hooks.cuda_compat import (
     CONF_PATH,
     CompatNote,
     enable_cuda_compat,
@@ -21,7 +22,6 @@ from cdi.hooks.cuda_compat import (
     read_compat_note,
     use_compat,
 )
-from cdi.hooks.rootfs import RootFS
 from tests.hooks.conftest import _cc, host_loader, make_bundle
 from tests.hooks.test_symlinks import run_hook
 

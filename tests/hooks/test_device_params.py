@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cdi.hooks.device_params import modified_params
 from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV
+from cdi.nvidia.hooks.device_params import modified_params
 from tests.hooks.conftest import make_bundle
 
 PARAMS = "ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 1\nDeviceFileUID: 0\n"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cdi.hooks.mask_proc import procfs_bus_names
+from cdi.nvidia.hooks.mask_proc import procfs_bus_names
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ mount --make-rprivate /
 mount -t proc proc "$ROOT/proc"
 "$PY" -c "
 import sys
-from cdi.hooks.mask_proc import mask_proc, MaskError
+from cdi.nvidia.hooks.mask_proc import mask_proc, MaskError
 try:
     print(mask_proc(sys.argv[1], sys.argv[3:], sys.argv[2]))
 except MaskError as exc:

@@ -85,7 +85,8 @@ def test_bad_device_link_is_refused(tmp_path: Path) -> None:
 # dataclasses ~19, json ~9, re ~7, platform ~9, secrets ~13, argparse, collections ~2).
 HEAVY = {"typing", "dataclasses", "argparse", "json", "re", "enum", "collections",
          "functools", "contextlib", "platform", "secrets", "inspect", "importlib", "warnings",
-         "shutil", "pathlib", "cdi.hooks.entry", "cdi.nvidia", "cdi.model"}
+         "shutil", "pathlib", "cdi.hooks.entry", "cdi.nvidia.generate", "cdi.nvidia.driver",
+         "cdi.model"}
 
 
 def test_start_up_imports_only_what_the_operations_use(tmp_path: Path) -> None:
@@ -103,8 +104,8 @@ def test_start_up_imports_only_what_the_operations_use(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.decode().splitlines()
                 if line.startswith("import time:") and "|" in line}
-    assert {"cdi.hooks.symlinks", "cdi.hooks.ldconfig", "cdi.hooks.cuda_compat",
-            "cdi.hooks.device_params", "ctypes"} <= imported  # the control
+    assert {"cdi.hooks.symlinks", "cdi.hooks.ldconfig", "cdi.nvidia.hooks.cuda_compat",
+            "cdi.nvidia.hooks.device_params", "ctypes"} <= imported  # the control
     assert imported & HEAVY == set()
 
 
@@ -210,3 +211,28 @@ def test_launcher_as_hook_path_runs_the_nri_cdi_argv(need_root: None, tmp_path: 
                           check=False)
     assert proc.returncode == 0, proc.stderr
     assert os.readlink(rootfs / "x") == "t"
+
+
+def test_neutral_operations_alone_import_no_vendor(tmp_path: Path) -> None:
+    """The neutral entry finds a vendor's operations only when the command line names one."""
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "lib").mkdir(parents=True)
+    env = dict(e.split("=", 1) for e in HOOK_ENV)
+    proc = subprocess.run([sys.executable, "-I", "-S", "-X", "importtime", ENTRY_SCRIPT,
+                           "create-symlinks", "--link", "t::/x", "update-ldcache", "--folder",
+                           "/lib"], input=make_bundle(tmp_path, rootfs), env=env,
+                          capture_output=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.decode().splitlines()
+                if line.startswith("import time:") and "|" in line}
+    assert "cdi.hooks.ldconfig" in imported  # the control
+    assert not any(m.startswith("cdi.nvidia") for m in imported), imported
+
+
+def test_vendor_operations_come_from_their_own_table() -> None:
+    from cdi.nvidia.hooks import operations as nvidia_operations
+
+    assert set(cli.OPERATIONS) == {"create-symlinks", "update-ldcache"}
+    assert cli.operations() == {**cli.OPERATIONS, **nvidia_operations.OPERATIONS}
+    steps = cli.parse_operations(["create-symlinks", "mask-proc", "--gpu", "0000:01:00.0"])
+    assert [op.name for op, _ in steps] == ["create-symlinks", "mask-proc"]

@@ -1,4 +1,4 @@
-"""``dispatch``: protobuf in, protobuf out, no sockets (style.md §7)."""
+"""``dispatch``: protobuf in, protobuf out, no sockets."""
 
 from __future__ import annotations
 

@@ -20,10 +20,10 @@ from typing import Any
 import yaml
 
 from cdi.nvidia.simnode import BuiltNode, in_node_namespace
+from tests.peers import absent, peer
 
 REPO = Path(__file__).resolve().parents[2]
-PEERS = REPO.parent / "shared" / "peers"
-NVIDIA_CTK = PEERS / "nvidia-ctk"
+NVIDIA_CTK = peer("nvidia-ctk")
 HOOK_SUBCOMMANDS = ("create-symlinks", "update-ldcache", "enable-cuda-compat",
                     "disable-device-node-modification", "update-application-profile", "chmod")
 # Hooks nvidia-ctk emits by default that this branch may not emit yet (issue 15, defect 3).
@@ -52,7 +52,7 @@ INTENDED = {
 def why_not_runnable() -> str | None:
     """None when nvidia-ctk can run on a simulated node here, else the reason."""
     if not NVIDIA_CTK.is_file():
-        return f"nvidia-ctk not found at {NVIDIA_CTK} (the team's ../shared/peers folder)"
+        return absent("nvidia-ctk")
     if os.geteuid() != 0:
         return "running nvidia-ctk on a simulated node needs root (mknod, mount namespace)"
     if shutil.which("unshare") is None:

@@ -238,7 +238,7 @@ def test_hooks_default_to_the_isolated_interpreter_entry(nodes: dict[str, BuiltN
     hooks = parse_spec(out).data.container_edits.hooks
     assert [h.args[1:5] for h in hooks] == [
         ("-I", "-S", hook_entry.ENTRY_SCRIPT, "create-symlinks")]
-    ops = [a for a in hooks[0].args if a in cli_ops.OPERATIONS]
+    ops = [a for a in hooks[0].args if a in cli_ops.operations()]
     assert ops == ["create-symlinks", "enable-cuda-compat", "update-ldcache",
                    "disable-device-node-modification"]
     assert all(h.path == h.args[0] == sys.executable and h.env == hook_entry.HOOK_ENV

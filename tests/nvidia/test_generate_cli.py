@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cdi import yaml11
-from cdi.hooks.cli import OPERATIONS
+from cdi.hooks.cli import operations
 from cdi.nvidia import cli
 from cdi.nvidia.simnode import BuiltNode, NodeLayout
 from cdi.spec import parse_spec
@@ -66,7 +66,7 @@ def test_environment_variables(node: BuiltNode, tmp_path: Path) -> None:
     assert {"gpu0", "mig1:0", "mig1:1", node.manifest["gpus"][0]["uuid"]} <= device_names
     assert "all" not in device_names and "0" not in device_names
     (hook,) = spec.container_edits.hooks  # our hook program: one entry, every operation
-    assert [a for a in hook.args if a in OPERATIONS] == [
+    assert [a for a in hook.args if a in operations()] == [
         "create-symlinks", "enable-cuda-compat", "disable-device-node-modification"]
     assert hook.path == "/opt/nri-cdi"
     # A flag wins over its variable.

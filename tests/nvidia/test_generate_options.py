@@ -1,7 +1,7 @@
 """Every nvidia-ctk option and variable ``generate`` accepts has its effect, or is refused by
 name: hook programs (ours, nvidia-cdi-hook, nvidia-ctk), hooks by link mode, feature flags,
 CSV options, --debug/--quiet, --config, and NVIDIA_CTK_CDI_SPEC_DIRS for ``list``.  Where
-NVIDIA's hook binary is at hand (../shared/peers), the hooks written for it are run by it on
+NVIDIA's hook binary is at hand ($NRI_CDI_PEERS), the hooks written for it are run by it on
 a container root, so "arguments it understands" is checked by the binary itself."""
 
 from __future__ import annotations
@@ -18,15 +18,17 @@ from pathlib import Path
 import pytest
 
 from cdi import cli as cdi_cli
-from cdi.hooks.cli import OPERATIONS
+from cdi.hooks.cli import operations
 from cdi.linux.ldcache import read_ldcache
 from cdi.model import Hook
+from cdi.nvidia.cdi_commands import SPEC_DIRS_ENV
 from cdi.nvidia.simnode import BuiltNode, NodeLayout
 from cdi.spec import parse_spec
+from nri_plugin.ops.cli import build_parser
 from tests.helpers import run_generate as generate
 from tests.hooks.conftest import make_bundle
+from tests.peers import absent, peer
 
-PEERS = Path(__file__).resolve().parents[3] / "shared" / "peers"
 needs_nodes = pytest.mark.skipif(os.geteuid() != 0, reason="needs real device nodes (root)")
 
 
@@ -94,7 +96,7 @@ def test_our_hook_programs_get_one_entry(args: list[str], node: BuiltNode, path:
         assert hook.path == path and hook.args[:len(prefix)] == prefix
         assert hook.env == ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
         assert hook.args[len(prefix)] == "create-symlinks"
-        assert [a for a in hook.args if a in OPERATIONS] == DEFAULT_OPS
+        assert [a for a in hook.args if a in operations()] == DEFAULT_OPS
         compat = hook.args.index("enable-cuda-compat")
         assert hook.args[compat + 1] == f"--host-driver-version={node.driver_version}"
         assert not any(d.container_edits.hooks for d in parse_spec(out).data.devices)
@@ -133,7 +135,7 @@ def test_hooks_by_link_mode(args: list[str]) -> None:
     rc, out, _ = generate([*args, *hook, "--disable-hook", "enable-cuda-compat",
                            "--disable-hook", "disable-device-node-modification"])
     (hook,) = hooks_of(out)
-    assert [a for a in hook.args if a in OPERATIONS] == ["create-symlinks", "update-ldcache"]
+    assert [a for a in hook.args if a in operations()] == ["create-symlinks", "update-ldcache"]
 
 
 @needs_nodes
@@ -242,13 +244,23 @@ def test_list_reads_nvidia_ctk_spec_dirs(tmp_path: Path, monkeypatch: pytest.Mon
             "  containerEdits:\n    env: [A=1]\n")
     monkeypatch.setenv("NVIDIA_CTK_CDI_SPEC_DIRS", f"{tmp_path / 'a'},{tmp_path / 'b'}")
     out = io.StringIO()
-    assert cdi_cli.cmd_list(argparse.Namespace(spec_dirs=None, json=False, strict=False),
+    assert cdi_cli.cmd_list(argparse.Namespace(spec_dirs=None, json=False, strict=False,
+                                               spec_dirs_env=SPEC_DIRS_ENV),
                             out, io.StringIO()) == 0
     assert out.getvalue().split() == ["example.com/dev=x", "example.com/dev=y"]
     out = io.StringIO()  # --spec-dir wins over the variable
     cdi_cli.cmd_list(argparse.Namespace(spec_dirs=[str(tmp_path / "b")], json=False,
-                                        strict=False), out, io.StringIO())
+                                        strict=False, spec_dirs_env=SPEC_DIRS_ENV),
+                     out, io.StringIO())
     assert out.getvalue().split() == ["example.com/dev=y"]
+    # the command line nri-cdi builds passes the variable's name; the neutral default none
+    parser = build_parser("list")
+    assert parser.parse_args(["list"]).spec_dirs_env == SPEC_DIRS_ENV
+    sub = argparse.ArgumentParser().add_subparsers()
+    cdi_cli.add_commands(sub)
+    out = io.StringIO()
+    assert cdi_cli.cmd_list(sub.choices["list"].parse_args([]), out, io.StringIO()) == 0
+    assert "example.com/dev" not in out.getvalue()
 
 
 # --- NVIDIA's binary runs what we wrote for it ----------------------------------------------
@@ -258,9 +270,9 @@ def test_list_reads_nvidia_ctk_spec_dirs(tmp_path: Path, monkeypatch: pytest.Mon
 @pytest.mark.parametrize("program", ["nvidia-cdi-hook", "nvidia-ctk"])
 def test_nvidia_binary_understands_the_hooks(args: list[str], node: BuiltNode, tmp_path: Path,
                                              program: str) -> None:
-    binary = PEERS / program
+    binary = peer(program)
     if not binary.is_file():
-        pytest.skip(f"{binary} is absent (NVIDIA's peer tools are not in this checkout)")
+        pytest.skip(absent(program))
     # NVIDIA's update-ldcache mounts the host's /sbin/ldconfig into the root and runs it.
     rc, out, err = generate([*args, "--hook-path", str(binary)])
     assert rc == 0, err

@@ -1,4 +1,4 @@
-"""Side by side with NVIDIA's ``nvidia-ctk cdi generate`` (../shared/peers) on 13 simulated
+"""Side by side with NVIDIA's ``nvidia-ctk cdi generate`` ($NRI_CDI_PEERS) on 13 simulated
 node layouts, both in NVML mode on the same node through its simulated libnvidia-ml: device
 names, device nodes, mounts, links, ld-cache folders, additionalGids and hooks by subcommand
 must agree, apart from the differences listed in ``peer_parity.INTENDED`` (README: "Compared

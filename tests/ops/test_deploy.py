@@ -46,13 +46,13 @@ def test_plugin_container_mounts_everything_it_needs() -> None:
     settings = _config()
     plugin = next(c for c in pod["containers"] if c["name"] == "plugin")
     mounts = _mounts(plugin, pod)
-    assert _covered(settings["plugin"]["socket"], mounts)
-    for folder in settings["plugin"]["spec_dirs"]:
+    assert _covered(settings.plugin.socket, mounts)
+    for folder in settings.plugin.spec_dirs:
         assert mounts.get(folder) == folder  # same path on both sides: specs name host paths
     assert mounts.get("/dev") == "/dev"
     assert mounts.get("/etc/nri-cdi") is None  # the ConfigMap, not the host
     assert plugin["command"][-2:] == ["--config", "/etc/nri-cdi/config.yaml"]
-    port = settings["metrics"]["address"].rsplit(":", 1)[1]
+    port = settings.metrics.address.rsplit(":", 1)[1]
     assert plugin["readinessProbe"]["httpGet"]["port"] == int(port)
 
 
@@ -62,8 +62,8 @@ def test_watch_and_generate_see_the_driver_at_its_host_path() -> None:
     for container in [*pod["initContainers"],
                       *(c for c in pod["containers"] if c["name"] == "watch")]:
         mounts = _mounts(container, pod)
-        assert mounts[settings["generate"]["driver_root"]] == settings["generate"]["driver_root"]
-        output_dir = os.path.dirname(settings["generate"]["output"])
+        assert mounts[settings.generate.driver_root] == settings.generate.driver_root
+        output_dir = os.path.dirname(settings.generate.output)
         assert mounts[output_dir] == output_dir
         assert mounts["/dev"] == "/dev"
         assert "/proc/driver/nvidia" in mounts.values()

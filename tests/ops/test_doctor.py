@@ -57,7 +57,7 @@ def healthy(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     (tmp_path / "config.toml").write_text(NRI_ON.format(socket=nri))
     metrics = Metrics()
     server = metrics.serve("127.0.0.1:0")
-    settings = defaults().replace({
+    settings = defaults().with_values({
         "plugin.socket": str(nri), "plugin.spec_dirs": [str(tmp_path / "cdi")],
         "generate.output": str(tmp_path / "cdi" / "nvidia.yaml"),
         "generate.driver_root": str(node.root), "generate.mode": "procfs",
@@ -84,7 +84,7 @@ def test_healthy_node_passes_every_check(healthy: Node) -> None:
 
 
 def test_nri_disabled(healthy: Node) -> None:
-    config = Path(healthy.settings["doctor"]["containerd_config"])
+    config = Path(healthy.settings.doctor.containerd_config)
     config.write_text(config.read_text().replace("disable = false", "disable = true"))
     check = by_name(run_checks(healthy.settings, check_generated=False))[
         "NRI enabled in containerd"]
@@ -96,10 +96,10 @@ def test_nri_disabled(healthy: Node) -> None:
 def test_nri_section_missing_depends_on_containerd_version(
     healthy: Node, major: int, status: str
 ) -> None:
-    config = Path(healthy.settings["doctor"]["containerd_config"])
+    config = Path(healthy.settings.doctor.containerd_config)
     # no "disable" key: containerd's default decides
     config.write_text(f'version = 2\n[plugins."io.containerd.nri.v1.nri"]\n'
-                      f'  socket_path = "{healthy.settings["plugin"]["socket"]}"\n')
+                      f'  socket_path = "{healthy.settings.plugin.socket}"\n')
     check = by_name(run_checks(healthy.settings, containerd_major_version=major,
                                check_generated=False))["NRI enabled in containerd"]
     assert check.status == status
@@ -131,7 +131,7 @@ def test_missing_device_node(healthy: Node) -> None:
 
 def test_plugin_disconnected_and_socket_gone(healthy: Node) -> None:
     healthy.metrics.disconnected()
-    os.unlink(healthy.settings["plugin"]["socket"])
+    os.unlink(healthy.settings.plugin.socket)
     checks = by_name(run_checks(healthy.settings, check_generated=False))
     assert checks["plugin connected"].status == "fail"
     assert "disconnected" in checks["plugin connected"].detail
@@ -139,7 +139,7 @@ def test_plugin_disconnected_and_socket_gone(healthy: Node) -> None:
 
 
 def test_native_cdi_on_the_same_folders_is_the_working_set_up(healthy: Node) -> None:
-    config = Path(healthy.settings["doctor"]["containerd_config"])
+    config = Path(healthy.settings.doctor.containerd_config)
     config.write_text(config.read_text().replace(
         "enable_cdi = false", f'enable_cdi = true\n  cdi_spec_dirs = ["{healthy.root}/cdi"]'))
     checks = by_name(run_checks(healthy.settings, check_generated=False))
@@ -150,7 +150,7 @@ def test_native_cdi_on_the_same_folders_is_the_working_set_up(healthy: Node) -> 
 
 def test_native_cdi_on_other_folders_warns_that_handed_over_devices_fail(
         healthy: Node) -> None:
-    config = Path(healthy.settings["doctor"]["containerd_config"])
+    config = Path(healthy.settings.doctor.containerd_config)
     config.write_text(config.read_text().replace(
         "enable_cdi = false", 'enable_cdi = true\n  cdi_spec_dirs = ["/etc/cdi"]'))
     check = by_name(run_checks(healthy.settings, check_generated=False))["containerd's own CDI"]
@@ -159,7 +159,7 @@ def test_native_cdi_on_other_folders_warns_that_handed_over_devices_fail(
 
 
 def test_plugin_setting_that_contradicts_containerd_fails(healthy: Node) -> None:
-    settings = healthy.settings.replace({"runtime_cdi.enabled": "on"})  # containerd: off
+    settings = healthy.settings.with_values({"runtime_cdi.enabled": "on"})  # containerd: off
     check = by_name(run_checks(settings, check_generated=False))["plugin knows containerd's CDI"]
     assert check.status == "fail"
     assert "left to containerd, which does not inject them" in check.detail
@@ -196,7 +196,7 @@ def test_doctor_command_exit_status(healthy: Node, capsys: pytest.CaptureFixture
     assert main(["doctor", "--config", str(config)]) == 0
     out = capsys.readouterr().out
     assert "[ok  ] spec matches the node" in out
-    Path(healthy.settings["doctor"]["containerd_config"]).write_text(
+    Path(healthy.settings.doctor.containerd_config).write_text(
         NRI_ON.format(socket="/x").replace("disable = false", "disable = true"))
     assert main(["doctor", "--config", str(config), "--no-generate"]) == 1
     out = capsys.readouterr().out

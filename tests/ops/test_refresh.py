@@ -32,7 +32,7 @@ class Script:
 
 
 def watcher(script: Script, clock: list[float]) -> Watcher:
-    settings = defaults().replace({"watch.settle": 0.001, "watch.resync_interval": 100.0})
+    settings = defaults().with_values({"watch.settle": 0.001, "watch.resync_interval": 100.0})
     return Watcher(settings, generate=script.generate, probe_node=script.probe,
                    clock=lambda: clock[0])
 
@@ -71,7 +71,7 @@ def test_changes_are_named() -> None:
 
 
 def test_generator_args() -> None:
-    s = defaults().replace({"generate.mode": "procfs", "generate.dev_root": "/host",
+    s = defaults().with_values({"generate.mode": "procfs", "generate.dev_root": "/host",
                             "generate.disabled_hooks": ["update-ldcache"],
                             "generate.extra_args": ["--no-all-device"]})
     args = generator_args(s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -11,6 +12,8 @@ from nri_plugin.ops.cli import main
 from nri_plugin.ops.settings import (
     DEFAULT_CONFIG_PATH,
     SCHEMA,
+    SECTIONS,
+    PluginSettings,
     SettingsError,
     apply_flags,
     defaults,
@@ -24,6 +27,22 @@ def test_every_default_passes_its_own_check() -> None:
         for key, (check, default) in keys.items():
             if default is not None:
                 assert check(default) == default, f"{section}.{key}"
+
+
+def test_settings_are_typed_immutable_values() -> None:
+    s = parse_settings({"plugin": {"spec_dirs": ["/a"]}})
+    assert isinstance(s.plugin, PluginSettings) and s.plugin.spec_dirs == ("/a",)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.plugin.spec_dirs = ("/b",)  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.plugin = PluginSettings()  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        s.policy["x"] = 1  # type: ignore[index]
+    # Every key of every section has a check, and the file's keys are the classes' fields.
+    for section, (cls, checks) in SECTIONS.items():
+        assert [f.name for f in dataclasses.fields(cls)] == list(checks), section
+        assert type(getattr(s, section)) is cls
+    assert s.with_values({"plugin.index": 7}).plugin.index == "07" and s.plugin.index == "10"
 
 
 def test_valid_file(tmp_path: Path) -> None:
@@ -43,8 +62,8 @@ policy:
   rules: [{allow: "nvidia.com/gpu=*"}]
 """)
     s = load_settings(str(path))
-    assert s["plugin"]["index"] == "05" and s["plugin"]["spec_dirs"] == ("/etc/cdi",)
-    assert s.get("watch.poll_interval") == 0.5 and s.get("watch.settle") == 1.0
+    assert s.plugin.index == "05" and s.plugin.spec_dirs == ("/etc/cdi",)
+    assert s.watch.poll_interval == 0.5 and s.watch.settle == 1.0
     assert s.policy["rules"] == [{"allow": "nvidia.com/gpu=*"}]
     assert s.source == str(path)
 
@@ -99,9 +118,9 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     path.write_text("plugin: {socket: /file.sock, name: from-file}\nlog: {level: debug}\n")
     args = argparse.Namespace(socket="/flag.sock", name=None, spec_dirs=[], log_level=None)
     s = apply_flags(load_settings(str(path)), args)
-    assert s["plugin"]["socket"] == "/flag.sock"  # flag wins
-    assert s["plugin"]["name"] == "from-file"  # unset flag: the file
-    assert s["log"]["level"] == "debug"
+    assert s.plugin.socket == "/flag.sock"  # flag wins
+    assert s.plugin.name == "from-file"  # unset flag: the file
+    assert s.log.level == "debug"
     with pytest.raises(SettingsError, match=r"plugin\.socket: expected an absolute path"):
         apply_flags(s, argparse.Namespace(socket="rel"))
 

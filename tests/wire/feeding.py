@@ -1,4 +1,4 @@
-"""Feed bytes three ways (style.md §1.5): whole, byte by byte, with trailing bytes."""
+"""Feed bytes three ways: whole, byte by byte, with trailing bytes."""
 
 from __future__ import annotations
 

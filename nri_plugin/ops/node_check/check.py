@@ -29,6 +29,7 @@ from typing import Any
 
 from nri_plugin.errors import NRIPluginError
 from nri_plugin.ops.node_check import images, paths
+from nri_plugin.runtime import DEFAULT_SOCKET_PATH
 
 PROBE_SOURCE = Path(__file__).with_name("cuda_probe.c")
 PROBE_IMAGE = "localhost/nri-cdi/cuda-probe:doctor"
@@ -74,7 +75,7 @@ class Options:
     runtime: str = paths.DEFAULT_RUNTIME
     containerd_bin: Path | None = None
     containerd_address: str | None = None  # the node's containerd instead of a private one
-    nri_socket: str = "/var/run/nri/nri.sock"  # with containerd_address
+    nri_socket: str = DEFAULT_SOCKET_PATH  # with containerd_address
     simulated: bool = False
     sim_node: Path | None = None  # an already built simulated node
     spec_dir: Path | None = None  # check this spec folder instead of generating one
@@ -568,12 +569,12 @@ def cmd(args: Any) -> int:
     from nri_plugin.ops.node_check.containerd import ContainerdError
 
     if args.cache:
-        os.environ["NRI_CDI_CACHE"] = str(args.cache)
+        os.environ[paths.CACHE_ENV] = str(args.cache)
     if args.runc:  # this process only: the private containerd's config names it
         paths.RUNC = args.runc
     opts = Options(runtime=args.runtime, containerd_bin=args.containerd_bin,
                    containerd_address=args.containerd_address,
-                   nri_socket=args.socket or "/var/run/nri/nri.sock",
+                   nri_socket=args.socket or DEFAULT_SOCKET_PATH,
                    simulated=args.simulated, sim_node=args.sim_node, spec_dir=args.e2e_spec_dir,
                    driver_root=args.driver_root, gpu=args.gpu, repeat=args.repeat)
     previous = signal.signal(signal.SIGTERM, _raise_on_term)

@@ -2,8 +2,8 @@
 
 Everything lives in one temp folder: config, root, state, sockets, runc state, NRI folders and
 the log. Nothing host-wide is used except /usr/sbin/runc and the kernel, and ``close()`` leaves
-no process (containerd, shim, container) and no mount behind. See
-/work/shared/docs/e2e-containerd.md for why each setting is there.
+no process (containerd, shim, container) and no mount behind. docs/private-containerd.md
+says why each setting is there.
 """
 
 from __future__ import annotations

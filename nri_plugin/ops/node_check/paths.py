@@ -15,9 +15,12 @@ RUNC = Path(os.environ.get("NRI_CDI_RUNC") or "/usr/sbin/runc")
 CRI_PACKAGE = "cri_api_v1"
 
 
+CACHE_ENV = "NRI_CDI_CACHE"  # scripts/install-containerd.sh reads the same variable
+
+
 def cache_dir() -> Path:
     """The install script's cache folder (same rule as the script: $NRI_CDI_CACHE first)."""
-    env = os.environ.get("NRI_CDI_CACHE")
+    env = os.environ.get(CACHE_ENV)
     return Path(env) if env else REPO / ".cache" / "containerd"
 
 

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 
 from cdi.cache import Snapshot
 from cdi.device import Device
+from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.model import DeviceNode
 from cdi.version import parse_version
 from nri_plugin.runtime import RuntimeInfo
 
 # Where every CDI library looks when not told otherwise (containerd's defaults too).
-LIBRARY_DEFAULT_DIRS = ("/etc/cdi", "/var/run/cdi")
+LIBRARY_DEFAULT_DIRS = DEFAULT_SPEC_DIRS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

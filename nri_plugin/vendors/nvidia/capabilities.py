@@ -2,7 +2,7 @@
 
 A static CDI spec lists every driver library and binary, and NVIDIA's CDI modes mount
 them all whatever the image asks for. The generator's sidecar says which file serves
-which capability (cdi-and-nvidia.md §3.1); we drop the mounts of capabilities not
+which capability (README, "Driver capabilities"); we drop the mounts of capabilities not
 requested. The spec itself stays complete, so a runtime that reads it without us still
 gives a working container. Pure.
 """
@@ -17,7 +17,7 @@ from nri_plugin.errors import Refusal
 ENV = "NVIDIA_DRIVER_CAPABILITIES"
 KNOWN = frozenset({"compute", "compat32", "graphics", "utility", "video", "display", "ngx"})
 DEFAULT = frozenset({"utility", "compute"})
-# What one capability brings along (§3.1): video needs the compute libraries; display is
+# What one capability brings along: video needs the compute libraries; display is
 # the graphics libraries plus the modeset node.
 _IMPLIES = {"video": frozenset({"compute"}), "display": frozenset({"graphics"})}
 

@@ -23,10 +23,10 @@ from typing import Any
 
 from cdi.cache import Snapshot
 from cdi.model import DeviceNode, Hook
+from cdi.nvidia.sidecar import SUFFIX as SIDECAR_SUFFIX
 from nri_plugin.vendors.nvidia.requirements import GpuInfo, NodeVersions
 
 log = logging.getLogger("nri_cdi.facts")
-SIDECAR_SUFFIX = ".meta"  # as written by ``nri-cdi generate``
 _MAX_SIDECAR_BYTES = 16 << 20
 
 

@@ -1,5 +1,5 @@
-"""NVIDIA_REQUIRE_* checks (cdi-and-nvidia.md §3.5). Pure functions of the container's env
-and the node facts the generator recorded in its sidecar.
+"""NVIDIA_REQUIRE_* checks (README, "Policy, requirements and fail-closed"). Pure functions of
+the container's env and the node facts the generator recorded in its sidecar.
 
 NVIDIA's CDI runtime modes skip these checks (nvidia-container-toolkit#1470), so an image
 built for a newer CUDA starts on an old driver and fails later with an obscure CUDA error.

@@ -52,7 +52,7 @@ EMPTY_FACTS = NodeFacts()
 
 
 def is_legacy_image(env: Mapping[str, str]) -> bool:
-    """An image from before NVIDIA_REQUIRE_CUDA (§3.5): CUDA_VERSION set, no requirement."""
+    """An image from before NVIDIA_REQUIRE_CUDA: CUDA_VERSION set, no requirement."""
     return bool(env.get("CUDA_VERSION")) and "NVIDIA_REQUIRE_CUDA" not in env
 
 

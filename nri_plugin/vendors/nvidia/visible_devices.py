@@ -1,4 +1,4 @@
-"""NVIDIA_VISIBLE_DEVICES → CDI names of the generated NVIDIA spec (§3.4). Pure.
+"""NVIDIA_VISIBLE_DEVICES → CDI names of the generated NVIDIA spec. Pure.
 
 Values: unset, empty or ``void`` (anywhere): nothing; ``none``: no GPU (we inject nothing:
 the driver-only case needs no device and has no CDI name); ``all``; or a comma list of GPU

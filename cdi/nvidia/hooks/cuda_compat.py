@@ -30,18 +30,18 @@ import os
 import stat
 import struct
 
+from cdi.hooks.ldconfig import CONF_DIR, write_file
 from cdi.hooks.rootfs import RootFS, RootFSError, split_container_path
 from cdi.linux._tuple import NamedTuple
 
-# On the hook's start-up path (update-ldcache imports compat_folders, and the generator
-# runs enable-cuda-compat in every container): no re, fnmatch, json or dataclasses here
+# On the hook's start-up path (the generator runs enable-cuda-compat in every container):
+# no re, fnmatch, json or dataclasses here
 # (tests/hooks/test_one_process.py); json is imported only when a compat note is parsed.
 
 __all__ = ["COMPAT_ROOT", "CONF_PATH", "CompatNote", "CompatResult", "enable_cuda_compat",
            "parse_note", "parse_version", "read_compat_note", "use_compat"]
 
 COMPAT_ROOT = "/usr/local/cuda/compat"
-CONF_DIR = "/etc/ld.so.conf.d"
 CONF_PATH = f"{CONF_DIR}/00-compat-nri-cdi.conf"
 NOTE_SECTION = b".note.cuda.fwd_compatibility"
 NOTE_OWNER = b"NVIDIA Corporation"
@@ -167,7 +167,7 @@ def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = 
     except (FileNotFoundError, NotADirectoryError):
         return CompatResult(folder=None, reason=f"no {compat_root} in the container")
     candidates = []
-    for name in sorted(n for n in names if _matches(n, "libcuda.so.", "")
+    for name in sorted(n for n in names if n.startswith("libcuda.so.")
                        and "." in n[len("libcuda.so."):]):
         path = f"{compat_root.rstrip('/')}/{name}"
         try:
@@ -189,32 +189,9 @@ def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = 
     if not use_compat(version, host_driver, host_cuda, note):
         return CompatResult(folder=None, reason=f"{path} is not newer than the host driver "
                                                 f"{host_driver or host_cuda}")
-    from cdi.hooks.ldconfig import write_file
-
     write_file(root, CONF_PATH, f"{compat_root}\n".encode())
     return CompatResult(folder=compat_root,
                         reason=f"{path} is newer than the host driver {host_driver or host_cuda}")
-
-
-def compat_folders(root: RootFS, *, limit: int = 64 << 10) -> list[str]:
-    """The folders named by ``/etc/ld.so.conf.d/00-compat-*.conf`` (in name order), which
-    ``update-ldcache`` puts ahead of the injected ones."""
-    try:
-        with root.directory(CONF_DIR) as dir_fd:
-            names = sorted(n for n in _list(dir_fd) if _matches(n, "00-compat-", ".conf"))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    folders: list[str] = []
-    for name in names[:16]:
-        try:
-            data = root.read_file(f"{CONF_DIR}/{name}", limit=limit)
-        except (OSError, RootFSError):
-            continue
-        for line in os.fsdecode(data or b"").splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line.startswith("/") and ".." not in line.split("/"):
-                folders.append(line)
-    return list(dict.fromkeys(folders))
 
 
 def _list(dir_fd: int) -> list[str]:
@@ -225,9 +202,3 @@ def _list(dir_fd: int) -> list[str]:
         return os.listdir(fd)
     finally:
         os.close(fd)
-
-
-def _matches(name: str, prefix: str, suffix: str) -> bool:
-    """``fnmatch(name, prefix + "*" + suffix)`` without fnmatch (which imports re)."""
-    return (len(name) >= len(prefix) + len(suffix) and name.startswith(prefix)
-            and name.endswith(suffix))
