@@ -138,6 +138,41 @@ def test_plugins_never_import_operations() -> None:
     assert violations(["nri_plugin.plugins"], ["nri_plugin.ops"]) == []
 
 
+# NVIDIA's paths, variables and kinds (nvidia.com/gpu, NVIDIA_VISIBLE_DEVICES,
+# /proc/driver/nvidia, libcuda.so, CUDA_VERSION). Comments and docstrings count too: a
+# neutral file that explains itself by NVIDIA's case is one that knows about it, and the
+# next edit turns the comment into code. Examples use vendor.com / example.com.
+NVIDIA_SPECIFIC = re.compile(r"nvidia|cuda|/proc/driver", re.IGNORECASE)
+
+
+def nvidia_mentions(paths: Iterable[Path]) -> list[str]:
+    """``file:line: text`` for each line that names an NVIDIA specific."""
+    return [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+            for path in paths
+            for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+            if NVIDIA_SPECIFIC.search(line)]
+
+
+def neutral_nri_plugin_files() -> list[Path]:
+    """Every file of nri_plugin but the vendors' rules and operations (which wire them)."""
+    vendor_parts = ("vendors", "ops")
+    return sorted(p for p in (ROOT / "nri_plugin").rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts
+                  and p.suffix not in (".pyc", ".so")
+                  and p.relative_to(ROOT / "nri_plugin").parts[0] not in vendor_parts)
+
+
+def test_the_nvidia_scan_sees_what_it_forbids() -> None:
+    assert nvidia_mentions([ROOT / "nri_plugin/vendors/nvidia/sources.py"])
+    assert ROOT / "nri_plugin/plugins/cdi_injector/injector.py" in neutral_nri_plugin_files()
+
+
+def test_nri_plugin_names_no_nvidia_specific_outside_vendors_and_ops() -> None:
+    # NVIDIA reaches the injector only through the VendorRules interface (its request
+    # sources, default denials and verdict come from nri_plugin/vendors/nvidia).
+    assert nvidia_mentions(neutral_nri_plugin_files()) == []
+
+
 @pytest.mark.parametrize(
     "module", ["nri_plugin.wire", "nri_plugin.dispatch", "nri_plugin.api", "nri_plugin"]
 )

@@ -77,7 +77,7 @@ def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Snapshot:
 
 
 def requested_devices(pod: dict[str, str], name: str, ctr: dict[str, str]) -> list[DeviceRequest]:
-    """The annotation sources in the order ``sources.gather`` joins them."""
+    """The annotation sources in the order ``context.read_context`` joins them."""
     return unique_requests(pod_requests(pod, name) + container_requests(ctr))
 
 
