@@ -195,7 +195,8 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     from nri_plugin.stub import Stub
 
     plugin_settings = settings["plugin"]
-    metrics, server = _start_metrics(settings["metrics"]["address"])
+    counters = Counters()
+    metrics, server = _start_metrics(settings["metrics"]["address"], counters)
     cache = SpecCache(plugin_settings["spec_dirs"],
                       permissions=plugin_settings["spec_permissions"])
     # The registry the injector reads: each new snapshot with the vendors' facts (NVIDIA:
@@ -203,7 +204,6 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     registry = RegistryHolder(vendors)
     refresher = AutoRefresh(cache, rescan_interval=plugin_settings["rescan_interval"],
                             on_refresh=_Refreshed(registry, metrics)).start()
-    counters = Counters()
     injector = _injector(registry, metrics, policy=policy,
                          runtime_cdi=runtime_cdi_config(settings), counters=counters)
     # Synchronize finds containers created while we were away; acting on them waits for
@@ -325,13 +325,14 @@ def _policy_reloader(args: argparse.Namespace, settings: Settings,
                           injector.set_policy)
 
 
-def _start_metrics(address: str) -> tuple[Metrics | None, Server | None]:
+def _start_metrics(address: str,
+                   counters: Counters) -> tuple[Metrics | None, Server | None]:
     """Metrics and their HTTP server when an address is configured (off by default)."""
     if not address:
         return None, None
     from nri_plugin.ops.metrics import Metrics, parse_address
 
-    metrics = Metrics()
+    metrics = Metrics(counters)
     server = metrics.serve(address)
     log.info("metrics and health on http://%s:%d/metrics", parse_address(address)[0],
              server.port)
