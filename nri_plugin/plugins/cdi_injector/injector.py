@@ -104,7 +104,7 @@ def plan_devices(
     delegate, dropped = decide_delegation(snapshot, devices, runtime, drop_gids)
     ours = () if delegate else tuple(devices)
     delegated = tuple(devices) if delegate else ()
-    edits = snapshot.resolve(d.qualified_name for d in ours) if ours else ContainerEdits()
+    edits = snapshot.merged_edits(ours) if ours else ContainerEdits()
     if dropped:
         edits = edits._replace(additional_gids=())
     edits = as_native_file_modes(edits, spec_device_nodes(snapshot, ours), runtime)
