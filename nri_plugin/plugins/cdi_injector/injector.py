@@ -52,7 +52,12 @@ from nri_plugin.plugins.cdi_injector.native import injected_by_runtime, log_runt
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.sources import all_sources
-from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules
+from nri_plugin.plugins.cdi_injector.vendor import (
+    EditFilter,
+    Registry,
+    RequestSource,
+    VendorRules,
+)
 from nri_plugin.runtime import RuntimeInfo
 from nri_plugin.wire import Code
 
@@ -226,6 +231,8 @@ class CdiInjector(Plugin):
         self._plans: OrderedDict[tuple[object, ...], Injection] = OrderedDict()
         # Policy + vendor decisions, same idea: keyed by all they read.
         self._decisions: OrderedDict[tuple[object, ...], Decision] = OrderedDict()
+        self._sources_of: tuple[Registry | None, tuple[tuple[RequestSource, object], ...]] = (
+            None, ())
 
     def registry(self) -> Registry:
         """The registry in force now (what one container's decision reads, once)."""
@@ -343,8 +350,8 @@ class CdiInjector(Plugin):
         with the reason. The registry and the policy are read once: every step sees the
         same snapshot, facts and rules."""
         registry, policy = self._registry(), self.policy
-        context = read_context(pod, container, all_sources(registry.paired(self.vendors)),
-                               policy, registry.snapshot)
+        context = read_context(pod, container, self._sources(registry), policy,
+                               registry.snapshot)
         check_sources(context, policy)
         requests = not_yet_injected(context.requests, container, registry.snapshot,
                                     context.privileged, native_cdi=self.runtime.native_cdi)
@@ -360,6 +367,14 @@ class CdiInjector(Plugin):
         if not requests and not injection.adjustment.ListFields():
             return None
         return injection
+
+    def _sources(self, registry: Registry) -> tuple[tuple[RequestSource, object], ...]:
+        """Every source with its vendor's facts, made once per registry."""
+        made_for, sources = self._sources_of
+        if made_for is not registry:
+            sources = all_sources(registry.paired(self.vendors))
+            self._sources_of = (registry, sources)
+        return sources
 
     def _asks_extras(self, context: ContainerContext) -> bool:
         env = context.env

@@ -55,9 +55,11 @@ NEUTRAL = (
 
 def all_sources(vendors: Sequence[tuple[VendorRules, object]]
                 ) -> tuple[tuple[RequestSource, object], ...]:
-    """Every source with its vendor's facts (the injector's own have none), in order;
+    """Every source that reads requests, with its vendor's facts (the injector's own have
+    none), in source order, but those ignored where denied (the env sources) last;
     ``vendors``: (vendor, its facts), as ``Registry.paired`` gives them."""
     paired: list[tuple[RequestSource, object]] = [(s, None) for s in NEUTRAL]
     for vendor, facts in vendors:
-        paired += [(s, facts) for s in vendor.sources]
-    return tuple(paired)
+        paired += [(s, facts) for s in vendor.sources if s.read is not None]
+    return (tuple(p for p in paired if p[0].when_denied != "ignore")
+            + tuple(p for p in paired if p[0].when_denied == "ignore"))
