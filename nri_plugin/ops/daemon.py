@@ -21,6 +21,7 @@ from cdi.errors import printable
 if TYPE_CHECKING:
     import asyncio
     import logging.handlers
+    import queue
     from collections.abc import Sequence
 
     from cdi.cache import Snapshot
@@ -119,7 +120,7 @@ def _setup_logging(level: str, kind: str = "text") -> logging.handlers.QueueList
     return listener
 
 
-def _deferred_queue_handler(records: Any) -> logging.Handler:
+def _deferred_queue_handler(records: queue.SimpleQueue[logging.LogRecord]) -> logging.Handler:
     """A QueueHandler that leaves all formatting to the listener thread.
 
     The stock one formats the record where it is logged, and a traceback's formatting reads
@@ -218,7 +219,8 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
                 on_close=None if metrics is None else lambda s, e: metrics.disconnected())
     log.info("plugin %s-%s starting; spec dirs %s; policy %s; vendors %s", stub.idx,
              stub.name, ", ".join(cache.spec_dirs), policy.origin,
-             ", ".join(v.name for v in vendors) or "none")
+             ", ".join(f"{v.name} (hooks: {', '.join(v.hooks) or 'none'})" for v in vendors)
+             or "none")
     loop = asyncio.get_running_loop()
     reloader = _policy_reloader(args, settings, injector).start(loop)
     try:
