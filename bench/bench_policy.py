@@ -35,6 +35,7 @@ from bench.bench_plugin import gpu_spec
 from cdi.cache import Snapshot, SpecCache
 from nri_plugin.api import nri_pb2
 from nri_plugin.plugin import Plugin
+from nri_plugin.plugins.cdi_injector.guard import StartGuard
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import (
     container_requests,
@@ -179,9 +180,10 @@ def bench_sync(snapshot: Snapshot, facts: NodeFacts, repeats: int) -> None:
     found: list[int] = []
     ours, base = [], []
     for _ in range(repeats):
-        plugin = CdiInjector(lambda: Registry(snapshot, (facts,)), vendors=[NvidiaRules()])
-        plugin.on_unserved = lambda unserved: found.append(len(unserved))
+        injector = CdiInjector(lambda: Registry(snapshot, (facts,)), vendors=[NvidiaRules()])
+        plugin = StartGuard(injector)  # unserved found are counted; none is acted on
         ours.append(asyncio.run(sync_reply_ms(plugin, requests)))
+        found.append(injector.counters.unserved_found)
         base.append(asyncio.run(sync_reply_ms(NoCheck(), requests)))
     print(f"(b) Synchronize, 10 000 containers (100 asked for devices, {found[0]} unserved), "
           f"{len(requests)} pages, {size / 1e6:.1f} MB, {repeats} runs")

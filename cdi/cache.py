@@ -86,9 +86,13 @@ class Snapshot:
     def resolve(self, names: Iterable[str]) -> ContainerEdits:
         """Merged edits for ``names``: per device in request order, its spec's edits first
         (once per spec file), then its own."""
+        return self.merged_edits(self.lookup(names))
+
+    def merged_edits(self, devices: Iterable[Device]) -> ContainerEdits:
+        """``resolve`` for devices already looked up (in request order, each once)."""
         parts: list[ContainerEdits] = []
         seen_specs: set[str] = set()
-        for device in self.lookup(names):
+        for device in devices:
             if device.spec.path not in seen_specs:
                 seen_specs.add(device.spec.path)
                 parts.append(self.specs[device.spec.path].edits)

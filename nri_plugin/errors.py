@@ -21,7 +21,7 @@ class NRIPluginError(Exception):
 
 class Reason(NamedTuple):
     """Why a container was refused. ``rule`` is a short stable id for metrics
-    (``policy.devices[1]``, ``nvidia.requirements``, ``request.annotation``, ...)."""
+    (``policy.devices[1]``, ``request.annotation``, a vendor's own rules, ...)."""
 
     rule: str
     device: str | None = None

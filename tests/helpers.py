@@ -6,6 +6,10 @@ import os
 import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nri_plugin.plugins.cdi_injector.policy import Policy
 
 
 def write_specs(folder: Path, files: Mapping[str, str]) -> Path:
@@ -58,3 +62,12 @@ def place_file(folder: Path, name: str, content: bytes | Callable[[Path], object
     else:
         content(path)
     return path
+
+
+def nvidia_policy(doc: object, origin: str = "") -> Policy:
+    """A policy document parsed as the daemon parses it: with NVIDIA's request sources and
+    default denials known."""
+    from nri_plugin.plugins.cdi_injector.policy import parse_policy
+    from nri_plugin.vendors.nvidia.rules import NvidiaRules
+
+    return parse_policy(doc, origin=origin, vendors=(NvidiaRules(),))

@@ -36,7 +36,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from cdi.hooks import entry as hook_entry
-from cdi.hooks.libpath import EXTRA_ENV
+from cdi.libpath import EXTRA_ENV
 from cdi.model import ContainerEdits, DeviceData, DeviceNode, Hook, Mount, SpecData
 from cdi.nvidia.discover import Gpu, MigDevice, NodeInfo, Roots
 from cdi.nvidia.driver import (
@@ -89,7 +89,7 @@ NVIDIA_HOOK_PROGRAMS = ("nvidia-cdi-hook", "nvidia-ctk")
 # With --link-mode mounts no ldcache hook runs, so the driver's library folders are handed
 # over in this variable instead.  It is deliberately not LD_LIBRARY_PATH: a CDI env entry
 # replaces the image's value, and the NRI plugin appends this one to the image's
-# LD_LIBRARY_PATH instead (cdi.hooks.libpath, which defines the name).
+# LD_LIBRARY_PATH instead (cdi.libpath, which defines the name).
 LD_LIBRARY_PATH_ENV = EXTRA_ENV
 ANNOTATION_PREFIX = "nri-cdi/"
 ANNOTATIONS_SINCE = "0.6.0"

@@ -9,6 +9,7 @@ never waits on stderr or journald.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -21,8 +22,19 @@ from nri_plugin.runtime import DEFAULT_SOCKET_PATH, PLUGIN_IDX_ENV, PLUGIN_NAME_
 if TYPE_CHECKING:
     import asyncio
     import logging.handlers
+    import queue
+    from collections.abc import Sequence
 
+    from cdi.cache import Snapshot
+    from nri_plugin.ops.metrics import Metrics, Server
+    from nri_plugin.ops.policy_reload import PolicyReloader
     from nri_plugin.ops.settings import Settings
+    from nri_plugin.plugins.cdi_injector.counters import Counters
+    from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
+    from nri_plugin.plugins.cdi_injector.failclosed import Unserved
+    from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+    from nri_plugin.plugins.cdi_injector.policy import Policy
+    from nri_plugin.plugins.cdi_injector.vendor import RegistryHolder, VendorRules
     from nri_plugin.stub import Stub
 
 # asyncio, the stub and the registry are imported when the daemon starts, not when the
@@ -80,10 +92,11 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         return 2
     listener = _setup_logging(settings.log.level, settings.log.format)
     try:
-        policy = _load_policy(args.policy, settings)
+        vendors = vendor_rules()
+        policy = _load_policy(args.policy, settings, vendors)
         if policy is None:
             return 2
-        return asyncio.run(serve(args, policy, settings))
+        return asyncio.run(serve(args, policy, settings, vendors))
     finally:
         listener.stop()
 
@@ -107,7 +120,7 @@ def _setup_logging(level: str, kind: str = "text") -> logging.handlers.QueueList
     return listener
 
 
-def _deferred_queue_handler(records: Any) -> logging.Handler:
+def _deferred_queue_handler(records: queue.SimpleQueue[logging.LogRecord]) -> logging.Handler:
     """A QueueHandler that leaves all formatting to the listener thread.
 
     The stock one formats the record where it is logged, and a traceback's formatting reads
@@ -133,7 +146,16 @@ def _identity(args: argparse.Namespace, settings: Settings) -> tuple[str | None,
     return name, idx
 
 
-def _load_policy(path: str | None, settings: Settings) -> Any:
+def vendor_rules() -> tuple[VendorRules, ...]:
+    """The vendors whose rules the plugin applies (and whose request sources and default
+    denials its policy knows)."""
+    from nri_plugin.vendors.nvidia.rules import NvidiaRules
+
+    return (NvidiaRules(),)
+
+
+def _load_policy(path: str | None, settings: Settings,
+                 vendors: Sequence[VendorRules]) -> Policy | None:
     """The policy from ``path``, else the config file's ``policy`` section, else the
     built-in defaults; None after logging every problem."""
     from nri_plugin.plugins.cdi_injector.policy import (
@@ -144,13 +166,13 @@ def _load_policy(path: str | None, settings: Settings) -> Any:
     )
 
     if path is None and not settings.policy:
-        return Policy()
+        return Policy.defaults(vendors)
     try:
         if path is None:
             path = f"{settings.source} (policy section)"
-            policy = parse_policy(dict(settings.policy), origin=path)
+            policy = parse_policy(dict(settings.policy), origin=path, vendors=vendors)
         else:
-            policy = load_policy(path)
+            policy = load_policy(path, vendors)
     except PolicyError as exc:
         log.error("%s", exc)
         for problem in exc.problems:
@@ -160,82 +182,49 @@ def _load_policy(path: str | None, settings: Settings) -> Any:
     return policy
 
 
-async def serve(args: argparse.Namespace, policy: Any, settings: Settings) -> int:
+async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
+                vendors: tuple[VendorRules, ...]) -> int:
+    """The composition root: every part built once, by its constructor, in order."""
     import asyncio
-    import signal
 
     from cdi.cache import SpecCache
     from cdi.watch import AutoRefresh
     from nri_plugin.ops.runtime_cdi import runtime_cdi_config
-    from nri_plugin.plugins.cdi_injector.failclosed import StartGuard, act
-    from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+    from nri_plugin.plugins.cdi_injector.counters import Counters
+    from nri_plugin.plugins.cdi_injector.guard import StartGuard
     from nri_plugin.plugins.cdi_injector.vendor import RegistryHolder
     from nri_plugin.stub import Stub
-    from nri_plugin.vendors.nvidia.rules import NvidiaRules
 
     plugin_settings = settings.plugin
-    metrics, server = _start_metrics(settings.metrics.address)
+    counters = Counters()
+    metrics, server = _start_metrics(settings.metrics.address, counters)
     cache = SpecCache(plugin_settings.spec_dirs,
                       permissions=plugin_settings.spec_permissions)
-    # The registry the injector reads: each new snapshot with the NVIDIA facts (sidecars)
-    # loaded for it, swapped in together by the refresher thread.
-    registry = RegistryHolder([NvidiaRules()])
-
-    def refreshed(snapshot: Any) -> None:
-        registry.update(snapshot)
-        _log_refresh(snapshot)
-        if metrics is not None:
-            metrics.registry(snapshot)
-
+    # The registry the injector reads: each new snapshot with the vendors' facts (NVIDIA:
+    # the sidecars) loaded for it, swapped in together by the refresher thread.
+    registry = RegistryHolder(vendors)
     refresher = AutoRefresh(cache, rescan_interval=plugin_settings.rescan_interval,
-                            on_refresh=refreshed).start()
-    loop = asyncio.get_running_loop()
-    options: dict[str, Any] = {"vendors": registry.vendors, "policy": policy,
-                               "runtime_cdi": runtime_cdi_config(settings)}
-    # StartGuard checks every container again at creation and start (fail-closed for
-    # creations that did not pass through us); it wraps whichever injector we run.
-    plugin: Any
-    if metrics is None:
-        guarded: Any = type("GuardedInjector", (StartGuard, CdiInjector), {})
-        plugin = guarded(registry.get, **options)
-    else:
-        from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
-
-        guarded = type("GuardedMeteredInjector", (StartGuard, MeteredInjector), {})
-        plugin = guarded(registry.get, metrics, **options)
-        plugin.on_stopped = metrics.eviction
-    name, idx = _identity(args, settings)
-    stub = Stub(plugin, name=name, idx=idx, socket_path=plugin_settings.socket,
-                on_close=None if metrics is None else lambda s, e: metrics.disconnected())
+                            on_refresh=_Refreshed(registry, metrics)).start()
+    injector = _injector(registry, metrics, policy=policy,
+                         runtime_cdi=runtime_cdi_config(settings), counters=counters)
     # Synchronize finds containers created while we were away; acting on them waits for
     # the Synchronize reply (the runtime holds its lock until then), hence a task.
-    tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
-
-    async def act_and_count(unserved: Any) -> None:
-        before = plugin.counters.get("unserved_evicted", 0)
-        await act(stub, unserved, plugin.policy.fail_closed_action, plugin.counters)
-        if metrics is not None:
-            metrics.eviction(plugin.counters.get("unserved_evicted", 0) - before)
-
-    def on_unserved(unserved: Any) -> None:
-        now = plugin.defer_unserved(unserved)  # not started yet: stopped when they start
-        if not now:
-            return
-        task = loop.create_task(act_and_count(now))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
-    plugin.on_unserved = on_unserved
-    log.info("plugin %s-%s starting; spec dirs %s; policy %s", stub.idx, stub.name,
-             ", ".join(cache.spec_dirs), plugin.policy.origin)
-    reloader = _policy_reloader(args, settings, plugin).start(loop)
-    task = asyncio.ensure_future(stub.run())
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, _shutdown, stub, task)
+    actions = _FailClosedActions(asyncio.get_running_loop(), counters, metrics)
+    # The guard checks every container again at creation and start (fail-closed for
+    # creations that did not pass through us); it wraps the injector.
+    guard = StartGuard(injector, act=actions.schedule,
+                       on_stopped=None if metrics is None else metrics.eviction)
+    name, idx = _identity(args, settings)
+    stub = Stub(guard, name=name, idx=idx, socket_path=plugin_settings.socket,
+                on_close=None if metrics is None else lambda s, e: metrics.disconnected())
+    log.info("plugin %s-%s starting; spec dirs %s; policy %s; vendors %s", stub.idx,
+             stub.name, ", ".join(cache.spec_dirs), policy.origin,
+             ", ".join(f"{v.name} (hooks: {', '.join(v.hooks) or 'none'})" for v in vendors)
+             or "none")
+    loop = asyncio.get_running_loop()
+    reloader = _policy_reloader(args, settings, injector).start(loop)
     try:
-        await task
-    except asyncio.CancelledError:
-        pass
+        await _run(stub)
     finally:
         reloader.stop(loop)
         refresher.stop()
@@ -245,36 +234,107 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Settings) -> in
     return 0
 
 
-def _policy_reloader(args: argparse.Namespace, settings: Any, plugin: Any) -> Any:
+def _injector(registry: RegistryHolder, metrics: Metrics | None, *, policy: Policy,
+              runtime_cdi: RuntimeCdiConfig, counters: Counters) -> CdiInjector:
+    """The injector, metered when metrics are on."""
+    from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+
+    if metrics is None:
+        return CdiInjector(registry.get, vendors=registry.vendors, policy=policy,
+                           runtime_cdi=runtime_cdi, counters=counters)
+    from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
+
+    return MeteredInjector(registry.get, metrics, vendors=registry.vendors, policy=policy,
+                           runtime_cdi=runtime_cdi, counters=counters)
+
+
+async def _run(stub: Stub) -> None:
+    """Serve until SIGTERM or SIGINT."""
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(stub.run())
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, _shutdown, stub, task)
+    with contextlib.suppress(asyncio.CancelledError):  # our own shutdown
+        await task
+
+
+class _Refreshed:
+    """The refresher's callback: swap the registry in, log it, tell the metrics."""
+
+    def __init__(self, registry: RegistryHolder, metrics: Metrics | None) -> None:
+        self._registry = registry
+        self._metrics = metrics
+
+    def __call__(self, snapshot: Snapshot) -> None:
+        self._registry.update(snapshot)
+        _log_refresh(snapshot)
+        if self._metrics is not None:
+            self._metrics.registry(snapshot)
+
+
+class _FailClosedActions:
+    """Runs ``failclosed.act`` on what Synchronize found, as a task after the reply, and
+    counts what it stopped into the metrics."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, counters: Counters,
+                 metrics: Metrics | None) -> None:
+        self._loop = loop
+        self._counters = counters
+        self._metrics = metrics
+        self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
+
+    def schedule(self, unserved: list[Unserved], action: str) -> None:
+        task = self._loop.create_task(self._act(unserved, action))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _act(self, unserved: list[Unserved], action: str) -> None:
+        from nri_plugin.plugins.cdi_injector.failclosed import act
+
+        stopped = await act(unserved, action, self._counters)
+        if self._metrics is not None:
+            self._metrics.eviction(stopped)
+
+
+def _policy_reloader(args: argparse.Namespace, settings: Settings,
+                     injector: CdiInjector) -> PolicyReloader:
     """Watches the policy's file (``--policy``, else the config file, whose ``policy``
-    section it is) and swaps a new valid policy into ``plugin``; SIGHUP forces a reload."""
+    section it is) and swaps a new valid policy into ``injector``; SIGHUP forces a
+    reload."""
     from nri_plugin.ops.policy_reload import PolicyReloader
     from nri_plugin.ops.settings import settings_from_args
     from nri_plugin.plugins.cdi_injector.policy import Policy, load_policy, parse_policy
 
+    vendors = injector.vendors
     path: str | None = args.policy
     if path is not None:
         policy_file = path
-        return PolicyReloader(path, lambda: load_policy(policy_file), plugin.set_policy)
+        return PolicyReloader(path, lambda: load_policy(policy_file, vendors),
+                              injector.set_policy)
 
-    def from_config() -> Any:
+    def from_config() -> Policy:
         fresh = settings_from_args(args)
         if not fresh.policy:
-            return Policy()
-        return parse_policy(dict(fresh.policy), origin=f"{fresh.source} (policy section)")
+            return Policy.defaults(vendors)
+        return parse_policy(dict(fresh.policy), origin=f"{fresh.source} (policy section)",
+                            vendors=vendors)
 
     source = settings.source
     return PolicyReloader(source if os.path.isfile(source) else None, from_config,
-                          plugin.set_policy)
+                          injector.set_policy)
 
 
-def _start_metrics(address: str) -> tuple[Any, Any]:
+def _start_metrics(address: str,
+                   counters: Counters) -> tuple[Metrics | None, Server | None]:
     """Metrics and their HTTP server when an address is configured (off by default)."""
     if not address:
         return None, None
     from nri_plugin.ops.metrics import Metrics, parse_address
 
-    metrics = Metrics()
+    metrics = Metrics(counters)
     server = metrics.serve(address)
     log.info("metrics and health on http://%s:%d/metrics", parse_address(address)[0],
              server.port)
@@ -291,7 +351,7 @@ _last_errors: dict[str, tuple[str, ...]] = {}
 _last_warnings: dict[str, tuple[str, ...]] = {}
 
 
-def _log_refresh(snapshot: Any) -> None:
+def _log_refresh(snapshot: Snapshot) -> None:
     """One line per refresh, plus every spec-file error when the set of errors changes."""
     log.info("CDI registry generation %d: %d devices from %d specs, %d files with errors",
              snapshot.generation, len(snapshot.devices), len(snapshot.specs),

@@ -10,13 +10,16 @@ small HTTP server in a daemon thread:
 * ``/livez``: 200 while the process serves HTTP (liveness: a disconnected plugin is
   retrying, restarting it would not help).
 
-Both health answers are JSON with the runtime, the registry generation and counts.
+Both health answers are JSON with the runtime, the registry generation and counts, and
+the plugin's counters (``Counters``: injected, refused, unserved found/reported/evicted,
+failed delegations) when the daemon hands them over.
 prometheus-client is imported when a ``Metrics`` is made, so commands that never make
 one do not pay for it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from dataclasses import dataclass
@@ -24,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from cdi.extras import MissingDependencyError
+from nri_plugin.plugins.cdi_injector.counters import Counters
 
 # CreateContainer must answer within the runtime's 2 s request timeout; a cached plan takes
 # tens of microseconds, a cold one milliseconds.
@@ -33,7 +37,8 @@ OUTCOMES = ("injected", "delegated", "refused", "error")
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, counters: Counters | None = None) -> None:
+        """``counters``: the plugin's own (injector and guard), shown in the health JSON."""
         try:
             from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
         except ImportError as exc:
@@ -62,6 +67,7 @@ class Metrics:
                                   registry=r)
         self._generation = Gauge("nri_cdi_registry_generation", "registry refresh count",
                                  registry=r)
+        self._counters = counters
         self._lock = threading.Lock()
         self._state: dict[str, Any] = {"connected": False, "runtime": None, "connections": 0,
                                        "registry": None}
@@ -114,6 +120,8 @@ class Metrics:
             state = dict(self._state)
         state["status"] = "ok" if state["connected"] else "disconnected"
         del state["connections"]
+        if self._counters is not None:
+            state["counters"] = dataclasses.asdict(self._counters)
         return state
 
     def render(self) -> tuple[bytes, str]:

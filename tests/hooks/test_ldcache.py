@@ -13,7 +13,7 @@ import pytest
 
 from cdi.hooks import entry
 from cdi.hooks.launcher import LauncherError, build_launcher, launcher_source
-from cdi.hooks.libpath import EXTRA_ENV, merge_library_path
+from cdi.libpath import EXTRA_ENV, merge_library_path
 from cdi.linux.ldcache import LdCacheEntry, encode, libcmp, merge, parse_ldcache, read_ldcache
 from tests.hooks.conftest import NIX_GLIBC, Artifacts, host_loader, make_bundle
 from tests.hooks.test_symlinks import run_hook

@@ -14,19 +14,20 @@ from cdi.cache import Snapshot, SpecCache
 from nri_plugin.api import nri_pb2
 from nri_plugin.dispatch import RpcError
 from nri_plugin.ops.logformat import BoundedLog
+from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.failclosed import (
-    StartGuard,
     act,
     cgroup_relpath,
     find_unserved,
     stop_processes,
 )
+from nri_plugin.plugins.cdi_injector.guard import StartGuard
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-from nri_plugin.plugins.cdi_injector.policy import Policy, parse_policy
+from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from nri_plugin.wire._bounded import bound_message, clip
-from tests.helpers import write_specs
+from tests.helpers import nvidia_policy, write_specs
 
 SPEC = """\
 cdiVersion: 0.5.0
@@ -37,10 +38,6 @@ devices:
     deviceNodes: [{path: /dev/vgpu0, type: c, major: 241, minor: 0}]
 """
 ASK = {"cdi.k8s.io/dp_0": "vendor.com/gpu=0"}
-
-
-class Guarded(StartGuard, CdiInjector):
-    pass
 
 
 @pytest.fixture
@@ -56,10 +53,9 @@ def cgroup_root(tmp_path: Path) -> Path:
     return root
 
 
-def guard(snapshot: Snapshot, root: Path, policy: Policy | None = None) -> Guarded:
-    plugin = Guarded(lambda: Registry(snapshot), vendors=[NvidiaRules()], policy=policy)
-    plugin.cgroup_root = str(root)
-    return plugin
+def guard(snapshot: Snapshot, root: Path, policy: Policy | None = None) -> StartGuard:
+    injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()], policy=policy)
+    return StartGuard(injector, cgroup_root=str(root))
 
 
 def pod() -> nri_pb2.PodSandbox:
@@ -130,15 +126,15 @@ def test_unserved_container_is_killed_by_cgroup_at_start_and_start_fails(
     assert all(killed(p) for p in procs)
     assert "stopped container n-straddler (straddler) of pod default/pod before it ran" \
         in caplog.text
-    assert plugin.counters["unserved_evicted"] == 1
+    assert plugin.counters.unserved_evicted == 1
 
 
 def test_pid_zero_at_synchronize_is_stopped_when_it_starts(
     snapshot: Snapshot, cgroup_root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     plugin = guard(snapshot, cgroup_root)
-    found = find_unserved([pod()], [container("waiting")], plugin.policy,
-                          plugin.vendors, Registry(snapshot))
+    found = find_unserved([pod()], [container("waiting")], plugin.injector.policy,
+                          plugin.injector.vendors, Registry(snapshot))
     assert plugin.defer_unserved(found) == []  # nothing to stop yet
     assert "(waiting) of pod default/pod is created but not started" in caplog.text
     proc = sleeper()
@@ -162,16 +158,16 @@ def test_post_start_stops_what_start_could_not(snapshot: Snapshot, cgroup_root: 
 def test_report_mode_names_the_id_and_stops_nothing(
     snapshot: Snapshot, cgroup_root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    plugin = guard(snapshot, cgroup_root, parse_policy({"failClosed": {"action": "report"}}))
+    plugin = guard(snapshot, cgroup_root, nvidia_policy({"failClosed": {"action": "report"}}))
     proc = sleeper()
     ctr = container("rep", pid=proc.pid)
     plugin.start_container(pod(), ctr)
     plugin.post_start_container(pod(), ctr)
     assert proc.poll() is None
     assert caplog.text.count("fail-closed report: container n-rep (rep)") == 1
-    found = find_unserved([pod()], [container("sync", pid=proc.pid)], plugin.policy,
-                          plugin.vendors, Registry(snapshot))
-    asyncio.run(act(None, found, "report", {}))
+    found = find_unserved([pod()], [container("sync", pid=proc.pid)], plugin.injector.policy,
+                          plugin.injector.vendors, Registry(snapshot))
+    asyncio.run(act(found, "report", Counters()))
     assert "fail-closed report: container n-sync (sync) of pod default/pod" in caplog.text
     proc.kill()
     proc.wait()
@@ -187,17 +183,14 @@ def test_remove_forgets(snapshot: Snapshot, cgroup_root: Path) -> None:
     assert "c9" not in plugin._served
 
 
-def test_act_never_calls_the_runtime(snapshot: Snapshot) -> None:
-    class Stub:
-        def update_containers(self, *args: object, **kw: object) -> None:
-            raise AssertionError("UpdateContainers must not be called")
-
+def test_act_stops_by_signal_without_the_runtime(snapshot: Snapshot) -> None:
+    # act has no handle on the runtime (the NRI eviction is never sent): it signals.
     proc = sleeper()
     found = find_unserved([pod()], [container("s", pid=proc.pid)], Policy(), [],
                           Registry(snapshot))
-    counters: dict[str, int] = {}
-    asyncio.run(act(Stub(), found, "evict", counters))
-    assert killed(proc) and counters == {"unserved_evicted": 1}
+    counters = Counters()
+    assert asyncio.run(act(found, "evict", counters)) == 1
+    assert killed(proc) and counters == Counters(unserved_evicted=1)
 
 
 @pytest.mark.parametrize("path, rel", [

@@ -5,16 +5,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import socket
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pytest
 
 from cdi.cache import Snapshot, SpecCache
+from cdi.device import Device
 from cdi.model import ContainerEdits, IntelRdt, NetDevice
 from nri_plugin.api import nri_pb2
 from nri_plugin.dispatch import RpcError, dispatch
 from nri_plugin.plugins.cdi_injector.adjust import UnsupportedEditsError, to_adjustment
+from nri_plugin.plugins.cdi_injector.context import ContainerContext
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, InjectionError, plan_injection
+from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.requests import (
     DeviceRequest,
     RequestError,
@@ -22,7 +26,7 @@ from nri_plugin.plugins.cdi_injector.requests import (
     pod_requests,
     unique_requests,
 )
-from nri_plugin.plugins.cdi_injector.vendor import Registry
+from nri_plugin.plugins.cdi_injector.vendor import Registry, RequestSource
 from nri_plugin.runtime import RuntimeInfo
 from nri_plugin.stub import Stub
 from tests.helpers import write_specs
@@ -77,7 +81,7 @@ def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Snapshot:
 
 
 def requested_devices(pod: dict[str, str], name: str, ctr: dict[str, str]) -> list[DeviceRequest]:
-    """The annotation sources in the order ``sources.gather`` joins them."""
+    """The annotation sources in the order ``context.read_context`` joins them."""
     return unique_requests(pod_requests(pod, name) + container_requests(ctr))
 
 
@@ -216,6 +220,49 @@ def test_net_devices_and_rdt_are_native_from_nri_0_11(snapshot: Snapshot) -> Non
     with pytest.raises(UnsupportedEditsError, match="netDevices"):
         to_adjustment(ContainerEdits(net_devices=(NetDevice(host_interface_name="a", name="b"),)),
                       runtime=CONTAINERD_17)
+
+
+class CountingVendor:
+    """A vendor with no rules of its own that records each time it is asked."""
+
+    name = "counting"
+    sources: tuple[RequestSource, ...] = ()
+    default_denials: tuple[str, ...] = ()
+    hooks: tuple[str, ...] = ()
+    annotation_prefixes: tuple[str, ...] = ()
+    env_request_prefixes: tuple[str, ...] = ()
+    verdict_env: tuple[str, ...] = ()
+    extras_env: tuple[str, ...] = ()
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def load_facts(self, snapshot: Snapshot) -> object:
+        return None
+
+    def verdict(self, context: ContainerContext, names: Sequence[str], policy: Policy,
+                snapshot: Snapshot, facts: object) -> None:
+        self.calls.append(f"verdict {','.join(names)} for {context.container_name}")
+
+
+@pytest.mark.parametrize("runtime", ["1.7.24", "2.1.3"])
+def test_one_pass_asks_each_vendor_once_and_looks_each_device_up_once(
+        snapshot: Snapshot, runtime: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    lookup = Snapshot.lookup
+
+    def counted(self: Snapshot, names: Iterable[str]) -> list[Device]:
+        calls.append("lookup")
+        return lookup(self, names)
+
+    monkeypatch.setattr(Snapshot, "lookup", counted)
+    plugin = CdiInjector(lambda: Registry(snapshot), vendors=[CountingVendor(calls)])
+    plugin.PLAN_CACHE_SIZE = 0  # nothing cached: every step runs
+    plugin.configure("", "containerd", runtime)  # 2.1: the devices are handed over
+    pod = nri_pb2.PodSandbox(name="p", namespace="ns",
+                             annotations={"cdi.k8s.io/g": "example.com/gpu=grouped"})
+    assert plugin.create_container(pod, nri_pb2.Container(name="c")) is not None
+    assert calls == ["lookup", "verdict example.com/gpu=grouped for c"]
 
 
 @pytest.mark.parametrize("name, version, cdi_devices", [

@@ -35,11 +35,10 @@ from nri_plugin.ops.daemon import _deferred_queue_handler
 from nri_plugin.ops.metrics import Metrics
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
-from nri_plugin.plugins.cdi_injector.policy import parse_policy
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
 from nri_plugin.stub import Stub
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from tests.helpers import make_char_device, write_specs
+from tests.helpers import make_char_device, nvidia_policy, write_specs
 from tests.nri_runtime_peer import RuntimePeer
 
 FORBIDDEN = ("open", "os.scandir", "os.listdir", "socket.__new__", "subprocess.Popen",
@@ -181,7 +180,7 @@ def test_create_container_over_the_wire_with_nvidia_rules_does_no_io(
     NVIDIA_DRIVER_CAPABILITIES, NVIDIA_VISIBLE_DEVICES), the reply bytes back."""
     global _armed_everywhere
     registry = _nvidia_registry(tmp_path)
-    policy = parse_policy({"sources": {"visibleDevicesEnv": {"enabled": True,
+    policy = nvidia_policy({"sources": {"visibleDevicesEnv": {"enabled": True,
                                                              "privilegedOnly": False}}})
     plugin = MeteredInjector(registry.get, Metrics(), vendors=registry.vendors, policy=policy)
     gpu = {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}

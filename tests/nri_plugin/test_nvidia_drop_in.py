@@ -14,7 +14,7 @@ from cdi.cache import SpecCache
 from nri_plugin.api import nri_pb2
 from nri_plugin.errors import Refusal
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-from nri_plugin.plugins.cdi_injector.policy import Policy, parse_policy
+from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.requests import RequestError, nri_plugins_requests
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.vendors.nvidia.extras import (
@@ -25,7 +25,7 @@ from nri_plugin.vendors.nvidia.extras import (
 )
 from nri_plugin.vendors.nvidia.k8s_sources import nvidia_nri_requests, volume_mount_ids
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from tests.helpers import write_specs
+from tests.helpers import nvidia_policy, write_specs
 
 SPEC = """\
 cdiVersion: 0.5.0
@@ -115,7 +115,7 @@ def nodes(adj: nri_pb2.ContainerAdjustment | None) -> list[str]:
     return sorted(d.path for d in adj.linux.devices) if adj is not None else []
 
 
-ENV_ON = parse_policy({"sources": {"visibleDevicesEnv": {"enabled": True,
+ENV_ON = nvidia_policy({"sources": {"visibleDevicesEnv": {"enabled": True,
                                                          "privilegedOnly": False}}})
 
 
@@ -215,7 +215,7 @@ def test_mig_config_privileged_only_by_default(registry: Registry) -> None:
 
 
 def test_mig_monitor_allowed_by_policy(registry: Registry) -> None:
-    policy = parse_policy({"sources": {"migCapabilitiesEnv": {"privilegedOnly": False,
+    policy = nvidia_policy({"sources": {"migCapabilitiesEnv": {"privilegedOnly": False,
                                                               "namespaces": ["default"]}}})
     adj = run(registry, "NVIDIA_MIG_MONITOR_DEVICES=all", policy=policy,
               **{"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
@@ -231,19 +231,19 @@ def test_mig_config_refused_with_specific_mig_devices(registry: Registry) -> Non
 def test_imex_channels_where_allowed(registry: Registry) -> None:
     assert run(registry, "NVIDIA_IMEX_CHANNELS=0") is None  # source off: ignored, as the env
     adj = run(registry, "NVIDIA_IMEX_CHANNELS=3,0", privileged=True,
-              policy=parse_policy({"sources": {"imexChannelsEnv": {"enabled": True}}}))
+              policy=nvidia_policy({"sources": {"imexChannelsEnv": {"enabled": True}}}))
     assert nodes(adj) == ["/dev/nvidia-caps-imex-channels/channel0",
                           "/dev/nvidia-caps-imex-channels/channel3"]
     with pytest.raises(Refusal, match="channel 1 does not exist"):
         run(registry, "NVIDIA_IMEX_CHANNELS=1", privileged=True,
-            policy=parse_policy({"sources": {"imexChannelsEnv": {"enabled": True}}}))
+            policy=nvidia_policy({"sources": {"imexChannelsEnv": {"enabled": True}}}))
 
 
 def test_volume_mounts_source(registry: Registry) -> None:
     mount = (("/var/run/nvidia-container-devices/GPU-bbb", "/dev/null"),)
     with pytest.raises(Refusal, match=r"sources\.volumeMounts\.enabled"):
         run(registry, mounts=mount)  # off by default
-    policy = parse_policy({"sources": {"volumeMounts": {"enabled": True}}})
+    policy = nvidia_policy({"sources": {"volumeMounts": {"enabled": True}}})
     assert nodes(run(registry, mounts=mount, policy=policy)) == ["/dev/nvidia1", "/dev/nvidiactl"]
     cdi = (("/var/run/nvidia-container-devices/cdi/nvidia.com/gpu/0", "/dev/null"),)
     assert nodes(run(registry, mounts=cdi, policy=policy)) == ["/dev/nvidia0", "/dev/nvidiactl"]
@@ -255,7 +255,7 @@ def test_volume_mounts_source(registry: Registry) -> None:
 def test_volume_mounts_env_marker_is_no_env_request(registry: Registry) -> None:
     # What the device plugin sets beside the mounts; the mounts are the request.
     adj = run(registry, "NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices",
-              policy=parse_policy({"sources": {"volumeMounts": {"enabled": True},
+              policy=nvidia_policy({"sources": {"volumeMounts": {"enabled": True},
                                                "visibleDevicesEnv": {"enabled": True,
                                                                      "privilegedOnly": False}}}),
               mounts=(("/var/run/nvidia-container-devices/GPU-aaa", "/dev/null"),))
@@ -263,7 +263,7 @@ def test_volume_mounts_env_marker_is_no_env_request(registry: Registry) -> None:
 
 
 def test_volume_mount_requirement_checked(registry: Registry) -> None:
-    policy = parse_policy({"sources": {"volumeMounts": {"enabled": True}}})
+    policy = nvidia_policy({"sources": {"volumeMounts": {"enabled": True}}})
     with pytest.raises(Refusal, match=r"cuda>=12\.8"):
         run(registry, "NVIDIA_REQUIRE_CUDA=cuda>=12.8", policy=policy,
             mounts=(("/var/run/nvidia-container-devices/GPU-aaa", "/dev/null"),))
@@ -272,7 +272,7 @@ def test_volume_mount_requirement_checked(registry: Registry) -> None:
 def test_nvidia_nri_annotation_source(registry: Registry) -> None:
     key = {"nvidia.cdi.k8s.io/container.app": "nvidia.com/gpu=1"}
     assert nodes(run(registry, **key)) == ["/dev/nvidia1", "/dev/nvidiactl"]
-    policy = parse_policy({"sources": {"nvidiaNriAnnotations": {"enabled": False}}})
+    policy = nvidia_policy({"sources": {"nvidiaNriAnnotations": {"enabled": False}}})
     with pytest.raises(Refusal, match=r"sources\.nvidiaNriAnnotations\.enabled"):
         run(registry, policy=policy, **key)
 
@@ -280,12 +280,12 @@ def test_nvidia_nri_annotation_source(registry: Registry) -> None:
 def test_nri_plugins_annotation_source(registry: Registry) -> None:
     assert nodes(run(registry, **{"cdi.nri.io/pod": "nvidia.com/gpu=0"})) == [
         "/dev/nvidia0", "/dev/nvidiactl"]
-    policy = parse_policy({"sources": {"nriPluginsAnnotations": {"namespaces": ["ml"]}}})
+    policy = nvidia_policy({"sources": {"nriPluginsAnnotations": {"namespaces": ["ml"]}}})
     with pytest.raises(Refusal, match=r"sources\.nriPluginsAnnotations\.namespaces"):
         run(registry, policy=policy, **{"cdi.nri.io": "nvidia.com/gpu=0"})
 
 
-MASK = parse_policy({"procMasking": {"enabled": True},
+MASK = nvidia_policy({"procMasking": {"enabled": True},
                      "sources": {"visibleDevicesEnv": {"enabled": True, "privilegedOnly": False}}})
 
 
@@ -328,7 +328,7 @@ def test_requirements_apply_to_gpus_of_another_spec(registry: Registry) -> None:
 def test_fail_closed_sees_volume_mounts_and_other_keys(registry: Registry) -> None:
     from nri_plugin.plugins.cdi_injector.failclosed import find_unserved
 
-    policy = parse_policy({"sources": {"volumeMounts": {"enabled": True}}})
+    policy = nvidia_policy({"sources": {"volumeMounts": {"enabled": True}}})
     pods = [nri_pb2.PodSandbox(id="p1", name="a", namespace="default"),
             nri_pb2.PodSandbox(id="p2", name="b", namespace="default",
                                annotations={"nvidia.cdi.k8s.io/container.app": "nvidia.com/gpu=0"})]
@@ -348,5 +348,5 @@ def test_readme_default_policy_is_the_default() -> None:
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     block = readme.split("this is the default policy written out:\n\n```yaml\n", 1)[1]
-    written = parse_policy(yaml.safe_load(block.split("```", 1)[0]), origin="README")
-    assert written == Policy(origin="README")
+    written = nvidia_policy(yaml.safe_load(block.split("```", 1)[0]), origin="README")
+    assert written == Policy.defaults([NvidiaRules()], origin="README")

@@ -11,8 +11,8 @@ import pytest
 from cdi.cache import Snapshot
 from cdi.model import ContainerEdits, Mount
 from nri_plugin.api import nri_pb2
+from nri_plugin.plugins.cdi_injector.context import is_privileged
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied, PolicyError, parse_policy
-from nri_plugin.plugins.cdi_injector.sources import is_privileged
 from nri_plugin.vendors.nvidia.capabilities import (
     CapabilityError,
     filter_edits,
@@ -27,6 +27,7 @@ from nri_plugin.vendors.nvidia.requirements import (
     parse_requirement,
     requirements_from_env,
 )
+from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from nri_plugin.vendors.nvidia.visible_devices import VisibleDevicesError, visible_device_names
 
 NODE = NodeVersions(driver="550.54.15", cuda="12.4")
@@ -112,8 +113,11 @@ def test_unknown_fact_fails_with_hint() -> None:
 
 # --- policy ------------------------------------------------------------------------------------
 
+NVIDIA = (NvidiaRules(),)
+
+
 def test_defaults_are_secure() -> None:
-    p = Policy()
+    p = Policy.defaults(NVIDIA)
     assert p.source_allowed("podAnnotations", "any", False) is None
     assert p.source_allowed("containerAnnotations", "any", False) is None
     assert "disabled" in (p.source_allowed("visibleDevicesEnv", "any", True) or "")
@@ -121,6 +125,17 @@ def test_defaults_are_secure() -> None:
         p.check_devices(["management.nvidia.com/gpu=all"], "default", False)
     p.check_devices(["nvidia.com/gpu=0"], "default", False)
     assert parse_policy(None) == Policy(origin="inline")
+
+
+def test_the_parser_learns_source_names_and_denials_from_the_vendors() -> None:
+    # Without a vendor the policy knows only the injector's own sources and denies nothing.
+    with pytest.raises(PolicyError, match=re.escape("sources.visibleDevicesEnv: unknown key")):
+        parse_policy({"sources": {"visibleDevicesEnv": {"enabled": True}}})
+    Policy().check_devices(["management.nvidia.com/gpu=all"], "default", False)
+    on = parse_policy({"sources": {"visibleDevicesEnv": {"enabled": True}}}, vendors=NVIDIA)
+    assert on.source_allowed("visibleDevicesEnv", "any", True) is None
+    with pytest.raises(PolicyDenied, match=re.escape("deny 'management.nvidia.com/*'")):
+        on.check_devices(["management.nvidia.com/gpu=all"], "default", False)
 
 
 POLICY = {
@@ -140,7 +155,7 @@ POLICY = {
     ("visibleDevicesEnv", "ml-a", True, None),
 ])
 def test_source_rules(source: str, ns: str, privileged: bool, denied: str | None) -> None:
-    why = parse_policy(POLICY).source_allowed(source, ns, privileged)
+    why = parse_policy(POLICY, vendors=NVIDIA).source_allowed(source, ns, privileged)
     assert (why is None) if denied is None else (denied in (why or ""))
 
 
@@ -152,7 +167,7 @@ def test_source_rules(source: str, ns: str, privileged: bool, denied: str | None
     ("nvidia.com/gpu=all", "web", True, None),
 ])
 def test_device_rules(name: str, ns: str, privileged: bool, denied: str | None) -> None:
-    policy = parse_policy(POLICY)
+    policy = parse_policy(POLICY, vendors=NVIDIA)
     if denied is None:
         policy.check_devices([name], ns, privileged)
     else:

@@ -15,14 +15,16 @@ from cdi.cache import SpecCache
 from nri_plugin.api import nri_pb2
 from nri_plugin.dispatch import RpcError
 from nri_plugin.errors import Refusal
-from nri_plugin.plugins.cdi_injector.failclosed import act, find_unserved
+from nri_plugin.plugins.cdi_injector.counters import Counters
+from nri_plugin.plugins.cdi_injector.failclosed import Unserved, act, find_unserved
+from nri_plugin.plugins.cdi_injector.guard import StartGuard
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied, parse_policy
+from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
 from nri_plugin.vendors.nvidia.nodefacts import load_facts
 from nri_plugin.vendors.nvidia.requirements import RequirementError
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from tests.helpers import write_specs
+from tests.helpers import nvidia_policy, write_specs
 
 SPEC = """\
 cdiVersion: 0.5.0
@@ -113,7 +115,7 @@ def test_capability_filtering(registry: Registry, caps: str,
 
 
 def test_capability_filter_off_by_policy(registry: Registry) -> None:
-    plugin = injector(registry, parse_policy({"capabilities": {"filter": False}}))
+    plugin = injector(registry, nvidia_policy({"capabilities": {"filter": False}}))
     adj = plugin.create_container(pod(**{"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}), container())
     assert adj is not None and len(adj.mounts) == 3
 
@@ -136,12 +138,12 @@ def test_requirements(registry: Registry, env: str, device: str,
         with pytest.raises(RpcError, match=re.escape(error)) as info:
             plugin.create_container(*args)
         assert isinstance(info.value.__cause__, RequirementError)
-    off = injector(registry, parse_policy({"requirements": {"enforce": False}}))
+    off = injector(registry, nvidia_policy({"requirements": {"enforce": False}}))
     assert off.create_container(*args) is not None
 
 
 def test_source_denial_and_env_ignored(registry: Registry) -> None:
-    policy = parse_policy({"sources": {"podAnnotations": {"namespaces": ["ml"]}}})
+    policy = nvidia_policy({"sources": {"podAnnotations": {"namespaces": ["ml"]}}})
     plugin = injector(registry, policy)
     with pytest.raises(RpcError, match=re.escape("sources.podAnnotations.namespaces")) as info:
         plugin.create_container(pod("web", **{"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}),
@@ -149,7 +151,7 @@ def test_source_denial_and_env_ignored(registry: Registry) -> None:
     assert isinstance(info.value.__cause__, PolicyDenied)
     # NVIDIA_VISIBLE_DEVICES is off by default: ignored, not refused.
     assert plugin.create_container(pod("web"), container("NVIDIA_VISIBLE_DEVICES=all")) is None
-    on = injector(registry, parse_policy(
+    on = injector(registry, nvidia_policy(
         {"sources": {"visibleDevicesEnv": {"enabled": True, "privilegedOnly": False}}}))
     adj = on.create_container(pod("web"), container("NVIDIA_VISIBLE_DEVICES=1"))
     assert adj is not None and [d.path for d in adj.linux.devices] == ["/dev/nvidia1"]
@@ -188,19 +190,22 @@ def test_report_action_stops_nothing(registry: Registry,
                                      caplog: pytest.LogCaptureFixture) -> None:
     starved = live("c2", "starved", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
     found = find_unserved([pod()], [starved], Policy(), [NvidiaRules()], registry)
-    counters: dict[str, int] = {}
-    asyncio.run(act(None, found, "report", counters))
-    assert counters == {"unserved_reported": 1}
+    counters = Counters()
+    asyncio.run(act(found, "report", counters))
+    assert counters == Counters(unserved_reported=1)
     assert "fail-closed report: container starved" in caplog.text
 
 
 def test_synchronize_hands_unserved_to_callback(registry: Registry) -> None:
-    plugin = injector(registry)
-    got: list[object] = []
-    plugin.on_unserved = got.extend
+    got: list[tuple[list[Unserved], str]] = []
+    plugin = StartGuard(injector(registry), act=lambda found, action: got.append((found, action)))
     starved = live("c2", "starved", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
-    assert plugin.synchronize([pod()], [starved, live("c3", "plain")]) is None
-    assert len(got) == 1 and plugin.counters["unserved_found"] == 1
+    starved.pid = 4242  # started: acted on now (not started: when it starts)
+    waiting = live("c4", "waiting", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
+    assert plugin.synchronize([pod()], [starved, live("c3", "plain"), waiting]) is None
+    assert [([u.name for u in found], action) for found, action in got] == [
+        (["starved"], "evict")]
+    assert plugin.counters.unserved_found == 2 and list(plugin._pending) == ["c4"]
 
 
 # --- registry and facts swapped together, structured refusal reasons ----------------------
@@ -245,7 +250,7 @@ def test_registry_holder_swaps_snapshot_and_facts_in_one_object(registry: Regist
 def test_refusals_carry_a_structured_reason(registry: Registry, policy: dict[str, object],
                                             env: list[str], annotations: dict[str, str],
                                             rule: str, device: str | None) -> None:
-    plugin = injector(registry, parse_policy(policy))
+    plugin = injector(registry, nvidia_policy(policy))
     with pytest.raises(RpcError) as info:
         plugin.create_container(pod(**annotations), container(*env))
     cause = info.value.__cause__

@@ -12,6 +12,7 @@ import pytest
 
 from nri_plugin.ops.logformat import JsonFormatter, log_formatter
 from nri_plugin.ops.metrics import Metrics, parse_address
+from nri_plugin.plugins.cdi_injector.counters import Counters
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -53,6 +54,16 @@ def test_counts_and_endpoints() -> None:
         assert _get(base + "/nope")[0] == 404
     finally:
         server.close()
+
+
+def test_health_shows_the_plugin_counters() -> None:
+    counters = Counters()
+    m = Metrics(counters)
+    counters.injected += 2
+    counters.unserved_evicted += 1
+    health = m.health()
+    assert health["counters"]["injected"] == 2 and health["counters"]["unserved_evicted"] == 1
+    assert "counters" not in Metrics().health()
 
 
 def test_parse_address() -> None:

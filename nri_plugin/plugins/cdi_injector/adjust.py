@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cdi.edits import apply
-from cdi.hooks.libpath import EXTRA_ENV, LIBRARY_PATH_ENV, merge_library_path
+from cdi.libpath import EXTRA_ENV, LIBRARY_PATH_ENV, merge_library_path
 from cdi.model import ContainerEdits, DeviceNode
 from cdi.oci import cgroup_access
 from nri_plugin.api import nri_pb2
@@ -82,7 +82,7 @@ def to_adjustment(
     """The adjustment that gives a container ``edits``; raises UnsupportedEditsError.
 
     ``image_library_path`` is the container's own LD_LIBRARY_PATH: hook-free specs ask for
-    their library folders to be appended to it (see ``cdi.hooks.libpath``).
+    their library folders to be appended to it (see ``cdi.libpath``).
     """
     reasons = unsupported_edits(edits, runtime)
     if reasons:

@@ -6,7 +6,7 @@ slow, containers are created without its adjustments. Two checks close it:
 * each (re)connection starts with a Synchronize listing every container;
   ``find_unserved`` (pure) picks the live ones that asked for devices and do not have
   them, and ``act`` stops or reports them;
-* ``StartGuard`` checks every container once more when it is created and started
+* ``guard.StartGuard`` checks every container once more when it is created and started
   (PostCreateContainer, StartContainer, PostStartContainer): one whose creation did not
   pass through us (it straddled our reconnection, or was created while we were away
   and not started yet, pid 0 at Synchronize) is stopped before its process runs.
@@ -31,40 +31,37 @@ import contextlib
 import logging
 import os
 import signal
-from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
 from cdi.errors import UnresolvedDevicesError
 from nri_plugin.api import nri_pb2
-from nri_plugin.api.events import EventMask
-from nri_plugin.dispatch import RpcError
 from nri_plugin.errors import Refusal
-from nri_plugin.plugins.cdi_injector.policy import Policy
-from nri_plugin.plugins.cdi_injector.requests import container_requests
-from nri_plugin.plugins.cdi_injector.sources import (
-    container_mounts,
-    env_map,
-    gather,
-    is_privileged,
-)
+from nri_plugin.plugins.cdi_injector.context import check_sources, read_context
+from nri_plugin.plugins.cdi_injector.counters import Counters
+from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
+from nri_plugin.plugins.cdi_injector.requests import NRI_PLUGINS_DOMAIN, container_requests
+from nri_plugin.plugins.cdi_injector.sources import all_sources
 from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules
-from nri_plugin.wire import Code
 
 log = logging.getLogger("nri_cdi.failclosed")
 # Created (not started: the init process waits) and running containers can be used.
 _LIVE_STATES = (nri_pb2.CONTAINER_CREATED, nri_pb2.CONTAINER_RUNNING, nri_pb2.CONTAINER_PAUSED)
 
 
-# The other injectors' pod annotation keys are request keys too (nri-plugins', NVIDIA's).
-_REQUEST_KEY_PREFIXES = (ANNOTATION_PREFIX, "cdi.nri.io", "nvidia.cdi.k8s.io/")
+# The other injectors' pod annotation keys are request keys too (nri-plugins', and those
+# the vendors declare).
+_REQUEST_KEY_PREFIXES = (ANNOTATION_PREFIX, NRI_PLUGINS_DOMAIN)
 
 
-def _any_request_key(annotations: Mapping[str, str]) -> bool:
-    return any(k.startswith(_REQUEST_KEY_PREFIXES) for k in annotations)
+def _request_key_prefixes(vendors: Sequence[VendorRules]) -> tuple[str, ...]:
+    return _REQUEST_KEY_PREFIXES + tuple(p for v in vendors for p in v.annotation_prefixes)
+
+
+def _any_request_key(annotations: Mapping[str, str], prefixes: tuple[str, ...]) -> bool:
+    return any(k.startswith(prefixes) for k in annotations)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,26 +82,33 @@ def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_p
     (the runtime's own CDI is on) devices named in container cdi.k8s.io annotations are the
     runtime's: it injected them, or it did not create the container."""
     by_id = {p.id: p for p in pods}
-    asking_pods = {p.id for p in pods if _any_request_key(p.annotations)}
-    env_prefixes = tuple(prefix for v in vendors if policy.sources[v.env_source].enabled
-                         for prefix in v.env_request_prefixes)
-    mounts_ask = policy.sources["volumeMounts"].enabled  # device-plugin volume mounts
+    keys = _request_key_prefixes(vendors)
+    asking_pods = {p.id for p in pods if _any_request_key(p.annotations, keys)}
+    # A vendor's env entries count where one of its env sources that reads devices is on.
+    env_asks = tuple(prefix for v in vendors if _enabled(policy, v, "env")
+                     for prefix in v.env_request_prefixes)
+    mounts_ask = any(_enabled(policy, v, "mounts") for v in vendors)
     out = []
     for container in containers:
         if container.state not in _LIVE_STATES:
             continue
         # Cheap test first: most containers ask for nothing by any source.
         if (container.pod_sandbox_id not in asking_pods
-                and not _any_request_key(container.annotations)
+                and not _any_request_key(container.annotations, keys)
                 and not (mounts_ask and container.mounts)
-                and not (env_prefixes and any(e.startswith(env_prefixes)
+                and not (env_asks and any(e.startswith(env_asks)
                                               for e in container.env))):
             continue
         pod = by_id.get(container.pod_sandbox_id)
-        found = _unserved(pod, container, policy, vendors, registry, native_cdi)
+        found = container_unserved(pod, container, policy, vendors, registry, native_cdi)
         if found is not None:
             out.append(found)
     return out
+
+
+def _enabled(policy: Policy, vendor: VendorRules, read_from: str) -> bool:
+    return any(policy.rule(s.name, s.default).enabled for s in vendor.sources
+               if s.read_from == read_from and s.read is not None)
 
 
 # Device names one container may ask for, all sources together. Parsing is linear but not
@@ -132,30 +136,27 @@ def too_many_names(pod_annotations: Mapping[str, str], container: nri_pb2.Contai
     return None
 
 
-def _env_prefixes(vendors: Sequence[VendorRules]) -> tuple[str, ...]:
+def env_prefixes(vendors: Sequence[VendorRules]) -> tuple[str, ...]:
     return tuple(prefix for vendor in vendors for prefix in vendor.env_request_prefixes)
 
 
-def _unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container, policy: Policy,
-              vendors: Sequence[VendorRules], registry: Registry,
-              native_cdi: bool = False) -> Unserved | None:
+def container_unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
+                       policy: Policy, vendors: Sequence[VendorRules], registry: Registry,
+                       native_cdi: bool = False) -> Unserved | None:
+    """Whether one live container lacks devices it asked for (None: it does not)."""
     annotations: Mapping[str, str] = pod.annotations if pod is not None else {}
-    namespace = pod.namespace if pod is not None else ""
-    excess = too_many_names(annotations, container, _env_prefixes(vendors))
+    excess = too_many_names(annotations, container, env_prefixes(vendors))
     if excess is not None:
         return _item(pod, container, (), f"its request is invalid ({excess})")
+    snapshot = registry.snapshot
     try:
-        gathered = gather(policy, vendors, registry, namespace=namespace,
-                          container_name=container.name, pod_annotations=annotations,
-                          container_annotations=container.annotations,
-                          env=env_map(container.env), privileged=is_privileged(container),
-                          mounts=container_mounts(container))
+        context = read_context(pod, container, all_sources(registry.paired(vendors)), policy,
+                               snapshot)
     except Refusal as exc:
         return _item(pod, container, (), f"its request is invalid ({exc})")
-    if not gathered.requests:
+    if not context.requests:
         return None
-    snapshot = registry.snapshot
-    requests = [r.name for r in gathered.requests]
+    requests = [r.name for r in context.requests]
     if native_cdi:
         theirs = {r.name for r in container_requests(container.annotations)}
         requests = [n for n in requests if n not in theirs]
@@ -164,8 +165,10 @@ def _unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container, poli
     if not missing:
         return None
     reason = f"asked for {', '.join(missing)} and does not have them"
-    if gathered.denied:
-        reason += f"; the policy would have refused it: {gathered.denied}"
+    try:
+        check_sources(context, policy)
+    except PolicyDenied as denied:
+        reason += f"; the policy would have refused it: {denied}"
     return _item(pod, container, missing, reason)
 
 
@@ -297,177 +300,24 @@ def kill(unserved: Sequence[Unserved], root: str = CGROUP_ROOT) -> list[str]:
     return failed
 
 
-async def act(stub: object, unserved: Sequence[Unserved], action: str,
-              counters: dict[str, int] | None = None) -> None:
+async def act(unserved: Sequence[Unserved], action: str, counters: Counters) -> int:
     """Stop (SIGKILL, never through the runtime: see the module doc) or only report, as
-    the policy says. ``stub`` is unused (kept for callers)."""
-    counters = counters if counters is not None else {}
+    the policy's ``action`` says; how many were stopped. A task, so that it runs after the
+    Synchronize reply (the runtime holds its lock until it has it)."""
     if action == "report":
-        counters["unserved_reported"] = counters.get("unserved_reported", 0) + len(unserved)
+        counters.unserved_reported += len(unserved)
         for item in unserved:
             log.warning("fail-closed report: container %s (%s) of pod %s: %s (policy "
                         "failClosed.action: report; not stopped)", item.name,
                         item.container_id, item.pod, item.reason)
-        return
+        return 0
     failed = set(kill(unserved))
+    stopped = 0
     for item in unserved:
         if item.container_id in failed:
             continue
-        counters["unserved_evicted"] = counters.get("unserved_evicted", 0) + 1
+        stopped += 1
+        counters.unserved_evicted += 1
         log.warning("fail-closed evict: stopped container %s (%s) of pod %s: %s",
                     item.name, item.container_id, item.pod, item.reason)
-
-
-class StartGuard:
-    """Mixin for ``CdiInjector`` (put it first in the bases): the second check.
-
-    Remembers the containers whose creation it served, and at PostCreateContainer,
-    StartContainer and PostStartContainer checks any other container that asks for
-    devices: if it lacks them it is stopped before its process runs (StartContainer:
-    the task exists, not started) or right after (PostStartContainer), or only reported
-    under ``failClosed.action: report``. Containers Synchronize found created but not
-    started (pid 0) are remembered by ``defer_unserved`` and stopped the same way.
-    Everything it keeps is bounded (``REMEMBER``) and forgotten at RemoveContainer.
-    """
-
-    REMEMBER = 65536  # containers remembered as served / pending, oldest dropped first
-
-    # Provided by CdiInjector.
-    policy: Any
-    counters: dict[str, int]
-    vendors: tuple[VendorRules, ...]
-    runtime: Any
-    _registry: Callable[[], Registry]
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._served: OrderedDict[str, None] = OrderedDict()
-        self._pending: OrderedDict[str, Unserved] = OrderedDict()
-        self._reported: OrderedDict[str, None] = OrderedDict()
-        self.cgroup_root = CGROUP_ROOT
-        self.on_stopped: Callable[[int], None] | None = None  # metrics: count stops
-
-    # --- what we remember ---
-
-    def _remember(self, table: OrderedDict[str, Any], key: str, value: Any = None) -> None:
-        table[key] = value
-        table.move_to_end(key)
-        while len(table) > self.REMEMBER:
-            table.popitem(last=False)
-
-    def create_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> Any:
-        excess = too_many_names(pod.annotations, container, _env_prefixes(self.vendors))
-        if excess is not None:  # refused before any parsing: bounded time and memory
-            log.warning("refused container %s of pod %s/%s: %s", container.name,
-                        pod.namespace, pod.name, excess)
-            raise RpcError(Code.INVALID_ARGUMENT, f"CreateContainer: {excess}")
-        result = super().create_container(pod, container)  # type: ignore[misc]
-        if result is not None:
-            self._remember(self._served, container.id)
-        return result
-
-    # The events the guard needs on every runtime, whatever the injector subscribes to.
-    GUARD_EVENTS = (EventMask.POST_CREATE_CONTAINER | EventMask.START_CONTAINER
-                    | EventMask.POST_START_CONTAINER | EventMask.REMOVE_CONTAINER)
-
-    def configure(self, config: str, runtime_name: str, runtime_version: str) -> Any:
-        mask = super().configure(config, runtime_name, runtime_version)  # type: ignore[misc]
-        return None if mask is None else mask | self.GUARD_EVENTS
-
-    def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
-        super().remove_container(pod, container)  # type: ignore[misc]
-        for table in (self._served, self._pending, self._reported):
-            table.pop(container.id, None)
-
-    def defer_unserved(self, unserved: Sequence[Unserved]) -> list[Unserved]:
-        """Split what Synchronize found: containers not started yet (pid 0: nothing to
-        stop) are remembered and stopped when they start; the rest is returned."""
-        now = []
-        for item in unserved:
-            if item.pid > 0:
-                now.append(item)
-                continue
-            self._remember(self._pending, item.container_id, item)
-            if self.policy.fail_closed_action != "report":
-                log.warning("fail-closed: container %s (%s) of pod %s is created but not "
-                            "started; it will be stopped when it starts: %s", item.name,
-                            item.container_id, item.pod, item.reason)
-        return now
-
-    # --- the checks ---
-
-    def post_create_container(self, pod: nri_pb2.PodSandbox,
-                              container: nri_pb2.Container) -> None:
-        super().post_create_container(pod, container)  # type: ignore[misc]
-        self._check(pod, container, "post-create")
-
-    def start_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
-        self._check(pod, container, "start")
-
-    def post_start_container(self, pod: nri_pb2.PodSandbox,
-                             container: nri_pb2.Container) -> None:
-        self._check(pod, container, "post-start")
-
-    def _judge(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> Unserved | None:
-        if container.id in self._served:
-            return None
-        pending = self._pending.get(container.id)
-        if pending is not None:
-            return pending
-        return _unserved(pod, container, self.policy, self.vendors, self._registry(),
-                         self.runtime.native_cdi is True)
-
-    def _check(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, stage: str) -> None:
-        item = self._judge(pod, container)
-        log.debug("%s check of container %s (%s): pid %d, cgroup %r, %d devices: %s", stage,
-                  container.name, container.id, container.pid, container.linux.cgroups_path,
-                  len(container.linux.devices), "unserved" if item else "ok")
-        if item is None:
-            return
-        if self.policy.fail_closed_action == "report":
-            if container.id not in self._reported:
-                self._remember(self._reported, container.id)
-                self.counters["unserved_reported"] = self.counters.get(
-                    "unserved_reported", 0) + 1
-                log.warning("fail-closed report: container %s (%s) of pod %s was not served "
-                            "by the plugin (seen at %s): %s (policy failClosed.action: "
-                            "report; not stopped)", item.name, item.container_id, item.pod,
-                            stage, item.reason)
-            return
-        if stage == "post-create":
-            if container.id not in self._pending:
-                self._remember(self._pending, container.id, item)
-                log.warning("fail-closed: container %s (%s) of pod %s was created without "
-                            "passing through the plugin; it will be stopped when it starts: "
-                            "%s", item.name, item.container_id, item.pod, item.reason)
-            return
-        self._stop(container, item, stage)
-
-    def _stop(self, container: nri_pb2.Container, item: Unserved, stage: str) -> None:
-        try:
-            how = stop_processes(container.pid, container.linux.cgroups_path or
-                                 item.cgroups_path, self.cgroup_root)
-        except OSError as exc:
-            how, error = None, exc.strerror or str(exc)
-        else:
-            error = ""
-        when = "before it ran" if stage == "start" else "as it started"
-        if how is not None:
-            self._pending.pop(container.id, None)
-            self.counters["unserved_evicted"] = self.counters.get("unserved_evicted", 0) + 1
-            if self.on_stopped is not None:
-                self.on_stopped(1)
-            log.warning("fail-closed evict: stopped container %s (%s) of pod %s %s (%s): %s",
-                        item.name, item.container_id, item.pod, when, how, item.reason)
-        else:
-            self._remember(self._pending, container.id, item)
-            log.error("fail-closed: container %s (%s) of pod %s must not run without its "
-                      "devices but could not be stopped at %s (%s); %s", item.name,
-                      item.container_id, item.pod, stage, error or "no process found",
-                      "trying again after it starts" if stage == "start" else "giving up")
-        if stage == "start":
-            # Where the runtime honours it (containerd >= 1.7.30, 2.x), this fails the
-            # start outright; elsewhere it is only logged, and the kill above did it.
-            raise RpcError(Code.FAILED_PRECONDITION,
-                           f"nri-cdi: container {item.name} ({item.container_id}) was "
-                           f"created without the plugin: {item.reason}")
+    return stopped

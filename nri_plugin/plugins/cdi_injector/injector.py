@@ -1,12 +1,14 @@
 """The shipped plugin: CDI device requests → a ContainerAdjustment.
 
-``plan_injection`` is pure (a snapshot, the requests, what the runtime can do → an
-adjustment or an InjectionError); ``CdiInjector`` is the thin Plugin around it: it gathers
-the requests from the sources the policy allows, checks the policy's device rules, then
-asks each vendor's rules (``vendor.VendorRules``: for NVIDIA, NVIDIA_REQUIRE_* against the
-node facts and NVIDIA_DRIVER_CAPABILITIES as an edit filter). Vendor-neutral: nothing here
-knows a vendor. Nothing here reads files: the registry (snapshot plus the vendors' facts
-for it) and the policy were loaded ahead and are swapped in whole by a refresher.
+One pass per container (``CdiInjector.adjustment_for``): the container is read once into an
+immutable ``ContainerContext`` (identity, env, annotations, mounts, and the requests of
+every source the policy lets it use), the policy's device rules are checked, the devices
+are looked up once, each vendor gives its one verdict (``vendor.VendorRules.verdict``: a
+refusal, or a filter of the edits), and ``plan_devices`` decides first whether the devices
+go to the runtime's own CDI and then builds the adjustment. Errors are raised where they
+are found. Vendor-neutral: nothing here knows a vendor. Nothing here reads files: the
+registry (snapshot plus the vendors' facts for it) and the policy were loaded ahead and
+are swapped in whole by a refresher.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from cdi.cache import Snapshot
 from cdi.device import Device
 from cdi.edits import merge
 from cdi.errors import UnresolvedDevicesError
+from cdi.libpath import LIBRARY_PATH_ENV
 from cdi.model import ContainerEdits
 from nri_plugin.api import nri_pb2
 from nri_plugin.api.events import EventMask
@@ -32,6 +35,12 @@ from nri_plugin.plugins.cdi_injector.adjust import (
     to_adjustment,
     unsupported_edits,
 )
+from nri_plugin.plugins.cdi_injector.context import (
+    ContainerContext,
+    check_sources,
+    read_context,
+)
+from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.delegation import (
     DelegationTracker,
     RuntimeCdiConfig,
@@ -42,13 +51,13 @@ from nri_plugin.plugins.cdi_injector.failclosed import Unserved, find_unserved
 from nri_plugin.plugins.cdi_injector.native import injected_by_runtime, log_runtime_facts
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
-from nri_plugin.plugins.cdi_injector.sources import (
-    container_mounts,
-    env_map,
-    gather,
-    is_privileged,
+from nri_plugin.plugins.cdi_injector.sources import all_sources
+from nri_plugin.plugins.cdi_injector.vendor import (
+    EditFilter,
+    Registry,
+    RequestSource,
+    VendorRules,
 )
-from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules
 from nri_plugin.runtime import RuntimeInfo
 from nri_plugin.wire import Code
 
@@ -71,9 +80,18 @@ class Injection:
     dropped_gids: tuple[int, ...] = ()
 
 
-def plan_injection(
+def plan_injection(snapshot: Snapshot, requests: Sequence[DeviceRequest], runtime: RuntimeInfo,
+                   *, uid: int = 0, gid: int = 0, edit_filter: EditFilter | None = None,
+                   library_path: str = "", drop_gids: bool = False) -> Injection:
+    """``plan_devices`` for the devices ``requests`` name."""
+    return plan_devices(snapshot, lookup_devices(snapshot, requests), runtime, uid=uid,
+                        gid=gid, edit_filter=edit_filter, library_path=library_path,
+                        drop_gids=drop_gids)
+
+
+def plan_devices(
     snapshot: Snapshot,
-    requests: list[DeviceRequest],
+    devices: Sequence[Device],
     runtime: RuntimeInfo,
     *,
     uid: int = 0,
@@ -82,48 +100,16 @@ def plan_injection(
     library_path: str = "",
     drop_gids: bool = False,
 ) -> Injection:
-    """``edit_filter``: the vendor rules' filter of the resolved edits (e.g. the driver
-    mounts of capabilities not asked for); None keeps everything. ``library_path``: the
-    container's own LD_LIBRARY_PATH, which hook-free specs append their folders to.
-    ``drop_gids``: where additionalGids are all that NRI cannot carry and the runtime's own
-    CDI cannot take the devices either, inject without them instead of refusing."""
-    devices = _lookup(snapshot, requests)
-    by_spec: dict[str, list[Device]] = {}
-    for device in devices:
-        by_spec.setdefault(device.spec.path, []).append(device)
-    ours: list[Device] = []
-    delegated: list[Device] = []
-    dropped: set[int] = set()
-    for path, group in by_spec.items():
-        edits = _merged(snapshot, path, group)
-        reasons = unsupported_edits(edits, runtime)
-        # additionalGids are all NRI cannot carry: without them, nothing would be left.
-        gids_only = drop_gids and bool(reasons) and not unsupported_edits(
-            edits._replace(additional_gids=()), runtime)
-        if not reasons:
-            ours += group
-        elif runtime.supports_cdi_devices and not (
-                gids_only and delegation_problems(group, runtime)):
-            delegated += group  # the runtime's own CDI applies what NRI cannot carry
-        elif gids_only:
-            ours += group
-            dropped.update(g for g in edits.additional_gids if g != 0)
-        else:
-            names = ", ".join(d.qualified_name for d in group)
-            raise InjectionError(
-                f"CDI devices {names} need edits that NRI cannot apply on "
-                f"{runtime.describe()}: {'; '.join(reasons)}; a runtime that resolves "
-                "CDI_devices itself (containerd >= 2.1 or >= 1.7.30, CRI-O >= 1.34) can",
-                rule="unsupportedEdits", device=group[0].qualified_name)
-    if delegated:
-        # All or nothing: NRI applies our edits before the runtime's CDI, so a mix merges
-        # env, mounts and device rules in another order than native CDI would (and NRI's
-        # rw rule for a device we add could widen a read-only one of the same number).
-        ours, delegated = [], list(devices)
-    else:
-        ours = list(devices)  # request order, as native CDI merges
-    _check_delegation(delegated, runtime)
-    edits = snapshot.resolve(d.qualified_name for d in ours) if ours else ContainerEdits()
+    """The adjustment for ``devices`` (looked up, in request order). ``edit_filter``: the
+    vendors' filter of the resolved edits (e.g. the driver mounts of capabilities not asked
+    for); None keeps everything. ``library_path``: the container's own LD_LIBRARY_PATH,
+    which hook-free specs append their folders to. ``drop_gids``: where additionalGids are
+    all that NRI cannot carry and the runtime's own CDI cannot take the devices either,
+    inject without them instead of refusing."""
+    delegate, dropped = decide_delegation(snapshot, devices, runtime, drop_gids)
+    ours = () if delegate else tuple(devices)
+    delegated = tuple(devices) if delegate else ()
+    edits = snapshot.merged_edits(ours) if ours else ContainerEdits()
     if dropped:
         edits = edits._replace(additional_gids=())
     edits = as_native_file_modes(edits, spec_device_nodes(snapshot, ours), runtime)
@@ -136,10 +122,52 @@ def plan_injection(
     return Injection(adjustment=adjustment,
                      devices=tuple(d.qualified_name for d in ours),
                      delegated=tuple(d.qualified_name for d in delegated),
-                     dropped_gids=tuple(sorted(dropped)))
+                     dropped_gids=dropped)
 
 
-def _check_delegation(delegated: list[Device], runtime: RuntimeInfo) -> None:
+def decide_delegation(snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeInfo,
+                      drop_gids: bool) -> tuple[bool, tuple[int, ...]]:
+    """(whether every device goes to the runtime's own CDI, the additionalGids left out).
+
+    All or nothing: NRI applies our edits before the runtime's CDI, so a mix merges env,
+    mounts and device rules in another order than native CDI would (and NRI's rw rule for
+    a device we add could widen a read-only one of the same number). Raises InjectionError
+    for edits neither can apply, or devices the runtime's CDI would fail on."""
+    delegate = False
+    dropped: set[int] = set()
+    for group in _by_spec(devices).values():
+        edits = _merged(snapshot, group[0].spec.path, group)
+        reasons = unsupported_edits(edits, runtime)
+        if not reasons:
+            continue
+        # additionalGids are all NRI cannot carry: without them, nothing would be left.
+        gids_only = drop_gids and not unsupported_edits(
+            edits._replace(additional_gids=()), runtime)
+        if runtime.supports_cdi_devices and not (
+                gids_only and delegation_problems(group, runtime)):
+            delegate = True  # the runtime's own CDI applies what NRI cannot carry
+        elif gids_only:
+            dropped.update(g for g in edits.additional_gids if g != 0)
+        else:
+            names = ", ".join(d.qualified_name for d in group)
+            raise InjectionError(
+                f"CDI devices {names} need edits that NRI cannot apply on "
+                f"{runtime.describe()}: {'; '.join(reasons)}; a runtime that resolves "
+                "CDI_devices itself (containerd >= 2.1 or >= 1.7.30, CRI-O >= 1.34) can",
+                rule="unsupportedEdits", device=group[0].qualified_name)
+    if delegate:
+        _check_delegation(devices, runtime)
+    return delegate, tuple(sorted(dropped))
+
+
+def _by_spec(devices: Sequence[Device]) -> dict[str, list[Device]]:
+    by_spec: dict[str, list[Device]] = {}
+    for device in devices:
+        by_spec.setdefault(device.spec.path, []).append(device)
+    return by_spec
+
+
+def _check_delegation(delegated: Sequence[Device], runtime: RuntimeInfo) -> None:
     problems = delegation_problems(delegated, runtime)
     if problems:
         raise InjectionError(
@@ -148,7 +176,9 @@ def _check_delegation(delegated: list[Device], runtime: RuntimeInfo) -> None:
             + "; ".join(problems))
 
 
-def _lookup(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> list[Device]:
+def lookup_devices(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> list[Device]:
+    """The requested devices, in request order; InjectionError naming each unknown one and
+    the source that asked for it."""
     try:
         return snapshot.lookup(r.name for r in requests)
     except UnresolvedDevicesError as exc:
@@ -161,6 +191,14 @@ def _lookup(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> list[Devic
 
 def _merged(snapshot: Snapshot, spec_path: str, group: list[Device]) -> ContainerEdits:
     return merge([snapshot.specs[spec_path].edits, *(d.edits for d in group)])
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What the policy's device rules and the vendors' verdicts leave of a request."""
+
+    devices: tuple[Device, ...]  # looked up, in request order
+    edit_filter: EditFilter | None  # the vendors' filters, in vendor order
 
 
 class CdiInjector(Plugin):
@@ -176,25 +214,29 @@ class CdiInjector(Plugin):
         *,
         vendors: Sequence[VendorRules] = (),
         policy: Policy | None = None,
-        on_unserved: Callable[[list[Unserved]], None] | None = None,
         runtime_cdi: RuntimeCdiConfig | None = None,
+        counters: Counters | None = None,
     ) -> None:
         # Returns the current registry (snapshot + the vendors' facts for it, in the order
         # of ``vendors``), replaced whole by the refresher; never does I/O.
         self._registry = registry
         self.vendors = tuple(vendors)
-        self.policy = policy or Policy()
-        self.on_unserved = on_unserved  # gets the containers Synchronize found unserved
+        self.policy = policy or Policy.defaults(self.vendors)
         self.runtime = RuntimeInfo()
         # The runtime's own CDI set-up (the daemon reads it); None: unknown, so annotations
         # are not assumed injected by the runtime and delegation is not checked ahead.
         self.runtime_cdi = runtime_cdi
+        self.counters = counters if counters is not None else Counters()
         self.delegations = DelegationTracker()
         self._plans: OrderedDict[tuple[object, ...], Injection] = OrderedDict()
         # Policy + vendor decisions, same idea: keyed by all they read.
-        self._decisions: OrderedDict[tuple[object, ...], tuple[EditFilter, ...]] = OrderedDict()
-        # Counters for logs and metrics; plain ints, read without locking.
-        self.counters: dict[str, int] = {"injected": 0, "refused": 0, "unserved_found": 0}
+        self._decisions: OrderedDict[tuple[object, ...], Decision] = OrderedDict()
+        self._sources_of: tuple[Registry | None, tuple[tuple[RequestSource, object], ...]] = (
+            None, ())
+
+    def registry(self) -> Registry:
+        """The registry in force now (what one container's decision reads, once)."""
+        return self._registry()
 
     def set_policy(self, policy: Policy) -> None:
         """Put a new (validated) policy in force; decisions made under the old one go."""
@@ -218,7 +260,9 @@ class CdiInjector(Plugin):
 
     def plan(self, requests: Sequence[DeviceRequest], uid: int, gid: int,
              edit_filter: EditFilter | None = None, *, library_path: str = "",
-             registry: Registry | None = None) -> Injection:
+             registry: Registry | None = None,
+             devices: Sequence[Device] | None = None) -> Injection:
+        """The plan for ``requests`` (cached); ``devices``: already looked up for them."""
         snapshot = (registry or self._registry()).snapshot
         drop_gids = self.policy.additional_gids == "drop"
         key = (snapshot.generation, id(snapshot), tuple(r.name for r in requests), uid, gid,
@@ -227,30 +271,28 @@ class CdiInjector(Plugin):
         if cached is not None:
             self._plans.move_to_end(key)
             return cached
-        injection = plan_injection(snapshot, list(requests), self.runtime, uid=uid, gid=gid,
-                                   edit_filter=edit_filter, library_path=library_path,
-                                   drop_gids=drop_gids)
+        if devices is None:
+            devices = lookup_devices(snapshot, requests)
+        injection = plan_devices(snapshot, devices, self.runtime, uid=uid, gid=gid,
+                                 edit_filter=edit_filter, library_path=library_path,
+                                 drop_gids=drop_gids)
         self._plans[key] = injection
         if len(self._plans) > self.PLAN_CACHE_SIZE:
             self._plans.popitem(last=False)
         return injection
 
-    def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
-                    containers: Sequence[nri_pb2.Container]) -> None:
-        """Fail-closed: find the containers created while we were away that asked for
-        devices they did not get, and hand them to ``on_unserved`` (evict or report). The
-        reply must go first (the runtime holds its lock until it has it), so acting on them
-        is left to the callback, which schedules it."""
+    def find_unserved(self, pods: Sequence[nri_pb2.PodSandbox],
+                      containers: Sequence[nri_pb2.Container]) -> list[Unserved]:
+        """The containers Synchronize lists that were created while we were away and lack
+        the devices they asked for (counted and logged; acting on them is the guard's)."""
         unserved = find_unserved(pods, containers, self.policy, self.vendors,
                                  self._registry(), native_cdi=self.runtime.native_cdi is True)
-        self.counters["unserved_found"] += len(unserved)
+        self.counters.unserved_found += len(unserved)
         for item in unserved:
             log.warning("container %s (%s) of pod %s was created without its devices while "
                         "the plugin was away: %s", item.name, item.container_id, item.pod,
                         item.reason)
-        if unserved and self.on_unserved is not None:
-            self.on_unserved(unserved)
-        return None
+        return unserved
 
     def create_container(
         self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
@@ -259,7 +301,7 @@ class CdiInjector(Plugin):
         try:
             injection = self.adjustment_for(pod, container)
         except Refusal as exc:
-            self.counters["refused"] += 1
+            self.counters.refused += 1
             log.warning("refused container %s of pod %s/%s: %s", container.name,
                         pod.namespace, pod.name, exc)
             # An expected answer, not a bug: an error status with the reason (the same text
@@ -267,7 +309,7 @@ class CdiInjector(Plugin):
             raise RpcError(Code.UNKNOWN, f"CreateContainer: {type(exc).__name__}: {exc}") from exc
         if injection is None:
             return None
-        self.counters["injected"] += 1
+        self.counters.injected += 1
         micros = (time.perf_counter_ns() - start) // 1000
         label = f"container={container.name} pod={pod.namespace}/{pod.name}"
         if injection.dropped_gids:
@@ -296,7 +338,7 @@ class CdiInjector(Plugin):
     def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
         entry = self.delegations.undone(container.id)
         if entry is not None:
-            self.counters["delegation_failed"] = self.counters.get("delegation_failed", 0) + 1
+            self.counters.delegation_failed += 1
             log.warning("the runtime did not create %s: its own CDI could not inject %s (its "
                         "log says why, e.g. 'CDI device injection failed: unresolvable CDI "
                         "devices'); nri-cdi doctor checks that it reads the plugin's spec "
@@ -304,55 +346,68 @@ class CdiInjector(Plugin):
 
     def adjustment_for(self, pod: nri_pb2.PodSandbox,
                        container: nri_pb2.Container) -> Injection | None:
-        """The whole decision for one container (no I/O); raises a Refusal with the reason.
-        The registry is read once: every step sees the same snapshot and facts."""
+        """The whole decision for one container, in one pass (no I/O); raises a Refusal
+        with the reason. The registry and the policy are read once: every step sees the
+        same snapshot, facts and rules."""
         registry, policy = self._registry(), self.policy
-        env = env_map(container.env)
-        privileged = is_privileged(container)
-        gathered = gather(policy, self.vendors, registry, namespace=pod.namespace,
-                          container_name=container.name, pod_annotations=pod.annotations,
-                          container_annotations=container.annotations, env=env,
-                          privileged=privileged, mounts=container_mounts(container))
-        if gathered.denied is not None:
-            raise gathered.denied
-        requests = not_yet_injected(gathered.requests, container, registry.snapshot,
-                                    privileged, native_cdi=self.runtime.native_cdi)
-        # No device, but the env may ask for edits of none (NVIDIA: the driver alone).
-        extras = not requests and any(v.asks_extras(env) for v in self.vendors)
-        if not requests and not extras:
+        context = read_context(pod, container, self._sources(registry), policy,
+                               registry.snapshot)
+        check_sources(context, policy)
+        requests = not_yet_injected(context.requests, container, registry.snapshot,
+                                    context.privileged, native_cdi=self.runtime.native_cdi)
+        # No device, but the env may ask for edits of none (a vendor's extras_env).
+        if not requests and not self._asks_extras(context):
             return None
-        filters = self._decide(requests, pod.namespace, privileged, env, registry)
-        if not requests and not filters:
+        decision = self._decide(context, requests, registry, policy)
+        if not requests and decision.edit_filter is None:
             return None
-        user = container.user if container.HasField("user") else None
-        injection = self.plan(requests, user.uid if user else 0, user.gid if user else 0,
-                              _combined(filters), library_path=env.get("LD_LIBRARY_PATH", ""),
-                              registry=registry)
+        injection = self.plan(requests, context.uid, context.gid, decision.edit_filter,
+                              library_path=context.env.get(LIBRARY_PATH_ENV, ""),
+                              registry=registry, devices=decision.devices)
         if not requests and not injection.adjustment.ListFields():
             return None
         return injection
 
-    def _decide(self, requests: Sequence[DeviceRequest], namespace: str, privileged: bool,
-                env: Mapping[str, str], registry: Registry) -> tuple[EditFilter, ...]:
-        """Device rules, then each vendor's rules; raises on a denial. Only successes are
-        cached: a refusal is rare and its message must stay exact."""
+    def _sources(self, registry: Registry) -> tuple[tuple[RequestSource, object], ...]:
+        """Every source with its vendor's facts, made once per registry."""
+        made_for, sources = self._sources_of
+        if made_for is not registry:
+            sources = all_sources(registry.paired(self.vendors))
+            self._sources_of = (registry, sources)
+        return sources
+
+    def _asks_extras(self, context: ContainerContext) -> bool:
+        env = context.env
+        return any(env.get(name) for vendor in self.vendors for name in vendor.extras_env)
+
+    def _decide(self, context: ContainerContext, requests: Sequence[DeviceRequest],
+                registry: Registry, policy: Policy) -> Decision:
+        """Device rules, the lookup, then each vendor's verdict; raises on a denial. Only
+        successes are cached: a refusal is rare and its message must stay exact."""
         snapshot = registry.snapshot
         names = tuple(r.name for r in requests)
-        key = (id(snapshot), snapshot.generation, id(self.policy), namespace, privileged,
-               names, tuple(v.decision_key(env) for v in self.vendors))
-        if key in self._decisions:
+        key = (id(snapshot), snapshot.generation, id(policy), context.namespace,
+               context.privileged, names, self._verdict_key(context.env))
+        cached = self._decisions.get(key)
+        if cached is not None:
             self._decisions.move_to_end(key)
-            return self._decisions[key]
-        self.policy.check_devices(names, namespace, privileged)
-        _lookup(snapshot, list(requests))  # unknown devices: say so before any vendor check
-        filters = tuple(f for f in (vendor.check(self.policy, names, env, snapshot, facts,
-                                                 namespace=namespace, privileged=privileged)
+            return cached
+        policy.check_devices(names, context.namespace, context.privileged)
+        devices = lookup_devices(snapshot, requests)  # unknown: said before any verdict
+        filters = tuple(f for f in (vendor.verdict(context, names, policy, snapshot, facts)
                                     for vendor, facts in registry.paired(self.vendors))
                         if f is not None)
-        self._decisions[key] = filters
+        decision = Decision(tuple(devices), _combined(filters))
+        self._decisions[key] = decision
         if len(self._decisions) > self.PLAN_CACHE_SIZE:
             self._decisions.popitem(last=False)
-        return filters
+        return decision
+
+    def _verdict_key(self, env: Mapping[str, str]) -> tuple[object, ...]:
+        """The env entries the vendors' verdicts read, per vendor."""
+        return tuple(tuple(sorted((k, v) for k, v in env.items()
+                                  if k.startswith(vendor.verdict_env)))
+                     for vendor in self.vendors)
 
 
 class _FilterChain:

@@ -1,4 +1,4 @@
-"""``MeteredInjector``: the CdiInjector with metrics, without touching its code.
+"""``MeteredInjector``: the CdiInjector with metrics (a subclass, chosen by the daemon).
 
 It times each CreateContainer that asked for devices and counts it by outcome
 (``injected``; ``delegated`` when only the runtime's own CDI resolves the devices;
@@ -10,15 +10,18 @@ the runtime connection (re)starts.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from nri_plugin.api import nri_pb2
 from nri_plugin.api.events import EventMask
 from nri_plugin.dispatch import RpcError
 from nri_plugin.errors import Refusal
+from nri_plugin.plugins.cdi_injector.counters import Counters
+from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-from nri_plugin.plugins.cdi_injector.vendor import Registry
+from nri_plugin.plugins.cdi_injector.policy import Policy
+from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules
 
 
 class InjectionMetrics(Protocol):
@@ -30,10 +33,12 @@ class InjectionMetrics(Protocol):
 
 
 class MeteredInjector(CdiInjector):
-    def __init__(self, registry: Callable[[], Registry], metrics: InjectionMetrics,
-                 **options: Any) -> None:
-        """``options``: CdiInjector's keyword arguments (vendors, policy, on_unserved)."""
-        super().__init__(registry, **options)
+    def __init__(self, registry: Callable[[], Registry], metrics: InjectionMetrics, *,
+                 vendors: Sequence[VendorRules] = (), policy: Policy | None = None,
+                 runtime_cdi: RuntimeCdiConfig | None = None,
+                 counters: Counters | None = None) -> None:
+        super().__init__(registry, vendors=vendors, policy=policy, runtime_cdi=runtime_cdi,
+                         counters=counters)
         self.metrics = metrics
 
     def configure(self, config: str, runtime_name: str,

@@ -33,7 +33,7 @@ def injected_by_runtime(container: nri_pb2.Container, snapshot: Snapshot,
     try:
         names = [r.name for r in container_requests(container.annotations)]
     except AnnotationError:
-        return frozenset()  # the runtime would have failed it; gather() reports it
+        return frozenset()  # the runtime would have failed it; read_context reports it
     if not names:
         return frozenset()
     present = None if privileged else {d.path for d in container.linux.devices}

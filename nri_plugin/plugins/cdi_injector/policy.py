@@ -3,14 +3,16 @@ requirement and capability enforcement, and what to do with containers that were
 without their devices while we were away. Loaded once from YAML, validated with messages
 that name the key; evaluation is pure.
 
-Defaults (no file, or keys left out), chosen to be safe:
+The injector's own request sources are known here; a vendor declares its own (name,
+default, title) and its default denials (``vendor.VendorRules``), and the parser learns
+them from the vendors it is given (``parse_policy(doc, vendors=...)``,
+``Policy.defaults(vendors)``). Defaults (no file, or keys left out), chosen to be safe:
 
 * ``cdi.k8s.io/*`` container annotations (set by kubelet from device plugins and DRA): on.
 * pod annotations (how users ask for devices): on, every namespace.
-* ``NVIDIA_VISIBLE_DEVICES`` in the container env: off. CUDA base images set it to
-  ``all``, so honouring it hands every GPU to any pod (k8s-device-plugin#87/#548/#1605).
-* device rules: every device but ``management.nvidia.com/*`` (which exposes all GPUs for
-  management tools), in every namespace.
+* a vendor's sources: as the vendor declares them (env variables that images set for
+  every container are off).
+* device rules: every device but the vendors' default denials, in every namespace.
 * privileged containers are not exempt from the rules.
 * requirements enforced; capability filtering on; fail-closed action ``evict``.
 """
@@ -20,22 +22,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nri_plugin.errors import NRIPluginError, Refusal
 
-SOURCES = ("containerAnnotations", "podAnnotations", "visibleDevicesEnv",
-           "nvidiaNriAnnotations", "nriPluginsAnnotations", "volumeMounts",
-           "migCapabilitiesEnv", "imexChannelsEnv")
-SOURCE_TITLES = {"containerAnnotations": "container annotations",
-                 "podAnnotations": "pod annotations",
-                 "visibleDevicesEnv": "NVIDIA_VISIBLE_DEVICES",
-                 "nvidiaNriAnnotations": "NVIDIA NRI plugin annotations (nvidia.cdi.k8s.io/)",
-                 "nriPluginsAnnotations": "nri-plugins CDI injector annotations (cdi.nri.io)",
-                 "volumeMounts": "device-plugin volume mounts "
-                                 "(/var/run/nvidia-container-devices/)",
-                 "migCapabilitiesEnv": "NVIDIA_MIG_CONFIG_DEVICES/NVIDIA_MIG_MONITOR_DEVICES",
-                 "imexChannelsEnv": "NVIDIA_IMEX_CHANNELS"}
+if TYPE_CHECKING:
+    from nri_plugin.plugins.cdi_injector.vendor import VendorRules
+
 ACTIONS = ("evict", "report")
 GID_ACTIONS = ("drop", "refuse")
 UNKNOWN_FACTS = ("allow", "deny")
@@ -60,6 +53,7 @@ class PolicyDenied(Refusal):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SourceRule:
+    title: str  # how messages name the source, e.g. "pod annotations"
     enabled: bool
     namespaces: tuple[str, ...] = ("*",)
     privileged_only: bool = False
@@ -82,26 +76,35 @@ class DeviceRule:
         return f"devices[{self.index}] (namespaces {list(self.namespaces)})"
 
 
-def _default_sources() -> Mapping[str, SourceRule]:
-    return {"containerAnnotations": SourceRule(enabled=True),
-            "podAnnotations": SourceRule(enabled=True),
-            "visibleDevicesEnv": SourceRule(enabled=False, privileged_only=True),
-            # The other NRI CDI injectors' pod annotations: the same trust as ours.
-            "nvidiaNriAnnotations": SourceRule(enabled=True),
-            "nriPluginsAnnotations": SourceRule(enabled=True),
-            # Off unless the cluster keeps pods from making such mounts (README).
-            "volumeMounts": SourceRule(enabled=False),
-            # As NVIDIA: the MIG management nodes for privileged containers only.
-            "migCapabilitiesEnv": SourceRule(enabled=True, privileged_only=True),
-            "imexChannelsEnv": SourceRule(enabled=False, privileged_only=True)}
+# The injector's own sources (``sources.py`` reads them); vendors add theirs.
+NEUTRAL_SOURCES: Mapping[str, SourceRule] = {
+    "containerAnnotations": SourceRule(title="container annotations", enabled=True),
+    "podAnnotations": SourceRule(title="pod annotations", enabled=True),
+    # The other NRI CDI injectors' pod annotations: the same trust as ours.
+    "nriPluginsAnnotations": SourceRule(
+        title="nri-plugins CDI injector annotations (cdi.nri.io)", enabled=True)}
 
 
-DEFAULT_DEVICE_RULES = (DeviceRule(index=0, allow=("*",), deny=("management.nvidia.com/*",)),)
+def default_sources(vendors: Sequence[VendorRules] = ()) -> dict[str, SourceRule]:
+    """Every known source with its default rule: the injector's, then each vendor's."""
+    out = dict(NEUTRAL_SOURCES)
+    for vendor in vendors:
+        out.update((source.name, source.default) for source in vendor.sources)
+    return out
+
+
+def default_device_rules(vendors: Sequence[VendorRules] = ()) -> tuple[DeviceRule, ...]:
+    """Every device but the vendors' default denials, in every namespace."""
+    deny = tuple(p for vendor in vendors for p in vendor.default_denials)
+    return (DeviceRule(index=0, allow=("*",), deny=deny),)
+
+
+DEFAULT_DEVICE_RULES = default_device_rules()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Policy:
-    sources: Mapping[str, SourceRule] = field(default_factory=_default_sources)
+    sources: Mapping[str, SourceRule] = field(default_factory=default_sources)
     devices: tuple[DeviceRule, ...] = DEFAULT_DEVICE_RULES
     privileged_exempt: bool = False
     enforce_requirements: bool = True
@@ -114,33 +117,51 @@ class Policy:
     fail_closed_action: str = "evict"
     origin: str = "built-in defaults"
 
+    @classmethod
+    def defaults(cls, vendors: Sequence[VendorRules] = (), *,
+                 origin: str = "built-in defaults") -> Policy:
+        """The built-in policy for the injector's sources and these vendors'."""
+        return cls(sources=default_sources(vendors), devices=default_device_rules(vendors),
+                   origin=origin)
+
     # --- evaluation (pure) ------------------------------------------------------------------
 
-    def source_allowed(self, source: str, namespace: str, privileged: bool) -> str | None:
-        """None if ``source`` may be used here, else why not (naming the rule)."""
-        denial = self.source_denial(source, namespace, privileged)
-        return None if denial is None else str(denial)
+    def rule(self, source: str, default: SourceRule | None = None) -> SourceRule:
+        """The rule of ``source``; ``default`` (a vendor's declared default) for a source
+        this policy was made without."""
+        rule = self.sources.get(source, default)
+        if rule is None:
+            raise KeyError(f"request source {source!r} is not known to this policy")
+        return rule
 
-    def source_denial(self, source: str, namespace: str,
-                      privileged: bool) -> PolicyDenied | None:
-        """None if ``source`` may be used here, else the denial naming the rule."""
-        rule = self.sources[source]
-        title = SOURCE_TITLES[source]
+    def source_allowed(self, source: str, namespace: str, privileged: bool,
+                       default: SourceRule | None = None) -> str | None:
+        """None if ``source`` may be used here, else why not (naming the rule)."""
+        rule = self.rule(source, default)
         if not rule.enabled:
-            return PolicyDenied(f"request source {title} is disabled (sources.{source}.enabled)",
-                                rule=f"sources.{source}.enabled")
+            return f"request source {rule.title} is disabled (sources.{source}.enabled)"
         if privileged and self.privileged_exempt:
             return None
         if rule.privileged_only and not privileged:
-            return PolicyDenied(f"request source {title} is for privileged containers only "
-                                f"(sources.{source}.privilegedOnly)",
-                                rule=f"sources.{source}.privilegedOnly")
+            return (f"request source {rule.title} is for privileged containers only "
+                    f"(sources.{source}.privilegedOnly)")
         if not rule.allows_namespace(namespace):
-            return PolicyDenied(
-                f"request source {title} is not allowed in namespace {namespace!r} "
-                f"(sources.{source}.namespaces {list(rule.namespaces)})",
-                rule=f"sources.{source}.namespaces")
+            return (f"request source {rule.title} is not allowed in namespace {namespace!r} "
+                    f"(sources.{source}.namespaces {list(rule.namespaces)})")
         return None
+
+    def check_source(self, source: str, namespace: str, privileged: bool, *,
+                     default: SourceRule | None = None, asked_by: str = "") -> None:
+        """Raise PolicyDenied naming the rule (and ``asked_by``, what asked) when
+        ``source`` may not be used here."""
+        why = self.source_allowed(source, namespace, privileged, default)
+        if why is None:
+            return
+        rule = self.rule(source, default)
+        key = ("enabled" if not rule.enabled else
+               "privilegedOnly" if rule.privileged_only and not privileged else "namespaces")
+        raise PolicyDenied(f"{why}; asked for by {asked_by}" if asked_by else why,
+                           rule=f"sources.{source}.{key}")
 
     def check_devices(self, names: Sequence[str], namespace: str, privileged: bool) -> None:
         """Raise PolicyDenied naming the rule for the first device not allowed here."""
@@ -148,25 +169,23 @@ class Policy:
             return
         rules = [r for r in self.devices if r.applies_to(namespace)]
         for name in names:
-            denial = _device_denied(name, namespace, rules)
-            if denial:
-                raise denial
+            _check_device(name, namespace, rules)
 
 
-def _device_denied(name: str, namespace: str, rules: list[DeviceRule]) -> PolicyDenied | None:
+def _check_device(name: str, namespace: str, rules: list[DeviceRule]) -> None:
     for rule in rules:
         for pattern in rule.deny:
             if fnmatchcase(name, pattern):
-                return PolicyDenied(
+                raise PolicyDenied(
                     f"device {name} denied in namespace {namespace!r} by policy rule "
                     f"{rule.describe()} deny {pattern!r}",
                     rule=f"devices[{rule.index}]", device=name)
     if any(fnmatchcase(name, p) for rule in rules for p in rule.allow):
-        return None
+        return
     if not rules:
-        return PolicyDenied(f"device {name} denied: no policy devices rule applies to "
-                            f"namespace {namespace!r}", rule="devices", device=name)
-    return PolicyDenied(
+        raise PolicyDenied(f"device {name} denied: no policy devices rule applies to "
+                           f"namespace {namespace!r}", rule="devices", device=name)
+    raise PolicyDenied(
         f"device {name} denied in namespace {namespace!r}: no allow pattern matches in "
         f"policy rules {', '.join(r.describe() for r in rules)}", rule="devices", device=name)
 
@@ -174,8 +193,9 @@ def _device_denied(name: str, namespace: str, rules: list[DeviceRule]) -> Policy
 # --- loading and validation ------------------------------------------------------------------
 
 
-def load_policy(path: str) -> Policy:
-    """Read and validate a policy file (YAML); raises PolicyError naming every problem."""
+def load_policy(path: str, vendors: Sequence[VendorRules] = ()) -> Policy:
+    """Read and validate a policy file (YAML); raises PolicyError naming every problem.
+    ``vendors``: whose request sources and default denials the policy knows."""
     import yaml
 
     try:
@@ -185,10 +205,10 @@ def load_policy(path: str) -> Policy:
         raise PolicyError([f"cannot read: {exc.strerror}"], path) from None
     except yaml.YAMLError as exc:
         raise PolicyError([f"not valid YAML: {exc}"], path) from None
-    return parse_policy(doc, origin=path)
+    return parse_policy(doc, origin=path, vendors=vendors)
 
 
-def parse_policy(doc: Any, *, origin: str = "") -> Policy:
+def parse_policy(doc: Any, *, origin: str = "", vendors: Sequence[VendorRules] = ()) -> Policy:
     problems: list[str] = []
     if doc is None:
         doc = {}
@@ -198,8 +218,8 @@ def parse_policy(doc: Any, *, origin: str = "") -> Policy:
                     "capabilities", "failClosed", "procMasking", "additionalGids"}, problems)
     if doc.get("version", 1) != 1:
         problems.append(f"version: unsupported {doc.get('version')!r} (want 1)")
-    sources = _sources(doc.get("sources", {}), problems)
-    devices = _device_rules(doc.get("devices"), problems)
+    sources = _sources(doc.get("sources", {}), default_sources(vendors), problems)
+    devices = _device_rules(doc.get("devices"), default_device_rules(vendors), problems)
     req = _section(doc, "requirements", {"enforce", "unknownFacts"}, problems)
     caps = _section(doc, "capabilities", {"filter"}, problems)
     fail = _section(doc, "failClosed", {"action"}, problems)
@@ -265,14 +285,14 @@ def _patterns(value: Any, where: str, problems: list[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _sources(doc: Any, problems: list[str]) -> Mapping[str, SourceRule]:
-    defaults = _default_sources()
+def _sources(doc: Any, defaults: Mapping[str, SourceRule],
+             problems: list[str]) -> Mapping[str, SourceRule]:
     if not isinstance(doc, dict):
         problems.append("sources: must be a mapping")
         return defaults
-    _keys(doc, "sources.", set(SOURCES), problems)
+    _keys(doc, "sources.", set(defaults), problems)
     out = dict(defaults)
-    for name in SOURCES:
+    for name in defaults:
         section = doc.get(name)
         if section is None:
             continue
@@ -283,6 +303,7 @@ def _sources(doc: Any, problems: list[str]) -> Mapping[str, SourceRule]:
         _keys(section, where + ".", {"enabled", "namespaces", "privilegedOnly"}, problems)
         base = defaults[name]
         out[name] = SourceRule(
+            title=base.title,
             enabled=_bool(section, "enabled", base.enabled, where + ".", problems),
             namespaces=_patterns(section.get("namespaces", list(base.namespaces)),
                                  where + ".namespaces", problems),
@@ -291,12 +312,13 @@ def _sources(doc: Any, problems: list[str]) -> Mapping[str, SourceRule]:
     return out
 
 
-def _device_rules(doc: Any, problems: list[str]) -> tuple[DeviceRule, ...]:
+def _device_rules(doc: Any, defaults: tuple[DeviceRule, ...],
+                  problems: list[str]) -> tuple[DeviceRule, ...]:
     if doc is None:
-        return DEFAULT_DEVICE_RULES
+        return defaults
     if not isinstance(doc, list):
         problems.append("devices: must be a list of rules")
-        return DEFAULT_DEVICE_RULES
+        return defaults
     rules = []
     for i, item in enumerate(doc):
         where = f"devices[{i}]"

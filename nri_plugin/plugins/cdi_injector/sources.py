@@ -1,90 +1,65 @@
-"""All request sources of one container, under the policy, resolved to CDI names. Pure.
+"""The injector's own request sources, declared as the vendors declare theirs. Pure.
 
-Sources: container annotations ``cdi.k8s.io/*`` (kubelet), pod annotations (users), the
-other NRI CDI injectors' pod annotations (``cdi.nri.io``; the vendor's own, e.g. NVIDIA's
-NRI plugin keys), what the vendor reads from the container's mounts (NVIDIA: the device
-plugin's volume mounts), and whatever env variables the vendor rules read (NVIDIA:
-``NVIDIA_VISIBLE_DEVICES``; off by default). An annotation or mount source the policy
-does not allow here is a denial (the container fails, with the rule named): someone
-asked on purpose. An env source is different: CUDA base images set
-``NVIDIA_VISIBLE_DEVICES=all`` in every container, so where the policy does not allow it
-the variable is ignored, not refused, or every CUDA image would break.
+* ``podAnnotations``: pod ``cdi.k8s.io/*`` annotations (how users ask);
+* ``containerAnnotations``: container ``cdi.k8s.io/*`` annotations (kubelet: device
+  plugins, DRA);
+* ``nriPluginsAnnotations``: the pod annotations of containers/nri-plugins' CDI injector
+  (``cdi.nri.io``).
+
+A vendor adds its own (``vendor.VendorRules.sources``). An annotation or mount source the
+policy does not allow here is a denial (the container fails, with the rule named): someone
+asked on purpose. A vendor's env source may be declared ``when_denied="ignore"`` instead:
+images set such variables in every container, so where the policy does not allow them
+they are ignored, not refused (``context.read_context``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-from nri_plugin.api import nri_pb2
-from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
+from cdi.cache import Snapshot
+from nri_plugin.plugins.cdi_injector.context import ContainerContext
+from nri_plugin.plugins.cdi_injector.policy import NEUTRAL_SOURCES
 from nri_plugin.plugins.cdi_injector.requests import (
     DeviceRequest,
     container_requests,
     nri_plugins_requests,
     pod_requests,
-    unique_requests,
 )
-from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules
+from nri_plugin.plugins.cdi_injector.vendor import RequestSource, VendorRules
 
 
-@dataclass(frozen=True, slots=True)
-class Gathered:
-    requests: tuple[DeviceRequest, ...]
-    denied: PolicyDenied | None = None  # the first source denial, naming the rule
+def _pod(context: ContainerContext, snapshot: Snapshot, facts: object) -> list[DeviceRequest]:
+    return pod_requests(context.pod_annotations, context.container_name)
 
 
-def is_privileged(container: nri_pb2.Container) -> bool:
-    """NRI carries no privileged flag; a privileged container is the one whose device
-    cgroup allows every device (containerd and CRI-O give privileged containers a single
-    allow-all rule: allow, no type or type 'a', no major/minor)."""
-    linux = container.linux
-    for rule in linux.resources.devices:
-        if (rule.allow and rule.type in ("", "a") and not rule.HasField("major")
-                and not rule.HasField("minor")):
-            return True
-    return False
+def _container(context: ContainerContext, snapshot: Snapshot,
+               facts: object) -> list[DeviceRequest]:
+    return container_requests(context.annotations)
 
 
-def container_mounts(container: nri_pb2.Container) -> tuple[tuple[str, str], ...]:
-    """(destination, source) of the container's mounts: what kubelet asked the runtime for
-    (an image cannot add these)."""
-    return tuple((m.destination, m.source) for m in container.mounts)
+def _nri_plugins(context: ContainerContext, snapshot: Snapshot,
+                 facts: object) -> list[DeviceRequest]:
+    return nri_plugins_requests(context.pod_annotations, context.container_name)
 
 
-def env_map(env: Sequence[str]) -> dict[str, str]:
-    """``K=V`` entries → a dict; a later entry wins, as in execve's environment."""
-    out: dict[str, str] = {}
-    for entry in env:
-        key, _, value = entry.partition("=")
-        out[key] = value
-    return out
+NEUTRAL = (
+    RequestSource(name="podAnnotations", default=NEUTRAL_SOURCES["podAnnotations"],
+                  read_from="annotations", read=_pod),
+    RequestSource(name="containerAnnotations", default=NEUTRAL_SOURCES["containerAnnotations"],
+                  read_from="annotations", read=_container),
+    RequestSource(name="nriPluginsAnnotations",
+                  default=NEUTRAL_SOURCES["nriPluginsAnnotations"], read_from="annotations",
+                  read=_nri_plugins))
 
 
-def gather(policy: Policy, vendors: Sequence[VendorRules], registry: Registry, *,
-           namespace: str, container_name: str, pod_annotations: Mapping[str, str],
-           container_annotations: Mapping[str, str], env: Mapping[str, str],
-           privileged: bool, mounts: Sequence[tuple[str, str]] = ()) -> Gathered:
-    """Every requested device once, in source order. Raises a Refusal (RequestError, or a
-    vendor's) for a malformed annotation or an unknown id in an allowed env request."""
-    requests: list[DeviceRequest] = []
-    denied: PolicyDenied | None = None
-    asked = [("podAnnotations", pod_requests(pod_annotations, container_name)),
-             ("containerAnnotations", container_requests(container_annotations)),
-             ("nriPluginsAnnotations", nri_plugins_requests(pod_annotations, container_name))]
-    for vendor, facts in registry.paired(vendors):
-        asked += vendor.other_requests(pod_annotations=pod_annotations,
-                                       container_name=container_name, mounts=mounts,
-                                       snapshot=registry.snapshot, facts=facts)
-    for source, found in asked:
-        if not found:
-            continue
-        denial = policy.source_denial(source, namespace, privileged)
-        if denial is not None and denied is None:
-            denied = PolicyDenied(f"{denial}; asked for by {found[0].source}",
-                                  rule=denial.rule)
-        requests += found
-    for vendor, facts in registry.paired(vendors):
-        if policy.source_denial(vendor.env_source, namespace, privileged) is None:
-            requests += vendor.env_requests(env, registry.snapshot, facts)
-    return Gathered(tuple(unique_requests(requests)), denied)
+def all_sources(vendors: Sequence[tuple[VendorRules, object]]
+                ) -> tuple[tuple[RequestSource, object], ...]:
+    """Every source that reads requests, with its vendor's facts (the injector's own have
+    none), in source order, but those ignored where denied (the env sources) last;
+    ``vendors``: (vendor, its facts), as ``Registry.paired`` gives them."""
+    paired: list[tuple[RequestSource, object]] = [(s, None) for s in NEUTRAL]
+    for vendor, facts in vendors:
+        paired += [(s, facts) for s in vendor.sources if s.read is not None]
+    return (tuple(p for p in paired if p[0].when_denied != "ignore")
+            + tuple(p for p in paired if p[0].when_denied == "ignore"))

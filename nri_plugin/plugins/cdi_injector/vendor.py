@@ -1,11 +1,21 @@
 """The one interface between the vendor-neutral injector and a vendor's rules.
 
 The injector knows CDI: annotations, the registry, the policy, adjustments. What a vendor
-adds on top (NVIDIA: ``NVIDIA_VISIBLE_DEVICES``, ``NVIDIA_REQUIRE_*``,
-``NVIDIA_DRIVER_CAPABILITIES``, the facts its generator records beside a spec) comes in
-through a ``VendorRules`` object handed to the injector by whoever wires the plugin
-(``nri_plugin.ops.daemon``). With no vendor rules the injector serves any CDI vendor's
-specs as the CDI convention says, and nothing else.
+adds on top (its own ways of asking for devices, checks of a container's requirements
+against what its generator recorded, filters of the edits) comes in through a
+``VendorRules`` object handed to the injector by whoever wires the plugin
+(``nri_plugin.ops.daemon``). A vendor declares, as data:
+
+* its request sources (``RequestSource``: the policy key, the default rule, where it is
+  read from and how), which the policy parser learns as valid ``sources`` keys;
+* its default denials (device patterns no namespace gets unless the policy says so);
+* its hooks (the hook operations its verdict may add to a container);
+* which annotation keys and env entries may ask for devices (the fail-closed pre-filter),
+  which env entries its verdict reads (the decision cache key) and which ask for edits of
+  no device;
+
+and gives one verdict per container (``verdict``). With no vendor rules the injector serves
+any CDI vendor's specs as the CDI convention says, and nothing else.
 
 ``Registry`` is what the injector reads on the CreateContainer path: a registry snapshot
 and every vendor's facts for that very snapshot, built together in the refresher's thread
@@ -14,15 +24,36 @@ and swapped in with one assignment, so a container never sees new specs with old
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
 from cdi.cache import Snapshot
 from cdi.model import ContainerEdits
+from nri_plugin.plugins.cdi_injector.policy import SourceRule
 
 if TYPE_CHECKING:
+    from nri_plugin.plugins.cdi_injector.context import ContainerContext
     from nri_plugin.plugins.cdi_injector.policy import Policy
     from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+
+# Reads a source's requests from a container (pure): the container, the snapshot and the
+# vendor's facts for it. Raises a Refusal for a malformed request.
+Reader = Callable[["ContainerContext", Snapshot, object], "list[DeviceRequest]"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestSource:
+    """One way of asking for devices, as the policy names it (``sources.<name>``)."""
+
+    name: str
+    default: SourceRule  # the rule without a policy file, with the source's title
+    read_from: Literal["annotations", "env", "mounts"]
+    # Where the policy does not allow the source: "refuse" the container (someone asked on
+    # purpose) or "ignore" the source (images set such env variables in every container).
+    when_denied: Literal["refuse", "ignore"] = "refuse"
+    # None: the source asks for edits of no device, which the vendor's verdict reads.
+    read: Reader | None = None
 
 
 class EditFilter(Protocol):
@@ -36,47 +67,37 @@ class EditFilter(Protocol):
 
 
 class VendorRules(Protocol):
-    """A vendor's rules. Every method but ``load_facts`` is pure and must not do I/O: it
-    runs on the CreateContainer path. Refusals are raised as ``nri_plugin.errors.Refusal``.
+    """A vendor's rules. ``verdict`` and the sources' readers are pure and do no I/O: they
+    run on the CreateContainer path. Refusals are raised as ``nri_plugin.errors.Refusal``.
     """
 
     name: str
-    # The policy request source (``Policy.sources`` key) that env requests fall under.
-    env_source: str
-    # Env entry prefixes ("NAME=") that may ask for devices: a cheap pre-filter for
-    # fail-closed, which looks at every container of the node.
+    sources: tuple[RequestSource, ...]
+    # Device patterns denied in every namespace by the built-in policy.
+    default_denials: tuple[str, ...]
+    # The hook operations the verdict may add to a container (for the log and docs).
+    hooks: tuple[str, ...]
+    # Pod or container annotation key prefixes that may ask for devices, and env entry
+    # prefixes ("NAME="): a cheap pre-filter for fail-closed, which looks at every
+    # container of the node.
+    annotation_prefixes: tuple[str, ...]
     env_request_prefixes: tuple[str, ...]
+    # Prefixes of the env names the verdict reads (the injector caches verdicts by them).
+    verdict_env: tuple[str, ...]
+    # Env names whose non-empty value may ask for edits of no device: a container that
+    # asks for no device is only handed to the verdict when one is set.
+    extras_env: tuple[str, ...]
 
     def load_facts(self, snapshot: Snapshot) -> object:
         """What the vendor needs to know about ``snapshot``'s specs (may do file I/O; runs in
-        the refresher's thread). The result is handed back to the other methods."""
+        the refresher's thread). The result is handed back to ``verdict`` and the readers."""
 
-    def env_requests(self, env: Mapping[str, str], snapshot: Snapshot,
-                     facts: object) -> list[DeviceRequest]:
-        """Devices asked for through the container's environment (none: empty)."""
-
-    def other_requests(self, *, pod_annotations: Mapping[str, str], container_name: str,
-                       mounts: Sequence[tuple[str, str]], snapshot: Snapshot,
-                       facts: object) -> list[tuple[str, list[DeviceRequest]]]:
-        """Devices asked for by the vendor's other ways (NVIDIA: its NRI plugin's pod
-        annotations, the device plugin's volume mounts; ``mounts`` are the container's
-        (destination, source) pairs), as (policy source, requests) pairs. Like annotations, a source
-        the policy does not allow here is a refusal."""
-
-    def asks_extras(self, env: Mapping[str, str]) -> bool:
-        """Whether ``env`` may ask for edits that belong to no device (NVIDIA: the driver
-        without a GPU, MIG management and IMEX channel nodes); cheap, for the no-request
-        path. ``check`` then returns a filter that adds them."""
-
-    def decision_key(self, env: Mapping[str, str]) -> Hashable:
-        """The part of ``env`` that ``check`` reads, hashable (for the decision cache)."""
-
-    def check(self, policy: Policy, names: Sequence[str], env: Mapping[str, str],
-              snapshot: Snapshot, facts: object, *, namespace: str = "",
-              privileged: bool = False) -> EditFilter | None:
-        """Refuse (raise Refusal) what the vendor's rules forbid for these devices, and
-        return the filter for the edits (None: keep all). A filter may also add edits of
-        no device (see ``asks_extras``)."""
+    def verdict(self, context: ContainerContext, names: Sequence[str], policy: Policy,
+                snapshot: Snapshot, facts: object) -> EditFilter | None:
+        """The vendor's one word on a container that asks for ``names`` (after what the
+        runtime injected itself): raise a Refusal for what its rules forbid, else return
+        the filter for the edits (None: keep all). A filter may also add edits of no
+        device (see ``extras_env``)."""
 
 
 class Registry(NamedTuple):

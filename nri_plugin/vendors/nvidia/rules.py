@@ -1,7 +1,9 @@
 """NVIDIA's rules behind the injector's ``VendorRules`` interface.
 
-* ``NVIDIA_VISIBLE_DEVICES`` (and legacy CUDA images, which get every GPU) as a request
-  source, resolved against the facts the generator recorded (indices, UUIDs, bus ids);
+* its request sources (``sources``: ``NVIDIA_VISIBLE_DEVICES`` and legacy CUDA images,
+  which get every GPU, resolved against the facts the generator recorded; its NRI
+  plugin's annotations; the device plugin's volume mounts; MIG and IMEX env variables)
+  and its default denial (``management.nvidia.com/*``);
 * ``NVIDIA_REQUIRE_*`` / ``NVIDIA_DISABLE_REQUIRE`` checked against the driver and GPU facts
   of every NVIDIA spec a requested device comes from;
 * ``NVIDIA_DRIVER_CAPABILITIES`` as an edit filter that drops the driver mounts of the
@@ -15,12 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from cdi.cache import Snapshot
 from cdi.edits import merge
 from cdi.model import ContainerEdits, DeviceNode, Hook
-from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+from nri_plugin.plugins.cdi_injector.context import ContainerContext
+from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
+from nri_plugin.plugins.cdi_injector.vendor import RequestSource
 from nri_plugin.vendors.nvidia.capabilities import filter_edits, requested_capabilities
 from nri_plugin.vendors.nvidia.extras import (
     IMEX_ENV,
@@ -34,7 +38,7 @@ from nri_plugin.vendors.nvidia.extras import (
     wants_driver_only,
     wants_mig_capability,
 )
-from nri_plugin.vendors.nvidia.k8s_sources import nvidia_nri_requests, volume_mount_requests
+from nri_plugin.vendors.nvidia.k8s_sources import NRI_KEY_PREFIX
 from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts, SpecFacts, load_facts
 from nri_plugin.vendors.nvidia.requirements import (
     GpuInfo,
@@ -42,18 +46,15 @@ from nri_plugin.vendors.nvidia.requirements import (
     check,
     requirements_from_env,
 )
+from nri_plugin.vendors.nvidia.sources import (
+    IMEX_CHANNELS,
+    MIG_CAPABILITIES,
+    SOURCES,
+    VISIBLE_DEVICES,
+    facts_of,
+    is_legacy_image,
+)
 from nri_plugin.vendors.nvidia.visible_devices import ENV as VISIBLE_ENV
-from nri_plugin.vendors.nvidia.visible_devices import visible_device_names
-
-if TYPE_CHECKING:
-    from nri_plugin.plugins.cdi_injector.policy import Policy
-
-EMPTY_FACTS = NodeFacts()
-
-
-def is_legacy_image(env: Mapping[str, str]) -> bool:
-    """An image from before NVIDIA_REQUIRE_CUDA: CUDA_VERSION set, no requirement."""
-    return bool(env.get("CUDA_VERSION")) and "NVIDIA_REQUIRE_CUDA" not in env
 
 
 class CapabilityFilter(NamedTuple):
@@ -83,10 +84,16 @@ class NvidiaRules:
     """The NVIDIA semantics of a container's request, for the CDI injector."""
 
     name = "nvidia"
-    env_source = "visibleDevicesEnv"
+    sources: tuple[RequestSource, ...] = SOURCES
+    # management.nvidia.com/* exposes every GPU for management tools.
+    default_denials: tuple[str, ...] = ("management.nvidia.com/*",)
+    hooks: tuple[str, ...] = ("mask-proc",)
+    annotation_prefixes: tuple[str, ...] = (NRI_KEY_PREFIX.rpartition("container.")[0],)
     env_request_prefixes: tuple[str, ...] = (
         VISIBLE_ENV + "=", "CUDA_VERSION=", MIG_CONFIG_ENV + "=", MIG_MONITOR_ENV + "=",
         IMEX_ENV + "=")
+    verdict_env: tuple[str, ...] = ("NVIDIA_", "CUDA_VERSION")
+    extras_env: tuple[str, ...] = (VISIBLE_ENV, MIG_CONFIG_ENV, MIG_MONITOR_ENV, IMEX_ENV)
 
     def __init__(self) -> None:
         self._last: NodeFacts | None = None  # refresher thread only
@@ -96,39 +103,16 @@ class NvidiaRules:
         self._last = facts
         return facts
 
-    def env_requests(self, env: Mapping[str, str], snapshot: Snapshot,
-                     facts: object) -> list[DeviceRequest]:
-        legacy = is_legacy_image(env)
-        if VISIBLE_ENV not in env and not legacy:
-            return []
-        names = visible_device_names(env, snapshot, _facts(facts), legacy=legacy)
-        source = f"env {VISIBLE_ENV}={env.get(VISIBLE_ENV, '(unset, legacy image)')}"
-        return [DeviceRequest(n, source) for n in names]
-
-    def decision_key(self, env: Mapping[str, str]) -> Hashable:
-        return tuple(sorted((k, v) for k, v in env.items()
-                            if k.startswith("NVIDIA_") or k == "CUDA_VERSION"))
-
-    def other_requests(self, *, pod_annotations: Mapping[str, str], container_name: str,
-                       mounts: Sequence[tuple[str, str]], snapshot: Snapshot,
-                       facts: object) -> list[tuple[str, list[DeviceRequest]]]:
-        return [("nvidiaNriAnnotations", nvidia_nri_requests(pod_annotations, container_name)),
-                ("volumeMounts", volume_mount_requests(mounts, snapshot, _facts(facts)))]
-
-    def asks_extras(self, env: Mapping[str, str]) -> bool:
-        return any(env.get(k) for k in (VISIBLE_ENV, MIG_CONFIG_ENV, MIG_MONITOR_ENV, IMEX_ENV))
-
-    def check(self, policy: Policy, names: Sequence[str], env: Mapping[str, str],
-              snapshot: Snapshot, facts: object, *, namespace: str = "",
-              privileged: bool = False) -> CapabilityFilter | None:
+    def verdict(self, context: ContainerContext, names: Sequence[str], policy: Policy,
+                snapshot: Snapshot, facts: object) -> CapabilityFilter | None:
         """Check NVIDIA_REQUIRE_* against the facts of the requested devices' specs, add
         what ``none``, the MIG capabilities and IMEX channels ask for, and return the
         capability filter for NVIDIA_DRIVER_CAPABILITIES (None: nothing to add or drop)."""
-        node = _facts(facts)
+        env = context.env
+        node = facts_of(facts)
         specs = {s.path: s for s in (node.spec_of(n, snapshot) for n in names)
                  if s is not None}
-        extra, key, extra_spec = self._extras(policy, names, env, snapshot, node,
-                                              namespace=namespace, privileged=privileged)
+        extra, key, extra_spec = self._extras(policy, names, context, snapshot, node)
         if extra_spec is not None and extra_spec in node.specs:
             specs.setdefault(extra_spec, node.specs[extra_spec])
         if policy.enforce_requirements:
@@ -154,16 +138,16 @@ class NvidiaRules:
         wanted = requested_capabilities(env, legacy=is_legacy_image(env))
         return CapabilityFilter(MappingProxyType(capability_of), wanted, extra, key)
 
-    def _extras(self, policy: Policy, names: Sequence[str], env: Mapping[str, str],
-                snapshot: Snapshot, node: NodeFacts, *, namespace: str,
-                privileged: bool) -> tuple[ContainerEdits, Hashable, str | None]:
+    def _extras(self, policy: Policy, names: Sequence[str], context: ContainerContext,
+                snapshot: Snapshot,
+                node: NodeFacts) -> tuple[ContainerEdits, Hashable, str | None]:
         """Edits of no device that the env asks for and the policy allows: (edits, their
         cache key, the NVIDIA spec they came from when ``none`` added its edits)."""
+        env = context.env
         parts: list[ContainerEdits] = []
         key: list[object] = []
         spec_path = None
-        if (wants_driver_only(env) and not names
-                and policy.source_denial(self.env_source, namespace, privileged) is None):
+        if wants_driver_only(env) and not names and _allows(policy, VISIBLE_DEVICES, context):
             spec_path, edits = driver_only_edits(snapshot)
             parts.append(edits)
             key.append(("none", spec_path))
@@ -171,7 +155,7 @@ class NvidiaRules:
         for variable, which in ((MIG_CONFIG_ENV, "migConfig"), (MIG_MONITOR_ENV, "migMonitor")):
             if not wants_mig_capability(env, variable):
                 continue
-            _allowed(policy, "migCapabilitiesEnv", variable, namespace, privileged)
+            _check(policy, MIG_CAPABILITIES, variable, context)
             mig = [n for n in names if node.devices.get(n) is not None
                    and node.devices[n].type == "mig"]
             if mig:
@@ -181,8 +165,7 @@ class NvidiaRules:
             key.append(which)
         # Like NVIDIA_VISIBLE_DEVICES, and as NVIDIA's CDI modes do, the variable is
         # ignored where the policy does not allow it (images and job scripts set it).
-        if env.get(IMEX_ENV) and policy.source_denial("imexChannelsEnv", namespace,
-                                                      privileged) is None:
+        if env.get(IMEX_ENV) and _allows(policy, IMEX_CHANNELS, context):
             channels = imex_channels(node)
             wanted = imex_channel_ids(env, list(channels))
             nodes += [channels[c] for c in wanted]
@@ -246,15 +229,18 @@ def _mask_hook(names: Sequence[str], snapshot: Snapshot, node: NodeFacts,
     return hook._replace(args=(*hook.args, *args))
 
 
-def _allowed(policy: Policy, source: str, variable: str, namespace: str,
-             privileged: bool) -> None:
-    denial = policy.source_denial(source, namespace, privileged)
-    if denial is not None:
-        raise ExtrasError(f"{variable}: {denial}", rule=denial.rule)
+def _allows(policy: Policy, source: RequestSource, context: ContainerContext) -> bool:
+    return policy.source_allowed(source.name, context.namespace, context.privileged,
+                                 source.default) is None
 
 
-def _facts(facts: object) -> NodeFacts:
-    return facts if isinstance(facts, NodeFacts) else EMPTY_FACTS
+def _check(policy: Policy, source: RequestSource, variable: str,
+           context: ContainerContext) -> None:
+    try:
+        policy.check_source(source.name, context.namespace, context.privileged,
+                            default=source.default)
+    except PolicyDenied as denial:
+        raise ExtrasError(f"{variable}: {denial}", rule=denial.reason.rule) from None
 
 
 def _gpus(names: Sequence[str], spec: SpecFacts) -> list[GpuInfo]:

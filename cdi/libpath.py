@@ -4,7 +4,7 @@ A CDI ``env`` entry replaces a variable by name, so a spec cannot *append* to th
 ``LD_LIBRARY_PATH``.  The generator therefore writes the folders under :data:`EXTRA_ENV`,
 and whoever applies the edits (the NRI plugin) calls :func:`merge_library_path` on the
 container's final environment: the folders are appended to the image's value (the image's
-own choices, such as CUDA forward-compat libraries, keep priority) and :data:`EXTRA_ENV` is
+own choices, such as a vendor's forward-compat libraries, keep priority) and :data:`EXTRA_ENV` is
 removed.  Empty elements are dropped on purpose: in ``LD_LIBRARY_PATH`` an empty element
 means the current folder.
 """

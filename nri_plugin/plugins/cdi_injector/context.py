@@ -1,0 +1,114 @@
+"""One container as the injector sees it, built once per CreateContainer. Pure.
+
+``ContainerContext`` holds the container's identity, env, annotations, mounts and user,
+and the devices every request source asked for, read under the policy
+(``read_context``). Everything after it (the policy's device rules, the vendors'
+verdicts, the plan) reads this one immutable value; nothing goes back to the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from cdi.cache import Snapshot
+from nri_plugin.api import nri_pb2
+from nri_plugin.plugins.cdi_injector.policy import Policy
+from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, unique_requests
+from nri_plugin.plugins.cdi_injector.vendor import RequestSource
+
+
+class SourceRequests(NamedTuple):
+    """The devices one source asked for (never empty)."""
+
+    source: RequestSource
+    requests: tuple[DeviceRequest, ...]
+
+
+class ContainerContext(NamedTuple):
+    """Immutable (a NamedTuple: built on every CreateContainer, where a frozen dataclass's
+    field-by-field construction cost a measurable share of the handler's time)."""
+
+    namespace: str
+    pod_name: str
+    container_name: str
+    container_id: str
+    privileged: bool
+    uid: int
+    gid: int
+    env: Mapping[str, str]
+    # The request's own maps (not copied: read only); the same on every step.
+    pod_annotations: Mapping[str, str]
+    annotations: Mapping[str, str]
+    mounts: tuple[tuple[str, str], ...]  # (destination, source): what kubelet asked for
+    groups: tuple[SourceRequests, ...] = ()  # by source, in source order
+    requests: tuple[DeviceRequest, ...] = ()  # each device once, at its first request
+
+    @property
+    def pod(self) -> str:
+        """namespace/name, for messages."""
+        return f"{self.namespace}/{self.pod_name}"
+
+
+def bare_context(pod: nri_pb2.PodSandbox | None,
+                 container: nri_pb2.Container) -> ContainerContext:
+    """The container without its requests (what the request sources read)."""
+    user = container.user if container.HasField("user") else None
+    return ContainerContext(
+        pod.namespace if pod is not None else "", pod.name if pod is not None else "",
+        container.name, container.id, is_privileged(container),
+        user.uid if user else 0, user.gid if user else 0, env_map(container.env),
+        pod.annotations if pod is not None else {}, container.annotations,
+        tuple((m.destination, m.source) for m in container.mounts))
+
+
+def read_context(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
+                 sources: Sequence[tuple[RequestSource, object]], policy: Policy,
+                 snapshot: Snapshot) -> ContainerContext:
+    """The container with what every source asked for. ``sources``: (source, its vendor's
+    facts) with a reader, in source order, those ignored where denied last
+    (``sources.all_sources`` orders them so). A source ignored where denied is read only
+    where the policy allows it; the others are all read, and a malformed request raises
+    its Refusal here. Whether the policy allows the sources that asked is
+    ``check_sources``' business."""
+    bare = bare_context(pod, container)
+    groups: list[SourceRequests] = []
+    for source, facts in sources:
+        read = source.read
+        if read is None or (source.when_denied == "ignore" and policy.source_allowed(
+                source.name, bare.namespace, bare.privileged, source.default) is not None):
+            continue
+        found = read(bare, snapshot, facts)
+        if found:
+            groups.append(SourceRequests(source, tuple(found)))
+    if not groups:
+        return bare
+    requests = unique_requests([r for group in groups for r in group.requests])
+    return bare._replace(groups=tuple(groups), requests=tuple(requests))
+
+
+def check_sources(context: ContainerContext, policy: Policy) -> None:
+    """Raise PolicyDenied for the first source that asked and may not be used here."""
+    for group in context.groups:
+        policy.check_source(group.source.name, context.namespace, context.privileged,
+                            default=group.source.default, asked_by=group.requests[0].source)
+
+
+def is_privileged(container: nri_pb2.Container) -> bool:
+    """NRI carries no privileged flag; a privileged container is the one whose device
+    cgroup allows every device (containerd and CRI-O give privileged containers a single
+    allow-all rule: allow, no type or type 'a', no major/minor)."""
+    for rule in container.linux.resources.devices:
+        if (rule.allow and rule.type in ("", "a") and not rule.HasField("major")
+                and not rule.HasField("minor")):
+            return True
+    return False
+
+
+def env_map(env: Sequence[str]) -> dict[str, str]:
+    """``K=V`` entries → a dict; a later entry wins, as in execve's environment."""
+    out: dict[str, str] = {}
+    for entry in env:
+        key, _, value = entry.partition("=")
+        out[key] = value
+    return out

@@ -1,0 +1,197 @@
+"""``StartGuard``: fail-closed around the injector, by composition (failclosed.py says why).
+
+It is the plugin the stub runs: every handler goes to the injector it wraps, and the guard
+adds the second check. It remembers the containers whose creation the injector served,
+and at PostCreateContainer, StartContainer and PostStartContainer checks any other
+container that asks for devices: if it lacks them it is stopped before its process runs
+(StartContainer: the task exists, not started) or right after (PostStartContainer), or
+only reported under ``failClosed.action: report``. Synchronize hands the containers
+created while we were away to ``act`` (which schedules ``failclosed.act``); those created
+but not started (pid 0) are remembered and stopped the same way when they start.
+Everything it keeps is bounded (``REMEMBER``) and forgotten at RemoveContainer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from nri_plugin.api import nri_pb2
+from nri_plugin.api.events import EventMask
+from nri_plugin.dispatch import RpcError
+from nri_plugin.plugin import Plugin
+from nri_plugin.plugins.cdi_injector.failclosed import (
+    CGROUP_ROOT,
+    Unserved,
+    container_unserved,
+    env_prefixes,
+    stop_processes,
+    too_many_names,
+)
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.wire import Code
+
+log = logging.getLogger("nri_cdi.failclosed")
+_V = TypeVar("_V")
+
+# Acts on what Synchronize found (the containers, the policy's failClosed.action).
+Act = Callable[[list[Unserved], str], None]
+
+
+class StartGuard(Plugin):
+    """The plugin the stub runs: the injector's handlers plus the fail-closed checks."""
+
+    REMEMBER = 65536  # containers remembered as served / pending, oldest dropped first
+    # The events the guard needs on every runtime, whatever the injector subscribes to.
+    GUARD_EVENTS = (EventMask.POST_CREATE_CONTAINER | EventMask.START_CONTAINER
+                    | EventMask.POST_START_CONTAINER | EventMask.REMOVE_CONTAINER)
+
+    def __init__(self, injector: CdiInjector, *, act: Act | None = None,
+                 on_stopped: Callable[[int], None] | None = None,
+                 cgroup_root: str = CGROUP_ROOT) -> None:
+        """``act``: what to do with the started containers Synchronize found unserved
+        (None: only log them); ``on_stopped``: told how many the guard stopped itself."""
+        self.injector = injector
+        self.counters = injector.counters
+        self._act = act
+        self._on_stopped = on_stopped
+        self.cgroup_root = cgroup_root
+        self._served: OrderedDict[str, None] = OrderedDict()
+        self._pending: OrderedDict[str, Unserved] = OrderedDict()
+        self._reported: OrderedDict[str, None] = OrderedDict()
+
+    def _remember(self, table: OrderedDict[str, _V], key: str, value: _V) -> None:
+        table[key] = value
+        table.move_to_end(key)
+        while len(table) > self.REMEMBER:
+            table.popitem(last=False)
+
+    # --- the injector's handlers, with the guard's part ---
+
+    def configure(self, config: str, runtime_name: str,
+                  runtime_version: str) -> EventMask | None:
+        mask = self.injector.configure(config, runtime_name, runtime_version)
+        return None if mask is None else mask | self.GUARD_EVENTS
+
+    def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
+                    containers: Sequence[nri_pb2.Container]) -> None:
+        """Fail-closed: the containers created while we were away without their devices.
+        The reply must go first (the runtime holds its lock until it has it), so acting
+        on them is left to ``act``, which schedules it."""
+        now = self.defer_unserved(self.injector.find_unserved(pods, containers))
+        if now and self._act is not None:
+            self._act(now, self.injector.policy.fail_closed_action)
+
+    def create_container(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
+    ) -> nri_pb2.ContainerAdjustment | None:
+        excess = too_many_names(pod.annotations, container, env_prefixes(self.injector.vendors))
+        if excess is not None:  # refused before any parsing: bounded time and memory
+            log.warning("refused container %s of pod %s/%s: %s", container.name,
+                        pod.namespace, pod.name, excess)
+            raise RpcError(Code.INVALID_ARGUMENT, f"CreateContainer: {excess}")
+        result = self.injector.create_container(pod, container)
+        if result is not None:
+            self._remember(self._served, container.id, None)
+        return result
+
+    def post_create_container(self, pod: nri_pb2.PodSandbox,
+                              container: nri_pb2.Container) -> None:
+        self.injector.post_create_container(pod, container)
+        self._check(pod, container, "post-create")
+
+    def start_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self._check(pod, container, "start")
+
+    def post_start_container(self, pod: nri_pb2.PodSandbox,
+                             container: nri_pb2.Container) -> None:
+        self._check(pod, container, "post-start")
+
+    def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self.injector.remove_container(pod, container)
+        self._served.pop(container.id, None)
+        self._pending.pop(container.id, None)
+        self._reported.pop(container.id, None)
+
+    def defer_unserved(self, unserved: Sequence[Unserved]) -> list[Unserved]:
+        """Split what Synchronize found: containers not started yet (pid 0: nothing to
+        stop) are remembered and stopped when they start; the rest is returned."""
+        now = []
+        for item in unserved:
+            if item.pid > 0:
+                now.append(item)
+                continue
+            self._remember(self._pending, item.container_id, item)
+            if self.injector.policy.fail_closed_action != "report":
+                log.warning("fail-closed: container %s (%s) of pod %s is created but not "
+                            "started; it will be stopped when it starts: %s", item.name,
+                            item.container_id, item.pod, item.reason)
+        return now
+
+    # --- the checks ---
+
+    def _judge(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> Unserved | None:
+        if container.id in self._served:
+            return None
+        pending = self._pending.get(container.id)
+        if pending is not None:
+            return pending
+        injector = self.injector
+        return container_unserved(pod, container, injector.policy, injector.vendors,
+                         injector.registry(), injector.runtime.native_cdi is True)
+
+    def _check(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, stage: str) -> None:
+        item = self._judge(pod, container)
+        log.debug("%s check of container %s (%s): pid %d, cgroup %r, %d devices: %s", stage,
+                  container.name, container.id, container.pid, container.linux.cgroups_path,
+                  len(container.linux.devices), "unserved" if item else "ok")
+        if item is None:
+            return
+        if self.injector.policy.fail_closed_action == "report":
+            if container.id not in self._reported:
+                self._remember(self._reported, container.id, None)
+                self.counters.unserved_reported += 1
+                log.warning("fail-closed report: container %s (%s) of pod %s was not served "
+                            "by the plugin (seen at %s): %s (policy failClosed.action: "
+                            "report; not stopped)", item.name, item.container_id, item.pod,
+                            stage, item.reason)
+            return
+        if stage == "post-create":
+            if container.id not in self._pending:
+                self._remember(self._pending, container.id, item)
+                log.warning("fail-closed: container %s (%s) of pod %s was created without "
+                            "passing through the plugin; it will be stopped when it starts: "
+                            "%s", item.name, item.container_id, item.pod, item.reason)
+            return
+        self._stop(container, item, stage)
+
+    def _stop(self, container: nri_pb2.Container, item: Unserved, stage: str) -> None:
+        try:
+            how = stop_processes(container.pid, container.linux.cgroups_path or
+                                 item.cgroups_path, self.cgroup_root)
+        except OSError as exc:
+            how, error = None, exc.strerror or str(exc)
+        else:
+            error = ""
+        when = "before it ran" if stage == "start" else "as it started"
+        if how is not None:
+            self._pending.pop(container.id, None)
+            self.counters.unserved_evicted += 1
+            if self._on_stopped is not None:
+                self._on_stopped(1)
+            log.warning("fail-closed evict: stopped container %s (%s) of pod %s %s (%s): %s",
+                        item.name, item.container_id, item.pod, when, how, item.reason)
+        else:
+            self._remember(self._pending, container.id, item)
+            log.error("fail-closed: container %s (%s) of pod %s must not run without its "
+                      "devices but could not be stopped at %s (%s); %s", item.name,
+                      item.container_id, item.pod, stage, error or "no process found",
+                      "trying again after it starts" if stage == "start" else "giving up")
+        if stage == "start":
+            # Where the runtime honours it (containerd >= 1.7.30, 2.x), this fails the
+            # start outright; elsewhere it is only logged, and the kill above did it.
+            raise RpcError(Code.FAILED_PRECONDITION,
+                           f"nri-cdi: container {item.name} ({item.container_id}) was "
+                           f"created without the plugin: {item.reason}")
