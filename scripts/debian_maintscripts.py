@@ -21,7 +21,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 BUSYBOX = "/bin/busybox"
@@ -57,7 +56,10 @@ for a in "$@"; do case "$a" in --*) ;; *) echo "$a" >> /{m}/triggers ;; esac; do
     "dpkg-query": """#!/bin/sh
 for a in "$@"; do pkg=$a; done
 grep -qx "$pkg" /{m}/installed || exit 1
-case "$1" in -W) printf 'install ok installed' ;; -s) echo "Package: $pkg"; echo "Status: install ok installed" ;; esac
+case "$1" in
+  -W) printf 'install ok installed' ;;
+  -s) echo "Package: $pkg"; echo "Status: install ok installed" ;;
+esac
 """,
     "dpkg": """#!/bin/sh
 case "$1" in --print-architecture) echo amd64 ;; esac
@@ -87,7 +89,7 @@ class Package:
         return f"{self.name}:{self.arch}"
 
 
-def prepare(root: Path, packages: list[Package]) -> list[Path]:
+def prepare(root: Path) -> list[Path]:
     """Busybox, the shims and the debconf stub in the root; what to remove afterwards."""
     maint = root / MAINT
     (maint / "bin").mkdir(parents=True)
@@ -105,7 +107,6 @@ def prepare(root: Path, packages: list[Package]) -> list[Path]:
         (maint / "shims" / name).write_text("#!/bin/sh\nexit 0\n")
     for shim in (maint / "shims").iterdir():
         shim.chmod(0o755)
-    (maint / "installed").write_text("".join(f"{p.name}\n" for p in packages))
     made = [maint]
     # /bin/sh for the scripts' own #! lines (/bin is a link to usr/bin: merged /usr).
     for rel, make in (("usr/bin/sh", lambda p: os.symlink(f"/{MAINT}/bin/busybox", p)),
@@ -147,52 +148,47 @@ def take_triggers(root: Path) -> list[str]:
     return names
 
 
-def interested(pkg: Package, names: list[str], root: Path) -> list[str]:
-    hits = [n for n in names if n in pkg.interests]
-    return hits
+def interested(pkg: Package, names: list[str]) -> list[str]:
+    return [n for n in names if n in pkg.interests]
 
 
 def main(argv: list[str]) -> int:
     root = Path(argv[0]).resolve()
     debs = [Path(a) for a in argv[1:]]
-    with tempfile.TemporaryDirectory() as tmp:
-        packages = []
-        for deb in debs:
-            ctl = root / MAINT / "ctl" / deb.stem
-            packages.append((deb, ctl))
-        made = prepare(root, [])
-        pkgs = []
-        for deb, ctl in packages:
-            ctl.mkdir(parents=True)
-            subprocess.run(["dpkg-deb", "-e", str(deb), str(ctl)], check=True)
-            pkgs.append(Package(deb, ctl))
-        (root / MAINT / "installed").write_text("".join(f"{p.name}\n" for p in pkgs))
-        del tmp
-        try:
+    made = prepare(root)
+    pkgs = []
+    for deb in debs:
+        ctl = root / MAINT / "ctl" / deb.stem
+        ctl.mkdir(parents=True)
+        subprocess.run(["dpkg-deb", "-e", str(deb), str(ctl)], check=True)
+        pkgs.append(Package(deb, ctl))
+    # dpkg-query's answers: every package unpacked counts as installed.
+    (root / MAINT / "installed").write_text("".join(f"{p.name}\n" for p in pkgs))
+    try:
+        for pkg in pkgs:
+            run_postinst(root, pkg, ["configure", ""])
+        # File triggers: every unpacked path a package declared an interest in.
+        pending = take_triggers(root) + [
+            i for p in pkgs for i in p.interests
+            if i.startswith("/") and os.path.lexists(root / i.lstrip("/"))]
+        rounds = 0
+        while pending:
+            rounds += 1
+            if rounds > 20:
+                raise SystemExit(f"triggers do not settle: {pending}")
             for pkg in pkgs:
-                run_postinst(root, pkg, ["configure", ""])
-            # File triggers: every unpacked path a package declared an interest in.
-            pending = take_triggers(root) + [
-                i for p in pkgs for i in p.interests
-                if i.startswith("/") and os.path.lexists(root / i.lstrip("/"))]
-            rounds = 0
-            while pending:
-                rounds += 1
-                if rounds > 20:
-                    raise SystemExit(f"triggers do not settle: {pending}")
-                for pkg in pkgs:
-                    hits = interested(pkg, pending, root)
-                    if hits:
-                        run_postinst(root, pkg, ["triggered", " ".join(hits)])
-                pending = take_triggers(root)
-        finally:
-            for path in made:
-                if path.name == MAINT:
-                    shutil.rmtree(path)
-                elif path.is_dir() and not path.is_symlink():
-                    path.rmdir()
-                elif os.path.lexists(path):
-                    path.unlink()
+                hits = interested(pkg, pending)
+                if hits:
+                    run_postinst(root, pkg, ["triggered", " ".join(hits)])
+            pending = take_triggers(root)
+    finally:
+        for path in made:
+            if path.name == MAINT:
+                shutil.rmtree(path)
+            elif path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            elif os.path.lexists(path):
+                path.unlink()
     return 0
 
 

@@ -332,7 +332,8 @@ def common_edits(driver: DriverFiles, opts: Options,
         mounts=(*(_mount(m) for m in driver.mounts()), *_link_mounts(opts, driver.links)),
         hooks=_hook(opts, [*_symlink_step(opts, driver.links, devices),
                            *_compat_step(opts, driver.version),
-                           *_ldcache_step(opts, driver.lib_dirs), *_params_step(opts)]),
+                           *_ldcache_step(opts, (*driver.lib_dirs, *driver.lib32_dirs)),
+                           *_params_step(opts)]),
         additional_gids=_gids(opts, driver.control_nodes),
     )
 
@@ -561,8 +562,11 @@ def _with_version(spec: SpecData, maximum: str | None) -> SpecData:
 def capability_files(driver: DriverFiles) -> dict[str, list[str]]:
     """Container paths of libraries and binaries by driver capability (``other``: none)."""
     out: dict[str, list[str]] = {}
+    lib32 = tuple(f"{d}/" for d in driver.lib32_dirs)
     for m in (*driver.libraries, *driver.binaries):
-        cap = capability_of(m.path.rsplit("/", 1)[-1]) or "other"
+        # The i386 libraries are compat32's, whatever they serve (as libnvidia-container).
+        cap = "compat32" if lib32 and m.path.startswith(lib32) else (
+            capability_of(m.path.rsplit("/", 1)[-1]) or "other")
         out.setdefault(cap, []).append(m.path)
     return {k: sorted(v) for k, v in sorted(out.items())}
 
