@@ -598,12 +598,15 @@ def _anchor_links(tree: _Tree, links: Iterable[Link], mounts: Sequence[FileMount
     return out
 
 
-def _wine_dlls(tree: _Tree, folders: Sequence[str], links: Sequence[Link]) -> list[FileMount]:
-    """NGX's Windows DLLs (``nvidia/wine/*.dll`` beside the libraries), where they are and
-    beside every libGLX_nvidia.so.0 link, the folder Proton looks in."""
+def _wine_dlls(tree: _Tree, folders: Sequence[str], files: Sequence[str],
+               links: Sequence[Link]) -> list[FileMount]:
+    """NGX's Windows DLLs (``nvidia/wine/*.dll`` beside the 64-bit libraries), where they
+    are and beside every 64-bit libGLX_nvidia.so.0 link, the folder Proton looks in."""
     found: dict[str, FileMount] = {}
+    ours = set(files)
     glx = [posixpath.dirname(k.path) for k in links
-           if posixpath.basename(k.path) == "libGLX_nvidia.so.0"]
+           if posixpath.basename(k.path) == "libGLX_nvidia.so.0"
+           and k.resolved is not None and k.resolved.host in ours]
     for folder in folders:
         for host in tree.glob(_child(folder, WINE_DLLS), "*.dll"):
             name = _name(host)
@@ -785,7 +788,7 @@ def locate_driver(
     every = [*files, *files32]
     defaults = _default_folder_links(tree, every, search, (*LIBRARY_DIRS, *LIBRARY_DIRS_32))
     libraries = [*(_mount(tree, p, "library") for p in every), *xorg_mounts]
-    libraries += _wine_dlls(tree, folders, defaults)
+    libraries += _wine_dlls(tree, folders, files, defaults)
     links = (_library_links(tree, files, folders, version)
              + _library_links(tree, files32, folders32, version) + xorg_links)
     # The host's own links first: where a folder has both, the link the host made wins.
