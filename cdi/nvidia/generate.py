@@ -355,8 +355,26 @@ def device_edits(nodes: DeviceNodes, opts: Options) -> ContainerEdits:
     NVIDIA's hook programs, which know no ``--device-link``: there the device has its own
     create-symlinks entry, as nvidia-ctk writes it. Also the groups its nodes need."""
     hooks = _hook(opts, _symlink_step(opts, nodes.links)) if _nvidia_program(opts) else ()
-    return ContainerEdits(device_nodes=tuple(_device_node(n) for n in nodes.nodes),
+    return ContainerEdits(device_nodes=tuple(_device_node(n) for n in nodes.nodes)
+                          + _by_path_nodes(nodes, opts),
                           hooks=hooks, additional_gids=_gids(opts, nodes.nodes))
+
+
+def _by_path_nodes(nodes: DeviceNodes, opts: Options) -> tuple[DeviceNode, ...]:
+    """Link mode ``mounts`` runs no hook to make the ``/dev/dri/by-path`` links, so each is
+    given as the node it points at, under the link's name: what opens the by-path name
+    (Vulkan/EGL device selection by PCI address) gets the same device."""
+    if opts.link_mode != "mounts":
+        return ()
+    by_container = {n.path: n for n in nodes.nodes}
+    out = []
+    for node_path, link in device_links(nodes):
+        node = by_container.get(node_path)
+        if node is not None and node_path == posixpath.normpath(
+                posixpath.join(posixpath.dirname(link.path), link.target)):
+            out.append(_device_node(node._replace(path=link.path))._replace(
+                host_path=node.host))
+    return tuple(out)
 
 
 # --- simplification -------------------------------------------------------------------------

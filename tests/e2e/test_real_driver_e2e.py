@@ -70,10 +70,14 @@ def world(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 def _paths_the_spec_makes(spec_file: Path) -> list[str]:
     spec = yaml.safe_load(spec_file.read_text().split("---", 1)[1])
     edits = spec["containerEdits"]
+    (gpu0,) = [d["containerEdits"] for d in spec["devices"] if d["name"] == "0"]
     paths = [m["containerPath"] for m in edits.get("mounts", [])]
+    paths += [n["path"] for n in (*edits.get("deviceNodes", []), *gpu0.get("deviceNodes", []))]
     for hook in edits.get("hooks", []):
         args = hook["args"]
-        paths += [args[i + 1].split("::")[1] for i, w in enumerate(args) if w == "--link"]
+        paths += [args[i + 1].split("::")[-1] for i, w in enumerate(args)
+                  if w in ("--link", "--device-link")]
+    assert any(p.startswith("/dev/dri/by-path/") for p in paths)  # GPU 0's, in both modes
     return sorted(set(paths))
 
 

@@ -169,3 +169,16 @@ def test_nvml_fails_cleanly_and_auto_falls_back(root: Path, kernel: BuiltNode) -
     rc, out, err = generate(["--mode", "auto", *args])
     assert rc == 0, err
     assert "using procfs" in err and "nvidia.com/gpu" in out
+
+
+def test_mounts_mode_gives_the_by_path_names_as_nodes(
+        specs: dict[str, dict[str, object]]) -> None:
+    # No hook makes the /dev/dri/by-path links in mounts mode: the nodes are given there.
+    devices = specs["mounts"]["devices"]
+    assert isinstance(devices, list)
+    (gpu0,) = [d["containerEdits"] for d in devices if d["name"] == "0"]
+    nodes = {n["path"]: n for n in gpu0["deviceNodes"]}
+    by_path = [p for p in nodes if p.startswith("/dev/dri/by-path/")]
+    assert len(by_path) == 2
+    card = next(p for p in by_path if p.endswith("-card"))
+    assert nodes[card]["hostPath"].endswith("/dev/dri/card0")
