@@ -550,20 +550,27 @@ def _default_folder_links(tree: _Tree, files: Sequence[str], search: Sequence[st
     at one of the driver's files, however many hops they take: what a distribution's
     install scripts made there (Debian's /etc/alternatives), for the loader, libvdpau and
     GBM to find the driver by name.  Not with --library-search-path (only those folders)."""
-    if search:
+    if search or not files:
         return []
     ends = set(files)
     links = []
     for folder in _scan_dirs(tree, dirs):
         for sub in LINK_SUBDIRS:
             where = _child(folder, sub) if sub else folder
-            for entry in _scandir(where):
+            entries = _scandir(where)
+            plain = {e.name for e in entries if not e.is_symlink()}
+            for entry in entries:
                 if not entry.is_symlink():
+                    continue
+                text = os.readlink(entry.path)
+                # Most links in a system folder name a plain file beside them (a SONAME
+                # link): one that is no driver file needs no walk (a few hundred per run).
+                if "/" not in text and text in plain and _child(where, text) not in ends:
                     continue
                 container = tree.container(_child(where, entry.name))
                 end, st = tree.lookup(container)
                 if _is_regular(st) and tree.host(end) in ends:
-                    links.append(Link(target=os.readlink(entry.path), path=container,
+                    links.append(Link(target=text, path=container,
                                       resolved=FileMount(host=tree.host(end), path=container,
                                                          kind="library")))
     return links
