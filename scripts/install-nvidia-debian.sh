@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Install NVIDIA's real driver user space as Debian ships it, as a test node root
-# (tests/nvidia/real_driver, tests/e2e/test_real_driver_e2e.py), nothing system-wide:
+# (tests/nvidia/test_real_driver.py, tests/e2e/test_real_driver_e2e.py and
+# test_docker_cdi_e2e.py), nothing system-wide:
 #   - Debian sid non-free's driver $DRIVER_VERSION packages (amd64, and the i386 ones where
 #     they exist) plus the glx-alternatives and the EGL platform libraries they depend on,
 #     downloaded with a private apt configuration (own sources list with the non-free
 #     components, own lists and package cache) into $CACHE/debs;
 #   - unpacked with dpkg -x into $CACHE/root (Debian's own layout: merged /usr, libraries in
 #     /usr/lib/<triplet>/nvidia/current, nvidia-smi in /usr/lib/nvidia/current);
-#   - the install-time links made by RUNNING the packages' own maintainer scripts (postinst,
-#     extracted with dpkg -e) with an update-alternatives on PATH that is the real one with
-#     --root, so every /etc/alternatives link is made the way dpkg would make it;
+#   - the install-time links made by RUNNING the packages' own maintainer scripts (postinst
+#     configure, then the triggers they raise; scripts/debian_maintscripts.py), chrooted into
+#     the root with busybox and the host's real update-alternatives, so every
+#     /etc/alternatives link is made the way dpkg makes it on an install;
 #   - docker.io and docker-cli 28.5 (sid) unpacked into $CACHE/docker, the third CDI consumer.
 # The kernel side (/proc/driver/nvidia, device nodes) is simulated by the tests themselves.
 # Idempotent: a stamp makes a second run return at once; a failed run leaves no stamp.
