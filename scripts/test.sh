@@ -9,6 +9,8 @@ bash scripts/setup.sh
 if [ -f scripts/install-containerd.sh ]; then
     bash scripts/install-containerd.sh
 fi
+# NVIDIA's real driver as Debian ships it, and Docker 28.5 (tests/nvidia, tests/e2e).
+bash scripts/install-nvidia-debian.sh
 python3 -m ruff check .
 python3 -m mypy  # --strict on cdi/ and nri_plugin/ (pyproject.toml [tool.mypy])
 python3 -m pytest "$@"

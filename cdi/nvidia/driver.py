@@ -57,10 +57,26 @@ LIBRARY_DIRS = (
     # not list (issue 18).
     "/usr/local/nvidia/lib64",
 )
+# The 32-bit (i386) libraries, beside the 64-bit ones (Debian ships them as :i386 packages):
+# the ``compat32`` capability.
+LIBRARY_DIRS_32 = (
+    "/usr/lib/i386-linux-gnu",
+    "/usr/lib/i386-linux-gnu/nvidia/current",
+    "/usr/lib32",
+    "/lib/i386-linux-gnu",
+)
+# Subfolders of the default library folders where the driver's users look for its files by
+# name: libvdpau (vdpau/), Mesa's GBM (gbm/), libnvidia-cfg on Debian (nvidia/).
+LINK_SUBDIRS = ("", "vdpau", "gbm", "nvidia")
+# DLLs NGX-enabled Windows programs (Proton, DXVK-NVAPI) load from ``nvidia/wine/`` beside
+# the folder libGLX_nvidia.so.0 was loaded from.
+WINE_DLLS = "nvidia/wine"
 # Graphics libraries that do not carry the RM version in their names.
 GRAPHICS_LIBRARIES = (
     "libnvidia-egl-gbm.so.*.*", "libnvidia-egl-wayland.so.*.*", "libnvidia-egl-wayland2.so.*.*",
     "libnvidia-egl-xcb.so.*.*", "libnvidia-egl-xlib.so.*.*", "libnvidia-nvvm70.so.*",
+    # NvAPI (DXVK-NVAPI): one file with no RM version in its name.
+    "libnvidia-api.so.1",
 )
 BINARIES = (
     "nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
@@ -123,8 +139,8 @@ CAPABILITY_PREFIXES: dict[str, tuple[str, ...]] = {
                  "libnvidia-glsi.so", "libnvidia-fbc.so", "libnvidia-ifr.so",
                  "libnvidia-rtcore.so", "libnvoptix.so", "libGLX_nvidia.so", "libEGL_nvidia.so",
                  "libGLESv2_nvidia.so", "libGLESv1_CM_nvidia.so", "libnvidia-glvkspirv.so",
-                 "libnvidia-cbl.so"),
-    "ngx": ("libnvidia-ngx.so",),
+                 "libnvidia-cbl.so", "libnvidia-api.so"),
+    "ngx": ("libnvidia-ngx.so", "nvngx.dll", "_nvngx.dll"),
 }
 
 
@@ -177,6 +193,7 @@ class DriverFiles(NamedTuple):
     configs: tuple[FileMount, ...]
     control_nodes: tuple[DeviceNodeInfo, ...]
     skipped: tuple[str, ...] = ()  # "<host path>: why", for what was left out as untrustworthy
+    lib32_dirs: tuple[str, ...] = ()  # container paths holding the i386 libraries (compat32)
 
     def mounts(self) -> tuple[FileMount, ...]:
         return (*self.libraries, *self.binaries, *self.ipc, *self.firmware, *self.configs)
@@ -461,10 +478,11 @@ def find_version_from_libraries(roots: Roots, search: Sequence[str] | None) -> s
 
 
 def _library_candidates(tree: _Tree, search: Sequence[str] | None,
-                        patterns: Sequence[str]) -> list[str]:
-    folders = _scan_dirs(tree, search if search else LIBRARY_DIRS)
+                        patterns: Sequence[str],
+                        defaults: Sequence[str] = LIBRARY_DIRS) -> list[str]:
+    folders = _scan_dirs(tree, search if search else defaults)
     found = [p for folder in folders for pat in patterns for p in tree.glob(folder, pat)]
-    if not found and not search:
+    if not found and not search and defaults is LIBRARY_DIRS:
         # The loader's own view: finds drivers installed outside the usual folders.
         found = _ldcache_files(tree, patterns)
     return list(dict.fromkeys(found))
@@ -483,10 +501,10 @@ def find_nvml_library(roots: Roots, search: Sequence[str] | None) -> Path | None
     return None
 
 
-def _driver_libraries(tree: _Tree, version: str,
-                      search: Sequence[str] | None) -> tuple[list[str], list[str]]:
+def _driver_libraries(tree: _Tree, version: str, search: Sequence[str] | None,
+                      defaults: Sequence[str] = LIBRARY_DIRS) -> tuple[list[str], list[str]]:
     """(library folders, library files) of the driver, as host paths."""
-    seeds = _library_candidates(tree, search, [f"*.so.{version}"])
+    seeds = _library_candidates(tree, search, [f"*.so.{version}"], defaults)
     files: list[str] = []
     for folder in dict.fromkeys(_parent(p) for p in seeds):
         files += tree.glob(folder, f"*.so.{version}")
@@ -526,6 +544,85 @@ def _library_links(tree: _Tree, files: Sequence[str], folders: Sequence[str],
     return _unique_links(links)
 
 
+def _default_folder_links(tree: _Tree, files: Sequence[str], search: Sequence[str] | None,
+                          dirs: Sequence[str]) -> list[Link]:
+    """The links in the default library folders (and their vdpau/, gbm/, nvidia/) that end
+    at one of the driver's files, however many hops they take: what a distribution's
+    install scripts made there (Debian's /etc/alternatives), for the loader, libvdpau and
+    GBM to find the driver by name.  Not with --library-search-path (only those folders)."""
+    if search or not files:
+        return []
+    ends = set(files)
+    links = []
+    for folder in _scan_dirs(tree, dirs):
+        for sub in LINK_SUBDIRS:
+            where = _child(folder, sub) if sub else folder
+            entries = _scandir(where)
+            plain = {e.name for e in entries if not e.is_symlink()}
+            for entry in entries:
+                if not entry.is_symlink():
+                    continue
+                text = os.readlink(entry.path)
+                # Most links in a system folder name a plain file beside them (a SONAME
+                # link): one that is no driver file needs no walk (a few hundred per run).
+                if "/" not in text and text in plain and _child(where, text) not in ends:
+                    continue
+                container = tree.container(_child(where, entry.name))
+                end, st = tree.lookup(container)
+                if _is_regular(st) and tree.host(end) in ends:
+                    links.append(Link(target=text, path=container,
+                                      resolved=FileMount(host=tree.host(end), path=container,
+                                                         kind="library")))
+    return links
+
+
+def _anchor_links(tree: _Tree, links: Iterable[Link], mounts: Sequence[FileMount]) -> list[Link]:
+    """Every link as the container will see it: its text kept where it names a file or link
+    the spec provides, else pointed at the provided file it ends at (the host's text may
+    name /etc/alternatives/..., or a link in a folder the spec leaves out); a link that
+    ends at nothing the spec provides is left out (it would dangle), noted in ``skipped``."""
+    chosen = list(links)
+    provided = {m.path for m in mounts} | {k.path for k in chosen}
+    by_host: dict[str, str] = {}
+    for m in mounts:
+        by_host.setdefault(m.host, m.path)
+    out = []
+    for link in chosen:
+        if link.resolved is None:
+            out.append(link)
+            continue
+        end = by_host.get(link.resolved.host)
+        if end is None:
+            tree.skipped[tree.host(link.path)] = (
+                f"link to {link.target}: it ends at {link.resolved.host}, which the spec "
+                "does not provide; no link made")
+            continue
+        folder = posixpath.dirname(link.path)
+        direct = posixpath.normpath(posixpath.join(folder, link.target))
+        if link.target.startswith("/") or direct not in provided or direct == link.path:
+            link = link._replace(target=posixpath.relpath(end, folder))
+        out.append(link)
+    return out
+
+
+def _wine_dlls(tree: _Tree, folders: Sequence[str], files: Sequence[str],
+               links: Sequence[Link]) -> list[FileMount]:
+    """NGX's Windows DLLs (``nvidia/wine/*.dll`` beside the 64-bit libraries), where they
+    are and beside every 64-bit libGLX_nvidia.so.0 link, the folder Proton looks in."""
+    found: dict[str, FileMount] = {}
+    ours = set(files)
+    glx = [posixpath.dirname(k.path) for k in links
+           if posixpath.basename(k.path) == "libGLX_nvidia.so.0"
+           and k.resolved is not None and k.resolved.host in ours]
+    for folder in folders:
+        for host in tree.glob(_child(folder, WINE_DLLS), "*.dll"):
+            name = _name(host)
+            for where in (tree.container(_parent(host)), *(f"{g}/{WINE_DLLS}" for g in glx)):
+                path = f"{where}/{name}"
+                found.setdefault(path, _mount(tree, host, "library", path))
+    return list(found.values())
+
+
 def _is_file_name(soname: str) -> bool:
     # A SONAME is read from the library itself: one naming another folder ("../x", "/etc/x")
     # is no link the driver made next to it, and would put a link outside the folder.
@@ -558,33 +655,48 @@ def _unique_links(links: Iterable[Link | None]) -> list[Link]:
     return sorted(seen.values(), key=lambda k: k.path)
 
 
-def _xorg(tree: _Tree, lib_dirs: Sequence[str], version: str) -> tuple[list[str], list[Link]]:
-    bases = [f"{d}/nvidia/xorg" for d in lib_dirs] + [f"{d}/xorg/modules" for d in lib_dirs]
-    bases += list(XORG_BASES)
-    files: list[str] = []
+def _xorg(tree: _Tree, lib_dirs: Sequence[str],
+          version: str) -> tuple[list[FileMount], list[Link]]:
+    """The X server's NVIDIA driver and GLX modules, mounted in the folders Xorg loads them
+    from (``<modules>/drivers``, ``<modules>/extensions``), wherever the host keeps the
+    files (Debian: /usr/lib/nvidia/current, reached through /etc/alternatives links).  The
+    GLX module is looked for versioned, then by the unversioned name Debian's links have."""
+    bases = list(XORG_BASES) + [f"{d}/nvidia/xorg" for d in lib_dirs]
+    bases += [f"{d}/xorg/modules" for d in lib_dirs]
+    mounts: list[FileMount] = []
     links: list[Link] = []
-    for name in ("nvidia_drv.so", f"libglxserver_nvidia.so.{version}"):
-        hit = _first_xorg(tree, bases, name)
-        if hit is None:
-            continue
-        files.append(hit)
-        if name.startswith("libglxserver"):
-            link = _host_link(tree, _parent(hit), "libglxserver_nvidia.so")
-            if link is not None:
-                links.append(link)
-    return files, links
+    glx = f"libglxserver_nvidia.so.{version}"
+    for names, sub in ((("nvidia_drv.so",), "drivers"),
+                       ((glx, "libglxserver_nvidia.so"), "extensions")):
+        for name in names:
+            hit = _first_xorg(tree, bases, name)
+            if hit is None:
+                continue
+            found, host = hit
+            base = next((b for b in XORG_BASES if found.startswith(b + "/")), None)
+            path = found if base is not None else f"{XORG_BASES[0]}/{sub}/{name}"
+            mounts.append(_mount(tree, host, "library", path))
+            if name == glx:
+                unversioned = f"{posixpath.dirname(path)}/libglxserver_nvidia.so"
+                links.append(Link(target=name, path=unversioned,
+                                  resolved=FileMount(host=host, path=unversioned,
+                                                     kind="library")))
+            break
+    return mounts, links
 
 
-def _first_xorg(tree: _Tree, bases: Sequence[str], name: str) -> str | None:
+def _first_xorg(tree: _Tree, bases: Sequence[str], name: str) -> tuple[str, str] | None:
+    """(the container path it was found at, the host file it ends at)."""
     for base in bases:
         if base.endswith("/nvidia/xorg"):
             subdirs: tuple[str, ...] = ("",)
         else:
             subdirs = XORG_SUBDIRS
         for sub in subdirs:
-            found, st = tree.lookup(f"{base}/{sub}/{name}" if sub else f"{base}/{name}")
+            path = f"{base}/{sub}/{name}" if sub else f"{base}/{name}"
+            found, st = tree.lookup(path)
             if _is_regular(st):
-                return tree.host(found)
+                return _normal(path), tree.host(found)
     return None
 
 
@@ -642,10 +754,14 @@ def config_dirs(xdg_data_dirs: str | None) -> tuple[str, ...]:
 
 
 def _configs(tree: _Tree, search: Sequence[str] | None,
-             xdg_data_dirs: str | None = None) -> list[FileMount]:
+             xdg_data_dirs: str | None = None, version: str = "") -> list[FileMount]:
     dirs = tuple(search) if search else config_dirs(xdg_data_dirs)
     found = []
-    for rel, where in [*((r, "/usr/share") for r in SHARE_CONFIGS),
+    # The driver's application profiles, read by its GL/EGL/Vulkan libraries from
+    # /usr/share/nvidia under their versioned names.
+    profiles = [f"nvidia/nvidia-application-profiles-{version}-{kind}"
+                for kind in ("rc", "key-documentation")] if version else []
+    for rel, where in [*((r, "/usr/share") for r in (*SHARE_CONFIGS, *profiles)),
                        *((r, "/etc") for r in ETC_CONFIGS)]:
         # GKE's driver installs the Vulkan files at the top of its driver root.
         top = ("/",) if rel.startswith("vulkan/") and not search else ()
@@ -670,20 +786,30 @@ def locate_driver(
 ) -> DriverFiles:
     """Every driver artifact of ``version`` under the roots (missing ones are left out)."""
     tree = _Tree(roots.driver)
-    folders, files = _driver_libraries(tree, version, library_search_paths)
+    search = library_search_paths
+    folders, files = _driver_libraries(tree, version, search)
+    folders32, files32 = ([], []) if search else _driver_libraries(tree, version, None,
+                                                                    LIBRARY_DIRS_32)
     lib_dirs = [tree.container(f) for f in folders]
-    xorg_files, xorg_links = _xorg(tree, lib_dirs, version)
-    libraries = [_mount(tree, p, "library") for p in [*files, *xorg_files]]
-    links = _library_links(tree, files, folders, version) + xorg_links
+    xorg_mounts, xorg_links = _xorg(tree, lib_dirs, version)
+    every = [*files, *files32]
+    defaults = _default_folder_links(tree, every, search, (*LIBRARY_DIRS, *LIBRARY_DIRS_32))
+    libraries = [*(_mount(tree, p, "library") for p in every), *xorg_mounts]
+    libraries += _wine_dlls(tree, folders, files, defaults)
+    links = (_library_links(tree, files, folders, version)
+             + _library_links(tree, files32, folders32, version) + xorg_links)
+    # The host's own links first: where a folder has both, the link the host made wins.
+    links = _anchor_links(tree, _unique_links([*defaults, *links]), libraries)
     return DriverFiles(
         version=version,
         lib_dirs=tuple(lib_dirs),
+        lib32_dirs=tuple(tree.container(f) for f in folders32),
         libraries=tuple(libraries),
         links=tuple(_unique_links(links)),
         binaries=tuple(_binaries(tree)),
         ipc=tuple(_ipc(tree)),
         firmware=tuple(_firmware(tree, roots, version)),
-        configs=tuple(_configs(tree, config_search_paths, xdg_data_dirs)),
+        configs=tuple(_configs(tree, config_search_paths, xdg_data_dirs, version)),
         control_nodes=control_nodes(roots),
         skipped=tuple(f"{path}: {why}" for path, why in sorted(tree.skipped.items())),
     )

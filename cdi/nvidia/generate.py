@@ -334,7 +334,8 @@ def common_edits(driver: DriverFiles, opts: Options,
         mounts=(*(_mount(m) for m in driver.mounts()), *_link_mounts(opts, driver.links)),
         hooks=_hook(opts, [*_symlink_step(opts, driver.links, devices),
                            *_compat_step(opts, driver.version),
-                           *_ldcache_step(opts, driver.lib_dirs), *_params_step(opts)]),
+                           *_ldcache_step(opts, (*driver.lib_dirs, *driver.lib32_dirs)),
+                           *_params_step(opts)]),
         additional_gids=_gids(opts, driver.control_nodes),
     )
 
@@ -356,8 +357,26 @@ def device_edits(nodes: DeviceNodes, opts: Options) -> ContainerEdits:
     NVIDIA's hook programs, which know no ``--device-link``: there the device has its own
     create-symlinks entry, as nvidia-ctk writes it. Also the groups its nodes need."""
     hooks = _hook(opts, _symlink_step(opts, nodes.links)) if _nvidia_program(opts) else ()
-    return ContainerEdits(device_nodes=tuple(_device_node(n) for n in nodes.nodes),
+    return ContainerEdits(device_nodes=tuple(_device_node(n) for n in nodes.nodes)
+                          + _by_path_nodes(nodes, opts),
                           hooks=hooks, additional_gids=_gids(opts, nodes.nodes))
+
+
+def _by_path_nodes(nodes: DeviceNodes, opts: Options) -> tuple[DeviceNode, ...]:
+    """Link mode ``mounts`` runs no hook to make the ``/dev/dri/by-path`` links, so each is
+    given as the node it points at, under the link's name: what opens the by-path name
+    (Vulkan/EGL device selection by PCI address) gets the same device."""
+    if opts.link_mode != "mounts":
+        return ()
+    by_container = {n.path: n for n in nodes.nodes}
+    out = []
+    for node_path, link in device_links(nodes):
+        node = by_container.get(node_path)
+        if node is not None and node_path == posixpath.normpath(
+                posixpath.join(posixpath.dirname(link.path), link.target)):
+            out.append(_device_node(node._replace(path=link.path))._replace(
+                host_path=node.host))
+    return tuple(out)
 
 
 # --- simplification -------------------------------------------------------------------------
@@ -563,8 +582,11 @@ def _with_version(spec: SpecData, maximum: str | None) -> SpecData:
 def capability_files(driver: DriverFiles) -> dict[str, list[str]]:
     """Container paths of libraries and binaries by driver capability (``other``: none)."""
     out: dict[str, list[str]] = {}
+    lib32 = tuple(f"{d}/" for d in driver.lib32_dirs)
     for m in (*driver.libraries, *driver.binaries):
-        cap = capability_of(m.path.rsplit("/", 1)[-1]) or "other"
+        # The i386 libraries are compat32's, whatever they serve (as libnvidia-container).
+        cap = "compat32" if lib32 and m.path.startswith(lib32) else (
+            capability_of(m.path.rsplit("/", 1)[-1]) or "other")
         out.setdefault(cap, []).append(m.path)
     return {k: sorted(v) for k, v in sorted(out.items())}
 

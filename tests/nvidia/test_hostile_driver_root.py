@@ -70,3 +70,47 @@ def test_soname_naming_another_folder_makes_no_link(node: BuiltNode, tmp_path: P
     assert f"libnvidia-hostile.so.{version}" in out  # the library itself is mounted
     assert "hostile.so.1" not in out  # but no link is made for its SONAME
     assert "/.." not in out
+
+
+# --- links in the default folders (issue 23: Debian's /etc/alternatives layout) -------------
+
+
+def _links(text: str) -> dict[str, str]:
+    spec = parse_spec(text).data
+    out = {}
+    for hook in spec.container_edits.hooks:
+        args = list(hook.args)
+        for i, word in enumerate(args):
+            if word == "--link":
+                target, path = args[i + 1].split("::")
+                out[path] = target
+    return out
+
+
+def test_alternatives_chain_is_anchored_at_the_mounted_file(node: BuiltNode) -> None:
+    # A distribution's link through /etc/alternatives: reproduced, pointing at the file
+    # the spec mounts, never at /etc/alternatives (which the container lacks).
+    version = str(node.manifest["driver_version"])
+    lib = str(node.manifest["lib_dir"])
+    alt = node.driver_root / "etc/alternatives/test--libcuda.so.1"
+    alt.parent.mkdir(parents=True, exist_ok=True)
+    alt.symlink_to(f"{lib}/libcuda.so.1")
+    gbm = node.driver_root / lib.lstrip("/") / "gbm"
+    gbm.mkdir(exist_ok=True)
+    (gbm / "test_gbm.so").symlink_to("/etc/alternatives/test--libcuda.so.1")
+    out, _ = _spec_text(node)
+    links = _links(out)
+    assert links[f"{lib}/gbm/test_gbm.so"] == f"../libcuda.so.{version}"
+    assert not [t for t in links.values() if t.startswith("/etc/alternatives")]
+
+
+def test_link_ending_at_no_driver_file_is_not_reproduced(node: BuiltNode) -> None:
+    lib = str(node.manifest["lib_dir"])
+    folder = node.driver_root / lib.lstrip("/")
+    (folder / "libother.so.3").write_bytes(b"not the driver")
+    (folder / "libother.so").symlink_to("libother.so.3")
+    (folder / "libdangling.so").symlink_to("/etc/alternatives/none")
+    out, _ = _spec_text(node)
+    assert f"{lib}/libother.so" not in _links(out)
+    assert f"{lib}/libdangling.so" not in _links(out)
+    assert "libother" not in out
