@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import asyncio
     import logging.handlers
 
-    from nri_plugin.stub import Stub
+    from nri_plugin.nri.stub import Stub
 
 # asyncio, the stub and the registry are imported when the daemon starts, not when the
 # nri-cdi command builds its parser: other subcommands (generate, hooks) start faster.
@@ -165,11 +165,11 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
 
     from cdi.cache import SpecCache
     from cdi.watch import AutoRefresh
+    from nri_plugin.nri.stub import Stub
     from nri_plugin.ops.runtime_cdi import runtime_cdi_config
     from nri_plugin.plugins.cdi_injector.failclosed import StartGuard, act
     from nri_plugin.plugins.cdi_injector.injector import CdiInjector
     from nri_plugin.plugins.cdi_injector.vendor import RegistryHolder
-    from nri_plugin.stub import Stub
     from nri_plugin.vendors.nvidia.rules import NvidiaRules
 
     plugin_settings = settings["plugin"]

@@ -89,7 +89,7 @@ class BoundedLog(logging.Filter):
 
 
 def clip_line(text: str, limit: int) -> str:
-    from nri_plugin.wire._bounded import clip
+    from nri_plugin.nri.wire._bounded import clip
 
     return clip(text, limit)
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from cdi.cache import SpecCache
-from nri_plugin.api import nri_pb2
-from nri_plugin.dispatch import RpcError
-from nri_plugin.errors import Refusal
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.plugins.cdi_injector.failclosed import act, find_unserved
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied, parse_policy
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
 from nri_plugin.vendors.nvidia.nodefacts import load_facts
 from nri_plugin.vendors.nvidia.requirements import RequirementError

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nri_plugin.errors import NRIPluginError
+from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.ops.node_check import images, paths
 
 PROBE_SOURCE = Path(__file__).with_name("cuda_probe.c")

@@ -39,11 +39,12 @@ from typing import Any
 from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
 from cdi.errors import UnresolvedDevicesError
-from nri_plugin.api import nri_pb2
-from nri_plugin.api.events import EventMask
-from nri_plugin.dispatch import RpcError
-from nri_plugin.errors import Refusal
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.api.events import EventMask
+from nri_plugin.nri.dispatch import RpcError
+from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.policy import Policy
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.requests import container_requests
 from nri_plugin.plugins.cdi_injector.sources import (
     container_mounts,
@@ -52,7 +53,6 @@ from nri_plugin.plugins.cdi_injector.sources import (
     is_privileged,
 )
 from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules
-from nri_plugin.wire import Code
 
 log = logging.getLogger("nri_cdi.failclosed")
 # Created (not started: the init process waits) and running containers can be used.

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-from nri_plugin.errors import NRIPluginError, Refusal
+from nri_plugin.nri.errors import NRIPluginError
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 
 SOURCES = ("containerAnnotations", "podAnnotations", "visibleDevicesEnv",
            "nvidiaNriAnnotations", "nriPluginsAnnotations", "volumeMounts",

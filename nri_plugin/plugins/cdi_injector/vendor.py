@@ -37,7 +37,7 @@ class EditFilter(Protocol):
 
 class VendorRules(Protocol):
     """A vendor's rules. Every method but ``load_facts`` is pure and must not do I/O: it
-    runs on the CreateContainer path. Refusals are raised as ``nri_plugin.errors.Refusal``.
+    runs on the CreateContainer path. Refusals are raised as ``refusal.Refusal``.
     """
 
     name: str

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from nri_plugin.api import nri_pb2
+from nri_plugin.nri.api import nri_pb2
 
 __all__ = [
     "HOOK_STAGES",
@@ -125,7 +125,7 @@ def add_cdi_device(adjustment: nri_pb2.ContainerAdjustment, name: str) -> None:
     """Ask the runtime to inject CDI device ``name`` (``vendor/class=device``) itself.
 
     Only runtimes that resolve CDI act on this (containerd 2.1+ and 1.7.30+, CRI-O 1.34+);
-    older ones ignore it silently: check ``nri_plugin.runtime.RuntimeInfo`` first.
+    older ones ignore it silently: check ``nri_plugin.nri.versions.RuntimeInfo`` first.
     """
     kind, sep, device = name.partition("=")
     if not sep or "/" not in kind or not device:
