@@ -24,11 +24,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from nri_plugin.ops.containerd_config import (
+    CRI_V2_SECTION,
+    CRI_V3_SECTION,
+    ContainerdConfig,
+    read_containerd_config,
+)
+from nri_plugin.ops.runtime_cdi import cri_cdi_settings
 from nri_plugin.ops.settings import Settings, SettingsError, add_config_argument, settings_from_args
 
 NRI_SECTION = "io.containerd.nri.v1.nri"
-CRI_V2_SECTION = "io.containerd.grpc.v1.cri"  # containerd 1.7 (config version 2)
-CRI_V3_SECTION = "io.containerd.cri.v1.runtime"  # containerd 2.x (config version 3)
 DEFAULT_CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
@@ -44,26 +49,6 @@ class Check:
 # --- containerd's configuration ------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ContainerdConfig:
-    path: str
-    data: Mapping[str, Any] | None  # None: no file (containerd's defaults apply)
-    major: int | None  # containerd major version, when known
-    error: str | None = None
-
-    def plugin(self, name: str) -> Mapping[str, Any]:
-        plugins = (self.data or {}).get("plugins", {})
-        section = plugins.get(name, {}) if isinstance(plugins, Mapping) else {}
-        return section if isinstance(section, Mapping) else {}
-
-    @property
-    def v2_defaults(self) -> bool:
-        """True when defaults are containerd 2.x's (NRI on, CDI on)."""
-        if self.major is not None:
-            return self.major >= 2
-        return bool(self.data and self.data.get("version") == 3)
-
-
 def containerd_major(binary: str | None = None) -> int | None:
     exe = binary or shutil.which("containerd")
     if not exe:
@@ -75,22 +60,6 @@ def containerd_major(binary: str | None = None) -> int | None:
         return None
     match = re.search(r"\sv?(\d+)\.\d+", out)
     return int(match.group(1)) if match else None
-
-
-def read_containerd_config(path: str, major: int | None) -> ContainerdConfig:
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        return ContainerdConfig(path=path, data=None, major=major,
-                                error="no TOML parser (Python 3.11+ has tomllib)")
-    try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        return ContainerdConfig(path=path, data=None, major=major)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        return ContainerdConfig(path=path, data=None, major=major, error=str(exc))
-    return ContainerdConfig(path=path, data=data, major=major)
 
 
 def check_nri_enabled(cfg: ContainerdConfig, our_socket: str) -> Check:
@@ -329,8 +298,6 @@ def current_fingerprint(settings: Settings) -> tuple[str | None, str]:
 
 def _runtime_cdi(cfg: ContainerdConfig) -> tuple[bool, tuple[str, ...], str]:
     """(enable_cdi in effect, the folders it resolves from, the section name)."""
-    from nri_plugin.ops.runtime_cdi import cri_cdi_settings
-
     section = CRI_V3_SECTION if (cfg.data and cfg.data.get("version") == 3) or (
         not cfg.data and cfg.v2_defaults) else CRI_V2_SECTION
     enabled, dirs = cri_cdi_settings(cfg.data)
