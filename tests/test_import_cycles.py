@@ -123,3 +123,20 @@ def test_no_import_cycle_among_our_modules() -> None:
     graph = {module: edges(module) for module in modules()}
     found = sorted(sorted(c) for c in cycles(graph) if c not in PENDING)
     assert found == []
+
+
+def reachable(module: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for name in edges(todo.pop()) - seen:
+            seen.add(name)
+            todo.append(name)
+    return seen
+
+
+def test_the_plugin_daemon_never_imports_the_doctor() -> None:
+    # The daemon reads containerd's config.toml at start-up through ops/containerd_config,
+    # not through the doctor (which pulls in urllib, subprocess, the e2e checks).
+    assert "nri_plugin.ops.runtime_cdi" in reachable("nri_plugin.ops.daemon")
+    assert "nri_plugin.ops.doctor" not in reachable("nri_plugin.ops.daemon")
