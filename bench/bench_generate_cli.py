@@ -9,7 +9,12 @@ Nodes: 2 GPUs (MIG on GPU 0: 4 devices) and 8 GPUs x 7 MIG devices. Rows per nod
   libnvidia-ml (its default mode on a GPU node; it has no procfs mode);
 - ``ours procfs`` and ``ours nvml``: ``nri-cdi generate --mode ...``, run through a console
   script written the way pip writes ``nri-cdi`` (``from nri_plugin.ops.cli import entry``),
-  with this interpreter and this checkout first on ``PYTHONPATH``.
+  in a fresh virtual environment of this interpreter, as a plain ``pip install`` leaves it
+  (this checkout and the interpreter's site-packages on ``PYTHONPATH``, so their ``.pth``
+  files do not run);
+- ``ours procfs, this site``: the same script run by this interpreter itself, whose ``site``
+  runs the ``.pth`` files of its site-packages (an editable install's finder, say): what
+  the command costs on this development machine.
 
 Goal: ours/nvidia-ctk <= 1.0 in procfs mode, <= 1.2 in nvml mode.
 
@@ -34,8 +39,10 @@ import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+import venv
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -85,12 +92,22 @@ def run(argv: Sequence[str], env: dict[str, str]) -> float:
     return elapsed
 
 
-def commands(node: BuiltNode, script: Path, ctk: str | None, out: Path) -> dict[str, list[str]]:
+def console_script(folder: Path, python: str) -> Path:
+    script = folder / "nri-cdi"
+    script.write_text(CONSOLE_SCRIPT.format(python=python))
+    script.chmod(0o755)
+    return script
+
+
+def commands(node: BuiltNode, scripts: dict[str, Path], ctk: str | None,
+             out: Path) -> dict[str, list[str]]:
     roots = ["--driver-root", str(node.driver_root), "--dev-root", str(node.dev_root)]
-    ours = [str(script), "generate", *roots, "--output", str(out / "ours.yaml")]
+    args = ["generate", *roots, "--output", str(out / "ours.yaml")]
+    clean, here = str(scripts["clean"]), str(scripts["here"])
     rows = {"floor": [sys.executable, "-I", "-S", "-c", "pass"],
-            "ours procfs": [*ours, "--mode", "procfs"],
-            "ours nvml": [*ours, "--mode", "nvml"]}
+            "ours procfs": [clean, *args, "--mode", "procfs"],
+            "ours nvml": [clean, *args, "--mode", "nvml"],
+            "ours procfs, this site": [here, *args, "--mode", "procfs"]}
     if ctk:
         rows["nvidia-ctk"] = [
             ctk, "--quiet", "cdi", "generate", *roots, "--mode", "nvml",
@@ -113,14 +130,14 @@ def measure(rows: dict[str, list[str]], env: dict[str, str], rounds: int) -> dic
 def report(title: str, med: dict[str, float], rounds: int) -> None:
     print(f"{title}: median of {rounds} interleaved rounds, load average "
           f"{os.getloadavg()[0]:.1f}; floor (python -I -S -c pass) {med['floor']:.1f} ms")
-    print(f"  {'mode':7} {'ours ms':>8} {'nvidia-ctk ms':>14} {'ratio':>6} {'goal':>5}")
+    print(f"  {'mode':22} {'ours ms':>8} {'nvidia-ctk ms':>14} {'ratio':>6} {'goal':>5}")
     ctk = med.get("nvidia-ctk")
-    for mode, goal in (("procfs", 1.0), ("nvml", 1.2)):
+    for mode, goal in (("procfs", 1.0), ("nvml", 1.2), ("procfs, this site", 1.0)):
         ours = med[f"ours {mode}"]
         if ctk is None:
-            print(f"  {mode:7} {ours:8.1f} {'-':>14} {'-':>6} {goal:5.1f}")
+            print(f"  {mode:22} {ours:8.1f} {'-':>14} {'-':>6} {goal:5.1f}")
         else:
-            print(f"  {mode:7} {ours:8.1f} {ctk:14.1f} {ours / ctk:6.2f} {goal:5.1f}")
+            print(f"  {mode:22} {ours:8.1f} {ctk:14.1f} {ours / ctk:6.2f} {goal:5.1f}")
 
 
 def main() -> None:
@@ -132,11 +149,14 @@ def main() -> None:
     ctk, origin = find_ctk()
     print(f"nvidia-ctk: {ctk} ({origin})" if ctk else f"nvidia-ctk column skipped: {origin}")
     with tempfile.TemporaryDirectory(prefix="bench-generate-cli-") as tmp:
-        script = Path(tmp) / "nri-cdi"
-        script.write_text(CONSOLE_SCRIPT.format(python=sys.executable))
-        script.chmod(0o755)
+        venv.create(Path(tmp) / "venv", with_pip=False)
+        (Path(tmp) / "clean").mkdir()
+        scripts = {"clean": console_script(Path(tmp) / "clean",
+                                           str(Path(tmp) / "venv" / "bin" / "python")),
+                   "here": console_script(Path(tmp), sys.executable)}
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        env |= {"PYTHONPATH": str(REPO), "PYTHONPYCACHEPREFIX": str(Path(tmp) / "pycache")}
+        path = os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]])
+        env |= {"PYTHONPATH": path, "PYTHONPYCACHEPREFIX": str(Path(tmp) / "pycache")}
         shm = Path("/dev/shm")
         out = Path(tempfile.mkdtemp(prefix="bench-generate-cli-",
                                     dir=shm if shm.is_dir() else tmp))
@@ -144,7 +164,7 @@ def main() -> None:
             for key in args.nodes.split(","):
                 title, layout = NODES[key]
                 node = build_node(Path(tmp) / key, layout())
-                med = measure(commands(node, script, ctk, out), env, args.rounds)
+                med = measure(commands(node, scripts, ctk, out), env, args.rounds)
                 report(title, med, args.rounds)
         finally:
             shutil.rmtree(out, ignore_errors=True)
