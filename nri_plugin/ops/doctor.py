@@ -24,12 +24,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from cdi.cache import SpecCache
+from cdi.dirs import scan
 from nri_plugin.ops.containerd_config import (
     CRI_V2_SECTION,
     CRI_V3_SECTION,
     ContainerdConfig,
     read_containerd_config,
 )
+from nri_plugin.ops.node_check import check
+from nri_plugin.ops.refresh import _run_child, generator_args, node_paths
 from nri_plugin.ops.runtime_cdi import cri_cdi_settings
 from nri_plugin.ops.settings import Settings, SettingsError, add_config_argument, settings_from_args
 
@@ -157,8 +163,6 @@ def health_url(settings: Settings) -> str | None:
 
 
 def check_spec_dirs(dirs: Iterable[str]) -> tuple[Check, Any]:
-    from cdi.cache import SpecCache
-
     name = "spec directories"
     dirs = list(dirs)
     unreadable = [d for d in dirs if os.path.isdir(d) and not os.access(d, os.R_OK | os.X_OK)]
@@ -182,10 +186,6 @@ def check_spec_dirs(dirs: Iterable[str]) -> tuple[Check, Any]:
 
 
 def _spec_documents(dirs: Iterable[str]) -> Iterable[tuple[str, Mapping[str, Any]]]:
-    import yaml
-
-    from cdi.dirs import scan
-
     for spec_file in scan(list(dirs)):
         if spec_file.error:
             continue
@@ -259,8 +259,6 @@ def check_fingerprint(settings: Settings,
 
 
 def _stale_detail(settings: Settings, meta: Mapping[str, Any]) -> str:
-    from nri_plugin.ops.refresh import node_paths
-
     spec_version = meta.get("driver", {}).get("version")
     try:
         text = node_paths(settings).proc("driver/nvidia/version").read_text()
@@ -276,8 +274,6 @@ def _stale_detail(settings: Settings, meta: Mapping[str, Any]) -> str:
 
 def current_fingerprint(settings: Settings) -> tuple[str | None, str]:
     """(fingerprint, error) of what the generator would write now (stdout, nothing saved)."""
-    from nri_plugin.ops.refresh import _run_child, generator_args
-
     args = generator_args(settings)
     out = args.index("--output")
     args = [a for i, a in enumerate(args) if a != "--if-changed" and i not in (out, out + 1)]
@@ -428,16 +424,12 @@ def add_commands(subparsers: Any) -> None:
     parser.add_argument("--no-generate", dest="check_generated", action="store_false",
                         help="skip the fingerprint check (it runs the generator)")
     parser.add_argument("--json", action="store_true", help="JSON output")
-    from nri_plugin.ops.node_check import check
-
     check.add_arguments(parser)
     parser.set_defaults(func=cmd_doctor)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     if args.e2e:
-        from nri_plugin.ops.node_check import check
-
         return check.cmd(args)
     try:
         settings = settings_from_args(args)
