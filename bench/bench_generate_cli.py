@@ -25,7 +25,8 @@ too, for equal overhead) runs in ``simnode.in_node_namespace``'s private mount n
 root, gcc and unshare are needed. Bytecode is cached (``PYTHONPYCACHEPREFIX``) as an
 installed package has it; the specs go to a tmpfs, as on a node (/var/run/cdi).
 
-Run: ``python3 bench/bench_generate_cli.py [--rounds 15] [--nodes 2gpu,8x7mig]``. Once
+Run: ``python3 bench/bench_generate_cli.py [--rounds 15] [--nodes 2gpu,8x7mig]
+[--other CHECKOUT]`` (``--other``: the same rows from another checkout too). Once
 installed (``pip install .``), the same run against the installed command is
 ``nri-cdi generate --driver-root NODE --dev-root NODE --mode procfs`` inside the namespace;
 this script mirrors that command exactly, but imports this checkout.
@@ -81,15 +82,21 @@ def find_ctk() -> tuple[str | None, str]:
                                                 "$NVIDIA_CTK is unset")
 
 
-def run(argv: Sequence[str], env: dict[str, str]) -> float:
-    """Wall time in ms of one command; a failure stops the benchmark with its stderr."""
+def run(argv: Sequence[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall ms, CPU ms) of one command; a failure stops the benchmark with its stderr.
+    CPU is user + system time of the process and its waited-for children (wait4): less
+    sensitive than wall time to what else the machine runs."""
     start = time.perf_counter()
-    proc = subprocess.run(list(argv), env=env, cwd=REPO, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, check=False)
-    elapsed = (time.perf_counter() - start) * 1000
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(argv[-14:])} failed:\n{proc.stderr[-2000:]}")
-    return elapsed
+    proc = subprocess.Popen(list(argv), env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = (time.perf_counter() - start) * 1000
+    stderr = proc.stderr.read() if proc.stderr else ""
+    if proc.stderr:
+        proc.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(argv[-14:])} failed:\n{stderr[-2000:]}")
+    return wall, (usage.ru_utime + usage.ru_stime) * 1000
 
 
 def console_script(folder: Path, python: str) -> Path:
@@ -99,8 +106,8 @@ def console_script(folder: Path, python: str) -> Path:
     return script
 
 
-def commands(node: BuiltNode, scripts: dict[str, Path], ctk: str | None,
-             out: Path) -> dict[str, list[str]]:
+def commands(node: BuiltNode, scripts: dict[str, Path], ctk: str | None, out: Path,
+             other: Path | None) -> dict[str, list[str]]:
     roots = ["--driver-root", str(node.driver_root), "--dev-root", str(node.dev_root)]
     args = ["generate", *roots, "--output", str(out / "ours.yaml")]
     clean, here = str(scripts["clean"]), str(scripts["here"])
@@ -108,6 +115,12 @@ def commands(node: BuiltNode, scripts: dict[str, Path], ctk: str | None,
             "ours procfs": [clean, *args, "--mode", "procfs"],
             "ours nvml": [clean, *args, "--mode", "nvml"],
             "ours procfs, this site": [here, *args, "--mode", "procfs"]}
+    if other is not None:  # the same rows from another checkout, both through env(1)
+        for mode in ("procfs", "nvml"):
+            for who, repo in (("ours", REPO), ("other", other)):
+                path = os.pathsep.join([str(repo), sysconfig.get_paths()["purelib"]])
+                rows[f"{who} {mode}"] = ["env", f"PYTHONPATH={path}", clean, *args,
+                                         "--mode", mode]
     if ctk:
         rows["nvidia-ctk"] = [
             ctk, "--quiet", "cdi", "generate", *roots, "--mode", "nvml",
@@ -117,27 +130,39 @@ def commands(node: BuiltNode, scripts: dict[str, Path], ctk: str | None,
     return {name: in_node_namespace(node, argv) for name, argv in rows.items()}
 
 
-def measure(rows: dict[str, list[str]], env: dict[str, str], rounds: int) -> dict[str, float]:
+def measure(rows: dict[str, list[str]], env: dict[str, str],
+            rounds: int) -> dict[str, tuple[float, float]]:
+    """Median (wall ms, CPU ms) of each row."""
     for argv in rows.values():  # warm-up: bytecode cache, page cache
         run(argv, env)
-    times: dict[str, list[float]] = {name: [] for name in rows}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in rows}
     for _ in range(rounds):  # interleaved: each round runs every row once
         for name, argv in rows.items():
             times[name].append(run(argv, env))
-    return {name: statistics.median(values) for name, values in times.items()}
+    return {name: (statistics.median(w for w, _ in values),
+                   statistics.median(c for _, c in values))
+            for name, values in times.items()}
 
 
-def report(title: str, med: dict[str, float], rounds: int) -> None:
+def report(title: str, med: dict[str, tuple[float, float]], rounds: int) -> None:
     print(f"{title}: median of {rounds} interleaved rounds, load average "
-          f"{os.getloadavg()[0]:.1f}; floor (python -I -S -c pass) {med['floor']:.1f} ms")
-    print(f"  {'mode':22} {'ours ms':>8} {'nvidia-ctk ms':>14} {'ratio':>6} {'goal':>5}")
+          f"{os.getloadavg()[0]:.1f}; floor (python -I -S -c pass) {med['floor'][0]:.1f} ms "
+          f"wall, {med['floor'][1]:.1f} ms CPU")
+    print(f"  {'mode':18} {'ours ms':>8} {'nvidia-ctk':>10} {'ratio':>6} {'goal':>5}   "
+          f"{'CPU ms':>7} {'nvidia-ctk':>10} {'ratio':>6}")
     ctk = med.get("nvidia-ctk")
     for mode, goal in (("procfs", 1.0), ("nvml", 1.2), ("procfs, this site", 1.0)):
-        ours = med[f"ours {mode}"]
+        wall, cpu = med[f"ours {mode}"]
         if ctk is None:
-            print(f"  {mode:22} {ours:8.1f} {'-':>14} {'-':>6} {goal:5.1f}")
+            print(f"  {mode:18} {wall:8.1f} {'-':>10} {'-':>6} {goal:5.1f}   {cpu:7.1f}")
         else:
-            print(f"  {mode:22} {ours:8.1f} {ctk:14.1f} {ours / ctk:6.2f} {goal:5.1f}")
+            print(f"  {mode:18} {wall:8.1f} {ctk[0]:10.1f} {wall / ctk[0]:6.2f} {goal:5.1f}   "
+                  f"{cpu:7.1f} {ctk[1]:10.1f} {cpu / ctk[1]:6.2f}")
+    for mode in ("procfs", "nvml"):
+        if f"other {mode}" in med:
+            (wall, cpu), (o_wall, o_cpu) = med[f"ours {mode}"], med[f"other {mode}"]
+            print(f"  {mode:7} other checkout {o_wall:.1f} ms wall, {o_cpu:.1f} ms CPU: "
+                  f"ours/other {wall / o_wall:.2f} wall, {cpu / o_cpu:.2f} CPU")
 
 
 def main() -> None:
@@ -145,6 +170,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--nodes", default=",".join(NODES),
                         help=f"comma-separated, of {', '.join(NODES)}")
+    parser.add_argument("--other", type=Path, metavar="CHECKOUT",
+                        help="also run the command from another checkout (before/after)")
     args = parser.parse_args()
     ctk, origin = find_ctk()
     print(f"nvidia-ctk: {ctk} ({origin})" if ctk else f"nvidia-ctk column skipped: {origin}")
@@ -164,7 +191,8 @@ def main() -> None:
             for key in args.nodes.split(","):
                 title, layout = NODES[key]
                 node = build_node(Path(tmp) / key, layout())
-                med = measure(commands(node, scripts, ctk, out), env, args.rounds)
+                rows = commands(node, scripts, ctk, out, args.other)
+                med = measure(rows, env, args.rounds)
                 report(title, med, args.rounds)
         finally:
             shutil.rmtree(out, ignore_errors=True)
