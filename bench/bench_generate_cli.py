@@ -173,6 +173,12 @@ def main() -> None:
     parser.add_argument("--other", type=Path, metavar="CHECKOUT",
                         help="also run the command from another checkout (before/after)")
     args = parser.parse_args()
+    missing = [what for what, ok in (("root", os.geteuid() == 0),
+                                     ("unshare", shutil.which("unshare")),
+                                     ("gcc", shutil.which("gcc"))) if not ok]
+    if missing:
+        raise SystemExit(f"needs {', '.join(missing)} (a simulated node in a private mount "
+                         "namespace)")
     ctk, origin = find_ctk()
     print(f"nvidia-ctk: {ctk} ({origin})" if ctk else f"nvidia-ctk column skipped: {origin}")
     with tempfile.TemporaryDirectory(prefix="bench-generate-cli-") as tmp:
