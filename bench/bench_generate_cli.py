@@ -44,7 +44,7 @@ import sysconfig
 import tempfile
 import time
 import venv
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,12 +62,19 @@ if __name__ == '__main__':
     sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
     sys.exit(entry())
 """
-NODES = {
-    "2gpu": ("2 GPUs, MIG on GPU 0 (4 devices)",
-             lambda: NodeLayout.uniform(2, mig={0: "3g.40gb,2g.20gb,1g.10gb*2"}, seed="bench")),
-    "8x7mig": ("8 GPUs x 7 MIG devices",
-               lambda: NodeLayout.uniform(8, mig=dict.fromkeys(range(8), "1g.10gb*7"),
-                                          seed="bench")),
+
+
+def two_gpus() -> NodeLayout:
+    return NodeLayout.uniform(2, mig={0: "3g.40gb,2g.20gb,1g.10gb*2"}, seed="bench")
+
+
+def eight_by_seven() -> NodeLayout:
+    return NodeLayout.uniform(8, mig=dict.fromkeys(range(8), "1g.10gb*7"), seed="bench")
+
+
+NODES: dict[str, tuple[str, Callable[[], NodeLayout]]] = {
+    "2gpu": ("2 GPUs, MIG on GPU 0 (4 devices)", two_gpus),
+    "8x7mig": ("8 GPUs x 7 MIG devices", eight_by_seven),
 }
 
 
