@@ -40,7 +40,7 @@ def worker(rounds: int) -> dict[str, float]:
     from bench.bench_plugin import gpu_spec
     from bench.bench_policy import sidecar
     from cdi.cache import SpecCache
-    from nri_plugin.api import nri_pb2
+    from nri_plugin.nri.api import nri_pb2
     from nri_plugin.plugins.cdi_injector.injector import CdiInjector
     from nri_plugin.plugins.cdi_injector.vendor import Registry
     from nri_plugin.vendors.nvidia.nodefacts import load_facts

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nri_plugin.api import nri_pb2
+from nri_plugin.nri.api import nri_pb2
 from tests.e2e import images, paths
 from tests.e2e.containerd import Containerd
 from tests.e2e.plugin import REPO, PluginProcess
@@ -37,8 +37,8 @@ from tests.nri_runtime_peer import PLUGIN_CONN, REQUEST, mux_frame, request_byte
 
 LEGACY = """
 import asyncio, logging, sys
-from nri_plugin.plugin import Plugin
-from nri_plugin.stub import Stub
+from nri_plugin.nri.plugin import Plugin
+from nri_plugin.nri.stub import Stub
 
 class Noop(Plugin):
     def create_container(self, pod, container):

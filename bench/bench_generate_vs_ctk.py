@@ -1,8 +1,8 @@
 """Whole-process ``generate`` next to NVIDIA's ``nvidia-ctk cdi generate`` on one simulated
 node (2 GPUs, MIG on one), paired in each round:
 
-- ``nvidia-ctk cdi generate --mode nvml`` ($NRI_CDI_PEERS/nvidia-ctk), through the node's
-  simulated libnvidia-ml;
+- ``nvidia-ctk cdi generate --mode nvml`` ($NVIDIA_CTK, else $NRI_CDI_PEERS/nvidia-ctk),
+  through the node's simulated libnvidia-ml;
 - ``python -m cdi.nvidia.cli --mode nvml`` (nvidia-ml-py on the same library);
 - ``python -m cdi.nvidia.cli --mode procfs``;
 - both again through the lean entry ``python -I -S cdi/nvidia/__main__.py`` (no ``site``);
@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 from cdi.nvidia.simnode import NodeLayout, build_node, in_node_namespace  # noqa: E402
 from tests.peers import peer  # noqa: E402
 
-CTK = peer("nvidia-ctk")
+CTK = Path(os.environ["NVIDIA_CTK"]) if os.environ.get("NVIDIA_CTK") else peer("nvidia-ctk")
 GNU_TIME = shutil.which("time") or "/usr/bin/time"
 
 

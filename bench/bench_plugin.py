@@ -25,12 +25,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cdi.cache import Snapshot, SpecCache
-from nri_plugin.api import nri_pb2
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.stub import Stub
+from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.vendor import Registry
-from nri_plugin.runtime import RuntimeInfo
-from nri_plugin.stub import Stub
 from tests.nri_runtime_peer import RuntimePeer
 
 

@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_plugin import gpu_spec
 from cdi.cache import Snapshot, SpecCache
-from nri_plugin.api import nri_pb2
-from nri_plugin.plugin import Plugin
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.plugin import Plugin
+from nri_plugin.nri.stub import Stub
 from nri_plugin.plugins.cdi_injector.guard import StartGuard
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import (
@@ -43,7 +44,6 @@ from nri_plugin.plugins.cdi_injector.requests import (
     unique_requests,
 )
 from nri_plugin.plugins.cdi_injector.vendor import Registry
-from nri_plugin.stub import Stub
 from nri_plugin.vendors.nvidia.nodefacts import NodeFacts, load_facts
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.nri_runtime_peer import RuntimePeer

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from cdi.errors import FieldError, SpecError
-from cdi.model import DeviceData, SpecData, spec_from_dict, to_dict
+from cdi.model import BadScalar, DeviceData, SpecData, spec_from_dict, to_dict
 from cdi.parser import parse_kind
 from cdi.validate import validate_spec
+from cdi.yaml11 import dump_yaml
 
 # A real spec for 8 GPUs x 7 MIG devices is well under 1 MiB; refuse to slurp anything
 # absurd that happens to sit in a spec directory.
@@ -33,6 +34,14 @@ _FLOAT = (
 _NULL_TEXTS = ("", "~", "null", "Null", "NULL")
 
 
+def _yaml() -> Any:
+    """PyYAML, imported on first use: 8.5-10.5 ms (``python -X importtime``) that what
+    never reads YAML must not pay (``nri-cdi generate`` has its own emitter; the hooks)."""
+    import yaml
+
+    return yaml
+
+
 @functools.cache
 def _strict_loader() -> Any:
     """A safe YAML loader (libyaml's when present) for specs.
@@ -44,15 +53,9 @@ def _strict_loader() -> Any:
       sense of, or an unknown tag, becomes a ``BadScalar`` that every field decoder
       refuses, so the error names the field.
 
-    Built on first use: PyYAML is imported only by what reads or writes YAML, not by
-    ``nri-cdi generate`` (its own emitter) or the hooks.
+    Built on first use, as PyYAML is imported on first use (``_yaml``).
     """
-    import re
-
-    import yaml
-
-    from cdi.model import BadScalar
-
+    yaml = _yaml()
     base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
     def bad(tag: str, node: Any, why: str) -> BadScalar:
@@ -197,8 +200,7 @@ def _json_depth(text: str) -> int:
 
 
 def _yaml_depth(text: str) -> int:
-    import yaml
-
+    yaml = _yaml()
     # libyaml's parser keeps its state on a heap stack: walking its events is safe at any
     # depth (its composer, which builds nodes, is the part that recurses).
     starts = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
@@ -226,8 +228,7 @@ def _yaml_event_error(text: str) -> str | None:
     the text could hold either."""
     if "%YAML" not in text and ("!" not in text or not _BARE_TAG_TEXT.search(text)):
         return None
-    import yaml
-
+    yaml = _yaml()
     for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
         if isinstance(event, yaml.DocumentStartEvent):
             version = event.version
@@ -242,8 +243,7 @@ def _yaml_event_error(text: str) -> str | None:
 
 def load_document(data: bytes | str, *, json_format: bool) -> Any:
     """Parse JSON or YAML strictly into plain data; raise SpecError on bad syntax."""
-    import yaml
-
+    yaml = _yaml()
     if len(data) > MAX_SPEC_BYTES:
         raise SpecError([FieldError("", f"spec is larger than {MAX_SPEC_BYTES} bytes")])
     try:
@@ -332,8 +332,6 @@ def dump_spec(spec: SpecData, *, json_format: bool = False) -> str:
     document = to_dict(spec)
     if json_format:
         return json.dumps(document, indent=2) + "\n"
-    from cdi.yaml11 import dump_yaml
-
     return dump_yaml(document)
 
 

@@ -1,6 +1,6 @@
 """A test-only NRI runtime: raw mux/ttrpc frames built with ``struct`` here.
 
-Deliberately independent of ``nri_plugin.wire``, so a framing bug in production
+Deliberately independent of ``nri_plugin.nri.wire``, so a framing bug in production
 code cannot hide behind the same bug in the peer. It plays the Go runtime's
 part (docs/nri-protocol.md §2.2): it serves the Runtime service on conn 2,
 calls the Plugin service on conn 1, and checks the docs/nri-protocol.md §2.4 frame-size rule on
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
-from nri_plugin.api import nri_pb2, ttrpc_pb2
+from nri_plugin.nri.api import nri_pb2, ttrpc_pb2
 
 MUX = struct.Struct(">II")
 TTRPC = struct.Struct(">IIBB")

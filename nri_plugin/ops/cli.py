@@ -1,8 +1,12 @@
 """``nri-cdi``: one command for the CDI library, the generator, the hooks and the plugin.
 
-Each subcommand lives in the module that owns it. Only the module of the subcommand being
-run is imported (all of them for ``--help``): ``nri-cdi generate`` and the hooks, which
-the runtime starts for every container, must not pay for the plugin or the doctor.
+A table of subcommands, each in the module that owns it. Only the module of the subcommand
+being run is imported (all of them for ``--help`` or an unknown one): ``nri-cdi generate``
+and the hooks, which the runtime starts for every container, must not pay for the plugin
+or the doctor. ``python -S -X importtime``, building the parser: every module 66-86 ms,
+``generate``'s alone 17 ms, ``hook``'s 13 ms, ``plugin``'s 26 ms. ``argparse`` stays: it
+costs 1.2 ms to import and 0.5 ms to build and parse ``generate``'s options.
+``tests/nvidia/test_generate_command.py`` checks what ``nri-cdi generate`` loads.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from collections.abc import Sequence
 from cdi.extras import MissingDependencyError
 from cdi.process import finish
 
-# subcommand -> (module, function that adds that module's subcommands), in help order.
+# subcommand -> (module, function that adds that module's subcommands), in help order;
+# the module is imported when its subcommand is chosen (figures above).
 COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("cdi.nvidia.cdi_commands", "add_commands"),
     "validate": ("cdi.nvidia.cdi_commands", "add_commands"),

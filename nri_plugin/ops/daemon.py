@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.errors import printable
-from nri_plugin.runtime import DEFAULT_SOCKET_PATH, PLUGIN_IDX_ENV, PLUGIN_NAME_ENV
+from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, PLUGIN_IDX_ENV, PLUGIN_NAME_ENV
 
 if TYPE_CHECKING:
     import asyncio
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from cdi.cache import Snapshot
+    from nri_plugin.nri.stub import Stub
     from nri_plugin.ops.metrics import Metrics, Server
     from nri_plugin.ops.policy_reload import PolicyReloader
     from nri_plugin.ops.settings import Settings
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from nri_plugin.plugins.cdi_injector.injector import CdiInjector
     from nri_plugin.plugins.cdi_injector.policy import Policy
     from nri_plugin.plugins.cdi_injector.vendor import RegistryHolder, VendorRules
-    from nri_plugin.stub import Stub
 
 # asyncio, the stub and the registry are imported when the daemon starts, not when the
 # nri-cdi command builds its parser: other subcommands (generate, hooks) start faster.
@@ -189,11 +189,11 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
 
     from cdi.cache import SpecCache
     from cdi.watch import AutoRefresh
+    from nri_plugin.nri.stub import Stub
     from nri_plugin.ops.runtime_cdi import runtime_cdi_config
     from nri_plugin.plugins.cdi_injector.counters import Counters
     from nri_plugin.plugins.cdi_injector.guard import StartGuard
     from nri_plugin.plugins.cdi_injector.vendor import RegistryHolder
-    from nri_plugin.stub import Stub
 
     plugin_settings = settings.plugin
     counters = Counters()

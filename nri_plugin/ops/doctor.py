@@ -24,14 +24,24 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cdi.dirs import DEFAULT_SPEC_DIRS
+import yaml
+
+from cdi.cache import SpecCache
+from cdi.dirs import DEFAULT_SPEC_DIRS, scan
 from cdi.nvidia.sidecar import sidecar_path
+from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
+from nri_plugin.ops.containerd_config import (
+    CRI_V2_SECTION,
+    CRI_V3_SECTION,
+    ContainerdConfig,
+    read_containerd_config,
+)
+from nri_plugin.ops.node_check import check
+from nri_plugin.ops.refresh import _run_child, generator_args, node_paths
+from nri_plugin.ops.runtime_cdi import cri_cdi_settings
 from nri_plugin.ops.settings import Settings, SettingsError, add_config_argument, settings_from_args
-from nri_plugin.runtime import DEFAULT_SOCKET_PATH
 
 NRI_SECTION = "io.containerd.nri.v1.nri"
-CRI_V2_SECTION = "io.containerd.grpc.v1.cri"  # containerd 1.7 (config version 2)
-CRI_V3_SECTION = "io.containerd.cri.v1.runtime"  # containerd 2.x (config version 3)
 _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
 
@@ -46,26 +56,6 @@ class Check:
 # --- containerd's configuration ------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ContainerdConfig:
-    path: str
-    data: Mapping[str, Any] | None  # None: no file (containerd's defaults apply)
-    major: int | None  # containerd major version, when known
-    error: str | None = None
-
-    def plugin(self, name: str) -> Mapping[str, Any]:
-        plugins = (self.data or {}).get("plugins", {})
-        section = plugins.get(name, {}) if isinstance(plugins, Mapping) else {}
-        return section if isinstance(section, Mapping) else {}
-
-    @property
-    def v2_defaults(self) -> bool:
-        """True when defaults are containerd 2.x's (NRI on, CDI on)."""
-        if self.major is not None:
-            return self.major >= 2
-        return bool(self.data and self.data.get("version") == 3)
-
-
 def containerd_major(binary: str | None = None) -> int | None:
     exe = binary or shutil.which("containerd")
     if not exe:
@@ -77,22 +67,6 @@ def containerd_major(binary: str | None = None) -> int | None:
         return None
     match = re.search(r"\sv?(\d+)\.\d+", out)
     return int(match.group(1)) if match else None
-
-
-def read_containerd_config(path: str, major: int | None) -> ContainerdConfig:
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        return ContainerdConfig(path=path, data=None, major=major,
-                                error="no TOML parser (Python 3.11+ has tomllib)")
-    try:
-        with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        return ContainerdConfig(path=path, data=None, major=major)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        return ContainerdConfig(path=path, data=None, major=major, error=str(exc))
-    return ContainerdConfig(path=path, data=data, major=major)
 
 
 def check_nri_enabled(cfg: ContainerdConfig, our_socket: str) -> Check:
@@ -190,8 +164,6 @@ def health_url(settings: Settings) -> str | None:
 
 
 def check_spec_dirs(dirs: Iterable[str]) -> tuple[Check, Any]:
-    from cdi.cache import SpecCache
-
     name = "spec directories"
     dirs = list(dirs)
     unreadable = [d for d in dirs if os.path.isdir(d) and not os.access(d, os.R_OK | os.X_OK)]
@@ -215,10 +187,6 @@ def check_spec_dirs(dirs: Iterable[str]) -> tuple[Check, Any]:
 
 
 def _spec_documents(dirs: Iterable[str]) -> Iterable[tuple[str, Mapping[str, Any]]]:
-    import yaml
-
-    from cdi.dirs import scan
-
     for spec_file in scan(list(dirs)):
         if spec_file.error:
             continue
@@ -292,8 +260,6 @@ def check_fingerprint(settings: Settings,
 
 
 def _stale_detail(settings: Settings, meta: Mapping[str, Any]) -> str:
-    from nri_plugin.ops.refresh import node_paths
-
     spec_version = meta.get("driver", {}).get("version")
     try:
         text = node_paths(settings).proc("driver/nvidia/version").read_text()
@@ -309,8 +275,6 @@ def _stale_detail(settings: Settings, meta: Mapping[str, Any]) -> str:
 
 def current_fingerprint(settings: Settings) -> tuple[str | None, str]:
     """(fingerprint, error) of what the generator would write now (stdout, nothing saved)."""
-    from nri_plugin.ops.refresh import _run_child, generator_args
-
     args = generator_args(settings)
     out = args.index("--output")
     args = [a for i, a in enumerate(args) if a != "--if-changed" and i not in (out, out + 1)]
@@ -331,8 +295,6 @@ def current_fingerprint(settings: Settings) -> tuple[str | None, str]:
 
 def _runtime_cdi(cfg: ContainerdConfig) -> tuple[bool, tuple[str, ...], str]:
     """(enable_cdi in effect, the folders it resolves from, the section name)."""
-    from nri_plugin.ops.runtime_cdi import cri_cdi_settings
-
     section = CRI_V3_SECTION if (cfg.data and cfg.data.get("version") == 3) or (
         not cfg.data and cfg.v2_defaults) else CRI_V2_SECTION
     enabled, dirs = cri_cdi_settings(cfg.data)
@@ -463,16 +425,12 @@ def add_commands(subparsers: Any) -> None:
     parser.add_argument("--no-generate", dest="check_generated", action="store_false",
                         help="skip the fingerprint check (it runs the generator)")
     parser.add_argument("--json", action="store_true", help="JSON output")
-    from nri_plugin.ops.node_check import check
-
     check.add_arguments(parser)
     parser.set_defaults(func=cmd_doctor)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     if args.e2e:
-        from nri_plugin.ops.node_check import check
-
         return check.cmd(args)
     try:
         settings = settings_from_args(args)

@@ -14,8 +14,14 @@ import asyncio
 import hashlib
 import logging
 import os
+import signal
 from collections.abc import Callable
 from typing import Any
+
+from inotify_simple import INotify, flags
+
+from nri_plugin.ops.settings import SettingsError
+from nri_plugin.plugins.cdi_injector.policy import PolicyError
 
 log = logging.getLogger("nri_cdi.policy")
 SETTLE_SECONDS = 0.2
@@ -39,16 +45,12 @@ class PolicyReloader:
         self.rejected = 0  # new policies refused
 
     def start(self, loop: asyncio.AbstractEventLoop) -> PolicyReloader:
-        import signal
-
         loop.add_signal_handler(signal.SIGHUP, self.schedule, loop, True)
         if self.path is not None:
             self._watch(loop)
         return self
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
-        from inotify_simple import INotify, flags
-
         folder = os.path.dirname(os.path.abspath(self.path or ""))
         mask = (flags.CLOSE_WRITE | flags.MOVED_TO | flags.CREATE | flags.DELETE
                 | flags.MOVED_FROM | flags.ATTRIB)
@@ -108,9 +110,6 @@ class PolicyReloader:
                 self.schedule(loop, False)
 
     def _try_load(self) -> tuple[Any, list[str]]:
-        from nri_plugin.ops.settings import SettingsError
-        from nri_plugin.plugins.cdi_injector.policy import PolicyError
-
         try:
             return self._load(), []
         except PolicyError as exc:
@@ -119,7 +118,6 @@ class PolicyReloader:
             return None, exc.lines()
 
     def stop(self, loop: asyncio.AbstractEventLoop) -> None:
-        import signal
 
         loop.remove_signal_handler(signal.SIGHUP)
         if self._timer is not None:

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from cdi.nvidia.sidecar import sidecar_path
+from nri_plugin.ops.logformat import log_formatter
 from nri_plugin.ops.settings import Settings, SettingsError, add_config_argument, settings_from_args
 
 log = logging.getLogger("nri_cdi.refresh")
@@ -334,8 +335,6 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _setup(args: argparse.Namespace) -> Settings | None:
-    from nri_plugin.ops.logformat import log_formatter
-
     try:
         settings = settings_from_args(args)
     except SettingsError as exc:

@@ -10,13 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from nri_plugin.ops.containerd_config import CRI_V2_SECTION, CRI_V3_SECTION, read_containerd_config
 from nri_plugin.plugins.cdi_injector.delegation import LIBRARY_DEFAULT_DIRS, RuntimeCdiConfig
 
 if TYPE_CHECKING:
     from nri_plugin.ops.settings import Settings
-
-CRI_V2_SECTION = "io.containerd.grpc.v1.cri"  # containerd 1.7 (config version 2)
-CRI_V3_SECTION = "io.containerd.cri.v1.runtime"  # containerd 2.x (config version 3)
 
 
 def cri_cdi_settings(data: Mapping[str, Any] | None) -> tuple[bool | None, tuple[str, ...]]:
@@ -37,8 +35,6 @@ def cri_cdi_settings(data: Mapping[str, Any] | None) -> tuple[bool | None, tuple
 
 
 def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
-    from nri_plugin.ops.doctor import read_containerd_config
-
     path = settings.doctor.containerd_config
     wanted = settings.runtime_cdi
     cfg = read_containerd_config(path, None)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -173,8 +174,6 @@ def render_launcher(*, python: str = sys.executable, config: str | None = DEFAUL
     NRI_PLUGIN_NAME/IDX/SOCKET in the environment, the NRI socket as fd 3, and its output
     discarded: so the interpreter is named by absolute path, PATH is set for the hooks'
     helpers, and the log goes to a file."""
-    import shlex
-
     flags = ["--config", config] if config else []
     args = " ".join(shlex.quote(a) for a in (*flags, *extra_args))
     lines = [

@@ -102,8 +102,8 @@ def test_container_created_while_plugin_was_down_is_stopped_when_it_starts(
 
 SLOW_PLUGIN = """
 import sys, time
-from nri_plugin.plugin import Plugin
-from nri_plugin.stub import Stub
+from nri_plugin.nri.plugin import Plugin
+from nri_plugin.nri.stub import Stub
 import asyncio
 
 class Slow(Plugin):

@@ -61,7 +61,7 @@ from cdi.watch import AutoRefresh
 from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.ops.metrics import Metrics
-from nri_plugin.stub import Stub
+from nri_plugin.nri.stub import Stub
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 metrics = Metrics()
 server = metrics.serve("127.0.0.1:0")

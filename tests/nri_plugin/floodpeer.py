@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nri_plugin.api import nri_pb2
+from nri_plugin.nri.api import nri_pb2
 from tests.nri_runtime_peer import RuntimePeer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from nri_plugin.api import Event, EventMask, nri_pb2
-from nri_plugin.dispatch import (
+from nri_plugin.nri.api import Event, EventMask, nri_pb2
+from nri_plugin.nri.dispatch import (
     METHODS,
     Dispatcher,
     RpcError,
@@ -16,8 +16,8 @@ from nri_plugin.dispatch import (
     implemented_events,
     subscription,
 )
-from nri_plugin.plugin import Plugin
-from nri_plugin.wire import Code
+from nri_plugin.nri.plugin import Plugin
+from nri_plugin.nri.wire import Code
 
 POD = nri_pb2.PodSandbox(id="pod1", name="p", annotations={"a": "b"})
 CTR = nri_pb2.Container(id="ctr1", pod_sandbox_id="pod1", name="c")

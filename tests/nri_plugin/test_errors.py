@@ -1,5 +1,5 @@
 """One error root for ``nri_plugin``: every exception class it defines derives from
-``NRIPluginError``, except the sans-IO core's (``nri_plugin.wire.ProtocolError``), which
+``NRIPluginError``, except the sans-IO core's (``nri_plugin.nri.wire.ProtocolError``), which
 imports nothing of ours on purpose."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import inspect
 import pkgutil
 
 import nri_plugin
-from nri_plugin.errors import NRIPluginError
-from nri_plugin.wire import ProtocolError
+from nri_plugin.nri.errors import NRIPluginError
+from nri_plugin.nri.wire import ProtocolError
 
 
 def _modules() -> list[str]:

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from cdi.cache import Snapshot, SpecCache
-from nri_plugin.api import nri_pb2
-from nri_plugin.dispatch import RpcError
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.dispatch import RpcError
+from nri_plugin.nri.wire._bounded import bound_message, clip
 from nri_plugin.ops.logformat import BoundedLog
 from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.failclosed import (
@@ -26,7 +27,6 @@ from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from nri_plugin.wire._bounded import bound_message, clip
 from tests.helpers import nvidia_policy, write_specs
 
 SPEC = """\

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_plugin.api import nri_pb2
+from nri_plugin.nri.api import nri_pb2
 from tests.nri_plugin.floodpeer import KIND, FloodedPlugin, create
 from tests.nri_runtime_peer import (
     PLUGIN_CONN,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from google.protobuf import descriptor_pb2
 
-from nri_plugin.api import Event, EventMask, generate, nri_pb2, ttrpc_pb2
+from nri_plugin.nri.api import Event, EventMask, generate, nri_pb2, ttrpc_pb2
 
 pytest.importorskip("grpc_tools", reason="grpcio-tools is needed to regenerate")
 
@@ -35,7 +35,7 @@ def fresh() -> dict[str, bytes]:
 def test_committed_descriptors_match_the_proto(fresh: dict[str, bytes], name: str) -> None:
     committed = (generate.API_DIR / name).read_bytes()
     assert _descriptor(committed) == _descriptor(fresh[name]), (
-        f"nri_plugin/api/{name} is stale: run python -m nri_plugin.api.generate"
+        f"nri_plugin/nri/api/{name} is stale: run python -m nri_plugin.nri.api.generate"
     )
 
 
@@ -50,8 +50,8 @@ def test_committed_files_are_byte_identical_with_the_same_protoc(fresh: dict[str
 
 def test_generated_modules_carry_the_wire_names() -> None:
     assert nri_pb2.DESCRIPTOR.services_by_name["Plugin"].full_name == "nri.pkg.api.v1alpha1.Plugin"
-    assert nri_pb2.DESCRIPTOR.name == "nri_plugin/api/nri.proto"
-    assert ttrpc_pb2.DESCRIPTOR.name == "nri_plugin/api/ttrpc.proto"
+    assert nri_pb2.DESCRIPTOR.name == "nri_plugin/nri/api/nri.proto"
+    assert ttrpc_pb2.DESCRIPTOR.name == "nri_plugin/nri/api/ttrpc.proto"
 
 
 def test_event_enum_matches_the_proto() -> None:

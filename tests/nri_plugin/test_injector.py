@@ -13,8 +13,10 @@ import pytest
 from cdi.cache import Snapshot, SpecCache
 from cdi.device import Device
 from cdi.model import ContainerEdits, IntelRdt, NetDevice
-from nri_plugin.api import nri_pb2
-from nri_plugin.dispatch import RpcError, dispatch
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.dispatch import RpcError, dispatch
+from nri_plugin.nri.stub import Stub
+from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.adjust import UnsupportedEditsError, to_adjustment
 from nri_plugin.plugins.cdi_injector.context import ContainerContext
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, InjectionError, plan_injection
@@ -27,8 +29,6 @@ from nri_plugin.plugins.cdi_injector.requests import (
     unique_requests,
 )
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RequestSource
-from nri_plugin.runtime import RuntimeInfo
-from nri_plugin.stub import Stub
 from tests.helpers import write_specs
 from tests.nri_runtime_peer import RuntimePeer
 

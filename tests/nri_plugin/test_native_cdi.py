@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 
 from cdi.cache import Snapshot, SpecCache
-from nri_plugin.api import nri_pb2
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.failclosed import find_unserved
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.vendor import Registry
-from nri_plugin.runtime import RuntimeInfo
 from tests.helpers import write_specs
 
 SPEC = """\

@@ -29,14 +29,14 @@ from pathlib import Path
 import pytest
 
 from cdi.cache import SpecCache
-from nri_plugin.api import nri_pb2
-from nri_plugin.dispatch import RpcError, dispatch
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.dispatch import RpcError, dispatch
+from nri_plugin.nri.stub import Stub
 from nri_plugin.ops.daemon import _deferred_queue_handler
 from nri_plugin.ops.metrics import Metrics
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
-from nri_plugin.stub import Stub
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import make_char_device, nvidia_policy, write_specs
 from tests.nri_runtime_peer import RuntimePeer

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from cdi.cache import SpecCache
-from nri_plugin.api import nri_pb2
-from nri_plugin.errors import Refusal
+from nri_plugin.nri.api import nri_pb2
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.requests import RequestError, nri_plugins_requests
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.vendors.nvidia.extras import (

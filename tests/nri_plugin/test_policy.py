@@ -10,7 +10,7 @@ import pytest
 
 from cdi.cache import Snapshot
 from cdi.model import ContainerEdits, Mount
-from nri_plugin.api import nri_pb2
+from nri_plugin.nri.api import nri_pb2
 from nri_plugin.plugins.cdi_injector.context import is_privileged
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied, PolicyError, parse_policy
 from nri_plugin.vendors.nvidia.capabilities import (

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from cdi.cache import SpecCache
-from nri_plugin.api import nri_pb2
-from nri_plugin.dispatch import RpcError
-from nri_plugin.errors import Refusal
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.failclosed import Unserved, act, find_unserved
 from nri_plugin.plugins.cdi_injector.guard import StartGuard
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
 from nri_plugin.vendors.nvidia.nodefacts import load_facts
 from nri_plugin.vendors.nvidia.requirements import RequirementError

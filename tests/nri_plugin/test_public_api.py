@@ -1,6 +1,6 @@
 """The runtime's public API: the README's example plugin runs as a process against the test
 runtime peer, the adjustment builders fill the fields NRI's Go helpers fill, and importing
-``nri_plugin`` stays cheap."""
+``nri_plugin.nri`` stays cheap."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-import nri_plugin
-from nri_plugin import adjustment as adj
-from nri_plugin.api import EventMask, nri_pb2
+import nri_plugin.nri as nri
+from nri_plugin.nri import adjustment as adj
+from nri_plugin.nri.api import EventMask, nri_pb2
 from tests.nri_runtime_peer import RuntimePeer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,20 +83,20 @@ def test_readme_plugin_runs_against_the_runtime_peer(tmp_path: Path) -> None:
 
 
 def test_builders_fill_the_fields_like_nris_go_helpers() -> None:
-    a = nri_plugin.ContainerAdjustment()
-    nri_plugin.add_env(a, "A", "1")
-    nri_plugin.remove_env(a, "B")
-    nri_plugin.add_mount(a, "/m", "/src", type="tmpfs", options=["nosuid"])
-    nri_plugin.remove_mount(a, "/old")
-    nri_plugin.add_device(a, "/dev/x", type="b", major=8, minor=1, uid=5, gid=6, access="r")
-    nri_plugin.add_device(a, "/dev/fifo", type="p", major=0, minor=0)
-    nri_plugin.add_device(a, "/dev/y", type="c", major=1, minor=3, access=None)
-    nri_plugin.remove_device(a, "/dev/z")
-    nri_plugin.add_hook(a, "create_runtime", "/bin/hook", args=["hook", "x"], env=["E=1"],
+    a = nri.ContainerAdjustment()
+    nri.add_env(a, "A", "1")
+    nri.remove_env(a, "B")
+    nri.add_mount(a, "/m", "/src", type="tmpfs", options=["nosuid"])
+    nri.remove_mount(a, "/old")
+    nri.add_device(a, "/dev/x", type="b", major=8, minor=1, uid=5, gid=6, access="r")
+    nri.add_device(a, "/dev/fifo", type="p", major=0, minor=0)
+    nri.add_device(a, "/dev/y", type="c", major=1, minor=3, access=None)
+    nri.remove_device(a, "/dev/z")
+    nri.add_hook(a, "create_runtime", "/bin/hook", args=["hook", "x"], env=["E=1"],
                         timeout=5)
-    nri_plugin.add_cdi_device(a, "example.com/dev=0")
-    nri_plugin.add_annotation(a, "k", "v")
-    nri_plugin.remove_annotation(a, "gone")
+    nri.add_cdi_device(a, "example.com/dev=0")
+    nri.add_annotation(a, "k", "v")
+    nri.remove_annotation(a, "gone")
 
     assert [(e.key, e.value) for e in a.env] == [("A", "1"), ("-B", "")]
     assert [(m.destination, m.type) for m in a.mounts] == [("/m", "tmpfs"), ("-/old", "")]
@@ -129,10 +129,10 @@ def test_builders_refuse_what_the_runtime_would_reject(call, message: str) -> No
 
 
 def test_every_public_name_resolves_and_import_stays_cheap() -> None:
-    for name in nri_plugin.__all__:
-        assert getattr(nri_plugin, name) is not None, name
-    code = ("import sys, json, nri_plugin; print(json.dumps(sorted(m for m in "
-            "('google.protobuf', 'asyncio', 'socket', 'nri_plugin.api') if m in sys.modules)))")
+    for name in nri.__all__:
+        assert getattr(nri, name) is not None, name
+    code = ("import sys, json, nri_plugin.nri; print(json.dumps(sorted(m for m in "
+            "('google.protobuf', 'asyncio', 'socket', 'nri_plugin.nri.api') if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True)
     assert json.loads(out.stdout) == []

@@ -8,7 +8,7 @@ import itertools
 import socket
 from pathlib import Path
 
-from nri_plugin.stub import Stub
+from nri_plugin.nri.stub import Stub
 from tests.nri_plugin.test_stub import ENV, Injector, run
 from tests.nri_runtime_peer import RuntimePeer
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from cdi.cache import Snapshot, SpecCache
+from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.adjust import narrowed_permissions
 from nri_plugin.plugins.cdi_injector.injector import InjectionError, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
-from nri_plugin.runtime import RuntimeInfo
 from tests.helpers import make_char_device, write_specs
 
 C1724 = RuntimeInfo.from_configure("containerd", "1.7.24~ds1")

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from nri_plugin.api import nri_pb2
-from nri_plugin.plugin import Plugin
-from nri_plugin.stub import RegistrationError, Stub, plugin_identity
-from nri_plugin.wire import Code
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.plugin import Plugin
+from nri_plugin.nri.stub import RegistrationError, Stub, plugin_identity
+from nri_plugin.nri.wire import Code
 from tests.nri_runtime_peer import RuntimePeer
 
 ENV = {"NRI_PLUGIN_NAME": "cdi", "NRI_PLUGIN_IDX": "42"}

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.ops.runtime_cdi import runtime_cdi_config
 from nri_plugin.ops.settings import SettingsError, defaults, parse_settings
-from nri_plugin.runtime import RuntimeInfo
 
 C21 = RuntimeInfo.from_configure("containerd", "2.1.9")
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nri_plugin.api import PLUGIN_SERVICE
-from nri_plugin.wire import MAX_DATA, Code, Connection, RequestReceived, RequestRejected
+from nri_plugin.nri.api import PLUGIN_SERVICE
+from nri_plugin.nri.wire import MAX_DATA, Code, Connection, RequestReceived, RequestRejected
 from tests.nri_runtime_peer import RawParser, mux_frame, request_bytes, ttrpc_frame
 
 SERVICES = {PLUGIN_SERVICE: {"CreateContainer"}}

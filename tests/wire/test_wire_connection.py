@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from nri_plugin.api import PLUGIN_SERVICE, RUNTIME_SERVICE
-from nri_plugin.wire import (
+from nri_plugin.nri.api import PLUGIN_SERVICE, RUNTIME_SERVICE
+from nri_plugin.nri.wire import (
     Code,
     Connection,
     ConnectionClosed,

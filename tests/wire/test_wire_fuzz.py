@@ -8,8 +8,8 @@ import struct
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nri_plugin.api import PLUGIN_SERVICE, RUNTIME_SERVICE
-from nri_plugin.wire import (
+from nri_plugin.nri.api import PLUGIN_SERVICE, RUNTIME_SERVICE
+from nri_plugin.nri.wire import (
     Code,
     Connection,
     ConnectionClosed,
@@ -19,8 +19,8 @@ from nri_plugin.wire import (
     RemoteProtocolError,
     Role,
 )
-from nri_plugin.wire._mux import MAX_PAYLOAD, MuxReader
-from nri_plugin.wire._ttrpc import MAX_DATA, FrameReader
+from nri_plugin.nri.wire._mux import MAX_PAYLOAD, MuxReader
+from nri_plugin.nri.wire._ttrpc import MAX_DATA, FrameReader
 from tests.nri_runtime_peer import mux_frame, request_bytes, response_bytes, ttrpc_frame
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from nri_plugin.wire import FrameTooLargeError, LocalProtocolError, RemoteProtocolError
-from nri_plugin.wire._mux import (
+from nri_plugin.nri.wire import FrameTooLargeError, LocalProtocolError, RemoteProtocolError
+from nri_plugin.nri.wire._mux import (
     GO_READ_BUFFER,
     MAX_PAYLOAD,
     Chunk,

@@ -6,9 +6,9 @@ import struct
 
 import pytest
 
-from nri_plugin.api import nri_pb2, ttrpc_pb2
-from nri_plugin.wire import FrameTooLargeError, MessageTooLargeError, RemoteProtocolError
-from nri_plugin.wire._ttrpc import (
+from nri_plugin.nri.api import nri_pb2, ttrpc_pb2
+from nri_plugin.nri.wire import FrameTooLargeError, MessageTooLargeError, RemoteProtocolError
+from nri_plugin.nri.wire._ttrpc import (
     MAX_DATA,
     Code,
     Frame,

@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nri_plugin.errors import NRIPluginError
+from nri_plugin.nri.errors import NRIPluginError
+from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
 from nri_plugin.ops.node_check import images, paths
-from nri_plugin.runtime import DEFAULT_SOCKET_PATH
 
 PROBE_SOURCE = Path(__file__).with_name("cuda_probe.c")
 PROBE_IMAGE = "localhost/nri-cdi/cuda-probe:doctor"

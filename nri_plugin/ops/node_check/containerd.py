@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from nri_plugin.errors import NRIPluginError
+from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.ops.node_check import paths
 from nri_plugin.ops.node_check.cri import CriClient
 from nri_plugin.ops.node_check.images import PAUSE_IMAGE, import_image

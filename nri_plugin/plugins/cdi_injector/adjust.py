@@ -15,9 +15,9 @@ from cdi.edits import apply
 from cdi.libpath import EXTRA_ENV, LIBRARY_PATH_ENV, merge_library_path
 from cdi.model import ContainerEdits, DeviceNode
 from cdi.oci import cgroup_access
-from nri_plugin.api import nri_pb2
-from nri_plugin.errors import NRIPluginError
-from nri_plugin.runtime import RuntimeInfo
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.errors import NRIPluginError
+from nri_plugin.nri.versions import RuntimeInfo
 
 _HOOK_FIELDS = {"prestart": "prestart", "createRuntime": "create_runtime",
                 "createContainer": "create_container", "startContainer": "start_container",

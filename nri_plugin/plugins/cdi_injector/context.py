@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from cdi.cache import Snapshot
-from nri_plugin.api import nri_pb2
+from nri_plugin.nri.api import nri_pb2
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, unique_requests
 from nri_plugin.plugins.cdi_injector.vendor import RequestSource

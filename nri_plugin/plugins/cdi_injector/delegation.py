@@ -8,7 +8,8 @@ names no cause. So the plugin checks ahead what it can know and refuses with the
 - the spec's folder must be one the runtime's CDI reads (``RuntimeInfo.cdi_spec_dirs``,
   from the plugin's settings: ``runtime_cdi.spec_dirs``);
 - the spec's ``cdiVersion`` must be one the runtime's CDI library reads (a library
-  reads versions up to its own major.minor; see runtime.py for which runtime has which).
+  reads versions up to its own major.minor; ``nri_plugin/nri/versions.py`` says which
+  runtime has which).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from cdi.device import Device
 from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.model import DeviceNode
 from cdi.version import parse_version
-from nri_plugin.runtime import RuntimeInfo
+from nri_plugin.nri.versions import RuntimeInfo
 
 # Where every CDI library looks when not told otherwise (containerd's defaults too).
 LIBRARY_DEFAULT_DIRS = DEFAULT_SPEC_DIRS

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
 from cdi.errors import UnresolvedDevicesError
-from nri_plugin.api import nri_pb2
-from nri_plugin.errors import Refusal
+from nri_plugin.nri.api import nri_pb2
 from nri_plugin.plugins.cdi_injector.context import check_sources, read_context
 from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.requests import NRI_PLUGINS_DOMAIN, container_requests
 from nri_plugin.plugins.cdi_injector.sources import all_sources
 from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules

@@ -18,10 +18,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from nri_plugin.api import nri_pb2
-from nri_plugin.api.events import EventMask
-from nri_plugin.dispatch import RpcError
-from nri_plugin.plugin import Plugin
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.api.events import EventMask
+from nri_plugin.nri.dispatch import RpcError
+from nri_plugin.nri.plugin import Plugin
+from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.failclosed import (
     CGROUP_ROOT,
     Unserved,
@@ -31,7 +32,6 @@ from nri_plugin.plugins.cdi_injector.failclosed import (
     too_many_names,
 )
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-from nri_plugin.wire import Code
 
 log = logging.getLogger("nri_cdi.failclosed")
 _V = TypeVar("_V")

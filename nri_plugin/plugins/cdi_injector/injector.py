@@ -25,11 +25,12 @@ from cdi.edits import merge
 from cdi.errors import UnresolvedDevicesError
 from cdi.libpath import LIBRARY_PATH_ENV
 from cdi.model import ContainerEdits
-from nri_plugin.api import nri_pb2
-from nri_plugin.api.events import EventMask
-from nri_plugin.dispatch import RpcError
-from nri_plugin.errors import Refusal
-from nri_plugin.plugin import Plugin
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.api.events import EventMask
+from nri_plugin.nri.dispatch import RpcError
+from nri_plugin.nri.plugin import Plugin
+from nri_plugin.nri.versions import RuntimeInfo
+from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.adjust import (
     as_native_file_modes,
     to_adjustment,
@@ -50,6 +51,7 @@ from nri_plugin.plugins.cdi_injector.delegation import (
 from nri_plugin.plugins.cdi_injector.failclosed import Unserved, find_unserved
 from nri_plugin.plugins.cdi_injector.native import injected_by_runtime, log_runtime_facts
 from nri_plugin.plugins.cdi_injector.policy import Policy
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.sources import all_sources
 from nri_plugin.plugins.cdi_injector.vendor import (
@@ -58,8 +60,6 @@ from nri_plugin.plugins.cdi_injector.vendor import (
     RequestSource,
     VendorRules,
 )
-from nri_plugin.runtime import RuntimeInfo
-from nri_plugin.wire import Code
 
 log = logging.getLogger("nri_cdi.injector")
 

@@ -13,14 +13,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from nri_plugin.api import nri_pb2
-from nri_plugin.api.events import EventMask
-from nri_plugin.dispatch import RpcError
-from nri_plugin.errors import Refusal
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.api.events import EventMask
+from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules
 
 

@@ -18,9 +18,9 @@ import logging
 
 from cdi.cache import Snapshot
 from cdi.errors import AnnotationError
-from nri_plugin.api import nri_pb2
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.requests import container_requests
-from nri_plugin.runtime import RuntimeInfo
 
 log = logging.getLogger("nri_cdi.injector")
 _warned: set[str] = set()

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
-from nri_plugin.errors import NRIPluginError, Refusal
+from nri_plugin.nri.errors import NRIPluginError
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 
 if TYPE_CHECKING:
     from nri_plugin.plugins.cdi_injector.vendor import VendorRules

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from cdi.annotations import ANNOTATION_PREFIX, parse_annotation
 from cdi.errors import AnnotationError
 from cdi.parser import is_qualified_name
-from nri_plugin.errors import Refusal
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 
 CONTAINER_KEY_PREFIX = ANNOTATION_PREFIX + "ctr."
 

@@ -68,7 +68,7 @@ class EditFilter(Protocol):
 
 class VendorRules(Protocol):
     """A vendor's rules. ``verdict`` and the sources' readers are pure and do no I/O: they
-    run on the CreateContainer path. Refusals are raised as ``nri_plugin.errors.Refusal``.
+    run on the CreateContainer path. Refusals are raised as ``refusal.Refusal``.
     """
 
     name: str

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cdi.model import ContainerEdits
-from nri_plugin.errors import Refusal
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 
 ENV = "NVIDIA_DRIVER_CAPABILITIES"
 KNOWN = frozenset({"compute", "compat32", "graphics", "utility", "video", "display", "ngx"})

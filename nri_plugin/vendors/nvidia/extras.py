@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 from cdi.cache import Snapshot
 from cdi.model import ContainerEdits, DeviceNode
-from nri_plugin.errors import Refusal
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.vendors.nvidia.nodefacts import NodeFacts
 
 VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"

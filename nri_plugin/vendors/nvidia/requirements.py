@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from nri_plugin.errors import Refusal
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 
 REQUIRE_PREFIX = "NVIDIA_REQUIRE_"
 IGNORED = frozenset({"NVIDIA_REQUIRE_JETPACK"})

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from cdi.cache import Snapshot
-from nri_plugin.errors import Refusal
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts
 
 ENV = "NVIDIA_VISIBLE_DEVICES"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nri_plugin.wire._ttrpc import Code
+from nri_plugin.nri.wire._ttrpc import Code
 
 
 def _check_stream_id(stream_id: int) -> None:

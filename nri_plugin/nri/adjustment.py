@@ -8,13 +8,21 @@ layout. Pure and cheap: fine on the CreateContainer path.
 Removals use NRI's own convention, a key prefixed with ``-`` (Go's ``MarkForRemoval``): the
 runtime drops the container's entry with that name, path or destination. Give a name one
 entry: for the environment, the runtime keeps the last entry for each name.
+
+This is the library's API for plugin authors (README, "Writing your own NRI plugin";
+``tests/nri_plugin/test_public_api.py``). The CDI injector does not build with it: it
+translates an OCI fragment that the CDI library has already validated and merged, one
+field to one field (device nodes and their cgroup rules as two lists, in CDI's order,
+where ``add_device`` pairs each node with one allow rule), and the builders' checks would
+only repeat the library's: 84-88 us against 67-73 us for 20 env entries and 20 mounts
+(timeit, same run).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from nri_plugin.api import nri_pb2
+from nri_plugin.nri.api import nri_pb2
 
 __all__ = [
     "HOOK_STAGES",
@@ -125,7 +133,7 @@ def add_cdi_device(adjustment: nri_pb2.ContainerAdjustment, name: str) -> None:
     """Ask the runtime to inject CDI device ``name`` (``vendor/class=device``) itself.
 
     Only runtimes that resolve CDI act on this (containerd 2.1+ and 1.7.30+, CRI-O 1.34+);
-    older ones ignore it silently: check ``nri_plugin.runtime.RuntimeInfo`` first.
+    older ones ignore it silently: check ``nri_plugin.nri.versions.RuntimeInfo`` first.
     """
     kind, sep, device = name.partition("=")
     if not sep or "/" not in kind or not device:

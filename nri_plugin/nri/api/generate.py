@@ -1,11 +1,11 @@
 """Regenerate the committed protobuf modules from our own ``.proto`` files.
 
-    python -m nri_plugin.api.generate            # rewrite *_pb2.py / *_pb2.pyi in place
-    python -m nri_plugin.api.generate --check    # exit 1 if the committed files are stale
+    python -m nri_plugin.nri.api.generate            # rewrite *_pb2.py / *_pb2.pyi in place
+    python -m nri_plugin.nri.api.generate --check    # exit 1 if the committed files are stale
 
 Needs ``grpcio-tools`` (a test/dev dependency only; the plugin itself needs just
 ``protobuf``). protoc runs with the repository root as include path so the
-descriptors are registered as ``nri_plugin/api/<name>.proto``: a name no other
+descriptors are registered as ``nri_plugin/nri/api/<name>.proto``: a name no other
 package in the default descriptor pool is likely to use.
 """
 
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 API_DIR = Path(__file__).resolve().parent
-ROOT = API_DIR.parent.parent
+ROOT = API_DIR.parents[2]
 PROTOS = ("nri.proto", "ttrpc.proto")
 SUFFIXES = ("_pb2.py", "_pb2.pyi")
 
@@ -60,16 +60,16 @@ def write_in_place() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nri_plugin.api.generate")
+    parser = argparse.ArgumentParser(prog="python -m nri_plugin.nri.api.generate")
     parser.add_argument("--check", action="store_true", help="only compare, exit 1 if stale")
     args = parser.parse_args(argv)
     if args.check:
         stale = stale_files()
         for name in stale:
-            print(f"stale: nri_plugin/api/{name}", file=sys.stderr)
+            print(f"stale: nri_plugin/nri/api/{name}", file=sys.stderr)
         return 1 if stale else 0
     for name in write_in_place():
-        print(f"wrote nri_plugin/api/{name}")
+        print(f"wrote nri_plugin/nri/api/{name}")
     return 0
 
 

@@ -13,9 +13,13 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from nri_plugin.api import ttrpc_pb2
-from nri_plugin.wire._buffer import ReceiveBuffer
-from nri_plugin.wire._errors import FrameTooLargeError, MessageTooLargeError, RemoteProtocolError
+from nri_plugin.nri.api import ttrpc_pb2
+from nri_plugin.nri.wire._buffer import ReceiveBuffer
+from nri_plugin.nri.wire._errors import (
+    FrameTooLargeError,
+    MessageTooLargeError,
+    RemoteProtocolError,
+)
 
 HEADER = struct.Struct(">IIBB")
 MAX_DATA = 4 << 20  # messageLengthMax (docs/nri-protocol.md §1.1)

@@ -11,18 +11,18 @@ import enum
 import logging
 from collections.abc import Collection, Iterable, Mapping
 
-from nri_plugin.wire._bounded import bound_message, clip
-from nri_plugin.wire._errors import LocalProtocolError, RemoteProtocolError
-from nri_plugin.wire._events import (
+from nri_plugin.nri.wire._bounded import bound_message, clip
+from nri_plugin.nri.wire._errors import LocalProtocolError, RemoteProtocolError
+from nri_plugin.nri.wire._events import (
     ConnectionClosed,
     Event,
     RequestReceived,
     RequestRejected,
     ResponseReceived,
 )
-from nri_plugin.wire._mux import PLUGIN_CONN, RUNTIME_CONN, MuxReader, frame_message
-from nri_plugin.wire._state import ClientStreams, ConnectionState, ServerStreams
-from nri_plugin.wire._ttrpc import (
+from nri_plugin.nri.wire._mux import PLUGIN_CONN, RUNTIME_CONN, MuxReader, frame_message
+from nri_plugin.nri.wire._state import ClientStreams, ConnectionState, ServerStreams
+from nri_plugin.nri.wire._ttrpc import (
     Code,
     Frame,
     FrameReader,
@@ -34,7 +34,7 @@ from nri_plugin.wire._ttrpc import (
     encode_response,
 )
 
-_NULL_LOGGER = logging.getLogger("nri_plugin.wire")
+_NULL_LOGGER = logging.getLogger("nri_plugin.nri.wire")
 _NULL_LOGGER.addHandler(logging.NullHandler())
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from nri_plugin.api import EventMask, nri_pb2
+from nri_plugin.nri.api import EventMask, nri_pb2
 
 PodSandbox = nri_pb2.PodSandbox
 Container = nri_pb2.Container

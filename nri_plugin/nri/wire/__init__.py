@@ -7,24 +7,24 @@ must not import asyncio, socket or os (tests/test_layering.py checks).
 
 from __future__ import annotations
 
-from nri_plugin.wire._connection import Connection, Role
-from nri_plugin.wire._errors import (
+from nri_plugin.nri.wire._connection import Connection, Role
+from nri_plugin.nri.wire._errors import (
     FrameTooLargeError,
     LocalProtocolError,
     MessageTooLargeError,
     ProtocolError,
     RemoteProtocolError,
 )
-from nri_plugin.wire._events import (
+from nri_plugin.nri.wire._events import (
     ConnectionClosed,
     Event,
     RequestReceived,
     RequestRejected,
     ResponseReceived,
 )
-from nri_plugin.wire._mux import GO_READ_BUFFER, PLUGIN_CONN, RUNTIME_CONN
-from nri_plugin.wire._state import ConnectionState
-from nri_plugin.wire._ttrpc import MAX_DATA, Code
+from nri_plugin.nri.wire._mux import GO_READ_BUFFER, PLUGIN_CONN, RUNTIME_CONN
+from nri_plugin.nri.wire._state import ConnectionState
+from nri_plugin.nri.wire._ttrpc import MAX_DATA, Code
 
 __all__ = [
     "GO_READ_BUFFER",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from nri_plugin.wire._errors import LocalProtocolError, RemoteProtocolError
+from nri_plugin.nri.wire._errors import LocalProtocolError, RemoteProtocolError
 
 MAX_STREAM_ID = (1 << 32) - 1  # the header field is a uint32
 

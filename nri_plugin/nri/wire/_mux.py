@@ -10,8 +10,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from nri_plugin.wire._buffer import ReceiveBuffer
-from nri_plugin.wire._errors import FrameTooLargeError, LocalProtocolError, RemoteProtocolError
+from nri_plugin.nri.wire._buffer import ReceiveBuffer
+from nri_plugin.nri.wire._errors import FrameTooLargeError, LocalProtocolError, RemoteProtocolError
 
 HEADER = struct.Struct(">II")
 

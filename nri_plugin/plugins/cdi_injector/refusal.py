@@ -1,22 +1,16 @@
-"""The error root of ``nri_plugin`` and the structured reason of a refused container.
-
-Every error the plugin runtime, the shipped injector, the vendor rules and the operations
-raise on purpose derives from ``NRIPluginError``. The sans-IO core keeps its own root
-(``nri_plugin.wire.ProtocolError``): it imports nothing of ours, so that it stays usable on
-its own; a transport failure is a different kind of thing from a refused container anyway.
+"""The structured reason of a refused container.
 
 A ``Refusal`` is the answer "this container must not be created": it carries a one-line
 message for the user and a ``Reason`` for logs and metrics (which rule refused it, which
-device, which annotation), so nobody has to recover them from the message text.
+device, which annotation), so nobody has to recover them from the message text. The
+injector raises it, and so do the vendor rules it asks (``vendor.py``).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-
-class NRIPluginError(Exception):
-    """Root of every error ``nri_plugin`` raises on purpose."""
+from nri_plugin.nri.errors import NRIPluginError
 
 
 class Reason(NamedTuple):

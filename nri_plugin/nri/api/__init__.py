@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from nri_plugin.api import nri_pb2, ttrpc_pb2
-from nri_plugin.api.events import LEGACY_VALID_EVENTS, VALID_EVENTS, Event, EventMask
+from nri_plugin.nri.api import nri_pb2, ttrpc_pb2
+from nri_plugin.nri.api.events import LEGACY_VALID_EVENTS, VALID_EVENTS, Event, EventMask
 
 # Service names are part of the wire format (docs/nri-protocol.md §1.5): take them from
 # our descriptor.

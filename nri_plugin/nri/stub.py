@@ -20,17 +20,17 @@ import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from nri_plugin.api import RUNTIME_SERVICE, nri_pb2
-from nri_plugin.dispatch import SERVICES, Configuration, Dispatcher, RpcError, SyncStalledError
-from nri_plugin.errors import NRIPluginError
-from nri_plugin.plugin import Plugin
-from nri_plugin.runtime import (
+from nri_plugin.nri.api import RUNTIME_SERVICE, nri_pb2
+from nri_plugin.nri.dispatch import SERVICES, Configuration, Dispatcher, RpcError, SyncStalledError
+from nri_plugin.nri.errors import NRIPluginError
+from nri_plugin.nri.plugin import Plugin
+from nri_plugin.nri.versions import (
     DEFAULT_SOCKET_PATH,
     PLUGIN_IDX_ENV,
     PLUGIN_NAME_ENV,
     PLUGIN_SOCKET_ENV,
 )
-from nri_plugin.wire import (
+from nri_plugin.nri.wire import (
     Code,
     Connection,
     ConnectionClosed,
@@ -305,7 +305,7 @@ class Stub:
         self.retry_initial = retry_initial
         self.retry_max = retry_max
         self.stall_timeout = stall_timeout
-        self.log = logger or logging.getLogger("nri_plugin.stub")
+        self.log = logger or logging.getLogger("nri_plugin.nri.stub")
         self._session: _Session | None = None
         self._registered = False
         self._stopping = False

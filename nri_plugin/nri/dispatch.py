@@ -14,7 +14,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError, Message
 
-from nri_plugin.api import (
+from nri_plugin.nri.api import (
     LEGACY_VALID_EVENTS,
     PLUGIN_SERVICE,
     VALID_EVENTS,
@@ -22,10 +22,10 @@ from nri_plugin.api import (
     EventMask,
     nri_pb2,
 )
-from nri_plugin.errors import NRIPluginError
-from nri_plugin.plugin import Plugin
-from nri_plugin.wire import Code
-from nri_plugin.wire._bounded import bound_message
+from nri_plugin.nri.errors import NRIPluginError
+from nri_plugin.nri.plugin import Plugin
+from nri_plugin.nri.wire import Code
+from nri_plugin.nri.wire._bounded import bound_message
 
 log = logging.getLogger(__name__)
 

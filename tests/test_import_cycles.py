@@ -1,0 +1,142 @@
+"""No import cycles among our modules, by a static scan.
+
+Every ``import`` and ``from ... import`` counts, at the top of a module or inside a function
+(an import moved into a function to dodge a cycle still runs, later, and hides the cycle
+rather than removing it); those under ``if TYPE_CHECKING:`` do not, as they never run.
+A cycle is reported as the modules of one strongly connected component of the graph.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("cdi", "nri_plugin")
+
+# Cycles another change of issue 22 removes (cdi/hooks/cuda_compat moves to
+# cdi/nvidia/hooks/, and its shared helpers out of cdi/hooks/ldconfig); delete once merged.
+PENDING: frozenset[frozenset[str]] = frozenset({
+    frozenset({"cdi.hooks.ldconfig", "cdi.hooks.cuda_compat"}),
+})
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@functools.cache
+def modules() -> dict[str, Path]:
+    return {_module_name(p): p for package in PACKAGES for p in ROOT.glob(f"{package}/**/*.py")}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return ((isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+            or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def _import_nodes(nodes: Iterable[ast.AST]) -> Iterator[ast.Import | ast.ImportFrom]:
+    for node in nodes:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node):
+            yield from _import_nodes(node.orelse)  # the body never runs
+        else:
+            yield from _import_nodes(ast.iter_child_nodes(node))
+
+
+def _absolute(module: str, path: Path, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    base = package[: len(package) - node.level + 1]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+@functools.cache
+def edges(module: str) -> frozenset[str]:
+    """The modules of ours that ``module`` imports when it runs."""
+    path = modules()[module]
+    found: set[str] = set()
+    for node in _import_nodes([ast.parse(path.read_text(), str(path))]):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        else:
+            base = _absolute(module, path, node)
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return frozenset(name for name in found if name in modules() and name != module)
+
+
+def cycles(graph: dict[str, frozenset[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[frozenset[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in sorted(graph.get(node, ())):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_scan_finds_a_cycle_and_sees_imports_of_every_kind() -> None:
+    # A check that cannot fail is no check.
+    assert cycles({"a": frozenset({"b"}), "b": frozenset({"c"}), "c": frozenset({"a"}),
+                   "d": frozenset({"a"})}) == [frozenset({"a", "b", "c"})]
+    assert cycles({"a": frozenset({"b"}), "b": frozenset()}) == []
+    assert "cdi.schema" in edges("cdi.cli")  # an import inside a function
+    assert "nri_plugin.nri.api.nri_pb2" in edges("nri_plugin.nri.api")  # from pkg import mod
+    assert "nri_plugin.nri.stub" not in edges("nri_plugin.nri")  # TYPE_CHECKING only
+
+
+def test_no_import_cycle_among_our_modules() -> None:
+    graph = {module: edges(module) for module in modules()}
+    found = sorted(sorted(c) for c in cycles(graph) if c not in PENDING)
+    assert found == []
+
+
+def reachable(module: str) -> set[str]:
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for name in edges(todo.pop()) - seen:
+            seen.add(name)
+            todo.append(name)
+    return seen
+
+
+def test_the_plugin_daemon_never_imports_the_doctor() -> None:
+    # The daemon reads containerd's config.toml at start-up through ops/containerd_config,
+    # not through the doctor (which pulls in urllib, subprocess, the e2e checks).
+    assert "nri_plugin.ops.runtime_cdi" in reachable("nri_plugin.ops.daemon")
+    assert "nri_plugin.ops.doctor" not in reachable("nri_plugin.ops.daemon")
