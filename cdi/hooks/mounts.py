@@ -1,0 +1,151 @@
+"""Which mount a folder the hook reached lies on, and whether the hook may write there.
+
+A createContainer hook runs as root on the host, and the container's root folder is not
+one filesystem: the runtime has mounted volumes, host folders, files (``/etc/hosts``)
+and tmpfs filesystems into it.  A hook that writes through a folder that is a bind mount
+of a host folder writes, as root, into the host (or into a volume other containers
+share), whatever the container's user could do there.  So the hook writes only into the
+container's *own* filesystems, told apart by the mounts actually set up, never by names:
+
+* the root filesystem: the mount that holds the root folder the hook opened;
+* a tmpfs the OCI spec creates for this container alone (``type: tmpfs`` and no
+  ``bind``/``rbind`` option in ``config.json``'s ``mounts``, and a tmpfs in the mount
+  table): ``/dev`` is one, and the device links go there.  A new tmpfs is a new,
+  empty filesystem; nothing outside the container sees it.
+
+Everything else (a bind mount, a volume, a host or shared tmpfs, ``/proc``, ``/sys``) is
+another mount: the hook skips it with one line naming it.  An object's mount is the
+``mnt_id`` the kernel reports for the descriptor the hook holds (``/proc/self/fdinfo``),
+so the answer is about the very folder written through, not about a path that could be
+looked up again.  The mount table is read only to name or classify a mount other than
+the root's, and that table is the container's: a createContainer hook runs in the
+container's mount namespace, before ``pivot_root``.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from cdi.hooks.state import ContainerRoot
+
+__all__ = ["MountInfo", "MountTable", "mount_id"]
+
+_MAX_MOUNTINFO = 4 << 20  # a node with thousands of mounts is still well under this
+_BIND_OPTIONS = frozenset(("bind", "rbind"))
+
+
+def mount_id(fd: int) -> int | None:
+    """The id of the mount the object open at ``fd`` lies on (None where the kernel does
+    not say: Linux < 3.15)."""
+    with open(f"/proc/self/fdinfo/{fd}", "rb") as f:
+        for line in f.read(4096).splitlines():
+            if line.startswith(b"mnt_id:"):
+                return int(line[7:])
+    return None
+
+
+class MountInfo:
+    """One line of a ``mountinfo`` table: where a mount is and what it is."""
+
+    __slots__ = ("fstype", "mount_point", "root", "source")
+
+    def __init__(self, mount_point: str, root: str, fstype: str, source: str) -> None:
+        self.mount_point, self.root, self.fstype, self.source = mount_point, root, fstype, source
+
+
+def _unescape(field: bytes) -> str:
+    """mountinfo writes space, tab, newline and backslash as ``\\ooo``."""
+    if b"\\" not in field:
+        return os.fsdecode(field)
+    out, i = bytearray(), 0
+    while i < len(field):
+        if field[i] == 0x5C and field[i + 1:i + 4].isdigit():
+            out.append(int(field[i + 1:i + 4], 8) & 0xFF)
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return os.fsdecode(bytes(out))
+
+
+def parse_mountinfo(data: bytes) -> dict[int, MountInfo]:
+    table: dict[int, MountInfo] = {}
+    for line in data.splitlines():
+        fields = line.split(b" ")
+        try:
+            sep = fields.index(b"-", 6)
+            table[int(fields[0])] = MountInfo(_unescape(fields[4]), _unescape(fields[3]),
+                                              _unescape(fields[sep + 1]),
+                                              _unescape(fields[sep + 2]))
+        except (ValueError, IndexError):
+            continue  # not a line of the format: the kernel writes none such
+    return table
+
+
+class MountTable:
+    """The container's mounts, read once when first asked about a mount."""
+
+    def __init__(self, root_path: str, container: ContainerRoot | None) -> None:
+        self._root = root_path.rstrip("/")
+        self._container = container
+        self._table: dict[int, MountInfo] | None = None
+
+    def _lookup(self, mnt: int) -> MountInfo | None:
+        if self._table is None:
+            self._table = {}
+            pid = self._container.pid if self._container is not None else 0
+            # Mount ids are unique across namespaces: the container's init process's table
+            # first, then ours (the same one, for a createContainer hook).
+            for who in ([str(pid)] if pid > 0 else []) + ["self"]:
+                try:
+                    with open(f"/proc/{who}/mountinfo", "rb") as f:
+                        self._table = parse_mountinfo(f.read(_MAX_MOUNTINFO))
+                except OSError:
+                    continue
+                if mnt in self._table:
+                    break
+        return self._table.get(mnt)
+
+    def destination(self, info: MountInfo) -> str:
+        """The mount's path as the container sees it (or the host path when outside)."""
+        point = info.mount_point
+        if point == self._root:
+            return "/"
+        if point.startswith(self._root + "/"):
+            return point[len(self._root):]
+        return point
+
+    def _spec_mount(self, destination: str) -> tuple[str, str, tuple[str, ...]] | None:
+        """The last ``config.json`` mount at ``destination`` (type, source, options)."""
+        found = None
+        for dest, kind, source, options in (self._container.mounts if self._container
+                                            else ()):
+            if os.path.normpath("/" + dest) == destination:
+                found = (kind, source, options)
+        return found
+
+    def is_private(self, mnt: int) -> bool:
+        """Whether mount ``mnt`` is a new tmpfs the OCI spec made for this container."""
+        info = self._lookup(mnt)
+        if info is None or info.fstype != "tmpfs":
+            return False
+        spec = self._spec_mount(self.destination(info))
+        return (spec is not None and spec[0] == "tmpfs"
+                and not _BIND_OPTIONS.intersection(spec[2]))
+
+    def describe(self, mnt: int) -> str:
+        """``a bind mount of /host/dir (config.json mounts, at /data)``, for messages."""
+        info = self._lookup(mnt)
+        if info is None:
+            return f"mount {mnt}, not the container's root filesystem"
+        where = self.destination(info)
+        spec = self._spec_mount(where)
+        if spec is not None:
+            kind = "bind mount" if spec[0] == "bind" or _BIND_OPTIONS.intersection(spec[2]) \
+                else f"{spec[0]} mount"
+            return (f"a {kind} of {spec[1] or info.source} at {where} (config.json mounts), "
+                    "not the container's root filesystem")
+        return (f"a {info.fstype} mount of {info.source}:{info.root} at {where}, not the "
+                "container's root filesystem")
