@@ -235,7 +235,7 @@ def run_operations(steps: Sequence[tuple[Operation, Args]], stdin: IO[bytes]) ->
         if exc.errno == errno.EROFS:
             return _fail(name, read_only_message(exc.filename or "container root"))
         return _fail(name, f"{exc.filename or ''}: {exc.strerror}".lstrip(": "))
-    except Exception as exc:  # noqa: BLE001  the last resort: the runtime shows one line
+    except Exception as exc:  # the last resort: the runtime shows one line
         # Each operation handles the image's input itself; reaching this is a bug of ours,
         # and it still must not print a traceback into the runtime's error.
         return _fail(name, f"unexpected {type(exc).__name__}: {exc}")
