@@ -122,7 +122,7 @@ class MountTable:
         found = None
         for dest, kind, source, options in (self._container.mounts if self._container
                                             else ()):
-            if os.path.normpath("/" + dest) == destination:
+            if os.path.normpath("/" + dest.lstrip("/")) == destination:
                 found = (kind, source, options)
         return found
 
