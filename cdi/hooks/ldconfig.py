@@ -19,7 +19,7 @@ import stat
 
 from cdi.hooks.cuda_compat import compat_folders
 from cdi.hooks.rootfs import RootFS, RootFSError, split_container_path
-from cdi.linux.elf import DynamicInfo, ElfError, read_dynamic_fd
+from cdi.linux.elf import DynamicInfo, ElfError, NotElfError, read_dynamic_fd
 from cdi.linux.ldcache import LdCacheEntry, LdCacheError, encode, libcmp, merge, parse_ldcache
 
 TYPE_CHECKING = False  # collections costs a hook process ~2 ms at start-up
@@ -238,9 +238,9 @@ def _elf(root: RootFS, path: str, warnings: list[str]) -> DynamicInfo | None:
     except (OSError, RootFSError):
         return None  # dangling link, folder, FIFO, ...: not a library
     try:
-        if os.pread(fd, 4, 0) != b"\x7fELF":
-            return None  # a linker script (libc.so), text: not a library, nothing to say
         return read_dynamic_fd(fd, path)
+    except NotElfError:
+        return None  # a linker script (libc.so), text: not a library, nothing to say
     except (ElfError, OSError) as exc:
         warnings.append(f"{path}: malformed ELF object, skipped ({_why(exc)})")
         return None

@@ -84,8 +84,9 @@ def _create(root: RootFS, link: Link) -> LinkResult:
 def _create_in_root(root: RootFS, link: Link) -> LinkResult:
     with root.parent(link.path, create=True) as (dir_fd, name):
         root.check_writable(dir_fd, link.path)
-        root.check_name(dir_fd, name, link.path)
         previous = _current(root, link, dir_fd, name)
+        if previous is not None:  # a host file mounted over the name is not replaced
+            root.check_name(dir_fd, name, link.path)
         if previous is None:
             try:
                 os.symlink(link.target, name, dir_fd=dir_fd)

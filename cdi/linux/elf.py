@@ -30,8 +30,8 @@ import struct
 from cdi.linux._errors import BinaryFormatError
 from cdi.linux._tuple import TYPE_CHECKING, NamedTuple
 
-__all__ = ["DynamicInfo", "ElfError", "parse_dynamic", "read_dynamic", "read_dynamic_fd",
-           "read_soname"]
+__all__ = ["DynamicInfo", "ElfError", "NotElfError", "parse_dynamic", "read_dynamic",
+           "read_dynamic_fd", "read_soname"]
 
 _ELF_MAGIC = b"\x7fELF"
 _ELFCLASS32, _ELFCLASS64 = 1, 2
@@ -55,6 +55,11 @@ _DYN = {_ELFCLASS32: "iI", _ELFCLASS64: "qQ"}
 
 class ElfError(BinaryFormatError):
     """The file is not an ELF object or is malformed; says which file and where."""
+
+
+class NotElfError(ElfError):
+    """The file does not start with the ELF magic: not an object at all (a linker script
+    such as ``libc.so``), as opposed to a malformed one."""
 
 
 class DynamicInfo(NamedTuple):
@@ -127,7 +132,7 @@ def _exact(raw: _Reader, off: int, size: int, what: str, source: str) -> bytes:
 
 def _parse(raw: _Reader, source: str) -> DynamicInfo:
     if raw(0, 4) != _ELF_MAGIC:
-        raise ElfError("not an ELF file (bad magic)", source=source, offset=0)
+        raise NotElfError("not an ELF file (bad magic)", source=source, offset=0)
     ident = _exact(raw, 0, 16, "ELF identification", source)
     cls, data_enc = ident[4], ident[5]
     if cls not in _HEADER:
