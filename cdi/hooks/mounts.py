@@ -8,10 +8,12 @@ share), whatever the container's user could do there.  So the hook writes only i
 container's *own* filesystems, told apart by the mounts actually set up, never by names:
 
 * the root filesystem: the mount that holds the root folder the hook opened;
-* a tmpfs the OCI spec creates for this container alone (``type: tmpfs`` and no
-  ``bind``/``rbind`` option in ``config.json``'s ``mounts``, and a tmpfs in the mount
-  table): ``/dev`` is one, and the device links go there.  A new tmpfs is a new,
-  empty filesystem; nothing outside the container sees it.
+* a tmpfs made for this container alone: ``config.json``'s ``mounts`` ask for a
+  ``tmpfs`` (no ``bind``/``rbind`` option) at that place, and the mount table agrees: a
+  tmpfs mounted from its root, whose filesystem is mounted nowhere else (a host or pod
+  tmpfs bound in is also mounted at its origin) and with nothing stacked at its mount
+  point (an image can aim a volume at ``/dev`` through a symlink).  ``/dev`` is one, and
+  the device links go there; a new tmpfs is seen by nothing outside the container.
 
 Everything else (a bind mount, a volume, a host or shared tmpfs, ``/proc``, ``/sys``) is
 another mount: the hook skips it with one line naming it.  An object's mount is the
@@ -32,7 +34,9 @@ if TYPE_CHECKING:
 
 __all__ = ["MountInfo", "MountTable", "find_mount", "mount_id", "parse_mountinfo"]
 
-_MAX_MOUNTINFO = 4 << 20  # a node with thousands of mounts is still well under this
+# Before pivot_root the container's table holds the host's mounts too; 64 MiB is hundreds
+# of thousands of them.  It is read only when a write meets a mount other than the root's.
+_MAX_MOUNTINFO = 64 << 20
 _BIND_OPTIONS = frozenset(("bind", "rbind"))
 
 
@@ -55,10 +59,13 @@ def mount_id(fd: int) -> int | None:
 class MountInfo:
     """One line of a ``mountinfo`` table: where a mount is and what it is."""
 
-    __slots__ = ("fstype", "mount_point", "root", "source")
+    __slots__ = ("device", "fstype", "mount_point", "raw_point", "root", "source")
 
-    def __init__(self, mount_point: str, root: str, fstype: str, source: str) -> None:
+    def __init__(self, mount_point: str, root: str, fstype: str, source: str, *,
+                 device: bytes = b"", raw_point: bytes = b"") -> None:
         self.mount_point, self.root, self.fstype, self.source = mount_point, root, fstype, source
+        self.device = device  # "major:minor" of its filesystem, as the table writes it
+        self.raw_point = raw_point  # the mount point as the table writes it (escaped)
 
 
 def _unescape(field: bytes) -> str:
@@ -91,7 +98,8 @@ def _parse_line(line: bytes) -> tuple[int, MountInfo] | None:
     try:
         sep = fields.index(b"-", 6)
         return int(fields[0]), MountInfo(_unescape(fields[4]), _unescape(fields[3]),
-                                         _unescape(fields[sep + 1]), _unescape(fields[sep + 2]))
+                                         _unescape(fields[sep + 1]), _unescape(fields[sep + 2]),
+                                         device=fields[2], raw_point=fields[4])
     except (ValueError, IndexError):
         return None  # not a line of the format: the kernel writes none such
 
@@ -114,8 +122,10 @@ class MountTable:
         self._root = root_path.rstrip("/")
         self._container = container
         self._tables: list[bytes] | None = None  # raw tables, read once
+        self._private: dict[int, bool] = {}
 
-    def _lookup(self, mnt: int) -> MountInfo | None:
+    def _lookup(self, mnt: int) -> tuple[MountInfo, bytes] | None:
+        """Mount ``mnt``'s line and the whole table it was found in."""
         if self._tables is None:
             self._tables = []
             pid = self._container.pid if self._container is not None else 0
@@ -130,7 +140,7 @@ class MountTable:
         for data in self._tables:
             found = find_mount(data, mnt)
             if found is not None:
-                return found
+                return found, data
         return None
 
     def destination(self, info: MountInfo) -> str:
@@ -152,9 +162,23 @@ class MountTable:
         return found
 
     def is_private(self, mnt: int) -> bool:
-        """Whether mount ``mnt`` is a new tmpfs the OCI spec made for this container."""
-        info = self._lookup(mnt)
-        if info is None or info.fstype != "tmpfs":
+        """Whether mount ``mnt`` is a new tmpfs made for this container alone: a tmpfs
+        mounted from its own root, whose filesystem is mounted nowhere else in the table (a
+        host or pod tmpfs bound in is also mounted at its origin), with nothing else
+        stacked at its mount point, where ``config.json`` asks for a ``tmpfs`` that is not a
+        bind.  Anything else, or a table too large to read whole, is not the container's."""
+        if mnt not in self._private:
+            self._private[mnt] = self._fresh_tmpfs(mnt)
+        return self._private[mnt]
+
+    def _fresh_tmpfs(self, mnt: int) -> bool:
+        found = self._lookup(mnt)
+        if found is None:
+            return False
+        info, data = found
+        if (info.fstype != "tmpfs" or info.root != "/" or len(data) >= _MAX_MOUNTINFO
+                or data.count(b" %s " % info.device) != 1
+                or data.count(b" %s " % info.raw_point) != 1):
             return False
         spec = self._spec_mount(self.destination(info))
         return (spec is not None and spec[0] == "tmpfs"
@@ -162,15 +186,16 @@ class MountTable:
 
     def describe(self, mnt: int) -> str:
         """``a bind mount of /host/dir (config.json mounts, at /data)``, for messages."""
-        info = self._lookup(mnt)
-        if info is None:
+        found = self._lookup(mnt)
+        if found is None:
             return f"mount {mnt}, not the container's root filesystem"
+        info = found[0]
         where = self.destination(info)
         spec = self._spec_mount(where)
+        table = f"{info.fstype} {info.source}:{info.root}"
         if spec is not None:
             kind = "bind mount" if spec[0] == "bind" or _BIND_OPTIONS.intersection(spec[2]) \
                 else f"{spec[0]} mount"
-            return (f"a {kind} of {spec[1] or info.source} at {where} (config.json mounts), "
-                    "not the container's root filesystem")
-        return (f"a {info.fstype} mount of {info.source}:{info.root} at {where}, not the "
-                "container's root filesystem")
+            return (f"a {kind} of {spec[1] or info.source} at {where} (config.json mounts; "
+                    f"mount table: {table}), not the container's root filesystem")
+        return f"a mount of {table} at {where}, not the container's root filesystem"

@@ -166,6 +166,37 @@ def test_private_tmpfs_gets_device_links_shared_one_does_not(
     assert "/shm/x: on a bind mount of" in proc.stderr
 
 
+@pytest.mark.parametrize("attack", ["stacked", "shared-tmpfs"])
+def test_a_tmpfs_in_the_spec_does_not_vouch_for_what_is_mounted(
+        tmp_path: Path, libs: dict[str, Path], mounted: list[Path], attack: str) -> None:
+    """``stacked``: an image whose /vol is a link to /dev gets the volume mounted over the
+    container's /dev tmpfs; ``shared-tmpfs``: a host tmpfs bound where the spec says a new
+    tmpfs goes. Neither is the container's own filesystem, whatever the spec says."""
+    rootfs = _image(tmp_path, libs)
+    (rootfs / "dev").mkdir()
+    host = tmp_path / "host"
+    host.mkdir()
+    if attack == "stacked":
+        _mount("-t", "tmpfs", "tmpfs", str(rootfs / "dev"))
+        mounted.append(rootfs / "dev")
+    else:
+        _mount("-t", "tmpfs", "tmpfs", str(host))
+        mounted.append(host)
+    _mount("--bind", str(host), str(rootfs / "dev"))
+    mounted.append(rootfs / "dev")
+    before = host_snapshot(host)
+    proc = run_hook(make_bundle(tmp_path, rootfs, devices=["/dev/fake0"], mounts=[
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid"]},
+        {"destination": "/vol", "type": "bind", "source": str(host), "options": ["rbind"]}]),
+        "create-symlinks", "--device-link", "/dev/fake0::../fake0::/dev/by-path/fake-0")
+    assert proc.returncode == 0, proc.stderr
+    # the spec's word (a tmpfs) and what the table shows are both named
+    assert "/dev: on a tmpfs mount of tmpfs at /dev (config.json mounts; mount table: " \
+        in proc.stderr, proc.stderr
+    assert "link not made" in proc.stderr
+    assert host_snapshot(host) == before
+
+
 # --- malformed ELF ----------------------------------------------------------------------------
 
 
