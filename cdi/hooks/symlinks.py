@@ -83,18 +83,19 @@ def _create(root: RootFS, link: Link) -> LinkResult:
 
 def _create_in_root(root: RootFS, link: Link) -> LinkResult:
     with root.parent(link.path, create=True) as (dir_fd, name):
-        root.check_writable(dir_fd, link.path)
         previous = _current(root, link, dir_fd, name)
-        if previous is not None:  # a host file mounted over the name is not replaced
-            root.check_name(dir_fd, name, link.path)
+        if previous == link.target:
+            return LinkResult(link=link, action="kept")  # nothing to write, nothing to check
+        root.check_writable(dir_fd, link.path)
         if previous is None:
             try:
                 os.symlink(link.target, name, dir_fd=dir_fd)
                 return LinkResult(link=link, action="created")
             except FileExistsError:
                 previous = _current(root, link, dir_fd, name)  # raced: fall through
-        if previous == link.target:
-            return LinkResult(link=link, action="kept")
+                if previous == link.target:
+                    return LinkResult(link=link, action="kept")
+        root.check_name(dir_fd, name, link.path)  # a host file mounted there is not replaced
         _replace(dir_fd, name, link.target)
         return LinkResult(link=link, action="replaced", previous=previous)
 
