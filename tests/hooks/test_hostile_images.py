@@ -289,3 +289,34 @@ def test_conf_folder_that_loops_is_skipped(tmp_path: Path, libs: dict[str, Path]
     assert [x for x in lines if x.endswith("skipped") and "/loop (named by" in x], lines
     assert [x for x in lines if "/plain-a (named by" in x and "symbolic links" in x], lines
     assert _cache(rootfs)["libfake.so.1"] == f"{LIB}/libfake.so.1"
+
+
+def test_unusable_confs_and_cache_are_skipped_with_one_line_each(
+        need_root: None, tmp_path: Path, libs: dict[str, Path]) -> None:
+    rootfs = _image(tmp_path, libs)
+    confd = rootfs / "etc/ld.so.conf.d"
+    os.mkfifo(confd / "00-compat-fifo.conf")  # opening it would block the runtime
+    (confd / "00-compat-huge.conf").write_bytes(b"/x\n" * (64 << 10))
+    os.symlink("00-compat-loop.conf", confd / "00-compat-loop.conf")
+    os.symlink("/proc/self/root/etc/passwd", confd / "00-compat-proc.conf")  # absent: silent
+    (rootfs / "etc/ld.so.cache").write_bytes(b"glibc-ld.so.cache1.1" + b"\xff" * 40)
+    proc = run_hook(make_bundle(tmp_path, rootfs), "update-ldcache", "--folder", LIB)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    for name in ("00-compat-fifo.conf", "00-compat-huge.conf", "00-compat-loop.conf"):
+        assert len([x for x in lines if f"/etc/ld.so.conf.d/{name}: cannot be read" in x]) == 1, \
+            lines
+    assert [x for x in lines if "the image's /etc/ld.so.cache is not usable" in x], lines
+    assert len(lines) == 4 and "Traceback" not in proc.stderr, lines
+    assert _cache(rootfs)["libfake.so.1"] == f"{LIB}/libfake.so.1"
+
+
+def test_container_mounts_are_read_from_any_config(tmp_path: Path) -> None:
+    from cdi.hooks.state import root_from_config
+
+    config = {"root": {"path": "rootfs"}, "mounts": [
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", 1]},
+        {"destination": 5}, "junk", {"destination": "/v", "options": "rbind"}]}
+    container = root_from_config(str(tmp_path), config)
+    assert container.mounts == (("/dev", "tmpfs", "tmpfs", ("nosuid",)), ("/v", "", "", ()))
+    assert root_from_config(str(tmp_path), {"root": {"path": "r"}, "mounts": {}}).mounts == ()
