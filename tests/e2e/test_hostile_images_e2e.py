@@ -324,7 +324,7 @@ def _run(stack: Stack, world: World, name: str, case: Case) -> str:
                 mounts={k: str(world.path(v)) for k, v in case.mounts.items()},
                 ro_mounts={k: str(world.path(v)) for k, v in case.ro_mounts.items()})
         except grpc.RpcError as exc:
-            return f"refused: {exc.details()}"  # type: ignore[attr-defined]
+            return f"refused: {exc.details()}"
         out = str(cri.exec_sync(cid, list(CHECK)).stdout)
         if name == "image-ldconfig":
             out += str(cri.exec_sync(cid, ["sh", "-c", "test -e /ldconfig-ran && echo ran; "

@@ -209,10 +209,10 @@ def _patched(src: Path, dst: Path, *fields: tuple[int, str, int]) -> Path:
 
 
 def _dynamic_filesz_offset(data: bytes) -> int:
-    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phoff: int = struct.unpack_from("<Q", data, 0x20)[0]
     phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
     for i in range(phnum):
-        at = phoff + i * phentsize
+        at: int = phoff + i * phentsize
         if struct.unpack_from("<I", data, at)[0] == 2:  # PT_DYNAMIC
             return at + 32  # p_filesz
     raise AssertionError("no PT_DYNAMIC")
