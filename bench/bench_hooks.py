@@ -231,7 +231,11 @@ def prepared_bundle(spec_path: Path, root: Path) -> tuple[Path, bytes]:
     (rootfs / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
     nodes = [{"path": n.path, "type": n.type, "major": n.major, "minor": n.minor}
              for d in spec.devices if d.name == "0" for n in d.container_edits.device_nodes]
+    # /dev is a tmpfs of the container's own, as runc mounts it (the device links go there)
+    dev = {"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
+           "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}
     (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"},
+                                                    "mounts": [dev],
                                                     "linux": {"devices": nodes}}))
     state = json.dumps({"ociVersion": "1.0.2", "id": "bench", "status": "creating",
                         "bundle": str(bundle)}).encode()
@@ -263,6 +267,22 @@ def private_root_mount(rootfs: Path) -> None:
         sys.exit(f"unshare: {os.strerror(ctypes.get_errno())}")
     subprocess.run(["mount", "--make-rprivate", "/"], check=True)
     subprocess.run(["mount", "--bind", str(rootfs), str(rootfs)], check=True)
+    (rootfs / "dev").mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "nosuid,mode=755", "tmpfs",
+                    str(rootfs / "dev")], check=True)
+
+
+def baseline_commands(ours: dict[str, list[str]], rev: str, out: Path) -> dict[str, list[str]]:
+    """Our hook entries again, run from ``rev``'s ``cdi/`` (a ``git archive`` copy), so that
+    a change's cost is a ratio against the previous version measured in the same run."""
+    out.mkdir()
+    tar = subprocess.run(["git", "-C", str(REPO), "archive", rev, "cdi"], check=True,
+                         capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=tar, check=True)
+    script = str(REPO / "cdi/hooks/__main__.py")
+    return {name.replace("ours", "baseline", 1): [str(out / "cdi/hooks/__main__.py")
+                                                   if a == script else a for a in command]
+            for name, command in ours.items()}
 
 
 def bench_hook_processes(commands: dict[str, list[str]], state: bytes, rounds: int) -> None:
@@ -289,17 +309,22 @@ def bench_hook_processes(commands: dict[str, list[str]], state: bytes, rounds: i
         totals[label][0] += w
         totals[label][1] += c
         print(f"    {name[:58]:58} {w:6.1f} ms  {c:6.1f} ms CPU")
-    for label in ("ours", "nvidia", "nvidia-default"):
+    for label in ("ours", "baseline", "nvidia", "nvidia-default"):
         if label in totals:
             w, c = totals[label]
             print(f"    all of {label + chr(39) + 's'} hooks for one GPU:{'':20} {w:6.1f} ms  "
                   f"{c:6.1f} ms CPU")
+    if "baseline" in totals:
+        (w, c), (bw, bc) = totals["ours"], totals["baseline"]
+        print(f"    ours : baseline = {w / bw:.2f} (wall), {c / bc:.2f} (CPU)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--skip-containerd", action="store_true")
+    parser.add_argument("--baseline", metavar="REV", help="also run the hook entry of this "
+                        "git revision's cdi/ (e.g. main) in (2), for an ours:baseline ratio")
     args = parser.parse_args()
     if paths.missing_prerequisites():
         sys.exit("run: bash scripts/install-containerd.sh")
@@ -341,6 +366,8 @@ def main() -> None:
         bundle, state = prepared_bundle(hooks_spec, root)
         private_root_mount(bundle / "rootfs")
         commands = hook_commands(hooks_spec, "ours", "0")
+        if args.baseline:
+            commands |= baseline_commands(commands, args.baseline, root / "baseline")
         for klass, path in nv_specs.items():
             commands |= hook_commands(path, klass, "0")
         os.waitpid = _waitpid  # type: ignore[assignment]  # for the children's CPU time

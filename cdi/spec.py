@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from cdi.errors import FieldError, SpecError
-from cdi.model import BadScalar, DeviceData, SpecData, spec_from_dict, to_dict
+from cdi.model import BadScalar, DeviceData, SpecData, key_path, spec_from_dict, to_dict
 from cdi.parser import parse_kind
 from cdi.validate import validate_spec
 from cdi.yaml11 import dump_yaml
@@ -221,7 +221,7 @@ def _yaml_depth(text: str) -> int:
 _BARE_TAG_TEXT = re.compile(r"(?:^|(?<=[\s\[{,]))!(?=[\s\]},]|$)", re.M)
 
 
-def _yaml_event_error(text: str) -> str | None:
+def _yaml_event_error(text: str) -> FieldError | None:
     """What the reference refuses that PyYAML's loader lets through: a ``%YAML``
     directive for a version other than 1.1 (PyYAML only warns) and the bare tag ``!``
     on a scalar (libyaml resolves it like an untagged one). Events are walked only when
@@ -229,16 +229,73 @@ def _yaml_event_error(text: str) -> str | None:
     if "%YAML" not in text and ("!" not in text or not _BARE_TAG_TEXT.search(text)):
         return None
     yaml = _yaml()
+
+    paths = _EventPaths()
     for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
         if isinstance(event, yaml.DocumentStartEvent):
             version = event.version
             if version is not None and tuple(version) != (1, 1):
-                return f"YAML version {'.'.join(map(str, version))} is not supported (only 1.1)"
-        elif getattr(event, "tag", None) == "!":
+                return FieldError("", f"YAML version {'.'.join(map(str, version))} is not "
+                                  "supported (only 1.1)")
+        path = paths.step(event)
+        if getattr(event, "tag", None) == "!":
             mark = event.start_mark
             where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-            return f"the non-specific tag '!' is not supported{where}"
+            return FieldError(path, f"the non-specific tag '!' is not supported{where}")
     return None
+
+
+class _EventPaths:
+    """The field path (as the decoder names it: ``devices[0].containerEdits.env[1]``) of
+    the node each parser event starts, so that an error found on events names its field.
+
+    A frame per open collection: ``[path, is_mapping, index or current key, want_key]``.
+    A node used as a mapping key is named by its mapping's path.
+    """
+
+    def __init__(self) -> None:
+        import yaml
+
+        self._stack: list[list[Any]] = []
+        self._yaml = yaml
+
+    def step(self, event: Any) -> str:
+        yaml = self._yaml
+        if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            if self._stack:
+                self._stack.pop()
+            self._done(None)
+            return ""
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            path = self._here()
+            mapping = isinstance(event, yaml.MappingStartEvent)
+            self._stack.append([path, mapping, None if mapping else 0, True])
+            return path
+        if isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent)):
+            path = self._here()
+            self._done(event.value if isinstance(event, yaml.ScalarEvent) else None)
+            return path
+        return ""
+
+    def _here(self) -> str:
+        if not self._stack:
+            return ""
+        path, mapping, at, want_key = self._stack[-1]
+        if not mapping:
+            return f"{path}[{at}]"
+        return path if want_key else key_path(path, at)
+
+    def _done(self, scalar: str | None) -> None:
+        """A node ended: its parent moves to the next item, or from key to value."""
+        if not self._stack:
+            return
+        frame = self._stack[-1]
+        if not frame[1]:
+            frame[2] += 1
+        elif frame[3]:
+            frame[2], frame[3] = ("<key>" if scalar is None else scalar), False
+        else:
+            frame[3] = True
 
 
 def load_document(data: bytes | str, *, json_format: bool) -> Any:
@@ -248,11 +305,12 @@ def load_document(data: bytes | str, *, json_format: bool) -> Any:
         raise SpecError([FieldError("", f"spec is larger than {MAX_SPEC_BYTES} bytes")])
     try:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
-        problem = nesting_error(text, json_format=json_format) or (
-            None if json_format else _yaml_event_error(text)
-        )
+        problem = nesting_error(text, json_format=json_format)
         if problem:
             raise SpecError([FieldError("", problem)])
+        event_error = None if json_format else _yaml_event_error(text)
+        if event_error:
+            raise SpecError([event_error])
         if json_format:
             return json.loads(text, object_pairs_hook=_reject_duplicate_pairs)
         return yaml.load(text, Loader=_strict_loader())

@@ -72,7 +72,8 @@ def _create_symlinks(root: RootFS, args: Args) -> list[str]:
             links.append(found)
     results = create_symlinks(root, links)
     return [f"replaced {r.link.path} -> {r.link.target} (was {r.previous})"
-            for r in results if r.action == "replaced"]
+            if r.action == "replaced" else f"{r.previous}; link not made"
+            for r in results if r.action in ("replaced", "skipped")]
 
 
 def _update_ldcache(root: RootFS, args: Args) -> list[str]:
@@ -158,7 +159,7 @@ def run_operations(steps: Sequence[tuple[Operation, Args]], stdin: IO[bytes]) ->
     name = steps[0][0].name if steps else "hook"
     try:
         container = read_state(stdin)
-        with RootFS(container.path) as root:
+        with RootFS(container.path, container=container) as root:
             for op, args in steps:
                 name = op.name
                 args.container = container
@@ -170,6 +171,10 @@ def run_operations(steps: Sequence[tuple[Operation, Args]], stdin: IO[bytes]) ->
         if exc.errno == errno.EROFS:
             return _fail(name, read_only_message(exc.filename or "container root"))
         return _fail(name, f"{exc.filename or ''}: {exc.strerror}".lstrip(": "))
+    except Exception as exc:  # the last resort: the runtime shows one line
+        # Each operation handles the image's input itself; reaching this is a bug of ours,
+        # and it still must not print a traceback into the runtime's error.
+        return _fail(name, f"unexpected {type(exc).__name__}: {exc}")
     return 0
 
 

@@ -18,7 +18,7 @@ import os
 import stat
 
 from cdi.hooks.rootfs import RootFS, RootFSError, split_container_path
-from cdi.linux.elf import DynamicInfo, ElfError, read_dynamic
+from cdi.linux.elf import DynamicInfo, ElfError, NotElfError, read_dynamic_fd
 from cdi.linux.ldcache import LdCacheEntry, LdCacheError, encode, libcmp, merge, parse_ldcache
 
 TYPE_CHECKING = False  # collections costs a hook process ~2 ms at start-up
@@ -32,6 +32,7 @@ CONF_DIR = "/etc/ld.so.conf.d"
 CONF_NAME = "000-nri-cdi.conf"  # sorts first: our folders win, as ldconfig reads in order
 _MAX_CACHE = 64 << 20
 _MAX_PATH_FILE = 1 << 20
+_MAX_NAMES = 1 << 16  # names per folder scanned; a distribution's /usr/lib has a few 1000
 _MUSL_ARCH = {"x86_64": "x86_64", "aarch64": "aarch64"}.get(os.uname().machine, "x86_64")
 _MUSL_DEFAULT = ("/lib", "/usr/local/lib", "/usr/lib")  # musl's path when no .path file
 # After ".so": nothing, or "." and these (a version such as ".1", ".580.82.07").
@@ -86,14 +87,23 @@ def _update_glibc(root: RootFS, folders: Sequence[str]) -> LdcacheResult:
     warnings: list[str] = []
     added: list[LdCacheEntry] = []
     links: list[str] = []
+    ours = {f.rstrip("/") or "/" for f in folders}
     # The folders a 00-compat-*.conf names first (a vendor's forward-compatibility hook
     # writes one): their libraries must win over the injected ones, as with ldconfig.
-    first = compat_folders(root)
+    first = compat_folders(root, warnings=warnings)
     for folder in dict.fromkeys(f.rstrip("/") or "/" for f in (*first, *folders)):
         try:
-            entries, made = _scan(root, folder)
+            entries, made = _scan(root, folder, warnings)
         except FileNotFoundError:
             warnings.append(f"{folder}: not in the container; skipped")
+            continue
+        except (OSError, RootFSError) as exc:
+            if folder in ours:  # the spec's own folder: its libraries cannot be served
+                raise RootFSError(f"{folder}: {_why(exc)}; an injected folder must be a "
+                                  "folder inside the container root") from None
+            # a folder the image's conf names: the GPU is served without it
+            warnings.append(f"{folder} (named by {CONF_DIR}/00-compat-*.conf): {_why(exc)}; "
+                            "skipped")
             continue
         added += entries
         links += made
@@ -102,30 +112,46 @@ def _update_glibc(root: RootFS, folders: Sequence[str]) -> LdcacheResult:
     written = [_write(root, CACHE, encode(entries))]
     conf = "".join(f"{f}\n" for f in dict.fromkeys(folders))
     if _is_dir(root, CONF_DIR):
-        written.append(_write(root, f"{CONF_DIR}/{CONF_NAME}", conf.encode()))
+        try:
+            written.append(_write(root, f"{CONF_DIR}/{CONF_NAME}", conf.encode()))
+        except RootFSError as exc:  # optional: only for an ldconfig run later in the image
+            warnings.append(f"{exc}; {CONF_DIR}/{CONF_NAME} not written")
     return LdcacheResult(libc="glibc", written=tuple(written), added=tuple(added),
                          links=tuple(links), kept=len(entries) - len(added),
                          warnings=tuple(warnings))
+
+
+def _why(exc: BaseException) -> str:
+    """One line for a skipped folder: the OSError's own words without its path."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc)
 
 
 def _old_entries(root: RootFS, warnings: list[str]) -> list[LdCacheEntry]:
     try:
         data = root.read_file(CACHE, limit=_MAX_CACHE)
         return parse_ldcache(data, source=CACHE) if data is not None else []
-    except (RootFSError, LdCacheError, OSError) as exc:
+    except (RootFSError, LdCacheError, OSError, ValueError) as exc:
         warnings.append(f"the image's {CACHE} is not usable ({exc}); writing a new one")
         return []
 
 
-def _scan(root: RootFS, folder: str) -> tuple[list[LdCacheEntry], list[str]]:
-    """Cache entries for the shared objects in ``folder``, and the SONAME links made."""
+def _scan(root: RootFS, folder: str, warnings: list[str]
+          ) -> tuple[list[LdCacheEntry], list[str]]:
+    """Cache entries for the shared objects in ``folder``, and the SONAME links made.
+
+    Where the folder cannot be written (another mount than the container's own, or
+    read-only), no link is made and the entry names the library's own file, which the
+    loader opens as well: nothing is written there and the library is still found.
+    """
     by_soname: dict[str, list[tuple[str, int]]] = {}
     with root.directory(folder) as dir_fd:
-        names = _list(dir_fd)
+        names = _list(dir_fd, folder)
         for name in sorted(names):
             if not _is_library_name(name):
                 continue
-            info = _elf(root, f"{folder}/{name}".replace("//", "/"))
+            info = _elf(root, f"{folder}/{name}".replace("//", "/"), warnings)
             if info is None or info.elf_type != _ET_DYN:
                 continue
             arch = _ARCH_FLAGS.get((info.machine, info.bits))
@@ -135,16 +161,38 @@ def _scan(root: RootFS, folder: str) -> tuple[list[LdCacheEntry], list[str]]:
             by_soname.setdefault(soname, []).append((name, _FLAG_ELF_LIBC6 | arch))
         made: list[str] = []
         entries: list[LdCacheEntry] = []
+        writable: bool | None = None
         for soname, found in by_soname.items():
+            target = soname
             if soname not in names:
                 newest = max(found, key=lambda f: _Version(f[0]))[0]
-                root.check_writable(dir_fd, folder)
-                os.symlink(newest, soname, dir_fd=dir_fd)
-                made.append(f"{folder}/{soname}")
+                if writable is None:
+                    writable = _may_write(root, dir_fd, folder, warnings)
+                if writable and _link(dir_fd, newest, soname):
+                    made.append(f"{folder}/{soname}")
+                elif not writable:
+                    target = newest
             for flags in dict.fromkeys(f for _, f in found):
-                entries.append(LdCacheEntry(key=soname, path=f"{folder.rstrip('/')}/{soname}",
+                entries.append(LdCacheEntry(key=soname, path=f"{folder.rstrip('/')}/{target}",
                                             flags=flags))
     return entries, made
+
+
+def _may_write(root: RootFS, dir_fd: int, folder: str, warnings: list[str]) -> bool:
+    try:
+        root.check_writable(dir_fd, folder)
+    except RootFSError as exc:
+        warnings.append(f"{exc}; no SONAME links made there (the cache names the files)")
+        return False
+    return True
+
+
+def _link(dir_fd: int, target: str, name: str) -> bool:
+    try:
+        os.symlink(target, name, dir_fd=dir_fd)
+    except FileExistsError:
+        return False  # made meanwhile (by the image's other container, say): kept as it is
+    return True
 
 
 def _is_library_name(name: str) -> bool:
@@ -168,23 +216,33 @@ class _Version:
         return libcmp(self.raw, other.raw) < 0
 
 
-def _list(dir_fd: int) -> set[str]:
-    # os.listdir needs a readable fd; re-open the folder we resolved (not its name).
+def _list(dir_fd: int, folder: str) -> set[str]:
+    """The names in the folder, at most :data:`_MAX_NAMES` (an image's folder is input)."""
+    # scandir needs a readable fd; re-open the folder we resolved (not its name).
     fd = os.open(f"/proc/self/fd/{dir_fd}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    names: set[str] = set()
     try:
-        return set(os.listdir(fd))
+        with os.scandir(fd) as it:
+            for entry in it:
+                if len(names) >= _MAX_NAMES:
+                    raise RootFSError(f"{folder} holds more than {_MAX_NAMES} names")
+                names.add(entry.name)
     finally:
         os.close(fd)
+    return names
 
 
-def _elf(root: RootFS, path: str) -> DynamicInfo | None:
+def _elf(root: RootFS, path: str, warnings: list[str]) -> DynamicInfo | None:
     try:
         fd = root.open_read(path)
     except (OSError, RootFSError):
         return None  # dangling link, folder, FIFO, ...: not a library
     try:
-        return read_dynamic(f"/proc/self/fd/{fd}")
-    except (ElfError, OSError):
+        return read_dynamic_fd(fd, path)
+    except NotElfError:
+        return None  # a linker script (libc.so), text: not a library, nothing to say
+    except (ElfError, OSError) as exc:
+        warnings.append(f"{path}: malformed ELF object, skipped ({_why(exc)})")
         return None
     finally:
         os.close(fd)
@@ -215,6 +273,7 @@ def _write(root: RootFS, path: str, data: bytes) -> str:
     """Replace ``path`` atomically: a new file in the same folder, then rename."""
     with root.parent(path, create=True) as (dir_fd, name):
         root.check_writable(dir_fd, path)
+        root.check_name(dir_fd, name, path)
         tmp = f".{name}.nri-cdi-{os.urandom(4).hex()}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(tmp, flags, 0o644, dir_fd=dir_fd)
@@ -249,25 +308,36 @@ def _update_musl(root: RootFS, folders: Sequence[str]) -> LdcacheResult:
 # --- 00-compat-*.conf: folders a hook named to go first -------------------------------
 
 
-def compat_folders(root: RootFS, *, limit: int = 64 << 10) -> list[str]:
+def compat_folders(root: RootFS, *, limit: int = 64 << 10,
+                   warnings: list[str] | None = None) -> list[str]:
     """The folders named by ``/etc/ld.so.conf.d/00-compat-*.conf`` (in name order), which
-    ``update-ldcache`` puts ahead of the injected ones."""
+    ``update-ldcache`` puts ahead of the injected ones.  The files are the image's: at
+    most 16 files of ``limit`` bytes and 64 folders are read, and a file that cannot be
+    read (a FIFO, a link out of the root, too large) is skipped with a line in
+    ``warnings``."""
+    said = warnings if warnings is not None else []
     try:
         with root.directory(CONF_DIR) as dir_fd:
-            names = sorted(n for n in _list(dir_fd) if _matches(n, "00-compat-", ".conf"))
+            names = sorted(n for n in _list(dir_fd, CONF_DIR)
+                           if _matches(n, "00-compat-", ".conf"))
     except (FileNotFoundError, NotADirectoryError):
+        return []
+    except (OSError, RootFSError) as exc:
+        said.append(f"{CONF_DIR}: cannot be read ({_why(exc)}); no compat folders used")
         return []
     folders: list[str] = []
     for name in names[:16]:
+        path = f"{CONF_DIR}/{name}"
         try:
-            data = root.read_file(f"{CONF_DIR}/{name}", limit=limit)
-        except (OSError, RootFSError):
+            data = root.read_file(path, limit=limit)
+        except (OSError, RootFSError) as exc:
+            said.append(f"{path}: cannot be read ({_why(exc)}); skipped")
             continue
         for line in os.fsdecode(data or b"").splitlines():
             line = line.split("#", 1)[0].strip()
-            if line.startswith("/") and ".." not in line.split("/"):
+            if line.startswith("/") and ".." not in line.split("/") and "\0" not in line:
                 folders.append(line)
-    return list(dict.fromkeys(folders))
+    return list(dict.fromkeys(folders))[:64]
 
 
 def _matches(name: str, prefix: str, suffix: str) -> bool:

@@ -26,7 +26,13 @@ import os
 import stat
 import struct
 
-__all__ = ["RootFS", "RootFSError", "split_container_path"]
+from cdi.hooks.mounts import MountTable, mount_id
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from cdi.hooks.state import ContainerRoot
+
+__all__ = ["ForeignMountError", "RootFS", "RootFSError", "split_container_path"]
 
 _MAX_HOPS = 40  # symlinks per resolution, the bound Linux's own path walk uses
 _RESOLVE_NO_MAGICLINKS = 0x02
@@ -38,6 +44,11 @@ _O_PATH = os.O_PATH | os.O_CLOEXEC
 
 class RootFSError(Exception):
     """A path inside the container root cannot be used as asked; says which and why."""
+
+
+class ForeignMountError(RootFSError):
+    """The folder (or name) to write lies on a mount other than the container's own
+    filesystems (a volume, a bind mount of a host folder): the hook does not write there."""
 
 
 def split_container_path(path: str) -> tuple[str, ...]:
@@ -157,8 +168,12 @@ class RootFS:
     the last two exist so that tests run both against the same hostile trees.
     """
 
-    def __init__(self, path: str, *, resolver: str = "auto"):
+    def __init__(self, path: str, *, resolver: str = "auto",
+                 container: ContainerRoot | None = None):
         self.path = path
+        self.container = container  # its config's mounts name the mounts in messages
+        self._mount: int | None = None
+        self._mounts: MountTable | None = None
         impl: _Openat2 | _Walk | None
         if resolver == "auto":
             impl = _auto()
@@ -211,9 +226,39 @@ class RootFS:
         return _Parent(self._open_dir(parts[:-1], create), parts[-1])
 
     def check_writable(self, dir_fd: int, path: str) -> None:
-        """Refuse with a clear message, rather than EROFS half-way, on a read-only mount."""
+        """Refuse a folder on another mount than the container's own filesystems
+        (:class:`ForeignMountError`), and with a clear message, rather than EROFS half-way,
+        a read-only one."""
+        self.check_own(dir_fd, path)
         if os.fstatvfs(dir_fd).f_flag & os.ST_RDONLY:
             raise RootFSError(read_only_message(self.where(path)))
+
+    def check_own(self, fd: int, path: str) -> None:
+        """Raise :class:`ForeignMountError` unless the object open at ``fd`` lies on the
+        container's root filesystem or on a tmpfs made for it alone (see
+        :mod:`cdi.hooks.mounts`): decided by the mount the kernel says it is on."""
+        mnt = mount_id(fd)
+        if self._mount is None:
+            self._mount = mount_id(self.fd)
+        if mnt is None or mnt == self._mount:
+            return  # Linux < 3.15 says nothing: the folder walk still kept it in the root
+        if self._mounts is None:
+            self._mounts = MountTable(self.path, self.container)
+        if not self._mounts.is_private(mnt):
+            raise ForeignMountError(f"{path}: on {self._mounts.describe(mnt)}; the hook "
+                                    "writes only into the container's own filesystems")
+
+    def check_name(self, dir_fd: int, name: str, path: str) -> None:
+        """Refuse to replace ``name`` in ``dir_fd`` when it is a mount point of another
+        mount (a host file bind-mounted there): a rename over it would fail half-way."""
+        try:
+            fd = os.open(name, _O_PATH | os.O_NOFOLLOW, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return
+        try:
+            self.check_own(fd, path)
+        finally:
+            os.close(fd)
 
     def open_read(self, path: str) -> int:
         """A read-only fd of the regular file at ``path``; the caller closes it.
@@ -254,6 +299,7 @@ class RootFS:
             if not create or not parts:
                 raise
             with _Folder(self._open_dir(parts[:-1], True)) as pfd:
+                self.check_writable(pfd, "/" + "/".join(parts[:-1]))
                 try:  # noqa: SIM105 (contextlib costs the hook ~4 ms of start-up)
                     os.mkdir(parts[-1], 0o755, dir_fd=pfd)
                 except FileExistsError:

@@ -33,15 +33,19 @@ class StateError(Exception):
 class ContainerRoot:
     """Where the container's root is, and what of its config the hook operations use."""
 
-    __slots__ = ("bundle", "container_id", "devices", "path", "readonly")
+    __slots__ = ("bundle", "container_id", "devices", "mounts", "path", "pid", "readonly")
 
     def __init__(self, *, container_id: str, bundle: str, path: str, readonly: bool,
-                 devices: frozenset[str] = frozenset()) -> None:
+                 devices: frozenset[str] = frozenset(),
+                 mounts: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (),
+                 pid: int = 0) -> None:
         self.container_id = container_id
         self.bundle = bundle
         self.path = path  # absolute host path of the root folder
         self.readonly = readonly  # root.readonly in config.json
         self.devices = devices  # container paths of linux.devices[].path
+        self.mounts = mounts  # config.json mounts: (destination, type, source, options)
+        self.pid = pid  # the container's init process (the state's pid), 0 when unknown
 
     def __repr__(self) -> str:
         return (f"ContainerRoot(container_id={self.container_id!r}, bundle={self.bundle!r}, "
@@ -115,7 +119,24 @@ def root_from_config(bundle: str, config: Any, *, container_id: str = "") -> Con
     readonly = bool(root.get("readonly", False)) if isinstance(root, dict) else False
     return ContainerRoot(container_id=container_id, bundle=bundle,
                          path=os.path.normpath(os.path.join(bundle, path)), readonly=readonly,
-                         devices=_devices(config))
+                         devices=_devices(config), mounts=_mounts(config))
+
+
+def _mounts(config: dict[str, Any]) -> tuple[tuple[str, str, str, tuple[str, ...]], ...]:
+    """``mounts`` of the config, as (destination, type, source, options); the hook asks
+    them which mounts are the container's own (:mod:`cdi.hooks.mounts`)."""
+    mounts = config.get("mounts")
+    if not isinstance(mounts, list):
+        return ()
+    out = []
+    for m in mounts:
+        if not isinstance(m, dict) or not isinstance(m.get("destination"), str):
+            continue
+        options = m.get("options")
+        out.append((m["destination"], str(m.get("type") or ""), str(m.get("source") or ""),
+                    tuple(o for o in options if isinstance(o, str))
+                    if isinstance(options, list) else ()))
+    return tuple(out)
 
 
 def _devices(config: dict[str, Any]) -> frozenset[str]:
@@ -142,4 +163,7 @@ def read_state(stream: IO[bytes]) -> ContainerRoot:
         raise StateError(f"{config_path}: {exc.strerror}") from None
     except (ValueError, RecursionError) as exc:
         raise StateError(f"{config_path}: not JSON: {exc}") from None
-    return root_from_config(bundle, config, container_id=str(container_id))
+    container = root_from_config(bundle, config, container_id=str(container_id))
+    pid = state.get("pid")
+    container.pid = pid if type(pid) is int and pid > 0 else 0
+    return container

@@ -9,7 +9,10 @@ interpreted later by the container, inside its own root.
 * a link or regular file with other contents is replaced atomically: the new link is made
   under a temporary name in the same folder, then renamed over the old name, so the name
   never disappears (an image's ``libGLX_indirect.so.0 -> libGLX_mesa.so.0`` is not an error);
-* a folder at LINK is refused: replacing it would throw away image content.
+* a folder at LINK is refused: replacing it would throw away image content;
+* a link whose folder lies on another mount than the container's own filesystems (a
+  volume, a host folder bind-mounted there; :mod:`cdi.hooks.mounts`) is skipped, with a
+  line saying so: the hook writes nothing outside the container.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import errno
 import os
 import stat
 
-from cdi.hooks.rootfs import RootFS, RootFSError, split_container_path
+from cdi.hooks.rootfs import ForeignMountError, RootFS, RootFSError, split_container_path
 
 TYPE_CHECKING = False  # collections costs a hook process ~2 ms at start-up
 if TYPE_CHECKING:
@@ -51,8 +54,9 @@ class LinkResult:
 
     def __init__(self, *, link: Link, action: str, previous: str | None = None) -> None:
         self.link = link
-        self.action = action  # "created" | "kept" | "replaced"
-        self.previous = previous  # the old target, or "<file>" for a replaced regular file
+        self.action = action  # "created" | "kept" | "replaced" | "skipped"
+        # the old target, "<file>" for a replaced regular file, or why it was skipped
+        self.previous = previous
 
     def __repr__(self) -> str:
         return f"LinkResult(link={self.link!r}, action={self.action!r}, previous={self.previous!r})"
@@ -71,17 +75,27 @@ def create_symlinks(root: RootFS, links: Iterable[Link]) -> list[LinkResult]:
 
 
 def _create(root: RootFS, link: Link) -> LinkResult:
+    try:
+        return _create_in_root(root, link)
+    except ForeignMountError as exc:  # a volume, a host folder: not the container's to write
+        return LinkResult(link=link, action="skipped", previous=str(exc))
+
+
+def _create_in_root(root: RootFS, link: Link) -> LinkResult:
     with root.parent(link.path, create=True) as (dir_fd, name):
-        root.check_writable(dir_fd, link.path)
         previous = _current(root, link, dir_fd, name)
+        if previous == link.target:
+            return LinkResult(link=link, action="kept")  # nothing to write, nothing to check
+        root.check_writable(dir_fd, link.path)
         if previous is None:
             try:
                 os.symlink(link.target, name, dir_fd=dir_fd)
                 return LinkResult(link=link, action="created")
             except FileExistsError:
                 previous = _current(root, link, dir_fd, name)  # raced: fall through
-        if previous == link.target:
-            return LinkResult(link=link, action="kept")
+                if previous == link.target:
+                    return LinkResult(link=link, action="kept")
+        root.check_name(dir_fd, name, link.path)  # a host file mounted there is not replaced
         _replace(dir_fd, name, link.target)
         return LinkResult(link=link, action="replaced", previous=previous)
 

@@ -30,7 +30,8 @@ import struct
 from cdi.linux._errors import BinaryFormatError
 from cdi.linux._tuple import TYPE_CHECKING, NamedTuple
 
-__all__ = ["DynamicInfo", "ElfError", "parse_dynamic", "read_dynamic", "read_soname"]
+__all__ = ["DynamicInfo", "ElfError", "NotElfError", "parse_dynamic", "read_dynamic",
+           "read_dynamic_fd", "read_soname"]
 
 _ELF_MAGIC = b"\x7fELF"
 _ELFCLASS32, _ELFCLASS64 = 1, 2
@@ -39,6 +40,10 @@ _PT_LOAD, _PT_DYNAMIC = 1, 2
 _DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_STRSZ, _DT_SONAME = 0, 1, 5, 10, 14
 _MAX_PHNUM = 0xFFFF  # e_phnum is a u16; PN_XNUM escapes are not used by shared objects
 _MAX_STRING = 4096
+# Real objects have a few dozen program headers and a dynamic segment of a few KiB; an
+# untrusted file asking for more is read no further than these (an image's library is input).
+_MAX_PHDR_TABLE = 4 << 20
+_MAX_DYNAMIC = 1 << 20
 _HEAD_SIZE = 4096  # read in one call: ELF header and program headers are in the first page
 
 # Layouts after e_ident, per class: (format, phdr format, dyn format).
@@ -50,6 +55,11 @@ _DYN = {_ELFCLASS32: "iI", _ELFCLASS64: "qQ"}
 
 class ElfError(BinaryFormatError):
     """The file is not an ELF object or is malformed; says which file and where."""
+
+
+class NotElfError(ElfError):
+    """The file does not start with the ELF magic: not an object at all (a linker script
+    such as ``libc.so``), as opposed to a malformed one."""
 
 
 class DynamicInfo(NamedTuple):
@@ -76,20 +86,34 @@ def read_dynamic(path: str | os.PathLike[str]) -> DynamicInfo:
     source = os.fspath(path)
     fd = os.open(source, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
-        return _parse(_file_reader(fd), source)
+        return read_dynamic_fd(fd, source)
     finally:
         os.close(fd)
 
 
+def read_dynamic_fd(fd: int, source: str) -> DynamicInfo:
+    """Same as :func:`read_dynamic` on an open file; ``source`` names it in errors."""
+    return _parse(_file_reader(fd), source)
+
+
 def _file_reader(fd: int) -> _Reader:
-    """``pread`` on ``fd``, answered from one read of the file's head where it can be."""
+    """``pread`` on ``fd``, answered from one read of the file's head where it can be.
+
+    Reads never go past the file's size as ``fstat`` gave it, so an absurd offset or size
+    in the headers asks for no memory: it comes back short and the caller says truncated.
+    """
+    size = os.fstat(fd).st_size
     head = os.pread(fd, _HEAD_SIZE, 0)
     whole = len(head) < _HEAD_SIZE  # a short read: the head is the whole (regular) file
 
-    def raw(off: int, size: int) -> bytes:
-        if off >= 0 and (whole or off + size <= _HEAD_SIZE):
-            return head[off : off + size]
-        return os.pread(fd, size, off)  # a negative offset fails here, as it always did
+    def raw(off: int, want: int) -> bytes:
+        if off < 0 or want <= 0:
+            return b""
+        if whole or off + want <= _HEAD_SIZE:
+            return head[off : off + want]
+        if off >= size:
+            return b""
+        return os.pread(fd, min(want, size - off), off)
 
     return raw
 
@@ -108,7 +132,7 @@ def _exact(raw: _Reader, off: int, size: int, what: str, source: str) -> bytes:
 
 def _parse(raw: _Reader, source: str) -> DynamicInfo:
     if raw(0, 4) != _ELF_MAGIC:
-        raise ElfError("not an ELF file (bad magic)", source=source, offset=0)
+        raise NotElfError("not an ELF file (bad magic)", source=source, offset=0)
     ident = _exact(raw, 0, 16, "ELF identification", source)
     cls, data_enc = ident[4], ident[5]
     if cls not in _HEADER:
@@ -144,6 +168,9 @@ def _program_headers(
     fmt = order + (_PHDR32 if cls == _ELFCLASS32 else _PHDR64)
     if phnum and phentsize < struct.calcsize(fmt):
         raise ElfError(f"program header size {phentsize} too small", source=source, offset=phoff)
+    if phentsize * phnum > _MAX_PHDR_TABLE:
+        raise ElfError(f"program header table of {phnum} x {phentsize} bytes is absurd",
+                       source=source, offset=phoff)
     table = _exact(raw, phoff, phentsize * phnum, "program header table", source)
     loads: list[_Load] = []
     dynamic: tuple[int, int] | None = None
@@ -171,6 +198,7 @@ def _dynamic(
     fmt = order + _DYN[cls]
     entsize = struct.calcsize(fmt)
     offset, filesz = dynamic
+    filesz = min(filesz, _MAX_DYNAMIC)  # entries past 64 Ki are never read by a loader
     blob = _exact(raw, offset, filesz - filesz % entsize, "dynamic segment", source)
     tags: dict[int, int] = {}
     needed_offs: list[int] = []

@@ -255,6 +255,17 @@ def test_yaml_version_and_bare_tag_are_refused_like_the_reference() -> None:
         parse_spec("%YAML 1.2\n---\n" + body, "v.yaml")
     with pytest.raises(SpecError, match="non-specific tag"):
         parse_spec(body.replace("name: a", "name: ! a"), "v.yaml")
+    # the bare tag's error names its field, as every other field error does
+    nested = {"name: ! a": "devices[0].name: ",
+              "env: [A=1]": "devices[0].containerEdits.env[1]: ",
+              "{env: [A=1]}": "devices[0].containerEdits.mounts[0]['x y']: "}
+    texts = {"name: ! a": body.replace("name: a", "name: ! a"),
+             "env: [A=1]": body.replace("env: [A=1]", "env: [A=1, ! B=2]"),
+             "{env: [A=1]}": body.replace("{env: [A=1]}", "{mounts: [{\"x y\": ! 1}]}")}
+    for case, prefix in nested.items():
+        with pytest.raises(SpecError) as caught:
+            parse_spec(texts[case], "v.yaml")
+        assert caught.value.lines()[0].startswith(f"v.yaml: {prefix}the non-specific tag '!'")
     # sexagesimal numbers and dates are strings, as the reference reads them
     spec = parse_spec(body.replace("name: a", "name: 1:30"), "v.yaml")
     assert spec.devices[0].name == "1:30"

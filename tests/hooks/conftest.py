@@ -89,14 +89,18 @@ def host_loader() -> tuple[Path, Path]:
 
 
 def make_bundle(tmp: Path, rootfs: Path, *, relative: bool = True,
-                readonly: bool = False, devices: Sequence[str] = ()) -> bytes:
+                readonly: bool = False, devices: Sequence[str] = (),
+                mounts: Sequence[dict[str, object]] = ()) -> bytes:
     """An OCI bundle around ``rootfs``; returns the state document a runtime would send.
-    ``devices``: container paths listed in the config's ``linux.devices``."""
+    ``devices``: container paths listed in the config's ``linux.devices``; ``mounts``: the
+    config's ``mounts`` (the caller mounts them under ``rootfs`` as a runtime would)."""
     bundle = tmp / "bundle"
     bundle.mkdir(exist_ok=True)
     path = os.path.relpath(rootfs, bundle) if relative else str(rootfs)
     config: dict[str, object] = {"ociVersion": "1.1.0",
                                  "root": {"path": path, "readonly": readonly}}
+    if mounts:
+        config["mounts"] = list(mounts)
     if devices:
         config["linux"] = {"devices": [{"path": d, "type": "c", "major": 1, "minor": 3}
                                        for d in devices]}
@@ -118,6 +122,20 @@ def tree_digest(path: Path) -> str:
             elif p.is_file():
                 h.update(b"F" + p.read_bytes())
     return h.hexdigest()
+
+
+def host_snapshot(path: Path) -> dict[str, tuple[object, ...]]:
+    """What a hook must never change in a host folder: every name under ``path`` with its
+    type, mode, owner, link target and contents (links not followed)."""
+    out: dict[str, tuple[object, ...]] = {}
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames + ["."]:
+            p = Path(dirpath, name)
+            st = p.lstat()
+            body: object = os.readlink(p) if p.is_symlink() else (
+                hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None)
+            out[str(p.relative_to(path))] = (st.st_mode, st.st_uid, st.st_gid, body)
+    return out
 
 
 @pytest.fixture

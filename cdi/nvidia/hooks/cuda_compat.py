@@ -31,7 +31,7 @@ import stat
 import struct
 
 from cdi.hooks.ldconfig import CONF_DIR, write_file
-from cdi.hooks.rootfs import RootFS, RootFSError, split_container_path
+from cdi.hooks.rootfs import ForeignMountError, RootFS, RootFSError, split_container_path
 from cdi.linux._tuple import NamedTuple
 
 # On the hook's start-up path (the generator runs enable-cuda-compat in every container):
@@ -49,6 +49,7 @@ _SHT_NOTE = 7
 _MAX_SECTIONS = 4096
 _MAX_NOTE = 64 << 10
 _MAX_SHSTRTAB = 1 << 20
+_MAX_NAMES = 1 << 16
 
 
 class CompatNote(NamedTuple):
@@ -59,6 +60,7 @@ class CompatNote(NamedTuple):
 class CompatResult(NamedTuple):
     folder: str | None  # the compat folder put first, or None when not used
     reason: str  # why (one line, for the hook's message)
+    warning: str = ""  # what in the image was skipped, for the hook to print (one line)
 
 
 def parse_version(text: str | None) -> tuple[int, int, int] | None:
@@ -105,7 +107,7 @@ def parse_note(data: bytes, *, little: bool, align: int) -> CompatNote | None:
 
     try:
         desc = json.loads(data[name_end:name_end + descsz].strip(b"\0"))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     if not isinstance(desc, dict):
         return None
@@ -117,39 +119,59 @@ def parse_note(data: bytes, *, little: bool, align: int) -> CompatNote | None:
 
 
 def read_compat_note(fd: int) -> CompatNote | None:
-    """The ``.note.cuda.fwd_compatibility`` note of the ELF file open at ``fd``, if any."""
+    """The ``.note.cuda.fwd_compatibility`` note of the ELF file open at ``fd``, if any.
+
+    The file is the image's: every offset and size is checked against the file's size
+    before it is read, so a malformed header yields ``None`` (or :class:`ValueError` naming
+    what is wrong), never a huge read.
+    """
+    size = os.fstat(fd).st_size
     head = os.pread(fd, 64, 0)
     if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
         return None
     is64, little = head[4] == 2, head[5] == 1
+    if is64 and len(head) < 64:
+        raise ValueError("truncated ELF header")
     o = "<" if little else ">"
     if is64:
         shoff, = struct.unpack_from(f"{o}Q", head, 0x28)
         shentsize, shnum, shstrndx = struct.unpack_from(f"{o}HHH", head, 0x3A)
-        fmt, size = f"{o}IIQQQQIIQQ", 64
+        fmt, entry = f"{o}IIQQQQIIQQ", 64
     else:
         shoff, = struct.unpack_from(f"{o}I", head, 0x20)
         shentsize, shnum, shstrndx = struct.unpack_from(f"{o}HHH", head, 0x2E)
-        fmt, size = f"{o}IIIIIIIIII", 40
-    if shentsize != size or not 0 < shnum <= _MAX_SECTIONS or shstrndx >= shnum:
+        fmt, entry = f"{o}IIIIIIIIII", 40
+    if shentsize != entry or not 0 < shnum <= _MAX_SECTIONS or shstrndx >= shnum:
         return None
-    table = os.pread(fd, shnum * size, shoff)
-    if len(table) != shnum * size:
-        return None
-    sections = [struct.unpack_from(fmt, table, i * size) for i in range(shnum)]
+    table = _read(fd, shoff, shnum * entry, size, "section header table")
+    sections = [struct.unpack_from(fmt, table, i * entry) for i in range(shnum)]
     # (name, type, flags, addr, offset, size, link, info, addralign, entsize)
     strtab = sections[shstrndx]
     if strtab[5] > _MAX_SHSTRTAB:
-        return None
-    names = os.pread(fd, strtab[5], strtab[4])
+        raise ValueError(f"section name table of {strtab[5]} bytes")
+    names = _read(fd, strtab[4], strtab[5], size, "section name table")
     for sec in sections:
+        if sec[1] != _SHT_NOTE or sec[0] >= len(names):
+            continue
         name_end = names.find(b"\0", sec[0])
-        if sec[1] != _SHT_NOTE or names[sec[0]:name_end] != NOTE_SECTION:
+        if names[sec[0]:name_end] != NOTE_SECTION:
             continue
         if sec[5] > _MAX_NOTE:
-            return None
-        return parse_note(os.pread(fd, sec[5], sec[4]), little=little, align=sec[8])
+            raise ValueError(f"note section of {sec[5]} bytes")
+        return parse_note(_read(fd, sec[4], sec[5], size, "note section"), little=little,
+                          align=sec[8])
     return None
+
+
+def _read(fd: int, offset: int, length: int, size: int, what: str) -> bytes:
+    """``length`` bytes at ``offset``, checked against the file's ``size`` first."""
+    if offset > size or length > size - offset:
+        raise ValueError(f"{what} ({length} bytes at offset {offset}) lies past the end of "
+                         f"the file ({size} bytes)")
+    data = os.pread(fd, length, offset)
+    if len(data) != length:
+        raise ValueError(f"{what}: short read")
+    return data
 
 
 # --- the hook -------------------------------------------------------------------------------
@@ -166,6 +188,9 @@ def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = 
             names = _list(dir_fd)
     except (FileNotFoundError, NotADirectoryError):
         return CompatResult(folder=None, reason=f"no {compat_root} in the container")
+    except (OSError, RootFSError) as exc:  # a loop, a folder too large: the image's
+        why = f"{compat_root}: cannot be read ({_why(exc)}); the host driver's libcuda is used"
+        return CompatResult(folder=None, reason=why, warning=why)
     candidates = []
     for name in sorted(n for n in names if n.startswith("libcuda.so.")
                        and "." in n[len("libcuda.so."):]):
@@ -182,23 +207,42 @@ def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = 
                                                     f"found {found}")
         path, fd = candidates[0]
         version = path.rsplit("/libcuda.so.", 1)[1]
-        note = read_compat_note(fd)
+        try:
+            note = read_compat_note(fd)
+        except (ValueError, OSError, struct.error) as exc:
+            why = f"{path}: malformed ELF object ({exc}); the host driver's libcuda is used"
+            return CompatResult(folder=None, reason=why, warning=why)
     finally:
         for _, fd in candidates:
             os.close(fd)
     if not use_compat(version, host_driver, host_cuda, note):
         return CompatResult(folder=None, reason=f"{path} is not newer than the host driver "
                                                 f"{host_driver or host_cuda}")
-    write_file(root, CONF_PATH, f"{compat_root}\n".encode())
+    try:
+        write_file(root, CONF_PATH, f"{compat_root}\n".encode())
+    except ForeignMountError as exc:
+        why = f"{exc}; {CONF_PATH} not written, the host driver's libcuda is used"
+        return CompatResult(folder=None, reason=why, warning=why)
     return CompatResult(folder=compat_root,
                         reason=f"{path} is newer than the host driver {host_driver or host_cuda}")
 
 
 def _list(dir_fd: int) -> list[str]:
+    """The folder's names, at most :data:`_MAX_NAMES` (the folder is the image's)."""
     fd = os.open(f"/proc/self/fd/{dir_fd}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    names: list[str] = []
     try:
         if not stat.S_ISDIR(os.fstat(fd).st_mode):
             return []
-        return os.listdir(fd)
+        with os.scandir(fd) as it:
+            for entry in it:
+                if len(names) >= _MAX_NAMES:
+                    raise RootFSError(f"more than {_MAX_NAMES} names in the folder")
+                names.append(entry.name)
+        return names
     finally:
         os.close(fd)
+
+
+def _why(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

@@ -33,10 +33,12 @@ def _mask_proc(root: RootFS, args: Args) -> list[str]:
 def _enable_cuda_compat(root: RootFS, args: Args) -> list[str]:
     from cdi.nvidia.hooks.cuda_compat import COMPAT_ROOT, enable_cuda_compat
 
-    enable_cuda_compat(root, host_driver=args.host_driver_version or "",
-                       host_cuda=args.host_cuda_version or "",
-                       compat_root=args.cuda_compat_container_root or COMPAT_ROOT)
-    return []  # silent either way, as the other operations are when they succeed
+    result = enable_cuda_compat(root, host_driver=args.host_driver_version or "",
+                                host_cuda=args.host_cuda_version or "",
+                                compat_root=args.cuda_compat_container_root or COMPAT_ROOT)
+    # silent either way, as the other operations are when they succeed, unless something
+    # in the image was skipped
+    return [result.warning] if result.warning else []
 
 
 def _disable_device_node_modification(root: RootFS, args: Args) -> list[str]:

@@ -178,8 +178,10 @@ class CriClient:
                          annotations: Mapping[str, str] | None = None,
                          labels: Mapping[str, str] | None = None,
                          cdi_devices: Sequence[str] = (), privileged: bool = False,
-                         mounts: Mapping[str, str] | None = None) -> Any:
-        """``mounts``: container path -> host path (bind mounts, as kubelet makes them)."""
+                         mounts: Mapping[str, str] | None = None,
+                         ro_mounts: Mapping[str, str] | None = None) -> Any:
+        """``mounts``: container path -> host path (bind mounts, as kubelet makes them);
+        ``ro_mounts`` the same, read-only."""
         pb = self.pb
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=0),
@@ -197,6 +199,8 @@ class CriClient:
         config.linux.security_context.privileged = privileged
         for container_path, host_path in (mounts or {}).items():
             config.mounts.add(container_path=container_path, host_path=host_path)
+        for container_path, host_path in (ro_mounts or {}).items():
+            config.mounts.add(container_path=container_path, host_path=host_path, readonly=True)
         return config
 
     def create_container(self, pod_id: str, name: str, image: str, **kwargs: Any) -> str:

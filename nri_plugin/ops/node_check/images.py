@@ -45,6 +45,7 @@ class ImageConfig:
     env: Sequence[str] = (DEFAULT_PATH,)
     workdir: str = "/"
     labels: Mapping[str, str] = field(default_factory=dict)
+    user: str = ""  # the image's USER ("1000", "1000:1000"); empty: root
 
 
 def oci_arch() -> str:
@@ -91,8 +92,14 @@ class LayerWriter:
         info.linkname = target
         self._entries[name.strip("/")] = (info, None)
 
+    def fifo(self, name: str, mode: int = 0o644) -> None:
+        """A named pipe (hostile-image tests: a reader that opens it would block)."""
+        self._parents(name)
+        self._entries[name.strip("/")] = (self._info(name, tarfile.FIFOTYPE, mode), None)
+
     def add_tree(self, root: Path, prefix: str = "") -> None:
-        """Copy a host folder tree (files, folders, symlinks; modes kept, owners zeroed)."""
+        """Copy a host folder tree (files, folders, symlinks, FIFOs; modes kept, owners
+        zeroed)."""
         for path in sorted(root.rglob("*")):
             name = f"{prefix.strip('/')}/{path.relative_to(root)}".strip("/")
             mode = path.lstat().st_mode & 0o7777
@@ -102,7 +109,9 @@ class LayerWriter:
                 self.dir(name, mode)
             elif path.is_file():
                 self.file(name, path.read_bytes(), mode)
-            # Sockets, fifos and device nodes are left out: images never need them here.
+            elif path.is_fifo():
+                self.fifo(name, mode)
+            # Sockets and device nodes are left out: images never need them here.
 
     def tar(self) -> bytes:
         buf = io.BytesIO()
@@ -156,6 +165,8 @@ def _config_blob(layer_digest: str, config: ImageConfig) -> bytes:
         cfg["Entrypoint"] = list(config.entrypoint)
     if config.labels:
         cfg["Labels"] = dict(config.labels)
+    if config.user:
+        cfg["User"] = config.user
     return _json({
         "architecture": oci_arch(),
         "os": "linux",
