@@ -1,9 +1,9 @@
-"""A private containerd 1.7 or 2.1 (CRI + NRI), for the e2e tests and `nri-cdi doctor --e2e`.
+"""A private containerd 1.7 or 2.1 (CRI + NRI), the one `nri-cdi doctor --e2e` can start.
 
 Everything lives in one temp folder: config, root, state, sockets, runc state, NRI folders and
 the log. Nothing host-wide is used except /usr/sbin/runc and the kernel, and ``close()`` leaves
-no process (containerd, shim, container) and no mount behind. See
-/work/shared/docs/e2e-containerd.md for why each setting is there.
+no process (containerd, shim, container) and no mount behind. Why each setting is there is
+said where it is written (render_config).
 """
 
 from __future__ import annotations
@@ -226,7 +226,7 @@ class Containerd:
             raise ContainerdError("this Containerd was closed")
         env = {**os.environ, "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
         # The shim is found through PATH; start_new_session = setsid, so a Ctrl-C in the
-        # test terminal does not hit containerd before the fixtures stop it.
+        # terminal does not hit containerd before its owner stops it.
         with self.log_path.open("ab") as log:
             log.write(f"==== start {time.strftime('%H:%M:%S')} ====\n".encode())
             log.flush()

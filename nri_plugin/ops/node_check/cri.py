@@ -1,4 +1,5 @@
-"""A small CRI v1 client (what kubelet would do), over grpcio with stubs compiled at install time.
+"""A small CRI v1 client (the calls kubelet makes), over grpcio with stubs compiled at install
+time.
 
 The stubs come from the cache folder (``scripts/install-containerd.sh`` compiles the CRI
 api.proto there); they are imported as ``cri_api_v1`` so that no local module shadows them.
@@ -48,7 +49,8 @@ class CriClient:
         self.pb, grpc_mod = load_stubs()
         self.address = address
         self.timeout = timeout
-        self._grpc = grpc
+        # grpc itself, for callers that tell errors apart (RpcError, StatusCode).
+        self.grpc = grpc
         # Short reconnect back-off: after containerd restarts (a stale socket answers
         # "connection refused" until the new daemon listens) gRPC's default back-off grows
         # to seconds per try, longer than containerd takes to come back.
@@ -89,7 +91,7 @@ class CriClient:
         while True:
             try:
                 return self.runtime.Version(self.pb.VersionRequest(), timeout=1.0)
-            except self._grpc.RpcError:
+            except self.grpc.RpcError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.02)
@@ -166,7 +168,7 @@ class CriClient:
             for pod_id in reversed(created):
                 try:
                     self.delete_pod(pod_id)
-                except self._grpc.RpcError as exc:  # keep cleaning the others
+                except self.grpc.RpcError as exc:  # keep cleaning the others
                     errors.append(exc)
             if errors and sys.exc_info()[0] is None:
                 raise errors[0]
