@@ -9,6 +9,8 @@ bash scripts/setup.sh
 if [ -f scripts/install-containerd.sh ]; then
     bash scripts/install-containerd.sh
 fi
+# The Debian root and wheels the DaemonSet test builds the nri-cdi image from.
+bash scripts/install-image-root.sh
 python3 -m ruff check .
 python3 -m mypy  # --strict on cdi/ and nri_plugin/ (pyproject.toml [tool.mypy])
 python3 -m pytest "$@"

@@ -48,6 +48,8 @@ class Containerd:
     ``version`` picks the containerd (a key of ``paths.RUNTIMES``): 1.7 gets a version 2
     config, 2.x a version 3 config. ``enable_cdi`` defaults to off on both (2.x's own default
     is on); ``cdi_spec_dirs`` empty means the runtime's defaults, /etc/cdi and /var/run/cdi.
+    ``wrapper`` is put before containerd's command line (e.g. ``unshare`` and a script that
+    prepares a private mount namespace, then execs the rest).
     """
 
     def __init__(self, workdir: Path | None = None, *, enable_cdi: bool = False,
@@ -55,7 +57,7 @@ class Containerd:
                  nri_plugins: Mapping[str, str | Path] | None = None,
                  nri_plugin_configs: Mapping[str, str] | None = None,
                  sandbox_image: str = PAUSE_IMAGE, bin_dir: Path | None = None,
-                 version: str = paths.DEFAULT_RUNTIME) -> None:
+                 version: str = paths.DEFAULT_RUNTIME, wrapper: Sequence[str] = ()) -> None:
         # Short /tmp paths: unix socket paths are limited to 107 bytes.
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="nri-cdi-ctrd-"))
         self.version = version
@@ -64,6 +66,7 @@ class Containerd:
         self.cdi_spec_dirs = [str(d) for d in cdi_spec_dirs]
         self.nri = nri
         self.sandbox_image = sandbox_image
+        self.wrapper = list(wrapper)
         self.proc: subprocess.Popen[bytes] | None = None
         self._closed = False
         self._make_dirs()
@@ -231,7 +234,8 @@ class Containerd:
             log.write(f"==== start {time.strftime('%H:%M:%S')} ====\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                [str(self.bin_dir / "containerd"), "--config", str(self.config_path)],
+                [*self.wrapper, str(self.bin_dir / "containerd"), "--config",
+                 str(self.config_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True,
             )
