@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
 import stat
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from cdi.nvidia.simnode.compiler import Compiler, Job, default_cache_dir
 from cdi.nvidia.simnode.csource import c_source
 from cdi.nvidia.simnode.driverfiles import BINARIES, DIRS, FIRMWARE, LIBS, XORG_LIBS, Lib, configs
+from cdi.nvidia.simnode.hosttools import find_ldconfig, make_socket
 from cdi.nvidia.simnode.layout import (
     CTL_MINOR,
     DRM_MAJOR,
@@ -134,7 +132,7 @@ class _Builder:
         if self.dirs.get("uncached"):
             conf = []
         self._write(self.driver_root, "etc/ld.so.conf", "".join(f"/{d}\n" for d in conf))
-        ldconfig = _find_ldconfig()
+        ldconfig = find_ldconfig()
         # -X: keep our links exactly as made (as the driver's packages would ship them).
         proc = subprocess.run(
             [ldconfig, "-X", "-r", str(self.driver_root)], capture_output=True, text=True
@@ -173,11 +171,11 @@ class _Builder:
     def ipc_step(self) -> None:
         if self.layout.persistenced_socket:
             rel = "run/nvidia-persistenced/socket"
-            _make_socket(self.driver_root / rel)
+            make_socket(self.driver_root / rel)
             self.files["ipc"].append("/" + rel)
         if "fabricmanager" in self.layout.extras:
             rel = "run/nvidia-fabricmanager/socket"
-            _make_socket(self.driver_root / rel)
+            make_socket(self.driver_root / rel)
             self.files["ipc"].append("/" + rel)
         if self.layout.mps_pipe_dir:
             d = self.driver_root / "tmp/nvidia-mps"
@@ -358,32 +356,6 @@ class _Builder:
             "device_nodes": self.device_nodes,
             **self.files,
         }
-
-
-def _find_ldconfig() -> str:
-    for cand in (shutil.which("ldconfig"), "/sbin/ldconfig", "/usr/sbin/ldconfig"):
-        if cand and os.access(cand, os.X_OK):
-            # Ubuntu ships a wrapper script; the real binary sits next to it.
-            real = cand + ".real"
-            return real if os.access(real, os.X_OK) else cand
-    raise SimNodeError("building a simulated node needs glibc's ldconfig")
-
-
-def _make_socket(path: Path) -> None:
-    """A bound unix socket file at ``path``; binds in a short temp dir, then renames.
-
-    sun_path holds at most 107 bytes, which deep test folders exceed.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmpdir = tempfile.mkdtemp(prefix="simsock")
-    try:
-        tmp = os.path.join(tmpdir, "s")
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.bind(tmp)
-        os.chmod(tmp, 0o666)
-        shutil.move(tmp, path)
-    finally:
-        shutil.rmtree(tmpdir, ignore_errors=True)
 
 
 def build_node(
