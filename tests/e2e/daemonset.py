@@ -198,6 +198,32 @@ class NodeNamespace:
 # --- the pod, as the kubelet makes it ---------------------------------------------------------
 
 
+# What of a pod the runner applies; anything else in the manifest fails the test, so that a
+# field added to the DaemonSet is either run here or named as the scheduler's/kubelet's.
+POD_FIELDS = {"hostNetwork", "hostPID", "hostIPC", "initContainers", "containers", "volumes",
+              # the scheduler's, not the node's
+              "nodeSelector", "tolerations", "priorityClassName"}
+CONTAINER_FIELDS = {"name", "image", "command", "args", "env", "volumeMounts", "securityContext",
+                    "resources",
+                    # the kubelet's own work: probes are made by the test, ports are the
+                    # host's (hostNetwork)
+                    "ports", "readinessProbe", "livenessProbe"}
+SECURITY_FIELDS = {"privileged", "runAsUser", "allowPrivilegeEscalation",
+                   "readOnlyRootFilesystem", "capabilities"}
+
+
+def untranslated(template: dict[str, Any]) -> list[str]:
+    """The pod's fields that PodRunner does not apply (empty when it runs all of them)."""
+    spec = template["spec"]
+    out = [f"spec.{k}" for k in spec if k not in POD_FIELDS]
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        out += [f"{c['name']}.{k}" for k in c if k not in CONTAINER_FIELDS]
+        out += [f"{c['name']}.securityContext.{k}" for k in c.get("securityContext", {})
+                if k not in SECURITY_FIELDS]
+        out += [f"{c['name']}.env.{e['name']}" for e in c.get("env", []) if "value" not in e]
+    return out
+
+
 @dataclass
 class PodRunner:
     """Runs the DaemonSet's pod on ``cri``; ``config_dir`` holds the ConfigMap volumes."""
@@ -279,9 +305,12 @@ class PodRunner:
         linux.capabilities.add_capabilities.extend(
             security.get("capabilities", {}).get("add", []))
         linux.namespace_options.CopyFrom(self.sandbox.linux.security_context.namespace_options)
-        limits = container.get("resources", {}).get("limits", {})
+        resources = container.get("resources", {})
+        limits, requests = resources.get("limits", {}), resources.get("requests", {})
         if "memory" in limits:
             config.linux.resources.memory_limit_in_bytes = _quantity(limits["memory"])
+        if "cpu" in requests:  # the kubelet's shares: 1024 per CPU, at least 2
+            config.linux.resources.cpu_shares = max(2, _millicpu(requests["cpu"]) * 1024 // 1000)
         return config
 
     def start(self, container: dict[str, Any]) -> str:
@@ -338,3 +367,8 @@ def _quantity(text: str) -> int:
     if not match:
         raise ValueError(f"memory quantity {text!r}")
     return int(match.group(1)) * _UNITS.get(match.group(2) or "", 1)
+
+
+def _millicpu(text: str | int | float) -> int:
+    value = str(text)
+    return int(value[:-1]) if value.endswith("m") else int(float(value) * 1000)

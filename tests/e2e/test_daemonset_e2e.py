@@ -102,6 +102,7 @@ def test_daemonset_serves_a_gpu_pod_and_fails_closed_across_a_restart(
     ctrd, node_run = node_ctrd
     settings = _settings()
     spec_file = node_run / Path(settings["generate"]["output"]).relative_to("/var/run")
+    assert daemonset.untranslated(daemonset.pod_template()) == []
     with ctrd.cri() as cri, cri.cleanup():
         runner = PodRunner(cri, tmp_path / "kubelet")
         runner.run_pod()

@@ -47,3 +47,14 @@ def test_reading_the_dockerfile(tmp_path: Path) -> None:
     facts = daemonset.read_dockerfile(path)
     assert facts == daemonset.Dockerfile(("a", "c"), ("p", "q"), ("--no-index", "w"), ("e",),
                                          ("f", "g"))
+
+
+def test_the_daemonset_test_applies_every_field_of_the_pod() -> None:
+    """tests/e2e/test_daemonset_e2e.py runs the manifest, not a restatement of it: every pod
+    and container field is applied there (or is the scheduler's or the kubelet's own)."""
+    template = daemonset.pod_template()
+    assert daemonset.untranslated(template) == []
+    template["spec"]["containers"][0]["securityContext"]["seccompProfile"] = {"type": "x"}
+    template["spec"]["shareProcessNamespace"] = True
+    assert daemonset.untranslated(template) == ["spec.shareProcessNamespace",
+                                                "plugin.securityContext.seccompProfile"]
