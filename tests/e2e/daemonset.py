@@ -22,6 +22,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,7 @@ class Dockerfile:
     pip_install: tuple[str, ...]  # the final stage's pip install arguments
     entrypoint: tuple[str, ...]
     cmd: tuple[str, ...]
+    copied: tuple[str, ...] = ()  # what the first stage COPYs from the build context
 
 
 def _instructions(text: str) -> list[tuple[str, str]]:
@@ -88,9 +90,11 @@ def read_dockerfile(path: Path = DOCKERFILE) -> Dockerfile:
                 apt += [a for a in argv[2:] if not a.startswith("-")]
             if argv[:2] == ["pip", "install"]:
                 pip = argv[2:]
+    copied = [name for word, rest in steps[:final] if word == "COPY"
+              for name in rest.split()[:-1] if not name.startswith("--")]
     last = {word: rest for word, rest in steps[final:]}
     return Dockerfile(bases, tuple(apt), tuple(pip), tuple(json.loads(last["ENTRYPOINT"])),
-                      tuple(json.loads(last["CMD"])))
+                      tuple(json.loads(last["CMD"])), tuple(copied))
 
 
 def build_image(name: str, work: Path) -> Path:
@@ -102,9 +106,15 @@ def build_image(name: str, work: Path) -> Path:
     wheels.mkdir()
     for wheel in (image_cache() / "wheels").glob("*.whl"):
         shutil.copy(wheel, wheels)
-    subprocess.run(["python3", "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(wheels), str(REPO)], check=True, capture_output=True,
-                   cwd=work)
+    # What the Dockerfile COPYs, built outside the checkout (setuptools writes build/ there).
+    source = work / "src"
+    source.mkdir()
+    for part in facts.copied:
+        copy = shutil.copytree if (REPO / part).is_dir() else shutil.copy
+        copy(REPO / part, source / part)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "--wheel-dir", str(wheels), str(source)],
+                   check=True, capture_output=True, cwd=work)
     # The root's own pip, with no environment of ours (no PIP_* settings, no index).
     argv = ["chroot", str(tree), "pip", "install", *facts.pip_install]
     done = subprocess.run(argv, env={"PATH": DEFAULT_PATH.split("=", 1)[1], "HOME": "/root"},

@@ -115,6 +115,8 @@ def test_daemonset_serves_a_gpu_pod_and_fails_closed_across_a_restart(
         _wait_for("the plugin registers", lambda: CONNECTED in container_log(cri, plugin_id))
         probe = plugin["readinessProbe"]["httpGet"]
         _wait_for("the readiness probe passes", lambda: _healthy(probe["port"], probe["path"]))
+        live = plugin["livenessProbe"]["httpGet"]
+        assert _healthy(live["port"], live["path"])
         # Ours answered, not another process on that port: it bound it and still runs.
         assert cri.container_status(plugin_id).status.state == cri.pb.CONTAINER_RUNNING
         assert f":{probe['port']}/metrics" in container_log(cri, plugin_id)

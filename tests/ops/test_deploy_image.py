@@ -49,6 +49,11 @@ def test_reading_the_dockerfile(tmp_path: Path) -> None:
                                          ("f", "g"))
 
 
+def test_the_image_is_built_from_what_the_dockerfile_copies() -> None:
+    assert set(daemonset.read_dockerfile().copied) == {"pyproject.toml", "README.md", "cdi",
+                                                       "nri_plugin"}
+
+
 def test_the_daemonset_test_applies_every_field_of_the_pod() -> None:
     """tests/e2e/test_daemonset_e2e.py runs the manifest, not a restatement of it: every pod
     and container field is applied there (or is the scheduler's or the kubelet's own)."""
