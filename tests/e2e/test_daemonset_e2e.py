@@ -31,6 +31,7 @@ from tests.e2e.images import BUSYBOX_IMAGE
 
 ASK = {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}
 SLEEP = ["sleep", "600"]
+NOBODY = 65534
 CONNECTED = "connected to containerd"
 
 
@@ -93,8 +94,10 @@ def _healthy(port: int, path: str) -> bool:
 
 
 def _gpu_container(cri: CriClient, name: str) -> str:
+    """A GPU container whose processes run as a user other than the plugin's (nobody), as
+    workloads usually do: the plugin must still be able to stop it."""
     pod = cri.run_pod(name, annotations=ASK)
-    return cri.run_container(pod, name, BUSYBOX_IMAGE, command=SLEEP)
+    return cri.run_container(pod, name, BUSYBOX_IMAGE, command=SLEEP, run_as_user=NOBODY)
 
 
 def test_daemonset_serves_a_gpu_pod_and_fails_closed_across_a_restart(

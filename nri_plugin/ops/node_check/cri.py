@@ -180,8 +180,10 @@ class CriClient:
                          annotations: Mapping[str, str] | None = None,
                          labels: Mapping[str, str] | None = None,
                          cdi_devices: Sequence[str] = (), privileged: bool = False,
-                         mounts: Mapping[str, str] | None = None) -> Any:
-        """``mounts``: container path -> host path (bind mounts, as kubelet makes them)."""
+                         mounts: Mapping[str, str] | None = None,
+                         run_as_user: int | None = None) -> Any:
+        """``mounts``: container path -> host path (bind mounts, as kubelet makes them);
+        ``run_as_user``: the uid of the container's processes (default: the image's)."""
         pb = self.pb
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=0),
@@ -197,6 +199,8 @@ class CriClient:
                 raise ValueError("this CRI version has no CDI_devices field")
             config.CDI_devices.extend(pb.CDIDevice(name=d) for d in cdi_devices)
         config.linux.security_context.privileged = privileged
+        if run_as_user is not None:
+            config.linux.security_context.run_as_user.value = run_as_user
         for container_path, host_path in (mounts or {}).items():
             config.mounts.add(container_path=container_path, host_path=host_path)
         return config
