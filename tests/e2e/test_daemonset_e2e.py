@@ -77,11 +77,12 @@ def _has_gpu(cri: CriClient, cid: str) -> bool:
     return any(d["path"] == "/dev/nvidia0" for d in devices)
 
 
-def _wait_for(what: str, check: Any, timeout: float = 30.0) -> None:
+def _wait_for(what: str, check: Any, timeout: float = 30.0, log: Any = None) -> None:
+    """Polls ``check`` until it is true; ``log`` (a callable) says why when it never is."""
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"never: {what}")
+            raise TimeoutError(f"never: {what}" + (f"\n{log()[-3000:]}" if log else ""))
         time.sleep(0.1)
 
 
@@ -115,7 +116,8 @@ def test_daemonset_serves_a_gpu_pod_and_fails_closed_across_a_restart(
         plugin = runner.container("plugin")
         plugin_id = runner.start(plugin)
         runner.start(runner.container("watch"))
-        _wait_for("the plugin registers", lambda: CONNECTED in container_log(cri, plugin_id))
+        _wait_for("the plugin registers", lambda: CONNECTED in container_log(cri, plugin_id),
+                  log=lambda: container_log(cri, plugin_id))
         probe = plugin["readinessProbe"]["httpGet"]
         _wait_for("the readiness probe passes", lambda: _healthy(probe["port"], probe["path"]))
         live = plugin["livenessProbe"]["httpGet"]
@@ -140,7 +142,7 @@ def test_daemonset_serves_a_gpu_pod_and_fails_closed_across_a_restart(
         _wait_for("the plugin registers again", lambda: CONNECTED in container_log(cri, again))
         _wait_for("the container created without its device is stopped",
                   lambda: cri.container_status(unserved).status.state
-                  == cri.pb.CONTAINER_EXITED)
+                  == cri.pb.CONTAINER_EXITED, log=lambda: container_log(cri, again))
         assert unserved in container_log(cri, again)
         assert _has_gpu(cri, _gpu_container(cri, "gpu-after"))
         assert cri.container_status(served).status.state == cri.pb.CONTAINER_RUNNING
