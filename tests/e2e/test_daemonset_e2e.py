@@ -4,8 +4,9 @@ simulated GPU node, against the private containerd that it then serves as NRI pl
 
 The init container generates the node's spec, the plugin registers with that containerd, a
 GPU pod gets its device; the plugin killed and started again (the kubelet's restart) behaves
-as the README's fail-closed section says: a GPU container created while it was down, without
-its device, is killed once it is back, and new GPU containers get their device again."""
+as the README's fail-closed section says: a GPU container created and started while it was
+down, without its device, is killed once it is back; one created while it was down and
+started after it is back never runs; new GPU containers get their device again."""
 
 from __future__ import annotations
 
@@ -94,11 +95,24 @@ def _healthy(port: int, path: str) -> bool:
         return False
 
 
-def _gpu_container(cri: CriClient, name: str) -> str:
+def _gpu_container(cri: CriClient, name: str, *, start: bool = True) -> str:
     """A GPU container whose processes run as a user other than the plugin's (nobody), as
     workloads usually do: the plugin must still be able to stop it."""
     pod = cri.run_pod(name, annotations=ASK)
-    return cri.run_container(pod, name, BUSYBOX_IMAGE, command=SLEEP, run_as_user=NOBODY)
+    cid = cri.create_container(pod, name, BUSYBOX_IMAGE, command=SLEEP, run_as_user=NOBODY)
+    if start:
+        cri.start_container(cid)
+    return cid
+
+
+def _start_is_stopped(cri: CriClient, cid: str) -> None:
+    """Starting it fails, or (a runtime that only logs the plugin's error) it is killed."""
+    try:
+        cri.start_container(cid)
+    except cri.grpc.RpcError as exc:
+        assert "created without the plugin" in str(exc.details())
+    _wait_for("the container started after the plugin came back is stopped",
+              lambda: cri.container_status(cid).status.state != cri.pb.CONTAINER_RUNNING)
 
 
 def test_daemonset_serves_a_gpu_pod_and_fails_closed_across_a_restart(
@@ -136,6 +150,7 @@ def test_daemonset_serves_a_gpu_pod_and_fails_closed_across_a_restart(
         wait_exited(cri, plugin_id, 15)
         unserved = _gpu_container(cri, "gpu-while-down")
         assert not _has_gpu(cri, unserved)
+        waiting = _gpu_container(cri, "gpu-created-while-down", start=False)
 
         # The kubelet starts it again: the container that lacks its device is killed.
         again = runner.start(plugin)
@@ -144,5 +159,6 @@ def test_daemonset_serves_a_gpu_pod_and_fails_closed_across_a_restart(
                   lambda: cri.container_status(unserved).status.state
                   == cri.pb.CONTAINER_EXITED, log=lambda: container_log(cri, again))
         assert unserved in container_log(cri, again)
+        _start_is_stopped(cri, waiting)
         assert _has_gpu(cri, _gpu_container(cri, "gpu-after"))
         assert cri.container_status(served).status.state == cri.pb.CONTAINER_RUNNING
