@@ -11,6 +11,8 @@ if [ -f scripts/install-containerd.sh ]; then
 fi
 # NVIDIA's real driver as Debian ships it, and Docker 28.5 (tests/nvidia, tests/e2e).
 bash scripts/install-nvidia-debian.sh
+# The Debian root and wheels the DaemonSet test builds the nri-cdi image from.
+bash scripts/install-image-root.sh
 python3 -m ruff check .
 python3 -m mypy  # --strict on cdi/ and nri_plugin/ (pyproject.toml [tool.mypy])
 python3 -m pytest "$@"

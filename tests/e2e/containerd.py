@@ -1,3 +1,5 @@
-"""Re-export of nri_plugin/ops/node_check/containerd.py (shared with doctor --e2e)."""
+"""A private containerd for the e2e tests (the product's node_check.containerd)."""
 
-from nri_plugin.ops.node_check.containerd import *  # noqa: F403
+from nri_plugin.ops.node_check.containerd import Containerd, ContainerdError
+
+__all__ = ["Containerd", "ContainerdError"]

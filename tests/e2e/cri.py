@@ -1,3 +1,5 @@
-"""Re-export of nri_plugin/ops/node_check/cri.py (shared with doctor --e2e)."""
+"""The CRI client the e2e tests drive containerd with (the product's node_check.cri)."""
 
-from nri_plugin.ops.node_check.cri import *  # noqa: F403
+from nri_plugin.ops.node_check.cri import CriClient, ExecResult
+
+__all__ = ["CriClient", "ExecResult"]

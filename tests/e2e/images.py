@@ -1,3 +1,16 @@
-"""Re-export of nri_plugin/ops/node_check/images.py (shared with doctor --e2e)."""
+"""OCI image archives for the e2e tests (the product's node_check.images)."""
 
-from nri_plugin.ops.node_check.images import *  # noqa: F403
+from nri_plugin.ops.node_check.images import (
+    BUSYBOX_IMAGE,
+    DEFAULT_PATH,
+    PAUSE_IMAGE,
+    ImageConfig,
+    LayerWriter,
+    busybox_image,
+    image_from_tree,
+    pause_image,
+    write_archive,
+)
+
+__all__ = ["BUSYBOX_IMAGE", "DEFAULT_PATH", "PAUSE_IMAGE", "ImageConfig", "LayerWriter",
+           "busybox_image", "image_from_tree", "pause_image", "write_archive"]

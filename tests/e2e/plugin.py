@@ -1,3 +1,25 @@
-"""Re-export of nri_plugin/ops/node_check/plugin.py (shared with doctor --e2e)."""
+"""``nri-cdi plugin`` as a process (the product's node_check.plugin), and a launcher for
+containerd's own plugin_path (only tests start the plugin that way)."""
 
-from nri_plugin.ops.node_check.plugin import *  # noqa: F403
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from nri_plugin.ops.node_check.paths import REPO
+from nri_plugin.ops.node_check.plugin import PluginProcess
+
+__all__ = ["REPO", "PluginProcess", "launcher_script"]
+
+
+def launcher_script(path: Path, spec_dirs: Sequence[Path], log_path: Path) -> Path:
+    """An executable for containerd's plugin_path. containerd starts it with an empty
+    environment, so it names the interpreter and the code by absolute path."""
+    dirs = " ".join(f"--spec-dir {d}" for d in spec_dirs)
+    path.write_text(
+        "#!/bin/sh\n"
+        f"PYTHONPATH={REPO} exec {sys.executable} -m nri_plugin.ops.cli plugin {dirs} "
+        f"--log-level debug 2>>{log_path}\n")
+    path.chmod(0o755)
+    return path

@@ -86,7 +86,7 @@ def test_container_created_while_plugin_was_down_is_stopped_when_it_starts(
             try:
                 cri.start_container(waiting)
                 start_error = ""
-            except cri._grpc.RpcError as exc:
+            except cri.grpc.RpcError as exc:
                 start_error = exc.details()
             got, started_at = wait_not_running(cri, waiting)
             assert got != cri.pb.CONTAINER_RUNNING, plugin.log()[-3000:]
@@ -143,7 +143,7 @@ def test_creation_straddling_the_connection_is_stopped_at_start(
             creator.join(timeout=30)
             cid = created[0]
             assert not has_device(cri, cid)  # created without us
-            with pytest.raises(cri._grpc.RpcError, match="created without the plugin"):
+            with pytest.raises(cri.grpc.RpcError, match="created without the plugin"):
                 cri.start_container(cid)
             assert state(cri, cid) == (cri.pb.CONTAINER_EXITED, 0)  # never started
             log = plugin.log()
@@ -184,8 +184,8 @@ class Burst:
                     cid = cri.create_container(self.pod, f"c{i}", BUSYBOX_IMAGE, command=SLEEP)
                     self.created.append(cid)
                     cri.start_container(cid)
-                except cri._grpc.RpcError as exc:
-                    (self.hangs if exc.code() == cri._grpc.StatusCode.DEADLINE_EXCEEDED
+                except cri.grpc.RpcError as exc:
+                    (self.hangs if exc.code() == cri.grpc.StatusCode.DEADLINE_EXCEEDED
                      else self.failed).append(f"c{i}: {exc.code().name}: {exc.details()[:200]}")
                 time.sleep(self.interval)
 
@@ -347,7 +347,7 @@ def test_plugin_killed_mid_burst_and_restarted(ctrd: Containerd, specs: Path) ->
                     late = cri.create_container(pod, f"late{round_}", BUSYBOX_IMAGE,
                                                 command=SLEEP)  # while we are down
                     plugin.start(timeout=30)
-                    with pytest.raises(cri._grpc.RpcError, match="created without the plugin"):
+                    with pytest.raises(cri.grpc.RpcError, match="created without the plugin"):
                         cri.start_container(late)
                     assert state(cri, late) == (cri.pb.CONTAINER_EXITED, 0)
                 time.sleep(0.5)

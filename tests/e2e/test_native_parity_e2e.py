@@ -190,7 +190,7 @@ def test_what_nri_cannot_carry(ctrd: Containerd, plugin: PluginProcess, cri: Cri
         # containerd 1.7.24 (NRI 0.6.1) cannot take CDI_devices: refused, with the reason,
         # rather than widened.
         pod = cri.run_pod("refused", annotations={"cdi.k8s.io/dev": ",".join(devices)})
-        with pytest.raises(cri._grpc.RpcError, match=reason):
+        with pytest.raises(cri.grpc.RpcError, match=reason):
             cri.create_container(pod, "app", BUSYBOX_IMAGE, command=SLEEP)
         return
     # containerd 2.1: handed to its own CDI, so exactly native, rules included
@@ -239,7 +239,7 @@ def test_handing_over_to_a_runtime_that_reads_other_folders_is_refused_with_the_
     try:
         with ctrd.cri() as cri, cri.cleanup():
             pod = cri.run_pod("far", annotations={"cdi.k8s.io/dev": READ_ONLY})
-            with pytest.raises(cri._grpc.RpcError,
+            with pytest.raises(cri.grpc.RpcError,
                                match=rf"its spec .*a\.json is not in a folder the runtime's own "
                                      rf"CDI reads \({theirs}\)"):
                 cri.create_container(pod, "app", BUSYBOX_IMAGE, command=SLEEP)
@@ -261,7 +261,7 @@ def test_a_handed_over_device_the_runtime_fails_is_reported_as_failed(
     try:
         with ctrd.cri() as cri, cri.cleanup():
             pod = cri.run_pod("lied", annotations={"cdi.k8s.io/dev": GIDS})
-            with pytest.raises(cri._grpc.RpcError, match="unresolvable CDI devices"):
+            with pytest.raises(cri.grpc.RpcError, match="unresolvable CDI devices"):
                 cri.create_container(pod, "app", BUSYBOX_IMAGE, command=SLEEP)
         process.wait_for_log("the runtime did not create container=app pod=default/lied: its "
                              f"own CDI could not inject {GIDS}")

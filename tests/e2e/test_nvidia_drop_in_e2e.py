@@ -90,7 +90,7 @@ def create(cri: CriClient, name: str, *, env: dict[str, str] | None = None,
 
 
 def refused(cri: CriClient, name: str, **kwargs: Any) -> str:
-    with pytest.raises(cri._grpc.RpcError) as info:
+    with pytest.raises(cri.grpc.RpcError) as info:
         create(cri, name, **kwargs)
     return str(info.value.details())
 

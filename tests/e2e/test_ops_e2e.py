@@ -118,7 +118,7 @@ def test_metrics_and_health_count_real_injections(
             cri.run_container(pod, "one", BUSYBOX_IMAGE, command=["sleep", "600"])
             cri.run_container(pod, "two", BUSYBOX_IMAGE, command=["sleep", "600"])
             bad = cri.run_pod("bad", annotations={"cdi.k8s.io/dev": f"{KIND}=nope"})
-            with pytest.raises(cri._grpc.RpcError):
+            with pytest.raises(cri.grpc.RpcError):
                 cri.create_container(bad, "app", BUSYBOX_IMAGE, command=["sleep", "600"])
             plain = cri.run_pod("plain")
             cri.run_container(plain, "app", BUSYBOX_IMAGE, command=["sleep", "600"])

@@ -144,7 +144,7 @@ def test_bad_requests_fail_only_that_container_with_our_message(
     container_annotations: dict[str, str], message: str
 ) -> None:
     pod = cri.run_pod("bad", annotations=annotations)
-    with pytest.raises(cri._grpc.RpcError) as info:
+    with pytest.raises(cri.grpc.RpcError) as info:
         cri.create_container(pod, "app", BUSYBOX_IMAGE, command=SLEEP,
                              annotations=container_annotations)
     assert message in info.value.details()
@@ -265,7 +265,7 @@ def test_config_file_json_logs_and_metrics_count_real_injections(
             run(cri, good, "app")
             denied = cri.run_pod("m-no", namespace="other",
                                  annotations={"cdi.k8s.io/gpu": f"{KIND}=0"})
-            with pytest.raises(cri._grpc.RpcError, match=r"sources\.podAnnotations\.namespaces"):
+            with pytest.raises(cri.grpc.RpcError, match=r"sources\.podAnnotations\.namespaces"):
                 cri.create_container(denied, "app", BUSYBOX_IMAGE, command=SLEEP)
         text = urllib.request.urlopen(f"{base}/metrics").read().decode()
         assert 'nri_cdi_injections_total{outcome="injected"} 1.0' in text

@@ -90,7 +90,7 @@ def gpus(cri: CriClient, container: str) -> list[str]:
 
 
 def create_fails(cri: CriClient, pod: str, **kwargs: Any) -> str:
-    with pytest.raises(cri._grpc.RpcError) as info:
+    with pytest.raises(cri.grpc.RpcError) as info:
         cri.create_container(pod, "app", BUSYBOX_IMAGE, command=SLEEP, **kwargs)
     return str(info.value.details())
 

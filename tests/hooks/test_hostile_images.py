@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cdi.nvidia.hooks.cuda_compat import read_compat_note
 
 from cdi.linux.elf import ElfError, read_dynamic
 from cdi.linux.ldcache import read_ldcache
+from cdi.nvidia.hooks.cuda_compat import read_compat_note
 from tests.hooks.conftest import FAKE_C, _cc, host_snapshot, make_bundle
 from tests.hooks.test_symlinks import run_hook
 

@@ -6,7 +6,7 @@ that ask for one GPU, and checks inside them: the GPU's device node and no other
 ``nvidia-smi -L``, a CUDA driver API probe (``cuda_probe.c``, built with gcc here),
 ``NVIDIA_DRIVER_CAPABILITIES`` and ``NVIDIA_REQUIRE_CUDA``. Without a GPU (no
 ``/dev/nvidiactl``, or NVML not loadable) the same checks run on a simulated node
-(cdi/nvidia/simnode.py). Everything started is stopped and removed, on failure and on
+(cdi/nvidia/simnode/). Everything started is stopped and removed, on failure and on
 Ctrl-C/SIGTERM too.
 """
 
@@ -614,7 +614,7 @@ def add_arguments(parser: Any) -> None:
     group.add_argument("--simulated", action="store_true",
                        help="use a simulated node even where a GPU is present")
     group.add_argument("--sim-node", type=Path, metavar="DIR",
-                       help="an already built simulated node (cdi/nvidia/simnode.py)")
+                       help="an already built simulated node (cdi/nvidia/simnode/)")
     group.add_argument("--e2e-spec-dir", type=Path, metavar="DIR",
                        help="check the specs in DIR instead of generating them")
     group.add_argument("--driver-root", type=Path, help="the real node's driver root (default /)")

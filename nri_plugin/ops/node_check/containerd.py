@@ -1,4 +1,4 @@
-"""A private containerd 1.7 or 2.1 (CRI + NRI), for the e2e tests and `nri-cdi doctor --e2e`.
+"""A private containerd 1.7 or 2.1 (CRI + NRI), the one `nri-cdi doctor --e2e` can start.
 
 Everything lives in one temp folder: config, root, state, sockets, runc state, NRI folders and
 the log. Nothing host-wide is used except /usr/sbin/runc and the kernel, and ``close()`` leaves
@@ -48,6 +48,8 @@ class Containerd:
     ``version`` picks the containerd (a key of ``paths.RUNTIMES``): 1.7 gets a version 2
     config, 2.x a version 3 config. ``enable_cdi`` defaults to off on both (2.x's own default
     is on); ``cdi_spec_dirs`` empty means the runtime's defaults, /etc/cdi and /var/run/cdi.
+    ``wrapper`` is put before containerd's command line (e.g. ``unshare`` and a script that
+    prepares a private mount namespace, then execs the rest).
     """
 
     def __init__(self, workdir: Path | None = None, *, enable_cdi: bool = False,
@@ -55,7 +57,7 @@ class Containerd:
                  nri_plugins: Mapping[str, str | Path] | None = None,
                  nri_plugin_configs: Mapping[str, str] | None = None,
                  sandbox_image: str = PAUSE_IMAGE, bin_dir: Path | None = None,
-                 version: str = paths.DEFAULT_RUNTIME) -> None:
+                 version: str = paths.DEFAULT_RUNTIME, wrapper: Sequence[str] = ()) -> None:
         # Short /tmp paths: unix socket paths are limited to 107 bytes.
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="nri-cdi-ctrd-"))
         self.version = version
@@ -64,6 +66,7 @@ class Containerd:
         self.cdi_spec_dirs = [str(d) for d in cdi_spec_dirs]
         self.nri = nri
         self.sandbox_image = sandbox_image
+        self.wrapper = list(wrapper)
         self.proc: subprocess.Popen[bytes] | None = None
         self._closed = False
         self._make_dirs()
@@ -226,12 +229,13 @@ class Containerd:
             raise ContainerdError("this Containerd was closed")
         env = {**os.environ, "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
         # The shim is found through PATH; start_new_session = setsid, so a Ctrl-C in the
-        # test terminal does not hit containerd before the fixtures stop it.
+        # terminal does not hit containerd before its owner stops it.
         with self.log_path.open("ab") as log:
             log.write(f"==== start {time.strftime('%H:%M:%S')} ====\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                [str(self.bin_dir / "containerd"), "--config", str(self.config_path)],
+                [*self.wrapper, str(self.bin_dir / "containerd"), "--config",
+                 str(self.config_path)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True,
             )

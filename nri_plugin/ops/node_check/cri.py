@@ -1,4 +1,5 @@
-"""A small CRI v1 client (what kubelet would do), over grpcio with stubs compiled at install time.
+"""A small CRI v1 client (the calls kubelet makes), over grpcio with stubs compiled at install
+time.
 
 The stubs come from the cache folder (``scripts/install-containerd.sh`` compiles the CRI
 api.proto there); they are imported as ``cri_api_v1`` so that no local module shadows them.
@@ -48,7 +49,8 @@ class CriClient:
         self.pb, grpc_mod = load_stubs()
         self.address = address
         self.timeout = timeout
-        self._grpc = grpc
+        # grpc itself, for callers that tell errors apart (RpcError, StatusCode).
+        self.grpc = grpc
         # Short reconnect back-off: after containerd restarts (a stale socket answers
         # "connection refused" until the new daemon listens) gRPC's default back-off grows
         # to seconds per try, longer than containerd takes to come back.
@@ -89,7 +91,7 @@ class CriClient:
         while True:
             try:
                 return self.runtime.Version(self.pb.VersionRequest(), timeout=1.0)
-            except self._grpc.RpcError:
+            except self.grpc.RpcError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.02)
@@ -166,7 +168,7 @@ class CriClient:
             for pod_id in reversed(created):
                 try:
                     self.delete_pod(pod_id)
-                except self._grpc.RpcError as exc:  # keep cleaning the others
+                except self.grpc.RpcError as exc:  # keep cleaning the others
                     errors.append(exc)
             if errors and sys.exc_info()[0] is None:
                 raise errors[0]
@@ -179,9 +181,11 @@ class CriClient:
                          labels: Mapping[str, str] | None = None,
                          cdi_devices: Sequence[str] = (), privileged: bool = False,
                          mounts: Mapping[str, str] | None = None,
-                         ro_mounts: Mapping[str, str] | None = None) -> Any:
+                         ro_mounts: Mapping[str, str] | None = None,
+                         run_as_user: int | None = None) -> Any:
         """``mounts``: container path -> host path (bind mounts, as kubelet makes them);
-        ``ro_mounts`` the same, read-only."""
+        ``ro_mounts`` the same, read-only; ``run_as_user``: the uid of the container's
+        processes (default: the image's)."""
         pb = self.pb
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=0),
@@ -197,6 +201,8 @@ class CriClient:
                 raise ValueError("this CRI version has no CDI_devices field")
             config.CDI_devices.extend(pb.CDIDevice(name=d) for d in cdi_devices)
         config.linux.security_context.privileged = privileged
+        if run_as_user is not None:
+            config.linux.security_context.run_as_user.value = run_as_user
         for container_path, host_path in (mounts or {}).items():
             config.mounts.add(container_path=container_path, host_path=host_path)
         for container_path, host_path in (ro_mounts or {}).items():

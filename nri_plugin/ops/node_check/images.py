@@ -38,7 +38,7 @@ MT_INDEX = "application/vnd.oci.image.index.v1+json"
 
 @dataclass
 class ImageConfig:
-    """The parts of the OCI image config that tests care about."""
+    """The parts of the OCI image config these images set."""
 
     cmd: Sequence[str] = ("sh",)
     entrypoint: Sequence[str] = ()
@@ -123,7 +123,7 @@ class LayerWriter:
 
 
 def base_rootfs(layer: LayerWriter) -> None:
-    """The folders and files every test image has."""
+    """The folders and files every one of these images has."""
     for name, mode in (("bin", 0o755), ("dev", 0o755), ("etc", 0o755), ("proc", 0o555),
                        ("root", 0o700), ("sys", 0o555), ("tmp", 0o1777), ("var", 0o755)):
         layer.dir(name, mode)
@@ -173,7 +173,7 @@ def _config_blob(layer_digest: str, config: ImageConfig) -> bytes:
         "created": "1970-01-01T00:00:00Z",
         "config": cfg,
         "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "nri-cdi tests/e2e"}],
+        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "nri-cdi"}],
     })
 
 
@@ -216,7 +216,7 @@ def _write_tar(out: Path, members: Iterable[tuple[str, bytes]]) -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
-# --- the images the tests use ---------------------------------------------------------------
+# --- the images a private containerd needs -----------------------------------------------
 
 
 def _busybox_layer(busybox: Path | None) -> LayerWriter:
@@ -248,7 +248,7 @@ def image_from_tree(name: str, tree: Path, out: Path, *, config: ImageConfig | N
     """Archive of an image holding the host folder ``tree`` as its root filesystem.
 
     With ``with_busybox`` the busybox base (shell, passwd, applets) is laid down first and
-    ``tree`` is copied over it, so tests can exec shell commands in custom images.
+    ``tree`` is copied over it, so that shell commands can be run in the image.
     """
     layer = _busybox_layer(None) if with_busybox else LayerWriter()
     layer.add_tree(tree)

@@ -24,7 +24,7 @@ def cache_dir() -> Path:
     return Path(env) if env else REPO / ".cache" / "containerd"
 
 
-# The containerd versions the e2e tests run on, and the cache subfolder each is unpacked in:
+# The containerd versions the install script unpacks, and the cache subfolder of each:
 # trixie's 1.7 (NRI 0.6.1, CDI 0.5.4) and sid's 2.1 (NRI 0.8.0, CDI 1.0.1).
 RUNTIMES: dict[str, str] = {"1.7": "root", "2.1": "root-2.1"}
 DEFAULT_RUNTIME = "1.7"
@@ -34,19 +34,6 @@ def bin_dir(version: str = DEFAULT_RUNTIME) -> Path:
     """containerd, ctr and containerd-shim-runc-v2 of ``version`` (a key of RUNTIMES),
     unpacked by the install script."""
     return cache_dir() / RUNTIMES[version] / "usr" / "bin"
-
-
-def runtimes() -> list[str]:
-    """The versions to run the e2e tests on: all of RUNTIMES, or the comma-separated list
-    in $NRI_CDI_E2E_RUNTIMES (a developer's shortcut, ignored when $CI is set: CI runs
-    every version)."""
-    chosen = "" if os.environ.get("CI") else os.environ.get("NRI_CDI_E2E_RUNTIMES", "")
-    wanted = [v.strip() for v in chosen.split(",") if v.strip()] or list(RUNTIMES)
-    unknown = [v for v in wanted if v not in RUNTIMES]
-    if unknown:
-        raise ValueError(f"NRI_CDI_E2E_RUNTIMES: unknown containerd version(s) {unknown}, "
-                         f"known: {sorted(RUNTIMES)}")
-    return wanted
 
 
 def cri_gen_dir() -> Path:
@@ -60,7 +47,8 @@ def busybox() -> Path | None:
 
 
 def missing_prerequisites(versions: tuple[str, ...] = tuple(RUNTIMES)) -> list[str]:
-    """Human-readable list of what keeps the e2e tests from running (empty when ready)."""
+    """Human-readable list of what keeps a private containerd from running here (empty when
+    ready)."""
     missing = [
         f"{bin_dir(version) / name}"
         for version in versions

@@ -1,4 +1,4 @@
-"""Running our NRI plugin as a real process next to a test containerd."""
+"""``nri-cdi plugin`` as a process next to a private containerd (its log kept in a file)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-# The folder that holds the nri_plugin package (a source checkout, or site-packages).
-REPO = Path(__file__).resolve().parents[3]
+from nri_plugin.ops.node_check.paths import REPO
 
 
 class PluginProcess:
@@ -28,7 +27,7 @@ class PluginProcess:
     def command(self) -> list[str]:
         args = [sys.executable, "-m", "nri_plugin.ops.cli", "plugin", "--socket", self.nri_socket,
                 "--rescan-interval", "3600", *self.extra_args]
-        # The test containerd's config sits next to its NRI socket folder: the plugin reads
+        # A private containerd's config sits next to its NRI socket folder: the plugin reads
         # its own CDI set-up (enable_cdi, cdi_spec_dirs) from there, as on a node.
         config = Path(self.nri_socket).parent.parent / "config.toml"
         if "--containerd-config" not in self.extra_args and config.is_file():
@@ -82,15 +81,3 @@ class PluginProcess:
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=10)
-
-
-def launcher_script(path: Path, spec_dirs: Sequence[Path], log_path: Path) -> Path:
-    """An executable for containerd's plugin_path. containerd starts it with an empty
-    environment, so it names the interpreter and the code by absolute path."""
-    dirs = " ".join(f"--spec-dir {d}" for d in spec_dirs)
-    path.write_text(
-        "#!/bin/sh\n"
-        f"PYTHONPATH={REPO} exec {sys.executable} -m nri_plugin.ops.cli plugin {dirs} "
-        f"--log-level debug 2>>{log_path}\n")
-    path.chmod(0o755)
-    return path

@@ -1,0 +1,80 @@
+"""gcc with a content-addressed cache of built objects."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from cdi.nvidia.simnode.layout import SimNodeError
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    source: str
+    soname: str
+    bits: int
+    dest: Path
+
+
+class Compiler:
+    """gcc with a content-addressed cache of built objects."""
+
+    def __init__(self, cache_dir: Path):
+        self.cache_dir = cache_dir
+        self.gcc = shutil.which("gcc") or shutil.which("cc")
+
+    def build_all(self, jobs: Sequence[Job]) -> None:
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        workers = min(len(jobs), os.cpu_count() or 2) or 1
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(self._build, jobs))
+
+    def _args(self, job: Job, out: str, src: str) -> list[str]:
+        args = [self.gcc or "gcc", "-shared", "-fPIC", "-O1", "-Wl,--build-id=none"]
+        if job.soname:
+            args.append(f"-Wl,-soname,{job.soname}")
+        if job.bits == 32:
+            args += ["-m32", "-nostdlib"]
+        return [*args, "-o", out, src]
+
+    def _build(self, job: Job) -> None:
+        key = hashlib.sha256(
+            json.dumps([job.source, job.soname, job.bits, self._args(job, "", "")]).encode()
+        ).hexdigest()[:32]
+        cached = self.cache_dir / f"{key}.so"
+        if not cached.exists():
+            self._compile(job, cached)
+        shutil.copyfile(cached, job.dest)
+        os.chmod(job.dest, 0o755)
+
+    def _compile(self, job: Job, cached: Path) -> None:
+        if self.gcc is None:
+            raise SimNodeError("building a simulated node needs gcc on PATH")
+        with tempfile.TemporaryDirectory(dir=self.cache_dir) as tmp:
+            src, out = os.path.join(tmp, "lib.c"), os.path.join(tmp, "lib.so")
+            Path(src).write_text(job.source)
+            proc = subprocess.run(self._args(job, out, src), capture_output=True, text=True)
+            if proc.returncode != 0:
+                hint = " (32-bit build: is gcc multilib installed?)" if job.bits == 32 else ""
+                raise SimNodeError(
+                    f"gcc failed for {job.soname or job.dest.name}{hint}:\n{proc.stderr.strip()}"
+                )
+            os.replace(out, cached)  # atomic: parallel builders may race on the same key
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("SIMNODE_CACHE")
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "nri-cdi" / "simnode"
+
+

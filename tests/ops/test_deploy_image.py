@@ -1,0 +1,65 @@
+"""The image CI builds (tests/e2e/daemonset.py, from scripts/install-image-root.sh's root) is
+the one deploy/kubernetes/Dockerfile describes: same base, same packages, same pip command,
+same entrypoint; and the manifests name that image."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.e2e import daemonset
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "install-image-root.sh"
+
+
+def _script_value(name: str) -> str:
+    match = re.search(rf"^{name}=(\S+)$", SCRIPT.read_text(), re.MULTILINE)
+    assert match, f"{SCRIPT.name}: no {name}="
+    return match.group(1)
+
+
+def test_the_dockerfile_base_is_the_root_ci_builds() -> None:
+    facts = daemonset.read_dockerfile()
+    suite = _script_value("SUITE")
+    assert facts.bases == (f"debian:{suite}-slim",) * 2
+    assert set(facts.apt_packages) == set(_script_value("INCLUDE").split(","))
+
+
+def test_the_dockerfile_installs_the_wheels_with_the_extras_offline() -> None:
+    pip = daemonset.read_dockerfile().pip_install
+    assert "--no-index" in pip and "nri-cdi[nvml,metrics]" in pip
+    assert pip[pip.index("--find-links") + 1] == "/wheels"
+
+
+def test_the_entrypoint_is_nri_cdi_and_every_container_runs_it() -> None:
+    facts = daemonset.read_dockerfile()
+    assert facts.entrypoint == ("nri-cdi",)
+    spec = daemonset.pod_template()["spec"]
+    containers = spec.get("initContainers", []) + spec["containers"]
+    assert {c["image"] for c in containers} == {containers[0]["image"]}
+    assert all(c["command"][0] == "nri-cdi" for c in containers)
+
+
+def test_reading_the_dockerfile(tmp_path: Path) -> None:
+    path = tmp_path / "Dockerfile"
+    path.write_text('FROM a AS b\nRUN x\nFROM c\n# c\nRUN apt-get install -y p \\\n  q && pip '
+                    'install --no-index w\nENTRYPOINT ["e"]\nCMD ["f", "g"]\n')
+    facts = daemonset.read_dockerfile(path)
+    assert facts == daemonset.Dockerfile(("a", "c"), ("p", "q"), ("--no-index", "w"), ("e",),
+                                         ("f", "g"))
+
+
+def test_the_image_is_built_from_what_the_dockerfile_copies() -> None:
+    assert set(daemonset.read_dockerfile().copied) == {"pyproject.toml", "README.md", "cdi",
+                                                       "nri_plugin"}
+
+
+def test_the_daemonset_test_applies_every_field_of_the_pod() -> None:
+    """tests/e2e/test_daemonset_e2e.py runs the manifest, not a restatement of it: every pod
+    and container field is applied there (or is the scheduler's or the kubelet's own)."""
+    template = daemonset.pod_template()
+    assert daemonset.untranslated(template) == []
+    template["spec"]["containers"][0]["securityContext"]["seccompProfile"] = {"type": "x"}
+    template["spec"]["shareProcessNamespace"] = True
+    assert daemonset.untranslated(template) == ["spec.shareProcessNamespace",
+                                                "plugin.securityContext.seccompProfile"]
