@@ -49,10 +49,10 @@ def _native_result(annotations: dict[str, str]) -> nri_pb2.Container:
     return ctr
 
 
-def _plugin(snapshot: Snapshot, enabled: bool | None) -> CdiInjector:
+def _plugin(snapshot: Snapshot, enabled: bool | None, version: str = "2.1.9") -> CdiInjector:
     plugin = CdiInjector(lambda: Registry(snapshot), runtime_cdi=RuntimeCdiConfig(
         enabled=enabled, spec_dirs=tuple(snapshot.spec_dirs), origin="test"))
-    plugin.configure("", "containerd", "2.1.9")
+    plugin.configure("", "containerd", version)
     return plugin
 
 
@@ -73,7 +73,9 @@ def test_without_native_cdi_the_env_only_device_would_flip_the_value(
 
 
 def test_native_cdi_set_but_evidently_off_injects(snapshot: Snapshot) -> None:
-    plugin = _plugin(snapshot, True)
+    # containerd 2.0 takes no CDI_devices: the plugin injects itself (2.1 would be handed
+    # the request, for the node's rwm: see test_nri_versions.py)
+    plugin = _plugin(snapshot, True, "2.0.5")
     bare = nri_pb2.Container(id="c2", pod_sandbox_id="p1", name="app",
                              annotations={"cdi.k8s.io/x": BOTH})  # no /dev/ex0: not injected
     adjustment = plugin.create_container(_pod(), bare)

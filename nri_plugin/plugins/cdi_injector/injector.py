@@ -27,6 +27,7 @@ from nri_plugin.api.events import EventMask
 from nri_plugin.dispatch import RpcError
 from nri_plugin.errors import Refusal
 from nri_plugin.plugin import Plugin
+from nri_plugin.plugins.cdi_injector.access import hand_over_for_access
 from nri_plugin.plugins.cdi_injector.adjust import (
     as_native_file_modes,
     to_adjustment,
@@ -115,6 +116,10 @@ def plan_injection(
                 f"{runtime.describe()}: {'; '.join(reasons)}; a runtime that resolves "
                 "CDI_devices itself (containerd >= 2.1 or >= 1.7.30, CRI-O >= 1.34) can",
                 rule="unsupportedEdits", device=group[0].qualified_name)
+    if not delegated and devices and hand_over_for_access(
+            snapshot.resolve(d.qualified_name for d in devices), devices, runtime,
+            filtered=edit_filter is not None):
+        delegated = list(devices)  # access NRI cannot grant (mknod): the runtime's CDI can
     if delegated:
         # All or nothing: NRI applies our edits before the runtime's CDI, so a mix merges
         # env, mounts and device rules in another order than native CDI would (and NRI's
