@@ -54,7 +54,7 @@ def _env(spec: dict[str, Any], env: Any) -> None:
     process = spec.setdefault("process", {})
     kept = []
     for entry in process.get("env", []):
-        name, sep, value = entry.partition("=")
+        name, sep, _value = entry.partition("=")
         if not sep:
             continue
         if name in mod:

@@ -362,17 +362,27 @@ class StartGuard:
                         pod.namespace, pod.name, excess)
             raise RpcError(Code.INVALID_ARGUMENT, f"CreateContainer: {excess}")
         result = super().create_container(pod, container)  # type: ignore[misc]
-        if result is not None:
-            self._remember(self._served, container.id)
+        # Every container whose creation we answered, adjusted or not: at Start it is then
+        # one dict lookup, and only those created without us are judged.
+        self._remember(self._served, container.id)
         return result
 
     # The events the guard needs on every runtime, whatever the injector subscribes to.
     GUARD_EVENTS = (EventMask.POST_CREATE_CONTAINER | EventMask.START_CONTAINER
                     | EventMask.POST_START_CONTAINER | EventMask.REMOVE_CONTAINER)
 
+    # containerd fails a container's start when a plugin's StartContainer fails (every
+    # release with NRI: "NRI container start failed", checked in 1.7.24, 1.7.30, 2.1.9,
+    # 2.2.1, 2.3.4), so there StartContainer alone keeps a container created without us
+    # from running: PostCreate and PostStart would only be two more round trips inside
+    # every container's creation and start.
+    CONTAINERD_GUARD_EVENTS = EventMask.START_CONTAINER | EventMask.REMOVE_CONTAINER
+
     def configure(self, config: str, runtime_name: str, runtime_version: str) -> Any:
         mask = super().configure(config, runtime_name, runtime_version)  # type: ignore[misc]
-        return None if mask is None else mask | self.GUARD_EVENTS
+        if mask is None:
+            return None
+        return mask | guard_events(runtime_name)
 
     def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
         super().remove_container(pod, container)  # type: ignore[misc]
@@ -387,6 +397,8 @@ class StartGuard:
             if item.pid > 0:
                 now.append(item)
                 continue
+            # answered by us too late (the runtime went on without the reply): owed still
+            self._served.pop(item.container_id, None)
             self._remember(self._pending, item.container_id, item)
             if self.policy.fail_closed_action != "report":
                 log.warning("fail-closed: container %s (%s) of pod %s is created but not "
@@ -402,6 +414,7 @@ class StartGuard:
         self._check(pod, container, "post-create")
 
     def start_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        super().start_container(pod, container)  # type: ignore[misc]
         self._check(pod, container, "start")
 
     def post_start_container(self, pod: nri_pb2.PodSandbox,
@@ -418,6 +431,8 @@ class StartGuard:
                          self.runtime.native_cdi is True)
 
     def _check(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, stage: str) -> None:
+        if container.id in self._served:
+            return  # nothing owed: answered at once, no work
         item = self._judge(pod, container)
         log.debug("%s check of container %s (%s): pid %d, cgroup %r, %d devices: %s", stage,
                   container.name, container.id, container.pid, container.linux.cgroups_path,
@@ -471,3 +486,10 @@ class StartGuard:
             raise RpcError(Code.FAILED_PRECONDITION,
                            f"nri-cdi: container {item.name} ({item.container_id}) was "
                            f"created without the plugin: {item.reason}")
+
+
+def guard_events(runtime_name: str) -> EventMask:
+    """The events the start guard needs on this runtime (see StartGuard)."""
+    if runtime_name == "containerd":
+        return StartGuard.CONTAINERD_GUARD_EVENTS
+    return StartGuard.GUARD_EVENTS

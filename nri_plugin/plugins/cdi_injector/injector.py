@@ -218,7 +218,9 @@ class CdiInjector(Plugin):
         log_runtime_facts(self.runtime)
         if not self.runtime.supports_cdi_devices:
             return EventMask.CREATE_CONTAINER  # nothing is delegated: nothing to follow up
-        return (EventMask.CREATE_CONTAINER | EventMask.POST_CREATE_CONTAINER
+        # StartContainer confirms a handed-over creation (it was created, so injected), and
+        # is the start guard's event too: one round trip less than PostCreateContainer.
+        return (EventMask.CREATE_CONTAINER | EventMask.START_CONTAINER
                 | EventMask.REMOVE_CONTAINER)
 
     def plan(self, requests: Sequence[DeviceRequest], uid: int, gid: int,
@@ -298,9 +300,15 @@ class CdiInjector(Plugin):
         if entry is not None:
             log.info("the runtime's own CDI injected %s into %s", ",".join(entry[1]), entry[0])
 
+    def start_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self.post_create_container(pod, container)
+
     def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
         entry = self.delegations.undone(container.id)
-        if entry is not None:
+        if entry is not None and container.state not in (nri_pb2.CONTAINER_UNKNOWN,):
+            # created (it has a state in the runtime's store) but removed before it started
+            log.info("the runtime's own CDI injected %s into %s", ",".join(entry[1]), entry[0])
+        elif entry is not None:
             self.counters["delegation_failed"] = self.counters.get("delegation_failed", 0) + 1
             log.warning("the runtime did not create %s: its own CDI could not inject %s (its "
                         "log says why, e.g. 'CDI device injection failed: unresolvable CDI "
