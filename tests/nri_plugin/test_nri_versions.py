@@ -157,17 +157,22 @@ def test_mknod_access_without_the_runtimes_cdi(snapshot: Snapshot, name: str,
     assert ours["linux"]["devices"] == native["linux"]["devices"]
 
 
-def test_mknod_access_not_handed_over_when_a_filter_applies(snapshot: Snapshot) -> None:
-    class Keep:
-        cache_key = "keep"
+def test_mknod_access_not_handed_over_when_a_filter_leaves_something_out(
+        snapshot: Snapshot) -> None:
+    class Filter:
+        def __init__(self, drop_env: bool) -> None:
+            self.cache_key = drop_env
+            self.drop_env = drop_env
 
         def apply(self, edits: Any) -> Any:
-            return edits
+            return edits._replace(env=()) if self.drop_env else edits
 
     runtime = _runtime("containerd", "2.1.9", snapshot, known=True)
-    plan = plan_injection(snapshot, [DeviceRequest("example.com/v=default", "t")], runtime,
-                          edit_filter=Keep())  # type: ignore[arg-type]
-    assert not plan.delegated and plan.devices == ("example.com/v=default",)
+    wanted = [DeviceRequest("example.com/v=default", "t")]
+    kept = plan_injection(snapshot, wanted, runtime, edit_filter=Filter(False))  # type: ignore[arg-type]
+    assert kept.delegated == ("example.com/v=default",)  # the filter changes nothing
+    cut = plan_injection(snapshot, wanted, runtime, edit_filter=Filter(True))  # type: ignore[arg-type]
+    assert not cut.delegated and cut.devices == ("example.com/v=default",)
 
 
 def test_peer_applies_as_nri_does(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from cdi.model import ContainerEdits
 from cdi.oci import cgroup_access
 from nri_plugin.derived import beyond_derived
 from nri_plugin.plugins.cdi_injector.delegation import delegation_problems
+from nri_plugin.plugins.cdi_injector.vendor import EditFilter
 from nri_plugin.runtime import RuntimeInfo
 
 _EXTRA = EXTRA_ENV + "="
@@ -40,12 +41,15 @@ def wider_than_nri(edits: ContainerEdits) -> list[str]:
 
 
 def hand_over_for_access(edits: ContainerEdits, devices: Sequence[Device],
-                         runtime: RuntimeInfo, *, filtered: bool) -> bool:
+                         runtime: RuntimeInfo, edit_filter: EditFilter | None) -> bool:
     """Whether to hand the whole request to the runtime's own CDI so that its devices get
     the access their spec asks for: the runtime takes CDI_devices, its CDI set-up is known
-    and reads every spec involved, and no vendor filter or library-path merge applies."""
-    if filtered or not runtime.supports_cdi_devices or runtime.cdi_spec_dirs is None:
+    and reads every spec involved, and neither a vendor filter (one that leaves out
+    something) nor the library-path merge changes the edits."""
+    if not runtime.supports_cdi_devices or runtime.cdi_spec_dirs is None:
         return False
     if not wider_than_nri(edits) or any(e.startswith(_EXTRA) for e in edits.env):
+        return False
+    if edit_filter is not None and edit_filter.apply(edits) != edits:
         return False
     return not delegation_problems(devices, runtime)

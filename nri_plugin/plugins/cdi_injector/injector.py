@@ -118,7 +118,7 @@ def plan_injection(
                 rule="unsupportedEdits", device=group[0].qualified_name)
     if not delegated and devices and hand_over_for_access(
             snapshot.resolve(d.qualified_name for d in devices), devices, runtime,
-            filtered=edit_filter is not None):
+            edit_filter):
         delegated = list(devices)  # access NRI cannot grant (mknod): the runtime's CDI can
     if delegated:
         # All or nothing: NRI applies our edits before the runtime's CDI, so a mix merges
