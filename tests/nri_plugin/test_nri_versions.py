@@ -23,10 +23,11 @@ from nri_plugin.runtime import RuntimeInfo
 from tests.helpers import write_specs
 from tests.nri_apply import apply_adjustment
 
-# (runtime, version it reports): NRI 0.6.1 ... 0.12.0, with and without CDI_devices
-RUNTIMES = [("containerd", "1.7.24"), ("containerd", "1.7.30"), ("containerd", "2.1.9"),
-            ("containerd", "2.2.0"), ("containerd", "2.2.1"), ("containerd", "2.3.4"),
-            ("cri-o", "1.31.0"), ("cri-o", "1.34.0"), ("cri-o", "1.35.0")]
+# (runtime, version it reports): NRI 0.2.0 ... 0.12.0, with and without CDI_devices
+RUNTIMES = [("containerd", "1.7.0"), ("containerd", "1.7.24"), ("containerd", "1.7.30"),
+            ("containerd", "2.1.9"), ("containerd", "2.2.0"), ("containerd", "2.2.1"),
+            ("containerd", "2.3.4"), ("cri-o", "1.26.0"), ("cri-o", "1.31.0"),
+            ("cri-o", "1.34.0"), ("cri-o", "1.35.0")]
 IDS = [f"{n}-{v}" for n, v in RUNTIMES]
 SPEC = """\
 cdiVersion: 0.5.0
