@@ -9,6 +9,8 @@ containerds 1.7 and 2.1 are the end-to-end truth (tests/e2e/test_native_parity_e
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +18,18 @@ import pytest
 
 from cdi.cache import Snapshot, SpecCache
 from cdi.edits import apply
+from nri_plugin.api import nri_pb2
+from nri_plugin.api.events import EventMask
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
-from nri_plugin.plugins.cdi_injector.injector import plan_injection
+from nri_plugin.plugins.cdi_injector.failclosed import StartGuard
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.runtime import RuntimeInfo
+from nri_plugin.stub import Stub
 from tests.helpers import write_specs
 from tests.nri_apply import apply_adjustment
+from tests.nri_runtime_peer import RuntimePeer
 
 # (runtime, version it reports): NRI 0.2.0 ... 0.12.0, with and without CDI_devices
 RUNTIMES = [("containerd", "1.7.0"), ("containerd", "1.7.24"), ("containerd", "1.7.30"),
@@ -178,8 +186,6 @@ def test_mknod_access_not_handed_over_when_a_filter_leaves_something_out(
 
 def test_peer_applies_as_nri_does(tmp_path: Path) -> None:
     # the peer itself: NRI's own rule for every device, explicit rules only from 0.10
-    from nri_plugin.api import nri_pb2
-
     adj = nri_pb2.ContainerAdjustment()
     adj.linux.devices.add(path="/dev/x", type="c", major=1, minor=2)
     rule = adj.linux.resources.devices.add(allow=True, type="c", access="rwm")
@@ -188,3 +194,39 @@ def test_peer_applies_as_nri_does(tmp_path: Path) -> None:
     new = apply_adjustment(BASE, adj, (0, 10, 0), None)["linux"]["resources"]["devices"]
     assert [r["access"] for r in old[2:]] == ["rw"]
     assert [r["access"] for r in new[2:]] == ["rw", "rwm"]
+
+
+@pytest.mark.parametrize("version, nri", [("1.7.24", (0, 6, 1)), ("2.3.4", (0, 12, 0))])
+def test_over_the_wire_as_containerd(snapshot: Snapshot, version: str,
+                                     nri: tuple[int, int, int]) -> None:
+    # The shipped plugin (start guard and all) against the runtime peer speaking as
+    # containerd: two events per container, and the created container as native's.
+    guarded = type("Guarded", (StartGuard, CdiInjector), {})
+    plugin = guarded(lambda: Registry(snapshot), runtime_cdi=RuntimeCdiConfig(
+        enabled=False, spec_dirs=(), origin="test"))  # nothing handed over: NRI alone
+    names = ["example.com/v=rw", "example.com/v=block"]
+
+    async def main() -> dict[str, Any]:
+        ours, theirs = socket.socketpair()
+        stub = Stub(plugin, sock=ours, env={"NRI_PLUGIN_NAME": "cdi", "NRI_PLUGIN_IDX": "10"})
+        runner = asyncio.create_task(stub.run())
+        reader, writer = await asyncio.open_unix_connection(sock=theirs)
+        peer = RuntimePeer(reader, writer)
+        try:
+            _, conf = await peer.handshake(runtime_name="containerd", runtime_version=version)
+            events = EventMask(conf.events)
+            assert events & EventMask.START_CONTAINER
+            assert not events & (EventMask.POST_CREATE_CONTAINER
+                                 | EventMask.POST_START_CONTAINER)
+            pod = nri_pb2.PodSandbox(id="p", name="p", namespace="default",
+                                     annotations={"cdi.k8s.io/v": ",".join(names)})
+            return await peer.create_and_apply(
+                pod, nri_pb2.Container(id="c", pod_sandbox_id="p", name="app"), BASE, nri,
+                None)
+        finally:
+            peer.close()
+            await asyncio.wait_for(runner, 5)
+
+    ours = asyncio.run(asyncio.wait_for(main(), 10))
+    native = _native(snapshot, BASE, names)
+    assert ours["linux"] == native["linux"] and ours["process"] == native["process"]
