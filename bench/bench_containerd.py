@@ -8,13 +8,19 @@ with our plugin connected (serves "our plugin"). Each round creates and starts o
 kind; the three request the same devices (two GPU-like char devices, a library folder,
 env, a createContainer hook). Containers are removed outside the timed part.
 
+``--baseline-repo DIR`` adds a fourth kind in the same rounds: the plugin of another
+checkout (e.g. the main branch) on a containerd of its own, to compare two versions of
+the plugin against the same native CDI figures.
+
 Run as root: ``python3 bench/bench_containerd.py [--rounds 30] [--runtime 1.7 --runtime 2.1]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,6 +59,22 @@ def make_node(root: Path) -> Path:
     return specs
 
 
+class CheckoutPlugin(PluginProcess):
+    """The plugin of another source checkout (``repo``): the baseline of an A/B run."""
+
+    def __init__(self, repo: Path, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.repo = repo
+
+    def spawn(self) -> PluginProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        env = {**os.environ, "PYTHONPATH": str(self.repo)}
+        self.process = subprocess.Popen(self.command(), stdout=log, stderr=log, env=env,
+                                        cwd=self.repo)
+        log.close()
+        return self
+
+
 def timed_create_start(cri: CriClient, pod: str, **kwargs: object) -> float:
     start = time.perf_counter()
     container = cri.create_container(pod, "bench", images.BUSYBOX_IMAGE, command=SLEEP,
@@ -69,38 +91,61 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--runtime", action="append", choices=sorted(paths.RUNTIMES),
                         help="containerd version (repeatable; default: all of them)")
+    parser.add_argument("--baseline-repo", type=Path,
+                        help="also run the plugin of this checkout, in the same rounds")
     args = parser.parse_args()
     versions = args.runtime or paths.runtimes()
     missing = paths.missing_prerequisites(tuple(versions))
     if missing:
         sys.exit(f"missing: {'; '.join(missing)}; run: bash scripts/install-containerd.sh")
     for version in versions:
-        report(bench_runtime(version, args.rounds), args.rounds, version)
+        report(bench_runtime(version, args.rounds, args.baseline_repo), args.rounds, version)
 
 
-def bench_runtime(version: str, rounds: int) -> dict[str, list[float]]:
+def bench_runtime(version: str, rounds: int,
+                  baseline: Path | None = None) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         specs = make_node(root)
         archives = [images.pause_image(root), images.busybox_image(root)]
         native = Containerd(enable_cdi=True, cdi_spec_dirs=[specs], version=version).start()
         ours = Containerd(version=version).start()  # enable_cdi off: the plugin alone
-        plugin = None
+        other = Containerd(version=version).start() if baseline else None
+        plugins: list[PluginProcess] = []
         try:
-            for ctrd in (native, ours):
-                ctrd.import_images(*archives)
-            plugin = PluginProcess(ours.nri_socket, [specs], root / "plugin.log",
-                                   extra_args=["--log-level", "info"]).start()
-            return run_rounds(native, ours, rounds)
+            for ctrd in (native, ours, other):
+                if ctrd is not None:
+                    ctrd.import_images(*archives)
+            plugins.append(PluginProcess(ours.nri_socket, [specs], root / "plugin.log",
+                                         extra_args=["--log-level", "info"]).start())
+            if other is not None and baseline is not None:
+                plugins.append(CheckoutPlugin(baseline, other.nri_socket, [specs],
+                                              root / "baseline.log",
+                                              extra_args=["--log-level", "info"]).start())
+            return run_rounds(native, ours, rounds, other)
         finally:
-            if plugin:
+            for plugin in plugins:
                 plugin.kill()
-            native.close()
-            ours.close()
+            for ctrd in (native, ours, other):
+                if ctrd is not None:
+                    ctrd.close()
 
 
-def run_rounds(native: Containerd, ours: Containerd, rounds: int) -> dict[str, list[float]]:
+def run_rounds(native: Containerd, ours: Containerd, rounds: int,
+               other: Containerd | None = None) -> dict[str, list[float]]:
+    if other is not None:
+        with other.cri() as bcri, bcri.cleanup():
+            base_pod = bcri.run_pod("baseline",
+                                    annotations={"cdi.k8s.io/gpu": ",".join(DEVICES)})
+            extra = [("baseline", lambda: timed_create_start(bcri, base_pod))]
+            return _rounds(native, ours, rounds, extra)
+    return _rounds(native, ours, rounds, [])
+
+
+def _rounds(native: Containerd, ours: Containerd, rounds: int,
+            extra: list[tuple[str, Callable[[], float]]]) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {"none": [], "native": [], "plugin": []}
+    samples.update({kind: [] for kind, _ in extra})
     with native.cri() as ncri, ours.cri() as ocri, ncri.cleanup(), ocri.cleanup():
         plain_pod = ncri.run_pod("plain")
         native_pod = ncri.run_pod("native")
@@ -109,12 +154,14 @@ def run_rounds(native: Containerd, ours: Containerd, rounds: int) -> dict[str, l
             ("none", lambda: timed_create_start(ncri, plain_pod)),
             ("native", lambda: timed_create_start(ncri, native_pod, cdi_devices=DEVICES)),
             ("plugin", lambda: timed_create_start(ocri, plugin_pod)),
+            *extra,
         ]
         for _kind, measure in kinds:  # warm-up, not counted
             measure()
         for index in range(rounds):
             # Rotate the order each round so that no kind always runs first.
-            for kind, measure in kinds[index % 3:] + kinds[:index % 3]:
+            turn = index % len(kinds)
+            for kind, measure in kinds[turn:] + kinds[:turn]:
                 samples[kind].append(measure())
     return samples
 
@@ -127,6 +174,10 @@ def report(samples: dict[str, list[float]], rounds: int, version: str) -> None:
           " x no injection)")
     print(f"    our NRI plugin      {med['plugin']:7.1f} ms   ({med['plugin'] / med['none']:.3f}"
           f" x no injection, {med['plugin'] / med['native']:.3f} x native CDI)")
+    if "baseline" in med:
+        print(f"    baseline plugin     {med['baseline']:7.1f} ms   ("
+              f"{med['baseline'] / med['native']:.3f} x native CDI; ours "
+              f"{med['plugin'] / med['baseline']:.3f} x baseline)")
 
 
 if __name__ == "__main__":

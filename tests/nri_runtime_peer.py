@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf.message import Message
 
 from nri_plugin.nri.api import nri_pb2, ttrpc_pb2
+from tests.nri_apply import CdiInjector, apply_adjustment
 
 MUX = struct.Struct(">II")
 TTRPC = struct.Struct(">IIBB")
@@ -223,6 +225,8 @@ class RuntimePeer:
         request_timeout_ms: int = 2000,
         configure_first: bool = True,
         pages: list[nri_pb2.SynchronizeRequest] | None = None,
+        runtime_name: str = "peer",
+        runtime_version: str = "0.0",
     ) -> tuple[nri_pb2.RegisterPluginRequest, nri_pb2.ConfigureResponse]:
         """Register -> Configure -> Synchronize, like docs/nri-protocol.md §3.2.
 
@@ -232,8 +236,8 @@ class RuntimePeer:
         reg_stream, reg = await self.expect_register()
         configure = nri_pb2.ConfigureRequest(
             config=config,
-            runtime_name="peer",
-            runtime_version="0.0",
+            runtime_name=runtime_name,
+            runtime_version=runtime_version,
             registration_timeout=5000,
             request_timeout=request_timeout_ms,
             NRI_version=nri_version,
@@ -251,3 +255,13 @@ class RuntimePeer:
             sync = await self.call("Synchronize", page, nri_pb2.SynchronizeResponse)
             assert sync.more == page.more
         return reg, conf
+
+    async def create_and_apply(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
+                               spec: dict[str, Any], nri_version: tuple[int, int, int],
+                               cdi: CdiInjector | None) -> dict[str, Any]:
+        """CreateContainer, then the plugin's adjustment applied to ``spec`` as the runtime
+        of that NRI version does (tests/nri_apply.py)."""
+        reply = await self.call("CreateContainer", nri_pb2.CreateContainerRequest(
+            pod=pod, container=container), nri_pb2.CreateContainerResponse)
+        assert isinstance(reply, nri_pb2.CreateContainerResponse)
+        return apply_adjustment(spec, reply.adjust, nri_version, cdi)

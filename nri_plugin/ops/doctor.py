@@ -382,6 +382,64 @@ def check_runtime_cdi_setting(cfg: ContainerdConfig, settings: Settings) -> Chec
                         f"(from {origin}), as containerd has it")
 
 
+# --- containerd >= 2.2: a required plugin (fail-closed by the runtime itself) ------------
+
+REQUIRED_FROM = (2, 2, 0)  # NRI 0.10's default validator, built into containerd 2.2
+
+
+def containerd_version(binary: str | None = None) -> tuple[int, int, int] | None:
+    """``containerd --version``'s release (None: no binary or no version in its output)."""
+    exe = binary or shutil.which("containerd")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10,
+                             check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"\sv?(\d+)\.(\d+)\.(\d+)", out)
+    return (int(match[1]), int(match[2]), int(match[3])) if match else None
+
+
+def check_required_plugin(cfg: ContainerdConfig, name: str, index: str,
+                          version: tuple[int, int, int] | None) -> Check:
+    """Whether containerd requires the plugin: [plugins."io.containerd.nri.v1.nri"
+    .default_validator] enable = true and required_plugins naming it (containerd >= 2.2;
+    containerd/containerd internal/nri/config.go, containerd/nri plugins/default-validator).
+    Then containerd itself fails every container created while the plugin is absent."""
+    title = "plugin required by containerd"
+    section = f'[plugins."{NRI_SECTION}".default_validator]'
+    fix = (f'in {cfg.path}: {section} enable = true, required_plugins = ["{name}"] '
+           "(containerd >= 2.2; static pods then need the tolerate-missing annotation)")
+    if cfg.error:
+        return Check(name=title, status="skip", detail=f"cannot read {cfg.path}")
+    nri = cfg.plugin(NRI_SECTION)
+    validator = nri.get("default_validator", {})
+    validator = validator if isinstance(validator, Mapping) else {}
+    wanted = validator.get("required_plugins", [])
+    listed = isinstance(wanted, list) and bool({name, f"{index}-{name}"} & set(map(str, wanted)))
+    on = validator.get("enable") is True
+    if version is not None and version < REQUIRED_FROM:
+        return Check(name=title, status="ok",  # nothing to change on this release
+                     detail=f"containerd {version[0]}.{version[1]} cannot require plugins "
+                            "(2.2+); the plugin's own fail-closed checks apply")
+    if on and listed:
+        return Check(name=title, status="ok",
+                     detail=f"{name} is required: containerd fails containers created while it "
+                            "is not connected (a required plugin that times out is still "
+                            "dropped: the plugin's own checks stay on)")
+    if listed:
+        return Check(name=title, status="warn",
+                     detail=f"required_plugins names {name} but the default validator is not "
+                            "enabled: nothing is required", fix=fix)
+    detail = f"{name} is not required: containers created while it is away run without it"
+    if version is None:
+        return Check(name=title, status="skip",
+                     detail=detail + " (containerd's version unknown; 2.2+ can require it)",
+                     fix=fix)
+    return Check(name=title, status="warn", detail=detail, fix=fix)
+
+
 # --- the command ---------------------------------------------------------------------------
 
 
@@ -400,6 +458,9 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
     checks += [check_device_nodes(plugin.spec_dirs), check_native_cdi(cfg, plugin.spec_dirs),
                check_runtime_cdi_setting(cfg, settings),
                check_kinds_runtimes_can_load(plugin.spec_dirs)]
+    version = containerd_version() if containerd_major_version is None else (
+        (1, 7, 0) if containerd_major_version < 2 else None)
+    checks.append(check_required_plugin(cfg, plugin.name, plugin.index, version))
     return checks
 
 

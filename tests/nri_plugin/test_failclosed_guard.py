@@ -262,3 +262,46 @@ def test_too_many_names_are_refused_before_parsing(snapshot: Snapshot,
         plugin.start_container(pod(), container("many2", pid=proc.pid,
                                                 **{"cdi.k8s.io/x": many}))
     assert killed(proc)
+
+
+# --- cost: the events the guard subscribes to, and answers without work -----------------------
+
+def test_on_containerd_only_start_is_guarded(snapshot: Snapshot, cgroup_root: Path) -> None:
+    from nri_plugin.nri.api.events import EventMask
+
+    # containerd fails a start whose StartContainer fails: PostCreate and PostStart would
+    # be two more round trips in every container's path for nothing
+    for version in ("1.7.24", "2.1.9", "2.3.4"):
+        mask = guard(snapshot, cgroup_root).configure("", "containerd", version)
+        assert mask & EventMask.START_CONTAINER
+        assert not mask & (EventMask.POST_CREATE_CONTAINER | EventMask.POST_START_CONTAINER)
+    crio = guard(snapshot, cgroup_root).configure("", "cri-o", "1.34.0")
+    assert crio & EventMask.POST_START_CONTAINER and crio & EventMask.START_CONTAINER
+
+
+def test_start_of_a_container_created_through_us_does_no_work(
+        snapshot: Snapshot, cgroup_root: Path) -> None:
+    plugin = guard(snapshot, cgroup_root)
+
+    def judged(*args: object) -> None:
+        raise AssertionError("judged a container we created")
+
+    plain = nri_pb2.Container(id="plain", pod_sandbox_id="p", name="plain")
+    assert plugin.create_container(pod(), plain) is None  # asked nothing: still ours
+    plugin._judge = judged  # type: ignore[method-assign]
+    plugin.start_container(pod(), plain)
+
+
+def test_a_reply_the_runtime_did_not_wait_for_is_still_owed(
+        snapshot: Snapshot, cgroup_root: Path) -> None:
+    # answered by us, but the runtime went on without the reply (fail-open): Synchronize
+    # finds it created without its devices; its start must still be stopped
+    plugin = guard(snapshot, cgroup_root)
+    assert plugin.create_container(pod(), container("late-reply")) is not None
+    found = find_unserved([pod()], [container("late-reply")], plugin.injector.policy,
+                          plugin.injector.vendors, Registry(snapshot))
+    assert plugin.defer_unserved(found) == []
+    proc = sleeper()
+    with pytest.raises(RpcError):
+        plugin.start_container(pod(), container("late-reply", pid=proc.pid))
+    assert killed(proc)

@@ -49,10 +49,10 @@ def _native_result(annotations: dict[str, str]) -> nri_pb2.Container:
     return ctr
 
 
-def _plugin(snapshot: Snapshot, enabled: bool | None) -> CdiInjector:
+def _plugin(snapshot: Snapshot, enabled: bool | None, version: str = "2.1.9") -> CdiInjector:
     plugin = CdiInjector(lambda: Registry(snapshot), runtime_cdi=RuntimeCdiConfig(
         enabled=enabled, spec_dirs=tuple(snapshot.spec_dirs), origin="test"))
-    plugin.configure("", "containerd", "2.1.9")
+    plugin.configure("", "containerd", version)
     return plugin
 
 
@@ -73,7 +73,9 @@ def test_without_native_cdi_the_env_only_device_would_flip_the_value(
 
 
 def test_native_cdi_set_but_evidently_off_injects(snapshot: Snapshot) -> None:
-    plugin = _plugin(snapshot, True)
+    # containerd 2.0 takes no CDI_devices: the plugin injects itself (2.1 would be handed
+    # the request, for the node's rwm: see test_nri_versions.py)
+    plugin = _plugin(snapshot, True, "2.0.5")
     bare = nri_pb2.Container(id="c2", pod_sandbox_id="p1", name="app",
                              annotations={"cdi.k8s.io/x": BOTH})  # no /dev/ex0: not injected
     adjustment = plugin.create_container(_pod(), bare)
@@ -119,3 +121,19 @@ def test_cdi_devices_names_count_unless_the_runtimes_cdi_is_known_off(
     assert not_yet_injected(wanted, ctr, snapshot, False) == []
     assert not_yet_injected(wanted, ctr, snapshot, False, native_cdi=True) == []
     assert not_yet_injected(wanted, ctr, snapshot, False, native_cdi=False) == wanted
+
+
+def test_handed_over_creation_is_confirmed_at_start_and_failed_only_when_never_created(
+        snapshot: Snapshot, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO")
+    plugin = _plugin(snapshot, True)
+    assert plugin.configure("", "containerd", "2.1.9") & 0x10 == 0  # no PostCreate trip
+    for cid in ("a", "b", "c"):
+        plugin.delegations.delegated(cid, f"container={cid}", ("example.com/dev=node",))
+    plugin.start_container(_pod(), nri_pb2.Container(id="a"))
+    plugin.remove_container(_pod(), nri_pb2.Container(id="b",
+                                                      state=nri_pb2.CONTAINER_CREATED))
+    plugin.remove_container(_pod(), nri_pb2.Container(id="c"))  # not in the runtime's store
+    assert caplog.text.count("the runtime's own CDI injected") == 2
+    assert "the runtime did not create container=c" in caplog.text
+    assert plugin.counters.delegation_failed == 1

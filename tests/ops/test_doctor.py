@@ -201,3 +201,28 @@ def test_doctor_command_exit_status(healthy: Node, capsys: pytest.CaptureFixture
     assert main(["doctor", "--config", str(config), "--no-generate"]) == 1
     out = capsys.readouterr().out
     assert "[FAIL] NRI enabled in containerd" in out and "fix: in " in out
+
+
+@pytest.mark.parametrize("section, version, status, words", [
+    ('[plugins."io.containerd.nri.v1.nri".default_validator]\nenable = true\n'
+     'required_plugins = ["nri-cdi"]\n', (2, 2, 1), "ok", "nri-cdi is required"),
+    ('[plugins."io.containerd.nri.v1.nri".default_validator]\nenable = true\n'
+     'required_plugins = ["10-nri-cdi"]\n', (2, 3, 4), "ok", "nri-cdi is required"),
+    ('[plugins."io.containerd.nri.v1.nri".default_validator]\n'
+     'required_plugins = ["nri-cdi"]\n', (2, 3, 4), "warn", "not enabled"),
+    ("", (2, 3, 4), "warn", "is not required"),
+    ("", None, "skip", "version unknown"),
+    ("", (2, 1, 9), "ok", "cannot require plugins"),
+])
+def test_required_plugin_check(tmp_path: Path, section: str,
+                               version: tuple[int, int, int] | None, status: str,
+                               words: str) -> None:
+    from nri_plugin.ops.doctor import check_required_plugin, read_containerd_config
+
+    path = tmp_path / "config.toml"
+    path.write_text("version = 3\n" + section)
+    check = check_required_plugin(read_containerd_config(str(path), 2), "nri-cdi", "10",
+                                  version)
+    assert (check.status, words in check.detail) == (status, True), check
+    if status == "warn":
+        assert 'required_plugins = ["nri-cdi"]' in check.fix

@@ -16,6 +16,7 @@ from cdi.libpath import EXTRA_ENV, LIBRARY_PATH_ENV, merge_library_path
 from cdi.model import ContainerEdits, DeviceNode
 from cdi.oci import cgroup_access
 from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.derived import explicit_rule_needed
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import RuntimeInfo
 
@@ -98,7 +99,7 @@ def to_adjustment(
     for hook_name, hooks in oci.get("hooks", {}).items():
         for hook in hooks:
             _add_hook(getattr(adjustment.hooks, _HOOK_FIELDS[hook_name]), hook)
-    _add_linux(adjustment.linux, oci.get("linux", {}))
+    _add_linux(adjustment.linux, oci.get("linux", {}), runtime)
     return adjustment
 
 
@@ -136,7 +137,8 @@ def _add_hook(target: Any, hook: dict[str, Any]) -> None:
         added.timeout.value = hook["timeout"]
 
 
-def _add_linux(linux: nri_pb2.LinuxContainerAdjustment, oci_linux: dict[str, Any]) -> None:
+def _add_linux(linux: nri_pb2.LinuxContainerAdjustment, oci_linux: dict[str, Any],
+               runtime: RuntimeInfo) -> None:
     for device in oci_linux.get("devices", []):
         added = linux.devices.add(path=device["path"], type=device["type"],
                                   major=device["major"], minor=device["minor"])
@@ -147,8 +149,11 @@ def _add_linux(linux: nri_pb2.LinuxContainerAdjustment, oci_linux: dict[str, Any
             added.uid.value = device["uid"]
         if "gid" in device:
             added.gid.value = device["gid"]
-    # Applied by NRI 0.10+ runtimes; older ones add an "rw" rule per device themselves.
+    # NRI adds its own rule for each node (derived.py): only what it does not grant, and
+    # only where this NRI version applies explicit rules, else the rule comes out twice.
     for rule in oci_linux.get("resources", {}).get("devices", []):
+        if not explicit_rule_needed(rule["type"], rule["access"], runtime.nri_version):
+            continue
         added_rule = linux.resources.devices.add(allow=rule["allow"], type=rule["type"],
                                                  access=rule["access"])
         added_rule.major.value = rule["major"]

@@ -6,10 +6,12 @@ slow, containers are created without its adjustments. Two checks close it:
 * each (re)connection starts with a Synchronize listing every container;
   ``find_unserved`` (pure) picks the live ones that asked for devices and do not have
   them, and ``act`` stops or reports them;
-* ``guard.StartGuard`` checks every container once more when it is created and started
-  (PostCreateContainer, StartContainer, PostStartContainer): one whose creation did not
-  pass through us (it straddled our reconnection, or was created while we were away
-  and not started yet, pid 0 at Synchronize) is stopped before its process runs.
+* ``guard.StartGuard`` checks every container whose creation did not pass through us when it
+  starts (StartContainer; on runtimes other than containerd, which fails a start whose
+  StartContainer fails, PostCreateContainer and PostStartContainer too): one that lacks
+  its devices (it straddled our reconnection, or was created while we were away and not
+  started yet, pid 0 at Synchronize) is stopped before its process runs. The others are
+  answered with one lookup.
 
 Stopping never goes through the runtime. The NRI eviction (UpdateContainers ``evict``)
 is dropped by every released NRI adaptation (v0.2.0-v0.12.x relay only the updates),

@@ -1,13 +1,15 @@
 """``StartGuard``: fail-closed around the injector, by composition (failclosed.py says why).
 
 It is the plugin the stub runs: every handler goes to the injector it wraps, and the guard
-adds the second check. It remembers the containers whose creation the injector served,
-and at PostCreateContainer, StartContainer and PostStartContainer checks any other
-container that asks for devices: if it lacks them it is stopped before its process runs
-(StartContainer: the task exists, not started) or right after (PostStartContainer), or
-only reported under ``failClosed.action: report``. Synchronize hands the containers
-created while we were away to ``act`` (which schedules ``failclosed.act``); those created
-but not started (pid 0) are remembered and stopped the same way when they start.
+adds the second check. It remembers the containers whose creation the injector answered,
+and at StartContainer (on runtimes other than containerd also at PostCreateContainer and
+PostStartContainer) checks any other container that asks for devices: if it lacks them it
+is stopped before its process runs (StartContainer: the task exists, not started) or right
+after (PostStartContainer), or only reported under ``failClosed.action: report``. A
+container whose creation we answered is answered at once, with one lookup. Synchronize
+hands the containers created while we were away to ``act`` (which schedules
+``failclosed.act``); those created but not started (pid 0) are remembered and stopped the
+same way when they start.
 Everything it keeps is bounded (``REMEMBER``) and forgotten at RemoveContainer.
 """
 
@@ -47,6 +49,12 @@ class StartGuard(Plugin):
     # The events the guard needs on every runtime, whatever the injector subscribes to.
     GUARD_EVENTS = (EventMask.POST_CREATE_CONTAINER | EventMask.START_CONTAINER
                     | EventMask.POST_START_CONTAINER | EventMask.REMOVE_CONTAINER)
+    # containerd fails a container's start when a plugin's StartContainer fails (every
+    # release with NRI: "NRI container start failed", checked in 1.7.24, 1.7.30, 2.1.9,
+    # 2.2.1, 2.3.4), so there StartContainer alone keeps a container created without us
+    # from running: PostCreate and PostStart would only be two more round trips inside
+    # every container's creation and start.
+    CONTAINERD_GUARD_EVENTS = EventMask.START_CONTAINER | EventMask.REMOVE_CONTAINER
 
     def __init__(self, injector: CdiInjector, *, act: Act | None = None,
                  on_stopped: Callable[[int], None] | None = None,
@@ -73,7 +81,7 @@ class StartGuard(Plugin):
     def configure(self, config: str, runtime_name: str,
                   runtime_version: str) -> EventMask | None:
         mask = self.injector.configure(config, runtime_name, runtime_version)
-        return None if mask is None else mask | self.GUARD_EVENTS
+        return None if mask is None else mask | guard_events(runtime_name)
 
     def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
                     containers: Sequence[nri_pb2.Container]) -> None:
@@ -93,8 +101,9 @@ class StartGuard(Plugin):
                         pod.namespace, pod.name, excess)
             raise RpcError(Code.INVALID_ARGUMENT, f"CreateContainer: {excess}")
         result = self.injector.create_container(pod, container)
-        if result is not None:
-            self._remember(self._served, container.id, None)
+        # Every container whose creation we answered, adjusted or not: at Start it is then
+        # one dict lookup, and only those created without us are judged.
+        self._remember(self._served, container.id, None)
         return result
 
     def post_create_container(self, pod: nri_pb2.PodSandbox,
@@ -103,6 +112,7 @@ class StartGuard(Plugin):
         self._check(pod, container, "post-create")
 
     def start_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self.injector.start_container(pod, container)
         self._check(pod, container, "start")
 
     def post_start_container(self, pod: nri_pb2.PodSandbox,
@@ -123,6 +133,8 @@ class StartGuard(Plugin):
             if item.pid > 0:
                 now.append(item)
                 continue
+            # answered by us too late (the runtime went on without the reply): owed still
+            self._served.pop(item.container_id, None)
             self._remember(self._pending, item.container_id, item)
             if self.injector.policy.fail_closed_action != "report":
                 log.warning("fail-closed: container %s (%s) of pod %s is created but not "
@@ -143,6 +155,8 @@ class StartGuard(Plugin):
                          injector.registry(), injector.runtime.native_cdi is True)
 
     def _check(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, stage: str) -> None:
+        if container.id in self._served:
+            return  # nothing owed: answered at once, no work
         item = self._judge(pod, container)
         log.debug("%s check of container %s (%s): pid %d, cgroup %r, %d devices: %s", stage,
                   container.name, container.id, container.pid, container.linux.cgroups_path,
@@ -195,3 +209,10 @@ class StartGuard(Plugin):
             raise RpcError(Code.FAILED_PRECONDITION,
                            f"nri-cdi: container {item.name} ({item.container_id}) was "
                            f"created without the plugin: {item.reason}")
+
+
+def guard_events(runtime_name: str) -> EventMask:
+    """The events the start guard needs on this runtime (see StartGuard)."""
+    if runtime_name == "containerd":
+        return StartGuard.CONTAINERD_GUARD_EVENTS
+    return StartGuard.GUARD_EVENTS

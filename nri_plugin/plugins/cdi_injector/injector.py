@@ -31,6 +31,7 @@ from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.nri.wire import Code
+from nri_plugin.plugins.cdi_injector.access import hand_over_for_access
 from nri_plugin.plugins.cdi_injector.adjust import (
     as_native_file_modes,
     to_adjustment,
@@ -107,6 +108,9 @@ def plan_devices(
     all that NRI cannot carry and the runtime's own CDI cannot take the devices either,
     inject without them instead of refusing."""
     delegate, dropped = decide_delegation(snapshot, devices, runtime, drop_gids)
+    if not delegate and devices and hand_over_for_access(
+            snapshot.merged_edits(devices), devices, runtime, edit_filter):
+        delegate = True  # access NRI cannot grant (mknod): the runtime's own CDI can
     ours = () if delegate else tuple(devices)
     delegated = tuple(devices) if delegate else ()
     edits = snapshot.merged_edits(ours) if ours else ContainerEdits()
@@ -255,7 +259,9 @@ class CdiInjector(Plugin):
         log_runtime_facts(self.runtime)
         if not self.runtime.supports_cdi_devices:
             return EventMask.CREATE_CONTAINER  # nothing is delegated: nothing to follow up
-        return (EventMask.CREATE_CONTAINER | EventMask.POST_CREATE_CONTAINER
+        # StartContainer confirms a handed-over creation (it was created, so injected), and
+        # is the start guard's event too: one round trip less than PostCreateContainer.
+        return (EventMask.CREATE_CONTAINER | EventMask.START_CONTAINER
                 | EventMask.REMOVE_CONTAINER)
 
     def plan(self, requests: Sequence[DeviceRequest], uid: int, gid: int,
@@ -335,9 +341,15 @@ class CdiInjector(Plugin):
         if entry is not None:
             log.info("the runtime's own CDI injected %s into %s", ",".join(entry[1]), entry[0])
 
+    def start_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self.post_create_container(pod, container)
+
     def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
         entry = self.delegations.undone(container.id)
-        if entry is not None:
+        if entry is not None and container.state not in (nri_pb2.CONTAINER_UNKNOWN,):
+            # created (it has a state in the runtime's store) but removed before it started
+            log.info("the runtime's own CDI injected %s into %s", ",".join(entry[1]), entry[0])
+        elif entry is not None:
             self.counters.delegation_failed += 1
             log.warning("the runtime did not create %s: its own CDI could not inject %s (its "
                         "log says why, e.g. 'CDI device injection failed: unresolvable CDI "
