@@ -138,7 +138,8 @@ class SpecCache:
         # Files whose new content was not taken yet (still changing); the watcher comes
         # back for them.
         self.pending: frozenset[str] = frozenset()
-        self._lock = threading.Lock()
+        # Re-entrant: ``refresh_within`` holds it (bounded) around ``refresh``.
+        self._lock = threading.RLock()
 
     def refresh(self, changed: Iterable[str] | None = None, *, quiet_ns: int = 0,
                 events_ns: int | None = None) -> Snapshot:
@@ -180,6 +181,18 @@ class SpecCache:
             )
             self.snapshot = snapshot
             return snapshot
+
+    def refresh_within(self, timeout: float) -> Snapshot | None:
+        """``refresh()`` taking every changed file at once, but waiting at most ``timeout``
+        seconds for a refresh under way on another thread (None: it did not finish in
+        time). For a reader that must not wait unbounded: a container naming a device the
+        registry does not know yet."""
+        if not self._lock.acquire(timeout=max(timeout, 0.0)):
+            return None
+        try:
+            return self.refresh()
+        finally:
+            self._lock.release()
 
     def _permission_warnings(self, files: list[SpecFile]) -> dict[str, list[str]]:
         if self.permissions == "ignore":

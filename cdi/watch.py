@@ -56,6 +56,10 @@ class SpecDirWatcher:
         # File -> complete? by its latest event: a close after writing says yes, a later
         # write says no again (a writer that truncates and rewrites in place).
         self.state: dict[str, bool] = {}
+        # A spec file was removed or renamed away since the last take_done(): removals are
+        # taken at once, without the settle a burst of writes gets (a deleted DRA claim
+        # must be gone before the next container can name it).
+        self.removed = False
         self._paths: dict[int, str] = {}
         self.update_watches()
 
@@ -107,6 +111,8 @@ class SpecDirWatcher:
                 continue
             name = os.path.join(str(path), event.name)
             changed = True
+            if event.mask & (flags.DELETE | flags.MOVED_FROM):
+                self.removed = True
             if event.mask & _DONE_EVENTS:
                 self.state[name] = True  # closed after writing, or renamed into place
             elif event.mask & flags.MODIFY:
@@ -121,6 +127,7 @@ class SpecDirWatcher:
         """The files whose last event says they are complete; forgets them all."""
         done = {name for name, complete in self.state.items() if complete}
         self.state.clear()
+        self.removed = False
         return done
 
 
@@ -203,8 +210,9 @@ class AutoRefresh:
                     changed = True
                 if changed and dirty_since is None:
                     dirty_since = now
-                if dirty_since is None or now - dirty_since < self.max_delay:
-                    continue  # wait for the burst to end
+                if dirty_since is None or (now - dirty_since < self.max_delay
+                                           and not self._watcher.removed):
+                    continue  # wait for the burst to end (removals: at once)
             # Whatever a file's completion event said, a write that began since makes it
             # incomplete again: note the time first, then drain what is queued (a MODIFY
             # queued before that time cancels the close); the registry checks each file's
@@ -216,6 +224,19 @@ class AutoRefresh:
                 log.exception("reading spec folder events failed")
             self._refresh(self._watcher.take_done(), taken_ns)
             dirty_since = None
+
+    def refresh_now(self, timeout: float) -> Snapshot | None:
+        """Re-read the folders now, on the caller's thread, taking every changed file at
+        once; waits at most ``timeout`` for a refresh under way (None: not in time). For a
+        container naming a device the registry does not know yet."""
+        try:
+            snapshot = self.cache.refresh_within(timeout)
+        except Exception:  # as in _refresh: keep the old snapshot
+            log.exception("refreshing CDI specs failed")
+            return None
+        if snapshot is not None and self.on_refresh:
+            self.on_refresh(snapshot)
+        return snapshot
 
     def _timeout(self, dirty_since: float | None) -> float:
         if dirty_since is not None:

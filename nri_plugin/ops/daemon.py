@@ -12,6 +12,8 @@ import argparse
 import logging
 import os
 import sys
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from cdi.dirs import DEFAULT_SPEC_DIRS
@@ -180,8 +182,14 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
     # loaded for it, swapped in together by the refresher thread.
     registry = RegistryHolder([NvidiaRules()])
 
+    swap = threading.Lock()
+
     def refreshed(snapshot: Any) -> None:
-        registry.update(snapshot)
+        # Two threads refresh (the watcher; a container's miss): never an older one last.
+        with swap:
+            if snapshot.generation <= registry.get().snapshot.generation:
+                return
+            registry.update(snapshot)
         _log_refresh(snapshot)
         if metrics is not None:
             metrics.registry(snapshot)
@@ -190,7 +198,8 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
                             on_refresh=refreshed).start()
     loop = asyncio.get_running_loop()
     options: dict[str, Any] = {"vendors": registry.vendors, "policy": policy,
-                               "runtime_cdi": runtime_cdi_config(settings)}
+                               "runtime_cdi": runtime_cdi_config(settings),
+                               "on_miss": miss_reader(refresher, registry)}
     # StartGuard checks every container again at creation and start (fail-closed for
     # creations that did not pass through us); it wraps whichever injector we run.
     plugin: Any
@@ -242,6 +251,22 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
             server.close()
     log.info("plugin stopped")
     return 0
+
+
+MISS_TIMEOUT_S = 0.5  # of the runtime's 2 s for a CreateContainer
+
+
+def miss_reader(refresher: Any, registry: Any) -> Any:
+    """The injector's ``on_miss``: a bounded re-read of the spec folders (or a wait for
+    the refresh under way), then the registry with it."""
+    def on_miss(names: Any) -> Any:
+        started = time.monotonic()
+        snapshot = refresher.refresh_now(MISS_TIMEOUT_S)
+        log.info("devices %s not in the registry: spec folders read again in %.0f ms%s",
+                 ",".join(names), (time.monotonic() - started) * 1000,
+                 "" if snapshot is not None else " (a refresh under way did not finish)")
+        return registry.get()
+    return on_miss
 
 
 def _policy_reloader(args: argparse.Namespace, settings: Any, plugin: Any) -> Any:
