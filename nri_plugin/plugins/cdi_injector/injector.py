@@ -32,6 +32,15 @@ from nri_plugin.plugins.cdi_injector.adjust import (
     to_adjustment,
     unsupported_edits,
 )
+from nri_plugin.plugins.cdi_injector.claims import (
+    OnMiss,
+    capability_removals,
+    node_matched,
+    nodes_index,
+    rechecked_refusal,
+    runtime_cdi_requests,
+    unknown_names,
+)
 from nri_plugin.plugins.cdi_injector.delegation import (
     DelegationTracker,
     RuntimeCdiConfig,
@@ -41,7 +50,7 @@ from nri_plugin.plugins.cdi_injector.delegation import (
 from nri_plugin.plugins.cdi_injector.failclosed import Unserved, find_unserved
 from nri_plugin.plugins.cdi_injector.native import injected_by_runtime, log_runtime_facts
 from nri_plugin.plugins.cdi_injector.policy import Policy
-from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, unique_requests
 from nri_plugin.plugins.cdi_injector.sources import (
     container_mounts,
     env_map,
@@ -178,6 +187,7 @@ class CdiInjector(Plugin):
         policy: Policy | None = None,
         on_unserved: Callable[[list[Unserved]], None] | None = None,
         runtime_cdi: RuntimeCdiConfig | None = None,
+        on_miss: OnMiss | None = None,
     ) -> None:
         # Returns the current registry (snapshot + the vendors' facts for it, in the order
         # of ``vendors``), replaced whole by the refresher; never does I/O.
@@ -190,6 +200,10 @@ class CdiInjector(Plugin):
         # are not assumed injected by the runtime and delegation is not checked ahead.
         self.runtime_cdi = runtime_cdi
         self.delegations = DelegationTracker()
+        # A bounded re-read of the spec folders for names the registry does not know yet
+        # (a DRA claim spec written moments ago); None: refuse at once (no reader wired).
+        self.on_miss = on_miss
+        self._nodes_index: tuple[int, dict[str, tuple[str, ...]]] = (0, {})
         self._plans: OrderedDict[tuple[object, ...], Injection] = OrderedDict()
         # Policy + vendor decisions, same idea: keyed by all they read.
         self._decisions: OrderedDict[tuple[object, ...], tuple[EditFilter, ...]] = OrderedDict()
@@ -304,33 +318,105 @@ class CdiInjector(Plugin):
 
     def adjustment_for(self, pod: nri_pb2.PodSandbox,
                        container: nri_pb2.Container) -> Injection | None:
-        """The whole decision for one container (no I/O); raises a Refusal with the reason.
-        The registry is read once: every step sees the same snapshot and facts."""
+        """The whole decision for one container (no I/O, but for a device the registry does
+        not know: see ``claims``); raises a Refusal with the reason. The registry is read
+        once: every step sees the same snapshot and facts."""
         registry, policy = self._registry(), self.policy
         env = env_map(container.env)
         privileged = is_privileged(container)
-        gathered = gather(policy, self.vendors, registry, namespace=pod.namespace,
-                          container_name=container.name, pod_annotations=pod.annotations,
-                          container_annotations=container.annotations, env=env,
-                          privileged=privileged, mounts=container_mounts(container))
-        if gathered.denied is not None:
-            raise gathered.denied
-        requests = not_yet_injected(gathered.requests, container, registry.snapshot,
-                                    privileged, native_cdi=self.runtime.native_cdi)
+
+        def gathered_from(registry: Registry) -> tuple[DeviceRequest, ...]:
+            gathered = gather(policy, self.vendors, registry, namespace=pod.namespace,
+                              container_name=container.name,
+                              pod_annotations=pod.annotations,
+                              container_annotations=container.annotations, env=env,
+                              privileged=privileged, mounts=container_mounts(container))
+            if gathered.denied is not None:
+                raise gathered.denied
+            return gathered.requests
+
+        asked = gathered_from(registry)
+        cri = runtime_cdi_requests(container)
+        names = [r.name for r in asked] + [r.name for r in cri]
+        rechecked = False
+        if self.on_miss is not None and unknown_names(names, registry.snapshot):
+            # The one path that reads files: a claim spec written moments ago.
+            registry = self.on_miss(unknown_names(names, registry.snapshot)) or registry
+            rechecked = True
+            asked = gathered_from(registry)
+        native = self.runtime.native_cdi
+        if native is False:
+            # The runtime's CDI is off, so it did not inject what CRI CDIDevices named
+            # (NRI >= 0.10 shows them): the plugin does, as a container annotation's.
+            asked, cri = tuple(unique_requests([*asked, *cri])), []
+        requests = not_yet_injected(asked, container, registry.snapshot, privileged,
+                                    native_cdi=native)
+        if rechecked:
+            refusal = rechecked_refusal(registry.snapshot, requests)
+            if refusal is not None:
+                raise refusal
+        injected = self._runtime_injected(asked, requests, cri, container, registry.snapshot,
+                                          privileged)
         # No device, but the env may ask for edits of none (NVIDIA: the driver alone).
         extras = not requests and any(v.asks_extras(env) for v in self.vendors)
-        if not requests and not extras:
+        if not requests and not extras and not injected:
             return None
-        filters = self._decide(requests, pod.namespace, privileged, env, registry)
+        filters = self._decide(unique_requests([*requests, *injected]), pod.namespace,
+                               privileged, env, registry)
+        if not requests and not extras:
+            return self._trimmed(injected, filters, env, container, registry.snapshot)
         if not requests and not filters:
             return None
         user = container.user if container.HasField("user") else None
         injection = self.plan(requests, user.uid if user else 0, user.gid if user else 0,
                               _combined(filters), library_path=env.get("LD_LIBRARY_PATH", ""),
                               registry=registry)
+        if injected:
+            trimmed = self._trimmed(injected, filters, env, container, registry.snapshot)
+            if trimmed is not None:
+                adjustment = nri_pb2.ContainerAdjustment()
+                adjustment.CopyFrom(injection.adjustment)  # a cached plan: never changed
+                adjustment.MergeFrom(trimmed.adjustment)
+                injection = Injection(adjustment=adjustment, devices=injection.devices,
+                                      delegated=injection.delegated,
+                                      dropped_gids=injection.dropped_gids)
         if not requests and not injection.adjustment.ListFields():
             return None
         return injection
+
+    def _runtime_injected(self, asked: Sequence[DeviceRequest], requests: list[DeviceRequest],
+                          cri: list[DeviceRequest], container: nri_pb2.Container,
+                          snapshot: Snapshot, privileged: bool) -> list[DeviceRequest]:
+        """The devices the runtime's own CDI injected that the registry knows, to be checked
+        like the plugin's own: by name (CRI CDIDevices on NRI >= 0.10, annotations), else,
+        with its CDI on, by the device nodes the container already has."""
+        left = {r.name for r in requests}
+        named = [r for r in [*asked, *cri] if r.name not in left and r.name in snapshot.devices]
+        if named or privileged or self.runtime.native_cdi is not True or requests:
+            return unique_requests(named)
+        if not container.linux.devices:
+            return []
+        if self._nodes_index[0] != id(snapshot):
+            self._nodes_index = (id(snapshot), nodes_index(snapshot))
+        return node_matched(container, snapshot, self._nodes_index[1])
+
+    def _trimmed(self, injected: Sequence[DeviceRequest], filters: tuple[EditFilter, ...],
+                 env: Mapping[str, str], container: nri_pb2.Container,
+                 snapshot: Snapshot) -> Injection | None:
+        """The mounts to take back from what the runtime's CDI injected, where a vendor's
+        filter variable is set (e.g. NVIDIA_DRIVER_CAPABILITIES=utility); None: none."""
+        chain = _combined(filters) if self._filtering(env) else None
+        if chain is None or not injected:
+            return None
+        removals = capability_removals(snapshot, [r.name for r in injected], chain, container)
+        if removals is None:
+            return None
+        log.info("container %s: removing %d mount(s) the runtime's CDI added that its env "
+                 "did not ask for", container.name, len(removals.mounts))
+        return Injection(adjustment=removals, devices=(), delegated=())
+
+    def _filtering(self, env: Mapping[str, str]) -> bool:
+        return any(k in env for v in self.vendors for k in v.filter_env)
 
     def _decide(self, requests: Sequence[DeviceRequest], namespace: str, privileged: bool,
                 env: Mapping[str, str], registry: Registry) -> tuple[EditFilter, ...]:

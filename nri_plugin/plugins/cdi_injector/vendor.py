@@ -46,6 +46,10 @@ class VendorRules(Protocol):
     # Env entry prefixes ("NAME=") that may ask for devices: a cheap pre-filter for
     # fail-closed, which looks at every container of the node.
     env_request_prefixes: tuple[str, ...]
+    # Env variables whose presence makes ``check``'s filter apply to the devices the
+    # runtime's own CDI injected too (NVIDIA: NVIDIA_DRIVER_CAPABILITIES); without them
+    # those devices keep the runtime's full edits, as its native CDI gave them.
+    filter_env: tuple[str, ...]
 
     def load_facts(self, snapshot: Snapshot) -> object:
         """What the vendor needs to know about ``snapshot``'s specs (may do file I/O; runs in

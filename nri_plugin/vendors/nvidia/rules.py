@@ -87,6 +87,7 @@ class NvidiaRules:
     env_request_prefixes: tuple[str, ...] = (
         VISIBLE_ENV + "=", "CUDA_VERSION=", MIG_CONFIG_ENV + "=", MIG_MONITOR_ENV + "=",
         IMEX_ENV + "=")
+    filter_env: tuple[str, ...] = ("NVIDIA_DRIVER_CAPABILITIES",)
 
     def __init__(self) -> None:
         self._last: NodeFacts | None = None  # refresher thread only
