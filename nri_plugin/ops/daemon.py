@@ -199,7 +199,8 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
     loop = asyncio.get_running_loop()
     options: dict[str, Any] = {"vendors": registry.vendors, "policy": policy,
                                "runtime_cdi": runtime_cdi_config(settings),
-                               "on_miss": miss_reader(refresher, registry)}
+                               "on_miss": miss_reader(refresher, registry),
+                               "on_hit": removals_applied(refresher, registry)}
     # StartGuard checks every container again at creation and start (fail-closed for
     # creations that did not pass through us); it wraps whichever injector we run.
     plugin: Any
@@ -267,6 +268,19 @@ def miss_reader(refresher: Any, registry: Any) -> Any:
                  "" if snapshot is not None else " (a refresh under way did not finish)")
         return registry.get()
     return on_miss
+
+
+def removals_applied(refresher: Any, registry: Any) -> Any:
+    """The injector's ``on_hit``: where a spec file was removed and the registry does not
+    show it yet, wait (bounded) until it does, so a deleted claim never serves."""
+    def on_hit() -> Any:
+        if not refresher.removals_pending():
+            return None
+        if not refresher.wait_removals(MISS_TIMEOUT_S):
+            log.warning("a spec removal was not applied within %.1f s; using the registry "
+                        "as it is", MISS_TIMEOUT_S)
+        return registry.get()
+    return on_hit
 
 
 def _policy_reloader(args: argparse.Namespace, settings: Any, plugin: Any) -> Any:

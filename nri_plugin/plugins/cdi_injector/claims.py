@@ -34,6 +34,9 @@ from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry
 # Called with the names the registry does not know; returns the registry after a bounded
 # re-read of the spec folders (None: the re-read did not finish in time).
 OnMiss = Callable[[Sequence[str]], Registry | None]
+# Called when every name is known; returns a newer registry once spec removals already
+# made are applied (a bounded wait, no file I/O), None when none is pending.
+OnHit = Callable[[], Registry | None]
 
 CDI_DEVICES_SOURCE = "CRI CDIDevices (runtime-injected)"
 NODE_SOURCE = "device node in the container (runtime-injected)"

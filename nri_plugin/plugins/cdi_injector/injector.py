@@ -33,6 +33,7 @@ from nri_plugin.plugins.cdi_injector.adjust import (
     unsupported_edits,
 )
 from nri_plugin.plugins.cdi_injector.claims import (
+    OnHit,
     OnMiss,
     capability_removals,
     node_matched,
@@ -188,6 +189,7 @@ class CdiInjector(Plugin):
         on_unserved: Callable[[list[Unserved]], None] | None = None,
         runtime_cdi: RuntimeCdiConfig | None = None,
         on_miss: OnMiss | None = None,
+        on_hit: OnHit | None = None,
     ) -> None:
         # Returns the current registry (snapshot + the vendors' facts for it, in the order
         # of ``vendors``), replaced whole by the refresher; never does I/O.
@@ -203,6 +205,9 @@ class CdiInjector(Plugin):
         # A bounded re-read of the spec folders for names the registry does not know yet
         # (a DRA claim spec written moments ago); None: refuse at once (no reader wired).
         self.on_miss = on_miss
+        # For a container naming only known devices: the registry after any spec removal
+        # already made has been applied (None: nothing pending). No file I/O.
+        self.on_hit = on_hit
         self._nodes_index: tuple[int, dict[str, tuple[str, ...]]] = (0, {})
         self._plans: OrderedDict[tuple[object, ...], Injection] = OrderedDict()
         # Policy + vendor decisions, same idea: keyed by all they read.
@@ -344,6 +349,11 @@ class CdiInjector(Plugin):
             registry = self.on_miss(unknown_names(names, registry.snapshot)) or registry
             rechecked = True
             asked = gathered_from(registry)
+        elif names and self.on_hit is not None:
+            newer = self.on_hit()  # a claim spec deleted a moment ago must not serve
+            if newer is not None and newer is not registry:
+                registry = newer
+                asked = gathered_from(registry)
         native = self.runtime.native_cdi
         if native is False:
             # The runtime's CDI is off, so it did not inject what CRI CDIDevices named
