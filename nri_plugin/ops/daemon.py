@@ -167,6 +167,7 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
 
     from cdi.cache import SpecCache
     from cdi.watch import AutoRefresh
+    from nri_plugin.ops.dra_check import start_warning
     from nri_plugin.ops.runtime_cdi import runtime_cdi_config
     from nri_plugin.plugins.cdi_injector.failclosed import StartGuard, act
     from nri_plugin.plugins.cdi_injector.injector import CdiInjector
@@ -200,7 +201,8 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
     options: dict[str, Any] = {"vendors": registry.vendors, "policy": policy,
                                "runtime_cdi": runtime_cdi_config(settings),
                                "on_miss": miss_reader(refresher, registry),
-                               "on_hit": removals_applied(refresher, registry)}
+                               "on_hit": removals_applied(refresher, registry),
+                               "on_start_warning": start_warning}
     # StartGuard checks every container again at creation and start (fail-closed for
     # creations that did not pass through us); it wraps whichever injector we run.
     plugin: Any

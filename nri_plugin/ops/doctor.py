@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from nri_plugin.ops.dra_check import claim_specs
 from nri_plugin.ops.settings import Settings, SettingsError, add_config_argument, settings_from_args
 
 NRI_SECTION = "io.containerd.nri.v1.nri"
@@ -393,6 +394,33 @@ def check_kinds_runtimes_can_load(dirs: Iterable[str]) -> Check:
     return Check(name=name, status="ok", detail="no kind with a one-character vendor or class")
 
 
+DRA_CHECK = "DRA claims reach a CDI injector"
+
+
+def check_dra(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
+    """ok with containerd's CDI on; otherwise a warning (a failure where claim specs are
+    present, i.e. DRA is in use) naming the configuration lines to change."""
+    enabled, dirs, section = _runtime_cdi(cfg)
+    our_dirs = list(our_dirs)
+    if enabled:
+        return Check(name=DRA_CHECK, status="ok",
+                     detail=f"enable_cdi is on: containerd injects CRI CDIDevices (DRA claims, "
+                            f"the device plugin's cdi-cri) from {', '.join(dirs)}; the plugin "
+                            "checks requirements, capabilities and policy on them")
+    claims = claim_specs(our_dirs)
+    return Check(
+        name=DRA_CHECK, status="fail" if claims else "warn",
+        detail="broken for DRA: enable_cdi is off, so containerd ignores CRI CDIDevices, which "
+               "is all a kubelet >= 1.31 sends for a DRA claim (and the device plugin's "
+               "cdi-cri); NRI before 0.10 (containerd < 2.2) does not show them to the plugin "
+               "either, so such containers start without their GPUs and no error"
+               + (f" ({len(claims)} claim spec(s) present, e.g. {claims[0]})" if claims else ""),
+        fix=f'in {cfg.path}: [plugins."{section}"] enable_cdi = true and cdi_spec_dirs = '
+            f'["/etc/cdi", "/var/run/cdi"] (the plugin\'s folders: {", ".join(our_dirs)}), '
+            "then restart containerd")
+
+
+
 def check_runtime_cdi_setting(cfg: ContainerdConfig, settings: Settings) -> Check:
     """The plugin's runtime_cdi settings agree with containerd's configuration."""
     name = "plugin knows containerd's CDI"
@@ -436,6 +464,7 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
     checks += [check_device_nodes(plugin["spec_dirs"]), check_native_cdi(cfg, plugin["spec_dirs"]),
                check_runtime_cdi_setting(cfg, settings),
                check_kinds_runtimes_can_load(plugin["spec_dirs"])]
+    checks.append(check_dra(cfg, plugin["spec_dirs"]))
     return checks
 
 

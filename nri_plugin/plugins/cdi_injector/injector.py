@@ -190,6 +190,7 @@ class CdiInjector(Plugin):
         runtime_cdi: RuntimeCdiConfig | None = None,
         on_miss: OnMiss | None = None,
         on_hit: OnHit | None = None,
+        on_start_warning: Callable[[RuntimeInfo], str | None] | None = None,
     ) -> None:
         # Returns the current registry (snapshot + the vendors' facts for it, in the order
         # of ``vendors``), replaced whole by the refresher; never does I/O.
@@ -208,6 +209,8 @@ class CdiInjector(Plugin):
         # For a container naming only known devices: the registry after any spec removal
         # already made has been applied (None: nothing pending). No file I/O.
         self.on_hit = on_hit
+        # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
+        self.on_start_warning = on_start_warning
         self._nodes_index: tuple[int, dict[str, tuple[str, ...]]] = (0, {})
         self._plans: OrderedDict[tuple[object, ...], Injection] = OrderedDict()
         # Policy + vendor decisions, same idea: keyed by all they read.
@@ -230,6 +233,8 @@ class CdiInjector(Plugin):
         log.info("connected to %s; %s", self.runtime.describe(),
                  cdi.describe(runtime) if cdi is not None else "runtime's own CDI: unknown")
         log_runtime_facts(self.runtime)
+        if self.on_start_warning is not None and (line := self.on_start_warning(self.runtime)):
+            log.warning("%s", line)
         if not self.runtime.supports_cdi_devices:
             return EventMask.CREATE_CONTAINER  # nothing is delegated: nothing to follow up
         return (EventMask.CREATE_CONTAINER | EventMask.POST_CREATE_CONTAINER
