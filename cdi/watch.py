@@ -266,11 +266,12 @@ class AutoRefresh:
         return True
 
     def refresh_now(self, timeout: float) -> Snapshot | None:
-        """Re-read the folders now, on the caller's thread, taking every changed file at
-        once; waits at most ``timeout`` for a refresh under way (None: not in time). For a
-        container naming a device the registry does not know yet."""
+        """Read the spec files new since the last refresh now, on the caller's thread (see
+        ``SpecCache.add_new_files``); waits at most ``timeout`` for a refresh under way
+        (None: not in time). For a container naming a device the registry does not know
+        yet."""
         try:
-            snapshot = self.cache.refresh_within(timeout)
+            snapshot = self.cache.add_new_files(timeout)
         except Exception:  # as in _refresh: keep the old snapshot
             log.exception("refreshing CDI specs failed")
             return None

@@ -256,7 +256,7 @@ async def serve(args: argparse.Namespace, policy: Any, settings: Any) -> int:
     return 0
 
 
-MISS_TIMEOUT_S = 0.5  # of the runtime's 2 s for a CreateContainer
+MISS_TIMEOUT_S = 1.0  # of the runtime's 2 s for a CreateContainer
 
 
 def miss_reader(refresher: Any, registry: Any) -> Any:

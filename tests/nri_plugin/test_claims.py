@@ -99,3 +99,23 @@ def test_a_removed_spec_leaves_the_registry_at_once(tmp_path: Path) -> None:
         while ref.cache.snapshot.devices and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not ref.cache.snapshot.devices, "the removed spec's device is still served"
+
+
+def test_a_miss_reads_only_the_new_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import cdi.cache
+
+    folder = write_specs(tmp_path / "cdi", {f"claim{i}.yaml": simple_spec(f"k8s.example/c{i}", "a")
+                                            for i in range(5)})
+    cache = SpecCache([str(folder)])
+    cache.refresh()
+    read: list[str] = []
+    real = cdi.cache._read_stable
+    monkeypatch.setattr(cdi.cache, "_read_stable", lambda p: read.append(p) or real(p))
+    (folder / "fresh.yaml").write_text(simple_spec("k8s.example/new", "a"))
+    snapshot = cache.add_new_files(1.0)
+    assert snapshot is not None and "k8s.example/new=a" in snapshot.devices
+    assert len(snapshot.devices) == 6 and read == [str(folder / "fresh.yaml")]
+    # a new file defining a known device: the whole refresh decides (a conflict here)
+    (folder / "twin.yaml").write_text(simple_spec("k8s.example/new", "a"))
+    snapshot = cache.add_new_files(1.0)
+    assert snapshot is not None and "k8s.example/new=a" in snapshot.conflicts
