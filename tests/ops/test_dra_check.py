@@ -45,3 +45,39 @@ def test_the_plugin_warns_at_start_where_claims_reach_nobody() -> None:
     assert start_warning(_runtime("2.1.9", True)) is None
     # NRI >= 0.10 shows CDIDevices to the plugin, which injects them itself
     assert start_warning(_runtime("2.2.0", False)) is None
+
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+
+
+def test_the_dra_snippets_serve_claims() -> None:
+    import tomllib
+
+    from nri_plugin.ops.doctor import check_native_cdi, check_nri_enabled
+
+    for name, major in (("containerd-1.7-dra.toml", 1), ("containerd-2.x.toml", 2)):
+        cfg = ContainerdConfig(path=name, data=tomllib.loads((DEPLOY / name).read_text()),
+                               major=major)
+        assert check_dra(cfg, ["/etc/cdi", "/var/run/cdi"]).status == "ok", name
+        assert check_nri_enabled(cfg, "/var/run/nri/nri.sock").status == "ok", name
+        assert check_native_cdi(cfg, ["/etc/cdi", "/var/run/cdi"]).status == "ok", name
+    cfg = ContainerdConfig(path="1.7", major=1, data=tomllib.loads(
+        (DEPLOY / "containerd-1.7.toml").read_text()))
+    assert check_dra(cfg, ["/etc/cdi"]).status == "warn"  # the device-plugin set-up
+
+
+def test_the_dra_example_claims_through_a_template() -> None:
+    import yaml
+
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "dra-example.yaml").read_text()) if d]
+    kinds = {d["kind"]: d for d in docs}
+    assert kinds["ResourceClaimTemplate"]["apiVersion"] == "resource.k8s.io/v1"
+    pod = kinds["Pod"]["spec"]
+    (claim,) = pod["resourceClaims"]
+    assert claim["resourceClaimTemplateName"] == kinds["ResourceClaimTemplate"]["metadata"][
+        "name"]
+    assert pod["containers"][0]["resources"]["claims"] == [{"name": claim["name"]}]
+    values = yaml.safe_load((DEPLOY / "dra-driver-values.yaml").read_text())
+    (cm,) = [d for d in yaml.safe_load_all((DEPLOY / "configmap.yaml").read_text()) if d]
+    config = yaml.safe_load(cm["data"]["config.yaml"])
+    assert values["nvidiaDriverRoot"] == config["generate"]["driver_root"]
