@@ -55,6 +55,7 @@ def node(tmp_path_factory: pytest.TempPathFactory, e2e_ready: None) -> dict[str,
     manifest = BuiltNode.load(built.root).manifest
     caps = built.dev_root / "dev" / "nvidia-caps"
     return {"root": root, "spec": spec, "gpus": manifest["gpus"], "caps": caps,
+            "libcuda": f"/usr/lib/x86_64-linux-gnu/libcuda.so.{manifest['driver_version']}",
             "etc": root / "etc-cdi", "run": root / "run-cdi"}
 
 
@@ -232,6 +233,30 @@ def test_a_requirement_refusal_on_a_claim(setup: tuple[str, Containerd], cri: Cr
                                env={"NVIDIA_REQUIRE_DRIVER": "driver>=500"},
                                **kubelet_claim(mode, device))
     assert gpu_nodes(cri, ctr) == [f"/dev/nvidia{node['gpus'][1]['minor']}"]
+
+
+def test_capabilities_on_a_claim(setup: tuple[str, Containerd], cri: CriClient,
+                                 node: dict[str, Any]) -> None:
+    """NVIDIA_DRIVER_CAPABILITIES=utility: the claim's compute library is not in the
+    container, whoever injected it (runtime-injected: the plugin removes the mount)."""
+    mode = setup[0]
+    device, _ = write_claim(node, 0)
+    pod = cri.run_pod("caps")
+    ctr = cri.run_container(pod, "util", BUSYBOX_IMAGE, command=SLEEP,
+                            env={"NVIDIA_DRIVER_CAPABILITIES": "utility"},
+                            **kubelet_claim(mode, device))
+    mounts = {m["destination"] for m in cri.runtime_spec(ctr)["mounts"]}
+    assert "/usr/bin/nvidia-smi" in mounts
+    if mode == "runtime" and setup[1].major == 1:
+        # containerd 1.7 keeps the mounts its own CDI injected whatever NRI removes; the
+        # plugin logs that the filter could not apply (README, DRA section)
+        assert node["libcuda"] in mounts
+    else:
+        assert node["libcuda"] not in mounts
+    ctr = cri.run_container(pod, "all", BUSYBOX_IMAGE, command=SLEEP,
+                            env={"NVIDIA_DRIVER_CAPABILITIES": "all"},
+                            **kubelet_claim(mode, device))
+    assert node["libcuda"] in {m["destination"] for m in cri.runtime_spec(ctr)["mounts"]}
 
 
 # --- NVIDIA's device plugin strategies ------------------------------------------------------

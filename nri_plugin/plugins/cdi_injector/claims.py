@@ -30,6 +30,7 @@ from nri_plugin.api import nri_pb2
 from nri_plugin.errors import Refusal
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry
+from nri_plugin.runtime import RuntimeInfo
 
 # Called with the names the registry does not know; returns the registry after a bounded
 # re-read of the spec folders (None: the re-read did not finish in time).
@@ -94,6 +95,13 @@ def nodes_index(snapshot: Snapshot) -> dict[str, tuple[str, ...]]:
         for node in snapshot.devices[name].edits.device_nodes:
             index.setdefault(node.path, []).append(name)
     return {path: tuple(names) for path, names in index.items()}
+
+
+def removes_runtime_mounts(runtime: RuntimeInfo) -> bool:
+    """Whether NRI mount removals reach the mounts the runtime's own CDI injected: seen
+    with containerd 2.1.9; containerd 1.7.24 accepts the removals and keeps the mounts."""
+    return not (runtime.is_containerd and runtime.version is not None
+                and runtime.version < (2, 0, 0))
 
 
 def capability_removals(snapshot: Snapshot, names: Sequence[str], edit_filter: EditFilter,

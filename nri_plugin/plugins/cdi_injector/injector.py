@@ -39,6 +39,7 @@ from nri_plugin.plugins.cdi_injector.claims import (
     node_matched,
     nodes_index,
     rechecked_refusal,
+    removes_runtime_mounts,
     runtime_cdi_requests,
     unknown_names,
 )
@@ -425,6 +426,12 @@ class CdiInjector(Plugin):
             return None
         removals = capability_removals(snapshot, [r.name for r in injected], chain, container)
         if removals is None:
+            return None
+        if not removes_runtime_mounts(self.runtime):
+            log.warning("container %s: %d driver mount(s) its env did not ask for (e.g. %s) "
+                        "stay: %s keeps the mounts its own CDI injected whatever NRI "
+                        "removes", container.name, len(removals.mounts),
+                        removals.mounts[0].destination[1:], self.runtime.describe())
             return None
         log.info("container %s: removing %d mount(s) the runtime's CDI added that its env "
                  "did not ask for", container.name, len(removals.mounts))
