@@ -119,3 +119,21 @@ def test_a_miss_reads_only_the_new_files(tmp_path: Path, monkeypatch: pytest.Mon
     (folder / "twin.yaml").write_text(simple_spec("k8s.example/new", "a"))
     snapshot = cache.add_new_files(1.0)
     assert snapshot is not None and "k8s.example/new=a" in snapshot.conflicts
+
+
+def test_a_container_after_a_removal_sees_it_without_polling(tmp_path: Path) -> None:
+    """on_hit: right after unlink() returns, the registry a container is served from no
+    longer has the removed spec's devices (the kernel queued the event within unlink)."""
+    from nri_plugin.ops.daemon import removals_applied
+
+    folder = write_specs(tmp_path / "cdi", {f"c{i}.yaml": simple_spec(f"k8s.example/c{i}", "a")
+                                            for i in range(20)})
+    holder = RegistryHolder([])
+    with AutoRefresh(SpecCache([str(folder)]), rescan_interval=3600,
+                     on_refresh=holder.update) as refresher:
+        on_hit = removals_applied(refresher, holder)
+        assert on_hit() is None  # nothing pending: no wait, no new registry
+        for i in range(20):
+            (folder / f"c{i}.yaml").unlink()
+            registry = on_hit() or holder.get()
+            assert f"k8s.example/c{i}=a" not in registry.snapshot.devices, i
