@@ -137,3 +137,18 @@ def test_a_container_after_a_removal_sees_it_without_polling(tmp_path: Path) -> 
             (folder / f"c{i}.yaml").unlink()
             registry = on_hit() or holder.get()
             assert f"k8s.example/c{i}=a" not in registry.snapshot.devices, i
+
+
+def test_cdi_devices_the_runtime_ignored_are_injected_by_the_plugin(tmp_path: Path,
+                                                                    need_root: None) -> None:
+    """NRI >= 0.10 shows CRI CDIDevices; with the runtime's CDI off it did not act on them,
+    so the plugin injects them (a kubelet >= 1.31 sends a DRA claim only there)."""
+    holder = _nvidia_registry(tmp_path)
+    plugin = CdiInjector(holder.get, vendors=holder.vendors, runtime_cdi=RuntimeCdiConfig(
+        enabled=False, spec_dirs=(), origin="test"))
+    plugin.configure("", "containerd", "2.2.0")
+    ctr = nri_pb2.Container(id="c1", name="app")
+    ctr.CDI_devices.add(name="nvidia.com/gpu=1")
+    adjustment = plugin.create_container(POD, ctr)
+    assert adjustment is not None
+    assert [d.path for d in adjustment.linux.devices] == ["/dev/nvidia1"]

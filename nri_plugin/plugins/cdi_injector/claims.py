@@ -28,6 +28,7 @@ from cdi.errors import UnresolvedDevicesError
 from nri_plugin import adjustment as adj
 from nri_plugin.api import nri_pb2
 from nri_plugin.errors import Refusal
+from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry
 from nri_plugin.runtime import RuntimeInfo
@@ -67,6 +68,18 @@ def rechecked_refusal(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> 
 def runtime_cdi_requests(container: nri_pb2.Container) -> list[DeviceRequest]:
     """What NRI >= 0.10 says the runtime injected from CRI CDIDevices (empty before)."""
     return [DeviceRequest(d.name, CDI_DEVICES_SOURCE) for d in container.CDI_devices]
+
+
+def plugin_injected_cri(policy: Policy, cri: Sequence[DeviceRequest], namespace: str,
+                        privileged: bool) -> list[DeviceRequest]:
+    """CRI CDIDevices the runtime did not act on (its CDI off), for the plugin to inject:
+    the kubelet's, so under the policy's container-annotation source (a denial raises)."""
+    if not cri:
+        return []
+    denial = policy.source_denial("containerAnnotations", namespace, privileged)
+    if denial is not None:
+        raise PolicyDenied(f"{denial}; asked for by CRI CDIDevices", rule=denial.rule)
+    return [DeviceRequest(r.name, "CRI CDIDevices") for r in cri]
 
 
 def node_matched(container: nri_pb2.Container, snapshot: Snapshot,

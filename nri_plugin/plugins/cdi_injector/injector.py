@@ -38,6 +38,7 @@ from nri_plugin.plugins.cdi_injector.claims import (
     capability_removals,
     node_matched,
     nodes_index,
+    plugin_injected_cri,
     rechecked_refusal,
     removes_runtime_mounts,
     runtime_cdi_requests,
@@ -364,7 +365,8 @@ class CdiInjector(Plugin):
         if native is False:
             # The runtime's CDI is off, so it did not inject what CRI CDIDevices named
             # (NRI >= 0.10 shows them): the plugin does, as a container annotation's.
-            asked, cri = tuple(unique_requests([*asked, *cri])), []
+            mine = plugin_injected_cri(policy, cri, pod.namespace, privileged)
+            asked, cri = tuple(unique_requests([*asked, *mine])), []
         requests = not_yet_injected(asked, container, registry.snapshot, privileged,
                                     native_cdi=native)
         if rechecked:
