@@ -22,7 +22,14 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from cdi.device import Device
-from cdi.dirs import DEFAULT_SPEC_DIRS, SpecFile, permission_problem, scan
+from cdi.dirs import (
+    DEFAULT_SPEC_DIRS,
+    SpecFile,
+    is_spec_name,
+    permission_problem,
+    scan,
+    stat_file,
+)
 from cdi.edits import merge
 from cdi.errors import DeviceNodeError, FieldError, SpecError, UnresolvedDevicesError
 from cdi.hostdev import fill_edits
@@ -142,7 +149,8 @@ class SpecCache:
         # Files whose new content was not taken yet (still changing); the watcher comes
         # back for them.
         self.pending: frozenset[str] = frozenset()
-        self._lock = threading.Lock()
+        # Re-entrant: ``add_new_files`` holds it when it falls back to ``refresh``.
+        self._lock = threading.RLock()
 
     def refresh(self, changed: Iterable[str] | None = None, *, quiet_ns: int = 0,
                 events_ns: int | None = None) -> Snapshot:
@@ -184,6 +192,47 @@ class SpecCache:
             )
             self.snapshot = snapshot
             return snapshot
+
+    def add_new_files(self, timeout: float) -> Snapshot | None:
+        """Read only the spec files whose names the registry has not seen and publish it
+        with them added: a listing of each folder plus the new files, whatever the number
+        of files already known (a DRA claim spec written a moment ago, among thousands).
+        Changed or removed files are left to ``refresh()``, and so is a new file whose
+        device another file defines too (priorities and conflicts need the whole picture).
+        Waits at most ``timeout`` for a refresh under way (None: not in time)."""
+        if not self._lock.acquire(timeout=max(timeout, 0.0)):
+            return None
+        try:
+            new = self._new_files()
+            if not new:
+                return self.snapshot
+            now = time.time_ns()
+            loaded = [(f, r) for f in new
+                      if not isinstance(r := self._load_isolated(f, None, 0, now), _Pending)]
+            added = _build_snapshot(self.spec_dirs, [(f, r[1]) for f, r in loaded], 0,
+                                    warnings=self._permission_warnings([f for f, _ in loaded]))
+            old = self.snapshot
+            if added.conflicts or not added.devices.keys().isdisjoint(old.devices):
+                return self.refresh()
+            for spec_file, result in loaded:
+                if result[0][-1] != -2:
+                    self._parsed[spec_file.path] = result
+            self.snapshot = _added(old, added)
+            return self.snapshot
+        finally:
+            self._lock.release()
+
+    def _new_files(self) -> list[SpecFile]:
+        known = set(self._parsed) | set(self.snapshot.specs) | set(self.snapshot.errors)
+        new: list[SpecFile] = []
+        for priority, folder in enumerate(self.spec_dirs):
+            try:
+                names = sorted(os.listdir(folder))
+            except (OSError, ValueError):
+                continue  # refresh() reports it
+            paths = (os.path.join(folder, n) for n in names if is_spec_name(n))
+            new += [stat_file(p, priority) for p in paths if p not in known]
+        return new
 
     def _permission_warnings(self, files: list[SpecFile]) -> dict[str, list[str]]:
         if self.permissions == "ignore":
@@ -300,6 +349,19 @@ def _fill(edits: ContainerEdits) -> tuple[ContainerEdits, str | None]:
         return edits, str(exc)
     except (OSError, ValueError) as exc:  # a host path stat() cannot take
         return edits, f"cannot use a device node: {exc}"
+
+
+def _added(old: Snapshot, added: Snapshot) -> Snapshot:
+    """``old`` with the specs of ``added`` (disjoint devices, no conflicts) added."""
+    return Snapshot(
+        spec_dirs=old.spec_dirs,
+        specs=_frozen({**old.specs, **added.specs}),
+        devices=_frozen({**old.devices, **added.devices}),
+        errors=_frozen({**old.errors, **added.errors}),
+        warnings=_frozen({**old.warnings, **added.warnings}),
+        conflicts=old.conflicts,
+        generation=old.generation + 1,
+    )
 
 
 def _build_snapshot(

@@ -49,10 +49,11 @@ def scan(dirs: Sequence[str]) -> Iterator[SpecFile]:
             continue
         for name in names:
             if is_spec_name(name):
-                yield _stat_file(os.path.join(folder, name), priority)
+                yield stat_file(os.path.join(folder, name), priority)
 
 
-def _stat_file(path: str, priority: int) -> SpecFile:
+def stat_file(path: str, priority: int) -> SpecFile:
+    """One spec file's SpecFile (its identity, or why it cannot be read)."""
     try:
         info = os.stat(path)
     except OSError as exc:

@@ -56,6 +56,10 @@ class SpecDirWatcher:
         # File -> complete? by its latest event: a close after writing says yes, a later
         # write says no again (a writer that truncates and rewrites in place).
         self.state: dict[str, bool] = {}
+        # A spec file was removed or renamed away since the last take_done(): removals are
+        # taken at once, without the settle a burst of writes gets (a deleted DRA claim
+        # must be gone before the next container can name it).
+        self.removed = False
         self._paths: dict[int, str] = {}
         self.update_watches()
 
@@ -107,6 +111,8 @@ class SpecDirWatcher:
                 continue
             name = os.path.join(str(path), event.name)
             changed = True
+            if event.mask & (flags.DELETE | flags.MOVED_FROM):
+                self.removed = True
             if event.mask & _DONE_EVENTS:
                 self.state[name] = True  # closed after writing, or renamed into place
             elif event.mask & flags.MODIFY:
@@ -121,6 +127,7 @@ class SpecDirWatcher:
         """The files whose last event says they are complete; forgets them all."""
         done = {name for name, complete in self.state.items() if complete}
         self.state.clear()
+        self.removed = False
         return done
 
 
@@ -167,6 +174,10 @@ class AutoRefresh:
         self._wake_r, self._wake_w = os.pipe()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="cdi-refresh", daemon=True)
+        # A removal read from inotify but not yet in a published snapshot; readers that
+        # must not use a removed spec's devices wait on ``_changed`` for it to clear.
+        self._removal_unapplied = False
+        self._changed = threading.Condition()
 
     def start(self) -> AutoRefresh:
         self._refresh(None)
@@ -196,26 +207,77 @@ class AutoRefresh:
                 return
             now = time.monotonic()
             if ready:
-                try:
-                    changed = self._watcher.read_changes()
-                except OSError:
-                    log.exception("reading spec folder events failed")
-                    changed = True
+                changed = self._read_changes()
                 if changed and dirty_since is None:
                     dirty_since = now
-                if dirty_since is None or now - dirty_since < self.max_delay:
-                    continue  # wait for the burst to end
+                if dirty_since is None or (now - dirty_since < self.max_delay
+                                           and not self._watcher.removed):
+                    continue  # wait for the burst to end (removals: at once)
             # Whatever a file's completion event said, a write that began since makes it
             # incomplete again: note the time first, then drain what is queued (a MODIFY
             # queued before that time cancels the close); the registry checks each file's
             # own change time against it for writes that come later still.
             taken_ns = time.time_ns()
+            self._read_changes()
+            removal = self._removal_unapplied
+            self._refresh(self._watcher.take_done(), taken_ns)
+            with self._changed:
+                if removal:
+                    self._removal_unapplied = False
+                self._changed.notify_all()
+            dirty_since = None
+
+    def _read_changes(self) -> bool:
+        # Under the condition's lock: a reader never sees the events drained from the
+        # descriptor without the removal flag that they set.
+        with self._changed:
             try:
-                self._watcher.read_changes()
+                changed = self._watcher.read_changes()
             except OSError:
                 log.exception("reading spec folder events failed")
-            self._refresh(self._watcher.take_done(), taken_ns)
-            dirty_since = None
+                changed = True
+            if self._watcher.removed:
+                self._removal_unapplied = True
+            self._changed.notify_all()
+        return changed
+
+    def _events_queued(self) -> bool:
+        # A poll of the inotify descriptor: no file is opened or read. The kernel queues
+        # a removal's event within unlink()/rename(), so a removal done before this call
+        # shows here until the thread has read it.
+        ready, _, _ = select.select([self._watcher.fileno()], [], [], 0)
+        return bool(ready)
+
+    def removals_pending(self) -> bool:
+        """Whether a spec file may have been removed without the snapshot showing it yet
+        (events queued, or a removal read and not yet applied). Cheap: one poll."""
+        return self._removal_unapplied or self._events_queued()
+
+    def wait_removals(self, timeout: float) -> bool:
+        """Wait (at most ``timeout``) until every removal queued before this call is in the
+        published snapshot; False when the time ran out."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self.removals_pending():
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    return False
+                self._changed.wait(min(left, 0.01))
+        return True
+
+    def refresh_now(self, timeout: float) -> Snapshot | None:
+        """Read the spec files new since the last refresh now, on the caller's thread (see
+        ``SpecCache.add_new_files``); waits at most ``timeout`` for a refresh under way
+        (None: not in time). For a container naming a device the registry does not know
+        yet."""
+        try:
+            snapshot = self.cache.add_new_files(timeout)
+        except Exception:  # as in _refresh: keep the old snapshot
+            log.exception("refreshing CDI specs failed")
+            return None
+        if snapshot is not None and self.on_refresh:
+            self.on_refresh(snapshot)
+        return snapshot
 
     def _timeout(self, dirty_since: float | None) -> float:
         if dirty_since is not None:

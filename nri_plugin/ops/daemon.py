@@ -13,6 +13,8 @@ import contextlib
 import logging
 import os
 import sys
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from cdi.dirs import DEFAULT_SPEC_DIRS
@@ -26,16 +28,19 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from cdi.cache import Snapshot
+    from cdi.watch import AutoRefresh
     from nri_plugin.nri.stub import Stub
     from nri_plugin.ops.metrics import Metrics, Server
     from nri_plugin.ops.policy_reload import PolicyReloader
     from nri_plugin.ops.settings import Settings
+    from nri_plugin.plugins.cdi_injector.claims import OnHit, OnMiss, StartWarning
     from nri_plugin.plugins.cdi_injector.counters import Counters
     from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
     from nri_plugin.plugins.cdi_injector.failclosed import Unserved
     from nri_plugin.plugins.cdi_injector.injector import CdiInjector
     from nri_plugin.plugins.cdi_injector.policy import Policy
-    from nri_plugin.plugins.cdi_injector.vendor import RegistryHolder, VendorRules
+    from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder, VendorRules
+
 
 # asyncio, the stub and the registry are imported when the daemon starts, not when the
 # nri-cdi command builds its parser: other subcommands (generate, hooks) start faster.
@@ -190,6 +195,7 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     from cdi.cache import SpecCache
     from cdi.watch import AutoRefresh
     from nri_plugin.nri.stub import Stub
+    from nri_plugin.ops.dra_check import start_warning
     from nri_plugin.ops.runtime_cdi import runtime_cdi_config
     from nri_plugin.plugins.cdi_injector.counters import Counters
     from nri_plugin.plugins.cdi_injector.guard import StartGuard
@@ -206,7 +212,10 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     refresher = AutoRefresh(cache, rescan_interval=plugin_settings.rescan_interval,
                             on_refresh=_Refreshed(registry, metrics)).start()
     injector = _injector(registry, metrics, policy=policy,
-                         runtime_cdi=runtime_cdi_config(settings), counters=counters)
+                         runtime_cdi=runtime_cdi_config(settings), counters=counters,
+                         on_miss=miss_reader(refresher, registry),
+                         on_hit=removals_applied(refresher, registry),
+                         on_start_warning=start_warning)
     # Synchronize finds containers created while we were away; acting on them waits for
     # the Synchronize reply (the runtime holds its lock until then), hence a task.
     actions = _FailClosedActions(asyncio.get_running_loop(), counters, metrics)
@@ -235,17 +244,20 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
 
 
 def _injector(registry: RegistryHolder, metrics: Metrics | None, *, policy: Policy,
-              runtime_cdi: RuntimeCdiConfig, counters: Counters) -> CdiInjector:
+              runtime_cdi: RuntimeCdiConfig, counters: Counters, on_miss: OnMiss,
+              on_hit: OnHit, on_start_warning: StartWarning) -> CdiInjector:
     """The injector, metered when metrics are on."""
     from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 
     if metrics is None:
         return CdiInjector(registry.get, vendors=registry.vendors, policy=policy,
-                           runtime_cdi=runtime_cdi, counters=counters)
+                           runtime_cdi=runtime_cdi, counters=counters, on_miss=on_miss,
+                           on_hit=on_hit, on_start_warning=on_start_warning)
     from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
 
     return MeteredInjector(registry.get, metrics, vendors=registry.vendors, policy=policy,
-                           runtime_cdi=runtime_cdi, counters=counters)
+                           runtime_cdi=runtime_cdi, counters=counters, on_miss=on_miss,
+                           on_hit=on_hit, on_start_warning=on_start_warning)
 
 
 async def _run(stub: Stub) -> None:
@@ -267,9 +279,14 @@ class _Refreshed:
     def __init__(self, registry: RegistryHolder, metrics: Metrics | None) -> None:
         self._registry = registry
         self._metrics = metrics
+        self._swap = threading.Lock()
 
     def __call__(self, snapshot: Snapshot) -> None:
-        self._registry.update(snapshot)
+        # Two threads refresh (the watcher; a container's miss): never an older one last.
+        with self._swap:
+            if snapshot.generation <= self._registry.get().snapshot.generation:
+                return
+            self._registry.update(snapshot)
         _log_refresh(snapshot)
         if self._metrics is not None:
             self._metrics.registry(snapshot)
@@ -297,6 +314,35 @@ class _FailClosedActions:
         stopped = await act(unserved, action, self._counters)
         if self._metrics is not None:
             self._metrics.eviction(stopped)
+
+
+MISS_TIMEOUT_S = 1.0  # of the runtime's 2 s for a CreateContainer
+
+
+def miss_reader(refresher: AutoRefresh, registry: RegistryHolder) -> OnMiss:
+    """The injector's ``on_miss``: a bounded re-read of the spec folders (or a wait for
+    the refresh under way), then the registry with it."""
+    def on_miss(names: Sequence[str]) -> Registry:
+        started = time.monotonic()
+        snapshot = refresher.refresh_now(MISS_TIMEOUT_S)
+        log.info("devices %s not in the registry: spec folders read again in %.0f ms%s",
+                 ",".join(names), (time.monotonic() - started) * 1000,
+                 "" if snapshot is not None else " (a refresh under way did not finish)")
+        return registry.get()
+    return on_miss
+
+
+def removals_applied(refresher: AutoRefresh, registry: RegistryHolder) -> OnHit:
+    """The injector's ``on_hit``: where a spec file was removed and the registry does not
+    show it yet, wait (bounded) until it does, so a deleted claim never serves."""
+    def on_hit() -> Registry | None:
+        if not refresher.removals_pending():
+            return None
+        if not refresher.wait_removals(MISS_TIMEOUT_S):
+            log.warning("a spec removal was not applied within %.1f s; using the registry "
+                        "as it is", MISS_TIMEOUT_S)
+        return registry.get()
+    return on_hit
 
 
 def _policy_reloader(args: argparse.Namespace, settings: Settings,

@@ -36,6 +36,7 @@ from nri_plugin.ops.containerd_config import (
     ContainerdConfig,
     read_containerd_config,
 )
+from nri_plugin.ops.dra_check import claim_specs
 from nri_plugin.ops.node_check import check
 from nri_plugin.ops.refresh import _run_child, generator_args, node_paths
 from nri_plugin.ops.runtime_cdi import cri_cdi_settings
@@ -357,6 +358,33 @@ def check_kinds_runtimes_can_load(dirs: Iterable[str]) -> Check:
     return Check(name=name, status="ok", detail="no kind with a one-character vendor or class")
 
 
+DRA_CHECK = "DRA claims reach a CDI injector"
+
+
+def check_dra(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
+    """ok with containerd's CDI on; otherwise a warning (a failure where claim specs are
+    present, i.e. DRA is in use) naming the configuration lines to change."""
+    enabled, dirs, section = _runtime_cdi(cfg)
+    our_dirs = list(our_dirs)
+    if enabled:
+        return Check(name=DRA_CHECK, status="ok",
+                     detail=f"enable_cdi is on: containerd injects CRI CDIDevices (DRA claims, "
+                            f"the device plugin's cdi-cri) from {', '.join(dirs)}; the plugin "
+                            "checks requirements, capabilities and policy on them")
+    claims = claim_specs(our_dirs)
+    return Check(
+        name=DRA_CHECK, status="fail" if claims else "warn",
+        detail="broken for DRA: enable_cdi is off, so containerd ignores CRI CDIDevices, which "
+               "is all a kubelet >= 1.31 sends for a DRA claim (and the device plugin's "
+               "cdi-cri); NRI before 0.10 (containerd < 2.2) does not show them to the plugin "
+               "either, so such containers start without their GPUs and no error"
+               + (f" ({len(claims)} claim spec(s) present, e.g. {claims[0]})" if claims else ""),
+        fix=f'in {cfg.path}: [plugins."{section}"] enable_cdi = true and cdi_spec_dirs = '
+            f'["/etc/cdi", "/var/run/cdi"] (the plugin\'s folders: {", ".join(our_dirs)}), '
+            "then restart containerd")
+
+
+
 def check_runtime_cdi_setting(cfg: ContainerdConfig, settings: Settings) -> Check:
     """The plugin's runtime_cdi settings agree with containerd's configuration."""
     name = "plugin knows containerd's CDI"
@@ -461,6 +489,7 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
     version = containerd_version() if containerd_major_version is None else (
         (1, 7, 0) if containerd_major_version < 2 else None)
     checks.append(check_required_plugin(cfg, plugin.name, plugin.index, version))
+    checks.append(check_dra(cfg, plugin.spec_dirs))
     return checks
 
 

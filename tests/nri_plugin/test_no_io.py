@@ -238,3 +238,57 @@ def _deferred_logging() -> Iterator[None]:
         yield
     finally:
         logger.handlers[:] = saved
+
+
+def test_only_a_device_the_registry_does_not_know_reads(tmp_path: Path, need_root: None) -> None:
+    """With the daemon's miss reader wired: known devices cost no I/O; a name the registry
+    does not know (a DRA claim spec written a moment ago) reads the folders once and
+    resolves; one still unknown after that is refused saying the folders were read again."""
+    from cdi.watch import AutoRefresh
+    from nri_plugin.ops.daemon import miss_reader
+
+    node = make_char_device(tmp_path / "gpu0", major=241, minor=0)
+    folder = write_specs(tmp_path / "cdi", {"gpu.yaml": f"""\
+        cdiVersion: 0.5.0
+        kind: example.com/gpu
+        devices:
+        - name: "0"
+          containerEdits:
+            deviceNodes: [{{path: /dev/gpu0, hostPath: {node}}}]
+        """})
+    holder = RegistryHolder([])
+    # settle/rescan long: only the miss reader can see the new file within this test
+    refresher = AutoRefresh(SpecCache([str(folder)]), rescan_interval=3600, settle=3600,
+                            max_delay=3600, on_refresh=holder.update)
+    refresher._refresh(None)  # the start-up read, without the thread
+    reads: list[tuple[str, ...]] = []
+    reader = miss_reader(refresher, holder)
+
+    def on_miss(names: object) -> object:
+        reads.append(tuple(names))  # type: ignore[call-overload]
+        return reader(names)
+
+    plugin = CdiInjector(holder.get, on_miss=on_miss)
+    plugin.configure("", "containerd", "v1.7.24")
+
+    def request(name: str) -> bytes:
+        return nri_pb2.CreateContainerRequest(
+            pod=nri_pb2.PodSandbox(name="p", namespace="ns",
+                                   annotations={"cdi.k8s.io/gpu": name}),
+            container=nri_pb2.Container(name="c")).SerializeToString()
+
+    with no_io():
+        for _ in range(2):
+            dispatch(plugin, "CreateContainer", request("example.com/gpu=0"))
+    assert reads == []
+    claim = "k8s.gpu.nvidia.com/claim=1234-gpu-0"
+    (folder / "k8s.gpu.nvidia.com-claim_1234.yaml").write_text(
+        "cdiVersion: 0.5.0\nkind: k8s.gpu.nvidia.com/claim\ndevices:\n- name: 1234-gpu-0\n"
+        f"  containerEdits:\n    deviceNodes: [{{path: /dev/gpu0, hostPath: {node}}}]\n")
+    reply = nri_pb2.CreateContainerResponse.FromString(
+        dispatch(plugin, "CreateContainer", request(claim)))
+    assert [d.path for d in reply.adjust.linux.devices] == ["/dev/gpu0"]
+    assert reads == [(claim,)]
+    with pytest.raises(RpcError, match=r"example\.com/gpu=9 \(from pod.*read again just now"):
+        dispatch(plugin, "CreateContainer", request("example.com/gpu=9"))
+    assert len(reads) == 2

@@ -17,7 +17,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cdi.cache import Snapshot
 from cdi.device import Device
@@ -37,6 +37,19 @@ from nri_plugin.plugins.cdi_injector.adjust import (
     to_adjustment,
     unsupported_edits,
 )
+from nri_plugin.plugins.cdi_injector.claims import (
+    OnHit,
+    OnMiss,
+    StartWarning,
+    capability_removals,
+    node_matched,
+    nodes_index,
+    plugin_injected_cri,
+    rechecked_refusal,
+    removes_runtime_mounts,
+    runtime_cdi_requests,
+    unknown_names,
+)
 from nri_plugin.plugins.cdi_injector.context import (
     ContainerContext,
     check_sources,
@@ -53,7 +66,7 @@ from nri_plugin.plugins.cdi_injector.failclosed import Unserved, find_unserved
 from nri_plugin.plugins.cdi_injector.native import injected_by_runtime, log_runtime_facts
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
-from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, unique_requests
 from nri_plugin.plugins.cdi_injector.sources import all_sources
 from nri_plugin.plugins.cdi_injector.vendor import (
     EditFilter,
@@ -220,6 +233,9 @@ class CdiInjector(Plugin):
         policy: Policy | None = None,
         runtime_cdi: RuntimeCdiConfig | None = None,
         counters: Counters | None = None,
+        on_miss: OnMiss | None = None,
+        on_hit: OnHit | None = None,
+        on_start_warning: StartWarning | None = None,
     ) -> None:
         # Returns the current registry (snapshot + the vendors' facts for it, in the order
         # of ``vendors``), replaced whole by the refresher; never does I/O.
@@ -232,6 +248,15 @@ class CdiInjector(Plugin):
         self.runtime_cdi = runtime_cdi
         self.counters = counters if counters is not None else Counters()
         self.delegations = DelegationTracker()
+        # A bounded re-read of the spec folders for names the registry does not know yet
+        # (a DRA claim spec written moments ago); None: refuse at once (no reader wired).
+        self.on_miss = on_miss
+        # For a container naming only known devices: the registry after any spec removal
+        # already made has been applied (None: nothing pending). No file I/O.
+        self.on_hit = on_hit
+        # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
+        self.on_start_warning = on_start_warning
+        self._nodes_index: tuple[int, dict[str, tuple[str, ...]]] = (0, {})
         self._plans: OrderedDict[tuple[object, ...], Injection] = OrderedDict()
         # Policy + vendor decisions, same idea: keyed by all they read.
         self._decisions: OrderedDict[tuple[object, ...], Decision] = OrderedDict()
@@ -257,6 +282,8 @@ class CdiInjector(Plugin):
         log.info("connected to %s; %s", self.runtime.describe(),
                  cdi.describe(runtime) if cdi is not None else "runtime's own CDI: unknown")
         log_runtime_facts(self.runtime)
+        if self.on_start_warning is not None and (line := self.on_start_warning(self.runtime)):
+            log.warning("%s", line)
         if not self.runtime.supports_cdi_devices:
             return EventMask.CREATE_CONTAINER  # nothing is delegated: nothing to follow up
         # StartContainer confirms a handed-over creation (it was created, so injected), and
@@ -358,27 +385,123 @@ class CdiInjector(Plugin):
 
     def adjustment_for(self, pod: nri_pb2.PodSandbox,
                        container: nri_pb2.Container) -> Injection | None:
-        """The whole decision for one container, in one pass (no I/O); raises a Refusal
-        with the reason. The registry and the policy are read once: every step sees the
-        same snapshot, facts and rules."""
+        """The whole decision for one container, in one pass; raises a Refusal with the
+        reason. No I/O, but for a device the registry does not know (a DRA claim's spec
+        written a moment ago: ``on_miss``, see ``claims``). The registry and the policy are
+        read once: every step sees the same snapshot, facts and rules."""
         registry, policy = self._registry(), self.policy
-        context = read_context(pod, container, self._sources(registry), policy,
-                               registry.snapshot)
-        check_sources(context, policy)
-        requests = not_yet_injected(context.requests, container, registry.snapshot,
-                                    context.privileged, native_cdi=self.runtime.native_cdi)
+        context = self._context(pod, container, registry, policy)
+        cri = runtime_cdi_requests(container)
+        names = [r.name for r in context.requests] + [r.name for r in cri]
+        unknown = unknown_names(names, registry.snapshot) if self.on_miss is not None else []
+        newer = None
+        if unknown and self.on_miss is not None:
+            # The one path that reads files: a claim spec written moments ago.
+            newer = self.on_miss(unknown) or registry
+        elif names and self.on_hit is not None:
+            newer = self.on_hit()  # a claim spec deleted a moment ago must not serve
+        if newer is not None and newer is not registry:
+            registry = newer
+            context = self._context(pod, container, registry, policy)
+        asked = context.requests
+        native = self.runtime.native_cdi
+        if native is False:
+            # The runtime's CDI is off, so it did not inject what CRI CDIDevices named
+            # (NRI >= 0.10 shows them): the plugin does, as a container annotation's.
+            mine = plugin_injected_cri(policy, cri, context.namespace, context.privileged)
+            asked, cri = tuple(unique_requests([*asked, *mine])), []
+        requests = not_yet_injected(asked, container, registry.snapshot, context.privileged,
+                                    native_cdi=native)
+        if unknown:
+            refusal = rechecked_refusal(registry.snapshot, requests)
+            if refusal is not None:
+                raise refusal
+        injected = self._runtime_injected(asked, requests, cri, container, registry.snapshot,
+                                          context.privileged)
         # No device, but the env may ask for edits of none (a vendor's extras_env).
-        if not requests and not self._asks_extras(context):
+        extras = not requests and self._asks_extras(context)
+        if not requests and not extras and not injected:
             return None
-        decision = self._decide(context, requests, registry, policy)
+        decision = self._decide(context, unique_requests([*requests, *injected]), registry,
+                                policy)
+        if not requests and not extras:
+            return self._trimmed(injected, decision.edit_filter, context.env, container,
+                                 registry.snapshot)
         if not requests and decision.edit_filter is None:
             return None
+        wanted = {r.name for r in requests}
         injection = self.plan(requests, context.uid, context.gid, decision.edit_filter,
                               library_path=context.env.get(LIBRARY_PATH_ENV, ""),
-                              registry=registry, devices=decision.devices)
+                              registry=registry,
+                              devices=[d for d in decision.devices
+                                       if d.qualified_name in wanted])
+        if injected:
+            injection = self._with_trimmed(injection, injected, decision.edit_filter,
+                                           context.env, container, registry.snapshot)
         if not requests and not injection.adjustment.ListFields():
             return None
         return injection
+
+    def _context(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
+                 registry: Registry, policy: Policy) -> ContainerContext:
+        """What every source asked for; raises the first source's denial."""
+        context = read_context(pod, container, self._sources(registry), policy,
+                               registry.snapshot)
+        check_sources(context, policy)
+        return context
+
+    def _runtime_injected(self, asked: Sequence[DeviceRequest], requests: list[DeviceRequest],
+                          cri: list[DeviceRequest], container: nri_pb2.Container,
+                          snapshot: Snapshot, privileged: bool) -> list[DeviceRequest]:
+        """The devices the runtime's own CDI injected that the registry knows, to be checked
+        like the plugin's own: by name (CRI CDIDevices on NRI >= 0.10, annotations), else,
+        with its CDI on, by the device nodes the container already has."""
+        left = {r.name for r in requests}
+        named = [r for r in [*asked, *cri] if r.name not in left and r.name in snapshot.devices]
+        if named or privileged or self.runtime.native_cdi is not True or requests:
+            return unique_requests(named)
+        if not container.linux.devices:
+            return []
+        if self._nodes_index[0] != id(snapshot):
+            self._nodes_index = (id(snapshot), nodes_index(snapshot))
+        return node_matched(container, snapshot, self._nodes_index[1])
+
+    def _with_trimmed(self, injection: Injection, injected: Sequence[DeviceRequest],
+                      edit_filter: EditFilter | None, env: Mapping[str, str],
+                      container: nri_pb2.Container, snapshot: Snapshot) -> Injection:
+        """``injection`` plus the removals ``_trimmed`` finds (a cached plan is copied,
+        never changed)."""
+        trimmed = self._trimmed(injected, edit_filter, env, container, snapshot)
+        if trimmed is None:
+            return injection
+        adjustment = nri_pb2.ContainerAdjustment()
+        adjustment.CopyFrom(injection.adjustment)
+        adjustment.MergeFrom(trimmed.adjustment)
+        return replace(injection, adjustment=adjustment)
+
+    def _trimmed(self, injected: Sequence[DeviceRequest], edit_filter: EditFilter | None,
+                 env: Mapping[str, str], container: nri_pb2.Container,
+                 snapshot: Snapshot) -> Injection | None:
+        """The mounts to take back from what the runtime's CDI injected, where a vendor's
+        filter variable is set (e.g. its driver-capabilities variable); None: none."""
+        chain = edit_filter if self._filtering(env) else None
+        if chain is None or not injected:
+            return None
+        removals = capability_removals(snapshot, [r.name for r in injected], chain, container)
+        if removals is None:
+            return None
+        if not removes_runtime_mounts(self.runtime):
+            log.warning("container %s: %d driver mount(s) its env did not ask for (e.g. %s) "
+                        "stay: %s keeps the mounts its own CDI injected whatever NRI "
+                        "removes", container.name, len(removals.mounts),
+                        removals.mounts[0].destination[1:], self.runtime.describe())
+            return None
+        log.info("container %s: removing %d mount(s) the runtime's CDI added that its env "
+                 "did not ask for", container.name, len(removals.mounts))
+        return Injection(adjustment=removals, devices=(), delegated=())
+
+    def _filtering(self, env: Mapping[str, str]) -> bool:
+        return any(k in env for v in self.vendors for k in v.filter_env)
 
     def _sources(self, registry: Registry) -> tuple[tuple[RequestSource, object], ...]:
         """Every source with its vendor's facts, made once per registry."""

@@ -16,6 +16,7 @@ from typing import Protocol
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.dispatch import RpcError
+from nri_plugin.plugins.cdi_injector.claims import OnHit, OnMiss, StartWarning
 from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
@@ -36,9 +37,12 @@ class MeteredInjector(CdiInjector):
     def __init__(self, registry: Callable[[], Registry], metrics: InjectionMetrics, *,
                  vendors: Sequence[VendorRules] = (), policy: Policy | None = None,
                  runtime_cdi: RuntimeCdiConfig | None = None,
-                 counters: Counters | None = None) -> None:
+                 counters: Counters | None = None, on_miss: OnMiss | None = None,
+                 on_hit: OnHit | None = None,
+                 on_start_warning: StartWarning | None = None) -> None:
         super().__init__(registry, vendors=vendors, policy=policy, runtime_cdi=runtime_cdi,
-                         counters=counters)
+                         counters=counters, on_miss=on_miss, on_hit=on_hit,
+                         on_start_warning=on_start_warning)
         self.metrics = metrics
 
     def configure(self, config: str, runtime_name: str,

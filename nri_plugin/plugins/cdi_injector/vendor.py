@@ -87,6 +87,10 @@ class VendorRules(Protocol):
     # Env names whose non-empty value may ask for edits of no device: a container that
     # asks for no device is only handed to the verdict when one is set.
     extras_env: tuple[str, ...]
+    # Env variables whose presence makes the verdict's filter apply to the devices the
+    # runtime's own CDI injected too (e.g. a driver-capabilities variable); without them
+    # those devices keep the runtime's full edits, as its native CDI gave them.
+    filter_env: tuple[str, ...]
 
     def load_facts(self, snapshot: Snapshot) -> object:
         """What the vendor needs to know about ``snapshot``'s specs (may do file I/O; runs in

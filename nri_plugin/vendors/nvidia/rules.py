@@ -94,6 +94,7 @@ class NvidiaRules:
         IMEX_ENV + "=")
     verdict_env: tuple[str, ...] = ("NVIDIA_", "CUDA_VERSION")
     extras_env: tuple[str, ...] = (VISIBLE_ENV, MIG_CONFIG_ENV, MIG_MONITOR_ENV, IMEX_ENV)
+    filter_env: tuple[str, ...] = ("NVIDIA_DRIVER_CAPABILITIES",)
 
     def __init__(self) -> None:
         self._last: NodeFacts | None = None  # refresher thread only
@@ -130,9 +131,13 @@ class NvidiaRules:
             for path, gpus in _by_device_node(names, snapshot, node).items():
                 check(requirements, node.specs[path].versions, gpus)
         capability_of: dict[str, str] = {}
-        if policy.filter_capabilities and specs:
+        if policy.filter_capabilities:
             for spec in specs.values():
                 capability_of.update(spec.capability_of)
+            # A DRA claim's or the device plugin's spec mounts the same driver files at
+            # the same container paths: our spec's facts say which capability each serves.
+            for path in _by_device_node(names, snapshot, node):
+                capability_of.update(node.specs[path].capability_of)
         if not capability_of and extra.is_empty():
             return None
         wanted = requested_capabilities(env, legacy=is_legacy_image(env))

@@ -1,0 +1,43 @@
+"""Whether a node's runtime set-up can serve Kubernetes DRA claims at all (doctor, and the
+plugin when it connects).
+
+The kubelet from 1.31 hands DRA claims (and the device plugin's ``cdi-cri`` devices) to the
+runtime as CRI CDIDevices only, with no ``cdi.k8s.io/`` annotation. containerd acts on them
+only with its own CDI on (``enable_cdi``); with it off it drops them without an error, and
+NRI before 0.10 (every containerd before 2.2) does not show them to a plugin either. The
+container then starts without its GPU and nobody says so. docs/kubernetes-allocation.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from nri_plugin.nri.versions import RuntimeInfo
+
+CLAIM_MARK = "-claim_"  # in the transient spec names NVIDIA's DRA driver writes
+
+
+def claim_specs(dirs: Iterable[str]) -> list[str]:
+    """Transient per-claim spec files present now (a DRA driver is in use)."""
+    found = []
+    for folder in dirs:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        found += sorted(os.path.join(folder, n) for n in names if CLAIM_MARK in n)
+    return found
+
+
+def start_warning(runtime: RuntimeInfo) -> str | None:
+    """What the plugin logs once it knows the runtime: the DRA-broken set-up, or None."""
+    if runtime.native_cdi is not False:
+        return None
+    if runtime.nri_version is not None and runtime.nri_version >= (0, 10, 0):
+        return None  # NRI shows CDIDevices to the plugin, which injects them itself
+    return (f"{runtime.describe()} with its own CDI off: CRI CDIDevices (DRA claims from "
+            "kubelet >= 1.31, the device plugin's cdi-cri) reach neither the runtime nor this "
+            "plugin, so those containers start without their devices; set enable_cdi = true "
+            "and cdi_spec_dirs to the plugin's folders in containerd's CRI config "
+            "(nri-cdi doctor shows the lines)")

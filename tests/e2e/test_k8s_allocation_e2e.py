@@ -1,0 +1,292 @@
+"""Kubernetes allocation as the kubelet does it now, through CRI, on a simulated 2-GPU node.
+
+DRA (NVIDIA's DRA driver, facts in docs/kubernetes-allocation.md): one transient spec per
+claim in the run-time folder, kind ``k8s.gpu.nvidia.com/claim``, device ``<uid>-gpu-0``
+(the spec's own edits: the driver's; the device's: its GPU's nodes; a MIG claim adds
+``nvidia-cap`` nodes), written just before CreateContainer and deleted at unprepare. The
+device plugin's strategies: ``cdi-annotations`` (container annotation), ``cdi-cri`` (CRI
+CDIDevices) and ``volume-mounts`` (a mount under /var/run/nvidia-container-devices).
+
+Each case runs on both containerds in two set-ups: ``plugin`` (containerd's CDI off: the
+plugin injects; the kubelet is one before 1.31, which sets the claim's annotation too) and
+``runtime`` (containerd's CDI on and reading the same folders: it injects; the kubelet is
+1.31+, CRI CDIDevices only; the plugin checks what containerd injected).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import ContainerdFactory
+from tests.e2e.containerd import Containerd
+from tests.e2e.cri import CriClient
+from tests.e2e.images import BUSYBOX_IMAGE
+from tests.e2e.plugin import REPO, PluginProcess
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None,
+                                reason="gcc is needed to build the simulated node")
+KIND = "k8s.gpu.nvidia.com/claim"
+SLEEP = ["sleep", "600"]
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory, e2e_ready: None) -> dict[str, Any]:
+    from cdi.nvidia.simnode import BuiltNode, NodeLayout, build_node
+
+    root = tmp_path_factory.mktemp("k8s")
+    built = build_node(root / "node", NodeLayout.uniform(2))
+    (root / "etc-cdi").mkdir()
+    (root / "run-cdi").mkdir()
+    subprocess.run([sys.executable, "-m", "nri_plugin.ops.cli", "generate", "--mode", "procfs",
+                    "--driver-root", str(built.driver_root), "--link-mode", "mounts",
+                    "--output", str(root / "etc-cdi" / "nvidia.yaml")],
+                   check=True, cwd=REPO, capture_output=True)
+    spec = yaml.safe_load((root / "etc-cdi" / "nvidia.yaml").read_text())
+    manifest = BuiltNode.load(built.root).manifest
+    caps = built.dev_root / "dev" / "nvidia-caps"
+    return {"root": root, "spec": spec, "gpus": manifest["gpus"], "caps": caps,
+            "libcuda": f"/usr/lib/x86_64-linux-gnu/libcuda.so.{manifest['driver_version']}",
+            "etc": root / "etc-cdi", "run": root / "run-cdi"}
+
+
+@pytest.fixture(scope="module", params=["plugin", "runtime"])
+def setup(request: pytest.FixtureRequest, containerd: ContainerdFactory,
+          node: dict[str, Any]) -> Iterator[tuple[str, Containerd]]:
+    """(who injects, a containerd with our plugin connected)."""
+    mode = str(request.param)
+    folders = [node["etc"], node["run"]]
+    ctrd = containerd(enable_cdi=mode == "runtime",
+                      cdi_spec_dirs=folders if mode == "runtime" else ())
+    policy = node["root"] / "policy.yaml"  # the device plugin's volume mounts allowed
+    policy.write_text("sources: {volumeMounts: {enabled: true}}\n")
+    plugin = PluginProcess(ctrd.nri_socket, folders,
+                           node["root"] / f"plugin-{ctrd.version}-{mode}.log",
+                           ["--policy", str(policy)]).start()
+    yield mode, ctrd
+    plugin.kill()
+
+
+@pytest.fixture
+def cri(setup: tuple[str, Containerd]) -> Iterator[CriClient]:
+    with setup[1].cri() as client, client.cleanup():
+        yield client
+
+
+def _device_edits(node: dict[str, Any], gpu: int) -> dict[str, Any]:
+    for device in node["spec"]["devices"]:
+        if device["name"] == str(gpu):
+            return dict(device["containerEdits"])
+    raise KeyError(gpu)
+
+
+def write_claim(node: dict[str, Any], gpu: int, *, mig: bool = False) -> tuple[str, Path]:
+    """A claim spec as NVIDIA's DRA driver writes it (to a temporary name, renamed into
+    place); returns the claim's device name and the file."""
+    uid = str(uuid.uuid4())
+    edits = _device_edits(node, gpu)
+    name = f"{uid}-gpu-{gpu}"
+    if mig:
+        name = f"{uid}-mig-{gpu}-1-0"
+        edits["deviceNodes"] = [*edits["deviceNodes"], *(
+            {"path": f"/dev/nvidia-caps/nvidia-cap{m}", "hostPath": str(node["caps"] /
+                                                                        f"nvidia-cap{m}")}
+            for m in (1, 2))]
+    spec = {"cdiVersion": node["spec"]["cdiVersion"], "kind": KIND,
+            "containerEdits": node["spec"]["containerEdits"],
+            "devices": [{"name": name, "containerEdits": edits}]}
+    path = node["run"] / f"k8s.gpu.nvidia.com-claim_{uid}.yaml"
+    temp = path.with_name("." + path.name + ".tmp")
+    temp.write_text(yaml.safe_dump(spec))
+    os.rename(temp, path)
+    return f"{KIND}={name}", path
+
+
+def kubelet_claim(mode: str, device: str) -> dict[str, Any]:
+    """What the kubelet sends for a DRA claim: before 1.31 the annotation and CDIDevices,
+    from 1.31 CDIDevices only."""
+    uid = device.split("=", 1)[1].split("-gpu-")[0].split("-mig-")[0]
+    if mode == "plugin":
+        return {"annotations": {f"cdi.k8s.io/gpu.nvidia.com_{uid}": device},
+                "cdi_devices": [device]}
+    return {"cdi_devices": [device]}
+
+
+def nvidia_nodes(cri: CriClient, ctr: str) -> list[str]:
+    spec = cri.runtime_spec(ctr)
+    return sorted(d["path"] for d in spec["linux"].get("devices", [])
+                  if d["path"].startswith("/dev/nvidia"))
+
+
+def gpu_nodes(cri: CriClient, ctr: str) -> list[str]:
+    return [p for p in nvidia_nodes(cri, ctr) if p[len("/dev/nvidia"):].isdigit()]
+
+
+def refusal(cri: CriClient, pod: str, name: str, **kwargs: Any) -> str:
+    with pytest.raises(cri._grpc.RpcError) as info:
+        cri.create_container(pod, name, BUSYBOX_IMAGE, command=SLEEP, **kwargs)
+    text = str(info.value.details())
+    assert "\n" not in text, text
+    return text
+
+
+# --- DRA claims -----------------------------------------------------------------------------
+
+
+def test_fresh_claims_resolve_on_the_first_try(setup: tuple[str, Containerd], cri: CriClient,
+                                               node: dict[str, Any]) -> None:
+    """The spec written, CreateContainer at once: 20 of 20 get their GPU."""
+    mode = setup[0]
+    pod = cri.run_pod("fresh")
+    got = []
+    for i in range(20):
+        device, _ = write_claim(node, i % 2)
+        ctr = cri.create_container(pod, f"c{i}", BUSYBOX_IMAGE, command=SLEEP,
+                                   **kubelet_claim(mode, device))
+        got.append(gpu_nodes(cri, ctr) == [f"/dev/nvidia{node['gpus'][i % 2]['minor']}"])
+    assert sum(got) == 20, got
+
+
+def test_a_deleted_claim_is_gone_at_once(setup: tuple[str, Containerd], cri: CriClient,
+                                         node: dict[str, Any]) -> None:
+    mode = setup[0]
+    pod = cri.run_pod("deleted")
+    for i in range(10):
+        device, path = write_claim(node, 1)
+        ctr = cri.create_container(pod, f"live{i}", BUSYBOX_IMAGE, command=SLEEP,
+                                   **kubelet_claim(mode, device))
+        assert gpu_nodes(cri, ctr) == [f"/dev/nvidia{node['gpus'][1]['minor']}"]
+        path.unlink()
+        text = refusal(cri, pod, f"stale{i}", **kubelet_claim(mode, device))
+        assert device in text or "unresolvable" in text, text
+
+
+def test_base_gpu_and_a_claim_each_edit_once(setup: tuple[str, Containerd], cri: CriClient,
+                                             node: dict[str, Any]) -> None:
+    mode = setup[0]
+    device, _ = write_claim(node, 1)
+    claim = kubelet_claim(mode, device)
+    pod = cri.run_pod("base")
+    base = "nvidia.com/gpu=0"
+    if mode == "plugin":
+        claim["annotations"]["cdi.k8s.io/nvidia-device-plugin_gpu0"] = base
+    claim["cdi_devices"] = [base, *claim["cdi_devices"]]
+    ctr = cri.run_container(pod, "both", BUSYBOX_IMAGE, command=SLEEP, **claim)
+    minors = sorted(f"/dev/nvidia{g['minor']}" for g in node["gpus"])
+    assert gpu_nodes(cri, ctr) == minors
+    spec = cri.runtime_spec(ctr)
+    paths = [d["path"] for d in spec["linux"]["devices"]]
+    mounts = [m["destination"] for m in spec["mounts"]]
+    assert len(paths) == len(set(paths)), paths
+    assert len(mounts) == len(set(mounts)), mounts
+    assert cri.exec_sync(ctr, ["sh", "-c", "ls /dev/nvidia0 /dev/nvidia1"]).exit_code == 0
+
+
+def test_fifty_claims_one_container_each(setup: tuple[str, Containerd], cri: CriClient,
+                                         node: dict[str, Any]) -> None:
+    mode = setup[0]
+    claims = [write_claim(node, i % 2) for i in range(50)]
+    pod = cri.run_pod("fifty")
+    ok = 0
+    for i, (device, _) in enumerate(claims):
+        ctr = cri.create_container(pod, f"c{i}", BUSYBOX_IMAGE, command=SLEEP,
+                                   **kubelet_claim(mode, device))
+        ok += gpu_nodes(cri, ctr) == [f"/dev/nvidia{node['gpus'][i % 2]['minor']}"]
+    assert ok == 50
+    for _, path in claims:
+        path.unlink()
+
+
+def test_a_mig_style_claim(setup: tuple[str, Containerd], cri: CriClient,
+                           node: dict[str, Any]) -> None:
+    mode = setup[0]
+    device, _ = write_claim(node, 0, mig=True)
+    pod = cri.run_pod("mig")
+    ctr = cri.run_container(pod, "mig", BUSYBOX_IMAGE, command=SLEEP,
+                            **kubelet_claim(mode, device))
+    nodes = nvidia_nodes(cri, ctr)
+    assert {"/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2",
+            f"/dev/nvidia{node['gpus'][0]['minor']}"} <= set(nodes), nodes
+    assert f"/dev/nvidia{node['gpus'][1]['minor']}" not in nodes
+
+
+def test_a_requirement_refusal_on_a_claim(setup: tuple[str, Containerd], cri: CriClient,
+                                          node: dict[str, Any]) -> None:
+    """With the runtime injecting (its CDI on, CDIDevices only) the plugin matches the
+    claim's GPU by its device node and refuses, naming the requirement."""
+    mode = setup[0]
+    device, _ = write_claim(node, 1)
+    pod = cri.run_pod("require")
+    text = refusal(cri, pod, "req", env={"NVIDIA_REQUIRE_DRIVER": "driver>=999"},
+                   **kubelet_claim(mode, device))
+    assert "driver>=999" in text, text
+    ctr = cri.create_container(pod, "fine", BUSYBOX_IMAGE, command=SLEEP,
+                               env={"NVIDIA_REQUIRE_DRIVER": "driver>=500"},
+                               **kubelet_claim(mode, device))
+    assert gpu_nodes(cri, ctr) == [f"/dev/nvidia{node['gpus'][1]['minor']}"]
+
+
+def test_capabilities_on_a_claim(setup: tuple[str, Containerd], cri: CriClient,
+                                 node: dict[str, Any]) -> None:
+    """NVIDIA_DRIVER_CAPABILITIES=utility: the claim's compute library is not in the
+    container, whoever injected it (runtime-injected: the plugin removes the mount)."""
+    mode = setup[0]
+    device, _ = write_claim(node, 0)
+    pod = cri.run_pod("caps")
+    ctr = cri.run_container(pod, "util", BUSYBOX_IMAGE, command=SLEEP,
+                            env={"NVIDIA_DRIVER_CAPABILITIES": "utility"},
+                            **kubelet_claim(mode, device))
+    mounts = {m["destination"] for m in cri.runtime_spec(ctr)["mounts"]}
+    assert "/usr/bin/nvidia-smi" in mounts
+    if mode == "runtime" and setup[1].major == 1:
+        # containerd 1.7 keeps the mounts its own CDI injected whatever NRI removes; the
+        # plugin logs that the filter could not apply (README, DRA section)
+        assert node["libcuda"] in mounts
+    else:
+        assert node["libcuda"] not in mounts
+    ctr = cri.run_container(pod, "all", BUSYBOX_IMAGE, command=SLEEP,
+                            env={"NVIDIA_DRIVER_CAPABILITIES": "all"},
+                            **kubelet_claim(mode, device))
+    assert node["libcuda"] in {m["destination"] for m in cri.runtime_spec(ctr)["mounts"]}
+
+
+# --- NVIDIA's device plugin strategies ------------------------------------------------------
+
+
+def _strategy(name: str, uid: str) -> dict[str, Any]:
+    device = f"nvidia.com/gpu={uid}"
+    if name == "cdi-annotations":
+        return {"annotations": {f"cdi.k8s.io/nvidia-device-plugin_{uid}": device}}
+    if name == "cdi-cri":
+        return {"cdi_devices": [device]}
+    return {"mounts": {f"/var/run/nvidia-container-devices/{uid}": "/dev/null"}}
+
+
+@pytest.mark.parametrize("strategy", ["cdi-annotations", "cdi-cri", "volume-mounts"])
+def test_device_plugin_strategy(setup: tuple[str, Containerd], cri: CriClient,
+                                node: dict[str, Any], strategy: str) -> None:
+    mode = setup[0]
+    gpu = node["gpus"][1]
+    pod = cri.run_pod(f"dp-{strategy}")
+    if strategy == "cdi-cri" and mode == "plugin":
+        # The broken set-up doctor reports: the runtime ignores CDIDevices with its CDI
+        # off, and NRI before 0.10 does not show them to a plugin.
+        ctr = cri.create_container(pod, "app", BUSYBOX_IMAGE, command=SLEEP,
+                                   **_strategy(strategy, gpu["uuid"]))
+        assert gpu_nodes(cri, ctr) == []
+        return
+    ctr = cri.run_container(pod, "app", BUSYBOX_IMAGE, command=SLEEP,
+                            **_strategy(strategy, gpu["uuid"]))
+    assert gpu_nodes(cri, ctr) == [f"/dev/nvidia{gpu['minor']}"]
+    text = refusal(cri, pod, "old-cuda", env={"NVIDIA_REQUIRE_DRIVER": "driver>=999"},
+                   **_strategy(strategy, gpu["uuid"]))
+    assert "driver>=999" in text, text

@@ -1,0 +1,154 @@
+"""Devices the runtime's own CDI injected (DRA claims, the device plugin's cdi-cri and
+cdi-annotations) still get the plugin's checks: NVIDIA_REQUIRE_*, NVIDIA_DRIVER_CAPABILITIES
+(mounts removed) and the policy's device rules; and a removed spec leaves the registry at
+once, without the settle a burst of writes gets."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from cdi.cache import SpecCache
+from cdi.watch import AutoRefresh
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.dispatch import RpcError
+from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.policy import parse_policy
+from nri_plugin.plugins.cdi_injector.vendor import RegistryHolder
+from tests.helpers import simple_spec, write_specs
+from tests.nri_plugin.test_no_io import _nvidia_registry
+
+
+def _plugin(holder: RegistryHolder, **kwargs: object) -> CdiInjector:
+    plugin = CdiInjector(holder.get, vendors=holder.vendors, runtime_cdi=RuntimeCdiConfig(
+        enabled=True, spec_dirs=holder.get().snapshot.spec_dirs, origin="test"),
+        **kwargs)  # type: ignore[arg-type]
+    plugin.configure("", "containerd", "2.1.9")
+    assert plugin.runtime.native_cdi is True
+    return plugin
+
+
+def _injected(env: list[str], *, annotations: dict[str, str] | None = None,
+              cdi: tuple[str, ...] = ()) -> nri_pb2.Container:
+    """A container as containerd's own CDI left it: GPU 0's node and its driver mounts."""
+    ctr = nri_pb2.Container(id="c1", name="app", env=env, annotations=annotations or {})
+    ctr.linux.devices.add(path="/dev/nvidia0", type="c", major=241, minor=0)
+    for lib in ("libcuda.so.1", "libGLX_nvidia.so.0"):
+        ctr.mounts.add(destination=f"/usr/lib64/{lib}", source="/x", type="bind")
+    for name in cdi:
+        ctr.CDI_devices.add(name=name)
+    return ctr
+
+
+POD = nri_pb2.PodSandbox(name="p", namespace="ml")
+WAYS = {"CRI CDIDevices (NRI >= 0.10)": {"cdi": ("nvidia.com/gpu=0",)},
+        "container annotation (kubelet < 1.31)": {
+            "annotations": {"cdi.k8s.io/k8s.gpu.nvidia.com_claim-1": "nvidia.com/gpu=0"}},
+        "device node only (kubelet >= 1.31, NRI < 0.10)": {}}
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_requirement_refused_on_a_runtime_injected_gpu(tmp_path: Path, need_root: None,
+                                                        way: str) -> None:
+    plugin = _plugin(_nvidia_registry(tmp_path))
+    ctr = _injected(["NVIDIA_REQUIRE_CUDA=cuda>=99.0"], **WAYS[way])  # type: ignore[arg-type]
+    with pytest.raises(RpcError) as info:
+        plugin.create_container(POD, ctr)
+    message = str(info.value)
+    assert "cuda>=99.0" in message and "\n" not in message
+    assert re.search(r"GPU[- ]0|gpu=0|12\.4", message), message
+    # satisfied: nothing to change, nothing injected again
+    assert plugin.create_container(POD, _injected(["NVIDIA_REQUIRE_CUDA=cuda>=12.0"],
+                                                  **WAYS[way])) is None  # type: ignore[arg-type]
+
+
+def test_capabilities_remove_the_runtimes_mounts_not_asked_for(tmp_path: Path,
+                                                               need_root: None) -> None:
+    plugin = _plugin(_nvidia_registry(tmp_path))
+    adjustment = plugin.create_container(
+        POD, _injected(["NVIDIA_DRIVER_CAPABILITIES=compute"], cdi=("nvidia.com/gpu=0",)))
+    assert adjustment is not None
+    assert [m.destination for m in adjustment.mounts] == ["-/usr/lib64/libGLX_nvidia.so.0"]
+    assert not adjustment.linux.devices and not adjustment.env
+    # unset: the runtime's full edits stay, as its native CDI gave them
+    assert plugin.create_container(POD, _injected([], cdi=("nvidia.com/gpu=0",))) is None
+
+
+def test_policy_device_rules_apply_to_runtime_injected_devices(tmp_path: Path,
+                                                               need_root: None) -> None:
+    holder = _nvidia_registry(tmp_path)
+    policy = parse_policy({"devices": [{"deny": ["nvidia.com/gpu=0"], "namespaces": ["ml"]}]})
+    plugin = _plugin(holder, policy=policy)
+    with pytest.raises(RpcError, match=re.escape("nvidia.com/gpu=0")):
+        plugin.create_container(POD, _injected([], cdi=("nvidia.com/gpu=0",)))
+
+
+def test_a_removed_spec_leaves_the_registry_at_once(tmp_path: Path) -> None:
+    folder = write_specs(tmp_path / "cdi", {"claim.yaml": simple_spec("k8s.example/claim", "a")})
+    seen: list[int] = []
+    # A settle of an hour: only the removal rule can make the refresh come in time.
+    with AutoRefresh(SpecCache([str(folder)]), rescan_interval=3600, settle=3600,
+                     max_delay=3600, on_refresh=lambda s: seen.append(len(s.devices))) as ref:
+        assert ref.cache.snapshot.devices
+        (folder / "claim.yaml").unlink()
+        deadline = time.monotonic() + 5
+        while ref.cache.snapshot.devices and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not ref.cache.snapshot.devices, "the removed spec's device is still served"
+
+
+def test_a_miss_reads_only_the_new_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import cdi.cache
+
+    folder = write_specs(tmp_path / "cdi", {f"claim{i}.yaml": simple_spec(f"k8s.example/c{i}", "a")
+                                            for i in range(5)})
+    cache = SpecCache([str(folder)])
+    cache.refresh()
+    read: list[str] = []
+    real = cdi.cache._read_stable
+    monkeypatch.setattr(cdi.cache, "_read_stable", lambda p: read.append(p) or real(p))
+    (folder / "fresh.yaml").write_text(simple_spec("k8s.example/new", "a"))
+    snapshot = cache.add_new_files(1.0)
+    assert snapshot is not None and "k8s.example/new=a" in snapshot.devices
+    assert len(snapshot.devices) == 6 and read == [str(folder / "fresh.yaml")]
+    # a new file defining a known device: the whole refresh decides (a conflict here)
+    (folder / "twin.yaml").write_text(simple_spec("k8s.example/new", "a"))
+    snapshot = cache.add_new_files(1.0)
+    assert snapshot is not None and "k8s.example/new=a" in snapshot.conflicts
+
+
+def test_a_container_after_a_removal_sees_it_without_polling(tmp_path: Path) -> None:
+    """on_hit: right after unlink() returns, the registry a container is served from no
+    longer has the removed spec's devices (the kernel queued the event within unlink)."""
+    from nri_plugin.ops.daemon import removals_applied
+
+    folder = write_specs(tmp_path / "cdi", {f"c{i}.yaml": simple_spec(f"k8s.example/c{i}", "a")
+                                            for i in range(20)})
+    holder = RegistryHolder([])
+    with AutoRefresh(SpecCache([str(folder)]), rescan_interval=3600,
+                     on_refresh=holder.update) as refresher:
+        on_hit = removals_applied(refresher, holder)
+        assert on_hit() is None  # nothing pending: no wait, no new registry
+        for i in range(20):
+            (folder / f"c{i}.yaml").unlink()
+            registry = on_hit() or holder.get()
+            assert f"k8s.example/c{i}=a" not in registry.snapshot.devices, i
+
+
+def test_cdi_devices_the_runtime_ignored_are_injected_by_the_plugin(tmp_path: Path,
+                                                                    need_root: None) -> None:
+    """NRI >= 0.10 shows CRI CDIDevices; with the runtime's CDI off it did not act on them,
+    so the plugin injects them (a kubelet >= 1.31 sends a DRA claim only there)."""
+    holder = _nvidia_registry(tmp_path)
+    plugin = CdiInjector(holder.get, vendors=holder.vendors, runtime_cdi=RuntimeCdiConfig(
+        enabled=False, spec_dirs=(), origin="test"))
+    plugin.configure("", "containerd", "2.2.0")
+    ctr = nri_pb2.Container(id="c1", name="app")
+    ctr.CDI_devices.add(name="nvidia.com/gpu=1")
+    adjustment = plugin.create_container(POD, ctr)
+    assert adjustment is not None
+    assert [d.path for d in adjustment.linux.devices] == ["/dev/nvidia1"]
