@@ -132,7 +132,7 @@ def gpu_nodes(cri: CriClient, ctr: str) -> list[str]:
 
 
 def refusal(cri: CriClient, pod: str, name: str, **kwargs: Any) -> str:
-    with pytest.raises(cri._grpc.RpcError) as info:
+    with pytest.raises(cri.grpc.RpcError) as info:
         cri.create_container(pod, name, BUSYBOX_IMAGE, command=SLEEP, **kwargs)
     text = str(info.value.details())
     assert "\n" not in text, text
