@@ -11,21 +11,10 @@ from __future__ import annotations
 import ast
 import functools
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("cdi", "nri_plugin")
-
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-@functools.cache
-def modules() -> dict[str, Path]:
-    return {_module_name(p): p for package in PACKAGES for p in ROOT.glob(f"{package}/**/*.py")}
+# The layering test's module table and relative-import rule: one scan of our modules.
+from tests.test_layering import _absolute
+from tests.test_layering import all_modules as modules
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -42,14 +31,6 @@ def _import_nodes(nodes: Iterable[ast.AST]) -> Iterator[ast.Import | ast.ImportF
             yield from _import_nodes(node.orelse)  # the body never runs
         else:
             yield from _import_nodes(ast.iter_child_nodes(node))
-
-
-def _absolute(module: str, path: Path, node: ast.ImportFrom) -> str:
-    if not node.level:
-        return node.module or ""
-    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-    base = package[: len(package) - node.level + 1]
-    return ".".join([*base, node.module] if node.module else base)
 
 
 @functools.cache
