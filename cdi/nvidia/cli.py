@@ -28,11 +28,12 @@ except ImportError:  # pragma: no cover - other interpreters
     from hashlib import sha256
 
 from cdi.errors import SpecError
-from cdi.model import to_dict
+from cdi.model import SpecData, to_dict
 from cdi.nvidia.devnodes import char_majors, control_node_plan
 from cdi.nvidia.discover import MODES, DiscoveryError, Roots, discover
 from cdi.nvidia.driver import (
     CONTROL_NODES,
+    DriverFiles,
     find_nvml_library,
     find_version_from_libraries,
     locate_driver,
@@ -44,6 +45,7 @@ from cdi.nvidia.generate import (
     HOOK_PROGRAMS,
     STRATEGIES,
     GenerateError,
+    Inventory,
     Options,
     build_spec,
     collect,
@@ -337,7 +339,7 @@ def _config_driver_root(path: str) -> str | None:
     return root or None
 
 
-def _options(v: dict[str, Any], mode: str) -> Any:
+def _options(v: dict[str, Any], mode: str) -> Options:
     strategies = tuple(dict.fromkeys(v["strategies"] or ("index", "uuid")))
     for s in strategies:
         if s not in STRATEGIES:
@@ -496,7 +498,7 @@ def _warn_runtime_maxima(version: str, warn: Any) -> None:
              "pass --cdi-version with your runtimes' highest to be told what to change")
 
 
-def _warn_missing_control_nodes(roots: Any, driver: Any, warn: Any) -> None:
+def _warn_missing_control_nodes(roots: Roots, driver: DriverFiles, warn: Any) -> None:
     """nvidia-ctk warns too; a container without /dev/nvidia-uvm cannot run CUDA, and
     nothing but nvidia-smi or ``nri-cdi system create-device-nodes`` creates it."""
     found = {n.path for n in driver.control_nodes}
@@ -509,7 +511,7 @@ def _warn_missing_control_nodes(roots: Any, driver: Any, warn: Any) -> None:
         warn(line)
 
 
-def _stale_control_nodes(roots: Any, driver: Any) -> list[str]:
+def _stale_control_nodes(roots: Roots, driver: DriverFiles) -> list[str]:
     """Nodes whose numbers differ from what the loaded modules registered (the nvidia-uvm
     major changes when the module is reloaded): a spec would carry the stale numbers."""
     try:
@@ -525,7 +527,7 @@ def _stale_control_nodes(roots: Any, driver: Any) -> list[str]:
             if n.path in plan and (n.major, n.minor) != plan[n.path]]
 
 
-def _roots(v: dict[str, Any]) -> Any:
+def _roots(v: dict[str, Any]) -> Roots:
     driver = Path(v["driver_root"] or "/")
     dev = Path(v["dev_root"] or driver)
     for what, folder in (("driver root", driver), ("dev root", dev)):
@@ -534,7 +536,7 @@ def _roots(v: dict[str, Any]) -> Any:
     return Roots(driver=driver.absolute(), dev=dev.absolute())
 
 
-def _render(spec: Any, json_format: bool, *, mode: str, fp: str, sidecar: Path | None) -> str:
+def _render(spec: SpecData, json_format: bool, *, mode: str, fp: str, sidecar: Path | None) -> str:
     validate_spec(spec)
     if json_format:  # JSON has no comments: the fingerprint is in the sidecar only
         return dump_spec(spec, json_format=True)
@@ -550,7 +552,8 @@ def _sidecar(path: Path) -> Path:
     return sidecar_path(path)
 
 
-def _write(path: Path, text: str, inv: Any, opts: Any, spec: Any, fp: str) -> None:
+def _write(path: Path, text: str, inv: Inventory, opts: Options, spec: SpecData,
+           fp: str) -> None:
     data = text.encode("utf-8")
     meta = metadata(inv, opts, spec, fp=fp, spec_file=path.name,
                     spec_sha256=sha256(data).hexdigest())
