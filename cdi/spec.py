@@ -254,10 +254,8 @@ class _EventPaths:
     """
 
     def __init__(self) -> None:
-        import yaml
-
         self._stack: list[list[Any]] = []
-        self._yaml = yaml
+        self._yaml = _yaml()
 
     def step(self, event: Any) -> str:
         yaml = self._yaml

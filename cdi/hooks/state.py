@@ -63,15 +63,13 @@ class _Context:
     parse_constant = float  # NaN, Infinity, -Infinity: accepted, as json.loads does
 
 
-def _scanner() -> Any:
-    try:
-        from _json import make_scanner
-    except ImportError:  # another Python than CPython: the module is the fallback
-        return None
-    return make_scanner(_Context())  # type: ignore[arg-type]  # it reads only those attributes
-
-
-_SCAN = _scanner()
+_SCAN: Any
+try:
+    import _json
+except ImportError:  # another Python than CPython: the module is the fallback
+    _SCAN = None
+else:
+    _SCAN = _json.make_scanner(_Context())  # type: ignore[arg-type]  # reads only those fields
 
 
 def loads(text: str | bytes) -> Any:
@@ -79,7 +77,7 @@ def loads(text: str | bytes) -> Any:
     if isinstance(text, bytes):
         text = text.decode("utf-8")  # ValueError (UnicodeDecodeError) as json's would be
     if _SCAN is None:
-        import json
+        import json  # lazy: ~9 ms of a hook's CPU (see above), and only off CPython
 
         return json.loads(text)
     start = len(text) - len(text.lstrip(_WHITESPACE))

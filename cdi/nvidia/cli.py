@@ -27,8 +27,39 @@ try:  # CPython's own SHA-256: hashlib would load OpenSSL at start-up
 except ImportError:  # pragma: no cover - other interpreters
     from hashlib import sha256
 
+from cdi.errors import SpecError
+from cdi.model import SpecData, to_dict
+from cdi.nvidia.devnodes import char_majors, control_node_plan
+from cdi.nvidia.discover import MODES, DiscoveryError, Roots, discover
+from cdi.nvidia.driver import (
+    CONTROL_NODES,
+    DriverFiles,
+    find_nvml_library,
+    find_version_from_libraries,
+    locate_driver,
+)
+from cdi.nvidia.generate import (
+    DEFAULT_HOOKS,
+    GENERATOR_VERSION,
+    HOOK_NAMES,
+    HOOK_PROGRAMS,
+    STRATEGIES,
+    GenerateError,
+    Inventory,
+    Options,
+    build_spec,
+    collect,
+    fingerprint,
+    metadata,
+    spec_annotations,
+)
 from cdi.nvidia.sidecar import SUFFIX as SIDECAR_SUFFIX
 from cdi.nvidia.sidecar import sidecar_path
+from cdi.process import finish
+from cdi.spec import atomic_write, dump_spec
+from cdi.validate import validate_spec
+from cdi.version import parse_version, version_key
+from cdi.yaml11 import dump_yaml
 
 __all__ = ["add_commands", "cmd_generate", "main"]
 
@@ -225,8 +256,6 @@ def _hooks(enabled: Sequence[str] | None, disabled: Sequence[str] | None, *,
     """The hooks to emit.  Defaults: nvidia-ctk's (less the two we lack) in hooks mode,
     none in mounts mode; management mode leaves out disable-device-node-modification, as
     nvidia-ctk does.  An explicit --enable-hook that cannot take effect is refused."""
-    from cdi.nvidia.generate import DEFAULT_HOOKS, HOOK_NAMES
-
     enabled, disabled = list(enabled or ()), list(disabled or ())
     for name in (*enabled, *disabled):
         if name != "all" and name not in HOOK_NAMES:
@@ -256,8 +285,6 @@ def _hook_path(value: str | None) -> str:
     we cannot place would get arguments it does not understand (NVIDIA's binary answers
     ``Unsupported CDI hook: hook`` to ours and exits 0, so a container would start without
     ``libcuda.so.1``), hence refused."""
-    from cdi.nvidia.generate import HOOK_PROGRAMS
-
     if not value:
         return ""
     if not os.path.isabs(value):
@@ -294,7 +321,7 @@ def _config_driver_root(path: str) -> str | None:
     """``nvidia-container-cli.root`` from nvidia-ctk's config.toml, the one key of that
     file ``nvidia-ctk cdi generate`` uses."""
     try:
-        import tomllib
+        import tomllib  # lazy: 3-4 ms on top of this module's 30 ms (-X importtime); --config only
     except ImportError:  # Python 3.10
         raise UsageError(f"--config {path}: reading TOML needs Python >= 3.11") from None
     try:
@@ -312,10 +339,7 @@ def _config_driver_root(path: str) -> str | None:
     return root or None
 
 
-def _options(v: dict[str, Any], mode: str) -> Any:
-    from cdi.nvidia.generate import STRATEGIES, Options
-    from cdi.version import parse_version
-
+def _options(v: dict[str, Any], mode: str) -> Options:
     strategies = tuple(dict.fromkeys(v["strategies"] or ("index", "uuid")))
     for s in strategies:
         if s not in STRATEGIES:
@@ -399,10 +423,6 @@ def _cmd_generate(args: argparse.Namespace, out: TextIO | None, err: TextIO | No
         if v["debug"] and not v["quiet"]:
             say(f"debug: {message}")
 
-    from cdi.errors import SpecError
-    from cdi.nvidia.discover import DiscoveryError
-    from cdi.nvidia.generate import GenerateError
-
     try:
         return _generate(v, out, warn, debug)
     except (UsageError, DiscoveryError, GenerateError) as exc:
@@ -422,10 +442,6 @@ def _cmd_generate(args: argparse.Namespace, out: TextIO | None, err: TextIO | No
 
 def _generate(v: dict[str, Any], out: TextIO, warn: Any,
               debug: Any = lambda message: None) -> int:
-    from cdi.nvidia.discover import MODES, discover
-    from cdi.nvidia.driver import find_nvml_library, find_version_from_libraries, locate_driver
-    from cdi.nvidia.generate import build_spec, collect, fingerprint, spec_annotations
-
     mode = v["mode"] or "auto"
     if mode not in MODES:
         raise UsageError(f"mode {mode!r} is not supported (want one of {', '.join(MODES)})")
@@ -475,8 +491,6 @@ def _generate(v: dict[str, Any], out: TextIO, warn: Any,
 
 
 def _warn_runtime_maxima(version: str, warn: Any) -> None:
-    from cdi.version import version_key
-
     older = [f"{name} (up to {top})" for name, top in RUNTIME_MAX_VERSIONS.items()
              if version_key(version) > version_key(top)]
     if older:
@@ -484,11 +498,9 @@ def _warn_runtime_maxima(version: str, warn: Any) -> None:
              "pass --cdi-version with your runtimes' highest to be told what to change")
 
 
-def _warn_missing_control_nodes(roots: Any, driver: Any, warn: Any) -> None:
+def _warn_missing_control_nodes(roots: Roots, driver: DriverFiles, warn: Any) -> None:
     """nvidia-ctk warns too; a container without /dev/nvidia-uvm cannot run CUDA, and
     nothing but nvidia-smi or ``nri-cdi system create-device-nodes`` creates it."""
-    from cdi.nvidia.driver import CONTROL_NODES
-
     found = {n.path for n in driver.control_nodes}
     missing = [p for p in CONTROL_NODES if p not in found]
     if missing:
@@ -499,11 +511,9 @@ def _warn_missing_control_nodes(roots: Any, driver: Any, warn: Any) -> None:
         warn(line)
 
 
-def _stale_control_nodes(roots: Any, driver: Any) -> list[str]:
+def _stale_control_nodes(roots: Roots, driver: DriverFiles) -> list[str]:
     """Nodes whose numbers differ from what the loaded modules registered (the nvidia-uvm
     major changes when the module is reloaded): a spec would carry the stale numbers."""
-    from cdi.nvidia.devnodes import char_majors, control_node_plan
-
     try:
         text = roots.proc_path("devices").read_text(errors="replace")
     except OSError:
@@ -517,9 +527,7 @@ def _stale_control_nodes(roots: Any, driver: Any) -> list[str]:
             if n.path in plan and (n.major, n.minor) != plan[n.path]]
 
 
-def _roots(v: dict[str, Any]) -> Any:
-    from cdi.nvidia.discover import Roots
-
+def _roots(v: dict[str, Any]) -> Roots:
     driver = Path(v["driver_root"] or "/")
     dev = Path(v["dev_root"] or driver)
     for what, folder in (("driver root", driver), ("dev root", dev)):
@@ -528,13 +536,7 @@ def _roots(v: dict[str, Any]) -> Any:
     return Roots(driver=driver.absolute(), dev=dev.absolute())
 
 
-def _render(spec: Any, json_format: bool, *, mode: str, fp: str, sidecar: Path | None) -> str:
-    from cdi.model import to_dict
-    from cdi.nvidia.generate import GENERATOR_VERSION
-    from cdi.spec import dump_spec
-    from cdi.validate import validate_spec
-    from cdi.yaml11 import dump_yaml
-
+def _render(spec: SpecData, json_format: bool, *, mode: str, fp: str, sidecar: Path | None) -> str:
     validate_spec(spec)
     if json_format:  # JSON has no comments: the fingerprint is in the sidecar only
         return dump_spec(spec, json_format=True)
@@ -550,10 +552,8 @@ def _sidecar(path: Path) -> Path:
     return sidecar_path(path)
 
 
-def _write(path: Path, text: str, inv: Any, opts: Any, spec: Any, fp: str) -> None:
-    from cdi.nvidia.generate import metadata
-    from cdi.spec import atomic_write
-
+def _write(path: Path, text: str, inv: Inventory, opts: Options, spec: SpecData,
+           fp: str) -> None:
     data = text.encode("utf-8")
     meta = metadata(inv, opts, spec, fp=fp, spec_file=path.name,
                     spec_sha256=sha256(data).hexdigest())
@@ -599,6 +599,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from cdi.process import finish
-
     finish(main())

@@ -28,7 +28,15 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from cdi.linux.ldcache import host_path, resolve_from, root_prefix
+from cdi.linux.elf import ElfError, read_soname
+from cdi.linux.ldcache import (
+    LdCacheError,
+    find_libraries,
+    host_path,
+    read_ldcache,
+    resolve_from,
+    root_prefix,
+)
 from cdi.nvidia.discover import Roots, read_text, under
 
 __all__ = [
@@ -456,8 +464,6 @@ def _scan_dirs(tree: _Tree, dirs: Sequence[str]) -> list[str]:
 
 
 def _ldcache_files(tree: _Tree, patterns: Sequence[str]) -> list[str]:
-    from cdi.linux.ldcache import LdCacheError, find_libraries, read_ldcache
-
     cache = host_path(tree.root, ("etc", "ld.so.cache"))
     try:
         entries = read_ldcache(cache)
@@ -519,8 +525,6 @@ def _driver_libraries(tree: _Tree, version: str, search: Sequence[str] | None,
 
 def _library_links(tree: _Tree, files: Sequence[str], folders: Sequence[str],
                    version: str) -> list[Link]:
-    from cdi.linux.elf import ElfError, read_soname
-
     links: list[Link | None] = []  # each ends at a library
     for path in files:
         folder, name = _parent(path), _name(path)

@@ -9,49 +9,55 @@ never waits on stderr or journald.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
+import logging.handlers
 import os
+import queue
+import signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
+from cdi.cache import Snapshot, SpecCache
 from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.errors import printable
+from cdi.watch import AutoRefresh
+from nri_plugin.nri.stub import Stub
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, PLUGIN_IDX_ENV, PLUGIN_NAME_ENV
+from nri_plugin.ops.dra_check import start_warning
+from nri_plugin.ops.logformat import BoundedLog, log_formatter
+from nri_plugin.ops.metrics import Metrics, Server, parse_address
+from nri_plugin.ops.policy_reload import PolicyReloader
+from nri_plugin.ops.runtime_cdi import runtime_cdi_config
+from nri_plugin.ops.settings import (
+    Settings,
+    SettingsError,
+    add_config_argument,
+    settings_from_args,
+)
+from nri_plugin.plugins.cdi_injector.claims import OnHit, OnMiss, StartWarning
+from nri_plugin.plugins.cdi_injector.counters import Counters
+from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
+from nri_plugin.plugins.cdi_injector.failclosed import Unserved, act
+from nri_plugin.plugins.cdi_injector.guard import StartGuard
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
+from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyError, load_policy, parse_policy
+from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder, VendorRules
+from nri_plugin.vendors.nvidia.rules import NvidiaRules
 
-if TYPE_CHECKING:
-    import asyncio
-    import logging.handlers
-    import queue
-    from collections.abc import Sequence
-
-    from cdi.cache import Snapshot
-    from cdi.watch import AutoRefresh
-    from nri_plugin.nri.stub import Stub
-    from nri_plugin.ops.metrics import Metrics, Server
-    from nri_plugin.ops.policy_reload import PolicyReloader
-    from nri_plugin.ops.settings import Settings
-    from nri_plugin.plugins.cdi_injector.claims import OnHit, OnMiss, StartWarning
-    from nri_plugin.plugins.cdi_injector.counters import Counters
-    from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
-    from nri_plugin.plugins.cdi_injector.failclosed import Unserved
-    from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-    from nri_plugin.plugins.cdi_injector.policy import Policy
-    from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder, VendorRules
-
-
-# asyncio, the stub and the registry are imported when the daemon starts, not when the
-# nri-cdi command builds its parser: other subcommands (generate, hooks) start faster.
+# Only ``nri-cdi plugin`` imports this module (nri_plugin/ops/cli.py imports a subcommand's
+# module when it is chosen), so everything the daemon runs on is imported here, at the top.
 DEFAULT_NAME = "nri-cdi"
 DEFAULT_INDEX = "10"
 log = logging.getLogger("nri_cdi")
 
 
 def add_command(subparsers: Any) -> None:
-    from nri_plugin.ops.settings import add_config_argument
-
     parser = subparsers.add_parser("plugin", help="run the NRI plugin that injects CDI devices")
     add_config_argument(parser)
     # Flags default to None: a flag overrides the config file only when given.
@@ -85,10 +91,6 @@ def add_command(subparsers: Any) -> None:
 
 
 def cmd_plugin(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from nri_plugin.ops.settings import SettingsError, settings_from_args
-
     try:
         settings = settings_from_args(args)
     except SettingsError as exc:
@@ -107,11 +109,6 @@ def cmd_plugin(args: argparse.Namespace) -> int:
 
 
 def _setup_logging(level: str, kind: str = "text") -> logging.handlers.QueueListener:
-    import logging.handlers
-    import queue
-
-    from nri_plugin.ops.logformat import BoundedLog, log_formatter
-
     records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(log_formatter(kind))
@@ -133,8 +130,6 @@ def _deferred_queue_handler(records: queue.SimpleQueue[logging.LogRecord]) -> lo
     CreateContainer, whenever a handler fails. The queue is in-process, so the record and
     its exc_info can travel as they are; only the message is fixed now (args may change).
     """
-    import logging.handlers
-
     class DeferredQueueHandler(logging.handlers.QueueHandler):
         def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
             record.msg, record.args = record.getMessage(), None
@@ -154,8 +149,6 @@ def _identity(args: argparse.Namespace, settings: Settings) -> tuple[str | None,
 def vendor_rules() -> tuple[VendorRules, ...]:
     """The vendors whose rules the plugin applies (and whose request sources and default
     denials its policy knows)."""
-    from nri_plugin.vendors.nvidia.rules import NvidiaRules
-
     return (NvidiaRules(),)
 
 
@@ -163,13 +156,6 @@ def _load_policy(path: str | None, settings: Settings,
                  vendors: Sequence[VendorRules]) -> Policy | None:
     """The policy from ``path``, else the config file's ``policy`` section, else the
     built-in defaults; None after logging every problem."""
-    from nri_plugin.plugins.cdi_injector.policy import (
-        Policy,
-        PolicyError,
-        load_policy,
-        parse_policy,
-    )
-
     if path is None and not settings.policy:
         return Policy.defaults(vendors)
     try:
@@ -190,17 +176,6 @@ def _load_policy(path: str | None, settings: Settings,
 async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
                 vendors: tuple[VendorRules, ...]) -> int:
     """The composition root: every part built once, by its constructor, in order."""
-    import asyncio
-
-    from cdi.cache import SpecCache
-    from cdi.watch import AutoRefresh
-    from nri_plugin.nri.stub import Stub
-    from nri_plugin.ops.dra_check import start_warning
-    from nri_plugin.ops.runtime_cdi import runtime_cdi_config
-    from nri_plugin.plugins.cdi_injector.counters import Counters
-    from nri_plugin.plugins.cdi_injector.guard import StartGuard
-    from nri_plugin.plugins.cdi_injector.vendor import RegistryHolder
-
     plugin_settings = settings.plugin
     counters = Counters()
     metrics, server = _start_metrics(settings.metrics.address, counters)
@@ -247,14 +222,10 @@ def _injector(registry: RegistryHolder, metrics: Metrics | None, *, policy: Poli
               runtime_cdi: RuntimeCdiConfig, counters: Counters, on_miss: OnMiss,
               on_hit: OnHit, on_start_warning: StartWarning) -> CdiInjector:
     """The injector, metered when metrics are on."""
-    from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-
     if metrics is None:
         return CdiInjector(registry.get, vendors=registry.vendors, policy=policy,
                            runtime_cdi=runtime_cdi, counters=counters, on_miss=on_miss,
                            on_hit=on_hit, on_start_warning=on_start_warning)
-    from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
-
     return MeteredInjector(registry.get, metrics, vendors=registry.vendors, policy=policy,
                            runtime_cdi=runtime_cdi, counters=counters, on_miss=on_miss,
                            on_hit=on_hit, on_start_warning=on_start_warning)
@@ -262,9 +233,6 @@ def _injector(registry: RegistryHolder, metrics: Metrics | None, *, policy: Poli
 
 async def _run(stub: Stub) -> None:
     """Serve until SIGTERM or SIGINT."""
-    import asyncio
-    import signal
-
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(stub.run())
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -309,8 +277,6 @@ class _FailClosedActions:
         task.add_done_callback(self._tasks.discard)
 
     async def _act(self, unserved: list[Unserved], action: str) -> None:
-        from nri_plugin.plugins.cdi_injector.failclosed import act
-
         stopped = await act(unserved, action, self._counters)
         if self._metrics is not None:
             self._metrics.eviction(stopped)
@@ -350,10 +316,6 @@ def _policy_reloader(args: argparse.Namespace, settings: Settings,
     """Watches the policy's file (``--policy``, else the config file, whose ``policy``
     section it is) and swaps a new valid policy into ``injector``; SIGHUP forces a
     reload."""
-    from nri_plugin.ops.policy_reload import PolicyReloader
-    from nri_plugin.ops.settings import settings_from_args
-    from nri_plugin.plugins.cdi_injector.policy import Policy, load_policy, parse_policy
-
     vendors = injector.vendors
     path: str | None = args.policy
     if path is not None:
@@ -378,7 +340,6 @@ def _start_metrics(address: str,
     """Metrics and their HTTP server when an address is configured (off by default)."""
     if not address:
         return None, None
-    from nri_plugin.ops.metrics import Metrics, parse_address
 
     metrics = Metrics(counters)
     server = metrics.serve(address)

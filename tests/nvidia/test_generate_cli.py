@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from cdi import yaml11
 from cdi.hooks.cli import operations
 from cdi.nvidia import cli
 from cdi.nvidia.simnode import BuiltNode, NodeLayout
@@ -297,8 +296,8 @@ def test_collector_is_paused_only_during_the_run(root_args: list[str], tmp_path:
     import gc
 
     seen: list[bool] = []
-    real_render = yaml11.dump_yaml
-    monkeypatch.setattr(yaml11, "dump_yaml", lambda doc: seen.append(gc.isenabled())
+    real_render = cli.dump_yaml
+    monkeypatch.setattr(cli, "dump_yaml", lambda doc: seen.append(gc.isenabled())
                         or real_render(doc))
     assert generate([*root_args, "--output", str(tmp_path / "a.yaml")])[0] == 0
     assert seen == [False] and gc.isenabled()  # a long-lived caller gets it back

@@ -13,6 +13,7 @@ Ctrl-C/SIGTERM too.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -27,9 +28,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from cdi.extras import MissingDependencyError
+from cdi.nvidia.discover import DiscoveryError, Roots, _run_nvml
+from cdi.nvidia.driver import find_nvml_library
+from cdi.nvidia.simnode import BuiltNode, NodeLayout, SimNodeError, build_node
+from cdi.spec import read_spec
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
 from nri_plugin.ops.node_check import images, paths
+from nri_plugin.ops.node_check.containerd import Containerd, ContainerdError
+from nri_plugin.ops.node_check.cri import CriClient
+from nri_plugin.ops.node_check.images import import_image
+from nri_plugin.ops.node_check.plugin import PluginProcess
 
 PROBE_SOURCE = Path(__file__).with_name("cuda_probe.c")
 PROBE_IMAGE = "localhost/nri-cdi/cuda-probe:doctor"
@@ -98,9 +110,6 @@ class Node:
 
 def _nvml_loadable(driver_root: Path) -> str | None:
     """None when NVML answers under ``driver_root``, else why not."""
-    from cdi.nvidia.discover import DiscoveryError, Roots, _run_nvml
-    from cdi.nvidia.driver import find_nvml_library
-
     try:
         _run_nvml(find_nvml_library(Roots(driver=driver_root, dev=Path("/")), None))
     except DiscoveryError as exc:
@@ -119,7 +128,6 @@ def pick_node(opts: Options, work: Path) -> Node:
             if not why:
                 return Node("real", driver_root, Path("/"), "NVML answers", {})
             why += f"; /dev/nvidiactl is here: is the driver under --driver-root {driver_root}?"
-    from cdi.nvidia.simnode import BuiltNode, NodeLayout, build_node
 
     if opts.sim_node is not None:
         built, why = BuiltNode.load(opts.sim_node), "--sim-node"
@@ -148,8 +156,6 @@ def _generate(node: Node, mode: str, link: str, out: Path) -> float:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    import yaml
-
     return dict(yaml.safe_load(path.read_text()))
 
 
@@ -268,9 +274,6 @@ class Runtime:
         self.imported: list[str] = []
 
     def start(self, archives: Sequence[Path]) -> None:
-        from nri_plugin.ops.node_check.containerd import Containerd
-        from nri_plugin.ops.node_check.images import import_image
-
         if self.opts.containerd_address is None:
             self.ctrd = Containerd(self.work / "ctrd", version=self.opts.runtime,
                                    bin_dir=self.opts.containerd_bin)
@@ -303,8 +306,6 @@ class Runtime:
 
     @contextlib.contextmanager
     def plugin_on(self, spec_dir: Path, log: Path) -> Iterator[None]:
-        from nri_plugin.ops.node_check.plugin import PluginProcess
-
         # Known before it starts: an interrupt while it connects still stops it.
         self.plugin = PluginProcess(self.nri_socket, [spec_dir], log)
         try:
@@ -402,8 +403,6 @@ def check_require(cri: Any, request: str) -> tuple[bool, str]:
 
 def container_checks(rt: Runtime, node: Node, facts: SpecFacts, label: str,
                      report: Report, *, full: bool) -> None:
-    from nri_plugin.ops.node_check.cri import CriClient
-
     request = f"nvidia.com/gpu={rt.opts.gpu}"
     with CriClient(rt.address) as cri, cri.cleanup():
         report.timings_ms[f"create+start with GPU [{label}]"] = _create_start_ms(
@@ -423,8 +422,6 @@ def container_checks(rt: Runtime, node: Node, facts: SpecFacts, label: str,
 
 def _specs(opts: Options, node: Node, work: Path, report: Report) -> dict[str, Path]:
     """Folders holding the spec per link mode (generated unless --spec-dir)."""
-    from cdi.spec import read_spec
-
     if opts.spec_dir is not None:
         dirs = {"given": opts.spec_dir}
     else:
@@ -465,12 +462,8 @@ def _spec_doc(folder: Path) -> dict[str, Any]:
 
 def require(opts: Options) -> None:
     """Fail in one line, before starting anything, when a prerequisite is missing."""
-    try:
-        import grpc  # noqa: F401
-    except ImportError:
-        from cdi.extras import MissingDependencyError
-
-        raise MissingDependencyError("grpc", "doctor --e2e") from None
+    if importlib.util.find_spec("grpc") is None:  # the CRI client's, imported by cri.py
+        raise MissingDependencyError("grpc", "doctor --e2e")
     if opts.containerd_address is None:
         if opts.runtime not in paths.RUNTIMES:
             raise NodeCheckError(f"unknown --runtime {opts.runtime} "
@@ -533,8 +526,6 @@ class CriTimer:
         self.client: Any = None
 
     def __enter__(self) -> CriTimer:
-        from nri_plugin.ops.node_check.cri import CriClient
-
         self.client = CriClient(self.rt.address)
         return self
 
@@ -565,9 +556,6 @@ def _raise_on_term(signum: int, frame: object) -> None:
 
 
 def cmd(args: Any) -> int:
-    from cdi.nvidia.simnode import SimNodeError
-    from nri_plugin.ops.node_check.containerd import ContainerdError
-
     if args.cache:
         os.environ[paths.CACHE_ENV] = str(args.cache)
     if args.runc:  # this process only: the private containerd's config names it

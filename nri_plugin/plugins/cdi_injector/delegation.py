@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -122,8 +123,6 @@ class DelegationTracker:
     LIMIT = 1024
 
     def __init__(self) -> None:
-        from collections import OrderedDict
-
         self._pending: OrderedDict[str, tuple[str, tuple[str, ...]]] = OrderedDict()
 
     def delegated(self, container_id: str, label: str, names: tuple[str, ...]) -> None:

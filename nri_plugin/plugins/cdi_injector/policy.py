@@ -197,7 +197,7 @@ def _check_device(name: str, namespace: str, rules: list[DeviceRule]) -> None:
 def load_policy(path: str, vendors: Sequence[VendorRules] = ()) -> Policy:
     """Read and validate a policy file (YAML); raises PolicyError naming every problem.
     ``vendors``: whose request sources and default denials the policy knows."""
-    import yaml
+    import yaml  # lazy: 9-11 ms (-X importtime) that the built-in default policy never needs
 
     try:
         with open(path, encoding="utf-8") as handle:
