@@ -21,11 +21,14 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${NRI_CDI_NVIDIA_CACHE:-$REPO/.cache/nvidia-debian}
+# The upstream driver the expectations in tests/data/nvidia-debian-<version>/ were made
+# from. Its Debian revision, and docker.io's version, are whatever sid carries when the
+# cache is filled (a new upload of either must not break the suite); both are recorded.
 DRIVER_VERSION=550.163.01
-DEB_VERSION=$DRIVER_VERSION-5.1
-DOCKER_VERSION=28.5.2+dfsg4-5
+DEB_VERSION=
+DOCKER_VERSION=
 # Bump when the package set or the layout of the cache changes.
-STAMP=$CACHE/.installed-$DEB_VERSION-v1
+STAMP=$CACHE/.installed-$DRIVER_VERSION-v2
 ROOT=$CACHE/root
 DOCKER=$CACHE/docker
 SUITE=sid
@@ -77,7 +80,10 @@ apt_opts() {
 
 download() {
     local a=$CACHE/apt debs=$CACHE/debs
-    [ -f "$debs/.complete-$DEB_VERSION" ] && return 0
+    if [ -f "$debs/.complete-$DRIVER_VERSION" ]; then
+        read -r DEB_VERSION DOCKER_VERSION <"$debs/.versions"
+        return 0
+    fi
     mkdir -p "$a/lists/partial" "$a/cache/archives/partial" "$debs"
     : >"$a/status"
     echo "deb $(debian_mirror) $SUITE main contrib non-free non-free-firmware" >"$a/sources.list"
@@ -85,18 +91,32 @@ download() {
     mapfile -t o < <(apt_opts)
     log "fetching $SUITE package lists (private apt config in $a)"
     apt-get "${o[@]}" -qq update
+    DEB_VERSION=$(newest "$DRIVER_VERSION-" libcuda1 "${o[@]}")
+    [ -n "$DEB_VERSION" ] || die "$SUITE no longer carries driver $DRIVER_VERSION (libcuda1):" \
+        "move DRIVER_VERSION and tests/data/nvidia-debian-$DRIVER_VERSION to one it carries"
+    DOCKER_VERSION=$(newest "" docker.io "${o[@]}")
     local want=() p
     for p in "${DRIVER_AMD64[@]}"; do want+=("$p:amd64=$DEB_VERSION"); done
     for p in "${DRIVER_I386[@]}"; do want+=("$p:i386=$DEB_VERSION"); done
     for p in "${OTHERS[@]}"; do want+=("$p:amd64"); done
     for p in "${OTHERS_I386[@]}"; do want+=("$p:i386"); done
-    for p in "${DOCKER_PACKAGES[@]}"; do want+=("$p:amd64=$DOCKER_VERSION"); done
+    for p in "${DOCKER_PACKAGES[@]}"; do want+=("$p:amd64"); done
     log "downloading ${#want[@]} packages (driver $DEB_VERSION, docker $DOCKER_VERSION)"
     local t0=$SECONDS
     (cd "$debs" && apt-get "${o[@]}" -qq download "${want[@]}") ||
-        die "apt-get download failed: has $SUITE moved past driver $DEB_VERSION? (see $a)"
+        die "apt-get download failed: driver $DEB_VERSION, docker $DOCKER_VERSION (see $a)"
     log "downloaded $(ls "$debs"/*.deb | wc -l) files, $(du -sm "$debs" | cut -f1) MB in $((SECONDS - t0)) s"
-    touch "$debs/.complete-$DEB_VERSION"
+    echo "$DEB_VERSION $DOCKER_VERSION" >"$debs/.versions"
+    touch "$debs/.complete-$DRIVER_VERSION"
+}
+
+# The newest version of package $2 that sid carries and that starts with $1 (apt-cache
+# madison lists the newest first); empty when there is none.
+newest() {
+    local prefix=$1 package=$2
+    shift 2
+    apt-cache "$@" madison "$package" |
+        awk -F'|' -v p="$prefix" '{gsub(/ /, "", $2)} index($2, p) == 1 {print $2; exit}'
 }
 
 is_docker_deb() { case "$(basename "$1")" in docker.io_* | docker-cli_*) return 0 ;; esac; return 1; }
@@ -147,6 +167,7 @@ main() {
         unpack_docker
         touch "$STAMP"
     fi
+    [ -n "$DEB_VERSION" ] || read -r DEB_VERSION DOCKER_VERSION <"$CACHE/debs/.versions"
     cat <<EOF
 NVIDIA driver root : $ROOT  (Debian sid $DEB_VERSION, alternatives made by its postinsts)
 docker             : $DOCKER/usr/bin  (dockerd in usr/sbin, docker in usr/bin: $DOCKER_VERSION)
