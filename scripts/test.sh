@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: installs what the tests need (Python packages, the
-# Debian tools, a private containerd for the end-to-end tests), lints (ruff, mypy --strict),
-# then runs pytest.
+# Debian tools, private containerds, NVIDIA's Debian driver and Docker, the image root; all
+# cached under .cache/), lints (ruff, mypy --strict), then runs pytest.
 # Extra arguments go to pytest (e.g. scripts/test.sh tests/cdi -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
