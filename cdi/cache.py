@@ -293,12 +293,7 @@ class SpecCache:
         previous = self._parsed.get(path)
         if previous and previous[0] == signature:
             return previous
-        last_change = max(spec_file.signature[3], spec_file.signature[4])
-        rewritten = events_ns is not None and last_change > events_ns - _CLOCK_SLACK_NS
-        # Changed without a completion event (or written to again after it): take it only
-        # once it has been still.
-        if events is not None and (path not in events or rewritten) \
-                and now - last_change < quiet_ns:
+        if _must_wait(path, spec_file.signature, events, events_ns, now, quiet_ns):
             return _Pending()
         try:
             read = _read_stable(path)
@@ -307,6 +302,11 @@ class SpecCache:
         if read is None:
             return _Pending()  # changed while it was read
         info, data = read
+        if _identity(info) != spec_file.signature[:5] and _must_wait(
+                path, _identity(info), events, events_ns, now, quiet_ns):
+            # Changed between the folder scan and the read (a writer that truncated it
+            # meanwhile): judged again by what was read, not by the scan's older look.
+            return _Pending()
         try:
             result: Spec | SpecError = parse_spec(data, path, spec_file.priority)
         except SpecError as exc:
@@ -319,8 +319,30 @@ class SpecCache:
 
 
 _UNREAD: Signature = (0, 0, 0, 0, 0, -2)
-# File times come from the kernel's coarse clock, up to a tick behind time.time_ns().
-_CLOCK_SLACK_NS = 5_000_000
+
+
+def _coarse_tick_ns() -> int:
+    # File times come from the kernel's coarse clock (CLOCK_REALTIME_COARSE, 5 on Linux),
+    # up to one of its ticks behind time.time_ns(): 4 ms at HZ=250, 10 ms at HZ=100.
+    try:
+        return int(time.clock_getres(5) * 1e9)
+    except OSError:
+        return 10_000_000
+
+
+_CLOCK_SLACK_NS = max(5_000_000, 2 * _coarse_tick_ns())
+
+
+def _must_wait(path: str, identity: Sequence[int], events: set[str] | None,
+               events_ns: int | None, now: int, quiet_ns: int) -> bool:
+    """Whether a changed file must wait before it is taken: it changed without a
+    completion event, or was written to again after it (its change time is later than
+    when the events were taken), and has not been still for ``quiet_ns``."""
+    if events is None:
+        return False  # a direct refresh takes every changed file at once
+    last_change = max(identity[3], identity[4])
+    rewritten = events_ns is not None and last_change > events_ns - _CLOCK_SLACK_NS
+    return (path not in events or rewritten) and now - last_change < quiet_ns
 
 
 def _identity(info: os.stat_result) -> tuple[int, int, int, int, int]:
