@@ -58,16 +58,8 @@ class Check:
 
 
 def containerd_major(binary: str | None = None) -> int | None:
-    exe = binary or shutil.which("containerd")
-    if not exe:
-        return None
-    try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10,
-                             check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    match = re.search(r"\sv?(\d+)\.\d+", out)
-    return int(match.group(1)) if match else None
+    version = containerd_version(binary)
+    return version[0] if version else None
 
 
 def check_nri_enabled(cfg: ContainerdConfig, our_socket: str) -> Check:
