@@ -251,7 +251,11 @@ class AutoRefresh:
     def removals_pending(self) -> bool:
         """Whether a spec file may have been removed without the snapshot showing it yet
         (events queued, or a removal read and not yet applied). Cheap: one poll."""
-        return self._removal_unapplied or self._events_queued()
+        # Under the lock the thread drains events and sets the flag in: read between the
+        # two, the queue is empty and the flag not yet set, and a removal just made would
+        # look applied (a deleted claim served once more).
+        with self._changed:
+            return self._removal_unapplied or self._events_queued()
 
     def wait_removals(self, timeout: float) -> bool:
         """Wait (at most ``timeout``) until every removal queued before this call is in the

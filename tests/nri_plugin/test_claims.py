@@ -6,6 +6,7 @@ once, without the settle a burst of writes gets."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -137,6 +138,37 @@ def test_a_container_after_a_removal_sees_it_without_polling(tmp_path: Path) -> 
             (folder / f"c{i}.yaml").unlink()
             registry = on_hit() or holder.get()
             assert f"k8s.example/c{i}=a" not in registry.snapshot.devices, i
+
+
+def test_a_removal_is_never_seen_between_the_drain_and_its_flag(tmp_path: Path) -> None:
+    """The watcher thread drains a removal's event, then marks it unapplied: a reader that
+    looks between the two (queue empty, flag not yet set) would serve the removed spec.
+    The watcher is held in that window here while another thread asks."""
+    folder = write_specs(tmp_path / "cdi", {"c0.yaml": simple_spec("k8s.example/c0", "a")})
+    refresher = AutoRefresh(SpecCache([str(folder)]), rescan_interval=3600)  # not started
+    watcher = refresher._watcher
+    drained, release = threading.Event(), threading.Event()
+    read = watcher.read_changes
+
+    def read_then_hold() -> bool:
+        changed = read()
+        drained.set()
+        release.wait(10)  # the window between the drain and the flag
+        return changed
+
+    watcher.read_changes = read_then_hold  # type: ignore[method-assign]
+    (folder / "c0.yaml").unlink()
+    drain = threading.Thread(target=refresher._read_changes)
+    drain.start()
+    assert drained.wait(10)
+    answers: list[bool] = []
+    asker = threading.Thread(target=lambda: answers.append(refresher.removals_pending()))
+    asker.start()
+    asker.join(0.5)  # a reader that does not wait for the flag answers in this time
+    release.set()
+    drain.join(10)
+    asker.join(10)
+    assert answers == [True]
 
 
 def test_cdi_devices_the_runtime_ignored_are_injected_by_the_plugin(tmp_path: Path,
