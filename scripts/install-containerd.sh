@@ -63,14 +63,8 @@ install_host_packages() {
     apt-get install -y -qq --no-install-recommends "${HOST_PACKAGES[@]}" >/dev/null
 }
 
-# The Debian mirror the system's apt already uses (deb822 first, then the one-line format).
-debian_mirror() {
-    local m
-    m=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
-    [ -n "$m" ] || m=$(awk '$1=="deb" && $3 ~ /^bookworm$/ {print $2; exit}' \
-        /etc/apt/sources.list 2>/dev/null || true)
-    echo "${m:-http://deb.debian.org/debian}"
-}
+# shellcheck source=scripts/debian-mirror.sh
+. "$(dirname "${BASH_SOURCE[0]}")/debian-mirror.sh"
 
 download_trixie_debs() {
     local a=$CACHE/apt debs=$CACHE/debs

@@ -27,14 +27,8 @@ STAMP=$CACHE/.root-$SUITE-${INCLUDE//,/+}-v1
 log() { echo "install-image-root: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-# The Debian mirror the system's apt already uses (deb822 first, then the one-line format).
-debian_mirror() {
-    local m
-    m=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
-    [ -n "$m" ] || m=$(awk '$1 == "deb" && $2 !~ /security/ {print $2; exit}' \
-        /etc/apt/sources.list 2>/dev/null || true)
-    echo "${m:-http://deb.debian.org/debian}"
-}
+# shellcheck source=scripts/debian-mirror.sh
+. "$(dirname "${BASH_SOURCE[0]}")/debian-mirror.sh"
 
 make_root() {
     [ "$(id -u)" = 0 ] || die "debootstrap needs root"

@@ -62,13 +62,8 @@ DOCKER_PACKAGES=(docker.io docker-cli)
 log() { echo "install-nvidia-debian: $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-debian_mirror() {
-    local m
-    m=$(sed -n 's/^URIs: *//p' /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -1)
-    [ -n "$m" ] || m=$(awk '$1=="deb" && $3 ~ /^bookworm$/ {print $2; exit}' \
-        /etc/apt/sources.list 2>/dev/null || true)
-    echo "${m:-http://deb.debian.org/debian}"
-}
+# shellcheck source=scripts/debian-mirror.sh
+. "$(dirname "${BASH_SOURCE[0]}")/debian-mirror.sh"
 
 apt_opts() {
     local a=$CACHE/apt
