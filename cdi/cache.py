@@ -68,6 +68,18 @@ class Snapshot:
     # Device names dropped because two files of equal priority define them.
     conflicts: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _frozen({}))
     generation: int = 0
+    # Device node path -> the devices that carry it, in name order: derived from
+    # ``devices`` when the snapshot is built (off the CreateContainer path), for matching
+    # a container's nodes to devices when their names are not shown.
+    by_device_node: Mapping[str, tuple[str, ...]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        index: dict[str, list[str]] = {}
+        for name in sorted(self.devices):
+            for node in self.devices[name].edits.device_nodes:
+                index.setdefault(node.path, []).append(name)
+        object.__setattr__(self, "by_device_node",
+                           _frozen({path: tuple(names) for path, names in index.items()}))
 
     def device_names(self) -> list[str]:
         return sorted(self.devices)

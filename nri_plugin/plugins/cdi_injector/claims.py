@@ -21,7 +21,7 @@ Two facts shape this (docs/kubernetes-allocation.md):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from cdi.cache import Snapshot
 from cdi.errors import UnresolvedDevicesError
@@ -83,32 +83,20 @@ def plugin_injected_cri(policy: Policy, cri: Sequence[DeviceRequest], namespace:
     return [DeviceRequest(r.name, "CRI CDIDevices") for r in cri]
 
 
-def node_matched(container: nri_pb2.Container, snapshot: Snapshot,
-                 index: Mapping[str, tuple[str, ...]]) -> list[DeviceRequest]:
-    """The registry's devices whose every device node the container already has, found
-    through ``index`` (``nodes_index``); one name per device node set, the first in
-    registry order. Used only where the runtime's own CDI is on and the names are not
-    shown (a kubelet >= 1.31 on an NRI older than 0.10)."""
+def node_matched(container: nri_pb2.Container, snapshot: Snapshot) -> list[DeviceRequest]:
+    """The registry's devices whose every device node the container already has (found
+    through ``Snapshot.by_device_node``); one name per device node set, the first in
+    name order. Used only where the runtime's own CDI is on and the names are not shown
+    (a kubelet >= 1.31 on an NRI older than 0.10)."""
     present = {d.path for d in container.linux.devices}
     found: list[DeviceRequest] = []
     for path in sorted(present):
-        for name in index.get(path, ()):
-            device = snapshot.devices[name]
-            nodes = {n.path for n in device.edits.device_nodes}
+        for name in snapshot.by_device_node.get(path, ()):
+            nodes = {n.path for n in snapshot.devices[name].edits.device_nodes}
             if nodes <= present:
                 found.append(DeviceRequest(name, NODE_SOURCE))
                 break
     return found
-
-
-def nodes_index(snapshot: Snapshot) -> dict[str, tuple[str, ...]]:
-    """Device node path → the names of the devices that carry it (built once per
-    snapshot, off the I/O: the nodes were filled in at load)."""
-    index: dict[str, list[str]] = {}
-    for name in snapshot.device_names():
-        for node in snapshot.devices[name].edits.device_nodes:
-            index.setdefault(node.path, []).append(name)
-    return {path: tuple(names) for path, names in index.items()}
 
 
 def removes_runtime_mounts(runtime: RuntimeInfo) -> bool:

@@ -43,7 +43,6 @@ from nri_plugin.plugins.cdi_injector.claims import (
     StartWarning,
     capability_removals,
     node_matched,
-    nodes_index,
     plugin_injected_cri,
     rechecked_refusal,
     removes_runtime_mounts,
@@ -256,7 +255,6 @@ class CdiInjector(Plugin):
         self.on_hit = on_hit
         # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
         self.on_start_warning = on_start_warning
-        self._nodes_index: tuple[int, dict[str, tuple[str, ...]]] = (0, {})
         self._plans: OrderedDict[tuple[object, ...], Injection] = OrderedDict()
         # Policy + vendor decisions, same idea: keyed by all they read.
         self._decisions: OrderedDict[tuple[object, ...], Decision] = OrderedDict()
@@ -462,9 +460,7 @@ class CdiInjector(Plugin):
             return unique_requests(named)
         if not container.linux.devices:
             return []
-        if self._nodes_index[0] != id(snapshot):
-            self._nodes_index = (id(snapshot), nodes_index(snapshot))
-        return node_matched(container, snapshot, self._nodes_index[1])
+        return node_matched(container, snapshot)
 
     def _with_trimmed(self, injection: Injection, injected: Sequence[DeviceRequest],
                       edit_filter: EditFilter | None, env: Mapping[str, str],
