@@ -38,18 +38,17 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 import venv
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.bench_generate_vs_ctk import timed as run  # noqa: E402
 from cdi.nvidia.simnode import BuiltNode, NodeLayout, build_node, in_node_namespace  # noqa: E402
 
 # What pip writes for ``[project.scripts] nri-cdi = "nri_plugin.ops.cli:entry"``.
@@ -89,21 +88,6 @@ def find_ctk() -> tuple[str | None, str]:
                                                 "$NVIDIA_CTK is unset")
 
 
-def run(argv: Sequence[str], env: dict[str, str]) -> tuple[float, float]:
-    """(wall ms, CPU ms) of one command; a failure stops the benchmark with its stderr.
-    CPU is user + system time of the process and its waited-for children (wait4): less
-    sensitive than wall time to what else the machine runs."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(list(argv), env=env, cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = (time.perf_counter() - start) * 1000
-    stderr = proc.stderr.read() if proc.stderr else ""
-    if proc.stderr:
-        proc.stderr.close()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(argv[-14:])} failed:\n{stderr[-2000:]}")
-    return wall, (usage.ru_utime + usage.ru_stime) * 1000
 
 
 def console_script(folder: Path, python: str) -> Path:

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,12 +41,12 @@ CTK = Path(os.environ["NVIDIA_CTK"]) if os.environ.get("NVIDIA_CTK") else peer("
 GNU_TIME = shutil.which("time") or "/usr/bin/time"
 
 
-def run(node_argv: list[str], env: dict[str, str], report: Path) -> tuple[float, float, float]:
-    """(wall ms, CPU ms, peak RSS MiB) of one command run in the node's namespace.  CPU is
-    user + system time of the whole process tree (wait4), less sensitive than wall time to
-    other load on the machine."""
+def timed(argv: Sequence[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall ms, CPU ms) of one command; a failure stops the benchmark with its stderr.
+    CPU is user + system time of the process and its waited-for children (wait4): less
+    sensitive than wall time to other load on the machine."""
     start = time.perf_counter()
-    proc = subprocess.Popen(node_argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(list(argv), env=env, cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = (time.perf_counter() - start) * 1000
@@ -53,8 +54,13 @@ def run(node_argv: list[str], env: dict[str, str], report: Path) -> tuple[float,
     if proc.stderr:
         proc.stderr.close()
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(node_argv[-12:])} failed:\n{stderr[-2000:]}")
-    cpu = (usage.ru_utime + usage.ru_stime) * 1000
+        raise SystemExit(f"{' '.join(argv[-14:])} failed:\n{stderr[-2000:]}")
+    return wall, (usage.ru_utime + usage.ru_stime) * 1000
+
+
+def run(node_argv: list[str], env: dict[str, str], report: Path) -> tuple[float, float, float]:
+    """(wall ms, CPU ms, peak RSS MiB) of one command run in the node's namespace."""
+    wall, cpu = timed(node_argv, env)
     return wall, cpu, int(report.read_text().split()[-1]) / 1024
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,3 +71,15 @@ def nvidia_policy(doc: object, origin: str = "") -> Policy:
     from nri_plugin.vendors.nvidia.rules import NvidiaRules
 
     return parse_policy(doc, origin=origin, vendors=(NvidiaRules(),))
+
+
+def hook_links(hook_args: Iterable[Sequence[str]]) -> dict[str, str]:
+    """The links the create-symlinks hooks of a spec make, {container path: target text},
+    from each hook's args."""
+    links = {}
+    for args in hook_args:
+        for i, word in enumerate(args):
+            if word == "--link":
+                target, path = args[i + 1].split("::")
+                links[path] = target
+    return links

@@ -13,7 +13,7 @@ import pytest
 
 from cdi.nvidia.simnode import BuiltNode, NodeLayout
 from cdi.spec import parse_spec
-from tests.helpers import run_generate
+from tests.helpers import hook_links, run_generate
 
 NodeFactory = Callable[[str, NodeLayout], BuiltNode]
 
@@ -76,15 +76,7 @@ def test_soname_naming_another_folder_makes_no_link(node: BuiltNode, tmp_path: P
 
 
 def _links(text: str) -> dict[str, str]:
-    spec = parse_spec(text).data
-    out = {}
-    for hook in spec.container_edits.hooks:
-        args = list(hook.args)
-        for i, word in enumerate(args):
-            if word == "--link":
-                target, path = args[i + 1].split("::")
-                out[path] = target
-    return out
+    return hook_links(hook.args for hook in parse_spec(text).data.container_edits.hooks)
 
 
 def test_alternatives_chain_is_anchored_at_the_mounted_file(node: BuiltNode) -> None:

@@ -13,6 +13,7 @@ import yaml
 
 from cdi.nvidia.simnode import BuiltNode
 from cdi.spec import parse_spec
+from tests.helpers import hook_links
 from tests.helpers import run_generate as generate
 from tests.nvidia_debian import DATA as DATA_DIR
 from tests.nvidia_debian import VERSION, capability_table, driver_root, file_list, kernel_side
@@ -56,14 +57,7 @@ def _links(spec: dict[str, object]) -> dict[str, str]:
     """The create-symlinks hook's links, {container path: target text}."""
     edits = spec["containerEdits"]
     assert isinstance(edits, dict)
-    links = {}
-    for hook in edits.get("hooks", []):
-        args = hook["args"]
-        for i, word in enumerate(args):
-            if word == "--link":
-                target, path = args[i + 1].split("::")
-                links[path] = target
-    return links
+    return hook_links(hook["args"] for hook in edits.get("hooks", []))
 
 
 def test_the_installed_root_is_the_one_the_expectations_describe(root: Path) -> None:
