@@ -12,12 +12,22 @@ env, a createContainer hook). Containers are removed outside the timed part.
 checkout (e.g. the main branch) on a containerd of its own, to compare two versions of
 the plugin against the same native CDI figures.
 
+``--reference BINARY`` (or ``$NRI_CDI_REFERENCE_INJECTOR``) adds the Go reference CDI
+injector, on a containerd of its own, in the same rounds: an NRI plugin that resolves the
+same annotation with the CDI Go library and turns the edits into an adjustment
+(containers/nri-plugins PR #327's ``cdi-device-injector`` design). It is not part of this
+project; build it from its public source. It is started as
+``BINARY -name nri-cdi-ref -idx 10 -socket SOCKET -spec-dir DIR`` (PR #327's flags).
+The report then also gives each plugin's CreateContainer alone (Create, not Start).
+
 Run as root: ``python3 bench/bench_containerd.py [--rounds 30] [--runtime 1.7 --runtime 2.1]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
 import statistics
 import subprocess
@@ -75,12 +85,50 @@ class CheckoutPlugin(PluginProcess):
         return self
 
 
-def timed_create_start(cri: CriClient, pod: str, **kwargs: object) -> float:
+REFERENCE_ENV = "NRI_CDI_REFERENCE_INJECTOR"
+
+
+class ReferencePlugin:
+    """The Go reference injector as a process on ``nri_socket`` (its log kept in a file)."""
+
+    def __init__(self, binary: Path, nri_socket: str, specs: Path, log_path: Path) -> None:
+        self.command = [str(binary), "-name", "nri-cdi-ref", "-idx", "10", "-socket",
+                        nri_socket, "-spec-dir", str(specs)]
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, ctrd: Containerd, timeout: float = 15.0) -> ReferencePlugin:
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=log)
+        # Connected once containerd says so (its log names the plugin).
+        deadline = time.monotonic() + timeout
+        while 'plugin "10-nri-cdi-ref" connected' not in ctrd.log_tail(400):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"the reference injector did not connect: "
+                         f"{self.log_path.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.02)
+        return self
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+# Per kind, CreateContainer alone (the part of Create+Start the plugin is asked in).
+CREATE_ONLY: dict[str, list[float]] = {}
+
+
+def timed_create_start(cri: CriClient, pod: str, kind: str = "",
+                       **kwargs: object) -> float:
     start = time.perf_counter()
     container = cri.create_container(pod, "bench", images.BUSYBOX_IMAGE, command=SLEEP,
                                      **kwargs)  # type: ignore[arg-type]
+    created = time.perf_counter()
     cri.start_container(container)
     elapsed = time.perf_counter() - start
+    if kind:
+        CREATE_ONLY.setdefault(kind, []).append(created - start)
     cri.stop_container(container)
     cri.remove_container(container)
     return elapsed
@@ -93,17 +141,25 @@ def main() -> None:
                         help="containerd version (repeatable; default: all of them)")
     parser.add_argument("--baseline-repo", type=Path,
                         help="also run the plugin of this checkout, in the same rounds")
+    parser.add_argument("--reference", type=Path,
+                        default=os.environ.get(REFERENCE_ENV) or None,
+                        help="the Go reference CDI injector's binary (also "
+                             f"${REFERENCE_ENV}), run in the same rounds")
     args = parser.parse_args()
+    if args.reference is not None and not os.access(args.reference, os.X_OK):
+        sys.exit(f"--reference {args.reference}: not an executable")
     versions = args.runtime or paths.runtimes()
     missing = paths.missing_prerequisites(tuple(versions))
     if missing:
         sys.exit(f"missing: {'; '.join(missing)}; run: bash scripts/install-containerd.sh")
     for version in versions:
-        report(bench_runtime(version, args.rounds, args.baseline_repo), args.rounds, version)
+        CREATE_ONLY.clear()
+        samples = bench_runtime(version, args.rounds, args.baseline_repo, args.reference)
+        report(samples, args.rounds, version)
 
 
-def bench_runtime(version: str, rounds: int,
-                  baseline: Path | None = None) -> dict[str, list[float]]:
+def bench_runtime(version: str, rounds: int, baseline: Path | None = None,
+                  reference: Path | None = None) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         specs = make_node(root)
@@ -111,9 +167,10 @@ def bench_runtime(version: str, rounds: int,
         native = Containerd(enable_cdi=True, cdi_spec_dirs=[specs], version=version).start()
         ours = Containerd(version=version).start()  # enable_cdi off: the plugin alone
         other = Containerd(version=version).start() if baseline else None
-        plugins: list[PluginProcess] = []
+        ref = Containerd(version=version).start() if reference else None
+        plugins: list[PluginProcess | ReferencePlugin] = []
         try:
-            for ctrd in (native, ours, other):
+            for ctrd in (native, ours, other, ref):
                 if ctrd is not None:
                     ctrd.import_images(*archives)
             plugins.append(PluginProcess(ours.nri_socket, [specs], root / "plugin.log",
@@ -122,24 +179,32 @@ def bench_runtime(version: str, rounds: int,
                 plugins.append(CheckoutPlugin(baseline, other.nri_socket, [specs],
                                               root / "baseline.log",
                                               extra_args=["--log-level", "info"]).start())
-            return run_rounds(native, ours, rounds, other)
+            if ref is not None and reference is not None:
+                plugins.append(ReferencePlugin(reference, ref.nri_socket, specs,
+                                               root / "reference.log").start(ref))
+            extras = {"baseline": other, "reference": ref}
+            return run_rounds(native, ours, rounds,
+                              {k: c for k, c in extras.items() if c is not None})
         finally:
             for plugin in plugins:
                 plugin.kill()
-            for ctrd in (native, ours, other):
+            for ctrd in (native, ours, other, ref):
                 if ctrd is not None:
                     ctrd.close()
 
 
 def run_rounds(native: Containerd, ours: Containerd, rounds: int,
-               other: Containerd | None = None) -> dict[str, list[float]]:
-    if other is not None:
-        with other.cri() as bcri, bcri.cleanup():
-            base_pod = bcri.run_pod("baseline",
-                                    annotations={"cdi.k8s.io/gpu": ",".join(DEVICES)})
-            extra = [("baseline", lambda: timed_create_start(bcri, base_pod))]
-            return _rounds(native, ours, rounds, extra)
-    return _rounds(native, ours, rounds, [])
+               others: dict[str, Containerd]) -> dict[str, list[float]]:
+    """The rounds, with each of ``others`` (a plugin on a containerd of its own) as one
+    more kind, asking for the same devices the same way as ours."""
+    with contextlib.ExitStack() as stack:
+        extra: list[tuple[str, Callable[[], float]]] = []
+        for kind, ctrd in others.items():
+            cri = stack.enter_context(ctrd.cri())
+            stack.enter_context(cri.cleanup())
+            pod = cri.run_pod(kind, annotations={"cdi.k8s.io/gpu": ",".join(DEVICES)})
+            extra.append((kind, functools.partial(timed_create_start, cri, pod, kind)))
+        return _rounds(native, ours, rounds, extra)
 
 
 def _rounds(native: Containerd, ours: Containerd, rounds: int,
@@ -151,13 +216,15 @@ def _rounds(native: Containerd, ours: Containerd, rounds: int,
         native_pod = ncri.run_pod("native")
         plugin_pod = ocri.run_pod("plugin", annotations={"cdi.k8s.io/gpu": ",".join(DEVICES)})
         kinds: list[tuple[str, Callable[[], float]]] = [
-            ("none", lambda: timed_create_start(ncri, plain_pod)),
-            ("native", lambda: timed_create_start(ncri, native_pod, cdi_devices=DEVICES)),
-            ("plugin", lambda: timed_create_start(ocri, plugin_pod)),
+            ("none", lambda: timed_create_start(ncri, plain_pod, "none")),
+            ("native", lambda: timed_create_start(ncri, native_pod, "native",
+                                                  cdi_devices=DEVICES)),
+            ("plugin", lambda: timed_create_start(ocri, plugin_pod, "plugin")),
             *extra,
         ]
         for _kind, measure in kinds:  # warm-up, not counted
             measure()
+        CREATE_ONLY.clear()
         for index in range(rounds):
             # Rotate the order each round so that no kind always runs first.
             turn = index % len(kinds)
@@ -178,6 +245,17 @@ def report(samples: dict[str, list[float]], rounds: int, version: str) -> None:
         print(f"    baseline plugin     {med['baseline']:7.1f} ms   ("
               f"{med['baseline'] / med['native']:.3f} x native CDI; ours "
               f"{med['plugin'] / med['baseline']:.3f} x baseline)")
+    if "reference" in med:
+        print(f"    Go reference        {med['reference']:7.1f} ms   ("
+              f"{med['reference'] / med['native']:.3f} x native CDI; ours "
+              f"{med['plugin'] / med['reference']:.3f} x reference)")
+    create = {kind: statistics.median(v) * 1000 for kind, v in CREATE_ONLY.items() if v}
+    if "reference" in create:
+        print("    CreateContainer alone (medians): "
+              + ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in create.items())
+              + f"; ours / reference {create['plugin'] / create['reference']:.3f}, "
+              f"ours - no injection {create['plugin'] - create['none']:.1f} ms, "
+              f"reference - no injection {create['reference'] - create['none']:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -268,7 +268,8 @@ class Stub:
     socket is absent or refuses connections we try every ``poll_interval``, so we
     are back within about that long of the runtime listening again; connections
     that end before Synchronize (a refused registration, ...) back off from
-    ``retry_initial`` doubling to ``retry_max``.
+    ``retry_initial`` doubling to ``retry_max``. ``before_connect`` is awaited before
+    every attempt.
     """
 
     def __init__(
@@ -282,6 +283,7 @@ class Stub:
         env: Mapping[str, str] | None = None,
         on_connected: Callback | None = None,
         on_close: CloseCallback | None = None,
+        before_connect: Callback | None = None,
         registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
         poll_interval: float = POLL_INTERVAL,
         retry_initial: float = RETRY_INITIAL,
@@ -300,6 +302,9 @@ class Stub:
         )
         self.on_connected = on_connected
         self.on_close = on_close
+        # Awaited before every connection attempt: a plugin that must not register before
+        # something else is in place (another connection of its own) waits here.
+        self.before_connect = before_connect
         self.registration_timeout = registration_timeout
         self.poll_interval = poll_interval
         self.retry_initial = retry_initial
@@ -331,6 +336,10 @@ class Stub:
         failures = 0  # connections in a row that ended before Synchronize
         unreachable: str | None = None  # the error we last logged for an absent socket
         while not self._stopping:
+            if self.before_connect is not None:
+                await _maybe_await(self.before_connect(self))
+                if self._stopping:
+                    return
             try:
                 session = await self._connect()
             except (OSError, asyncio.TimeoutError) as exc:

@@ -26,9 +26,16 @@ from cdi.cache import Snapshot, SpecCache
 from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.errors import printable
 from cdi.watch import AutoRefresh
-from nri_plugin.nri.stub import Stub
-from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, PLUGIN_IDX_ENV, PLUGIN_NAME_ENV
+from nri_plugin.nri.plugin import Plugin
+from nri_plugin.nri.stub import Callback, CloseCallback, Stub
+from nri_plugin.nri.versions import (
+    DEFAULT_SOCKET_PATH,
+    PLUGIN_IDX_ENV,
+    PLUGIN_NAME_ENV,
+    PLUGIN_SOCKET_ENV,
+)
 from nri_plugin.ops.dra_check import start_warning
+from nri_plugin.ops.guarded import GuardedConnections
 from nri_plugin.ops.logformat import BoundedLog, log_formatter
 from nri_plugin.ops.metrics import Metrics, Server, parse_address
 from nri_plugin.ops.policy_reload import PolicyReloader
@@ -43,7 +50,7 @@ from nri_plugin.plugins.cdi_injector.claims import OnHit, OnMiss, StartWarning
 from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.failclosed import Unserved, act
-from nri_plugin.plugins.cdi_injector.guard import StartGuard
+from nri_plugin.plugins.cdi_injector.guard import GuardConnection, StartGuard
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyError, load_policy, parse_policy
@@ -196,11 +203,28 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     actions = _FailClosedActions(asyncio.get_running_loop(), counters, metrics)
     # The guard checks every container again at creation and start (fail-closed for
     # creations that did not pass through us); it wraps the injector.
+    # Launched by the runtime, we have one connection (its fd): the guard rides on it.
+    # Otherwise its checks get a connection of their own, open only while needed.
+    launched = PLUGIN_SOCKET_ENV in os.environ
     guard = StartGuard(injector, act=actions.schedule,
-                       on_stopped=None if metrics is None else metrics.eviction)
+                       on_stopped=None if metrics is None else metrics.eviction,
+                       own_connection=not launched)
     name, idx = _identity(args, settings)
-    stub = Stub(guard, name=name, idx=idx, socket_path=plugin_settings.socket,
-                on_close=None if metrics is None else lambda s, e: metrics.disconnected())
+    on_close = None if metrics is None else lambda s, e: metrics.disconnected()
+
+    def make_stub(plugin: Plugin, plugin_name: str | None, closed: CloseCallback | None,
+                  before_connect: Callback | None) -> Stub:
+        # The guard's connection logs under a logger of its own: its lines are bounded
+        # apart from the injector's (BoundedLog counts per logger and format).
+        logger = logging.getLogger("nri_plugin.nri.stub" + (
+            ".guard" if isinstance(plugin, GuardConnection) else ""))
+        return Stub(plugin, name=plugin_name, idx=idx, socket_path=plugin_settings.socket,
+                    on_close=closed, before_connect=before_connect, logger=logger)
+
+    runner: Stub | GuardedConnections = (
+        make_stub(guard, name, on_close, None) if launched
+        else GuardedConnections(guard, make_stub, name, on_close=on_close))
+    stub = runner if isinstance(runner, Stub) else runner.main
     log.info("plugin %s-%s starting; spec dirs %s; policy %s; vendors %s", stub.idx,
              stub.name, ", ".join(cache.spec_dirs), policy.origin,
              ", ".join(f"{v.name} (hooks: {', '.join(v.hooks) or 'none'})" for v in vendors)
@@ -208,7 +232,7 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     loop = asyncio.get_running_loop()
     reloader = _policy_reloader(args, settings, injector).start(loop)
     try:
-        await _run(stub)
+        await _run(runner)
     finally:
         reloader.stop(loop)
         refresher.stop()
@@ -231,7 +255,7 @@ def _injector(registry: RegistryHolder, metrics: Metrics | None, *, policy: Poli
                            on_hit=on_hit, on_start_warning=on_start_warning)
 
 
-async def _run(stub: Stub) -> None:
+async def _run(stub: Stub | GuardedConnections) -> None:
     """Serve until SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(stub.run())
@@ -348,7 +372,7 @@ def _start_metrics(address: str,
     return metrics, server
 
 
-def _shutdown(stub: Stub, task: asyncio.Future[None]) -> None:
+def _shutdown(stub: Stub | GuardedConnections, task: asyncio.Future[None]) -> None:
     log.info("shutting down")
     stub.stop()
     task.cancel()  # also ends a reconnect back-off sleep at once

@@ -206,6 +206,9 @@ def test_what_nri_cannot_carry(ctrd: Containerd, plugin: PluginProcess, cri: Cri
     else:
         assert 4242 in ours["gids"]
     assert "handed to the runtime's own CDI" in plugin.log()
+    # Confirmed when the container goes (no StartContainer round trip to confirm it).
+    cri.stop_container(ours_id)
+    cri.remove_container(ours_id)
     plugin.wait_for_log("the runtime's own CDI injected")
 
 

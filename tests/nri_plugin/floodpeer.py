@@ -42,6 +42,7 @@ class FloodedPlugin:
         self.peers: asyncio.Queue[RuntimePeer] = asyncio.Queue()
         self.process: subprocess.Popen[bytes] | None = None
         self.server: asyncio.AbstractServer | None = None
+        self.guards: list[RuntimePeer] = []
 
     async def start(self) -> RuntimePeer:
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -57,10 +58,15 @@ class FloodedPlugin:
         return await self.connection()
 
     async def connection(self, timeout: float = 30.0) -> RuntimePeer:
-        """The plugin's next connection, handshake done."""
-        peer = await asyncio.wait_for(self.peers.get(), timeout)
-        await peer.handshake()
-        return peer
+        """The injector's next connection, handshake done. The start guard's connection,
+        which comes first (nri_plugin/ops/guarded.py), is answered and kept in
+        ``guards``."""
+        while True:
+            peer = await asyncio.wait_for(self.peers.get(), timeout)
+            registered, _ = await peer.handshake()
+            if not registered.plugin_name.endswith("-guard"):
+                return peer
+            self.guards.append(peer)
 
     @property
     def rss_kib(self) -> int:

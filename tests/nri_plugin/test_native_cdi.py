@@ -123,17 +123,19 @@ def test_cdi_devices_names_count_unless_the_runtimes_cdi_is_known_off(
     assert not_yet_injected(wanted, ctr, snapshot, False, native_cdi=False) == wanted
 
 
-def test_handed_over_creation_is_confirmed_at_start_and_failed_only_when_never_created(
+def test_handed_over_creation_is_judged_at_removal_with_no_start_round_trip(
         snapshot: Snapshot, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO")
     plugin = _plugin(snapshot, True)
-    assert plugin.configure("", "containerd", "2.1.9") & 0x10 == 0  # no PostCreate trip
-    for cid in ("a", "b", "c"):
+    mask = plugin.configure("", "containerd", "2.1.9")
+    # Neither PostCreate (0x10) nor Start (0x20): nothing inside a container's creation
+    # and start but CreateContainer itself.
+    assert mask & 0x10 == 0 and mask & 0x20 == 0 and mask & 0x400
+    for cid in ("b", "c"):
         plugin.delegations.delegated(cid, f"container={cid}", ("example.com/dev=node",))
-    plugin.start_container(_pod(), nri_pb2.Container(id="a"))
     plugin.remove_container(_pod(), nri_pb2.Container(id="b",
-                                                      state=nri_pb2.CONTAINER_CREATED))
+                                                      state=nri_pb2.CONTAINER_STOPPED))
     plugin.remove_container(_pod(), nri_pb2.Container(id="c"))  # not in the runtime's store
-    assert caplog.text.count("the runtime's own CDI injected") == 2
+    assert caplog.text.count("the runtime's own CDI injected") == 1
     assert "the runtime did not create container=c" in caplog.text
     assert plugin.counters.delegation_failed == 1

@@ -116,9 +116,10 @@ def spec_device_nodes(snapshot: Snapshot, devices: Sequence[Device]) -> tuple[De
 
 class DelegationTracker:
     """Containers whose devices were handed to the runtime's CDI, until the runtime says how
-    it went: PostCreateContainer (it injected them) or, without that, Stop/RemoveContainer
-    (containerd undoes a creation that failed after the plugin answered, e.g. "CDI device
-    injection failed"). Bounded: the oldest entries are forgotten first."""
+    it went, at RemoveContainer: a container the runtime knows (it has a state) was created,
+    so injected; one it does not was never created (containerd undoes a creation that
+    failed after the plugin answered, e.g. "CDI device injection failed"). Bounded: the
+    oldest entries are forgotten first."""
 
     LIMIT = 1024
 
@@ -130,10 +131,6 @@ class DelegationTracker:
         if len(self._pending) > self.LIMIT:
             self._pending.popitem(last=False)
 
-    def created(self, container_id: str) -> tuple[str, tuple[str, ...]] | None:
-        """The entry of a container the runtime created (and so injected into)."""
-        return self._pending.pop(container_id, None)
-
     def undone(self, container_id: str) -> tuple[str, tuple[str, ...]] | None:
-        """The entry of a container removed before it was ever created: a failed creation."""
+        """The entry of a container being removed (None: nothing was handed over)."""
         return self._pending.pop(container_id, None)

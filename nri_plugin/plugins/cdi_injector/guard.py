@@ -11,6 +11,14 @@ hands the containers created while we were away to ``act`` (which schedules
 ``failclosed.act``); those created but not started (pid 0) are remembered and stopped the
 same way when they start.
 Everything it keeps is bounded (``REMEMBER``) and forgotten at RemoveContainer.
+
+Those start checks are owed only while a container may be in doubt: until the injector's
+connection has synchronized (every container created before it is then judged), and while
+one created without us has neither started nor gone. With ``own_connection`` the guard's
+events go on a second NRI connection of their own (``GuardConnection``), which the daemon
+opens before the injector's connects and closes once nothing is in doubt
+(``needed``): the runtime then asks the plugin nothing at a container's start, which is
+one round trip less inside every Create+Start.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.plugin import Plugin
+from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.failclosed import (
     CGROUP_ROOT,
@@ -58,17 +67,49 @@ class StartGuard(Plugin):
 
     def __init__(self, injector: CdiInjector, *, act: Act | None = None,
                  on_stopped: Callable[[int], None] | None = None,
-                 cgroup_root: str = CGROUP_ROOT) -> None:
+                 cgroup_root: str = CGROUP_ROOT, own_connection: bool = False,
+                 on_need_changed: Callable[[bool], None] | None = None) -> None:
         """``act``: what to do with the started containers Synchronize found unserved
-        (None: only log them); ``on_stopped``: told how many the guard stopped itself."""
+        (None: only log them); ``on_stopped``: told how many the guard stopped itself;
+        ``own_connection``: the start checks are served by ``GuardConnection`` on a
+        connection of their own, not by this one; ``on_need_changed``: told when
+        ``needed`` changes (from inside a handler: act after its reply)."""
         self.injector = injector
         self.counters = injector.counters
         self._act = act
         self._on_stopped = on_stopped
         self.cgroup_root = cgroup_root
+        self.own_connection = own_connection
+        self.on_need_changed = on_need_changed
         self._served: OrderedDict[str, None] = OrderedDict()
         self._pending: OrderedDict[str, Unserved] = OrderedDict()
         self._reported: OrderedDict[str, None] = OrderedDict()
+        # Started containers already handed to ``act``: the guard's Synchronize and the
+        # injector's both list them, and one kill is enough.
+        self._acted: OrderedDict[str, None] = OrderedDict()
+        self._injector_synced = False
+        self._was_needed = True
+        self._native_cdi = False  # the runtime's own CDI, as the last Configure told
+
+    @property
+    def needed(self) -> bool:
+        """Whether a container may be in doubt: the injector's connection has not
+        synchronized since it (re)connected, or one created without us is still owed a
+        check at its start."""
+        return not self._injector_synced or bool(self._pending)
+
+    def _need_may_have_changed(self) -> None:
+        now = self.needed
+        if now != self._was_needed:
+            self._was_needed = now
+            if self.on_need_changed is not None:
+                self.on_need_changed(now)
+
+    def injector_connection_lost(self) -> None:
+        """The injector's connection ended: until it synchronizes again, containers are
+        created without us."""
+        self._injector_synced = False
+        self._need_may_have_changed()
 
     def _remember(self, table: OrderedDict[str, _V], key: str, value: _V) -> None:
         table[key] = value
@@ -80,15 +121,43 @@ class StartGuard(Plugin):
 
     def configure(self, config: str, runtime_name: str,
                   runtime_version: str) -> EventMask | None:
+        self._injector_synced = False
         mask = self.injector.configure(config, runtime_name, runtime_version)
-        return None if mask is None else mask | guard_events(runtime_name)
+        self._native_cdi = self.injector.runtime.native_cdi is True
+        if mask is None:
+            return None
+        if self.own_connection:
+            # RemoveContainer only, to forget what we remember: outside every container's
+            # creation and start.
+            return mask | EventMask.REMOVE_CONTAINER
+        return mask | guard_events(runtime_name)
 
     def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
                     containers: Sequence[nri_pb2.Container]) -> None:
         """Fail-closed: the containers created while we were away without their devices.
         The reply must go first (the runtime holds its lock until it has it), so acting
         on them is left to ``act``, which schedules it."""
-        now = self.defer_unserved(self.injector.find_unserved(pods, containers))
+        self._judge_listed(self.injector.find_unserved(pods, containers))
+        self._injector_synced = True
+        self._need_may_have_changed()
+
+    def guard_configured(self, runtime: RuntimeInfo) -> EventMask:
+        """The guard's own connection is to ``runtime``: the events it needs there."""
+        self._native_cdi = runtime.native_cdi is True
+        return guard_events(runtime.name)
+
+    def guard_synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
+                          containers: Sequence[nri_pb2.Container],
+                          runtime: RuntimeInfo | None = None) -> None:
+        """The guard's own Synchronize: what the injector's would find, judged first."""
+        self._judge_listed(self.injector.find_unserved(pods, containers, runtime))
+        self._need_may_have_changed()
+
+    def _judge_listed(self, unserved: list[Unserved]) -> None:
+        now = [item for item in self.defer_unserved(unserved)
+               if item.container_id not in self._acted]
+        for item in now:
+            self._remember(self._acted, item.container_id, None)
         if now and self._act is not None:
             self._act(now, self.injector.policy.fail_closed_action)
 
@@ -108,22 +177,26 @@ class StartGuard(Plugin):
 
     def post_create_container(self, pod: nri_pb2.PodSandbox,
                               container: nri_pb2.Container) -> None:
-        self.injector.post_create_container(pod, container)
-        self._check(pod, container, "post-create")
+        self.check(pod, container, "post-create")
 
     def start_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
-        self.injector.start_container(pod, container)
-        self._check(pod, container, "start")
+        self.check(pod, container, "start")
 
     def post_start_container(self, pod: nri_pb2.PodSandbox,
                              container: nri_pb2.Container) -> None:
-        self._check(pod, container, "post-start")
+        self.check(pod, container, "post-start")
 
     def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
         self.injector.remove_container(pod, container)
-        self._served.pop(container.id, None)
-        self._pending.pop(container.id, None)
-        self._reported.pop(container.id, None)
+        self.forget(container.id)
+
+    def forget(self, container_id: str) -> None:
+        """The container is gone: nothing about it is owed or kept."""
+        self._served.pop(container_id, None)
+        self._pending.pop(container_id, None)
+        self._reported.pop(container_id, None)
+        self._acted.pop(container_id, None)
+        self._need_may_have_changed()
 
     def defer_unserved(self, unserved: Sequence[Unserved]) -> list[Unserved]:
         """Split what Synchronize found: containers not started yet (pid 0: nothing to
@@ -152,9 +225,17 @@ class StartGuard(Plugin):
             return pending
         injector = self.injector
         return container_unserved(pod, container, injector.policy, injector.vendors,
-                         injector.registry(), injector.runtime.native_cdi is True)
+                                  injector.registry(), self._native_cdi)
 
-    def _check(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, stage: str) -> None:
+    def check(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, stage: str) -> None:
+        """The start check of one container at ``stage`` (raises to fail its start)."""
+        try:
+            self._check_once(pod, container, stage)
+        finally:
+            self._need_may_have_changed()
+
+    def _check_once(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
+                    stage: str) -> None:
         if container.id in self._served:
             return  # nothing owed: answered at once, no work
         item = self._judge(pod, container)
@@ -216,3 +297,41 @@ def guard_events(runtime_name: str) -> EventMask:
     if runtime_name == "containerd":
         return StartGuard.CONTAINERD_GUARD_EVENTS
     return StartGuard.GUARD_EVENTS
+
+
+class GuardConnection(Plugin):
+    """The start guard's own NRI connection: only the lifecycle events the checks need
+    (``guard_events``), served by the ``StartGuard`` it belongs to. Its Synchronize judges
+    what is listed, like the injector's; ``on_synchronized`` is told when it has (the
+    guard is in place from the reply on)."""
+
+    def __init__(self, guard: StartGuard, on_synchronized: Callable[[], None] | None = None,
+                 ) -> None:
+        self.guard = guard
+        self._on_synchronized = on_synchronized
+        self._runtime: RuntimeInfo | None = None
+
+    def configure(self, config: str, runtime_name: str,
+                  runtime_version: str) -> EventMask | None:
+        self._runtime = self.guard.injector.runtime_of(runtime_name, runtime_version)
+        return self.guard.guard_configured(self._runtime)
+
+    def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
+                    containers: Sequence[nri_pb2.Container]) -> None:
+        self.guard.guard_synchronize(pods, containers, self._runtime)
+        if self._on_synchronized is not None:
+            self._on_synchronized()
+
+    def post_create_container(self, pod: nri_pb2.PodSandbox,
+                              container: nri_pb2.Container) -> None:
+        self.guard.check(pod, container, "post-create")
+
+    def start_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self.guard.check(pod, container, "start")
+
+    def post_start_container(self, pod: nri_pb2.PodSandbox,
+                             container: nri_pb2.Container) -> None:
+        self.guard.check(pod, container, "post-start")
+
+    def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self.guard.forget(container.id)

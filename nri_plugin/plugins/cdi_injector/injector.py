@@ -270,24 +270,29 @@ class CdiInjector(Plugin):
         self.policy = policy
         self._decisions.clear()
 
-    def configure(self, config: str, runtime_name: str,
-                  runtime_version: str) -> EventMask | None:
+    def runtime_of(self, runtime_name: str, runtime_version: str) -> RuntimeInfo:
+        """The runtime Configure names, with what the settings say of its own CDI."""
         runtime = RuntimeInfo.from_configure(runtime_name, runtime_version)
         cdi = self.runtime_cdi
-        self.runtime = cdi.applied_to(runtime) if cdi is not None else runtime
+        return cdi.applied_to(runtime) if cdi is not None else runtime
+
+    def configure(self, config: str, runtime_name: str,
+                  runtime_version: str) -> EventMask | None:
+        self.runtime = self.runtime_of(runtime_name, runtime_version)
+        cdi = self.runtime_cdi
         self._plans.clear()
         self.delegations = DelegationTracker()  # events of an earlier connection are lost
         log.info("connected to %s; %s", self.runtime.describe(),
-                 cdi.describe(runtime) if cdi is not None else "runtime's own CDI: unknown")
+                 cdi.describe(self.runtime) if cdi is not None else "runtime's own CDI: unknown")
         log_runtime_facts(self.runtime)
         if self.on_start_warning is not None and (line := self.on_start_warning(self.runtime)):
             log.warning("%s", line)
         if not self.runtime.supports_cdi_devices:
             return EventMask.CREATE_CONTAINER  # nothing is delegated: nothing to follow up
-        # StartContainer confirms a handed-over creation (it was created, so injected), and
-        # is the start guard's event too: one round trip less than PostCreateContainer.
-        return (EventMask.CREATE_CONTAINER | EventMask.START_CONTAINER
-                | EventMask.REMOVE_CONTAINER)
+        # RemoveContainer tells a handed-over creation that failed (containerd undoes it)
+        # from one that did; it is outside every container's creation and start, where a
+        # StartContainer round trip (once used to confirm success) would cost each one.
+        return EventMask.CREATE_CONTAINER | EventMask.REMOVE_CONTAINER
 
     def plan(self, requests: Sequence[DeviceRequest], uid: int, gid: int,
              edit_filter: EditFilter | None = None, *, library_path: str = "",
@@ -313,11 +318,14 @@ class CdiInjector(Plugin):
         return injection
 
     def find_unserved(self, pods: Sequence[nri_pb2.PodSandbox],
-                      containers: Sequence[nri_pb2.Container]) -> list[Unserved]:
+                      containers: Sequence[nri_pb2.Container],
+                      runtime: RuntimeInfo | None = None) -> list[Unserved]:
         """The containers Synchronize lists that were created while we were away and lack
-        the devices they asked for (counted and logged; acting on them is the guard's)."""
+        the devices they asked for (counted and logged; acting on them is the guard's).
+        ``runtime``: the one that sent them, where it is not the injector's (yet)."""
+        native = (runtime or self.runtime).native_cdi is True
         unserved = find_unserved(pods, containers, self.policy, self.vendors,
-                                 self._registry(), native_cdi=self.runtime.native_cdi is True)
+                                 self._registry(), native_cdi=native)
         self.counters.unserved_found += len(unserved)
         for item in unserved:
             log.warning("container %s (%s) of pod %s was created without its devices while "
@@ -360,19 +368,10 @@ class CdiInjector(Plugin):
                      micros)
         return injection.adjustment
 
-    def post_create_container(self, pod: nri_pb2.PodSandbox,
-                              container: nri_pb2.Container) -> None:
-        entry = self.delegations.created(container.id)
-        if entry is not None:
-            log.info("the runtime's own CDI injected %s into %s", ",".join(entry[1]), entry[0])
-
-    def start_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
-        self.post_create_container(pod, container)
-
     def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
         entry = self.delegations.undone(container.id)
         if entry is not None and container.state not in (nri_pb2.CONTAINER_UNKNOWN,):
-            # created (it has a state in the runtime's store) but removed before it started
+            # created (it has a state in the runtime's store): its CDI did inject them
             log.info("the runtime's own CDI injected %s into %s", ",".join(entry[1]), entry[0])
         elif entry is not None:
             self.counters.delegation_failed += 1
