@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,6 +95,58 @@ def test_container_created_while_plugin_was_down_is_stopped_when_it_starts(
             print(f"start error: {start_error!r}; state {got}, started_at {started_at}")
             # The kill happened at StartContainer, before runc started the process.
             assert "before it ran" in plugin.log()
+        finally:
+            plugin.kill()
+
+
+CLOSED = "nothing in doubt: closing the start guard's connection"
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.02)
+
+
+def test_start_guard_is_connected_only_while_a_container_is_in_doubt(
+    ctrd: Containerd, specs: Path
+) -> None:
+    """The guard's own connection (nri_plugin/ops/guarded.py) on a real containerd: gone
+    once nothing is in doubt, so a container's start asks the plugin nothing; back (and
+    registered before the injector) while a container created without us waits."""
+    guard_closed = 'connection to plugin "10-nri-cdi-guard" closed'
+
+    def runtime_log() -> str:  # containerd's, since the plugin started (quotes unescaped)
+        with ctrd.log_path.open("rb") as handle:
+            handle.seek(mark)
+            return handle.read().decode(errors="replace").replace('\\"', '"')
+
+    with ctrd.cri() as cri, cri.cleanup():
+        mark = ctrd.log_path.stat().st_size
+        plugin = start_plugin(ctrd, specs, "ondemand.log")
+        try:
+            plugin.wait_for_log(CLOSED)
+            wait_for(lambda: guard_closed in runtime_log(),
+                     "containerd never saw the guard's connection close")
+            log = runtime_log()
+            # The guard registered (and synchronized) before the injector did.
+            assert log.index('"10-nri-cdi-guard" connected') < log.index(
+                'registered as "10-nri-cdi"'), log[-3000:]
+            pod = cri.run_pod("ondemand", annotations=ASK)
+            served = cri.run_container(pod, "served", BUSYBOX_IMAGE, command=SLEEP)
+            assert has_device(cri, served)
+            plugin.kill()
+            waiting = cri.create_container(pod, "waiting", BUSYBOX_IMAGE, command=SLEEP)
+            after = plugin.log_size()
+            plugin.start(timeout=30)
+            plugin.wait_for_log(f"({waiting}) of pod default/ondemand is created but not "
+                                "started", after=after)
+            assert CLOSED not in plugin.log(after)  # a container is in doubt: it stays
+            with pytest.raises(cri.grpc.RpcError, match="created without the plugin"):
+                cri.start_container(waiting)
+            plugin.wait_for_log(CLOSED, after=after)  # the doubt is gone, and so is it
         finally:
             plugin.kill()
 
