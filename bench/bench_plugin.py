@@ -7,6 +7,14 @@
     (raw frames in, raw frames out), p50/p99, next to an empty CreateContainer (a
     container that asks for nothing) over the same connection.
 
+With ``--reference BINARY`` (or ``$NRI_CDI_REFERENCE_INJECTOR``, the Go reference CDI
+injector; see bench_containerd.py):
+
+(d) CreateContainer round trip of the plugins as deployed, interleaved: ``nri-cdi
+    plugin`` and the reference, each a process of its own connected to a test runtime
+    peer's socket, asked for the same 8 GPUs from the same spec folder, p50/p99 and the
+    ratio ours / reference.
+
 Run: ``python3 bench/bench_plugin.py``. (c), Create+Start on a real containerd, is
 ``bench/bench_containerd.py``.
 """
@@ -15,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -113,9 +123,71 @@ async def round_trips(
     return timings["gpu"], timings["empty"]
 
 
+REFERENCE_ENV = "NRI_CDI_REFERENCE_INJECTOR"
+GPU_ASK = {"cdi.k8s.io/gpus": ",".join(f"nvidia.com/gpu={g}" for g in range(8))}
+
+
+async def _connected(path: str, command: list[str], log: Path
+                     ) -> tuple[subprocess.Popen[bytes], RuntimePeer, asyncio.AbstractServer]:
+    """Serve ``path`` as the runtime, start ``command``; its CreateContainer connection
+    (ours opens its start guard's first: answered, then closed by the plugin)."""
+    arrivals: asyncio.Queue[RuntimePeer] = asyncio.Queue()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await arrivals.put(RuntimePeer(reader, writer))
+
+    server = await asyncio.start_unix_server(accept, path=path)
+    with open(log, "ab") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=out)
+    while True:
+        peer = await asyncio.wait_for(arrivals.get(), 30)
+        registered, _ = await peer.handshake(configure_first=False,
+                                             runtime_name="containerd",
+                                             runtime_version="1.7.24")
+        if not registered.plugin_name.endswith("-guard"):
+            return process, peer, server
+
+
+async def process_round_trips(spec_dir: Path, reference: Path, rounds: int,
+                              tmp: Path) -> dict[str, list[float]]:
+    ours = [sys.executable, "-m", "nri_plugin.ops.cli", "plugin", "--socket",
+            str(tmp / "ours.sock"), "--spec-dir", str(spec_dir), "--rescan-interval", "3600",
+            "--log-level", "warning"]
+    theirs = [str(reference), "-name", "nri-cdi-ref", "-idx", "10", "-socket",
+              str(tmp / "ref.sock"), "-spec-dir", str(spec_dir)]
+    started = [await _connected(str(tmp / "ours.sock"), ours, tmp / "ours.log"),
+               await _connected(str(tmp / "ref.sock"), theirs, tmp / "ref.log")]
+    request = nri_pb2.CreateContainerRequest(
+        pod=nri_pb2.PodSandbox(id="p", name="p", namespace="n", annotations=GPU_ASK),
+        container=nri_pb2.Container(id="c", name="c"))
+    timings: dict[str, list[float]] = {"ours": [], "reference": []}
+    try:
+        for index in range(rounds + 50):  # the first 50: warm-up
+            order = list(zip(("ours", "reference"), started, strict=True))
+            for kind, (_, peer, _) in order[index % 2:] + order[:index % 2]:
+                start = time.perf_counter_ns()
+                reply = await peer.response_to(peer.send_request("CreateContainer", request))
+                elapsed = (time.perf_counter_ns() - start) / 1000
+                response = nri_pb2.CreateContainerResponse.FromString(reply.payload)
+                assert reply.status.code == 0 and len(response.adjust.linux.devices) == 20, (
+                    kind, reply.status, len(response.adjust.linux.devices))
+                if index >= 50:
+                    timings[kind].append(elapsed)
+    finally:
+        for process, peer, server in started:
+            peer.close()
+            process.kill()
+            process.wait()
+            server.close()
+    return timings
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2000)
+    parser.add_argument("--reference", type=Path,
+                        default=os.environ.get(REFERENCE_ENV) or None,
+                        help="the Go reference CDI injector's binary, for (d)")
     args = parser.parse_args()
     import logging
 
@@ -134,6 +206,20 @@ def main() -> None:
     print(f"    8 GPUs, plan cached     p50 {w50:8.1f} us   p99 {w99:8.1f} us   "
           f"(/ empty = {w50 / e50:.1f})")
     print(f"    no devices              p50 {e50:8.1f} us   p99 {e99:8.1f} us")
+    if args.reference is None:
+        print(f"(d) skipped: no Go reference injector (--reference or ${REFERENCE_ENV})")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "cdi").mkdir()
+        (Path(tmp) / "cdi" / "nvidia.yaml").write_text(gpu_spec())
+        both = asyncio.run(process_round_trips(Path(tmp) / "cdi", args.reference,
+                                               args.rounds, Path(tmp)))
+    (o50, o99), (r50, r99) = percentiles(both["ours"]), percentiles(both["reference"])
+    print(f"(d) CreateContainer round trip, plugin processes, 8 GPUs, {args.rounds} "
+          "interleaved rounds")
+    print(f"    nri-cdi plugin          p50 {o50:8.1f} us   p99 {o99:8.1f} us")
+    print(f"    Go reference injector   p50 {r50:8.1f} us   p99 {r99:8.1f} us   "
+          f"(ours / reference = {o50 / r50:.2f})")
 
 
 if __name__ == "__main__":
