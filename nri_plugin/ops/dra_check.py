@@ -3,9 +3,12 @@ plugin when it connects).
 
 The kubelet from 1.31 hands DRA claims (and the device plugin's ``cdi-cri`` devices) to the
 runtime as CRI CDIDevices only, with no ``cdi.k8s.io/`` annotation. containerd acts on them
-only with its own CDI on (``enable_cdi``); with it off it drops them without an error, and
-NRI before 0.10 (every containerd before 2.2) does not show them to a plugin either. The
-container then starts without its GPU and nobody says so. docs/kubernetes-allocation.md.
+only with its own CDI on (``enable_cdi``). With it off, containerd before 2.3 drops them
+without an error and shows them to no plugin (NRI's ``Container.CDI_devices`` is filled
+from containerd 2.3 only): the container starts without its GPU and nobody says so.
+containerd 2.3 fails such a container instead ("CDI devices ... requested but CDI support
+is explicitly disabled", commit ec8933999), before any plugin is asked. Either way, with
+containerd's CDI off no plugin can serve them. docs/kubernetes-allocation.md.
 """
 
 from __future__ import annotations
@@ -34,10 +37,13 @@ def start_warning(runtime: RuntimeInfo) -> str | None:
     """What the plugin logs once it knows the runtime: the DRA-broken set-up, or None."""
     if runtime.native_cdi is not False:
         return None
-    if runtime.nri_version is not None and runtime.nri_version >= (0, 10, 0):
-        return None  # NRI shows CDIDevices to the plugin, which injects them itself
+    if not runtime.is_containerd:
+        return None  # CRI-O's CDI cannot be switched off
+    refuses = runtime.version is not None and runtime.version >= (2, 3, 0)
+    what = ("fail to be created (containerd refuses CDIDevices with its CDI off)" if refuses
+            else "start without their devices")
     return (f"{runtime.describe()} with its own CDI off: CRI CDIDevices (DRA claims from "
             "kubelet >= 1.31, the device plugin's cdi-cri) reach neither the runtime nor this "
-            "plugin, so those containers start without their devices; set enable_cdi = true "
+            f"plugin, so those containers {what}; set enable_cdi = true "
             "and cdi_spec_dirs to the plugin's folders in containerd's CRI config "
             "(nri-cdi doctor shows the lines)")

@@ -43,8 +43,13 @@ def test_the_plugin_warns_at_start_where_claims_reach_nobody() -> None:
     line = start_warning(_runtime("1.7.24", False))
     assert line is not None and "enable_cdi = true" in line and "\n" not in line
     assert start_warning(_runtime("2.1.9", True)) is None
-    # NRI >= 0.10 shows CDIDevices to the plugin, which injects them itself
-    assert start_warning(_runtime("2.2.0", False)) is None
+    # containerd 2.2 (NRI 0.11) leaves Container.CDI_devices empty: dropped silently too
+    line = start_warning(_runtime("2.2.1", False))
+    assert line is not None and "start without their devices" in line
+    # containerd 2.3 fills it, but refuses CDIDevices with its CDI off before NRI
+    line = start_warning(_runtime("2.3.4", False))
+    assert line is not None and "fail to be created" in line
+    assert start_warning(_runtime("2.3.4", True)) is None
 
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"

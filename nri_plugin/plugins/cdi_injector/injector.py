@@ -370,8 +370,8 @@ class CdiInjector(Plugin):
 
     def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
         entry = self.delegations.undone(container.id)
-        if entry is not None and container.state not in (nri_pb2.CONTAINER_UNKNOWN,):
-            # created (it has a state in the runtime's store): its CDI did inject them
+        if entry is not None and was_created(container):
+            # created (the runtime's store has it): its CDI did inject them
             log.info("the runtime's own CDI injected %s into %s", ",".join(entry[1]), entry[0])
         elif entry is not None:
             self.counters.delegation_failed += 1
@@ -582,3 +582,11 @@ def not_yet_injected(requests: Sequence[DeviceRequest], container: nri_pb2.Conta
             continue
         out.append(request)
     return out
+
+
+def was_created(container: nri_pb2.Container) -> bool:
+    """Whether a container at RemoveContainer is one the runtime created (not a creation it
+    undid). containerd before 2.3 gives a created one a state; 2.3 (NRI 0.12, commit
+    695c91324) gives an exited one no state (UNKNOWN, only a reason) but its creation time,
+    from its store; an undone creation is in no store: no state, no creation time."""
+    return container.state != nri_pb2.CONTAINER_UNKNOWN or container.created_at != 0
