@@ -22,7 +22,7 @@ from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
 from tests.e2e.images import BUSYBOX_IMAGE
-from tests.e2e.parity import nri_mount_order
+from tests.e2e.parity import node_mode_seen, nri_mount_order, runtime_of
 from tests.e2e.plugin import PluginProcess
 from tests.helpers import make_char_device
 
@@ -158,15 +158,16 @@ def _mode(cri: CriClient, cid: str, path: str) -> str:
     ["parity.example/first=envonly", "parity.example/second=other", "parity.example/first=node"],
 ], ids=["file-modes", "env-only", "two-spec-files"])
 def test_same_as_native_cdi(ctrd: Containerd, plugin: PluginProcess, cri: CriClient,
-                            devices: list[str]) -> None:
+                            node: Path, devices: list[str]) -> None:
     (native_id, native), (ours_id, ours) = _both(cri, devices)
     # A CDI device node asks for rwm unless its spec says otherwise, and NRI grants rw: where
     # the runtime's own CDI can take the request (containerd 2.1, its folders shared), the
     # plugin hands it over and the result is native's, rules included. 1.7.24: rw.
     _assert_same(ctrd, native, ours, delegated=ctrd.major >= 2)
-    # the container sees the same node modes: unset fileMode -> runc's 0666 on CDI < 1.1
+    # the container sees the same node modes: unset fileMode -> runc's 0666 on CDI < 1.1,
+    # the host node's mode on CDI 1.1 (containerd 2.2.1+)
     assert _mode(cri, ours_id, "/dev/par0") == _mode(cri, native_id, "/dev/par0") \
-        == "crw-rw-rw-"
+        == node_mode_seen(runtime_of(cri), str(node / "host" / "dev0"))
     if "parity.example/first=moded" in devices:
         assert _mode(cri, ours_id, "/dev/par1") == _mode(cri, native_id, "/dev/par1") \
             == "crw-r-----"

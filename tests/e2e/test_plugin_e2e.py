@@ -4,6 +4,8 @@ and the same result as containerd's own CDI support."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,7 @@ from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
 from tests.e2e.images import BUSYBOX_IMAGE
-from tests.e2e.parity import nri_mount_order
+from tests.e2e.parity import nri_mount_order, runtime_of
 from tests.e2e.plugin import PluginProcess, launcher_script
 from tests.helpers import make_char_device
 
@@ -105,9 +107,12 @@ def test_pod_annotation_injects_device_mount_env_and_hook(
     assert state["id"] == ctr
     spec = cri.runtime_spec(ctr)
     # No fileMode: the CDI libraries of containerd 1.7 and 2.1 leave an unset one unset
-    # (runc then creates the node 0666), and so does the plugin on them.
-    assert {"path": "/dev/testgpu0", "type": "c", "major": GPU_MAJOR,
-            "minor": 0} in spec["linux"]["devices"]
+    # (runc then creates the node 0666), and so does the plugin on them; from 2.2.1 (CDI
+    # 1.1) it is the host node's.
+    wanted = {"path": "/dev/testgpu0", "type": "c", "major": GPU_MAJOR, "minor": 0}
+    if runtime_of(cri).native_fills_file_mode:
+        wanted["fileMode"] = stat.S_IMODE(os.stat(node / "host" / "gpu0").st_mode)
+    assert wanted in spec["linux"]["devices"]
     assert "injected container=app" in plugin.log()
 
 
