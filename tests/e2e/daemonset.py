@@ -340,7 +340,7 @@ class PodRunner:
             status = wait_exited(self.cri, cid, timeout)
             if status.exit_code != 0:
                 raise RuntimeError(f"init container {container['name']} exited "
-                                   f"{status.exit_code}: {_log(status)}")
+                                   f"{status.exit_code}: {_log(status, 3000)}")
 
     def container(self, name: str) -> dict[str, Any]:
         return next(c for c in self.spec["containers"] if c["name"] == name)
@@ -361,9 +361,11 @@ def container_log(cri: CriClient, cid: str) -> str:
     return _log(cri.container_status(cid).status)
 
 
-def _log(status: Any) -> str:
+def _log(status: Any, limit: int = 65536) -> str:
+    """The container's log, its last ``limit`` characters (the plugin's start-up lines
+    included: what is asserted on may be early in it)."""
     try:
-        return Path(status.log_path).read_text()[-3000:]
+        return Path(status.log_path).read_text()[-limit:]
     except OSError:
         return "(no log)"
 
