@@ -100,9 +100,9 @@ class ReferencePlugin:
     def start(self, ctrd: Containerd, timeout: float = 15.0) -> ReferencePlugin:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.command, stdout=log, stderr=log)
-        # Connected once containerd says so (its log names the plugin).
+        # Connected once containerd says so (its log names the plugin, quotes escaped).
         deadline = time.monotonic() + timeout
-        while 'plugin "10-nri-cdi-ref" connected' not in ctrd.log_tail(400):
+        while '\\"10-nri-cdi-ref\\" connected' not in ctrd.log_tail(400):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 sys.exit(f"the reference injector did not connect: "
                          f"{self.log_path.read_text(errors='replace')[-2000:]}")
