@@ -7,6 +7,10 @@
     (raw frames in, raw frames out), p50/p99, next to an empty CreateContainer (a
     container that asks for nothing) over the same connection.
 
+(e) the CreateContainer handler with cold caches (32 MiB touched before each call, as the
+    runtime, runc and the shims do between two containers) next to the same hot, with the
+    per-container log line inline and deferred (the daemon runs it after the reply), p50.
+
 With ``--reference BINARY`` (or ``$NRI_CDI_REFERENCE_INJECTOR``, the Go reference CDI
 injector; see bench_containerd.py):
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import socket
 import statistics
@@ -30,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -123,6 +129,49 @@ async def round_trips(
     return timings["gpu"], timings["empty"]
 
 
+def bench_cold(snapshot: Snapshot, rounds: int) -> None:
+    """(e): the handler cold and hot; the log line inline and deferred."""
+    sink = logging.StreamHandler(open(os.devnull, "w"))  # noqa: SIM115 - lives with the run
+    logger = logging.getLogger("nri_cdi")
+    logging.disable(logging.NOTSET)
+    logger.addHandler(sink)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    junk = bytearray(32 << 20)
+    pod = nri_pb2.PodSandbox(name="p", namespace="n", annotations=GPU_ASK)
+    container = nri_pb2.Container(name="c")
+    results: dict[tuple[str, str], float] = {}
+    try:
+        for how in ("inline", "deferred"):
+            injector = CdiInjector(lambda: Registry(snapshot))
+            later: list[Callable[[], object]] = []
+            if how == "deferred":
+                injector.defer = later.append
+            for cache in ("hot", "cold"):
+                times = []
+                for _ in range(rounds):
+                    if cache == "cold":
+                        junk[::64] = bytes(len(junk[::64]))  # touch every cache line
+                    start = time.perf_counter_ns()
+                    injector.create_container(pod, container)
+                    times.append((time.perf_counter_ns() - start) / 1000)
+                    for call in later:  # after the "reply": not timed
+                        call()
+                    later.clear()
+                results[how, cache] = statistics.median(times)
+    finally:
+        logger.removeHandler(sink)
+        logger.propagate = True
+        logging.disable(logging.INFO)
+    print(f"(e) CreateContainer handler, 8 GPUs, {rounds} rounds, p50")
+    for how in ("inline", "deferred"):
+        print(f"    log line {how:8s}  hot {results[how, 'hot']:7.1f} us   cold "
+              f"{results[how, 'cold']:7.1f} us   (cold / hot = "
+              f"{results[how, 'cold'] / results[how, 'hot']:.1f})")
+    print(f"    deferred / inline, cold: "
+          f"{results['deferred', 'cold'] / results['inline', 'cold']:.2f}")
+
+
 REFERENCE_ENV = "NRI_CDI_REFERENCE_INJECTOR"
 GPU_ASK = {"cdi.k8s.io/gpus": ",".join(f"nvidia.com/gpu={g}" for g in range(8))}
 
@@ -189,7 +238,6 @@ def main() -> None:
                         default=os.environ.get(REFERENCE_ENV) or None,
                         help="the Go reference CDI injector's binary, for (d)")
     args = parser.parse_args()
-    import logging
 
     logging.disable(logging.INFO)  # one log line per injection is not what we measure
     with tempfile.TemporaryDirectory() as tmp:
@@ -206,6 +254,9 @@ def main() -> None:
     print(f"    8 GPUs, plan cached     p50 {w50:8.1f} us   p99 {w99:8.1f} us   "
           f"(/ empty = {w50 / e50:.1f})")
     print(f"    no devices              p50 {e50:8.1f} us   p99 {e99:8.1f} us")
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "nvidia.yaml").write_text(gpu_spec())
+        bench_cold(SpecCache([tmp]).refresh(), min(args.rounds, 300))
     if args.reference is None:
         print(f"(d) skipped: no Go reference injector (--reference or ${REFERENCE_ENV})")
         return

@@ -198,6 +198,8 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
                          on_miss=miss_reader(refresher, registry),
                          on_hit=removals_applied(refresher, registry),
                          on_start_warning=start_warning)
+    # Its per-container log line after the reply has left (the loop runs it next).
+    injector.defer = asyncio.get_running_loop().call_soon
     # Synchronize finds containers created while we were away; acting on them waits for
     # the Synchronize reply (the runtime holds its lock until then), hence a task.
     actions = _FailClosedActions(asyncio.get_running_loop(), counters, metrics)
