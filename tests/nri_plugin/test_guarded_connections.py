@@ -20,18 +20,10 @@ from nri_plugin.plugins.cdi_injector.guard import StartGuard
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from tests.helpers import write_specs
+from tests.nri_plugin.test_failclosed_guard import ASK, SPEC
 from tests.nri_plugin.test_stub import ENV, run
 from tests.nri_runtime_peer import RuntimePeer
 
-SPEC = """\
-cdiVersion: 0.5.0
-kind: vendor.com/gpu
-devices:
-- name: "0"
-  containerEdits:
-    deviceNodes: [{path: /dev/vgpu0, type: c, major: 241, minor: 0}]
-"""
-ASK = {"cdi.k8s.io/dp_0": "vendor.com/gpu=0"}
 POD = nri_pb2.PodSandbox(id="p", name="pod", namespace="default")
 WAIT = 10.0  # bound for what must happen; never reached when it works
 
