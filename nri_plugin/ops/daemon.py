@@ -198,14 +198,15 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
                          on_miss=miss_reader(refresher, registry),
                          on_hit=removals_applied(refresher, registry),
                          on_start_warning=start_warning)
+    loop = asyncio.get_running_loop()
     # Its per-container log line after the reply has left (the loop runs it next).
-    injector.defer = asyncio.get_running_loop().call_soon
+    injector.defer = loop.call_soon
     # Synchronize finds containers created while we were away; acting on them waits for
     # the Synchronize reply (the runtime holds its lock until then), hence a task.
-    actions = _FailClosedActions(asyncio.get_running_loop(), counters, metrics)
-    # The guard checks every container again at creation and start (fail-closed for
-    # creations that did not pass through us); it wraps the injector.
-    # Launched by the runtime, we have one connection (its fd): the guard rides on it.
+    actions = _FailClosedActions(loop, counters, metrics)
+    # The guard checks at start every container whose creation did not pass through us
+    # (fail-closed); it wraps the injector. Launched by the runtime, we have one
+    # connection (its fd): the guard rides on it.
     # Otherwise its checks get a connection of their own, open only while needed.
     launched = PLUGIN_SOCKET_ENV in os.environ
     guard = StartGuard(injector, act=actions.schedule,
@@ -231,7 +232,6 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
              stub.name, ", ".join(cache.spec_dirs), policy.origin,
              ", ".join(f"{v.name} (hooks: {', '.join(v.hooks) or 'none'})" for v in vendors)
              or "none")
-    loop = asyncio.get_running_loop()
     reloader = _policy_reloader(args, settings, injector).start(loop)
     try:
         await _run(runner)

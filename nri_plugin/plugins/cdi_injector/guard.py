@@ -89,7 +89,8 @@ class StartGuard(Plugin):
         self._acted: OrderedDict[str, None] = OrderedDict()
         self._injector_synced = False
         self._was_needed = True
-        self._native_cdi = False  # the runtime's own CDI, as the last Configure told
+        # The runtime as the last Configure (either connection's) named it.
+        self._runtime = RuntimeInfo()
 
     @property
     def needed(self) -> bool:
@@ -123,7 +124,7 @@ class StartGuard(Plugin):
                   runtime_version: str) -> EventMask | None:
         self._injector_synced = False
         mask = self.injector.configure(config, runtime_name, runtime_version)
-        self._native_cdi = self.injector.runtime.native_cdi is True
+        self._runtime = self.injector.runtime
         if mask is None:
             return None
         if self.own_connection:
@@ -141,16 +142,15 @@ class StartGuard(Plugin):
         self._injector_synced = True
         self._need_may_have_changed()
 
-    def guard_configured(self, runtime: RuntimeInfo) -> EventMask:
-        """The guard's own connection is to ``runtime``: the events it needs there."""
-        self._native_cdi = runtime.native_cdi is True
-        return guard_events(runtime.name)
+    def guard_configured(self, runtime_name: str, runtime_version: str) -> EventMask:
+        """The guard's own connection is to this runtime: the events it needs there."""
+        self._runtime = self.injector.runtime_of(runtime_name, runtime_version)
+        return guard_events(runtime_name)
 
     def guard_synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
-                          containers: Sequence[nri_pb2.Container],
-                          runtime: RuntimeInfo | None = None) -> None:
+                          containers: Sequence[nri_pb2.Container]) -> None:
         """The guard's own Synchronize: what the injector's would find, judged first."""
-        self._judge_listed(self.injector.find_unserved(pods, containers, runtime))
+        self._judge_listed(self.injector.find_unserved(pods, containers, self._runtime))
         self._need_may_have_changed()
 
     def _judge_listed(self, unserved: list[Unserved]) -> None:
@@ -225,7 +225,7 @@ class StartGuard(Plugin):
             return pending
         injector = self.injector
         return container_unserved(pod, container, injector.policy, injector.vendors,
-                                  injector.registry(), self._native_cdi)
+                                  injector.registry(), self._runtime.native_cdi is True)
 
     def check(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, stage: str) -> None:
         """The start check of one container at ``stage`` (raises to fail its start)."""
@@ -309,16 +309,14 @@ class GuardConnection(Plugin):
                  ) -> None:
         self.guard = guard
         self._on_synchronized = on_synchronized
-        self._runtime: RuntimeInfo | None = None
 
     def configure(self, config: str, runtime_name: str,
                   runtime_version: str) -> EventMask | None:
-        self._runtime = self.guard.injector.runtime_of(runtime_name, runtime_version)
-        return self.guard.guard_configured(self._runtime)
+        return self.guard.guard_configured(runtime_name, runtime_version)
 
     def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
                     containers: Sequence[nri_pb2.Container]) -> None:
-        self.guard.guard_synchronize(pods, containers, self._runtime)
+        self.guard.guard_synchronize(pods, containers)
         if self._on_synchronized is not None:
             self._on_synchronized()
 
