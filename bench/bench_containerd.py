@@ -173,8 +173,9 @@ def bench_runtime(version: str, rounds: int, baseline: Path | None = None,
             for ctrd in (native, ours, other, ref):
                 if ctrd is not None:
                     ctrd.import_images(*archives)
-            plugins.append(PluginProcess(ours.nri_socket, [specs], root / "plugin.log",
-                                         extra_args=["--log-level", "info"]).start())
+            mine = PluginProcess(ours.nri_socket, [specs], root / "plugin.log",
+                                 extra_args=["--log-level", "info"]).start()
+            plugins.append(mine)
             if other is not None and baseline is not None:
                 plugins.append(CheckoutPlugin(baseline, other.nri_socket, [specs],
                                               root / "baseline.log",
@@ -182,6 +183,8 @@ def bench_runtime(version: str, rounds: int, baseline: Path | None = None,
             if ref is not None and reference is not None:
                 plugins.append(ReferencePlugin(reference, ref.nri_socket, specs,
                                                root / "reference.log").start(ref))
+            # Measured once the start guard's connection has gone (after its linger).
+            mine.wait_for_log("nothing in doubt", timeout=60)
             extras = {"baseline": other, "reference": ref}
             return run_rounds(native, ours, rounds,
                               {k: c for k, c in extras.items() if c is not None})

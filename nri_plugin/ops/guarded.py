@@ -5,7 +5,8 @@ On every (re)connection the guard's connection goes first: the injector's waits 
 guard has synchronized (bounded), so from the moment we are back no container created
 while we were away starts unchecked. Once the injector's connection has synchronized and
 no container created without us is still waiting to start, the guard's connection is
-closed, and the runtime asks the plugin nothing at a container's start. NRI takes a
+closed (after ``GUARD_LINGER``: see there), and the runtime asks the plugin nothing at a
+container's start. NRI takes a
 plugin connection that closes while it asks it something as gone, not as a failed request
 (``isFatalError`` in ``pkg/adaptation/plugin.go``, every version): closing it never fails
 a container.
@@ -27,6 +28,14 @@ log = logging.getLogger("nri_cdi.guard")
 # runtime's registration timeout (5 s) would only delay us; past it the injector connects
 # all the same, and its own Synchronize still finds what was created meanwhile.
 GUARD_READY_TIMEOUT = 5.0
+# How long the guard's connection stays once nothing is in doubt. A creation that began
+# before the injector registered may be past NRI but not yet in the runtime's store when
+# the injector synchronizes, so no Synchronize lists it; it shows itself by its
+# PostCreateContainer, which the guard's connection subscribes to, as soon as the runtime
+# has stored it (milliseconds: seen at once in tests/e2e/test_faults_e2e.py's straddling
+# creation). A creation still in the runtime's hands this long after is not caught at its
+# start; Synchronize at the next reconnection still finds it.
+GUARD_LINGER = 10.0
 GUARD_SUFFIX = "-guard"
 
 # Builds a Stub for one of our plugins: (plugin, name, on_close, before_connect).
@@ -38,11 +47,14 @@ class GuardedConnections:
 
     def __init__(self, guard: StartGuard, make_stub: StubFactory, name: str | None, *,
                  on_close: CloseCallback | None = None,
-                 ready_timeout: float = GUARD_READY_TIMEOUT) -> None:
+                 ready_timeout: float = GUARD_READY_TIMEOUT,
+                 linger: float = GUARD_LINGER) -> None:
         self.guard = guard
         self._make_stub = make_stub
         self._on_close = on_close
         self._ready_timeout = ready_timeout
+        self._linger = linger
+        self._closing: asyncio.TimerHandle | None = None  # the close after the linger
         self._ready = asyncio.Event()
         self._guard_stub: Stub | None = None
         self._guard_task: asyncio.Task[None] | None = None
@@ -107,13 +119,26 @@ class GuardedConnections:
     def _update(self) -> None:
         if self._stopping:
             return
-        if self.guard.needed and self._guard_task is None:
-            if self._may_open:
+        if self.guard.needed:
+            self._cancel_close()
+            if self._guard_task is None and self._may_open:
                 self._open_guard()
-        elif not self.guard.needed and self._guard_task is not None:
-            log.info("nothing in doubt: closing the start guard's connection (the runtime "
-                     "asks nothing at container start from now on)")
-            self._stop_guard()
+        elif self._guard_task is not None and self._closing is None:
+            self._closing = asyncio.get_running_loop().call_later(self._linger,
+                                                                  self._close_if_idle)
+
+    def _cancel_close(self) -> None:
+        if self._closing is not None:
+            self._closing.cancel()
+            self._closing = None
+
+    def _close_if_idle(self) -> None:
+        self._closing = None
+        if self._stopping or self.guard.needed or self._guard_task is None:
+            return
+        log.info("nothing in doubt: closing the start guard's connection (the runtime "
+                 "asks nothing at container start from now on)")
+        self._stop_guard()
 
     def _open_guard(self) -> None:
         self._ready.clear()
@@ -148,6 +173,7 @@ class GuardedConnections:
             self._guard_stub.stop()
 
     async def _close_guard(self) -> None:
+        self._cancel_close()
         self._stop_guard()
         task = self._guard_task
         if task is not None:

@@ -127,7 +127,7 @@ def test_start_guard_is_connected_only_while_a_container_is_in_doubt(
         mark = ctrd.log_path.stat().st_size
         plugin = start_plugin(ctrd, specs, "ondemand.log")
         try:
-            plugin.wait_for_log(CLOSED)
+            plugin.wait_for_log(CLOSED, timeout=40)  # after the guard's 10 s linger
             wait_for(lambda: guard_closed in runtime_log(),
                      "containerd never saw the guard's connection close")
             log = runtime_log()
@@ -146,7 +146,7 @@ def test_start_guard_is_connected_only_while_a_container_is_in_doubt(
             assert CLOSED not in plugin.log(after)  # a container is in doubt: it stays
             with pytest.raises(cri.grpc.RpcError, match="created without the plugin"):
                 cri.start_container(waiting)
-            plugin.wait_for_log(CLOSED, after=after)  # the doubt is gone, and so is it
+            plugin.wait_for_log(CLOSED, timeout=40, after=after)  # no doubt: it goes
         finally:
             plugin.kill()
 

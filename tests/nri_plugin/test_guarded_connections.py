@@ -10,6 +10,8 @@ import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import pytest
+
 from cdi.cache import Snapshot, SpecCache
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
@@ -26,6 +28,7 @@ from tests.nri_runtime_peer import RuntimePeer
 
 POD = nri_pb2.PodSandbox(id="p", name="pod", namespace="default")
 WAIT = 10.0  # bound for what must happen; never reached when it works
+LINGER = 0.2  # the guard's stay once nothing is in doubt (the daemon's: 10 s)
 
 
 def unserved(cid: str, pid: int = 0) -> nri_pb2.Container:
@@ -89,7 +92,7 @@ def serving(tmp_path: Path) -> tuple[StartGuard, Callable[[], GuardedConnections
         return Stub(plugin, name=name, socket_path=path, env=ENV, on_close=closed,
                     before_connect=before, poll_interval=0.02)
 
-    return guard, lambda: GuardedConnections(guard, make_stub, None)
+    return guard, lambda: GuardedConnections(guard, make_stub, None, linger=LINGER)
 
 
 def scenario(tmp_path: Path,
@@ -118,7 +121,8 @@ def test_guard_is_in_place_before_the_injector_and_closes_when_nothing_is_in_dou
         # Until the guard has synchronized, the injector does not even connect.
         assert await runtime.nothing_arrives(within=0.5)
         mask = await accept_plugin(guard_peer, stream)
-        assert mask == EventMask.START_CONTAINER | EventMask.REMOVE_CONTAINER
+        assert mask == (EventMask.POST_CREATE_CONTAINER | EventMask.START_CONTAINER
+                        | EventMask.REMOVE_CONTAINER)
         name, peer, stream = await runtime.next()
         assert name == "cdi"
         mask = await accept_plugin(peer, stream)
@@ -173,5 +177,36 @@ def test_guard_stays_while_a_container_created_without_us_has_not_started(
         assert reply.status.code == 0
         assert await guard_peer.at_eof(timeout=WAIT)
         assert not guard.needed
+
+    scenario(tmp_path, body)
+
+
+def test_a_creation_straddling_the_injectors_registration_is_caught_by_its_post_create(
+        tmp_path: Path) -> None:
+    """Past NRI but not yet stored when the injector synchronized: no Synchronize lists it.
+    Its PostCreateContainer, inside the guard's linger, makes it owed a check."""
+    async def body(runtime: Runtime, connections: GuardedConnections, guard: StartGuard) -> None:
+        _, guard_peer, stream = await runtime.next()
+        await accept_plugin(guard_peer, stream)
+        _, peer, stream = await runtime.next()
+        await accept_plugin(peer, stream)
+        assert not guard.needed  # lingering: still open
+        created = nri_pb2.ContainerEventRequest(pod=POD, container=unserved("straddler"))
+        reply = await guard_peer.response_to(
+            guard_peer.send_request("PostCreateContainer", created))
+        assert reply.status.code == 0 and guard.needed
+        with pytest.raises(asyncio.TimeoutError):  # owed a check: it does not close
+            await guard_peer.at_eof(timeout=LINGER * 3)
+        proc = subprocess.Popen(["sleep", "60"])
+        try:
+            started = nri_pb2.ContainerEventRequest(pod=POD, container=unserved("straddler",
+                                                                                proc.pid))
+            reply = await guard_peer.response_to(
+                guard_peer.send_request("StartContainer", started))
+            assert reply.status.code != 0
+            assert proc.wait(timeout=WAIT) == -9
+        finally:
+            proc.kill()
+        assert await guard_peer.at_eof(timeout=WAIT)  # nothing owed: gone after the linger
 
     scenario(tmp_path, body)

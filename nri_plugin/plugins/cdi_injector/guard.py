@@ -143,9 +143,14 @@ class StartGuard(Plugin):
         self._need_may_have_changed()
 
     def guard_configured(self, runtime_name: str, runtime_version: str) -> EventMask:
-        """The guard's own connection is to this runtime: the events it needs there."""
+        """The guard's own connection is to this runtime: the events it needs there, and
+        PostCreateContainer on every runtime. A creation that began before the injector
+        registered is shown to no Synchronize when it is still in the runtime's hands (past
+        NRI, not yet in its store); its PostCreateContainer comes once it is, and marks it
+        owed a check, which keeps this connection open until it starts or goes. Only on
+        this connection, so it costs a round trip only while it is open."""
         self._runtime = self.injector.runtime_of(runtime_name, runtime_version)
-        return guard_events(runtime_name)
+        return guard_events(runtime_name) | EventMask.POST_CREATE_CONTAINER
 
     def guard_synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
                           containers: Sequence[nri_pb2.Container]) -> None:
