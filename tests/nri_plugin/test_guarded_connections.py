@@ -37,6 +37,19 @@ def unserved(cid: str, pid: int = 0) -> nri_pb2.Container:
                              annotations=ASK, state=nri_pb2.CONTAINER_CREATED)
 
 
+async def start_is_refused_and_killed(guard_peer: RuntimePeer, cid: str) -> None:
+    """StartContainer of an unserved container (its process: a real one) fails, and the
+    guard has SIGKILLed the process: it must not run without its devices."""
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        started = nri_pb2.ContainerEventRequest(pod=POD, container=unserved(cid, proc.pid))
+        reply = await guard_peer.response_to(guard_peer.send_request("StartContainer", started))
+        assert reply.status.code != 0
+        assert proc.wait(timeout=WAIT) == -9
+    finally:
+        proc.kill()
+
+
 class Runtime:
     """The runtime's side: each connection's registration, in arrival order."""
 
@@ -161,16 +174,7 @@ def test_guard_stays_while_a_container_created_without_us_has_not_started(
         await accept_plugin(peer, stream, [unserved("early"), unserved("between")])
         assert guard.needed
         assert await runtime.nothing_arrives(within=0.3) and connections.guard_open
-        proc = subprocess.Popen(["sleep", "60"])
-        try:
-            started = nri_pb2.ContainerEventRequest(pod=POD, container=unserved("early",
-                                                                                proc.pid))
-            reply = await guard_peer.response_to(
-                guard_peer.send_request("StartContainer", started))
-            assert reply.status.code != 0  # its start fails: it must not run
-            assert proc.wait(timeout=WAIT) == -9
-        finally:
-            proc.kill()
+        await start_is_refused_and_killed(guard_peer, "early")
         assert guard.needed and connections.guard_open  # "between" is still owed
         removed = nri_pb2.StateChangeEvent(event=11, pod=POD, container=unserved("between"))
         reply = await guard_peer.response_to(guard_peer.send_request("StateChange", removed))
@@ -197,16 +201,7 @@ def test_a_creation_straddling_the_injectors_registration_is_caught_by_its_post_
         assert reply.status.code == 0 and guard.needed
         with pytest.raises(asyncio.TimeoutError):  # owed a check: it does not close
             await guard_peer.at_eof(timeout=LINGER * 3)
-        proc = subprocess.Popen(["sleep", "60"])
-        try:
-            started = nri_pb2.ContainerEventRequest(pod=POD, container=unserved("straddler",
-                                                                                proc.pid))
-            reply = await guard_peer.response_to(
-                guard_peer.send_request("StartContainer", started))
-            assert reply.status.code != 0
-            assert proc.wait(timeout=WAIT) == -9
-        finally:
-            proc.kill()
+        await start_is_refused_and_killed(guard_peer, "straddler")
         assert await guard_peer.at_eof(timeout=WAIT)  # nothing owed: gone after the linger
 
     scenario(tmp_path, body)
