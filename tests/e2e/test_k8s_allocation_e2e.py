@@ -11,6 +11,13 @@ Each case runs on both containerds in two set-ups: ``plugin`` (containerd's CDI 
 plugin injects; the kubelet is one before 1.31, which sets the claim's annotation too) and
 ``runtime`` (containerd's CDI on and reading the same folders: it injects; the kubelet is
 1.31+, CRI CDIDevices only; the plugin checks what containerd injected).
+
+containerd's own CDI (1.7 to 2.3) rereads its folders only from an inotify watcher that
+runs apart from CreateContainer, every spec file at each event: a claim renamed into place
+moments before can be unknown to it, and a deleted one still served, for a while that grows
+with the files present. So in ``runtime`` a claim's creation is retried (as the kubelet
+does) and a deleted claim's refusal awaited, bounded; in ``plugin`` both must hold at once.
+Each test deletes the claims it wrote, as the driver does at unprepare.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,6 +114,15 @@ def _device_edits(node: dict[str, Any], gpu: int) -> dict[str, Any]:
     raise KeyError(gpu)
 
 
+@pytest.fixture(autouse=True)
+def unprepare(node: dict[str, Any]) -> Iterator[None]:
+    """Deletes, after each test, the claim specs it left (the driver's unprepare): left,
+    they would slow every later refresh of containerd's own CDI."""
+    yield
+    for path in node["run"].glob("k8s.gpu.nvidia.com-claim_*"):
+        path.unlink()
+
+
 def write_claim(node: dict[str, Any], gpu: int, *, mig: bool = False) -> tuple[str, Path]:
     """A claim spec as NVIDIA's DRA driver writes it (to a temporary name, renamed into
     place); returns the claim's device name and the file."""
@@ -156,34 +173,74 @@ def refusal(cri: CriClient, pod: str, name: str, **kwargs: Any) -> str:
     return text
 
 
+# How long containerd's own CDI may take to see a claim written or deleted (its watcher
+# rereads every spec file; on a loaded 2-core machine that has taken over 100 ms).
+NATIVE_CDI_SETTLE = 10.0
+
+
+def claimed(mode: str, cri: CriClient, pod: str, name: str, request: dict[str, Any], *,
+            start: bool = False, **kwargs: Any) -> str:
+    """Creates (and with ``start`` starts) a container with a claim's ``request``: in
+    ``plugin`` on the first try; in ``runtime`` retried while containerd's CDI does not
+    know the claim yet, as the kubelet retries, bounded."""
+    create = cri.run_container if start else cri.create_container
+    deadline = time.monotonic() + NATIVE_CDI_SETTLE
+    while True:
+        try:
+            return create(pod, name, BUSYBOX_IMAGE, command=SLEEP, **request, **kwargs)
+        except cri.grpc.RpcError as error:
+            text = str(error.details())
+            if (mode != "runtime" or "unresolvable CDI devices" not in text
+                    or time.monotonic() > deadline):
+                raise
+        time.sleep(0.05)
+
+
+def stale_refusal(mode: str, cri: CriClient, pod: str, name: str, device: str) -> str:
+    """The refusal of a container naming the deleted claim ``device``: in ``plugin`` at
+    once; in ``runtime`` awaited (bounded) while containerd's CDI still serves it, each
+    container it let through removed."""
+    deadline = time.monotonic() + NATIVE_CDI_SETTLE
+    while mode == "runtime" and time.monotonic() < deadline:
+        try:
+            ctr = cri.create_container(pod, name, BUSYBOX_IMAGE, command=SLEEP,
+                                       **kubelet_claim(mode, device))
+        except cri.grpc.RpcError as error:
+            return str(error.details())
+        cri.remove_container(ctr)
+        time.sleep(0.05)
+    return refusal(cri, pod, name, **kubelet_claim(mode, device))
+
+
 # --- DRA claims -----------------------------------------------------------------------------
 
 
 def test_fresh_claims_resolve_on_the_first_try(setup: tuple[str, Containerd], cri: CriClient,
                                                node: dict[str, Any]) -> None:
-    """The spec written, CreateContainer at once: 20 of 20 get their GPU."""
+    """The spec written, CreateContainer at once: 20 of 20 get their GPU on the first try
+    from the plugin (containerd's own CDI is given its watcher's while, module docstring)."""
     mode = setup[0]
     pod = cri.run_pod("fresh")
     got = []
     for i in range(20):
         device, _ = write_claim(node, i % 2)
-        ctr = cri.create_container(pod, f"c{i}", BUSYBOX_IMAGE, command=SLEEP,
-                                   **kubelet_claim(mode, device))
+        ctr = claimed(mode, cri, pod, f"c{i}", kubelet_claim(mode, device))
         got.append(gpu_nodes(cri, ctr) == [f"/dev/nvidia{node['gpus'][i % 2]['minor']}"])
     assert sum(got) == 20, got
 
 
 def test_a_deleted_claim_is_gone_at_once(setup: tuple[str, Containerd], cri: CriClient,
                                          node: dict[str, Any]) -> None:
+    """A claim's spec deleted, the next container naming it is refused: at once by the
+    plugin, once its watcher has caught up by containerd's own CDI."""
     mode = setup[0]
     pod = cri.run_pod("deleted")
     for i in range(10):
         device, path = write_claim(node, 1)
-        ctr = cri.create_container(pod, f"live{i}", BUSYBOX_IMAGE, command=SLEEP,
-                                   **kubelet_claim(mode, device))
+        ctr = claimed(mode, cri, pod, f"live{i}", kubelet_claim(mode, device))
         assert gpu_nodes(cri, ctr) == [f"/dev/nvidia{node['gpus'][1]['minor']}"]
         path.unlink()
-        text = refusal(cri, pod, f"stale{i}", **kubelet_claim(mode, device))
+        text = stale_refusal(mode, cri, pod, f"stale{i}", device)
         assert device in text or "unresolvable" in text, text
 
 
@@ -197,7 +254,7 @@ def test_base_gpu_and_a_claim_each_edit_once(setup: tuple[str, Containerd], cri:
     if mode == "plugin":
         claim["annotations"]["cdi.k8s.io/nvidia-device-plugin_gpu0"] = base
     claim["cdi_devices"] = [base, *claim["cdi_devices"]]
-    ctr = cri.run_container(pod, "both", BUSYBOX_IMAGE, command=SLEEP, **claim)
+    ctr = claimed(mode, cri, pod, "both", claim, start=True)
     minors = sorted(f"/dev/nvidia{g['minor']}" for g in node["gpus"])
     assert gpu_nodes(cri, ctr) == minors
     spec = cri.runtime_spec(ctr)
@@ -215,8 +272,7 @@ def test_fifty_claims_one_container_each(setup: tuple[str, Containerd], cri: Cri
     pod = cri.run_pod("fifty")
     ok = 0
     for i, (device, _) in enumerate(claims):
-        ctr = cri.create_container(pod, f"c{i}", BUSYBOX_IMAGE, command=SLEEP,
-                                   **kubelet_claim(mode, device))
+        ctr = claimed(mode, cri, pod, f"c{i}", kubelet_claim(mode, device))
         ok += gpu_nodes(cri, ctr) == [f"/dev/nvidia{node['gpus'][i % 2]['minor']}"]
     assert ok == 50
     for _, path in claims:
@@ -228,8 +284,7 @@ def test_a_mig_style_claim(setup: tuple[str, Containerd], cri: CriClient,
     mode = setup[0]
     device, _ = write_claim(node, 0, mig=True)
     pod = cri.run_pod("mig")
-    ctr = cri.run_container(pod, "mig", BUSYBOX_IMAGE, command=SLEEP,
-                            **kubelet_claim(mode, device))
+    ctr = claimed(mode, cri, pod, "mig", kubelet_claim(mode, device), start=True)
     nodes = nvidia_nodes(cri, ctr)
     assert {"/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2",
             f"/dev/nvidia{node['gpus'][0]['minor']}"} <= set(nodes), nodes
@@ -239,17 +294,17 @@ def test_a_mig_style_claim(setup: tuple[str, Containerd], cri: CriClient,
 def test_a_requirement_refusal_on_a_claim(setup: tuple[str, Containerd], cri: CriClient,
                                           node: dict[str, Any]) -> None:
     """With the runtime injecting (its CDI on, CDIDevices only) the plugin matches the
-    claim's GPU by its device node and refuses, naming the requirement."""
+    claim's GPU by its device node and refuses, naming the requirement. (The container
+    that passes comes first: then the runtime's CDI knows the claim.)"""
     mode = setup[0]
     device, _ = write_claim(node, 1)
     pod = cri.run_pod("require")
+    ctr = claimed(mode, cri, pod, "fine", kubelet_claim(mode, device),
+                  env={"NVIDIA_REQUIRE_DRIVER": "driver>=500"})
+    assert gpu_nodes(cri, ctr) == [f"/dev/nvidia{node['gpus'][1]['minor']}"]
     text = refusal(cri, pod, "req", env={"NVIDIA_REQUIRE_DRIVER": "driver>=999"},
                    **kubelet_claim(mode, device))
     assert "driver>=999" in text, text
-    ctr = cri.create_container(pod, "fine", BUSYBOX_IMAGE, command=SLEEP,
-                               env={"NVIDIA_REQUIRE_DRIVER": "driver>=500"},
-                               **kubelet_claim(mode, device))
-    assert gpu_nodes(cri, ctr) == [f"/dev/nvidia{node['gpus'][1]['minor']}"]
 
 
 def test_capabilities_on_a_claim(setup: tuple[str, Containerd], cri: CriClient,
@@ -259,9 +314,8 @@ def test_capabilities_on_a_claim(setup: tuple[str, Containerd], cri: CriClient,
     mode = setup[0]
     device, _ = write_claim(node, 0)
     pod = cri.run_pod("caps")
-    ctr = cri.run_container(pod, "util", BUSYBOX_IMAGE, command=SLEEP,
-                            env={"NVIDIA_DRIVER_CAPABILITIES": "utility"},
-                            **kubelet_claim(mode, device))
+    ctr = claimed(mode, cri, pod, "util", kubelet_claim(mode, device), start=True,
+                  env={"NVIDIA_DRIVER_CAPABILITIES": "utility"})
     mounts = {m["destination"] for m in cri.runtime_spec(ctr)["mounts"]}
     assert "/usr/bin/nvidia-smi" in mounts
     if mode == "runtime" and setup[1].major == 1:
