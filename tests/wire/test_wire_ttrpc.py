@@ -108,6 +108,15 @@ def test_ok_response_omits_status_like_go() -> None:
     assert encode_response(b"", Code.NOT_FOUND, "m") == b"\x0a\x05\x08\x05\x12\x01m"
 
 
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 16_383, 16_384, 2_097_152, MAX_DATA - 16])
+def test_ok_responses_are_protobufs_own_encoding(size: int) -> None:
+    """Built by hand (length_delimited), byte for byte what protobuf makes of
+    Response(payload=...): lengths of 1 to 4 varint bytes, and an empty payload left out."""
+    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    assert encode_response(payload) == ttrpc_pb2.Response(payload=payload).SerializeToString()
+    assert decode_response(encode_response(payload), 1).payload == payload
+
+
 def test_status_details_from_a_go_peer_are_skipped() -> None:
     any_detail = b"\x0a\x01t\x12\x01v"  # google.protobuf.Any{type_url, value}
     status = b"\x08\x02\x12\x01e" + b"\x1a" + bytes([len(any_detail)]) + any_detail
