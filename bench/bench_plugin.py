@@ -11,6 +11,11 @@
     runtime, runc and the shims do between two containers) next to the same hot, with the
     per-container log line inline and deferred (the daemon runs it after the reply), p50.
 
+(f) the whole plugin in process, frame bytes in to reply bytes out (wire, dispatch, start
+    guard, injector, NVIDIA's rules), for a container as containerd sends one under
+    Kubernetes (15 env entries, 12 mounts, 7 annotations, cgroup and namespaces), hot and
+    cold as in (e). Run another checkout's copy of this file for an A/B.
+
 With ``--reference BINARY`` (or ``$NRI_CDI_REFERENCE_INJECTOR``, the Go reference CDI
 injector; see bench_containerd.py):
 
@@ -41,14 +46,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from google.protobuf.message import Message
+
 from cdi.cache import Snapshot, SpecCache
-from nri_plugin.nri.api import nri_pb2
-from nri_plugin.nri.stub import Stub
+from nri_plugin.nri.api import nri_pb2, ttrpc_pb2
+from nri_plugin.nri.stub import Stub, _Session
 from nri_plugin.nri.versions import RuntimeInfo
+from nri_plugin.plugins.cdi_injector.guard import StartGuard
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.vendor import Registry
-from tests.nri_runtime_peer import RuntimePeer
+from nri_plugin.vendors.nvidia.rules import NvidiaRules
+from tests.nri_runtime_peer import (
+    PLUGIN_CONN,
+    PLUGIN_SERVICE,
+    REQUEST,
+    RuntimePeer,
+    mux_frame,
+    request_bytes,
+    ttrpc_frame,
+)
 
 
 def gpu_spec(gpus: int = 8, libraries: int = 60) -> str:
@@ -173,6 +190,120 @@ def bench_cold(snapshot: Snapshot, rounds: int) -> None:
           f"{results['deferred', 'cold'] / results['inline', 'cold']:.2f}")
 
 
+def kubernetes_container(index: int) -> nri_pb2.Container:
+    """A container as containerd 2.1 sends it for a Kubernetes pod (no device asked for by
+    the container itself: the pod's annotation asks)."""
+    sandbox = "f" * 64
+    container = nri_pb2.Container(id=f"{index:064x}", pod_sandbox_id=sandbox, name="app",
+                                  args=["sleep", "600"])
+    container.annotations.update({
+        "io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.container-name": "app", "io.kubernetes.cri.sandbox-id": sandbox,
+        "io.kubernetes.cri.sandbox-name": "pod",
+        "io.kubernetes.cri.sandbox-namespace": "default",
+        "io.kubernetes.cri.sandbox-uid": "u" * 36,
+        "io.kubernetes.cri.image-name": "docker.io/library/app:1"})
+    container.labels.update({"io.kubernetes.container.name": "app",
+                             "io.kubernetes.pod.name": "pod",
+                             "io.kubernetes.pod.namespace": "default"})
+    container.env.extend(["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                          "HOSTNAME=pod", "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+                          *(f"SVC{j}_SERVICE_HOST=10.0.0.{j}" for j in range(12))])
+    for destination, source in (
+            ("/proc", "proc"), ("/dev", "tmpfs"), ("/dev/pts", "devpts"),
+            ("/dev/mqueue", "mqueue"), ("/sys", "sysfs"), ("/sys/fs/cgroup", "cgroup"),
+            ("/etc/hosts", "/var/lib/kubelet/pods/u/etc-hosts"),
+            ("/dev/termination-log", "/var/lib/kubelet/pods/u/containers/app/0"),
+            ("/etc/hostname", "/var/lib/containerd/sandboxes/f/hostname"),
+            ("/etc/resolv.conf", "/var/lib/containerd/sandboxes/f/resolv.conf"),
+            ("/dev/shm", "/run/containerd/sandboxes/f/shm"),
+            ("/var/run/secrets/kubernetes.io/serviceaccount", "/var/lib/kubelet/pods/u/sa")):
+        container.mounts.add(destination=destination, source=source, type="bind",
+                             options=["rbind", "rprivate", "rw"])
+    container.linux.cgroups_path = f"kubepods-besteffort-podu.slice:cri-containerd:{index:064x}"
+    for kind in ("pid", "ipc", "uts", "mount", "network"):
+        container.linux.namespaces.add(type=kind, path=f"/proc/1/ns/{kind}")
+    container.linux.resources.devices.add(allow=False, access="rwm")
+    container.linux.oom_score_adj.value = 1000
+    return container
+
+
+class _Sink:
+    """The transport: keeps what the plugin writes."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
+
+
+def _reply_of(written: bytes) -> nri_pb2.CreateContainerResponse:
+    """The CreateContainer reply in the plugin's bytes: mux frames (8-byte headers) around
+    one ttrpc frame (a 10-byte header and a Response)."""
+    stream, offset = b"", 0
+    while offset < len(written):
+        length = int.from_bytes(written[offset + 4:offset + 8], "big")
+        stream += written[offset + 8:offset + 8 + length]
+        offset += 8 + length
+    payload = ttrpc_pb2.Response.FromString(stream[10:]).payload
+    return nri_pb2.CreateContainerResponse.FromString(payload)
+
+
+async def _whole_stack(snapshot: Snapshot, rounds: int) -> dict[str, float]:
+    injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()])
+    later: list[Callable[[], object]] = []
+    injector.defer = later.append
+    session = _Session(StartGuard(injector, own_connection=True), logging.getLogger("bench"))
+    sink = _Sink()
+    session.transport = sink  # type: ignore[assignment]
+    stream = iter(range(1, 1 << 30, 2))
+
+    def frame(method: str, message: Message) -> bytes:
+        return mux_frame(PLUGIN_CONN, ttrpc_frame(next(stream), REQUEST, request_bytes(
+            PLUGIN_SERVICE, method, message.SerializeToString())))
+
+    session.data_received(frame("Configure", nri_pb2.ConfigureRequest(
+        runtime_name="containerd", runtime_version="2.1.9")))
+    session.data_received(frame("Synchronize", nri_pb2.SynchronizeRequest()))
+    pod = nri_pb2.PodSandbox(id="f" * 64, name="pod", namespace="default", uid="u" * 36,
+                             annotations=GPU_ASK)
+    junk = bytearray(32 << 20)
+    medians: dict[str, float] = {}
+    for cache in ("hot", "cold"):
+        frames = [frame("CreateContainer", nri_pb2.CreateContainerRequest(
+            pod=pod, container=kubernetes_container(i))) for i in range(rounds)]
+        sink.written.clear()
+        times = []
+        for data in frames:
+            if cache == "cold":
+                junk[::64] = bytes(len(junk[::64]))
+            start = time.perf_counter_ns()
+            session.data_received(data)
+            times.append((time.perf_counter_ns() - start) / 1000)
+            for call in later:  # after the reply: not timed
+                call()
+            later.clear()
+        reply = _reply_of(sink.written[-1])
+        assert len(reply.adjust.linux.devices) == 20, reply
+        medians[cache] = statistics.median(times)
+    return medians
+
+
+def bench_whole_stack(snapshot: Snapshot, rounds: int) -> None:
+    """(f): frame in, reply out, a Kubernetes container, hot and cold."""
+    medians = asyncio.run(_whole_stack(snapshot, rounds))
+    print(f"(f) the whole plugin in process, frame in to reply out, 8 GPUs, a Kubernetes "
+          f"container, {rounds} rounds, p50")
+    print(f"    hot {medians['hot']:7.1f} us   cold {medians['cold']:7.1f} us")
+
+
 REFERENCE_ENV = "NRI_CDI_REFERENCE_INJECTOR"
 GPU_ASK = {"cdi.k8s.io/gpus": ",".join(f"nvidia.com/gpu={g}" for g in range(8))}
 
@@ -268,6 +399,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "nvidia.yaml").write_text(gpu_spec())
         bench_cold(SpecCache([tmp]).refresh(), min(args.rounds, 300))
+        bench_whole_stack(SpecCache([tmp]).refresh(), min(args.rounds, 400))
     if args.reference is None:
         print(f"(d) skipped: no Go reference injector (--reference or ${REFERENCE_ENV})")
         return
