@@ -17,10 +17,12 @@ from nri_plugin.nri.wire._bounded import bound_message, clip
 from nri_plugin.ops.logformat import BoundedLog
 from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.failclosed import (
+    MAX_NAMES,
     act,
     cgroup_relpath,
     find_unserved,
     stop_processes,
+    too_many_names,
 )
 from nri_plugin.plugins.cdi_injector.guard import StartGuard
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
@@ -262,6 +264,27 @@ def test_too_many_names_are_refused_before_parsing(snapshot: Snapshot,
         plugin.start_container(pod(), container("many2", pid=proc.pid,
                                                 **{"cdi.k8s.io/x": many}))
     assert killed(proc)
+
+
+def test_the_name_cap_counts_every_annotation_and_env_request() -> None:
+    """MAX_NAMES names pass and one more is refused, whether in one annotation, spread over
+    a pod's and a container's, or in a vendor's env variable (checked by length first)."""
+    def names(count: int) -> str:
+        return ",".join(f"vendor.com/gpu={i}" for i in range(count))
+
+    env = ("NVIDIA_VISIBLE_DEVICES=",)
+    at_cap = nri_pb2.Container(annotations={"cdi.k8s.io/a": names(MAX_NAMES)})
+    assert too_many_names({}, at_cap, env) is None
+    over = nri_pb2.Container(annotations={"cdi.k8s.io/a": names(MAX_NAMES - 1)})
+    assert too_many_names({"cdi.k8s.io/p": names(2)}, over, env) is not None
+    assert too_many_names({"other.io/p": names(2)}, over, env) is None
+    ids = ",".join("0" for _ in range(MAX_NAMES + 1))
+    assert "NVIDIA_VISIBLE_DEVICES" in str(too_many_names(
+        {}, nri_pb2.Container(env=[f"NVIDIA_VISIBLE_DEVICES={ids}"]), env))
+    fewer = ",".join("0" for _ in range(MAX_NAMES))
+    assert too_many_names({}, nri_pb2.Container(env=[f"NVIDIA_VISIBLE_DEVICES={fewer}"]),
+                          env) is None
+    assert too_many_names({}, nri_pb2.Container(env=[f"OTHER={ids}"]), env) is None
 
 
 # --- cost: the events the guard subscribes to, and answers without work -----------------------

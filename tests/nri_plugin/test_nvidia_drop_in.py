@@ -165,6 +165,13 @@ def test_volume_mount_ids() -> None:
     assert volume_mount_ids(mounts) == [
         ("GPU-aaa", "/var/run/nvidia-container-devices/GPU-aaa"),
         ("cdi/nvidia.com/gpu/1", "/var/run/nvidia-container-devices/cdi/nvidia.com/gpu/1")]
+    # Spellings that normpath makes /dev/null count; a source that only looks like it does
+    # not (normpath keeps a leading "//", which POSIX leaves to the implementation).
+    spelled = [(f"/var/run/nvidia-container-devices/GPU-{i}", source) for i, source in
+               enumerate(("/dev//null", "/dev/./null", "/dev/x/../null", "/dev/null/",
+                          "//dev/null", "/dev/nullx", "/tmp/null", "dev/null"))]
+    assert [device for device, _ in volume_mount_ids(spelled)] == [
+        "GPU-0", "GPU-1", "GPU-2", "GPU-3"]
 
 
 def test_nvidia_nri_keys() -> None:

@@ -126,14 +126,17 @@ def too_many_names(pod_annotations: Mapping[str, str], container: nri_pb2.Contai
     before anything is parsed. ``env_prefixes``: the vendors' env requests ("NAME=")."""
     count = 0
     for where, found in (("pod", pod_annotations), ("container", container.annotations)):
-        for key, value in found.items():
+        # Keys, then a lookup: a protobuf map's items() is a Python-level generator.
+        for key in found:
             if key.startswith(ANNOTATION_PREFIX):
-                count += value.count(",") + 1
+                count += found[key].count(",") + 1
                 if count > MAX_NAMES:
                     return (f"{where} annotation {key[:80]!r} brings the devices asked for "
                             f"over {MAX_NAMES} (a container may name at most {MAX_NAMES})")
     for entry in container.env:
-        if env_prefixes and entry.startswith(env_prefixes) and entry.count(",") >= MAX_NAMES:
+        # Only an entry longer than MAX_NAMES can hold MAX_NAMES commas: the length first.
+        if (len(entry) > MAX_NAMES and env_prefixes and entry.startswith(env_prefixes)
+                and entry.count(",") >= MAX_NAMES):
             return f"{entry.partition('=')[0]} names more than {MAX_NAMES} devices"
     return None
 

@@ -580,6 +580,8 @@ def not_yet_injected(requests: Sequence[DeviceRequest], container: nri_pb2.Conta
     if native_cdi:
         done |= injected_by_runtime(container, snapshot, privileged)
     present = set() if privileged else {d.path for d in container.linux.devices}
+    if not done and not present:
+        return list(requests)  # the usual case: nothing is in the container yet
     out = []
     for request in requests:
         if request.name in done:

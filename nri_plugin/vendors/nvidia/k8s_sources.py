@@ -42,7 +42,9 @@ def volume_mount_ids(mounts: Sequence[tuple[str, str]]) -> list[tuple[str, str]]
     """(id, destination) for each ``/dev/null`` mount under the device-list root."""
     out = []
     for destination, source in mounts:
-        if posixpath.normpath(source) != "/dev/null":
+        # normpath only drops "." and ".." parts and doubled slashes: a source that
+        # becomes /dev/null has "null" in it (most mounts do not: no normpath for them).
+        if "null" not in source or posixpath.normpath(source) != "/dev/null":
             continue
         path = posixpath.normpath(destination)
         if not path.startswith(VOLUME_MOUNT_ROOT + "/"):
