@@ -55,7 +55,7 @@ from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.guard import StartGuard
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
-from nri_plugin.plugins.cdi_injector.vendor import Registry
+from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.nri_runtime_peer import (
     PLUGIN_CONN,
@@ -257,7 +257,10 @@ def _reply_of(written: bytes) -> nri_pb2.CreateContainerResponse:
 
 
 async def _whole_stack(snapshot: Snapshot, rounds: int) -> dict[str, float]:
-    injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()])
+    # As the daemon holds it: one registry (the snapshot and NVIDIA's facts) until a refresh.
+    registry = RegistryHolder((NvidiaRules(),))
+    registry.update(snapshot)
+    injector = CdiInjector(registry.get, vendors=registry.vendors)
     later: list[Callable[[], object]] = []
     injector.defer = later.append
     session = _Session(StartGuard(injector, own_connection=True), logging.getLogger("bench"))

@@ -114,6 +114,27 @@ def test_malformed_annotations_name_the_annotation(pod: dict, ctr: dict, message
     assert info.value.reason.rule == "request.annotation"
 
 
+def test_parsed_annotations_are_kept_small_and_errors_never() -> None:
+    """A repeated annotation is parsed once (the same immutable requests); a bad one fails
+    every time; one longer than the cache's bound is parsed and not kept."""
+    from nri_plugin.plugins.cdi_injector import requests
+
+    requests._parsed_requests.cache_clear()
+    ask = {"cdi.k8s.io/gpu": "vendor.com/gpu=0,vendor.com/gpu=1"}
+    first, again = pod_requests(ask, "a"), pod_requests(ask, "b")
+    assert first == again and first[0] is again[0]
+    assert [r.source for r in container_requests(ask)] == [
+        "container annotation 'cdi.k8s.io/gpu'"] * 2  # kept apart from the pod's
+    for _ in range(2):
+        with pytest.raises(RequestError, match=r"cdi\.k8s\.io/bad"):
+            pod_requests({"cdi.k8s.io/bad": "not-a-name"}, "a")
+    size = requests._parsed_requests.cache_info().currsize
+    long = ",".join(f"vendor.com/gpu={i}" for i in range(400))
+    assert len(long) > requests.CACHED_VALUE_MAX
+    assert len(pod_requests({"cdi.k8s.io/many": long}, "a")) == 400
+    assert requests._parsed_requests.cache_info().currsize == size
+
+
 def test_plan_matches_cdi_semantics(snapshot: Snapshot) -> None:
     requests = [DeviceRequest("example.com/gpu=1", "s"), DeviceRequest("example.com/gpu=0", "s")]
     plan = plan_injection(snapshot, requests, CONTAINERD_17, uid=1000, gid=100)
