@@ -57,15 +57,7 @@ from nri_plugin.plugins.cdi_injector.injector import CdiInjector, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from tests.nri_runtime_peer import (
-    PLUGIN_CONN,
-    PLUGIN_SERVICE,
-    REQUEST,
-    RuntimePeer,
-    mux_frame,
-    request_bytes,
-    ttrpc_frame,
-)
+from tests.nri_runtime_peer import RuntimePeer, plugin_call_frame
 
 
 def gpu_spec(gpus: int = 8, libraries: int = 60) -> str:
@@ -269,8 +261,7 @@ async def _whole_stack(snapshot: Snapshot, rounds: int) -> dict[str, float]:
     stream = iter(range(1, 1 << 30, 2))
 
     def frame(method: str, message: Message) -> bytes:
-        return mux_frame(PLUGIN_CONN, ttrpc_frame(next(stream), REQUEST, request_bytes(
-            PLUGIN_SERVICE, method, message.SerializeToString())))
+        return plugin_call_frame(next(stream), method, message.SerializeToString())
 
     session.data_received(frame("Configure", nri_pb2.ConfigureRequest(
         runtime_name="containerd", runtime_version="2.1.9")))

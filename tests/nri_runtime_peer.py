@@ -45,6 +45,13 @@ def request_bytes(
     return req.SerializeToString()
 
 
+def plugin_call_frame(stream_id: int, method: str, payload: bytes) -> bytes:
+    """One whole Plugin-service call as the runtime writes it: a mux frame on the plugin's
+    connection around one ttrpc request frame."""
+    return mux_frame(PLUGIN_CONN, ttrpc_frame(
+        stream_id, REQUEST, request_bytes(PLUGIN_SERVICE, method, payload)))
+
+
 def response_bytes(payload: bytes = b"", code: int = 0, message: str = "") -> bytes:
     resp = ttrpc_pb2.Response(payload=payload)
     if code:
