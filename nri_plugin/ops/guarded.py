@@ -6,10 +6,9 @@ guard has synchronized (bounded), so from the moment we are back no container cr
 while we were away starts unchecked. Once the injector's connection has synchronized and
 no container created without us is still waiting to start, the guard's connection is
 closed (after ``GUARD_LINGER``: see there), and the runtime asks the plugin nothing at a
-container's start. NRI takes a
-plugin connection that closes while it asks it something as gone, not as a failed request
-(``isFatalError`` in ``pkg/adaptation/plugin.go``, every version): closing it never fails
-a container.
+container's start. NRI takes a plugin connection that closes while it asks it something as
+gone, not as a failed request (``isFatalError`` in ``pkg/adaptation/plugin.go``, every
+version): closing it never fails a container.
 """
 
 from __future__ import annotations

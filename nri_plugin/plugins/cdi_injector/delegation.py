@@ -116,8 +116,8 @@ def spec_device_nodes(snapshot: Snapshot, devices: Sequence[Device]) -> tuple[De
 
 class DelegationTracker:
     """Containers whose devices were handed to the runtime's CDI, until the runtime says how
-    it went, at RemoveContainer: a container the runtime knows (it has a state) was created,
-    so injected; one it does not was never created (containerd undoes a creation that
+    it went, at RemoveContainer: a container the runtime created (``injector.was_created``)
+    got them injected; one it never created did not (containerd undoes a creation that
     failed after the plugin answered, e.g. "CDI device injection failed"). Bounded: the
     oldest entries are forgotten first."""
 
