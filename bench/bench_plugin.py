@@ -16,6 +16,14 @@
     Kubernetes (15 env entries, 12 mounts, 7 annotations, cgroup and namespaces), hot and
     cold as in (e). Run another checkout's copy of this file for an A/B.
 
+(g) reading one request from a Unix socket, as asyncio's transports do it: a plain
+    Protocol's ``recv`` of up to 256 KiB into a new bytes object (glibc maps, shrinks
+    and unmaps it) against a BufferedProtocol's ``recv_into`` one buffer kept for the
+    connection (what the stub uses), for a 1.5 KB and a 9 KB message, with a second
+    thread alive as in the plugin (the log writer), p50 and the ratio. Each size in a
+    process of its own: whether glibc maps each 256 KiB depends on what the process freed
+    before (a fresh one, like the plugin, does; strace shows it there at every request).
+
 With ``--reference BINARY`` (or ``$NRI_CDI_REFERENCE_INJECTOR``, the Go reference CDI
 injector; see bench_containerd.py):
 
@@ -40,6 +48,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +59,7 @@ from google.protobuf.message import Message
 
 from cdi.cache import Snapshot, SpecCache
 from nri_plugin.nri.api import nri_pb2, ttrpc_pb2
-from nri_plugin.nri.stub import Stub, _Session
+from nri_plugin.nri.stub import READ_SIZE, Stub, _Session
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.guard import StartGuard
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, plan_injection
@@ -236,6 +245,17 @@ class _Sink:
         pass
 
 
+def _deliver(session: _Session, data: bytes) -> None:
+    """``data`` into ``session`` as the event loop's transport does: copied into the
+    session's buffer, as much as fits per read."""
+    while data:
+        buffer = session.get_buffer(-1)
+        size = min(len(buffer), len(data))
+        buffer[:size] = data[:size]
+        session.buffer_updated(size)
+        data = data[size:]
+
+
 def _reply_of(written: bytes) -> nri_pb2.CreateContainerResponse:
     """The CreateContainer reply in the plugin's bytes: mux frames (8-byte headers) around
     one ttrpc frame (a 10-byte header and a Response)."""
@@ -263,9 +283,9 @@ async def _whole_stack(snapshot: Snapshot, rounds: int) -> dict[str, float]:
     def frame(method: str, message: Message) -> bytes:
         return plugin_call_frame(next(stream), method, message.SerializeToString())
 
-    session.data_received(frame("Configure", nri_pb2.ConfigureRequest(
+    _deliver(session, frame("Configure", nri_pb2.ConfigureRequest(
         runtime_name="containerd", runtime_version="2.1.9")))
-    session.data_received(frame("Synchronize", nri_pb2.SynchronizeRequest()))
+    _deliver(session, frame("Synchronize", nri_pb2.SynchronizeRequest()))
     pod = nri_pb2.PodSandbox(id="f" * 64, name="pod", namespace="default", uid="u" * 36,
                              annotations=GPU_ASK)
     junk = bytearray(32 << 20)
@@ -279,7 +299,7 @@ async def _whole_stack(snapshot: Snapshot, rounds: int) -> dict[str, float]:
             if cache == "cold":
                 junk[::64] = bytes(len(junk[::64]))
             start = time.perf_counter_ns()
-            session.data_received(data)
+            _deliver(session, data)
             times.append((time.perf_counter_ns() - start) / 1000)
             for call in later:  # after the reply: not timed
                 call()
@@ -296,6 +316,48 @@ def bench_whole_stack(snapshot: Snapshot, rounds: int) -> None:
     print(f"(f) the whole plugin in process, frame in to reply out, 8 GPUs, a Kubernetes "
           f"container, {rounds} rounds, p50")
     print(f"    hot {medians['hot']:7.1f} us   cold {medians['cold']:7.1f} us")
+
+
+def _socket_reads(size: int, rounds: int, view: memoryview) -> dict[str, float]:
+    """Medians (us) of reading one ``size``-byte message each way, interleaved."""
+    sender, receiver = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    message = bytes(size)
+    times: dict[str, list[float]] = {"recv": [], "recv_into": []}
+    with sender, receiver:
+        for _ in range(rounds):
+            for kind in times:
+                sender.sendall(message)
+                start = time.perf_counter_ns()
+                if kind == "recv":
+                    data = receiver.recv(READ_SIZE)  # what a plain Protocol gets
+                    got = len(data)
+                    del data  # freed as data_received returns: in the timed part
+                else:
+                    got = receiver.recv_into(view)
+                times[kind].append((time.perf_counter_ns() - start) / 1000)
+                assert got == size, (kind, got)
+    return {kind: statistics.median(values) for kind, values in times.items()}
+
+
+def bench_socket_reads(rounds: int) -> None:
+    """(g): asyncio's two ways of reading a request, each size in a fresh process."""
+    print(f"(g) reading one request from a Unix socket, {rounds} interleaved rounds, p50")
+    for size in (1500, 9000):
+        subprocess.run([sys.executable, __file__, "--socket-reads", str(rounds),
+                        "--read-size", str(size)], check=True)
+
+
+def socket_reads_here(rounds: int, size: int) -> None:
+    """(g) for one size in this process, a second thread alive."""
+    idle = threading.Event()
+    threading.Thread(target=idle.wait, daemon=True).start()  # as the log writer waits
+    try:
+        medians = _socket_reads(size, rounds, memoryview(bytearray(READ_SIZE)))
+    finally:
+        idle.set()
+    print(f"    {size:5d} bytes: recv {medians['recv']:6.2f} us   recv_into "
+          f"{medians['recv_into']:6.2f} us   (recv / recv_into = "
+          f"{medians['recv'] / medians['recv_into']:.1f})")
 
 
 REFERENCE_ENV = "NRI_CDI_REFERENCE_INJECTOR"
@@ -373,7 +435,13 @@ def main() -> None:
     parser.add_argument("--reference", type=Path,
                         default=os.environ.get(REFERENCE_ENV) or None,
                         help="the Go reference CDI injector's binary, for (d)")
+    # (g)'s processes
+    parser.add_argument("--socket-reads", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--read-size", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.socket_reads:
+        socket_reads_here(args.socket_reads, args.read_size)
+        return
 
     logging.disable(logging.INFO)  # one log line per injection is not what we measure
     with tempfile.TemporaryDirectory() as tmp:
@@ -394,6 +462,7 @@ def main() -> None:
         (Path(tmp) / "nvidia.yaml").write_text(gpu_spec())
         bench_cold(SpecCache([tmp]).refresh(), min(args.rounds, 300))
         bench_whole_stack(SpecCache([tmp]).refresh(), min(args.rounds, 400))
+    bench_socket_reads(args.rounds * 5)
     if args.reference is None:
         print(f"(d) skipped: no Go reference injector (--reference or ${REFERENCE_ENV})")
         return

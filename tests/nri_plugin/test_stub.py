@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.plugin import Plugin
-from nri_plugin.nri.stub import RegistrationError, Stub, plugin_identity
+from nri_plugin.nri.stub import READ_SIZE, RegistrationError, Stub, plugin_identity
 from nri_plugin.nri.wire import Code
 from tests.nri_runtime_peer import RuntimePeer
 
@@ -99,6 +100,37 @@ def test_full_lifecycle_with_configure_race_and_paging() -> None:
         assert plugin.removed == ["gone", "old"]
 
     assert run(with_pair(test, plugin)) == [None]
+
+
+class Echo(Plugin):
+    """Answers each container with its annotations' sizes and digests, so that a byte
+    changed on the way in shows in the reply."""
+
+    def create_container(self, pod, container):  # type: ignore[no-untyped-def]
+        adj = nri_pb2.ContainerAdjustment()
+        for key, value in sorted(container.annotations.items()):
+            digest = hashlib.sha256(value.encode()).hexdigest()
+            adj.env.add(key=key.upper(), value=f"{len(value)}:{digest}")
+        return adj
+
+
+def test_requests_over_the_read_buffer_and_back_to_back_arrive_whole() -> None:
+    """The session reads into one buffer it keeps (READ_SIZE): a request several times
+    its size, and requests sent together in one write, reach the handler byte for byte."""
+    pads = {"big": "".join(chr(0x61 + i % 26) for i in range(3 * READ_SIZE + 7)),
+            "small": "tiny", "next": "z" * 1000}
+
+    async def test(stub: Stub, peer: RuntimePeer) -> None:
+        await peer.handshake()
+        streams = [peer.send_request("CreateContainer", create_request(name, pad=pad))
+                   for name, pad in pads.items()]  # written at once: one read holds several
+        for stream, pad in zip(streams, pads.values(), strict=True):
+            reply = await peer.response_to(stream)
+            adjust = nri_pb2.CreateContainerResponse.FromString(reply.payload).adjust
+            assert [(e.key, e.value) for e in adjust.env] == [
+                ("PAD", f"{len(pad)}:{hashlib.sha256(pad.encode()).hexdigest()}")]
+
+    assert run(with_pair(test, Echo())) == [None]
 
 
 def test_configure_after_register_reply_also_works() -> None:

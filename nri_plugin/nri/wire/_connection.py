@@ -84,8 +84,9 @@ class Connection:
 
     # --- inbound ---------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list[Event]:
-        """Feed bytes read from the socket; ``b""`` means EOF."""
+    def receive_data(self, data: bytes | memoryview) -> list[Event]:
+        """Feed bytes read from the socket; ``b""`` means EOF. What is kept is copied, so
+        the caller may reuse ``data``'s buffer once this returns."""
         if self.state is ConnectionState.ERROR:
             raise RemoteProtocolError("connection already failed; no more data accepted")
         if self.state is ConnectionState.CLOSED:

@@ -84,7 +84,7 @@ class MuxReader:
     def buffered(self) -> int:
         return len(self._buffer)
 
-    def feed(self, data: bytes) -> list[Chunk]:
+    def feed(self, data: bytes | memoryview) -> list[Chunk]:
         self._buffer.feed(data)
         chunks: list[Chunk] = []
         while True:
