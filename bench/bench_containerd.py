@@ -20,6 +20,14 @@ project; build it from its public source. It is started as
 ``BINARY -name nri-cdi-ref -idx 10 -socket SOCKET -spec-dir DIR`` (PR #327's flags).
 The report then also gives each plugin's CreateContainer alone (Create, not Start).
 
+Each round runs the kinds in a new random order (seeded by ``--rounds``). Besides the
+medians, the report gives per-round paired differences with a bootstrap 95 % interval
+(ours against native CDI, the reference and the baseline, each from the same rounds) and
+each plugin process's CPU time during its CreateContainer (all its threads, from
+/proc/PID/task/*/schedstat: less noisy than wall time, which two containerds running the
+same plugin already split by about 0.2 ms; ``--baseline-repo`` of this checkout gives
+that A/A spread).
+
 Run as root: ``python3 bench/bench_containerd.py [--rounds 30] [--runtime 1.7 --runtime 2.1]``.
 """
 
@@ -29,6 +37,7 @@ import argparse
 import contextlib
 import functools
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -117,16 +126,35 @@ class ReferencePlugin:
 
 # Per kind, CreateContainer alone (the part of Create+Start the plugin is asked in).
 CREATE_ONLY: dict[str, list[float]] = {}
+# Per kind whose plugin is a process here: its pid, and its CPU seconds (all threads)
+# during each CreateContainer, the reply's deferred work included.
+PLUGIN_PIDS: dict[str, int] = {}
+CREATE_CPU: dict[str, list[float]] = {}
+
+
+def process_cpu(pid: int) -> float:
+    """Seconds on CPU of every thread of ``pid`` so far (schedstat: nanoseconds)."""
+    total = 0
+    for task in os.scandir(f"/proc/{pid}/task"):
+        # A thread that just ended is gone from the total, as it is from the process.
+        with contextlib.suppress(FileNotFoundError), open(f"{task.path}/schedstat") as stat:
+            total += int(stat.read().split()[0])
+    return total / 1e9
 
 
 def timed_create_start(cri: CriClient, pod: str, kind: str = "",
                        **kwargs: object) -> float:
+    pid = PLUGIN_PIDS.get(kind)
+    cpu = process_cpu(pid) if pid else 0.0
     start = time.perf_counter()
     container = cri.create_container(pod, "bench", images.BUSYBOX_IMAGE, command=SLEEP,
                                      **kwargs)  # type: ignore[arg-type]
     created = time.perf_counter()
+    if pid:  # read between the timed parts, not inside them
+        CREATE_CPU.setdefault(kind, []).append(process_cpu(pid) - cpu)
+    starting = time.perf_counter()
     cri.start_container(container)
-    elapsed = time.perf_counter() - start
+    elapsed = (created - start) + (time.perf_counter() - starting)
     if kind:
         CREATE_ONLY.setdefault(kind, []).append(created - start)
     cri.stop_container(container)
@@ -154,6 +182,7 @@ def main() -> None:
         sys.exit(f"missing: {'; '.join(missing)}; run: bash scripts/install-containerd.sh")
     for version in versions:
         CREATE_ONLY.clear()
+        CREATE_CPU.clear()
         samples = bench_runtime(version, args.rounds, args.baseline_repo, args.reference)
         report(samples, args.rounds, version)
 
@@ -176,24 +205,35 @@ def bench_runtime(version: str, rounds: int, baseline: Path | None = None,
             mine = PluginProcess(ours.nri_socket, [specs], root / "plugin.log",
                                  extra_args=["--log-level", "info"]).start()
             plugins.append(mine)
+            _watch("plugin", mine.process)
             if other is not None and baseline is not None:
-                plugins.append(CheckoutPlugin(baseline, other.nri_socket, [specs],
-                                              root / "baseline.log",
-                                              extra_args=["--log-level", "info"]).start())
+                theirs = CheckoutPlugin(baseline, other.nri_socket, [specs],
+                                        root / "baseline.log",
+                                        extra_args=["--log-level", "info"]).start()
+                plugins.append(theirs)
+                _watch("baseline", theirs.process)
             if ref is not None and reference is not None:
-                plugins.append(ReferencePlugin(reference, ref.nri_socket, specs,
-                                               root / "reference.log").start(ref))
+                go = ReferencePlugin(reference, ref.nri_socket, specs,
+                                     root / "reference.log").start(ref)
+                plugins.append(go)
+                _watch("reference", go.process)
             # Measured once the start guard's connection has gone (after its linger).
             mine.wait_for_log("nothing in doubt", timeout=60)
             extras = {"baseline": other, "reference": ref}
             return run_rounds(native, ours, rounds,
                               {k: c for k, c in extras.items() if c is not None})
         finally:
+            PLUGIN_PIDS.clear()
             for plugin in plugins:
                 plugin.kill()
             for ctrd in (native, ours, other, ref):
                 if ctrd is not None:
                     ctrd.close()
+
+
+def _watch(kind: str, process: subprocess.Popen[bytes] | None) -> None:
+    if process is not None:
+        PLUGIN_PIDS[kind] = process.pid
 
 
 def run_rounds(native: Containerd, ours: Containerd, rounds: int,
@@ -228,10 +268,13 @@ def _rounds(native: Containerd, ours: Containerd, rounds: int,
         for _kind, measure in kinds:  # warm-up, not counted
             measure()
         CREATE_ONLY.clear()
-        for index in range(rounds):
-            # Rotate the order each round so that no kind always runs first.
-            turn = index % len(kinds)
-            for kind, measure in kinds[turn:] + kinds[:turn]:
+        CREATE_CPU.clear()
+        order = random.Random(rounds)  # the same orders for a given --rounds
+        for _ in range(rounds):
+            # A new order each round: rotating one order would have each kind always
+            # follow the same one, whose teardown (shim exit, cgroup removal) still
+            # loads the machine as the next is measured.
+            for kind, measure in order.sample(kinds, len(kinds)):
                 samples[kind].append(measure())
     return samples
 
@@ -259,6 +302,39 @@ def report(samples: dict[str, list[float]], rounds: int, version: str) -> None:
               + f"; ours / reference {create['plugin'] / create['reference']:.3f}, "
               f"ours - no injection {create['plugin'] - create['none']:.1f} ms, "
               f"reference - no injection {create['reference'] - create['none']:.1f} ms")
+    paired(samples)
+
+
+def interval(values: list[float], resamples: int = 2000) -> tuple[float, float, float]:
+    """The median of ``values`` and a bootstrap 95 % interval for it (seeded)."""
+    draw = random.Random(len(values))
+    medians = sorted(statistics.median(draw.choices(values, k=len(values)))
+                     for _ in range(resamples))
+    return (statistics.median(values), medians[int(resamples * 0.025)],
+            medians[int(resamples * 0.975) - 1])
+
+
+def paired(samples: dict[str, list[float]]) -> None:
+    """Per-round comparisons: each round measured every kind, so its differences leave
+    out what changed between rounds (the machine's load, the page cache)."""
+    lines = []
+    for other in ("native", "reference", "baseline"):
+        if other in samples:
+            ratios = [a / b for a, b in zip(samples["plugin"], samples[other], strict=True)]
+            mid, low, high = interval(ratios)
+            lines.append(f"Create+Start ours / {other} {mid:.3f} ({low:.3f}-{high:.3f})")
+    for other in ("reference", "baseline"):
+        if other in CREATE_ONLY:
+            diffs = [(a - b) * 1000 for a, b in zip(CREATE_ONLY["plugin"], CREATE_ONLY[other],
+                                                    strict=True)]
+            mid, low, high = interval(diffs)
+            lines.append(f"CreateContainer ours - {other} {mid:+.2f} ms "
+                         f"({low:+.2f} to {high:+.2f})")
+    print("    per round, median (bootstrap 95 % interval): " + "; ".join(lines))
+    if CREATE_CPU:
+        print("    plugin CPU during its CreateContainer, all threads (median): "
+              + ", ".join(f"{kind} {statistics.median(v) * 1e6:.0f} us"
+                          for kind, v in CREATE_CPU.items()))
 
 
 if __name__ == "__main__":
