@@ -30,7 +30,7 @@ import struct
 from cdi.linux._errors import BinaryFormatError
 from cdi.linux._tuple import TYPE_CHECKING, NamedTuple
 
-__all__ = ["DynamicInfo", "ElfError", "NotElfError", "parse_dynamic", "read_dynamic",
+__all__ = ["DynamicInfo", "ElfError", "NotElfError", "is_elf", "parse_dynamic", "read_dynamic",
            "read_dynamic_fd", "read_soname"]
 
 _ELF_MAGIC = b"\x7fELF"
@@ -75,6 +75,20 @@ if TYPE_CHECKING:  # collections costs a hook process ~2 ms at start-up
     from collections.abc import Callable
 
     _Reader = Callable[[int, int], bytes]
+
+
+def is_elf(path: str | os.PathLike[str]) -> bool:
+    """Whether the file at ``path`` starts with the ELF magic (False when it cannot be read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return os.pread(fd, len(_ELF_MAGIC), 0) == _ELF_MAGIC
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def read_soname(path: str | os.PathLike[str]) -> str | None:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from cdi.linux.elf import ElfError, read_soname
+from cdi.linux.elf import ElfError, is_elf, read_soname
 from cdi.linux.ldcache import (
     LdCacheError,
     find_libraries,
@@ -708,14 +708,24 @@ def _first_xorg(tree: _Tree, bases: Sequence[str], name: str) -> tuple[str, str]
 
 
 def _binaries(tree: _Tree) -> list[FileMount]:
+    """Each binary at the first folder that has it, as a container's PATH would find it.
+
+    When that file is not an ELF program but a later folder holds one, the later file is
+    mounted there instead: a host's wrapper script (``/usr/bin/nvidia-smi`` running ``exec
+    /usr/local/nvidia/bin/nvidia-smi``, as on a real H100 node) names a path the container
+    does not have, and fails there with "not found".
+    """
     found = []
     for name in BINARIES:
+        hosts = []
         for folder in BINARY_DIRS:
             resolved, st = tree.lookup(f"{folder}/{name}")
             host = tree.host(resolved)
             if _is_regular(st) and os.access(host, os.X_OK):
-                found.append(_mount(tree, host, "binary", path=f"{folder}/{name}"))
-                break
+                hosts.append((folder, host))
+        if hosts:
+            program = next((h for _, h in hosts if is_elf(h)), hosts[0][1])
+            found.append(_mount(tree, program, "binary", path=f"{hosts[0][0]}/{name}"))
     return found
 
 
