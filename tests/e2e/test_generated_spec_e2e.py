@@ -22,7 +22,7 @@ from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.images import DEFAULT_PATH, ImageConfig, image_from_tree
 from tests.e2e.plugin import PluginProcess
-from tests.hooks.conftest import NIX_GLIBC, _cc, host_loader
+from tests.hooks.conftest import NIX_GLIBC, NIX_PROG_FLAGS, _cc, copy_glibc, host_loader
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE_LIBRARY_PATH = "LD_LIBRARY_PATH=/opt/own/lib"
@@ -61,13 +61,12 @@ def world(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str
             check=True, cwd=REPO, capture_output=True)
     prog, nix_prog = out / "prog", out / "nix-prog"
     _cc(["-o", str(prog)], PROG_C)
-    _cc(["-o", str(nix_prog), f"-Wl,--dynamic-linker={NIX_GLIBC}/ld-linux-x86-64.so.2",
-         f"-Wl,-rpath,{NIX_GLIBC}"], PROG_C)
+    _cc(["-o", str(nix_prog), *NIX_PROG_FLAGS], PROG_C)
     return {"out": out, "node": node.root, "prog": prog, "nix_prog": nix_prog}
 
 
 def _images(ctrd: Containerd, world: dict[str, Path]) -> None:
-    ld, libc = host_loader()
+    ld, _ = host_loader()
     out = world["out"]
     for name, loader_dir, libc_dir, prog in (
         ("glibc", "lib64", "lib/x86_64-linux-gnu", world["prog"]),
@@ -77,8 +76,7 @@ def _images(ctrd: Containerd, world: dict[str, Path]) -> None:
         if not tree.exists():
             (tree / loader_dir).mkdir(parents=True)
             shutil.copy2(ld, tree / loader_dir / "ld-linux-x86-64.so.2")
-            (tree / libc_dir).mkdir(parents=True, exist_ok=True)
-            shutil.copy2(libc, tree / libc_dir / "libc.so.6")
+            copy_glibc(tree / libc_dir)
             shutil.copy2(prog, tree / "prog")
         # The image has a library path of its own, which the hook-free mode must keep.
         config = ImageConfig(cmd=("sleep", "600"), env=(DEFAULT_PATH, IMAGE_LIBRARY_PATH))

@@ -22,7 +22,7 @@ from cdi.nvidia.simnode import NodeLayout, build_node
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.test_generated_spec_e2e import PROG_C, _expected, _images, _run_prog
-from tests.hooks.conftest import NIX_GLIBC, _cc
+from tests.hooks.conftest import NIX_PROG_FLAGS, _cc
 from tests.peers import absent, peer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,8 +53,7 @@ def world(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str
             check=True, cwd=REPO, capture_output=True)
     prog, nix_prog = out / "prog", out / "nix-prog"
     _cc(["-o", str(prog)], PROG_C)
-    _cc(["-o", str(nix_prog), f"-Wl,--dynamic-linker={NIX_GLIBC}/ld-linux-x86-64.so.2",
-         f"-Wl,-rpath,{NIX_GLIBC}"], PROG_C)
+    _cc(["-o", str(nix_prog), *NIX_PROG_FLAGS], PROG_C)
     return {"out": out, "node": node.root, "prog": prog, "nix_prog": nix_prog, "specs": specs,
             "launcher": programs["launcher"]}
 

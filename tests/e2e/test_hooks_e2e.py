@@ -21,7 +21,16 @@ from cdi.hooks import entry
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.images import DEFAULT_PATH, ImageConfig, image_from_tree
-from tests.hooks.conftest import FAKE_C, NIX_GLIBC, PROG_C, _cc, host_loader, tree_digest
+from tests.hooks.conftest import (
+    FAKE_C,
+    NIX_GLIBC,
+    NIX_PROG_FLAGS,
+    PROG_C,
+    _cc,
+    copy_glibc,
+    host_loader,
+    tree_digest,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -47,8 +56,7 @@ def world(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     fake, prog, nix_prog = out / "libfake.so.1.2.3", out / "prog", out / "nix-prog"
     _cc(["-shared", "-fPIC", "-Wl,-soname,libfake.so.1", "-o", str(fake)], FAKE_C)
     _cc(["-o", str(prog)], PROG_C)
-    _cc(["-o", str(nix_prog), f"-Wl,--dynamic-linker={NIX_GLIBC}/ld-linux-x86-64.so.2",
-         f"-Wl,-rpath,{NIX_GLIBC}"], PROG_C)
+    _cc(["-o", str(nix_prog), *NIX_PROG_FLAGS], PROG_C)
     bait = out / "bait"
     bait.mkdir()
     (bait / "ld.so.cache").write_text("host")
@@ -80,7 +88,7 @@ def world(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str
 @pytest.fixture(scope="module")
 def ctrd(containerd: ContainerdFactory, world: dict[str, Path]) -> Containerd:
     c = containerd(enable_cdi=True, cdi_spec_dirs=[world["specs"]])
-    ld, libc = host_loader()
+    ld, _ = host_loader()
     # One set of image trees per containerd version (this fixture runs once per version).
     trees = world["out"] / f"images-{c.version}"
     glibc, nix, hostile = (trees / n for n in ("glibc", "nix", "hostile"))
@@ -90,8 +98,7 @@ def ctrd(containerd: ContainerdFactory, world: dict[str, Path]) -> Containerd:
         (tree / loader_dir).mkdir(parents=True, exist_ok=True)
         shutil.copy2(ld, tree / loader_dir / "ld-linux-x86-64.so.2")
         libc_dir = tree / ("lib/x86_64-linux-gnu" if loader_dir == "lib64" else loader_dir)
-        libc_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(libc, libc_dir / "libc.so.6")
+        copy_glibc(libc_dir)
         shutil.copy2(prog, tree / "prog")
     # The hostile image's /etc/ld.so.cache is a link to a host file by absolute path.
     (hostile / "etc").mkdir()

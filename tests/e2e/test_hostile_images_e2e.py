@@ -38,7 +38,7 @@ from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.images import DEFAULT_PATH, ImageConfig, image_from_tree
 from tests.e2e.plugin import PluginProcess
-from tests.hooks.conftest import FAKE_C, PROG_C, _cc, host_loader, host_snapshot
+from tests.hooks.conftest import FAKE_C, PROG_C, _cc, copy_glibc, host_loader, host_snapshot
 from tests.hooks.test_hostile_images import BAD_ELF, BAD_SECTIONS, _patched
 
 pytestmark = pytest.mark.e2e
@@ -245,14 +245,13 @@ def world(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> World:
                         "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"]}],
             "hooks": [_hook_entry()]}}]}))
     world = World(out=out, libs=libs, host=host)
-    ld, libc = host_loader()
+    ld, _ = host_loader()
     config = ImageConfig(cmd=("sleep", "600"), env=(DEFAULT_PATH,))
     for name, case in CASES.items():
         tree = out / "trees" / name
         (tree / "lib64").mkdir(parents=True)
         shutil.copy2(ld, tree / "lib64/ld-linux-x86-64.so.2")
-        (tree / "lib/x86_64-linux-gnu").mkdir(parents=True)
-        shutil.copy2(libc, tree / "lib/x86_64-linux-gnu/libc.so.6")
+        copy_glibc(tree / "lib/x86_64-linux-gnu")
         shutil.copy2(libs["prog"], tree / "prog")
         case.build(tree, world)
         image_from_tree(_image(name), tree, out / f"{name}.tar",

@@ -27,7 +27,7 @@ import pytest
 from cdi.nvidia.simnode import NodeLayout, build_node
 from tests.e2e.images import ImageConfig, image_from_tree
 from tests.e2e.test_generated_spec_e2e import PROG_C
-from tests.hooks.conftest import _cc, host_loader
+from tests.hooks.conftest import _cc, copy_glibc, host_loader
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "localhost/gpu/glibc:podman"
@@ -71,11 +71,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                         "--output", str(out / name / "nvidia.yaml")],
                        check=True, cwd=REPO, capture_output=True)
     tree = out / "tree"
-    ld, libc = host_loader()
-    for src, dest in ((ld, "lib64/ld-linux-x86-64.so.2"),
-                      (libc, "lib/x86_64-linux-gnu/libc.so.6")):
-        (tree / dest).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, tree / dest)
+    ld, _ = host_loader()
+    (tree / "lib64").mkdir(parents=True)
+    shutil.copy2(ld, tree / "lib64/ld-linux-x86-64.so.2")
+    copy_glibc(tree / "lib/x86_64-linux-gnu")
     _cc(["-o", str(tree / "prog")], PROG_C)
     archive = image_from_tree(IMAGE, tree, out / "glibc.tar", config=ImageConfig(cmd=("/prog",)))
     (out / "wrapper.sh").write_text(WRAPPER)

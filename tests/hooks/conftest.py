@@ -38,6 +38,12 @@ __attribute__((constructor)) static void mark(void) {
 }
 """
 NIX_GLIBC = "/nix/store/0000000000000000000000000000000a-glibc-2.36/lib"
+# A Nix program: its glibc's own loader, and that glibc's folder searched first. Nix's
+# loader has the folder built in, so it also finds what a dlopen()ed library needs (the
+# real libcuda's libm); the host's loader standing in for it gets the folder as DT_RPATH,
+# which, unlike DT_RUNPATH, applies to every library loaded after the program too.
+NIX_PROG_FLAGS = (f"-Wl,--dynamic-linker={NIX_GLIBC}/ld-linux-x86-64.so.2",
+                  f"-Wl,-rpath,{NIX_GLIBC}", "-Wl,--disable-new-dtags")
 
 
 @pytest.fixture
@@ -77,8 +83,7 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
         "libfake.so.1.2.3", "prog", "nix-prog", "preload.so"))
     _cc(["-shared", "-fPIC", "-Wl,-soname,libfake.so.1", "-o", str(fake)], FAKE_C)
     _cc(["-o", str(prog)], PROG_C)
-    _cc(["-o", str(nix_prog), f"-Wl,--dynamic-linker={NIX_GLIBC}/ld-linux-x86-64.so.2",
-         f"-Wl,-rpath,{NIX_GLIBC}"], PROG_C)
+    _cc(["-o", str(nix_prog), *NIX_PROG_FLAGS], PROG_C)
     _cc(["-shared", "-fPIC", f'-DMARKER="{marker}"', "-o", str(preload)], PRELOAD_C)
     return Artifacts(fake=fake, prog=prog, nix_prog=nix_prog, preload=preload, marker=marker)
 
@@ -86,6 +91,18 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Artifacts:
 def host_loader() -> tuple[Path, Path]:
     return (Path(os.path.realpath("/lib64/ld-linux-x86-64.so.2")),
             Path(os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6")))
+
+
+# What a glibc image has besides libc for a real libcuda.so.1 (readelf -d NEEDED: libm,
+# libdl, libpthread, librt); the simulated libcuda needs the same.
+LIBCUDA_GLIBC_NEEDS = ("libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
+
+
+def copy_glibc(folder: Path) -> None:
+    """The host's libc and the libraries ``LIBCUDA_GLIBC_NEEDS`` names, into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("libc.so.6", *LIBCUDA_GLIBC_NEEDS):
+        shutil.copy2(os.path.realpath(f"/lib/x86_64-linux-gnu/{name}"), folder / name)
 
 
 def make_bundle(tmp: Path, rootfs: Path, *, relative: bool = True,

@@ -123,7 +123,8 @@ class _Builder:
             {"path": "/" + rel, "soname": soname or None, "bits": bits, "links": entry_links}
         )
         source = c_source(lib, name, self.layout, bits=bits)
-        return Job(source, soname, bits, self.driver_root / rel)
+        return Job(source, soname, bits, self.driver_root / rel,
+                   lib.needs if bits == 64 else ())
 
     def ldcache_step(self) -> None:
         conf = [self.dirs["lib"], self.dirs["lib"] + "/vdpau"]

@@ -22,6 +22,7 @@ class Job:
     soname: str
     bits: int
     dest: Path
+    needs: tuple[str, ...] = ()  # library files to link (-l:NAME), kept as NEEDED entries
 
 
 class Compiler:
@@ -43,7 +44,8 @@ class Compiler:
             args.append(f"-Wl,-soname,{job.soname}")
         if job.bits == 32:
             args += ["-m32", "-nostdlib"]
-        return [*args, "-o", out, src]
+        libs = ["-Wl,--no-as-needed", *(f"-l:{n}" for n in job.needs)] if job.needs else []
+        return [*args, "-o", out, src, *libs]
 
     def _build(self, job: Job) -> None:
         key = hashlib.sha256(

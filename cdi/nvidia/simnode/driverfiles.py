@@ -13,11 +13,16 @@ class Lib:
     links: tuple[str, ...] = ()  # extra dev links -> soname
     kind: str = "generic"  # which C source: generic, cuda, nvml
     compat32: bool = False  # also shipped as i386
+    # glibc libraries it is linked against besides libc (NEEDED, 64-bit build), as the real
+    # driver's: a container must have them for dlopen() to succeed.
+    needs: tuple[str, ...] = ()
 
 
 # Roughly the library set of a 5xx data-centre driver.
 LIBS: tuple[Lib, ...] = (
-    Lib("libcuda.so.{v}", "libcuda.so.1", ("libcuda.so",), "cuda", True),
+    # The real libcuda.so.550.163.01 (readelf -d): libm, libc, libdl, libpthread, librt.
+    Lib("libcuda.so.{v}", "libcuda.so.1", ("libcuda.so",), "cuda", True,
+        ("libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")),
     Lib("libcudadebugger.so.{v}", "libcudadebugger.so.1"),
     Lib("libnvidia-ml.so.{v}", "libnvidia-ml.so.1", (), "nvml", True),
     Lib("libnvidia-ptxjitcompiler.so.{v}", "libnvidia-ptxjitcompiler.so.1", (), "generic", True),

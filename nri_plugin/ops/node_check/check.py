@@ -199,6 +199,7 @@ class SpecFacts:
     uuid: str | None
     smi: str | None  # container path of nvidia-smi
     libcuda: str | None  # container path of libcuda.so.1
+    libcuda_host: str | None  # the host file the spec mounts for it
 
 
 def spec_facts(doc: Mapping[str, Any], gpu: int) -> SpecFacts:
@@ -217,7 +218,9 @@ def spec_facts(doc: Mapping[str, Any], gpu: int) -> SpecFacts:
     if cuda is None:  # hooks mode: the SONAME link is made by a hook, next to the file
         lib = next((p for p in paths_in if "/libcuda.so." in p), None)
         cuda = lib.rsplit("/", 1)[0] + "/libcuda.so.1" if lib else None
-    return SpecFacts(own, others, uuid, smi, cuda)
+    host = next((str(m["hostPath"]) for m in mounts if "/libcuda.so." in str(m["containerPath"])),
+                None)
+    return SpecFacts(own, others, uuid, smi, cuda, host)
 
 
 # --- images ----------------------------------------------------------------------------------
@@ -246,11 +249,27 @@ def _runtime_libs(binary: Path) -> list[Path]:
     return found
 
 
-def build_images(work: Path) -> list[Path]:
-    """Archives of the pause image, busybox, and the probe image (busybox + glibc + probe)."""
+def _image_libs(probe: Path, libcuda: str | None) -> list[Path]:
+    """The probe's libraries, and the glibc ones the node's libcuda needs (the real one
+    needs libm, libdl, libpthread and librt, as a CUDA image has them); never a driver
+    library, which must come from the spec."""
+    found = dict.fromkeys(_runtime_libs(probe))
+    try:
+        needed = _runtime_libs(Path(libcuda)) if libcuda is not None else []
+    except (OSError, subprocess.CalledProcessError):
+        needed = []  # ldd cannot read it: the CUDA check in the container says why
+    for lib in needed:
+        if not lib.name.startswith(("libcuda", "libnvidia")):
+            found.setdefault(lib)
+    return list(found)
+
+
+def build_images(work: Path, libcuda: str | None = None) -> list[Path]:
+    """Archives of the pause image, busybox, and the probe image (busybox + glibc + probe):
+    ``libcuda`` is the host's libcuda file whose glibc libraries the image carries."""
     probe = _build_probe(work)
     tree = work / "probe-tree"
-    for lib in _runtime_libs(probe):
+    for lib in _image_libs(probe, libcuda):
         target = tree / str(lib).lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(os.path.realpath(lib), target)
@@ -498,11 +517,13 @@ def run(opts: Options) -> Report:
         report.node = f"{node.kind} ({node.why})"
         report.driver_root = str(node.driver_root)
         dirs = _specs(opts, node, work, report)
-        rt.start(build_images(work))
+        all_facts = {label: spec_facts(_spec_doc(folder), opts.gpu)
+                     for label, folder in dirs.items()}
+        rt.start(build_images(work, next(iter(all_facts.values())).libcuda_host))
         with CriTimer(rt) as timer:
             report.timings_ms["create+start without GPU"] = timer.plain(opts.repeat)
         for i, (label, folder) in enumerate(dirs.items()):
-            facts = spec_facts(_spec_doc(folder), opts.gpu)
+            facts = all_facts[label]
             if i == 0:
                 report.add("driver files in the spec", *driver_files(facts))
             try:
