@@ -1,0 +1,123 @@
+"""The specs a real H100 node's driver 580 gave (tests/data/real-node-h100-580.159.04): they
+load with the strict parser, the two discovery modes agree, what the doctor reads from them
+is that node's, and the plugin's OCI result for GPU 0 equals native CDI's on every runtime
+version of the README's table, the spec's ``rwm`` device nodes included."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cdi.cache import Snapshot, SpecCache
+from cdi.edits import apply
+from cdi.libpath import merge_library_path
+from nri_plugin.nri.versions import RuntimeInfo
+from nri_plugin.ops.node_check.check import spec_differences, spec_facts
+from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
+from nri_plugin.plugins.cdi_injector.injector import plan_injection
+from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+from tests.nri_apply import apply_adjustment
+
+RECORD = Path(__file__).resolve().parents[1] / "data" / "real-node-h100-580.159.04"
+LINKS = ("hooks", "mounts")
+UUID = "GPU-edb5eb59-791e-e764-bef6-746ca3a022c8"
+RUNTIMES = [("containerd", "1.7.24"), ("containerd", "1.7.30"), ("containerd", "2.1.9"),
+            ("containerd", "2.2.1"), ("containerd", "2.3.4"), ("cri-o", "1.31.0"),
+            ("cri-o", "1.35.0")]
+BASE: dict[str, Any] = {  # what the runtime made before NRI: deny all, then its defaults
+    "process": {"env": ["PATH=/bin"], "user": {"uid": 0, "gid": 0}},
+    "mounts": [{"destination": "/proc", "source": "proc", "type": "proc"}],
+    "linux": {"devices": [], "resources": {"devices": [
+        {"allow": False, "access": "rwm"},
+        {"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"}]}},
+}
+
+
+def _doc(mode: str, link: str) -> dict[str, Any]:
+    return dict(yaml.safe_load((RECORD / f"spec-{mode}-{link}.yaml").read_text()))
+
+
+@pytest.fixture(scope="module", params=LINKS)
+def snapshot(request: pytest.FixtureRequest,
+             tmp_path_factory: pytest.TempPathFactory) -> Snapshot:
+    folder = tmp_path_factory.mktemp(f"real-{request.param}")
+    shutil.copy(RECORD / f"spec-nvml-{request.param}.yaml", folder / "nvidia.yaml")
+    snap = SpecCache([str(folder)]).refresh()
+    assert not snap.errors, snap.errors
+    return snap
+
+
+@pytest.mark.parametrize("link", LINKS)
+def test_every_recorded_spec_loads_and_the_modes_agree(link: str, tmp_path: Path) -> None:
+    for mode in ("nvml", "procfs"):
+        (tmp_path / mode).mkdir()
+        shutil.copy(RECORD / f"spec-{mode}-{link}.yaml", tmp_path / mode / "nvidia.yaml")
+        snap = SpecCache([str(tmp_path / mode)]).refresh()
+        assert not snap.errors, snap.errors
+        assert {d.split("=")[1] for d in snap.devices} == {"0", UUID, "all"}
+    assert spec_differences(_doc("nvml", link), _doc("procfs", link)) == []
+    report = json.loads((RECORD / "doctor-containerd-1.7.json").read_text())
+    assert report["differences"] == []  # what the doctor found on the node, hooks mode
+
+
+@pytest.mark.parametrize("link", LINKS)
+def test_the_doctor_reads_the_nodes_gpu_and_driver(link: str) -> None:
+    facts = spec_facts(_doc("nvml", link), 0)
+    assert facts.own_nodes == {"/dev/nvidia0"} and facts.other_nodes == set()
+    assert facts.uuid == UUID
+    assert facts.smi == "/usr/bin/nvidia-smi"
+    assert facts.libcuda == "/usr/local/nvidia/lib64/libcuda.so.1"
+    assert facts.libcuda_host == "/usr/local/nvidia/lib64/libcuda.so.580.159.04"
+    mounts = {m["containerPath"]: m["hostPath"]
+              for m in _doc("nvml", link)["containerEdits"]["mounts"]}
+    # The driver's program, not the node's /usr/bin wrapper script (node.txt, "wrappers").
+    assert mounts["/usr/bin/nvidia-smi"] == "/usr/local/nvidia/bin/nvidia-smi"
+
+
+def _native(snapshot: Snapshot, spec: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    return apply(spec, snapshot.resolve(names))
+
+
+def _access(spec: dict[str, Any]) -> dict[tuple[int, int], set[str]]:
+    """Each GPU device number's allowed access, all rules after BASE's two together."""
+    out: dict[tuple[int, int], set[str]] = {}
+    for rule in spec["linux"]["resources"]["devices"][2:]:
+        assert rule["allow"] and rule["type"] == "c"
+        out.setdefault((rule["major"], rule["minor"]), set()).update(rule["access"])
+    return out
+
+
+@pytest.mark.parametrize("name, version", RUNTIMES, ids=[f"{n}-{v}" for n, v in RUNTIMES])
+def test_gpu_0_through_the_plugin_is_native_cdi(snapshot: Snapshot, name: str,
+                                                version: str) -> None:
+    runtime = RuntimeCdiConfig(enabled=True, spec_dirs=tuple(snapshot.spec_dirs)).applied_to(
+        RuntimeInfo.from_configure(name, version))
+    names = ["nvidia.com/gpu=0"]
+    plan = plan_injection(snapshot, [DeviceRequest(n, "test") for n in names], runtime)
+    cdi = (lambda spec, wanted: _native(snapshot, spec, wanted)) \
+        if runtime.supports_cdi_devices else None
+    assert runtime.nri_version is not None
+    ours = apply_adjustment(BASE, plan.adjustment, runtime.nri_version, cdi)
+    native = _native(snapshot, BASE, names)
+    assert ours["linux"]["devices"] == native["linux"]["devices"]
+    # Hook-free specs carry their library folder in NRI_CDI_LD_LIBRARY_PATH, which the
+    # plugin folds into LD_LIBRARY_PATH (README, "Hooks and the hook-free mode").
+    assert ours["process"]["env"] == list(merge_library_path(native["process"]["env"]))
+    assert ours.get("hooks") == native.get("hooks")
+    assert ours["mounts"] == native["mounts"]
+    wanted = _access(native)
+    # The spec asks rwm for /dev/nvidia0 and the control nodes (nvidiactl, nvidia-uvm, ...).
+    assert {(195, 0), (195, 255)} <= set(wanted) and all(a == set("rwm") for a in wanted.values())
+    if plan.delegated:  # handed to the runtime's own CDI: exactly native
+        assert plan.delegated == tuple(names) and ours == native
+    elif runtime.nri_version >= (0, 10, 0):  # NRI's rw rule, then the plugin's rwm one
+        assert _access(ours) == wanted
+    else:  # NRI's "rw" alone: never wider, only mknod missing
+        assert _access(ours) == {key: set("rw") for key in wanted}
+    if runtime.supports_cdi_devices and "LD_LIBRARY_PATH" not in str(native):
+        assert plan.delegated  # hooks mode: nothing for the plugin to fold
