@@ -287,3 +287,37 @@ def test_services_none_passes_every_request() -> None:
 def test_events_validate_stream_ids() -> None:
     with pytest.raises(ValueError, match="odd"):
         RequestReceived(stream_id=2, service="s", method="m", payload=b"")
+
+
+@pytest.mark.parametrize("request_data", [
+    request_bytes(PLUGIN_SERVICE, "CreateContainer", b"p" * 3000),
+    request_bytes(PLUGIN_SERVICE, "Nope", b""),
+    request_bytes("other.Service", "CreateContainer", b""),
+    b"\xff\xff undecodable",
+], ids=["request", "unknown-method", "unknown-service", "undecodable"])
+@pytest.mark.parametrize("stream_id", [1, 2])
+def test_a_whole_request_in_one_read_is_what_the_readers_make_of_it(
+        request_data: bytes, stream_id: int) -> None:
+    # One mux frame holding one request, nothing buffered: handled without the readers'
+    # buffers; the same bytes in two reads go through both readers.
+    data = mux_frame(1, ttrpc_frame(stream_id, 1, request_data))
+    one, split = (Connection(role=Role.PLUGIN, services=SERVICES) for _ in range(2))
+    whole_events = one.receive_data(data)
+    split_events = split.receive_data(data[:9]) + split.receive_data(data[9:])
+    assert whole_events == split_events and len(whole_events) == 1
+    assert one.data_to_send() == split.data_to_send()
+    assert one.requests_in_flight == split.requests_in_flight
+    assert one.buffered == split.buffered == 0
+
+
+def test_a_whole_frame_after_a_partial_one_is_read_in_order() -> None:
+    plugin = Connection(role=Role.PLUGIN, services=SERVICES)
+    first = mux_frame(1, ttrpc_frame(1, 1, request_bytes(PLUGIN_SERVICE, "Configure", b"a")))
+    second = mux_frame(1, ttrpc_frame(3, 1, request_bytes(PLUGIN_SERVICE, "Configure", b"b")))
+    assert plugin.receive_data(first[:5]) == []
+    events = plugin.receive_data(first[5:]) + plugin.receive_data(second)
+    assert [(e.stream_id, e.payload) for e in events] == [(1, b"a"), (3, b"b")]
+    # A mux frame whose ttrpc frame is still incomplete is not taken for a whole one.
+    part = mux_frame(1, ttrpc_frame(5, 1, request_bytes(PLUGIN_SERVICE, "Configure", b"c")))
+    assert plugin.receive_data(part[:20]) == []
+    assert [e.payload for e in plugin.receive_data(part[20:])] == [b"c"]
