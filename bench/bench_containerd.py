@@ -12,12 +12,21 @@ env, a createContainer hook). Containers are removed outside the timed part.
 checkout (e.g. the main branch) on a containerd of its own, to compare two versions of
 the plugin against the same native CDI figures.
 
+``--noop`` (with ``--reference``) adds the reference started with an empty device pattern,
+which answers every CreateContainer at once with no adjustment: an NRI plugin doing
+nothing, the floor any NRI plugin costs that containerd over no plugin at all.
+
 ``--reference BINARY`` (or ``$NRI_CDI_REFERENCE_INJECTOR``) adds the Go reference CDI
 injector, on a containerd of its own, in the same rounds: an NRI plugin that resolves the
-same annotation with the CDI Go library and turns the edits into an adjustment
-(containers/nri-plugins PR #327's ``cdi-device-injector`` design). It is not part of this
-project; build it from its public source. It is started as
-``BINARY -name nri-cdi-ref -idx 10 -socket SOCKET -spec-dir DIR`` (PR #327's flags).
+same devices with the CDI Go library and turns the edits into an adjustment
+(containers/nri-plugins PR #327's ``cdi-device-injector``, commit 2206edc9: its pods ask
+with its own annotation, ``cdi.nri.io/pod``). It is not part of this project; build it
+from its public source. It is started as
+``BINARY -name nri-cdi-ref -idx 10 -socket SOCKET -spec-dir DIR``: as published it has
+neither flag (it uses the default socket and spec folders) and it fails on a spec with
+device nodes (a nil ``Linux.Resources``), so a build for this bench adds the two flags
+and that nil check. Each kind's first container (not timed) is checked to have both
+devices, so no kind is measured doing less.
 The report then also gives each plugin's CreateContainer alone (Create, not Start).
 
 Each round runs the kinds in a new random order (seeded by ``--rounds``). Besides the
@@ -100,9 +109,13 @@ REFERENCE_ENV = "NRI_CDI_REFERENCE_INJECTOR"
 class ReferencePlugin:
     """The Go reference injector as a process on ``nri_socket`` (its log kept in a file)."""
 
-    def __init__(self, binary: Path, nri_socket: str, specs: Path, log_path: Path) -> None:
+    def __init__(self, binary: Path, nri_socket: str, specs: Path, log_path: Path, *,
+                 noop: bool = False) -> None:
+        # noop: an empty device pattern, with which the reference answers every
+        # CreateContainer with no adjustment at once (an NRI plugin doing nothing).
         self.command = [str(binary), "-name", "nri-cdi-ref", "-idx", "10", "-socket",
-                        nri_socket, "-spec-dir", str(specs)]
+                        nri_socket, "-spec-dir", str(specs),
+                        *(["-allowed-cdi-device-pattern="] if noop else [])]
         self.log_path = log_path
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -142,7 +155,27 @@ def process_cpu(pid: int) -> float:
     return total / 1e9
 
 
-def timed_create_start(cri: CriClient, pod: str, kind: str = "",
+# What each kind's pod asks with: the reference injector reads containers/nri-plugins' own
+# annotation (PR #327: cdi.nri.io/pod), the others the cdi.k8s.io/ convention.
+ANNOTATION = {"reference": "cdi.nri.io/pod"}
+
+
+def pod_annotations(kind: str) -> dict[str, str]:
+    return {ANNOTATION.get(kind, "cdi.k8s.io/gpu"): ",".join(DEVICES)}
+
+
+def check_devices(cri: CriClient, container: str, kind: str) -> None:
+    """Every kind but "none" gave the container both devices (the runtime spec runc got):
+    a plugin that answered without them would be measured doing less."""
+    spec = cri.runtime_spec(container)
+    paths = {d["path"] for d in spec.get("linux", {}).get("devices", [])}
+    wanted = {f"/dev/benchgpu{m}" for m in (0, 1)}
+    got = wanted & paths
+    if got != (set() if kind in ("none", "noop") else wanted):
+        sys.exit(f"{kind}: the container has {sorted(got)} of {sorted(wanted)}")
+
+
+def timed_create_start(cri: CriClient, pod: str, kind: str = "", *, check: bool = False,
                        **kwargs: object) -> float:
     pid = PLUGIN_PIDS.get(kind)
     cpu = process_cpu(pid) if pid else 0.0
@@ -157,6 +190,8 @@ def timed_create_start(cri: CriClient, pod: str, kind: str = "",
     elapsed = (created - start) + (time.perf_counter() - starting)
     if kind:
         CREATE_ONLY.setdefault(kind, []).append(created - start)
+    if check:
+        check_devices(cri, container, kind)
     cri.stop_container(container)
     cri.remove_container(container)
     return elapsed
@@ -173,6 +208,9 @@ def main() -> None:
                         default=os.environ.get(REFERENCE_ENV) or None,
                         help="the Go reference CDI injector's binary (also "
                              f"${REFERENCE_ENV}), run in the same rounds")
+    parser.add_argument("--noop", action="store_true",
+                        help="with --reference: also the reference answering every container "
+                             "with no adjustment (what any NRI plugin costs the runtime)")
     args = parser.parse_args()
     if args.reference is not None and not os.access(args.reference, os.X_OK):
         sys.exit(f"--reference {args.reference}: not an executable")
@@ -183,12 +221,13 @@ def main() -> None:
     for version in versions:
         CREATE_ONLY.clear()
         CREATE_CPU.clear()
-        samples = bench_runtime(version, args.rounds, args.baseline_repo, args.reference)
+        samples = bench_runtime(version, args.rounds, args.baseline_repo, args.reference,
+                                args.noop)
         report(samples, args.rounds, version)
 
 
 def bench_runtime(version: str, rounds: int, baseline: Path | None = None,
-                  reference: Path | None = None) -> dict[str, list[float]]:
+                  reference: Path | None = None, noop: bool = False) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         specs = make_node(root)
@@ -197,9 +236,10 @@ def bench_runtime(version: str, rounds: int, baseline: Path | None = None,
         ours = Containerd(version=version).start()  # enable_cdi off: the plugin alone
         other = Containerd(version=version).start() if baseline else None
         ref = Containerd(version=version).start() if reference else None
+        floor = Containerd(version=version).start() if reference and noop else None
         plugins: list[PluginProcess | ReferencePlugin] = []
         try:
-            for ctrd in (native, ours, other, ref):
+            for ctrd in (native, ours, other, ref, floor):
                 if ctrd is not None:
                     ctrd.import_images(*archives)
             mine = PluginProcess(ours.nri_socket, [specs], root / "plugin.log",
@@ -217,16 +257,21 @@ def bench_runtime(version: str, rounds: int, baseline: Path | None = None,
                                      root / "reference.log").start(ref)
                 plugins.append(go)
                 _watch("reference", go.process)
+            if floor is not None and reference is not None:
+                nothing = ReferencePlugin(reference, floor.nri_socket, specs,
+                                          root / "noop.log", noop=True).start(floor)
+                plugins.append(nothing)
+                _watch("noop", nothing.process)
             # Measured once the start guard's connection has gone (after its linger).
             mine.wait_for_log("nothing in doubt", timeout=60)
-            extras = {"baseline": other, "reference": ref}
+            extras = {"baseline": other, "reference": ref, "noop": floor}
             return run_rounds(native, ours, rounds,
                               {k: c for k, c in extras.items() if c is not None})
         finally:
             PLUGIN_PIDS.clear()
             for plugin in plugins:
                 plugin.kill()
-            for ctrd in (native, ours, other, ref):
+            for ctrd in (native, ours, other, ref, floor):
                 if ctrd is not None:
                     ctrd.close()
 
@@ -241,32 +286,32 @@ def run_rounds(native: Containerd, ours: Containerd, rounds: int,
     """The rounds, with each of ``others`` (a plugin on a containerd of its own) as one
     more kind, asking for the same devices the same way as ours."""
     with contextlib.ExitStack() as stack:
-        extra: list[tuple[str, Callable[[], float]]] = []
+        extra: list[tuple[str, Callable[..., float]]] = []
         for kind, ctrd in others.items():
             cri = stack.enter_context(ctrd.cri())
             stack.enter_context(cri.cleanup())
-            pod = cri.run_pod(kind, annotations={"cdi.k8s.io/gpu": ",".join(DEVICES)})
+            pod = cri.run_pod(kind, annotations=pod_annotations(kind))
             extra.append((kind, functools.partial(timed_create_start, cri, pod, kind)))
         return _rounds(native, ours, rounds, extra)
 
 
 def _rounds(native: Containerd, ours: Containerd, rounds: int,
-            extra: list[tuple[str, Callable[[], float]]]) -> dict[str, list[float]]:
+            extra: list[tuple[str, Callable[..., float]]]) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {"none": [], "native": [], "plugin": []}
     samples.update({kind: [] for kind, _ in extra})
     with native.cri() as ncri, ours.cri() as ocri, ncri.cleanup(), ocri.cleanup():
         plain_pod = ncri.run_pod("plain")
         native_pod = ncri.run_pod("native")
-        plugin_pod = ocri.run_pod("plugin", annotations={"cdi.k8s.io/gpu": ",".join(DEVICES)})
-        kinds: list[tuple[str, Callable[[], float]]] = [
-            ("none", lambda: timed_create_start(ncri, plain_pod, "none")),
-            ("native", lambda: timed_create_start(ncri, native_pod, "native",
-                                                  cdi_devices=DEVICES)),
-            ("plugin", lambda: timed_create_start(ocri, plugin_pod, "plugin")),
+        plugin_pod = ocri.run_pod("plugin", annotations=pod_annotations("plugin"))
+        kinds: list[tuple[str, Callable[..., float]]] = [
+            ("none", functools.partial(timed_create_start, ncri, plain_pod, "none")),
+            ("native", functools.partial(timed_create_start, ncri, native_pod, "native",
+                                         cdi_devices=DEVICES)),
+            ("plugin", functools.partial(timed_create_start, ocri, plugin_pod, "plugin")),
             *extra,
         ]
-        for _kind, measure in kinds:  # warm-up, not counted
-            measure()
+        for _kind, measure in kinds:  # warm-up, not counted: each kind's devices checked
+            measure(check=True)
         CREATE_ONLY.clear()
         CREATE_CPU.clear()
         order = random.Random(rounds)  # the same orders for a given --rounds
@@ -295,6 +340,9 @@ def report(samples: dict[str, list[float]], rounds: int, version: str) -> None:
         print(f"    Go reference        {med['reference']:7.1f} ms   ("
               f"{med['reference'] / med['native']:.3f} x native CDI; ours "
               f"{med['plugin'] / med['reference']:.3f} x reference)")
+    if "noop" in med:
+        print(f"    Go no-op plugin     {med['noop']:7.1f} ms   ("
+              f"{med['noop'] / med['native']:.3f} x native CDI: any NRI plugin's floor)")
     create = {kind: statistics.median(v) * 1000 for kind, v in CREATE_ONLY.items() if v}
     if "reference" in create:
         print("    CreateContainer alone (medians): "
@@ -323,7 +371,11 @@ def paired(samples: dict[str, list[float]]) -> None:
             ratios = [a / b for a, b in zip(samples["plugin"], samples[other], strict=True)]
             mid, low, high = interval(ratios)
             lines.append(f"Create+Start ours / {other} {mid:.3f} ({low:.3f}-{high:.3f})")
-    for other in ("reference", "baseline"):
+    if "noop" in samples:
+        ratios = [a / b for a, b in zip(samples["noop"], samples["native"], strict=True)]
+        mid, low, high = interval(ratios)
+        lines.append(f"Create+Start no-op / native {mid:.3f} ({low:.3f}-{high:.3f})")
+    for other in ("reference", "baseline", "noop"):
         if other in CREATE_ONLY:
             diffs = [(a - b) * 1000 for a, b in zip(CREATE_ONLY["plugin"], CREATE_ONLY[other],
                                                     strict=True)]

@@ -400,9 +400,12 @@ async def process_round_trips(spec_dir: Path, reference: Path, rounds: int,
               str(tmp / "ref.sock"), "-spec-dir", str(spec_dir)]
     started = [await _connected(str(tmp / "ours.sock"), ours, tmp / "ours.log"),
                await _connected(str(tmp / "ref.sock"), theirs, tmp / "ref.log")]
-    request = nri_pb2.CreateContainerRequest(
-        pod=nri_pb2.PodSandbox(id="p", name="p", namespace="n", annotations=GPU_ASK),
+    # The same devices, each asked with the annotation it reads (the reference: PR #327's).
+    requests = {kind: nri_pb2.CreateContainerRequest(
+        pod=nri_pb2.PodSandbox(id="p", name="p", namespace="n", annotations=ask),
         container=nri_pb2.Container(id="c", name="c"))
+        for kind, ask in (("ours", GPU_ASK), ("reference", {"cdi.nri.io/pod": GPU_ASK[
+            "cdi.k8s.io/gpus"]}))}
     timings: dict[str, list[float]] = {"ours": [], "reference": []}
     junk = bytearray(COLD_TOUCH if cold else 0)
     try:
@@ -413,7 +416,8 @@ async def process_round_trips(spec_dir: Path, reference: Path, rounds: int,
                     junk[::64] = bytes(len(junk[::64]))  # touch every cache line
                     time.sleep(COLD_IDLE)  # both plugins idle, as between containers
                 start = time.perf_counter_ns()
-                reply = await peer.response_to(peer.send_request("CreateContainer", request))
+                reply = await peer.response_to(peer.send_request("CreateContainer",
+                                                                 requests[kind]))
                 elapsed = (time.perf_counter_ns() - start) / 1000
                 response = nri_pb2.CreateContainerResponse.FromString(reply.payload)
                 assert reply.status.code == 0 and len(response.adjust.linux.devices) == 20, (
