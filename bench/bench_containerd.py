@@ -37,6 +37,9 @@ each plugin process's CPU time during its CreateContainer (all its threads, from
 same plugin already split by about 0.2 ms; ``--baseline-repo`` of this checkout gives
 that A/A spread).
 
+``--spec-dir DIR --device NAME`` asks for the devices of a spec folder of one's own
+instead (a real node's generated spec, ``--device nvidia.com/gpu=0``).
+
 Run as root: ``python3 bench/bench_containerd.py [--rounds 30] [--runtime 1.7 --runtime 2.1]``.
 """
 
@@ -57,6 +60,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cdi.cache import SpecCache
 from tests.e2e import images, paths
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
@@ -64,11 +68,25 @@ from tests.e2e.plugin import PluginProcess
 from tests.helpers import make_char_device
 
 KIND = "bench.example/gpu"
+# What every kind's container asks for, and the spec folder it is in (None: make_node's).
+# --spec-dir and --device replace them: a real node's GPU spec, say.
 DEVICES = [f"{KIND}=0", f"{KIND}=1"]
+SPEC_DIR: Path | None = None
 SLEEP = ["sleep", "600"]
 
 
+def wanted_nodes(specs: Path, devices: list[str]) -> set[str]:
+    """The device nodes the devices' edits give a container (checked in each kind's)."""
+    snapshot = SpecCache([str(specs)]).refresh()
+    if snapshot.errors:
+        sys.exit(f"{specs}: {dict(snapshot.errors)}")
+    edits = snapshot.resolve(devices)
+    return {node.path for node in edits.device_nodes}
+
+
 def make_node(root: Path) -> Path:
+    if SPEC_DIR is not None:
+        return SPEC_DIR
     host = root / "host"
     (host / "lib").mkdir(parents=True)
     for minor in (0, 1):
@@ -164,12 +182,15 @@ def pod_annotations(kind: str) -> dict[str, str]:
     return {ANNOTATION.get(kind, "cdi.k8s.io/gpu"): ",".join(DEVICES)}
 
 
+WANTED: set[str] = set()  # wanted_nodes() of the run's spec and devices
+
+
 def check_devices(cri: CriClient, container: str, kind: str) -> None:
-    """Every kind but "none" gave the container both devices (the runtime spec runc got):
-    a plugin that answered without them would be measured doing less."""
+    """Every kind but "none" gave the container the devices' nodes (the runtime spec runc
+    got): a plugin that answered without them would be measured doing less."""
     spec = cri.runtime_spec(container)
     paths = {d["path"] for d in spec.get("linux", {}).get("devices", [])}
-    wanted = {f"/dev/benchgpu{m}" for m in (0, 1)}
+    wanted = WANTED
     got = wanted & paths
     if got != (set() if kind in ("none", "noop") else wanted):
         sys.exit(f"{kind}: the container has {sorted(got)} of {sorted(wanted)}")
@@ -211,7 +232,17 @@ def main() -> None:
     parser.add_argument("--noop", action="store_true",
                         help="with --reference: also the reference answering every container "
                              "with no adjustment (what any NRI plugin costs the runtime)")
+    parser.add_argument("--spec-dir", type=Path,
+                        help="ask for devices of this CDI spec folder instead (a real "
+                             "node's, say; with --device)")
+    parser.add_argument("--device", action="append",
+                        help="a device of --spec-dir to ask for (repeatable)")
     args = parser.parse_args()
+    if (args.spec_dir is None) != (args.device is None):
+        sys.exit("--spec-dir and --device go together")
+    if args.spec_dir is not None:
+        global SPEC_DIR
+        SPEC_DIR, DEVICES[:] = args.spec_dir.resolve(), args.device
     if args.reference is not None and not os.access(args.reference, os.X_OK):
         sys.exit(f"--reference {args.reference}: not an executable")
     versions = args.runtime or paths.runtimes()
@@ -231,6 +262,8 @@ def bench_runtime(version: str, rounds: int, baseline: Path | None = None,
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         specs = make_node(root)
+        WANTED.clear()
+        WANTED.update(wanted_nodes(specs, DEVICES))
         archives = [images.pause_image(root), images.busybox_image(root)]
         native = Containerd(enable_cdi=True, cdi_spec_dirs=[specs], version=version).start()
         ours = Containerd(version=version).start()  # enable_cdi off: the plugin alone
