@@ -72,6 +72,7 @@ KIND = "bench.example/gpu"
 # --spec-dir and --device replace them: a real node's GPU spec, say.
 DEVICES = [f"{KIND}=0", f"{KIND}=1"]
 SPEC_DIR: Path | None = None
+ENV: dict[str, str] = {}  # every kind's container env (--env)
 SLEEP = ["sleep", "600"]
 
 
@@ -194,6 +195,10 @@ def check_devices(cri: CriClient, container: str, kind: str) -> None:
     got = wanted & paths
     if got != (set() if kind in ("none", "noop") else wanted):
         sys.exit(f"{kind}: the container has {sorted(got)} of {sorted(wanted)}")
+    MOUNTS[kind] = len(spec.get("mounts", []))
+
+
+MOUNTS: dict[str, int] = {}  # each kind's first container: mounts in its runtime spec
 
 
 def timed_create_start(cri: CriClient, pod: str, kind: str = "", *, check: bool = False,
@@ -202,7 +207,7 @@ def timed_create_start(cri: CriClient, pod: str, kind: str = "", *, check: bool 
     cpu = process_cpu(pid) if pid else 0.0
     start = time.perf_counter()
     container = cri.create_container(pod, "bench", images.BUSYBOX_IMAGE, command=SLEEP,
-                                     **kwargs)  # type: ignore[arg-type]
+                                     env=ENV, **kwargs)  # type: ignore[arg-type]
     created = time.perf_counter()
     if pid:  # read between the timed parts, not inside them
         CREATE_CPU.setdefault(kind, []).append(process_cpu(pid) - cpu)
@@ -237,7 +242,11 @@ def main() -> None:
                              "node's, say; with --device)")
     parser.add_argument("--device", action="append",
                         help="a device of --spec-dir to ask for (repeatable)")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="in every kind's container (e.g. NVIDIA_DRIVER_CAPABILITIES=all, "
+                             "with which our plugin mounts what native CDI does)")
     args = parser.parse_args()
+    ENV.update(entry.split("=", 1) for entry in args.env)
     if (args.spec_dir is None) != (args.device is None):
         sys.exit("--spec-dir and --device go together")
     if args.spec_dir is not None:
@@ -416,6 +425,9 @@ def paired(samples: dict[str, list[float]]) -> None:
             lines.append(f"CreateContainer ours - {other} {mid:+.2f} ms "
                          f"({low:+.2f} to {high:+.2f})")
     print("    per round, median (bootstrap 95 % interval): " + "; ".join(lines))
+    if MOUNTS:
+        print("    mounts in each kind's container: "
+              + ", ".join(f"{kind} {count}" for kind, count in MOUNTS.items()))
     if CREATE_CPU:
         print("    plugin CPU during its CreateContainer, all threads (median): "
               + ", ".join(f"{kind} {statistics.median(v) * 1e6:.0f} us"
