@@ -20,6 +20,14 @@ from nri_plugin.nri.api import nri_pb2
 Version = tuple[int, int, int]
 # resolves CDI device names into the spec, as the runtime's own CDI does
 CdiInjector = Callable[[dict[str, Any], list[str]], dict[str, Any]]
+# A container as the runtime made it before NRI: deny all devices, then its defaults.
+CONTAINER_BEFORE_NRI: dict[str, Any] = {
+    "process": {"env": ["PATH=/bin"], "user": {"uid": 0, "gid": 0}},
+    "mounts": [{"destination": "/proc", "source": "proc", "type": "proc"}],
+    "linux": {"devices": [], "resources": {"devices": [
+        {"allow": False, "access": "rwm"},
+        {"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"}]}},
+}
 _HOOKS = (("prestart", "prestart"), ("poststart", "poststart"), ("poststop", "poststop"),
           ("create_runtime", "createRuntime"), ("create_container", "createContainer"),
           ("start_container", "startContainer"))

@@ -28,7 +28,7 @@ from nri_plugin.plugins.cdi_injector.injector import CdiInjector, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from tests.helpers import write_specs
-from tests.nri_apply import apply_adjustment
+from tests.nri_apply import CONTAINER_BEFORE_NRI, apply_adjustment
 from tests.nri_runtime_peer import RuntimePeer
 
 # (runtime, version it reports): NRI 0.2.0 ... 0.12.0, with and without CDI_devices
@@ -61,13 +61,7 @@ devices:
   containerEdits:
     deviceNodes: [{path: /dev/v-blk, type: b, major: 7, minor: 9, fileMode: 432}]
 """
-BASE: dict[str, Any] = {  # what the runtime made before NRI: deny all, then its defaults
-    "process": {"env": ["PATH=/bin"], "user": {"uid": 0, "gid": 0}},
-    "mounts": [{"destination": "/proc", "source": "proc", "type": "proc"}],
-    "linux": {"devices": [], "resources": {"devices": [
-        {"allow": False, "access": "rwm"},
-        {"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"}]}},
-}
+BASE = CONTAINER_BEFORE_NRI
 
 
 @pytest.fixture(scope="module")

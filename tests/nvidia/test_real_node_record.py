@@ -21,7 +21,7 @@ from nri_plugin.ops.node_check.check import spec_differences, spec_facts
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
-from tests.nri_apply import apply_adjustment
+from tests.nri_apply import CONTAINER_BEFORE_NRI, apply_adjustment
 
 RECORD = Path(__file__).resolve().parents[1] / "data" / "real-node-h100-580.159.04"
 LINKS = ("hooks", "mounts")
@@ -29,13 +29,7 @@ UUID = "GPU-edb5eb59-791e-e764-bef6-746ca3a022c8"
 RUNTIMES = [("containerd", "1.7.24"), ("containerd", "1.7.30"), ("containerd", "2.1.9"),
             ("containerd", "2.2.1"), ("containerd", "2.3.4"), ("cri-o", "1.31.0"),
             ("cri-o", "1.35.0")]
-BASE: dict[str, Any] = {  # what the runtime made before NRI: deny all, then its defaults
-    "process": {"env": ["PATH=/bin"], "user": {"uid": 0, "gid": 0}},
-    "mounts": [{"destination": "/proc", "source": "proc", "type": "proc"}],
-    "linux": {"devices": [], "resources": {"devices": [
-        {"allow": False, "access": "rwm"},
-        {"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"}]}},
-}
+BASE = CONTAINER_BEFORE_NRI
 
 
 def _doc(mode: str, link: str) -> dict[str, Any]:
