@@ -184,6 +184,7 @@ def pod_annotations(kind: str) -> dict[str, str]:
 
 
 WANTED: set[str] = set()  # wanted_nodes() of the run's spec and devices
+MOUNTS: dict[str, int] = {}  # each kind's first container: mounts in its runtime spec
 
 
 def check_devices(cri: CriClient, container: str, kind: str) -> None:
@@ -191,14 +192,10 @@ def check_devices(cri: CriClient, container: str, kind: str) -> None:
     got): a plugin that answered without them would be measured doing less."""
     spec = cri.runtime_spec(container)
     paths = {d["path"] for d in spec.get("linux", {}).get("devices", [])}
-    wanted = WANTED
-    got = wanted & paths
-    if got != (set() if kind in ("none", "noop") else wanted):
-        sys.exit(f"{kind}: the container has {sorted(got)} of {sorted(wanted)}")
+    got = WANTED & paths
+    if got != (set() if kind in ("none", "noop") else WANTED):
+        sys.exit(f"{kind}: the container has {sorted(got)} of {sorted(WANTED)}")
     MOUNTS[kind] = len(spec.get("mounts", []))
-
-
-MOUNTS: dict[str, int] = {}  # each kind's first container: mounts in its runtime spec
 
 
 def timed_create_start(cri: CriClient, pod: str, kind: str = "", *, check: bool = False,
