@@ -18,7 +18,7 @@ from nri_plugin.nri.dispatch import RpcError, dispatch
 from nri_plugin.nri.stub import Stub
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.adjust import UnsupportedEditsError, to_adjustment
-from nri_plugin.plugins.cdi_injector.context import ContainerContext
+from nri_plugin.plugins.cdi_injector.context import ContainerContext, read_context
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, InjectionError, plan_injection
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.requests import (
@@ -28,7 +28,9 @@ from nri_plugin.plugins.cdi_injector.requests import (
     pod_requests,
     unique_requests,
 )
-from nri_plugin.plugins.cdi_injector.vendor import Registry, RequestSource
+from nri_plugin.plugins.cdi_injector.sources import all_sources
+from nri_plugin.plugins.cdi_injector.vendor import Registry, RequestSource, env_read
+from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import write_specs
 from tests.nri_runtime_peer import RuntimePeer
 
@@ -258,6 +260,7 @@ class CountingVendor:
     env_request_prefixes: tuple[str, ...] = ()
     verdict_env: tuple[str, ...] = ()
     extras_env: tuple[str, ...] = ()
+    filter_env: tuple[str, ...] = ()
 
     def __init__(self, calls: list[str]) -> None:
         self.calls = calls
@@ -352,3 +355,25 @@ def test_hook_free_folders_are_appended_to_the_images_library_path() -> None:
     alone = to_adjustment(edits, runtime=CONTAINERD_17)
     assert [(kv.key, kv.value) for kv in alone.env] == [
         ("A", "1"), ("LD_LIBRARY_PATH", "/usr/lib64:/usr/lib64/vdpau")]
+
+
+def test_the_context_keeps_only_the_env_names_the_injector_and_vendors_read(
+        snapshot: Snapshot) -> None:
+    """Kubernetes' service variables are neither parsed nor kept; what the NVIDIA vendor
+    and the injector read is, the last entry of a name winning as in execve."""
+    vendors = (NvidiaRules(),)
+    names = env_read(vendors, "LD_LIBRARY_PATH")
+    assert {"LD_LIBRARY_PATH", "NVIDIA_", "CUDA_VERSION", "NVIDIA_VISIBLE_DEVICES"} <= set(names)
+    wanted = {"NVIDIA_VISIBLE_DEVICES": "none", "NVIDIA_DRIVER_CAPABILITIES": "utility",
+              "CUDA_VERSION": "12.4", "LD_LIBRARY_PATH": "/opt/lib"}
+    ctr = nri_pb2.Container(name="app", env=[
+        *(f"SVC{i}_SERVICE_HOST=10.0.{i // 250}.{i % 250}" for i in range(300)),
+        "NVIDIA_VISIBLE_DEVICES=all", *(f"{k}={v}" for k, v in wanted.items()),
+        "PATH=/bin", "NVIDIA_NO_VALUE"])
+    registry = Registry(snapshot, (None,))
+    context = read_context(nri_pb2.PodSandbox(namespace="n"), ctr,
+                           all_sources(registry.paired(vendors)), Policy.defaults(vendors),
+                           snapshot, names)
+    assert context.env == {**wanted, "NVIDIA_NO_VALUE": ""}
+    everything = read_context(None, ctr, (), Policy.defaults(vendors), snapshot)
+    assert len(everything.env) == 300 + 5 + 1

@@ -156,13 +156,17 @@ def test_imex_errors(value: str, message: str) -> None:
         imex_channel_ids({"NVIDIA_IMEX_CHANNELS": value}, [0, 3])
 
 
+def _mounts(pairs: list[tuple[str, str]]) -> list[nri_pb2.Mount]:
+    return [nri_pb2.Mount(destination=d, source=s) for d, s in pairs]
+
+
 def test_volume_mount_ids() -> None:
     mounts = [("/var/run/nvidia-container-devices/GPU-aaa", "/dev/null"),
               ("/var/run/nvidia-container-devices/cdi/nvidia.com/gpu/1", "/dev/null"),
               ("/var/run/nvidia-container-devices/GPU-bbb", "/tmp/forged"),  # not /dev/null
               ("/var/run/nvidia-container-devices", "/dev/null"),  # no id
               ("/etc/hosts", "/dev/null")]
-    assert volume_mount_ids(mounts) == [
+    assert volume_mount_ids(_mounts(mounts)) == [
         ("GPU-aaa", "/var/run/nvidia-container-devices/GPU-aaa"),
         ("cdi/nvidia.com/gpu/1", "/var/run/nvidia-container-devices/cdi/nvidia.com/gpu/1")]
     # Spellings that normpath makes /dev/null count; a source that only looks like it does
@@ -170,7 +174,7 @@ def test_volume_mount_ids() -> None:
     spelled = [(f"/var/run/nvidia-container-devices/GPU-{i}", source) for i, source in
                enumerate(("/dev//null", "/dev/./null", "/dev/x/../null", "/dev/null/",
                           "//dev/null", "/dev/nullx", "/tmp/null", "dev/null"))]
-    assert [device for device, _ in volume_mount_ids(spelled)] == [
+    assert [device for device, _ in volume_mount_ids(_mounts(spelled))] == [
         "GPU-0", "GPU-1", "GPU-2", "GPU-3"]
 
 

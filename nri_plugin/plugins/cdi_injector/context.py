@@ -36,11 +36,13 @@ class ContainerContext(NamedTuple):
     privileged: bool
     uid: int
     gid: int
+    # The entries whose names someone reads (``env_names``), not the whole env: Kubernetes
+    # gives every container a few variables per service of its namespace.
     env: Mapping[str, str]
-    # The request's own maps (not copied: read only); the same on every step.
+    # The request's own maps and list (not copied: read only); the same on every step.
     pod_annotations: Mapping[str, str]
     annotations: Mapping[str, str]
-    mounts: tuple[tuple[str, str], ...]  # (destination, source): what kubelet asked for
+    mounts: Sequence[nri_pb2.Mount]  # what kubelet asked for (destination, source, ...)
     groups: tuple[SourceRequests, ...] = ()  # by source, in source order
     requests: tuple[DeviceRequest, ...] = ()  # each device once, at its first request
 
@@ -50,28 +52,23 @@ class ContainerContext(NamedTuple):
         return f"{self.namespace}/{self.pod_name}"
 
 
-def bare_context(pod: nri_pb2.PodSandbox | None,
-                 container: nri_pb2.Container) -> ContainerContext:
-    """The container without its requests (what the request sources read)."""
-    user = container.user if container.HasField("user") else None
-    return ContainerContext(
-        pod.namespace if pod is not None else "", pod.name if pod is not None else "",
-        container.name, container.id, is_privileged(container),
-        user.uid if user else 0, user.gid if user else 0, env_map(container.env),
-        pod.annotations if pod is not None else {}, container.annotations,
-        tuple((m.destination, m.source) for m in container.mounts))
-
-
 def read_context(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
                  sources: Sequence[tuple[RequestSource, object]], policy: Policy,
-                 snapshot: Snapshot) -> ContainerContext:
+                 snapshot: Snapshot, env_names: tuple[str, ...] | None = None
+                 ) -> ContainerContext:
     """The container with what every source asked for. ``sources``: (source, its vendor's
     facts) with a reader, in source order, those ignored where denied last
     (``sources.all_sources`` orders them so). A source ignored where denied is read only
     where the policy allows it; the others are all read, and a malformed request raises
     its Refusal here. Whether the policy allows the sources that asked is
-    ``check_sources``' business."""
-    bare = bare_context(pod, container)
+    ``check_sources``' business. ``env_names``: the prefixes of the env names the context
+    keeps (``vendor.env_read``); None keeps them all."""
+    user = container.user if container.HasField("user") else None
+    bare = ContainerContext(
+        pod.namespace if pod is not None else "", pod.name if pod is not None else "",
+        container.name, container.id, is_privileged(container),
+        user.uid if user else 0, user.gid if user else 0, env_map(container.env, env_names),
+        pod.annotations if pod is not None else {}, container.annotations, container.mounts)
     groups: list[SourceRequests] = []
     for source, facts in sources:
         read = source.read
@@ -84,7 +81,7 @@ def read_context(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
     if not groups:
         return bare
     requests = unique_requests([r for group in groups for r in group.requests])
-    return bare._replace(groups=tuple(groups), requests=tuple(requests))
+    return ContainerContext(*bare[:-2], tuple(groups), tuple(requests))
 
 
 def check_sources(context: ContainerContext, policy: Policy) -> None:
@@ -105,10 +102,12 @@ def is_privileged(container: nri_pb2.Container) -> bool:
     return False
 
 
-def env_map(env: Sequence[str]) -> dict[str, str]:
-    """``K=V`` entries → a dict; a later entry wins, as in execve's environment."""
+def env_map(env: Sequence[str], names: tuple[str, ...] | None = None) -> dict[str, str]:
+    """``K=V`` entries → a dict; a later entry wins, as in execve's environment. ``names``:
+    only the entries whose name starts with one of these (None: every entry)."""
     out: dict[str, str] = {}
     for entry in env:
-        key, _, value = entry.partition("=")
-        out[key] = value
+        if names is None or entry.startswith(names):
+            key, _, value = entry.partition("=")
+            out[key] = value
     return out

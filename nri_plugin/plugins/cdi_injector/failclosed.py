@@ -46,7 +46,7 @@ from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.requests import NRI_PLUGINS_DOMAIN, container_requests
 from nri_plugin.plugins.cdi_injector.sources import all_sources
-from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules
+from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules, env_read
 
 log = logging.getLogger("nri_cdi.failclosed")
 # Created (not started: the init process waits) and running containers can be used.
@@ -156,7 +156,7 @@ def container_unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Contai
     snapshot = registry.snapshot
     try:
         context = read_context(pod, container, all_sources(registry.paired(vendors)), policy,
-                               snapshot)
+                               snapshot, env_read(vendors))
     except Refusal as exc:
         return _item(pod, container, (), f"its request is invalid ({exc})")
     if not context.requests:

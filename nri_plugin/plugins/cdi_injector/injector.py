@@ -73,6 +73,7 @@ from nri_plugin.plugins.cdi_injector.vendor import (
     Registry,
     RequestSource,
     VendorRules,
+    env_read,
 )
 
 log = logging.getLogger("nri_cdi.injector")
@@ -265,6 +266,7 @@ class CdiInjector(Plugin):
         self._plans: OrderedDict[tuple[object, ...], Injection] = OrderedDict()
         # Policy + vendor decisions, same idea: keyed by all they read.
         self._decisions: OrderedDict[tuple[object, ...], Decision] = OrderedDict()
+        self._env_names = env_read(self.vendors, LIBRARY_PATH_ENV)
         self._sources_of: tuple[Registry | None, tuple[tuple[RequestSource, object], ...]] = (
             None, ())
 
@@ -357,7 +359,18 @@ class CdiInjector(Plugin):
             return None
         self.counters.injected += 1
         micros = (time.perf_counter_ns() - start) // 1000
-        label = f"container={container.name} pod={pod.namespace}/{pod.name}"
+        if injection.delegated:
+            # Not injected yet: the runtime's CDI resolves them after this reply.
+            self.delegations.delegated(container.id, _label(pod, container),
+                                       injection.delegated)
+        # Even the line's words are put together after the reply has left (cold, the
+        # formatting alone was 19 us inside the runtime's CreateContainer).
+        self.defer(functools.partial(self._log_served, pod, container, injection, micros))
+        return injection.adjustment
+
+    def _log_served(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
+                    injection: Injection, micros: int) -> None:
+        label = _label(pod, container)
         if injection.dropped_gids:
             log.warning("%s: additionalGids %s left out: neither NRI nor the runtime's own CDI "
                         "can apply them on %s, so only root or members of those groups can "
@@ -365,16 +378,12 @@ class CdiInjector(Plugin):
                         "'refuse' fails such containers instead)", label,
                         ",".join(map(str, injection.dropped_gids)), self.runtime.describe())
         if injection.delegated:
-            # Not injected yet: the runtime's CDI resolves them after this reply.
-            self.delegations.delegated(container.id, label, injection.delegated)
-            self.defer(functools.partial(
-                log.info, "adjusted %s devices=%s; handed to the runtime's own CDI: %s us=%d",
-                label, ",".join(injection.devices) or "-", ",".join(injection.delegated),
-                micros))
+            log.info("adjusted %s devices=%s; handed to the runtime's own CDI: %s us=%d",
+                     label, ",".join(injection.devices) or "-", ",".join(injection.delegated),
+                     micros)
         else:
-            self.defer(functools.partial(log.info, "injected %s devices=%s us=%d", label,
-                                         ",".join(injection.devices), micros))
-        return injection.adjustment
+            log.info("injected %s devices=%s us=%d", label, ",".join(injection.devices),
+                     micros)
 
     def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
         entry = self.delegations.undone(container.id)
@@ -451,7 +460,7 @@ class CdiInjector(Plugin):
                  registry: Registry, policy: Policy) -> ContainerContext:
         """What every source asked for; raises the first source's denial."""
         context = read_context(pod, container, self._sources(registry), policy,
-                               registry.snapshot)
+                               registry.snapshot, self._env_names)
         check_sources(context, policy)
         return context
 
@@ -600,6 +609,10 @@ def was_created(container: nri_pb2.Container) -> bool:
     695c91324) gives an exited one no state (UNKNOWN, only a reason) but its creation time,
     from its store; an undone creation is in no store: no state, no creation time."""
     return container.state != nri_pb2.CONTAINER_UNKNOWN or container.created_at != 0
+
+
+def _label(pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> str:
+    return f"container={container.name} pod={pod.namespace}/{pod.name}"
 
 
 def _at_once(call: Callable[[], object]) -> object:

@@ -60,7 +60,9 @@ class SourceRule:
     privileged_only: bool = False
 
     def allows_namespace(self, namespace: str) -> bool:
-        return any(fnmatchcase(namespace, p) for p in self.namespaces)
+        # "*" (the default) first: it matches every namespace, without a pattern match.
+        return "*" in self.namespaces or any(fnmatchcase(namespace, p)
+                                             for p in self.namespaces)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,7 +73,8 @@ class DeviceRule:
     deny: tuple[str, ...] = ()
 
     def applies_to(self, namespace: str) -> bool:
-        return any(fnmatchcase(namespace, p) for p in self.namespaces)
+        return "*" in self.namespaces or any(fnmatchcase(namespace, p)
+                                             for p in self.namespaces)
 
     def describe(self) -> str:
         return f"devices[{self.index}] (namespaces {list(self.namespaces)})"

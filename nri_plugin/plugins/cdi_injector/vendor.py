@@ -12,7 +12,7 @@ against what its generator recorded, filters of the edits) comes in through a
 * its hooks (the hook operations its verdict may add to a container);
 * which annotation keys and env entries may ask for devices (the fail-closed pre-filter),
   which env entries its verdict reads (the decision cache key) and which ask for edits of
-  no device;
+  no device; together these are every env name the vendor sees (``env_read``);
 
 and gives one verdict per container (``verdict``). With no vendor rules the injector serves
 any CDI vendor's specs as the CDI convention says, and nothing else.
@@ -83,6 +83,8 @@ class VendorRules(Protocol):
     annotation_prefixes: tuple[str, ...]
     env_request_prefixes: tuple[str, ...]
     # Prefixes of the env names the verdict reads (the injector caches verdicts by them).
+    # The container's env as the verdict and the sources see it holds only the names
+    # these declarations cover (``env_read``).
     verdict_env: tuple[str, ...]
     # Env names whose non-empty value may ask for edits of no device: a container that
     # asks for no device is only handed to the verdict when one is set.
@@ -102,6 +104,18 @@ class VendorRules(Protocol):
         runtime injected itself): raise a Refusal for what its rules forbid, else return
         the filter for the edits (None: keep all). A filter may also add edits of no
         device (see ``extras_env``)."""
+
+
+def env_read(vendors: Sequence[VendorRules], *own: str) -> tuple[str, ...]:
+    """The prefixes of every env name a container's context keeps (``ContainerContext.env``):
+    ``own`` (the injector's) and what the vendors declare they read (their env requests,
+    verdicts, extras and filters). Kubernetes puts several variables per service of the
+    namespace in every container: read once, only these are parsed and kept."""
+    names = list(own)
+    for vendor in vendors:
+        names += [p.rstrip("=") for p in vendor.env_request_prefixes]
+        names += [*vendor.verdict_env, *vendor.extras_env, *vendor.filter_env]
+    return tuple(dict.fromkeys(names))
 
 
 class Registry(NamedTuple):

@@ -17,6 +17,7 @@ import posixpath
 from collections.abc import Mapping, Sequence
 
 from cdi.cache import Snapshot
+from nri_plugin.nri.api import nri_pb2
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, comma_list_requests
 from nri_plugin.vendors.nvidia.nodefacts import NodeFacts
 from nri_plugin.vendors.nvidia.visible_devices import (
@@ -38,14 +39,16 @@ def nvidia_nri_requests(pod_annotations: Mapping[str, str],
     return comma_list_requests(key, pod_annotations[key])
 
 
-def volume_mount_ids(mounts: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+def volume_mount_ids(mounts: Sequence[nri_pb2.Mount]) -> list[tuple[str, str]]:
     """(id, destination) for each ``/dev/null`` mount under the device-list root."""
     out = []
-    for destination, source in mounts:
+    for mount in mounts:
+        source = mount.source
         # normpath only drops "." and ".." parts and doubled slashes: a source that
         # becomes /dev/null has "null" in it (most mounts do not: no normpath for them).
         if "null" not in source or posixpath.normpath(source) != "/dev/null":
             continue
+        destination = mount.destination
         path = posixpath.normpath(destination)
         if not path.startswith(VOLUME_MOUNT_ROOT + "/"):
             continue
@@ -55,7 +58,7 @@ def volume_mount_ids(mounts: Sequence[tuple[str, str]]) -> list[tuple[str, str]]
     return out
 
 
-def volume_mount_requests(mounts: Sequence[tuple[str, str]], snapshot: Snapshot,
+def volume_mount_requests(mounts: Sequence[nri_pb2.Mount], snapshot: Snapshot,
                           facts: NodeFacts) -> list[DeviceRequest]:
     requests: list[DeviceRequest] = []
     for device, destination in volume_mount_ids(mounts):
