@@ -1,10 +1,11 @@
-"""The specs a real H100 node's driver 580 gave (tests/data/real-node-h100-580.159.04): they
-load with the strict parser, the two discovery modes agree, what the doctor reads from them
+"""The specs real H100 nodes' driver 580 gave (tests/data/real-node-h100-580.159.04*, two
+lent machines): they load with the strict parser, the two discovery modes agree, what the doctor reads from them
 is that node's, and the plugin's OCI result for GPU 0 equals native CDI's on every runtime
 version of the README's table, the spec's ``rwm`` device nodes included."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -22,50 +23,69 @@ from nri_plugin.plugins.cdi_injector.injector import plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from tests.nri_apply import CONTAINER_BEFORE_NRI, apply_adjustment
 
-RECORD = Path(__file__).resolve().parents[1] / "data" / "real-node-h100-580.159.04"
+DATA = Path(__file__).resolve().parents[1] / "data"
+RECORDS = sorted(DATA.glob("real-node-h100-580.159.04*"))
 LINKS = ("hooks", "mounts")
-UUID = "GPU-edb5eb59-791e-e764-bef6-746ca3a022c8"
 RUNTIMES = [("containerd", "1.7.24"), ("containerd", "1.7.30"), ("containerd", "2.1.9"),
             ("containerd", "2.2.1"), ("containerd", "2.3.4"), ("cri-o", "1.31.0"),
             ("cri-o", "1.35.0")]
 BASE = CONTAINER_BEFORE_NRI
 
 
-def _doc(mode: str, link: str) -> dict[str, Any]:
-    return dict(yaml.safe_load((RECORD / f"spec-{mode}-{link}.yaml").read_text()))
+def _doc(record: Path, mode: str, link: str) -> dict[str, Any]:
+    return dict(yaml.safe_load((record / f"spec-{mode}-{link}.yaml").read_text()))
 
 
-@pytest.fixture(scope="module", params=LINKS)
+def _uuid(record: Path) -> str:
+    """GPU 0's UUID as the node's own nvidia-smi -L listed it (node.txt)."""
+    found = re.search(r"^GPU 0: .*\(UUID: (GPU-[0-9a-f-]+)\)$", (record / "node.txt").read_text(),
+                      re.MULTILINE)
+    assert found is not None
+    return found.group(1)
+
+
+def test_there_are_the_two_records() -> None:
+    assert [r.name for r in RECORDS] == ["real-node-h100-580.159.04",
+                                         "real-node-h100-580.159.04-second"]
+    assert _uuid(RECORDS[0]) != _uuid(RECORDS[1])  # two machines
+
+
+@pytest.fixture(scope="module", params=[(r, link) for r in RECORDS for link in LINKS],
+                ids=[f"{r.name}-{link}" for r in RECORDS for link in LINKS])
 def snapshot(request: pytest.FixtureRequest,
              tmp_path_factory: pytest.TempPathFactory) -> Snapshot:
-    folder = tmp_path_factory.mktemp(f"real-{request.param}")
-    shutil.copy(RECORD / f"spec-nvml-{request.param}.yaml", folder / "nvidia.yaml")
+    record, link = request.param
+    folder = tmp_path_factory.mktemp(f"real-{link}")
+    shutil.copy(record / f"spec-nvml-{link}.yaml", folder / "nvidia.yaml")
     snap = SpecCache([str(folder)]).refresh()
     assert not snap.errors, snap.errors
     return snap
 
 
+@pytest.mark.parametrize("record", RECORDS, ids=[r.name for r in RECORDS])
 @pytest.mark.parametrize("link", LINKS)
-def test_every_recorded_spec_loads_and_the_modes_agree(link: str, tmp_path: Path) -> None:
+def test_every_recorded_spec_loads_and_the_modes_agree(record: Path, link: str,
+                                                       tmp_path: Path) -> None:
     for mode in ("nvml", "procfs"):
         (tmp_path / mode).mkdir()
-        shutil.copy(RECORD / f"spec-{mode}-{link}.yaml", tmp_path / mode / "nvidia.yaml")
+        shutil.copy(record / f"spec-{mode}-{link}.yaml", tmp_path / mode / "nvidia.yaml")
         snap = SpecCache([str(tmp_path / mode)]).refresh()
         assert not snap.errors, snap.errors
-        assert {d.split("=")[1] for d in snap.devices} == {"0", UUID, "all"}
-    assert spec_differences(_doc("nvml", link), _doc("procfs", link)) == []
+        assert {d.split("=")[1] for d in snap.devices} == {"0", _uuid(record), "all"}
+    assert spec_differences(_doc(record, "nvml", link), _doc(record, "procfs", link)) == []
 
 
+@pytest.mark.parametrize("record", RECORDS, ids=[r.name for r in RECORDS])
 @pytest.mark.parametrize("link", LINKS)
-def test_the_doctor_reads_the_nodes_gpu_and_driver(link: str) -> None:
-    facts = spec_facts(_doc("nvml", link), 0)
+def test_the_doctor_reads_the_nodes_gpu_and_driver(record: Path, link: str) -> None:
+    facts = spec_facts(_doc(record, "nvml", link), 0)
     assert facts.own_nodes == {"/dev/nvidia0"} and facts.other_nodes == set()
-    assert facts.uuid == UUID
+    assert facts.uuid == _uuid(record)
     assert facts.smi == "/usr/bin/nvidia-smi"
     assert facts.libcuda == "/usr/local/nvidia/lib64/libcuda.so.1"
     assert facts.libcuda_host == "/usr/local/nvidia/lib64/libcuda.so.580.159.04"
     mounts = {m["containerPath"]: m["hostPath"]
-              for m in _doc("nvml", link)["containerEdits"]["mounts"]}
+              for m in _doc(record, "nvml", link)["containerEdits"]["mounts"]}
     # The driver's program, not the node's /usr/bin wrapper script (node.txt, "wrappers").
     assert mounts["/usr/bin/nvidia-smi"] == "/usr/local/nvidia/bin/nvidia-smi"
 
