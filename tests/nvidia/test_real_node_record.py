@@ -1,7 +1,8 @@
 """The specs real H100 nodes' driver 580 gave (tests/data/real-node-h100-580.159.04*, two
-lent machines): they load with the strict parser, the two discovery modes agree, what the doctor reads from them
-is that node's, and the plugin's OCI result for GPU 0 equals native CDI's on every runtime
-version of the README's table, the spec's ``rwm`` device nodes included."""
+lent machines): they load with the strict parser, the two discovery modes agree, what the
+doctor reads from them is that node's, and the plugin's OCI result for GPU 0 equals native
+CDI's on every runtime version of the README's table, the spec's ``rwm`` device nodes
+included."""
 
 from __future__ import annotations
 
