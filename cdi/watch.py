@@ -177,7 +177,13 @@ class AutoRefresh:
         # A removal read from inotify but not yet in a published snapshot; readers that
         # must not use a removed spec's devices wait on ``_changed`` for it to clear.
         self._removal_unapplied = False
-        self._changed = threading.Condition()
+        # The condition's lock, taken directly where nothing waits (removals_pending, on
+        # every CreateContainer that names devices: C code, no Python frame).
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        # Polled only under that lock: a poll object must not be polled by two threads.
+        self._queued = select.poll()
+        self._queued.register(self._watcher.fileno(), select.POLLIN)
 
     def start(self) -> AutoRefresh:
         self._refresh(None)
@@ -245,8 +251,7 @@ class AutoRefresh:
         # A poll of the inotify descriptor: no file is opened or read. The kernel queues
         # a removal's event within unlink()/rename(), so a removal done before this call
         # shows here until the thread has read it.
-        ready, _, _ = select.select([self._watcher.fileno()], [], [], 0)
-        return bool(ready)
+        return bool(self._queued.poll(0))
 
     def removals_pending(self) -> bool:
         """Whether a spec file may have been removed without the snapshot showing it yet
@@ -254,7 +259,7 @@ class AutoRefresh:
         # Under the lock the thread drains events and sets the flag in: read between the
         # two, the queue is empty and the flag not yet set, and a removal just made would
         # look applied (a deleted claim served once more).
-        with self._changed:
+        with self._lock:
             return self._removal_unapplied or self._events_queued()
 
     def wait_removals(self, timeout: float) -> bool:

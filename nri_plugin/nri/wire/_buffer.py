@@ -16,7 +16,7 @@ class ReceiveBuffer:
         return len(self._data) - self._start
 
     def __bool__(self) -> bool:
-        return len(self) > 0
+        return len(self._data) > self._start
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         self._data += data

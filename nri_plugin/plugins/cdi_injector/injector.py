@@ -67,7 +67,8 @@ from nri_plugin.plugins.cdi_injector.native import injected_by_runtime, log_runt
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, unique_requests
-from nri_plugin.plugins.cdi_injector.sources import all_sources
+from nri_plugin.plugins.cdi_injector.shape import Key, RequestShape
+from nri_plugin.plugins.cdi_injector.sources import NEUTRAL_ANNOTATION_PREFIXES, all_sources
 from nri_plugin.plugins.cdi_injector.vendor import (
     EditFilter,
     Registry,
@@ -267,6 +268,13 @@ class CdiInjector(Plugin):
         # Policy + vendor decisions, same idea: keyed by all they read.
         self._decisions: OrderedDict[tuple[object, ...], Decision] = OrderedDict()
         self._env_names = env_read(self.vendors, LIBRARY_PATH_ENV)
+        # Whole answers by request shape (None: no device asked), with whether the request
+        # named devices; kept for one registry and policy (``adjustment_for``).
+        self._shape = RequestShape.of(NEUTRAL_ANNOTATION_PREFIXES, self._env_names,
+                                      [s for v in self.vendors for s in v.sources],
+                                      self.vendors)
+        self._answers: OrderedDict[Key, tuple[Injection | None, bool]] = OrderedDict()
+        self._answered_under: tuple[Registry | None, Policy | None] = (None, None)
         self._sources_of: tuple[Registry | None, tuple[tuple[RequestSource, object], ...]] = (
             None, ())
 
@@ -290,6 +298,7 @@ class CdiInjector(Plugin):
         self.runtime = self.runtime_of(runtime_name, runtime_version)
         cdi = self.runtime_cdi
         self._plans.clear()
+        self._answers.clear()  # answered for another runtime
         self.delegations = DelegationTracker()  # events of an earlier connection are lost
         log.info("connected to %s; %s", self.runtime.describe(),
                  cdi.describe(self.runtime) if cdi is not None else "runtime's own CDI: unknown")
@@ -402,8 +411,42 @@ class CdiInjector(Plugin):
         """The whole decision for one container, in one pass; raises a Refusal with the
         reason. No I/O, but for a device the registry does not know (a DRA claim's spec
         written a moment ago: ``on_miss``, see ``claims``). The registry and the policy are
-        read once: every step sees the same snapshot, facts and rules."""
+        read once: every step sees the same snapshot, facts and rules. A request shaped as
+        one answered before under them (``shape``) gets that answer again."""
         registry, policy = self._registry(), self.policy
+        key = self._answer_key(pod, container, registry, policy)
+        if key is not None and (known := self._answers.get(key)) is not None:
+            answer, asks = known
+            # A claim spec deleted a moment ago must not serve, repeat or not.
+            newer = self.on_hit() if asks and self.on_hit is not None else None
+            if newer is None or newer is registry:
+                self._answers.move_to_end(key)
+                return answer
+            registry = newer  # decided afresh below, and not kept (an older registry's key)
+        answer, reusable, asks = self._answer(pod, container, registry, policy)
+        if key is not None and reusable and registry is self._answered_under[0]:
+            self._answers[key] = (answer, asks)
+            if len(self._answers) > self.PLAN_CACHE_SIZE:
+                self._answers.popitem(last=False)
+        return answer
+
+    def _answer_key(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
+                    registry: Registry, policy: Policy) -> Key | None:
+        """The request's shape key; the answers kept so far go when the registry or the
+        policy in force is another than theirs."""
+        under = self._answered_under
+        if under[0] is not registry or under[1] is not policy:
+            self._answers.clear()
+            self._answered_under = (registry, policy)
+        return self._shape.key(pod, container)
+
+    def _answer(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
+                registry: Registry, policy: Policy) -> tuple[Injection | None, bool, bool]:
+        """(the answer, whether a request of the same shape gets the same one under this
+        registry and policy, whether it names devices). Not the same: where the spec
+        folders were read again for it, or where the runtime's own CDI injected devices
+        (their trimming reads every mount's destination)."""
+        first = registry
         context = self._context(pod, container, registry, policy)
         cri = runtime_cdi_requests(container)
         names = [r.name for r in context.requests] + [r.name for r in cri]
@@ -434,15 +477,17 @@ class CdiInjector(Plugin):
                                           context.privileged)
         # No device, but the env may ask for edits of none (a vendor's extras_env).
         extras = not requests and self._asks_extras(context)
+        reusable = not unknown and registry is first and not injected
+        asks = bool(names)
         if not requests and not extras and not injected:
-            return None
+            return None, reusable, asks
         decision = self._decide(context, unique_requests([*requests, *injected]), registry,
                                 policy)
         if not requests and not extras:
             return self._trimmed(injected, decision.edit_filter, context.env, container,
-                                 registry.snapshot)
+                                 registry.snapshot), False, asks
         if not requests and decision.edit_filter is None:
-            return None
+            return None, reusable, asks
         wanted = {r.name for r in requests}
         injection = self.plan(requests, context.uid, context.gid, decision.edit_filter,
                               library_path=context.env.get(LIBRARY_PATH_ENV, ""),
@@ -453,8 +498,8 @@ class CdiInjector(Plugin):
             injection = self._with_trimmed(injection, injected, decision.edit_filter,
                                            context.env, container, registry.snapshot)
         if not requests and not injection.adjustment.ListFields():
-            return None
-        return injection
+            return None, reusable, asks
+        return injection, reusable, asks
 
     def _context(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
                  registry: Registry, policy: Policy) -> ContainerContext:

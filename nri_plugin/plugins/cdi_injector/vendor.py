@@ -54,6 +54,10 @@ class RequestSource:
     when_denied: Literal["refuse", "ignore"] = "refuse"
     # None: the source asks for edits of no device, which the vendor's verdict reads.
     read: Reader | None = None
+    # A mounts source: substrings one of which the source path of every mount it can take
+    # as a request contains (the injector keeps answers by the mounts that do:
+    # ``shape.RequestShape``); none: any mount may be one.
+    mount_marks: tuple[str, ...] = ()
 
 
 class EditFilter(Protocol):

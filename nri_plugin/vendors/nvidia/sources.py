@@ -69,6 +69,7 @@ NRI_ANNOTATIONS = RequestSource(
                        enabled=True))
 VOLUME_MOUNTS = RequestSource(
     name="volumeMounts", read_from="mounts", read=_volume_mounts,
+    mount_marks=("null",),  # only /dev/null mounts ask (k8s_sources.volume_mount_ids)
     default=SourceRule(title=f"device-plugin volume mounts ({VOLUME_MOUNT_ROOT}/)",
                        enabled=False))
 VISIBLE_DEVICES = RequestSource(
