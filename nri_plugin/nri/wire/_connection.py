@@ -37,6 +37,7 @@ from nri_plugin.nri.wire._ttrpc import (
 
 # A mux header and the ttrpc header right after it (docs/nri-protocol.md §1.1, §2.1).
 _WHOLE = struct.Struct(">IIIIBB")
+_REQUEST = int(MessageType.REQUEST)
 
 _NULL_LOGGER = logging.getLogger("nri_plugin.nri.wire")
 _NULL_LOGGER.addHandler(logging.NullHandler())
@@ -82,6 +83,9 @@ class Connection:
         self._log = logger or _NULL_LOGGER
         self._mux = MuxReader()
         self._readers = {PLUGIN_CONN: FrameReader(), RUNTIME_CONN: FrameReader()}
+        # What every request read checks, looked up once.
+        self._server_conn = role.server_conn
+        self._server_reader = self._readers[role.server_conn]
         self._server = ServerStreams()
         self._client = ClientStreams()
         self._outbound = bytearray()
@@ -120,10 +124,9 @@ class Connection:
         if len(data) < _WHOLE.size or self._mux.mid_frame:
             return None
         conn_id, mux_length, length, stream_id, mtype, _ = _WHOLE.unpack_from(data)
-        reader = self._readers.get(conn_id)
-        whole = (conn_id == self.role.server_conn and mux_length == len(data) - 8
-                 and length == mux_length - 10 and mtype == MessageType.REQUEST
-                 and reader is not None and not reader.mid_frame)
+        whole = (conn_id == self._server_conn and mux_length == len(data) - 8
+                 and length == mux_length - 10 and mtype == _REQUEST
+                 and not self._server_reader.mid_frame)
         return stream_id if whole else None
 
     def _eof(self) -> ConnectionClosed:
@@ -180,7 +183,8 @@ class Connection:
             method=method,
             payload=request.payload,
             timeout_nano=request.timeout_nano,
-            metadata=tuple((kv.key, kv.value) for kv in request.metadata),
+            metadata=tuple((kv.key, kv.value) for kv in request.metadata)
+            if request.metadata else (),
         )
 
     def _reject(
