@@ -5,7 +5,6 @@ it read the request again."""
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from nri_plugin.plugins.cdi_injector.shape import KEY_CHARS_MAX, RequestShape
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RequestSource
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import nvidia_policy, write_specs
-from tests.nri_plugin.test_nvidia_drop_in import PLUGIN_SPEC, SPEC, _sidecar
+from tests.nri_plugin.test_nvidia_drop_in import SPEC, nvidia_registry
 
 # The env and volume-mount sources allowed in one namespace only, so that the namespace,
 # the env and the mounts all change answers.
@@ -52,10 +51,7 @@ PARTS: dict[str, list[object]] = {
 
 @pytest.fixture
 def registry(tmp_path: Path) -> Registry:
-    folder = write_specs(tmp_path / "cdi", {"nvidia.yaml": SPEC, "plugin.yaml": PLUGIN_SPEC})
-    spec = folder / "nvidia.yaml"
-    (folder / "nvidia.yaml.meta").write_text(json.dumps(_sidecar(spec.read_bytes())))
-    return Registry.load(SpecCache([str(folder)]).refresh(), [NvidiaRules()])
+    return nvidia_registry(tmp_path / "cdi")
 
 
 def injector(registry: Callable[[], Registry], version: str = "2.1.9",

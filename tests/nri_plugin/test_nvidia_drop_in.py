@@ -88,12 +88,17 @@ def _sidecar(spec: bytes) -> dict[str, object]:
     }
 
 
-@pytest.fixture
-def registry(tmp_path: Path) -> Registry:
-    folder = write_specs(tmp_path / "cdi", {"nvidia.yaml": SPEC, "plugin.yaml": PLUGIN_SPEC})
+def nvidia_registry(folder: Path) -> Registry:
+    """SPEC with its sidecar and PLUGIN_SPEC in ``folder``, loaded with NVIDIA's facts."""
+    write_specs(folder, {"nvidia.yaml": SPEC, "plugin.yaml": PLUGIN_SPEC})
     spec = folder / "nvidia.yaml"
     (folder / "nvidia.yaml.meta").write_text(json.dumps(_sidecar(spec.read_bytes())))
     return Registry.load(SpecCache([str(folder)]).refresh(), [NvidiaRules()])
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Registry:
+    return nvidia_registry(tmp_path / "cdi")
 
 
 def run(registry: Registry, *env: str, policy: Policy | None = None, privileged: bool = False,
