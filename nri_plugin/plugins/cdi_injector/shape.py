@@ -28,9 +28,10 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.plugins.cdi_injector.context import is_privileged
 from nri_plugin.plugins.cdi_injector.vendor import RequestSource, VendorRules
 
-# A key holding more characters of annotation values and env entries than this is not
-# kept: the answers' memory stays bounded (KEEP x this) whatever the requests carry.
-KEY_CHARS_MAX = 16384
+# A key holding more characters of picked annotations, env entries and mounts than this
+# is not kept: the answers' keys stay under 2 MiB (CdiInjector.PLAN_CACHE_SIZE of them)
+# whatever the requests carry. Eight GPU UUIDs in NVIDIA_VISIBLE_DEVICES are 330.
+KEY_CHARS_MAX = 4096
 
 Key = tuple[object, ...]
 
