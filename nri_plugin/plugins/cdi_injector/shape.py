@@ -30,7 +30,7 @@ from nri_plugin.plugins.cdi_injector.vendor import RequestSource, VendorRules
 
 # A key holding more characters of picked annotations, env entries and mounts than this
 # is not kept: the answers' keys stay under 2 MiB (CdiInjector.PLAN_CACHE_SIZE of them)
-# whatever the requests carry. Eight GPU UUIDs in NVIDIA_VISIBLE_DEVICES are 330.
+# whatever the requests carry (eight GPU UUIDs in an env list are about 330).
 KEY_CHARS_MAX = 4096
 
 Key = tuple[object, ...]
