@@ -2,11 +2,18 @@
 NRI plugin, interleaved round by round in one run, medians and ratios, per containerd
 version (1.7 and 2.1 by default, ``--runtime 2.1`` for one).
 
-Per version, two private containerds (scripts/install-containerd.sh must have run): one
-with native CDI enabled and no NRI plugin (serves "no injection" and "native CDI"), one
-with our plugin connected (serves "our plugin"). Each round creates and starts one container of each
-kind; the three request the same devices (two GPU-like char devices, a library folder,
-env, a createContainer hook). Containers are removed outside the timed part.
+Per version, one private containerd per role (scripts/install-containerd.sh must have
+run): "plain", with native CDI enabled and no NRI plugin (serves "no injection" and "native
+CDI"), and one with our plugin connected (serves "our plugin"), and one per extra plugin
+below. Each round creates and starts one container of each kind; all request the same
+devices (two GPU-like char devices, a library folder, env, a createContainer hook).
+Containers are removed outside the timed part. The rounds run in blocks: from one block to
+the next every role moves to the next containerd (each restarted with its new role's
+setting, the plugins started anew), so that each kind is measured on each containerd
+equally often (``--rotations N``: N times). Two containerds serving the same plugin differ
+by up to 3 % in Create+Start within one run, more than the differences to measure: with
+fixed places that difference went to one kind; moved around, it goes to all alike. The
+report gives CreateContainer ours - reference block by block too.
 
 ``--baseline-repo DIR`` adds a fourth kind in the same rounds: the plugin of another
 checkout (e.g. the main branch) on a containerd of its own, to compare two versions of
@@ -139,11 +146,12 @@ class ReferencePlugin:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, ctrd: Containerd, timeout: float = 15.0) -> ReferencePlugin:
+        mark = ctrd.log_path.stat().st_size  # an earlier block's "connected" is before it
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(self.command, stdout=log, stderr=log)
         # Connected once containerd says so (its log names the plugin, quotes escaped).
         deadline = time.monotonic() + timeout
-        while '\\"10-nri-cdi-ref\\" connected' not in ctrd.log_tail(400):
+        while '\\"10-nri-cdi-ref\\" connected' not in _read_from(ctrd.log_path, mark):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 sys.exit(f"the reference injector did not connect: "
                          f"{self.log_path.read_text(errors='replace')[-2000:]}")
@@ -154,6 +162,12 @@ class ReferencePlugin:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+def _read_from(path: Path, offset: int) -> str:
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        return handle.read().decode(errors="replace")
 
 
 # Per kind, CreateContainer alone (the part of Create+Start the plugin is asked in).
@@ -200,18 +214,20 @@ def check_devices(cri: CriClient, container: str, kind: str) -> None:
 
 def timed_create_start(cri: CriClient, pod: str, kind: str = "", *, check: bool = False,
                        **kwargs: object) -> float:
+    """One container of ``kind`` created and started, timed; ``check``: a warm-up, not
+    recorded, whose runtime spec is checked to hold the kind's devices."""
     pid = PLUGIN_PIDS.get(kind)
     cpu = process_cpu(pid) if pid else 0.0
     start = time.perf_counter()
     container = cri.create_container(pod, "bench", images.BUSYBOX_IMAGE, command=SLEEP,
                                      env=ENV, **kwargs)  # type: ignore[arg-type]
     created = time.perf_counter()
-    if pid:  # read between the timed parts, not inside them
+    if pid and not check:  # read between the timed parts, not inside them
         CREATE_CPU.setdefault(kind, []).append(process_cpu(pid) - cpu)
     starting = time.perf_counter()
     cri.start_container(container)
     elapsed = (created - start) + (time.perf_counter() - starting)
-    if kind:
+    if kind and not check:
         CREATE_ONLY.setdefault(kind, []).append(created - start)
     if check:
         check_devices(cri, container, kind)
@@ -234,6 +250,9 @@ def main() -> None:
     parser.add_argument("--noop", action="store_true",
                         help="with --reference: also the reference answering every container "
                              "with no adjustment (what any NRI plugin costs the runtime)")
+    parser.add_argument("--rotations", type=int, default=1,
+                        help="how many times every role visits every containerd (blocks: "
+                             "this times the containerds; --rounds is split among them)")
     parser.add_argument("--spec-dir", type=Path,
                         help="ask for devices of this CDI spec folder instead (a real "
                              "node's, say; with --device)")
@@ -258,61 +277,100 @@ def main() -> None:
     for version in versions:
         CREATE_ONLY.clear()
         CREATE_CPU.clear()
+        BLOCKS.clear()
         samples = bench_runtime(version, args.rounds, args.baseline_repo, args.reference,
-                                args.noop)
-        report(samples, args.rounds, version)
+                                args.noop, args.rotations)
+        report(samples, version)
+
+
+# A role is what one containerd serves in a block: "plain" (no NRI plugin, native CDI on:
+# the kinds "none" and "native") or one plugin kind, the plugin connected and CDI off.
+PLAIN = "plain"
 
 
 def bench_runtime(version: str, rounds: int, baseline: Path | None = None,
-                  reference: Path | None = None, noop: bool = False) -> dict[str, list[float]]:
+                  reference: Path | None = None, noop: bool = False,
+                  rotations: int = 1) -> dict[str, list[float]]:
+    """The rounds in blocks: one containerd per role, and from one block to the next each
+    role moves to the next containerd (all restarted, plugins started anew), so that
+    every kind is measured on every containerd equally often. Two containerds serving
+    the same thing differ by up to 3 % in Create+Start (an A/A run: this plugin against
+    a copy of itself), more than the differences measured; moving the roles around puts
+    that difference into every kind alike instead of into one of them."""
+    extras = {"baseline": baseline, "reference": reference,
+              "noop": reference if noop else None}
+    roles = [PLAIN, "plugin", *(kind for kind, what in extras.items() if what is not None)]
+    blocks = rotations * len(roles)
+    per_block = -(-rounds // blocks)
+    samples: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         specs = make_node(root)
         WANTED.clear()
         WANTED.update(wanted_nodes(specs, DEVICES))
         archives = [images.pause_image(root), images.busybox_image(root)]
-        native = Containerd(enable_cdi=True, cdi_spec_dirs=[specs], version=version).start()
-        ours = Containerd(version=version).start()  # enable_cdi off: the plugin alone
-        other = Containerd(version=version).start() if baseline else None
-        ref = Containerd(version=version).start() if reference else None
-        floor = Containerd(version=version).start() if reference and noop else None
-        plugins: list[PluginProcess | ReferencePlugin] = []
+        ctrds = [Containerd(cdi_spec_dirs=[specs], version=version) for _ in roles]
         try:
-            for ctrd in (native, ours, other, ref, floor):
-                if ctrd is not None:
-                    ctrd.import_images(*archives)
-            mine = PluginProcess(ours.nri_socket, [specs], root / "plugin.log",
-                                 extra_args=["--log-level", "info"]).start()
-            plugins.append(mine)
-            _watch("plugin", mine.process)
-            if other is not None and baseline is not None:
-                theirs = CheckoutPlugin(baseline, other.nri_socket, [specs],
-                                        root / "baseline.log",
-                                        extra_args=["--log-level", "info"]).start()
-                plugins.append(theirs)
-                _watch("baseline", theirs.process)
-            if ref is not None and reference is not None:
-                go = ReferencePlugin(reference, ref.nri_socket, specs,
-                                     root / "reference.log").start(ref)
-                plugins.append(go)
-                _watch("reference", go.process)
-            if floor is not None and reference is not None:
-                nothing = ReferencePlugin(reference, floor.nri_socket, specs,
-                                          root / "noop.log", noop=True).start(floor)
-                plugins.append(nothing)
-                _watch("noop", nothing.process)
-            # Measured once the start guard's connection has gone (after its linger).
-            mine.wait_for_log("nothing in doubt", timeout=60)
-            extras = {"baseline": other, "reference": ref, "noop": floor}
-            return run_rounds(native, ours, rounds,
-                              {k: c for k, c in extras.items() if c is not None})
+            for ctrd in ctrds:
+                ctrd.start().import_images(*archives)
+            order = random.Random(rounds)  # the same orders for a given --rounds
+            for block in range(blocks):
+                placed = {role: ctrds[(i + block) % len(ctrds)] for i, role in enumerate(roles)}
+                before = {kind: len(values) for kind, values in CREATE_ONLY.items()}
+                got = run_block(placed, root, specs, extras, per_block, order)
+                for kind, values in got.items():
+                    samples.setdefault(kind, []).extend(values)
+                BLOCKS.append({kind: values[before.get(kind, 0):]
+                               for kind, values in CREATE_ONLY.items()})
         finally:
-            PLUGIN_PIDS.clear()
-            for plugin in plugins:
-                plugin.kill()
-            for ctrd in (native, ours, other, ref, floor):
-                if ctrd is not None:
-                    ctrd.close()
+            for ctrd in ctrds:
+                ctrd.close()
+    return samples
+
+
+# Per block, each kind's CreateContainer times (the per-block line of the report).
+BLOCKS: list[dict[str, list[float]]] = []
+
+
+def place(placed: dict[str, Containerd]) -> None:
+    """Each containerd restarted with its role's CDI setting (on only where "plain")."""
+    for role, ctrd in placed.items():
+        ctrd.stop_daemon()
+        ctrd.enable_cdi = role == PLAIN
+        ctrd.config_path.write_text(ctrd.render_config())
+        ctrd.start()
+
+
+def run_block(placed: dict[str, Containerd], root: Path, specs: Path,
+              extras: dict[str, Path | None], rounds: int,
+              order: random.Random) -> dict[str, list[float]]:
+    place(placed)
+    plugins: list[PluginProcess | ReferencePlugin] = []
+    try:
+        mine = PluginProcess(placed["plugin"].nri_socket, [specs], root / "plugin.log",
+                             extra_args=["--log-level", "info"])
+        mark = mine.log_size()
+        plugins.append(mine.start())
+        _watch("plugin", mine.process)
+        for kind, ctrd in placed.items():
+            if kind == "baseline" and (repo := extras["baseline"]) is not None:
+                theirs = CheckoutPlugin(repo, ctrd.nri_socket, [specs], root / "baseline.log",
+                                        extra_args=["--log-level", "info"])
+                plugins.append(theirs.start())
+                _watch(kind, theirs.process)
+            elif kind in ("reference", "noop") and (binary := extras[kind]) is not None:
+                go = ReferencePlugin(binary, ctrd.nri_socket, specs, root / f"{kind}.log",
+                                     noop=kind == "noop").start(ctrd)
+                plugins.append(go)
+                _watch(kind, go.process)
+        # Measured once the start guard's connection has gone (after its linger).
+        mine.wait_for_log("nothing in doubt", timeout=60, after=mark)
+        others = {k: c for k, c in placed.items() if k not in (PLAIN, "plugin")}
+        return run_rounds(placed[PLAIN], placed["plugin"], rounds, others, order)
+    finally:
+        PLUGIN_PIDS.clear()
+        for plugin in plugins:
+            plugin.kill()
 
 
 def _watch(kind: str, process: subprocess.Popen[bytes] | None) -> None:
@@ -321,7 +379,7 @@ def _watch(kind: str, process: subprocess.Popen[bytes] | None) -> None:
 
 
 def run_rounds(native: Containerd, ours: Containerd, rounds: int,
-               others: dict[str, Containerd]) -> dict[str, list[float]]:
+               others: dict[str, Containerd], order: random.Random) -> dict[str, list[float]]:
     """The rounds, with each of ``others`` (a plugin on a containerd of its own) as one
     more kind, asking for the same devices the same way as ours."""
     with contextlib.ExitStack() as stack:
@@ -331,11 +389,12 @@ def run_rounds(native: Containerd, ours: Containerd, rounds: int,
             stack.enter_context(cri.cleanup())
             pod = cri.run_pod(kind, annotations=pod_annotations(kind))
             extra.append((kind, functools.partial(timed_create_start, cri, pod, kind)))
-        return _rounds(native, ours, rounds, extra)
+        return _rounds(native, ours, rounds, extra, order)
 
 
 def _rounds(native: Containerd, ours: Containerd, rounds: int,
-            extra: list[tuple[str, Callable[..., float]]]) -> dict[str, list[float]]:
+            extra: list[tuple[str, Callable[..., float]]],
+            order: random.Random) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {"none": [], "native": [], "plugin": []}
     samples.update({kind: [] for kind, _ in extra})
     with native.cri() as ncri, ours.cri() as ocri, ncri.cleanup(), ocri.cleanup():
@@ -351,9 +410,9 @@ def _rounds(native: Containerd, ours: Containerd, rounds: int,
         ]
         for _kind, measure in kinds:  # warm-up, not counted: each kind's devices checked
             measure(check=True)
-        CREATE_ONLY.clear()
-        CREATE_CPU.clear()
-        order = random.Random(rounds)  # the same orders for a given --rounds
+            # A second one: the first after a restart also warms the runtime's and the
+            # plugin's own code paths (our plugin's answers are kept by request shape).
+            measure(check=True)
         for _ in range(rounds):
             # A new order each round: rotating one order would have each kind always
             # follow the same one, whose teardown (shim exit, cgroup removal) still
@@ -363,9 +422,11 @@ def _rounds(native: Containerd, ours: Containerd, rounds: int,
     return samples
 
 
-def report(samples: dict[str, list[float]], rounds: int, version: str) -> None:
+def report(samples: dict[str, list[float]], version: str) -> None:
     med = {kind: statistics.median(values) * 1000 for kind, values in samples.items()}
-    print(f"(c) Create+Start on containerd {version}, {rounds} interleaved rounds (medians)")
+    done = len(samples["plugin"])
+    print(f"(c) Create+Start on containerd {version}, {done} interleaved rounds in "
+          f"{len(BLOCKS)} blocks, each kind on each containerd alike (medians)")
     print(f"    no injection        {med['none']:7.1f} ms")
     print(f"    native CDI          {med['native']:7.1f} ms   ({med['native'] / med['none']:.3f}"
           " x no injection)")
@@ -425,10 +486,25 @@ def paired(samples: dict[str, list[float]]) -> None:
     if MOUNTS:
         print("    mounts in each kind's container: "
               + ", ".join(f"{kind} {count}" for kind, count in MOUNTS.items()))
+    per_block()
     if CREATE_CPU:
         print("    plugin CPU during its CreateContainer, all threads (median): "
               + ", ".join(f"{kind} {statistics.median(v) * 1e6:.0f} us"
                           for kind, v in CREATE_CPU.items()))
+
+
+
+def per_block() -> None:
+    """CreateContainer ours - reference (else - baseline) block by block: how far apart
+    single containerd placements are, which the blocks average out."""
+    other = next((k for k in ("reference", "baseline") if BLOCKS and k in BLOCKS[0]), None)
+    if other is None:
+        return
+    medians = [statistics.median(a - b for a, b in zip(block["plugin"], block[other],
+                                                       strict=True)) * 1000
+               for block in BLOCKS if block.get("plugin")]
+    print(f"    CreateContainer ours - {other} per block (median): "
+          + ", ".join(f"{ms:+.2f}" for ms in medians) + " ms")
 
 
 if __name__ == "__main__":
