@@ -314,8 +314,8 @@ def bench_runtime(version: str, rounds: int, baseline: Path | None = None,
             for ctrd in ctrds:
                 ctrd.start().import_images(*archives)
             order = random.Random(rounds)  # the same orders for a given --rounds
-            for block in range(blocks):
-                placed = {role: ctrds[(i + block) % len(ctrds)] for i, role in enumerate(roles)}
+            for where in placements(roles, blocks):
+                placed = {role: ctrds[index] for role, index in where.items()}
                 before = {kind: len(values) for kind, values in CREATE_ONLY.items()}
                 got = run_block(placed, root, specs, extras, per_block, order)
                 for kind, values in got.items():
@@ -326,6 +326,14 @@ def bench_runtime(version: str, rounds: int, baseline: Path | None = None,
             for ctrd in ctrds:
                 ctrd.close()
     return samples
+
+
+def placements(roles: list[str], blocks: int) -> list[dict[str, int]]:
+    """Per block, each role's containerd (an index): a cyclic Latin square, so that over
+    a multiple of len(roles) blocks every role is on every containerd equally often, and
+    no two roles share one in a block."""
+    return [{role: (i + block) % len(roles) for i, role in enumerate(roles)}
+            for block in range(blocks)]
 
 
 # Per block, each kind's CreateContainer times (the per-block line of the report).
