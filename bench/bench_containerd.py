@@ -34,7 +34,8 @@ neither flag (it uses the default socket and spec folders) and it fails on a spe
 device nodes (a nil ``Linux.Resources``), so a build for this bench adds the two flags
 and that nil check. Each kind's first container (not timed) is checked to have both
 devices, so no kind is measured doing less.
-The report then also gives each plugin's CreateContainer alone (Create, not Start).
+The report then also gives each plugin's CreateContainer alone (Create, not Start), and
+each kind's Start alone.
 
 Each round runs the kinds in a new random order (seeded by ``--rounds``). Besides the
 medians, the report gives per-round paired differences with a bootstrap 95 % interval
@@ -172,6 +173,8 @@ def _read_from(path: Path, offset: int) -> str:
 
 # Per kind, CreateContainer alone (the part of Create+Start the plugin is asked in).
 CREATE_ONLY: dict[str, list[float]] = {}
+# Per kind, StartContainer alone (no plugin of this bench is asked anything there).
+START_ONLY: dict[str, list[float]] = {}
 # Per kind whose plugin is a process here: its pid, and its CPU seconds (all threads)
 # during each CreateContainer, the reply's deferred work included.
 PLUGIN_PIDS: dict[str, int] = {}
@@ -229,6 +232,7 @@ def timed_create_start(cri: CriClient, pod: str, kind: str = "", *, check: bool 
     elapsed = (created - start) + (time.perf_counter() - starting)
     if kind and not check:
         CREATE_ONLY.setdefault(kind, []).append(created - start)
+        START_ONLY.setdefault(kind, []).append(elapsed - (created - start))
     if check:
         check_devices(cri, container, kind)
     cri.stop_container(container)
@@ -276,6 +280,7 @@ def main() -> None:
         sys.exit(f"missing: {'; '.join(missing)}; run: bash scripts/install-containerd.sh")
     for version in versions:
         CREATE_ONLY.clear()
+        START_ONLY.clear()
         CREATE_CPU.clear()
         BLOCKS.clear()
         samples = bench_runtime(version, args.rounds, args.baseline_repo, args.reference,
@@ -458,6 +463,9 @@ def report(samples: dict[str, list[float]], version: str) -> None:
               + f"; ours / reference {create['plugin'] / create['reference']:.3f}, "
               f"ours - no injection {create['plugin'] - create['none']:.1f} ms, "
               f"reference - no injection {create['reference'] - create['none']:.1f} ms")
+    started = {kind: statistics.median(v) * 1000 for kind, v in START_ONLY.items() if v}
+    print("    Start alone (medians): "
+          + ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in started.items()))
     paired(samples)
 
 
@@ -483,6 +491,12 @@ def paired(samples: dict[str, list[float]]) -> None:
         ratios = [a / b for a, b in zip(samples["noop"], samples["native"], strict=True)]
         mid, low, high = interval(ratios)
         lines.append(f"Create+Start no-op / native {mid:.3f} ({low:.3f}-{high:.3f})")
+    for other in ("native", "reference", "baseline"):
+        if other in START_ONLY:
+            diffs = [(a - b) * 1000 for a, b in zip(START_ONLY["plugin"], START_ONLY[other],
+                                                    strict=True)]
+            mid, low, high = interval(diffs)
+            lines.append(f"Start ours - {other} {mid:+.2f} ms ({low:+.2f} to {high:+.2f})")
     for other in ("reference", "baseline", "noop"):
         if other in CREATE_ONLY:
             diffs = [(a - b) * 1000 for a, b in zip(CREATE_ONLY["plugin"], CREATE_ONLY[other],
