@@ -32,8 +32,8 @@ from its public source. It is started as
 ``BINARY -name nri-cdi-ref -idx 10 -socket SOCKET -spec-dir DIR``: as published it has
 neither flag (it uses the default socket and spec folders) and it fails on a spec with
 device nodes (a nil ``Linux.Resources``), so a build for this bench adds the two flags
-and that nil check. Each kind's first container (not timed) is checked to have both
-devices, so no kind is measured doing less.
+and that nil check. In every block each kind's two warm-up containers (not timed) are
+checked to have both devices, so no kind is measured doing less.
 The report then also gives each plugin's CreateContainer alone (Create, not Start), and
 each kind's Start alone.
 
@@ -267,6 +267,8 @@ def main() -> None:
                              "with which our plugin mounts what native CDI does)")
     args = parser.parse_args()
     ENV.update(entry.split("=", 1) for entry in args.env)
+    if args.rotations < 1:
+        sys.exit(f"--rotations {args.rotations}: at least 1 (each role on each containerd)")
     if (args.spec_dir is None) != (args.device is None):
         sys.exit("--spec-dir and --device go together")
     if args.spec_dir is not None:
@@ -513,7 +515,6 @@ def paired(samples: dict[str, list[float]]) -> None:
         print("    plugin CPU during its CreateContainer, all threads (median): "
               + ", ".join(f"{kind} {statistics.median(v) * 1e6:.0f} us"
                           for kind, v in CREATE_CPU.items()))
-
 
 
 def per_block() -> None:
