@@ -2,8 +2,8 @@
 
 Wires the pieces: a SpecCache kept fresh by a background refresher (inotify + periodic
 rescan), the CdiInjector plugin reading only the current snapshot, and the Stub that
-talks NRI. Logging goes through a queue so that a log call on the CreateContainer path
-never waits on stderr or journald.
+talks NRI. Log lines are written without blocking (``NonBlockingHandler``), so that a log
+call on the CreateContainer path never waits on stderr or journald.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import logging.handlers
 import os
-import queue
 import signal
 import sys
 import threading
@@ -37,6 +35,7 @@ from nri_plugin.nri.versions import (
 from nri_plugin.ops.dra_check import start_warning
 from nri_plugin.ops.guarded import GuardedConnections
 from nri_plugin.ops.logformat import BoundedLog, log_formatter
+from nri_plugin.ops.logwriter import NonBlockingHandler
 from nri_plugin.ops.metrics import Metrics, Server, parse_address
 from nri_plugin.ops.policy_reload import PolicyReloader
 from nri_plugin.ops.runtime_cdi import runtime_cdi_config
@@ -104,7 +103,7 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         for line in exc.lines():
             print(line, file=sys.stderr)
         return 2
-    listener = _setup_logging(settings.log.level, settings.log.format)
+    output = _setup_logging(settings.log.level, settings.log.format)
     try:
         vendors = vendor_rules()
         policy = _load_policy(args.policy, settings, vendors)
@@ -112,42 +111,22 @@ def cmd_plugin(args: argparse.Namespace) -> int:
             return 2
         return asyncio.run(serve(args, policy, settings, vendors))
     finally:
-        listener.stop()
+        output.close()
 
 
-def _setup_logging(level: str, kind: str = "text") -> logging.handlers.QueueListener:
+def _setup_logging(level: str, kind: str = "text") -> NonBlockingHandler:
     # No format here shows the caller's file and line, the thread or the process: with
     # these module flags each record skips the stack walk and those lookups, 40 -> 32 us
     # of every per-container line with cold caches, on the event loop.
     logging._srcfile = None
     logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
-    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-    handler = logging.StreamHandler(sys.stderr)
+    handler = NonBlockingHandler(sys.stderr.fileno())
     handler.setFormatter(log_formatter(kind))
+    handler.addFilter(BoundedLog())  # bounded lines, repeats rate-limited
     root = logging.getLogger()
-    queued = _deferred_queue_handler(records)
-    queued.addFilter(BoundedLog())  # bounded lines, repeats rate-limited, before the queue
-    root.handlers[:] = [queued]
+    root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    listener = logging.handlers.QueueListener(records, handler)
-    listener.start()
-    return listener
-
-
-def _deferred_queue_handler(records: queue.SimpleQueue[logging.LogRecord]) -> logging.Handler:
-    """A QueueHandler that leaves all formatting to the listener thread.
-
-    The stock one formats the record where it is logged, and a traceback's formatting reads
-    source files (linecache): that would be file I/O on the event loop, in the middle of a
-    CreateContainer, whenever a handler fails. The queue is in-process, so the record and
-    its exc_info can travel as they are; only the message is fixed now (args may change).
-    """
-    class DeferredQueueHandler(logging.handlers.QueueHandler):
-        def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-            record.msg, record.args = record.getMessage(), None
-            return record
-
-    return DeferredQueueHandler(records)
+    return handler
 
 
 def _identity(args: argparse.Namespace, settings: Settings) -> tuple[str | None, str | None]:

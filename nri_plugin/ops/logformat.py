@@ -50,8 +50,8 @@ class BoundedLog(logging.Filter):
       the window says how many were dropped. A flood of rejected requests then costs a
       few lines per window instead of one per request.
 
-    It formats the message itself (``msg`` becomes the bounded text, ``args`` None), so it
-    belongs before a queue handler, which must not format again.
+    It formats the message itself (``msg`` becomes the bounded text, ``args`` None): the
+    handler's formatter then only adds the time, level and logger.
     """
 
     def __init__(self, max_chars: int = MAX_LINE, burst: int = 20, window: float = 10.0,

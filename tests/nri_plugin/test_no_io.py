@@ -6,8 +6,9 @@ a socket through the Stub and the metered, policy-enforcing injector with the NV
 and their node facts, while an audit hook (armed by a flag, since audit hooks cannot be
 removed) fails on the events that mean I/O.
 ``os.stat``/``os.lstat`` raise no audit event, so they are patched to fail as well.
-Logging is the daemon's: records go to a queue and are formatted (tracebacks too) in the
-listener thread, so pytest's own in-thread log capture is switched off here.
+Logging is the daemon's handler (``NonBlockingHandler``, writing to /dev/null here): on the
+event loop it writes in a callback after the reply, and formats tracebacks in its writer
+thread; pytest's own log capture is switched off here.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import hashlib
 import json
 import logging
 import os
-import queue
 import re
 import socket
 import sys
@@ -32,7 +32,7 @@ from cdi.cache import SpecCache
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError, dispatch
 from nri_plugin.nri.stub import Stub
-from nri_plugin.ops.daemon import _deferred_queue_handler
+from nri_plugin.ops.logwriter import NonBlockingHandler
 from nri_plugin.ops.metrics import Metrics
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
@@ -68,17 +68,17 @@ def no_io() -> Iterator[None]:
     patch = pytest.MonkeyPatch()
     patch.setattr(os, "stat", refuse)
     patch.setattr(os, "lstat", refuse)
-    handler = _deferred_queue_handler(queue.SimpleQueue())
     logger = logging.getLogger()
     saved = logger.handlers[:]
-    logger.handlers[:] = [handler]
-    token = _armed.set(True)
-    try:
-        yield
-    finally:
-        _armed.reset(token)
-        logger.handlers[:] = saved
-        patch.undo()
+    with _daemon_handler() as handler:
+        logger.handlers[:] = [handler]
+        token = _armed.set(True)
+        try:
+            yield
+        finally:
+            _armed.reset(token)
+            logger.handlers[:] = saved
+            patch.undo()
     assert _seen == []
 
 
@@ -233,11 +233,24 @@ def test_create_container_over_the_wire_with_nvidia_rules_does_no_io(
 def _deferred_logging() -> Iterator[None]:
     logger = logging.getLogger()
     saved = logger.handlers[:]
-    logger.handlers[:] = [_deferred_queue_handler(queue.SimpleQueue())]
+    with _daemon_handler() as handler:
+        logger.handlers[:] = [handler]
+        try:
+            yield
+        finally:
+            logger.handlers[:] = saved
+
+
+@contextlib.contextmanager
+def _daemon_handler() -> Iterator[NonBlockingHandler]:
+    """The daemon's log handler, on /dev/null (opened here, before anything is armed)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    handler = NonBlockingHandler(null)
     try:
-        yield
+        yield handler
     finally:
-        logger.handlers[:] = saved
+        handler.close()
+        os.close(null)
 
 
 def test_only_a_device_the_registry_does_not_know_reads(tmp_path: Path, need_root: None) -> None:
