@@ -24,6 +24,13 @@
     process of its own: whether glibc maps each 256 KiB depends on what the process freed
     before (a fresh one, like the plugin, does; strace shows it there at every request).
 
+(h) the per-container log line's CPU (the whole process, every thread), as the daemon logs
+    it from the event loop with a container's gap (2 ms) between two, to a regular file, a
+    pipe and a Unix stream socket (journald's) each read by another process: the daemon's
+    ``NonBlockingHandler`` against the standard library's queue handler and listener
+    thread (what the daemon used before), less the same loop logging nothing,
+    interleaved in blocks, medians of the blocks.
+
 With ``--reference BINARY`` (or ``$NRI_CDI_REFERENCE_INJECTOR``, the Go reference CDI
 injector; see bench_containerd.py):
 
@@ -41,8 +48,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import logging.handlers
 import os
+import queue
 import socket
 import statistics
 import subprocess
@@ -50,7 +60,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -61,6 +71,8 @@ from cdi.cache import Snapshot, SpecCache
 from nri_plugin.nri.api import nri_pb2, ttrpc_pb2
 from nri_plugin.nri.stub import READ_SIZE, Stub, _Session
 from nri_plugin.nri.versions import RuntimeInfo
+from nri_plugin.ops.logformat import BoundedLog, log_formatter
+from nri_plugin.ops.logwriter import NonBlockingHandler
 from nri_plugin.plugins.cdi_injector.guard import StartGuard
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
@@ -360,6 +372,90 @@ def socket_reads_here(rounds: int, size: int) -> None:
           f"{medians['recv'] / medians['recv_into']:.1f})")
 
 
+LOG_GAP = 0.002  # between two per-container lines, as between two containers
+
+
+def bench_log_output(lines: int) -> None:
+    """(h): CPU per log line, the daemon's handler against a queue and a listener thread."""
+    print(f"(h) CPU per per-container log line, {lines} lines per handler and output, "
+          f"{LOG_GAP * 1000:.0f} ms apart, medians of blocks")
+    for output in ("file", "pipe", "socket"):
+        with _log_output(output) as fd:
+            cpu = asyncio.run(_log_cpu(fd, lines))
+        queued, direct = cpu["queue"] - cpu["none"], cpu["direct"] - cpu["none"]
+        print(f"    {output:6s}  queue + listener {queued:6.1f} us   NonBlockingHandler "
+              f"{direct:6.1f} us   (direct / queue = {direct / queued:.2f})")
+
+
+@contextlib.contextmanager
+def _log_output(kind: str) -> Iterator[int]:
+    """A descriptor to log to: a file, or a pipe's or socket's end read by ``cat``."""
+    if kind == "file":
+        with tempfile.TemporaryFile() as out:
+            yield out.fileno()
+        return
+    if kind == "pipe":
+        reader, writer = os.pipe()
+    else:
+        writer, reader = (s.detach() for s in socket.socketpair())
+    process = subprocess.Popen(["cat"], stdin=reader, stdout=subprocess.DEVNULL)
+    os.close(reader)
+    try:
+        yield writer
+    finally:
+        os.close(writer)
+        process.wait(30)
+
+
+async def _log_cpu(fd: int, lines: int, block: int = 100) -> dict[str, float]:
+    log = logging.getLogger("nri_cdi.injector")
+    root = logging.getLogger()
+    saved, saved_level = root.handlers[:], root.level
+    logging.disable(logging.NOTSET)
+    root.setLevel(logging.INFO)
+    per_block: dict[str, list[float]] = {"none": [], "queue": [], "direct": []}
+    try:
+        for _ in range(max(1, lines // block)):
+            for kind in per_block:
+                handler, stop = _log_handler(kind, fd)
+                root.handlers[:] = [handler] if handler else []
+                before = time.process_time()
+                for i in range(block):
+                    if handler:
+                        log.info("injected %s devices=%s us=%d", f"default/pod-{i}/cuda",
+                                 GPU_ASK["cdi.k8s.io/gpus"], 211)
+                    await asyncio.sleep(LOG_GAP)
+                per_block[kind].append((time.process_time() - before) / block * 1e6)
+                stop()
+    finally:
+        root.handlers[:], root.level = saved, saved_level
+        logging.disable(logging.INFO)
+    return {kind: statistics.median(values) for kind, values in per_block.items()}
+
+
+def _log_handler(kind: str, fd: int) -> tuple[logging.Handler | None, Callable[[], None]]:
+    """The handler for ``kind`` as the daemon would set it up, and how to stop it."""
+    if kind == "none":
+        return None, lambda: None
+    if kind == "direct":
+        handler: logging.Handler = NonBlockingHandler(fd)
+        stop = handler.close
+    else:  # the standard library's pair: records queued, written by a listener thread
+        records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+        stream = logging.StreamHandler(os.fdopen(os.dup(fd), "w"))
+        stream.setFormatter(log_formatter("text"))
+        listener = logging.handlers.QueueListener(records, stream)
+        listener.start()
+        handler = logging.handlers.QueueHandler(records)
+
+        def stop() -> None:
+            listener.stop()
+            stream.close()
+    handler.setFormatter(log_formatter("text"))
+    handler.addFilter(BoundedLog(burst=1 << 30))  # the daemon's, without its rate limit
+    return handler, stop
+
+
 REFERENCE_ENV = "NRI_CDI_REFERENCE_INJECTOR"
 GPU_ASK = {"cdi.k8s.io/gpus": ",".join(f"nvidia.com/gpu={g}" for g in range(8))}
 
@@ -467,6 +563,7 @@ def main() -> None:
         bench_cold(SpecCache([tmp]).refresh(), min(args.rounds, 300))
         bench_whole_stack(SpecCache([tmp]).refresh(), min(args.rounds, 400))
     bench_socket_reads(args.rounds * 5)
+    bench_log_output(min(args.rounds, 2000))
     if args.reference is None:
         print(f"(d) skipped: no Go reference injector (--reference or ${REFERENCE_ENV})")
         return
