@@ -38,8 +38,11 @@ The report then also gives each plugin's CreateContainer alone (Create, not Star
 each kind's Start alone.
 
 Each round runs the kinds in a new random order (seeded by ``--rounds``). Besides the
-medians, the report gives per-round paired differences with a bootstrap 95 % interval
-(ours against native CDI, the reference and the baseline, each from the same rounds) and
+medians, the report gives per-round paired differences with two bootstrap 95 % intervals
+(ours against native CDI, the reference and the baseline, each from the same rounds): one
+resampling rounds, one resampling whole blocks (the rounds of a block share its placement,
+so they are not independent draws: the second is the honest one when placements differ),
+and
 each plugin process's CPU time during its CreateContainer (all its threads, from
 /proc/PID/task/*/schedstat: less noisy than wall time, which two containerds running the
 same plugin already split by about 0.2 ms; ``--baseline-repo`` of this checkout gives
@@ -325,6 +328,7 @@ def bench_runtime(version: str, rounds: int, baseline: Path | None = None,
                 placed = {role: ctrds[index] for role, index in where.items()}
                 before = {kind: len(values) for kind, values in CREATE_ONLY.items()}
                 got = run_block(placed, root, specs, extras, per_block, order)
+                BLOCK_ROUNDS.append(len(got["plugin"]))
                 for kind, values in got.items():
                     samples.setdefault(kind, []).extend(values)
                 BLOCKS.append({kind: values[before.get(kind, 0):]
@@ -345,6 +349,8 @@ def placements(roles: list[str], blocks: int) -> list[dict[str, int]]:
 
 # Per block, each kind's CreateContainer times (the per-block line of the report).
 BLOCKS: list[dict[str, list[float]]] = []
+# Rounds in each block, in order: the clusters of the blocks-resampled intervals.
+BLOCK_ROUNDS: list[int] = []
 
 
 def place(placed: dict[str, Containerd]) -> None:
@@ -364,13 +370,14 @@ def run_block(placed: dict[str, Containerd], root: Path, specs: Path,
     try:
         mine = PluginProcess(placed["plugin"].nri_socket, [specs], root / "plugin.log",
                              extra_args=["--log-level", "info"])
-        mark = mine.log_size()
+        ours = [(mine, mine.log_size())]
         plugins.append(mine.start())
         _watch("plugin", mine.process)
         for kind, ctrd in placed.items():
             if kind == "baseline" and (repo := extras["baseline"]) is not None:
                 theirs = CheckoutPlugin(repo, ctrd.nri_socket, [specs], root / "baseline.log",
                                         extra_args=["--log-level", "info"])
+                ours.append((theirs, theirs.log_size()))
                 plugins.append(theirs.start())
                 _watch(kind, theirs.process)
             elif kind in ("reference", "noop") and (binary := extras[kind]) is not None:
@@ -378,8 +385,10 @@ def run_block(placed: dict[str, Containerd], root: Path, specs: Path,
                                      noop=kind == "noop").start(ctrd)
                 plugins.append(go)
                 _watch(kind, go.process)
-        # Measured once the start guard's connection has gone (after its linger).
-        mine.wait_for_log("nothing in doubt", timeout=60, after=mark)
+        # Measured once the start guards' connections have gone (after their linger): until
+        # then the runtime asks the guard at every container's start.
+        for plugin, mark in ours:
+            plugin.wait_for_log("nothing in doubt", timeout=60, after=mark)
         others = {k: c for k, c in placed.items() if k not in (PLAIN, "plugin")}
         return run_rounds(placed[PLAIN], placed["plugin"], rounds, others, order)
     finally:
@@ -472,12 +481,42 @@ def report(samples: dict[str, list[float]], version: str) -> None:
 
 
 def interval(values: list[float], resamples: int = 2000) -> tuple[float, float, float]:
-    """The median of ``values`` and a bootstrap 95 % interval for it (seeded)."""
+    """The median of ``values`` and a bootstrap 95 % interval for it (seeded), rounds
+    resampled."""
     draw = random.Random(len(values))
     medians = sorted(statistics.median(draw.choices(values, k=len(values)))
                      for _ in range(resamples))
     return (statistics.median(values), medians[int(resamples * 0.025)],
             medians[int(resamples * 0.975) - 1])
+
+
+def block_interval(values: list[float], rounds: list[int],
+                   resamples: int = 2000) -> tuple[float, float]:
+    """A bootstrap 95 % interval for the median of ``values`` with whole blocks resampled
+    (``rounds``: how many values each block gave, in order). Rounds of one block share
+    its placement of the kinds on the containerds, so they are not independent draws:
+    resampling rounds alone gives too narrow an interval when placements differ."""
+    blocks, start = [], 0
+    for count in rounds:
+        blocks.append(values[start:start + count])
+        start += count
+    if start != len(values) or len(blocks) < 2:
+        raise ValueError(f"{len(values)} values do not split into blocks of {rounds}")
+    draw = random.Random(len(values) + 1)
+    medians = sorted(statistics.median([v for block in draw.choices(blocks, k=len(blocks))
+                                        for v in block])
+                     for _ in range(resamples))
+    return medians[int(resamples * 0.025)], medians[int(resamples * 0.975) - 1]
+
+
+def _with_intervals(values: list[float], form: str) -> str:
+    """``median (rounds resampled; blocks resampled)``, each number in ``form``."""
+    mid, low, high = interval(values)
+    text = f"{mid:{form}} ({low:{form}} to {high:{form}}"
+    if len(BLOCK_ROUNDS) >= 2:
+        blow, bhigh = block_interval(values, BLOCK_ROUNDS)
+        text += f"; blocks {blow:{form}} to {bhigh:{form}}"
+    return text + ")"
 
 
 def paired(samples: dict[str, list[float]]) -> None:
@@ -487,26 +526,22 @@ def paired(samples: dict[str, list[float]]) -> None:
     for other in ("native", "reference", "baseline"):
         if other in samples:
             ratios = [a / b for a, b in zip(samples["plugin"], samples[other], strict=True)]
-            mid, low, high = interval(ratios)
-            lines.append(f"Create+Start ours / {other} {mid:.3f} ({low:.3f}-{high:.3f})")
+            lines.append(f"Create+Start ours / {other} {_with_intervals(ratios, '.3f')}")
     if "noop" in samples:
         ratios = [a / b for a, b in zip(samples["noop"], samples["native"], strict=True)]
-        mid, low, high = interval(ratios)
-        lines.append(f"Create+Start no-op / native {mid:.3f} ({low:.3f}-{high:.3f})")
+        lines.append(f"Create+Start no-op / native {_with_intervals(ratios, '.3f')}")
     for other in ("native", "reference", "baseline"):
         if other in START_ONLY:
             diffs = [(a - b) * 1000 for a, b in zip(START_ONLY["plugin"], START_ONLY[other],
                                                     strict=True)]
-            mid, low, high = interval(diffs)
-            lines.append(f"Start ours - {other} {mid:+.2f} ms ({low:+.2f} to {high:+.2f})")
+            lines.append(f"Start ours - {other} {_with_intervals(diffs, '+.2f')} ms")
     for other in ("reference", "baseline", "noop"):
         if other in CREATE_ONLY:
             diffs = [(a - b) * 1000 for a, b in zip(CREATE_ONLY["plugin"], CREATE_ONLY[other],
                                                     strict=True)]
-            mid, low, high = interval(diffs)
-            lines.append(f"CreateContainer ours - {other} {mid:+.2f} ms "
-                         f"({low:+.2f} to {high:+.2f})")
-    print("    per round, median (bootstrap 95 % interval): " + "; ".join(lines))
+            lines.append(f"CreateContainer ours - {other} {_with_intervals(diffs, '+.2f')} ms")
+    print("    per round, median (bootstrap 95 % intervals: rounds resampled; blocks "
+          "resampled): " + "; ".join(lines))
     if MOUNTS:
         print("    mounts in each kind's container: "
               + ", ".join(f"{kind} {count}" for kind, count in MOUNTS.items()))
