@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cdi.cache import Snapshot, SpecCache
@@ -129,6 +129,15 @@ def _setup_logging(level: str, kind: str = "text") -> NonBlockingHandler:
     return handler
 
 
+def _yield_first(call: Callable[[], object]) -> None:
+    """``call`` after giving up the CPU once. Linux tends to wake the reader of a Unix
+    socket on the CPU of the process that wrote to it, expecting the writer to sleep next:
+    the runtime's thread waiting for our reply would otherwise wait behind the work we
+    deferred past that reply."""
+    os.sched_yield()
+    call()
+
+
 def _identity(args: argparse.Namespace, settings: Settings) -> tuple[str | None, str | None]:
     """Flags win; then the runtime's NRI_PLUGIN_* (the Stub reads those); then the config."""
     launched = PLUGIN_NAME_ENV in os.environ
@@ -183,8 +192,9 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
                          on_hit=removals_applied(refresher, registry),
                          on_start_warning=start_warning)
     loop = asyncio.get_running_loop()
-    # Its per-container log line after the reply has left (the loop runs it next).
-    injector.defer = loop.call_soon
+    # Its per-container log line after the reply has left (the loop runs it next), and
+    # after the runtime's thread that the reply woke has had the CPU (_yield_first).
+    injector.defer = lambda call: loop.call_soon(_yield_first, call)
     # Synchronize finds containers created while we were away; acting on them waits for
     # the Synchronize reply (the runtime holds its lock until then), hence a task.
     actions = _FailClosedActions(loop, counters, metrics)
