@@ -4,9 +4,9 @@ The plugin logs one line per container it serves, from the event loop, while the
 is still creating that container. A handler that writes to stderr as it is (a pipe to the
 runtime or the container's shim, journald's socket) can block the loop whenever the reader
 is slow, and a queue with a writer thread, which cannot, costs a thread hand-off per line:
-waking the thread, passing the GIL back and forth. In the plugin under containerd 2.1 that
-was 180 us of CPU per container, a third of all the plugin used, on the same cores the
-runtime was creating the container with (bench/bench_plugin.py (h) measures both ways).
+waking the thread, passing the GIL back and forth: 90-114 us of CPU per line against
+54-70 us written this way (bench/bench_plugin.py (h)), on the cores the runtime is creating
+the container with (in containerd 2.1, 46 us less CPU per container).
 
 So each line is written by the thread that logged it, with a write that cannot block: on a
 socket a ``send`` with ``MSG_DONTWAIT`` (a per-call flag: the descriptor the service
