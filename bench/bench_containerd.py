@@ -226,7 +226,7 @@ def timed_create_start(cri: CriClient, pod: str, kind: str = "", *, check: bool 
     cpu = process_cpu(pid) if pid else 0.0
     start = time.perf_counter()
     container = cri.create_container(pod, "bench", images.BUSYBOX_IMAGE, command=SLEEP,
-                                     env=ENV, **kwargs)  # type: ignore[arg-type]
+                                     env=ENV, **kwargs)
     created = time.perf_counter()
     if pid and not check:  # read between the timed parts, not inside them
         CREATE_CPU.setdefault(kind, []).append(process_cpu(pid) - cpu)
@@ -387,8 +387,8 @@ def run_block(placed: dict[str, Containerd], root: Path, specs: Path,
                 _watch(kind, go.process)
         # Measured once the start guards' connections have gone (after their linger): until
         # then the runtime asks the guard at every container's start.
-        for plugin, mark in ours:
-            plugin.wait_for_log("nothing in doubt", timeout=60, after=mark)
+        for python_plugin, mark in ours:
+            python_plugin.wait_for_log("nothing in doubt", timeout=60, after=mark)
         others = {k: c for k, c in placed.items() if k not in (PLAIN, "plugin")}
         return run_rounds(placed[PLAIN], placed["plugin"], rounds, others, order)
     finally:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
 from nri_plugin.nri.api import nri_pb2, ttrpc_pb2
 from tests.nri_apply import CdiInjector, apply_adjustment
+
+_Reply = TypeVar("_Reply", bound=Message)  # what a call's reply parses as
 
 MUX = struct.Struct(">II")
 TTRPC = struct.Struct(">IIBB")
@@ -191,7 +193,7 @@ class RuntimePeer:
                 raise EOFError("plugin closed the connection")
             self.inbox.extend(self.parser.feed(data))
 
-    async def call(self, method: str, msg: Message, reply_type: type[Message]) -> Message:
+    async def call(self, method: str, msg: Message, reply_type: type[_Reply]) -> _Reply:
         resp = await self.response_to(self.send_request(method, msg))
         assert resp.status.code == 0, (method, resp.status)
         return reply_type.FromString(resp.payload)
