@@ -439,6 +439,7 @@ def _log_handler(kind: str, fd: int) -> tuple[logging.Handler | None, Callable[[
         return None, lambda: None
     if kind == "direct":
         handler: logging.Handler = NonBlockingHandler(fd)
+        handler.setFormatter(log_formatter("text"))
         stop = handler.close
     else:  # the standard library's pair: records queued, written by a listener thread
         records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
@@ -446,14 +447,23 @@ def _log_handler(kind: str, fd: int) -> tuple[logging.Handler | None, Callable[[
         stream.setFormatter(log_formatter("text"))
         listener = logging.handlers.QueueListener(records, stream)
         listener.start()
-        handler = logging.handlers.QueueHandler(records)
+        handler = _MessageOnlyQueueHandler(records)
 
         def stop() -> None:
             listener.stop()
             stream.close()
-    handler.setFormatter(log_formatter("text"))
     handler.addFilter(BoundedLog(burst=1 << 30))  # the daemon's, without its rate limit
     return handler, stop
+
+
+class _MessageOnlyQueueHandler(logging.handlers.QueueHandler):
+    """As the daemon's was (before ``NonBlockingHandler``): the record queued as it is, only
+    its message fixed, every formatting left to the listener's handler (the stock
+    ``prepare`` formats and copies the record here, which the daemon never did)."""
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        record.msg, record.args = record.getMessage(), None
+        return record
 
 
 REFERENCE_ENV = "NRI_CDI_REFERENCE_INJECTOR"

@@ -4,8 +4,8 @@ The plugin logs one line per container it serves, from the event loop, while the
 is still creating that container. A handler that writes to stderr as it is (a pipe to the
 runtime or the container's shim, journald's socket) can block the loop whenever the reader
 is slow, and a queue with a writer thread, which cannot, costs a thread hand-off per line:
-waking the thread, passing the GIL back and forth: 90-114 us of CPU per line against
-54-70 us written this way (bench/bench_plugin.py (h)), on the cores the runtime is creating
+waking the thread, passing the GIL back and forth: 0.74-0.94 of that CPU per line is
+left written this way (bench/bench_plugin.py (h)), on the cores the runtime is creating
 the container with (in containerd 2.1, 46 us less CPU per container).
 
 So each line is written by the thread that logged it, with a write that cannot block: on a
