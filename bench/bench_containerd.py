@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 import os
 import random
 import statistics
@@ -265,6 +266,9 @@ def main() -> None:
                              "node's, say; with --device)")
     parser.add_argument("--device", action="append",
                         help="a device of --spec-dir to ask for (repeatable)")
+    parser.add_argument("--save", type=Path, metavar="FILE.json",
+                        help="also write every round's times there (one --runtime), for "
+                             "bench/pool_containerd.py to pool several runs")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="in every kind's container (e.g. NVIDIA_DRIVER_CAPABILITIES=all, "
                              "with which our plugin mounts what native CDI does)")
@@ -280,6 +284,8 @@ def main() -> None:
     if args.reference is not None and not os.access(args.reference, os.X_OK):
         sys.exit(f"--reference {args.reference}: not an executable")
     versions = args.runtime or paths.runtimes()
+    if args.save is not None and len(versions) != 1:
+        sys.exit("--save: with one --runtime (a file holds one containerd's rounds)")
     missing = paths.missing_prerequisites(tuple(versions))
     if missing:
         sys.exit(f"missing: {'; '.join(missing)}; run: bash scripts/install-containerd.sh")
@@ -288,9 +294,12 @@ def main() -> None:
         START_ONLY.clear()
         CREATE_CPU.clear()
         BLOCKS.clear()
+        BLOCK_ROUNDS.clear()
         samples = bench_runtime(version, args.rounds, args.baseline_repo, args.reference,
                                 args.noop, args.rotations)
         report(samples, version)
+        if args.save is not None:
+            save(args.save, version, samples)
 
 
 # A role is what one containerd serves in a block: "plain" (no NRI plugin, native CDI on:
@@ -478,6 +487,17 @@ def report(samples: dict[str, list[float]], version: str) -> None:
     print("    Start alone (medians): "
           + ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in started.items()))
     paired(samples)
+
+
+def save(path: Path, version: str, samples: dict[str, list[float]]) -> None:
+    """One run's rounds (seconds; each kind's list in round order, so the i-th entries
+    of two kinds are one round) and its blocks, with the code that ran."""
+    head = subprocess.run(["git", "-C", str(Path(__file__).parent), "describe", "--always",
+                           "--dirty"], capture_output=True, text=True, check=False)
+    path.write_text(json.dumps({
+        "containerd": version, "plugin_commit": head.stdout.strip() or "unknown",
+        "block_rounds": BLOCK_ROUNDS, "create_start": samples, "create": CREATE_ONLY,
+        "start": START_ONLY, "create_cpu": CREATE_CPU}) + "\n")
 
 
 def interval(values: list[float], resamples: int = 2000) -> tuple[float, float, float]:

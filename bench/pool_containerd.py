@@ -1,0 +1,129 @@
+"""Several runs of bench_containerd.py (``--save``) pooled: the per-round comparisons of
+every run of one containerd together, with a bootstrap interval that resamples whole
+blocks within each run.
+
+One run's interval is about +-0.1 ms wide for CreateContainer and +-1 % for Create+Start
+on this project's 2-core VM, and the machine's speed drifts from hour to hour, so one run
+can meet or miss a goal by chance. Each comparison here is per round (every kind measured
+in the same round), so pooling rounds of different hours compares like with like; the
+rounds of a block share its placement of the kinds on the containerds, and a run its
+hour, so the interval resamples blocks, run by run (each run keeps its number of blocks),
+never single rounds.
+
+Run: ``python3 bench/pool_containerd.py RUN.json [RUN.json ...]``. Each file is one run's
+``bench_containerd.py --runtime V --save RUN.json``; runs of several containerds are
+pooled per containerd.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# One run as ``bench_containerd.py --save`` writes it (JSON).
+Saved = dict[str, Any]
+
+# One comparison: its name, the unit it is printed in, and per round (a, b) -> value.
+Comparison = tuple[str, str, str, str, Callable[[float, float], float]]
+COMPARISONS: tuple[Comparison, ...] = (
+    ("Create+Start ours / native", "create_start", "plugin", "native", lambda a, b: a / b),
+    ("Create+Start ours / reference", "create_start", "plugin", "reference",
+     lambda a, b: a / b),
+    ("CreateContainer ours - reference (ms)", "create", "plugin", "reference",
+     lambda a, b: (a - b) * 1000),
+    ("CreateContainer ours - no-op (ms)", "create", "plugin", "noop",
+     lambda a, b: (a - b) * 1000),
+    ("Start ours - native (ms)", "start", "plugin", "native", lambda a, b: (a - b) * 1000),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One saved run: its per-round values of one comparison, cut into its blocks."""
+
+    name: str
+    blocks: tuple[tuple[float, ...], ...]
+
+
+def split(values: Sequence[float], block_rounds: Sequence[int]) -> tuple[tuple[float, ...], ...]:
+    """``values`` (one per round, in order) cut into blocks of ``block_rounds`` rounds."""
+    if sum(block_rounds) != len(values) or len(block_rounds) < 2:
+        raise ValueError(f"{len(values)} values do not split into blocks of {block_rounds}")
+    blocks, start = [], 0
+    for count in block_rounds:
+        blocks.append(tuple(values[start:start + count]))
+        start += count
+    return tuple(blocks)
+
+
+def pooled(runs: Sequence[Run], resamples: int = 2000,
+           seed: int = 0) -> tuple[float, float, float]:
+    """The median of every round of ``runs`` and a bootstrap 95 % interval for it that
+    draws, for each run, as many of its blocks as it has (with replacement)."""
+    everything = [value for run in runs for block in run.blocks for value in block]
+    draw = random.Random(seed)
+    medians = sorted(
+        statistics.median([value for run in runs
+                           for block in draw.choices(run.blocks, k=len(run.blocks))
+                           for value in block])
+        for _ in range(resamples))
+    return (statistics.median(everything), medians[int(resamples * 0.025)],
+            medians[int(resamples * 0.975) - 1])
+
+
+def comparison_runs(saved: Sequence[tuple[str, Saved]],
+                    comparison: Comparison) -> list[Run]:
+    """Each saved run's per-round values of ``comparison`` (runs without both kinds left
+    out)."""
+    _, part, mine, other, value = comparison
+    runs = []
+    for name, data in saved:
+        kinds = data[part]
+        if mine not in kinds or other not in kinds:
+            continue
+        values = [value(a, b) for a, b in zip(kinds[mine], kinds[other], strict=True)]
+        runs.append(Run(name, split(values, data["block_rounds"])))
+    return runs
+
+
+def report(version: str, saved: Sequence[tuple[str, Saved]]) -> None:
+    rounds = sum(len(data["create_start"]["plugin"]) for _, data in saved)
+    names = ", ".join(f"{name} ({data['plugin_commit']})" for name, data in saved)
+    print(f"containerd {version}: {len(saved)} runs, {rounds} rounds ({names})")
+    for comparison in COMPARISONS:
+        runs = comparison_runs(saved, comparison)
+        if not runs:
+            continue
+        form = "+.3f" if comparison[0].endswith("(ms)") else ".4f"
+        each = ", ".join(f"{statistics.median(v for b in run.blocks for v in b):{form}}"
+                         for run in runs)
+        mid, low, high = pooled(runs)
+        print(f"    {comparison[0]}: pooled {mid:{form}} ({low:{form}} to {high:{form}}); "
+              f"each run {each}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="bench_containerd.py --save files")
+    args = parser.parse_args()
+    by_version: dict[str, list[tuple[str, Saved]]] = {}
+    for path in args.runs:
+        try:
+            data = json.loads(path.read_text())
+            version = data["containerd"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            sys.exit(f"{path}: not a bench_containerd.py --save file: {exc}")
+        by_version.setdefault(version, []).append((path.name, data))
+    for version, saved in sorted(by_version.items()):
+        report(version, saved)
+
+
+if __name__ == "__main__":
+    main()
