@@ -36,6 +36,8 @@ COMPARISONS: tuple[Comparison, ...] = (
     ("Create+Start ours / native", "create_start", "plugin", "native", lambda a, b: a / b),
     ("Create+Start ours / reference", "create_start", "plugin", "reference",
      lambda a, b: a / b),
+    ("Create+Start reference / native", "create_start", "reference", "native",
+     lambda a, b: a / b),
     ("CreateContainer ours - reference (ms)", "create", "plugin", "reference",
      lambda a, b: (a - b) * 1000),
     ("CreateContainer ours - no-op (ms)", "create", "plugin", "noop",
