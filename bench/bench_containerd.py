@@ -48,6 +48,10 @@ each plugin process's CPU time during its CreateContainer (all its threads, from
 same plugin already split by about 0.2 ms; ``--baseline-repo`` of this checkout gives
 that A/A spread).
 
+``--save FILE.json`` (with one ``--runtime``) also writes every round's times, for
+``bench/pool_containerd.py`` to pool several runs: one run's intervals are too wide, and
+its hour too particular, to settle a goal of 1-2 %.
+
 ``--spec-dir DIR --device NAME`` asks for the devices of a spec folder of one's own
 instead (a real node's generated spec, ``--device nvidia.com/gpu=0``).
 
@@ -493,10 +497,14 @@ def save(path: Path, version: str, samples: dict[str, list[float]]) -> None:
     """One run's rounds (seconds; each kind's list in round order, so the i-th entries
     of two kinds are one round) and its blocks, with the code that ran ("-dirty": with
     changes not committed, in any file)."""
-    head = subprocess.run(["git", "-C", str(Path(__file__).parent), "describe", "--always",
-                           "--dirty"], capture_output=True, text=True, check=False)
+    try:
+        commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "describe",
+                                 "--always", "--dirty"], capture_output=True, text=True,
+                                check=False).stdout.strip()
+    except OSError:  # no git here
+        commit = ""
     path.write_text(json.dumps({
-        "containerd": version, "plugin_commit": head.stdout.strip() or "unknown",
+        "containerd": version, "plugin_commit": commit or "unknown",
         "block_rounds": BLOCK_ROUNDS, **{part: to_microseconds(kinds) for part, kinds in (
             ("create_start", samples), ("create", CREATE_ONLY), ("start", START_ONLY),
             ("create_cpu", CREATE_CPU))}}) + "\n")
