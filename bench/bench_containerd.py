@@ -76,6 +76,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.pool_containerd import Run, pooled, split
 from cdi.cache import SpecCache
 from tests.e2e import images, paths
 from tests.e2e.containerd import Containerd
@@ -526,23 +527,14 @@ def interval(values: list[float], resamples: int = 2000) -> tuple[float, float, 
             medians[int(resamples * 0.975) - 1])
 
 
-def block_interval(values: list[float], rounds: list[int],
-                   resamples: int = 2000) -> tuple[float, float]:
+def block_interval(values: list[float], rounds: list[int]) -> tuple[float, float]:
     """A bootstrap 95 % interval for the median of ``values`` with whole blocks resampled
     (``rounds``: how many values each block gave, in order). Rounds of one block share
     its placement of the kinds on the containerds, so they are not independent draws:
-    resampling rounds alone gives too narrow an interval when placements differ."""
-    blocks, start = [], 0
-    for count in rounds:
-        blocks.append(values[start:start + count])
-        start += count
-    if start != len(values) or len(blocks) < 2:
-        raise ValueError(f"{len(values)} values do not split into blocks of {rounds}")
-    draw = random.Random(len(values) + 1)
-    medians = sorted(statistics.median([v for block in draw.choices(blocks, k=len(blocks))
-                                        for v in block])
-                     for _ in range(resamples))
-    return medians[int(resamples * 0.025)], medians[int(resamples * 0.975) - 1]
+    resampling rounds alone gives too narrow an interval when placements differ. One
+    run pooled alone (``pool_containerd.pooled``)."""
+    _, low, high = pooled([Run("", split(values, rounds))], seed=len(values) + 1)
+    return low, high
 
 
 def _with_intervals(values: list[float], form: str) -> str:
