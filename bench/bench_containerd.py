@@ -23,6 +23,12 @@ the plugin against the same native CDI figures.
 which answers every CreateContainer at once with no adjustment: an NRI plugin doing
 nothing, the floor any NRI plugin costs that containerd over no plugin at all.
 
+``--floor`` (with ``--reference``) adds native CDI with that no-op plugin connected: the
+same devices injected by the runtime's own CDI, on a containerd that also asks an NRI
+plugin (which answers nothing) at every CreateContainer. No NRI plugin that injects can
+cost less than that: what it adds over native CDI is the floor of any injection through
+NRI on that containerd, and ours over it is what our plugin itself adds.
+
 ``--reference BINARY`` (or ``$NRI_CDI_REFERENCE_INJECTOR``) adds the Go reference CDI
 injector, on a containerd of its own, in the same rounds: an NRI plugin that resolves the
 same devices with the CDI Go library and turns the edits into an adjustment
@@ -263,6 +269,9 @@ def main() -> None:
     parser.add_argument("--noop", action="store_true",
                         help="with --reference: also the reference answering every container "
                              "with no adjustment (what any NRI plugin costs the runtime)")
+    parser.add_argument("--floor", action="store_true",
+                        help="with --reference: also native CDI with the no-op plugin "
+                             "connected (the least any injection through NRI costs)")
     parser.add_argument("--rotations", type=int, default=1,
                         help="how many times every role visits every containerd (blocks: "
                              "this times the containerds; --rounds is split among them)")
@@ -286,6 +295,8 @@ def main() -> None:
     if args.spec_dir is not None:
         global SPEC_DIR
         SPEC_DIR, DEVICES[:] = args.spec_dir.resolve(), args.device
+    if (args.noop or args.floor) and args.reference is None:
+        sys.exit("--noop and --floor run the reference as the no-op plugin: give --reference")
     if args.reference is not None and not os.access(args.reference, os.X_OK):
         sys.exit(f"--reference {args.reference}: not an executable")
     versions = args.runtime or paths.runtimes()
@@ -301,20 +312,25 @@ def main() -> None:
         BLOCKS.clear()
         BLOCK_ROUNDS.clear()
         samples = bench_runtime(version, args.rounds, args.baseline_repo, args.reference,
-                                args.noop, args.rotations)
+                                args.noop, args.rotations, floor=args.floor)
         report(samples, version)
         if args.save is not None:
             save(args.save, version, samples)
 
 
 # A role is what one containerd serves in a block: "plain" (no NRI plugin, native CDI on:
-# the kinds "none" and "native") or one plugin kind, the plugin connected and CDI off.
+# the kinds "none" and "native"), "floor" (native CDI on and the no-op plugin connected),
+# or one plugin kind, the plugin connected and CDI off.
 PLAIN = "plain"
+FLOOR = "floor"
+NATIVE_CDI_ROLES = (PLAIN, FLOOR)
+# The kinds whose containers the runtime's own CDI gives the devices (CRI CDIDevices).
+NATIVE_KINDS = ("native", FLOOR)
 
 
 def bench_runtime(version: str, rounds: int, baseline: Path | None = None,
                   reference: Path | None = None, noop: bool = False,
-                  rotations: int = 1) -> dict[str, list[float]]:
+                  rotations: int = 1, *, floor: bool = False) -> dict[str, list[float]]:
     """The rounds in blocks: one containerd per role, and from one block to the next each
     role moves to the next containerd (all restarted, plugins started anew), so that
     every kind is measured on every containerd equally often. Two containerds serving
@@ -322,7 +338,7 @@ def bench_runtime(version: str, rounds: int, baseline: Path | None = None,
     a copy of itself), more than the differences measured; moving the roles around puts
     that difference into every kind alike instead of into one of them."""
     extras = {"baseline": baseline, "reference": reference,
-              "noop": reference if noop else None}
+              "noop": reference if noop else None, FLOOR: reference if floor else None}
     roles = [PLAIN, "plugin", *(kind for kind, what in extras.items() if what is not None)]
     blocks = rotations * len(roles)
     per_block = -(-rounds // blocks)
@@ -368,10 +384,11 @@ BLOCK_ROUNDS: list[int] = []
 
 
 def place(placed: dict[str, Containerd]) -> None:
-    """Each containerd restarted with its role's CDI setting (on only where "plain")."""
+    """Each containerd restarted with its role's CDI setting (on only where "plain" and
+    "floor")."""
     for role, ctrd in placed.items():
         ctrd.stop_daemon()
-        ctrd.enable_cdi = role == PLAIN
+        ctrd.enable_cdi = role in NATIVE_CDI_ROLES
         ctrd.config_path.write_text(ctrd.render_config())
         ctrd.start()
 
@@ -394,9 +411,9 @@ def run_block(placed: dict[str, Containerd], root: Path, specs: Path,
                 ours.append((theirs, theirs.log_size()))
                 plugins.append(theirs.start())
                 _watch(kind, theirs.process)
-            elif kind in ("reference", "noop") and (binary := extras[kind]) is not None:
+            elif kind in ("reference", "noop", FLOOR) and (binary := extras[kind]) is not None:
                 go = ReferencePlugin(binary, ctrd.nri_socket, specs, root / f"{kind}.log",
-                                     noop=kind == "noop").start(ctrd)
+                                     noop=kind != "reference").start(ctrd)
                 plugins.append(go)
                 _watch(kind, go.process)
         # Measured once the start guards' connections have gone (after their linger): until
@@ -419,14 +436,21 @@ def _watch(kind: str, process: subprocess.Popen[bytes] | None) -> None:
 def run_rounds(native: Containerd, ours: Containerd, rounds: int,
                others: dict[str, Containerd], order: random.Random) -> dict[str, list[float]]:
     """The rounds, with each of ``others`` (a plugin on a containerd of its own) as one
-    more kind, asking for the same devices the same way as ours."""
+    more kind, asking for the same devices the same way as ours ("floor": as native CDI
+    does)."""
     with contextlib.ExitStack() as stack:
         extra: list[tuple[str, Callable[..., float]]] = []
         for kind, ctrd in others.items():
             cri = stack.enter_context(ctrd.cri())
             stack.enter_context(cri.cleanup())
-            pod = cri.run_pod(kind, annotations=pod_annotations(kind))
-            extra.append((kind, functools.partial(timed_create_start, cri, pod, kind)))
+            if kind in NATIVE_KINDS:
+                pod = cri.run_pod(kind)
+                measure = functools.partial(timed_create_start, cri, pod, kind,
+                                            cdi_devices=DEVICES)
+            else:
+                pod = cri.run_pod(kind, annotations=pod_annotations(kind))
+                measure = functools.partial(timed_create_start, cri, pod, kind)
+            extra.append((kind, measure))
         return _rounds(native, ours, rounds, extra, order)
 
 
@@ -481,6 +505,10 @@ def report(samples: dict[str, list[float]], version: str) -> None:
     if "noop" in med:
         print(f"    Go no-op plugin     {med['noop']:7.1f} ms   ("
               f"{med['noop'] / med['native']:.3f} x native CDI: any NRI plugin's floor)")
+    if FLOOR in med:
+        print(f"    native CDI + no-op  {med[FLOOR]:7.1f} ms   ("
+              f"{med[FLOOR] / med['native']:.3f} x native CDI: any injection through NRI's "
+              f"floor; ours {med['plugin'] / med[FLOOR]:.3f} x it)")
     create = {kind: statistics.median(v) * 1000 for kind, v in CREATE_ONLY.items() if v}
     if "reference" in create:
         print("    CreateContainer alone (medians): "
@@ -555,15 +583,19 @@ def paired(samples: dict[str, list[float]]) -> None:
         if other in samples:
             ratios = [a / b for a, b in zip(samples["plugin"], samples[other], strict=True)]
             lines.append(f"Create+Start ours / {other} {_with_intervals(ratios, '.3f')}")
-    if "noop" in samples:
-        ratios = [a / b for a, b in zip(samples["noop"], samples["native"], strict=True)]
-        lines.append(f"Create+Start no-op / native {_with_intervals(ratios, '.3f')}")
-    for other in ("native", "reference", "baseline"):
+    for kind in ("noop", FLOOR):
+        if kind in samples:
+            ratios = [a / b for a, b in zip(samples[kind], samples["native"], strict=True)]
+            lines.append(f"Create+Start {kind} / native {_with_intervals(ratios, '.3f')}")
+    if FLOOR in samples:
+        ratios = [a / b for a, b in zip(samples["plugin"], samples[FLOOR], strict=True)]
+        lines.append(f"Create+Start ours / {FLOOR} {_with_intervals(ratios, '.3f')}")
+    for other in ("native", FLOOR, "reference", "baseline"):
         if other in START_ONLY:
             diffs = [(a - b) * 1000 for a, b in zip(START_ONLY["plugin"], START_ONLY[other],
                                                     strict=True)]
             lines.append(f"Start ours - {other} {_with_intervals(diffs, '+.2f')} ms")
-    for other in ("reference", "baseline", "noop"):
+    for other in ("reference", "baseline", "noop", FLOOR):
         if other in CREATE_ONLY:
             diffs = [(a - b) * 1000 for a, b in zip(CREATE_ONLY["plugin"], CREATE_ONLY[other],
                                                     strict=True)]

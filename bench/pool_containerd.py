@@ -43,6 +43,16 @@ COMPARISONS: tuple[Comparison, ...] = (
     ("CreateContainer ours - no-op (ms)", "create", "plugin", "noop",
      lambda a, b: (a - b) * 1000),
     ("Start ours - native (ms)", "start", "plugin", "native", lambda a, b: (a - b) * 1000),
+    # With --floor: native CDI with the no-op plugin connected, the least any injection
+    # through NRI costs; ours / native is (floor / native) x (ours / floor).
+    ("Create+Start floor / native", "create_start", "floor", "native", lambda a, b: a / b),
+    ("Create+Start ours / floor", "create_start", "plugin", "floor", lambda a, b: a / b),
+    ("Create+Start reference / floor", "create_start", "reference", "floor",
+     lambda a, b: a / b),
+    ("CreateContainer ours - floor (ms)", "create", "plugin", "floor",
+     lambda a, b: (a - b) * 1000),
+    ("Start ours - floor (ms)", "start", "plugin", "floor", lambda a, b: (a - b) * 1000),
+    ("Start floor - native (ms)", "start", "floor", "native", lambda a, b: (a - b) * 1000),
 )
 
 

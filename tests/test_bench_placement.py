@@ -24,7 +24,8 @@ def _bench() -> ModuleType:
 
 
 @pytest.mark.parametrize("roles", [["plain", "plugin"], ["plain", "plugin", "reference"],
-                                   ["plain", "plugin", "baseline", "reference", "noop"]])
+                                   ["plain", "plugin", "baseline", "reference", "noop"],
+                                   ["plain", "plugin", "reference", "noop", "floor"]])
 @pytest.mark.parametrize("rotations", [1, 2, 3])
 def test_every_role_on_every_containerd_alike(roles: list[str], rotations: int) -> None:
     blocks = _bench().placements(roles, rotations * len(roles))
