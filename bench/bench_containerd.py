@@ -503,8 +503,10 @@ def report(samples: dict[str, list[float]], version: str) -> None:
               f"{med['reference'] / med['native']:.3f} x native CDI; ours "
               f"{med['plugin'] / med['reference']:.3f} x reference)")
     if "noop" in med:
+        # Its containers get no devices: it is compared with no injection.
         print(f"    Go no-op plugin     {med['noop']:7.1f} ms   ("
-              f"{med['noop'] / med['native']:.3f} x native CDI: any NRI plugin's floor)")
+              f"{med['noop'] / med['none']:.3f} x no injection: any NRI plugin's floor, "
+              "no devices)")
     if FLOOR in med:
         print(f"    native CDI + no-op  {med[FLOOR]:7.1f} ms   ("
               f"{med[FLOOR] / med['native']:.3f} x native CDI: any injection through NRI's "
@@ -583,10 +585,10 @@ def paired(samples: dict[str, list[float]]) -> None:
         if other in samples:
             ratios = [a / b for a, b in zip(samples["plugin"], samples[other], strict=True)]
             lines.append(f"Create+Start ours / {other} {_with_intervals(ratios, '.3f')}")
-    for kind in ("noop", FLOOR):
+    for kind, base in (("noop", "none"), (FLOOR, "native")):  # each against its like
         if kind in samples:
-            ratios = [a / b for a, b in zip(samples[kind], samples["native"], strict=True)]
-            lines.append(f"Create+Start {kind} / native {_with_intervals(ratios, '.3f')}")
+            ratios = [a / b for a, b in zip(samples[kind], samples[base], strict=True)]
+            lines.append(f"Create+Start {kind} / {base} {_with_intervals(ratios, '.3f')}")
     if FLOOR in samples:
         ratios = [a / b for a, b in zip(samples["plugin"], samples[FLOOR], strict=True)]
         lines.append(f"Create+Start ours / {FLOOR} {_with_intervals(ratios, '.3f')}")
