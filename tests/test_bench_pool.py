@@ -78,6 +78,24 @@ def test_a_comparison_is_per_round_and_skips_runs_without_its_kinds() -> None:
     assert name.endswith("(ms)")
 
 
+def test_the_floor_splits_ours_over_native_round_by_round() -> None:
+    """floor / native times ours / floor is ours / native in every round: each of the
+    three reads the kinds it names (a swapped pair would break the product)."""
+    saved = [("a", _saved(("none", "native", "plugin", "reference", "noop", "floor")))]
+
+    def values(name: str) -> list[float]:
+        comparison = next(c for c in pool.COMPARISONS if c[0] == name)
+        (run,) = pool.comparison_runs(saved, comparison)
+        return [v for block in run.blocks for v in block]
+
+    whole = values("Create+Start ours / native")
+    floor, ours = values("Create+Start floor / native"), values("Create+Start ours / floor")
+    assert [f * o for f, o in zip(floor, ours, strict=True)] == pytest.approx(whole)
+    assert all(f > 1 for f in floor) and all(o < 1 for o in ours)  # floor is kind 5
+    # Start floor - native: kinds 5 and 1, 4 ms apart in every round
+    assert values("Start floor - native (ms)") == pytest.approx([4.0] * 4)
+
+
 def test_save_writes_what_the_pool_reads(tmp_path: Path) -> None:
     bench = _load("bench_containerd")
     samples = {"none": [0.05, 0.06, 0.07], "native": [0.051, 0.061, 0.071],
