@@ -82,7 +82,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.pool_containerd import Run, pooled, split
+from bench.pool_containerd import COMPARISONS, Run, per_round, pooled, split
 from cdi.cache import SpecCache
 from tests.e2e import images, paths
 from tests.e2e.containerd import Containerd
@@ -580,28 +580,14 @@ def _with_intervals(values: list[float], form: str) -> str:
 def paired(samples: dict[str, list[float]]) -> None:
     """Per-round comparisons: each round measured every kind, so its differences leave
     out what changed between rounds (the machine's load, the page cache)."""
+    parts = {"create_start": samples, "create": CREATE_ONLY, "start": START_ONLY}
     lines = []
-    for other in ("native", "reference", "baseline"):
-        if other in samples:
-            ratios = [a / b for a, b in zip(samples["plugin"], samples[other], strict=True)]
-            lines.append(f"Create+Start ours / {other} {_with_intervals(ratios, '.3f')}")
-    for kind, base in (("noop", "none"), (FLOOR, "native")):  # each against its like
-        if kind in samples:
-            ratios = [a / b for a, b in zip(samples[kind], samples[base], strict=True)]
-            lines.append(f"Create+Start {kind} / {base} {_with_intervals(ratios, '.3f')}")
-    if FLOOR in samples:
-        ratios = [a / b for a, b in zip(samples["plugin"], samples[FLOOR], strict=True)]
-        lines.append(f"Create+Start ours / {FLOOR} {_with_intervals(ratios, '.3f')}")
-    for other in ("native", FLOOR, "reference", "baseline"):
-        if other in START_ONLY:
-            diffs = [(a - b) * 1000 for a, b in zip(START_ONLY["plugin"], START_ONLY[other],
-                                                    strict=True)]
-            lines.append(f"Start ours - {other} {_with_intervals(diffs, '+.2f')} ms")
-    for other in ("reference", "baseline", "noop", FLOOR):
-        if other in CREATE_ONLY:
-            diffs = [(a - b) * 1000 for a, b in zip(CREATE_ONLY["plugin"], CREATE_ONLY[other],
-                                                    strict=True)]
-            lines.append(f"CreateContainer ours - {other} {_with_intervals(diffs, '+.2f')} ms")
+    for comparison in COMPARISONS:
+        values = per_round(parts, comparison)
+        if values is not None:
+            name = comparison[0].removesuffix(" (ms)")
+            form, unit = ("+.2f", " ms") if name != comparison[0] else (".3f", "")
+            lines.append(f"{name} {_with_intervals(values, form)}{unit}")
     print("    per round, median (bootstrap 95 % intervals: rounds resampled; blocks "
           "resampled): " + "; ".join(lines))
     if MOUNTS:

@@ -30,30 +30,59 @@ from typing import Any
 # One run as ``bench_containerd.py --save`` writes it (JSON).
 Saved = dict[str, Any]
 
-# One comparison: its name, the unit it is printed in, and per round (a, b) -> value.
+# One comparison: its name, the part of a run it reads ("create_start", "create" or
+# "start"), the two kinds it compares, and per round (a, b) -> value. Names of values in
+# milliseconds end with "(ms)".
 Comparison = tuple[str, str, str, str, Callable[[float, float], float]]
+# What the kinds are called in the comparisons' names.
+_SAID = {"plugin": "ours", "noop": "no-op"}
+_PART = {"create_start": "Create+Start", "create": "CreateContainer", "start": "Start"}
+
+
+def _ratio(part: str, mine: str, other: str) -> Comparison:
+    return (f"{_PART[part]} {_SAID.get(mine, mine)} / {_SAID.get(other, other)}", part,
+            mine, other, lambda a, b: a / b)
+
+
+def _difference(part: str, mine: str, other: str) -> Comparison:
+    return (f"{_PART[part]} {_SAID.get(mine, mine)} - {_SAID.get(other, other)} (ms)", part,
+            mine, other, lambda a, b: (a - b) * 1000)
+
+
+# Every per-round comparison, for one run (bench_containerd's report) and pooled runs
+# alike; each where a run has both its kinds. "floor" (--floor) is native CDI with the
+# no-op plugin connected, the least any injection through NRI costs: ours / native is
+# (floor / native) x (ours / floor). The no-op's containers get no devices: it is
+# compared with no injection.
 COMPARISONS: tuple[Comparison, ...] = (
-    ("Create+Start ours / native", "create_start", "plugin", "native", lambda a, b: a / b),
-    ("Create+Start ours / reference", "create_start", "plugin", "reference",
-     lambda a, b: a / b),
-    ("Create+Start reference / native", "create_start", "reference", "native",
-     lambda a, b: a / b),
-    ("CreateContainer ours - reference (ms)", "create", "plugin", "reference",
-     lambda a, b: (a - b) * 1000),
-    ("CreateContainer ours - no-op (ms)", "create", "plugin", "noop",
-     lambda a, b: (a - b) * 1000),
-    ("Start ours - native (ms)", "start", "plugin", "native", lambda a, b: (a - b) * 1000),
-    # With --floor: native CDI with the no-op plugin connected, the least any injection
-    # through NRI costs; ours / native is (floor / native) x (ours / floor).
-    ("Create+Start floor / native", "create_start", "floor", "native", lambda a, b: a / b),
-    ("Create+Start ours / floor", "create_start", "plugin", "floor", lambda a, b: a / b),
-    ("Create+Start reference / floor", "create_start", "reference", "floor",
-     lambda a, b: a / b),
-    ("CreateContainer ours - floor (ms)", "create", "plugin", "floor",
-     lambda a, b: (a - b) * 1000),
-    ("Start ours - floor (ms)", "start", "plugin", "floor", lambda a, b: (a - b) * 1000),
-    ("Start floor - native (ms)", "start", "floor", "native", lambda a, b: (a - b) * 1000),
+    _ratio("create_start", "plugin", "native"),
+    _ratio("create_start", "plugin", "reference"),
+    _ratio("create_start", "plugin", "baseline"),
+    _ratio("create_start", "reference", "native"),
+    _ratio("create_start", "noop", "none"),
+    _ratio("create_start", "floor", "native"),
+    _ratio("create_start", "plugin", "floor"),
+    _ratio("create_start", "reference", "floor"),
+    _difference("create", "plugin", "reference"),
+    _difference("create", "plugin", "baseline"),
+    _difference("create", "plugin", "noop"),
+    _difference("create", "plugin", "floor"),
+    _difference("start", "plugin", "native"),
+    _difference("start", "plugin", "floor"),
+    _difference("start", "plugin", "reference"),
+    _difference("start", "plugin", "baseline"),
+    _difference("start", "floor", "native"),
 )
+
+
+def per_round(parts: Saved, comparison: Comparison) -> list[float] | None:
+    """``comparison``'s value in each round of one run (``parts``: its per-kind times by
+    part, as saved), or None where the run lacks either kind."""
+    _, part, mine, other, value = comparison
+    kinds = parts[part]
+    if mine not in kinds or other not in kinds:
+        return None
+    return [value(a, b) for a, b in zip(kinds[mine], kinds[other], strict=True)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,14 +123,11 @@ def comparison_runs(saved: Sequence[tuple[str, Saved]],
                     comparison: Comparison) -> list[Run]:
     """Each saved run's per-round values of ``comparison`` (runs without both kinds left
     out)."""
-    _, part, mine, other, value = comparison
     runs = []
     for name, data in saved:
-        kinds = data[part]
-        if mine not in kinds or other not in kinds:
-            continue
-        values = [value(a, b) for a, b in zip(kinds[mine], kinds[other], strict=True)]
-        runs.append(Run(name, split(values, data["block_rounds"])))
+        values = per_round(data, comparison)
+        if values is not None:
+            runs.append(Run(name, split(values, data["block_rounds"])))
     return runs
 
 
