@@ -13,6 +13,8 @@ import pytest
 
 from cdi.cache import SpecCache
 from nri_plugin.nri.api import nri_pb2
+from nri_plugin.plugins.cdi_injector import injector as injector_module
+from nri_plugin.plugins.cdi_injector.failclosed import MAX_NAMES
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Injection
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
@@ -224,3 +226,31 @@ def test_the_mounts_in_the_key_are_those_a_mounts_source_can_read() -> None:
     key = anything.key(nri_pb2.PodSandbox(), ctr)
     assert key is not None and len(key[8]) == 2  # type: ignore[arg-type]
     assert RequestShape.of((), (), [], []).key(nri_pb2.PodSandbox(), ctr)[8] == ()  # type: ignore[index]
+
+
+def test_names_are_counted_for_a_new_shape_only(registry: Registry,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cap on device names is checked before a new shape is read, by the injector alone
+    (no guard in front), and not again for a repeat: its shape was counted when it was
+    first answered, and a refused shape is never kept."""
+    counted = [0]
+    real = injector_module.too_many_names
+
+    def count(*args: object) -> str | None:
+        counted[0] += 1
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(injector_module, "too_many_names", count)
+    plugin = injector(lambda: registry)
+    parts = {part: values[0] for part, values in PARTS.items()}
+    parts["pod"] = {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}
+    first = outcome(plugin, *request(parts, 1))
+    assert first is not None and first[0] != "refused" and counted[0] == 1
+    assert outcome(plugin, *request(parts, 2)) == first and counted[0] == 1
+    parts["pod"] = {"cdi.k8s.io/gpu": ",".join(f"nvidia.com/gpu={i % 2}"
+                                                for i in range(MAX_NAMES + 1))}
+    for noise in (3, 4):  # refused each time, counted each time
+        refused = outcome(plugin, *request(parts, noise))
+        assert refused is not None and refused[:2] == ("refused", "TooManyNamesError")
+        assert f"over {MAX_NAMES}" in str(refused[2])
+    assert counted[0] == 3

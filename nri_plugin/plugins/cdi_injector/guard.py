@@ -38,9 +38,7 @@ from nri_plugin.plugins.cdi_injector.failclosed import (
     CGROUP_ROOT,
     Unserved,
     container_unserved,
-    env_prefixes,
     stop_processes,
-    too_many_names,
 )
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 
@@ -81,8 +79,6 @@ class StartGuard(Plugin):
         self.cgroup_root = cgroup_root
         self.own_connection = own_connection
         self.on_need_changed = on_need_changed
-        # The vendors' env request prefixes, for the name cap at every CreateContainer.
-        self._env_prefixes = env_prefixes(injector.vendors)
         self._served: OrderedDict[str, None] = OrderedDict()
         self._pending: OrderedDict[str, Unserved] = OrderedDict()
         self._reported: OrderedDict[str, None] = OrderedDict()
@@ -171,11 +167,6 @@ class StartGuard(Plugin):
     def create_container(
         self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
     ) -> nri_pb2.ContainerAdjustment | None:
-        excess = too_many_names(pod.annotations, container, self._env_prefixes)
-        if excess is not None:  # refused before any parsing: bounded time and memory
-            log.warning("refused container %s of pod %s/%s: %s", container.name,
-                        pod.namespace, pod.name, excess)
-            raise RpcError(Code.INVALID_ARGUMENT, f"CreateContainer: {excess}")
         result = self.injector.create_container(pod, container)
         # Every container whose creation we answered, adjusted or not: at Start it is then
         # one dict lookup, and only those created without us are judged.

@@ -62,7 +62,12 @@ from nri_plugin.plugins.cdi_injector.delegation import (
     delegation_problems,
     spec_device_nodes,
 )
-from nri_plugin.plugins.cdi_injector.failclosed import Unserved, find_unserved
+from nri_plugin.plugins.cdi_injector.failclosed import (
+    Unserved,
+    env_prefixes,
+    find_unserved,
+    too_many_names,
+)
 from nri_plugin.plugins.cdi_injector.native import injected_by_runtime, log_runtime_facts
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
@@ -84,6 +89,12 @@ class InjectionError(Refusal):
     """The container must not be created; the message says what and why."""
 
     default_rule = "injection"
+
+
+class TooManyNamesError(InjectionError):
+    """The request names more devices than any container may ask for (MAX_NAMES)."""
+
+    default_rule = "nameLimit"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -268,6 +279,7 @@ class CdiInjector(Plugin):
         # Policy + vendor decisions, same idea: keyed by all they read.
         self._decisions: OrderedDict[tuple[object, ...], Decision] = OrderedDict()
         self._env_names = env_read(self.vendors, LIBRARY_PATH_ENV)
+        self._name_prefixes = env_prefixes(self.vendors)  # the vendors' env requests
         # Whole answers by request shape (None: no device asked), with whether the request
         # named devices; kept for one registry and policy (``adjustment_for``).
         self._shape = RequestShape.of(NEUTRAL_ANNOTATION_PREFIXES, self._env_names,
@@ -424,6 +436,11 @@ class CdiInjector(Plugin):
                 self._answers.move_to_end(key)
                 return answer
             registry = newer  # decided afresh below, and not kept (an older registry's key)
+        # Counted before anything parses them (bounded time and memory); a repeat's were
+        # counted when its shape was first answered (a refusal is never kept).
+        excess = too_many_names(pod.annotations, container, self._name_prefixes)
+        if excess is not None:
+            raise TooManyNamesError(excess)
         answer, reusable, asks = self._answer(pod, container, registry, policy)
         if key is not None and reusable and registry is self._answered_under[0]:
             self._answers[key] = (answer, asks)
