@@ -82,7 +82,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.pool_containerd import COMPARISONS, Run, per_round, pooled, split
+from bench.pool_containerd import COMPARISONS, Run, per_round, pooled, split, unit
 from cdi.cache import SpecCache
 from tests.e2e import images, paths
 from tests.e2e.containerd import Containerd
@@ -580,14 +580,17 @@ def _with_intervals(values: list[float], form: str) -> str:
 def paired(samples: dict[str, list[float]]) -> None:
     """Per-round comparisons: each round measured every kind, so its differences leave
     out what changed between rounds (the machine's load, the page cache)."""
-    parts = {"create_start": samples, "create": CREATE_ONLY, "start": START_ONLY}
+    parts = {"create_start": samples, "create": CREATE_ONLY, "start": START_ONLY,
+             "create_cpu": CREATE_CPU}
     lines = []
     for comparison in COMPARISONS:
         values = per_round(parts, comparison)
         if values is not None:
-            name = comparison[0].removesuffix(" (ms)")
-            form, unit = ("+.2f", " ms") if name != comparison[0] else (".3f", "")
-            lines.append(f"{name} {_with_intervals(values, form)}{unit}")
+            said = unit(comparison)
+            name = comparison[0].removesuffix(f" {said}")
+            form = {"(ms)": "+.2f", "(us)": "+.0f"}.get(said, ".3f")
+            lines.append(f"{name} {_with_intervals(values, form)}"
+                         + (f" {said[1:-1]}" if said else ""))
     print("    per round, median (bootstrap 95 % intervals: rounds resampled; blocks "
           "resampled): " + "; ".join(lines))
     if MOUNTS:

@@ -30,13 +30,16 @@ from typing import Any
 # One run as ``bench_containerd.py --save`` writes it (JSON).
 Saved = dict[str, Any]
 
-# One comparison: its name, the part of a run it reads ("create_start", "create" or
-# "start"), the two kinds it compares, and per round (a, b) -> value. Names of values in
-# milliseconds end with "(ms)".
+# One comparison: its name, the part of a run it reads ("create_start", "create", "start"
+# or "create_cpu"), the two kinds it compares, and per round (a, b) -> value. Names of
+# values in milliseconds end with "(ms)", in microseconds with "(us)".
 Comparison = tuple[str, str, str, str, Callable[[float, float], float]]
 # What the kinds are called in the comparisons' names.
 _SAID = {"plugin": "ours", "noop": "no-op"}
-_PART = {"create_start": "Create+Start", "create": "CreateContainer", "start": "Start"}
+_PART = {"create_start": "Create+Start", "create": "CreateContainer", "start": "Start",
+         "create_cpu": "plugin CPU per CreateContainer"}
+# How each unit's values are printed (a ratio: no unit).
+FORMS = {"(ms)": "+.3f", "(us)": "+.0f", "": ".4f"}
 
 
 def _ratio(part: str, mine: str, other: str) -> Comparison:
@@ -47,6 +50,18 @@ def _ratio(part: str, mine: str, other: str) -> Comparison:
 def _difference(part: str, mine: str, other: str) -> Comparison:
     return (f"{_PART[part]} {_SAID.get(mine, mine)} - {_SAID.get(other, other)} (ms)", part,
             mine, other, lambda a, b: (a - b) * 1000)
+
+
+def _cpu_difference(mine: str, other: str) -> Comparison:
+    """The two plugin processes' CPU (all threads) during their CreateContainer."""
+    return (f"{_PART['create_cpu']} {_SAID.get(mine, mine)} - {_SAID.get(other, other)} "
+            "(us)", "create_cpu", mine, other, lambda a, b: (a - b) * 1e6)
+
+
+def unit(comparison: Comparison) -> str:
+    """"(ms)", "(us)" or "" (a ratio)."""
+    name = comparison[0]
+    return next((u for u in ("(ms)", "(us)") if name.endswith(u)), "")
 
 
 # Every per-round comparison, for one run (bench_containerd's report) and pooled runs
@@ -72,6 +87,8 @@ COMPARISONS: tuple[Comparison, ...] = (
     _difference("start", "plugin", "reference"),
     _difference("start", "plugin", "baseline"),
     _difference("start", "floor", "native"),
+    _cpu_difference("plugin", "reference"),
+    _cpu_difference("plugin", "baseline"),
 )
 
 
@@ -139,7 +156,7 @@ def report(version: str, saved: Sequence[tuple[str, Saved]]) -> None:
         runs = comparison_runs(saved, comparison)
         if not runs:
             continue
-        form = "+.3f" if comparison[0].endswith("(ms)") else ".4f"
+        form = FORMS[unit(comparison)]
         each = ", ".join(f"{statistics.median(v for b in run.blocks for v in b):{form}}"
                          for run in runs)
         mid, low, high = pooled(runs)

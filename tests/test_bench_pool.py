@@ -96,6 +96,21 @@ def test_the_floor_splits_ours_over_native_round_by_round() -> None:
     assert values("Start floor - native (ms)") == pytest.approx([4.0] * 4)
 
 
+def test_plugin_cpu_is_compared_round_by_round_in_microseconds() -> None:
+    """The plugin processes' CPU during their CreateContainer, ours less the reference's
+    in each round, in microseconds; a run without CPU figures has no such comparison."""
+    data = _saved(("none", "native", "plugin", "reference"))
+    data["create_cpu"] = {"plugin": [0.000500, 0.000480, 0.000470, 0.000450],
+                          "reference": [0.000490, 0.000490, 0.000490, 0.000490]}
+    comparison = next(c for c in pool.COMPARISONS
+                      if c[0] == "plugin CPU per CreateContainer ours - reference (us)")
+    assert pool.unit(comparison) == "(us)" and pool.FORMS["(us)"] == "+.0f"
+    (run,) = pool.comparison_runs([("a", data)], comparison)
+    assert [v for block in run.blocks for v in block] == pytest.approx([10, -10, -20, -40])
+    assert pool.pooled([run])[0] == pytest.approx(-15)
+    assert pool.comparison_runs([("b", _saved(("plugin", "reference")))], comparison) == []
+
+
 def test_save_writes_what_the_pool_reads(tmp_path: Path) -> None:
     bench = _load("bench_containerd")
     samples = {"none": [0.05, 0.06, 0.07], "native": [0.051, 0.061, 0.071],
