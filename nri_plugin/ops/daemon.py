@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cdi.cache import Snapshot, SpecCache
@@ -32,10 +32,9 @@ from nri_plugin.nri.versions import (
     PLUGIN_NAME_ENV,
     PLUGIN_SOCKET_ENV,
 )
-from nri_plugin.ops.deferred import LaterBatch
 from nri_plugin.ops.dra_check import start_warning
 from nri_plugin.ops.guarded import GuardedConnections
-from nri_plugin.ops.logformat import Backdated, BoundedLog, log_formatter
+from nri_plugin.ops.logformat import BoundedLog, log_formatter
 from nri_plugin.ops.logwriter import NonBlockingHandler
 from nri_plugin.ops.metrics import Metrics, Server, parse_address
 from nri_plugin.ops.policy_reload import PolicyReloader
@@ -124,11 +123,19 @@ def _setup_logging(level: str, kind: str = "text") -> NonBlockingHandler:
     handler = NonBlockingHandler(sys.stderr.fileno())
     handler.setFormatter(log_formatter(kind))
     handler.addFilter(BoundedLog())  # bounded lines, repeats rate-limited
-    handler.addFilter(Backdated())  # a deferred line carries its container's time
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     return handler
+
+
+def _yield_first(call: Callable[[], object]) -> None:
+    """``call`` after giving up the CPU once. Linux tends to wake the reader of a Unix
+    socket on the CPU of the process that wrote to it, expecting the writer to sleep next:
+    the runtime's thread waiting for our reply would otherwise wait behind the work we
+    deferred past that reply."""
+    os.sched_yield()
+    call()
 
 
 def _identity(args: argparse.Namespace, settings: Settings) -> tuple[str | None, str | None]:
@@ -185,10 +192,9 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
                          on_hit=removals_applied(refresher, registry),
                          on_start_warning=start_warning)
     loop = asyncio.get_running_loop()
-    # Its per-container log lines a moment later, in batches, outside the runtime's
-    # creation of the containers they tell of (ops/deferred.py).
-    later = LaterBatch(loop)
-    injector.defer = later
+    # Its per-container log line after the reply has left (the loop runs it next), and
+    # after the runtime's thread that the reply woke has had the CPU (_yield_first).
+    injector.defer = lambda call: loop.call_soon(_yield_first, call)
     # Synchronize finds containers created while we were away; acting on them waits for
     # the Synchronize reply (the runtime holds its lock until then), hence a task.
     actions = _FailClosedActions(loop, counters, metrics)
@@ -224,7 +230,6 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     try:
         await _run(runner)
     finally:
-        later.run()  # the lines still waiting
         reloader.stop(loop)
         refresher.stop()
         if server is not None:

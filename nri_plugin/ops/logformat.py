@@ -3,12 +3,9 @@ log shippers). Chosen by ``log.format`` in the configuration."""
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import json
 import logging
 import time
-from collections.abc import Iterator
 from typing import Any
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -39,33 +36,6 @@ def log_formatter(kind: str) -> logging.Formatter:
     if kind == "text":
         return BoundedFormatter(logging.Formatter(TEXT_FORMAT))
     raise ValueError(f"unknown log format {kind!r} (want text or json)")
-
-
-# The time (``time.time()``) records made now should carry instead of now; per thread.
-_LOGGED_AT: contextvars.ContextVar[float | None] = contextvars.ContextVar("logged_at",
-                                                                          default=None)
-
-
-@contextlib.contextmanager
-def logged_at(seconds: float) -> Iterator[None]:
-    """Records made inside carry ``seconds`` as their time (``Backdated``, on the handler):
-    for a line written later than what it tells of (``ops.deferred.LaterBatch``)."""
-    token = _LOGGED_AT.set(seconds)
-    try:
-        yield
-    finally:
-        _LOGGED_AT.reset(token)
-
-
-class Backdated(logging.Filter):
-    """Gives each record made under ``logged_at`` that time (what every format shows)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        at = _LOGGED_AT.get()
-        if at is not None:
-            record.created = at
-            record.msecs = int((at - int(at)) * 1000) + 0.0  # as LogRecord makes it
-        return True
 
 
 MAX_LINE = 4096  # characters of one log message; the rest is cut, saying how much

@@ -269,8 +269,8 @@ class CdiInjector(Plugin):
         self.on_hit = on_hit
         # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
         self.on_start_warning = on_start_warning
-        # Runs the per-container log line; the daemon runs it a moment later, in batches
-        # (ops/deferred.py): with cold caches, as between two containers they are, the log
+        # Runs the per-container log line; the daemon makes it "after the reply has left"
+        # (loop.call_soon): with cold caches, as between two containers they are, the log
         # call was a quarter of the handler's time (bench_plugin.py (e): 125 us inline,
         # 94 us deferred), all of it inside the runtime's CreateContainer. Default: at
         # once (tests, other hosts).
@@ -384,15 +384,14 @@ class CdiInjector(Plugin):
             # Not injected yet: the runtime's CDI resolves them after this reply.
             self.delegations.delegated(container.id, _label(pod, container),
                                        injection.delegated)
-        # Even the line's words are put together later (cold, the formatting alone was
-        # 19 us inside the runtime's CreateContainer); it holds the names, not the request.
-        self.defer(functools.partial(self._log_served, _names(pod, container), injection,
-                                     micros))
+        # Even the line's words are put together after the reply has left (cold, the
+        # formatting alone was 19 us inside the runtime's CreateContainer).
+        self.defer(functools.partial(self._log_served, pod, container, injection, micros))
         return injection.adjustment
 
-    def _log_served(self, names: tuple[str, str, str], injection: Injection,
-                    micros: int) -> None:
-        label = "container={} pod={}/{}".format(*names)
+    def _log_served(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
+                    injection: Injection, micros: int) -> None:
+        label = _label(pod, container)
         if injection.dropped_gids:
             log.warning("%s: additionalGids %s left out: neither NRI nor the runtime's own CDI "
                         "can apply them on %s, so only root or members of those groups can "
@@ -676,16 +675,6 @@ def was_created(container: nri_pb2.Container) -> bool:
 
 def _label(pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> str:
     return f"container={container.name} pod={pod.namespace}/{pod.name}"
-
-
-# Characters of each name a deferred log line keeps: what waits for it stays small whatever
-# a request carries (Kubernetes' own names are at most 253).
-NAME_CHARS = 256
-
-
-def _names(pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> tuple[str, str, str]:
-    """The container's, its pod's namespace and the pod's name, as ``_label`` shows them."""
-    return container.name[:NAME_CHARS], pod.namespace[:NAME_CHARS], pod.name[:NAME_CHARS]
 
 
 def _at_once(call: Callable[[], object]) -> object:
