@@ -82,7 +82,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.pool_containerd import COMPARISONS, Run, per_round, pooled, split, unit
+from bench.pool_containerd import (
+    COMPARISONS,
+    FORMS,
+    Run,
+    per_round,
+    pooled,
+    split,
+    unit,
+)
 from cdi.cache import SpecCache
 from tests.e2e import images, paths
 from tests.e2e.containerd import Containerd
@@ -588,8 +596,7 @@ def paired(samples: dict[str, list[float]]) -> None:
         if values is not None:
             said = unit(comparison)
             name = comparison[0].removesuffix(f" {said}")
-            form = {"(ms)": "+.2f", "(us)": "+.0f"}.get(said, ".3f")
-            lines.append(f"{name} {_with_intervals(values, form)}"
+            lines.append(f"{name} {_with_intervals(values, FORMS[said])}"
                          + (f" {said[1:-1]}" if said else ""))
     print("    per round, median (bootstrap 95 % intervals: rounds resampled; blocks "
           "resampled): " + "; ".join(lines))

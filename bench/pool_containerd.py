@@ -38,7 +38,7 @@ Comparison = tuple[str, str, str, str, Callable[[float, float], float]]
 _SAID = {"plugin": "ours", "noop": "no-op"}
 _PART = {"create_start": "Create+Start", "create": "CreateContainer", "start": "Start",
          "create_cpu": "plugin CPU per CreateContainer"}
-# How each unit's values are printed (a ratio: no unit).
+# How each unit's values are printed (a ratio: no unit), one run's report and the pool's.
 FORMS = {"(ms)": "+.3f", "(us)": "+.0f", "": ".4f"}
 
 
