@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -13,9 +14,9 @@ import pytest
 
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.plugin import Plugin
-from nri_plugin.nri.stub import READ_SIZE, RegistrationError, Stub, plugin_identity
+from nri_plugin.nri.stub import READ_SIZE, RegistrationError, Stub, _Session, plugin_identity
 from nri_plugin.nri.wire import Code
-from tests.nri_runtime_peer import RuntimePeer
+from tests.nri_runtime_peer import RuntimePeer, plugin_call_frame
 
 ENV = {"NRI_PLUGIN_NAME": "cdi", "NRI_PLUGIN_IDX": "42"}
 
@@ -331,3 +332,34 @@ def test_plugin_identity(
 def test_plugin_identity_rejects_bad_values(name: str, idx: str) -> None:
     with pytest.raises(ValueError):
         plugin_identity(name, idx, {}, "")
+
+
+def test_the_reply_is_written_before_the_sessions_own_bookkeeping() -> None:
+    """The runtime waits on the reply: it leaves before the session's latency check (and
+    anything else after the handler), not at the end of the read that brought it."""
+    class Sink:
+        def __init__(self) -> None:
+            self.written: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.written.append(data)
+
+        def is_closing(self) -> bool:
+            return False
+
+    async def serve() -> tuple[list[int], list[bytes]]:
+        session = _Session(Injector(), logging.getLogger("test"))
+        sink = Sink()
+        session.transport = sink  # type: ignore[assignment]
+        at_check: list[int] = []
+        session._check_latency = (  # type: ignore[method-assign]
+            lambda event, elapsed: at_check.append(len(sink.written)))
+        frames = b"".join(plugin_call_frame(stream, "CreateContainer",
+                                            create_request(f"c{stream}").SerializeToString())
+                          for stream in (1, 3))
+        session._feed(frames)  # two requests in one read
+        return at_check, sink.written
+
+    at_check, written = run(serve())
+    assert at_check == [1, 2]  # each reply written before its request's check
+    assert len(written) == 2

@@ -52,6 +52,7 @@ Act = Callable[[list[Unserved], str], None]
 class StartGuard(Plugin):
     """The plugin the stub runs: the injector's handlers plus the fail-closed checks."""
 
+    adjustments_immutable = True  # it returns the injector's answers as they are
     REMEMBER = 65536  # containers remembered as served / pending, oldest dropped first
     # The events the guard needs on every runtime, whatever the injector subscribes to.
     GUARD_EVENTS = (EventMask.POST_CREATE_CONTAINER | EventMask.START_CONTAINER

@@ -234,6 +234,10 @@ class Decision:
 class CdiInjector(Plugin):
     """Injects the CDI devices that pods and containers ask for, as the policy allows."""
 
+    # Its answers are kept (by request shape) and returned again as they are: never
+    # changed once made, so the dispatcher may keep their encoding too.
+    adjustments_immutable = True
+
     # Pods of one deployment ask for the same devices again and again: a small cache of
     # finished plans, keyed by everything a plan depends on, makes repeats nearly free.
     PLAN_CACHE_SIZE = 512
