@@ -24,11 +24,14 @@
     process of its own: whether glibc maps each 256 KiB depends on what the process freed
     before (a fresh one, like the plugin, does; strace shows it there at every request).
 
-(i) the kept reply encoding (``dispatch.KeptReplies``) on and off in alternate rounds of
-    one plugin in process, cold as in (f), a Kubernetes container: frame in to the reply's
-    write (what the runtime waits for), medians and the median paired difference with a
-    bootstrap 95 % interval. In process both halves share every other cost, so a few
-    microseconds resolve here that no containerd run can.
+(i) the cuts between the request and its reply's write, each on and off in alternate
+    rounds of one plugin in process, cold as in (f), a Kubernetes container: the reply
+    encoding kept for an answer given before (``dispatch.KeptReplies``) against encoded
+    each time, and the log line put off in a list the stub runs after the replies
+    (the daemon's ``PutOff``) against scheduled with the event loop's ``call_soon``;
+    frame in to the reply's write (what the runtime waits for), medians and the median
+    paired difference with a bootstrap 95 % interval. In process both halves share every
+    other cost, so a few microseconds resolve here that no containerd run can.
 
 (h) the per-container log line's CPU (the whole process, every thread), as the daemon logs
     it from the event loop with a container's gap (2 ms) between two, to a regular file, a
@@ -351,7 +354,27 @@ class _TimedSink(_Sink):
         super().write(data)
 
 
-async def _kept_replies(snapshot: Snapshot, rounds: int) -> dict[bool, list[float]]:
+Toggle = Callable[[_Session, CdiInjector, bool], None]
+
+
+def _keep_replies(kept: KeptReplies) -> Toggle:
+    def toggle(session: _Session, injector: CdiInjector, on: bool) -> None:
+        session.dispatcher._kept = kept if on else None
+    return toggle
+
+
+def _put_off(pending: list[Callable[[], object]]) -> Toggle:
+    """On: the daemon's PutOff (a list append); off: the event loop's call_soon, which
+    the daemon used before (its handles are never run here: the loop does not turn)."""
+    loop = asyncio.get_running_loop()
+
+    def toggle(session: _Session, injector: CdiInjector, on: bool) -> None:
+        injector.defer = pending.append if on else (lambda call: loop.call_soon(call))
+    return toggle
+
+
+async def _alternating(snapshot: Snapshot, rounds: int, name: str) -> dict[bool, list[float]]:
+    """Frame in to the reply's first write, cold, ``name``'s cut on and off in turn."""
     registry = RegistryHolder((NvidiaRules(),))
     registry.update(snapshot)
     injector = CdiInjector(registry.get, vendors=registry.vendors)
@@ -370,39 +393,42 @@ async def _kept_replies(snapshot: Snapshot, rounds: int) -> dict[bool, list[floa
     _deliver(session, frame("Synchronize", nri_pb2.SynchronizeRequest()))
     pod = nri_pb2.PodSandbox(id="f" * 64, name="pod", namespace="default", uid="u" * 36,
                              annotations=GPU_ASK)
-    kept = KeptReplies()
+    toggle = _keep_replies(KeptReplies()) if name == "kept" else _put_off(later)
     junk = bytearray(COLD_TOUCH)
     times: dict[bool, list[float]] = {True: [], False: []}
     replies: dict[bool, bytes] = {}
     for index in range(2 * rounds):
-        keep = bool(index % 2)
-        session.dispatcher._kept = kept if keep else None
+        on = bool(index % 2)
+        toggle(session, injector, on)
         data = frame("CreateContainer", nri_pb2.CreateContainerRequest(
             pod=pod, container=kubernetes_container(index)))
         junk[::64] = bytes(len(junk[::64]))
         sink.first_write, sink.written[:] = 0, []
         start = time.perf_counter_ns()
         _deliver(session, data)
-        times[keep].append((sink.first_write - start) / 1000)
-        replies[keep] = b"".join(sink.written)
-        for call in later:
-            call()
+        times[on].append((sink.first_write - start) / 1000)
+        replies[on] = b"".join(sink.written)
         later.clear()
     assert _reply_of(replies[True]) == _reply_of(replies[False])  # the same answer
     return times
 
 
-def bench_kept_replies(snapshot: Snapshot, rounds: int) -> None:
-    """(i): the reply encoding kept or made anew, alternate rounds, cold."""
-    times = asyncio.run(_kept_replies(snapshot, rounds))
-    paired = [made - kept for made, kept in zip(times[False], times[True], strict=True)]
-    draw = random.Random(rounds)
-    medians = sorted(statistics.median(draw.choices(paired, k=len(paired)))
-                     for _ in range(400))
-    print(f"(i) kept reply encoding, frame in to the reply's write, cold, {rounds} pairs, p50")
-    print(f"    encoded each time {statistics.median(times[False]):7.1f} us   kept "
-          f"{statistics.median(times[True]):7.1f} us   (paired: kept saves "
-          f"{statistics.median(paired):.1f} us, {medians[10]:.1f} to {medians[389]:.1f})")
+CUTS = {"kept": ("reply encoding kept (KeptReplies)", "encoded each time"),
+        "put-off": ("log line put off (PutOff)", "scheduled with call_soon")}
+
+
+def bench_reply_cuts(snapshot: Snapshot, rounds: int) -> None:
+    """(i): each cut on and off in alternate rounds, cold."""
+    print(f"(i) frame in to the reply's write, cold, {rounds} pairs each, p50")
+    for name, (on, off) in CUTS.items():
+        times = asyncio.run(_alternating(snapshot, rounds, name))
+        paired = [b - a for a, b in zip(times[True], times[False], strict=True)]
+        draw = random.Random(rounds)
+        medians = sorted(statistics.median(draw.choices(paired, k=len(paired)))
+                         for _ in range(400))
+        print(f"    {off:25s} {statistics.median(times[False]):7.1f} us   {on:34s} "
+              f"{statistics.median(times[True]):7.1f} us   (paired: saves "
+              f"{statistics.median(paired):.1f} us, {medians[10]:.1f} to {medians[389]:.1f})")
 
 
 def _socket_reads(size: int, rounds: int, view: memoryview) -> dict[str, float]:
@@ -647,7 +673,7 @@ def main() -> None:
         (Path(tmp) / "nvidia.yaml").write_text(gpu_spec())
         bench_cold(SpecCache([tmp]).refresh(), min(args.rounds, 300))
         bench_whole_stack(SpecCache([tmp]).refresh(), min(args.rounds, 400))
-        bench_kept_replies(SpecCache([tmp]).refresh(), min(args.rounds, 1000))
+        bench_reply_cuts(SpecCache([tmp]).refresh(), min(args.rounds, 1000))
     bench_socket_reads(args.rounds * 5)
     bench_log_output(min(args.rounds, 2000))
     if args.reference is None:

@@ -105,8 +105,10 @@ class _Session(asyncio.BufferedProtocol):
     """One connection: feeds ``Connection``, runs handlers, resolves our calls."""
 
     def __init__(self, plugin: Plugin, log: logging.Logger, *,
-                 stall_timeout: float = STALL_TIMEOUT) -> None:
+                 stall_timeout: float = STALL_TIMEOUT,
+                 after_replies: Callable[[], object] | None = None) -> None:
         self.log = log
+        self.after_replies = after_replies
         self.loop = asyncio.get_running_loop()
         self._read = memoryview(bytearray(READ_SIZE))
         self.conn = Connection(services=SERVICES, logger=log)
@@ -174,8 +176,16 @@ class _Session(asyncio.BufferedProtocol):
             self._abort(exc)
             return
         self.flush()
+        if self.after_replies is not None:
+            self._run_after_replies(self.after_replies)
         if self.shutdown_requested and self.transport is not None:
             self.transport.close()
+
+    def _run_after_replies(self, work: Callable[[], object]) -> None:
+        try:
+            work()
+        except Exception:  # a bug in put-off work must not drop the connection
+            self.log.exception("work after the replies failed")
 
     def _handle(self, events: list[Any]) -> None:
         for event in events:
@@ -301,6 +311,7 @@ class Stub:
         retry_max: float = RETRY_MAX,
         stall_timeout: float = STALL_TIMEOUT,
         logger: logging.Logger | None = None,
+        after_replies: Callable[[], object] | None = None,
     ) -> None:
         env = os.environ if env is None else env
         Dispatcher(plugin)  # fail now, not on connect, if nothing is implemented
@@ -321,6 +332,10 @@ class Stub:
         self.retry_initial = retry_initial
         self.retry_max = retry_max
         self.stall_timeout = stall_timeout
+        # Called once the replies to what one read of the socket brought have been
+        # written: for work a handler put off past its reply (the runtime waits on the
+        # reply, not on that work), without an event loop round (call_soon) before it.
+        self.after_replies = after_replies
         self.log = logger or logging.getLogger("nri_plugin.nri.stub")
         self._session: _Session | None = None
         self._registered = False
@@ -436,7 +451,8 @@ class Stub:
         if sock is None and self._fd is not None:
             sock = socket.socket(fileno=self._fd)
         def factory() -> _Session:
-            return _Session(self.plugin, self.log, stall_timeout=self.stall_timeout)
+            return _Session(self.plugin, self.log, stall_timeout=self.stall_timeout,
+                            after_replies=self.after_replies)
 
         if sock is not None:
             _, session = await loop.create_unix_connection(factory, sock=sock)
