@@ -128,7 +128,7 @@ class KeptReplies:
 
     Keyed by the object's id while holding the object itself, so that no id is reused
     for another one while kept; at most ``SIZE`` kept, the oldest dropped first (a
-    plugin that returns new objects only costs one dict entry each, not memory)."""
+    plugin that returns a new object every time holds no more than that)."""
 
     SIZE = 64
 
