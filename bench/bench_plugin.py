@@ -71,6 +71,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -89,7 +90,7 @@ from nri_plugin.plugins.cdi_injector.injector import CdiInjector, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from tests.nri_runtime_peer import RuntimePeer, plugin_call_frame
+from tests.nri_runtime_peer import RecordingTransport, RuntimePeer, plugin_call_frame
 
 
 def gpu_spec(gpus: int = 8, libraries: int = 60) -> str:
@@ -252,22 +253,6 @@ def kubernetes_container(index: int) -> nri_pb2.Container:
     return container
 
 
-class _Sink:
-    """The transport: keeps what the plugin writes."""
-
-    def __init__(self) -> None:
-        self.written: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self.written.append(data)
-
-    def is_closing(self) -> bool:
-        return False
-
-    def set_write_buffer_limits(self, high: int) -> None:
-        pass
-
-
 def _deliver(session: _Session, data: bytes) -> None:
     """``data`` into ``session`` as the event loop's transport does: copied into the
     session's buffer, as much as fits per read."""
@@ -291,7 +276,23 @@ def _reply_of(written: bytes) -> nri_pb2.CreateContainerResponse:
     return nri_pb2.CreateContainerResponse.FromString(payload)
 
 
-async def _whole_stack(snapshot: Snapshot, rounds: int) -> dict[str, float]:
+@dataclass
+class _InProcess:
+    """The whole plugin as the daemon composes it, fed frames in process."""
+
+    session: _Session
+    injector: CdiInjector
+    later: list[Callable[[], object]]  # the injector's put-off work, run by the caller
+    transport: RecordingTransport
+    pod: nri_pb2.PodSandbox  # a Kubernetes pod asking for GPU_ASK
+    streams: Iterator[int]
+
+    def frame(self, method: str, message: Message) -> bytes:
+        return plugin_call_frame(next(self.streams), method, message.SerializeToString())
+
+
+def _in_process(snapshot: Snapshot) -> _InProcess:
+    """Configured and synchronized as containerd 2.1.9 does; must run on an event loop."""
     # As the daemon holds it: one registry (the snapshot and NVIDIA's facts) until a refresh.
     registry = RegistryHolder((NvidiaRules(),))
     registry.update(snapshot)
@@ -299,18 +300,21 @@ async def _whole_stack(snapshot: Snapshot, rounds: int) -> dict[str, float]:
     later: list[Callable[[], object]] = []
     injector.defer = later.append
     session = _Session(StartGuard(injector, own_connection=True), logging.getLogger("bench"))
-    sink = _Sink()
-    session.transport = sink  # type: ignore[assignment]
-    stream = iter(range(1, 1 << 30, 2))
-
-    def frame(method: str, message: Message) -> bytes:
-        return plugin_call_frame(next(stream), method, message.SerializeToString())
-
-    _deliver(session, frame("Configure", nri_pb2.ConfigureRequest(
+    transport = RecordingTransport()
+    session.transport = transport  # type: ignore[assignment]
+    plugin = _InProcess(session, injector, later, transport, nri_pb2.PodSandbox(
+        id="f" * 64, name="pod", namespace="default", uid="u" * 36, annotations=GPU_ASK),
+        iter(range(1, 1 << 30, 2)))
+    _deliver(session, plugin.frame("Configure", nri_pb2.ConfigureRequest(
         runtime_name="containerd", runtime_version="2.1.9")))
-    _deliver(session, frame("Synchronize", nri_pb2.SynchronizeRequest()))
-    pod = nri_pb2.PodSandbox(id="f" * 64, name="pod", namespace="default", uid="u" * 36,
-                             annotations=GPU_ASK)
+    _deliver(session, plugin.frame("Synchronize", nri_pb2.SynchronizeRequest()))
+    return plugin
+
+
+async def _whole_stack(snapshot: Snapshot, rounds: int) -> dict[str, float]:
+    plugin = _in_process(snapshot)
+    session, later, sink, pod, frame = (plugin.session, plugin.later, plugin.transport,
+                                        plugin.pod, plugin.frame)
     junk = bytearray(32 << 20)
     medians: dict[str, float] = {}
     for cache in ("hot", "cold"):
@@ -341,19 +345,6 @@ def bench_whole_stack(snapshot: Snapshot, rounds: int) -> None:
     print(f"    hot {medians['hot']:7.1f} us   cold {medians['cold']:7.1f} us")
 
 
-class _TimedSink(_Sink):
-    """The transport, noting when the first write of a request came."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.first_write = 0
-
-    def write(self, data: bytes) -> None:
-        if not self.first_write:
-            self.first_write = time.perf_counter_ns()
-        super().write(data)
-
-
 Toggle = Callable[[_Session, CdiInjector, bool], None]
 
 
@@ -375,24 +366,9 @@ def _put_off(pending: list[Callable[[], object]]) -> Toggle:
 
 async def _alternating(snapshot: Snapshot, rounds: int, name: str) -> dict[bool, list[float]]:
     """Frame in to the reply's first write, cold, ``name``'s cut on and off in turn."""
-    registry = RegistryHolder((NvidiaRules(),))
-    registry.update(snapshot)
-    injector = CdiInjector(registry.get, vendors=registry.vendors)
-    later: list[Callable[[], object]] = []
-    injector.defer = later.append
-    session = _Session(StartGuard(injector, own_connection=True), logging.getLogger("bench"))
-    sink = _TimedSink()
-    session.transport = sink  # type: ignore[assignment]
-    stream = iter(range(1, 1 << 30, 2))
-
-    def frame(method: str, message: Message) -> bytes:
-        return plugin_call_frame(next(stream), method, message.SerializeToString())
-
-    _deliver(session, frame("Configure", nri_pb2.ConfigureRequest(
-        runtime_name="containerd", runtime_version="2.1.9")))
-    _deliver(session, frame("Synchronize", nri_pb2.SynchronizeRequest()))
-    pod = nri_pb2.PodSandbox(id="f" * 64, name="pod", namespace="default", uid="u" * 36,
-                             annotations=GPU_ASK)
+    plugin = _in_process(snapshot)
+    session, injector, later, sink = (plugin.session, plugin.injector, plugin.later,
+                                      plugin.transport)
     toggle = _keep_replies(KeptReplies()) if name == "kept" else _put_off(later)
     junk = bytearray(COLD_TOUCH)
     times: dict[bool, list[float]] = {True: [], False: []}
@@ -400,10 +376,10 @@ async def _alternating(snapshot: Snapshot, rounds: int, name: str) -> dict[bool,
     for index in range(2 * rounds):
         on = bool(index % 2)
         toggle(session, injector, on)
-        data = frame("CreateContainer", nri_pb2.CreateContainerRequest(
-            pod=pod, container=kubernetes_container(index)))
+        data = plugin.frame("CreateContainer", nri_pb2.CreateContainerRequest(
+            pod=plugin.pod, container=kubernetes_container(index)))
         junk[::64] = bytes(len(junk[::64]))
-        sink.first_write, sink.written[:] = 0, []
+        sink.clear()
         start = time.perf_counter_ns()
         _deliver(session, data)
         times[on].append((sink.first_write - start) / 1000)

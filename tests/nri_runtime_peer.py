@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -52,6 +53,30 @@ def plugin_call_frame(stream_id: int, method: str, payload: bytes) -> bytes:
     connection around one ttrpc request frame."""
     return mux_frame(PLUGIN_CONN, ttrpc_frame(
         stream_id, REQUEST, request_bytes(PLUGIN_SERVICE, method, payload)))
+
+
+class RecordingTransport:
+    """A transport a plugin's session writes to in process (no socket): keeps what is
+    written, with the time of the first write since ``clear`` (what a runtime waits for)."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.first_write = 0
+
+    def clear(self) -> None:
+        self.written.clear()
+        self.first_write = 0
+
+    def write(self, data: bytes) -> None:
+        if not self.first_write:
+            self.first_write = time.perf_counter_ns()
+        self.written.append(data)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
 
 
 def response_bytes(payload: bytes = b"", code: int = 0, message: str = "") -> bytes:

@@ -16,7 +16,7 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.stub import READ_SIZE, RegistrationError, Stub, _Session, plugin_identity
 from nri_plugin.nri.wire import Code
-from tests.nri_runtime_peer import RuntimePeer, plugin_call_frame
+from tests.nri_runtime_peer import RecordingTransport, RuntimePeer, plugin_call_frame
 
 ENV = {"NRI_PLUGIN_NAME": "cdi", "NRI_PLUGIN_IDX": "42"}
 
@@ -337,19 +337,9 @@ def test_plugin_identity_rejects_bad_values(name: str, idx: str) -> None:
 def test_the_reply_is_written_before_the_sessions_own_bookkeeping() -> None:
     """The runtime waits on the reply: it leaves before the session's latency check (and
     anything else after the handler), not at the end of the read that brought it."""
-    class Sink:
-        def __init__(self) -> None:
-            self.written: list[bytes] = []
-
-        def write(self, data: bytes) -> None:
-            self.written.append(data)
-
-        def is_closing(self) -> bool:
-            return False
-
     async def serve() -> tuple[list[int], list[bytes]]:
         session = _Session(Injector(), logging.getLogger("test"))
-        sink = Sink()
+        sink = RecordingTransport()
         session.transport = sink  # type: ignore[assignment]
         at_check: list[int] = []
         session._check_latency = (  # type: ignore[method-assign]
@@ -369,18 +359,8 @@ def test_after_replies_runs_once_the_replies_of_a_read_are_written() -> None:
     """The hook for work a handler put off: once per read, after every reply it brought
     has been written; a failing hook is logged and the connection goes on."""
 
-    class Sink:
-        def __init__(self) -> None:
-            self.written: list[bytes] = []
-
-        def write(self, data: bytes) -> None:
-            self.written.append(data)
-
-        def is_closing(self) -> bool:
-            return False
-
     async def serve() -> tuple[list[int], list[bytes], bool]:
-        sink = Sink()
+        sink = RecordingTransport()
         seen: list[int] = []
 
         def after() -> None:
