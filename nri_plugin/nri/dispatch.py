@@ -112,11 +112,17 @@ def _as_updates(updates: Iterable[nri_pb2.ContainerUpdate] | None) -> list[Any]:
     return [] if updates is None else list(updates)
 
 
-def _create(plugin: Plugin, req: nri_pb2.CreateContainerRequest) -> Message | bytes:
+def _encoded(adjustment: nri_pb2.ContainerAdjustment) -> bytes:
+    return adjusted_reply(adjustment.SerializeToString())
+
+
+def _create(plugin: Plugin, req: nri_pb2.CreateContainerRequest,
+            encode: Callable[[nri_pb2.ContainerAdjustment], bytes] = _encoded,
+            ) -> Message | bytes:
     result = plugin.create_container(req.pod, req.container)
     if isinstance(result, nri_pb2.ContainerAdjustment):
-        return adjusted_reply(result.SerializeToString())
-    return _answered(result)
+        return encode(result)
+    return nri_pb2.CreateContainerResponse() if result is None else result
 
 
 class KeptReplies:
@@ -137,22 +143,15 @@ class KeptReplies:
     def __init__(self) -> None:
         self._kept: dict[int, tuple[nri_pb2.ContainerAdjustment, bytes]] = {}
 
-    def reply(self, plugin: Plugin, req: nri_pb2.CreateContainerRequest) -> Message | bytes:
-        result = plugin.create_container(req.pod, req.container)
-        if not isinstance(result, nri_pb2.ContainerAdjustment):
-            return _answered(result)
-        kept = self._kept.get(id(result))
+    def encoded(self, adjustment: nri_pb2.ContainerAdjustment) -> bytes:
+        kept = self._kept.get(id(adjustment))
         if kept is not None:
             return kept[1]
-        reply = adjusted_reply(result.SerializeToString())
-        self._kept[id(result)] = (result, reply)
+        reply = _encoded(adjustment)
+        self._kept[id(adjustment)] = (adjustment, reply)
         if len(self._kept) > self.SIZE:
             del self._kept[next(iter(self._kept))]  # dicts keep insertion order
         return reply
-
-
-def _answered(result: nri_pb2.CreateContainerResponse | None) -> Message:
-    return nri_pb2.CreateContainerResponse() if result is None else result
 
 
 _ADJUST_FIELD = 1  # CreateContainerResponse.adjust
@@ -378,7 +377,7 @@ class Dispatcher:
             # Go stub behaviour: a missing handler is an empty reply, not an error.
             return _EMPTY
         if self._kept is not None and isinstance(request, nri_pb2.CreateContainerRequest):
-            reply = self._kept.reply(self.plugin, request)
+            reply = _create(self.plugin, request, self._kept.encoded)
         else:
             reply = route.call(self.plugin, request)
         return reply if isinstance(reply, bytes) else reply.SerializeToString()

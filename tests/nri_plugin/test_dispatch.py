@@ -212,12 +212,13 @@ def test_an_immutable_adjustment_is_encoded_once_and_answered_again() -> None:
 
 
 def test_kept_replies_are_bounded_and_hold_what_they_are_keyed_by() -> None:
-    plugin = Keeping()
-    kept = KeptReplies()
-    request = nri_pb2.CreateContainerRequest.FromString
+    dispatcher = Dispatcher(Keeping())
+    plugin = dispatcher.plugin
+    assert isinstance(plugin, Keeping)
     for i in range(KeptReplies.SIZE + 10):
-        kept.reply(plugin, request(create_payload(f"c{i}")))
-    entries = kept._kept
+        dispatcher.dispatch("CreateContainer", create_payload(f"c{i}"))
+    assert dispatcher._kept is not None
+    entries = dispatcher._kept._kept
     assert len(entries) == KeptReplies.SIZE
     # The oldest went first, and each entry holds the object whose id keys it.
     assert plugin.kept["c0"] not in [adjustment for adjustment, _ in entries.values()]
