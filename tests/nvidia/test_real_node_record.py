@@ -1,5 +1,5 @@
-"""The specs real H100 nodes' driver 580 gave (tests/data/real-node-h100-580.159.04*, two
-lent machines): they load with the strict parser, the two discovery modes agree, what the
+"""The specs real nodes' driver 580 gave (tests/data/real-node-*-580.159.04*: two lent H100
+machines and an H200): they load with the strict parser, the two discovery modes agree, what the
 doctor reads from them is that node's, and the plugin's OCI result for GPU 0 equals native
 CDI's on every runtime version of the README's table, the spec's ``rwm`` device nodes
 included."""
@@ -25,7 +25,7 @@ from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from tests.nri_apply import CONTAINER_BEFORE_NRI, apply_adjustment
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-RECORDS = sorted(DATA.glob("real-node-h100-580.159.04*"))
+RECORDS = sorted(DATA.glob("real-node-*-580.159.04*"))
 LINKS = ("hooks", "mounts")
 RUNTIMES = [("containerd", "1.7.24"), ("containerd", "1.7.30"), ("containerd", "2.1.9"),
             ("containerd", "2.2.1"), ("containerd", "2.3.4"), ("cri-o", "1.31.0"),
@@ -45,10 +45,11 @@ def _uuid(record: Path) -> str:
     return found.group(1)
 
 
-def test_there_are_the_two_records() -> None:
+def test_there_are_the_three_records() -> None:
     assert [r.name for r in RECORDS] == ["real-node-h100-580.159.04",
-                                         "real-node-h100-580.159.04-second"]
-    assert _uuid(RECORDS[0]) != _uuid(RECORDS[1])  # two machines
+                                         "real-node-h100-580.159.04-second",
+                                         "real-node-h200-580.159.04"]
+    assert len({_uuid(r) for r in RECORDS}) == 3  # three machines
 
 
 @pytest.fixture(scope="module", params=[(r, link) for r in RECORDS for link in LINKS],
