@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from google.protobuf.message import DecodeError, Message
@@ -243,6 +243,14 @@ ROUTES: dict[str, Route] = {
 
 # Configure, Synchronize and Shutdown carry connection state; Dispatcher handles them.
 METHODS: frozenset[str] = frozenset({*ROUTES, "Configure", "Synchronize", "Shutdown"})
+
+
+def _kept_routes(kept: KeptReplies) -> dict[str, Route]:
+    """ROUTES with each CreateContainer reply encoded once per adjustment (``kept``)."""
+    def create(plugin: Plugin, req: nri_pb2.CreateContainerRequest) -> Message | bytes:
+        return _create(plugin, req, kept.encoded)
+
+    return {**ROUTES, "CreateContainer": replace(ROUTES["CreateContainer"], call=create)}
 SERVICES: dict[str, frozenset[str]] = {PLUGIN_SERVICE: METHODS}
 
 
@@ -341,6 +349,7 @@ class Dispatcher:
         self.sync_stalled: str | None = None  # why Synchronize cannot complete
         self._sync = SyncCollector()
         self._kept = KeptReplies() if plugin.adjustments_immutable else None
+        self._routes = ROUTES if self._kept is None else _kept_routes(self._kept)
 
     def dispatch(self, method: str, payload: bytes) -> bytes:
         """Handle one Plugin-service request; return the serialized reply.
@@ -369,17 +378,14 @@ class Dispatcher:
         if method == "Shutdown":
             self.plugin.shutdown()
             return _EMPTY
-        route = ROUTES.get(method)
+        route = self._routes.get(method)
         if route is None:
             raise RpcError(Code.UNIMPLEMENTED, f"method {method}")
         request = route.request.FromString(payload)
         if route.handler is not None and not implemented(self.plugin, route.handler):
             # Go stub behaviour: a missing handler is an empty reply, not an error.
             return _EMPTY
-        if self._kept is not None and isinstance(request, nri_pb2.CreateContainerRequest):
-            reply = _create(self.plugin, request, self._kept.encoded)
-        else:
-            reply = route.call(self.plugin, request)
+        reply = route.call(self.plugin, request)
         return reply if isinstance(reply, bytes) else reply.SerializeToString()
 
     def _configure(self, req: nri_pb2.ConfigureRequest) -> bytes:
