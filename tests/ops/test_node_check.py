@@ -3,6 +3,8 @@ what the container checks expect from a spec."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from nri_plugin.ops.node_check.check import spec_differences, spec_facts
@@ -48,3 +50,19 @@ def test_a_node_given_to_two_gpus_counts_as_another_gpus() -> None:
     broken["containerEdits"]["deviceNodes"].append({"path": "/dev/nvidia1"})
     facts = spec_facts(_spec(broken, _gpu("1", 1)), 0)
     assert "/dev/nvidia1" in facts.own_nodes and "/dev/nvidia1" in facts.other_nodes
+
+
+def test_the_plugin_keeps_the_callers_python_path(tmp_path: Path) -> None:
+    # On a lent H200 node the plugin's dependencies sat on PYTHONPATH and the doctor's
+    # plugin replaced it ("plugin exited (1)"): the child must import both ours and those.
+    import subprocess
+    import sys
+
+    from nri_plugin.ops.node_check.plugin import child_env
+
+    (tmp_path / "only_on_the_callers_path.py").write_text("")
+    env = child_env({**os.environ, "PYTHONPATH": str(tmp_path)})
+    proc = subprocess.run([sys.executable, "-c",
+                           "import only_on_the_callers_path, nri_plugin.ops.cli"],
+                          env=env, cwd="/", capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -7,10 +7,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from nri_plugin.ops.node_check.paths import REPO
+
+
+def child_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The plugin's environment: the checkout first on PYTHONPATH, then whatever the caller's
+    interpreter was given (a node whose dependencies sit on PYTHONPATH keeps them)."""
+    path = os.pathsep.join(filter(None, (str(REPO), environ.get("PYTHONPATH"))))
+    return {**environ, "PYTHONPATH": path}
 
 
 class PluginProcess:
@@ -47,9 +54,8 @@ class PluginProcess:
     def spawn(self) -> PluginProcess:
         """Start the process without waiting for it to connect."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        self.process = subprocess.Popen(self.command(), stdout=log, stderr=log, env=env,
-                                        cwd=REPO)
+        self.process = subprocess.Popen(self.command(), stdout=log, stderr=log,
+                                        env=child_env(os.environ), cwd=REPO)
         log.close()
         return self
 
