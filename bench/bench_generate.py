@@ -37,7 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cdi.nvidia.simnode import NodeLayout, build_node  # noqa: E402
+from nri_cdi_testbed.simnode import NodeLayout, build_node  # noqa: E402
 
 # Linux carries a process's peak RSS across fork and exec, so a child forked from this
 # (large) Python process reports at least our own peak.  GNU time is a small parent that

@@ -49,7 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.bench_generate_vs_ctk import timed as run  # noqa: E402
-from cdi.nvidia.simnode import BuiltNode, NodeLayout, build_node, in_node_namespace  # noqa: E402
+from nri_cdi_testbed.simnode import BuiltNode, NodeLayout, build_node, in_node_namespace  # noqa: E402
 
 # What pip writes for ``[project.scripts] nri-cdi = "nri_plugin.ops.cli:entry"``.
 CONSOLE_SCRIPT = """#!{python}

@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cdi.nvidia.simnode import NodeLayout, build_node, in_node_namespace  # noqa: E402
+from nri_cdi_testbed.simnode import NodeLayout, build_node, in_node_namespace  # noqa: E402
 from tests.peers import peer  # noqa: E402
 
 CTK = Path(os.environ["NVIDIA_CTK"]) if os.environ.get("NVIDIA_CTK") else peer("nvidia-ctk")

@@ -38,8 +38,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cdi.nvidia.simnode import NodeLayout, build_node  # noqa: E402
 from cdi.spec import read_spec  # noqa: E402
+from nri_cdi_testbed.simnode import NodeLayout, build_node  # noqa: E402
 from tests.e2e import images, paths  # noqa: E402
 from tests.e2e.containerd import Containerd  # noqa: E402
 from tests.peers import peer  # noqa: E402

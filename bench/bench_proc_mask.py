@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cdi.nvidia.simnode import NodeLayout, build_node  # noqa: E402
+from nri_cdi_testbed.simnode import NodeLayout, build_node  # noqa: E402
 from tests.e2e import images  # noqa: E402
 from tests.e2e.containerd import Containerd  # noqa: E402
 from tests.e2e.plugin import PluginProcess  # noqa: E402

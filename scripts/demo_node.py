@@ -17,10 +17,10 @@ sys.path.insert(0, str(REPO))
 
 import subprocess  # noqa: E402
 
-from cdi.nvidia.simnode import NodeLayout, build_node  # noqa: E402
-from nri_plugin.ops.node_check import images, paths  # noqa: E402 - private containerd
-from nri_plugin.ops.node_check.containerd import Containerd  # noqa: E402
-from nri_plugin.ops.node_check.plugin import PluginProcess  # noqa: E402
+from nri_cdi_testbed.node_check import images, paths  # noqa: E402 - private containerd
+from nri_cdi_testbed.node_check.containerd import Containerd  # noqa: E402
+from nri_cdi_testbed.node_check.plugin import PluginProcess  # noqa: E402
+from nri_cdi_testbed.simnode import NodeLayout, build_node  # noqa: E402
 
 SPECS = REPO / "specs" / "examples"
 DEVICE = "vendor.example/device=dev0"

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import pytest
 
-from cdi.nvidia.simnode import BuiltNode, NodeLayout, build_node
+from nri_cdi_testbed.simnode import BuiltNode, NodeLayout, build_node
 
 REPO = Path(__file__).resolve().parents[1]
 VERSION = "550.163.01"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-_MODULE_NAME = re.compile(r"(cdi|nri_plugin)(\.[A-Za-z_]\w*)*")
+_MODULE_NAME = re.compile(r"(cdi|nri_plugin|nri_cdi_testbed)(\.[A-Za-z_]\w*)*")
 
 # The NRI plugin runtime: what any plugin author uses, ours or not.
 RUNTIME = ("nri_plugin.nri",)
@@ -38,7 +38,8 @@ def module_name(path: Path) -> str:
 
 @functools.cache
 def all_modules() -> dict[str, Path]:
-    files = [*ROOT.glob("cdi/**/*.py"), *ROOT.glob("nri_plugin/**/*.py")]
+    files = [*ROOT.glob("cdi/**/*.py"), *ROOT.glob("nri_plugin/**/*.py"),
+             *ROOT.glob("nri_cdi_testbed/**/*.py")]
     return {module_name(p): p for p in files}
 
 
@@ -99,6 +100,14 @@ def test_the_scan_sees_imports_of_every_kind() -> None:
 
 def test_cdi_never_imports_nri_plugin() -> None:
     assert violations(["cdi"], ["nri_plugin"]) == []
+
+
+def test_the_product_never_imports_the_test_bed() -> None:
+    # The simulated node and the e2e machinery are tools: the CDI library and the plugin
+    # never need them; only the doctor's --e2e runs them.
+    assert violations(["cdi", "nri_plugin"], ["nri_cdi_testbed"],
+                      exempt=["nri_plugin.ops.doctor"]) == []
+    assert violations(["nri_cdi_testbed"], ["cdi"])  # the control: the bed uses the library
 
 
 def test_only_the_nvidia_generator_imports_nvidia_modules_within_cdi() -> None:

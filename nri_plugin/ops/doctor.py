@@ -29,6 +29,7 @@ import yaml
 from cdi.cache import SpecCache
 from cdi.dirs import DEFAULT_SPEC_DIRS, scan
 from cdi.nvidia.sidecar import sidecar_path
+from nri_cdi_testbed.node_check import check
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
 from nri_plugin.ops.containerd_config import (
     CRI_V2_SECTION,
@@ -37,7 +38,6 @@ from nri_plugin.ops.containerd_config import (
     read_containerd_config,
 )
 from nri_plugin.ops.dra_check import claim_specs
-from nri_plugin.ops.node_check import check
 from nri_plugin.ops.refresh import _run_child, generator_args, node_paths
 from nri_plugin.ops.runtime_cdi import cri_cdi_settings
 from nri_plugin.ops.settings import Settings, SettingsError, add_config_argument, settings_from_args

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from cdi.nvidia.simnode import BuiltNode
+from nri_cdi_testbed.simnode import BuiltNode
 from tests.e2e.cri import CriClient
 from tests.e2e.images import DEFAULT_PATH, ImageConfig, image_from_tree
 from tests.e2e.paths import REPO

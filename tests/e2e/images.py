@@ -1,6 +1,6 @@
 """OCI image archives for the e2e tests (the product's node_check.images)."""
 
-from nri_plugin.ops.node_check.images import (
+from nri_cdi_testbed.node_check.images import (
     BUSYBOX_IMAGE,
     DEFAULT_PATH,
     PAUSE_IMAGE,

@@ -7,8 +7,8 @@ import posixpath
 import stat
 from collections.abc import Iterable
 
+from nri_cdi_testbed.node_check.cri import CriClient
 from nri_plugin.nri.versions import RuntimeInfo
-from nri_plugin.ops.node_check.cri import CriClient
 
 
 def nri_mount_order(destinations: Iterable[str]) -> list[str]:

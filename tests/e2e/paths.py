@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from nri_plugin.ops.node_check.paths import (
+from nri_cdi_testbed.node_check.paths import (
     DEFAULT_RUNTIME,
     INSTALL_SCRIPT,
     REPO,

@@ -7,8 +7,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from nri_plugin.ops.node_check.paths import REPO
-from nri_plugin.ops.node_check.plugin import PluginProcess
+from nri_cdi_testbed.node_check.paths import REPO
+from nri_cdi_testbed.node_check.plugin import PluginProcess
 
 __all__ = ["REPO", "PluginProcess", "launcher_script"]
 

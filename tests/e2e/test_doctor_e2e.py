@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cdi.nvidia.simnode import NodeLayout, build_node
+from nri_cdi_testbed.simnode import NodeLayout, build_node
 from tests.e2e import paths
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.plugin import REPO

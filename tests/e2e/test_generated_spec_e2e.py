@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cdi.nvidia.simnode import BuiltNode, NodeLayout, build_node
+from nri_cdi_testbed.simnode import BuiltNode, NodeLayout, build_node
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.images import DEFAULT_PATH, ImageConfig, image_from_tree

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cdi.hooks.launcher import LauncherError, build_launcher
-from cdi.nvidia.simnode import NodeLayout, build_node
+from nri_cdi_testbed.simnode import NodeLayout, build_node
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.test_generated_spec_e2e import PROG_C, _expected, _images, _run_prog

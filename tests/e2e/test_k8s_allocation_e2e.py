@@ -50,7 +50,7 @@ SLEEP = ["sleep", "600"]
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory, e2e_ready: None) -> dict[str, Any]:
-    from cdi.nvidia.simnode import BuiltNode, NodeLayout, build_node
+    from nri_cdi_testbed.simnode import BuiltNode, NodeLayout, build_node
 
     root = tmp_path_factory.mktemp("k8s")
     built = build_node(root / "node", NodeLayout.uniform(2))

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from cdi.nvidia.simnode import NodeLayout, build_node
+from nri_cdi_testbed.simnode import NodeLayout, build_node
 from tests.e2e.images import ImageConfig, image_from_tree
 from tests.e2e.test_generated_spec_e2e import PROG_C
 from tests.hooks.conftest import _cc, copy_glibc, host_loader
@@ -93,7 +93,7 @@ def _podman(world: dict[str, Path], spec: str, *args: str) -> subprocess.Complet
 
 
 def _node_id(world: dict[str, Path]) -> str:
-    from cdi.nvidia.simnode import BuiltNode
+    from nri_cdi_testbed.simnode import BuiltNode
 
     return str(BuiltNode.load(world["node"]).manifest["node_id"])
 

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None,
 @pytest.fixture(scope="module")
 def gpu_node(tmp_path_factory: pytest.TempPathFactory, e2e_ready: None) -> Path:
     """A simulated 2-GPU node and its spec + sidecar in ``<root>/cdi``."""
-    from cdi.nvidia.simnode import NodeLayout, build_node
+    from nri_cdi_testbed.simnode import NodeLayout, build_node
 
     root = tmp_path_factory.mktemp("gpunode")
     node = build_node(root / "node", NodeLayout.uniform(2))

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cdi.nvidia.simnode import BuiltNode, NodeLayout, build_node
+from nri_cdi_testbed.simnode import BuiltNode, NodeLayout, build_node
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.images import BUSYBOX_IMAGE

@@ -14,7 +14,7 @@ from types import ModuleType
 
 import pytest
 
-from cdi.nvidia.simnode import BuiltNode, NodeLayout, build_node
+from nri_cdi_testbed.simnode import BuiltNode, NodeLayout, build_node
 
 FAKE_PYNVML = Path(__file__).resolve().parents[1] / "fake_pynvml" / "pynvml.py"
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from cdi.nvidia.simnode import BuiltNode, in_node_namespace
+from nri_cdi_testbed.simnode import BuiltNode, in_node_namespace
 from tests.peers import absent, peer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from cdi.nvidia.devnodes import char_majors, control_node_plan
-from cdi.nvidia.simnode import BuiltNode, NodeLayout
 from cdi.spec import parse_spec
+from nri_cdi_testbed.simnode import BuiltNode, NodeLayout
 from tests.helpers import run_generate as generate
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-from cdi.nvidia.simnode import BuiltNode
+from nri_cdi_testbed.simnode import BuiltNode
 
 FAKE_DIR = Path(__file__).resolve().parents[1] / "fake_pynvml"
 
@@ -150,7 +150,7 @@ def test_init_failures(fake_pynvml: ModuleType, node8: BuiltNode) -> None:
 
 
 def test_mig_mode_not_supported(fake_pynvml: ModuleType, node_factory) -> None:  # type: ignore[no-untyped-def]
-    from cdi.nvidia.simnode import GpuSpec, NodeLayout
+    from nri_cdi_testbed.simnode import GpuSpec, NodeLayout
 
     gpu = GpuSpec(
         name="NVIDIA GeForce RTX 4090", brand=5, compute_capability=(8, 9), mig_capable=False

@@ -20,9 +20,9 @@ from cdi.hooks import cli as cli_ops
 from cdi.hooks import entry as hook_entry
 from cdi.nvidia import cli
 from cdi.nvidia.generate import GENERATOR_VERSION
-from cdi.nvidia.simnode import BuiltNode, NodeLayout
 from cdi.spec import parse_spec
 from cdi.yaml11 import dump_yaml
+from nri_cdi_testbed.simnode import BuiltNode, NodeLayout
 from tests.helpers import run_generate as generate
 
 NodeFactory = Callable[[str, NodeLayout], BuiltNode]

@@ -15,8 +15,8 @@ import pytest
 
 from cdi.hooks.cli import operations
 from cdi.nvidia import cli
-from cdi.nvidia.simnode import BuiltNode, NodeLayout
 from cdi.spec import parse_spec
+from nri_cdi_testbed.simnode import BuiltNode, NodeLayout
 from tests.helpers import run_generate as generate
 
 REPO = Path(__file__).resolve().parents[2]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from cdi.nvidia.simnode import BuiltNode, NodeLayout
 from cdi.spec import parse_spec
+from nri_cdi_testbed.simnode import BuiltNode, NodeLayout
 
 REPO = Path(__file__).resolve().parents[2]
 needs_nodes = pytest.mark.skipif(os.geteuid() != 0, reason="needs real device nodes (root)")

@@ -22,8 +22,8 @@ from cdi.hooks.cli import operations
 from cdi.linux.ldcache import read_ldcache
 from cdi.model import Hook
 from cdi.nvidia.cdi_commands import SPEC_DIRS_ENV
-from cdi.nvidia.simnode import BuiltNode, NodeLayout
 from cdi.spec import parse_spec
+from nri_cdi_testbed.simnode import BuiltNode, NodeLayout
 from nri_plugin.ops.cli import build_parser
 from tests.helpers import run_generate as generate
 from tests.hooks.conftest import make_bundle

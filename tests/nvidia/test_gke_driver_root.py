@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from cdi.linux.ldcache import read_ldcache
-from cdi.nvidia.simnode import NodeLayout
+from nri_cdi_testbed.simnode import NodeLayout
 from tests.nvidia.conftest import NodeFactory
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cdi.nvidia.simnode import BuiltNode, NodeLayout
 from cdi.spec import parse_spec
+from nri_cdi_testbed.simnode import BuiltNode, NodeLayout
 from tests.helpers import run_generate as generate
 
 needs_nodes = pytest.mark.skipif(os.geteuid() != 0, reason="needs real device nodes (root)")

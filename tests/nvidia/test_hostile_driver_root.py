@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cdi.nvidia.simnode import BuiltNode, NodeLayout
 from cdi.spec import parse_spec
+from nri_cdi_testbed.simnode import BuiltNode, NodeLayout
 from tests.helpers import hook_links, run_generate
 
 NodeFactory = Callable[[str, NodeLayout], BuiltNode]

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from cdi.nvidia.simnode import BuiltNode, NodeLayout
+from nri_cdi_testbed.simnode import BuiltNode, NodeLayout
 from tests.nvidia import peer_parity
 
 REASON = peer_parity.why_not_runnable() or (

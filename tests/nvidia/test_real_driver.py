@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cdi.nvidia.simnode import BuiltNode
 from cdi.spec import parse_spec
+from nri_cdi_testbed.simnode import BuiltNode
 from tests.helpers import hook_links
 from tests.helpers import run_generate as generate
 from tests.nvidia_debian import DATA as DATA_DIR

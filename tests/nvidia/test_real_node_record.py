@@ -17,8 +17,8 @@ import yaml
 from cdi.cache import Snapshot, SpecCache
 from cdi.edits import apply
 from cdi.libpath import merge_library_path
+from nri_cdi_testbed.node_check.check import spec_differences, spec_facts
 from nri_plugin.nri.versions import RuntimeInfo
-from nri_plugin.ops.node_check.check import spec_differences, spec_facts
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cdi.linux import elf, ldcache
-from cdi.nvidia.simnode import (
+from nri_cdi_testbed.simnode import (
     BuiltNode,
     GpuSpec,
     MigDevice,
@@ -464,7 +464,7 @@ def test_importable_without_gcc(tmp_path: Path) -> None:
     """Import needs no compiler; building without one fails with a clear message."""
     code = (
         "import sys\n"
-        "from cdi.nvidia.simnode import build_node, NodeLayout, SimNodeError\n"
+        "from nri_cdi_testbed.simnode import build_node, NodeLayout, SimNodeError\n"
         "try:\n"
         "    build_node(sys.argv[1], NodeLayout(device_nodes=False), cache_dir=sys.argv[2])\n"
         "except SimNodeError as e:\n"
@@ -483,14 +483,14 @@ def test_importable_without_gcc(tmp_path: Path) -> None:
 
 
 def test_library_sources_are_c_files_shipped_as_package_data() -> None:
-    """The simulated libraries' C lives in cdi/nvidia/simnode/c/, which the wheel carries
+    """The simulated libraries' C lives in nri_cdi_testbed/simnode/c/, which the wheel carries
     (doctor --e2e and the demo build nodes from an installed package)."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    folder = REPO / "cdi" / "nvidia" / "simnode" / "c"
-    sources = sorted(p.relative_to(REPO / "cdi").as_posix() for p in folder.glob("*"))
+    folder = REPO / "nri_cdi_testbed" / "simnode" / "c"
+    sources = sorted(p.relative_to(REPO / "nri_cdi_testbed").as_posix() for p in folder.glob("*"))
     assert {Path(s).name for s in sources} >= {"generic.c", "cuda.c", "nvml.c", "node_id.c"}
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    globs = pyproject["tool"]["setuptools"]["package-data"]["cdi"]
+    globs = pyproject["tool"]["setuptools"]["package-data"]["nri_cdi_testbed"]
     assert [s for s in sources if not any(fnmatch.fnmatch(s, g) for g in globs)] == []
     # No Python formatting left in the C: the node's values come as #define lines.
     for path in folder.glob("*.c"):

@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 
 from cdi.nvidia.discover import discover_nvml, load_nvml
-from cdi.nvidia.simnode import NVML_DESCRIPTION, BuiltNode, in_node_namespace
+from nri_cdi_testbed.simnode import NVML_DESCRIPTION, BuiltNode, in_node_namespace
 
 pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py (pynvml) is not installed")
 
@@ -92,7 +92,7 @@ def test_no_description_is_no_driver(node8: BuiltNode, tmp_path: Path) -> None:
 
 
 def test_description_is_read_afresh_on_each_init(node_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from cdi.nvidia.simnode import NodeLayout
+    from nri_cdi_testbed.simnode import NodeLayout
 
     node = node_factory("reinit", NodeLayout.uniform(2, seed="reinit"))
     assert len(_discover(node).gpus) == 2  # type: ignore[attr-defined]

@@ -9,7 +9,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from cdi.nvidia.simnode import BuiltNode
+from nri_cdi_testbed.simnode import BuiltNode
 
 
 def _replace(src: Path, dst: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cdi.nvidia.simnode import BuiltNode, NodeLayout, build_node
+from nri_cdi_testbed.simnode import BuiltNode, NodeLayout, build_node
 from nri_plugin.ops.doctor import Check, run_checks
 from nri_plugin.ops.metrics import Metrics
 from nri_plugin.ops.refresh import Watcher

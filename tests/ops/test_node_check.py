@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from nri_plugin.ops.node_check.check import spec_differences, spec_facts
+from nri_cdi_testbed.node_check.check import spec_differences, spec_facts
 
 
 def _gpu(name: str, minor: int) -> dict[str, Any]:
@@ -58,7 +58,7 @@ def test_the_plugin_keeps_the_callers_python_path(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from nri_plugin.ops.node_check.plugin import child_env
+    from nri_cdi_testbed.node_check.plugin import child_env
 
     (tmp_path / "only_on_the_callers_path.py").write_text("")
     env = child_env({**os.environ, "PYTHONPATH": str(tmp_path)})

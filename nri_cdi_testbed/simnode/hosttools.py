@@ -8,7 +8,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from cdi.nvidia.simnode.layout import SimNodeError
+from nri_cdi_testbed.simnode.layout import SimNodeError
 
 
 def find_ldconfig() -> str:

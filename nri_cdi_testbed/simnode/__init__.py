@@ -30,9 +30,9 @@ Compiled objects are cached by content (``cache_dir``, default
 building; importing this package needs neither.
 """
 
-from cdi.nvidia.simnode.builder import build_node
-from cdi.nvidia.simnode.cli import main
-from cdi.nvidia.simnode.layout import (
+from nri_cdi_testbed.simnode.builder import build_node
+from nri_cdi_testbed.simnode.cli import main
+from nri_cdi_testbed.simnode.layout import (
     DEFAULT_DRIVER_VERSION,
     EXTRAS,
     GpuSpec,
@@ -42,8 +42,8 @@ from cdi.nvidia.simnode.layout import (
     parse_mig_arg,
     parse_mig_devices,
 )
-from cdi.nvidia.simnode.node import MANIFEST_NAME, BuiltNode, in_node_namespace
-from cdi.nvidia.simnode.nvml import NVML_DESCRIPTION, nvml_description
+from nri_cdi_testbed.simnode.node import MANIFEST_NAME, BuiltNode, in_node_namespace
+from nri_cdi_testbed.simnode.nvml import NVML_DESCRIPTION, nvml_description
 
 __all__ = [
     "DEFAULT_DRIVER_VERSION",

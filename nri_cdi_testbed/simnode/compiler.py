@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from cdi.nvidia.simnode.layout import SimNodeError
+from nri_cdi_testbed.simnode.layout import SimNodeError
 
 
 @dataclass(frozen=True, slots=True)

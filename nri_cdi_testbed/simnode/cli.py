@@ -1,4 +1,4 @@
-"""``python -m cdi.nvidia.simnode ROOT``: build a simulated node from the command line."""
+"""``python -m nri_cdi_testbed.simnode ROOT``: build a simulated node from the command line."""
 
 from __future__ import annotations
 
@@ -7,21 +7,21 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cdi.nvidia.simnode.builder import build_node
-from cdi.nvidia.simnode.driverfiles import DIRS
-from cdi.nvidia.simnode.layout import (
+from nri_cdi_testbed.simnode.builder import build_node
+from nri_cdi_testbed.simnode.driverfiles import DIRS
+from nri_cdi_testbed.simnode.layout import (
     DEFAULT_DRIVER_VERSION,
     EXTRAS,
     NodeLayout,
     SimNodeError,
     parse_mig_arg,
 )
-from cdi.nvidia.simnode.node import BuiltNode
+from nri_cdi_testbed.simnode.node import BuiltNode
 
 
 def _arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m cdi.nvidia.simnode",
+        prog="python -m nri_cdi_testbed.simnode",
         description="Build a simulated NVIDIA GPU node (driver files, /dev, /proc, /sys).",
     )
     p.add_argument("root", type=Path, help="folder to build in (created, must be empty)")

@@ -6,7 +6,7 @@ that ask for one GPU, and checks inside them: the GPU's device node and no other
 ``nvidia-smi -L``, a CUDA driver API probe (``cuda_probe.c``, built with gcc here),
 ``NVIDIA_DRIVER_CAPABILITIES`` and ``NVIDIA_REQUIRE_CUDA``. Without a GPU (no
 ``/dev/nvidiactl``, or NVML not loadable) the same checks run on a simulated node
-(cdi/nvidia/simnode/). Everything started is stopped and removed, on failure and on
+(nri_cdi_testbed/simnode/). Everything started is stopped and removed, on failure and on
 Ctrl-C/SIGTERM too.
 """
 
@@ -33,15 +33,15 @@ import yaml
 from cdi.extras import MissingDependencyError
 from cdi.nvidia.discover import DiscoveryError, Roots, _run_nvml
 from cdi.nvidia.driver import find_nvml_library
-from cdi.nvidia.simnode import BuiltNode, NodeLayout, SimNodeError, build_node
 from cdi.spec import read_spec
+from nri_cdi_testbed.node_check import images, paths
+from nri_cdi_testbed.node_check.containerd import Containerd, ContainerdError
+from nri_cdi_testbed.node_check.cri import CriClient
+from nri_cdi_testbed.node_check.images import import_image
+from nri_cdi_testbed.node_check.plugin import PluginProcess
+from nri_cdi_testbed.simnode import BuiltNode, NodeLayout, SimNodeError, build_node
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
-from nri_plugin.ops.node_check import images, paths
-from nri_plugin.ops.node_check.containerd import Containerd, ContainerdError
-from nri_plugin.ops.node_check.cri import CriClient
-from nri_plugin.ops.node_check.images import import_image
-from nri_plugin.ops.node_check.plugin import PluginProcess
 
 PROBE_SOURCE = Path(__file__).with_name("cuda_probe.c")
 PROBE_IMAGE = "localhost/nri-cdi/cuda-probe:doctor"
@@ -623,7 +623,7 @@ def add_arguments(parser: Any) -> None:
     group.add_argument("--simulated", action="store_true",
                        help="use a simulated node even where a GPU is present")
     group.add_argument("--sim-node", type=Path, metavar="DIR",
-                       help="an already built simulated node (cdi/nvidia/simnode/)")
+                       help="an already built simulated node (nri_cdi_testbed/simnode/)")
     group.add_argument("--e2e-spec-dir", type=Path, metavar="DIR",
                        help="check the specs in DIR instead of generating them")
     group.add_argument("--driver-root", type=Path, help="the real node's driver root (default /)")

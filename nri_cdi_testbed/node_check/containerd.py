@@ -21,10 +21,10 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+from nri_cdi_testbed.node_check import paths
+from nri_cdi_testbed.node_check.cri import CriClient
+from nri_cdi_testbed.node_check.images import PAUSE_IMAGE, import_image
 from nri_plugin.nri.errors import NRIPluginError
-from nri_plugin.ops.node_check import paths
-from nri_plugin.ops.node_check.cri import CriClient
-from nri_plugin.ops.node_check.images import PAUSE_IMAGE, import_image
 
 MNT_DETACH = 2
 

@@ -1,5 +1,5 @@
 /* Simulated NVML (nri-cdi's simulated node): answers from the node description that
- * cdi/nvidia/simnode/nvml.py writes (simnode-nvml.txt at the node's top, found by walking up
+ * nri_cdi_testbed/simnode/nvml.py writes (simnode-nvml.txt at the node's top, found by walking up
  * from this library's own path, or named by $SIMNODE_NVML_NODE). The same object serves
  * every node: it reads the description when NVML starts. Followed by generic.c and
  * node_id.c. */
@@ -20,7 +20,7 @@
 #define E_DRIVER 9
 #define E_UNKNOWN 999
 #define MAXGPU 32
-#define MAXMIG 16 /* NVML_MAX_MIG in cdi/nvidia/simnode/nvml.py */
+#define MAXMIG 16 /* NVML_MAX_MIG in nri_cdi_testbed/simnode/nvml.py */
 #define SLEN 96
 
 enum { M_GPU = 0x51a0, M_MIG, M_GI, M_CI };

@@ -1,6 +1,6 @@
 /* Simulated libcuda (nri-cdi's simulated node): enough of the CUDA driver API to prove that a
  * container reaches the GPUs it was given. Appended to generic.c and followed by node_id.c;
- * the builder (cdi/nvidia/simnode/csource.py) defines SIMNODE_GPUS (the node's GPUs as
+ * the builder (nri_cdi_testbed/simnode/csource.py) defines SIMNODE_GPUS (the node's GPUs as
  * initialisers {minor, "name", MiB}) and SIMNODE_CUDA_VERSION (e.g. 13000 for CUDA 13.0). */
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 # The folder that holds the nri_plugin package (a source checkout, or site-packages).
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = "scripts/install-containerd.sh"
 # bookworm's runc by default; $NRI_CDI_RUNC names another (a node without /usr/sbin/runc).
 RUNC = Path(os.environ.get("NRI_CDI_RUNC") or "/usr/sbin/runc")

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nri_plugin.ops.node_check import paths
+from nri_cdi_testbed.node_check import paths
 
 PAUSE_IMAGE = "localhost/nri-cdi/pause:e2e"
 BUSYBOX_IMAGE = "localhost/nri-cdi/busybox:e2e"

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cdi.nvidia.simnode.layout import SimNodeError
+from nri_cdi_testbed.simnode.layout import SimNodeError
 
 # What the simulated libnvidia-ml reads; it finds it by walking up from its own file.
 NVML_DESCRIPTION = "simnode-nvml.txt"

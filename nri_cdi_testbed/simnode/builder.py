@@ -9,11 +9,19 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from cdi.nvidia.simnode.compiler import Compiler, Job, default_cache_dir
-from cdi.nvidia.simnode.csource import c_source
-from cdi.nvidia.simnode.driverfiles import BINARIES, DIRS, FIRMWARE, LIBS, XORG_LIBS, Lib, configs
-from cdi.nvidia.simnode.hosttools import find_ldconfig, make_socket
-from cdi.nvidia.simnode.layout import (
+from nri_cdi_testbed.simnode.compiler import Compiler, Job, default_cache_dir
+from nri_cdi_testbed.simnode.csource import c_source
+from nri_cdi_testbed.simnode.driverfiles import (
+    BINARIES,
+    DIRS,
+    FIRMWARE,
+    LIBS,
+    XORG_LIBS,
+    Lib,
+    configs,
+)
+from nri_cdi_testbed.simnode.hosttools import find_ldconfig, make_socket
+from nri_cdi_testbed.simnode.layout import (
     CTL_MINOR,
     DRM_MAJOR,
     MANIFEST_FORMAT,
@@ -24,9 +32,9 @@ from cdi.nvidia.simnode.layout import (
     SimNodeError,
     det_uuid,
 )
-from cdi.nvidia.simnode.node import MANIFEST_NAME, BuiltNode
-from cdi.nvidia.simnode.nvml import NVML_DESCRIPTION, nvml_description
-from cdi.nvidia.simnode.procfs import (
+from nri_cdi_testbed.simnode.node import MANIFEST_NAME, BuiltNode
+from nri_cdi_testbed.simnode.nvml import NVML_DESCRIPTION, nvml_description
+from nri_cdi_testbed.simnode.procfs import (
     PARAMS,
     cap_text,
     ci_cap_minor,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from nri_plugin.ops.node_check import paths
+from nri_cdi_testbed.node_check import paths
 
 
 def load_stubs() -> tuple[ModuleType, ModuleType]:

@@ -7,9 +7,9 @@ import json
 from functools import cache
 from importlib.resources import files
 
-from cdi.nvidia.simnode.driverfiles import Lib
-from cdi.nvidia.simnode.layout import NodeLayout
-from cdi.nvidia.simnode.nvml import memory_mb
+from nri_cdi_testbed.simnode.driverfiles import Lib
+from nri_cdi_testbed.simnode.layout import NodeLayout
+from nri_cdi_testbed.simnode.nvml import memory_mb
 
 _EXPORT = '__attribute__((visibility("default")))'
 # Which files make each kind of library, in order (generic.c: every library's two names).
@@ -24,7 +24,7 @@ _PARTS = {
 @cache
 def _read(name: str) -> str:
     """A file of ``c/``, read when a node is first built (package data in the wheel)."""
-    return files("cdi.nvidia.simnode").joinpath("c", name).read_text()
+    return files("nri_cdi_testbed.simnode").joinpath("c", name).read_text()
 
 
 def _define(name: str, value: object) -> str:
@@ -54,6 +54,6 @@ def c_source(lib: Lib, name: str, layout: NodeLayout, *, bits: int) -> str:
     generic.c alone: there is no 32-bit libc here, so they stay header- and libc-free."""
     kind = "generic" if bits == 32 else lib.kind
     parts = ", ".join(f"c/{part}" for part in _PARTS[kind])
-    header = f"/* Built by cdi/nvidia/simnode/csource.py from {parts} */\n"
+    header = f"/* Built by nri_cdi_testbed/simnode/csource.py from {parts} */\n"
     return (header + _defines(name, layout, kind)
             + "".join(_read(part) for part in _PARTS[kind]))

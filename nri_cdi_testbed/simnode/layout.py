@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from cdi.nvidia.simnode.driverfiles import DIRS
+from nri_cdi_testbed.simnode.driverfiles import DIRS
 
 DEFAULT_DRIVER_VERSION = "580.82.07"
 MANIFEST_FORMAT = 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from cdi.nvidia.simnode.layout import (
+from nri_cdi_testbed.simnode.layout import (
     CI_PER_GI,
     DRM_MAJOR,
     GI_PER_GPU,

@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from nri_plugin.ops.node_check.paths import REPO
+from nri_cdi_testbed.node_check.paths import REPO
 
 
 def child_env(environ: Mapping[str, str]) -> dict[str, str]:
