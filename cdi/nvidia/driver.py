@@ -149,6 +149,8 @@ CAPABILITY_PREFIXES: dict[str, tuple[str, ...]] = {
                  "libGLESv2_nvidia.so", "libGLESv1_CM_nvidia.so", "libnvidia-glvkspirv.so",
                  "libnvidia-cbl.so", "libnvidia-api.so"),
     "ngx": ("libnvidia-ngx.so", "nvngx.dll", "_nvngx.dll"),
+    # The X server's driver and GLX modules.
+    "display": ("nvidia_drv.so", "libglxserver_nvidia.so"),
 }
 
 

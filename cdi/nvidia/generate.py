@@ -357,26 +357,11 @@ def device_edits(nodes: DeviceNodes, opts: Options) -> ContainerEdits:
     NVIDIA's hook programs, which know no ``--device-link``: there the device has its own
     create-symlinks entry, as nvidia-ctk writes it. Also the groups its nodes need."""
     hooks = _hook(opts, _symlink_step(opts, nodes.links)) if _nvidia_program(opts) else ()
-    return ContainerEdits(device_nodes=tuple(_device_node(n) for n in nodes.nodes)
-                          + _by_path_nodes(nodes, opts),
+    # Link mode ``mounts`` runs no hook, so it has no ``/dev/dri/by-path`` links (as
+    # nvidia-ctk with its create-symlinks hook disabled): given as device nodes of their
+    # own, each would carry a second, identical device-cgroup rule.
+    return ContainerEdits(device_nodes=tuple(_device_node(n) for n in nodes.nodes),
                           hooks=hooks, additional_gids=_gids(opts, nodes.nodes))
-
-
-def _by_path_nodes(nodes: DeviceNodes, opts: Options) -> tuple[DeviceNode, ...]:
-    """Link mode ``mounts`` runs no hook to make the ``/dev/dri/by-path`` links, so each is
-    given as the node it points at, under the link's name: what opens the by-path name
-    (Vulkan/EGL device selection by PCI address) gets the same device."""
-    if opts.link_mode != "mounts":
-        return ()
-    by_container = {n.path: n for n in nodes.nodes}
-    out = []
-    for node_path, link in device_links(nodes):
-        node = by_container.get(node_path)
-        if node is not None and node_path == posixpath.normpath(
-                posixpath.join(posixpath.dirname(link.path), link.target)):
-            out.append(_device_node(node._replace(path=link.path))._replace(
-                host_path=node.host))
-    return tuple(out)
 
 
 # --- simplification -------------------------------------------------------------------------
@@ -580,15 +565,33 @@ def _with_version(spec: SpecData, maximum: str | None) -> SpecData:
 
 
 def capability_files(driver: DriverFiles) -> dict[str, list[str]]:
-    """Container paths of libraries and binaries by driver capability (``other``: none)."""
+    """The driver's files by the driver capability they serve (``other``: none), each by
+    its host path: a consumer filtering a spec's mounts knows a file by what it mounts,
+    whichever container path (a link name, in a hook-free spec) it is mounted at."""
     out: dict[str, list[str]] = {}
     lib32 = tuple(f"{d}/" for d in driver.lib32_dirs)
     for m in (*driver.libraries, *driver.binaries):
         # The i386 libraries are compat32's, whatever they serve (as libnvidia-container).
         cap = "compat32" if lib32 and m.path.startswith(lib32) else (
             capability_of(m.path.rsplit("/", 1)[-1]) or "other")
-        out.setdefault(cap, []).append(m.path)
-    return {k: sorted(v) for k, v in sorted(out.items())}
+        out.setdefault(cap, []).append(m.host)
+    for m in driver.configs:
+        out.setdefault(config_capability(m.path), []).append(m.host)
+    return {k: sorted(set(v)) for k, v in sorted(out.items())}
+
+
+def config_capability(path: str) -> str:
+    """The capability a driver configuration file serves, by its container path: the
+    OpenCL ICD is compute's; the Vulkan, EGL and GLVND files, OptiX's data and the
+    application profiles are graphics'; the X server's configuration is display's."""
+    if path.endswith("/OpenCL/vendors/nvidia.icd"):
+        return "compute"
+    if "/X11/" in path:
+        return "display"
+    if any(part in path for part in ("/vulkan/", "/glvnd/", "/egl/", "/nvoptix.bin",
+                                     "/nvidia-application-profiles-")):
+        return "graphics"
+    return "other"
 
 
 def spec_annotations(inv: Inventory, fp: str) -> dict[str, str]:

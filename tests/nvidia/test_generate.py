@@ -407,10 +407,15 @@ def test_metadata_sidecar(nodes: dict[str, BuiltNode], tmp_path: Path) -> None:
     gpu1 = meta["devices"]["1"]
     assert (gpu1["arch"], gpu1["brand"], gpu1["type"]) == ("9.0", "nvidia", "gpu")
     assert meta["devices"]["3:1"]["profile"] == "2g.20gb+gfx"
-    lib = node.manifest["lib_dir"]
-    assert f"{lib}/libcuda.so.{node.driver_version}" in meta["capabilities"]["compute"]
-    assert "/usr/bin/nvidia-smi" in meta["capabilities"]["utility"]
-    assert f"{lib}/libnvidia-glcore.so.{node.driver_version}" in meta["capabilities"]["graphics"]
+    # By host file (the driver root's), whatever container path mounts it.
+    lib = f"{node.driver_root}{node.manifest['lib_dir']}"
+    caps = meta["capabilities"]
+    assert f"{lib}/libcuda.so.{node.driver_version}" in caps["compute"]
+    assert f"{node.driver_root}/usr/bin/nvidia-smi" in caps["utility"]
+    assert f"{lib}/libnvidia-glcore.so.{node.driver_version}" in caps["graphics"]
+    # The driver's configuration files too: OpenCL's ICD is compute's, Vulkan's graphics'.
+    assert f"{node.driver_root}/etc/OpenCL/vendors/nvidia.icd" in caps["compute"]
+    assert [p for p in caps["graphics"] if p.endswith("/vulkan/icd.d/nvidia_icd.json")]
     # The sidecar does not end in .json: spec folders would read it as a broken spec.
     assert not any(p.name.endswith((".json", ".yaml")) and p != target for p in tmp_path.iterdir())
 

@@ -151,7 +151,7 @@ def test_the_sidecar_names_the_i386_libraries_compat32(
                            str(kernel.dev_root), "--output", str(out)])
     assert rc == 0, err
     caps = json.loads((tmp_path / "nvidia.yaml.meta").read_text())["capabilities"]
-    assert f"/usr/lib/i386-linux-gnu/nvidia/current/libcuda.so.{VERSION}" in caps["compat32"]
+    assert f"{root}/usr/lib/i386-linux-gnu/nvidia/current/libcuda.so.{VERSION}" in caps["compat32"]
     assert not [p for p in caps["compute"] if "i386" in p]
 
 
@@ -165,14 +165,63 @@ def test_nvml_fails_cleanly_and_auto_falls_back(root: Path, kernel: BuiltNode) -
     assert "using procfs" in err and "nvidia.com/gpu" in out
 
 
-def test_mounts_mode_gives_the_by_path_names_as_nodes(
+def test_mounts_mode_has_no_by_path_links_and_no_second_rule_per_node(
         specs: dict[str, dict[str, object]]) -> None:
-    # No hook makes the /dev/dri/by-path links in mounts mode: the nodes are given there.
+    # No hook makes the /dev/dri/by-path links in mounts mode, and as device nodes of their
+    # own they would each bring a second, identical device-cgroup rule (as nvidia-ctk
+    # without its create-symlinks hook: no links).
     devices = specs["mounts"]["devices"]
     assert isinstance(devices, list)
     (gpu0,) = [d["containerEdits"] for d in devices if d["name"] == "0"]
-    nodes = {n["path"]: n for n in gpu0["deviceNodes"]}
-    by_path = [p for p in nodes if p.startswith("/dev/dri/by-path/")]
-    assert len(by_path) == 2
-    card = next(p for p in by_path if p.endswith("-card"))
-    assert nodes[card]["hostPath"].endswith("/dev/dri/card0")
+    paths = [n["path"] for n in gpu0["deviceNodes"]]
+    assert "/dev/dri/card0" in paths
+    assert not [p for p in paths if p.startswith("/dev/dri/by-path/")]
+    numbers = [(n.get("major"), n.get("minor")) for n in gpu0["deviceNodes"]]
+    assert len(numbers) == len(set(numbers))
+
+
+# Files of the graphics and video capabilities, whatever name a spec mounts them at.
+NOT_COMPUTE = ("libEGL_nvidia.so", "libGLX_nvidia.so", "libGLESv2_nvidia.so", "libnvcuvid.so",
+               "libnvidia-encode.so", "libnvidia-opticalflow.so", "libnvoptix.so",
+               "libvdpau_nvidia.so", "libnvidia-glcore.so", "nvoptix.bin", "nvidia_icd.json",
+               "10_nvidia.json", "libnvidia-fbc.so")
+
+
+@pytest.mark.parametrize("mode", LINK_MODES)
+def test_driver_capabilities_leave_out_every_mount_of_a_file_they_do_not_ask_for(
+        root: Path, kernel: BuiltNode, tmp_path: Path, mode: str) -> None:
+    """A hook-free spec mounts one library at its versioned name and at each link name
+    (libEGL_nvidia.so.0 too): a container asking for compute,utility gets none of them,
+    and none of the graphics configuration files either (real Debian driver files)."""
+    from cdi.cache import SpecCache
+    from nri_plugin.nri.api import nri_pb2
+    from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+    from nri_plugin.plugins.cdi_injector.vendor import Registry
+    from nri_plugin.vendors.nvidia.rules import NvidiaRules
+
+    folder = tmp_path / "cdi"
+    folder.mkdir()
+    rc, _, err = generate(["--mode", "procfs", "--driver-root", str(root), "--dev-root",
+                           str(kernel.dev_root), "--link-mode", mode, "--hook-path",
+                           "/usr/local/bin/nri-cdi", "--output", str(folder / "nvidia.yaml")])
+    assert rc == 0, err
+    registry = Registry.load(SpecCache([str(folder)]).refresh(), [NvidiaRules()])
+    injector = CdiInjector(lambda: registry, vendors=[NvidiaRules()])
+    injector.configure("", "containerd", "1.7.24")
+    pod = nri_pb2.PodSandbox(id="p", name="pod", namespace="default",
+                             annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
+
+    def mounted(*env: str) -> dict[str, str]:
+        ctr = nri_pb2.Container(id="c", pod_sandbox_id="p", name="app", env=list(env))
+        injection = injector.decide(pod, ctr)
+        assert injection is not None
+        return {m.destination: m.source for m in injection.adjustment.mounts}
+
+    everything = mounted("NVIDIA_DRIVER_CAPABILITIES=all")
+    trimmed = mounted("NVIDIA_DRIVER_CAPABILITIES=compute,utility")
+    graphics = {path for path, source in everything.items()
+                if posixpath.basename(source).startswith(NOT_COMPUTE)}
+    assert any(p.endswith("/libEGL_nvidia.so.0") for p in graphics) == (mode == "mounts")
+    assert graphics and not graphics & set(trimmed)
+    assert any(p.endswith("/libcuda.so.1") for p in trimmed) == (mode == "mounts")
+    assert [p for p in trimmed if "/libcuda.so." in p]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from cdi.model import ContainerEdits
+from cdi.model import ContainerEdits, Mount
+from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
 
 ENV = "NVIDIA_DRIVER_CAPABILITIES"
@@ -24,6 +25,7 @@ _IMPLIES = {"video": frozenset({"compute"}), "display": frozenset({"graphics"})}
 
 class CapabilityError(Refusal):
     default_rule = "nvidia.capabilities"
+    default_code = Code.INVALID_ARGUMENT
 
 
 def requested_capabilities(env: Mapping[str, str], *, legacy: bool = False) -> frozenset[str]:
@@ -51,13 +53,20 @@ def _expand(names: frozenset[str]) -> frozenset[str]:
 
 def filter_edits(edits: ContainerEdits, capability_of: Mapping[str, str],
                  wanted: frozenset[str]) -> ContainerEdits:
-    """``edits`` without the mounts whose container path belongs to a capability not in
-    ``wanted``. Files of no capability (``other``), device nodes, hooks and env stay."""
+    """``edits`` without the mounts of driver files that belong to a capability not in
+    ``wanted``. A mount is known by the host file it mounts, whatever container path it
+    has: a hook-free spec mounts one library at its versioned name and at each link name
+    (``libEGL_nvidia.so.0``), all of the same file. Sidecars older than that record
+    container paths, which are tried next. Files of no capability (``other``), device
+    nodes, hooks and env stay."""
     if wanted >= KNOWN or not capability_of:
         return edits
-    kept = tuple(m for m in edits.mounts
-                 if capability_of.get(m.container_path, "other") in wanted
-                 or capability_of.get(m.container_path, "other") == "other")
+
+    def capability(mount: Mount) -> str:
+        return capability_of.get(mount.host_path) or capability_of.get(
+            mount.container_path, "other")
+
+    kept = tuple(m for m in edits.mounts if capability(m) in wanted or capability(m) == "other")
     if len(kept) == len(edits.mounts):
         return edits
     return edits._replace(mounts=kept)
