@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import DecodeError, Message
@@ -24,7 +24,7 @@ from nri_plugin.nri.api import (
 )
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.plugin import Plugin
-from nri_plugin.nri.wire import Code, length_delimited
+from nri_plugin.nri.wire import Code
 from nri_plugin.nri.wire._bounded import bound_message
 
 log = logging.getLogger(__name__)
@@ -112,58 +112,11 @@ def _as_updates(updates: Iterable[nri_pb2.ContainerUpdate] | None) -> list[Any]:
     return [] if updates is None else list(updates)
 
 
-def _encoded(adjustment: nri_pb2.ContainerAdjustment) -> bytes:
-    return adjusted_reply(adjustment.SerializeToString())
-
-
-def _create(plugin: Plugin, req: nri_pb2.CreateContainerRequest,
-            encode: Callable[[nri_pb2.ContainerAdjustment], bytes] = _encoded,
-            ) -> Message | bytes:
+def _create(plugin: Plugin, req: nri_pb2.CreateContainerRequest) -> Message:
     result = plugin.create_container(req.pod, req.container)
     if isinstance(result, nri_pb2.ContainerAdjustment):
-        return encode(result)
+        return nri_pb2.CreateContainerResponse(adjust=result)
     return nri_pb2.CreateContainerResponse() if result is None else result
-
-
-class KeptReplies:
-    """CreateContainer replies of a plugin whose adjustments are immutable
-    (``Plugin.adjustments_immutable``), encoded once per adjustment object: a plugin
-    that keeps its answers returns the same object for every container asking alike,
-    and encoding it again was 8 us (two devices) to 23 us (eight GPUs, 60 libraries)
-    of each cold CreateContainer before its reply left (bench_plugin.py (i)).
-
-    Keyed by the object's id while holding the object itself, so that no id is reused
-    for another one while kept; at most ``SIZE`` kept, the oldest dropped first (a
-    plugin that returns a new object every time holds no more than that)."""
-
-    SIZE = 64
-
-    __slots__ = ("_kept",)
-
-    def __init__(self) -> None:
-        self._kept: dict[int, tuple[nri_pb2.ContainerAdjustment, bytes]] = {}
-
-    def encoded(self, adjustment: nri_pb2.ContainerAdjustment) -> bytes:
-        kept = self._kept.get(id(adjustment))
-        if kept is not None:
-            return kept[1]
-        reply = _encoded(adjustment)
-        self._kept[id(adjustment)] = (adjustment, reply)
-        if len(self._kept) > self.SIZE:
-            del self._kept[next(iter(self._kept))]  # dicts keep insertion order
-        return reply
-
-
-_ADJUST_FIELD = 1  # CreateContainerResponse.adjust
-
-
-def adjusted_reply(adjustment: bytes) -> bytes:
-    """The encoded CreateContainerResponse that carries the encoded ContainerAdjustment
-    ``adjustment``, as protobuf encodes it. Built by hand because
-    ``CreateContainerResponse(adjust=...)`` deep-copies the adjustment first: for 8 GPUs
-    (8.6 KB) that copy and serialization took 18 us hot and 33 us cold against 5 and 20 us
-    for this (tests/nri_plugin/test_dispatch.py checks the bytes are protobuf's)."""
-    return length_delimited(_ADJUST_FIELD, adjustment)
 
 
 def _update(plugin: Plugin, req: nri_pb2.UpdateContainerRequest) -> Message:
@@ -208,7 +161,7 @@ def _state_change(plugin: Plugin, req: nri_pb2.StateChangeEvent) -> Message:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Route:
     request: type[Message]
-    call: Callable[[Plugin, Any], Message | bytes]  # bytes: already encoded
+    call: Callable[[Plugin, Any], Message]
     handler: str | None  # the Plugin method behind it; None for protocol-level rows
 
 
@@ -245,12 +198,6 @@ ROUTES: dict[str, Route] = {
 METHODS: frozenset[str] = frozenset({*ROUTES, "Configure", "Synchronize", "Shutdown"})
 
 
-def _kept_routes(kept: KeptReplies) -> dict[str, Route]:
-    """ROUTES with each CreateContainer reply encoded once per adjustment (``kept``)."""
-    def create(plugin: Plugin, req: nri_pb2.CreateContainerRequest) -> Message | bytes:
-        return _create(plugin, req, kept.encoded)
-
-    return {**ROUTES, "CreateContainer": replace(ROUTES["CreateContainer"], call=create)}
 SERVICES: dict[str, frozenset[str]] = {PLUGIN_SERVICE: METHODS}
 
 
@@ -348,8 +295,6 @@ class Dispatcher:
         self.synchronized = False
         self.sync_stalled: str | None = None  # why Synchronize cannot complete
         self._sync = SyncCollector()
-        self._kept = KeptReplies() if plugin.adjustments_immutable else None
-        self._routes = ROUTES if self._kept is None else _kept_routes(self._kept)
 
     def dispatch(self, method: str, payload: bytes) -> bytes:
         """Handle one Plugin-service request; return the serialized reply.
@@ -378,15 +323,14 @@ class Dispatcher:
         if method == "Shutdown":
             self.plugin.shutdown()
             return _EMPTY
-        route = self._routes.get(method)
+        route = ROUTES.get(method)
         if route is None:
             raise RpcError(Code.UNIMPLEMENTED, f"method {method}")
         request = route.request.FromString(payload)
         if route.handler is not None and not implemented(self.plugin, route.handler):
             # Go stub behaviour: a missing handler is an empty reply, not an error.
             return _EMPTY
-        reply = route.call(self.plugin, request)
-        return reply if isinstance(reply, bytes) else reply.SerializeToString()
+        return route.call(self.plugin, request).SerializeToString()
 
     def _configure(self, req: nri_pb2.ConfigureRequest) -> bytes:
         requested = self.plugin.configure(req.config, req.runtime_name, req.runtime_version)

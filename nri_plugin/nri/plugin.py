@@ -14,7 +14,6 @@ CreateContainer an error status fails the container's creation (docs/nri-protoco
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import ClassVar
 
 from nri_plugin.nri.api import EventMask, nri_pb2
 
@@ -30,12 +29,6 @@ Updates = Iterable[ContainerUpdate] | None
 
 class Plugin:
     """Base class for NRI plugins. Every method is optional."""
-
-    # True: no adjustment ``create_container`` returns is changed after it is returned (a
-    # plugin that keeps its answers and returns the same object for containers alike).
-    # The dispatcher then encodes each such object once and answers with those bytes
-    # again (dispatch.KeptReplies).
-    adjustments_immutable: ClassVar[bool] = False
 
     # --- setup --------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from nri_plugin.nri.api import RUNTIME_SERVICE, nri_pb2
-from nri_plugin.nri.dispatch import SERVICES, Configuration, Dispatcher, RpcError, SyncStalledError
+from nri_plugin.nri.dispatch import SERVICES, Configuration, Dispatcher, RpcError
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.versions import (
@@ -58,10 +58,8 @@ WRITE_HIGH_WATER = 1 << 20
 STALL_TIMEOUT = 10.0
 # Warn when a handler uses more than this share of the runtime's request timeout.
 SLOW_HANDLER_SHARE = 0.25
-# Each connection reads into one buffer of this size, allocated once: asyncio's plain
-# Protocol has the socket allocate 256 KiB for every read (glibc maps it, shrinks it and
-# unmaps it again: three syscalls and a page fault per request): 8.7 us against 0.9 for
-# a 1.5 KB message (bench_plugin.py (g)).
+# Each connection reads into one buffer of this size, allocated once (asyncio's plain
+# Protocol would allocate one for every read).
 READ_SIZE = 256 << 10
 
 Callback = Callable[["Stub"], Awaitable[None] | None]
@@ -105,10 +103,8 @@ class _Session(asyncio.BufferedProtocol):
     """One connection: feeds ``Connection``, runs handlers, resolves our calls."""
 
     def __init__(self, plugin: Plugin, log: logging.Logger, *,
-                 stall_timeout: float = STALL_TIMEOUT,
-                 after_replies: Callable[[], object] | None = None) -> None:
+                 stall_timeout: float = STALL_TIMEOUT) -> None:
         self.log = log
-        self.after_replies = after_replies
         self.loop = asyncio.get_running_loop()
         self._read = memoryview(bytearray(READ_SIZE))
         self.conn = Connection(services=SERVICES, logger=log)
@@ -176,21 +172,13 @@ class _Session(asyncio.BufferedProtocol):
             self._abort(exc)
             return
         self.flush()
-        if self.after_replies is not None:
-            self._run_after_replies(self.after_replies)
         if self.shutdown_requested and self.transport is not None:
             self.transport.close()
-
-    def _run_after_replies(self, work: Callable[[], object]) -> None:
-        try:
-            work()
-        except Exception:  # a bug in put-off work must not drop the connection
-            self.log.exception("work after the replies failed")
 
     def _handle(self, events: list[Any]) -> None:
         for event in events:
             if isinstance(event, RequestReceived):
-                self._serve(event)
+                self._answer(event)
             elif isinstance(event, ResponseReceived):
                 future = self.calls.pop(event.stream_id, None)
                 if future is not None and not future.done():
@@ -200,19 +188,18 @@ class _Session(asyncio.BufferedProtocol):
             elif isinstance(event, ConnectionClosed):
                 self._finish(None)
 
-    def _serve(self, event: RequestReceived) -> None:
+    def _answer(self, event: RequestReceived) -> None:
         started = self.loop.time()
         try:
             payload = self.dispatcher.dispatch(event.method, event.payload)
         except RpcError as err:
-            if not isinstance(err, SyncStalledError):  # the dispatcher logged it in full
-                self.log.warning("%s failed: %s", event.method, err.message)
+            # The plugin said why, where it refused (its own log line); a bug was logged
+            # by the dispatcher in full.
+            self.log.debug("%s answered with an error: %s", event.method, err.message)
             self._reply(event, b"", err.code, err.message)
         else:
             self._reply(event, payload)
-        # The reply leaves now: the runtime waits on it (CreateContainer inside its own
-        # CreateContainer), and what follows is ours alone (cold, the latency check below
-        # was 3 us between the reply and its write).
+        # The reply leaves now: the runtime waits on it.
         self.flush()
         if event.method == "Shutdown":
             self.shutdown_requested = True
@@ -311,7 +298,6 @@ class Stub:
         retry_max: float = RETRY_MAX,
         stall_timeout: float = STALL_TIMEOUT,
         logger: logging.Logger | None = None,
-        after_replies: Callable[[], object] | None = None,
     ) -> None:
         env = os.environ if env is None else env
         Dispatcher(plugin)  # fail now, not on connect, if nothing is implemented
@@ -332,10 +318,6 @@ class Stub:
         self.retry_initial = retry_initial
         self.retry_max = retry_max
         self.stall_timeout = stall_timeout
-        # Called once the replies to what one read of the socket brought have been
-        # written: for work a handler put off past its reply (the runtime waits on the
-        # reply, not on that work), without an event loop round (call_soon) before it.
-        self.after_replies = after_replies
         self.log = logger or logging.getLogger("nri_plugin.nri.stub")
         self._session: _Session | None = None
         self._registered = False
@@ -384,7 +366,7 @@ class Stub:
             # containerd restoring its tasks answers only once CRI is up again).
             self.log.info("connected to %s; registering", self.socket_path or "the runtime")
             served_socket = _socket_identity(self.socket_path)
-            await self._serve(session)
+            await self._session_until_closed(session)
             if self.launched or session.shutdown_requested or self._stopping:
                 return
             if session.dispatcher.synchronized:
@@ -451,8 +433,7 @@ class Stub:
         if sock is None and self._fd is not None:
             sock = socket.socket(fileno=self._fd)
         def factory() -> _Session:
-            return _Session(self.plugin, self.log, stall_timeout=self.stall_timeout,
-                            after_replies=self.after_replies)
+            return _Session(self.plugin, self.log, stall_timeout=self.stall_timeout)
 
         if sock is not None:
             _, session = await loop.create_unix_connection(factory, sock=sock)
@@ -463,8 +444,8 @@ class Stub:
                 self.registration_timeout)
         return session
 
-    async def _serve(self, session: _Session) -> bool:
-        """Register and wait for the end of the connection; True if we got registered."""
+    async def _session_until_closed(self, session: _Session) -> None:
+        """Register and wait for the end of the connection."""
         self._session = session
         error: BaseException | None = None
         try:
@@ -479,16 +460,11 @@ class Stub:
             error = exc
             session.close()
         finally:
-            registered, self._registered = self._registered, False
+            self._registered = False
             self._session = None
         self.log.info("connection closed%s", f": {error}" if error else "")
         if self.on_close is not None:
             await _maybe_await(self.on_close(self, error))
-        # A session whose Synchronize cannot complete (paging stalled, or a frame over the
-        # protocol's 4 MiB from an NRI < 0.7 runtime that cannot page) is not a good one:
-        # the next ones would fail the same way, so they back off instead of looping.
-        return (registered and session.dispatcher.sync_stalled is None
-                and not isinstance(error, ProtocolError))
 
     async def _register(self, session: _Session) -> None:
         request = nri_pb2.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.idx)

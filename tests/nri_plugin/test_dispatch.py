@@ -10,10 +10,8 @@ from nri_plugin.nri.api import Event, EventMask, nri_pb2
 from nri_plugin.nri.dispatch import (
     METHODS,
     Dispatcher,
-    KeptReplies,
     RpcError,
     SyncStalledError,
-    adjusted_reply,
     dispatch,
     implemented_events,
     subscription,
@@ -156,83 +154,21 @@ def test_create_container_returns_the_adjustment() -> None:
     assert plugin.calls == [("create_container", "pod1", "ctr1")]
 
 
-@pytest.mark.parametrize("mounts", [0, 1, 2, 3, 60, 500, 40_000])
-def test_the_adjusted_reply_is_protobufs_own_encoding(mounts: int) -> None:
-    """Built without copying the adjustment, byte for byte what protobuf makes of
-    CreateContainerResponse(adjust=...), with lengths of 1 to 4 varint bytes."""
-    adjustment = nri_pb2.ContainerAdjustment(mounts=[
-        nri_pb2.Mount(destination=f"/usr/lib/lib{i}.so", source=f"/host/lib{i}.so",
-                      type="bind", options=["ro", "rbind"]) for i in range(mounts)])
-    encoded = adjustment.SerializeToString()
-    reply = adjusted_reply(encoded)
-    assert reply == nri_pb2.CreateContainerResponse(adjust=adjustment).SerializeToString()
-    assert nri_pb2.CreateContainerResponse.FromString(reply).adjust == adjustment
+def test_an_adjustment_changed_after_an_answer_is_answered_as_it_is_now() -> None:
+    """Every reply is encoded from the adjustment as it is (nothing kept between
+    replies)."""
+    adjustment = nri_pb2.ContainerAdjustment(env=[nri_pb2.KeyValue(key="NAME", value="a")])
 
+    class Same(Plugin):
+        def create_container(self, pod, container):  # type: ignore[no-untyped-def]
+            return adjustment
 
-class Keeping(Plugin):
-    """Returns kept adjustments, one per container name, as an injector keeping its
-    answers by request shape does."""
-
-    adjustments_immutable = True
-
-    def __init__(self) -> None:
-        self.kept: dict[str, nri_pb2.ContainerAdjustment] = {}
-
-    def create_container(self, pod, container):  # type: ignore[no-untyped-def]
-        if container.name == "none":
-            return None
-        if container.name == "response":
-            return nri_pb2.CreateContainerResponse(
-                update=[nri_pb2.ContainerUpdate(container_id="x")])
-        if container.name not in self.kept:
-            self.kept[container.name] = nri_pb2.ContainerAdjustment(
-                env=[nri_pb2.KeyValue(key="NAME", value=container.name)])
-        return self.kept[container.name]
-
-
-def create_payload(name: str) -> bytes:
-    return nri_pb2.CreateContainerRequest(
-        pod=POD, container=nri_pb2.Container(id=name, name=name)).SerializeToString()
-
-
-def test_an_immutable_adjustment_is_encoded_once_and_answered_again() -> None:
-    dispatcher = Dispatcher(Keeping())
-    first = dispatcher.dispatch("CreateContainer", create_payload("a"))
-    again = dispatcher.dispatch("CreateContainer", create_payload("a"))
-    other = dispatcher.dispatch("CreateContainer", create_payload("b"))
-    assert again is first  # the kept bytes, not a new encoding
-    for reply, name in ((first, "a"), (other, "b")):
-        assert reply == nri_pb2.CreateContainerResponse(adjust=nri_pb2.ContainerAdjustment(
-            env=[nri_pb2.KeyValue(key="NAME", value=name)])).SerializeToString()
-    # None and a whole response are answered as ever, and not kept.
-    assert dispatcher.dispatch("CreateContainer", create_payload("none")) == b""
-    response = nri_pb2.CreateContainerResponse.FromString(
-        dispatcher.dispatch("CreateContainer", create_payload("response")))
-    assert [u.container_id for u in response.update] == ["x"]
-
-
-def test_kept_replies_are_bounded_and_hold_what_they_are_keyed_by() -> None:
-    dispatcher = Dispatcher(Keeping())
-    plugin = dispatcher.plugin
-    assert isinstance(plugin, Keeping)
-    for i in range(KeptReplies.SIZE + 10):
-        dispatcher.dispatch("CreateContainer", create_payload(f"c{i}"))
-    assert dispatcher._kept is not None
-    entries = dispatcher._kept._kept
-    assert len(entries) == KeptReplies.SIZE
-    # The oldest went first, and each entry holds the object whose id keys it.
-    assert plugin.kept["c0"] not in [adjustment for adjustment, _ in entries.values()]
-    assert all(key == id(adjustment) for key, (adjustment, _) in entries.items())
-
-
-def test_a_plugin_whose_adjustments_may_change_is_encoded_every_time() -> None:
-    plugin = Keeping()
-    plugin.adjustments_immutable = False  # type: ignore[misc]
-    dispatcher = Dispatcher(plugin)
-    dispatcher.dispatch("CreateContainer", create_payload("a"))
-    plugin.kept["a"].env[0].value = "changed"
+    dispatcher = Dispatcher(Same())
+    payload = nri_pb2.CreateContainerRequest(pod=POD, container=CTR).SerializeToString()
+    dispatcher.dispatch("CreateContainer", payload)
+    adjustment.env[0].value = "changed"
     reply = nri_pb2.CreateContainerResponse.FromString(
-        dispatcher.dispatch("CreateContainer", create_payload("a")))
+        dispatcher.dispatch("CreateContainer", payload))
     assert reply.adjust.env[0].value == "changed"
 
 

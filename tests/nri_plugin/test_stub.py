@@ -353,32 +353,3 @@ def test_the_reply_is_written_before_the_sessions_own_bookkeeping() -> None:
     at_check, written = run(serve())
     assert at_check == [1, 2]  # each reply written before its request's check
     assert len(written) == 2
-
-
-def test_after_replies_runs_once_the_replies_of_a_read_are_written() -> None:
-    """The hook for work a handler put off: once per read, after every reply it brought
-    has been written; a failing hook is logged and the connection goes on."""
-
-    async def serve() -> tuple[list[int], list[bytes], bool]:
-        sink = RecordingTransport()
-        seen: list[int] = []
-
-        def after() -> None:
-            seen.append(len(sink.written))
-            if len(seen) == 1:
-                raise RuntimeError("bug in put-off work")
-
-        session = _Session(Injector(), logging.getLogger("test"), after_replies=after)
-        session.transport = sink  # type: ignore[assignment]
-        two = b"".join(plugin_call_frame(stream, "CreateContainer",
-                                         create_request(f"c{stream}").SerializeToString())
-                       for stream in (1, 3))
-        session._feed(two)  # two requests in one read: the hook once, after both
-        session._feed(plugin_call_frame(5, "CreateContainer",
-                                        create_request("c5").SerializeToString()))
-        return seen, sink.written, session.closed.done()
-
-    seen, written, closed = run(serve())
-    assert seen == [2, 3]
-    assert len(written) == 3
-    assert not closed  # the failing hook did not drop the connection

@@ -109,9 +109,9 @@ def test_ok_response_omits_status_like_go() -> None:
 
 
 @pytest.mark.parametrize("size", [0, 1, 127, 128, 16_383, 16_384, 2_097_152, MAX_DATA - 16])
-def test_ok_responses_are_protobufs_own_encoding(size: int) -> None:
-    """Built by hand (length_delimited), byte for byte what protobuf makes of
-    Response(payload=...): lengths of 1 to 4 varint bytes, and an empty payload left out."""
+def test_ok_responses_carry_their_payload_and_no_status(size: int) -> None:
+    """Response(payload=...) with no status on success: lengths of 1 to 4 varint bytes,
+    and an empty payload left out."""
     payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
     assert encode_response(payload) == ttrpc_pb2.Response(payload=payload).SerializeToString()
     assert decode_response(encode_response(payload), 1).payload == payload

@@ -24,7 +24,7 @@ from nri_plugin.nri.wire._events import (
 )
 from nri_plugin.nri.wire._mux import GO_READ_BUFFER, PLUGIN_CONN, RUNTIME_CONN
 from nri_plugin.nri.wire._state import ConnectionState
-from nri_plugin.nri.wire._ttrpc import MAX_DATA, Code, length_delimited
+from nri_plugin.nri.wire._ttrpc import MAX_DATA, Code
 
 __all__ = [
     "GO_READ_BUFFER",
@@ -45,5 +45,4 @@ __all__ = [
     "RequestRejected",
     "ResponseReceived",
     "Role",
-    "length_delimited",
 ]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import struct
 from collections.abc import Collection, Iterable, Mapping
 
 from nri_plugin.nri.wire._bounded import bound_message, clip
@@ -34,10 +33,6 @@ from nri_plugin.nri.wire._ttrpc import (
     encode_request,
     encode_response,
 )
-
-# A mux header and the ttrpc header right after it (docs/nri-protocol.md §1.1, §2.1).
-_WHOLE = struct.Struct(">IIIIBB")
-_REQUEST = int(MessageType.REQUEST)
 
 _NULL_LOGGER = logging.getLogger("nri_plugin.nri.wire")
 _NULL_LOGGER.addHandler(logging.NullHandler())
@@ -83,9 +78,6 @@ class Connection:
         self._log = logger or _NULL_LOGGER
         self._mux = MuxReader()
         self._readers = {PLUGIN_CONN: FrameReader(), RUNTIME_CONN: FrameReader()}
-        # What every request read checks, looked up once.
-        self._server_conn = role.server_conn
-        self._server_reader = self._readers[role.server_conn]
         self._server = ServerStreams()
         self._client = ClientStreams()
         self._outbound = bytearray()
@@ -102,12 +94,6 @@ class Connection:
         try:
             if not data:
                 return [self._eof()]
-            stream_id = self._whole_request(data)
-            if stream_id is not None:
-                # The common read: one mux frame holding one request, nothing buffered.
-                # Its two headers say what both readers would find: the request goes to
-                # the same handler without a pass through either reader's buffer.
-                return [self._handle_request(stream_id, bytes(data[_WHOLE.size:]))]
             events: list[Event] = []
             for chunk in self._mux.feed(data):
                 for frame in self._readers[chunk.conn_id].feed(chunk.data):
@@ -116,18 +102,6 @@ class Connection:
         except RemoteProtocolError:
             self.state = ConnectionState.ERROR
             raise
-
-    def _whole_request(self, data: bytes | memoryview) -> int | None:
-        """The stream id when ``data`` is exactly one mux frame on our server conn holding
-        exactly one ttrpc REQUEST frame and neither reader holds anything (both readers
-        would return that one request), else None."""
-        if len(data) < _WHOLE.size or self._mux.mid_frame:
-            return None
-        conn_id, mux_length, length, stream_id, mtype, _ = _WHOLE.unpack_from(data)
-        whole = (conn_id == self._server_conn and mux_length == len(data) - 8
-                 and length == mux_length - 10 and mtype == _REQUEST
-                 and not self._server_reader.mid_frame)
-        return stream_id if whole else None
 
     def _eof(self) -> ConnectionClosed:
         if self._mux.mid_frame or any(r.mid_frame for r in self._readers.values()):
