@@ -17,7 +17,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from cdi.cache import Snapshot, SpecCache
@@ -33,7 +33,6 @@ from nri_plugin.nri.versions import (
     PLUGIN_SOCKET_ENV,
 )
 from nri_plugin.ops.dra_check import start_warning
-from nri_plugin.ops.guarded import GuardedConnections
 from nri_plugin.ops.logformat import BoundedLog, log_formatter
 from nri_plugin.ops.logwriter import NonBlockingHandler
 from nri_plugin.ops.metrics import Metrics, Server, parse_address
@@ -45,13 +44,16 @@ from nri_plugin.ops.settings import (
     add_config_argument,
     settings_from_args,
 )
-from nri_plugin.plugins.cdi_injector.claims import OnHit, OnMiss, StartWarning
+from nri_plugin.plugins.cdi_injector.claims import OnHit, OnMiss
 from nri_plugin.plugins.cdi_injector.counters import Counters
-from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
-from nri_plugin.plugins.cdi_injector.failclosed import Unserved, act
-from nri_plugin.plugins.cdi_injector.guard import GuardConnection, StartGuard
+from nri_plugin.plugins.cdi_injector.failclosed import (
+    FAILCLOSED_LOGGER,
+    GuardConnection,
+    GuardedConnections,
+    StartGuard,
+)
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
+from nri_plugin.plugins.cdi_injector.metered import Metered
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyError, load_policy, parse_policy
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder, VendorRules
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
@@ -115,46 +117,14 @@ def cmd_plugin(args: argparse.Namespace) -> int:
 
 
 def _setup_logging(level: str, kind: str = "text") -> NonBlockingHandler:
-    # No format here shows the caller's file and line, the thread or the process: with
-    # these module flags each record skips the stack walk and those lookups, 40 -> 32 us
-    # of every per-container line with cold caches, on the event loop.
-    logging._srcfile = None
-    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
     handler = NonBlockingHandler(sys.stderr.fileno())
     handler.setFormatter(log_formatter(kind))
-    handler.addFilter(BoundedLog())  # bounded lines, repeats rate-limited
+    # Bounded lines, repeats rate-limited; but fail-closed names every container it acts on.
+    handler.addFilter(BoundedLog(unlimited=(FAILCLOSED_LOGGER,)))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     return handler
-
-
-class PutOff:
-    """The per-container work the injector puts off past its reply (``injector.defer``,
-    the log line): kept until the stub has written the replies to what one read
-    brought (``Stub.after_replies``), then run after giving up the CPU once. Linux
-    tends to wake the reader of a Unix socket on the CPU of the process that wrote to
-    it, expecting the writer to sleep next: the runtime's thread waiting for our reply
-    would otherwise wait behind this work. Scheduled on the event loop instead
-    (``call_soon``), the scheduling alone was 9-13 us of each cold CreateContainer before
-    its reply left (bench_plugin.py (i))."""
-
-    def __init__(self) -> None:
-        self._calls: list[Callable[[], object]] = []
-
-    def later(self, call: Callable[[], object]) -> None:
-        self._calls.append(call)
-
-    def run(self) -> None:
-        if not self._calls:
-            return
-        calls, self._calls = self._calls, []
-        os.sched_yield()
-        for call in calls:
-            try:
-                call()
-            except Exception:  # one line's bug must not lose the others
-                log.exception("work put off past a reply failed")
 
 
 def _identity(args: argparse.Namespace, settings: Settings) -> tuple[str | None, str | None]:
@@ -196,52 +166,44 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
                 vendors: tuple[VendorRules, ...]) -> int:
     """The composition root: every part built once, by its constructor, in order."""
     plugin_settings = settings.plugin
-    counters = Counters()
-    metrics, server = _start_metrics(settings.metrics.address, counters)
     cache = SpecCache(plugin_settings.spec_dirs,
                       permissions=plugin_settings.spec_permissions)
     # The registry the injector reads: each new snapshot with the vendors' facts (NVIDIA:
     # the sidecars) loaded for it, swapped in together by the refresher thread.
     registry = RegistryHolder(vendors)
+    injector_counters = Counters()
+    metrics, server = _start_metrics(settings.metrics.address, injector_counters)
     refresher = AutoRefresh(cache, rescan_interval=plugin_settings.rescan_interval,
                             on_refresh=_Refreshed(registry, metrics)).start()
-    injector = _injector(registry, metrics, policy=policy,
-                         runtime_cdi=runtime_cdi_config(settings), counters=counters,
-                         on_miss=miss_reader(refresher, registry),
-                         on_hit=removals_applied(refresher, registry),
-                         on_start_warning=start_warning)
+    injector = CdiInjector(registry.get, vendors=vendors, policy=policy,
+                           runtime_cdi=runtime_cdi_config(settings),
+                           counters=injector_counters,
+                           on_miss=miss_reader(refresher, registry),
+                           on_hit=removals_applied(refresher, registry),
+                           on_start_warning=start_warning)
     loop = asyncio.get_running_loop()
-    # Its per-container log line once the reply has left, after the runtime's thread that
-    # the reply woke has had the CPU (PutOff).
-    put_off = PutOff()
-    injector.defer = put_off.later
-    # Synchronize finds containers created while we were away; acting on them waits for
-    # the Synchronize reply (the runtime holds its lock until then), hence a task.
-    actions = _FailClosedActions(loop, counters, metrics)
-    # The guard checks at start every container whose creation did not pass through us
-    # (fail-closed); it wraps the injector. Launched by the runtime, we have one
-    # connection (its fd): the guard rides on it.
+    # Launched by the runtime, we have one connection (its fd): the guard rides on it.
     # Otherwise its checks get a connection of their own, open only while needed.
     launched = PLUGIN_SOCKET_ENV in os.environ
-    guard = StartGuard(injector, act=actions.schedule,
-                       on_stopped=None if metrics is None else metrics.eviction,
-                       own_connection=not launched)
+    # The start guard checks every container whose creation did not pass through us
+    # (fail-closed); it wraps the injector, and the metrics wrap both. What Synchronize
+    # finds is stopped after its reply (the runtime holds its lock until it has it).
+    guard = StartGuard(injector, defer=loop.call_soon, own_connection=not launched)
+    main: Plugin = guard if metrics is None else Metered(guard, metrics)
     name, idx = _identity(args, settings)
     on_close = None if metrics is None else lambda s, e: metrics.disconnected()
 
     def make_stub(plugin: Plugin, plugin_name: str | None, closed: CloseCallback | None,
                   before_connect: Callback | None) -> Stub:
-        # The guard's connection logs under a logger of its own: its lines are bounded
-        # apart from the injector's (BoundedLog counts per logger and format).
+        # The guard's connection logs under a logger of its own.
         logger = logging.getLogger("nri_plugin.nri.stub" + (
             ".guard" if isinstance(plugin, GuardConnection) else ""))
         return Stub(plugin, name=plugin_name, idx=idx, socket_path=plugin_settings.socket,
-                    on_close=closed, before_connect=before_connect, logger=logger,
-                    after_replies=put_off.run)
+                    on_close=closed, before_connect=before_connect, logger=logger)
 
     runner: Stub | GuardedConnections = (
-        make_stub(guard, name, on_close, None) if launched
-        else GuardedConnections(guard, make_stub, name, on_close=on_close))
+        make_stub(main, name, on_close, None) if launched
+        else GuardedConnections(guard, main, make_stub, name, on_close=on_close))
     stub = runner if isinstance(runner, Stub) else runner.main
     log.info("plugin %s-%s starting; spec dirs %s; policy %s; vendors %s", stub.idx,
              stub.name, ", ".join(cache.spec_dirs), policy.origin,
@@ -257,19 +219,6 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
             server.close()
     log.info("plugin stopped")
     return 0
-
-
-def _injector(registry: RegistryHolder, metrics: Metrics | None, *, policy: Policy,
-              runtime_cdi: RuntimeCdiConfig, counters: Counters, on_miss: OnMiss,
-              on_hit: OnHit, on_start_warning: StartWarning) -> CdiInjector:
-    """The injector, metered when metrics are on."""
-    if metrics is None:
-        return CdiInjector(registry.get, vendors=registry.vendors, policy=policy,
-                           runtime_cdi=runtime_cdi, counters=counters, on_miss=on_miss,
-                           on_hit=on_hit, on_start_warning=on_start_warning)
-    return MeteredInjector(registry.get, metrics, vendors=registry.vendors, policy=policy,
-                           runtime_cdi=runtime_cdi, counters=counters, on_miss=on_miss,
-                           on_hit=on_hit, on_start_warning=on_start_warning)
 
 
 async def _run(stub: Stub | GuardedConnections) -> None:
@@ -299,28 +248,6 @@ class _Refreshed:
         _log_refresh(snapshot)
         if self._metrics is not None:
             self._metrics.registry(snapshot)
-
-
-class _FailClosedActions:
-    """Runs ``failclosed.act`` on what Synchronize found, as a task after the reply, and
-    counts what it stopped into the metrics."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, counters: Counters,
-                 metrics: Metrics | None) -> None:
-        self._loop = loop
-        self._counters = counters
-        self._metrics = metrics
-        self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
-
-    def schedule(self, unserved: list[Unserved], action: str) -> None:
-        task = self._loop.create_task(self._act(unserved, action))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _act(self, unserved: list[Unserved], action: str) -> None:
-        stopped = await act(unserved, action, self._counters)
-        if self._metrics is not None:
-            self._metrics.eviction(stopped)
 
 
 MISS_TIMEOUT_S = 1.0  # of the runtime's 2 s for a CreateContainer

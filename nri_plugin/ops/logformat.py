@@ -48,15 +48,19 @@ class BoundedLog(logging.Filter):
     * lines from the same call site (logger, level and format string) beyond ``burst``
       per ``window`` seconds are dropped and counted; the next line from that site after
       the window says how many were dropped. A flood of rejected requests then costs a
-      few lines per window instead of one per request.
+      few lines per window instead of one per request. The loggers in ``unlimited`` are
+      never dropped: fail-closed names every container it stops, refuses or reports (each
+      once, so their number is that of the containers).
 
     It formats the message itself (``msg`` becomes the bounded text, ``args`` None): the
     handler's formatter then only adds the time, level and logger.
     """
 
     def __init__(self, max_chars: int = MAX_LINE, burst: int = 20, window: float = 10.0,
-                 clock: Any = time.monotonic, max_sites: int = 1024) -> None:
+                 clock: Any = time.monotonic, max_sites: int = 1024,
+                 unlimited: tuple[str, ...] = ()) -> None:
         super().__init__()
+        self.unlimited = unlimited
         self.max_chars = max_chars
         self.burst = burst
         self.window = window
@@ -65,6 +69,9 @@ class BoundedLog(logging.Filter):
         self._sites: dict[tuple[str, int, str], list[float]] = {}  # [window start, n, dropped]
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name in self.unlimited:
+            self._bound(record, 0)
+            return True
         key = (record.name, record.levelno, str(record.msg)[:200])
         now = self.clock()
         site = self._sites.get(key)
@@ -79,18 +86,21 @@ class BoundedLog(logging.Filter):
         if site[1] > self.burst:
             site[2] += 1
             return False
+        self._bound(record, dropped)
+        return True
+
+    def _bound(self, record: logging.LogRecord, dropped: int) -> None:
         message = record.getMessage()
         if len(message) > self.max_chars:
             message = clip_line(message, self.max_chars)
         if dropped:
             message += f" [{dropped} similar line(s) dropped in the last {self.window:.0f} s]"
         record.msg, record.args = message, None
-        return True
 
 
 def clip_line(text: str, limit: int) -> str:
-    # Here: importing nri_plugin.nri.wire loads the NRI messages and protobuf (19 ms,
-    # python -X importtime), which ``nri-cdi watch`` and ``refresh`` never need.
+    # Here: importing nri_plugin.nri.wire loads the NRI messages and protobuf, which
+    # ``nri-cdi watch`` and ``refresh`` never need.
     from nri_plugin.nri.wire._bounded import clip
 
     return clip(text, limit)

@@ -53,9 +53,6 @@ class Metrics:
                                   buckets=LATENCY_BUCKETS, registry=r)
         self._denials = Counter("nri_cdi_denials", "requests refused by a policy rule",
                                 ["rule"], registry=r)
-        self._evictions = Counter("nri_cdi_evictions", "containers fail-closed stopped "
-                                  "(SIGKILL by cgroup or pid) for running without their "
-                                  "devices", registry=r)
         self._reconnects = Counter("nri_cdi_reconnects", "connections to the runtime after "
                                    "the first", registry=r)
         self._connected = Gauge("nri_cdi_connected", "1 while connected to the runtime",
@@ -68,6 +65,8 @@ class Metrics:
         self._generation = Gauge("nri_cdi_registry_generation", "registry refresh count",
                                  registry=r)
         self._counters = counters
+        if counters is not None:
+            r.register(_CountersCollector(counters))
         self._lock = threading.Lock()
         self._state: dict[str, Any] = {"connected": False, "runtime": None, "connections": 0,
                                        "registry": None}
@@ -82,9 +81,6 @@ class Metrics:
 
     def denial(self, rule: str) -> None:
         self._denials.labels(rule).inc()
-
-    def eviction(self, count: int = 1) -> None:
-        self._evictions.inc(count)
 
     def registry(self, snapshot: Any) -> None:
         """A new registry snapshot (``cdi.cache.Snapshot``) was swapped in."""
@@ -137,6 +133,33 @@ class Metrics:
                                   daemon=True)
         thread.start()
         return Server(server=server, thread=thread)
+
+
+# The plugin's counters (``Counters``) as Prometheus counters: one set of counters, bumped
+# where things happen and read here at each scrape.
+COUNTER_HELP = {
+    "injected": "CreateContainer requests answered with devices",
+    "refused": "CreateContainer requests refused (policy, requirements, bad request)",
+    "delegation_failed": "containers whose devices the runtime's own CDI failed to inject",
+    "unserved_found": "containers found created without their devices while the plugin "
+                      "was away (fail-closed)",
+    "unserved_reported": "such containers only reported (failClosed.action: report)",
+    "unserved_evicted": "such containers stopped, or their start refused (failClosed.action: "
+                        "evict)",
+    "gids_dropped": "containers given their devices without the spec's additionalGids",
+}
+
+
+class _CountersCollector:
+    def __init__(self, counters: Counters) -> None:
+        self._counters = counters
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily
+
+        for name, value in dataclasses.asdict(self._counters).items():
+            yield CounterMetricFamily(f"nri_cdi_{name}", COUNTER_HELP.get(name, name),
+                                      value=value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,7 +110,7 @@ def _start_is_stopped(cri: CriClient, cid: str) -> None:
     try:
         cri.start_container(cid)
     except cri.grpc.RpcError as exc:
-        assert "created without the plugin" in str(exc.details())
+        assert "created while the plugin was away" in str(exc.details())
     _wait_for("the container started after the plugin came back is stopped",
               lambda: cri.container_status(cid).status.state != cri.pb.CONTAINER_RUNNING)
 

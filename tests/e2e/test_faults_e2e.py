@@ -83,7 +83,8 @@ def test_container_created_while_plugin_was_down_is_stopped_when_it_starts(
         assert not has_device(cri, waiting)  # NRI is fail-open: created without it
         plugin = start_plugin(ctrd, specs, "defect2.log")
         try:
-            plugin.wait_for_log(f"({waiting}) of pod default/down is created but not started")
+            plugin.wait_for_log(f"({waiting}) of pod default/down, created without its "
+                                "devices while the plugin was away, is created but not started")
             try:
                 cri.start_container(waiting)
                 start_error = ""
@@ -91,10 +92,12 @@ def test_container_created_while_plugin_was_down_is_stopped_when_it_starts(
                 start_error = exc.details()
             got, started_at = wait_not_running(cri, waiting)
             assert got != cri.pb.CONTAINER_RUNNING, plugin.log()[-3000:]
-            plugin.wait_for_log(f"stopped container waiting ({waiting})")
+            plugin.wait_for_log(f"fail-closed evict: refused the start of container waiting "
+                                f"({waiting}) of pod default/down")
             print(f"start error: {start_error!r}; state {got}, started_at {started_at}")
-            # The kill happened at StartContainer, before runc started the process.
-            assert "before it ran" in plugin.log()
+            # The start was refused: containerd never ran the process, and says why.
+            assert "nri-cdi: container waiting was created while the plugin was away" in \
+                start_error
         finally:
             plugin.kill()
 
@@ -113,7 +116,7 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 15.0) ->
 def test_start_guard_is_connected_only_while_a_container_is_in_doubt(
     ctrd: Containerd, specs: Path
 ) -> None:
-    """The guard's own connection (nri_plugin/ops/guarded.py) on a real containerd: gone
+    """The guard's own connection (plugins/cdi_injector/failclosed.py) on a real containerd: gone
     once nothing is in doubt, so a container's start asks the plugin nothing; back (and
     registered before the injector) while a container created without us waits."""
     guard_closed = 'connection to plugin "10-nri-cdi-guard" closed'
@@ -141,10 +144,11 @@ def test_start_guard_is_connected_only_while_a_container_is_in_doubt(
             waiting = cri.create_container(pod, "waiting", BUSYBOX_IMAGE, command=SLEEP)
             after = plugin.log_size()
             plugin.start(timeout=30)
-            plugin.wait_for_log(f"({waiting}) of pod default/ondemand is created but not "
-                                "started", after=after)
+            plugin.wait_for_log(f"({waiting}) of pod default/ondemand, created without its "
+                                "devices while the plugin was away, is created but not started",
+                                after=after)
             assert CLOSED not in plugin.log(after)  # a container is in doubt: it stays
-            with pytest.raises(cri.grpc.RpcError, match="created without the plugin"):
+            with pytest.raises(cri.grpc.RpcError, match="created while the plugin was away"):
                 cri.start_container(waiting)
             plugin.wait_for_log(CLOSED, timeout=40, after=after)  # no doubt: it goes
         finally:
@@ -196,11 +200,11 @@ def test_creation_straddling_the_connection_is_stopped_at_start(
             creator.join(timeout=30)
             cid = created[0]
             assert not has_device(cri, cid)  # created without us
-            with pytest.raises(cri.grpc.RpcError, match="created without the plugin"):
+            with pytest.raises(cri.grpc.RpcError, match="created while the plugin was away"):
                 cri.start_container(cid)
             assert state(cri, cid) == (cri.pb.CONTAINER_EXITED, 0)  # never started
             log = plugin.log()
-            assert f"stopped container straddler ({cid})" in log
+            assert f"refused the start of container straddler ({cid}) of pod default/" in log
             print("straddle seen by:", "Synchronize" if "is created but not started" in log
                   else "PostCreateContainer" if "without passing through" in log
                   else "StartContainer only")
@@ -400,7 +404,8 @@ def test_plugin_killed_mid_burst_and_restarted(ctrd: Containerd, specs: Path) ->
                     late = cri.create_container(pod, f"late{round_}", BUSYBOX_IMAGE,
                                                 command=SLEEP)  # while we are down
                     plugin.start(timeout=30)
-                    with pytest.raises(cri.grpc.RpcError, match="created without the plugin"):
+                    with pytest.raises(cri.grpc.RpcError,
+                                       match="created while the plugin was away"):
                         cri.start_container(late)
                     assert state(cri, late) == (cri.pb.CONTAINER_EXITED, 0)
                 time.sleep(0.5)

@@ -51,14 +51,15 @@ def test_installed_launcher_is_started_by_containerd(
 
 
 # --- metrics and health, counting real injections ----------------------------------------
-# The daemon's wiring of Metrics is mirrored here (MeteredInjector, registry callback,
+# The daemon's wiring of Metrics is mirrored here (Metered, registry callback,
 # on_close), so that the endpoint is tested on the real CreateContainer path.
 
 HARNESS = """\
 import asyncio, logging, sys
 from cdi.cache import SpecCache
 from cdi.watch import AutoRefresh
-from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.metered import Metered
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.ops.metrics import Metrics
 from nri_plugin.nri.stub import Stub
@@ -68,7 +69,7 @@ server = metrics.serve("127.0.0.1:0")
 print("PORT", server.port, file=sys.stderr, flush=True)
 cache = SpecCache([sys.argv[2]])
 AutoRefresh(cache, rescan_interval=3600, on_refresh=metrics.registry).start()
-plugin = MeteredInjector(lambda: Registry(cache.snapshot), metrics)
+plugin = Metered(CdiInjector(lambda: Registry(cache.snapshot)), metrics)
 stub = Stub(plugin, name="nri-cdi", idx="10", socket_path=sys.argv[1],
             on_close=lambda stub, error: metrics.disconnected())
 asyncio.run(stub.run())

@@ -319,7 +319,7 @@ def test_fail_closed_after_plugin_was_away(cri: CriClient, ctrd: Containerd, gpu
                           f"failclosed-{action}.log")
     try:
         if action == "evict":
-            plugin.wait_for_log("fail-closed evict: stopped container gpu")
+            plugin.wait_for_log("fail-closed evict: stopped container gpu (")
             assert _wait_state(cri, unserved, exited) == exited
         else:
             plugin.wait_for_log("fail-closed report: container gpu")

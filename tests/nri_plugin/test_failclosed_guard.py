@@ -1,10 +1,11 @@
-"""Fail-closed without the runtime: the StartGuard's second check, stopping by cgroup or
-pid (real processes, a real cgroup.procs file layout), bounded messages and logs."""
+"""Fail-closed without the runtime: the StartGuard's checks, stopping by cgroup or pid (real
+processes, a real cgroup.procs file layout), the termination message the kubelet shows,
+bounded messages, and fail-closed's log lines that no limiter drops."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import os
 import subprocess
 from pathlib import Path
 
@@ -15,18 +16,21 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.wire._bounded import bound_message, clip
 from nri_plugin.ops.logformat import BoundedLog
-from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.failclosed import (
-    MAX_NAMES,
-    act,
+    FAILCLOSED_LOGGER,
+    StartGuard,
     cgroup_relpath,
     find_unserved,
     stop_processes,
-    too_many_names,
+    termination_file,
 )
-from nri_plugin.plugins.cdi_injector.guard import StartGuard
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy
+from nri_plugin.plugins.cdi_injector.requests import (
+    MAX_NAMES,
+    TooManyNamesError,
+    check_name_count,
+)
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import nvidia_policy, write_specs
@@ -55,9 +59,15 @@ def cgroup_root(tmp_path: Path) -> Path:
     return root
 
 
-def guard(snapshot: Snapshot, root: Path, policy: Policy | None = None) -> StartGuard:
+def guard(snapshot: Snapshot, root: Path, policy: Policy | None = None, *,
+          runtime: str = "cri-o", clock: list[float] | None = None) -> StartGuard:
+    """A guard whose runtime is ``runtime`` (cri-o: a failed start is only logged, so the
+    guard stops processes itself; containerd: it fails the start)."""
     injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()], policy=policy)
-    return StartGuard(injector, cgroup_root=str(root))
+    now = clock if clock is not None else [0.0]
+    plugin = StartGuard(injector, cgroup_root=str(root), clock=lambda: now[0])
+    plugin.configure("", runtime, "2.1.9" if runtime == "containerd" else "1.34.0")
+    return plugin
 
 
 def pod() -> nri_pb2.PodSandbox:
@@ -121,13 +131,35 @@ def test_unserved_container_is_killed_by_cgroup_at_start_and_start_fails(
     procs = [sleeper(), sleeper()]
     in_cgroup(cgroup_root, "/k8s.io/straddler", [p.pid for p in procs])
     ctr = container("straddler", cgroup="/k8s.io/straddler")
-    plugin.post_create_container(pod(), ctr)  # created without us: remembered
-    assert "will be stopped when it starts" in caplog.text
-    with pytest.raises(RpcError, match=r"straddler \(straddler\) was created without"):
+    plugin.post_create_container(pod(), ctr)  # created without us: owed a check
+    assert "it is checked when it starts" in caplog.text
+    with pytest.raises(RpcError, match=r"^nri-cdi: container n-straddler was created while "
+                                       r"the plugin was away, without its devices: it asked "
+                                       r"for vendor.com/gpu=0 and does not have it$"):
         plugin.start_container(pod(), ctr)
     assert all(killed(p) for p in procs)
-    assert "stopped container n-straddler (straddler) of pod default/pod before it ran" \
-        in caplog.text
+    assert ("fail-closed evict: stopped container n-straddler (straddler) of pod default/pod, "
+            "at its start, before it ran (2 process(es)") in caplog.text
+    assert plugin.counters.unserved_evicted == 1
+    assert not plugin._pending  # started once: nothing stays owed
+
+
+def test_on_containerd_a_refused_start_stops_it_and_leaves_nothing_owed(
+    snapshot: Snapshot, cgroup_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """containerd fails a start its plugin refuses: with no process found (its init not
+    visible yet) the refusal alone stops it, and the container is never started again, so
+    the guard owes it nothing (the kubelet keeps it, dead, without a RemoveContainer)."""
+    plugin = guard(snapshot, cgroup_root, runtime="containerd")
+    found = find_unserved([pod()], [container("waiting")], plugin.injector.policy,
+                          plugin.injector.vendors, Registry(snapshot))
+    plugin.synchronize([pod()], [container("waiting")])
+    assert [f.container_id for f in found] == ["waiting"] and plugin.needed
+    with pytest.raises(RpcError):
+        plugin.start_container(pod(), container("waiting"))
+    assert "fail-closed evict: refused the start of container n-waiting (waiting)" in \
+        caplog.text and "could not be stopped" not in caplog.text
+    assert not plugin.needed
     assert plugin.counters.unserved_evicted == 1
 
 
@@ -135,29 +167,59 @@ def test_pid_zero_at_synchronize_is_stopped_when_it_starts(
     snapshot: Snapshot, cgroup_root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     plugin = guard(snapshot, cgroup_root)
-    found = find_unserved([pod()], [container("waiting")], plugin.injector.policy,
-                          plugin.injector.vendors, Registry(snapshot))
-    assert plugin.defer_unserved(found) == []  # nothing to stop yet
-    assert "(waiting) of pod default/pod is created but not started" in caplog.text
+    plugin.synchronize([pod()], [container("waiting")])
+    assert ("container n-waiting (waiting) of pod default/pod, created without its devices "
+            "while the plugin was away, is created but not started") in caplog.text
     proc = sleeper()
     with pytest.raises(RpcError):
         plugin.start_container(pod(), container("waiting", pid=proc.pid))  # no cgroup: pid
     assert killed(proc)
 
 
+def test_a_created_container_is_owed_a_check_only_for_a_while(
+    snapshot: Snapshot, cgroup_root: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A container listed as created that never starts (its start failed before we came
+    back) is let go after ``pending_limit``, saying so."""
+    now = [100.0]
+    plugin = guard(snapshot, cgroup_root, clock=now)
+    plugin.synchronize([pod()], [container("dead")])
+    assert plugin.needed and plugin.next_expiry() == plugin.pending_limit
+    now[0] += plugin.pending_limit
+    assert not plugin.needed
+    assert "has not started within 60 s of being found" in caplog.text
+
+
+def test_running_containers_found_at_synchronize_are_stopped_after_the_reply(
+        snapshot: Snapshot, cgroup_root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    deferred: list[object] = []
+    injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()])
+    plugin = StartGuard(injector, cgroup_root=str(cgroup_root), defer=deferred.append)
+    proc = sleeper()
+    running = container("running", pid=proc.pid)
+    running.state = nri_pb2.CONTAINER_RUNNING
+    plugin.synchronize([pod()], [running])
+    assert proc.poll() is None and len(deferred) == 1  # nothing before the reply
+    deferred[0]()  # type: ignore[operator]
+    assert killed(proc)
+    plugin.synchronize([pod()], [running])  # the other connection lists it too: once
+    assert len(deferred) == 1 and plugin.counters.unserved_evicted == 1
+
+
 def test_post_start_stops_what_start_could_not(snapshot: Snapshot, cgroup_root: Path,
                                                caplog: pytest.LogCaptureFixture) -> None:
-    plugin = guard(snapshot, cgroup_root)
+    plugin = guard(snapshot, cgroup_root)  # cri-o: a failed start is only logged
     with pytest.raises(RpcError):
         plugin.start_container(pod(), container("late"))  # pid 0, no cgroup: nothing yet
-    assert "trying again after it starts" in caplog.text
+    assert "stopped as it starts, if it does" in caplog.text
     proc = sleeper()
     plugin.post_start_container(pod(), container("late", pid=proc.pid))
     assert killed(proc)
-    assert "stopped container n-late (late) of pod default/pod as it started" in caplog.text
+    assert ("fail-closed evict: stopped container n-late (late) of pod default/pod, as it "
+            "started (pid") in caplog.text
 
 
-def test_report_mode_names_the_id_and_stops_nothing(
+def test_report_mode_names_every_container_once_and_stops_nothing(
     snapshot: Snapshot, cgroup_root: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     plugin = guard(snapshot, cgroup_root, nvidia_policy({"failClosed": {"action": "report"}}))
@@ -167,12 +229,28 @@ def test_report_mode_names_the_id_and_stops_nothing(
     plugin.post_start_container(pod(), ctr)
     assert proc.poll() is None
     assert caplog.text.count("fail-closed report: container n-rep (rep)") == 1
-    found = find_unserved([pod()], [container("sync", pid=proc.pid)], plugin.injector.policy,
-                          plugin.injector.vendors, Registry(snapshot))
-    asyncio.run(act(found, "report", Counters()))
-    assert "fail-closed report: container n-sync (sync) of pod default/pod" in caplog.text
+    running = [container(f"sync{i}", pid=proc.pid) for i in range(40)]
+    for each in running:
+        each.state = nri_pb2.CONTAINER_RUNNING
+    plugin.synchronize([pod()], running)
+    assert all(f"fail-closed report: container n-sync{i} (sync{i})" in caplog.text
+               for i in range(40))
+    assert plugin.counters.unserved_reported == 41
     proc.kill()
     proc.wait()
+
+
+def test_fail_closed_lines_pass_the_log_limiter_whatever_their_number() -> None:
+    """No rate limit between a fail-closed action and its record: 18 containers stopped
+    in a burst are 18 lines (the limiter keeps 20 per call site for everything else)."""
+    limiter = BoundedLog(burst=3, window=10, clock=lambda: 0.0, unlimited=(FAILCLOSED_LOGGER,))
+    lines = [logging.LogRecord(FAILCLOSED_LOGGER, logging.WARNING, __file__, 1,
+                               "fail-closed: container %s", (f"c{i}",), None)
+             for i in range(18)]
+    assert all(limiter.filter(r) for r in lines)
+    others = [logging.LogRecord("nri_cdi.injector", logging.WARNING, __file__, 1,
+                                "refused %s", (f"c{i}",), None) for i in range(18)]
+    assert sum(limiter.filter(r) for r in others) == 3
 
 
 def test_remove_forgets(snapshot: Snapshot, cgroup_root: Path) -> None:
@@ -185,14 +263,68 @@ def test_remove_forgets(snapshot: Snapshot, cgroup_root: Path) -> None:
     assert "c9" not in plugin._served
 
 
-def test_act_stops_by_signal_without_the_runtime(snapshot: Snapshot) -> None:
-    # act has no handle on the runtime (the NRI eviction is never sent): it signals.
+def kubelet_container(tmp_path: Path, cid: str, pid: int) -> tuple[nri_pb2.PodSandbox,
+                                                                    nri_pb2.Container, Path]:
+    """A container as the kubelet makes one: its termination-message file mounted from
+    the pod's folder at the path its annotation names."""
+    uid = "0f1e2d3c-aaaa-bbbb-cccc-1234567890ab"
+    folder = tmp_path / "kubelet" / "pods" / uid / "containers" / "app"
+    folder.mkdir(parents=True)
+    log = folder / "4f1b2c3d"
+    log.write_text("")
+    k8s_pod = nri_pb2.PodSandbox(id="p", name="train", namespace="ml", uid=uid)
+    ctr = container(cid, pid=pid)
+    ctr.annotations["io.kubernetes.container.terminationMessagePath"] = "/dev/termination-log"
+    ctr.annotations["io.kubernetes.container.name"] = "app"
+    ctr.mounts.add(destination="/dev/termination-log", source=str(log), type="bind")
+    ctr.state = nri_pb2.CONTAINER_RUNNING
+    return k8s_pod, ctr, log
+
+
+def test_the_kubelet_shows_why_a_container_was_stopped(snapshot: Snapshot, cgroup_root: Path,
+                                                      tmp_path: Path) -> None:
     proc = sleeper()
-    found = find_unserved([pod()], [container("s", pid=proc.pid)], Policy(), [],
-                          Registry(snapshot))
-    counters = Counters()
-    assert asyncio.run(act(found, "evict", counters)) == 1
-    assert killed(proc) and counters == Counters(unserved_evicted=1)
+    k8s_pod, ctr, log = kubelet_container(tmp_path, "stopped", proc.pid)
+    plugin = guard(snapshot, cgroup_root)
+    plugin.synchronize([k8s_pod], [ctr])
+    assert killed(proc)
+    assert log.read_text() == ("nri-cdi: stopped: the container was created while the plugin "
+                               "was away, without its devices: it asked for vendor.com/gpu=0 "
+                               "and does not have it\n")
+
+
+def test_only_the_kubelets_own_termination_file_is_written(tmp_path: Path) -> None:
+    k8s_pod, ctr, log = kubelet_container(tmp_path, "x", 0)
+    assert termination_file(k8s_pod, ctr) == str(log)
+    elsewhere = tmp_path / "etc-shadow"
+    elsewhere.write_text("secret")
+    for source in (str(elsewhere), f"{log.parent}/../../../{k8s_pod.uid}/containers/app/x",
+                   str(log).replace(k8s_pod.uid, "another-pod")):
+        ctr.mounts[0].source = source
+        assert termination_file(k8s_pod, ctr) == ""
+    ctr.mounts[0].source = str(log)
+    del ctr.annotations["io.kubernetes.container.terminationMessagePath"]
+    assert termination_file(k8s_pod, ctr) == ""  # not the kubelet's container
+
+
+def test_a_link_in_place_of_the_termination_file_is_not_followed(
+        snapshot: Snapshot, cgroup_root: Path, tmp_path: Path) -> None:
+    proc = sleeper()
+    k8s_pod, ctr, log = kubelet_container(tmp_path, "linked", proc.pid)
+    target = tmp_path / "target"
+    target.write_text("untouched")
+    log.unlink()
+    os.symlink(target, log)
+    guard(snapshot, cgroup_root).synchronize([k8s_pod], [ctr])
+    assert killed(proc) and target.read_text() == "untouched"
+
+
+def test_an_unknown_device_is_named_as_such(snapshot: Snapshot) -> None:
+    ctr = container("unknown", **{"cdi.k8s.io/x": "vendor.com/gpu=7"})
+    ctr.state = nri_pb2.CONTAINER_RUNNING
+    [found] = find_unserved([pod()], [ctr], Policy(), [], Registry(snapshot))
+    assert found.reason.startswith("it asked for vendor.com/gpu=7, which no CDI spec in ")
+    assert found.reason.endswith(" defines")
 
 
 @pytest.mark.parametrize("path, rel", [
@@ -268,23 +400,27 @@ def test_too_many_names_are_refused_before_parsing(snapshot: Snapshot,
 
 def test_the_name_cap_counts_every_annotation_and_env_request() -> None:
     """MAX_NAMES names pass and one more is refused, whether in one annotation, spread over
-    a pod's and a container's, or in a vendor's env variable (checked by length first)."""
+    a pod's and a container's, or in a vendor's env variable."""
     def names(count: int) -> str:
         return ",".join(f"vendor.com/gpu={i}" for i in range(count))
 
-    env = ("NVIDIA_VISIBLE_DEVICES=",)
+    def refused(pod_annotations: dict[str, str], ctr: nri_pb2.Container) -> bool:
+        try:
+            check_name_count(pod_annotations, ctr, ("NVIDIA_VISIBLE_DEVICES=",))
+        except TooManyNamesError:
+            return True
+        return False
+
     at_cap = nri_pb2.Container(annotations={"cdi.k8s.io/a": names(MAX_NAMES)})
-    assert too_many_names({}, at_cap, env) is None
+    assert not refused({}, at_cap)
     over = nri_pb2.Container(annotations={"cdi.k8s.io/a": names(MAX_NAMES - 1)})
-    assert too_many_names({"cdi.k8s.io/p": names(2)}, over, env) is not None
-    assert too_many_names({"other.io/p": names(2)}, over, env) is None
+    assert refused({"cdi.k8s.io/p": names(2)}, over)
+    assert not refused({"other.io/p": names(2)}, over)
     ids = ",".join("0" for _ in range(MAX_NAMES + 1))
-    assert "NVIDIA_VISIBLE_DEVICES" in str(too_many_names(
-        {}, nri_pb2.Container(env=[f"NVIDIA_VISIBLE_DEVICES={ids}"]), env))
+    assert refused({}, nri_pb2.Container(env=[f"NVIDIA_VISIBLE_DEVICES={ids}"]))
     fewer = ",".join("0" for _ in range(MAX_NAMES))
-    assert too_many_names({}, nri_pb2.Container(env=[f"NVIDIA_VISIBLE_DEVICES={fewer}"]),
-                          env) is None
-    assert too_many_names({}, nri_pb2.Container(env=[f"OTHER={ids}"]), env) is None
+    assert not refused({}, nri_pb2.Container(env=[f"NVIDIA_VISIBLE_DEVICES={fewer}"]))
+    assert not refused({}, nri_pb2.Container(env=[f"OTHER={ids}"]))
 
 
 # --- cost: the events the guard subscribes to, and answers without work -----------------------
@@ -302,28 +438,13 @@ def test_on_containerd_only_start_is_guarded(snapshot: Snapshot, cgroup_root: Pa
     assert crio & EventMask.POST_START_CONTAINER and crio & EventMask.START_CONTAINER
 
 
-def test_start_of_a_container_created_through_us_does_no_work(
-        snapshot: Snapshot, cgroup_root: Path) -> None:
-    plugin = guard(snapshot, cgroup_root)
-
-    def judged(*args: object) -> None:
-        raise AssertionError("judged a container we created")
-
-    plain = nri_pb2.Container(id="plain", pod_sandbox_id="p", name="plain")
-    assert plugin.create_container(pod(), plain) is None  # asked nothing: still ours
-    plugin._judge = judged  # type: ignore[method-assign]
-    plugin.start_container(pod(), plain)
-
-
 def test_a_reply_the_runtime_did_not_wait_for_is_still_owed(
         snapshot: Snapshot, cgroup_root: Path) -> None:
     # answered by us, but the runtime went on without the reply (fail-open): Synchronize
     # finds it created without its devices; its start must still be stopped
     plugin = guard(snapshot, cgroup_root)
     assert plugin.create_container(pod(), container("late-reply")) is not None
-    found = find_unserved([pod()], [container("late-reply")], plugin.injector.policy,
-                          plugin.injector.vendors, Registry(snapshot))
-    assert plugin.defer_unserved(found) == []
+    plugin.synchronize([pod()], [container("late-reply")])
     proc = sleeper()
     with pytest.raises(RpcError):
         plugin.start_container(pod(), container("late-reply", pid=proc.pid))

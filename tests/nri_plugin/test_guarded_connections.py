@@ -1,5 +1,6 @@
 """The start guard on a connection of its own, open only while a container may be in
-doubt (nri_plugin/ops/guarded.py), against the test runtime peer on a real socket: it is in
+doubt (nri_plugin/plugins/cdi_injector/failclosed.py), against the test runtime peer on
+a real socket: it is in
 place before the injector registers, it closes once nothing is in doubt, and it comes back
 first after the injector's connection is lost."""
 
@@ -17,8 +18,7 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.stub import Callback, CloseCallback, Stub
-from nri_plugin.ops.guarded import GuardedConnections
-from nri_plugin.plugins.cdi_injector.guard import StartGuard
+from nri_plugin.plugins.cdi_injector.failclosed import GuardedConnections, StartGuard
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from tests.helpers import write_specs
@@ -92,12 +92,13 @@ async def accept_plugin(peer: RuntimePeer, stream: int,
     return int(reply.events)
 
 
-def serving(tmp_path: Path) -> tuple[StartGuard, Callable[[], GuardedConnections]]:
+def serving(tmp_path: Path, pending_limit: float = 60.0,
+            ) -> tuple[StartGuard, Callable[[], GuardedConnections]]:
     specs = write_specs(tmp_path / "cdi", {"v.yaml": SPEC})
     snapshot: Snapshot = SpecCache([str(specs)]).refresh()
     (tmp_path / "cgroup" / "pids").mkdir(parents=True)
     guard = StartGuard(CdiInjector(lambda: Registry(snapshot)), own_connection=True,
-                       cgroup_root=str(tmp_path / "cgroup"))
+                       cgroup_root=str(tmp_path / "cgroup"), pending_limit=pending_limit)
     path = str(tmp_path / "nri.sock")
 
     def make_stub(plugin: Plugin, name: str | None, closed: CloseCallback | None,
@@ -105,14 +106,15 @@ def serving(tmp_path: Path) -> tuple[StartGuard, Callable[[], GuardedConnections
         return Stub(plugin, name=name, socket_path=path, env=ENV, on_close=closed,
                     before_connect=before, poll_interval=0.02)
 
-    return guard, lambda: GuardedConnections(guard, make_stub, None, linger=LINGER)
+    return guard, lambda: GuardedConnections(guard, guard, make_stub, None, linger=LINGER)
 
 
 def scenario(tmp_path: Path,
-             body: Callable[[Runtime, GuardedConnections, StartGuard], Awaitable[None]]) -> None:
+             body: Callable[[Runtime, GuardedConnections, StartGuard], Awaitable[None]],
+             pending_limit: float = 60.0) -> None:
     async def main() -> None:
         runtime = await Runtime(str(tmp_path / "nri.sock")).start()
-        guard, make = serving(tmp_path)
+        guard, make = serving(tmp_path, pending_limit)
         connections = make()
         task = asyncio.create_task(connections.run())
         try:
@@ -205,3 +207,37 @@ def test_a_creation_straddling_the_injectors_registration_is_caught_by_its_post_
         assert await guard_peer.at_eof(timeout=WAIT)  # nothing owed: gone after the linger
 
     scenario(tmp_path, body)
+
+
+def test_a_refused_start_leaves_nothing_owed_and_the_guard_closes(tmp_path: Path) -> None:
+    """The kubelet keeps a pod's last dead container and sends no RemoveContainer for it: a
+    container whose start the guard refused must not keep the guard's connection open (it
+    is never started again)."""
+    async def body(runtime: Runtime, connections: GuardedConnections, guard: StartGuard) -> None:
+        _, guard_peer, stream = await runtime.next()
+        await accept_plugin(guard_peer, stream, [unserved("refused")])
+        _, peer, stream = await runtime.next()
+        await accept_plugin(peer, stream, [unserved("refused")])
+        assert guard.needed
+        # containerd: no process yet at StartContainer; the start is refused all the same.
+        started = nri_pb2.ContainerEventRequest(pod=POD, container=unserved("refused"))
+        reply = await guard_peer.response_to(guard_peer.send_request("StartContainer", started))
+        assert reply.status.code != 0 and "nri-cdi: " in reply.status.message
+        assert not guard.needed
+        assert await guard_peer.at_eof(timeout=WAIT)  # no RemoveContainer needed
+
+    scenario(tmp_path, body)
+
+
+def test_a_created_container_that_never_starts_is_let_go(tmp_path: Path) -> None:
+    """Listed as created by a Synchronize (containerd 1.7 and 2.1 list a container whose
+    start failed so, for as long as the kubelet keeps it): owed a check only for a while."""
+    async def body(runtime: Runtime, connections: GuardedConnections, guard: StartGuard) -> None:
+        _, guard_peer, stream = await runtime.next()
+        await accept_plugin(guard_peer, stream, [unserved("dead")])
+        _, peer, stream = await runtime.next()
+        await accept_plugin(peer, stream, [unserved("dead")])
+        assert await guard_peer.at_eof(timeout=WAIT)
+        assert not guard.needed
+
+    scenario(tmp_path, body, pending_limit=0.5)

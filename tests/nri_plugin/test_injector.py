@@ -17,9 +17,11 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError, dispatch
 from nri_plugin.nri.stub import Stub
 from nri_plugin.nri.versions import RuntimeInfo
+from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.adjust import UnsupportedEditsError, to_adjustment
 from nri_plugin.plugins.cdi_injector.context import ContainerContext, read_context
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector, InjectionError, plan_injection
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.plan import InjectionError, plan_injection
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.requests import (
     DeviceRequest,
@@ -116,25 +118,14 @@ def test_malformed_annotations_name_the_annotation(pod: dict, ctr: dict, message
     assert info.value.reason.rule == "request.annotation"
 
 
-def test_parsed_annotations_are_kept_small_and_errors_never() -> None:
-    """A repeated annotation is parsed once (the same immutable requests); a bad one fails
-    every time; one longer than the cache's bound is parsed and not kept."""
-    from nri_plugin.plugins.cdi_injector import requests
-
-    requests._parsed_requests.cache_clear()
+def test_annotations_are_read_apart_and_a_bad_one_fails_every_time() -> None:
     ask = {"cdi.k8s.io/gpu": "vendor.com/gpu=0,vendor.com/gpu=1"}
-    first, again = pod_requests(ask, "a"), pod_requests(ask, "b")
-    assert first == again and first[0] is again[0]
+    assert pod_requests(ask, "a") == pod_requests(ask, "b")
     assert [r.source for r in container_requests(ask)] == [
         "container annotation 'cdi.k8s.io/gpu'"] * 2  # kept apart from the pod's
     for _ in range(2):
         with pytest.raises(RequestError, match=r"cdi\.k8s\.io/bad"):
             pod_requests({"cdi.k8s.io/bad": "not-a-name"}, "a")
-    size = requests._parsed_requests.cache_info().currsize
-    long = ",".join(f"vendor.com/gpu={i}" for i in range(400))
-    assert len(long) > requests.CACHED_VALUE_MAX
-    assert len(pod_requests({"cdi.k8s.io/many": long}, "a")) == 400
-    assert requests._parsed_requests.cache_info().currsize == size
 
 
 def test_plan_matches_cdi_semantics(snapshot: Snapshot) -> None:
@@ -214,6 +205,53 @@ def test_inexpressible_edits_go_to_the_runtimes_cdi_when_it_can(snapshot: Snapsh
     assert plan.delegated == ("example.com/gpu=grouped",)
     assert [d.name for d in plan.adjustment.CDI_devices] == list(plan.delegated)
     assert not plan.adjustment.linux.devices and not plan.adjustment.env
+
+
+class DropMounts:
+    """A vendor's filter that leaves out every mount (as NVIDIA_DRIVER_CAPABILITIES leaves
+    out the driver files of capabilities not asked for)."""
+
+    def apply(self, edits: ContainerEdits) -> ContainerEdits:
+        return edits._replace(mounts=())
+
+
+def test_nothing_is_handed_to_the_runtimes_cdi_that_would_lose_the_plugins_work(
+        snapshot: Snapshot) -> None:
+    """Seen with a real kubelet on containerd 2.x (its CDI on, folders shared): devices
+    carrying additionalGids were all handed over, and the runtime then applied the spec
+    whole, ignoring the capability trim and the hook-free library path. Only what loses
+    nothing is handed over; otherwise the plugin applies the devices itself and the groups
+    go by the policy."""
+    requests = [DeviceRequest("example.com/gpu=grouped", "s")]
+    trimmed = plan_injection(snapshot, requests, CONTAINERD_21, edit_filter=DropMounts(),
+                             drop_gids=True)
+    assert not trimmed.delegated and not trimmed.adjustment.CDI_devices
+    assert trimmed.dropped_gids == (44,) and not trimmed.adjustment.mounts
+    assert "driver mount(s) the container did not ask for" in trimmed.kept_because
+    with pytest.raises(InjectionError, match=r"would lose this: 2 driver mount"):
+        plan_injection(snapshot, requests, CONTAINERD_21, edit_filter=DropMounts())
+
+
+def test_a_hook_free_spec_is_not_handed_over_its_library_path_would_be_lost(
+        tmp_path: Path) -> None:
+    folder = write_specs(tmp_path / "cdi", {"v.yaml": """\
+cdiVersion: 0.7.0
+kind: vendor.com/gpu
+containerEdits:
+  env: [NRI_CDI_LD_LIBRARY_PATH=/usr/lib/drv]
+devices:
+- name: "0"
+  containerEdits:
+    deviceNodes: [{path: /dev/vgpu0, type: c, major: 195, minor: 0}]
+    additionalGids: [44]
+"""})
+    snap = SpecCache([str(folder)]).refresh()
+    shared = dataclasses.replace(CONTAINERD_21, cdi_spec_dirs=(str(folder),))
+    plan = plan_injection(snap, [DeviceRequest("vendor.com/gpu=0", "s")], shared,
+                          library_path="/opt/image/lib", drop_gids=True)
+    assert not plan.delegated and plan.dropped_gids == (44,)
+    env = {kv.key: kv.value for kv in plan.adjustment.env}
+    assert env == {"LD_LIBRARY_PATH": "/opt/image/lib:/usr/lib/drv"}
 
 
 def test_delegation_the_runtimes_cdi_cannot_read_is_refused_with_the_cause(
@@ -335,9 +373,12 @@ def test_create_container_over_a_socket_refuses_only_the_bad_request(
         bad_stream = peer.send_request("CreateContainer", bad)
         good_stream = peer.send_request("CreateContainer", good)
         failed = await peer.response_to(bad_stream)
-        assert failed.status.code != 0
-        assert "example.com/gpu=nope (from pod annotation 'cdi.k8s.io/gpu')" in \
-            failed.status.message
+        # What the pod's user reads (the runtime quotes code and message): the cause and
+        # the device, and nothing internal.
+        assert failed.status.code == Code.NOT_FOUND
+        assert failed.status.message == (
+            "nri-cdi: unresolvable CDI devices: example.com/gpu=nope (from pod annotation "
+            "'cdi.k8s.io/gpu'): no such device in the spec directories")
         ok = await peer.response_to(good_stream)
         reply = nri_pb2.CreateContainerResponse.FromString(ok.payload)
         assert [d.path for d in reply.adjust.linux.devices] == ["/dev/ctl", "/dev/gpu1"]

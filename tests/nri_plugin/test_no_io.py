@@ -35,7 +35,7 @@ from nri_plugin.nri.stub import Stub
 from nri_plugin.ops.logwriter import NonBlockingHandler
 from nri_plugin.ops.metrics import Metrics
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-from nri_plugin.plugins.cdi_injector.metered import MeteredInjector
+from nri_plugin.plugins.cdi_injector.metered import Metered
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import make_char_device, nvidia_policy, write_specs
@@ -182,7 +182,8 @@ def test_create_container_over_the_wire_with_nvidia_rules_does_no_io(
     registry = _nvidia_registry(tmp_path)
     policy = nvidia_policy({"sources": {"visibleDevicesEnv": {"enabled": True,
                                                              "privilegedOnly": False}}})
-    plugin = MeteredInjector(registry.get, Metrics(), vendors=registry.vendors, policy=policy)
+    plugin = Metered(CdiInjector(registry.get, vendors=registry.vendors, policy=policy),
+                     Metrics())
     gpu = {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}
     requests = {
         "annotation": _request(["NVIDIA_REQUIRE_CUDA=cuda>=12.0 brand=tesla",

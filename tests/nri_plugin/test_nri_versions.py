@@ -23,8 +23,9 @@ from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.stub import Stub
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
-from nri_plugin.plugins.cdi_injector.guard import StartGuard
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector, plan_injection
+from nri_plugin.plugins.cdi_injector.failclosed import StartGuard
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.plan import plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from tests.helpers import write_specs

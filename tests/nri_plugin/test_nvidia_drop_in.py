@@ -112,7 +112,7 @@ def run(registry: Registry, *env: str, policy: Policy | None = None, privileged:
     if privileged:
         ctr.linux.resources.devices.add(allow=True, access="rwm")
     pod = nri_pb2.PodSandbox(id="p1", name="pod", namespace="default", annotations=annotations)
-    injection = plugin.adjustment_for(pod, ctr)
+    injection = plugin.decide(pod, ctr)
     return None if injection is None else injection.adjustment
 
 

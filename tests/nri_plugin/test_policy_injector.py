@@ -3,7 +3,6 @@ capabilities; and fail-closed detection at Synchronize. No sockets, no container
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import re
@@ -14,9 +13,7 @@ import pytest
 from cdi.cache import SpecCache
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError
-from nri_plugin.plugins.cdi_injector.counters import Counters
-from nri_plugin.plugins.cdi_injector.failclosed import Unserved, act, find_unserved
-from nri_plugin.plugins.cdi_injector.guard import StartGuard
+from nri_plugin.plugins.cdi_injector.failclosed import StartGuard, find_unserved
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
@@ -189,22 +186,23 @@ def test_find_unserved(registry: Registry) -> None:
 def test_report_action_stops_nothing(registry: Registry,
                                      caplog: pytest.LogCaptureFixture) -> None:
     starved = live("c2", "starved", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
-    found = find_unserved([pod()], [starved], Policy(), [NvidiaRules()], registry)
-    counters = Counters()
-    asyncio.run(act(found, "report", counters))
-    assert counters == Counters(unserved_reported=1)
+    starved.pid = 4242
+    plugin = StartGuard(injector(registry, nvidia_policy({"failClosed": {"action": "report"}})))
+    plugin.synchronize([pod()], [starved])
+    assert plugin.counters.unserved_reported == 1 and plugin.counters.unserved_evicted == 0
     assert "fail-closed report: container starved" in caplog.text
 
 
-def test_synchronize_hands_unserved_to_callback(registry: Registry) -> None:
-    got: list[tuple[list[Unserved], str]] = []
-    plugin = StartGuard(injector(registry), act=lambda found, action: got.append((found, action)))
+def test_synchronize_acts_after_its_reply_on_started_containers_only(
+        registry: Registry) -> None:
+    later: list[object] = []
+    plugin = StartGuard(injector(registry), defer=later.append)
     starved = live("c2", "starved", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
     starved.pid = 4242  # started: acted on now (not started: when it starts)
     waiting = live("c4", "waiting", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
+    waiting.state = nri_pb2.CONTAINER_CREATED
     assert plugin.synchronize([pod()], [starved, live("c3", "plain"), waiting]) is None
-    assert [([u.name for u in found], action) for found, action in got] == [
-        (["starved"], "evict")]
+    assert len(later) == 1  # the stopping of "starved", after the reply
     assert plugin.counters.unserved_found == 2 and list(plugin._pending) == ["c4"]
 
 

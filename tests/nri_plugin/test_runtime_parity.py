@@ -12,7 +12,7 @@ import pytest
 from cdi.cache import Snapshot, SpecCache
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.adjust import narrowed_permissions
-from nri_plugin.plugins.cdi_injector.injector import InjectionError, plan_injection
+from nri_plugin.plugins.cdi_injector.plan import InjectionError, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from tests.helpers import make_char_device, write_specs
 

@@ -24,7 +24,8 @@ def _get(url: str) -> tuple[int, str]:
 
 
 def test_counts_and_endpoints() -> None:
-    m = Metrics()
+    counters = Counters()
+    m = Metrics(counters)
     server = m.serve("127.0.0.1:0")
     base = f"http://127.0.0.1:{server.port}"
     try:
@@ -34,7 +35,8 @@ def test_counts_and_endpoints() -> None:
         m.injection("injected", 0.0003)
         m.injection("refused", 0.001)
         m.denial("namespace-allowlist")
-        m.eviction()
+        counters.unserved_evicted += 1  # fail-closed counts in the one set of counters
+        counters.unserved_found += 3
         m.registry(SimpleNamespace(devices={"a": 1, "b": 2}, specs={"s": 1},
                                    errors={"bad.yaml": ("x",)}, generation=4))
         m.disconnected()
@@ -46,7 +48,8 @@ def test_counts_and_endpoints() -> None:
         for line in ['nri_cdi_injections_total{outcome="injected"} 1.0',
                      'nri_cdi_injections_total{outcome="delegated"} 0.0',
                      'nri_cdi_denials_total{rule="namespace-allowlist"} 1.0',
-                     "nri_cdi_evictions_total 1.0", "nri_cdi_reconnects_total 1.0",
+                     "nri_cdi_unserved_evicted_total 1.0",
+                     "nri_cdi_unserved_found_total 3.0", "nri_cdi_reconnects_total 1.0",
                      "nri_cdi_registry_file_errors 1.0", "nri_cdi_registry_generation 4.0",
                      'nri_cdi_injection_seconds_bucket{le="0.0005"} 1.0',
                      "nri_cdi_injection_seconds_count 2.0"]:

@@ -28,6 +28,7 @@ from cdi.errors import UnresolvedDevicesError
 from nri_plugin.nri import adjustment as adj
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.versions import RuntimeInfo
+from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
@@ -62,7 +63,7 @@ def rechecked_refusal(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> 
                            for name, why in exc.reasons.items())
         folders = ", ".join(snapshot.spec_dirs) or "(none)"
         return Refusal(f"unresolvable CDI devices: {detail} (the spec folders {folders} were "
-                       "read again just now)", rule="unresolvable",
+                       "read again just now)", rule="unresolvable", code=Code.NOT_FOUND,
                        device=next(iter(exc.reasons), None))
     return None
 

@@ -8,14 +8,32 @@ verdicts, the plan) reads this one immutable value; nothing goes back to the req
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 from cdi.cache import Snapshot
 from nri_plugin.nri.api import nri_pb2
-from nri_plugin.plugins.cdi_injector.policy import Policy
+from nri_plugin.plugins.cdi_injector.policy import Policy, SourceRule
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, unique_requests
-from nri_plugin.plugins.cdi_injector.vendor import RequestSource
+
+# Reads a source's requests from a container (pure): the container, the snapshot and the
+# vendor's facts for it. Raises a Refusal for a malformed request.
+Reader = Callable[["ContainerContext", Snapshot, object], list[DeviceRequest]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestSource:
+    """One way of asking for devices, as the policy names it (``sources.<name>``)."""
+
+    name: str
+    default: SourceRule  # the rule without a policy file, with the source's title
+    read_from: Literal["annotations", "env", "mounts"]
+    # Where the policy does not allow the source: "refuse" the container (someone asked on
+    # purpose) or "ignore" the source (images set such env variables in every container).
+    when_denied: Literal["refuse", "ignore"] = "refuse"
+    # None: the source asks for edits of no device, which the vendor's verdict reads.
+    read: Reader | None = None
 
 
 class SourceRequests(NamedTuple):
@@ -26,8 +44,7 @@ class SourceRequests(NamedTuple):
 
 
 class ContainerContext(NamedTuple):
-    """Immutable (a NamedTuple: built on every CreateContainer, where a frozen dataclass's
-    field-by-field construction cost a measurable share of the handler's time)."""
+    """One container, read once; immutable."""
 
     namespace: str
     pod_name: str

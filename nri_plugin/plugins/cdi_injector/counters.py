@@ -1,5 +1,5 @@
-"""The plugin's counters, for its log and metrics: one object, shared by the injector and
-the fail-closed guard (``ops.daemon`` hands the same one to both)."""
+"""The plugin's counters, for its log and metrics: one object, made by the injector and
+shared with the fail-closed guard; the metrics export every field."""
 
 from __future__ import annotations
 
@@ -15,4 +15,5 @@ class Counters:
     delegation_failed: int = 0  # handed to the runtime's own CDI, which failed them
     unserved_found: int = 0  # found by Synchronize without their devices
     unserved_reported: int = 0  # fail-closed action "report"
-    unserved_evicted: int = 0  # fail-closed action "evict": stopped
+    unserved_evicted: int = 0  # fail-closed action "evict": stopped, or its start refused
+    gids_dropped: int = 0  # containers given their devices without the spec's additionalGids

@@ -1,91 +1,119 @@
-"""Fail-closed: containers created while the plugin was away that lack their devices.
+"""Fail-closed: no container runs without the devices it asked for because the plugin was
+away. Everything of it is here: finding such containers, the start guard, the one way they
+are stopped or reported, and the second NRI connection the guard rides on.
 
-NRI is fail-open (containerd#11217, nri#316): while the plugin is down, restarting or too
-slow, containers are created without its adjustments. Two checks close it:
+NRI is fail-open: while the plugin is down, restarting or too slow, the runtime creates
+containers without its adjustments. Two checks close that:
 
-* each (re)connection starts with a Synchronize listing every container;
-  ``find_unserved`` (pure) picks the live ones that asked for devices and do not have
-  them, and ``act`` stops or reports them;
-* ``guard.StartGuard`` checks every container whose creation did not pass through us when it
-  starts (StartContainer; on runtimes other than containerd, which fails a start whose
-  StartContainer fails, PostCreateContainer and PostStartContainer too): one that lacks
-  its devices (it straddled our reconnection, or was created while we were away and not
-  started yet, pid 0 at Synchronize) is stopped before its process runs. The others are
-  answered with one lookup.
+* each (re)connection starts with a Synchronize listing every container; ``find_unserved``
+  (pure) picks the live ones that asked for devices and do not have them. A running one is
+  stopped (or reported) at once; one created but not started is owed a check at its start.
+* ``StartGuard`` wraps the injector (as the metrics do) and checks, at StartContainer,
+  every container whose creation did not pass through the plugin. containerd fails a
+  container's start when a plugin's StartContainer fails (every release with NRI), so there
+  refusing the start stops the container before its process runs; on other runtimes the
+  guard also looks at PostCreateContainer and PostStartContainer and stops the processes.
 
-Stopping never goes through the runtime. The NRI eviction (UpdateContainers ``evict``)
-is dropped by every released NRI adaptation (v0.2.0-v0.12.x relay only the updates),
-and the call itself can deadlock containerd against concurrent CRI requests
-(containerd#13733, fixed by containerd/nri#301 after v0.12.2), so we never send it.
-Instead we SIGKILL the container's processes ourselves: every pid in its cgroup
-(``cgroup.kill`` on cgroup v2, else ``cgroup.procs``; from ``linux.cgroups_path``), or its
-init pid (``Container.pid``, a host pid: the plugin runs in the host pid namespace with
-CAP_KILL). At StartContainer the task exists but is not started (runc init waits on its
-exec fifo), so the start then fails; the orchestrator retries, now through the plugin.
-Where the runtime can refuse creation itself, that closes the gap earlier: containerd >=
-2.2 with ``[plugins."io.containerd.nri.v1.nri".default_validator] enable = true`` and
-``required_plugins = ["nri-cdi"]`` fails every container created while we are absent.
+Stopping never goes through the runtime: the NRI eviction request is dropped by every
+released NRI adaptation, and the call can deadlock containerd against concurrent CRI
+requests. The guard SIGKILLs the container's processes itself (its cgroup, else its init
+pid). Before that it writes the reason into the container's termination-message file,
+which the kubelet shows as the container's message (``kubectl describe pod``).
+
+Every container stopped, refused or reported is named in the log, each once, and counted
+(``Counters``): those lines are never rate-limited (``FAILCLOSED_LOGGER`` is exempt from
+the log's limiter).
+
+The start checks are owed only while a container may be in doubt: until the injector's
+connection has synchronized, and while one created without the plugin has neither started
+nor gone. They ride on a second NRI connection of their own (``GuardConnection``), which
+``GuardedConnections`` opens before the injector's connects and closes once nothing is in
+doubt: the runtime then asks the plugin nothing at a container's start.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
-from collections.abc import Mapping, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
 from cdi.errors import UnresolvedDevicesError
 from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.api.events import EventMask
+from nri_plugin.nri.dispatch import RpcError
+from nri_plugin.nri.plugin import Plugin
+from nri_plugin.nri.stub import Callback, CloseCallback, Stub
+from nri_plugin.nri.versions import RuntimeInfo
+from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.context import check_sources, read_context
 from nri_plugin.plugins.cdi_injector.counters import Counters
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
-from nri_plugin.plugins.cdi_injector.refusal import Refusal
-from nri_plugin.plugins.cdi_injector.requests import NRI_PLUGINS_DOMAIN, container_requests
+from nri_plugin.plugins.cdi_injector.refusal import USER_PREFIX, Refusal
+from nri_plugin.plugins.cdi_injector.requests import (
+    NRI_PLUGINS_DOMAIN,
+    TooManyNamesError,
+    check_name_count,
+    container_requests,
+)
 from nri_plugin.plugins.cdi_injector.sources import all_sources
 from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules, env_read
 
-log = logging.getLogger("nri_cdi.failclosed")
+FAILCLOSED_LOGGER = "nri_cdi.failclosed"
+log = logging.getLogger(FAILCLOSED_LOGGER)
+_V = TypeVar("_V")
+
 # Created (not started: the init process waits) and running containers can be used.
 _LIVE_STATES = (nri_pb2.CONTAINER_CREATED, nri_pb2.CONTAINER_RUNNING, nri_pb2.CONTAINER_PAUSED)
+# The annotations the kubelet puts on every container: where the container's termination
+# message goes, and its name.
+TERMINATION_PATH_ANNOTATION = "io.kubernetes.container.terminationMessagePath"
+CONTAINER_NAME_ANNOTATION = "io.kubernetes.container.name"
+CGROUP_ROOT = "/sys/fs/cgroup"
+# cgroup v1 hierarchies that hold every task of a container, most likely first.
+_V1_CONTROLLERS = ("pids", "freezer", "memory", "cpu,cpuacct", "cpu", "devices", "systemd")
 
 
-# The other injectors' pod annotation keys are request keys too (nri-plugins', and those
-# the vendors declare).
-_REQUEST_KEY_PREFIXES = (ANNOTATION_PREFIX, NRI_PLUGINS_DOMAIN)
-
-
-def _request_key_prefixes(vendors: Sequence[VendorRules]) -> tuple[str, ...]:
-    return _REQUEST_KEY_PREFIXES + tuple(p for v in vendors for p in v.annotation_prefixes)
-
-
-def _any_request_key(annotations: Mapping[str, str], prefixes: tuple[str, ...]) -> bool:
-    return any(k.startswith(prefixes) for k in annotations)
+# --- finding them (pure) -------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Unserved:
+    """A container that asked for devices it does not have."""
+
     container_id: str
     name: str
     pod: str  # namespace/name
+    pod_uid: str
     pid: int
+    started: bool  # its process ran (running or paused), not only created
     missing: tuple[str, ...]
     reason: str
     cgroups_path: str = ""
+    # The host file the kubelet reads the container's termination message from ("" none).
+    termination_file: str = ""
 
 
 def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_pb2.Container],
                   policy: Policy, vendors: Sequence[VendorRules], registry: Registry, *,
                   native_cdi: bool = False) -> list[Unserved]:
-    """Live containers that asked for devices they do not have. Pure. With ``native_cdi``
-    (the runtime's own CDI is on) devices named in container cdi.k8s.io annotations are the
+    """Live containers that asked for devices they do not have. With ``native_cdi`` (the
+    runtime's own CDI is on) devices named in container cdi.k8s.io annotations are the
     runtime's: it injected them, or it did not create the container."""
     by_id = {p.id: p for p in pods}
-    keys = _request_key_prefixes(vendors)
-    asking_pods = {p.id for p in pods if _any_request_key(p.annotations, keys)}
+    keys = (ANNOTATION_PREFIX, NRI_PLUGINS_DOMAIN,
+            *(p for v in vendors for p in v.annotation_prefixes))
+    asking_pods = {p.id for p in pods if any(k.startswith(keys) for k in p.annotations)}
     # A vendor's env entries count where one of its env sources that reads devices is on.
     env_asks = tuple(prefix for v in vendors if _enabled(policy, v, "env")
                      for prefix in v.env_request_prefixes)
@@ -96,13 +124,12 @@ def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_p
             continue
         # Cheap test first: most containers ask for nothing by any source.
         if (container.pod_sandbox_id not in asking_pods
-                and not _any_request_key(container.annotations, keys)
+                and not any(k.startswith(keys) for k in container.annotations)
                 and not (mounts_ask and container.mounts)
-                and not (env_asks and any(e.startswith(env_asks)
-                                              for e in container.env))):
+                and not (env_asks and any(e.startswith(env_asks) for e in container.env))):
             continue
-        pod = by_id.get(container.pod_sandbox_id)
-        found = container_unserved(pod, container, policy, vendors, registry, native_cdi)
+        found = container_unserved(by_id.get(container.pod_sandbox_id), container, policy,
+                                   vendors, registry, native_cdi)
         if found is not None:
             out.append(found)
     return out
@@ -113,56 +140,19 @@ def _enabled(policy: Policy, vendor: VendorRules, read_from: str) -> bool:
                if s.read_from == read_from and s.read is not None)
 
 
-# Device names one container may ask for, all sources together. Parsing is linear but not
-# cheap: 300,000 names in one 4 MB annotation took 4.4 s (over the runtime's 2 s request
-# timeout: the container is then created without us) and 230 MiB. Real requests name a
-# few devices (8 GPUs x 7 MIG instances is 56).
-MAX_NAMES = 1024
-
-
-def too_many_names(pod_annotations: Mapping[str, str], container: nri_pb2.Container,
-                   env_prefixes: tuple[str, ...] = ()) -> str | None:
-    """Why the request names more than MAX_NAMES devices, or None. Cheap: counts commas,
-    before anything is parsed. ``env_prefixes``: the vendors' env requests ("NAME=")."""
-    count = 0
-    for where, found in (("pod", pod_annotations), ("container", container.annotations)):
-        # Keys, then a lookup: a protobuf map's items() is a Python-level generator.
-        for key in found:
-            if key.startswith(ANNOTATION_PREFIX):
-                count += found[key].count(",") + 1
-                if count > MAX_NAMES:
-                    return (f"{where} annotation {key[:80]!r} brings the devices asked for "
-                            f"over {MAX_NAMES} (a container may name at most {MAX_NAMES})")
-    # Only an entry longer than MAX_NAMES can hold MAX_NAMES commas: the longest first, in
-    # one pass of C code (Kubernetes gives containers many short service variables).
-    env = container.env
-    if not env_prefixes or max(map(len, env), default=0) <= MAX_NAMES:
-        return None
-    for entry in env:
-        if (len(entry) > MAX_NAMES and entry.startswith(env_prefixes)
-                and entry.count(",") >= MAX_NAMES):
-            return f"{entry.partition('=')[0]} names more than {MAX_NAMES} devices"
-    return None
-
-
-def env_prefixes(vendors: Sequence[VendorRules]) -> tuple[str, ...]:
-    return tuple(prefix for vendor in vendors for prefix in vendor.env_request_prefixes)
-
-
 def container_unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
                        policy: Policy, vendors: Sequence[VendorRules], registry: Registry,
                        native_cdi: bool = False) -> Unserved | None:
     """Whether one live container lacks devices it asked for (None: it does not)."""
     annotations: Mapping[str, str] = pod.annotations if pod is not None else {}
-    excess = too_many_names(annotations, container, env_prefixes(vendors))
-    if excess is not None:
-        return _item(pod, container, (), f"its request is invalid ({excess})")
+    prefixes = tuple(p for v in vendors for p in v.env_request_prefixes)
     snapshot = registry.snapshot
     try:
+        check_name_count(annotations, container, prefixes)
         context = read_context(pod, container, all_sources(registry.paired(vendors)), policy,
                                snapshot, env_read(vendors))
-    except Refusal as exc:
-        return _item(pod, container, (), f"its request is invalid ({exc})")
+    except (TooManyNamesError, Refusal) as exc:
+        return _item(pod, container, (), f"its request is invalid: {exc}")
     if not context.requests:
         return None
     requests = [r.name for r in context.requests]
@@ -173,7 +163,17 @@ def container_unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Contai
     missing = tuple(n for n in requests if not _has(container, n, snapshot, env))
     if not missing:
         return None
-    reason = f"asked for {', '.join(missing)} and does not have them"
+    unknown = [n for n in missing if n not in snapshot.devices]
+    known = [n for n in missing if n in snapshot.devices]
+    parts = []
+    if unknown:
+        folders = ", ".join(snapshot.spec_dirs) or "no folder"
+        parts.append(f"it asked for {', '.join(unknown)}, which no CDI spec in {folders} "
+                     "defines")
+    if known:
+        parts.append(f"it asked for {', '.join(known)} and does not have "
+                     f"{'it' if len(known) == 1 else 'them'}")
+    reason = "; ".join(parts)
     try:
         check_sources(context, policy)
     except PolicyDenied as denied:
@@ -183,10 +183,36 @@ def container_unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Contai
 
 def _item(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
           missing: tuple[str, ...], reason: str) -> Unserved:
-    where = f"{pod.namespace}/{pod.name}" if pod is not None else container.pod_sandbox_id
-    return Unserved(container_id=container.id, name=container.name, pod=where,
-                    pid=container.pid, missing=missing, reason=reason,
-                    cgroups_path=container.linux.cgroups_path)
+    return Unserved(container_id=container.id, name=container.name,
+                    pod=f"{pod.namespace}/{pod.name}" if pod is not None
+                    else container.pod_sandbox_id,
+                    pod_uid=pod.uid if pod is not None else "", pid=container.pid,
+                    started=container.state in (nri_pb2.CONTAINER_RUNNING,
+                                                nri_pb2.CONTAINER_PAUSED),
+                    missing=missing, reason=reason,
+                    cgroups_path=container.linux.cgroups_path,
+                    termination_file=termination_file(pod, container))
+
+
+def termination_file(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container) -> str:
+    """The host file the kubelet made for this container's termination message ("": none).
+
+    Only a file the kubelet itself mounted is taken: the mount at the container's
+    terminationMessagePath whose host path is the kubelet's own layout for this pod and
+    container (``.../pods/<pod uid>/containers/<container name>/<file>``). Anything else
+    (another CRI client, a hand-made mount) is left alone."""
+    target = container.annotations.get(TERMINATION_PATH_ANNOTATION, "")
+    name = container.annotations.get(CONTAINER_NAME_ANNOTATION, container.name)
+    if not target or pod is None or not pod.uid:
+        return ""
+    for mount in container.mounts:
+        if mount.destination != target:
+            continue
+        parts = mount.source.split("/")
+        if (len(parts) >= 5 and parts[-5:-1] == ["pods", pod.uid, "containers", name]
+                and os.path.isabs(mount.source) and ".." not in parts):
+            return mount.source
+    return ""
 
 
 def _final_env(snapshot: Snapshot, names: Sequence[str]) -> dict[str, str]:
@@ -216,12 +242,10 @@ def _has(container: nri_pb2.Container, name: str, snapshot: Snapshot,
     names = [e.partition("=")[0] for e in device.edits.env]
     if names:
         return {f"{n}={final_env.get(n, '')}" for n in names} <= set(container.env)
-    return True  # nothing to see it by: do not evict on a guess
+    return True  # nothing to see it by: do not stop it on a guess
 
 
-CGROUP_ROOT = "/sys/fs/cgroup"
-# cgroup v1 hierarchies that hold every task of a container, most likely first.
-_V1_CONTROLLERS = ("pids", "freezer", "memory", "cpu,cpuacct", "cpu", "devices", "systemd")
+# --- stopping them (the one way) -----------------------------------------------------------
 
 
 def cgroup_relpath(cgroups_path: str) -> str:
@@ -254,24 +278,6 @@ def cgroup_dir(cgroups_path: str, root: str = CGROUP_ROOT) -> str | None:
     return next((c for c in candidates if rel and os.path.isdir(c)), None)
 
 
-def kill_cgroup(folder: str) -> int:
-    """SIGKILL every process in the cgroup ``folder``; how many were signalled (-1: all,
-    through cgroup.kill). Raises OSError when it cannot."""
-    if os.path.exists(f"{folder}/cgroup.kill"):  # cgroup v2, Linux >= 5.14
-        # (Opening it for writing where it does not exist fails with EACCES, not ENOENT.)
-        with open(f"{folder}/cgroup.kill", "w") as handle:
-            handle.write("1")
-        return -1
-    with open(f"{folder}/cgroup.procs") as handle:
-        pids = [int(line) for line in handle if line.strip()]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            continue
-    return len(pids)
-
-
 def stop_processes(pid: int, cgroups_path: str, root: str = CGROUP_ROOT) -> str | None:
     """SIGKILL a container's processes without asking the runtime: its whole cgroup when
     we can see it, else its init ``pid``. How it was done, or None when there was nothing
@@ -279,11 +285,21 @@ def stop_processes(pid: int, cgroups_path: str, root: str = CGROUP_ROOT) -> str 
     folder = cgroup_dir(cgroups_path, root)
     if folder is not None:
         try:
-            count = kill_cgroup(folder)
+            if os.path.exists(f"{folder}/cgroup.kill"):  # cgroup v2, Linux >= 5.14
+                with open(f"{folder}/cgroup.kill", "w") as handle:
+                    handle.write("1")
+                return f"cgroup {folder}"
+            with open(f"{folder}/cgroup.procs") as handle:
+                pids = [int(line) for line in handle if line.strip()]
         except FileNotFoundError:
-            count = 0  # removed meanwhile
-        if count:
-            return f"cgroup {folder}" if count < 0 else f"{count} process(es) of {folder}"
+            pids = []  # removed meanwhile
+        signalled = 0
+        for each in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(each, signal.SIGKILL)
+                signalled += 1
+        if signalled:
+            return f"{signalled} process(es) of {folder}"
     if pid > 0:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -293,40 +309,531 @@ def stop_processes(pid: int, cgroups_path: str, root: str = CGROUP_ROOT) -> str 
     return None
 
 
-def kill(unserved: Sequence[Unserved], root: str = CGROUP_ROOT) -> list[str]:
-    """Stop each container's processes; the ids that could not be stopped."""
-    failed = []
-    for item in unserved:
-        try:
-            how = stop_processes(item.pid, item.cgroups_path, root)
-        except OSError as exc:
-            log.error("cannot stop container %s (%s): %s", item.name, item.container_id,
-                      exc.strerror or exc)
-            failed.append(item.container_id)
-            continue
-        if how is None and item.pid <= 0:
-            failed.append(item.container_id)  # nothing running to stop yet
-    return failed
+def write_termination_message(path: str, message: str) -> str:
+    """Write ``message`` into the kubelet's termination-message file ``path`` (an existing
+    regular file, never through a link); "" when done, else why not."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        return exc.strerror or errno.errorcode.get(exc.errno or 0, str(exc))
+    try:
+        if not os.path.isfile(f"/proc/self/fd/{fd}"):
+            return "not a regular file"
+        os.write(fd, message.encode()[:4096])
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    finally:
+        os.close(fd)
+    return ""
 
 
-async def act(unserved: Sequence[Unserved], action: str, counters: Counters) -> int:
-    """Stop (SIGKILL, never through the runtime: see the module doc) or only report, as
-    the policy's ``action`` says; how many were stopped. A task, so that it runs after the
-    Synchronize reply (the runtime holds its lock until it has it)."""
-    if action == "report":
-        counters.unserved_reported += len(unserved)
+# --- the guard -----------------------------------------------------------------------------
+
+
+# A container created without the plugin and not started yet is owed a check at its start.
+# The kubelet starts a container right after creating it; one that has not started this
+# long after it was found has failed its start already (containerd 1.7 and 2.1 show such a
+# container as created, with no pid, for as long as the kubelet keeps it) and is let go, so
+# that the guard's connection does not stay open for as long as its pod lives.
+PENDING_LIMIT = 60.0
+
+
+@dataclass(slots=True)
+class _Pending:
+    item: Unserved
+    until: float
+
+
+class StartGuard(Plugin):
+    """The plugin the stub runs: the injector's handlers plus the fail-closed checks."""
+
+    REMEMBER = 65536  # containers remembered as served, oldest dropped first
+    # The events the guard needs on every runtime, whatever the injector subscribes to.
+    GUARD_EVENTS = (EventMask.POST_CREATE_CONTAINER | EventMask.START_CONTAINER
+                    | EventMask.POST_START_CONTAINER | EventMask.REMOVE_CONTAINER)
+    # containerd fails a container's start when a plugin's StartContainer fails (every
+    # release with NRI): there StartContainer alone keeps a container from running.
+    CONTAINERD_GUARD_EVENTS = EventMask.START_CONTAINER | EventMask.REMOVE_CONTAINER
+
+    def __init__(self, injector: CdiInjector, *,
+                 defer: Callable[[Callable[[], None]], object] | None = None,
+                 cgroup_root: str = CGROUP_ROOT, own_connection: bool = False,
+                 pending_limit: float = PENDING_LIMIT,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``injector``: the injector it wraps, whose policy, registry and counters the
+        checks read. ``defer``: runs the stopping of what Synchronize found after its reply
+        has left (the runtime holds its lock until then); None: at once.
+        ``own_connection``: the start checks are served by ``GuardConnection`` on a
+        connection of their own, not by this one."""
+        self.injector = injector
+        self.counters: Counters = injector.counters
+        self._defer = defer
+        self.cgroup_root = cgroup_root
+        self.own_connection = own_connection
+        self.pending_limit = pending_limit
+        self._clock = clock
+        # Told when ``needed`` changes (GuardedConnections): called from inside a handler.
+        self._need_listeners: list[Callable[[bool], None]] = []
+        self._served: OrderedDict[str, None] = OrderedDict()
+        self._pending: dict[str, _Pending] = {}
+        # Containers already stopped, refused or reported: the guard's Synchronize and the
+        # injector's both list them, and each is acted on (and named) once.
+        self._done: OrderedDict[str, None] = OrderedDict()
+        self._injector_synced = False
+        self._was_needed = True
+        self._runtime = RuntimeInfo()  # as the last Configure (either connection's) named it
+
+    # --- whether checks are owed ---
+
+    @property
+    def needed(self) -> bool:
+        """Whether a container may be in doubt: the injector's connection has not
+        synchronized since it (re)connected, or one created without us is still owed a
+        check at its start."""
+        self._expire_pending()
+        return not self._injector_synced or bool(self._pending)
+
+    def on_need_changed(self, listener: Callable[[bool], None]) -> None:
+        self._need_listeners.append(listener)
+
+    def _need_may_have_changed(self) -> None:
+        now = self.needed
+        if now != self._was_needed:
+            self._was_needed = now
+            for listener in self._need_listeners:
+                listener(now)
+
+    def next_expiry(self) -> float | None:
+        """Seconds until the next pending container is let go (None: none pending)."""
+        if not self._pending:
+            return None
+        return max(0.0, min(p.until for p in self._pending.values()) - self._clock())
+
+    def _expire_pending(self) -> None:
+        now = self._clock()
+        for cid, pending in list(self._pending.items()):
+            if pending.until <= now:
+                del self._pending[cid]
+                item = pending.item
+                log.warning("fail-closed: container %s (%s) of pod %s, created without its "
+                            "devices while the plugin was away, has not started within "
+                            "%.0f s of being found; its start is no longer waited for (a "
+                            "container whose start failed stays listed as created): %s",
+                            item.name, item.container_id, item.pod, self.pending_limit,
+                            item.reason)
+
+    def injector_connection_lost(self) -> None:
+        """The injector's connection ended: until it synchronizes again, containers are
+        created without us."""
+        self._injector_synced = False
+        self._need_may_have_changed()
+
+    def _remember(self, table: OrderedDict[str, _V], key: str, value: _V) -> None:
+        table[key] = value
+        table.move_to_end(key)
+        while len(table) > self.REMEMBER:
+            table.popitem(last=False)
+
+    # --- the injector's connection ---
+
+    def configure(self, config: str, runtime_name: str,
+                  runtime_version: str) -> EventMask | None:
+        self._injector_synced = False
+        mask = self.injector.configure(config, runtime_name, runtime_version)
+        self._runtime = self.injector.runtime
+        if mask is None:
+            return None
+        if self.own_connection:
+            # RemoveContainer only, to forget what we remember: outside every container's
+            # creation and start.
+            return mask | EventMask.REMOVE_CONTAINER
+        return mask | guard_events(runtime_name)
+
+    def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
+                    containers: Sequence[nri_pb2.Container]) -> None:
+        self._judge_listed(pods, containers, self.injector.runtime)
+        self._injector_synced = True
+        self._need_may_have_changed()
+
+    def create_container(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
+    ) -> nri_pb2.ContainerAdjustment | nri_pb2.CreateContainerResponse | None:
+        result = self.injector.create_container(pod, container)
+        # Every container whose creation we answered, adjusted or not: at its start it is
+        # then one dict lookup.
+        self._remember(self._served, container.id, None)
+        return result
+
+    def post_create_container(self, pod: nri_pb2.PodSandbox,
+                              container: nri_pb2.Container) -> None:
+        self.check(pod, container, "post-create")
+
+    def start_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self.check(pod, container, "start")
+
+    def post_start_container(self, pod: nri_pb2.PodSandbox,
+                             container: nri_pb2.Container) -> None:
+        self.check(pod, container, "post-start")
+
+    def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self.injector.remove_container(pod, container)
+        self.forget(container.id)
+
+    def forget(self, container_id: str) -> None:
+        """The container is gone: nothing about it is owed or kept."""
+        self._served.pop(container_id, None)
+        self._pending.pop(container_id, None)
+        self._done.pop(container_id, None)
+        self._need_may_have_changed()
+
+    # --- the guard's own connection ---
+
+    def guard_configured(self, runtime_name: str, runtime_version: str) -> EventMask:
+        """The guard's own connection is to this runtime: the events it needs there, and
+        PostCreateContainer on every runtime. A creation that began before the injector
+        registered is shown to no Synchronize while it is still in the runtime's hands;
+        its PostCreateContainer comes once it is stored, and marks it owed a check."""
+        self._runtime = self.injector.runtime_of(runtime_name, runtime_version)
+        return guard_events(runtime_name) | EventMask.POST_CREATE_CONTAINER
+
+    def guard_synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
+                          containers: Sequence[nri_pb2.Container]) -> None:
+        """The guard's own Synchronize: what the injector's would find, judged first."""
+        self._judge_listed(pods, containers, self._runtime)
+        self._need_may_have_changed()
+
+    # --- the checks ---
+
+    def _judge_listed(self, pods: Sequence[nri_pb2.PodSandbox],
+                      containers: Sequence[nri_pb2.Container], runtime: RuntimeInfo) -> None:
+        core = self.injector
+        unserved = find_unserved(pods, containers, core.policy, core.vendors, core.registry(),
+                                 native_cdi=runtime.native_cdi is True)
+        now = []
         for item in unserved:
-            log.warning("fail-closed report: container %s (%s) of pod %s: %s (policy "
-                        "failClosed.action: report; not stopped)", item.name,
-                        item.container_id, item.pod, item.reason)
-        return 0
-    failed = set(kill(unserved))
-    stopped = 0
-    for item in unserved:
-        if item.container_id in failed:
-            continue
-        stopped += 1
-        counters.unserved_evicted += 1
-        log.warning("fail-closed evict: stopped container %s (%s) of pod %s: %s",
-                    item.name, item.container_id, item.pod, item.reason)
-    return stopped
+            if item.container_id in self._done or item.container_id in self._pending:
+                continue  # the other connection's Synchronize found it first
+            self.counters.unserved_found += 1
+            self._served.pop(item.container_id, None)  # answered too late: owed still
+            if item.started:
+                now.append(item)
+                continue
+            self._pending[item.container_id] = _Pending(item, self._clock() + self.pending_limit)
+            log.warning("fail-closed: container %s (%s) of pod %s, created without its "
+                        "devices while the plugin was away, is created but not started; it is "
+                        "checked when it starts: %s", item.name, item.container_id,
+                        item.pod, item.reason)
+        for item in now:
+            self._remember(self._done, item.container_id, None)
+        if now:
+            if self._defer is None:
+                self._act_now(now)
+            else:
+                self._defer(lambda: self._act_now(now))
+
+    def _act_now(self, items: Sequence[Unserved]) -> None:
+        for item in items:
+            self._act(item, "reconnection")
+
+    def check(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, stage: str) -> None:
+        """The start check of one container at ``stage`` (raises to fail its start)."""
+        try:
+            self._check_once(pod, container, stage)
+        finally:
+            self._need_may_have_changed()
+
+    def _check_once(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
+                    stage: str) -> None:
+        cid = container.id
+        if cid in self._served or cid in self._done:
+            return  # answered at creation, or acted on already: nothing owed
+        pending = self._pending.get(cid)
+        if pending is not None:
+            item: Unserved | None = pending.item
+        else:
+            core = self.injector
+            item = container_unserved(pod, container, core.policy, core.vendors,
+                                      core.registry(), self._runtime.native_cdi is True)
+        log.debug("%s check of container %s (%s): %s", stage, container.name, cid,
+                  "unserved" if item else "ok")
+        if item is None:
+            self._pending.pop(cid, None)
+            return
+        if stage == "post-create":
+            if pending is None:
+                self.counters.unserved_found += 1
+                self._pending[cid] = _Pending(item, self._clock() + self.pending_limit)
+                log.warning("fail-closed: container %s (%s) of pod %s was created without "
+                            "passing through the plugin; it is checked when it starts: %s",
+                            item.name, cid, item.pod, item.reason)
+            return
+        if pending is None and stage == "start":
+            self.counters.unserved_found += 1
+        stopped = self._act(item, stage, pid=container.pid,
+                            cgroups_path=container.linux.cgroups_path or item.cgroups_path)
+        evict = self.injector.policy.fail_closed_action != "report"
+        if evict and not stopped and stage == "start":
+            # A runtime that may start it all the same: stopped as it starts, if it does.
+            self._pending[cid] = _Pending(item, self._clock() + self.pending_limit)
+        else:
+            # A container is started once: nothing about it stays owed.
+            self._pending.pop(cid, None)
+            self._remember(self._done, cid, None)
+        if evict and stage == "start":
+            # containerd fails the start: the container never runs.
+            raise RpcError(Code.FAILED_PRECONDITION,
+                           f"{USER_PREFIX}container {item.name} was created while the plugin "
+                           f"was away, without its devices: {item.reason}")
+
+    def _act(self, item: Unserved, stage: str, *, pid: int | None = None,
+             cgroups_path: str | None = None) -> bool:
+        """Report or stop one container, as the policy's failClosed.action says; counted
+        and named in the log. True when it is stopped (or its start is to be refused).
+        ``stage``: start, post-start or reconnection."""
+        when = _WHEN[stage]
+        if self.injector.policy.fail_closed_action == "report":
+            self.counters.unserved_reported += 1
+            log.warning("fail-closed report: container %s (%s) of pod %s runs without its "
+                        "devices (%s; policy failClosed.action: report, not stopped): %s",
+                        item.name, item.container_id, item.pod, when, item.reason)
+            return False
+        message = (f"{USER_PREFIX}stopped: the container was created while the plugin was "
+                   f"away, without its devices: {item.reason}\n")
+        note = (write_termination_message(item.termination_file, message)
+                if item.termination_file else "no termination-message file")
+        try:
+            how = stop_processes(item.pid if pid is None else pid,
+                                 item.cgroups_path if cgroups_path is None else cgroups_path,
+                                 self.cgroup_root)
+        except OSError as exc:
+            how, error = None, exc.strerror or str(exc)
+        else:
+            error = "" if how else "no process found"
+        refuses_start = stage == "start" and self._runtime.is_containerd
+        if how is None and not refuses_start:
+            log.error("fail-closed: container %s (%s) of pod %s must not run without its "
+                      "devices but could not be stopped %s (%s)%s: %s", item.name,
+                      item.container_id, item.pod, when, error,
+                      "; its start is refused and it is stopped as it starts, if it does"
+                      if stage == "start" else "", item.reason)
+            return False
+        self.counters.unserved_evicted += 1
+        what = "refused the start of" if refuses_start else "stopped"
+        log.warning("fail-closed evict: %s container %s (%s) of pod %s, %s (%s; message for "
+                    "the kubelet: %s): %s", what, item.name, item.container_id, item.pod,
+                    when, how or "nothing to signal yet", note or "written", item.reason)
+        return True
+
+
+_WHEN = {"start": "at its start, before it ran", "post-start": "as it started",
+         "reconnection": "found running when the plugin came back"}
+
+
+def guard_events(runtime_name: str) -> EventMask:
+    """The events the start guard needs on this runtime (see StartGuard)."""
+    if runtime_name == "containerd":
+        return StartGuard.CONTAINERD_GUARD_EVENTS
+    return StartGuard.GUARD_EVENTS
+
+
+class GuardConnection(Plugin):
+    """The start guard's own NRI connection: only the lifecycle events the checks need,
+    served by the ``StartGuard`` it belongs to. ``on_synchronized`` is told when its
+    Synchronize is answered (the guard is in place from then on)."""
+
+    def __init__(self, guard: StartGuard,
+                 on_synchronized: Callable[[], None] | None = None) -> None:
+        self.guard = guard
+        self._on_synchronized = on_synchronized
+
+    def configure(self, config: str, runtime_name: str,
+                  runtime_version: str) -> EventMask | None:
+        return self.guard.guard_configured(runtime_name, runtime_version)
+
+    def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
+                    containers: Sequence[nri_pb2.Container]) -> None:
+        self.guard.guard_synchronize(pods, containers)
+        if self._on_synchronized is not None:
+            self._on_synchronized()
+
+    def post_create_container(self, pod: nri_pb2.PodSandbox,
+                              container: nri_pb2.Container) -> None:
+        self.guard.check(pod, container, "post-create")
+
+    def start_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self.guard.check(pod, container, "start")
+
+    def post_start_container(self, pod: nri_pb2.PodSandbox,
+                             container: nri_pb2.Container) -> None:
+        self.guard.check(pod, container, "post-start")
+
+    def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self.guard.forget(container.id)
+
+
+# --- the guard's connection, open only while needed ----------------------------------------
+
+
+# How long the injector's connection waits for the guard's to be in place. Longer than the
+# runtime's registration timeout would only delay us; past it the injector connects all the
+# same, and its own Synchronize still finds what was created meanwhile.
+GUARD_READY_TIMEOUT = 5.0
+# How long the guard's connection stays once nothing is in doubt. A creation that began
+# before the injector registered may be past NRI but not yet in the runtime's store when
+# the injector synchronizes, so no Synchronize lists it; it shows itself by its
+# PostCreateContainer, which the guard's connection subscribes to, once the runtime has
+# stored it.
+GUARD_LINGER = 10.0
+GUARD_SUFFIX = "-guard"
+
+# Builds a Stub for one of our plugins: (plugin, name, on_close, before_connect).
+StubFactory = Callable[[Plugin, str | None, CloseCallback | None, Callback | None], Stub]
+
+
+class GuardedConnections:
+    """Runs the injector's connection (``main``: the guard, or the metrics around it) and
+    opens and closes the guard's around it: on every
+    (re)connection the guard's goes first (the injector's waits until it has synchronized,
+    bounded), so no container created while we were away starts unchecked; once nothing is
+    in doubt it is closed (after ``GUARD_LINGER``). NRI takes a plugin connection that
+    closes while it asks it something as gone, not as a failed request: closing it never
+    fails a container."""
+
+    def __init__(self, guard: StartGuard, main: Plugin, make_stub: StubFactory,
+                 name: str | None, *, on_close: CloseCallback | None = None,
+                 ready_timeout: float = GUARD_READY_TIMEOUT,
+                 linger: float = GUARD_LINGER) -> None:
+        self.guard = guard
+        self._make_stub = make_stub
+        self._on_close = on_close
+        self._ready_timeout = ready_timeout
+        self._linger = linger
+        self._closing: asyncio.TimerHandle | None = None  # the close after the linger
+        self._expiry: asyncio.TimerHandle | None = None  # the next pending let go
+        self._ready = asyncio.Event()
+        self._guard_stub: Stub | None = None
+        self._guard_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        # Opened only from the injector's before-connect on: after its connection is lost,
+        # the Stub waits for the runtime's new socket first, and a guard opened at once
+        # would register with the dying runtime and hold the injector back.
+        self._may_open = False
+        guard.on_need_changed(self._need_changed)
+        # The injector's connection serves ``main``: the guard, or the metrics around it.
+        self.main = make_stub(main, name, self._main_closed, self._guard_first)
+        self._guard_name = self.main.name + GUARD_SUFFIX  # same index, so next to it
+
+    @property
+    def guard_open(self) -> bool:
+        """Whether the guard's connection is running (connecting or connected)."""
+        return self._guard_task is not None
+
+    async def run(self) -> None:
+        """Serve until ``stop()``: the injector's connection, the guard's while needed."""
+        try:
+            await self.main.run()
+        finally:
+            self._stopping = True
+            await self._close_guard()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.main.stop()
+        if self._guard_stub is not None:
+            self._guard_stub.stop()
+
+    async def _guard_first(self, _main: Stub) -> None:
+        """Before the injector connects: the guard's connection in place (bounded)."""
+        self._may_open = True
+        self._update()
+        if self._guard_task is None or self._ready.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._ready.wait(), self._ready_timeout)
+        except asyncio.TimeoutError:
+            log.warning("the start guard's connection is not in place after %.0f s; "
+                        "connecting the injector all the same (its Synchronize still "
+                        "finds what was created meanwhile)", self._ready_timeout)
+
+    async def _main_closed(self, stub: Stub, error: BaseException | None) -> None:
+        self._may_open = False
+        self.guard.injector_connection_lost()
+        if self._on_close is not None:
+            result = self._on_close(stub, error)
+            if asyncio.iscoroutine(result):
+                await result
+
+    def _need_changed(self, needed: bool) -> None:
+        # Called from inside a handler: open or close only after its reply has left.
+        if not self._stopping:
+            asyncio.get_running_loop().call_soon(self._update)
+
+    def _update(self) -> None:
+        if self._stopping:
+            return
+        loop = asyncio.get_running_loop()
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if self.guard.needed:
+            self._cancel_close()
+            if self._guard_task is None and self._may_open:
+                self._open_guard()
+            wait = self.guard.next_expiry()
+            if wait is not None:  # a pending container let go changes ``needed``
+                self._expiry = loop.call_later(wait + 0.01, self._update)
+        elif self._guard_task is not None and self._closing is None:
+            self._closing = loop.call_later(self._linger, self._close_if_idle)
+
+    def _cancel_close(self) -> None:
+        if self._closing is not None:
+            self._closing.cancel()
+            self._closing = None
+
+    def _close_if_idle(self) -> None:
+        self._closing = None
+        if self._stopping or self.guard.needed or self._guard_task is None:
+            return
+        log.info("nothing in doubt: closing the start guard's connection (the runtime "
+                 "asks nothing at container start from now on)")
+        if self._guard_stub is not None:
+            self._guard_stub.stop()
+
+    def _open_guard(self) -> None:
+        self._ready.clear()
+        plugin = GuardConnection(self.guard, on_synchronized=self._guard_synchronized)
+        stub = self._make_stub(plugin, self._guard_name, self._guard_closed, None)
+        self._guard_stub = stub
+        task = asyncio.get_running_loop().create_task(stub.run())
+        self._guard_task = task
+        task.add_done_callback(self._guard_ended)
+        log.info("start guard connection opening (containers may be in doubt)")
+
+    def _guard_synchronized(self) -> None:
+        # The runtime adds the plugin to those it asks right after our reply.
+        loop = asyncio.get_running_loop()
+        loop.call_soon(self._ready.set)
+        loop.call_soon(self._update)
+
+    def _guard_closed(self, _stub: Stub, _error: BaseException | None) -> None:
+        self._ready.clear()
+
+    def _guard_ended(self, task: asyncio.Task[None]) -> None:
+        if task is self._guard_task:
+            self._guard_task = None
+            self._guard_stub = None
+            self._ready.clear()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("the start guard's connection failed: %s", task.exception())
+        if not self._stopping:  # needed again while it was closing: open a new one
+            asyncio.get_running_loop().call_soon(self._update)
+
+    async def _close_guard(self) -> None:
+        self._cancel_close()
+        if self._expiry is not None:
+            self._expiry.cancel()
+        if self._guard_stub is not None:
+            self._guard_stub.stop()
+        task = self._guard_task
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)

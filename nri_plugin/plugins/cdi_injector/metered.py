@@ -1,73 +1,81 @@
-"""``MeteredInjector``: the CdiInjector with metrics (a subclass, chosen by the daemon).
+"""``Metered``: any of our plugins with metrics, by composition (the daemon wraps the start
+guard, which wraps the injector, when metrics are on).
 
-It times each CreateContainer that asked for devices and counts it by outcome
+It passes every event on and times each CreateContainer, counting it by outcome
 (``injected``; ``delegated`` when only the runtime's own CDI resolves the devices;
-``refused`` when the request is turned down, with the rule from the Refusal's structured
-reason; ``error`` for anything unexpected), and tells the metrics when
-the runtime connection (re)starts.
+``refused`` with the rule of the refusal; ``error`` for anything unexpected), and tells
+the metrics when the runtime connection (re)starts.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
-from nri_plugin.nri.dispatch import RpcError
-from nri_plugin.plugins.cdi_injector.claims import OnHit, OnMiss, StartWarning
-from nri_plugin.plugins.cdi_injector.counters import Counters
-from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-from nri_plugin.plugins.cdi_injector.policy import Policy
-from nri_plugin.plugins.cdi_injector.refusal import Refusal
-from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules
+from nri_plugin.nri.dispatch import implemented_events
+from nri_plugin.nri.plugin import Plugin
+from nri_plugin.plugins.cdi_injector.injector import RefusedError
 
 
 class InjectionMetrics(Protocol):
-    """What the injector reports (``nri_plugin.ops.metrics.Metrics`` implements it)."""
+    """What is reported (``nri_plugin.ops.metrics.Metrics`` implements it)."""
 
     def connected(self, runtime: str) -> None: ...
     def denial(self, rule: str) -> None: ...
     def injection(self, outcome: str, seconds: float) -> None: ...
 
 
-class MeteredInjector(CdiInjector):
-    def __init__(self, registry: Callable[[], Registry], metrics: InjectionMetrics, *,
-                 vendors: Sequence[VendorRules] = (), policy: Policy | None = None,
-                 runtime_cdi: RuntimeCdiConfig | None = None,
-                 counters: Counters | None = None, on_miss: OnMiss | None = None,
-                 on_hit: OnHit | None = None,
-                 on_start_warning: StartWarning | None = None) -> None:
-        super().__init__(registry, vendors=vendors, policy=policy, runtime_cdi=runtime_cdi,
-                         counters=counters, on_miss=on_miss, on_hit=on_hit,
-                         on_start_warning=on_start_warning)
+class Metered(Plugin):
+    """``plugin`` with its CreateContainer outcomes and connections reported."""
+
+    def __init__(self, plugin: Plugin, metrics: InjectionMetrics) -> None:
+        self.plugin = plugin
         self.metrics = metrics
 
     def configure(self, config: str, runtime_name: str,
                   runtime_version: str) -> EventMask | None:
-        mask = super().configure(config, runtime_name, runtime_version)
-        self.metrics.connected(self.runtime.describe())
-        return mask
+        mask = self.plugin.configure(config, runtime_name, runtime_version)
+        self.metrics.connected(f"{runtime_name} {runtime_version}")
+        # None means "every event the plugin implements": its own, not this wrapper's.
+        return implemented_events(self.plugin) if mask is None else mask
+
+    def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
+                    containers: Sequence[nri_pb2.Container]) -> None:
+        self.plugin.synchronize(pods, containers)
 
     def create_container(
         self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
-    ) -> nri_pb2.ContainerAdjustment | None:
+    ) -> nri_pb2.ContainerAdjustment | nri_pb2.CreateContainerResponse | None:
         start = time.perf_counter()
         try:
-            adjustment = super().create_container(pod, container)
-        except RpcError as exc:  # a refusal when its cause is a Refusal
-            if isinstance(exc.__cause__, Refusal):
-                self.metrics.denial(exc.__cause__.reason.rule)
+            result = self.plugin.create_container(pod, container)
+        except RefusedError as exc:
+            self.metrics.denial(exc.reason.rule)
             self.metrics.injection("refused", time.perf_counter() - start)
             raise
         except Exception:
             self.metrics.injection("error", time.perf_counter() - start)
             raise
-        if adjustment is not None:
-            only_runtime = len(adjustment.CDI_devices) > 0 and not (
-                adjustment.linux.devices or adjustment.mounts or adjustment.env)
+        if isinstance(result, nri_pb2.ContainerAdjustment):
+            only_runtime = len(result.CDI_devices) > 0 and not (
+                result.linux.devices or result.mounts or result.env)
             self.metrics.injection("delegated" if only_runtime else "injected",
                                    time.perf_counter() - start)
-        return adjustment
+        return result
+
+    def post_create_container(self, pod: nri_pb2.PodSandbox,
+                              container: nri_pb2.Container) -> None:
+        self.plugin.post_create_container(pod, container)
+
+    def start_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self.plugin.start_container(pod, container)
+
+    def post_start_container(self, pod: nri_pb2.PodSandbox,
+                             container: nri_pb2.Container) -> None:
+        self.plugin.post_start_container(pod, container)
+
+    def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self.plugin.remove_container(pod, container)

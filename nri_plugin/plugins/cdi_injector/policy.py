@@ -4,7 +4,7 @@ without their devices while we were away. Loaded once from YAML, validated with 
 that name the key; evaluation is pure.
 
 The injector's own request sources are known here; a vendor declares its own (name,
-default, title) and its default denials (``vendor.VendorRules``), and the parser learns
+default, title) and its default denials (``VendorPolicy``), and the parser learns
 them from the vendors it is given (``parse_policy(doc, vendors=...)``,
 ``Policy.defaults(vendors)``). Defaults (no file, or keys left out), chosen to be safe:
 
@@ -22,13 +22,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from nri_plugin.nri.errors import NRIPluginError
+from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
-
-if TYPE_CHECKING:
-    from nri_plugin.plugins.cdi_injector.vendor import VendorRules
 
 ACTIONS = ("evict", "report")
 GID_ACTIONS = ("drop", "refuse")
@@ -50,6 +48,7 @@ class PolicyDenied(Refusal):
     for metrics."""
 
     default_rule = "policy"
+    default_code = Code.PERMISSION_DENIED
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +62,25 @@ class SourceRule:
         # "*" (the default) first: it matches every namespace, without a pattern match.
         return "*" in self.namespaces or any(fnmatchcase(namespace, p)
                                              for p in self.namespaces)
+
+
+class NamedSource(Protocol):
+    """What the policy needs of a request source: its key and its default rule."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def default(self) -> SourceRule: ...
+
+
+class VendorPolicy(Protocol):
+    """What the policy needs of a vendor's rules (``vendor.VendorRules`` has it): the
+    sources it adds, and the device patterns it denies by default."""
+
+    @property
+    def sources(self) -> Sequence[NamedSource]: ...
+    @property
+    def default_denials(self) -> Sequence[str]: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,7 +107,7 @@ NEUTRAL_SOURCES: Mapping[str, SourceRule] = {
         title="nri-plugins CDI injector annotations (cdi.nri.io)", enabled=True)}
 
 
-def default_sources(vendors: Sequence[VendorRules] = ()) -> dict[str, SourceRule]:
+def default_sources(vendors: Sequence[VendorPolicy] = ()) -> dict[str, SourceRule]:
     """Every known source with its default rule: the injector's, then each vendor's."""
     out = dict(NEUTRAL_SOURCES)
     for vendor in vendors:
@@ -97,7 +115,7 @@ def default_sources(vendors: Sequence[VendorRules] = ()) -> dict[str, SourceRule
     return out
 
 
-def default_device_rules(vendors: Sequence[VendorRules] = ()) -> tuple[DeviceRule, ...]:
+def default_device_rules(vendors: Sequence[VendorPolicy] = ()) -> tuple[DeviceRule, ...]:
     """Every device but the vendors' default denials, in every namespace."""
     deny = tuple(p for vendor in vendors for p in vendor.default_denials)
     return (DeviceRule(index=0, allow=("*",), deny=deny),)
@@ -122,7 +140,7 @@ class Policy:
     origin: str = "built-in defaults"
 
     @classmethod
-    def defaults(cls, vendors: Sequence[VendorRules] = (), *,
+    def defaults(cls, vendors: Sequence[VendorPolicy] = (), *,
                  origin: str = "built-in defaults") -> Policy:
         """The built-in policy for the injector's sources and these vendors'."""
         return cls(sources=default_sources(vendors), devices=default_device_rules(vendors),
@@ -197,7 +215,7 @@ def _check_device(name: str, namespace: str, rules: list[DeviceRule]) -> None:
 # --- loading and validation ------------------------------------------------------------------
 
 
-def load_policy(path: str, vendors: Sequence[VendorRules] = ()) -> Policy:
+def load_policy(path: str, vendors: Sequence[VendorPolicy] = ()) -> Policy:
     """Read and validate a policy file (YAML); raises PolicyError naming every problem.
     ``vendors``: whose request sources and default denials the policy knows."""
     import yaml  # lazy: 9-11 ms (-X importtime) that the built-in default policy never needs
@@ -212,7 +230,7 @@ def load_policy(path: str, vendors: Sequence[VendorRules] = ()) -> Policy:
     return parse_policy(doc, origin=path, vendors=vendors)
 
 
-def parse_policy(doc: Any, *, origin: str = "", vendors: Sequence[VendorRules] = ()) -> Policy:
+def parse_policy(doc: Any, *, origin: str = "", vendors: Sequence[VendorPolicy] = ()) -> Policy:
     problems: list[str] = []
     if doc is None:
         doc = {}

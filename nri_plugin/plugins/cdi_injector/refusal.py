@@ -1,9 +1,14 @@
-"""The structured reason of a refused container.
+"""The structured reason of a refused container, and the words its user reads.
 
 A ``Refusal`` is the answer "this container must not be created": it carries a one-line
 message for the user and a ``Reason`` for logs and metrics (which rule refused it, which
 device, which annotation), so nobody has to recover them from the message text. The
 injector raises it, and so do the vendor rules it asks (``vendor.py``).
+
+What the pod's user reads (``kubectl describe pod``) is the runtime's error, which quotes
+our status code and message: ``... rpc error: code = NotFound desc = nri-cdi: unresolvable
+CDI devices: ...``. So the code says what kind of refusal it is and the message names the
+cause and the device, and nothing internal (no class name, no method name).
 """
 
 from __future__ import annotations
@@ -11,6 +16,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from nri_plugin.nri.errors import NRIPluginError
+from nri_plugin.nri.wire import Code
+
+# Every message the runtime shows for us starts so: the user sees who refused.
+USER_PREFIX = "nri-cdi: "
 
 
 class Reason(NamedTuple):
@@ -23,15 +32,22 @@ class Reason(NamedTuple):
 
 
 class Refusal(NRIPluginError):
-    """A container refused on purpose; ``reason`` says by what (no parsing of messages)."""
+    """A container refused on purpose; ``reason`` says by what (no parsing of messages),
+    ``code`` is the status the runtime gets (a subclass picks its kind's)."""
 
     default_rule = "refused"
+    default_code = Code.FAILED_PRECONDITION
 
     def __init__(self, message: str, *, rule: str | None = None, device: str | None = None,
-                 annotation: str | None = None) -> None:
+                 annotation: str | None = None, code: Code | None = None) -> None:
         super().__init__(message)
         self.reason = Reason(rule or self.default_rule, device, annotation)
+        self.code = code if code is not None else self.default_code
 
     @property
     def rule(self) -> str:
         return self.reason.rule
+
+    def user_message(self) -> str:
+        """The line the runtime passes on to the pod's user."""
+        return USER_PREFIX + str(self)

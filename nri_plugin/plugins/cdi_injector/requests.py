@@ -14,13 +14,14 @@ Sources (CDI annotation convention, ``cdi.k8s.io/`` prefix):
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cdi.annotations import ANNOTATION_PREFIX, parse_annotation
 from cdi.errors import AnnotationError
 from cdi.parser import is_qualified_name
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
 
 CONTAINER_KEY_PREFIX = ANNOTATION_PREFIX + "ctr."
@@ -59,25 +60,10 @@ def container_requests(container_annotations: Mapping[str, str]) -> list[DeviceR
     return requests
 
 
-# Every container of a pod, and of a Deployment's pods, carries the same request
-# annotations: their parsed requests are kept (immutable) for the next one. Values over
-# CACHED_VALUE_MAX characters are parsed each time, so the cache stays small whatever the
-# input (64 x 4 KiB). An 8-GPU pod annotation: 5.0 us hot, 26 us cold parsed; 0.8 and 12 kept.
-PARSED_CACHE_SIZE = 64
-CACHED_VALUE_MAX = 4096
-
-
-def _annotation_requests(where: str, key: str, value: str) -> tuple[DeviceRequest, ...]:
+def _annotation_requests(where: str, key: str, value: str) -> list[DeviceRequest]:
     """The requests of one ``cdi.k8s.io/`` annotation of a pod or container (``where``)."""
-    if len(value) > CACHED_VALUE_MAX:
-        return _parsed_requests.__wrapped__(where, key, value)
-    return _parsed_requests(where, key, value)
-
-
-@functools.lru_cache(maxsize=PARSED_CACHE_SIZE)
-def _parsed_requests(where: str, key: str, value: str) -> tuple[DeviceRequest, ...]:
     source = f"{where} annotation {key!r}"
-    return tuple(DeviceRequest(n, source) for n in _parse(key, value, where))
+    return [DeviceRequest(n, source) for n in _parse(key, value, where)]
 
 
 NRI_PLUGINS_DOMAIN = "cdi.nri.io"  # containers/nri-plugins' cdi-device-injector
@@ -114,6 +100,7 @@ class RequestError(Refusal):
     """A malformed request annotation; ``reason.annotation`` names its key."""
 
     default_rule = "request.annotation"
+    default_code = Code.INVALID_ARGUMENT
 
 
 def _parse(key: str, value: str, where: str) -> list[str]:
@@ -132,3 +119,37 @@ def unique_requests(requests: list[DeviceRequest]) -> list[DeviceRequest]:
             seen.add(request.name)
             result.append(request)
     return result
+
+
+# Device names one container may ask for, all sources together. Parsing is linear, but a
+# request of hundreds of thousands of names would outlast the runtime's request timeout
+# (the container is then created without us). Real requests name a few devices (8 GPUs x
+# 7 MIG instances is 56).
+MAX_NAMES = 1024
+
+
+class TooManyNamesError(RequestError):
+    """The request names more devices than any container may ask for (MAX_NAMES)."""
+
+    default_rule = "nameLimit"
+
+
+def check_name_count(pod_annotations: Mapping[str, str], container: nri_pb2.Container,
+                     env_prefixes: tuple[str, ...] = ()) -> None:
+    """Raise TooManyNamesError when the request names more than MAX_NAMES devices, before
+    anything parses them (it counts commas). ``env_prefixes``: the vendors' env requests
+    ("NAME=")."""
+    count = 0
+    for where, found in (("pod", pod_annotations), ("container", container.annotations)):
+        for key, value in found.items():
+            if key.startswith(ANNOTATION_PREFIX):
+                count += value.count(",") + 1
+                if count > MAX_NAMES:
+                    raise TooManyNamesError(
+                        f"{where} annotation {key[:80]!r} brings the devices asked for over "
+                        f"{MAX_NAMES} (a container may name at most {MAX_NAMES})",
+                        annotation=key[:80])
+    for entry in container.env:
+        if entry.startswith(env_prefixes) and entry.count(",") >= MAX_NAMES:
+            raise TooManyNamesError(
+                f"{entry.partition('=')[0]} names more than {MAX_NAMES} devices")

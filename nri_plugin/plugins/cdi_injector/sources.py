@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
-from nri_plugin.plugins.cdi_injector.context import ContainerContext
+from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
 from nri_plugin.plugins.cdi_injector.policy import NEUTRAL_SOURCES
 from nri_plugin.plugins.cdi_injector.requests import (
     NRI_PLUGINS_DOMAIN,
@@ -28,7 +28,7 @@ from nri_plugin.plugins.cdi_injector.requests import (
     nri_plugins_requests,
     pod_requests,
 )
-from nri_plugin.plugins.cdi_injector.vendor import RequestSource, VendorRules
+from nri_plugin.plugins.cdi_injector.vendor import VendorRules
 
 
 def _pod(context: ContainerContext, snapshot: Snapshot, facts: object) -> list[DeviceRequest]:

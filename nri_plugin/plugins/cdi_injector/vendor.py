@@ -11,7 +11,7 @@ against what its generator recorded, filters of the edits) comes in through a
 * its default denials (device patterns no namespace gets unless the policy says so);
 * its hooks (the hook operations its verdict may add to a container);
 * which annotation keys and env entries may ask for devices (the fail-closed pre-filter),
-  which env entries its verdict reads (the decision cache key) and which ask for edits of
+  which env entries its verdict reads and which ask for edits of
   no device; together these are every env name the vendor sees (``env_read``);
 
 and gives one verdict per container (``verdict``). With no vendor rules the injector serves
@@ -24,48 +24,18 @@ and swapped in with one assignment, so a container never sees new specs with old
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
+from collections.abc import Sequence
+from typing import NamedTuple, Protocol
 
 from cdi.cache import Snapshot
 from cdi.model import ContainerEdits
-from nri_plugin.plugins.cdi_injector.policy import SourceRule
-
-if TYPE_CHECKING:
-    from nri_plugin.plugins.cdi_injector.context import ContainerContext
-    from nri_plugin.plugins.cdi_injector.policy import Policy
-    from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
-
-# Reads a source's requests from a container (pure): the container, the snapshot and the
-# vendor's facts for it. Raises a Refusal for a malformed request.
-Reader = Callable[["ContainerContext", Snapshot, object], "list[DeviceRequest]"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RequestSource:
-    """One way of asking for devices, as the policy names it (``sources.<name>``)."""
-
-    name: str
-    default: SourceRule  # the rule without a policy file, with the source's title
-    read_from: Literal["annotations", "env", "mounts"]
-    # Where the policy does not allow the source: "refuse" the container (someone asked on
-    # purpose) or "ignore" the source (images set such env variables in every container).
-    when_denied: Literal["refuse", "ignore"] = "refuse"
-    # None: the source asks for edits of no device, which the vendor's verdict reads.
-    read: Reader | None = None
-    # A mounts source: substrings one of which the source path of every mount it can take
-    # as a request contains (the injector keeps answers by the mounts that do:
-    # ``shape.RequestShape``); none: any mount may be one.
-    mount_marks: tuple[str, ...] = ()
+from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
+from nri_plugin.plugins.cdi_injector.policy import Policy
 
 
 class EditFilter(Protocol):
-    """Drops parts of the resolved edits a container did not ask for (pure)."""
-
-    @property
-    def cache_key(self) -> Hashable:
-        """Equal keys filter equally (the injector caches plans by it)."""
+    """Drops parts of the resolved edits a container did not ask for, or adds edits of no
+    device it asked for (pure)."""
 
     def apply(self, edits: ContainerEdits) -> ContainerEdits: ...
 
@@ -86,7 +56,7 @@ class VendorRules(Protocol):
     # container of the node.
     annotation_prefixes: tuple[str, ...]
     env_request_prefixes: tuple[str, ...]
-    # Prefixes of the env names the verdict reads (the injector caches verdicts by them).
+    # Prefixes of the env names the verdict reads.
     # The container's env as the verdict and the sources see it holds only the names
     # these declarations cover (``env_read``).
     verdict_env: tuple[str, ...]

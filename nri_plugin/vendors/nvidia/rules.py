@@ -15,16 +15,15 @@ refresher's thread; everything else here is pure.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple
 
 from cdi.cache import Snapshot
 from cdi.edits import merge
 from cdi.model import ContainerEdits, DeviceNode, Hook
-from nri_plugin.plugins.cdi_injector.context import ContainerContext
+from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
-from nri_plugin.plugins.cdi_injector.vendor import RequestSource
 from nri_plugin.vendors.nvidia.capabilities import filter_edits, requested_capabilities
 from nri_plugin.vendors.nvidia.extras import (
     IMEX_ENV,
@@ -61,16 +60,9 @@ class CapabilityFilter(NamedTuple):
     """Keep the driver mounts of the capabilities in ``wanted`` (and files of none), after
     adding ``extra``: edits of no device (the driver alone, MIG and IMEX nodes)."""
 
-    capability_of: Mapping[str, str]  # container path -> capability
+    capability_of: Mapping[str, str]  # driver file (host path) -> capability
     wanted: frozenset[str]
     extra: ContainerEdits = ContainerEdits()
-    extra_key: Hashable = ()
-
-    @property
-    def cache_key(self) -> Hashable:
-        # capability_of follows from the registry and the device names, which the plan
-        # cache keys on already; extra follows from the registry and extra_key.
-        return (self.wanted, self.extra_key)
 
     def apply(self, edits: ContainerEdits) -> ContainerEdits:
         if not self.extra.is_empty():
@@ -113,7 +105,7 @@ class NvidiaRules:
         node = facts_of(facts)
         specs = {s.path: s for s in (node.spec_of(n, snapshot) for n in names)
                  if s is not None}
-        extra, key, extra_spec = self._extras(policy, names, context, snapshot, node)
+        extra, extra_spec = self._extras(policy, names, context, snapshot, node)
         if extra_spec is not None and extra_spec in node.specs:
             specs.setdefault(extra_spec, node.specs[extra_spec])
         if policy.enforce_requirements:
@@ -141,21 +133,19 @@ class NvidiaRules:
         if not capability_of and extra.is_empty():
             return None
         wanted = requested_capabilities(env, legacy=is_legacy_image(env))
-        return CapabilityFilter(MappingProxyType(capability_of), wanted, extra, key)
+        return CapabilityFilter(MappingProxyType(capability_of), wanted, extra)
 
     def _extras(self, policy: Policy, names: Sequence[str], context: ContainerContext,
                 snapshot: Snapshot,
-                node: NodeFacts) -> tuple[ContainerEdits, Hashable, str | None]:
-        """Edits of no device that the env asks for and the policy allows: (edits, their
-        cache key, the NVIDIA spec they came from when ``none`` added its edits)."""
+                node: NodeFacts) -> tuple[ContainerEdits, str | None]:
+        """Edits of no device that the env asks for and the policy allows: (the edits, the
+        NVIDIA spec they came from when ``none`` added its edits)."""
         env = context.env
         parts: list[ContainerEdits] = []
-        key: list[object] = []
         spec_path = None
         if wants_driver_only(env) and not names and _allows(policy, VISIBLE_DEVICES, context):
             spec_path, edits = driver_only_edits(snapshot)
             parts.append(edits)
-            key.append(("none", spec_path))
         nodes: list[DeviceNode] = []
         for variable, which in ((MIG_CONFIG_ENV, "migConfig"), (MIG_MONITOR_ENV, "migMonitor")):
             if not wants_mig_capability(env, variable):
@@ -167,22 +157,19 @@ class NvidiaRules:
                 raise ExtrasError(f"{variable}: cannot be used with specific MIG devices "
                                   f"selected ({', '.join(mig)})", rule=f"nvidia.{variable}")
             nodes.append(mig_capability_node(node, which, variable))
-            key.append(which)
         # Like NVIDIA_VISIBLE_DEVICES, and as NVIDIA's CDI modes do, the variable is
         # ignored where the policy does not allow it (images and job scripts set it).
         if env.get(IMEX_ENV) and _allows(policy, IMEX_CHANNELS, context):
             channels = imex_channels(node)
             wanted = imex_channel_ids(env, list(channels))
             nodes += [channels[c] for c in wanted]
-            key.append(("imex", tuple(wanted)))
         if nodes:
             parts.append(ContainerEdits(device_nodes=tuple(nodes)))
         if policy.mask_proc:
             hook = _mask_hook(names, snapshot, node, spec_path)
             if hook is not None:
                 parts.append(ContainerEdits(hooks=(hook,)))
-                key.append(("mask", hook.args))
-        return merge(parts) if parts else ContainerEdits(), tuple(key), spec_path
+        return merge(parts) if parts else ContainerEdits(), spec_path
 
 
 def _by_device_node(names: Sequence[str], snapshot: Snapshot,

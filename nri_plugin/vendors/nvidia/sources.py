@@ -20,10 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from cdi.cache import Snapshot
-from nri_plugin.plugins.cdi_injector.context import ContainerContext
+from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
 from nri_plugin.plugins.cdi_injector.policy import SourceRule
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
-from nri_plugin.plugins.cdi_injector.vendor import RequestSource
 from nri_plugin.vendors.nvidia.extras import IMEX_ENV, MIG_CONFIG_ENV, MIG_MONITOR_ENV
 from nri_plugin.vendors.nvidia.k8s_sources import nvidia_nri_requests, volume_mount_requests
 from nri_plugin.vendors.nvidia.nodefacts import NodeFacts
@@ -69,7 +68,6 @@ NRI_ANNOTATIONS = RequestSource(
                        enabled=True))
 VOLUME_MOUNTS = RequestSource(
     name="volumeMounts", read_from="mounts", read=_volume_mounts,
-    mount_marks=("null",),  # only /dev/null mounts ask (k8s_sources.volume_mount_ids)
     default=SourceRule(title=f"device-plugin volume mounts ({VOLUME_MOUNT_ROOT}/)",
                        enabled=False))
 VISIBLE_DEVICES = RequestSource(

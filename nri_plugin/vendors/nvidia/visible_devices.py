@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from cdi.cache import Snapshot
+from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts
 
@@ -21,6 +22,7 @@ VOLUME_MOUNT_ROOT = "/var/run/nvidia-container-devices"
 
 class VisibleDevicesError(Refusal):
     default_rule = "nvidia.visibleDevices"
+    default_code = Code.INVALID_ARGUMENT
 
 
 def visible_device_names(env: Mapping[str, str], snapshot: Snapshot, facts: NodeFacts,

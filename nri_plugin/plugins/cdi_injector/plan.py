@@ -1,0 +1,183 @@
+"""From looked-up devices to a ContainerAdjustment: what the plugin applies itself and what
+it hands to the runtime's own CDI (``ContainerAdjustment.CDI_devices``). Pure.
+
+The plugin applies a device's edits itself whenever NRI can carry them. Two kinds of edit
+it cannot: ``additionalGids`` (NRI has no adjustment for supplementary groups) and access a
+device-cgroup rule of NRI's would widen or narrow (``access.py``). Where the runtime takes
+CDI_devices (containerd >= 2.1 and >= 1.7.30, CRI-O >= 1.34) and its own CDI reads the
+spec, the whole request can be handed to it instead, and the runtime then gives exactly
+what native CDI gives. But then the runtime applies the spec as it is: the plugin's own
+work on top of native CDI is lost — the vendors' edit filters (a driver-capabilities
+variable), the hook-free spec's library path merged into LD_LIBRARY_PATH, the edits of no
+device a vendor adds. So a request is handed over only where nothing of that would be lost;
+otherwise the plugin applies what it can, and the policy's ``additionalGids`` says whether
+the groups are left out (``drop``, with a warning) or the container is refused
+(``refuse``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cdi.cache import Snapshot
+from cdi.device import Device
+from cdi.edits import merge
+from cdi.errors import UnresolvedDevicesError
+from cdi.libpath import EXTRA_ENV
+from cdi.model import ContainerEdits
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.versions import RuntimeInfo
+from nri_plugin.nri.wire import Code
+from nri_plugin.plugins.cdi_injector.access import wider_than_nri
+from nri_plugin.plugins.cdi_injector.adjust import (
+    as_native_file_modes,
+    to_adjustment,
+    unsupported_edits,
+)
+from nri_plugin.plugins.cdi_injector.delegation import delegation_problems, spec_device_nodes
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
+from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+from nri_plugin.plugins.cdi_injector.vendor import EditFilter
+
+_LIBRARY_PATH_ENTRY = EXTRA_ENV + "="
+
+
+class InjectionError(Refusal):
+    """The container must not be created; the message says what and why."""
+
+    default_rule = "injection"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Injection:
+    adjustment: nri_pb2.ContainerAdjustment
+    devices: tuple[str, ...]  # injected by us
+    delegated: tuple[str, ...]  # handed to the runtime's own CDI resolver
+    # additionalGids left out (policy additionalGids: drop) where the plugin applies the
+    # devices itself: narrower than the spec, never wider.
+    dropped_gids: tuple[int, ...] = ()
+    # Why the devices were not handed to the runtime's CDI although it could take them
+    # (what would have been lost), for the log; empty where that did not come up.
+    kept_because: str = ""
+
+
+def lookup_devices(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> list[Device]:
+    """The requested devices, in request order; InjectionError naming each unknown one and
+    the source that asked for it."""
+    try:
+        return snapshot.lookup(r.name for r in requests)
+    except UnresolvedDevicesError as exc:
+        source = {r.name: r.source for r in requests}
+        detail = "; ".join(f"{name} (from {source[name]}): {why}"
+                           for name, why in exc.reasons.items())
+        raise InjectionError(f"unresolvable CDI devices: {detail}", rule="unresolvable",
+                             device=next(iter(exc.reasons), None),
+                             code=Code.NOT_FOUND) from None
+
+
+def plan_devices(snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeInfo, *,
+                 uid: int = 0, gid: int = 0, edit_filter: EditFilter | None = None,
+                 library_path: str = "", drop_gids: bool = False) -> Injection:
+    """The adjustment for ``devices`` (looked up, in request order). ``edit_filter``: the
+    vendors' filter of the resolved edits (None keeps everything). ``library_path``: the
+    container's own LD_LIBRARY_PATH, which hook-free specs add their folders to.
+    ``drop_gids``: where additionalGids are all the plugin cannot apply itself, apply the
+    rest without them instead of refusing."""
+    edits = snapshot.merged_edits(devices) if devices else ContainerEdits()
+    filtered = edit_filter.apply(edits) if edit_filter is not None else edits
+    lost = _lost_by_handing_over(edits, filtered)
+    delegate, dropped = _hand_over(snapshot, devices, runtime, drop_gids, lost)
+    if delegate:
+        adjustment = nri_pb2.ContainerAdjustment()
+        for device in devices:
+            adjustment.CDI_devices.add(name=device.qualified_name)
+        return Injection(adjustment=adjustment, devices=(),
+                         delegated=tuple(d.qualified_name for d in devices))
+    if dropped:
+        edits = edits._replace(additional_gids=())
+    # fileModes first, on the devices' own nodes; then the filter (which may add nodes).
+    edits = as_native_file_modes(edits, spec_device_nodes(snapshot, devices), runtime)
+    if edit_filter is not None:
+        edits = edit_filter.apply(edits)
+    adjustment = to_adjustment(edits, runtime=runtime, uid=uid, gid=gid,
+                               image_library_path=library_path)
+    return Injection(adjustment=adjustment, devices=tuple(d.qualified_name for d in devices),
+                     delegated=(), dropped_gids=dropped,
+                     kept_because=lost if runtime.supports_cdi_devices else "")
+
+
+def _lost_by_handing_over(edits: ContainerEdits, filtered: ContainerEdits) -> str:
+    """What the runtime's own CDI would not do of the plugin's work ("" : nothing)."""
+    lost = []
+    if filtered.mounts != edits.mounts:
+        lost.append(f"{len(edits.mounts) - len(filtered.mounts)} driver mount(s) the "
+                    "container did not ask for would be added")
+    if filtered != edits._replace(mounts=filtered.mounts):
+        lost.append("edits of no device the container asked for would be missing")
+    if any(e.startswith(_LIBRARY_PATH_ENTRY) for e in edits.env):
+        lost.append("the spec's library folders would not reach LD_LIBRARY_PATH")
+    return "; ".join(lost)
+
+
+def _hand_over(snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeInfo,
+               drop_gids: bool, lost: str) -> tuple[bool, tuple[int, ...]]:
+    """(whether every device goes to the runtime's own CDI, the additionalGids left out).
+
+    All or nothing: NRI applies our edits before the runtime's CDI, so a mix would merge
+    env, mounts and device rules in another order than native CDI. Raises InjectionError
+    for edits neither can apply."""
+    if not devices:
+        return False, ()
+    can_hand_over = runtime.supports_cdi_devices and not delegation_problems(devices, runtime)
+    dropped: set[int] = set()
+    for group in _by_spec(devices).values():
+        edits = merge([snapshot.specs[group[0].spec.path].edits, *(d.edits for d in group)])
+        reasons = unsupported_edits(edits, runtime)
+        if not reasons:
+            continue
+        gids_only = not unsupported_edits(edits._replace(additional_gids=()), runtime)
+        if can_hand_over and not lost:
+            return True, ()
+        if gids_only and drop_gids:
+            dropped.update(g for g in edits.additional_gids if g != 0)
+            continue
+        names = ", ".join(d.qualified_name for d in group)
+        why = (f"handing them to the runtime's own CDI, which could, would lose this: {lost}"
+               if can_hand_over else _why_not(devices, runtime))
+        raise InjectionError(
+            f"CDI devices {names} need edits that NRI cannot apply on {runtime.describe()} "
+            f"({'; '.join(reasons)}), and {why}"
+            + ("; policy additionalGids: drop would apply the rest without the groups"
+               if gids_only else ""),
+            rule="unsupportedEdits", device=group[0].qualified_name,
+            code=Code.FAILED_PRECONDITION)
+    # Access NRI cannot grant exactly (mknod on a char device): the runtime's own CDI can.
+    if (not dropped and can_hand_over and not lost and runtime.cdi_spec_dirs is not None
+            and wider_than_nri(snapshot.merged_edits(devices))):
+        return True, ()
+    return False, tuple(sorted(dropped))
+
+
+def _why_not(devices: Sequence[Device], runtime: RuntimeInfo) -> str:
+    if not runtime.supports_cdi_devices:
+        return ("this runtime cannot take them through its own CDI (containerd >= 2.1 or "
+                ">= 1.7.30, CRI-O >= 1.34 can)")
+    return "the runtime's own CDI would fail on them: " + "; ".join(
+        delegation_problems(devices, runtime))
+
+
+def _by_spec(devices: Sequence[Device]) -> dict[str, list[Device]]:
+    by_spec: dict[str, list[Device]] = {}
+    for device in devices:
+        by_spec.setdefault(device.spec.path, []).append(device)
+    return by_spec
+
+
+def plan_injection(snapshot: Snapshot, requests: Sequence[DeviceRequest], runtime: RuntimeInfo,
+                   *, uid: int = 0, gid: int = 0, edit_filter: EditFilter | None = None,
+                   library_path: str = "", drop_gids: bool = False) -> Injection:
+    """``plan_devices`` for the devices ``requests`` name (looked up first)."""
+    return plan_devices(snapshot, lookup_devices(snapshot, requests), runtime, uid=uid,
+                        gid=gid, edit_filter=edit_filter, library_path=library_path,
+                        drop_gids=drop_gids)
