@@ -49,6 +49,8 @@ INTENDED = {
                           "so nvidia-ctk runs with the node's /etc shown over the host's",
     "bad-lines": "a CSV line that is not KIND, PATH fails the run naming file and line; "
                  "nvidia-ctk skips it silently",
+    "device-id-none": "--device-id none gives the board's files without a GPU device, as in "
+                      "the other modes; nvidia-ctk's CSV mode refuses it",
     "hook-entries": "one hook entry runs every operation (NVIDIA's hook program one each); "
                     "operations, links, folders and arguments are compared",
     "cdi-version": "nvidia-ctk always writes 0.7.0; we write the lowest version the content "

@@ -154,6 +154,7 @@ def test_names_and_device_ids(node: BuiltTegraNode) -> None:
                  "index") == ["0", "all", "gpu0"]
     assert names("--no-all-device") == ["0"]
     assert names("--device-id", "0") == ["0", "all"]
+    assert names("--device-id", "none") == ["none"]  # the files alone (nvidia-ctk refuses)
     rc, _, err = generate(["--mode", "csv", "--driver-root", str(node.root),
                            "--device-name-strategy", "uuid"])
     assert rc == 1 and "csv mode knows no UUID" in err and "add index or type-index" in err
