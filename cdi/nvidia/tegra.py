@@ -41,9 +41,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from cdi.extras import MissingDependencyError
 from cdi.linux.elf import ElfError, read_soname
 from cdi.linux.ldcache import resolve_in_root
-from cdi.nvidia.discover import DiscoveryError, Roots, load_nvml, under
+from cdi.nvidia.discover import NVML_EXTRA, DiscoveryError, Roots, load_nvml, under
 from cdi.nvidia.driver import (
     DeviceNodeInfo,
     DeviceNodes,
@@ -111,8 +112,9 @@ def nvml_facts(library: Path) -> NvmlFacts:
     """The GPU names and versions from the board's NVML (DiscoveryError when it fails)."""
     try:
         nvml = load_nvml(library)
-    except ImportError as exc:
-        raise DiscoveryError(f"NVML unavailable: {exc}") from None
+    except ImportError:
+        missing = MissingDependencyError("pynvml", "reading the board's NVML", NVML_EXTRA)
+        raise DiscoveryError(f"NVML unavailable: {missing}") from None
     except Exception as exc:  # OSError from dlopen, NVMLError from init
         raise DiscoveryError(f"NVML unavailable: cannot load {library}: {exc}") from None
     try:
@@ -226,23 +228,24 @@ def locate_tegra(roots: Roots, entries: Sequence[MountSpec],
         _device(roots, dev, entry, found)
     for entry in by_kind.get("dir", []):
         _folder(driver, entry, found)
-    libraries = [m for entry in by_kind.get("lib", []) for m in _files(driver, entry, search,
-                                                                         found)]
+    libraries: dict[FileMount, None] = {}
+    for entry in by_kind.get("lib", []):
+        libraries.update(dict.fromkeys(_files(driver, entry, search, found)))
     for entry in by_kind.get("sym", []):
         _files(driver, entry, search, found)
         _chain_links(driver, entry, found)
     release = driver.stat(RELEASE_FILE)
     if release is not None and stat.S_ISREG(release[1].st_mode):
         found.mount(release[0], RELEASE_FILE, "config")
-    so_links = [k for m in dict.fromkeys(libraries) for k in _library_links(m)]
-    links = {**{k.path: k for k in so_links}, **found.links}  # the host's own win
+    # The links beside the libraries first; where a sym line's chain makes the same link,
+    # the host's own text wins.
+    links = {k.path: k for m in libraries for k in _library_links(m)} | found.links
     mounts = tuple(found.mounts.values())
     return TegraFiles(
         driver=DriverFiles(
             version="", lib_dirs=_library_folders(mounts), libraries=mounts,
-            links=tuple(links[p] for p in dict.fromkeys([*(k.path for k in so_links),
-                                                          *found.links])),
-            binaries=(), ipc=(), firmware=(), configs=(), control_nodes=()),
+            links=tuple(links.values()), binaries=(), ipc=(), firmware=(), configs=(),
+            control_nodes=()),
         nodes=DeviceNodes(nodes=tuple(found.nodes.values())),
         missing=tuple(found.missing))
 
