@@ -20,6 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, TextIO
 
 try:  # CPython's own SHA-256: hashlib would load OpenSSL at start-up
@@ -30,7 +31,15 @@ except ImportError:  # pragma: no cover - other interpreters
 from cdi.errors import SpecError
 from cdi.model import SpecData, to_dict
 from cdi.nvidia.devnodes import char_majors, control_node_plan
-from cdi.nvidia.discover import MODES, DiscoveryError, Roots, discover
+from cdi.nvidia.discover import (
+    MODES,
+    DiscoveryError,
+    Gpu,
+    NodeInfo,
+    Roots,
+    discover,
+    driver_version_from_proc,
+)
 from cdi.nvidia.driver import (
     CONTROL_NODES,
     DriverFiles,
@@ -53,8 +62,24 @@ from cdi.nvidia.generate import (
     metadata,
     spec_annotations,
 )
+from cdi.nvidia.mountspec import (
+    DEFAULT_FOLDER,
+    DEFAULT_NAMES,
+    MountSpecError,
+    default_files,
+    ignored,
+    read_mount_specs,
+)
 from cdi.nvidia.sidecar import SUFFIX as SIDECAR_SUFFIX
 from cdi.nvidia.sidecar import sidecar_path
+from cdi.nvidia.tegra import (
+    ORIN_COMPAT_ROOT,
+    NvmlFacts,
+    integrated,
+    is_tegra,
+    locate_tegra,
+    nvml_facts,
+)
 from cdi.process import finish
 from cdi.spec import atomic_write, dump_spec
 from cdi.validate import validate_spec
@@ -104,8 +129,10 @@ FEATURE_FLAGS: dict[str, str | None] = {
                                         "libraries; the explicit (GLVND) list is not supported",
     "enable-coherent-annotations": "coherence annotations and the gpu.coherent specs are not "
                                    "supported",
-    "disable-multiple-csv-devices": "CSV (Tegra) mode is not supported",
+    "disable-multiple-csv-devices": None,  # CSV mode: one device even where NVML sees more
 }
+# ``--mode``: the discovery modes, and csv (Tegra, from its CSV files: cdi.nvidia.tegra).
+GENERATE_MODES = (*MODES, "csv")
 # The highest cdiVersion each runtime's vendored CDI library accepts (a newer version is
 # "invalid", and the runtime then reports the devices as unresolvable).  Read from the
 # binaries: Debian's containerd 1.7.24 (CDI library 0.8: requiresV080 is its newest check)
@@ -152,15 +179,18 @@ def _add_nvidia_ctk_options(p: argparse.ArgumentParser) -> None:
     """nvidia-ctk's global options and its CSV/feature-flag ones: taken where they map to
     something nri-cdi does, refused by name otherwise (never silently ignored)."""
     p.add_argument("--feature-flag", "--feature-flags", dest="feature_flags", action="append",
-                   metavar="FLAG", help=f"one of {', '.join(FEATURE_FLAGS)} (only "
-                   "disable-nvsandboxutils, disable-ipc-discoverer and "
-                   "no-additional-gids-for-device-nodes are supported)")
+                   metavar="FLAG", help=f"one of {', '.join(FEATURE_FLAGS)} (the explicit "
+                   "driver library list and coherence annotations are not supported)")
     p.add_argument("--csv.file", dest="csv_files", action="append", metavar="FILE",
-                   help="refused: CSV (Tegra) mode is not supported")
+                   help="CSV mode: a CSV file listing the devices and files (repeatable; "
+                        f"default: {', '.join(DEFAULT_NAMES)} in <driver root>"
+                        f"{DEFAULT_FOLDER})")
     p.add_argument("--csv.ignore-pattern", dest="csv_ignore_patterns", action="append",
-                   metavar="PATTERN", help="refused: CSV (Tegra) mode is not supported")
+                   metavar="PATTERN", help="CSV mode: leave out the sym lines whose path "
+                   "matches (a glob; **/NAME matches the file name in any folder)")
     p.add_argument("--csv.compat-container-root", dest="csv_compat_root", metavar="DIR",
-                   help="refused: CSV (Tegra) mode is not supported")
+                   help="CSV mode on an Orin: where images keep their CUDA forward-"
+                   f"compatibility libraries (default {ORIN_COMPAT_ROOT})")
     p.add_argument("--debug", "-d", dest="debug", action="store_true", default=None,
                    help="say what was found and decided, on stderr (NVIDIA hook programs "
                         "also get NVIDIA_CTK_DEBUG=true)")
@@ -186,7 +216,7 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
 
 def _add_discovery_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", "--discovery-mode", dest="mode",
-                   help="auto (default), nvml, procfs or management")
+                   help="auto (default), nvml, procfs, management or csv (Jetson/Tegra)")
     p.add_argument("--driver-root", dest="driver_root", help="where the driver files are "
                    "(default /)")
     p.add_argument("--dev-root", dest="dev_root",
@@ -270,7 +300,7 @@ def _hooks(enabled: Sequence[str] | None, disabled: Sequence[str] | None, *,
                              "(links are bind mounts and the loader path comes from the "
                              "environment); use --link-mode hooks")
     defaults = set(DEFAULT_HOOKS) if link_mode == "hooks" else set()
-    if mode == "management":
+    if mode in ("management", "csv"):  # nvidia-ctk's: no driver here that makes nodes
         defaults.discard("disable-device-node-modification")
     hooks = set() if "all" in disabled else defaults - set(disabled)
     return frozenset(hooks | set(enabled))
@@ -308,13 +338,14 @@ def _feature_flags(values: Sequence[str] | None) -> frozenset[str]:
     return frozenset(values or ())
 
 
-def _refuse_csv(v: dict[str, Any]) -> None:
+def _refuse_csv_options(v: dict[str, Any], mode: str) -> None:
+    """The --csv.* options outside CSV mode would be silently ignored: refused instead."""
     for dest, flag in (("csv_files", "--csv.file"), ("csv_ignore_patterns",
                                                      "--csv.ignore-pattern"),
                        ("csv_compat_root", "--csv.compat-container-root")):
-        if v[dest]:
-            raise UsageError(f"{flag} / {ENV[dest][0]}: CSV (Tegra) mode is not supported by "
-                             "nri-cdi generate")
+        if v[dest] and mode != "csv":
+            raise UsageError(f"{flag} / {ENV[dest][0]}: only for --mode csv (this run is in "
+                             f"{mode} mode)")
 
 
 def _config_driver_root(path: str) -> str | None:
@@ -339,7 +370,7 @@ def _config_driver_root(path: str) -> str | None:
     return root or None
 
 
-def _options(v: dict[str, Any], mode: str) -> Options:
+def _options(v: dict[str, Any], mode: str, compat_root: str | None = None) -> Options:
     strategies = tuple(dict.fromkeys(v["strategies"] or ("index", "uuid")))
     for s in strategies:
         if s not in STRATEGIES:
@@ -368,6 +399,7 @@ def _options(v: dict[str, Any], mode: str) -> Options:
         max_version=v["cdi_version"].lstrip("v") if v["cdi_version"] else None,
         feature_flags=(flags := _feature_flags(v["feature_flags"])), debug=bool(v["debug"]),
         additional_gids="no-additional-gids-for-device-nodes" not in flags,
+        compat_container_root=compat_root,
     )
 
 
@@ -443,16 +475,48 @@ def _cmd_generate(args: argparse.Namespace, out: TextIO | None, err: TextIO | No
 def _generate(v: dict[str, Any], out: TextIO, warn: Any,
               debug: Any = lambda message: None) -> int:
     mode = v["mode"] or "auto"
-    if mode not in MODES:
-        raise UsageError(f"mode {mode!r} is not supported (want one of {', '.join(MODES)})")
-    _refuse_csv(v)
+    if mode not in GENERATE_MODES:
+        raise UsageError(f"mode {mode!r} is not supported (want one of "
+                         f"{', '.join(GENERATE_MODES)})")
     if v["config"] and not v["driver_root"]:
         v["driver_root"] = _config_driver_root(v["config"])
         debug(f"driver root from {v['config']}: {v['driver_root'] or '(not set)'}")
-    opts = _options(v, mode)
-    path, json_format = _output(v, warn)
     roots = _roots(v)
+    search = v["library_search_paths"]
+    nvml: NvmlFacts | None = None
+    if mode == "auto" and is_tegra(roots):
+        mode, nvml = _tegra_auto(roots, search, warn)
+    elif mode == "csv":
+        nvml = _tegra_nvml(roots, search, debug, warn)
+    _refuse_csv_options(v, mode)
+    opts = _options(v, mode, _compat_root(v, nvml, warn) if mode == "csv" else None)
+    path, json_format = _output(v, warn)
     debug(f"driver root {roots.driver}, dev root {roots.dev}, mode {mode}")
+    if mode == "csv":
+        inv = _csv_inventory(v, roots, nvml, opts, warn, debug)
+    else:
+        inv = _inventory(v, roots, mode, opts, warn, debug)
+    fp = fingerprint(inv, opts)
+    if v["if_changed"] and path is not None and _unchanged(path, fp):
+        warn(f"{path} is up to date ({fp}); not rewritten")
+        return 0
+    spec = build_spec(inv, opts, warn=warn, spec_annotations=spec_annotations(inv, fp))
+    if opts.max_version is None:
+        _warn_runtime_maxima(spec.cdi_version, warn)
+    text = _render(spec, json_format, mode=inv.node.mode, fp=fp, sidecar=path)
+    if path is None:
+        out.write(text)
+        return 0
+    try:
+        _write(path, text, inv, opts, spec, fp)
+    except OSError as exc:
+        raise OutputError(path) from exc
+    return 0
+
+
+def _inventory(v: dict[str, Any], roots: Roots, mode: str, opts: Options, warn: Any,
+               debug: Any) -> Inventory:
+    """The node's GPUs and driver files by NVML or procfs (all modes but csv)."""
     search = v["library_search_paths"]
     node = discover(mode, roots, warn=warn,
                     nvml_library=lambda: find_nvml_library(roots, search),
@@ -471,23 +535,98 @@ def _generate(v: dict[str, Any], out: TextIO, warn: Any,
           f"library folders {', '.join(driver.lib_dirs) or 'none'}, "
           f"hooks {', '.join(sorted(opts.hooks)) or 'none'} via "
           f"{opts.hook_path or 'this Python'}")
-    inv = collect(roots, node, driver)
-    fp = fingerprint(inv, opts)
-    if v["if_changed"] and path is not None and _unchanged(path, fp):
-        warn(f"{path} is up to date ({fp}); not rewritten")
-        return 0
-    spec = build_spec(inv, opts, warn=warn, spec_annotations=spec_annotations(inv, fp))
-    if opts.max_version is None:
-        _warn_runtime_maxima(spec.cdi_version, warn)
-    text = _render(spec, json_format, mode=node.mode, fp=fp, sidecar=path)
-    if path is None:
-        out.write(text)
-        return 0
+    return collect(roots, node, driver)
+
+
+# --- CSV mode (Jetson / Tegra) --------------------------------------------------------------
+
+
+def _tegra_auto(roots: Roots, search: Sequence[str] | None,
+                warn: Any) -> tuple[str, NvmlFacts | None]:
+    """``--mode auto`` on a node with Tegra's files: csv where there is no NVML or NVML
+    names an integrated GPU (nvidia-ctk's rule), else the usual NVML/procfs choice."""
+    library = find_nvml_library(roots, search)
+    if library is None:
+        warn("mode auto: using csv (Tegra files, no NVML)")
+        return "csv", None
     try:
-        _write(path, text, inv, opts, spec, fp)
-    except OSError as exc:
-        raise OutputError(path) from exc
-    return 0
+        nvml = nvml_facts(library)
+    except DiscoveryError as exc:
+        warn(f"mode auto: using csv (Tegra files; {exc})")
+        return "csv", None
+    if any(integrated(name) for name in nvml.gpus):
+        warn("mode auto: using csv (an integrated GPU)")
+        return "csv", nvml
+    return "auto", None
+
+
+def _tegra_nvml(roots: Roots, search: Sequence[str] | None, debug: Any,
+                warn: Any) -> NvmlFacts | None:
+    """What the board's NVML says, where it has one (JetPack 6 and later); None without."""
+    library = find_nvml_library(roots, search)
+    if library is None:
+        debug("csv mode: no libnvidia-ml.so.1, so no CUDA version for enable-cuda-compat")
+        return None
+    try:
+        return nvml_facts(library)
+    except DiscoveryError as exc:
+        warn(f"csv mode: {exc}; the spec gets no enable-cuda-compat hook")
+        return None
+
+
+def _compat_root(v: dict[str, Any], nvml: NvmlFacts | None, warn: Any) -> str | None:
+    """enable-cuda-compat's container folder: an Orin's images keep theirs elsewhere."""
+    orin = nvml is not None and any("Orin (nvgpu)" in name for name in nvml.gpus)
+    if v["csv_compat_root"] and not orin:
+        warn(f"--csv.compat-container-root {v['csv_compat_root']}: ignored, "
+             + ("NVML names no Orin" if nvml else "no NVML to tell the CUDA version"))
+    if v["csv_compat_root"] and not v["csv_compat_root"].startswith("/"):
+        raise UsageError(f"--csv.compat-container-root must be absolute, got "
+                         f"{v['csv_compat_root']!r}")
+    return (v["csv_compat_root"] or ORIN_COMPAT_ROOT) if orin else None
+
+
+def _csv_inventory(v: dict[str, Any], roots: Roots, nvml: NvmlFacts | None, opts: Options,
+                   warn: Any, debug: Any) -> Inventory:
+    """The one GPU device of a Jetson and the driver files its CSV files list."""
+    folder = os.fspath(roots.driver / DEFAULT_FOLDER.lstrip("/"))
+    files = v["csv_files"] or default_files(folder)
+    if not files:
+        raise UsageError(f"csv mode: none of {', '.join(DEFAULT_NAMES)} in {folder} (is this "
+                         "a Jetson? name the files with --csv.file)")
+    if nvml is not None and len(nvml.gpus) > 1 \
+            and "disable-multiple-csv-devices" not in opts.feature_flags:
+        raise GenerateError(
+            f"csv mode: NVML sees {len(nvml.gpus)} GPUs ({', '.join(nvml.gpus)}); nri-cdi "
+            "writes the single-device CSV spec only: pass --feature-flag "
+            "disable-multiple-csv-devices for it, or use --mode nvml for a discrete GPU")
+    patterns = v["csv_ignore_patterns"] or []
+    try:
+        entries = [e for e in read_mount_specs(files) if not ignored(e, patterns)]
+    except MountSpecError as exc:
+        raise UsageError(str(exc)) from None
+    found = locate_tegra(roots, entries, v["library_search_paths"] or ())
+    for line in found.missing:
+        debug(f"not on this node: {line}")
+    if found.missing:
+        count = f"{len(found.missing)} CSV entries" if len(found.missing) > 1 else "a CSV entry"
+        warn(f"{count} found nothing on this node, left out (first: {found.missing[0]}; "
+             "--debug lists them)")
+    if not found.nodes.nodes:
+        raise GenerateError(f"csv mode: no dev line of {', '.join(files)} names a device "
+                            f"node under {roots.dev}, so there is no GPU device to write")
+    version = nvml.driver_version if nvml else (driver_version_from_proc(roots) or "")
+    name = next((n for n in nvml.gpus if integrated(n)), nvml.gpus[0]) \
+        if nvml and nvml.gpus else "Tegra integrated GPU"
+    node = NodeInfo(mode="csv", driver_version=version,
+                    cuda_version=nvml.cuda_version if nvml else None,
+                    gpus=(Gpu(index=0, uuid="", minor=0, bus_id="", name=name),))
+    debug(f"csv mode: {len(entries)} entries of {', '.join(files)}: "
+          f"{len(found.nodes.nodes)} device nodes, {len(found.driver.libraries)} mounts, "
+          f"{len(found.driver.links)} links, library folders "
+          f"{', '.join(found.driver.lib_dirs) or 'none'}")
+    return Inventory(node=node, driver=found.driver._replace(version=version),
+                     gpu_nodes=MappingProxyType({0: found.nodes}))
 
 
 def _warn_runtime_maxima(version: str, warn: Any) -> None:

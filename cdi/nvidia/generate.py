@@ -117,6 +117,9 @@ class Options(NamedTuple):
     additional_gids: bool = True
     feature_flags: frozenset[str] = frozenset()
     debug: bool = False  # NVIDIA hook programs get NVIDIA_CTK_DEBUG=<debug>
+    # CSV mode on an Orin: where CUDA images keep the forward-compatibility libraries
+    # (enable-cuda-compat's --cuda-compat-container-root); None: the hook's default.
+    compat_container_root: str | None = None
 
     @property
     def kind(self) -> str:
@@ -133,7 +136,9 @@ class Options(NamedTuple):
                 "link_mode": self.link_mode, "hook_path": self.hook_path,
                 "hooks": sorted(self.hooks), "ldconfig_path": self.ldconfig_path,
                 "max_version": self.max_version, "additional_gids": self.additional_gids,
-                "feature_flags": sorted(self.feature_flags)}
+                "feature_flags": sorted(self.feature_flags),
+                **({"compat_container_root": self.compat_container_root}
+                   if self.compat_container_root else {})}
 
 
 class Inventory(NamedTuple):
@@ -298,12 +303,22 @@ def device_links(nodes: DeviceNodes) -> list[tuple[str, Link]]:
     return out
 
 
-def _compat_step(opts: Options, version: str) -> list[tuple[str, list[str]]]:
+def _compat_step(opts: Options, node: NodeInfo | None,
+                 version: str) -> list[tuple[str, list[str]]]:
     """Before update-ldcache, which puts the folder it chooses first (nvidia-ctk's order:
-    create-symlinks, enable-cuda-compat, update-ldcache, disable-device-node-modification)."""
+    create-symlinks, enable-cuda-compat, update-ldcache, disable-device-node-modification).
+    The host's driver version; in CSV mode its CUDA version instead (a Tegra driver's
+    version says nothing of CUDA), and no hook where no NVML told it, as nvidia-ctk does."""
     if "enable-cuda-compat" not in opts.hooks or opts.link_mode != "hooks":
         return []
-    args = [f"--host-driver-version={version}"] if version and "*" not in version else []
+    if node is not None and node.mode == "csv":
+        if not node.cuda_version:
+            return []
+        args = [f"--host-cuda-version={node.cuda_version}"]
+    else:
+        args = [f"--host-driver-version={version}"] if version and "*" not in version else []
+    if opts.compat_container_root:
+        args.append(f"--cuda-compat-container-root={opts.compat_container_root}")
     return [("enable-cuda-compat", args)]
 
 
@@ -322,9 +337,14 @@ def _link_mounts(opts: Options, links: Sequence[Link]) -> tuple[Mount, ...]:
 
 
 def common_edits(driver: DriverFiles, opts: Options,
-                 devices: Sequence[tuple[str, Link]] = ()) -> ContainerEdits:
-    """The spec-wide edits; ``devices``: every device's links (see :func:`device_links`)."""
-    env = [f"NVIDIA_CTK_LIBCUDA_DIR={':'.join(driver.lib_dirs)}"] if driver.lib_dirs else []
+                 devices: Sequence[tuple[str, Link]] = (), *,
+                 node: NodeInfo | None = None) -> ContainerEdits:
+    """The spec-wide edits; ``devices``: every device's links (see :func:`device_links`).
+    ``node`` says what the compat hook is told; CSV mode names no libcuda folder (Tegra's
+    is whatever the CSV files list, and nvidia-ctk leaves the variable out there too)."""
+    csv = node is not None and node.mode == "csv"
+    env = [f"NVIDIA_CTK_LIBCUDA_DIR={':'.join(driver.lib_dirs)}"] \
+        if driver.lib_dirs and not csv else []
     if opts.link_mode == "mounts" and driver.lib_dirs:
         env.append(f"{LD_LIBRARY_PATH_ENV}={':'.join(driver.lib_dirs)}")
     env.append("NVIDIA_VISIBLE_DEVICES=void")
@@ -333,7 +353,7 @@ def common_edits(driver: DriverFiles, opts: Options,
         device_nodes=tuple(_device_node(n) for n in driver.control_nodes),
         mounts=(*(_mount(m) for m in driver.mounts()), *_link_mounts(opts, driver.links)),
         hooks=_hook(opts, [*_symlink_step(opts, driver.links, devices),
-                           *_compat_step(opts, driver.version),
+                           *_compat_step(opts, node, driver.version),
                            *_ldcache_step(opts, (*driver.lib_dirs, *driver.lib32_dirs)),
                            *_params_step(opts)]),
         additional_gids=_gids(opts, driver.control_nodes),
@@ -427,7 +447,8 @@ class _Target(NamedTuple):
             return str(g.index) if m is None else f"{g.index}:{m.index}"
         if strategy == "type-index":
             return f"gpu{g.index}" if m is None else f"mig{g.index}:{m.index}"
-        return g.uuid if m is None else m.uuid  # None: procfs knows no MIG UUIDs
+        # None: procfs knows no MIG UUIDs, CSV mode no UUID at all
+        return (g.uuid or None) if m is None else m.uuid
 
     def matches(self, wanted: str) -> bool:
         ids = {self.name("index"), self.name("uuid")}
@@ -479,7 +500,12 @@ def _devices(inv: Inventory, opts: Options, common: ContainerEdits,
         edits = _simplify(device_edits(target.nodes, opts), common)
         notes = _device_annotations(inv, target) if opts.annotations else {}
         names = [target.name(s) for s in opts.strategies]
-        if None in names:
+        if target.mig is None and not any(names):
+            raise GenerateError(
+                f"GPU {target.gpu.index}: {inv.node.mode} mode knows no UUID, so --device-"
+                f"name-strategy {','.join(opts.strategies)} gives it no name; add index or "
+                "type-index")
+        if target.mig is not None and None in names:
             unnamed.append(str(target.name("index")))
         devices += [DeviceData(name=n, annotations=MappingProxyType(notes), container_edits=edits)
                     for n in names if n is not None]
@@ -520,7 +546,7 @@ def build_spec(inv: Inventory, opts: Options, *, warn: Callable[[str], None] = l
     links = [] if inv.node.mode == "management" or opts.device_ids == ("none",) \
         or _nvidia_program(opts) else [
         dl for t in _select(inv, opts.device_ids) for dl in device_links(t.nodes)]
-    common = _simplify(common_edits(inv.driver, opts, list(dict.fromkeys(links))))
+    common = _simplify(common_edits(inv.driver, opts, list(dict.fromkeys(links)), node=inv.node))
     if inv.node.mode == "management":
         devices = _management_devices(inv, opts, common)
     elif opts.device_ids == ("none",):
@@ -594,10 +620,17 @@ def config_capability(path: str) -> str:
     return "other"
 
 
+def _capabilities(inv: Inventory) -> dict[str, list[str]]:
+    """The files by capability, none in CSV mode: a Jetson container gets every file its
+    board lists, whatever NVIDIA_DRIVER_CAPABILITIES says (as with nvidia-ctk's CSV mode,
+    and the plugin filters by this table)."""
+    return {} if inv.node.mode == "csv" else capability_files(inv.driver)
+
+
 def spec_annotations(inv: Inventory, fp: str) -> dict[str, str]:
     notes = {ANNOTATION_PREFIX + "fingerprint": fp,
              ANNOTATION_PREFIX + "generator": f"nri-cdi {GENERATOR_VERSION}"}
-    for cap, paths in capability_files(inv.driver).items():
+    for cap, paths in _capabilities(inv).items():
         notes[f"{ANNOTATION_PREFIX}libraries.{cap}"] = ",".join(paths)
     return notes
 
@@ -627,6 +660,8 @@ def fingerprint(inv: Inventory, opts: Options) -> str:
         "options": opts.as_dict(),
         "mode": node.mode,
     }
+    if node.mode == "csv":  # a CSV file's sym lines change the links alone
+        data["links"] = sorted(f"{k.target}::{k.path}" for k in inv.driver.links)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return "sha256:" + str(sha256(text.encode()).hexdigest())
 
@@ -661,7 +696,7 @@ def metadata(inv: Inventory, opts: Options, spec: SpecData, *, fp: str,
                  "cdiVersion": spec.cdi_version},
         "driver": {"version": inv.node.driver_version, "cudaVersion": inv.node.cuda_version,
                    "libraryDirs": list(inv.driver.lib_dirs)},
-        "capabilities": capability_files(inv.driver),
+        "capabilities": _capabilities(inv),
         "devices": dict(sorted(devices.items())),
         "nodes": _extra_meta(inv.extra_nodes),
         "procMask": _proc_mask_meta(inv, opts),

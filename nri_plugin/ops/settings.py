@@ -230,7 +230,7 @@ SECTIONS: dict[str, tuple[type[Any], dict[str, Checker]]] = {
     }),
     "generate": (GenerateSettings, {
         "output": _abs_path,
-        "mode": _choice("auto", "nvml", "procfs", "management"),
+        "mode": _choice("auto", "nvml", "procfs", "management", "csv"),
         "driver_root": _abs_path,
         "dev_root": _opt_abs_path,
         "device_name_strategies": _strs,

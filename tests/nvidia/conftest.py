@@ -15,6 +15,7 @@ from types import ModuleType
 import pytest
 
 from nri_cdi_testbed.simnode import BuiltNode, NodeLayout, build_node
+from nri_cdi_testbed.tegra import BuiltTegraNode, TegraLayout, build_tegra_node
 
 FAKE_PYNVML = Path(__file__).resolve().parents[1] / "fake_pynvml" / "pynvml.py"
 
@@ -102,3 +103,26 @@ def fake_pynvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
     monkeypatch.delenv("FAKE_PYNVML_MANIFEST", raising=False)
     monkeypatch.delenv("FAKE_PYNVML_LOAD_LIBRARY", raising=False)
     yield module
+
+
+TegraFactory = Callable[[str, TegraLayout], BuiltTegraNode]
+
+
+@pytest.fixture(scope="session")
+def tegra_factory(tmp_path_factory: pytest.TempPathFactory,
+                  simnode_cache: Path) -> TegraFactory:
+    """``tegra_factory(name, layout)`` builds a simulated Jetson in a fresh folder; skipped
+    without gcc, or without root (its device nodes are what a CSV spec is made of)."""
+    built: dict[TegraLayout, BuiltTegraNode] = {}
+
+    def make(name: str, layout: TegraLayout) -> BuiltTegraNode:
+        if not HAVE_GCC:
+            pytest.skip("gcc is needed to build a simulated Jetson")
+        if not CAN_MKNOD:
+            pytest.skip("a simulated Jetson needs real device nodes (root)")
+        if layout not in built:
+            built[layout] = build_tegra_node(tmp_path_factory.mktemp(name) / "node", layout,
+                                             cache_dir=simnode_cache)
+        return built[layout]
+
+    return make

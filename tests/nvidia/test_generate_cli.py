@@ -154,7 +154,7 @@ def test_library_search_path(node: BuiltNode, root_args: list[str]) -> None:
 
 def test_bad_options(tmp_path: Path) -> None:
     for argv, message in [
-        (["--mode", "csv"], "mode 'csv' is not supported"),
+        (["--mode", "wsl"], "mode 'wsl' is not supported"),
         (["--device-name-strategy", "serial"], "unknown --device-name-strategy"),
         (["--hook-path", "relative/nri-cdi"], "must be absolute"),
         (["--driver-root", str(tmp_path / "missing")], "is not a folder"),

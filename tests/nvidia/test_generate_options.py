@@ -166,21 +166,23 @@ def test_feature_flags(args: list[str], node: BuiltNode) -> None:
                                  "disable-ipc-discoverer,no-additional-gids-for-device-nodes"})
     assert rc == 0 and {m.container_path for m in
                         parse_spec(out).data.container_edits.mounts} == after
-    for flag in ("enable-explicit-driver-libraries", "enable-coherent-annotations",
-                 "disable-multiple-csv-devices"):
+    for flag in ("enable-explicit-driver-libraries", "enable-coherent-annotations"):
         rc, _, err = generate([*args, "--feature-flag", flag])
         assert rc == 1 and f"--feature-flag {flag}: not supported" in err
     rc, _, err = generate(args, {"NVIDIA_CTK_CDI_GENERATE_FEATURE_FLAGS": "bogus"})
     assert rc == 1 and "unknown --feature-flag 'bogus'" in err
 
 
-def test_csv_options_refused() -> None:
-    for argv, env in ((["--csv.file", "/etc/x.csv"], {}),
-                      (["--csv.ignore-pattern", "*.so"], {}),
-                      (["--csv.compat-container-root", "/usr/local/cuda/compat_orin"], {}),
-                      ([], {"NVIDIA_CTK_CDI_GENERATE_CSV_FILES": "/etc/a.csv,/etc/b.csv"})):
-        rc, _, err = generate(argv, env)
-        assert rc == 1 and "CSV (Tegra) mode is not supported" in err, (argv, env)
+def test_csv_options_outside_csv_mode_refused() -> None:
+    """Outside --mode csv the CSV options would do nothing: refused by name."""
+    for argv, env, flag in (
+            (["--csv.file", "/etc/x.csv"], {}, "--csv.file"),
+            (["--csv.ignore-pattern", "*.so"], {}, "--csv.ignore-pattern"),
+            (["--csv.compat-container-root", "/usr/local/cuda/compat_orin"], {},
+             "--csv.compat-container-root"),
+            ([], {"NVIDIA_CTK_CDI_GENERATE_CSV_FILES": "/etc/a.csv,/etc/b.csv"}, "--csv.file")):
+        rc, _, err = generate(["--mode", "procfs", *argv], env)
+        assert rc == 1 and f"{flag} / " in err and "only for --mode csv" in err, (argv, env)
 
 
 @needs_nodes

@@ -77,7 +77,7 @@ policy:
     ({"plugin": {"rescan_interval": True}}, "plugin.rescan_interval: expected a number > 0"),
     ({"plugin": {"spec_permissions": "strict"}},
      "plugin.spec_permissions: expected one of warn, refuse, ignore"),
-    ({"generate": {"mode": "csv"}}, "generate.mode: expected one of auto, nvml"),
+    ({"generate": {"mode": "wsl"}}, "generate.mode: expected one of auto, nvml"),
     ({"watch": {"settle": -1}}, "watch.settle: expected a number > 0"),
     ({"metrics": {"address": "9464"}}, "metrics.address: expected host:port"),
     ({"log": {"format": "xml"}}, "log.format: expected one of text, json"),

@@ -1,0 +1,355 @@
+"""A Jetson (Tegra) node's driver files, found from its CSV mount specs (``--mode csv``).
+
+The entries of :mod:`cdi.nvidia.mountspec` become the same plain values the other modes
+produce (:class:`~cdi.nvidia.driver.DriverFiles` and the GPU's
+:class:`~cdi.nvidia.driver.DeviceNodes`), so that ``generate.py`` builds the spec, its
+hooks or link mounts, and its sidecar as for any node. What each kind becomes, as
+``nvidia-ctk cdi generate --mode csv`` makes it:
+
+* ``dev``: the character device under the dev root (a bare name is also looked for under
+  ``/dev``), a device node of the one GPU device;
+* ``lib``: the file it ends at, mounted at its own path; a library with a version suffix
+  also gets the links the driver's users expect where the host has them (its SONAME link
+  and its ``.so`` link), and ``libcuda.so``, ``libGLX_indirect.so.0`` and
+  ``libnvidia-opticalflow.so`` beside those libraries;
+* ``sym``: every link of the chain (the link, the link it points at, ...) recreated with its
+  own text, and the file at the end of the chain mounted at its own path;
+* ``dir``: the folder, mounted at the path listed;
+* and ``/etc/nv_tegra_release`` (the L4T release) when the driver root has it.
+
+The folders of the mounted libraries are the ld cache's (``update-ldcache``), or the
+loader path of ``--link-mode mounts``.
+
+Every path is resolved inside the driver root (an absolute link target starts again at the
+root), so a node mounted elsewhere (``--driver-root``) gives the spec the board itself
+would. An entry that finds nothing is left out and reported: a board lists files that
+only some of its modules have (the DLA nodes of an Orin Nano, for one).
+
+NVML, where the board has it (JetPack 6 on Orin, Thor), is asked only for what the mode
+needs: the GPU names (an Orin's compat root, and whether there are more GPUs than the
+integrated one) and the CUDA version for ``enable-cuda-compat``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import os
+import posixpath
+import stat
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from cdi.extras import MissingDependencyError
+from cdi.linux.elf import ElfError, read_soname
+from cdi.linux.ldcache import resolve_in_root
+from cdi.nvidia.discover import NVML_EXTRA, DiscoveryError, Roots, load_nvml, under
+from cdi.nvidia.driver import (
+    DeviceNodeInfo,
+    DeviceNodes,
+    DriverFiles,
+    FileMount,
+    Link,
+    stat_device_node,
+)
+from cdi.nvidia.mountspec import MountSpec
+
+__all__ = [
+    "ORIN_COMPAT_ROOT",
+    "RELEASE_FILE",
+    "NvmlFacts",
+    "TegraFiles",
+    "integrated",
+    "is_tegra",
+    "locate_tegra",
+    "nvml_facts",
+]
+
+RELEASE_FILE = "/etc/nv_tegra_release"
+# Where CUDA images for Orin keep their forward-compatibility libraries (nvidia-ctk's
+# default for --csv.compat-container-root, used only on an Orin).
+ORIN_COMPAT_ROOT = "/usr/local/cuda/compat_orin"
+# Links made beside a versioned library whatever the host has: (file name pattern, link
+# target, link name); ``{name}`` is the library's own file name.
+_EXTRA_LINKS = (
+    ("libcuda.so.*.*", "libcuda.so.1", "libcuda.so"),
+    ("libGLX_nvidia.so.*.*", "{name}", "libGLX_indirect.so.0"),
+    ("libnvidia-opticalflow.so.*.*", "libnvidia-opticalflow.so.1", "libnvidia-opticalflow.so"),
+)
+_WILDCARDS = frozenset("*?[")
+
+
+class TegraFiles(NamedTuple):
+    driver: DriverFiles  # the mounts, links and library folders (spec-wide edits)
+    nodes: DeviceNodes  # the GPU device's nodes
+    missing: tuple[str, ...]  # "FILE:LINE: KIND PATH", entries that found nothing
+
+
+class NvmlFacts(NamedTuple):
+    driver_version: str
+    cuda_version: str  # "12.6"
+    gpus: tuple[str, ...]  # names, by NVML index
+
+
+def integrated(name: str) -> bool:
+    """An integrated GPU by its NVML name: an Orin's ``Orin (nvgpu)``, or a Thor."""
+    return "(nvgpu)" in name or "NVIDIA Thor" in name
+
+
+def is_tegra(roots: Roots) -> bool:
+    """Tegra's files: the L4T release file, or a SoC family named tegra."""
+    if os.path.isfile(under(roots.driver, RELEASE_FILE)):
+        return True
+    try:
+        with open(under(roots.dev, "sys/devices/soc0/family"), "rb") as file:
+            return file.read(64).lower().startswith(b"tegra")
+    except OSError:
+        return False
+
+
+def nvml_facts(library: Path) -> NvmlFacts:
+    """The GPU names and versions from the board's NVML (DiscoveryError when it fails)."""
+    try:
+        nvml = load_nvml(library)
+    except ImportError:
+        missing = MissingDependencyError("pynvml", "reading the board's NVML", NVML_EXTRA)
+        raise DiscoveryError(f"NVML unavailable: {missing}") from None
+    except Exception as exc:  # OSError from dlopen, NVMLError from init
+        raise DiscoveryError(f"NVML unavailable: cannot load {library}: {exc}") from None
+    try:
+        cuda = int(nvml.nvmlSystemGetCudaDriverVersion_v2())
+        names = tuple(_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i)))
+                      for i in range(int(nvml.nvmlDeviceGetCount())))
+        return NvmlFacts(driver_version=_text(nvml.nvmlSystemGetDriverVersion()),
+                         cuda_version=f"{cuda // 1000}.{cuda % 1000 // 10}", gpus=names)
+    except Exception as exc:  # an NVMLError or a missing symbol: NVML is not usable
+        raise DiscoveryError(f"NVML query failed with {library}: {exc}") from None
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# --- paths inside a root --------------------------------------------------------------------
+
+
+class _Root:
+    """One root (driver or dev) seen from inside, as a chroot would show it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = os.fspath(root)
+
+    def host(self, path: str) -> str:
+        """The host path of ``path`` with every link resolved inside the root."""
+        return os.fspath(resolve_in_root(self.root, path))
+
+    def container(self, host: str) -> str:
+        """The path in the root of a host path under it."""
+        rel = os.path.relpath(host, self.root)
+        return "/" if rel == "." else "/" + rel
+
+    def expand(self, pattern: str) -> list[str]:
+        """The paths in the root that ``pattern`` (absolute, maybe with wildcards in any
+        component) names, as written (links not resolved), in name order. A component
+        without wildcards is kept as it is, existing or not."""
+        paths = ["/"]
+        for part in (p for p in pattern.split("/") if p):
+            if _WILDCARDS.isdisjoint(part):
+                paths = [posixpath.join(p, part) for p in paths]
+                continue
+            found = []
+            for folder in paths:
+                try:
+                    names = sorted(os.listdir(self.host(folder)))
+                except OSError:
+                    continue
+                found += [posixpath.join(folder, n) for n in fnmatch.filter(names, part)]
+            paths = found
+        return paths
+
+    def stat(self, path: str) -> tuple[str, os.stat_result] | None:
+        """(the host path ``path`` ends at, its stat), or None when it ends at nothing."""
+        try:
+            host = self.host(path)
+            return host, os.stat(host)
+        except OSError:  # missing, or a link loop (ELOOP)
+            return None
+
+    def readlink(self, path: str) -> str | None:
+        """The text of the link at ``path`` (its folder resolved), or None if it is none."""
+        try:
+            folder = self.host(posixpath.dirname(path))
+            return os.readlink(os.path.join(folder, posixpath.basename(path)))
+        except OSError:
+            return None
+
+
+def _under(prefix: str, path: str) -> str:
+    """``path`` under the folder ``prefix`` (both in a root; Go's filepath.Join)."""
+    return posixpath.normpath(f"{prefix.rstrip('/')}/{path.lstrip('/')}")
+
+
+# --- the entries ----------------------------------------------------------------------------
+
+
+class _Found:
+    """What the entries found so far, de-duplicated in first-found order."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, DeviceNodeInfo] = {}
+        self.mounts: dict[str, FileMount] = {}  # by host path
+        self.links: dict[str, Link] = {}  # by container path
+        self.missing: list[str] = []
+
+    def mount(self, host: str, path: str, kind: str) -> FileMount:
+        return self.mounts.setdefault(host, FileMount(host=host, path=path, kind=kind))
+
+    def link(self, target: str, path: str, end: FileMount) -> None:
+        self.links.setdefault(path, Link(target=target, path=path,
+                                         resolved=end._replace(path=path)))
+
+
+def locate_tegra(roots: Roots, entries: Sequence[MountSpec],
+                 library_search_paths: Sequence[str] = ()) -> TegraFiles:
+    """Every entry of ``entries`` found under ``roots``; ``library_search_paths``
+    (``--library-search-path``): folders a ``lib`` or ``sym`` entry is also looked for
+    in, before the root itself."""
+    driver, dev = _Root(roots.driver), _Root(roots.dev)
+    found = _Found()
+    by_kind: dict[str, list[MountSpec]] = {}
+    for entry in entries:
+        by_kind.setdefault(entry.kind, []).append(entry)
+    search = [*library_search_paths, "/"]
+    for entry in by_kind.get("dev", []):
+        _device(roots, dev, entry, found)
+    for entry in by_kind.get("dir", []):
+        _folder(driver, entry, found)
+    libraries: dict[FileMount, None] = {}
+    for entry in by_kind.get("lib", []):
+        libraries.update(dict.fromkeys(_files(driver, entry, search, found)))
+    for entry in by_kind.get("sym", []):
+        _files(driver, entry, search, found)
+        _chain_links(driver, entry, found)
+    release = driver.stat(RELEASE_FILE)
+    if release is not None and stat.S_ISREG(release[1].st_mode):
+        found.mount(release[0], RELEASE_FILE, "config")
+    # The links beside the libraries first; where a sym line's chain makes the same link,
+    # the host's own text wins.
+    links = {k.path: k for m in libraries for k in _library_links(m)} | found.links
+    mounts = tuple(found.mounts.values())
+    return TegraFiles(
+        driver=DriverFiles(
+            version="", lib_dirs=_library_folders(mounts), libraries=mounts,
+            links=tuple(links.values()), binaries=(), ipc=(), firmware=(), configs=(),
+            control_nodes=()),
+        nodes=DeviceNodes(nodes=tuple(found.nodes.values())),
+        missing=tuple(found.missing))
+
+
+def _device(roots: Roots, dev: _Root, entry: MountSpec, found: _Found) -> None:
+    hits = [node for prefix in ("/", "/dev") for path in dev.expand(_under(prefix, entry.path))
+            if (node := stat_device_node(roots, path)) is not None]
+    if not hits:
+        found.missing.append(f"{entry.source}: dev {entry.path}")
+    for node in hits:
+        found.nodes.setdefault(node.path, node)
+
+
+def _folder(driver: _Root, entry: MountSpec, found: _Found) -> None:
+    hits = [(path, end[0]) for path in driver.expand(_under("/", entry.path))
+            if (end := driver.stat(path)) is not None and stat.S_ISDIR(end[1].st_mode)]
+    if not hits:
+        found.missing.append(f"{entry.source}: dir {entry.path}")
+    for path, host in hits:
+        found.mount(host, path, "folder")
+
+
+def _files(driver: _Root, entry: MountSpec, search: Sequence[str],
+           found: _Found) -> list[FileMount]:
+    """The files (not folders) a ``lib`` or ``sym`` entry ends at, each mounted at the path
+    it resolves to."""
+    out = []
+    for prefix in search:
+        for path in driver.expand(_under(prefix, entry.path)):
+            end = driver.stat(path)
+            if end is not None and not stat.S_ISDIR(end[1].st_mode):
+                out.append(found.mount(end[0], driver.container(end[0]), "library"))
+    if not out:
+        found.missing.append(f"{entry.source}: {entry.kind} {entry.path}")
+    return out
+
+
+def _chain_links(driver: _Root, entry: MountSpec, found: _Found) -> None:
+    """The links of a ``sym`` entry's chain: the listed link, the one its text names, ...,
+    each with its own text, up to the file they end at."""
+    for path in driver.expand(_under("/", entry.path)):
+        end = driver.stat(path)
+        if end is None or stat.S_ISDIR(end[1].st_mode):
+            continue
+        last = found.mount(end[0], driver.container(end[0]), "library")
+        seen = set()
+        while path not in seen:
+            seen.add(path)
+            text = driver.readlink(path)
+            if text is None:
+                break
+            found.link(text, path, last)
+            path = posixpath.normpath(posixpath.join(posixpath.dirname(path), text))
+
+
+def _library_links(library: FileMount) -> list[Link]:
+    """The links a versioned library gets beside it: the fixed ones of ``_EXTRA_LINKS``,
+    and its SONAME and ``.so`` links where the host folder has them as links."""
+    folder, name = posixpath.split(library.path)
+    host_folder = os.path.dirname(library.host)
+    wanted = [(target.format(name=name), link) for pattern, target, link in _EXTRA_LINKS
+              if fnmatch.fnmatchcase(name, pattern)]
+    if fnmatch.fnmatchcase(name, "*.*.*"):
+        try:
+            soname = read_soname(library.host) or name
+        except (OSError, ElfError):
+            soname = None  # not an ELF library: no SONAME to link by
+        if soname is not None:
+            dev_name = _dev_link_name(soname)
+            wanted += [(target, link) for target, link in ((name, soname), (soname, dev_name))
+                       if link and link != target and _is_link(os.path.join(host_folder, link))]
+    return [Link(target=target, path=f"{folder}/{link}",
+                 resolved=library._replace(path=f"{folder}/{link}")) for target, link in wanted]
+
+
+def _dev_link_name(soname: str) -> str:
+    """The ``.so`` name of a library name: ``libfoo.so.1.2`` -> ``libfoo.so``; "" for a
+    name without ``.so``."""
+    base = soname
+    while True:
+        stem, ext = posixpath.splitext(base)
+        if not ext:
+            return ""
+        if ext == ".so":
+            return base
+        base = stem
+
+
+def _is_link(host: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(host).st_mode)
+    except OSError:
+        return False
+
+
+def _library_folders(mounts: Iterable[FileMount]) -> tuple[str, ...]:
+    """The folders of the mounted libraries (``lib?*.so`` or ``lib?*.so.<suffix>``)."""
+    return tuple(dict.fromkeys(posixpath.dirname(m.path) for m in mounts
+                               if _is_library_name(posixpath.basename(m.path))))
+
+
+def _is_library_name(name: str) -> bool:
+    if not fnmatch.fnmatchcase(name, "lib?*.so*"):
+        return False
+    after = name.rsplit(".so", 1)[1]
+    return after == "" or after.startswith(".")
+
