@@ -142,7 +142,8 @@ def sync_state(total: int, with_devices: int) -> tuple[list[nri_pb2.PodSandbox],
 
 def pages(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_pb2.Container],
           per_page: int = 4000) -> list[nri_pb2.SynchronizeRequest]:
-    """Split like the runtime does when one message would pass 4 MiB (docs/nri-protocol.md §3.5)."""
+    """Split like the runtime does when one message would pass 4 MiB
+    (docs/developer/nri-protocol.md §3.5)."""
     out = []
     for start in range(0, len(containers), per_page):
         out.append(nri_pb2.SynchronizeRequest(containers=containers[start:start + per_page]))

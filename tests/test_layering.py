@@ -25,7 +25,7 @@ _MODULE_NAME = re.compile(r"(cdi|nri_plugin|nri_cdi_testbed)(\.[A-Za-z_]\w*)*")
 
 # The NRI plugin runtime: what any plugin author uses, ours or not.
 RUNTIME = ("nri_plugin.nri",)
-# The protocol core: sans-IO, no event loop and no sockets (docs/architecture.md).
+# The protocol core: sans-IO, no event loop and no sockets (docs/developer/architecture.md).
 PROTOCOL_CORE = ("nri_plugin.nri.wire", "nri_plugin.nri.dispatch")
 
 

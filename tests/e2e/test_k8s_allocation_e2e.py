@@ -1,6 +1,6 @@
 """Kubernetes allocation as the kubelet does it now, through CRI, on a simulated 2-GPU node.
 
-DRA (NVIDIA's DRA driver, facts in docs/kubernetes-allocation.md): one transient spec per
+DRA (NVIDIA's DRA driver, facts in docs/developer/kubernetes-allocation.md): one transient spec per
 claim in the run-time folder, kind ``k8s.gpu.nvidia.com/claim``, device ``<uid>-gpu-0``
 (the spec's own edits: the driver's; the device's: its GPU's nodes; a MIG claim adds
 ``nvidia-cap`` nodes), written just before CreateContainer and deleted at unprepare. The

@@ -1,4 +1,4 @@
-"""ttrpc frames and the Request/Response envelopes (docs/nri-protocol.md §1).
+"""ttrpc frames and the Request/Response envelopes (docs/developer/nri-protocol.md §1).
 
 A frame is a 10-byte big-endian header (data length, stream id, message type,
 flags) followed by the data: a serialized ``ttrpc.Request`` or ``ttrpc.Response``.
@@ -23,17 +23,17 @@ from nri_plugin.nri.wire._errors import (
 
 HEADER = struct.Struct(">IIBB")
 _PAYLOAD_FIELD = 2  # ttrpc.Response.payload
-MAX_DATA = 4 << 20  # messageLengthMax (docs/nri-protocol.md §1.1)
+MAX_DATA = 4 << 20  # messageLengthMax (docs/developer/nri-protocol.md §1.1)
 
 
 class MessageType(enum.IntEnum):
     REQUEST = 1
     RESPONSE = 2
-    DATA = 3  # streaming only; NRI never sends it (docs/nri-protocol.md §1.1)
+    DATA = 3  # streaming only; NRI never sends it (docs/developer/nri-protocol.md §1.1)
 
 
 class Code(enum.IntEnum):
-    """gRPC status codes carried in ttrpc responses (docs/nri-protocol.md §1.4)."""
+    """gRPC status codes carried in ttrpc responses (docs/developer/nri-protocol.md §1.4)."""
 
     OK = 0
     CANCELLED = 1
@@ -64,7 +64,8 @@ class Frame:
 
 def encode_frame(stream_id: int, mtype: MessageType, data: bytes, flags: int = 0) -> bytes:
     if len(data) > MAX_DATA:
-        # Go's sender refuses the same way (OversizedMessageErr, docs/nri-protocol.md §1.1).
+        # Go's sender refuses the same way (OversizedMessageErr, docs/developer/nri-protocol.md
+        # §1.1).
         raise MessageTooLargeError(
             f"ttrpc message on stream {stream_id} is {len(data)} bytes (max {MAX_DATA})"
         )
@@ -165,7 +166,7 @@ def length_delimited(field: int, data: bytes) -> bytes:
 def encode_response(payload: bytes, code: int = Code.OK, message: str = "") -> bytes:
     if code == Code.OK:
         # Response{payload: 2}, status unset as Go servers leave it on success
-        # (docs/nri-protocol.md §1.4), an empty payload left out as protobuf does. By
+        # (docs/developer/nri-protocol.md §1.4), an empty payload left out as protobuf does. By
         # hand: Response(payload=...) copies the payload first (8.7 KB: 13.8 us cold
         # against 9.2 us for this).
         return length_delimited(_PAYLOAD_FIELD, payload) if payload else b""
