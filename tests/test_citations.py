@@ -85,7 +85,7 @@ def readme_problems(body: str) -> list[str]:
 def doc_heading_problems(body: str) -> list[str]:
     problems = []
     for page, name in DOC_CITE.findall(body):
-        name = " ".join(name.split())
+        name = " ".join(re.sub(r"\n\s*#", " ", name).split())  # a name may span comment lines
         if not (ROOT / page).is_file():
             problems.append(f'{page}: no such page (cited for "{name}")')
         elif not any(h.startswith(name) for h in headings(ROOT / page)):
@@ -95,8 +95,12 @@ def doc_heading_problems(body: str) -> list[str]:
 
 def markdown_problems(path: Path, body: str) -> list[str]:
     names = {m.group(1) for m in MARKDOWN_NAME.finditer(body)}
+    # a page of the documentation site may be named from the site's folder or a section's
+    # (mkdocs.yml's nav, one page's link to another, the pages' generator)
+    folders = [ROOT, path.parent, ROOT / "docs", *(d for d in (ROOT / "docs").iterdir()
+                                                   if d.is_dir())]
     return [f"{name}: no such document in the repository" for name in sorted(names)
-            if not (ROOT / name).is_file() and not (path.parent / name).is_file()]
+            if not any((folder / name).is_file() for folder in folders)]
 
 
 def problems_of(path: Path) -> list[str]:

@@ -1,4 +1,4 @@
-"""Import directions between the layers (README, Architecture), by a static scan.
+"""Import directions between the layers (docs/developer/architecture.md), by a static scan.
 
 Every ``import`` and ``from ... import`` of every module counts, wherever it stands (at the
 top, in a function, under ``TYPE_CHECKING``), and so does a string constant that names one

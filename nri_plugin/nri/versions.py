@@ -2,8 +2,8 @@
 
 Pure. The NRI version a runtime vendors is not on the wire before NRI 0.12, so it is
 looked up from the runtime's release (docs/developer/nri-protocol.md §5.1, §5.2). So is the CDI
-library its own CDI support uses, whose behaviour the plugin must reproduce (README,
-"The runtime's own CDI, version by version"): which spec versions it reads, whether it
+library its own CDI support uses, whose behaviour the plugin must reproduce
+(docs/reference/runtime-cdi.md, "Runtime CDI versions"): which spec versions it reads, whether it
 fills an unset device-node fileMode from the host (v1.1.0+, CDI commit 457489d) and how it
 orders mounts (by depth and name before v1.0.0, stably by depth only from v1.0.0, CDI
 commit 7d4fb44).

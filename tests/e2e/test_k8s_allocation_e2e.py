@@ -320,7 +320,7 @@ def test_capabilities_on_a_claim(setup: tuple[str, Containerd], cri: CriClient,
     assert "/usr/bin/nvidia-smi" in mounts
     if mode == "runtime" and setup[1].major == 1:
         # containerd 1.7 keeps the mounts its own CDI injected whatever NRI removes; the
-        # plugin logs that the filter could not apply (README, DRA section)
+        # plugin logs that the filter could not apply (docs/install/dra.md)
         assert node["libcuda"] in mounts
     else:
         assert node["libcuda"] not in mounts

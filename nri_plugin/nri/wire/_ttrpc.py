@@ -64,8 +64,8 @@ class Frame:
 
 def encode_frame(stream_id: int, mtype: MessageType, data: bytes, flags: int = 0) -> bytes:
     if len(data) > MAX_DATA:
-        # Go's sender refuses the same way (OversizedMessageErr, docs/developer/nri-protocol.md
-        # §1.1).
+        # Go's sender refuses the same way (OversizedMessageErr,
+        # docs/developer/nri-protocol.md §1.1).
         raise MessageTooLargeError(
             f"ttrpc message on stream {stream_id} is {len(data)} bytes (max {MAX_DATA})"
         )
