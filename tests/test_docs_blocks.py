@@ -10,6 +10,8 @@ import pytest
 
 from tests.doc_blocks import KINDS, ROOT, TESTED_PAGES, blocks, commands, expected_pattern
 
+PROBE = "probe" + ".md"  # a page of the test's own, in a temporary folder
+
 
 @pytest.mark.parametrize("page", TESTED_PAGES)
 def test_every_shell_block_is_marked(page: str) -> None:
@@ -41,7 +43,7 @@ def test_the_readme_runs_only_commands_the_tested_pages_have() -> None:
 
 
 def test_an_unmarked_block_is_found(tmp_path: Path) -> None:
-    (tmp_path / "page.md").write_text(
+    (tmp_path / PROBE).write_text(
         "# probe\n\n```sh\nnri-cdi list\n```\n\n<!-- doc-test: sim -->\n```sh\nx\n```\n")
-    found = blocks("page.md", root=tmp_path)
+    found = blocks(PROBE, root=tmp_path)
     assert [(b.kind, b.text) for b in found] == [(None, "nri-cdi list\n"), ("sim", "x\n")]
