@@ -5,7 +5,7 @@ booleans) in the block style of PyYAML's ``safe_dump(sort_keys=False,
 default_flow_style=False, allow_unicode=True)`` with a ``---`` start; ``cdi.spec.dump_spec``
 and ``nri-cdi generate`` both use it. It exists instead of PyYAML's C dumper because it is
 faster on the generator's start-up path, which runs at boot and on every driver change:
-``bench/bench_generate.py`` measures the two side by side (README, Benchmarks), and
+``bench/bench_generate.py`` measures the two side by side (docs/developer/benchmarks.md), and
 tests/cdi/test_yaml11.py checks its output against PyYAML's, byte for byte.
 
 ``implicit_tag(text)`` is the tag PyYAML gives ``text`` read back as a plain (unquoted)

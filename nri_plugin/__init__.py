@@ -1,4 +1,4 @@
-"""The containerd NRI plugin, in layers (README, Architecture):
+"""The containerd NRI plugin, in layers (docs/developer/architecture.md):
 
 - ``nri_plugin.nri``: the NRI runtime library (wire, messages, stub, dispatch, the plugin
   API); it knows nothing of CDI or of any vendor;

@@ -17,4 +17,4 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
-python3 -m pip install -q -e '.[test]'
+python3 -m pip install -q -e '.[test,docs]'

@@ -2,9 +2,10 @@
 
 Deliberately independent of ``nri_plugin.nri.wire``, so a framing bug in production
 code cannot hide behind the same bug in the peer. It plays the Go runtime's
-part (docs/nri-protocol.md §2.2): it serves the Runtime service on conn 2,
-calls the Plugin service on conn 1, and checks the docs/nri-protocol.md §2.4 frame-size rule on
-every frame the plugin writes, as the Go reader would.
+part (docs/developer/nri-protocol.md §2.2): it serves the Runtime service on conn 2,
+calls the Plugin service on conn 1, and checks the frame-size rule
+(docs/developer/nri-protocol.md §2.4) on every frame the plugin writes, as the Go reader
+would.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ class PeerMessage:
 
 @dataclass
 class RawParser:
-    """Parses the plugin's byte stream; records violations of docs/nri-protocol.md §2.4
+    """Parses the plugin's byte stream; records violations of docs/developer/nri-protocol.md §2.4
     instead of dying."""
 
     trunk: bytearray = field(default_factory=bytearray)
@@ -262,7 +263,7 @@ class RuntimePeer:
         runtime_name: str = "peer",
         runtime_version: str = "0.0",
     ) -> tuple[nri_pb2.RegisterPluginRequest, nri_pb2.ConfigureResponse]:
-        """Register -> Configure -> Synchronize, like docs/nri-protocol.md §3.2.
+        """Register -> Configure -> Synchronize, like docs/developer/nri-protocol.md §3.2.
 
         ``configure_first`` sends Configure before the RegisterPlugin reply,
         reproducing the race the runtime really has.

@@ -1,4 +1,4 @@
-"""Import directions between the layers (README, Architecture), by a static scan.
+"""Import directions between the layers (docs/developer/architecture.md), by a static scan.
 
 Every ``import`` and ``from ... import`` of every module counts, wherever it stands (at the
 top, in a function, under ``TYPE_CHECKING``), and so does a string constant that names one
@@ -25,7 +25,7 @@ _MODULE_NAME = re.compile(r"(cdi|nri_plugin|nri_cdi_testbed)(\.[A-Za-z_]\w*)*")
 
 # The NRI plugin runtime: what any plugin author uses, ours or not.
 RUNTIME = ("nri_plugin.nri",)
-# The protocol core: sans-IO, no event loop and no sockets (docs/architecture.md).
+# The protocol core: sans-IO, no event loop and no sockets (docs/developer/architecture.md).
 PROTOCOL_CORE = ("nri_plugin.nri.wire", "nri_plugin.nri.dispatch")
 
 

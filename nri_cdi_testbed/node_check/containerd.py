@@ -2,7 +2,7 @@
 
 Everything lives in one temp folder: config, root, state, sockets, runc state, NRI folders and
 the log. Nothing host-wide is used except /usr/sbin/runc and the kernel, and ``close()`` leaves
-no process (containerd, shim, container) and no mount behind. docs/private-containerd.md
+no process (containerd, shim, container) and no mount behind. docs/developer/private-containerd.md
 says why each setting is there.
 """
 

@@ -9,7 +9,7 @@ Removals use NRI's own convention, a key prefixed with ``-`` (Go's ``MarkForRemo
 runtime drops the container's entry with that name, path or destination. Give a name one
 entry: for the environment, the runtime keeps the last entry for each name.
 
-This is the library's API for plugin authors (README, "Writing your own NRI plugin";
+This is the library's API for plugin authors (docs/developer/writing-a-plugin.md;
 ``tests/nri_plugin/test_public_api.py``). The CDI injector does not build with it: it
 translates an OCI fragment that the CDI library has already validated and merged, one
 field to one field (device nodes and their cgroup rules as two lists, in CDI's order,

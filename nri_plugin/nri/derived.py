@@ -4,7 +4,7 @@ Pure; knows nothing of CDI. containerd (``pkg/cri/nri``, ``internal/cri/nri``) a
 (``server/nri-api.go``) both apply a plugin's adjustment with the generator of the NRI
 version they vendor (``pkg/runtime-tools/generate``), so what they derive depends on that
 version only (facts read from containerd/nri tags v0.2.0-v0.6.1, v0.8.0, v0.9.0, v0.10.0, v0.11.0,
-v0.12.0; README, "The runtime's own CDI, version by version"):
+v0.12.0; docs/reference/runtime-cdi.md, "What each NRI version does"):
 
 * every device node added through ``linux.devices`` gets an allow rule of its own in
   ``linux.resources.devices``, with the access NRI's ``LinuxDevice.AccessString`` gives:

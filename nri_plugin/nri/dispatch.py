@@ -46,8 +46,8 @@ class RpcError(NRIPluginError):
         self.message = message
 
 
-# Which Plugin method handles each lifecycle event (docs/nri-protocol.md §3.4 table). Validation
-# (event 14) is not supported: we never subscribe to it.
+# Which Plugin method handles each lifecycle event (docs/developer/nri-protocol.md §3.4 table).
+# Validation (event 14) is not supported: we never subscribe to it.
 EVENT_HANDLERS: dict[Event, str] = {
     Event.RUN_POD_SANDBOX: "run_pod_sandbox",
     Event.STOP_POD_SANDBOX: "stop_pod_sandbox",
@@ -88,7 +88,7 @@ def subscription(
     """The mask to send in ConfigureResponse: never 0, never a bit outside ``valid``.
 
     0 would subscribe us to everything, validation included, and a bit the
-    runtime does not know makes it drop us (docs/nri-protocol.md §3.4).
+    runtime does not know makes it drop us (docs/developer/nri-protocol.md §3.4).
     """
     have = implemented_events(plugin)
     mask = have if requested is None else EventMask(requested)
@@ -146,7 +146,7 @@ def _notify(event: Event) -> Callable[[Plugin, Any], Message]:
 
 
 def _state_change(plugin: Plugin, req: nri_pb2.StateChangeEvent) -> Message:
-    # Pre-v0.12 runtimes deliver the nine notifications here (docs/nri-protocol.md §3.6).
+    # Pre-v0.12 runtimes deliver the nine notifications here (docs/developer/nri-protocol.md §3.6).
     try:
         event = Event(req.event)
     except ValueError:
@@ -203,7 +203,7 @@ SERVICES: dict[str, frozenset[str]] = {PLUGIN_SERVICE: METHODS}
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Configuration:
-    """What the runtime told us in Configure (docs/nri-protocol.md §3.4); timeouts in
+    """What the runtime told us in Configure (docs/developer/nri-protocol.md §3.4); timeouts in
     milliseconds."""
 
     config: str
@@ -213,7 +213,8 @@ class Configuration:
     request_timeout_ms: int
     events: EventMask
 
-    DEFAULT_REQUEST_TIMEOUT_MS = 2000  # pkg/api/timeouts.go default (docs/nri-protocol.md §6)
+    # pkg/api/timeouts.go default (docs/developer/nri-protocol.md §6)
+    DEFAULT_REQUEST_TIMEOUT_MS = 2000
 
     @property
     def request_timeout(self) -> float:
@@ -235,7 +236,7 @@ class SyncStalledError(RpcError):
 
 
 class SyncCollector:
-    """Joins paged Synchronize requests (docs/nri-protocol.md §3.5) so the plugin sees the
+    """Joins paged Synchronize requests (docs/developer/nri-protocol.md §3.5) so the plugin sees the
     state once.
 
     What it keeps is capped at ``max_bytes`` of page payload: a runtime only pages when
@@ -309,9 +310,9 @@ class Dispatcher:
         except DecodeError as exc:
             raise RpcError(Code.INVALID_ARGUMENT, f"{method}: undecodable request") from exc
         except Exception as exc:
-            # Go maps a plain error to UNKNOWN (docs/nri-protocol.md §1.4); the runtime then
-            # fails the operation (CreateContainer, StartContainer) or just logs it
-            # (docs/nri-protocol.md §6).
+            # Go maps a plain error to UNKNOWN (docs/developer/nri-protocol.md §1.4); the runtime
+            # then fails the operation (CreateContainer, StartContainer) or just logs it
+            # (docs/developer/nri-protocol.md §6).
             log.exception("%s handler failed", method)
             raise RpcError(Code.UNKNOWN, f"{method}: {type(exc).__name__}: {exc}") from exc
 
@@ -336,7 +337,7 @@ class Dispatcher:
         requested = self.plugin.configure(req.config, req.runtime_name, req.runtime_version)
         # NRI_version is only sent from v0.12.0, whose runtimes accept events 12-14;
         # without it we must assume containerd 1.7-2.1 (ValidEvents 0x7FF,
-        # docs/nri-protocol.md §3.4).
+        # docs/developer/nri-protocol.md §3.4).
         valid = VALID_EVENTS if req.NRI_version else LEGACY_VALID_EVENTS
         mask = subscription(self.plugin, requested, valid=valid)
         self.configuration = Configuration(
@@ -360,7 +361,7 @@ class Dispatcher:
             raise SyncStalledError(Code.FAILED_PRECONDITION, self.sync_stalled)
         if not self._sync.add(req, size):
             # Every page but the last must be answered more=true and no updates
-            # (docs/nri-protocol.md §3.5).
+            # (docs/developer/nri-protocol.md §3.5).
             return nri_pb2.SynchronizeResponse(more=True).SerializeToString()
         pods, containers = self._sync.pods, self._sync.containers
         if self._sync.over_cap:

@@ -3,12 +3,13 @@
 Subclass it and override what you need. An overridden lifecycle method is what
 subscribes the plugin to that event, so leave the rest alone.
 Handlers run inline on the event loop and must be fast and free of I/O: the
-runtime gives each request only ``request_timeout`` (2 s by default, docs/nri-protocol.md §6), and a
-late reply both drops our adjustment and disconnects us.
+runtime gives each request only ``request_timeout`` (2 s by default,
+docs/developer/nri-protocol.md §6), and a late reply both drops our adjustment and
+disconnects us.
 
 Raise from a handler to fail that one request with an error status (an
 ``RpcError`` picks the code; anything else is UNKNOWN, as in Go). For
-CreateContainer an error status fails the container's creation (docs/nri-protocol.md §6).
+CreateContainer an error status fails the container's creation (docs/developer/nri-protocol.md §6).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class Plugin:
     # --- setup --------------------------------------------------------------
 
     def configure(self, config: str, runtime_name: str, runtime_version: str) -> EventMask | None:
-        """Called once per connection with the runtime's config string (docs/nri-protocol.md §3.4).
+        """Called once per connection with the runtime's config string
+        (docs/developer/nri-protocol.md §3.4).
 
         Return a mask to subscribe to fewer events than implemented, or
         ``None`` for all implemented ones. Bits of events without a handler are
@@ -44,13 +46,14 @@ class Plugin:
     def synchronize(self, pods: Sequence[PodSandbox], containers: Sequence[Container]) -> Updates:
         """The runtime's existing pods and containers, once per connection.
 
-        Paged requests (docs/nri-protocol.md §3.5) are collected first; this sees the whole state.
+        Paged requests (docs/developer/nri-protocol.md §3.5) are collected first; this sees the
+        whole state.
         """
         return None
 
     def shutdown(self) -> None:
         """The runtime asked us to shut down (no released runtime sends this,
-        docs/nri-protocol.md §3.6)."""
+        docs/developer/nri-protocol.md §3.6)."""
 
     # --- pod events -------------------------------------------------------
 
@@ -86,7 +89,8 @@ class Plugin:
         """A container was created."""
 
     def start_container(self, pod: PodSandbox, container: Container) -> None:
-        """A container is being started; raising fails the start (docs/nri-protocol.md §6)."""
+        """A container is being started; raising fails the start (docs/developer/nri-protocol.md
+        §6)."""
 
     def post_start_container(self, pod: PodSandbox, container: Container) -> None:
         """A container was started."""

@@ -4,7 +4,7 @@
 serves the Plugin service until the connection ends, and calls ``on_close``.
 Requests are dispatched inline in ``buffer_updated``: handlers are plain,
 I/O-free functions, so a reply leaves in the same loop iteration its request
-arrived in, far inside the runtime's request timeout (docs/nri-protocol.md §6).
+arrived in, far inside the runtime's request timeout (docs/developer/nri-protocol.md §6).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from nri_plugin.nri.wire import (
     ResponseReceived,
 )
 
-DEFAULT_REGISTRATION_TIMEOUT = 5.0  # runtime default (docs/nri-protocol.md §3.2); we wait no longer
+# runtime default (docs/developer/nri-protocol.md §3.2); we wait no longer
+DEFAULT_REGISTRATION_TIMEOUT = 5.0
 # While the socket is absent or refuses connections (the runtime restarts), try this often:
 # a failed connect costs the runtime nothing, and reconnecting within 1 s of the socket
 # coming back is the goal.
@@ -78,7 +79,8 @@ def plugin_identity(
     """Name and index: arguments, then NRI_PLUGIN_NAME/IDX, then ``NN-name`` argv[0].
 
     NRI v0.3.0 (containerd 1.7.0-1.7.6) passes the full ``NN-name`` as the
-    name (docs/nri-protocol.md §3.1), so a leading ``NN-`` is stripped whatever the source.
+    name (docs/developer/nri-protocol.md §3.1), so a leading ``NN-`` is stripped whatever the
+    source.
     """
     base = os.path.basename(argv0)
     from_argv = _NAME_WITH_INDEX.match(base)

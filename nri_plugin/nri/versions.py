@@ -1,9 +1,9 @@
 """What the connected runtime can do, from the name and version it sends in Configure.
 
 Pure. The NRI version a runtime vendors is not on the wire before NRI 0.12, so it is
-looked up from the runtime's release (docs/nri-protocol.md §5.1, §5.2). So is the CDI
-library its own CDI support uses, whose behaviour the plugin must reproduce (README,
-"The runtime's own CDI, version by version"): which spec versions it reads, whether it
+looked up from the runtime's release (docs/developer/nri-protocol.md §5.1, §5.2). So is the CDI
+library its own CDI support uses, whose behaviour the plugin must reproduce
+(docs/reference/runtime-cdi.md, "Runtime CDI versions"): which spec versions it reads, whether it
 fills an unset device-node fileMode from the host (v1.1.0+, CDI commit 457489d) and how it
 orders mounts (by depth and name before v1.0.0, stably by depth only from v1.0.0, CDI
 commit 7d4fb44).
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 Version = tuple[int, int, int]
 
 # Where a runtime serves NRI unless configured otherwise (containerd and CRI-O, NRI 0.3.0
-# and later; docs/nri-protocol.md). The one definition: the stub, the settings, the daemon
+# and later; docs/developer/nri-protocol.md). The one definition: the stub, the settings, the daemon
 # and the doctor import it.
 DEFAULT_SOCKET_PATH = "/var/run/nri/nri.sock"
 # What a runtime that launches a plugin from its plugin_path puts in the plugin's (otherwise
@@ -95,7 +95,7 @@ class RuntimeInfo:
     @property
     def supports_cdi_devices(self) -> bool:
         """Whether ``ContainerAdjustment.CDI_devices`` is acted on: containerd 2.1+ and
-        1.7.30+ (backport), CRI-O 1.34+ (docs/nri-protocol.md §5.2). Older runtimes ignore
+        1.7.30+ (backport), CRI-O 1.34+ (docs/developer/nri-protocol.md §5.2). Older runtimes ignore
         it silently, so we must know."""
         v = self.version
         if v is None:

@@ -279,11 +279,12 @@ def current_fingerprint(settings: Settings) -> tuple[str | None, str]:
 
 
 # --- containerd's own CDI ------------------------------------------------------------------
-# The set-up that works (README, "containerd's own CDI"): the runtime's CDI reads the
-# plugin's spec folders. Then devices named in container cdi.k8s.io annotations are injected
-# by containerd and left alone by the plugin, and devices the plugin hands to the runtime
-# (CDI_devices: additionalGids, narrowed permissions, ...) resolve. With separate folders
-# the runtime fails every handed-over device with "unresolvable CDI devices".
+# The set-up that works (docs/install/containerd.md, "containerd's own CDI beside the
+# plugin"): the runtime's CDI reads the plugin's spec folders. Then devices named in container
+# cdi.k8s.io annotations are injected by containerd and left alone by the plugin, and devices
+# the plugin hands to the runtime (CDI_devices: additionalGids, narrowed permissions, ...)
+# resolve. With separate folders the runtime fails every handed-over device with
+# "unresolvable CDI devices".
 
 
 def _runtime_cdi(cfg: ContainerdConfig) -> tuple[bool, tuple[str, ...], str]:

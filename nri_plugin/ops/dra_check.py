@@ -8,7 +8,7 @@ without an error and shows them to no plugin (NRI's ``Container.CDI_devices`` is
 from containerd 2.3 only): the container starts without its GPU and nobody says so.
 containerd 2.3 fails such a container instead ("CDI devices ... requested but CDI support
 is explicitly disabled", commit ec8933999), before any plugin is asked. Either way, with
-containerd's CDI off no plugin can serve them. docs/kubernetes-allocation.md.
+containerd's CDI off no plugin can serve them. docs/developer/kubernetes-allocation.md.
 """
 
 from __future__ import annotations

@@ -213,7 +213,8 @@ class NodeNamespace:
 POD_FIELDS = {"hostNetwork", "hostPID", "hostIPC", "initContainers", "containers", "volumes",
               # the scheduler's, not the node's
               "nodeSelector", "tolerations", "priorityClassName"}
-CONTAINER_FIELDS = {"name", "image", "command", "args", "env", "volumeMounts", "securityContext",
+CONTAINER_FIELDS = {"name", "image", "imagePullPolicy", "command", "args", "env", "volumeMounts",
+                    "securityContext",
                     "resources",
                     # the kubelet's own work: probes are made by the test, ports are the
                     # host's (hostNetwork)

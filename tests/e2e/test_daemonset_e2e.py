@@ -4,7 +4,7 @@ simulated GPU node, against the private containerd that it then serves as NRI pl
 
 The init container generates the node's spec, the plugin registers with that containerd, a
 GPU pod gets its device; the plugin killed and started again (the kubelet's restart) behaves
-as the README's fail-closed section says: a GPU container created and started while it was
+as docs/usage/fail-closed.md says: a GPU container created and started while it was
 down, without its device, is killed once it is back; one created while it was down and
 started after it is back never runs; new GPU containers get their device again."""
 

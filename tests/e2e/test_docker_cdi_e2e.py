@@ -3,7 +3,7 @@ unpacks it under .cache/, nothing system-wide), a private dockerd on the private
 2.1 (its own data-root, exec-root, pidfile and socket; no iptables, no bridge), reading the
 spec generated for NVIDIA's real Debian driver (tests/nvidia_debian.py) from its
 ``--cdi-spec-dir``.  ``docker run --device nvidia.com/gpu=0`` in both link modes, every case
-a test of its own (the README's "Docker" table lists them).
+a test of its own.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def world(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str
         (out / mode).mkdir()
         subprocess.run(
             # 0.6.0: no additionalGids for the 0660 DRM nodes, which NRI cannot carry on
-            # containerd < 1.7.30 (README, "additionalGids and the runtimes")
+            # containerd < 1.7.30 (docs/reference/runtime-cdi.md, "additionalGids")
             [sys.executable, "-m", "nri_plugin.ops.cli", "generate", "--mode", "procfs",
              "--cdi-version", "0.6.0",
              "--driver-root", str(node.driver_root), "--link-mode", mode,

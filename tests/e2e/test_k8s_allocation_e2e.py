@@ -1,6 +1,6 @@
 """Kubernetes allocation as the kubelet does it now, through CRI, on a simulated 2-GPU node.
 
-DRA (NVIDIA's DRA driver, facts in docs/kubernetes-allocation.md): one transient spec per
+DRA (NVIDIA's DRA driver, facts in docs/developer/kubernetes-allocation.md): one transient spec per
 claim in the run-time folder, kind ``k8s.gpu.nvidia.com/claim``, device ``<uid>-gpu-0``
 (the spec's own edits: the driver's; the device's: its GPU's nodes; a MIG claim adds
 ``nvidia-cap`` nodes), written just before CreateContainer and deleted at unprepare. The
@@ -320,7 +320,7 @@ def test_capabilities_on_a_claim(setup: tuple[str, Containerd], cri: CriClient,
     assert "/usr/bin/nvidia-smi" in mounts
     if mode == "runtime" and setup[1].major == 1:
         # containerd 1.7 keeps the mounts its own CDI injected whatever NRI removes; the
-        # plugin logs that the filter could not apply (README, DRA section)
+        # plugin logs that the filter could not apply (docs/install/dra.md)
         assert node["libcuda"] in mounts
     else:
         assert node["libcuda"] not in mounts

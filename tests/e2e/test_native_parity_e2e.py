@@ -1,12 +1,13 @@
 """The plugin against the runtime's own CDI, on every containerd version of the suite.
 
 One containerd per version with native CDI on (enable_cdi, the spec folder shared with the
-plugin, as the README recommends) and the plugin connected. For each case the same devices
-are asked for twice: through the CRI CDIDevices field (native CDI alone) and through a pod
-annotation (the plugin alone). The containers must come out the same: device nodes with
-their file modes, cgroup rules, mounts and their order, env, hooks, additional gids, and
-what a process inside may do with a read-only device. The differences the runtime version
-imposes are asserted as such (``expected_difference``), nothing else may differ.
+plugin, as docs/install/containerd.md recommends) and the plugin connected. For each case
+the same devices are asked for twice: through the CRI CDIDevices field (native CDI alone)
+and through a pod annotation (the plugin alone). The containers must come out the same:
+device nodes with their file modes, cgroup rules, mounts and their order, env, hooks,
+additional gids, and what a process inside may do with a read-only device. The differences
+the runtime version imposes are asserted as such (``expected_difference``), nothing else
+may differ.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Malformed and flooding NRI traffic from the test runtime peer against a real plugin
 process: it answers, or drops the connection cleanly, and its RSS stays under the bound
-the README states (RSS_BOUND_MIB). Its log stays small too."""
+docs/operations/limits.md states (RSS_BOUND_MIB). Its log stays small too."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tests.nri_runtime_peer import (
     ttrpc_frame,
 )
 
-RSS_BOUND_MIB = 128  # README "Faults, floods and bounds"
+RSS_BOUND_MIB = 128  # docs/operations/limits.md
 MAX_MESSAGE = 2048
 
 

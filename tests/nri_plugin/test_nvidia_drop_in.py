@@ -359,10 +359,11 @@ def test_fail_closed_sees_volume_mounts_and_other_keys(registry: Registry) -> No
         ("c1", ("nvidia.com/gpu=0",)), ("c2", ("nvidia.com/gpu=0",))]
 
 
-def test_readme_default_policy_is_the_default() -> None:
+def test_the_documented_default_policy_is_the_default() -> None:
     import yaml
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("this is the default policy written out:\n\n```yaml\n", 1)[1]
-    written = nvidia_policy(yaml.safe_load(block.split("```", 1)[0]), origin="README")
-    assert written == Policy.defaults([NvidiaRules()], origin="README")
+    page = (Path(__file__).resolve().parents[2] / "docs/usage/policy.md").read_text()
+    block = page.split("this is the default policy written out:\n\n```yaml\n", 1)[1]
+    origin = "docs/usage/policy.md"
+    written = nvidia_policy(yaml.safe_load(block.split("```", 1)[0]), origin=origin)
+    assert written == Policy.defaults([NvidiaRules()], origin=origin)

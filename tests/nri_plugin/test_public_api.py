@@ -1,6 +1,6 @@
-"""The runtime's public API: the README's example plugin runs as a process against the test
-runtime peer, the adjustment builders fill the fields NRI's Go helpers fill, and importing
-``nri_plugin.nri`` stays cheap."""
+"""The runtime's public API: the documented example plugin (docs/developer/writing-a-plugin.md)
+runs as a process against the test runtime peer, the adjustment builders fill the fields
+NRI's Go helpers fill, and importing ``nri_plugin.nri`` stays cheap."""
 
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ from tests.nri_runtime_peer import RuntimePeer
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def readme_plugin() -> str:
-    section = (ROOT / "README.md").read_text().split("## Writing your own NRI plugin", 1)[1]
+def documented_plugin() -> str:
+    page = (ROOT / "docs/developer/writing-a-plugin.md").read_text()
+    section = page.split("# Writing your own NRI plugin", 1)[1]
     match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match, "README: no python block under 'Writing your own NRI plugin'"
+    assert match, "docs/developer/writing-a-plugin.md: no python block"
     return match.group(1)
 
 
@@ -37,9 +38,9 @@ def create(pod_annotations: dict[str, str]) -> nri_pb2.CreateContainerRequest:
     )
 
 
-def test_readme_plugin_runs_against_the_runtime_peer(tmp_path: Path) -> None:
+def test_documented_plugin_runs_against_the_runtime_peer(tmp_path: Path) -> None:
     script = tmp_path / "hello.py"
-    script.write_text(readme_plugin())
+    script.write_text(documented_plugin())
     assert len(script.read_text().splitlines()) <= 25  # "a plugin in about 20 lines"
     ours, theirs = socket.socketpair()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "NRI_PLUGIN_SOCKET": str(ours.fileno())}

@@ -1,8 +1,9 @@
 """Side by side with NVIDIA's ``nvidia-ctk cdi generate`` ($NRI_CDI_PEERS) on 13 simulated
 node layouts, both in NVML mode on the same node through its simulated libnvidia-ml: device
 names, device nodes, mounts, links, ld-cache folders, additionalGids and hooks by subcommand
-must agree, apart from the differences listed in ``peer_parity.INTENDED`` (README: "Compared
-with nvidia-ctk").  Skipped, with the reason, where the peer tools are absent."""
+must agree, apart from the differences listed in ``peer_parity.INTENDED``
+(docs/reference/nvidia-ctk.md, "Compared with nvidia-ctk's output").  Skipped, with the
+reason, where the peer tools are absent."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The specs real nodes' driver 580 gave (tests/data/real-node-*-580.159.04*: two lent H100
-machines and two H200s): they load with the strict parser, the two discovery modes agree, what the
-doctor reads from them is that node's, and the plugin's OCI result for GPU 0 equals native
-CDI's on every runtime version of the README's table, the spec's ``rwm`` device nodes
-included."""
+machines and two H200s): they load with the strict parser, the two discovery modes agree,
+what the doctor reads from them is that node's, and the plugin's OCI result for GPU 0 equals
+native CDI's on every runtime version of docs/reference/runtime-cdi.md's table, the spec's
+``rwm`` device nodes included."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def test_gpu_0_through_the_plugin_is_native_cdi(snapshot: Snapshot, name: str,
     native = _native(snapshot, BASE, names)
     assert ours["linux"]["devices"] == native["linux"]["devices"]
     # Hook-free specs carry their library folder in NRI_CDI_LD_LIBRARY_PATH, which the
-    # plugin folds into LD_LIBRARY_PATH (README, "Hooks and the hook-free mode").
+    # plugin folds into LD_LIBRARY_PATH (docs/usage/hooks-and-mounts.md, "Hooks or mounts").
     assert ours["process"]["env"] == list(merge_library_path(native["process"]["env"]))
     assert ours.get("hooks") == native.get("hooks")
     assert ours["mounts"] == native["mounts"]

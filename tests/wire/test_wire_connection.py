@@ -1,4 +1,4 @@
-"""``Connection``: mux + ttrpc sessions on both conns (docs/nri-protocol.md §1, §2)."""
+"""``Connection``: mux + ttrpc sessions on both conns (docs/developer/nri-protocol.md §1, §2)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class ChannelPair:
 
 
 def test_register_and_configure_race() -> None:
-    """Configure may arrive before the RegisterPlugin reply (docs/nri-protocol.md §3.2);
+    """Configure may arrive before the RegisterPlugin reply (docs/developer/nri-protocol.md §3.2);
     both are delivered."""
     pair = ChannelPair()
     reg = pair.plugin.send_request(RUNTIME_SERVICE, "RegisterPlugin", b"reg")
@@ -74,7 +74,7 @@ def test_client_stream_ids_are_odd_and_increasing_per_conn() -> None:
     pair = ChannelPair()
     ids = [pair.plugin.send_request(RUNTIME_SERVICE, "UpdateContainers", b"") for _ in range(3)]
     assert ids == [1, 3, 5]
-    # the other conn has its own counter (docs/nri-protocol.md §1.2)
+    # the other conn has its own counter (docs/developer/nri-protocol.md §1.2)
     assert pair.runtime.send_request(PLUGIN_SERVICE, "Configure", b"") == 1
     assert pair.plugin.pending_calls == (1, 3, 5)
 

@@ -1,4 +1,4 @@
-"""Mux frames (docs/nri-protocol.md §2)."""
+"""Mux frames (docs/developer/nri-protocol.md §2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ttrpc frames and envelopes (docs/nri-protocol.md §1)."""
+"""ttrpc frames and envelopes (docs/developer/nri-protocol.md §1)."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_oversize_message_names_the_readers_own_limit() -> None:
 def test_request_envelope_field_numbers() -> None:
     data = encode_request("svc", "M", b"\x01", timeout_nano=5, metadata=[("k", "v")])
     # 1 service, 2 method, 3 payload, 4 timeout_nano, 5 metadata{1 key, 2 value}
-    # (docs/nri-protocol.md §1.3)
+    # (docs/developer/nri-protocol.md §1.3)
     assert data == b"\x0a\x03svc\x12\x01M\x1a\x01\x01\x20\x05\x2a\x06\x0a\x01k\x12\x01v"
     req = decode_request(data, 1)
     assert (req.service, req.method, req.payload, req.timeout_nano) == ("svc", "M", b"\x01", 5)
@@ -133,7 +133,7 @@ def test_undecodable_envelopes_are_remote_errors(garbage: bytes) -> None:
 
 
 def test_nri_field_numbers_that_runtimes_depend_on() -> None:
-    # ConfigureResponse.events is field 2 (docs/nri-protocol.md §3.4).
+    # ConfigureResponse.events is field 2 (docs/developer/nri-protocol.md §3.4).
     assert nri_pb2.ConfigureResponse(events=8).SerializeToString() == b"\x10\x08"
     # SynchronizeResponse.more is field 2; ContainerAdjustment.CDI_devices is 8.
     assert nri_pb2.SynchronizeResponse(more=True).SerializeToString() == b"\x10\x01"

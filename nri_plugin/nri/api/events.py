@@ -1,4 +1,4 @@
-"""NRI lifecycle events and the subscription mask (docs/nri-protocol.md §3.4)."""
+"""NRI lifecycle events and the subscription mask (docs/developer/nri-protocol.md §3.4)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class EventMask(enum.IntFlag):
 
 
 # Runtimes reject a Configure reply with any bit outside their ValidEvents
-# (docs/nri-protocol.md §3.4, §5.3). Up to NRI v0.9 (containerd 1.7.x, 2.0, 2.1) LAST was
+# (docs/developer/nri-protocol.md §3.4, §5.3). Up to NRI v0.9 (containerd 1.7.x, 2.0, 2.1) LAST was
 # 12, so only bits up to 0x400 are safe; v0.10.0+ accept up to 0x2000.
 LEGACY_VALID_EVENTS = EventMask((1 << 11) - 1)  # 0x7FF
 VALID_EVENTS = EventMask((1 << 14) - 1)  # 0x3FFF

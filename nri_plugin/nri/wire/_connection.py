@@ -1,4 +1,4 @@
-"""The sans-IO NRI connection: mux + two ttrpc sessions (docs/nri-protocol.md §1, §2).
+"""The sans-IO NRI connection: mux + two ttrpc sessions (docs/developer/nri-protocol.md §1, §2).
 
 Bytes go in through ``receive_data`` and come back as events; calls and replies
 are queued as bytes and drained with ``data_to_send``. Nothing here blocks,
@@ -39,7 +39,8 @@ _NULL_LOGGER.addHandler(logging.NullHandler())
 
 
 class Role(enum.Enum):
-    """Which end of the trunk we are; it fixes which conn we serve (docs/nri-protocol.md §2.2)."""
+    """Which end of the trunk we are; it fixes which conn we serve (docs/developer/nri-protocol.md
+    §2.2)."""
 
     PLUGIN = "plugin"
     RUNTIME = "runtime"  # only used by tests, to play the runtime
@@ -57,8 +58,9 @@ class Connection:
     """One NRI trunk: we serve ttrpc on one conn id and call out on the other.
 
     ``services`` maps each service name we serve to its method names; requests
-    for anything else are answered UNIMPLEMENTED here (docs/nri-protocol.md §1.3), which is
-    also what makes v0.12 runtimes fall back to StateChange (docs/nri-protocol.md §3.6).
+    for anything else are answered UNIMPLEMENTED here (docs/developer/nri-protocol.md §1.3), which
+    is
+    also what makes v0.12 runtimes fall back to StateChange (docs/developer/nri-protocol.md §3.6).
     ``None`` passes every
     request through.
     """

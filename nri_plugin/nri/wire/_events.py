@@ -20,7 +20,8 @@ class RequestReceived:
     service: str
     method: str
     payload: bytes
-    timeout_nano: int = 0  # the peer's remaining deadline; 0 = none (docs/nri-protocol.md §1.3)
+    # the peer's remaining deadline; 0 = none (docs/developer/nri-protocol.md §1.3)
+    timeout_nano: int = 0
     metadata: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""NRI connection multiplexer frames (docs/nri-protocol.md §2).
+"""NRI connection multiplexer frames (docs/developer/nri-protocol.md §2).
 
 Each frame is an 8-byte big-endian header (conn id, payload length) and a chunk
 of that logical connection's byte stream. ttrpc messages are not aligned to mux
@@ -15,17 +15,19 @@ from nri_plugin.nri.wire._errors import FrameTooLargeError, LocalProtocolError, 
 
 HEADER = struct.Struct(">II")
 
-PLUGIN_CONN = 1  # our Plugin service; the runtime is the ttrpc client (docs/nri-protocol.md §2.2)
-RUNTIME_CONN = 2  # the runtime's Runtime service; we are the client (docs/nri-protocol.md §2.2)
+# our Plugin service; the runtime is the ttrpc client (docs/developer/nri-protocol.md §2.2)
+PLUGIN_CONN = 1
+# the runtime's Runtime service; we are the client (docs/developer/nri-protocol.md §2.2)
+RUNTIME_CONN = 2
 CONN_IDS = frozenset({PLUGIN_CONN, RUNTIME_CONN})
 
 # Go writers since NRI v0.7.0 split at 10 + 4 MiB; v0.2.0-v0.6.1 wrote up to 16 MiB
-# in one frame (docs/nri-protocol.md §2.1). Accept the larger, reject anything beyond it at
-# the header.
+# in one frame (docs/developer/nri-protocol.md §2.1). Accept the larger, reject anything beyond it
+# at the header.
 MAX_PAYLOAD = 16 << 20
 
 # The Go reader offers a 4096-byte buffer when it reads a ttrpc header, and fails
-# the whole mux if the next frame is larger (docs/nri-protocol.md §2.4): no frame that
+# the whole mux if the next frame is larger (docs/developer/nri-protocol.md §2.4): no frame that
 # starts a ttrpc message may exceed this.
 GO_READ_BUFFER = 4096
 
@@ -47,7 +49,8 @@ def encode_frame(conn_id: int, payload: bytes) -> bytes:
 
 
 def frame_message(conn_id: int, message: bytes) -> bytes:
-    """Mux frames for one whole ttrpc message, following the docs/nri-protocol.md §2.4 write rule.
+    """Mux frames for one whole ttrpc message, following the docs/developer/nri-protocol.md §2.4
+    write rule.
 
     Up to 4096 bytes go out as one frame; longer messages as the first 4096
     bytes and then the rest in one frame (Go reads that into an exactly sized
@@ -104,7 +107,8 @@ class MuxReader:
             return False
         conn_id, length = HEADER.unpack(raw)
         if conn_id not in CONN_IDS:
-            # Go drops these silently (docs/nri-protocol.md §2.1); NRI only ever uses 1 and 2, so a
+            # Go drops these silently (docs/developer/nri-protocol.md §2.1); NRI only ever uses 1
+            # and 2, so a
             # different id means we are out of sync with the peer.
             raise RemoteProtocolError(f"mux frame for unknown conn id {conn_id}")
         if length > self._max_payload:

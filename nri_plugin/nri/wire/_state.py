@@ -1,4 +1,4 @@
-"""Per-connection ttrpc stream bookkeeping (docs/nri-protocol.md §1.2). No bytes here."""
+"""Per-connection ttrpc stream bookkeeping (docs/developer/nri-protocol.md §1.2). No bytes here."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ class ConnectionState(enum.Enum):
 
 
 class ClientStreams:
-    """Calls we made on one logical connection: odd ids 1, 3, 5, ... (docs/nri-protocol.md §1.2)."""
+    """Calls we made on one logical connection: odd ids 1, 3, 5, ...
+    (docs/developer/nri-protocol.md §1.2)."""
 
     __slots__ = ("_next_id", "pending")
 
@@ -46,7 +47,8 @@ class ClientStreams:
 
 
 class ServerStreams:
-    """Calls the peer made to us: each new id odd and above the last (docs/nri-protocol.md §1.2)."""
+    """Calls the peer made to us: each new id odd and above the last
+    (docs/developer/nri-protocol.md §1.2)."""
 
     __slots__ = ("in_flight", "last_id")
 

@@ -1,4 +1,4 @@
-"""ttrpc frames and the Request/Response envelopes (docs/nri-protocol.md §1).
+"""ttrpc frames and the Request/Response envelopes (docs/developer/nri-protocol.md §1).
 
 A frame is a 10-byte big-endian header (data length, stream id, message type,
 flags) followed by the data: a serialized ``ttrpc.Request`` or ``ttrpc.Response``.
@@ -22,17 +22,17 @@ from nri_plugin.nri.wire._errors import (
 )
 
 HEADER = struct.Struct(">IIBB")
-MAX_DATA = 4 << 20  # messageLengthMax (docs/nri-protocol.md §1.1)
+MAX_DATA = 4 << 20  # messageLengthMax (docs/developer/nri-protocol.md §1.1)
 
 
 class MessageType(enum.IntEnum):
     REQUEST = 1
     RESPONSE = 2
-    DATA = 3  # streaming only; NRI never sends it (docs/nri-protocol.md §1.1)
+    DATA = 3  # streaming only; NRI never sends it (docs/developer/nri-protocol.md §1.1)
 
 
 class Code(enum.IntEnum):
-    """gRPC status codes carried in ttrpc responses (docs/nri-protocol.md §1.4)."""
+    """gRPC status codes carried in ttrpc responses (docs/developer/nri-protocol.md §1.4)."""
 
     OK = 0
     CANCELLED = 1
@@ -63,7 +63,8 @@ class Frame:
 
 def encode_frame(stream_id: int, mtype: MessageType, data: bytes, flags: int = 0) -> bytes:
     if len(data) > MAX_DATA:
-        # Go's sender refuses the same way (OversizedMessageErr, docs/nri-protocol.md §1.1).
+        # Go's sender refuses the same way (OversizedMessageErr,
+        # docs/developer/nri-protocol.md §1.1).
         raise MessageTooLargeError(
             f"ttrpc message on stream {stream_id} is {len(data)} bytes (max {MAX_DATA})"
         )
@@ -149,7 +150,7 @@ def decode_request(data: bytes, stream_id: int) -> ttrpc_pb2.Request:
 
 
 def encode_response(payload: bytes, code: int = Code.OK, message: str = "") -> bytes:
-    # Status unset on success, as Go servers leave it (docs/nri-protocol.md §1.4).
+    # Status unset on success, as Go servers leave it (docs/developer/nri-protocol.md §1.4).
     response = ttrpc_pb2.Response(payload=payload)
     if code != Code.OK:
         response.status.code = code

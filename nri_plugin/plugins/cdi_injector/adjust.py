@@ -143,7 +143,7 @@ def _add_linux(linux: nri_pb2.LinuxContainerAdjustment, oci_linux: dict[str, Any
         added = linux.devices.add(path=device["path"], type=device["type"],
                                   major=device["major"], minor=device["minor"])
         if "fileMode" in device:
-            # permission bits only (docs/nri-protocol.md §4.3)
+            # permission bits only (docs/developer/nri-protocol.md §4.3)
             added.file_mode.value = device["fileMode"] & 0o7777
         if "uid" in device:
             added.uid.value = device["uid"]

@@ -1,7 +1,7 @@
 """Kubernetes allocation as the kubelet does it now: transient claim specs and devices the
 runtime injected itself. Pure, except ``on_miss``, the one callback that reads files.
 
-Two facts shape this (docs/kubernetes-allocation.md):
+Two facts shape this (docs/developer/kubernetes-allocation.md):
 
 - A vendor's DRA driver writes one spec per claim just before the kubelet creates the
   container, and deletes it at unprepare. The registry follows the folders through inotify

@@ -1,4 +1,4 @@
-"""NVIDIA_REQUIRE_* checks (README, "Policy, requirements and fail-closed"). Pure functions of
+"""NVIDIA_REQUIRE_* checks (docs/usage/policy.md, "Requirements"). Pure functions of
 the container's env and the node facts the generator recorded in its sidecar.
 
 NVIDIA's CDI runtime modes skip these checks (nvidia-container-toolkit#1470), so an image

@@ -4,7 +4,7 @@
   the same trust as the injector's own pod annotations;
 * ``volumeMounts``: the device plugin's volume mounts under
   ``/var/run/nvidia-container-devices/``; off unless the cluster keeps pods from making
-  such mounts (README);
+  such mounts (docs/install/kubernetes.md, "With NVIDIA's device plugin");
 * ``visibleDevicesEnv``: ``NVIDIA_VISIBLE_DEVICES`` in the container env; off, and ignored
   (not refused) where not allowed: CUDA base images set it to ``all``, so honouring it
   hands every GPU to any pod (k8s-device-plugin#87/#548/#1605);
