@@ -127,8 +127,9 @@ UNITS = {"_seconds": "seconds", "_total": "1 (count)", "_bytes": "bytes"}
 
 def metrics_page() -> str:
     from nri_plugin.ops import metrics
+    from nri_plugin.plugins.cdi_injector.counters import Counters
 
-    served = metrics.Metrics()
+    served = metrics.Metrics(Counters())
     served.denial(PROBE)  # a label appears once it has a value: give the rule label one
     registry = served.registry_
     lines = ["# Metrics", "",
