@@ -370,6 +370,17 @@ def _config_driver_root(path: str) -> str | None:
     return root or None
 
 
+def _vendor(v: dict[str, Any], mode: str) -> str:
+    """The spec's vendor; a one-letter vendor or class is refused (valid by the spec, but
+    the Go CDI library up to 1.1.0 panics on it)."""
+    vendor = v["vendor"] or ("management.nvidia.com" if mode == "management" else "nvidia.com")
+    for flag, name in (("--vendor", vendor), ("--class", v["class_"] or "gpu")):
+        if len(name) == 1:
+            raise UsageError(f"{flag} {name!r}: one-letter names crash runtimes built on the "
+                             "Go CDI library up to 1.1.0 (containerd 1.7, podman 4)")
+    return vendor
+
+
 def _options(v: dict[str, Any], mode: str, compat_root: str | None = None) -> Options:
     strategies = tuple(dict.fromkeys(v["strategies"] or ("index", "uuid")))
     for s in strategies:
@@ -384,11 +395,7 @@ def _options(v: dict[str, Any], mode: str, compat_root: str | None = None) -> Op
     ids = tuple(v["device_ids"] or ("all",))
     if "none" in ids and len(ids) > 1:
         raise UsageError("--device-id none cannot be combined with other ids")
-    vendor = v["vendor"] or ("management.nvidia.com" if mode == "management" else "nvidia.com")
-    for flag, name in (("--vendor", vendor), ("--class", v["class_"] or "gpu")):
-        if len(name) == 1:  # valid by the spec, but the Go CDI library <= 1.1.0 panics on it
-            raise UsageError(f"{flag} {name!r}: one-letter names crash runtimes built on the "
-                             "Go CDI library up to 1.1.0 (containerd 1.7, podman 4)")
+    vendor = _vendor(v, mode)
     return Options(
         vendor=vendor, class_=v["class_"] or "gpu", strategies=strategies, device_ids=ids,
         all_device=not v["no_all_device"] and ids != ("none",),
@@ -478,6 +485,7 @@ def _generate(v: dict[str, Any], out: TextIO, warn: Any,
     if mode not in GENERATE_MODES:
         raise UsageError(f"mode {mode!r} is not supported (want one of "
                          f"{', '.join(GENERATE_MODES)})")
+    _vendor(v, mode)  # a bad name is said before any look at the node
     if v["config"] and not v["driver_root"]:
         v["driver_root"] = _config_driver_root(v["config"])
         debug(f"driver root from {v['config']}: {v['driver_root'] or '(not set)'}")
