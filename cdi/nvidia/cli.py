@@ -32,7 +32,7 @@ from cdi.model import SpecData, to_dict
 from cdi.nvidia.devnodes import char_majors, control_node_plan
 from cdi.nvidia.discover import MODES, DiscoveryError, Roots, discover
 from cdi.nvidia.driver import (
-    CONTROL_NODES,
+    CONTROL_NODE_PATHS,
     DriverFiles,
     find_nvml_library,
     find_version_from_libraries,
@@ -42,7 +42,6 @@ from cdi.nvidia.generate import (
     DEFAULT_HOOKS,
     GENERATOR_VERSION,
     HOOK_NAMES,
-    HOOK_PROGRAMS,
     STRATEGIES,
     GenerateError,
     Inventory,
@@ -53,6 +52,7 @@ from cdi.nvidia.generate import (
     metadata,
     spec_annotations,
 )
+from cdi.nvidia.hook_programs import HOOK_PROGRAMS
 from cdi.nvidia.sidecar import SUFFIX as SIDECAR_SUFFIX
 from cdi.nvidia.sidecar import sidecar_path
 from cdi.process import finish
@@ -502,7 +502,7 @@ def _warn_missing_control_nodes(roots: Roots, driver: DriverFiles, warn: Any) ->
     """nvidia-ctk warns too; a container without /dev/nvidia-uvm cannot run CUDA, and
     nothing but nvidia-smi or ``nri-cdi system create-device-nodes`` creates it."""
     found = {n.path for n in driver.control_nodes}
-    missing = [p for p in CONTROL_NODES if p not in found]
+    missing = [p for p in CONTROL_NODE_PATHS if p not in found]
     if missing:
         warn(f"control device nodes missing under {roots.dev}: {', '.join(missing)}; the spec "
              "leaves them out (create them with `nri-cdi system create-device-nodes "

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from cdi.extras import MissingDependencyError
-from cdi.nvidia.discover import DiscoveryError, Roots, _run_nvml
+from cdi.nvidia.discover import DiscoveryError, Roots, discover_with_nvml
 from cdi.nvidia.driver import find_nvml_library
 from cdi.spec import read_spec
 from nri_cdi_testbed.node_check import images, paths
@@ -111,7 +111,7 @@ class Node:
 def _nvml_loadable(driver_root: Path) -> str | None:
     """None when NVML answers under ``driver_root``, else why not."""
     try:
-        _run_nvml(find_nvml_library(Roots(driver=driver_root, dev=Path("/")), None))
+        discover_with_nvml(find_nvml_library(Roots(driver=driver_root, dev=Path("/")), None))
     except DiscoveryError as exc:
         return str(exc)
     return None

@@ -190,7 +190,7 @@ class _Session(asyncio.BufferedProtocol):
     def _handle(self, events: list[Any]) -> None:
         for event in events:
             if isinstance(event, RequestReceived):
-                self._serve(event)
+                self._serve_request(event)
             elif isinstance(event, ResponseReceived):
                 future = self.calls.pop(event.stream_id, None)
                 if future is not None and not future.done():
@@ -200,7 +200,7 @@ class _Session(asyncio.BufferedProtocol):
             elif isinstance(event, ConnectionClosed):
                 self._finish(None)
 
-    def _serve(self, event: RequestReceived) -> None:
+    def _serve_request(self, event: RequestReceived) -> None:
         started = self.loop.time()
         try:
             payload = self.dispatcher.dispatch(event.method, event.payload)
@@ -384,7 +384,7 @@ class Stub:
             # containerd restoring its tasks answers only once CRI is up again).
             self.log.info("connected to %s; registering", self.socket_path or "the runtime")
             served_socket = _socket_identity(self.socket_path)
-            await self._serve(session)
+            await self._serve_connection(session)
             if self.launched or session.shutdown_requested or self._stopping:
                 return
             if session.dispatcher.synchronized:
@@ -463,8 +463,8 @@ class Stub:
                 self.registration_timeout)
         return session
 
-    async def _serve(self, session: _Session) -> bool:
-        """Register and wait for the end of the connection; True if we got registered."""
+    async def _serve_connection(self, session: _Session) -> None:
+        """Register and wait for the end of the connection."""
         self._session = session
         error: BaseException | None = None
         try:
@@ -479,16 +479,11 @@ class Stub:
             error = exc
             session.close()
         finally:
-            registered, self._registered = self._registered, False
+            self._registered = False
             self._session = None
         self.log.info("connection closed%s", f": {error}" if error else "")
         if self.on_close is not None:
             await _maybe_await(self.on_close(self, error))
-        # A session whose Synchronize cannot complete (paging stalled, or a frame over the
-        # protocol's 4 MiB from an NRI < 0.7 runtime that cannot page) is not a good one:
-        # the next ones would fail the same way, so they back off instead of looping.
-        return (registered and session.dispatcher.sync_stalled is None
-                and not isinstance(error, ProtocolError))
 
     async def _register(self, session: _Session) -> None:
         request = nri_pb2.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.idx)

@@ -21,13 +21,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cdi.cache import Snapshot, SpecCache
-from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.errors import printable
 from cdi.watch import AutoRefresh
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.stub import Callback, CloseCallback, Stub
 from nri_plugin.nri.versions import (
-    DEFAULT_SOCKET_PATH,
     PLUGIN_IDX_ENV,
     PLUGIN_NAME_ENV,
     PLUGIN_SOCKET_ENV,
@@ -43,6 +41,7 @@ from nri_plugin.ops.settings import (
     Settings,
     SettingsError,
     add_config_argument,
+    add_setting_flags,
     settings_from_args,
 )
 from nri_plugin.plugins.cdi_injector.claims import OnHit, OnMiss, StartWarning
@@ -58,41 +57,23 @@ from nri_plugin.vendors.nvidia.rules import NvidiaRules
 
 # Only ``nri-cdi plugin`` imports this module (nri_plugin/ops/cli.py imports a subcommand's
 # module when it is chosen), so everything the daemon runs on is imported here, at the top.
-DEFAULT_NAME = "nri-cdi"
-DEFAULT_INDEX = "10"
 log = logging.getLogger("nri_cdi")
 
 
 def add_command(subparsers: Any) -> None:
-    parser = subparsers.add_parser("plugin", help="run the NRI plugin that injects CDI devices")
+    parser = subparsers.add_parser(
+        "plugin", help="run the NRI plugin that injects CDI devices",
+        description="The NRI plugin that injects CDI devices into containers. "
+                    "Documentation: docs/usage/ (policy: docs/usage/policy.md).")
     add_config_argument(parser)
-    # Flags default to None: a flag overrides the config file only when given.
-    parser.add_argument("--socket",
-                        help=f"NRI socket of the runtime (default {DEFAULT_SOCKET_PATH}); "
-                             "ignored when the runtime launched us (NRI_PLUGIN_SOCKET)")
-    parser.add_argument("--name", help=f"plugin name (default: NRI_PLUGIN_NAME or {DEFAULT_NAME})")
-    parser.add_argument("--idx", help=f"plugin index, two digits (default: NRI_PLUGIN_IDX or "
-                                      f"{DEFAULT_INDEX})")
-    parser.add_argument("--spec-dir", dest="spec_dirs", action="append", metavar="DIR",
-                        help="CDI spec directory; repeat for several, later ones win "
-                             f"(default: {' then '.join(DEFAULT_SPEC_DIRS)})")
-    parser.add_argument("--rescan-interval", type=float, metavar="SECONDS",
-                        help="full rescan of the spec directories besides inotify (default 60)")
+    add_setting_flags(parser, "plugin.socket", "plugin.name", "plugin.index",
+                      "plugin.spec_dirs", "plugin.rescan_interval", "plugin.status_dir",
+                      "log.level", "log.format", "metrics.address",
+                      "runtime_cdi.containerd_config", "runtime_cdi.enabled")
     parser.add_argument("--policy", metavar="FILE",
-                        help="authorization policy (YAML; see README 'Policy, requirements "
-                             "and fail-closed'); default: the config file's policy section, "
-                             "else the built-in secure defaults")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
-                        help="default info")
-    parser.add_argument("--log-format", choices=["text", "json"], help="default text")
-    parser.add_argument("--metrics-address", metavar="HOST:PORT",
-                        help="serve /metrics, /healthz and /livez there (default: off)")
-    parser.add_argument("--containerd-config", metavar="FILE",
-                        help="containerd's config.toml, read at start for its own CDI set-up "
-                             "(doctor.containerd_config, default /etc/containerd/config.toml)")
-    parser.add_argument("--runtime-cdi", choices=["auto", "on", "off"],
-                        help="whether the runtime's own CDI is on (runtime_cdi.enabled; "
-                             "default auto: from containerd's config)")
+                        help="authorization policy (YAML; docs/usage/policy.md); default: "
+                             "the config file's policy section, else the built-in secure "
+                             "defaults")
     parser.set_defaults(func=cmd_plugin)
 
 

@@ -38,9 +38,15 @@ from nri_plugin.ops.containerd_config import (
     read_containerd_config,
 )
 from nri_plugin.ops.dra_check import claim_specs
-from nri_plugin.ops.refresh import _run_child, generator_args, node_paths
+from nri_plugin.ops.refresh import generator_args, node_paths, run_generator_process
 from nri_plugin.ops.runtime_cdi import cri_cdi_settings
-from nri_plugin.ops.settings import Settings, SettingsError, add_config_argument, settings_from_args
+from nri_plugin.ops.settings import (
+    Settings,
+    SettingsError,
+    add_config_argument,
+    add_setting_flags,
+    settings_from_args,
+)
 
 NRI_SECTION = "io.containerd.nri.v1.nri"
 _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
@@ -86,7 +92,7 @@ def check_nri_enabled(cfg: ContainerdConfig, our_socket: str) -> Check:
         return Check(name=name, status="fail",
                      detail="disable_connections = true: external plugins cannot connect",
                      fix=f"set disable_connections = false in {section}, or run the plugin "
-                         "from the runtime's plugin_path (nri-cdi install-launcher)")
+                         "from the runtime's plugin_path (nri-cdi install-plugin-launcher)")
     socket_path = nri.get("socket_path", DEFAULT_SOCKET_PATH)
     if _same_path(socket_path, our_socket):
         return Check(name=name, status="ok", detail=f"NRI on, socket {socket_path}")
@@ -271,7 +277,7 @@ def current_fingerprint(settings: Settings) -> tuple[str | None, str]:
     args = generator_args(settings)
     out = args.index("--output")
     args = [a for i, a in enumerate(args) if a != "--if-changed" and i not in (out, out + 1)]
-    done = _run_child([*args, "--format", "yaml"])
+    done = run_generator_process([*args, "--format", "yaml"])
     match = re.search(r"^# fingerprint: (\S+)$", done.stdout, re.M)
     if done.returncode != 0 or not match:
         return None, done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
@@ -467,7 +473,7 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
                fingerprint: Callable[[Settings], tuple[str | None, str]] | None = None,
                check_generated: bool = True) -> list[Check]:
     plugin = settings.plugin
-    cfg = read_containerd_config(settings.doctor.containerd_config,
+    cfg = read_containerd_config(settings.runtime_cdi.containerd_config,
                                  containerd_major_version)
     checks = [check_nri_enabled(cfg, plugin.socket), check_socket(plugin.socket),
               check_plugin(health_url(settings))]
@@ -497,13 +503,8 @@ def render(checks: Iterable[Check]) -> str:
 def add_commands(subparsers: Any) -> None:
     parser = subparsers.add_parser("doctor", help="check the node set-up; say what to fix")
     add_config_argument(parser)
-    parser.add_argument("--containerd-config", help="containerd's config.toml "
-                        "(doctor.containerd_config, default /etc/containerd/config.toml)")
-    parser.add_argument("--health-url", help="the plugin's /healthz URL (default: from "
-                        "metrics.address)")
-    parser.add_argument("--socket", help="NRI socket (plugin.socket)")
-    parser.add_argument("--spec-dir", dest="spec_dirs", action="append", metavar="DIR",
-                        help="spec folder (plugin.spec_dirs; repeatable)")
+    add_setting_flags(parser, "runtime_cdi.containerd_config", "doctor.health_url",
+                      "plugin.socket", "plugin.spec_dirs", "plugin.status_dir")
     parser.add_argument("--no-generate", dest="check_generated", action="store_false",
                         help="skip the fingerprint check (it runs the generator)")
     parser.add_argument("--json", action="store_true", help="JSON output")

@@ -35,7 +35,7 @@ def cri_cdi_settings(data: Mapping[str, Any] | None) -> tuple[bool | None, tuple
 
 
 def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
-    path = settings.doctor.containerd_config
+    path = settings.runtime_cdi.containerd_config
     wanted = settings.runtime_cdi
     cfg = read_containerd_config(path, None)
     enabled, dirs = cri_cdi_settings(cfg.data)

@@ -17,8 +17,8 @@ import pytest
 from cdi.hooks import cli
 from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV
 from cdi.hooks.state import loads, read_state
-from cdi.linux._tuple import NamedTuple as LightNamedTuple
 from cdi.linux.ldcache import LdCacheEntry
+from cdi.linux.namedtuple import NamedTuple as LightNamedTuple
 from tests.hooks.conftest import Artifacts, make_bundle, tree_digest
 from tests.hooks.test_ldcache import FAKE_DIR, _chroot, _glibc_root
 from tests.hooks.test_symlinks import run_hook

@@ -61,7 +61,7 @@ def healthy(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "plugin.socket": str(nri), "plugin.spec_dirs": [str(tmp_path / "cdi")],
         "generate.output": str(tmp_path / "cdi" / "nvidia.yaml"),
         "generate.driver_root": str(node.root), "generate.mode": "procfs",
-        "doctor.containerd_config": str(tmp_path / "config.toml"),
+        "runtime_cdi.containerd_config": str(tmp_path / "config.toml"),
         "doctor.health_url": f"http://127.0.0.1:{server.port}/healthz",
     })
     assert Watcher(settings).refresh("test").written
@@ -86,7 +86,7 @@ def test_healthy_node_passes_every_check(healthy: Node) -> None:
 
 
 def test_nri_disabled(healthy: Node) -> None:
-    config = Path(healthy.settings.doctor.containerd_config)
+    config = Path(healthy.settings.runtime_cdi.containerd_config)
     config.write_text(config.read_text().replace("disable = false", "disable = true"))
     check = by_name(run_checks(healthy.settings, check_generated=False))[
         "NRI enabled in containerd"]
@@ -98,7 +98,7 @@ def test_nri_disabled(healthy: Node) -> None:
 def test_nri_section_missing_depends_on_containerd_version(
     healthy: Node, major: int, status: str
 ) -> None:
-    config = Path(healthy.settings.doctor.containerd_config)
+    config = Path(healthy.settings.runtime_cdi.containerd_config)
     # no "disable" key: containerd's default decides
     config.write_text(f'version = 2\n[plugins."io.containerd.nri.v1.nri"]\n'
                       f'  socket_path = "{healthy.settings.plugin.socket}"\n')
@@ -141,7 +141,7 @@ def test_plugin_disconnected_and_socket_gone(healthy: Node) -> None:
 
 
 def test_native_cdi_on_the_same_folders_is_the_working_set_up(healthy: Node) -> None:
-    config = Path(healthy.settings.doctor.containerd_config)
+    config = Path(healthy.settings.runtime_cdi.containerd_config)
     config.write_text(config.read_text().replace(
         "enable_cdi = false", f'enable_cdi = true\n  cdi_spec_dirs = ["{healthy.root}/cdi"]'))
     checks = by_name(run_checks(healthy.settings, check_generated=False))
@@ -152,7 +152,7 @@ def test_native_cdi_on_the_same_folders_is_the_working_set_up(healthy: Node) -> 
 
 def test_native_cdi_on_other_folders_warns_that_handed_over_devices_fail(
         healthy: Node) -> None:
-    config = Path(healthy.settings.doctor.containerd_config)
+    config = Path(healthy.settings.runtime_cdi.containerd_config)
     config.write_text(config.read_text().replace(
         "enable_cdi = false", 'enable_cdi = true\n  cdi_spec_dirs = ["/etc/cdi"]'))
     check = by_name(run_checks(healthy.settings, check_generated=False))["containerd's own CDI"]
@@ -198,7 +198,7 @@ def test_doctor_command_exit_status(healthy: Node, capsys: pytest.CaptureFixture
     assert main(["doctor", "--config", str(config)]) == 0
     out = capsys.readouterr().out
     assert "[ok  ] spec matches the node" in out
-    Path(healthy.settings.doctor.containerd_config).write_text(
+    Path(healthy.settings.runtime_cdi.containerd_config).write_text(
         NRI_ON.format(socket="/x").replace("disable = false", "disable = true"))
     assert main(["doctor", "--config", str(config), "--no-generate"]) == 1
     out = capsys.readouterr().out

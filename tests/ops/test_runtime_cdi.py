@@ -14,7 +14,7 @@ C21 = RuntimeInfo.from_configure("containerd", "2.1.9")
 
 
 def _settings(config: Path, **overrides: object) -> object:
-    return defaults().with_values({"doctor.containerd_config": str(config), **overrides})
+    return defaults().with_values({"runtime_cdi.containerd_config": str(config), **overrides})
 
 
 def test_version_3_config(tmp_path: Path) -> None:

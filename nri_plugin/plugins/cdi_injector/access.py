@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from cdi.device import Device
-from cdi.libpath import EXTRA_ENV
+from cdi.libpath import EXTRA_LIBRARY_PATH_ENV
 from cdi.model import ContainerEdits
 from cdi.oci import cgroup_access
 from nri_plugin.nri.derived import beyond_derived
@@ -24,7 +24,7 @@ from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.delegation import delegation_problems
 from nri_plugin.plugins.cdi_injector.vendor import EditFilter
 
-_EXTRA = EXTRA_ENV + "="
+_EXTRA = EXTRA_LIBRARY_PATH_ENV + "="
 
 
 def wider_than_nri(edits: ContainerEdits) -> list[str]:
