@@ -1,4 +1,4 @@
-"""Operations pieces against a real containerd: the launcher that `nri-cdi install-launcher`
+"""Operations pieces against a real containerd: the launcher that `nri-cdi install-plugin-launcher`
 writes, started by containerd itself from its NRI plugin folder."""
 
 from __future__ import annotations
