@@ -41,9 +41,16 @@ class PluginProcess:
             args += ["--containerd-config", str(config)]
         if "--config" not in self.extra_args and "--log-level" not in self.extra_args:
             args += ["--log-level", "debug"]
+        if "--status-dir" not in self.extra_args:  # not the host's /run/nri-cdi
+            args += ["--status-dir", str(self.status_dir)]
         for folder in self.spec_dirs:
             args += ["--spec-dir", str(folder)]
         return args
+
+    @property
+    def status_dir(self) -> Path:
+        """Where this plugin keeps its status file (next to its log)."""
+        return self.log_path.with_name(self.log_path.name + ".status")
 
     def start(self, timeout: float = 15.0) -> PluginProcess:
         mark = self.log_size()

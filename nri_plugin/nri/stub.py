@@ -106,9 +106,11 @@ class _Session(asyncio.BufferedProtocol):
 
     def __init__(self, plugin: Plugin, log: logging.Logger, *,
                  stall_timeout: float = STALL_TIMEOUT,
-                 after_replies: Callable[[], object] | None = None) -> None:
+                 after_replies: Callable[[], object] | None = None,
+                 on_synchronized: Callable[[], object] | None = None) -> None:
         self.log = log
         self.after_replies = after_replies
+        self.on_synchronized = on_synchronized
         self.loop = asyncio.get_running_loop()
         self._read = memoryview(bytearray(READ_SIZE))
         self.conn = Connection(services=SERVICES, logger=log)
@@ -216,6 +218,11 @@ class _Session(asyncio.BufferedProtocol):
         self.flush()
         if event.method == "Shutdown":
             self.shutdown_requested = True
+        elif (event.method == "Synchronize" and self.dispatcher.synchronized
+              and self.on_synchronized is not None):
+            # Once per connection, on a later loop iteration: not inside this read's work.
+            self.loop.call_soon(self.on_synchronized)
+            self.on_synchronized = None
         self._check_latency(event, self.loop.time() - started)
 
     def _reply(self, event: RequestReceived, payload: bytes, code: int = Code.OK,
@@ -303,6 +310,7 @@ class Stub:
         sock: socket.socket | None = None,
         env: Mapping[str, str] | None = None,
         on_connected: Callback | None = None,
+        on_synchronized: Callable[[Stub], object] | None = None,
         on_close: CloseCallback | None = None,
         before_connect: Callback | None = None,
         registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
@@ -323,6 +331,9 @@ class Stub:
             int(env[PLUGIN_SOCKET_ENV]) if sock is None and PLUGIN_SOCKET_ENV in env else None
         )
         self.on_connected = on_connected
+        # Called (not awaited) once per connection, when the runtime's Synchronize has been
+        # answered: from then on the runtime asks the plugin about every container.
+        self.on_synchronized = on_synchronized
         self.on_close = on_close
         # Awaited before every connection attempt: a plugin that must not register before
         # something else is in place (another connection of its own) waits here.
@@ -450,9 +461,16 @@ class Stub:
         sock = self._sock
         if sock is None and self._fd is not None:
             sock = socket.socket(fileno=self._fd)
+        on_synchronized = self.on_synchronized
+
+        def synchronized() -> None:
+            if on_synchronized is not None:
+                on_synchronized(self)
+
         def factory() -> _Session:
             return _Session(self.plugin, self.log, stall_timeout=self.stall_timeout,
-                            after_replies=self.after_replies)
+                            after_replies=self.after_replies,
+                            on_synchronized=synchronized if on_synchronized else None)
 
         if sock is not None:
             _, session = await loop.create_unix_connection(factory, sock=sock)

@@ -24,7 +24,7 @@ from cdi.cache import Snapshot, SpecCache
 from cdi.errors import printable
 from cdi.watch import AutoRefresh
 from nri_plugin.nri.plugin import Plugin
-from nri_plugin.nri.stub import Callback, CloseCallback, Stub
+from nri_plugin.nri.stub import Callback, CloseCallback, Stub, plugin_identity
 from nri_plugin.nri.versions import (
     PLUGIN_IDX_ENV,
     PLUGIN_NAME_ENV,
@@ -44,6 +44,7 @@ from nri_plugin.ops.settings import (
     add_setting_flags,
     settings_from_args,
 )
+from nri_plugin.ops.status import LAUNCHED_SOCKET, StatusFile
 from nri_plugin.plugins.cdi_injector.claims import OnHit, OnMiss, StartWarning
 from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
@@ -208,15 +209,30 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
                        on_stopped=None if metrics is None else metrics.eviction,
                        own_connection=not launched)
     name, idx = _identity(args, settings)
-    on_close = None if metrics is None else lambda s, e: metrics.disconnected()
+    # For nri-cdi doctor: connected to which runtime, since when (nri_plugin/ops/status.py).
+    own_name, own_index = plugin_identity(name, idx, os.environ, sys.argv[0])  # the Stub's
+    status = StatusFile(plugin_settings.status_dir, name=own_name, index=own_index,
+                        socket=LAUNCHED_SOCKET if launched else plugin_settings.socket).start()
+
+    def connected(stub: Stub) -> None:
+        status.connected(stub.configuration)
+
+    def on_close(stub: Stub, error: BaseException | None) -> None:
+        status.disconnected(error)
+        if metrics is not None:
+            metrics.disconnected()
 
     def make_stub(plugin: Plugin, plugin_name: str | None, closed: CloseCallback | None,
                   before_connect: Callback | None) -> Stub:
         # The guard's connection logs under a logger of its own: its lines are bounded
         # apart from the injector's (BoundedLog counts per logger and format).
-        logger = logging.getLogger("nri_plugin.nri.stub" + (
-            ".guard" if isinstance(plugin, GuardConnection) else ""))
+        main = not isinstance(plugin, GuardConnection)
+        logger = logging.getLogger("nri_plugin.nri.stub" + ("" if main else ".guard"))
         return Stub(plugin, name=plugin_name, idx=idx, socket_path=plugin_settings.socket,
+                    # Registered, then synchronized: NRI 0.6 (containerd 1.7) sends no
+                    # Synchronize to a plugin it launched at its own start.
+                    on_connected=connected if main else None,
+                    on_synchronized=connected if main else None,
                     on_close=closed, before_connect=before_connect, logger=logger,
                     after_replies=put_off.run)
 
@@ -233,6 +249,7 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
         await _run(runner)
     finally:
         reloader.stop(loop)
+        status.stopped()
         refresher.stop()
         if server is not None:
             server.close()

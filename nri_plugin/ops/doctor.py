@@ -17,6 +17,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
@@ -41,12 +42,14 @@ from nri_plugin.ops.dra_check import claim_specs
 from nri_plugin.ops.refresh import generator_args, node_paths, run_generator_process
 from nri_plugin.ops.runtime_cdi import cri_cdi_settings
 from nri_plugin.ops.settings import (
+    PluginSettings,
     Settings,
     SettingsError,
     add_config_argument,
     add_setting_flags,
     settings_from_args,
 )
+from nri_plugin.ops.status import CONNECTED, LAUNCHED_SOCKET, STARTING, read_status
 
 NRI_SECTION = "io.containerd.nri.v1.nri"
 _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
@@ -121,12 +124,68 @@ def check_socket(path: str) -> Check:
     return Check(name=name, status="ok", detail=f"{path} accepts connections")
 
 
-def check_plugin(health_url: str | None) -> Check:
+def check_plugin(plugin: PluginSettings, *, health: str | None = None) -> Check:
+    """From the status file the plugin keeps (``plugin.status_dir``): whether it runs,
+    whether it is connected, to which runtime, over which socket. Needs no metrics."""
     name = "plugin connected"
-    if not health_url:
-        return Check(name=name, status="skip", detail="no health endpoint configured",
-                     fix="set metrics.address (e.g. 127.0.0.1:9464) so that doctor can ask "
-                         "the plugin; or: systemctl status nri-cdi-plugin")
+    start = ("start it: systemctl start nri-cdi-plugin (or check the DaemonSet pod, whose "
+             "/run/nri-cdi must be the host's)")
+    if not plugin.status_dir:
+        return Check(name=name, status="skip",
+                     detail="plugin.status_dir is empty: the plugin keeps no status file"
+                            + ("; see the health endpoint below" if health else ""),
+                     fix="set plugin.status_dir (default /run/nri-cdi) for the plugin and "
+                         "for doctor")
+    reading = read_status(plugin.status_dir, plugin.name, plugin.index)
+    status = reading.status
+    if status is None:
+        folder = reading.path.parent
+        others = sorted(p.name for p in folder.glob("*.json")) if folder.is_dir() else []
+        return Check(name=name, status="fail",
+                     detail=f"{reading.path}: {reading.problem}"
+                            + (f" (there: {', '.join(others)}: another plugin.name or "
+                               "plugin.index?)" if others else ""),
+                     fix=start)
+    pid = f"pid {status.pid}"
+    if reading.alive is None:
+        return Check(name=name, status="warn",
+                     detail=f"{reading.path} says {status.state} since {_when(status.since)} "
+                            f"({pid}), but whether that process still runs cannot be told",
+                     fix="run doctor as root")
+    if not reading.alive:
+        return Check(name=name, status="fail",
+                     detail=f"the plugin is not running: {pid} was last {status.state} at "
+                            f"{_when(status.since)}" + _because(status.error),
+                     fix=start)
+    if status.state == CONNECTED:
+        detail = (f"connected to {status.runtime or 'the runtime'} since "
+                  f"{_when(status.since)} ({pid}, socket {status.socket})")
+        if status.socket != LAUNCHED_SOCKET and not _same_path(status.socket, plugin.socket):
+            return Check(name=name, status="warn",
+                         detail=detail + f"; this doctor checks {plugin.socket}",
+                         fix="use the same plugin.socket (and config file) for the plugin "
+                             "and doctor")
+        return Check(name=name, status="ok", detail=detail)
+    what = ("running but never connected" if status.state == STARTING
+            else "running but not connected")
+    return Check(name=name, status="fail",
+                 detail=f"{what} since {_when(status.since)} ({pid}, socket {status.socket})"
+                        + _because(status.error),
+                 fix="check NRI and the socket (above) and the plugin's log; it reconnects "
+                     "by itself when the runtime listens")
+
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(seconds))
+
+
+def _because(error: str) -> str:
+    return f" ({error})" if error else ""
+
+
+def check_health(health_url: str) -> Check:
+    """The plugin's /healthz, when metrics (or doctor.health_url) are configured."""
+    name = "plugin health endpoint"
     try:
         with urllib.request.urlopen(health_url, timeout=3) as resp:
             body = json.loads(resp.read() or b"{}")
@@ -475,8 +534,11 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
     plugin = settings.plugin
     cfg = read_containerd_config(settings.runtime_cdi.containerd_config,
                                  containerd_major_version)
+    health = health_url(settings)
     checks = [check_nri_enabled(cfg, plugin.socket), check_socket(plugin.socket),
-              check_plugin(health_url(settings))]
+              check_plugin(plugin, health=health)]
+    if health:
+        checks.append(check_health(health))
     dirs_check, _ = check_spec_dirs(plugin.spec_dirs)
     checks.append(dirs_check)
     if check_generated:

@@ -131,6 +131,10 @@ Wants=nri-cdi-generate.service
 [Service]
 Type=simple
 ExecStart={binary} plugin --config {config}
+# /run/nri-cdi holds the status file nri-cdi doctor reads (kept after a stop: it says when
+# the plugin was last connected).
+RuntimeDirectory=nri-cdi
+RuntimeDirectoryPreserve=yes
 # The plugin reconnects when containerd restarts; if it exits anyway, start it again:
 # while it is gone, containers are created without their devices (NRI is fail-open).
 Restart=always

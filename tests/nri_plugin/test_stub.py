@@ -382,3 +382,29 @@ def test_after_replies_runs_once_the_replies_of_a_read_are_written() -> None:
     assert seen == [2, 3]
     assert len(written) == 3
     assert not closed  # the failing hook did not drop the connection
+
+
+def test_on_synchronized_once_after_the_whole_synchronize() -> None:
+    """Told once per connection, after the last page's reply, with Configure's runtime
+    known (the daemon's status file for nri-cdi doctor hangs on it)."""
+    seen: list[tuple[str, int]] = []
+    plugin = Injector()
+
+    async def test(stub: Stub, peer: RuntimePeer) -> None:
+        pages = [nri_pb2.SynchronizeRequest(pods=[nri_pb2.PodSandbox(id="p1")], more=True),
+                 nri_pb2.SynchronizeRequest(containers=[nri_pb2.Container(id="c1")])]
+        await peer.handshake(pages=pages, runtime_name="containerd")
+        for _ in range(100):  # the callback runs on a later loop iteration: bounded wait
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        assert seen == [("containerd", 1)]
+        await peer.call("CreateContainer", create_request(), nri_pb2.CreateContainerResponse)
+        await asyncio.sleep(0)
+        assert len(seen) == 1
+
+    def synchronized(stub: Stub) -> None:
+        assert stub.configuration is not None
+        seen.append((stub.configuration.runtime_name, len(plugin.synced)))
+
+    assert run(with_pair(test, plugin, on_synchronized=synchronized)) == [None]
