@@ -35,12 +35,14 @@ from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
 from nri_plugin.ops.containerd_config import (
     CRI_V2_SECTION,
     CRI_V3_SECTION,
+    NRI_SECTION,
     ContainerdConfig,
-    read_containerd_config,
+    locate,
+    same_path,
 )
 from nri_plugin.ops.dra_check import claim_specs
 from nri_plugin.ops.refresh import generator_args, node_paths, run_generator_process
-from nri_plugin.ops.runtime_cdi import cri_cdi_settings
+from nri_plugin.ops.runtime_cdi import cri_cdi_settings, why_unread
 from nri_plugin.ops.settings import (
     PluginSettings,
     Settings,
@@ -51,7 +53,6 @@ from nri_plugin.ops.settings import (
 )
 from nri_plugin.ops.status import CONNECTED, LAUNCHED_SOCKET, STARTING, read_status
 
-NRI_SECTION = "io.containerd.nri.v1.nri"
 _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
 
@@ -66,9 +67,26 @@ class Check:
 # --- containerd's configuration ------------------------------------------------------------
 
 
-def containerd_major(binary: str | None = None) -> int | None:
-    version = containerd_version(binary)
-    return version[0] if version else None
+def check_containerd_config(cfg: ContainerdConfig) -> Check:
+    """Whether containerd's settings were read, from which files, and what the checks
+    below assume where they were not."""
+    name = "containerd's settings"
+    assumed = {None: "containerd's defaults for its version (1.7: NRI off, its own CDI off; "
+                     "2.x: both on, CDI from /etc/cdi and /var/run/cdi)",
+               1: "containerd 1.7's defaults: NRI off, its own CDI off",
+               2: "containerd 2.x's defaults: NRI on, its own CDI on with /etc/cdi and "
+                  "/var/run/cdi"}[min(cfg.major, 2) if cfg.major is not None else None]
+    fix = ("name containerd's configuration file: runtime_cdi.containerd_config (or "
+           "--containerd-config)")
+    unread = why_unread(cfg)
+    if unread:
+        return Check(name=name, status="warn",
+                     detail=f"not read ({unread}); the checks below and the plugin assume "
+                            f"{assumed}", fix=fix)
+    if cfg.data is None:
+        return Check(name=name, status="ok",
+                     detail=f"{cfg.source} runs without {cfg.path}: {assumed}")
+    return Check(name=name, status="ok", detail=f"read {cfg.read} ({cfg.source})")
 
 
 def check_nri_enabled(cfg: ContainerdConfig, our_socket: str) -> Check:
@@ -97,18 +115,12 @@ def check_nri_enabled(cfg: ContainerdConfig, our_socket: str) -> Check:
                      fix=f"set disable_connections = false in {section}, or run the plugin "
                          "from the runtime's plugin_path (nri-cdi install-plugin-launcher)")
     socket_path = nri.get("socket_path", DEFAULT_SOCKET_PATH)
-    if _same_path(socket_path, our_socket):
+    if same_path(socket_path, our_socket):
         return Check(name=name, status="ok", detail=f"NRI on, socket {socket_path}")
     return Check(name=name, status="warn",
                  detail=f"containerd's NRI socket is {socket_path}, the plugin uses {our_socket}",
                  fix="set plugin.socket in the nri-cdi configuration to containerd's "
                      "socket_path")
-
-
-def _same_path(a: str, b: str) -> bool:
-    # /var/run is a symlink to /run on current distributions
-    return os.path.normpath(a.replace("/var/run/", "/run/")) == os.path.normpath(
-        b.replace("/var/run/", "/run/"))
 
 
 def check_socket(path: str) -> Check:
@@ -160,7 +172,7 @@ def check_plugin(plugin: PluginSettings, *, health: str | None = None) -> Check:
     if status.state == CONNECTED:
         detail = (f"connected to {status.runtime or 'the runtime'} since "
                   f"{_when(status.since)} ({pid}, socket {status.socket})")
-        if status.socket != LAUNCHED_SOCKET and not _same_path(status.socket, plugin.socket):
+        if status.socket != LAUNCHED_SOCKET and not same_path(status.socket, plugin.socket):
             return Check(name=name, status="warn",
                          detail=detail + f"; this doctor checks {plugin.socket}",
                          fix="use the same plugin.socket (and config file) for the plugin "
@@ -361,7 +373,7 @@ def _runtime_cdi(cfg: ContainerdConfig) -> tuple[bool, tuple[str, ...], str]:
 
 def _unread(our_dirs: Iterable[str], theirs: Iterable[str]) -> list[str]:
     theirs = list(theirs)
-    return sorted(d for d in our_dirs if not any(_same_path(d, t) for t in theirs))
+    return sorted(d for d in our_dirs if not any(same_path(d, t) for t in theirs))
 
 
 def check_native_cdi(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
@@ -532,10 +544,16 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
                fingerprint: Callable[[Settings], tuple[str | None, str]] | None = None,
                check_generated: bool = True) -> list[Check]:
     plugin = settings.plugin
-    cfg = read_containerd_config(settings.runtime_cdi.containerd_config,
-                                 containerd_major_version)
+    found = locate(settings.runtime_cdi.containerd_config, plugin.socket)
+    if containerd_major_version is None:
+        version = containerd_version(found.exe)  # the running one's, else PATH's
+        cfg = found.read(version[0] if version else None)
+    else:
+        version = (1, 7, 0) if containerd_major_version < 2 else None
+        cfg = found.read(containerd_major_version)
     health = health_url(settings)
-    checks = [check_nri_enabled(cfg, plugin.socket), check_socket(plugin.socket),
+    checks = [check_containerd_config(cfg), check_nri_enabled(cfg, plugin.socket),
+              check_socket(plugin.socket),
               check_plugin(plugin, health=health)]
     if health:
         checks.append(check_health(health))
@@ -546,8 +564,6 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
     checks += [check_device_nodes(plugin.spec_dirs), check_native_cdi(cfg, plugin.spec_dirs),
                check_runtime_cdi_setting(cfg, settings),
                check_kinds_runtimes_can_load(plugin.spec_dirs)]
-    version = containerd_version() if containerd_major_version is None else (
-        (1, 7, 0) if containerd_major_version < 2 else None)
     checks.append(check_required_plugin(cfg, plugin.name, plugin.index, version))
     checks.append(check_dra(cfg, plugin.spec_dirs))
     return checks
@@ -583,8 +599,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print("\n".join(f"nri-cdi doctor: error: {line}" for line in exc.lines()),
               file=sys.stderr)
         return 2
-    checks = run_checks(settings, containerd_major_version=containerd_major(),
-                        check_generated=args.check_generated)
+    checks = run_checks(settings, check_generated=args.check_generated)
     if args.json:
         print(json.dumps([asdict(c) for c in checks], indent=2))
     else:

@@ -291,7 +291,8 @@ def test_doctor_command_exit_status(healthy: Node, capsys: pytest.CaptureFixture
 def test_required_plugin_check(tmp_path: Path, section: str,
                                version: tuple[int, int, int] | None, status: str,
                                words: str) -> None:
-    from nri_plugin.ops.doctor import check_required_plugin, read_containerd_config
+    from nri_plugin.ops.containerd_config import read_containerd_config
+    from nri_plugin.ops.doctor import check_required_plugin
 
     path = tmp_path / "config.toml"
     path.write_text("version = 3\n" + section)
@@ -300,3 +301,27 @@ def test_required_plugin_check(tmp_path: Path, section: str,
     assert (check.status, words in check.detail) == (status, True), check
     if status == "warn":
         assert 'required_plugins = ["nri-cdi"]' in check.fix
+
+
+def test_containerd_settings_not_read_are_said_with_what_is_assumed(healthy: Node) -> None:
+    config = Path(healthy.settings.runtime_cdi.containerd_config or "")
+    checks = by_name(run_checks(healthy.settings, containerd_major_version=2,
+                                check_generated=False))
+    assert checks["containerd's settings"].status == "ok"
+    assert checks["containerd's settings"].detail == (
+        f"read {config} (runtime_cdi.containerd_config)")
+    config.write_text('imports = ["/nonexistent/nri.toml"]\n' + NRI_ON.format(
+        socket=healthy.settings.plugin.socket))
+    check = by_name(run_checks(healthy.settings, containerd_major_version=2,
+                               check_generated=False))["containerd's settings"]
+    assert check.status == "warn"
+    assert check.detail.startswith("not read (/nonexistent/nri.toml, which ")
+    assert check.detail.endswith("the checks below and the plugin assume containerd 2.x's "
+                                 "defaults: NRI on, its own CDI on with /etc/cdi and "
+                                 "/var/run/cdi")
+    assert "runtime_cdi.containerd_config" in check.fix
+    config.unlink()
+    check = by_name(run_checks(healthy.settings, containerd_major_version=1,
+                               check_generated=False))["containerd's settings"]
+    assert check.status == "warn" and check.detail.startswith(f"not read (no {config}; ")
+    assert "assume containerd 1.7's defaults: NRI off, its own CDI off" in check.detail

@@ -253,7 +253,15 @@ def test_flag_help_from_the_declaration() -> None:
                           env={"COLUMNS": "1000", "PATH": "/usr/bin:/bin",
                                "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert "(plugin.rescan_interval; default: 60)" in done.stdout
-    assert "(runtime_cdi.containerd_config; default: /etc/containerd/config.toml)" in \
-        done.stdout
+    assert ("(runtime_cdi.containerd_config; default: the --config of the running containerd "
+            "serving plugin.socket, else /etc/containerd/config.toml)") in done.stdout
     assert "docs/usage/policy.md" in done.stdout and "README" not in done.stdout
     yaml.safe_load("{}")  # PyYAML is importable here: config show needs it
+
+
+def test_the_configuration_reference_page_is_current() -> None:
+    from nri_plugin.ops.settings import render_reference
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"
+    assert page.read_text() == render_reference(), (
+        "regenerate: nri-cdi config reference > docs/reference/configuration.md")
