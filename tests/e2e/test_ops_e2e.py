@@ -221,3 +221,48 @@ def test_metrics_and_health_count_real_injections(
     finally:
         process.kill()
         process.wait()
+
+
+# --- the CRI client and the node's grpcio -------------------------------------------------
+
+OLD_GRPC = """
+import sys, grpc
+grpc.__version__ = "1.0.0"  # older than the grpcio-tools of any install
+sys.path.insert(0, sys.argv[2])
+{body}
+"""
+
+
+def test_the_cri_client_works_with_an_older_grpcio(containerd: ContainerdFactory,
+                                                   tmp_path: Path) -> None:
+    # On a node with grpcio 1.84.0 the CRI stubs made with grpcio-tools 1.85.1 refused to
+    # load (GRPC_GENERATED_VERSION): doctor --e2e could not run. The client now makes its
+    # stubs from the proto's descriptors; only the messages are compiled.
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    ctrd = containerd()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    ours = OLD_GRPC.format(body="from nri_cdi_testbed.node_check.cri import CriClient\n"
+                                "with CriClient(sys.argv[1]) as cri:\n"
+                                "    print(cri.version().runtime_name)")
+    done = subprocess.run([sys.executable, "-c", ours, ctrd.address, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "containerd", done.stderr
+
+    # The control: the module grpcio-tools generates refuses that grpcio.
+    pytest.importorskip("grpc_tools")
+    from tests.e2e import paths
+
+    package = tmp_path / "cri_api_v1"
+    shutil.copytree(paths.cache_dir() / "cri_gen" / "cri_api_v1", package,
+                    ignore=shutil.ignore_patterns("*_grpc.py", "__pycache__"))
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc",
+                    f"-I{paths.cache_dir() / 'cri_src'}", f"--grpc_python_out={tmp_path}",
+                    "cri_api_v1/api.proto"], check=True, capture_output=True, timeout=120)
+    generated = OLD_GRPC.format(body="import cri_api_v1.api_pb2_grpc")
+    done = subprocess.run([sys.executable, "-c", generated, ctrd.address, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode != 0 and "grpc package installed is at version 1.0.0" in done.stderr
