@@ -242,18 +242,25 @@ def locate(given: str | None, nri_socket: str, *, environ: Mapping[str, str] | N
         if found is not None:
             return _seen(proc, os.getppid(), *found,
                          f"the containerd that launched the plugin (pid {os.getppid()})")
+    # Those whose file we see and whose NRI socket is ours; else those whose file we cannot
+    # see (their socket unknown), such as a node's containerd seen from a pod.
     serving: dict[str, tuple[int, str]] = {}
+    hidden: dict[str, tuple[int, str]] = {}
     for pid, (path, exe) in _running(proc):
-        if not _visible(proc, pid, path) or same_path(_nri_socket(path), nri_socket):
+        if not _visible(proc, pid, path):
+            hidden.setdefault(path, (pid, exe))
+        elif same_path(_nri_socket(path), nri_socket):
             serving.setdefault(path, (pid, exe))
-    if len(serving) == 1:
-        (path, (pid, exe)), = serving.items()
-        return _seen(proc, pid, path, exe, f"the running containerd serving {nri_socket} "
+    candidates = serving or hidden
+    if len(candidates) == 1:
+        (path, (pid, exe)), = candidates.items()
+        what = "serving" if serving else "that may serve"
+        return _seen(proc, pid, path, exe, f"the running containerd {what} {nri_socket} "
                      f"(pid {pid})")
-    if serving:
+    if candidates:
         return Located(path=DEFAULT_PATH, source="containerd's default path", error=(
-            f"{len(serving)} running containerds may serve {nri_socket} (pids "
-            f"{', '.join(str(pid) for pid, _ in serving.values())}): which one is not known"))
+            f"{len(candidates)} running containerds may serve {nri_socket} (pids "
+            f"{', '.join(str(p) for p, _ in candidates.values())}): which one is not known"))
     return Located(path=DEFAULT_PATH, source=f"containerd's default path (no running "
                    f"containerd serving {nri_socket} could be seen)")
 

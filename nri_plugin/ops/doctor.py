@@ -473,10 +473,14 @@ def check_runtime_cdi_setting(cfg: ContainerdConfig, settings: Settings) -> Chec
         return Check(name=name, status="fail", detail="; ".join(problems),
                      fix="set runtime_cdi.enabled: auto and leave runtime_cdi.spec_dirs unset "
                          f"(the plugin then reads {cfg.path} when it starts)")
-    origin = "its own settings" if wanted.enabled != "auto" else cfg.path
+    origin = ("its own settings" if wanted.enabled != "auto" else
+              cfg.read if cfg.data is not None else
+              "containerd's defaults: its settings were not read" if why_unread(cfg) else
+              f"containerd's defaults: it runs without {cfg.path}")
+    known = wanted.enabled != "auto" or not why_unread(cfg)
     return Check(name=name, status="ok",
                  detail=f"the plugin assumes enable_cdi {'on' if enabled else 'off'} "
-                        f"(from {origin}), as containerd has it")
+                        f"(from {origin})" + (", as containerd has it" if known else ""))
 
 
 # --- containerd >= 2.2: a required plugin (fail-closed by the runtime itself) ------------

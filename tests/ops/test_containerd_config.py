@@ -5,7 +5,6 @@ version 1's short names; and which file, from the running containerd's command l
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -95,6 +94,13 @@ def test_no_file_means_containerds_defaults(tmp_path: Path) -> None:
 # --- which file: the running containerd's --config --------------------------------------------
 
 
+def _is_containerd(pid: int) -> bool:
+    """The process has exec'd into the one whose argv[0] is containerd (until then its
+    command line is the shell's, which names containerd too)."""
+    argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    return os.path.basename(argv0) == b"containerd"
+
+
 @pytest.fixture
 def fake_containerd(tmp_path: Path) -> Iterator[tuple[Path, int]]:
     """A real process whose command line is a containerd daemon's: ``containerd --config
@@ -106,12 +112,12 @@ def fake_containerd(tmp_path: Path) -> Iterator[tuple[Path, int]]:
          '--log-level debug --config "$1"', sys.executable, str(config)])
     try:
         deadline = time.monotonic() + 10
-        while b"containerd" not in Path(f"/proc/{process.pid}/cmdline").read_bytes():
+        while not _is_containerd(process.pid):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         yield config, process.pid
     finally:
-        os.kill(process.pid, signal.SIGKILL)
+        process.kill()
         process.wait()
 
 
@@ -136,11 +142,37 @@ def test_a_subcommand_is_not_the_daemon(tmp_path: Path) -> None:
          sys.executable])
     try:
         deadline = time.monotonic() + 10
-        while b"containerd" not in Path(f"/proc/{process.pid}/cmdline").read_bytes():
+        while not _is_containerd(process.pid):
             assert time.monotonic() < deadline
             time.sleep(0.01)
         found = locate(None, str(tmp_path / "nri.sock"))
         assert f"pid {process.pid}" not in found.source
     finally:
-        os.kill(process.pid, signal.SIGKILL)
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a private mount namespace needs root")
+def test_a_file_in_another_mount_namespace_is_not_read(tmp_path: Path) -> None:
+    # A node's containerd seen from a pod: its --config is a path this process cannot see.
+    # The file there is not the one here (none here): say so, never read a stand-in.
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    script = ('mount -t tmpfs nri-cdi-test "$1" && printf "version = 3\\n" > "$1/config.toml" '
+              '&& exec -a containerd "$2" -c "import time; time.sleep(600)" '
+              '--config "$1/config.toml"')
+    process = subprocess.Popen(["unshare", "-m", "--propagation", "private", "bash", "-c",
+                                script, "sh", str(hidden), sys.executable])
+    try:
+        deadline = time.monotonic() + 10
+        while not _is_containerd(process.pid):
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.01)
+        found = locate(None, str(tmp_path / "nri.sock"))
+        assert found.path == str(hidden / "config.toml"), found
+        assert found.error is not None and "cannot be seen from here" in found.error
+        cfg = found.read(None)
+        assert cfg.data is None and cfg.error == found.error
+    finally:
+        process.kill()
         process.wait()
