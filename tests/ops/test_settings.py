@@ -258,10 +258,3 @@ def test_flag_help_from_the_declaration() -> None:
     assert "docs/usage/policy.md" in done.stdout and "README" not in done.stdout
     yaml.safe_load("{}")  # PyYAML is importable here: config show needs it
 
-
-def test_the_configuration_reference_page_is_current() -> None:
-    from nri_plugin.ops.settings import render_reference
-
-    page = Path(__file__).resolve().parents[2] / "docs" / "reference" / "configuration.md"
-    assert page.read_text() == render_reference(), (
-        "regenerate: nri-cdi config reference > docs/reference/configuration.md")
