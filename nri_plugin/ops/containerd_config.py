@@ -32,6 +32,7 @@ try:
 except ImportError:  # Python 3.10: no TOML parser in the standard library
     tomllib = None  # type: ignore[assignment]
 
+from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, PLUGIN_SOCKET_ENV
 
 DEFAULT_PATH = "/etc/containerd/config.toml"  # containerd's own default
@@ -81,7 +82,7 @@ class ContainerdConfig:
         return self.files[0] + more
 
 
-class _Unread(Exception):
+class _Unread(NRIPluginError):
     """Why containerd's settings cannot be known from the files."""
 
 
