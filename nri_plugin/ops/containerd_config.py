@@ -36,6 +36,9 @@ from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, PLUGIN_SOCKET_ENV
 
 DEFAULT_PATH = "/etc/containerd/config.toml"  # containerd's own default
+# containerd 2.2's default configuration imports these (containerd PR 12323); whether they
+# are read without a config.toml is not known here (no 2.2 to ask).
+DEFAULT_DROP_INS = "/etc/containerd/conf.d/*.toml"
 CRI_V2_SECTION = "io.containerd.grpc.v1.cri"  # containerd 1.7 (config version 2)
 CRI_V3_SECTION = "io.containerd.cri.v1.runtime"  # containerd 2.x (config version 3)
 NRI_SECTION = "io.containerd.nri.v1.nri"
@@ -87,7 +90,8 @@ class _Unread(NRIPluginError):
 
 
 def read_containerd_config(path: str, major: int | None, *, source: str = "",
-                           running: bool = False) -> ContainerdConfig:
+                           running: bool = False, default_drop_ins: str = DEFAULT_DROP_INS
+                           ) -> ContainerdConfig:
     def unread(why: str, files: tuple[str, ...] = ()) -> ContainerdConfig:
         return ContainerdConfig(path=path, data=None, major=major, error=why, files=files,
                                 source=source, running=running)
@@ -95,6 +99,10 @@ def read_containerd_config(path: str, major: int | None, *, source: str = "",
     if tomllib is None:
         return unread("no TOML parser (Python 3.11+ has tomllib)")
     if not os.path.exists(path):
+        drop_ins = sorted(glob.glob(default_drop_ins))
+        if drop_ins:
+            return unread(f"no {path}, but {', '.join(drop_ins)}: containerd 2.2 and later "
+                          f"read {default_drop_ins} by default, which is not modelled here")
         return ContainerdConfig(path=path, data=None, major=major, source=source,
                                 running=running)
     try:

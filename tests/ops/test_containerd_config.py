@@ -87,8 +87,14 @@ def test_what_cannot_be_known_is_said(tmp_path: Path, files: dict[str, str],
 
 
 def test_no_file_means_containerds_defaults(tmp_path: Path) -> None:
-    cfg = read_containerd_config(str(tmp_path / "none.toml"), 2)
+    drop_ins = str(tmp_path / "conf.d" / "*.toml")
+    cfg = read_containerd_config(str(tmp_path / "none.toml"), 2, default_drop_ins=drop_ins)
     assert cfg.data is None and cfg.error is None and not cfg.running
+    # containerd 2.2's default imports, with no config.toml: not modelled, so said.
+    _write(tmp_path, {"conf.d/50-nvidia.toml": V2_ON})
+    cfg = read_containerd_config(str(tmp_path / "none.toml"), 2, default_drop_ins=drop_ins)
+    assert cfg.data is None and cfg.error is not None
+    assert "containerd 2.2 and later read" in cfg.error and "50-nvidia.toml" in cfg.error
 
 
 # --- which file: the running containerd's --config --------------------------------------------
