@@ -137,7 +137,7 @@ install_containerd_2() {
 }
 
 compile_cri_proto() {
-    [ -f "$GEN/$PKG/api_pb2_grpc.py" ] && return 0
+    [ -f "$GEN/$PKG/api_pb2.py" ] && return 0
     "$PYTHON" -c "import grpc_tools.protoc" 2>/dev/null ||
         die "$PYTHON lacks grpc_tools: run '$PYTHON -m pip install grpcio grpcio-tools'"
     local src=$CACHE/cri_src
@@ -147,8 +147,10 @@ compile_cri_proto() {
     grep -v gogoproto "$ROOTFS/$CRI_PROTO_IN_DEB" >"$src/$PKG/api.proto"
     # The proto sits at <pkg>/api.proto so the generated _grpc module imports it as
     # "from cri_api_v1 import api_pb2", not as a top-level "api_pb2".
+    # Messages only: the client makes its service stubs from the descriptors, so the
+    # grpcio of the node is never held to the version of the grpcio-tools used here.
     "$PYTHON" -m grpc_tools.protoc -I "$src" --python_out="$GEN" --pyi_out="$GEN" \
-        --grpc_python_out="$GEN" "$src/$PKG/api.proto"
+        "$src/$PKG/api.proto"
     : >"$GEN/$PKG/__init__.py"
     log "compiled CRI v1 stubs into $GEN/$PKG"
 }
@@ -158,7 +160,7 @@ main() {
     # Two concurrent runs (e.g. parallel CI jobs) must not unpack over each other.
     exec 9>"$CACHE/.lock"
     flock 9
-    if ! { [ -f "$STAMP" ] && [ -x "$BIN/containerd" ] && [ -f "$GEN/$PKG/api_pb2_grpc.py" ] &&
+    if ! { [ -f "$STAMP" ] && [ -x "$BIN/containerd" ] && [ -f "$GEN/$PKG/api_pb2.py" ] &&
         host_packages_ok; }; then
         install_host_packages
         download_trixie_debs

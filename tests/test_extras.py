@@ -52,7 +52,7 @@ def test_nvml_mode_without_nvidia_ml_py(monkeypatch: pytest.MonkeyPatch, tmp_pat
     library = tmp_path / "libnvidia-ml.so.1"
     library.touch()
     with pytest.raises(discover.DiscoveryError) as caught:
-        discover._run_nvml(library)
+        discover.discover_with_nvml(library)
     assert str(caught.value) == ("NVML unavailable: NVML mode needs nvidia-ml-py, which is not "
                                  "installed: pip install 'nri-cdi[nvml]'")
 

@@ -214,3 +214,85 @@ def test_pure_modules_import_no_io_machinery(module: str) -> None:
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert json.loads(out.stdout) == []
+
+
+# --- private names stay in their module (or, for a private module, in its package) ----------
+
+
+def _private_part(dotted: str) -> int | None:
+    """Index of the first private component of a dotted name (``_x``, not ``__x__``)."""
+    for i, part in enumerate(dotted.split(".")):
+        if part.startswith("_") and not part.startswith("__"):
+            return i
+    return None
+
+
+def private_uses(module: str, source: str, path: Path | None = None) -> list[str]:
+    """``module uses name`` for each private name ``module`` takes from another of our
+    modules: ``from a.b import _x``, ``a.b._x`` through an imported module, and a private
+    module (``a._b``) imported from outside the package that holds it."""
+    is_package = path is not None and path.name == "__init__.py"
+    found: set[str] = set()
+    bound: dict[str, str] = {}  # local name -> our module it is bound to
+
+    def check(name: str) -> None:
+        index = _private_part(name)
+        if index is None:
+            return
+        parts = name.split(".")
+        if not within(module, [".".join(parts[:index])] if index else []):
+            found.add(f"{module} uses {'.'.join(parts[: index + 1])}")
+
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if _MODULE_NAME.fullmatch(alias.name):
+                    check(alias.name)
+                    local = alias.asname or alias.name.split(".")[0]
+                    bound[local] = alias.name if alias.asname else local
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                package = package[: len(package) - node.level + 1]
+                base = ".".join([*package, node.module] if node.module else package)
+            if _MODULE_NAME.fullmatch(base):
+                for alias in node.names:
+                    check(f"{base}.{alias.name}")
+                    if f"{base}.{alias.name}" in all_modules():
+                        bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private_part(node.attr) == 0:
+            chain = []
+            value = node.value
+            while isinstance(value, ast.Attribute):
+                chain.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in bound:
+                check(".".join([bound[value.id], *reversed(chain), node.attr]))
+    return sorted(found)
+
+
+# dispatch.py is being rewritten by the lead; it still takes bound_message from the wire
+# package's private module (nri_plugin.nri.wire exports it now).
+PENDING_PRIVATE_USES: set[str] = set()
+
+
+def test_the_private_name_scan_sees_what_it_forbids() -> None:
+    planted = ("from nri_plugin.ops.refresh import _run\n"
+               "import nri_plugin.ops.refresh as refresh\n"
+               "from nri_plugin.nri.wire._mux import frame_message\n"
+               "refresh._later()\n")
+    assert private_uses("nri_plugin.ops.doctor", planted) == [
+        "nri_plugin.ops.doctor uses nri_plugin.nri.wire._mux",
+        "nri_plugin.ops.doctor uses nri_plugin.ops.refresh._later",
+        "nri_plugin.ops.doctor uses nri_plugin.ops.refresh._run"]
+    inside = "from nri_plugin.nri.wire._mux import frame_message\nself._x = 1\n"
+    assert private_uses("nri_plugin.nri.wire._connection", inside) == []
+
+
+def test_no_private_name_is_used_across_modules() -> None:
+    found = {use for module, path in all_modules().items()
+             for use in private_uses(module, path.read_text(), path)}
+    assert sorted(found - PENDING_PRIVATE_USES) == []

@@ -11,8 +11,8 @@ The OCI state is read from stdin once, the container root opened once, and the o
 run in the order given; the first failure prints one line naming the operation and the
 container path and exits 1, which makes the runtime fail the container's creation.  One
 operation alone (``create-symlinks --link ...``) is the same command line as before, and as
-the vendor hook programs' whose names and flags the operations share.  ``install-launcher PATH``
-builds the static launcher (:mod:`cdi.hooks.launcher`).
+the vendor hook programs' whose names and flags the operations share.
+``build-static-launcher PATH`` builds the static launcher (:mod:`cdi.hooks.launcher`).
 
 Why one process: a hook is a Python interpreter started by the runtime for every container,
 and starting one costs more than any operation's work; so the generator writes a single hook
@@ -184,9 +184,9 @@ def main(argv: Sequence[str] | None = None, *, stdin: IO[bytes] | None = None) -
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["hook"]:  # a launcher given as --hook-path gets the `nri-cdi hook` argv
         argv = argv[1:]
-    if not argv or argv[0] in ("-h", "--help", "install-launcher"):
+    if not argv or argv[0] in ("-h", "--help", "build-static-launcher"):
         args = build_parser().parse_args(argv)  # help, usage errors and the launcher
-        return _install_launcher(args)
+        return _build_static_launcher(args)
     try:
         steps = parse_operations(argv)
     except UsageError as exc:
@@ -199,7 +199,7 @@ def _fail(where: str, message: str) -> int:
     return 1
 
 
-# --- argparse: --help, install-launcher and ``nri-cdi hook`` --------------------------------
+# --- argparse: --help, build-static-launcher and ``nri-cdi hook`` --------------------------------
 
 
 def _describe() -> str:
@@ -215,7 +215,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     import argparse  # lazy: 6-11 ms (-I -S -X importtime), as much as this module; --help only
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = _describe() + "\n\ninstall-launcher PATH [--python PYTHON]: build the " \
+    parser.epilog = _describe() + "\n\nbuild-static-launcher PATH [--python PYTHON]: build the " \
         "static hook launcher at PATH (needs gcc)"
     parser.add_argument("operations", nargs=argparse.REMAINDER, metavar="OPERATION ...",
                         help="see below")
@@ -247,7 +247,7 @@ def _from_nri_cdi(args: argparse.Namespace) -> int:
     """
     from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV  # lazy: 8-14 ms (typing), -X importtime
 
-    if (args.operations and args.operations[0] != "install-launcher"
+    if (args.operations and args.operations[0] != "build-static-launcher"
             and not sys.flags.isolated and sys.argv[1:2] == ["hook"]
             and os.path.isabs(sys.executable)):
         env = dict(e.split("=", 1) for e in HOOK_ENV)
@@ -256,22 +256,22 @@ def _from_nri_cdi(args: argparse.Namespace) -> int:
     return main(args.operations)
 
 
-def _install_launcher(args: argparse.Namespace) -> int:
+def _build_static_launcher(args: argparse.Namespace) -> int:
     import argparse  # lazy: 6-11 ms (-I -S -X importtime), as much as this module; --help only
 
     from cdi.hooks.launcher import LauncherError, build_launcher  # lazy: 20-22 ms (subprocess)
 
-    parser = argparse.ArgumentParser(prog=f"{_PROG} install-launcher")
+    parser = argparse.ArgumentParser(prog=f"{_PROG} build-static-launcher")
     parser.add_argument("path")
     parser.add_argument("--python", help="interpreter to run (default: this one)")
     ops = args.operations
-    if not ops or ops[0] != "install-launcher":
+    if not ops or ops[0] != "build-static-launcher":
         build_parser().print_usage(sys.stderr)
         return _fail("usage", "no operation given")
     options = parser.parse_args(ops[1:])
     try:
         path = build_launcher(options.path, python=options.python)
     except LauncherError as exc:
-        return _fail("install-launcher", str(exc))
+        return _fail("build-static-launcher", str(exc))
     print(path)
     return 0

@@ -67,7 +67,7 @@ def isolated_python(subcommand: str, args: Iterable[str], *, python: str | None 
 
 
 def launcher(path: str, subcommand: str, args: Iterable[str]) -> HookCommand:
-    """The static launcher made by ``nri-cdi hook install-launcher PATH``."""
+    """The static launcher made by ``nri-cdi hook build-static-launcher PATH``."""
     return HookCommand(path=path, args=(path, subcommand, *args))
 
 

@@ -1,4 +1,4 @@
-"""A static launcher for the hooks: ``nri-cdi hook install-launcher PATH``.
+"""A static launcher for the hooks: ``nri-cdi hook build-static-launcher PATH``.
 
 A statically linked program is started by the kernel without a dynamic loader, so
 ``LD_PRELOAD``, ``LD_AUDIT``, ``LD_LIBRARY_PATH`` and ``GCONV_PATH`` in the environment it

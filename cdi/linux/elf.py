@@ -28,7 +28,7 @@ import os
 import struct
 
 from cdi.linux._errors import BinaryFormatError
-from cdi.linux._tuple import TYPE_CHECKING, NamedTuple
+from cdi.linux.namedtuple import TYPE_CHECKING, NamedTuple
 
 __all__ = ["DynamicInfo", "ElfError", "NotElfError", "is_elf", "parse_dynamic", "read_dynamic",
            "read_dynamic_fd", "read_soname"]

@@ -24,7 +24,7 @@ import os
 import struct
 
 from cdi.linux._errors import BinaryFormatError
-from cdi.linux._tuple import TYPE_CHECKING, NamedTuple
+from cdi.linux.namedtuple import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # pathlib, collections: milliseconds of the OCI hooks' start-up
     from collections.abc import Iterable, Sequence

@@ -41,7 +41,7 @@ from cdi.nvidia.discover import (
     driver_version_from_proc,
 )
 from cdi.nvidia.driver import (
-    CONTROL_NODES,
+    CONTROL_NODE_PATHS,
     DriverFiles,
     find_nvml_library,
     find_version_from_libraries,
@@ -51,7 +51,6 @@ from cdi.nvidia.generate import (
     DEFAULT_HOOKS,
     GENERATOR_VERSION,
     HOOK_NAMES,
-    HOOK_PROGRAMS,
     STRATEGIES,
     GenerateError,
     Inventory,
@@ -62,6 +61,7 @@ from cdi.nvidia.generate import (
     metadata,
     spec_annotations,
 )
+from cdi.nvidia.hook_programs import HOOK_PROGRAMS
 from cdi.nvidia.mountspec import (
     DEFAULT_FOLDER,
     DEFAULT_NAMES,
@@ -649,7 +649,7 @@ def _warn_missing_control_nodes(roots: Roots, driver: DriverFiles, warn: Any) ->
     """nvidia-ctk warns too; a container without /dev/nvidia-uvm cannot run CUDA, and
     nothing but nvidia-smi or ``nri-cdi system create-device-nodes`` creates it."""
     found = {n.path for n in driver.control_nodes}
-    missing = [p for p in CONTROL_NODES if p not in found]
+    missing = [p for p in CONTROL_NODE_PATHS if p not in found]
     if missing:
         warn(f"control device nodes missing under {roots.dev}: {', '.join(missing)}; the spec "
              "leaves them out (create them with `nri-cdi system create-device-nodes "

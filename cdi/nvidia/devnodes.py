@@ -31,8 +31,9 @@ from typing import Any, NamedTuple
 __all__ = ["Action", "add_commands", "char_majors", "control_node_plan", "create_dev_char_links",
            "create_device_nodes", "nvidia_char_nodes"]
 
-# name -> (/proc/devices names of its major, in preference order; minor)
-CONTROL_NODES: dict[str, tuple[tuple[str, ...], int]] = {
+# The control nodes' numbers: name -> (/proc/devices names of its major, in preference
+# order; minor). Their paths, for the spec: cdi.nvidia.driver.CONTROL_NODE_PATHS.
+CONTROL_NODE_NUMBERS: dict[str, tuple[tuple[str, ...], int]] = {
     "nvidiactl": (("nvidia-frontend", "nvidia"), 255),
     "nvidia-modeset": (("nvidia-frontend", "nvidia"), 254),
     "nvidia-uvm": (("nvidia-uvm",), 0),
@@ -76,7 +77,7 @@ def control_node_plan(majors: dict[str, int]) -> tuple[list[tuple[str, int, int]
     """(name, major, minor) for each control node whose module is loaded, and a line for
     each that is not."""
     plan, missing = [], []
-    for name, (modules, minor) in CONTROL_NODES.items():
+    for name, (modules, minor) in CONTROL_NODE_NUMBERS.items():
         major = next((majors[m] for m in modules if m in majors), None)
         if major is None:
             missing.append(f"/dev/{name}: no {' or '.join(modules)} major in /proc/devices "

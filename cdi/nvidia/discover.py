@@ -44,6 +44,7 @@ __all__ = [
     "discover",
     "discover_nvml",
     "discover_procfs",
+    "discover_with_nvml",
     "driver_version_from_proc",
     "read_text",
     "under",
@@ -373,11 +374,11 @@ def discover(
         info = discover_procfs(roots, fallback_version=fallback_version)
         return info if mode == "procfs" else _as_management(info)
     if mode == "nvml":
-        return _run_nvml(nvml_library())
+        return discover_with_nvml(nvml_library())
     if mode != "auto":
         raise DiscoveryError(f"unknown discovery mode {mode!r} (want one of {', '.join(MODES)})")
     try:
-        info = _run_nvml(nvml_library())
+        info = discover_with_nvml(nvml_library())
     except DiscoveryError as exc:
         warn(f"mode auto: using procfs ({exc})")
         return discover_procfs(roots, fallback_version=fallback_version)
@@ -389,7 +390,9 @@ def _as_management(info: NodeInfo) -> NodeInfo:
     return info._replace(mode="management")
 
 
-def _run_nvml(library: Path | None) -> NodeInfo:
+def discover_with_nvml(library: Path | None) -> NodeInfo:
+    """The node as NVML loaded from ``library`` sees it; DiscoveryError saying why NVML
+    is not usable."""
     if library is None:
         raise DiscoveryError("NVML unavailable: no libnvidia-ml.so.1 under the driver root")
     try:

@@ -126,8 +126,8 @@ XORG_BASES = ("/usr/lib/xorg/modules", "/usr/lib64/xorg/modules", "/usr/X11R6/li
               "/usr/X11R6/lib64/modules")
 FILE_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 IPC_OPTIONS = ("nosuid", "nodev", "rbind", "rprivate", "noexec")
-CONTROL_NODES = ("/dev/nvidia-modeset", "/dev/nvidia-uvm-tools", "/dev/nvidia-uvm",
-                 "/dev/nvidiactl")
+CONTROL_NODE_PATHS = ("/dev/nvidia-modeset", "/dev/nvidia-uvm-tools", "/dev/nvidia-uvm",
+                      "/dev/nvidiactl")
 
 # Driver capabilities (NVIDIA_DRIVER_CAPABILITIES) by basename prefix, as libnvidia-container
 # assigns them; ``display`` shares graphics' list.  A later policy step uses this to mount
@@ -448,7 +448,7 @@ def stat_device_node(roots: Roots, path: str) -> DeviceNodeInfo | None:
 
 
 def control_nodes(roots: Roots) -> tuple[DeviceNodeInfo, ...]:
-    found = (stat_device_node(roots, p) for p in CONTROL_NODES)
+    found = (stat_device_node(roots, p) for p in CONTROL_NODE_PATHS)
     return tuple(n for n in found if n is not None)
 
 

@@ -36,7 +36,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from cdi.hooks import entry as hook_entry
-from cdi.libpath import EXTRA_ENV
+from cdi.libpath import EXTRA_LIBRARY_PATH_ENV
 from cdi.model import ContainerEdits, DeviceData, DeviceNode, Hook, Mount, SpecData
 from cdi.nvidia.discover import Gpu, MigDevice, NodeInfo, Roots
 from cdi.nvidia.driver import (
@@ -52,6 +52,7 @@ from cdi.nvidia.driver import (
     read_mig_minors,
     stat_device_node,
 )
+from cdi.nvidia.hook_programs import NVIDIA_HOOK_PROGRAMS
 from cdi.version import minimum_requirement, version_key
 
 try:  # CPython's own SHA-256: hashlib would load OpenSSL (5-10 ms and ~3 MiB per run)
@@ -79,19 +80,9 @@ HOOK_NAMES = ("create-symlinks", "update-ldcache", "enable-cuda-compat",
 # accepted by --disable-hook and refused by --enable-hook (cdi.nvidia.cli says why).
 DEFAULT_HOOKS = frozenset({"create-symlinks", "enable-cuda-compat", "update-ldcache",
                            "disable-device-node-modification"})
-# Programs a hook entry can name (--hook-path), by basename: NVIDIA's two take the same
-# subcommands and flags as ours, under another argv prefix and env.
-# ``nri-cdi-hook`` is our static launcher (``nri-cdi hook install-launcher PATH``), which
-# takes the subcommand first.
-HOOK_PROGRAMS = ("nri-cdi", "nri-cdi-hook", "nvidia-cdi-hook", "nvidia-ctk")
-# NVIDIA's run one hook per entry; ours take every operation in one entry (cdi.hooks.cli).
-NVIDIA_HOOK_PROGRAMS = ("nvidia-cdi-hook", "nvidia-ctk")
-# With --link-mode mounts no ldcache hook runs, so the driver's library folders are handed
-# over in this variable instead.  It is deliberately not LD_LIBRARY_PATH: a CDI env entry
-# replaces the image's value, and the NRI plugin appends this one to the image's
-# LD_LIBRARY_PATH instead (cdi.libpath, which defines the name).
-LD_LIBRARY_PATH_ENV = EXTRA_ENV
-ANNOTATION_PREFIX = "nri-cdi/"
+# The generator's own spec and device annotations (nri-cdi/fingerprint, ...); not CDI's
+# cdi.k8s.io/ request annotations (cdi.annotations.ANNOTATION_PREFIX).
+GENERATOR_ANNOTATION_PREFIX = "nri-cdi/"
 ANNOTATIONS_SINCE = "0.6.0"
 GIDS_SINCE = "0.7.0"
 METADATA_FORMAT = 1
@@ -346,7 +337,11 @@ def common_edits(driver: DriverFiles, opts: Options,
     env = [f"NVIDIA_CTK_LIBCUDA_DIR={':'.join(driver.lib_dirs)}"] \
         if driver.lib_dirs and not csv else []
     if opts.link_mode == "mounts" and driver.lib_dirs:
-        env.append(f"{LD_LIBRARY_PATH_ENV}={':'.join(driver.lib_dirs)}")
+        # With --link-mode mounts no ldcache hook runs, so the driver's library folders
+        # are handed over in EXTRA_LIBRARY_PATH_ENV instead.  It is deliberately not
+        # LD_LIBRARY_PATH: a CDI env entry replaces the image's value, and the NRI plugin
+        # appends this one to the image's LD_LIBRARY_PATH instead (cdi.libpath).
+        env.append(f"{EXTRA_LIBRARY_PATH_ENV}={':'.join(driver.lib_dirs)}")
     env.append("NVIDIA_VISIBLE_DEVICES=void")
     return ContainerEdits(
         env=tuple(env),
@@ -489,7 +484,7 @@ def _device_annotations(inv: Inventory, target: _Target | None) -> dict[str, str
                    "gpu-uuid": target.gpu.uuid}
         if target.mig is not None:
             values |= {"mig-uuid": target.mig.uuid, "mig-profile": target.mig.profile}
-    return {ANNOTATION_PREFIX + k: v for k, v in values.items() if v}
+    return {GENERATOR_ANNOTATION_PREFIX + k: v for k, v in values.items() if v}
 
 
 def _devices(inv: Inventory, opts: Options, common: ContainerEdits,
@@ -628,10 +623,10 @@ def _capabilities(inv: Inventory) -> dict[str, list[str]]:
 
 
 def spec_annotations(inv: Inventory, fp: str) -> dict[str, str]:
-    notes = {ANNOTATION_PREFIX + "fingerprint": fp,
-             ANNOTATION_PREFIX + "generator": f"nri-cdi {GENERATOR_VERSION}"}
+    notes = {GENERATOR_ANNOTATION_PREFIX + "fingerprint": fp,
+             GENERATOR_ANNOTATION_PREFIX + "generator": f"nri-cdi {GENERATOR_VERSION}"}
     for cap, paths in _capabilities(inv).items():
-        notes[f"{ANNOTATION_PREFIX}libraries.{cap}"] = ",".join(paths)
+        notes[f"{GENERATOR_ANNOTATION_PREFIX}libraries.{cap}"] = ",".join(paths)
     return notes
 
 

@@ -13,7 +13,6 @@ Ctrl-C/SIGTERM too.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
@@ -30,8 +29,7 @@ from typing import Any
 
 import yaml
 
-from cdi.extras import MissingDependencyError
-from cdi.nvidia.discover import DiscoveryError, Roots, _run_nvml
+from cdi.nvidia.discover import DiscoveryError, Roots, discover_with_nvml
 from cdi.nvidia.driver import find_nvml_library
 from cdi.spec import read_spec
 from nri_cdi_testbed.node_check import images, paths
@@ -111,7 +109,7 @@ class Node:
 def _nvml_loadable(driver_root: Path) -> str | None:
     """None when NVML answers under ``driver_root``, else why not."""
     try:
-        _run_nvml(find_nvml_library(Roots(driver=driver_root, dev=Path("/")), None))
+        discover_with_nvml(find_nvml_library(Roots(driver=driver_root, dev=Path("/")), None))
     except DiscoveryError as exc:
         return str(exc)
     return None
@@ -228,8 +226,8 @@ def spec_facts(doc: Mapping[str, Any], gpu: int) -> SpecFacts:
 
 def _build_probe(work: Path) -> Path:
     gcc = shutil.which("gcc") or shutil.which("cc")
-    if gcc is None:
-        raise NodeCheckError("the CUDA probe is built at run time: install gcc")
+    if gcc is None:  # require() said so before anything started
+        raise NodeCheckError("gcc (builds the CUDA probe): apt-get install gcc libc6-dev")
     out = work / "cuda-probe"
     proc = subprocess.run([gcc, "-O1", "-o", str(out), str(PROBE_SOURCE)],
                           capture_output=True, text=True, check=False)
@@ -480,21 +478,22 @@ def _spec_doc(folder: Path) -> dict[str, Any]:
 
 
 def require(opts: Options) -> None:
-    """Fail in one line, before starting anything, when a prerequisite is missing."""
-    if importlib.util.find_spec("grpc") is None:  # the CRI client's, imported by cri.py
-        raise MissingDependencyError("grpc", "doctor --e2e")
-    if opts.containerd_address is None:
-        if opts.runtime not in paths.RUNTIMES:
-            raise NodeCheckError(f"unknown --runtime {opts.runtime} "
-                                 f"(known: {', '.join(paths.RUNTIMES)})")
-        missing = [m for m in paths.missing_prerequisites((opts.runtime,))
-                   if opts.containerd_bin is None or str(paths.bin_dir(opts.runtime)) not in m]
-        if opts.containerd_bin is not None:
-            missing += [str(opts.containerd_bin / n) for n in ("containerd", "ctr")
-                        if not os.access(opts.containerd_bin / n, os.X_OK)]
-        if missing:
-            raise NodeCheckError(f"missing: {'; '.join(missing)} (run bash "
-                                 f"{paths.INSTALL_SCRIPT}, or pass --cache/--containerd-bin)")
+    """Fail before starting anything when a prerequisite is missing: one line each, what is
+    missing and how to get it."""
+    if opts.containerd_address is None and opts.runtime not in paths.RUNTIMES:
+        raise NodeCheckError(f"unknown --runtime {opts.runtime} "
+                             f"(known: {', '.join(paths.RUNTIMES)})")
+    own_bin = opts.containerd_bin
+    missing = [m for m in paths.missing_prerequisites(
+                   (opts.runtime,), private_containerd=opts.containerd_address is None)
+               if own_bin is None or not m.startswith(f"containerd {opts.runtime} (")]
+    if opts.containerd_address is None and own_bin is not None:
+        absent = [n for n in ("containerd", "ctr") if not os.access(own_bin / n, os.X_OK)]
+        if absent:
+            missing.append(f"containerd ({', '.join(absent)} in --containerd-bin {own_bin}): "
+                           "a folder holding containerd, ctr and containerd-shim-runc-v2")
+    if missing:
+        raise NodeCheckError("missing prerequisites:\n" + "\n".join(f"  - {m}" for m in missing))
 
 
 def driver_files(facts: SpecFacts) -> tuple[bool, str]:

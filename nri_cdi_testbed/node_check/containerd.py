@@ -49,7 +49,8 @@ class Containerd:
     config, 2.x a version 3 config. ``enable_cdi`` defaults to off on both (2.x's own default
     is on); ``cdi_spec_dirs`` empty means the runtime's defaults, /etc/cdi and /var/run/cdi.
     ``wrapper`` is put before containerd's command line (e.g. ``unshare`` and a script that
-    prepares a private mount namespace, then execs the rest).
+    prepares a private mount namespace, then execs the rest). ``drop_ins`` maps file names
+    to text for conf.d/, which the config imports (``imports = ["conf.d/*.toml"]``).
     """
 
     def __init__(self, workdir: Path | None = None, *, enable_cdi: bool = False,
@@ -57,7 +58,8 @@ class Containerd:
                  nri_plugins: Mapping[str, str | Path] | None = None,
                  nri_plugin_configs: Mapping[str, str] | None = None,
                  sandbox_image: str = PAUSE_IMAGE, bin_dir: Path | None = None,
-                 version: str = paths.DEFAULT_RUNTIME, wrapper: Sequence[str] = ()) -> None:
+                 version: str = paths.DEFAULT_RUNTIME, wrapper: Sequence[str] = (),
+                 drop_ins: Mapping[str, str] | None = None) -> None:
         # Short /tmp paths: unix socket paths are limited to 107 bytes.
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="nri-cdi-ctrd-"))
         self.version = version
@@ -71,6 +73,10 @@ class Containerd:
         self._closed = False
         self._make_dirs()
         self._install_nri_plugins(nri_plugins or {}, nri_plugin_configs or {})
+        self.drop_ins = dict(drop_ins or {})
+        for name, text in self.drop_ins.items():
+            (self.workdir / "conf.d").mkdir(exist_ok=True)
+            (self.workdir / "conf.d" / name).write_text(text)
         self.config_path.write_text(self.render_config())
 
     # --- layout -------------------------------------------------------------------------------
@@ -130,7 +136,9 @@ class Containerd:
         return int(self.version.split(".")[0])
 
     def render_config(self) -> str:
-        return self._render_v3() if self.major >= 2 else self._render_v2()
+        # imports first: a key after a table header belongs to that table.
+        imports = 'imports = ["conf.d/*.toml"]\n' if self.drop_ins else ""
+        return imports + (self._render_v3() if self.major >= 2 else self._render_v2())
 
     def _nri_section(self) -> list[str]:
         return [

@@ -1,8 +1,12 @@
-"""A small CRI v1 client (the calls kubelet makes), over grpcio with stubs compiled at install
-time.
+"""A small CRI v1 client (the calls kubelet makes), over grpcio, with the CRI messages
+compiled at install time.
 
-The stubs come from the cache folder (``scripts/install-containerd.sh`` compiles the CRI
-api.proto there); they are imported as ``cri_api_v1`` so that no local module shadows them.
+The messages come from the cache folder (``scripts/install-containerd.sh`` compiles the CRI
+api.proto there, messages only); they are imported as ``cri_api_v1`` so that no local module
+shadows them. The two services' client stubs are made here from the proto's service
+descriptors (:class:`ServiceStub`): the ``*_pb2_grpc`` module grpcio-tools would generate
+refuses to load under a grpcio older than the grpcio-tools that made it
+(``GRPC_GENERATED_VERSION``), which broke ``doctor --e2e`` on a node whose grpcio was older.
 Pods are host-network (no CNI needed) and have no hostname (runc refuses one without a
 private UTS namespace).
 """
@@ -23,14 +27,32 @@ from typing import Any
 from nri_cdi_testbed.node_check import paths
 
 
-def load_stubs() -> tuple[ModuleType, ModuleType]:
-    """(api_pb2, api_pb2_grpc) of CRI v1, from the install script's cache folder."""
+def load_messages() -> ModuleType:
+    """CRI v1's api_pb2, from the install script's cache folder."""
     gen = str(paths.cri_gen_dir())
     if gen not in sys.path:
         sys.path.append(gen)
-    pb2 = importlib.import_module(f"{paths.CRI_PACKAGE}.api_pb2")
-    grpc_mod = importlib.import_module(f"{paths.CRI_PACKAGE}.api_pb2_grpc")
-    return pb2, grpc_mod
+    return importlib.import_module(f"{paths.CRI_PACKAGE}.api_pb2")
+
+
+class ServiceStub:
+    """A client of one service of the CRI proto: an attribute per unary method, made from
+    the service's descriptor with grpcio's own channel API."""
+
+    def __init__(self, channel: Any, messages: ModuleType, service: str) -> None:
+        descriptor = messages.DESCRIPTOR.services_by_name[service]
+        for method in descriptor.methods:
+            if method.client_streaming or method.server_streaming:
+                continue  # GetContainerEvents: no test or check here listens to events
+            # The CRI's requests and replies are all top-level messages of the module.
+            response = getattr(messages, method.output_type.name)
+            setattr(self, method.name, channel.unary_unary(
+                f"/{descriptor.full_name}/{method.name}",
+                request_serializer=_serialize, response_deserializer=response.FromString))
+
+
+def _serialize(message: Any) -> bytes:
+    return bytes(message.SerializeToString())
 
 
 @dataclass(frozen=True)
@@ -46,7 +68,7 @@ class CriClient:
     def __init__(self, address: str, timeout: float = 30.0) -> None:
         import grpc  # here: grpcio is an extra (e2e); 21-25 ms of `doctor` (-X importtime)
 
-        self.pb, grpc_mod = load_stubs()
+        self.pb = load_messages()
         self.address = address
         self.timeout = timeout
         # grpc itself, for callers that tell errors apart (RpcError, StatusCode).
@@ -60,8 +82,8 @@ class CriClient:
                                           ("grpc.min_reconnect_backoff_ms", 50),
                                           ("grpc.max_reconnect_backoff_ms", 500)]
         )
-        self.runtime = grpc_mod.RuntimeServiceStub(self._channel)
-        self.images = grpc_mod.ImageServiceStub(self._channel)
+        self.runtime: Any = ServiceStub(self._channel, self.pb, "RuntimeService")
+        self.images: Any = ServiceStub(self._channel, self.pb, "ImageService")
         # CreateContainer needs the pod's config again: remember it per pod id.
         self._pod_configs: dict[str, Any] = {}
         self._tracking: list[list[str]] = []

@@ -34,16 +34,20 @@ class PluginProcess:
     def command(self) -> list[str]:
         args = [sys.executable, "-m", "nri_plugin.ops.cli", "plugin", "--socket", self.nri_socket,
                 "--rescan-interval", "3600", *self.extra_args]
-        # A private containerd's config sits next to its NRI socket folder: the plugin reads
-        # its own CDI set-up (enable_cdi, cdi_spec_dirs) from there, as on a node.
-        config = Path(self.nri_socket).parent.parent / "config.toml"
-        if "--containerd-config" not in self.extra_args and config.is_file():
-            args += ["--containerd-config", str(config)]
+        # No --containerd-config: the plugin finds the private containerd's config itself
+        # (the running containerd serving its socket), as on a node.
         if "--config" not in self.extra_args and "--log-level" not in self.extra_args:
             args += ["--log-level", "debug"]
+        if "--status-dir" not in self.extra_args:  # not the host's /run/nri-cdi
+            args += ["--status-dir", str(self.status_dir)]
         for folder in self.spec_dirs:
             args += ["--spec-dir", str(folder)]
         return args
+
+    @property
+    def status_dir(self) -> Path:
+        """Where this plugin keeps its status file (next to its log)."""
+        return self.log_path.with_name(self.log_path.name + ".status")
 
     def start(self, timeout: float = 15.0) -> PluginProcess:
         mark = self.log_size()

@@ -24,8 +24,7 @@ from nri_plugin.nri.api import (
 )
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.plugin import Plugin
-from nri_plugin.nri.wire import Code
-from nri_plugin.nri.wire._bounded import bound_message
+from nri_plugin.nri.wire import Code, bound_message
 
 log = logging.getLogger(__name__)
 

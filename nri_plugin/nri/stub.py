@@ -105,8 +105,10 @@ class _Session(asyncio.BufferedProtocol):
     """One connection: feeds ``Connection``, runs handlers, resolves our calls."""
 
     def __init__(self, plugin: Plugin, log: logging.Logger, *,
-                 stall_timeout: float = STALL_TIMEOUT) -> None:
+                 stall_timeout: float = STALL_TIMEOUT,
+                 on_synchronized: Callable[[], object] | None = None) -> None:
         self.log = log
+        self.on_synchronized = on_synchronized
         self.loop = asyncio.get_running_loop()
         self._read = memoryview(bytearray(READ_SIZE))
         self.conn = Connection(services=SERVICES, logger=log)
@@ -180,7 +182,7 @@ class _Session(asyncio.BufferedProtocol):
     def _handle(self, events: list[Any]) -> None:
         for event in events:
             if isinstance(event, RequestReceived):
-                self._answer(event)
+                self._serve_request(event)
             elif isinstance(event, ResponseReceived):
                 future = self.calls.pop(event.stream_id, None)
                 if future is not None and not future.done():
@@ -190,7 +192,7 @@ class _Session(asyncio.BufferedProtocol):
             elif isinstance(event, ConnectionClosed):
                 self._finish(None)
 
-    def _answer(self, event: RequestReceived) -> None:
+    def _serve_request(self, event: RequestReceived) -> None:
         started = self.loop.time()
         try:
             payload = self.dispatcher.dispatch(event.method, event.payload)
@@ -205,6 +207,11 @@ class _Session(asyncio.BufferedProtocol):
         self.flush()
         if event.method == "Shutdown":
             self.shutdown_requested = True
+        elif (event.method == "Synchronize" and self.dispatcher.synchronized
+              and self.on_synchronized is not None):
+            # Once per connection, on a later loop iteration: not inside this read's work.
+            self.loop.call_soon(self.on_synchronized)
+            self.on_synchronized = None
         self._check_latency(event, self.loop.time() - started)
 
     def _reply(self, event: RequestReceived, payload: bytes, code: int = Code.OK,
@@ -292,6 +299,7 @@ class Stub:
         sock: socket.socket | None = None,
         env: Mapping[str, str] | None = None,
         on_connected: Callback | None = None,
+        on_synchronized: Callable[[Stub], object] | None = None,
         on_close: CloseCallback | None = None,
         before_connect: Callback | None = None,
         registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
@@ -311,6 +319,9 @@ class Stub:
             int(env[PLUGIN_SOCKET_ENV]) if sock is None and PLUGIN_SOCKET_ENV in env else None
         )
         self.on_connected = on_connected
+        # Called (not awaited) once per connection, when the runtime's Synchronize has been
+        # answered: from then on the runtime asks the plugin about every container.
+        self.on_synchronized = on_synchronized
         self.on_close = on_close
         # Awaited before every connection attempt: a plugin that must not register before
         # something else is in place (another connection of its own) waits here.
@@ -368,7 +379,7 @@ class Stub:
             # containerd restoring its tasks answers only once CRI is up again).
             self.log.info("connected to %s; registering", self.socket_path or "the runtime")
             served_socket = _socket_identity(self.socket_path)
-            await self._session_until_closed(session)
+            await self._serve_connection(session)
             if self.launched or session.shutdown_requested or self._stopping:
                 return
             if session.dispatcher.synchronized:
@@ -434,8 +445,15 @@ class Stub:
         sock = self._sock
         if sock is None and self._fd is not None:
             sock = socket.socket(fileno=self._fd)
+        on_synchronized = self.on_synchronized
+
+        def synchronized() -> None:
+            if on_synchronized is not None:
+                on_synchronized(self)
+
         def factory() -> _Session:
-            return _Session(self.plugin, self.log, stall_timeout=self.stall_timeout)
+            return _Session(self.plugin, self.log, stall_timeout=self.stall_timeout,
+                            on_synchronized=synchronized if on_synchronized else None)
 
         if sock is not None:
             _, session = await loop.create_unix_connection(factory, sock=sock)
@@ -446,7 +464,7 @@ class Stub:
                 self.registration_timeout)
         return session
 
-    async def _session_until_closed(self, session: _Session) -> None:
+    async def _serve_connection(self, session: _Session) -> None:
         """Register and wait for the end of the connection."""
         self._session = session
         error: BaseException | None = None

@@ -36,7 +36,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "refresh": ("nri_plugin.ops.refresh", "add_commands"),
     "config": ("nri_plugin.ops.settings", "add_commands"),
     "install-units": ("nri_plugin.ops.units", "add_commands"),
-    "install-launcher": ("nri_plugin.ops.units", "add_commands"),
+    "uninstall-units": ("nri_plugin.ops.units", "add_commands"),
+    "install-plugin-launcher": ("nri_plugin.ops.units", "add_commands"),
+    "uninstall-plugin-launcher": ("nri_plugin.ops.units", "add_commands"),
     "doctor": ("nri_plugin.ops.doctor", "add_commands"),
 }
 
@@ -65,6 +67,31 @@ def _columns() -> int:
         return 80
 
 
+DOCUMENTATION = ("Documentation: the docs/ folder of the nri-cdi source repository, the "
+                 "nri-cdi documentation site (mkdocs); start at docs/index.md. Each "
+                 "command's options: nri-cdi COMMAND --help.")
+PACKAGE = "nri-cdi"
+
+
+def package_version() -> str:
+    """The installed distribution's version, from its metadata."""
+    from importlib.metadata import PackageNotFoundError, version  # only for --version
+
+    try:
+        return version(PACKAGE)
+    except PackageNotFoundError:
+        return "unknown (nri-cdi is not installed: running from a source tree)"
+
+
+class _Version(argparse.Action):
+    """``--version``: the package metadata is read only when asked for."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        print(f"nri-cdi {package_version()}")
+        parser.exit()
+
+
 class _Parser(argparse.ArgumentParser):
     """The command's parser; its subcommands' parsers are of this class too (argparse
     makes them of the parent's class), so none of them imports shutil."""
@@ -79,7 +106,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = _Parser(
         prog="nri-cdi",
         description="CDI specs for GPU nodes and a containerd NRI plugin that applies them.",
+        epilog=DOCUMENTATION,
     )
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="print the installed nri-cdi's version and exit")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wanted = [COMMANDS[command]] if command in COMMANDS else list(COMMANDS.values())
     for module, function in dict.fromkeys(wanted):

@@ -21,13 +21,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from cdi.cache import Snapshot, SpecCache
-from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.errors import printable
 from cdi.watch import AutoRefresh
 from nri_plugin.nri.plugin import Plugin
-from nri_plugin.nri.stub import Callback, CloseCallback, Stub
+from nri_plugin.nri.stub import Callback, CloseCallback, Stub, plugin_identity
 from nri_plugin.nri.versions import (
-    DEFAULT_SOCKET_PATH,
     PLUGIN_IDX_ENV,
     PLUGIN_NAME_ENV,
     PLUGIN_SOCKET_ENV,
@@ -42,8 +40,10 @@ from nri_plugin.ops.settings import (
     Settings,
     SettingsError,
     add_config_argument,
+    add_setting_flags,
     settings_from_args,
 )
+from nri_plugin.ops.status import LAUNCHED_SOCKET, StatusFile
 from nri_plugin.plugins.cdi_injector.claims import OnHit, OnMiss
 from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.failclosed import (
@@ -60,41 +60,23 @@ from nri_plugin.vendors.nvidia.rules import NvidiaRules
 
 # Only ``nri-cdi plugin`` imports this module (nri_plugin/ops/cli.py imports a subcommand's
 # module when it is chosen), so everything the daemon runs on is imported here, at the top.
-DEFAULT_NAME = "nri-cdi"
-DEFAULT_INDEX = "10"
 log = logging.getLogger("nri_cdi")
 
 
 def add_command(subparsers: Any) -> None:
-    parser = subparsers.add_parser("plugin", help="run the NRI plugin that injects CDI devices")
+    parser = subparsers.add_parser(
+        "plugin", help="run the NRI plugin that injects CDI devices",
+        description="The NRI plugin that injects CDI devices into containers. "
+                    "Documentation: docs/usage/ (policy: docs/usage/policy.md).")
     add_config_argument(parser)
-    # Flags default to None: a flag overrides the config file only when given.
-    parser.add_argument("--socket",
-                        help=f"NRI socket of the runtime (default {DEFAULT_SOCKET_PATH}); "
-                             "ignored when the runtime launched us (NRI_PLUGIN_SOCKET)")
-    parser.add_argument("--name", help=f"plugin name (default: NRI_PLUGIN_NAME or {DEFAULT_NAME})")
-    parser.add_argument("--idx", help=f"plugin index, two digits (default: NRI_PLUGIN_IDX or "
-                                      f"{DEFAULT_INDEX})")
-    parser.add_argument("--spec-dir", dest="spec_dirs", action="append", metavar="DIR",
-                        help="CDI spec directory; repeat for several, later ones win "
-                             f"(default: {' then '.join(DEFAULT_SPEC_DIRS)})")
-    parser.add_argument("--rescan-interval", type=float, metavar="SECONDS",
-                        help="full rescan of the spec directories besides inotify (default 60)")
+    add_setting_flags(parser, "plugin.socket", "plugin.name", "plugin.index",
+                      "plugin.spec_dirs", "plugin.rescan_interval", "plugin.status_dir",
+                      "log.level", "log.format", "metrics.address",
+                      "runtime_cdi.containerd_config", "runtime_cdi.enabled")
     parser.add_argument("--policy", metavar="FILE",
-                        help="authorization policy (YAML; see README 'Policy, requirements "
-                             "and fail-closed'); default: the config file's policy section, "
-                             "else the built-in secure defaults")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
-                        help="default info")
-    parser.add_argument("--log-format", choices=["text", "json"], help="default text")
-    parser.add_argument("--metrics-address", metavar="HOST:PORT",
-                        help="serve /metrics, /healthz and /livez there (default: off)")
-    parser.add_argument("--containerd-config", metavar="FILE",
-                        help="containerd's config.toml, read at start for its own CDI set-up "
-                             "(doctor.containerd_config, default /etc/containerd/config.toml)")
-    parser.add_argument("--runtime-cdi", choices=["auto", "on", "off"],
-                        help="whether the runtime's own CDI is on (runtime_cdi.enabled; "
-                             "default auto: from containerd's config)")
+                        help="authorization policy (YAML; docs/usage/policy.md); default: "
+                             "the config file's policy section, else the built-in secure "
+                             "defaults")
     parser.set_defaults(func=cmd_plugin)
 
 
@@ -191,14 +173,29 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     guard = StartGuard(injector, defer=loop.call_soon, own_connection=not launched)
     main: Plugin = guard if metrics is None else Metered(guard, metrics)
     name, idx = _identity(args, settings)
-    on_close = None if metrics is None else lambda s, e: metrics.disconnected()
+    # For nri-cdi doctor: connected to which runtime, since when (nri_plugin/ops/status.py).
+    own_name, own_index = plugin_identity(name, idx, os.environ, sys.argv[0])  # the Stub's
+    status = StatusFile(plugin_settings.status_dir, name=own_name, index=own_index,
+                        socket=LAUNCHED_SOCKET if launched else plugin_settings.socket).start()
+
+    def connected(stub: Stub) -> None:
+        status.connected(stub.configuration)
+
+    def on_close(stub: Stub, error: BaseException | None) -> None:
+        status.disconnected(error)
+        if metrics is not None:
+            metrics.disconnected()
 
     def make_stub(plugin: Plugin, plugin_name: str | None, closed: CloseCallback | None,
                   before_connect: Callback | None) -> Stub:
         # The guard's connection logs under a logger of its own.
-        logger = logging.getLogger("nri_plugin.nri.stub" + (
-            ".guard" if isinstance(plugin, GuardConnection) else ""))
+        is_main = not isinstance(plugin, GuardConnection)
+        logger = logging.getLogger("nri_plugin.nri.stub" + ("" if is_main else ".guard"))
         return Stub(plugin, name=plugin_name, idx=idx, socket_path=plugin_settings.socket,
+                    # Registered, then synchronized: NRI 0.6 (containerd 1.7) sends no
+                    # Synchronize to a plugin it launched at its own start.
+                    on_connected=connected if is_main else None,
+                    on_synchronized=connected if is_main else None,
                     on_close=closed, before_connect=before_connect, logger=logger)
 
     runner: Stub | GuardedConnections = (
@@ -214,6 +211,7 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
         await _run(runner)
     finally:
         reloader.stop(loop)
+        status.stopped()
         refresher.stop()
         if server is not None:
             server.close()

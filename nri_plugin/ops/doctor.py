@@ -17,6 +17,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping
@@ -34,15 +35,24 @@ from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
 from nri_plugin.ops.containerd_config import (
     CRI_V2_SECTION,
     CRI_V3_SECTION,
+    NRI_SECTION,
     ContainerdConfig,
-    read_containerd_config,
+    locate,
+    same_path,
 )
 from nri_plugin.ops.dra_check import claim_specs
-from nri_plugin.ops.refresh import _run_child, generator_args, node_paths
-from nri_plugin.ops.runtime_cdi import cri_cdi_settings
-from nri_plugin.ops.settings import Settings, SettingsError, add_config_argument, settings_from_args
+from nri_plugin.ops.refresh import generator_args, node_paths, run_generator_process
+from nri_plugin.ops.runtime_cdi import cri_cdi_settings, why_unread
+from nri_plugin.ops.settings import (
+    PluginSettings,
+    Settings,
+    SettingsError,
+    add_config_argument,
+    add_setting_flags,
+    settings_from_args,
+)
+from nri_plugin.ops.status import CONNECTED, LAUNCHED_SOCKET, STARTING, read_status
 
-NRI_SECTION = "io.containerd.nri.v1.nri"
 _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
 
@@ -57,9 +67,26 @@ class Check:
 # --- containerd's configuration ------------------------------------------------------------
 
 
-def containerd_major(binary: str | None = None) -> int | None:
-    version = containerd_version(binary)
-    return version[0] if version else None
+def check_containerd_config(cfg: ContainerdConfig) -> Check:
+    """Whether containerd's settings were read, from which files, and what the checks
+    below assume where they were not."""
+    name = "containerd's settings"
+    assumed = {None: "containerd's defaults for its version (1.7: NRI off, its own CDI off; "
+                     "2.x: both on, CDI from /etc/cdi and /var/run/cdi)",
+               1: "containerd 1.7's defaults: NRI off, its own CDI off",
+               2: "containerd 2.x's defaults: NRI on, its own CDI on with /etc/cdi and "
+                  "/var/run/cdi"}[min(cfg.major, 2) if cfg.major is not None else None]
+    fix = ("name containerd's configuration file: runtime_cdi.containerd_config (or "
+           "--containerd-config)")
+    unread = why_unread(cfg)
+    if unread:
+        return Check(name=name, status="warn",
+                     detail=f"not read ({unread}); the checks below and the plugin assume "
+                            f"{assumed}", fix=fix)
+    if cfg.data is None:
+        return Check(name=name, status="ok",
+                     detail=f"{cfg.source} runs without {cfg.path}: {assumed}")
+    return Check(name=name, status="ok", detail=f"read {cfg.read} ({cfg.source})")
 
 
 def check_nri_enabled(cfg: ContainerdConfig, our_socket: str) -> Check:
@@ -86,20 +113,14 @@ def check_nri_enabled(cfg: ContainerdConfig, our_socket: str) -> Check:
         return Check(name=name, status="fail",
                      detail="disable_connections = true: external plugins cannot connect",
                      fix=f"set disable_connections = false in {section}, or run the plugin "
-                         "from the runtime's plugin_path (nri-cdi install-launcher)")
+                         "from the runtime's plugin_path (nri-cdi install-plugin-launcher)")
     socket_path = nri.get("socket_path", DEFAULT_SOCKET_PATH)
-    if _same_path(socket_path, our_socket):
+    if same_path(socket_path, our_socket):
         return Check(name=name, status="ok", detail=f"NRI on, socket {socket_path}")
     return Check(name=name, status="warn",
                  detail=f"containerd's NRI socket is {socket_path}, the plugin uses {our_socket}",
                  fix="set plugin.socket in the nri-cdi configuration to containerd's "
                      "socket_path")
-
-
-def _same_path(a: str, b: str) -> bool:
-    # /var/run is a symlink to /run on current distributions
-    return os.path.normpath(a.replace("/var/run/", "/run/")) == os.path.normpath(
-        b.replace("/var/run/", "/run/"))
 
 
 def check_socket(path: str) -> Check:
@@ -115,12 +136,68 @@ def check_socket(path: str) -> Check:
     return Check(name=name, status="ok", detail=f"{path} accepts connections")
 
 
-def check_plugin(health_url: str | None) -> Check:
+def check_plugin(plugin: PluginSettings, *, health: str | None = None) -> Check:
+    """From the status file the plugin keeps (``plugin.status_dir``): whether it runs,
+    whether it is connected, to which runtime, over which socket. Needs no metrics."""
     name = "plugin connected"
-    if not health_url:
-        return Check(name=name, status="skip", detail="no health endpoint configured",
-                     fix="set metrics.address (e.g. 127.0.0.1:9464) so that doctor can ask "
-                         "the plugin; or: systemctl status nri-cdi-plugin")
+    start = ("start it: systemctl start nri-cdi-plugin (or check the DaemonSet pod, whose "
+             "/run/nri-cdi must be the host's)")
+    if not plugin.status_dir:
+        return Check(name=name, status="skip",
+                     detail="plugin.status_dir is empty: the plugin keeps no status file"
+                            + ("; see the health endpoint below" if health else ""),
+                     fix="set plugin.status_dir (default /run/nri-cdi) for the plugin and "
+                         "for doctor")
+    reading = read_status(plugin.status_dir, plugin.name, plugin.index)
+    status = reading.status
+    if status is None:
+        folder = reading.path.parent
+        others = sorted(p.name for p in folder.glob("*.json")) if folder.is_dir() else []
+        return Check(name=name, status="fail",
+                     detail=f"{reading.path}: {reading.problem}"
+                            + (f" (there: {', '.join(others)}: another plugin.name or "
+                               "plugin.index?)" if others else ""),
+                     fix=start)
+    pid = f"pid {status.pid}"
+    if reading.alive is None:
+        return Check(name=name, status="warn",
+                     detail=f"{reading.path} says {status.state} since {_when(status.since)} "
+                            f"({pid}), but whether that process still runs cannot be told",
+                     fix="run doctor as root")
+    if not reading.alive:
+        return Check(name=name, status="fail",
+                     detail=f"the plugin is not running: {pid} was last {status.state} at "
+                            f"{_when(status.since)}" + _because(status.error),
+                     fix=start)
+    if status.state == CONNECTED:
+        detail = (f"connected to {status.runtime or 'the runtime'} since "
+                  f"{_when(status.since)} ({pid}, socket {status.socket})")
+        if status.socket != LAUNCHED_SOCKET and not same_path(status.socket, plugin.socket):
+            return Check(name=name, status="warn",
+                         detail=detail + f"; this doctor checks {plugin.socket}",
+                         fix="use the same plugin.socket (and config file) for the plugin "
+                             "and doctor")
+        return Check(name=name, status="ok", detail=detail)
+    what = ("running but never connected" if status.state == STARTING
+            else "running but not connected")
+    return Check(name=name, status="fail",
+                 detail=f"{what} since {_when(status.since)} ({pid}, socket {status.socket})"
+                        + _because(status.error),
+                 fix="check NRI and the socket (above) and the plugin's log; it reconnects "
+                     "by itself when the runtime listens")
+
+
+def _when(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(seconds))
+
+
+def _because(error: str) -> str:
+    return f" ({error})" if error else ""
+
+
+def check_health(health_url: str) -> Check:
+    """The plugin's /healthz, when metrics (or doctor.health_url) are configured."""
+    name = "plugin health endpoint"
     try:
         with urllib.request.urlopen(health_url, timeout=3) as resp:
             body = json.loads(resp.read() or b"{}")
@@ -271,7 +348,7 @@ def current_fingerprint(settings: Settings) -> tuple[str | None, str]:
     args = generator_args(settings)
     out = args.index("--output")
     args = [a for i, a in enumerate(args) if a != "--if-changed" and i not in (out, out + 1)]
-    done = _run_child([*args, "--format", "yaml"])
+    done = run_generator_process([*args, "--format", "yaml"])
     match = re.search(r"^# fingerprint: (\S+)$", done.stdout, re.M)
     if done.returncode != 0 or not match:
         return None, done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
@@ -297,7 +374,7 @@ def _runtime_cdi(cfg: ContainerdConfig) -> tuple[bool, tuple[str, ...], str]:
 
 def _unread(our_dirs: Iterable[str], theirs: Iterable[str]) -> list[str]:
     theirs = list(theirs)
-    return sorted(d for d in our_dirs if not any(_same_path(d, t) for t in theirs))
+    return sorted(d for d in our_dirs if not any(same_path(d, t) for t in theirs))
 
 
 def check_native_cdi(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
@@ -397,10 +474,14 @@ def check_runtime_cdi_setting(cfg: ContainerdConfig, settings: Settings) -> Chec
         return Check(name=name, status="fail", detail="; ".join(problems),
                      fix="set runtime_cdi.enabled: auto and leave runtime_cdi.spec_dirs unset "
                          f"(the plugin then reads {cfg.path} when it starts)")
-    origin = "its own settings" if wanted.enabled != "auto" else cfg.path
+    origin = ("its own settings" if wanted.enabled != "auto" else
+              cfg.read if cfg.data is not None else
+              "containerd's defaults: its settings were not read" if why_unread(cfg) else
+              f"containerd's defaults: it runs without {cfg.path}")
+    known = wanted.enabled != "auto" or not why_unread(cfg)
     return Check(name=name, status="ok",
                  detail=f"the plugin assumes enable_cdi {'on' if enabled else 'off'} "
-                        f"(from {origin}), as containerd has it")
+                        f"(from {origin})" + (", as containerd has it" if known else ""))
 
 
 # --- containerd >= 2.2: a required plugin (fail-closed by the runtime itself) ------------
@@ -468,10 +549,19 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
                fingerprint: Callable[[Settings], tuple[str | None, str]] | None = None,
                check_generated: bool = True) -> list[Check]:
     plugin = settings.plugin
-    cfg = read_containerd_config(settings.doctor.containerd_config,
-                                 containerd_major_version)
-    checks = [check_nri_enabled(cfg, plugin.socket), check_socket(plugin.socket),
-              check_plugin(health_url(settings))]
+    found = locate(settings.runtime_cdi.containerd_config, plugin.socket)
+    if containerd_major_version is None:
+        version = containerd_version(found.exe)  # the running one's, else PATH's
+        cfg = found.read(version[0] if version else None)
+    else:
+        version = (1, 7, 0) if containerd_major_version < 2 else None
+        cfg = found.read(containerd_major_version)
+    health = health_url(settings)
+    checks = [check_containerd_config(cfg), check_nri_enabled(cfg, plugin.socket),
+              check_socket(plugin.socket),
+              check_plugin(plugin, health=health)]
+    if health:
+        checks.append(check_health(health))
     dirs_check, _ = check_spec_dirs(plugin.spec_dirs)
     checks.append(dirs_check)
     if check_generated:
@@ -479,8 +569,6 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
     checks += [check_device_nodes(plugin.spec_dirs), check_native_cdi(cfg, plugin.spec_dirs),
                check_runtime_cdi_setting(cfg, settings),
                check_kinds_runtimes_can_load(plugin.spec_dirs)]
-    version = containerd_version() if containerd_major_version is None else (
-        (1, 7, 0) if containerd_major_version < 2 else None)
     checks.append(check_required_plugin(cfg, plugin.name, plugin.index, version))
     checks.append(check_dra(cfg, plugin.spec_dirs))
     return checks
@@ -498,13 +586,8 @@ def render(checks: Iterable[Check]) -> str:
 def add_commands(subparsers: Any) -> None:
     parser = subparsers.add_parser("doctor", help="check the node set-up; say what to fix")
     add_config_argument(parser)
-    parser.add_argument("--containerd-config", help="containerd's config.toml "
-                        "(doctor.containerd_config, default /etc/containerd/config.toml)")
-    parser.add_argument("--health-url", help="the plugin's /healthz URL (default: from "
-                        "metrics.address)")
-    parser.add_argument("--socket", help="NRI socket (plugin.socket)")
-    parser.add_argument("--spec-dir", dest="spec_dirs", action="append", metavar="DIR",
-                        help="spec folder (plugin.spec_dirs; repeatable)")
+    add_setting_flags(parser, "runtime_cdi.containerd_config", "doctor.health_url",
+                      "plugin.socket", "plugin.spec_dirs", "plugin.status_dir")
     parser.add_argument("--no-generate", dest="check_generated", action="store_false",
                         help="skip the fingerprint check (it runs the generator)")
     parser.add_argument("--json", action="store_true", help="JSON output")
@@ -521,8 +604,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print("\n".join(f"nri-cdi doctor: error: {line}" for line in exc.lines()),
               file=sys.stderr)
         return 2
-    checks = run_checks(settings, containerd_major_version=containerd_major(),
-                        check_generated=args.check_generated)
+    checks = run_checks(settings, check_generated=args.check_generated)
     if args.json:
         print(json.dumps([asdict(c) for c in checks], indent=2))
     else:

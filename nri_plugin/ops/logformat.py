@@ -101,7 +101,7 @@ class BoundedLog(logging.Filter):
 def clip_line(text: str, limit: int) -> str:
     # Here: importing nri_plugin.nri.wire loads the NRI messages and protobuf, which
     # ``nri-cdi watch`` and ``refresh`` never need.
-    from nri_plugin.nri.wire._bounded import clip
+    from nri_plugin.nri.wire import clip
 
     return clip(text, limit)
 

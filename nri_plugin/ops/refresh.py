@@ -48,7 +48,13 @@ from typing import Any
 
 from cdi.nvidia.sidecar import sidecar_path
 from nri_plugin.ops.logformat import log_formatter
-from nri_plugin.ops.settings import Settings, SettingsError, add_config_argument, settings_from_args
+from nri_plugin.ops.settings import (
+    Settings,
+    SettingsError,
+    add_config_argument,
+    add_setting_flags,
+    settings_from_args,
+)
 
 log = logging.getLogger("nri_cdi.refresh")
 
@@ -203,12 +209,12 @@ Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 GENERATOR_ENTRY = Path(__file__).resolve().parents[2] / "cdi" / "nvidia" / "__main__.py"
 
 
-def _run_child(args: list[str]) -> subprocess.CompletedProcess[str]:
+def run_generator_process(args: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-I", "-S", str(GENERATOR_ENTRY), *args],
                           capture_output=True, text=True, timeout=300, check=False)
 
 
-def run_generator(settings: Settings, runner: Runner = _run_child) -> Outcome:
+def run_generator(settings: Settings, runner: Runner = run_generator_process) -> Outcome:
     output = Path(settings.generate.output)
     before = _identity(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -309,13 +315,7 @@ def add_commands(subparsers: Any) -> None:
     watch = subparsers.add_parser(
         "watch", help="regenerate the NVIDIA spec when the driver or the MIG layout changes")
     _common(watch)
-    watch.add_argument("--poll-interval", type=float, metavar="SECONDS",
-                       help="seconds between node polls (watch.poll_interval, default 2)")
-    watch.add_argument("--settle", type=float, metavar="SECONDS",
-                       help="a change must hold this long before regenerating (default 1)")
-    watch.add_argument("--resync-interval", type=float, metavar="SECONDS",
-                       help="run the generator (with --if-changed) at least this often "
-                            "(default 300)")
+    add_setting_flags(watch, "watch.poll_interval", "watch.settle", "watch.resync_interval")
     watch.set_defaults(func=cmd_watch)
     refresh = subparsers.add_parser(
         "refresh", help="regenerate the NVIDIA spec once if the node changed (for boot)")
@@ -325,13 +325,8 @@ def add_commands(subparsers: Any) -> None:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
-    parser.add_argument("--output", help="spec file (generate.output)")
-    parser.add_argument("--mode", choices=("auto", "nvml", "procfs", "management"),
-                        help="discovery mode (generate.mode)")
-    parser.add_argument("--driver-root", help="driver root (generate.driver_root)")
-    parser.add_argument("--dev-root", help="dev root (generate.dev_root)")
-    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
-    parser.add_argument("--log-format", choices=("text", "json"))
+    add_setting_flags(parser, "generate.output", "generate.mode", "generate.driver_root",
+                      "generate.dev_root", "log.level", "log.format")
 
 
 def _setup(args: argparse.Namespace) -> Settings | None:

@@ -1,20 +1,30 @@
-"""Reading the runtime's own CDI set-up (containerd's config.toml) for the plugin.
+"""Reading the runtime's own CDI set-up (containerd's configuration) for the plugin.
 
 Done once when the plugin starts (never on the request path). ``runtime_cdi.enabled`` and
-``runtime_cdi.spec_dirs`` in the plugin's settings win over the file; a missing file means
-containerd's defaults.
+``runtime_cdi.spec_dirs`` in the plugin's settings win over the file. What containerd's
+files say is a fact; where they were not read (no file, a file that cannot be read, one
+that cannot be known without containerd's version), the plugin says so and what it assumes
+instead: containerd's defaults for the version that connects.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from nri_plugin.ops.containerd_config import CRI_V2_SECTION, CRI_V3_SECTION, read_containerd_config
+from nri_plugin.ops.containerd_config import (
+    CRI_V2_SECTION,
+    CRI_V3_SECTION,
+    ContainerdConfig,
+    locate,
+)
 from nri_plugin.plugins.cdi_injector.delegation import LIBRARY_DEFAULT_DIRS, RuntimeCdiConfig
 
 if TYPE_CHECKING:
     from nri_plugin.ops.settings import Settings
+
+log = logging.getLogger("nri_cdi")
 
 
 def cri_cdi_settings(data: Mapping[str, Any] | None) -> tuple[bool | None, tuple[str, ...]]:
@@ -34,17 +44,46 @@ def cri_cdi_settings(data: Mapping[str, Any] | None) -> tuple[bool | None, tuple
             else LIBRARY_DEFAULT_DIRS)
 
 
+def why_unread(cfg: ContainerdConfig) -> str:
+    """Why containerd's settings were not read ("" when they were, or when the running
+    containerd itself has no file: its defaults are then a fact)."""
+    if cfg.error:
+        return cfg.error if cfg.path in cfg.error else f"{cfg.path}: {cfg.error}"
+    if cfg.data is None and not cfg.running:
+        return f"no {cfg.path}; {cfg.source}"
+    return ""
+
+
+def containerd_config_for(settings: Settings, major: int | None = None) -> ContainerdConfig:
+    """containerd's configuration, from the file the settings name, else the one the
+    running containerd serving ``plugin.socket`` was started with, else the default path."""
+    return locate(settings.runtime_cdi.containerd_config, settings.plugin.socket).read(major)
+
+
 def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
-    path = settings.doctor.containerd_config
     wanted = settings.runtime_cdi
-    cfg = read_containerd_config(path, None)
-    enabled, dirs = cri_cdi_settings(cfg.data)
-    why = f"unreadable: {cfg.error}" if cfg.error else "absent"
-    origin = path if cfg.data is not None else f"containerd's defaults: {path} {why}"
+    if wanted.enabled != "auto" and wanted.spec_dirs is not None:
+        return RuntimeCdiConfig(enabled=wanted.enabled == "on", spec_dirs=wanted.spec_dirs,
+                                origin="runtime_cdi.enabled and runtime_cdi.spec_dirs set")
+    cfg = containerd_config_for(settings)
+    unread = why_unread(cfg)
+    if unread:
+        enabled, dirs = None, None
+        origin = "containerd's defaults for its version"
+        log.warning("containerd's settings were not read (%s); assuming containerd's "
+                    "defaults for the version that connects. Name the file with "
+                    "runtime_cdi.containerd_config, or set runtime_cdi.enabled and "
+                    "runtime_cdi.spec_dirs", unread)
+    elif cfg.data is None:
+        enabled, dirs = cri_cdi_settings(None)
+        origin = f"containerd's defaults: {cfg.source} runs without {cfg.path}"
+    else:
+        enabled, dirs = cri_cdi_settings(cfg.data)
+        origin = f"read from {cfg.read}"
     if wanted.enabled != "auto":
         enabled = wanted.enabled == "on"
         origin += "; runtime_cdi.enabled set"
     if wanted.spec_dirs is not None:
         dirs = tuple(wanted.spec_dirs)
         origin += "; runtime_cdi.spec_dirs set"
-    return RuntimeCdiConfig(enabled=enabled, spec_dirs=dirs, origin=origin)
+    return RuntimeCdiConfig(enabled=enabled, spec_dirs=dirs, origin=origin, unread=unread)

@@ -3,16 +3,20 @@
 ``/etc/nri-cdi/config.yaml`` by default (``--config`` or ``NRI_CDI_CONFIG`` to choose).
 Every key has a default, so an absent default file means "all defaults"; an explicitly
 named file that is absent is an error. The file is validated as a whole when a command
-starts, and every error names its key (``plugin.rescan_interval: expected a number > 0,
-got 'soon'``), so a typo never silently falls back to a default.
+starts, and every error names the file and its key (``config.yaml:
+plugin.rescan_interval: expected a number > 0, got 'soon'``), so a typo never silently
+falls back to a default.
 
-Precedence: command-line flag > file > built-in default. ``apply_flags`` does the first
-step for any argparse namespace whose attributes are ``None`` when the flag was not given.
+Each key is declared once: a field of its section's frozen dataclass below, with its
+default, and a :class:`Key` in the field's metadata (what it means, how a value is checked,
+its command-line flag if it has one). Everything else is derived from those declarations:
+the file's parsing and validation (:func:`parse_settings`), the flags of every command that
+takes a key and their help with the default (:func:`add_setting_flags`), and the output of
+``nri-cdi config show`` and ``nri-cdi config reference``.
 
-The result is a :class:`Settings`: frozen dataclasses, one per section
-(``settings.plugin.spec_dirs``), each key typed; a file key is a field of its section's
-class and has one check (:data:`SECTIONS`). The ``policy`` section is kept as a read-only
-mapping here and validated by the policy code: this module only checks that it is a mapping.
+Precedence: command-line flag > file > built-in default. The ``policy`` section is kept as
+a read-only mapping here and validated by the policy code: this module only checks that it
+is a mapping.
 """
 
 from __future__ import annotations
@@ -21,12 +25,13 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import Field, dataclass, field, fields, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from cdi.dirs import DEFAULT_SPEC_DIRS
+from cdi.nvidia.hook_programs import HOOK_PROGRAMS
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
 
@@ -46,17 +51,24 @@ class SettingsError(NRIPluginError):
         return [f"{self.source}: {p}" for p in self.problems]
 
 
-# --- value checkers: (value) -> normalised value, or raise ValueError(why) -----------------
+# --- value types: how a value is checked, and read from a flag -----------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ValueType:
+    """``check(value)`` returns the normalised value or raises ``ValueError(why)``;
+    ``from_text`` reads a flag's text before the check; ``name`` is for the reference."""
+
+    name: str
+    check: Callable[[Any], Any]
+    from_text: Callable[[str], Any] = str
+    choices: tuple[str, ...] = ()
 
 
 def _str(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError(f"expected a string, got {value!r}")
     return value
-
-
-def _opt_str(value: Any) -> str | None:
-    return None if value is None else _str(value)
 
 
 def _abs_path(value: Any) -> str:
@@ -66,18 +78,14 @@ def _abs_path(value: Any) -> str:
     return text
 
 
-def _opt_abs_path(value: Any) -> str | None:
-    return None if value is None else _abs_path(value)
+def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else check(value)
 
 
-# = cdi.nvidia.generate.HOOK_PROGRAMS (a test checks), without importing the generator here.
-HOOK_PROGRAMS = ("nri-cdi", "nri-cdi-hook", "nvidia-cdi-hook", "nvidia-ctk")
-
-
-def _hook_program(value: Any) -> str | None:
+def _hook_program(value: Any) -> str:
     """An absolute path to a hook program generate knows the arguments of."""
-    path = _opt_abs_path(value)
-    if path is not None and os.path.basename(path) not in HOOK_PROGRAMS:
+    path = _abs_path(value)
+    if os.path.basename(path) not in HOOK_PROGRAMS:
         raise ValueError(f"expected a path ending in /{', /'.join(HOOK_PROGRAMS)}, "
                          f"got {path!r}")
     return path
@@ -89,10 +97,6 @@ def _paths(value: Any) -> tuple[str, ...]:
     if not value:
         raise ValueError("expected at least one path")
     return tuple(_abs_path(v) for v in value)
-
-
-def _opt_paths(value: Any) -> tuple[str, ...] | None:
-    return None if value is None else _paths(value)
 
 
 def _strs(value: Any) -> tuple[str, ...]:
@@ -108,10 +112,11 @@ def _positive(value: Any) -> float:
     return float(value)
 
 
-def _bool(value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"expected true or false, got {value!r}")
-    return value
+def _number_text(text: str) -> Any:
+    try:
+        return float(text)
+    except ValueError:
+        return text  # the check names the key and the bad value
 
 
 def _index(value: Any) -> str:
@@ -119,15 +124,6 @@ def _index(value: Any) -> str:
     if not isinstance(text, str) or len(text) != 2 or not text.isdigit():
         raise ValueError(f"expected two digits (00-99), got {value!r}")
     return text
-
-
-def _choice(*choices: str) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        if value not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
-        return str(value)
-
-    return check
 
 
 def _address(value: Any) -> str:
@@ -141,127 +137,190 @@ def _address(value: Any) -> str:
     return text
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise ValueError(f"expected a mapping, got {value!r}")
-    return MappingProxyType(dict(value))
+def _status_dir(value: Any) -> str:
+    text = _str(value)
+    return text if text == "" else _abs_path(text)
 
 
-# --- the sections: typed, immutable values; each key's check, and the file's schema --------
+def one_of(*choices: str) -> ValueType:
+    def check(value: Any) -> str:
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+        return str(value)
+
+    return ValueType(f"one of {', '.join(choices)}", check, choices=choices)
+
+
+STRING = ValueType("string", _str)
+OPTIONAL_STRING = ValueType("string", _optional(_str))
+ABSOLUTE_PATH = ValueType("absolute path", _abs_path)
+OPTIONAL_ABSOLUTE_PATH = ValueType("absolute path", _optional(_abs_path))
+PATHS = ValueType("list of absolute paths", _paths)
+OPTIONAL_PATHS = ValueType("list of absolute paths", _optional(_paths))
+STRINGS = ValueType("list of strings", _strs)
+SECONDS = ValueType("number > 0 (seconds)", _positive, from_text=_number_text)
+INDEX = ValueType("two digits", _index)
+ADDRESS = ValueType('host:port, :port, or "" (off)', _address)
+HOOK_PROGRAM = ValueType(f"absolute path ending in /{', /'.join(HOOK_PROGRAMS)}",
+                         _optional(_hook_program))
+STATUS_DIR = ValueType('absolute path, or "" (off)', _status_dir)
+
+
+# --- a key's declaration -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    """What one key means (``help``), its value type, and its command-line flag (``flags``:
+    none for a file-only key; ``dest`` the argparse attribute, by default the first flag's
+    name; ``repeatable``: a list given one element per flag). ``default_text`` says what
+    the default means where its value does not (``None``, ``""``)."""
+
+    help: str
+    type: ValueType
+    flags: tuple[str, ...] = ()
+    dest: str | None = None
+    metavar: str | None = None
+    repeatable: bool = False
+    default_text: str | None = None
+
+    @property
+    def flag_dest(self) -> str:
+        return self.dest or self.flags[0].lstrip("-").replace("-", "_")
+
+
+T = TypeVar("T")
+KEY = "nri_cdi_key"  # the field metadata entry holding the Key
+
+
+def setting(default: T, value_type: ValueType, help: str, *flags: str,
+            dest: str | None = None, metavar: str | None = None, repeatable: bool = False,
+            default_text: str | None = None) -> T:
+    """A section field: its default and its :class:`Key`."""
+    key = Key(help, value_type, flags, dest, metavar, repeatable, default_text)
+    return field(default=default, metadata={KEY: key})
+
+
+# --- the sections: typed, immutable values -------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PluginSettings:
-    """``plugin``: how the NRI plugin connects and where it reads specs."""
+    """How the NRI plugin connects and where it reads specs."""
 
-    socket: str = DEFAULT_SOCKET_PATH
-    name: str = "nri-cdi"
-    index: str = "10"  # two digits
-    spec_dirs: tuple[str, ...] = DEFAULT_SPEC_DIRS
-    rescan_interval: float = 60.0
-    # world-writable or non-root-owned spec files and folders: warn, refuse or ignore
-    spec_permissions: str = "warn"
+    socket: str = setting(
+        DEFAULT_SOCKET_PATH, ABSOLUTE_PATH,
+        "the runtime's NRI socket; unused when the runtime launched the plugin itself "
+        "(NRI_PLUGIN_SOCKET)", "--socket", metavar="PATH")
+    name: str = setting(
+        "nri-cdi", STRING,
+        "plugin name; NRI_PLUGIN_NAME wins over the file when the runtime launched the "
+        "plugin", "--name")
+    index: str = setting(
+        "10", INDEX,
+        "plugin index, two digits (the runtime calls plugins in index order); "
+        "NRI_PLUGIN_IDX wins over the file when the runtime launched the plugin",
+        "--index", "--idx", dest="idx", metavar="NN")
+    spec_dirs: tuple[str, ...] = setting(
+        DEFAULT_SPEC_DIRS, PATHS,
+        "CDI spec folders; a device in a later folder wins over one of the same name in an "
+        "earlier one", "--spec-dir", dest="spec_dirs", metavar="DIR", repeatable=True)
+    rescan_interval: float = setting(
+        60.0, SECONDS, "full rescan of the spec folders, besides inotify",
+        "--rescan-interval", metavar="SECONDS")
+    spec_permissions: str = setting(
+        "warn", one_of("warn", "refuse", "ignore"),
+        "spec files and folders that are world-writable or not owned by root: warn, refuse "
+        "them, or ignore it")
+    status_dir: str = setting(
+        "/run/nri-cdi", STATUS_DIR,
+        "where the plugin keeps its status file (NN-name.json: connected to which runtime, "
+        "since when), which nri-cdi doctor reads", "--status-dir", metavar="DIR")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GenerateSettings:
-    """``generate``: the ``nri-cdi generate`` options ``refresh`` and ``watch`` run with."""
+    """The ``nri-cdi generate`` options that ``refresh`` and ``watch`` run it with."""
 
-    output: str = "/var/run/cdi/nvidia.yaml"
-    mode: str = "auto"
-    driver_root: str = "/"
-    dev_root: str | None = None
-    device_name_strategies: tuple[str, ...] = ("index", "uuid")
-    link_mode: str = "hooks"
-    hook_path: str | None = None
-    disabled_hooks: tuple[str, ...] = ()
-    extra_args: tuple[str, ...] = ()
+    output: str = setting("/var/run/cdi/nvidia.yaml", ABSOLUTE_PATH, "the spec file written",
+                          "--output", metavar="FILE")
+    mode: str = setting("auto", one_of("auto", "nvml", "procfs", "management", "csv"),
+                        "how the GPUs are discovered", "--mode")
+    driver_root: str = setting("/", ABSOLUTE_PATH, "the root the driver's files are under",
+                               "--driver-root", metavar="DIR")
+    dev_root: str | None = setting(None, OPTIONAL_ABSOLUTE_PATH,
+                                   "the root /dev and /proc are under", "--dev-root",
+                                   metavar="DIR", default_text="the driver root")
+    device_name_strategies: tuple[str, ...] = setting(
+        ("index", "uuid"), STRINGS, "how devices are named (index, uuid, type-index)")
+    link_mode: str = setting("hooks", one_of("hooks", "mounts"),
+                             "driver library links made by a hook, or mounted")
+    hook_path: str | None = setting(None, HOOK_PROGRAM, "the hook program the spec names",
+                                    default_text="this nri-cdi")
+    disabled_hooks: tuple[str, ...] = setting((), STRINGS, "hooks left out of the spec")
+    extra_args: tuple[str, ...] = setting((), STRINGS, "more nri-cdi generate arguments")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WatchSettings:
-    """``watch``: how often the node is looked at (seconds)."""
+    """How ``nri-cdi watch`` looks at the node."""
 
-    poll_interval: float = 2.0
-    settle: float = 1.0
-    resync_interval: float = 300.0
+    poll_interval: float = setting(2.0, SECONDS, "seconds between looks at the node",
+                                   "--poll-interval", metavar="SECONDS")
+    settle: float = setting(1.0, SECONDS, "a change must hold this long before the spec is "
+                            "regenerated", "--settle", metavar="SECONDS")
+    resync_interval: float = setting(300.0, SECONDS, "run the generator (which writes only "
+                                     "when something changed) at least this often",
+                                     "--resync-interval", metavar="SECONDS")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsSettings:
-    address: str = ""  # host:port, :port, or "" for off
+    """The plugin's Prometheus metrics and health endpoint."""
+
+    address: str = setting("", ADDRESS,
+                           "serve /metrics, /healthz and /livez at host:port (port 0: any "
+                           "free port, logged)", "--metrics-address", metavar="HOST:PORT",
+                           default_text='"" (off)')
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LogSettings:
-    level: str = "info"
-    format: str = "text"
+    """What the commands log, and how."""
+
+    level: str = setting("info", one_of("debug", "info", "warning", "error"), "log level",
+                         "--log-level")
+    format: str = setting("text", one_of("text", "json"), "log line format", "--log-format")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DoctorSettings:
-    containerd_config: str = "/etc/containerd/config.toml"
-    health_url: str | None = None
+    """What ``nri-cdi doctor`` asks besides the files."""
+
+    health_url: str | None = setting(None, OPTIONAL_STRING, "the plugin's /healthz URL",
+                                     "--health-url", metavar="URL",
+                                     default_text="from metrics.address")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RuntimeCdiSettings:
-    """The runtime's own CDI support (containerd enable_cdi / cdi_spec_dirs): whether it
-    injects container cdi.k8s.io annotations itself (the plugin then leaves them alone) and
-    which folders it resolves delegated devices (CDI_devices) from. auto / None: read from
-    doctor.containerd_config when the plugin starts, else containerd's defaults."""
+    """The runtime's own CDI (containerd's enable_cdi and cdi_spec_dirs): whether it injects
+    devices named in container cdi.k8s.io annotations itself (the plugin then leaves them
+    alone) and which folders it resolves the devices the plugin hands over (CDI_devices)
+    from. Read from containerd's configuration when the plugin starts, unless set here."""
 
-    enabled: str = "auto"
-    spec_dirs: tuple[str, ...] | None = None
-
-
-Checker = Callable[[Any], Any]
-# section -> (its class, key -> checker). Every key of a section's class has a checker
-# (tested); the defaults are the classes' and go through the checkers too (tested), so no
-# default can be one the file itself would be refused for.
-SECTIONS: dict[str, tuple[type[Any], dict[str, Checker]]] = {
-    "plugin": (PluginSettings, {
-        "socket": _abs_path,
-        "name": _str,
-        "index": _index,
-        "spec_dirs": _paths,
-        "rescan_interval": _positive,
-        "spec_permissions": _choice("warn", "refuse", "ignore"),
-    }),
-    "generate": (GenerateSettings, {
-        "output": _abs_path,
-        "mode": _choice("auto", "nvml", "procfs", "management", "csv"),
-        "driver_root": _abs_path,
-        "dev_root": _opt_abs_path,
-        "device_name_strategies": _strs,
-        "link_mode": _choice("hooks", "mounts"),
-        "hook_path": _hook_program,
-        "disabled_hooks": _strs,
-        "extra_args": _strs,
-    }),
-    "watch": (WatchSettings, {
-        "poll_interval": _positive,
-        "settle": _positive,
-        "resync_interval": _positive,
-    }),
-    "metrics": (MetricsSettings, {"address": _address}),
-    "log": (LogSettings, {
-        "level": _choice("debug", "info", "warning", "error"),
-        "format": _choice("text", "json"),
-    }),
-    "doctor": (DoctorSettings, {"containerd_config": _abs_path, "health_url": _opt_str}),
-    "runtime_cdi": (RuntimeCdiSettings, {
-        "enabled": _choice("auto", "on", "off"),
-        "spec_dirs": _opt_paths,
-    }),
-}
-# section -> key -> (checker, default): the file's schema, as the sections define it.
-SCHEMA: dict[str, dict[str, tuple[Checker, Any]]] = {
-    section: {key: (check, getattr(cls(), key)) for key, check in checks.items()}
-    for section, (cls, checks) in SECTIONS.items()
-}
-# Sections passed through to other code as plain mappings.
-OPAQUE_SECTIONS: dict[str, Mapping[str, Any]] = {"policy": MappingProxyType({})}
+    containerd_config: str | None = setting(
+        None, OPTIONAL_ABSOLUTE_PATH,
+        "containerd's configuration file, read with its imports when the plugin and the "
+        "doctor start", "--containerd-config", metavar="FILE",
+        default_text="the --config of the running containerd serving plugin.socket, else "
+                     "/etc/containerd/config.toml")
+    enabled: str = setting("auto", one_of("auto", "on", "off"),
+                           "whether the runtime's own CDI is on (auto: from containerd's "
+                           "configuration)", "--runtime-cdi")
+    spec_dirs: tuple[str, ...] | None = setting(None, OPTIONAL_PATHS,
+                                                "the folders the runtime's CDI reads",
+                                                default_text="from containerd's configuration")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -281,35 +340,65 @@ class Settings:
     def as_dict(self) -> dict[str, Any]:
         """Plain data (lists, dicts) for printing, in the file's layout."""
         out: dict[str, Any] = {
-            section: {key: _plain(getattr(getattr(self, section), key)) for key in checks}
-            for section, (_, checks) in SECTIONS.items()
+            section: {name: _plain(getattr(getattr(self, section), name))
+                      for name in keys_of(section)}
+            for section in SECTIONS
         }
         out["policy"] = _plain(self.policy)
         return out
 
-    def with_values(self, overrides: Mapping[str, Any]) -> Settings:
+    def with_values(self, overrides: Mapping[str, Any], source: str = "command line"
+                    ) -> Settings:
         """A copy with ``{"section.key": value}`` overrides, each checked like file values."""
-        values = {section: _fields(getattr(self, section)) for section in SECTIONS}
+        values: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
         problems = []
         for dotted, value in overrides.items():
-            section, key = dotted.split(".", 1)
+            section, name = dotted.split(".", 1)
             try:
-                values[section][key] = SECTIONS[section][1][key](value)
+                values[section][name] = key_of(section, name).type.check(value)
             except ValueError as exc:
                 problems.append(f"{dotted}: {exc}")
         if problems:
-            raise SettingsError("command line", problems)
-        return _build(values, self.policy, self.source)
+            raise SettingsError(source, problems)
+        changed = {s: replace(getattr(self, s), **v) for s, v in values.items() if v}
+        return replace(self, **changed)
 
 
-def _fields(section: Any) -> dict[str, Any]:
-    return {f.name: getattr(section, f.name) for f in fields(section)}
+# section name -> its class, in the file's order; "policy" is passed through as a mapping.
+SECTIONS: dict[str, type[Any]] = {
+    f.name: type(f.default) for f in fields(Settings) if f.name not in ("policy", "source")}
+OPAQUE_SECTIONS = ("policy",)
+# Keys that moved, so that an old file gets told where (not just "unknown key").
+MOVED = {"doctor.containerd_config": "runtime_cdi.containerd_config"}
 
 
-def _build(values: Mapping[str, Mapping[str, Any]], policy: Mapping[str, Any],
-           source: str) -> Settings:
-    sections = {name: SECTIONS[name][0](**keys) for name, keys in values.items()}
-    return Settings(**sections, policy=policy, source=source)
+def _key_fields(cls: type[Any]) -> Iterator[Field[Any]]:
+    return (f for f in fields(cls) if KEY in f.metadata)
+
+
+def section_help(section: str) -> str:
+    """The section class's docstring, as one line of plain text."""
+    return " ".join((SECTIONS[section].__doc__ or "").replace("``", "").split())
+
+
+def keys_of(section: str) -> dict[str, Key]:
+    """A section's keys, in declaration order."""
+    return {f.name: f.metadata[KEY] for f in _key_fields(SECTIONS[section])}
+
+
+def key_of(section: str, name: str) -> Key:
+    return keys_of(section)[name]
+
+
+def default_of(section: str, name: str) -> Any:
+    return getattr(SECTIONS[section](), name)
+
+
+def all_keys() -> Iterator[tuple[str, str, Key]]:
+    """(section, name, key) of every key."""
+    for section in SECTIONS:
+        for name, key in keys_of(section).items():
+            yield section, name, key
 
 
 def _plain(value: Any) -> Any:
@@ -332,13 +421,13 @@ def parse_settings(document: Any, source: str = "config") -> Settings:
         raise SettingsError(source, [f"(top level): expected a mapping, got {document!r}"])
     problems: list[str] = []
     values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
-    policy: Mapping[str, Any] = OPAQUE_SECTIONS["policy"]
+    policy: Mapping[str, Any] = MappingProxyType({})
     for section, body in document.items():
         if section == "policy":
-            try:
-                policy = _mapping({} if body is None else body)
-            except ValueError as exc:
-                problems.append(f"policy: {exc}")
+            if body is not None and not isinstance(body, Mapping):
+                problems.append(f"policy: expected a mapping, got {body!r}")
+            else:
+                policy = MappingProxyType(dict(body or {}))
             continue
         if section not in SECTIONS:
             problems.append(f"{section}: unknown section (known: "
@@ -352,21 +441,24 @@ def parse_settings(document: Any, source: str = "config") -> Settings:
         problems += _section(section, body, values[section])
     if problems:
         raise SettingsError(source, problems)
-    return _build(values, policy, source)
+    sections = {name: cls(**values[name]) for name, cls in SECTIONS.items()}
+    return Settings(**sections, policy=policy, source=source)
 
 
 def _section(section: str, body: Mapping[str, Any], into: dict[str, Any]) -> list[str]:
     problems = []
-    checks = SECTIONS[section][1]
-    for key, value in body.items():
-        check = checks.get(key)
-        if check is None:
-            problems.append(f"{section}.{key}: unknown key (known: {', '.join(checks)})")
+    keys = keys_of(section)
+    for name, value in body.items():
+        dotted = f"{section}.{name}"
+        key = keys.get(name)
+        if key is None:
+            problems.append(f"{dotted}: moved to {MOVED[dotted]}" if dotted in MOVED else
+                            f"{dotted}: unknown key (known: {', '.join(keys)})")
             continue
         try:
-            into[key] = check(value)
+            into[name] = key.type.check(value)
         except ValueError as exc:
-            problems.append(f"{section}.{key}: {exc}")
+            problems.append(f"{dotted}: {exc}")
     return problems
 
 
@@ -383,8 +475,8 @@ def config_path(explicit: str | None, environ: Mapping[str, str] | None = None) 
 
 def load_settings(explicit: str | None = None,
                   environ: Mapping[str, str] | None = None) -> Settings:
-    # PyYAML here: 8.5-10.5 ms (python -X importtime) that a plugin started with no
-    # settings file, and every subcommand that only builds its parser, never needs.
+    # PyYAML here, not at the top: a plugin started with no settings file, and every
+    # subcommand that only builds its parser, never needs it.
     import yaml
 
     path, required = config_path(explicit, environ)
@@ -405,28 +497,6 @@ def load_settings(explicit: str | None = None,
 
 
 # --- flags ---------------------------------------------------------------------------------
-# argparse destination -> settings key, for the flags that exist on the commands. A flag
-# overrides the file only when given: its default must be None (or an empty list).
-FLAG_KEYS: dict[str, str] = {
-    "socket": "plugin.socket",
-    "name": "plugin.name",
-    "idx": "plugin.index",
-    "spec_dirs": "plugin.spec_dirs",
-    "rescan_interval": "plugin.rescan_interval",
-    "log_level": "log.level",
-    "log_format": "log.format",
-    "metrics_address": "metrics.address",
-    "output": "generate.output",
-    "mode": "generate.mode",
-    "driver_root": "generate.driver_root",
-    "dev_root": "generate.dev_root",
-    "poll_interval": "watch.poll_interval",
-    "settle": "watch.settle",
-    "resync_interval": "watch.resync_interval",
-    "containerd_config": "doctor.containerd_config",
-    "health_url": "doctor.health_url",
-    "runtime_cdi": "runtime_cdi.enabled",
-}
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
@@ -435,10 +505,72 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
                              f"{DEFAULT_CONFIG_PATH} if it exists)")
 
 
+def shown_default(section: str, name: str) -> str:
+    """The default as help and the reference show it."""
+    key = key_of(section, name)
+    if key.default_text is not None:
+        return key.default_text
+    value = default_of(section, name)
+    if isinstance(value, tuple):
+        return ", ".join(value) if value else "none"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def flag_help(section: str, name: str) -> str:
+    key = key_of(section, name)
+    again = "; repeat for several" if key.repeatable else ""
+    return f"{key.help}{again} ({section}.{name}; default: {shown_default(section, name)})"
+
+
+# The parsed arguments' attribute listing the keys whose flags the command has: only those
+# override the file (another option of the same name, such as doctor --e2e's --driver-root,
+# is not a key's flag).
+FLAG_KEYS_ATTR = "setting_flag_keys"
+
+
+def add_setting_flags(parser: argparse.ArgumentParser, *dotted: str) -> None:
+    """The flags of the keys named ``section.key``, help and default from their
+    declaration. A flag overrides the file only when given (argparse default None)."""
+    parser.set_defaults(**{FLAG_KEYS_ATTR: (*(parser.get_default(FLAG_KEYS_ATTR) or ()),
+                                            *dotted)})
+    for name in dotted:
+        section, key_name = name.split(".", 1)
+        key = key_of(section, key_name)
+        if not key.flags:
+            raise ValueError(f"{name} has no command-line flag")
+        options: dict[str, Any] = {"dest": key.flag_dest, "default": None,
+                                   "help": flag_help(section, key_name)}
+        if key.type.choices:
+            options["choices"] = key.type.choices
+        else:
+            options["type"] = key.type.from_text
+            options["metavar"] = key.metavar or "VALUE"
+        if key.repeatable:
+            options["action"] = "append"
+        parser.add_argument(*key.flags, **options)
+
+
 def apply_flags(settings: Settings, args: argparse.Namespace) -> Settings:
-    overrides = {key: getattr(args, dest) for dest, key in FLAG_KEYS.items()
-                 if getattr(args, dest, None) not in (None, [])}
-    return settings.with_values(overrides) if overrides else settings
+    """``settings`` with the value of each key flag given on the command line; a bad value
+    is a SettingsError naming the flag and the key."""
+    overrides: dict[str, Any] = {}
+    flags: dict[str, str] = {}
+    for dotted in getattr(args, FLAG_KEYS_ATTR, ()):
+        key = key_of(*dotted.split(".", 1))
+        given = getattr(args, key.flag_dest, None)
+        if given is not None:
+            overrides[dotted] = given
+            flags[dotted] = key.flags[0]
+    try:
+        return settings.with_values(overrides) if overrides else settings
+    except SettingsError as exc:
+        lines = []
+        for problem in exc.problems:
+            dotted, _, why = problem.partition(": ")
+            lines.append(f"{flags[dotted]} ({dotted}): {why}")
+        raise SettingsError("command line", lines) from None
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -446,60 +578,97 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return apply_flags(load_settings(getattr(args, "config", None)), args)
 
 
-# --- `nri-cdi config show|check` -------------------------------------------------------------
+# --- `nri-cdi config show|check|reference` -------------------------------------------------
 
 
 def add_commands(subparsers: Any) -> None:
-    parser = subparsers.add_parser("config", help="show or check the configuration file")
+    parser = subparsers.add_parser("config", help="show, check or list the configuration keys")
     sub = parser.add_subparsers(dest="config_command", required=True, metavar="ACTION")
-    show = sub.add_parser("show", help="print the effective configuration (file + flags)")
+    show = sub.add_parser("show", help="print the effective configuration (file + flags), "
+                                       "each key with what it means")
     add_config_argument(show)
     show.add_argument("--format", dest="output_format", choices=("yaml", "json"),
                       default="yaml")
-    for dest, key in FLAG_KEYS.items():
-        if dest != "spec_dirs":
-            show.add_argument("--" + dest.replace("_", "-"), dest=dest, metavar="VALUE",
-                              type=_flag_type(key), help=f"override {key}")
-    show.add_argument("--spec-dir", dest="spec_dirs", action="append", metavar="DIR",
-                      help="override plugin.spec_dirs (repeatable)")
+    add_setting_flags(show, *(f"{s}.{n}" for s, n, key in all_keys() if key.flags))
     show.set_defaults(func=cmd_show)
     check = sub.add_parser("check", help="validate the configuration file; exit 1 if invalid")
     add_config_argument(check)
     check.set_defaults(func=cmd_check)
+    reference = sub.add_parser("reference", help="every key: type, default, flag, meaning "
+                                                 "(Markdown)")
+    reference.set_defaults(func=cmd_reference)
 
 
-def _flag_type(key: str) -> Callable[[str], Any]:
-    section, name = key.split(".")
-    default = SCHEMA[section][name][1]
-    return float if isinstance(default, float) else str
+def _errors(exc: SettingsError) -> int:
+    print("\n".join(f"nri-cdi config: error: {line}" for line in exc.lines()),
+          file=sys.stderr)
+    return 1
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-
     try:
         settings = settings_from_args(args)
     except SettingsError as exc:
-        print("\n".join(f"nri-cdi config: error: {line}" for line in exc.lines()),
-              file=sys.stderr)
-        return 1
-    data = settings.as_dict()
+        return _errors(exc)
     if args.output_format == "json":
-        print(json.dumps(data, indent=2))
+        print(json.dumps(settings.as_dict(), indent=2))
     else:
-        import yaml  # see load_settings
-
         print(f"# effective configuration; file: {settings.source}")
-        print(yaml.safe_dump(data, sort_keys=False, default_flow_style=False), end="")
+        print(render_yaml(settings), end="")
     return 0
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def render_yaml(settings: Settings) -> str:
+    """The configuration as a file: each section and key with its meaning as a comment."""
+    import yaml  # see load_settings
 
+    def flow(value: Any) -> str:
+        text = yaml.safe_dump(value, default_flow_style=True, width=1000)
+        return text.removesuffix("\n...\n").strip()
+
+    data = settings.as_dict()
+    lines: list[str] = []
+    for section in SECTIONS:
+        lines += [f"# {section_help(section)}", f"{section}:"]
+        for name, key in keys_of(section).items():
+            lines += [f"  # {key.help}", f"  {name}: {flow(data[section][name])}"]
+    lines.append("# the authorization policy (validated by the plugin)")
+    text = yaml.safe_dump({"policy": data["policy"]}, sort_keys=False,
+                          default_flow_style=False)
+    lines += text.splitlines()
+    return "\n".join(lines) + "\n"
+
+
+def cmd_check(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args.config)
     except SettingsError as exc:
-        print("\n".join(f"nri-cdi config: error: {line}" for line in exc.lines()),
-              file=sys.stderr)
-        return 1
+        return _errors(exc)
     print(f"{settings.source}: valid")
+    return 0
+
+
+def render_reference() -> str:
+    """Every key as Markdown, one table per section: the body of the documentation's
+    configuration reference (scripts/docs_reference.py adds its title)."""
+    lines = [f"Configuration file: `{DEFAULT_CONFIG_PATH}` (`--config`, `${CONFIG_ENV}`). "
+             "Every key has a default; a flag given on the command line wins over the file. "
+             "`nri-cdi config show` prints the effective configuration, `nri-cdi config "
+             "check` validates a file."]
+    for section in SECTIONS:
+        lines += ["", f"## `{section}`", "", section_help(section), "",
+                  "| key | type | default | flag | meaning |", "|---|---|---|---|---|"]
+        for name, key in keys_of(section).items():
+            flag = ", ".join(f"`{f}`" for f in key.flags) or "-"
+            cells = [f"`{section}.{name}`", key.type.name, f"`{shown_default(section, name)}`",
+                     flag, key.help]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines += ["", "## `policy`", "", "The authorization policy, as a mapping "
+              "([Policy](../usage/policy.md)); the plugin validates it and reloads it when "
+              "the file changes."]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_reference(args: argparse.Namespace) -> int:
+    print(render_reference(), end="")
     return 0

@@ -20,6 +20,6 @@ def launcher_script(path: Path, spec_dirs: Sequence[Path], log_path: Path) -> Pa
     path.write_text(
         "#!/bin/sh\n"
         f"PYTHONPATH={REPO} exec {sys.executable} -m nri_plugin.ops.cli plugin {dirs} "
-        f"--log-level debug 2>>{log_path}\n")
+        f"--status-dir {log_path}.status --log-level debug 2>>{log_path}\n")
     path.chmod(0o755)
     return path

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from nri_cdi_testbed.simnode import NodeLayout, build_node
+from nri_plugin.ops.status import read_status
 from tests.e2e import daemonset
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
@@ -139,6 +140,12 @@ def test_daemonset_serves_a_gpu_pod_and_fails_closed_across_a_restart(
         # Ours answered, not another process on that port: it bound it and still runs.
         assert cri.container_status(plugin_id).status.state == cri.pb.CONTAINER_RUNNING
         assert f":{probe['port']}/metrics" in container_log(cri, plugin_id)
+        # Its status file lands in the node's /run/nri-cdi, where doctor on the host reads it.
+        status_dir = node_run / Path(settings["plugin"].get(
+            "status_dir", "/run/nri-cdi")).relative_to("/run")
+        _wait_for("the status file says connected", lambda: (
+            (reading := read_status(str(status_dir), "nri-cdi", "10")).status is not None
+            and reading.status.state == "connected" and reading.alive is True))
 
         served = _gpu_container(cri, "gpu-served")
         assert _has_gpu(cri, served)

@@ -98,15 +98,16 @@ def test_a_container_given_another_gpu_fails(e2e_ready: None, tmp_path: Path) ->
     assert _leftovers() == []
 
 
-def test_without_grpcio_one_line_names_the_extra() -> None:
+def test_without_grpcio_its_line_names_the_extra() -> None:
     code = ("import sys; sys.modules['grpc'] = None; from nri_plugin.ops.cli import main; "
             "sys.exit(main(['doctor', '--e2e']))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "nri-cdi doctor: doctor --e2e needs grpcio, which is not installed: "
-        "pip install 'nri-cdi[e2e]'"]
+        "nri-cdi doctor --e2e: missing prerequisites:",
+        "  - the python package grpcio (the CRI client): pip install 'nri-cdi[e2e]', or "
+        "pip install grpcio"]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -146,14 +147,18 @@ def test_the_nodes_own_containerd(containerd: ContainerdFactory) -> None:
     assert _leftovers() == []
 
 
-def test_a_missing_cache_is_one_line_naming_the_install_script(tmp_path: Path) -> None:
+def test_a_missing_cache_says_what_and_how_naming_the_install_script(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "nri_plugin.ops.cli", "doctor", "--e2e",
                            "--cache", str(tmp_path / "none")], capture_output=True, text=True,
                           env=env, cwd=REPO)
     assert proc.returncode == 2
-    [line] = proc.stderr.strip().splitlines()
-    assert line.startswith("nri-cdi doctor --e2e: missing: ")
-    assert f"{tmp_path}/none/root/usr/bin/containerd" in line
-    assert "run bash scripts/install-containerd.sh, or pass --cache/--containerd-bin" in line
+    head, *lines = proc.stderr.strip().splitlines()
+    assert head == "nri-cdi doctor --e2e: missing prerequisites:"
+    # One line each, what then how; a checkout names its script.
+    assert len(lines) == 2 and all(line.startswith("  - ") for line in lines), lines
+    assert lines[0].startswith(f"  - containerd 1.7 (containerd, ctr, containerd-shim-runc-v2 "
+                               f"in {tmp_path}/none/root/usr/bin): run: bash "
+                               f"{REPO}/scripts/install-containerd.sh")
+    assert lines[1].startswith(f"  - the CRI v1 messages ({tmp_path}/none/cri_gen/")
     assert _leftovers() == []

@@ -1,4 +1,4 @@
-"""Operations pieces against a real containerd: the launcher that `nri-cdi install-launcher`
+"""Operations pieces against a real containerd: the launcher that `nri-cdi install-plugin-launcher`
 writes, started by containerd itself from its NRI plugin folder."""
 
 from __future__ import annotations
@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from nri_plugin.ops.status import CONNECTED, DISCONNECTED, LAUNCHED_SOCKET, Reading, read_status
 from nri_plugin.ops.units import render_launcher
 from tests.e2e.conftest import ContainerdFactory
+from tests.e2e.containerd import Containerd
 from tests.e2e.images import BUSYBOX_IMAGE
-from tests.e2e.plugin import REPO
+from tests.e2e.plugin import REPO, PluginProcess
 from tests.helpers import simple_spec, write_specs
 
 KIND = "ops.example/dev"
@@ -38,8 +40,10 @@ def test_installed_launcher_is_started_by_containerd(
     launcher = tmp_path / "launcher"
     # containerd gives it an empty environment: the launcher must bring everything.
     # (--config is left out until the plugin command reads the configuration file.)
+    status_dir = tmp_path / "status"
     launcher.write_text(render_launcher(config=None, log_file=str(log), pythonpath=str(REPO),
-                                        extra_args=["--spec-dir", str(specs)]))
+                                        extra_args=["--spec-dir", str(specs),
+                                                    "--status-dir", str(status_dir)]))
     launcher.chmod(0o755)
     ctrd = containerd(nri_plugins={"10-nri-cdi": launcher})
     _wait_for(log, "connected to containerd")
@@ -48,6 +52,76 @@ def test_installed_launcher_is_started_by_containerd(
         ctr = cri.run_container(pod, "app", BUSYBOX_IMAGE, command=["sleep", "600"])
         assert "DEV_0=a" in cri.exec_sync(ctr, ["env"]).stdout
     assert "plugin 10-nri-cdi starting" in log.read_text()
+    # Launched by the runtime, the plugin's socket is the fd it was given; doctor still
+    # confirms the connection, whatever plugin.socket it was told.
+    reading = _wait_for_state(status_dir, CONNECTED)
+    assert reading.status is not None and reading.status.socket == LAUNCHED_SOCKET
+    _, checks = _doctor(ctrd, status_dir, socket="/nowhere.sock")
+    assert checks["plugin connected"]["status"] == "ok", checks["plugin connected"]
+
+
+# --- doctor confirms the plugin without metrics (its status file) -------------------------
+
+
+def _wait_for_state(status_dir: Path, state: str, timeout: float = 30.0) -> Reading:
+    deadline = time.monotonic() + timeout
+    while True:
+        reading = read_status(str(status_dir), "nri-cdi", "10")
+        if reading.status is not None and reading.status.state == state:
+            return reading
+        assert time.monotonic() < deadline, f"status never {state}: {reading}"
+        time.sleep(0.05)
+
+
+def _doctor(ctrd: Containerd, status_dir: Path, *,
+            socket: str | None = None) -> tuple[int, dict[str, dict[str, str]]]:
+    """``nri-cdi doctor --json`` as an operator runs it, with metrics off (the default)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "nri_plugin.ops.cli", "doctor", "--json", "--no-generate",
+         "--config", "/dev/null", "--socket", socket or ctrd.nri_socket,
+         "--status-dir", str(status_dir), "--containerd-config", str(ctrd.config_path)],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.stdout, done.stderr
+    return done.returncode, {c["name"]: c for c in json.loads(done.stdout)}
+
+
+def test_doctor_confirms_the_plugin_without_metrics(
+    containerd: ContainerdFactory, specs: Path, tmp_path: Path
+) -> None:
+    ctrd = containerd()
+    plugin = PluginProcess(ctrd.nri_socket, [specs], tmp_path / "plugin.log").start()
+    try:
+        _wait_for_state(plugin.status_dir, CONNECTED)
+        _, checks = _doctor(ctrd, plugin.status_dir)
+        check = checks["plugin connected"]
+        assert check["status"] == "ok", check
+        assert f"connected to containerd {ctrd.version}." in check["detail"]
+        assert plugin.process is not None and f"pid {plugin.process.pid}," in check["detail"]
+        assert f"socket {ctrd.nri_socket})" in check["detail"]
+        assert "plugin health endpoint" not in checks  # metrics are off
+
+        ctrd.stop_daemon()  # the plugin stays, disconnected, and waits for a new runtime
+        _wait_for_state(plugin.status_dir, DISCONNECTED)
+        _, checks = _doctor(ctrd, plugin.status_dir)
+        check = checks["plugin connected"]
+        assert check["status"] == "fail" and "running but not connected" in check["detail"]
+
+        ctrd.start()
+        _wait_for_state(plugin.status_dir, CONNECTED)
+        assert _doctor(ctrd, plugin.status_dir)[1]["plugin connected"]["status"] == "ok"
+    finally:
+        plugin.kill()
+    _, checks = _doctor(ctrd, plugin.status_dir)
+    check = checks["plugin connected"]
+    assert check["status"] == "fail", check
+    assert "the plugin is not running" in check["detail"] and "was last connected" in \
+        check["detail"]
 
 
 # --- metrics and health, counting real injections ----------------------------------------
@@ -148,3 +222,48 @@ def test_metrics_and_health_count_real_injections(
     finally:
         process.kill()
         process.wait()
+
+
+# --- the CRI client and the node's grpcio -------------------------------------------------
+
+OLD_GRPC = """
+import sys, grpc
+grpc.__version__ = "1.0.0"  # older than the grpcio-tools of any install
+sys.path.insert(0, sys.argv[2])
+{body}
+"""
+
+
+def test_the_cri_client_works_with_an_older_grpcio(containerd: ContainerdFactory,
+                                                   tmp_path: Path) -> None:
+    # On a node with grpcio 1.84.0 the CRI stubs made with grpcio-tools 1.85.1 refused to
+    # load (GRPC_GENERATED_VERSION): doctor --e2e could not run. The client now makes its
+    # stubs from the proto's descriptors; only the messages are compiled.
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    ctrd = containerd()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    ours = OLD_GRPC.format(body="from nri_cdi_testbed.node_check.cri import CriClient\n"
+                                "with CriClient(sys.argv[1]) as cri:\n"
+                                "    print(cri.version().runtime_name)")
+    done = subprocess.run([sys.executable, "-c", ours, ctrd.address, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "containerd", done.stderr
+
+    # The control: the module grpcio-tools generates refuses that grpcio.
+    pytest.importorskip("grpc_tools")
+    from tests.e2e import paths
+
+    package = tmp_path / "cri_api_v1"
+    shutil.copytree(paths.cache_dir() / "cri_gen" / "cri_api_v1", package,
+                    ignore=shutil.ignore_patterns("*_grpc.py", "__pycache__"))
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc",
+                    f"-I{paths.cache_dir() / 'cri_src'}", f"--grpc_python_out={tmp_path}",
+                    "cri_api_v1/api.proto"], check=True, capture_output=True, timeout=120)
+    generated = OLD_GRPC.format(body="import cri_api_v1.api_pb2_grpc")
+    done = subprocess.run([sys.executable, "-c", generated, ctrd.address, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode != 0 and "grpc package installed is at version 1.0.0" in done.stderr

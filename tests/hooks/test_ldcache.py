@@ -13,7 +13,7 @@ import pytest
 
 from cdi.hooks import entry
 from cdi.hooks.launcher import LauncherError, build_launcher, launcher_source
-from cdi.libpath import EXTRA_ENV, merge_library_path
+from cdi.libpath import EXTRA_LIBRARY_PATH_ENV, merge_library_path
 from cdi.linux.ldcache import LdCacheEntry, encode, libcmp, merge, parse_ldcache, read_ldcache
 from tests.hooks.conftest import NIX_GLIBC, Artifacts, host_loader, make_bundle
 from tests.hooks.test_symlinks import run_hook
@@ -152,24 +152,20 @@ def test_nix_like_root_with_ld_library_path(need_root: None, tmp_path: Path,
     os.link(lib / "libfake.so.1.2.3", lib / "libfake.so.1")
     assert "dlopen failed" in _chroot(root).stdout
     env = merge_library_path(["PATH=/bin", "LD_LIBRARY_PATH=/opt/image/lib",
-                              f"{EXTRA_ENV}=/usr/lib64"])
+                              f"{EXTRA_LIBRARY_PATH_ENV}=/usr/lib64"])
     assert env == ("PATH=/bin", "LD_LIBRARY_PATH=/opt/image/lib:/usr/lib64")
     assert _chroot(root, *env).stdout == "answer=42\n"
 
 
 @pytest.mark.parametrize(("env", "want"), [
     (["A=1"], ("A=1",)),
-    ([f"{EXTRA_ENV}=/x:/y"], ("LD_LIBRARY_PATH=/x:/y",)),
-    (["LD_LIBRARY_PATH=", f"{EXTRA_ENV}=/x"], ("LD_LIBRARY_PATH=/x",)),
-    (["LD_LIBRARY_PATH=/x::/a:", f"{EXTRA_ENV}=/x:/b", "Z=1"], ("Z=1", "LD_LIBRARY_PATH=/x:/a:/b")),
+    ([f"{EXTRA_LIBRARY_PATH_ENV}=/x:/y"], ("LD_LIBRARY_PATH=/x:/y",)),
+    (["LD_LIBRARY_PATH=", f"{EXTRA_LIBRARY_PATH_ENV}=/x"], ("LD_LIBRARY_PATH=/x",)),
+    (["LD_LIBRARY_PATH=/x::/a:", f"{EXTRA_LIBRARY_PATH_ENV}=/x:/b", "Z=1"],
+     ("Z=1", "LD_LIBRARY_PATH=/x:/a:/b")),
 ])
 def test_merge_library_path(env: list[str], want: tuple[str, ...]) -> None:
     assert merge_library_path(env) == want
-
-
-def test_generator_uses_the_same_variable() -> None:
-    generate = pytest.importorskip("cdi.nvidia.generate")
-    assert generate.LD_LIBRARY_PATH_ENV == EXTRA_ENV
 
 
 # --- the container's environment never reaches the hook's code --------------------------------

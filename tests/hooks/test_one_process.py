@@ -17,8 +17,8 @@ import pytest
 from cdi.hooks import cli
 from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV
 from cdi.hooks.state import loads, read_state
-from cdi.linux._tuple import NamedTuple as LightNamedTuple
 from cdi.linux.ldcache import LdCacheEntry
+from cdi.linux.namedtuple import NamedTuple as LightNamedTuple
 from tests.hooks.conftest import Artifacts, make_bundle, tree_digest
 from tests.hooks.test_ldcache import FAKE_DIR, _chroot, _glibc_root
 from tests.hooks.test_symlinks import run_hook
@@ -236,3 +236,18 @@ def test_vendor_operations_come_from_their_own_table() -> None:
     assert cli.operations() == {**cli.OPERATIONS, **nvidia_operations.OPERATIONS}
     steps = cli.parse_operations(["create-symlinks", "mask-proc", "--gpu", "0000:01:00.0"])
     assert [op.name for op, _ in steps] == ["create-symlinks", "mask-proc"]
+
+
+def test_build_static_launcher_command(tmp_path: Path) -> None:
+    """``nri-cdi hook build-static-launcher PATH``: the command that builds the hook's
+    static launcher (not the plugin's launcher, ``nri-cdi install-plugin-launcher``)."""
+    from cdi.hooks.launcher import LauncherError, build_launcher
+
+    try:
+        build_launcher(str(tmp_path / "probe"))
+    except LauncherError as exc:
+        pytest.skip(str(exc))
+    target = tmp_path / "nri-cdi-hook"
+    assert cli.main(["build-static-launcher", str(target)]) == 0
+    assert os.access(target, os.X_OK) and target.read_bytes()[:4] == b"\x7fELF"
+    assert "build-static-launcher PATH" in cli.build_parser().format_help()

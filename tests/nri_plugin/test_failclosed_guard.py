@@ -14,7 +14,7 @@ import pytest
 from cdi.cache import Snapshot, SpecCache
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError
-from nri_plugin.nri.wire._bounded import bound_message, clip
+from nri_plugin.nri.wire import bound_message, clip
 from nri_plugin.ops.logformat import BoundedLog
 from nri_plugin.plugins.cdi_injector.failclosed import (
     FAILCLOSED_LOGGER,

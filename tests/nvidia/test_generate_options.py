@@ -323,13 +323,3 @@ def test_cdi_version_by_runtime(args: list[str]) -> None:
     assert "podman-4.3 (up to 0.5.0) cannot read" in err and "containerd" not in err
     rc, _, err = generate([*args, "--cdi-version", "docker-27"])
     assert rc == 1 and "one of podman-4.3, containerd-1.7.24, containerd-2.1.9" in err
-
-
-def test_config_file_knows_the_same_hook_programs() -> None:
-    from cdi.nvidia.generate import HOOK_PROGRAMS
-    from nri_plugin.ops import settings
-
-    assert settings.HOOK_PROGRAMS == HOOK_PROGRAMS
-    with pytest.raises(ValueError, match="ending in /nri-cdi"):
-        settings._hook_program("/usr/bin/my-hook")
-    assert settings._hook_program("/usr/bin/nvidia-cdi-hook") == "/usr/bin/nvidia-cdi-hook"

@@ -104,6 +104,15 @@ def test_the_plugin_container_can_read_containerds_config() -> None:
             "readOnly": True} in plugin["volumeMounts"]
 
 
+def test_the_plugins_status_file_is_on_the_host() -> None:
+    # nri-cdi doctor on the host reads the plugin's status file (plugin.status_dir): the
+    # pod writes it into the host's folder of the same name.
+    pod = _daemonset()["spec"]["template"]["spec"]
+    plugin = next(c for c in pod["containers"] if c["name"] == "plugin")
+    status_dir = _config().plugin.status_dir
+    assert _mounts(plugin, pod)[status_dir] == status_dir
+
+
 def test_crio_snippet_parses() -> None:
     tomllib = pytest.importorskip("tomllib")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,12 +14,16 @@ from pathlib import Path
 import pytest
 
 from nri_cdi_testbed.simnode import BuiltNode, NodeLayout, build_node
-from nri_plugin.ops.doctor import Check, run_checks
+from nri_plugin.nri.api import EventMask
+from nri_plugin.nri.dispatch import Configuration
+from nri_plugin.ops.doctor import Check, check_plugin, run_checks
 from nri_plugin.ops.metrics import Metrics
 from nri_plugin.ops.refresh import Watcher
 from nri_plugin.ops.settings import Settings, defaults
+from nri_plugin.ops.status import StatusFile
 from tests.ops.simchange import upgrade_driver
 
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = [
     pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc builds the simulated node"),
     pytest.mark.skipif(os.geteuid() != 0, reason="the simulated node's device nodes need root"),
@@ -39,6 +45,11 @@ class Node:
     node: BuiltNode
     settings: Settings
     metrics: Metrics
+    status: StatusFile
+
+
+C1730 = Configuration(config="", runtime_name="containerd", runtime_version="1.7.30",
+                      nri_version="", request_timeout_ms=2000, events=EventMask(0))
 
 
 def _cache(tmp: pytest.TempPathFactory) -> Path:
@@ -61,14 +72,20 @@ def healthy(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "plugin.socket": str(nri), "plugin.spec_dirs": [str(tmp_path / "cdi")],
         "generate.output": str(tmp_path / "cdi" / "nvidia.yaml"),
         "generate.driver_root": str(node.root), "generate.mode": "procfs",
-        "doctor.containerd_config": str(tmp_path / "config.toml"),
+        "runtime_cdi.containerd_config": str(tmp_path / "config.toml"),
         "doctor.health_url": f"http://127.0.0.1:{server.port}/healthz",
+        "plugin.status_dir": str(tmp_path / "status"),
     })
     assert Watcher(settings).refresh("test").written
     metrics.connected("containerd 1.7.30")
+    # The plugin's status file, as the daemon keeps it (this process holds its lock).
+    status = StatusFile(str(tmp_path / "status"), name="nri-cdi", index="10",
+                        socket=str(nri)).start()
+    status.connected(C1730)
     try:
-        yield Node(tmp_path, node, settings, metrics)
+        yield Node(tmp_path, node, settings, metrics, status)
     finally:
+        status.stopped()
         server.close()
         listener.close()
 
@@ -86,7 +103,7 @@ def test_healthy_node_passes_every_check(healthy: Node) -> None:
 
 
 def test_nri_disabled(healthy: Node) -> None:
-    config = Path(healthy.settings.doctor.containerd_config)
+    config = Path(healthy.settings.runtime_cdi.containerd_config)
     config.write_text(config.read_text().replace("disable = false", "disable = true"))
     check = by_name(run_checks(healthy.settings, check_generated=False))[
         "NRI enabled in containerd"]
@@ -98,7 +115,7 @@ def test_nri_disabled(healthy: Node) -> None:
 def test_nri_section_missing_depends_on_containerd_version(
     healthy: Node, major: int, status: str
 ) -> None:
-    config = Path(healthy.settings.doctor.containerd_config)
+    config = Path(healthy.settings.runtime_cdi.containerd_config)
     # no "disable" key: containerd's default decides
     config.write_text(f'version = 2\n[plugins."io.containerd.nri.v1.nri"]\n'
                       f'  socket_path = "{healthy.settings.plugin.socket}"\n')
@@ -133,15 +150,70 @@ def test_missing_device_node(healthy: Node) -> None:
 
 def test_plugin_disconnected_and_socket_gone(healthy: Node) -> None:
     healthy.metrics.disconnected()
+    healthy.status.disconnected(ConnectionError("NRI connection closed"))
     os.unlink(healthy.settings.plugin.socket)
     checks = by_name(run_checks(healthy.settings, check_generated=False))
-    assert checks["plugin connected"].status == "fail"
-    assert "disconnected" in checks["plugin connected"].detail
+    plugin = checks["plugin connected"]
+    assert plugin.status == "fail" and "running but not connected since" in plugin.detail
+    assert "(NRI connection closed)" in plugin.detail
+    assert checks["plugin health endpoint"].status == "fail"
+    assert "disconnected" in checks["plugin health endpoint"].detail
     assert checks["NRI socket reachable"].status == "fail"
 
 
+def test_plugin_confirmed_without_metrics(healthy: Node) -> None:
+    # The README's configuration: metrics off, no health URL. The status file answers.
+    settings = healthy.settings.with_values({"doctor.health_url": None})
+    assert not settings.metrics.address
+    checks = by_name(run_checks(settings, check_generated=False))
+    assert "plugin health endpoint" not in checks
+    plugin = checks["plugin connected"]
+    assert plugin.status == "ok", plugin
+    assert "connected to containerd 1.7.30 since " in plugin.detail
+    assert f"pid {os.getpid()}, socket {settings.plugin.socket}" in plugin.detail
+
+
+def test_plugin_never_ran_or_other_name(healthy: Node) -> None:
+    plugin = check_plugin(healthy.settings.with_values(
+        {"plugin.status_dir": str(healthy.root / "empty")}).plugin)
+    assert plugin.status == "fail" and "empty/10-nri-cdi.json: no such file" in plugin.detail
+    assert "systemctl start nri-cdi-plugin" in plugin.fix
+    other = check_plugin(healthy.settings.with_values({"plugin.index": "20"}).plugin)
+    assert other.status == "fail" and "(there: 10-nri-cdi.json" in other.detail
+
+
+def test_a_plugin_that_died_is_not_running(healthy: Node) -> None:
+    # A real process writes the file and ends without a word (SIGKILL): its lock is gone.
+    folder = healthy.root / "dead"
+    code = ("import os, signal, sys; from nri_plugin.ops.status import StatusFile; "
+            "from nri_plugin.nri.dispatch import Configuration; "
+            "from nri_plugin.nri.api import EventMask; "
+            f"s = StatusFile({str(folder)!r}, name='nri-cdi', index='10', socket='/x.sock')"
+            ".start(); s.connected(Configuration(config='', runtime_name='containerd', "
+            "runtime_version='2.1.9', nri_version='', request_timeout_ms=2000, "
+            "events=EventMask(0))); print(os.getpid(), flush=True); "
+            "os.kill(os.getpid(), signal.SIGKILL)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == -9, done.stderr
+    check = check_plugin(healthy.settings.with_values({"plugin.status_dir": str(folder)}).plugin)
+    assert check.status == "fail", check
+    pid = int(done.stdout)
+    assert f"the plugin is not running: pid {pid} was last connected at " in check.detail
+
+
+def test_a_plugin_on_another_socket_warns(healthy: Node) -> None:
+    check = check_plugin(healthy.settings.with_values({"plugin.socket": "/run/other.sock"}).plugin)
+    assert check.status == "warn" and "this doctor checks /run/other.sock" in check.detail
+
+
+def test_no_status_file_configured_is_a_skip(healthy: Node) -> None:
+    check = check_plugin(healthy.settings.with_values({"plugin.status_dir": ""}).plugin)
+    assert check.status == "skip" and "keeps no status file" in check.detail
+
+
 def test_native_cdi_on_the_same_folders_is_the_working_set_up(healthy: Node) -> None:
-    config = Path(healthy.settings.doctor.containerd_config)
+    config = Path(healthy.settings.runtime_cdi.containerd_config)
     config.write_text(config.read_text().replace(
         "enable_cdi = false", f'enable_cdi = true\n  cdi_spec_dirs = ["{healthy.root}/cdi"]'))
     checks = by_name(run_checks(healthy.settings, check_generated=False))
@@ -152,7 +224,7 @@ def test_native_cdi_on_the_same_folders_is_the_working_set_up(healthy: Node) -> 
 
 def test_native_cdi_on_other_folders_warns_that_handed_over_devices_fail(
         healthy: Node) -> None:
-    config = Path(healthy.settings.doctor.containerd_config)
+    config = Path(healthy.settings.runtime_cdi.containerd_config)
     config.write_text(config.read_text().replace(
         "enable_cdi = false", 'enable_cdi = true\n  cdi_spec_dirs = ["/etc/cdi"]'))
     check = by_name(run_checks(healthy.settings, check_generated=False))["containerd's own CDI"]
@@ -198,7 +270,7 @@ def test_doctor_command_exit_status(healthy: Node, capsys: pytest.CaptureFixture
     assert main(["doctor", "--config", str(config)]) == 0
     out = capsys.readouterr().out
     assert "[ok  ] spec matches the node" in out
-    Path(healthy.settings.doctor.containerd_config).write_text(
+    Path(healthy.settings.runtime_cdi.containerd_config).write_text(
         NRI_ON.format(socket="/x").replace("disable = false", "disable = true"))
     assert main(["doctor", "--config", str(config), "--no-generate"]) == 1
     out = capsys.readouterr().out
@@ -219,7 +291,8 @@ def test_doctor_command_exit_status(healthy: Node, capsys: pytest.CaptureFixture
 def test_required_plugin_check(tmp_path: Path, section: str,
                                version: tuple[int, int, int] | None, status: str,
                                words: str) -> None:
-    from nri_plugin.ops.doctor import check_required_plugin, read_containerd_config
+    from nri_plugin.ops.containerd_config import read_containerd_config
+    from nri_plugin.ops.doctor import check_required_plugin
 
     path = tmp_path / "config.toml"
     path.write_text("version = 3\n" + section)
@@ -228,3 +301,27 @@ def test_required_plugin_check(tmp_path: Path, section: str,
     assert (check.status, words in check.detail) == (status, True), check
     if status == "warn":
         assert 'required_plugins = ["nri-cdi"]' in check.fix
+
+
+def test_containerd_settings_not_read_are_said_with_what_is_assumed(healthy: Node) -> None:
+    config = Path(healthy.settings.runtime_cdi.containerd_config or "")
+    checks = by_name(run_checks(healthy.settings, containerd_major_version=2,
+                                check_generated=False))
+    assert checks["containerd's settings"].status == "ok"
+    assert checks["containerd's settings"].detail == (
+        f"read {config} (runtime_cdi.containerd_config)")
+    config.write_text('imports = ["/nonexistent/nri.toml"]\n' + NRI_ON.format(
+        socket=healthy.settings.plugin.socket))
+    check = by_name(run_checks(healthy.settings, containerd_major_version=2,
+                               check_generated=False))["containerd's settings"]
+    assert check.status == "warn"
+    assert check.detail.startswith("not read (/nonexistent/nri.toml, which ")
+    assert check.detail.endswith("the checks below and the plugin assume containerd 2.x's "
+                                 "defaults: NRI on, its own CDI on with /etc/cdi and "
+                                 "/var/run/cdi")
+    assert "runtime_cdi.containerd_config" in check.fix
+    config.unlink()
+    check = by_name(run_checks(healthy.settings, containerd_major_version=1,
+                               check_generated=False))["containerd's settings"]
+    assert check.status == "warn" and check.detail.startswith(f"not read (no {config}; ")
+    assert "assume containerd 1.7's defaults: NRI off, its own CDI off" in check.detail

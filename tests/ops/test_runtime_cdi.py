@@ -1,4 +1,5 @@
-"""The plugin reads containerd's own CDI set-up from its config.toml when it starts."""
+"""The plugin reads containerd's own CDI set-up from containerd's configuration when it
+starts, and says so plainly where it could not (issue 41, defect 6)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ import pytest
 
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.ops.runtime_cdi import runtime_cdi_config
-from nri_plugin.ops.settings import SettingsError, defaults, parse_settings
+from nri_plugin.ops.settings import Settings, SettingsError, defaults, parse_settings
 
 C21 = RuntimeInfo.from_configure("containerd", "2.1.9")
+C17 = RuntimeInfo.from_configure("containerd", "1.7.24")
 
 
-def _settings(config: Path, **overrides: object) -> object:
-    return defaults().with_values({"doctor.containerd_config": str(config), **overrides})
+def _settings(config: Path, **overrides: object) -> Settings:
+    # A socket no running containerd serves: only the named file counts.
+    return defaults().with_values({"runtime_cdi.containerd_config": str(config),
+                                   "plugin.socket": "/nonexistent/nri.sock", **overrides})
 
 
 def test_version_3_config(tmp_path: Path) -> None:
@@ -22,27 +26,65 @@ def test_version_3_config(tmp_path: Path) -> None:
     config.write_text('version = 3\n[plugins."io.containerd.cri.v1.runtime"]\n'
                       '  enable_cdi = true\n  cdi_spec_dirs = ["/opt/cdi"]\n')
     got = runtime_cdi_config(_settings(config))
-    assert (got.enabled, got.spec_dirs, got.origin) == (True, ("/opt/cdi",), str(config))
+    assert (got.enabled, got.spec_dirs, got.unread) == (True, ("/opt/cdi",), "")
+    assert got.origin == f"read from {config}"
     applied = got.applied_to(C21)
     assert applied.native_cdi is True and applied.cdi_spec_dirs == ("/opt/cdi",)
+    assert "not read" not in got.describe(C21)
 
 
-def test_no_file_means_containerds_defaults(tmp_path: Path) -> None:
+def test_a_drop_in_counts(tmp_path: Path) -> None:
+    # containerd 2.x: the imported file's key wins, the others stay.
+    (tmp_path / "conf.d").mkdir()
+    config = tmp_path / "config.toml"
+    config.write_text('version = 3\nimports = ["conf.d/*.toml"]\n'
+                      '[plugins."io.containerd.cri.v1.runtime"]\n'
+                      '  enable_cdi = true\n  cdi_spec_dirs = ["/opt/cdi"]\n')
+    (tmp_path / "conf.d" / "50-off.toml").write_text(
+        'version = 3\n[plugins."io.containerd.cri.v1.runtime"]\n  enable_cdi = false\n')
+    got = runtime_cdi_config(_settings(config))
+    assert (got.enabled, got.spec_dirs) == (False, ("/opt/cdi",))
+    assert got.origin == f"read from {config} (+ {tmp_path / 'conf.d' / '50-off.toml'})"
+    assert got.describe(C21).startswith("runtime's own CDI off, resolves CDI_devices from")
+
+
+def test_no_file_is_said_to_be_an_assumption(tmp_path: Path,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    # The defect: containerd 2.1 had enable_cdi = false in a file the plugin was not told
+    # about, and the plugin said "own CDI on, /etc/cdi, /var/run/cdi" as a fact.
     got = runtime_cdi_config(_settings(tmp_path / "absent.toml"))
-    assert got.enabled is None and got.spec_dirs == ("/etc/cdi", "/var/run/cdi")
-    assert "containerd's defaults" in got.origin and "absent" in got.origin
+    assert got.enabled is None and got.spec_dirs is None
+    assert got.unread.startswith(f"no {tmp_path / 'absent.toml'}")
+    said = got.describe(C21)
+    assert said.startswith("the runtime's settings were not read (no ")
+    assert "; assuming runtime's own CDI on, resolves CDI_devices from unknown folders" in said
     assert got.applied_to(C21).native_cdi is True  # 2.x: on by default
-    old = got.applied_to(RuntimeInfo.from_configure("containerd", "1.7.24"))
-    assert old.native_cdi is False
+    assert got.applied_to(C17).native_cdi is False
+    assert "containerd's settings were not read (no " in caplog.text
+    assert "runtime_cdi.containerd_config" in caplog.text  # how to tell it
+
+
+def test_an_unreadable_file_is_not_read(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('version = 3\nimports = ["/nonexistent/extra.toml"]\n')
+    got = runtime_cdi_config(_settings(config))
+    assert got.enabled is None and got.spec_dirs is None
+    assert "/nonexistent/extra.toml, which" in got.unread and "imports, is not there" in \
+        got.unread
+    config.write_text("version = 3\n[plugins\n")
+    assert "not read" in runtime_cdi_config(_settings(config)).describe(C21)
 
 
 def test_settings_override_the_file(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = true\n')
-    got = runtime_cdi_config(_settings(config, **{"runtime_cdi.enabled": "off",
-                                                  "runtime_cdi.spec_dirs": ["/srv/cdi"]}))
-    assert (got.enabled, got.spec_dirs) == (False, ("/srv/cdi",))
-    assert "runtime_cdi.enabled set" in got.origin
+    got = runtime_cdi_config(_settings(config, **{"runtime_cdi.enabled": "off"}))
+    assert (got.enabled, got.spec_dirs) == (False, ("/etc/cdi", "/var/run/cdi"))
+    assert got.origin == f"read from {config}; runtime_cdi.enabled set"
+    both = runtime_cdi_config(_settings(tmp_path / "absent.toml", **{
+        "runtime_cdi.enabled": "off", "runtime_cdi.spec_dirs": ["/srv/cdi"]}))
+    assert (both.enabled, both.spec_dirs, both.unread) == (False, ("/srv/cdi",), "")
+    assert both.origin == "runtime_cdi.enabled and runtime_cdi.spec_dirs set"
 
 
 def test_bad_values_name_their_key() -> None:

@@ -32,7 +32,7 @@ import struct
 
 from cdi.hooks.ldconfig import CONF_DIR, write_file
 from cdi.hooks.rootfs import ForeignMountError, RootFS, RootFSError, split_container_path
-from cdi.linux._tuple import NamedTuple
+from cdi.linux.namedtuple import NamedTuple
 
 # On the hook's start-up path (the generator runs enable-cuda-compat in every container):
 # no re, fnmatch, json or dataclasses here

@@ -29,7 +29,7 @@ import stat
 import struct
 
 from cdi.hooks.rootfs import RootFS, RootFSError
-from cdi.linux._tuple import NamedTuple  # not dataclasses: the hook's start-up budget
+from cdi.linux.namedtuple import NamedTuple  # not dataclasses: the hook's start-up budget
 
 __all__ = ["PARAMS", "ParamsResult", "disable_device_node_modification", "modified_params"]
 

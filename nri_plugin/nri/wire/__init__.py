@@ -7,6 +7,7 @@ must not import asyncio, socket or os (tests/test_layering.py checks).
 
 from __future__ import annotations
 
+from nri_plugin.nri.wire._bounded import bound_message, clip
 from nri_plugin.nri.wire._connection import Connection, Role
 from nri_plugin.nri.wire._errors import (
     FrameTooLargeError,
@@ -45,4 +46,6 @@ __all__ = [
     "RequestRejected",
     "ResponseReceived",
     "Role",
+    "bound_message",
+    "clip",
 ]

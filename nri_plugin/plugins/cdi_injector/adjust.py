@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cdi.edits import apply
-from cdi.libpath import EXTRA_ENV, LIBRARY_PATH_ENV, merge_library_path
+from cdi.libpath import EXTRA_LIBRARY_PATH_ENV, LD_LIBRARY_PATH_ENV, merge_library_path
 from cdi.model import ContainerEdits, DeviceNode
 from cdi.oci import cgroup_access
 from nri_plugin.nri.api import nri_pb2
@@ -125,9 +125,9 @@ def as_native_file_modes(edits: ContainerEdits, spec_nodes: Sequence[DeviceNode]
 def _with_library_path(env: list[str], image_library_path: str) -> tuple[str, ...]:
     """Fold the hook-free library folders into LD_LIBRARY_PATH, after the image's own
     folders (or after the spec's LD_LIBRARY_PATH, which replaces the image's)."""
-    if not any(e.startswith(EXTRA_ENV + "=") for e in env):
+    if not any(e.startswith(EXTRA_LIBRARY_PATH_ENV + "=") for e in env):
         return tuple(env)
-    base = [f"{LIBRARY_PATH_ENV}={image_library_path}"] if image_library_path else []
+    base = [f"{LD_LIBRARY_PATH_ENV}={image_library_path}"] if image_library_path else []
     return merge_library_path(base + env)
 
 

@@ -35,11 +35,13 @@ LIBRARY_DEFAULT_DIRS = DEFAULT_SPEC_DIRS
 class RuntimeCdiConfig:
     """What the runtime's configuration says about its own CDI support: ``enabled``
     (containerd enable_cdi; None: the version's default) and ``spec_dirs`` (cdi_spec_dirs;
-    None: not known). ``origin`` says where it was read, for the log."""
+    None: not known). ``origin`` says where it was read, for the log; ``unread`` why the
+    runtime's settings were not read ("" when they were): the values are then assumed."""
 
     enabled: bool | None = None
     spec_dirs: tuple[str, ...] | None = None
     origin: str = "not configured"
+    unread: str = ""
 
     def applied_to(self, runtime: RuntimeInfo) -> RuntimeInfo:
         """``runtime`` with the folders its CDI resolves CDI_devices from and whether it
@@ -55,8 +57,11 @@ class RuntimeCdiConfig:
         applied = self.applied_to(runtime)
         dirs = applied.cdi_spec_dirs
         folders = "unknown folders" if dirs is None else ", ".join(dirs) or "no folders"
-        return (f"runtime's own CDI {'on' if applied.native_cdi else 'off'}, resolves "
+        what = (f"runtime's own CDI {'on' if applied.native_cdi else 'off'}, resolves "
                 f"CDI_devices from {folders} ({self.origin})")
+        if self.unread:  # an assumption, said as one
+            return f"the runtime's settings were not read ({self.unread}); assuming {what}"
+        return what
 
 
 def visible_to_runtime(spec_path: str, runtime: RuntimeInfo) -> bool:

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from cdi.cache import Snapshot
-from cdi.libpath import LIBRARY_PATH_ENV
+from cdi.libpath import LD_LIBRARY_PATH_ENV
 from cdi.model import ContainerEdits
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
@@ -103,7 +103,7 @@ class CdiInjector(Plugin):
         self.on_hit = on_hit
         # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
         self.on_start_warning = on_start_warning
-        self._env_names = env_read(self.vendors, LIBRARY_PATH_ENV)
+        self._env_names = env_read(self.vendors, LD_LIBRARY_PATH_ENV)
         self._env_request_prefixes = tuple(p for v in self.vendors
                                            for p in v.env_request_prefixes)
         # Group sets already warned about on this connection (one line each, not one per
@@ -248,7 +248,7 @@ class CdiInjector(Plugin):
         injection = plan_devices(
             snapshot, [devices[r.name] for r in requests], self.runtime, uid=context.uid,
             gid=context.gid, edit_filter=edit_filter,
-            library_path=context.env.get(LIBRARY_PATH_ENV, ""),
+            library_path=context.env.get(LD_LIBRARY_PATH_ENV, ""),
             drop_gids=policy.additional_gids == "drop")
         if trimmed is not None:
             injection.adjustment.MergeFrom(trimmed.adjustment)

@@ -24,7 +24,7 @@ from cdi.cache import Snapshot
 from cdi.device import Device
 from cdi.edits import merge
 from cdi.errors import UnresolvedDevicesError
-from cdi.libpath import EXTRA_ENV
+from cdi.libpath import EXTRA_LIBRARY_PATH_ENV
 from cdi.model import ContainerEdits
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.versions import RuntimeInfo
@@ -40,7 +40,7 @@ from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.vendor import EditFilter
 
-_LIBRARY_PATH_ENTRY = EXTRA_ENV + "="
+_LIBRARY_PATH_ENTRY = EXTRA_LIBRARY_PATH_ENV + "="
 
 
 class InjectionError(Refusal):

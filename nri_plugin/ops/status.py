@@ -1,0 +1,204 @@
+"""The plugin's status file, ``<plugin.status_dir>/<NN>-<name>.json``, for ``nri-cdi doctor``.
+
+The daemon writes it atomically (a temporary file, then a rename) when it starts, when its
+connection to the runtime has synchronized (from then on the runtime asks it about every
+container), when that connection closes, and when it stops: never on a container's path.
+It says which runtime it is connected to, since when, over which socket, and its pid.
+
+Whether the writer still runs is told by a lock, not by the pid: the daemon holds an
+exclusive ``flock`` on ``<NN>-<name>.lock`` next to the file for its whole life, and the
+kernel drops it when the process ends, however it ends. A reader that cannot take the lock
+knows the plugin is alive, whatever pid namespace either of them runs in (a DaemonSet pod
+without hostPID, the doctor on the host) and whatever process a crashed plugin's pid was
+given since.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nri_plugin.nri.dispatch import Configuration
+
+log = logging.getLogger("nri_cdi.status")
+
+STATUS_FORMAT = 1
+# The states the file can say, in the order a plugin goes through them.
+STARTING, CONNECTED, DISCONNECTED, STOPPED = "starting", "connected", "disconnected", "stopped"
+LAUNCHED_SOCKET = "NRI_PLUGIN_SOCKET (launched by the runtime)"
+# A reader's probe holds the lock for an instant: the daemon tries this long to take it.
+LOCK_WAIT = 1.0
+
+
+def status_path(folder: str | Path, name: str, index: str) -> Path:
+    return Path(folder) / f"{index}-{name}.json"
+
+
+def lock_path(folder: str | Path, name: str, index: str) -> Path:
+    return Path(folder) / f"{index}-{name}.lock"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PluginStatus:
+    """What the file holds. Times are seconds since the epoch."""
+
+    format: int = STATUS_FORMAT
+    state: str = STARTING
+    pid: int = 0
+    name: str = ""
+    index: str = ""
+    socket: str = ""  # the NRI socket it connects to, or LAUNCHED_SOCKET
+    runtime: str = ""  # "containerd 2.1.9", once connected
+    nri_version: str = ""  # "" before NRI 0.12
+    started: float = 0.0  # the process
+    since: float = 0.0  # the state
+    error: str = ""  # why the last connection ended
+
+    @classmethod
+    def from_json(cls, text: str) -> PluginStatus:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        known = {f.name for f in fields(cls)}
+        status = cls(**{k: v for k, v in data.items() if k in known})
+        if status.state not in (STARTING, CONNECTED, DISCONNECTED, STOPPED):
+            raise ValueError(f"unknown state {status.state!r}")
+        return status
+
+
+class StatusFile:
+    """The daemon's side: holds the lock and rewrites the file on each change."""
+
+    def __init__(self, folder: str, *, name: str, index: str, socket: str,
+                 clock: Any = time.time) -> None:
+        self.path = status_path(folder, name, index) if folder else None
+        self._clock = clock
+        self._lock_fd: int | None = None
+        now = clock()
+        self.status = PluginStatus(pid=os.getpid(), name=name, index=index, socket=socket,
+                                   started=now, since=now)
+
+    def start(self) -> StatusFile:
+        """Take the lock and write the first state; on failure, log one line and keep no
+        status file (the plugin itself runs on)."""
+        if self.path is None:
+            return self
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = _take_lock(lock_path(self.path.parent, self.status.name,
+                                                 self.status.index))
+        except OSError as exc:
+            log.warning("no status file for nri-cdi doctor: %s", _why(exc))
+            self.path = None
+            return self
+        self._write()
+        return self
+
+    def connected(self, conf: Configuration | None) -> None:
+        """The connection synchronized; ``conf``: what the runtime said in Configure."""
+        runtime = f"{conf.runtime_name} {conf.runtime_version}".strip() if conf else ""
+        self._set(state=CONNECTED, runtime=runtime,
+                  nri_version=conf.nri_version if conf else "", error="")
+
+    def disconnected(self, error: BaseException | None) -> None:
+        self._set(state=DISCONNECTED, error=str(error or ""))
+
+    def stopped(self) -> None:
+        self._set(state=STOPPED)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _set(self, **changes: Any) -> None:
+        self.status = replace(self.status, since=self._clock(), **changes)
+        self._write()
+
+    def _write(self) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(asdict(self.status), indent=1) + "\n")
+            tmp.chmod(0o644)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("cannot write the status file %s: %s", self.path, _why(exc))
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def _take_lock(path: Path) -> int:
+    """An fd holding the exclusive lock on ``path`` (made 0644: readers probe it)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise OSError(errno.EBUSY, f"{path} is held by another nri-cdi plugin of the "
+                                           "same name and index") from None
+            time.sleep(0.05)  # a reader's probe, or a plugin still exiting
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror if exc.filename is None and exc.strerror else str(exc)
+
+
+# --- the reader's side (nri-cdi doctor) -----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reading:
+    """The status file as a reader finds it: ``status`` (None: no readable file, ``problem``
+    says why) and ``alive`` (whether its writer still holds the lock; None: unknown)."""
+
+    path: Path
+    status: PluginStatus | None
+    alive: bool | None
+    problem: str = ""
+
+
+def read_status(folder: str, name: str, index: str) -> Reading:
+    path = status_path(folder, name, index)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return Reading(path=path, status=None, alive=None, problem="no such file")
+    except OSError as exc:
+        return Reading(path=path, status=None, alive=None, problem=_why(exc))
+    try:
+        status = PluginStatus.from_json(text)
+    except (ValueError, TypeError) as exc:
+        return Reading(path=path, status=None, alive=None, problem=f"unreadable: {exc}")
+    return Reading(path=path, status=status, alive=writer_alive(lock_path(folder, name, index)))
+
+
+def writer_alive(path: Path) -> bool | None:
+    """True while a process holds ``path``'s lock, False when none does; None: cannot tell."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # also drops our shared lock at once
+    return False
