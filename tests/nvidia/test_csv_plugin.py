@@ -1,14 +1,15 @@
 """A Jetson's CSV spec through the plugin: a container asking for ``nvidia.com/gpu=0`` gets from
-the injector what the runtime's own CDI gives, on every runtime version of the README's
+the injector what the runtime's own CDI gives, on every runtime version of the compatibility
 table, in both link modes, with and without the additionalGids of the board's ``video`` and
 ``render`` nodes; and NVIDIA's rules drop none of the board's files whatever
 NVIDIA_DRIVER_CAPABILITIES says (the sidecar records no capability table in CSV mode).
 
 With additionalGids the devices are handed to the runtime's own CDI where it can take them
-(NRI cannot add groups) and are then exactly native; where it cannot (containerd 1.7.24,
-CRI-O 1.31), the default policy injects them without the groups (README, "additionalGids and
-the runtimes"). Without them the plugin applies the edits itself, folding a hook-free spec's
-library folders into LD_LIBRARY_PATH."""
+(NRI cannot add groups) and nothing of the plugin's work is lost, and are then exactly native;
+elsewhere (containerd 1.7.24, CRI-O 1.31, a hook-free spec) the default policy injects them
+without the groups (docs/reference/runtime-cdi.md, "additionalGids and the runtimes").
+Without them the plugin applies the edits itself, folding a hook-free spec's library folders
+into LD_LIBRARY_PATH."""
 
 from __future__ import annotations
 
