@@ -205,6 +205,12 @@ class _DriverRoot:
         # Host paths left out (a link loop, a SONAME naming another folder) and why:
         # reported, never fatal (one bad file must not cost the node its whole spec).
         self.skipped: dict[str, str] = {}
+        # Each folder's walk (its components and the links followed to get there; None
+        # when it is no folder or its links loop), for this run only: a run probes a few
+        # hundred paths in a few dozen folders, most of them missing, and a walk continued
+        # from its folder is the walk from the top
+        # (bench/reports/2026-11-27-generator-stdlib-2-cores).
+        self._folders: dict[str, tuple[list[str], int] | None] = {}
 
     def host(self, container: str) -> str:
         """The host path of a container path."""
@@ -217,16 +223,25 @@ class _DriverRoot:
         return "/" if rel == "." else "/" + rel
 
     def resolve(self, path: str) -> str | None:
-        """The host path that the container path ``path`` resolves to (the part past the
-        last existing folder kept as it is); None when its links loop."""
-        try:
-            parts, _hops = resolve_from(self.root, (), posixpath.normpath("/" + path))
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            self.skipped[exc.filename] = "too many levels of symbolic links (a link loop)"
-            return None
-        return self.host("/".join(parts))
+        """The host path that the container path ``path`` resolves to (its last component
+        kept as it is when missing); None when its folder is none or its links loop."""
+        folder, _, name = posixpath.normpath("/" + path).rpartition("/")
+        walked = self._folder(folder)
+        if walked is not None:
+            walked = self._walk(walked[0], name, walked[1])
+        return None if walked is None else self.host("/".join(walked[0]))
+
+    def _folder(self, folder: str) -> tuple[list[str], int] | None:
+        """The walk to ``folder`` (normal, "" for the root), continued from its parent's."""
+        if folder not in self._folders:
+            parent, _, name = folder.rpartition("/")
+            walked = self._folder(parent) if folder else ([], 0)
+            if walked is not None and folder:
+                walked = self._walk(walked[0], name, walked[1])
+            if walked is not None and not os.path.isdir(self.host("/".join(walked[0]))):
+                walked = None
+            self._folders[folder] = walked
+        return self._folders[folder]
 
     def file(self, path: str) -> str | None:
         """The host path of the regular file ``path`` resolves to, else None."""
@@ -239,6 +254,15 @@ class _DriverRoot:
         host = self.resolve(path)
         return host if host is not None and Path(host).is_dir() else None
 
+    def _walk(self, done: list[str], rest: str, hops: int) -> tuple[list[str], int] | None:
+        try:
+            return resolve_from(self.root, done, rest, hops)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            self.skipped[exc.filename] = "too many levels of symbolic links (a link loop)"
+            return None
+
 
 def _glob(folder: str, pattern: str) -> list[str]:
     """Host paths of the regular files (links followed) in the host folder ``folder``
@@ -250,6 +274,14 @@ def _glob(folder: str, pattern: str) -> list[str]:
 def _listdir(folder: str | Path) -> list[str]:
     try:
         return sorted(os.listdir(folder))
+    except OSError:
+        return []
+
+
+def _scandir(folder: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(folder) as entries:
+            return sorted(entries, key=lambda entry: entry.name)
     except OSError:
         return []
 
@@ -387,14 +419,13 @@ def _default_folder_links(tree: _DriverRoot, files: Sequence[str],
     for folder in _scan_dirs(tree, dirs):
         for sub in LINK_SUBDIRS:
             where = os.path.join(folder, sub) if sub else folder
-            for name in _listdir(where):
-                path = os.path.join(where, name)
-                if not os.path.islink(path):
+            for entry in _scandir(where):
+                if not entry.is_symlink():
                     continue
-                container = tree.container(path)
+                container = tree.container(entry.path)
                 end = tree.file(container)
                 if end in ends:
-                    links.append(Link(target=os.readlink(path), path=container,
+                    links.append(Link(target=os.readlink(entry.path), path=container,
                                       resolved=FileMount(host=end, path=container,
                                                          kind="library")))
     return links
