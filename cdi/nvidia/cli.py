@@ -19,13 +19,9 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from hashlib import sha256
 from pathlib import Path
 from typing import Any, TextIO
-
-try:  # CPython's own SHA-256: hashlib would load OpenSSL at start-up
-    from _sha256 import sha256  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - other interpreters
-    from hashlib import sha256
 
 from cdi.errors import SpecError
 from cdi.model import SpecData, to_dict
