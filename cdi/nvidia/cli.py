@@ -544,10 +544,6 @@ def _render(spec: SpecData, json_format: bool, *, mode: str, fp: str, sidecar: P
     return "\n".join(lines) + "\n" + body
 
 
-def _sidecar(path: Path) -> Path:
-    return sidecar_path(path)
-
-
 def _write(path: Path, text: str, inv: Inventory, opts: Options, spec: SpecData,
            fp: str) -> None:
     data = text.encode("utf-8")
@@ -557,28 +553,14 @@ def _write(path: Path, text: str, inv: Inventory, opts: Options, spec: SpecData,
     # sidecar already there (it keeps the old spec's facts until then). A run stopped in
     # between leaves a sidecar naming a spec hash that is not on disk, so --if-changed
     # regenerates instead of trusting it.
-    atomic_write(_sidecar(path), _json_lines(meta).encode(), mode=0o644)
+    atomic_write(sidecar_path(path), (json.dumps(meta, indent=2) + "\n").encode(), mode=0o644)
     atomic_write(path, data, mode=0o644)
-
-
-def _json_lines(document: dict[str, Any]) -> str:
-    """``document`` as JSON with an entry per line two levels deep (a device per line):
-    as readable as ``indent=2`` for a sidecar, and made by json's C encoder, where
-    ``indent=`` runs the pure-Python one (~2 ms for 100 devices)."""
-    entries = []
-    for key, value in document.items():
-        if isinstance(value, dict) and value:
-            inner = ",\n".join(f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in value.items())
-            entries.append(f"  {json.dumps(key)}: {{\n{inner}\n  }}")
-        else:
-            entries.append(f"  {json.dumps(key)}: {json.dumps(value)}")
-    return "{\n" + ",\n".join(entries) + "\n}\n"
 
 
 def _unchanged(path: Path, fp: str) -> bool:
     """True when ``path`` is the spec a previous run wrote for the same fingerprint."""
     try:
-        meta = json.loads(_sidecar(path).read_text())
+        meta = json.loads(sidecar_path(path).read_text())
         data = path.read_bytes()
     except (OSError, ValueError):
         return False

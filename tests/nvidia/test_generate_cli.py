@@ -307,13 +307,3 @@ def test_collector_is_paused_only_during_the_run(root_args: list[str], tmp_path:
         assert not gc.isenabled()  # and one that had it off keeps it off
     finally:
         gc.enable()
-
-
-def test_sidecar_json_has_a_device_per_line() -> None:
-    doc = {"format": 1, "empty": {}, "list": [1, "a"], "spec": {"file": "x.yaml", "n": None},
-           "devices": {"0": {"type": "gpu", "busId": "0000:01:00.0"}, "1:0": {"gi": 1}}}
-    text = cli._json_lines(doc)
-    assert json.loads(text) == doc
-    lines = text.splitlines()
-    assert '    "0": {"type": "gpu", "busId": "0000:01:00.0"},' in lines
-    assert '    "1:0": {"gi": 1}' in lines and '  "empty": {},' in lines
