@@ -14,7 +14,6 @@ why it is written before the spec), with the metadata described in ``generate.py
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -317,7 +316,7 @@ def _config_driver_root(path: str) -> str | None:
     """``nvidia-container-cli.root`` from nvidia-ctk's config.toml, the one key of that
     file ``nvidia-ctk cdi generate`` uses."""
     try:
-        import tomllib  # lazy: 3-4 ms on top of this module's 30 ms (-X importtime); --config only
+        import tomllib  # here: only --config reads TOML
     except ImportError:  # Python 3.10
         raise UsageError(f"--config {path}: reading TOML needs Python >= 3.11") from None
     try:
@@ -391,20 +390,6 @@ def _output(v: dict[str, Any], warn: Any) -> tuple[Path | None, bool]:
 
 def cmd_generate(args: argparse.Namespace, out: TextIO | None = None,
                  err: TextIO | None = None, environ: Any = None) -> int:
-    # A run allocates thousands of objects that all live until it ends: the cyclic
-    # collector would walk them a dozen times for nothing (~2 ms of a ~50 ms run).  Paused,
-    # not disabled, so that a long-lived caller (the refresh daemon) gets it back.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        return _cmd_generate(args, out, err, environ)
-    finally:
-        if collecting:
-            gc.enable()
-
-
-def _cmd_generate(args: argparse.Namespace, out: TextIO | None, err: TextIO | None,
-                  environ: Any) -> int:
     out, err = out or sys.stdout, err or sys.stderr
     v = _from_env(args, os.environ if environ is None else environ)
 
