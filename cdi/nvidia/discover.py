@@ -234,7 +234,7 @@ def load_nvml(library: Path | None) -> Any:
 def _import_pynvml() -> Any:
     with _ctypes_util_on_demand():
         try:
-            # lazy: 14-15 ms of CPU (with ctypes), NVML mode only
+            # here: only NVML mode pays for nvidia-ml-py (and ctypes)
             import pynvml  # type: ignore[import-untyped,unused-ignore]
         except ImportError:
             if not sys.flags.no_site:
@@ -244,15 +244,16 @@ def _import_pynvml() -> Any:
             import site  # only when -S hid pynvml
 
             sys.path.extend(p for p in site.getsitepackages() if p not in sys.path)
-            import pynvml  # lazy: as above
+            import pynvml
     return pynvml
 
 
 @contextlib.contextmanager
 def _ctypes_util_on_demand() -> Iterator[None]:
     """nvidia-ml-py does ``from ctypes.util import find_library`` and calls it on Windows
-    only; importing ctypes.util (subprocess, shutil, bz2, lzma) is 6 ms of the 12.7 ms CPU
-    that importing pynvml costs (median of 5, same run). While pynvml imports, ctypes.util
+    only; importing ctypes.util (subprocess, shutil, bz2, lzma) is about half of what
+    importing pynvml costs, and a tenth of an NVML-mode run
+    (bench/reports/2026-11-27-generator-stdlib-2-cores). While pynvml imports, ctypes.util
     is a stand-in whose ``find_library`` imports the real module when called; it is taken
     out of sys.modules right after, so nothing else ever sees it."""
     if "ctypes.util" in sys.modules:
@@ -269,7 +270,7 @@ def _ctypes_util_on_demand() -> Iterator[None]:
 
 
 def _find_library(name: str) -> str | None:
-    import ctypes.util  # lazy: see _ctypes_util_on_demand
+    import ctypes.util  # here: see _ctypes_util_on_demand
 
     return ctypes.util.find_library(name)
 
