@@ -25,8 +25,8 @@ Rows, each run once per round in an order rotated from round to round:
 Every command runs in ``simnode.in_node_namespace``'s private mount namespace (nvidia-ctk
 reads ``/proc/driver/nvidia`` and ``/sys/bus/pci/devices`` from the host; ours runs there
 too, for equal overhead); root, gcc and unshare are needed. The specs go to a tmpfs, as
-``/var/run/cdi`` is on a node, so the disk's fsync latency is not measured (ours syncs,
-nvidia-ctk does not).
+``/var/run/cdi`` (where the documented command writes) is on a node; ``--output-dir`` puts
+them elsewhere, where a disk's fsync latency counts (ours syncs, nvidia-ctk does not).
 
 Nodes: ``2gpu`` (default): 2 GPUs, no MIG, the node of issue 42's measurement; ``2gpu-mig``:
 the same with 4 MIG devices on GPU 0; ``8x7mig``: 8 GPUs x 7 MIG devices. Through the
@@ -212,6 +212,9 @@ def main() -> None:
                         help="passed to pip install (repeatable)")
     parser.add_argument("--save", type=Path, metavar="FILE.json",
                         help="write every round's figures there")
+    parser.add_argument("--output-dir", type=Path, metavar="DIR",
+                        help="where the specs go (default: a folder in /dev/shm, a tmpfs "
+                             "as /var/run/cdi is; a disk folder adds ours' fsyncs)")
     args = parser.parse_args()
     missing = [what for what, ok in (("root", os.geteuid() == 0),
                                      ("unshare", shutil.which("unshare")),
@@ -230,8 +233,8 @@ def main() -> None:
         title, layout = NODES[args.node]
         node = build_node(Path(tmp) / "node", layout())
         shm = Path("/dev/shm")
-        out = Path(tempfile.mkdtemp(prefix="bench-generate-cli-",
-                                    dir=shm if shm.is_dir() else tmp))
+        out = Path(tempfile.mkdtemp(prefix="bench-generate-cli-", dir=args.output_dir or (
+            shm if shm.is_dir() else tmp)))
         roots = ["--driver-root", str(node.driver_root), "--dev-root", str(node.dev_root)]
         rows = {FLOOR: [str(scripts[""].with_name("python")), "-c", "pass"]}
         for prefix, script in scripts.items():  # each in its own folder, same file names
