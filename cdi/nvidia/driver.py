@@ -278,14 +278,6 @@ def _listdir(folder: str | Path) -> list[str]:
         return []
 
 
-def _scandir(folder: str) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(folder) as entries:
-            return sorted(entries, key=lambda entry: entry.name)
-    except OSError:
-        return []
-
-
 def _mount(tree: _DriverRoot, host: str, kind: str, path: str | None = None,
            options: tuple[str, ...] = FILE_OPTIONS) -> FileMount:
     return FileMount(host=host, path=path or tree.container(host), kind=kind, options=options)
@@ -419,13 +411,14 @@ def _default_folder_links(tree: _DriverRoot, files: Sequence[str],
     for folder in _scan_dirs(tree, dirs):
         for sub in LINK_SUBDIRS:
             where = os.path.join(folder, sub) if sub else folder
-            for entry in _scandir(where):
-                if not entry.is_symlink():
+            for name in _listdir(where):
+                path = os.path.join(where, name)
+                if not os.path.islink(path):
                     continue
-                container = tree.container(entry.path)
+                container = tree.container(path)
                 end = tree.file(container)
                 if end in ends:
-                    links.append(Link(target=os.readlink(entry.path), path=container,
+                    links.append(Link(target=os.readlink(path), path=container,
                                       resolved=FileMount(host=end, path=container,
                                                          kind="library")))
     return links
