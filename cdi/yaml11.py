@@ -120,9 +120,8 @@ def _scalar(value: Any) -> str:
     return _string(str(value))
 
 
-# A spec repeats the same paths and names many times, and the implicit-type pattern is slow
-# on long strings: on 8 GPUs x 7 MIG devices the cache saves a tenth of the whole command
-# (bench/reports/2026-11-27-generator-stdlib-2-cores).
+# A spec repeats the same paths and names many times: on 8 GPUs x 7 MIG devices the cache
+# saves a few percent of the whole command (bench/reports/2026-11-27-generator-stdlib-2-cores).
 @functools.lru_cache(maxsize=4096)
 def _string(text: str) -> str:
     if not _PLAIN.fullmatch(text) or text.endswith(":") or text == "-":
