@@ -14,11 +14,11 @@ def finish(status: int) -> NoReturn:
     """Exit with ``status``, skipping the final collection of what lived until now.
 
     At exit the interpreter walks every object still tracked by the cyclic collector, and a
-    command that just built a spec leaves tens of thousands, paid for nothing: without the
-    freeze ``nri-cdi generate`` takes about 7-10 % more CPU
-    (bench/reports/2026-11-27-generator-stdlib-2-cores).  ``gc.freeze()`` moves them out
-    of the collector's reach; finalizers, atexit handlers and stream flushing still run.
-    Only for process entry points: a long-lived caller must never freeze its heap.
+    command that just built a spec leaves tens of thousands, paid for nothing (what that
+    costs ``nri-cdi generate``: bench/reports/2026-11-27-generator-stdlib-2-cores).
+    ``gc.freeze()`` moves them out of the collector's reach; finalizers, atexit handlers
+    and stream flushing still run.  Only for process entry points: a long-lived caller must
+    never freeze its heap.
     """
     gc.freeze()
     sys.exit(status)

@@ -421,8 +421,8 @@ def atomic_write(target: Path, data: bytes, *, mode: int = 0o644) -> None:
 
 def _create_temporary(folder: Path, prefix: str, suffix: str) -> tuple[int, str]:
     """``tempfile.mkstemp`` (a new 0600 file, never an existing one or a link) without
-    importing tempfile, which brings shutil, random and the compression modules: with
-    tempfile ``nri-cdi generate`` takes about 4-8 % more CPU
+    importing tempfile, which brings shutil, random and the compression modules, all for
+    the one spec a ``nri-cdi generate`` process writes
     (bench/reports/2026-11-27-generator-stdlib-2-cores)."""
     for _ in range(100):
         name = os.path.join(folder, f"{prefix}{os.urandom(6).hex()}{suffix}")

@@ -5,10 +5,9 @@ booleans) in the block style of PyYAML's ``safe_dump(sort_keys=False,
 default_flow_style=False, allow_unicode=True)`` with a ``---`` start; ``cdi.spec.dump_spec``
 and ``nri-cdi generate`` both use it. It exists instead of PyYAML's C dumper because
 ``nri-cdi generate``, which runs at boot and on every driver change, then imports no PyYAML
-and builds no node per value: with the C dumper the whole command takes about a sixth
-longer (``bench/bench_generate_cli.py`` with a variant, in
-bench/reports/2026-11-27-generator-stdlib-2-cores), and tests/cdi/test_yaml11.py checks
-its output against PyYAML's, byte for byte.
+and builds no node per value (``bench/bench_generate_cli.py`` against a variant with the C
+dumper: bench/reports/2026-11-27-generator-stdlib-2-cores), and
+tests/cdi/test_yaml11.py checks its output against PyYAML's, byte for byte.
 
 ``implicit_tag(text)`` is the tag PyYAML gives ``text`` read back as a plain (unquoted)
 scalar, i.e. ``yaml.resolver.Resolver().resolve(yaml.ScalarNode, text, (True, False))``.
@@ -120,8 +119,8 @@ def _scalar(value: Any) -> str:
     return _string(str(value))
 
 
-# A spec repeats the same paths and names many times: on 8 GPUs x 7 MIG devices the cache
-# saves a few percent of the whole command (bench/reports/2026-11-27-generator-stdlib-2-cores).
+# A spec repeats the same paths and names many times, most of all on nodes with many MIG
+# devices (bench/reports/2026-11-27-generator-stdlib-2-cores).
 @functools.lru_cache(maxsize=4096)
 def _string(text: str) -> str:
     if not _PLAIN.fullmatch(text) or text.endswith(":") or text == "-":

@@ -252,10 +252,10 @@ def _import_pynvml() -> Any:
 def _ctypes_util_on_demand() -> Iterator[None]:
     """nvidia-ml-py does ``from ctypes.util import find_library`` and calls it on Windows
     only; importing ctypes.util (subprocess, shutil, bz2, lzma) is about half of what
-    importing pynvml costs, and about a tenth of an NVML-mode run
-    (bench/reports/2026-11-27-generator-stdlib-2-cores). While pynvml imports, ctypes.util
-    is a stand-in whose ``find_library`` imports the real module when called; it is taken
-    out of sys.modules right after, so nothing else ever sees it."""
+    importing pynvml costs (bench/reports/2026-11-27-generator-stdlib-2-cores).
+    While pynvml imports, ctypes.util is a stand-in whose ``find_library`` imports the real
+    module when called; it is taken out of sys.modules right after, so nothing else ever
+    sees it."""
     if "ctypes.util" in sys.modules:
         yield
         return
