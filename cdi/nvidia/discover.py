@@ -45,6 +45,7 @@ __all__ = [
     "discover_nvml",
     "discover_procfs",
     "driver_version_from_proc",
+    "under",
 ]
 
 NVML_EXTRA = ("nvml", "nvidia-ml-py")  # pynvml's extra and distribution (cdi.extras)
@@ -63,6 +64,11 @@ _GFX_PROFILE_IDS = frozenset({0xA, 0xB, 0xC, 0x11})
 
 class DiscoveryError(Exception):
     """No usable driver or GPU information; the message says what was looked for where."""
+
+
+def under(root: Path, path: str) -> str:
+    """The host path of ``path`` (absolute or not) under ``root``."""
+    return os.fspath(root / path.lstrip("/"))
 
 
 class Roots(NamedTuple):
