@@ -5,7 +5,6 @@ must already be filled in (the cache does that when it loads specs)."""
 from __future__ import annotations
 
 import copy
-import functools
 import posixpath
 from collections.abc import Iterable
 from typing import Any
@@ -44,7 +43,6 @@ def merge(parts: Iterable[ContainerEdits]) -> ContainerEdits:
     )
 
 
-@functools.lru_cache(maxsize=4096)
 def mount_depth(destination: str) -> int:
     """Path components of a cleaned destination: the key mounts are stably sorted by, so
     that a parent folder is always mounted before what goes inside it."""

@@ -3,7 +3,6 @@
 Pure functions, no dependencies: every other module may import this one.
 """
 
-import functools
 import re
 from typing import NamedTuple
 
@@ -101,7 +100,6 @@ def split_device(device: str) -> tuple[str, str, str]:
     return vendor, class_, name
 
 
-@functools.lru_cache(maxsize=4096)  # hot on CreateContainer: every request parses names
 def parse_qualified_name(device: str) -> QualifiedName:
     """Parse and validate ``vendor/class=name``; raise QualifiedNameError saying why not."""
     vendor, class_, name = split_device(device)

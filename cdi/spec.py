@@ -35,8 +35,8 @@ _NULL_TEXTS = ("", "~", "null", "Null", "NULL")
 
 
 def _yaml() -> Any:
-    """PyYAML, imported on first use: 8.5-10.5 ms (``python -X importtime``) that what
-    never reads YAML must not pay (``nri-cdi generate`` has its own emitter; the hooks)."""
+    """PyYAML, imported on first use: what never reads YAML must not pay for it
+    (``nri-cdi generate`` has its own emitter; the hooks)."""
     import yaml
 
     return yaml
@@ -421,8 +421,9 @@ def atomic_write(target: Path, data: bytes, *, mode: int = 0o644) -> None:
 
 def _create_temporary(folder: Path, prefix: str, suffix: str) -> tuple[int, str]:
     """``tempfile.mkstemp`` (a new 0600 file, never an existing one or a link) without
-    importing tempfile, which brings shutil, random and the compression modules: a
-    ``generate`` process writes one spec, and those imports cost more than the writing."""
+    importing tempfile, which brings shutil, random and the compression modules, all for
+    the one spec a ``nri-cdi generate`` process writes
+    (bench/reports/2026-11-27-generator-stdlib-2-cores)."""
     for _ in range(100):
         name = os.path.join(folder, f"{prefix}{os.urandom(6).hex()}{suffix}")
         try:

@@ -3,15 +3,16 @@
 ``dump_yaml(document)`` writes a spec document (mappings, lists, strings, integers,
 booleans) in the block style of PyYAML's ``safe_dump(sort_keys=False,
 default_flow_style=False, allow_unicode=True)`` with a ``---`` start; ``cdi.spec.dump_spec``
-and ``nri-cdi generate`` both use it. It exists instead of PyYAML's C dumper because it is
-faster on the generator's start-up path, which runs at boot and on every driver change:
-``bench/bench_generate.py`` measures the two side by side (docs/developer/benchmarks.md), and
+and ``nri-cdi generate`` both use it. It exists instead of PyYAML's C dumper because
+``nri-cdi generate``, which runs at boot and on every driver change, then imports no PyYAML
+and builds no node per value (``bench/bench_generate_cli.py`` against a variant with the C
+dumper: bench/reports/2026-11-27-generator-stdlib-2-cores), and
 tests/cdi/test_yaml11.py checks its output against PyYAML's, byte for byte.
 
 ``implicit_tag(text)`` is the tag PyYAML gives ``text`` read back as a plain (unquoted)
 scalar, i.e. ``yaml.resolver.Resolver().resolve(yaml.ScalarNode, text, (True, False))``.
-The writer quotes a string exactly when this is not ``str``; having it here keeps PyYAML
-(about 26 ms to import) off the generator's start-up path.
+The writer quotes a string exactly when this is not ``str``; having it here keeps PyYAML's
+import off the generator's start-up path.
 
 The types are those of https://yaml.org/type/ (bool, null, int, float, timestamp, merge,
 value; PyYAML adds ``yaml`` for a bare ``!``, ``&`` or ``*``), read the way PyYAML reads
@@ -74,32 +75,22 @@ _TYPES: dict[str, str] = {
     "yaml": "[!&*]",
 }
 
-_pattern: re.Pattern[str] | None = None
-
-
-def _compiled() -> re.Pattern[str]:
-    # Compiled on first use: start-up only pays for it when something is rendered.
-    global _pattern
-    if _pattern is None:
-        body = "|".join(f"(?P<{name}>{regex})" for name, regex in _TYPES.items())
-        _pattern = re.compile(f"(?:{body})\n?")
-    return _pattern
+_IMPLICIT = re.compile(
+    "(?:{})\n?".format("|".join(f"(?P<{name}>{regex})" for name, regex in _TYPES.items())))
 
 
 def implicit_tag(text: str) -> str:
     """The tag PyYAML's default resolver gives ``text`` as a plain scalar."""
     if not text:
         return _PREFIX + "null"
-    match = _compiled().fullmatch(text)
+    match = _IMPLICIT.fullmatch(text)
     return STR if match is None else _PREFIX + str(match.lastgroup)
 
 
 # --- writer --------------------------------------------------------------------------------
-# PyYAML's representer spends about 100 ms on the ~5,000 nodes of an 8 x 7-MIG spec in pure
-# Python, and its C dumper still builds a node per value and needs PyYAML imported (about
-# 26 ms). A spec is only mappings, lists, strings and integers, so this writes the same
-# block style directly: strings are left plain exactly when PyYAML's resolver would read them
-# back as strings, single-quoted when they would read as another type (like PyYAML), and
+# A spec is only mappings, lists, strings and integers, so this writes PyYAML's block style
+# directly: strings are left plain exactly when PyYAML's resolver would read them back as
+# strings, single-quoted when they would read as another type (like PyYAML), and
 # double-quoted (JSON escapes are valid YAML) when they hold characters that plain scalars
 # cannot. Only in that last case may the bytes differ from PyYAML's (which picks between
 # single and double quotes by its own rules); both read back as the same string.
@@ -108,8 +99,8 @@ _PLAIN = re.compile(r"[A-Za-z0-9_./+-][A-Za-z0-9_./:+=,@~-]*")
 # Left raw by json.dumps(ensure_ascii=False) but not printable in YAML, or read as a line
 # break inside a quoted scalar (NEL, LS, PS).  ensure_ascii=True is no answer: it writes
 # astral characters as surrogate pairs, which YAML readers take as two lone surrogates.
-# Compiled on first use (about 1 ms: its ranges span the astral planes); a generated spec
-# rarely has a string to double-quote.
+# re.sub compiles it when a string first needs double quotes, which a generated spec
+# rarely has.
 _YAML_UNPRINTABLE = "[\x7f-\x9f\u2028\u2029\ud800-\udfff\ufeff\ufffe\uffff]"
 
 
@@ -128,7 +119,9 @@ def _scalar(value: Any) -> str:
     return _string(str(value))
 
 
-@functools.lru_cache(maxsize=4096)  # a spec repeats the same paths and names many times
+# A spec repeats the same paths and names many times, most of all on nodes with many MIG
+# devices (bench/reports/2026-11-27-generator-stdlib-2-cores).
+@functools.lru_cache(maxsize=4096)
 def _string(text: str) -> str:
     if not _PLAIN.fullmatch(text) or text.endswith(":") or text == "-":
         return _double_quoted(text)
@@ -141,7 +134,7 @@ def _string(text: str) -> str:
 def _double_quoted(text: str) -> str:
     # JSON's escapes (\" \\ \n \t \uXXXX for controls) are all valid YAML escapes.
     quoted = json.dumps(text, ensure_ascii=False)
-    return re.sub(_YAML_UNPRINTABLE, _escape, quoted)  # re caches the compiled pattern
+    return re.sub(_YAML_UNPRINTABLE, _escape, quoted)
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -149,8 +142,7 @@ def _escape(match: re.Match[str]) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
-# Two mutually recursive walkers rather than one generic one: a spec renders ~3,000 lines
-# and this runs on every generate, so each line costs one type() test, not several.
+# Two mutually recursive walkers: one for mappings, one for lists.
 
 
 def _emit_mapping(mapping: dict[str, Any], pad: str, lead: str, lines: list[str]) -> None:

@@ -14,19 +14,14 @@ why it is written before the spec), with the metadata described in ``generate.py
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
 from collections.abc import Sequence
+from hashlib import sha256
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TextIO
-
-try:  # CPython's own SHA-256: hashlib would load OpenSSL at start-up
-    from _sha256 import sha256  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - other interpreters
-    from hashlib import sha256
 
 from cdi.errors import SpecError
 from cdi.model import SpecData, to_dict
@@ -352,7 +347,7 @@ def _config_driver_root(path: str) -> str | None:
     """``nvidia-container-cli.root`` from nvidia-ctk's config.toml, the one key of that
     file ``nvidia-ctk cdi generate`` uses."""
     try:
-        import tomllib  # lazy: 3-4 ms on top of this module's 30 ms (-X importtime); --config only
+        import tomllib  # here: only --config reads TOML
     except ImportError:  # Python 3.10
         raise UsageError(f"--config {path}: reading TOML needs Python >= 3.11") from None
     try:
@@ -434,20 +429,6 @@ def _output(v: dict[str, Any], warn: Any) -> tuple[Path | None, bool]:
 
 def cmd_generate(args: argparse.Namespace, out: TextIO | None = None,
                  err: TextIO | None = None, environ: Any = None) -> int:
-    # A run allocates thousands of objects that all live until it ends: the cyclic
-    # collector would walk them a dozen times for nothing (~2 ms of a ~50 ms run).  Paused,
-    # not disabled, so that a long-lived caller (the refresh daemon) gets it back.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        return _cmd_generate(args, out, err, environ)
-    finally:
-        if collecting:
-            gc.enable()
-
-
-def _cmd_generate(args: argparse.Namespace, out: TextIO | None, err: TextIO | None,
-                  environ: Any) -> int:
     out, err = out or sys.stdout, err or sys.stderr
     v = _from_env(args, os.environ if environ is None else environ)
 
@@ -695,10 +676,6 @@ def _render(spec: SpecData, json_format: bool, *, mode: str, fp: str, sidecar: P
     return "\n".join(lines) + "\n" + body
 
 
-def _sidecar(path: Path) -> Path:
-    return sidecar_path(path)
-
-
 def _write(path: Path, text: str, inv: Inventory, opts: Options, spec: SpecData,
            fp: str) -> None:
     data = text.encode("utf-8")
@@ -708,28 +685,14 @@ def _write(path: Path, text: str, inv: Inventory, opts: Options, spec: SpecData,
     # sidecar already there (it keeps the old spec's facts until then). A run stopped in
     # between leaves a sidecar naming a spec hash that is not on disk, so --if-changed
     # regenerates instead of trusting it.
-    atomic_write(_sidecar(path), _json_lines(meta).encode(), mode=0o644)
+    atomic_write(sidecar_path(path), (json.dumps(meta, indent=2) + "\n").encode(), mode=0o644)
     atomic_write(path, data, mode=0o644)
-
-
-def _json_lines(document: dict[str, Any]) -> str:
-    """``document`` as JSON with an entry per line two levels deep (a device per line):
-    as readable as ``indent=2`` for a sidecar, and made by json's C encoder, where
-    ``indent=`` runs the pure-Python one (~2 ms for 100 devices)."""
-    entries = []
-    for key, value in document.items():
-        if isinstance(value, dict) and value:
-            inner = ",\n".join(f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in value.items())
-            entries.append(f"  {json.dumps(key)}: {{\n{inner}\n  }}")
-        else:
-            entries.append(f"  {json.dumps(key)}: {json.dumps(value)}")
-    return "{\n" + ",\n".join(entries) + "\n}\n"
 
 
 def _unchanged(path: Path, fp: str) -> bool:
     """True when ``path`` is the spec a previous run wrote for the same fingerprint."""
     try:
-        meta = json.loads(_sidecar(path).read_text())
+        meta = json.loads(sidecar_path(path).read_text())
         data = path.read_bytes()
     except (OSError, ValueError):
         return False

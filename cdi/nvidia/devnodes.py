@@ -53,9 +53,7 @@ class Action(NamedTuple):
 
 
 def _token() -> str:
-    """A random suffix for a temporary name. os.urandom, not ``secrets``: importing secrets
-    loads OpenSSL through hmac/hashlib, 2.7 ms of ``nri-cdi generate`` (python -X importtime),
-    which imports this module to check the control nodes."""
+    """A random suffix for a temporary name."""
     return os.urandom(4).hex()
 
 

@@ -46,7 +46,6 @@ __all__ = [
     "discover_procfs",
     "discover_with_nvml",
     "driver_version_from_proc",
-    "read_text",
     "under",
 ]
 
@@ -69,14 +68,8 @@ class DiscoveryError(Exception):
 
 
 def under(root: Path, path: str) -> str:
-    """``os.fspath(root / path.lstrip("/"))``, the same string without making Paths: the
-    generator joins a few hundred paths per run, and pathlib spends microseconds on each."""
-    rel = path.lstrip("/")
-    base = os.fspath(root)
-    if (base == "." or not rel or "//" in rel or rel.endswith("/")
-            or "/./" in f"/{rel}/"):  # pathlib would drop an empty or "." component
-        return os.fspath(root / rel)  # the odd cases, spelled by pathlib itself
-    return base + rel if base.endswith("/") else f"{base}/{rel}"  # "/" (or "//") ends in "/"
+    """The host path of ``path`` (absolute or not) under ``root``."""
+    return os.fspath(root / path.lstrip("/"))
 
 
 class Roots(NamedTuple):
@@ -129,12 +122,12 @@ class NodeInfo(NamedTuple):
 
 def driver_version_from_proc(roots: Roots) -> str | None:
     try:
-        text = read_text(under(roots.dev, "proc/driver/nvidia/version"))
+        text = roots.proc_path("driver/nvidia/version").read_text()
     except OSError:
         return None
     for line in text.splitlines():
         if line.startswith("NVRM"):
-            # the first blank-separated N.N or N.N.N (no regex: this runs once per process)
+            # the first blank-separated N.N or N.N.N
             return next((w for w in line.split()[1:] if _is_version(w)), None)
     return None
 
@@ -144,15 +137,9 @@ def _is_version(word: str) -> bool:
     return 2 <= len(parts) <= 3 and all(p.isdecimal() for p in parts)  # \d: decimal digits
 
 
-def read_text(path: str) -> str:
-    """What ``Path(path).read_text()`` returns (the locale's encoding), minus the Path."""
-    with open(path, encoding="locale") as file:
-        return file.read()
-
-
-def _information(path: str) -> dict[str, str]:
+def _information(path: Path) -> dict[str, str]:
     fields: dict[str, str] = {}
-    for line in read_text(path).splitlines():
+    for line in path.read_text().splitlines():
         key, sep, value = line.partition(":")
         if sep:
             fields[key.strip()] = value.strip()
@@ -169,7 +156,7 @@ def normalize_bus_id(bus_id: str) -> str:
 
 
 def _procfs_gpus(roots: Roots) -> list[Gpu]:
-    base = under(roots.dev, "proc/driver/nvidia/gpus")
+    base = roots.proc_path("driver/nvidia/gpus")
     try:
         entries = sorted(os.listdir(base))
     except OSError:
@@ -177,7 +164,7 @@ def _procfs_gpus(roots: Roots) -> list[Gpu]:
     infos = []
     for entry in entries:
         try:
-            infos.append(_information(f"{base}/{entry}/information"))
+            infos.append(_information(base / entry / "information"))
         except OSError:
             continue
     infos.sort(key=lambda f: normalize_bus_id(f.get("Bus Location", "")))
@@ -194,7 +181,7 @@ def _procfs_gpus(roots: Roots) -> list[Gpu]:
     return gpus
 
 
-def _numbered(folder: str, prefix: str) -> list[int]:
+def _numbered(folder: Path, prefix: str) -> list[int]:
     try:
         names = os.listdir(folder)
     except OSError:
@@ -204,8 +191,8 @@ def _numbered(folder: str, prefix: str) -> list[int]:
 
 
 def _procfs_migs(roots: Roots, minor: int) -> tuple[MigDevice, ...]:
-    base = under(roots.dev, f"proc/driver/nvidia/capabilities/gpu{minor}/mig")
-    pairs = [(gi, ci) for gi in _numbered(base, "gi") for ci in _numbered(f"{base}/gi{gi}", "ci")]
+    base = roots.proc_path(f"driver/nvidia/capabilities/gpu{minor}/mig")
+    pairs = [(gi, ci) for gi in _numbered(base, "gi") for ci in _numbered(base / f"gi{gi}", "ci")]
     return tuple(MigDevice(index=j, gi=gi, ci=ci, indexed=False)
                  for j, (gi, ci) in enumerate(pairs))
 
@@ -239,7 +226,7 @@ def load_nvml(library: Path | None) -> Any:
 
     loaded = getattr(pynvml, "nvmlLib", None)
     if library is not None and getattr(loaded, "_name", None) != os.fspath(library):
-        import ctypes  # lazy: 2.7-3 ms (-S -X importtime); procfs mode never loads it
+        import ctypes  # here: procfs mode never needs it
 
         # nvidia-ml-py keeps one library per process, with its function pointers cached:
         # a run for another driver root must not be answered by the first one's NVML.
@@ -254,27 +241,28 @@ def load_nvml(library: Path | None) -> Any:
 def _import_pynvml() -> Any:
     with _ctypes_util_on_demand():
         try:
-            # lazy: 14-15 ms of CPU (with ctypes), NVML mode only
+            # here: only NVML mode pays for nvidia-ml-py (and ctypes)
             import pynvml  # type: ignore[import-untyped,unused-ignore]
         except ImportError:
             if not sys.flags.no_site:
                 raise
             # Started with -S (the lean entry, cdi/nvidia/__main__.py): look in the
             # interpreter's own site-packages, which ``site`` would have added.
-            import site  # lazy: 1 ms (-S -X importtime), only when -S hid pynvml
+            import site  # only when -S hid pynvml
 
             sys.path.extend(p for p in site.getsitepackages() if p not in sys.path)
-            import pynvml  # lazy: as above
+            import pynvml
     return pynvml
 
 
 @contextlib.contextmanager
 def _ctypes_util_on_demand() -> Iterator[None]:
     """nvidia-ml-py does ``from ctypes.util import find_library`` and calls it on Windows
-    only; importing ctypes.util (subprocess, shutil, bz2, lzma) is 6 ms of the 12.7 ms CPU
-    that importing pynvml costs (median of 5, same run). While pynvml imports, ctypes.util
-    is a stand-in whose ``find_library`` imports the real module when called; it is taken
-    out of sys.modules right after, so nothing else ever sees it."""
+    only; importing ctypes.util (subprocess, shutil, bz2, lzma) is about half of what
+    importing pynvml costs (bench/reports/2026-11-27-generator-stdlib-2-cores).
+    While pynvml imports, ctypes.util is a stand-in whose ``find_library`` imports the real
+    module when called; it is taken out of sys.modules right after, so nothing else ever
+    sees it."""
     if "ctypes.util" in sys.modules:
         yield
         return
@@ -289,7 +277,7 @@ def _ctypes_util_on_demand() -> Iterator[None]:
 
 
 def _find_library(name: str) -> str | None:
-    import ctypes.util  # lazy: see _ctypes_util_on_demand
+    import ctypes.util  # here: see _ctypes_util_on_demand
 
     return ctypes.util.find_library(name)
 

@@ -6,17 +6,13 @@ machine, under the driver root) and ``path`` (where it goes in a container: the 
 minus the driver root).  Nothing here knows about CDI; ``generate.py`` turns these into
 edits.
 
-Locating libraries: first a scan of the usual 64-bit library folders under the driver
-root, then our own ld.so.cache reader (``<driver-root>/etc/ld.so.cache``), so drivers in
-unusual folders are found too (the cache is how the loader finds them).  With
+Every path is resolved inside the driver root as if it were ``/`` (``_DriverRoot``), so a
+hostile driver root cannot make us read host files.  Locating libraries: first a scan of
+the usual 64-bit library folders under the driver root, then the loader's cache
+(``<driver-root>/etc/ld.so.cache``), so drivers in unusual folders are found too.  With
 ``--library-search-path`` only those folders are scanned.  The driver's folders are the
 parents of every ``*.so.<driver-version>`` found; every such file in them (and in their
 ``vdpau/``) is a driver library, as is the set of non-RM-versioned graphics libraries.
-
-Paths are handled as plain strings, and each run resolves and lists a folder once: a run
-probes a few hundred candidate paths in a few dozen folders, and making pathlib objects for
-them used to cost more than the system calls.  Host paths are spelled exactly as pathlib
-would spell them (the spec is compared byte for byte).
 """
 
 import errno
@@ -24,20 +20,13 @@ import fnmatch
 import os
 import posixpath
 import stat
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 from cdi.linux.elf import ElfError, is_elf, read_soname
-from cdi.linux.ldcache import (
-    LdCacheError,
-    find_libraries,
-    host_path,
-    read_ldcache,
-    resolve_from,
-    root_prefix,
-)
-from cdi.nvidia.discover import Roots, read_text, under
+from cdi.linux.ldcache import LdCacheError, find_libraries, read_ldcache, resolve_from
+from cdi.nvidia.discover import Roots
 
 __all__ = [
     "DeviceNodeInfo",
@@ -154,15 +143,12 @@ CAPABILITY_PREFIXES: dict[str, tuple[str, ...]] = {
 }
 
 
-# The same table, as what a basename may start with: ``prefix.`` (``libcuda.so.1``).
-_CAPABILITY_DOTTED = {cap: tuple(p + "." for p in prefixes)
-                      for cap, prefixes in CAPABILITY_PREFIXES.items()}
 
 
 def capability_of(basename: str) -> str | None:
     # "libcuda.so" must match "libcuda.so.1" but "nvidia-smi" only itself.
     for capability, prefixes in CAPABILITY_PREFIXES.items():
-        if basename in prefixes or basename.startswith(_CAPABILITY_DOTTED[capability]):
+        if any(basename == p or basename.startswith(p + ".") for p in prefixes):
             return capability
     return None
 
@@ -211,223 +197,92 @@ class DriverFiles(NamedTuple):
 
 # --- the driver root ------------------------------------------------------------------------
 
-# A folder resolved inside the root: its components (none of them a link), the links
-# followed to get there, and whether it is a folder: True; False when it certainly is not
-# (so nothing under it exists); None when stat failed otherwise (ask the kernel each time).
-_Folder = tuple[list[str], int, bool | None]
-_MISSING_ERRNOS = (errno.ENOENT, errno.ENOTDIR)
-# errnos that pathlib's is_dir()/is_file() answer False to; any other error propagates.
-_PATHLIB_IGNORED = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
 
-
-class _Tree:
-    """The driver root as seen from inside (like a chroot), for one run.
-
-    Paths resolve as ``ldcache.resolve_in_root`` resolves them, but each folder is resolved
-    once (from its resolved parent) and listed at most once: a file probed in a known
-    folder then costs one ``lstat``, and one in a missing folder none.  Nothing outlives the
-    run, so a long-lived caller sees a node that changed.
-    """
+class _DriverRoot:
+    """The driver root seen from inside, like a chroot: absolute link targets restart at
+    the root and ``..`` never climbs above it (``ldcache.resolve_from``)."""
 
     def __init__(self, root: Path) -> None:
         self.root = os.fspath(root)
-        self._prefix = root_prefix(self.root)
-        self._folders: dict[str, _Folder] = {"": ([], 0, _folder_state(self.root))}
-        self._listings: dict[str, list[os.DirEntry[str]]] = {}
         # Host paths left out (a link loop, a SONAME naming another folder) and why:
         # reported, never fatal (one bad file must not cost the node its whole spec).
         self.skipped: dict[str, str] = {}
+        # Each folder's walk (its components and the links followed to get there; None
+        # when it is no folder or its links loop), for this run only: a run probes a few
+        # hundred paths in a few dozen folders, most of them missing, and a walk continued
+        # from its folder is the walk from the top
+        # (bench/reports/2026-11-27-generator-stdlib-2-cores).
+        self._folders: dict[str, tuple[list[str], int] | None] = {}
 
     def host(self, container: str) -> str:
-        """The host path of a resolved container path (absolute, normal)."""
-        return self.root if container == "/" else self._prefix + container[1:]
+        """The host path of a container path."""
+        rel = container.lstrip("/")
+        return os.path.join(self.root, rel) if rel else self.root
 
     def container(self, host: str) -> str:
-        """The container path of a host path under the root: ``/`` + its relative path."""
-        rel = host[len(self._prefix):]
-        if (self.root != "." and host.startswith(self._prefix) and rel and "//" not in rel
-                and not rel.startswith((".", "/")) and "/." not in rel and not rel.endswith("/")):
-            return "/" + rel  # already what relpath would make of it
-        rel = os.path.relpath(host, self.root)  # "..", "." or the root itself: spell it out
+        """The container path of a host path under the root."""
+        rel = os.path.relpath(host, self.root)
         return "/" if rel == "." else "/" + rel
 
-    def lookup(self, path: str) -> tuple[str, os.stat_result | None]:
-        """``path`` resolved inside the root, and what ``os.stat`` says of it (None where
-        that fails).  Folders are normalised first (lexically, ``..`` included), and only
-        the last component is followed when it is a link."""
-        folder, _, name = _normal(path).rpartition("/")
-        parts, _hops, state = self._folder(folder)
-        if not name:
-            return "/", _stat(self.root)
-        resolved = [*parts, name]
-        if state is False:
-            return "/" + "/".join(resolved), None  # in no folder: no file either
-        try:
-            st = os.lstat(self.host("/" + "/".join(resolved)))
-        except OSError:
-            return "/" + "/".join(resolved), None
-        if stat.S_ISLNK(st.st_mode):
-            # The folder's components are no links, so this is the walk from the top.
-            walked = self._walk(parts, name, 0)
-            if walked is None:
-                return "/" + "/".join(resolved), None
-            container = "/" + "/".join(walked[0])
-            return container, _stat(self.host(container))
-        return "/" + "/".join(resolved), st  # not a link: lstat is stat
+    def resolve(self, path: str) -> str | None:
+        """The host path that the container path ``path`` resolves to (its last component
+        kept as it is when missing); None when its folder is none or its links loop."""
+        folder, _, name = posixpath.normpath("/" + path).rpartition("/")
+        walked = self._folder(folder)
+        if walked is not None:
+            walked = self._walk(walked[0], name, walked[1])
+        return None if walked is None else self.host("/".join(walked[0]))
 
-    def resolve(self, path: str) -> str:
-        return self.lookup(path)[0]
-
-    def glob(self, folder: str, pattern: str) -> list[str]:
-        """Host paths of the regular files (links followed) in the host folder ``folder``
-        whose names match ``pattern``, in name order."""
-        entries = self._listings.get(folder)
-        if entries is None:
-            entries = self._listings[folder] = _scandir(folder)
-        match = star_matcher(pattern)
-        if match is None:
-            names = set(fnmatch.filter([e.name for e in entries], pattern))  # one compile
-            match = names.__contains__
-        return [host_path(folder, (e.name,)) for e in entries
-                if match(e.name) and _entry_is_file(e)]
-
-    def _folder(self, folder: str) -> _Folder:
-        known = self._folders.get(folder)
-        if known is None:
+    def _folder(self, folder: str) -> tuple[list[str], int] | None:
+        """The walk to ``folder`` (normal, "" for the root), continued from its parent's."""
+        if folder not in self._folders:
             parent, _, name = folder.rpartition("/")
-            parts, hops, state = self._folder(parent)
-            if state is False:  # nothing under it exists, so no component is a link
-                known = ([*parts, name], hops, False)
-            else:
-                walked = self._walk(parts, name, hops)
-                if walked is None:
-                    known = ([*parts, name], hops, False)
-                else:
-                    parts, hops = walked
-                    known = (parts, hops, _folder_state(self.host("/" + "/".join(parts))))
-            self._folders[folder] = known
-        return known
+            walked = self._folder(parent) if folder else ([], 0)
+            if walked is not None and folder:
+                walked = self._walk(walked[0], name, walked[1])
+            if walked is not None and not os.path.isdir(self.host("/".join(walked[0]))):
+                walked = None
+            self._folders[folder] = walked
+        return self._folders[folder]
 
+    def file(self, path: str) -> str | None:
+        """The host path of the regular file ``path`` resolves to, else None."""
+        host = self.resolve(path)
+        return host if host is not None and os.path.isfile(host) else None
 
-    def _walk(self, parts: list[str], rest: str, hops: int) -> tuple[list[str], int] | None:
+    def folder(self, path: str) -> str | None:
+        """The host path of the folder ``path`` resolves to, else None.  Errors other than
+        "not there" propagate (``Path.is_dir``): a folder we may not read is no empty one."""
+        host = self.resolve(path)
+        return host if host is not None and Path(host).is_dir() else None
+
+    def _walk(self, done: list[str], rest: str, hops: int) -> tuple[list[str], int] | None:
         try:
-            return resolve_from(self.root, parts, rest, hops)
+            return resolve_from(self.root, done, rest, hops)
         except OSError as exc:
             if exc.errno != errno.ELOOP:
                 raise
-            where = exc.filename or self.host("/" + "/".join([*parts, rest]))
-            self.skipped[where] = "too many levels of symbolic links (a link loop)"
+            self.skipped[exc.filename] = "too many levels of symbolic links (a link loop)"
             return None
 
 
-def star_matcher(pattern: str) -> Callable[[str], bool] | None:
-    """What ``fnmatch`` matches (on POSIX) for a pattern whose only wildcard is ``*`` (all of
-    ours), without compiling a regular expression: a run globs a dozen patterns once each,
-    and compiling them cost more than the matching.  None for other patterns."""
-    if "?" in pattern or "[" in pattern:
-        return None
-    if "*" not in pattern:
-        return pattern.__eq__
-    head, *middle, tail = pattern.split("*")
-    least = len(head) + len(tail) + sum(map(len, middle))
-
-    def match(name: str) -> bool:
-        if len(name) < least or not name.startswith(head) or not name.endswith(tail):
-            return False
-        pos, end = len(head), len(name) - len(tail)
-        for part in middle:  # leftmost placement of each part leaves the most room after it
-            found = name.find(part, pos, end)
-            if found < 0:
-                return False
-            pos = found + len(part)
-        return True
-
-    return match
+def _glob(folder: str, pattern: str) -> list[str]:
+    """Host paths of the regular files (links followed) in the host folder ``folder``
+    whose names match ``pattern``, in name order."""
+    paths = (os.path.join(folder, name) for name in fnmatch.filter(_listdir(folder), pattern))
+    return [path for path in paths if os.path.isfile(path)]
 
 
-def _normal(path: str) -> str:
-    """``path`` as an absolute path with one leading slash, lexically normalised."""
-    path = "/" + path.lstrip("/")
-    if "//" in path or "/." in path or (path.endswith("/") and path != "/"):
-        return posixpath.normpath(path)
-    return path
-
-
-def _folder_state(host: str) -> bool | None:
-    try:
-        return stat.S_ISDIR(os.stat(host).st_mode)
-    except OSError as exc:
-        return False if exc.errno in _MISSING_ERRNOS else None
-
-
-def _stat(host: str) -> os.stat_result | None:
-    try:
-        return os.stat(host)
-    except OSError:
-        return None
-
-
-def _is_dir(host: str) -> bool:
-    """``Path(host).is_dir()``: errors other than "not there" propagate."""
-    try:
-        return stat.S_ISDIR(os.stat(host).st_mode)
-    except OSError as exc:
-        if exc.errno not in _PATHLIB_IGNORED:
-            raise
-        return False
-    except ValueError:
-        return False
-
-
-def _is_regular(st: os.stat_result | None) -> bool:
-    return st is not None and stat.S_ISREG(st.st_mode)
-
-
-def _scandir(folder: str) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(folder) as entries:
-            return sorted(entries, key=lambda e: e.name)
-    except OSError:
-        return []
-
-
-def _entry_is_file(entry: os.DirEntry[str]) -> bool:
-    try:
-        return entry.is_file()  # d_type answers for all but links: no stat
-    except OSError:
-        return False
-
-
-def _parent(host: str) -> str:
-    """``str(Path(host).parent)`` for a pathlib-normal path."""
-    folder = host.rpartition("/")[0]
-    if folder.strip("/"):
-        return folder
-    return host[: host.rindex("/") + 1] if "/" in host else "."
-
-
-def _name(host: str) -> str:
-    return host.rpartition("/")[2]
-
-
-def _child(folder: str, name: str) -> str:
-    """``str(Path(folder) / name)``; ``name`` is usually a plain file name, but a SONAME
-    read from a file can be anything."""
-    if not name or name == "." or "/" in name:
-        return os.fspath(Path(folder) / name)
-    return host_path(folder, (name,))
-
-
-def _mount(tree: _Tree, host: str, kind: str, path: str | None = None,
-           options: tuple[str, ...] = FILE_OPTIONS) -> FileMount:
-    return FileMount(host=host, path=path or tree.container(host), kind=kind, options=options)
-
-
-def _listdir(folder: str) -> list[str]:
+def _listdir(folder: str | Path) -> list[str]:
     try:
         return sorted(os.listdir(folder))
     except OSError:
         return []
+
+
+def _mount(tree: _DriverRoot, host: str, kind: str, path: str | None = None,
+           options: tuple[str, ...] = FILE_OPTIONS) -> FileMount:
+    return FileMount(host=host, path=path or tree.container(host), kind=kind, options=options)
 
 
 # --- device nodes ---------------------------------------------------------------------------
@@ -435,7 +290,7 @@ def _listdir(folder: str) -> list[str]:
 
 def stat_device_node(roots: Roots, path: str) -> DeviceNodeInfo | None:
     """The character device at ``path`` (a /dev path) under the dev root, or None."""
-    host = under(roots.dev, path)
+    host = os.fspath(roots.dev_path(path))
     try:
         st = os.stat(host)
     except OSError:
@@ -455,20 +310,15 @@ def control_nodes(roots: Roots) -> tuple[DeviceNodeInfo, ...]:
 # --- libraries ------------------------------------------------------------------------------
 
 
-def _scan_dirs(tree: _Tree, dirs: Sequence[str]) -> list[str]:
+def _scan_dirs(tree: _DriverRoot, dirs: Sequence[str]) -> list[str]:
     """The distinct real folders (resolved in the driver root) among ``dirs``."""
-    seen: dict[str, None] = {}
-    for folder in dirs:
-        real = tree.host(tree.resolve(folder))
-        if _is_dir(real):
-            seen.setdefault(real)
-    return list(seen)
+    found = (tree.folder(folder) for folder in dirs)
+    return list(dict.fromkeys(folder for folder in found if folder is not None))
 
 
-def _ldcache_files(tree: _Tree, patterns: Sequence[str]) -> list[str]:
-    cache = host_path(tree.root, ("etc", "ld.so.cache"))
+def _ldcache_files(tree: _DriverRoot, patterns: Sequence[str]) -> list[str]:
     try:
-        entries = read_ldcache(cache)
+        entries = read_ldcache(os.path.join(tree.root, "etc", "ld.so.cache"))
     except (OSError, LdCacheError):
         return []
     return [os.fspath(p) for p in find_libraries(entries, patterns, root=tree.root)]
@@ -476,20 +326,20 @@ def _ldcache_files(tree: _Tree, patterns: Sequence[str]) -> list[str]:
 
 def find_version_from_libraries(roots: Roots, search: Sequence[str] | None) -> str | None:
     """The RM version from ``libcuda.so.<v>`` or ``libnvidia-ml.so.<v>`` file names."""
-    tree = _Tree(roots.driver)
+    tree = _DriverRoot(roots.driver)
     for stem in ("libcuda.so.", "libnvidia-ml.so."):
         for path in _library_candidates(tree, search, [stem + "*.*"]):
-            suffix = _name(path)[len(stem):]
+            suffix = os.path.basename(path)[len(stem):]
             if suffix.replace(".", "").isdigit():
                 return suffix
     return None
 
 
-def _library_candidates(tree: _Tree, search: Sequence[str] | None,
+def _library_candidates(tree: _DriverRoot, search: Sequence[str] | None,
                         patterns: Sequence[str],
                         defaults: Sequence[str] = LIBRARY_DIRS) -> list[str]:
     folders = _scan_dirs(tree, search if search else defaults)
-    found = [p for folder in folders for pat in patterns for p in tree.glob(folder, pat)]
+    found = [p for folder in folders for pat in patterns for p in _glob(folder, pat)]
     if not found and not search and defaults is LIBRARY_DIRS:
         # The loader's own view: finds drivers installed outside the usual folders.
         found = _ldcache_files(tree, patterns)
@@ -498,38 +348,38 @@ def _library_candidates(tree: _Tree, search: Sequence[str] | None,
 
 def find_nvml_library(roots: Roots, search: Sequence[str] | None) -> Path | None:
     """The ``libnvidia-ml.so.1`` under the driver root, resolved to its file."""
-    tree = _Tree(roots.driver)
+    tree = _DriverRoot(roots.driver)
     for folder in _scan_dirs(tree, search if search else LIBRARY_DIRS):
-        found, st = tree.lookup(tree.container(folder) + "/libnvidia-ml.so.1")
-        if _is_regular(st):
-            return Path(tree.host(found))
+        found = tree.file(tree.container(folder) + "/libnvidia-ml.so.1")
+        if found is not None:
+            return Path(found)
     if not search:
         hits = _ldcache_files(tree, ["libnvidia-ml.so.1"])
         return Path(hits[0]) if hits else None
     return None
 
 
-def _driver_libraries(tree: _Tree, version: str, search: Sequence[str] | None,
+def _driver_libraries(tree: _DriverRoot, version: str, search: Sequence[str] | None,
                       defaults: Sequence[str] = LIBRARY_DIRS) -> tuple[list[str], list[str]]:
     """(library folders, library files) of the driver, as host paths."""
     seeds = _library_candidates(tree, search, [f"*.so.{version}"], defaults)
     files: list[str] = []
-    for folder in dict.fromkeys(_parent(p) for p in seeds):
-        files += tree.glob(folder, f"*.so.{version}")
-        for pattern in GRAPHICS_LIBRARIES:
-            files += tree.glob(folder, pattern)
-        vdpau = tree.host(tree.resolve(tree.container(folder) + "/vdpau"))  # links in the root
-        files += tree.glob(vdpau, f"*.so.{version}")
+    for folder in dict.fromkeys(os.path.dirname(p) for p in seeds):
+        for pattern in (f"*.so.{version}", *GRAPHICS_LIBRARIES):
+            files += _glob(folder, pattern)
+        vdpau = tree.resolve(tree.container(folder) + "/vdpau")  # links in the root
+        if vdpau is not None:
+            files += _glob(vdpau, f"*.so.{version}")
     files = list(dict.fromkeys(files))
     # Folders that hold a library (vdpau/ included), in first-seen order.
-    return list(dict.fromkeys(_parent(p) for p in files)), files
+    return list(dict.fromkeys(os.path.dirname(p) for p in files)), files
 
 
-def _library_links(tree: _Tree, files: Sequence[str], folders: Sequence[str],
+def _library_links(tree: _DriverRoot, files: Sequence[str], folders: Sequence[str],
                    version: str) -> list[Link]:
     links: list[Link | None] = []  # each ends at a library
     for path in files:
-        folder, name = _parent(path), _name(path)
+        folder, name = os.path.split(path)
         try:
             soname = read_soname(path)
         except (OSError, ElfError):
@@ -545,13 +395,13 @@ def _library_links(tree: _Tree, files: Sequence[str], folders: Sequence[str],
              "libnvidia-vulkan-producer.so": f"libnvidia-vulkan-producer.so.{version}"}
     for folder in folders:
         for name, target in extra.items():
-            links.append(_link(tree, tree.container(_child(folder, name)), target))
-        links.append(_host_link(tree, _child(folder, "gbm"), "nvidia-drm_gbm.so"))
+            links.append(_link(tree, tree.container(os.path.join(folder, name)), target))
+        links.append(_host_link(tree, os.path.join(folder, "gbm"), "nvidia-drm_gbm.so"))
     return _unique_links(links)
 
 
-def _default_folder_links(tree: _Tree, files: Sequence[str], search: Sequence[str] | None,
-                          dirs: Sequence[str]) -> list[Link]:
+def _default_folder_links(tree: _DriverRoot, files: Sequence[str],
+                          search: Sequence[str] | None, dirs: Sequence[str]) -> list[Link]:
     """The links in the default library folders (and their vdpau/, gbm/, nvidia/) that end
     at one of the driver's files, however many hops they take: what a distribution's
     install scripts made there (Debian's /etc/alternatives), for the loader, libvdpau and
@@ -562,27 +412,22 @@ def _default_folder_links(tree: _Tree, files: Sequence[str], search: Sequence[st
     links = []
     for folder in _scan_dirs(tree, dirs):
         for sub in LINK_SUBDIRS:
-            where = _child(folder, sub) if sub else folder
-            entries = _scandir(where)
-            plain = {e.name for e in entries if not e.is_symlink()}
-            for entry in entries:
-                if not entry.is_symlink():
+            where = os.path.join(folder, sub) if sub else folder
+            for name in _listdir(where):
+                path = os.path.join(where, name)
+                if not os.path.islink(path):
                     continue
-                text = os.readlink(entry.path)
-                # Most links in a system folder name a plain file beside them (a SONAME
-                # link): one that is no driver file needs no walk (a few hundred per run).
-                if "/" not in text and text in plain and _child(where, text) not in ends:
-                    continue
-                container = tree.container(_child(where, entry.name))
-                end, st = tree.lookup(container)
-                if _is_regular(st) and tree.host(end) in ends:
-                    links.append(Link(target=text, path=container,
-                                      resolved=FileMount(host=tree.host(end), path=container,
+                container = tree.container(path)
+                end = tree.file(container)
+                if end in ends:
+                    links.append(Link(target=os.readlink(path), path=container,
+                                      resolved=FileMount(host=end, path=container,
                                                          kind="library")))
     return links
 
 
-def _anchor_links(tree: _Tree, links: Iterable[Link], mounts: Sequence[FileMount]) -> list[Link]:
+def _anchor_links(tree: _DriverRoot, links: Iterable[Link],
+                  mounts: Sequence[FileMount]) -> list[Link]:
     """Every link as the container will see it: its text kept where it names a file or link
     the spec provides, else pointed at the provided file it ends at (the host's text may
     name /etc/alternatives/..., or a link in a folder the spec leaves out); a link that
@@ -611,7 +456,7 @@ def _anchor_links(tree: _Tree, links: Iterable[Link], mounts: Sequence[FileMount
     return out
 
 
-def _wine_dlls(tree: _Tree, folders: Sequence[str], files: Sequence[str],
+def _wine_dlls(tree: _DriverRoot, folders: Sequence[str], files: Sequence[str],
                links: Sequence[Link]) -> list[FileMount]:
     """NGX's Windows DLLs (``nvidia/wine/*.dll`` beside the 64-bit libraries), where they
     are and beside every 64-bit libGLX_nvidia.so.0 link, the folder Proton looks in."""
@@ -621,9 +466,9 @@ def _wine_dlls(tree: _Tree, folders: Sequence[str], files: Sequence[str],
            if posixpath.basename(k.path) == "libGLX_nvidia.so.0"
            and k.resolved is not None and k.resolved.host in ours]
     for folder in folders:
-        for host in tree.glob(_child(folder, WINE_DLLS), "*.dll"):
-            name = _name(host)
-            for where in (tree.container(_parent(host)), *(f"{g}/{WINE_DLLS}" for g in glx)):
+        for host in _glob(os.path.join(folder, WINE_DLLS), "*.dll"):
+            folder_of, name = os.path.split(host)
+            for where in (tree.container(folder_of), *(f"{g}/{WINE_DLLS}" for g in glx)):
                 path = f"{where}/{name}"
                 found.setdefault(path, _mount(tree, host, "library", path))
     return list(found.values())
@@ -635,8 +480,8 @@ def _is_file_name(soname: str) -> bool:
     return soname not in (".", "..") and "/" not in soname and "\0" not in soname
 
 
-def _host_link(tree: _Tree, folder: str, name: str) -> Link | None:
-    path = _child(folder, name)
+def _host_link(tree: _DriverRoot, folder: str, name: str) -> Link | None:
+    path = os.path.join(folder, name)
     try:
         target = os.readlink(path)
     except OSError:
@@ -644,13 +489,13 @@ def _host_link(tree: _Tree, folder: str, name: str) -> Link | None:
     return _link(tree, tree.container(path), target)
 
 
-def _link(tree: _Tree, container: str, target: str) -> Link | None:
+def _link(tree: _DriverRoot, container: str, target: str) -> Link | None:
     # Follow the target rather than the link: a link we add may not exist on the host.
-    end, st = tree.lookup(posixpath.join(posixpath.dirname(container), target))
-    if not _is_regular(st):
+    end = tree.file(posixpath.join(posixpath.dirname(container), target))
+    if end is None:
         return None
     return Link(target=target, path=container,
-                resolved=FileMount(host=tree.host(end), path=container, kind="library"))
+                resolved=FileMount(host=end, path=container, kind="library"))
 
 
 def _unique_links(links: Iterable[Link | None]) -> list[Link]:
@@ -661,7 +506,7 @@ def _unique_links(links: Iterable[Link | None]) -> list[Link]:
     return sorted(seen.values(), key=lambda k: k.path)
 
 
-def _xorg(tree: _Tree, lib_dirs: Sequence[str],
+def _xorg(tree: _DriverRoot, lib_dirs: Sequence[str],
           version: str) -> tuple[list[FileMount], list[Link]]:
     """The X server's NVIDIA driver and GLX modules, mounted in the folders Xorg loads them
     from (``<modules>/drivers``, ``<modules>/extensions``), wherever the host keeps the
@@ -691,25 +536,22 @@ def _xorg(tree: _Tree, lib_dirs: Sequence[str],
     return mounts, links
 
 
-def _first_xorg(tree: _Tree, bases: Sequence[str], name: str) -> tuple[str, str] | None:
+def _first_xorg(tree: _DriverRoot, bases: Sequence[str], name: str) -> tuple[str, str] | None:
     """(the container path it was found at, the host file it ends at)."""
     for base in bases:
-        if base.endswith("/nvidia/xorg"):
-            subdirs: tuple[str, ...] = ("",)
-        else:
-            subdirs = XORG_SUBDIRS
+        subdirs = ("",) if base.endswith("/nvidia/xorg") else XORG_SUBDIRS
         for sub in subdirs:
             path = f"{base}/{sub}/{name}" if sub else f"{base}/{name}"
-            found, st = tree.lookup(path)
-            if _is_regular(st):
-                return _normal(path), tree.host(found)
+            host = tree.file(path)
+            if host is not None:
+                return posixpath.normpath(path), host
     return None
 
 
 # --- other files ----------------------------------------------------------------------------
 
 
-def _binaries(tree: _Tree) -> list[FileMount]:
+def _binaries(tree: _DriverRoot) -> list[FileMount]:
     """Each binary at the first folder that has it, as a container's PATH would find it.
 
     When that file is not an ELF program but a later folder holds one, the later file is
@@ -721,9 +563,8 @@ def _binaries(tree: _Tree) -> list[FileMount]:
     for name in BINARIES:
         hosts = []
         for folder in BINARY_DIRS:
-            resolved, st = tree.lookup(f"{folder}/{name}")
-            host = tree.host(resolved)
-            if _is_regular(st) and os.access(host, os.X_OK):
+            host = tree.file(f"{folder}/{name}")
+            if host is not None and os.access(host, os.X_OK):
                 hosts.append((folder, host))
         if hosts:
             program = next((h for _, h in hosts if is_elf(h)), hosts[0][1])
@@ -731,24 +572,30 @@ def _binaries(tree: _Tree) -> list[FileMount]:
     return found
 
 
-def _ipc(tree: _Tree) -> list[FileMount]:
+def _ipc(tree: _DriverRoot) -> list[FileMount]:
     found: dict[str, FileMount] = {}
     for path in IPC_SOCKETS:
-        resolved, st = tree.lookup(path)
-        if st is not None and stat.S_ISSOCK(st.st_mode):
-            host = tree.host(resolved)
+        host = tree.resolve(path)
+        if host is not None and _is_socket(host):
             found.setdefault(host, _mount(tree, host, "ipc", path, IPC_OPTIONS))
-    mps = tree.host(tree.resolve(MPS_PIPE_DIR))
-    if _is_dir(mps):
+    mps = tree.folder(MPS_PIPE_DIR)
+    if mps is not None:
         found.setdefault(mps, _mount(tree, mps, "ipc", MPS_PIPE_DIR, IPC_OPTIONS))
     return list(found.values())
 
 
-def _firmware(tree: _Tree, roots: Roots, version: str) -> list[FileMount]:
+def _is_socket(host: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.stat(host).st_mode)
+    except OSError:
+        return False
+
+
+def _firmware(tree: _DriverRoot, roots: Roots, version: str) -> list[FileMount]:
     release = os.uname().release
     dirs = []
     try:
-        custom = read_text(under(roots.dev, "sys/module/firmware_class/parameters/path")).strip()
+        custom = roots.dev_path("sys/module/firmware_class/parameters/path").read_text().strip()
     except OSError:
         custom = ""
     if custom:
@@ -758,8 +605,10 @@ def _firmware(tree: _Tree, roots: Roots, version: str) -> list[FileMount]:
     found: dict[str, FileMount] = {}
     for folder in dirs:
         sub = f"{folder}/nvidia/{version}"
-        for host in tree.glob(tree.host(tree.resolve(sub)), "gsp*.bin"):
-            found.setdefault(host, _mount(tree, host, "firmware", f"{sub}/{_name(host)}"))
+        where = tree.resolve(sub)
+        for host in _glob(where, "gsp*.bin") if where is not None else ():
+            found.setdefault(host, _mount(tree, host, "firmware",
+                                          f"{sub}/{os.path.basename(host)}"))
     return list(found.values())
 
 
@@ -769,7 +618,7 @@ def config_dirs(xdg_data_dirs: str | None) -> tuple[str, ...]:
     return ("/etc", *dict.fromkeys(xdg or XDG_DATA_DIRS))
 
 
-def _configs(tree: _Tree, search: Sequence[str] | None,
+def _configs(tree: _DriverRoot, search: Sequence[str] | None,
              xdg_data_dirs: str | None = None, version: str = "") -> list[FileMount]:
     dirs = tuple(search) if search else config_dirs(xdg_data_dirs)
     found = []
@@ -782,9 +631,9 @@ def _configs(tree: _Tree, search: Sequence[str] | None,
         # GKE's driver installs the Vulkan files at the top of its driver root.
         top = ("/",) if rel.startswith("vulkan/") and not search else ()
         for folder in (*dirs, *top):
-            resolved, st = tree.lookup(f"{folder}/{rel}")
-            if _is_regular(st):
-                found.append(_mount(tree, tree.host(resolved), "config", f"{where}/{rel}"))
+            host = tree.file(f"{folder}/{rel}")
+            if host is not None:
+                found.append(_mount(tree, host, "config", f"{where}/{rel}"))
                 break
     return found
 
@@ -801,7 +650,7 @@ def locate_driver(
     xdg_data_dirs: str | None = None,
 ) -> DriverFiles:
     """Every driver artifact of ``version`` under the roots (missing ones are left out)."""
-    tree = _Tree(roots.driver)
+    tree = _DriverRoot(roots.driver)
     search = library_search_paths
     folders, files = _driver_libraries(tree, version, search)
     folders32, files32 = ([], []) if search else _driver_libraries(tree, version, None,
@@ -852,14 +701,14 @@ def gpu_nodes(roots: Roots, minor: int, bus_id: str) -> DeviceNodes:
 def drm_nodes(roots: Roots, bus_id: str) -> DeviceNodes:
     # A sysfs DRM entry without a /dev node (old kernels' controlD<N>) is skipped: a spec
     # naming a missing node fails every container that asks for the GPU.
-    names = _listdir(under(roots.dev, f"sys/bus/pci/devices/{bus_id}/drm"))
+    names = _listdir(roots.dev_path(f"sys/bus/pci/devices/{bus_id}/drm"))
     nodes = [stat_device_node(roots, f"/dev/dri/{name}") for name in names]
     present = [n for n in nodes if n is not None]
     links = []
     for suffix in ("card", "render"):
         link = f"/dev/dri/by-path/pci-{bus_id}-{suffix}"
         try:
-            target = os.readlink(under(roots.dev, link))
+            target = os.readlink(roots.dev_path(link))
         except OSError:
             continue
         if any(n.path == os.path.normpath(f"/dev/dri/by-path/{target}") for n in present):
@@ -872,12 +721,9 @@ def read_mig_minors(roots: Roots) -> dict[str, str] | None:
     missing.  The minors stay text: the file has thousands of lines, a spec uses a few of
     them, and ``mig_cap_paths`` makes numbers of those."""
     try:
-        text = read_text(under(roots.dev, "proc/driver/nvidia-caps/mig-minors"))
+        text = roots.proc_path("driver/nvidia-caps/mig-minors").read_text()
     except OSError:
         return None
-    fast = _mig_minors_fast(text)
-    if fast is not None:
-        return fast
     # ``<key> <minor>`` lines; a line whose rest, stripped, is not a number is no entry.
     table = {}
     for line in text.splitlines():
@@ -886,21 +732,6 @@ def read_mig_minors(roots: Roots) -> dict[str, str] | None:
         if value.isascii() and value.isdigit():  # int() refuses other scripts' digits
             table[key] = value
     return table
-
-
-def _mig_minors_fast(text: str) -> dict[str, str] | None:
-    """The table in a few C-level passes when every line is ``<key> <digits>`` (as the driver
-    writes the file: thousands of lines); None when any line is not, for the careful loop."""
-    if "\t" in text or "\r" in text or "\n " in text or text.startswith(" "):
-        return None
-    tokens = text.split()
-    if len(tokens) != 2 * len(text.splitlines()):
-        return None  # a line with one or three words, or an empty line
-    values = tokens[1::2]
-    digits = "".join(values)
-    if not (digits.isascii() and digits.isdigit()):
-        return None
-    return dict(zip(tokens[::2], values, strict=True))
 
 
 def mig_cap_paths(minors: dict[str, str], parent_minor: int, gi: int, ci: int) -> tuple[str, str]:
@@ -916,12 +747,12 @@ _MANAGEMENT_SKIP = ("nvidia-fs", "nvidia-nvswitch", "nvidia-nvlink")
 
 
 def management_nodes(roots: Roots) -> tuple[DeviceNodeInfo, ...]:
-    paths = [f"/dev/{n}" for n in _listdir(under(roots.dev, "/dev"))
+    paths = [f"/dev/{n}" for n in _listdir(roots.dev_path("/dev"))
              if n.startswith("nvidia") and not n.startswith(_MANAGEMENT_SKIP)]
-    paths += [f"/dev/nvidia-caps/{n}" for n in _listdir(under(roots.dev, "/dev/nvidia-caps"))
+    paths += [f"/dev/nvidia-caps/{n}" for n in _listdir(roots.dev_path("/dev/nvidia-caps"))
               if n.startswith("nvidia-cap")]
     paths += [f"/dev/nvidia-caps-imex-channels/{n}"
-              for n in _listdir(under(roots.dev, "/dev/nvidia-caps-imex-channels"))
+              for n in _listdir(roots.dev_path("/dev/nvidia-caps-imex-channels"))
               if n.startswith("channel")]
     found = (stat_device_node(roots, p) for p in paths)
     return tuple(n for n in found if n is not None)

@@ -32,6 +32,7 @@ import json
 import os
 import posixpath
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from hashlib import sha256
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -54,11 +55,6 @@ from cdi.nvidia.driver import (
 )
 from cdi.nvidia.hook_programs import NVIDIA_HOOK_PROGRAMS
 from cdi.version import minimum_requirement, version_key
-
-try:  # CPython's own SHA-256: hashlib would load OpenSSL (5-10 ms and ~3 MiB per run)
-    from _sha256 import sha256  # type: ignore[import-not-found]
-except ImportError:  # pragma: no cover - other interpreters
-    from hashlib import sha256
 
 __all__ = [
     "GENERATOR_VERSION",

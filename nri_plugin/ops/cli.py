@@ -46,9 +46,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 class _Formatter(argparse.HelpFormatter):
     """argparse's help layout, with the terminal's width found through ``os``: argparse
     imports shutil for it (and shutil bz2 and lzma) while it builds any parser, help or
-    not: 1.5-1.7 ms of every ``nri-cdi generate`` (python -X importtime), which prints
-    none. The width is the one shutil.get_terminal_size gives: $COLUMNS, else stdout's
-    terminal, else 80."""
+    not, which every ``nri-cdi generate`` (that prints none) would pay
+    (bench/reports/2026-11-27-generator-stdlib-2-cores). The width is the one
+    shutil.get_terminal_size gives: $COLUMNS, else stdout's terminal, else 80."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
                  width: int | None = None) -> None:

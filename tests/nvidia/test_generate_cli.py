@@ -288,32 +288,3 @@ def test_as_a_process(root_args: list[str], tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", probe, *root_args, "--output", str(target)],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-
-
-@needs_nodes
-def test_collector_is_paused_only_during_the_run(root_args: list[str], tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    import gc
-
-    seen: list[bool] = []
-    real_render = cli.dump_yaml
-    monkeypatch.setattr(cli, "dump_yaml", lambda doc: seen.append(gc.isenabled())
-                        or real_render(doc))
-    assert generate([*root_args, "--output", str(tmp_path / "a.yaml")])[0] == 0
-    assert seen == [False] and gc.isenabled()  # a long-lived caller gets it back
-    gc.disable()
-    try:
-        assert generate([*root_args, "--output", str(tmp_path / "b.yaml")])[0] == 0
-        assert not gc.isenabled()  # and one that had it off keeps it off
-    finally:
-        gc.enable()
-
-
-def test_sidecar_json_has_a_device_per_line() -> None:
-    doc = {"format": 1, "empty": {}, "list": [1, "a"], "spec": {"file": "x.yaml", "n": None},
-           "devices": {"0": {"type": "gpu", "busId": "0000:01:00.0"}, "1:0": {"gi": 1}}}
-    text = cli._json_lines(doc)
-    assert json.loads(text) == doc
-    lines = text.splitlines()
-    assert '    "0": {"type": "gpu", "busId": "0000:01:00.0"},' in lines
-    assert '    "1:0": {"gi": 1}' in lines and '  "empty": {},' in lines
