@@ -52,12 +52,22 @@ def _expand(names: frozenset[str]) -> frozenset[str]:
 def filter_edits(edits: ContainerEdits, capability_of: Mapping[str, str],
                  wanted: frozenset[str]) -> ContainerEdits:
     """``edits`` without the mounts whose container path belongs to a capability not in
-    ``wanted``. Files of no capability (``other``), device nodes, hooks and env stay."""
+    ``wanted``. Files of no capability (``other``), device nodes, hooks and env stay.
+
+    A mount of a path the sidecar does not name takes the capability of the file mounted
+    from the same host path: with ``--link-mode mounts`` a driver link (``libcuda.so.1``)
+    is a second mount of its library, and goes with it."""
     if wanted >= KNOWN or not capability_of:
         return edits
+    by_host = {m.host_path: capability_of[m.container_path] for m in edits.mounts
+               if m.container_path in capability_of}
+
+    def capability(container_path: str, host_path: str) -> str:
+        return capability_of.get(container_path) or by_host.get(host_path, "other")
+
     kept = tuple(m for m in edits.mounts
-                 if capability_of.get(m.container_path, "other") in wanted
-                 or capability_of.get(m.container_path, "other") == "other")
+                 if capability(m.container_path, m.host_path) in wanted
+                 or capability(m.container_path, m.host_path) == "other")
     if len(kept) == len(edits.mounts):
         return edits
     return edits._replace(mounts=kept)
