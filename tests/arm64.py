@@ -117,6 +117,23 @@ def parts() -> Arm64:
     return found
 
 
+def cross_cc() -> str:
+    """The aarch64 cross compiler alone, or skip (fail under CI)."""
+    cc = shutil.which(CROSS_CC)
+    if cc is None:
+        _missing(f"no {CROSS_CC} on PATH: run scripts/setup.sh (gcc-aarch64-linux-gnu)")
+    return str(cc)
+
+
+def aarch64_library(out: Path, soname: str) -> Path:
+    """A real aarch64 shared object named ``soname`` (one function), built at ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([cross_cc(), "-x", "c", "-", "-shared", "-fPIC", f"-Wl,-soname,{soname}",
+                    "-o", str(out)], input=b"int nri_cdi_arm64(void) { return 64; }\n",
+                   check=True, capture_output=True)
+    return out
+
+
 def driver_root() -> Path:
     """NVIDIA's arm64 driver root, or skip (fail under CI)."""
     root = nvidia_cache_dir() / "root"
