@@ -18,6 +18,10 @@ aarch64 syscalls, which the emulator's strace log shows (openat2 for every path 
 resolve inside the root), and the ld.so.cache they write names libcuda.so.1 as an aarch64
 library. Through the plugin, NVIDIA_DRIVER_CAPABILITIES=utility trims the driver to
 nvidia-smi's part: libnvidia-ml, no libcuda.
+
+The simulated node built for aarch64 (nri_cdi_testbed/simnode, its C cross-compiled): the
+same probe in the same image passes every CUDA call it makes on its fake libcuda (one GPU,
+its name, a context, an allocation), and its nvidia-smi lists that GPU.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -38,6 +43,7 @@ from cdi.hooks.entry import HOOK_ENV
 from cdi.linux.ldcache import read_ldcache
 from cdi.nvidia.sidecar import SUFFIX as SIDECAR_SUFFIX
 from nri_cdi_testbed.node_check.images import add_busybox, base_rootfs
+from nri_cdi_testbed.simnode import NodeLayout, build_node
 from tests import arm64
 from tests.e2e import binfmt
 from tests.e2e.conftest import ContainerdFactory
@@ -236,5 +242,46 @@ def test_our_plugin_trims_to_the_capabilities_asked(containerd: ContainerdFactor
             assert files.exit_code == 0 and files.stdout == "", files
             probe = cri.exec_sync(cid, ["/cuda_probe"], timeout=60)
             assert probe.exit_code == 2 and "libcuda.so.1" in probe.stdout, probe
+    finally:
+        plugin.kill()
+
+
+@pytest.fixture(scope="module")
+def simulated(parts: arm64.Arm64, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("arm64-simnode")
+    node = build_node(out / "node", NodeLayout.uniform(2, machine="aarch64", seed="arm64-e2e"),
+                      cache_dir=out / "cache", ldconfig=[str(parts.qemu), str(parts.ldconfig)])
+    for mode in ("hooks", "mounts"):
+        (out / mode).mkdir()
+        subprocess.run(
+            [sys.executable, "-m", "nri_plugin.ops.cli", "generate", "--mode", "procfs",
+             "--cdi-version", "0.6.0", "--driver-root", str(node.driver_root),
+             "--link-mode", mode, "--output", str(out / mode / "nvidia.yaml")],
+            check=True, cwd=REPO, capture_output=True)
+    _arm64_hooks(out / "hooks" / "nvidia.yaml", parts, out / "strace")
+    return {"out": out, "node": node}
+
+
+@pytest.mark.parametrize("mode", ["hooks", "mounts"])
+def test_simulated_aarch64_node_through_our_plugin(containerd: ContainerdFactory,
+                                                   parts: arm64.Arm64, world: dict[str, Path],
+                                                   simulated: dict[str, Any],
+                                                   mode: str) -> None:
+    ctrd = containerd()
+    _image(ctrd, parts, world)
+    out = simulated["out"]
+    plugin = PluginProcess(ctrd.nri_socket, [out / mode], out / f"plugin-{mode}.log").start()
+    gpu = simulated["node"].manifest["gpus"][1]
+    try:
+        with ctrd.cri() as cri, cri.cleanup():
+            pod = cri.run_pod(f"p-arm64-sim-{mode}",
+                              annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=1"})
+            cid = cri.run_container(pod, "c", IMAGE, command=["sleep", "600"])
+            probe = cri.exec_sync(cid, ["/cuda_probe"], timeout=60)
+            assert probe.exit_code == 0, probe
+            assert f"cuDeviceGetName 0 {gpu['name']}" in probe.stdout.splitlines(), probe
+            assert "cuDeviceGetCount 0 1" in probe.stdout.splitlines(), probe
+            smi = cri.exec_sync(cid, ["nvidia-smi", "-L"], timeout=60)
+            assert smi.exit_code == 0 and f"(UUID: {gpu['uuid']})" in smi.stdout, smi
     finally:
         plugin.kill()
