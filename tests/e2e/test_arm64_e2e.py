@@ -32,7 +32,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,6 @@ from cdi.nvidia.sidecar import SUFFIX as SIDECAR_SUFFIX
 from nri_cdi_testbed.node_check.images import add_busybox, base_rootfs
 from nri_cdi_testbed.simnode import NodeLayout, build_node
 from tests import arm64
-from tests.e2e import binfmt
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
@@ -62,14 +60,8 @@ LIBS = f"/usr/lib/{arm64.TRIPLET}"
 
 
 @pytest.fixture(scope="module")
-def parts(e2e_ready: None) -> Iterator[arm64.Arm64]:
-    found = arm64.parts()
-    try:
-        with binfmt.registered(found.qemu, found.binfmt_line):
-            yield found
-    except binfmt.BinfmtUnavailable as exc:
-        pytest.skip(f"arm64 containers need qemu-aarch64 registered with binfmt_misc, and "
-                    f"this machine refuses it: {exc}")
+def parts(arm64_containers: arm64.Arm64) -> arm64.Arm64:
+    return arm64_containers
 
 
 def _arm64_hooks(spec_file: Path, parts: arm64.Arm64, strace_log: Path) -> None:
