@@ -117,6 +117,14 @@ def parts() -> Arm64:
     return found
 
 
+def emulator() -> Path:
+    """qemu-aarch64 alone, or skip (fail under CI)."""
+    qemu = cache_dir() / "qemu/usr/bin/qemu-aarch64"
+    if not qemu.exists():
+        _missing(f"no {qemu}: run scripts/install-arm64.sh")
+    return qemu
+
+
 def cross_cc() -> str:
     """The aarch64 cross compiler alone, or skip (fail under CI)."""
     cc = shutil.which(CROSS_CC)
