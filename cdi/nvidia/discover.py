@@ -394,11 +394,12 @@ def _run_nvml(library: Path | None) -> NodeInfo:
     if library is None:
         raise DiscoveryError("NVML unavailable: no libnvidia-ml.so.1 under the driver root")
     # Before dlopen: for another architecture's library it says only "cannot open shared
-    # object file: No such file or directory", of a file that is there.
+    # object file: No such file or directory", of a file that is there. (What is not an ELF
+    # object at all is left to dlopen, which says so.)
     try:
         foreign = foreign_to_this_process(library)
-    except (OSError, ElfError) as exc:
-        raise DiscoveryError(f"NVML unavailable: cannot load {library}: {exc}") from None
+    except (OSError, ElfError):
+        foreign = None
     if foreign is not None:
         raise DiscoveryError(f"NVML unavailable: {foreign}")
     try:
