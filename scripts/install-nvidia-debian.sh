@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install NVIDIA's real driver user space as Debian ships it, as a test node root
 # (tests/nvidia/test_real_driver.py, tests/e2e/test_real_driver_e2e.py and
-# test_docker_cdi_e2e.py), nothing system-wide:
+# test_docker_cdi_e2e.py; with --arch arm64, the arm64 driver of tests/arm64.py), nothing
+# system-wide:
 #   - Debian sid non-free's driver $DRIVER_VERSION packages (amd64, and the i386 ones where
 #     they exist) plus the glx-alternatives and the EGL platform libraries they depend on,
 #     downloaded with a private apt configuration (own sources list with the non-free
@@ -16,11 +17,27 @@
 # The kernel side (/proc/driver/nvidia, device nodes) is simulated by the tests themselves.
 # Idempotent: a stamp makes a second run return at once; a failed run leaves no stamp.
 #
-# Cache folder: $NRI_CDI_NVIDIA_CACHE, default <repo>/.cache/nvidia-debian (git-ignored).
+# --arch arm64: the same driver's arm64 packages (no i386 ones, no docker), whose
+# maintainer scripts are shell scripts and run as the amd64 ones do.
+#
+# Cache folder: $NRI_CDI_NVIDIA_CACHE, default <repo>/.cache/nvidia-debian (git-ignored);
+# for arm64 $NRI_CDI_NVIDIA_ARM64_CACHE, default <repo>/.cache/nvidia-debian-arm64.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CACHE=${NRI_CDI_NVIDIA_CACHE:-$REPO/.cache/nvidia-debian}
+ARCH=amd64
+case "${1:-}" in
+"") ;;
+--arch=amd64 | --arch=arm64) ARCH=${1#--arch=} ;;
+--arch) ARCH=${2:-} ;;
+*) echo "usage: $0 [--arch amd64|arm64]" >&2; exit 2 ;;
+esac
+case $ARCH in
+amd64) CACHE=${NRI_CDI_NVIDIA_CACHE:-$REPO/.cache/nvidia-debian} TRIPLET=x86_64-linux-gnu ;;
+arm64) CACHE=${NRI_CDI_NVIDIA_ARM64_CACHE:-$REPO/.cache/nvidia-debian-arm64}
+    TRIPLET=aarch64-linux-gnu ;;
+*) echo "install-nvidia-debian: unknown --arch '$ARCH' (amd64 or arm64)" >&2; exit 2 ;;
+esac
 # The upstream driver the expectations in tests/data/nvidia-debian-<version>/ were made
 # from. Its Debian revision, and docker.io's version, are whatever sid carries when the
 # cache is filled (a new upload of either must not break the suite); both are recorded.
@@ -58,6 +75,8 @@ OTHERS=(glx-alternative-nvidia glx-alternative-mesa glx-diversions update-glx
     libnvidia-egl-gbm1 libnvidia-egl-wayland1)
 OTHERS_I386=(libnvidia-egl-gbm1 libnvidia-egl-wayland1)
 DOCKER_PACKAGES=(docker.io docker-cli)
+# What the arm64 build of the driver's source does not produce.
+NOT_ARM64=(libnvidia-ngx1 libnvidia-pkcs11-openssl3)
 
 log() { echo "install-nvidia-debian: $*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -69,8 +88,12 @@ apt_opts() {
     local a=$CACHE/apt
     printf '%s\n' -o "Dir::Etc::SourceList=$a/sources.list" -o "Dir::Etc::SourceParts=/dev/null" \
         -o "Dir::State::Lists=$a/lists" -o "Dir::Cache=$a/cache" -o APT::Sandbox::User=root \
-        -o "APT::Architectures::=amd64" -o "APT::Architectures::=i386" \
         -o "Dir::State::Status=$a/status"
+    if [ "$ARCH" = amd64 ]; then
+        printf '%s\n' -o "APT::Architectures::=amd64" -o "APT::Architectures::=i386"
+    else
+        printf '%s\n' -o "APT::Architecture=$ARCH" -o "APT::Architectures::=$ARCH"
+    fi
 }
 
 download() {
@@ -89,13 +112,21 @@ download() {
     DEB_VERSION=$(newest "$DRIVER_VERSION-" libcuda1 "${o[@]}")
     [ -n "$DEB_VERSION" ] || die "$SUITE no longer carries driver $DRIVER_VERSION (libcuda1):" \
         "move DRIVER_VERSION and tests/data/nvidia-debian-$DRIVER_VERSION to one it carries"
-    DOCKER_VERSION=$(newest "" docker.io "${o[@]}")
     local want=() p
-    for p in "${DRIVER_AMD64[@]}"; do want+=("$p:amd64=$DEB_VERSION"); done
-    for p in "${DRIVER_I386[@]}"; do want+=("$p:i386=$DEB_VERSION"); done
-    for p in "${OTHERS[@]}"; do want+=("$p:amd64"); done
-    for p in "${OTHERS_I386[@]}"; do want+=("$p:i386"); done
-    for p in "${DOCKER_PACKAGES[@]}"; do want+=("$p:amd64"); done
+    if [ "$ARCH" = amd64 ]; then
+        DOCKER_VERSION=$(newest "" docker.io "${o[@]}")
+        for p in "${DRIVER_AMD64[@]}"; do want+=("$p:amd64=$DEB_VERSION"); done
+        for p in "${DRIVER_I386[@]}"; do want+=("$p:i386=$DEB_VERSION"); done
+        for p in "${OTHERS[@]}"; do want+=("$p:amd64"); done
+        for p in "${OTHERS_I386[@]}"; do want+=("$p:i386"); done
+        for p in "${DOCKER_PACKAGES[@]}"; do want+=("$p:amd64"); done
+    else
+        DOCKER_VERSION=none
+        for p in "${DRIVER_AMD64[@]}"; do
+            [[ " ${NOT_ARM64[*]} " == *" $p "* ]] || want+=("$p:$ARCH=$DEB_VERSION")
+        done
+        for p in "${OTHERS[@]}"; do want+=("$p:$ARCH"); done
+    fi
     log "downloading ${#want[@]} packages (driver $DEB_VERSION, docker $DOCKER_VERSION)"
     local t0=$SECONDS
     (cd "$debs" && apt-get "${o[@]}" -qq download "${want[@]}") ||
@@ -134,8 +165,8 @@ unpack() {
     log "running the packages' maintainer scripts in $tmp (log: $ROOT.postinst.log)"
     "$PYTHON" "$REPO/scripts/debian_maintscripts.py" "$tmp" "${debs[@]}" >"$ROOT.postinst.log" 2>&1 ||
         die "maintainer scripts failed: $(tail -3 "$ROOT.postinst.log")"
-    [ -L "$tmp/usr/lib/x86_64-linux-gnu/libcuda.so.1" ] ||
-        die "the maintainer scripts made no /usr/lib/x86_64-linux-gnu/libcuda.so.1 (log: $ROOT.postinst.log)"
+    [ -L "$tmp/usr/lib/$TRIPLET/libcuda.so.1" ] ||
+        die "the maintainer scripts made no /usr/lib/$TRIPLET/libcuda.so.1 (log: $ROOT.postinst.log)"
     rm -rf "$ROOT"
     mv "$tmp" "$ROOT"
 }
@@ -159,10 +190,17 @@ main() {
     if ! [ -f "$STAMP" ]; then
         download
         unpack
-        unpack_docker
+        [ "$ARCH" != amd64 ] || unpack_docker
         touch "$STAMP"
     fi
     [ -n "$DEB_VERSION" ] || read -r DEB_VERSION DOCKER_VERSION <"$CACHE/debs/.versions"
+    if [ "$ARCH" != amd64 ]; then
+        cat <<EOF
+NVIDIA driver root : $ROOT  ($ARCH, Debian sid $DEB_VERSION, alternatives made by its postinsts)
+cache folder       : $CACHE  (override with NRI_CDI_NVIDIA_ARM64_CACHE)
+EOF
+        return 0
+    fi
     cat <<EOF
 NVIDIA driver root : $ROOT  (Debian sid $DEB_VERSION, alternatives made by its postinsts)
 docker             : $DOCKER/usr/bin  (dockerd in usr/sbin, docker in usr/bin: $DOCKER_VERSION)

@@ -5,8 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-# systemd-analyze: the unit tests verify our systemd units with it.
-for tool in gcc:gcc ldconfig:libc-bin readelf:binutils systemd-analyze:systemd; do
+# systemd-analyze: the unit tests verify our systemd units with it. aarch64-linux-gnu-gcc:
+# the arm64 tests' probes and the simulated node built for aarch64 (tests/arm64.py).
+for tool in gcc:gcc ldconfig:libc-bin readelf:binutils systemd-analyze:systemd \
+    aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || need_apt+=("${tool##*:}")
 done
 [ -e /usr/include/dirent.h ] || need_apt+=(libc6-dev)

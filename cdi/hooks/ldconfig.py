@@ -18,7 +18,13 @@ import os
 import stat
 
 from cdi.hooks.rootfs import RootFS, RootFSError, split_container_path
-from cdi.linux.elf import DynamicInfo, ElfError, NotElfError, read_dynamic_fd
+from cdi.linux.elf import (
+    DynamicInfo,
+    ElfError,
+    NotElfError,
+    foreign_to_this_machine,
+    read_dynamic_fd,
+)
 from cdi.linux.ldcache import LdCacheEntry, LdCacheError, encode, libcmp, merge, parse_ldcache
 
 TYPE_CHECKING = False  # collections costs a hook process ~2 ms at start-up
@@ -151,8 +157,13 @@ def _scan(root: RootFS, folder: str, warnings: list[str]
         for name in sorted(names):
             if not _is_library_name(name):
                 continue
-            info = _elf(root, f"{folder}/{name}".replace("//", "/"), warnings)
+            path = f"{folder}/{name}".replace("//", "/")
+            info = _elf(root, path, warnings)
             if info is None or info.elf_type != _ET_DYN:
+                continue
+            foreign = foreign_to_this_machine(path, info)
+            if foreign is not None:  # the loader would pass it over without a word
+                warnings.append(f"{foreign}: left out of the cache")
                 continue
             arch = _ARCH_FLAGS.get((info.machine, info.bits))
             soname = info.soname or name

@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import os
 import struct
+import sys
 
 from cdi.linux._errors import BinaryFormatError
 from cdi.linux.namedtuple import TYPE_CHECKING, NamedTuple
 
-__all__ = ["DynamicInfo", "ElfError", "NotElfError", "is_elf", "parse_dynamic", "read_dynamic",
-           "read_dynamic_fd", "read_soname"]
+__all__ = ["DynamicInfo", "ElfError", "ElfHeader", "NotElfError", "architecture_name",
+           "foreign_to_this_machine", "foreign_to_this_process", "is_elf", "parse_dynamic",
+           "read_dynamic", "read_dynamic_fd", "read_header", "read_soname", "this_machine",
+           "this_process"]
 
 _ELF_MAGIC = b"\x7fELF"
 _ELFCLASS32, _ELFCLASS64 = 1, 2
@@ -69,6 +72,101 @@ class DynamicInfo(NamedTuple):
     elf_type: int  # e_type (3 = ET_DYN)
     soname: str | None
     needed: tuple[str, ...] = ()
+
+    @property
+    def architecture(self) -> str:
+        return architecture_name(self.machine, self.bits, self.big_endian)
+
+
+class ElfHeader(NamedTuple):
+    """What the ELF file header says about the machine an object is for."""
+
+    bits: int
+    big_endian: bool
+    machine: int
+    elf_type: int
+
+    @property
+    def architecture(self) -> str:
+        return architecture_name(self.machine, self.bits, self.big_endian)
+
+
+# --- architectures ------------------------------------------------------------------------
+# Names as ``uname -m`` spells them; (e_machine, bits) -> name.
+_ARCHITECTURES = {(3, 32): "i386", (62, 64): "x86_64", (62, 32): "x32", (40, 32): "arm",
+                  (183, 64): "aarch64", (21, 64): "ppc64", (243, 64): "riscv64",
+                  (22, 64): "s390x"}
+_MACHINES = {name: key for key, name in _ARCHITECTURES.items()}
+_MACHINES.update({"ppc64le": (21, 64), "armv7l": (40, 32), "armv8l": (40, 32)})
+# What else a machine runs besides its own objects (the 32-bit ABIs of its kernel).
+_COMPANIONS = {"x86_64": frozenset({"i386", "x32"}), "aarch64": frozenset({"arm"})}
+
+
+def architecture_name(machine: int, bits: int, big_endian: bool = False) -> str:
+    """``uname -m``'s name for objects of ``e_machine`` ``machine`` and class ``bits``."""
+    name = _ARCHITECTURES.get((machine, bits), f"e_machine {machine} ({bits}-bit)")
+    return name + "le" if name == "ppc64" and not big_endian else name
+
+
+def this_machine() -> str:
+    """The kernel's architecture (``uname -m``), aarch64 under an aarch64 emulator too."""
+    machine = os.uname().machine
+    return "arm" if machine in ("armv7l", "armv8l") else machine
+
+
+def this_process() -> str:
+    """The architecture of the objects this process can load (``dlopen``): the machine's,
+    or its 32-bit one for a 32-bit interpreter."""
+    machine = this_machine()
+    if sys.maxsize > 2**32:
+        return machine
+    return {"x86_64": "i386", "aarch64": "arm"}.get(machine, machine)
+
+
+def foreign_to_this_process(path: str | os.PathLike[str]) -> str | None:
+    """None when this process can load the object at ``path`` as far as its ELF header
+    says, else one line naming the file, its architecture and this process's."""
+    header = read_header(path)
+    here = this_process()
+    if header.architecture == here:
+        return None
+    return _foreign(os.fspath(path), header.architecture, here)
+
+
+def foreign_to_this_machine(path: str, header: ElfHeader | DynamicInfo) -> str | None:
+    """None when this machine runs objects like ``header``'s (its own architecture or its
+    32-bit companion: i386 on x86_64), else one line as :func:`foreign_to_this_process`."""
+    here = this_machine()
+    if header.architecture == here or header.architecture in _COMPANIONS.get(here, ()):
+        return None
+    return _foreign(path, header.architecture, here)
+
+
+def _foreign(path: str, theirs: str, here: str) -> str:
+    return f"{path} is built for {theirs}, and this machine is {here}"
+
+
+def read_header(path: str | os.PathLike[str]) -> ElfHeader:
+    """The file header of the object at ``path``: its class, byte order, machine, type."""
+    source = os.fspath(path)
+    fd = os.open(source, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        head = os.pread(fd, 20, 0)
+    finally:
+        os.close(fd)
+    if head[:4] != _ELF_MAGIC:
+        raise NotElfError("not an ELF file (bad magic)", source=source, offset=0)
+    if len(head) < 20:
+        raise ElfError("truncated ELF header", source=source, offset=len(head))
+    cls, data_enc = head[4], head[5]
+    if cls not in _HEADER:
+        raise ElfError(f"unknown ELF class {cls}", source=source, offset=4)
+    if data_enc not in (_ELFDATA2LSB, _ELFDATA2MSB):
+        raise ElfError(f"unknown ELF data encoding {data_enc}", source=source, offset=5)
+    order = "<" if data_enc == _ELFDATA2LSB else ">"
+    e_type, e_machine = struct.unpack(order + "HH", head[16:20])
+    return ElfHeader(bits=32 if cls == _ELFCLASS32 else 64, big_endian=order == ">",
+                     machine=e_machine, elf_type=e_type)
 
 
 if TYPE_CHECKING:  # collections costs a hook process ~2 ms at start-up

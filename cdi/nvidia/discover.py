@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from cdi.extras import MissingDependencyError
+from cdi.linux.elf import ElfError, foreign_to_this_process
 
 __all__ = [
     "DiscoveryError",
@@ -383,6 +384,15 @@ def discover_with_nvml(library: Path | None) -> NodeInfo:
     is not usable."""
     if library is None:
         raise DiscoveryError("NVML unavailable: no libnvidia-ml.so.1 under the driver root")
+    # Before dlopen: for another architecture's library it says only "cannot open shared
+    # object file: No such file or directory", of a file that is there. (What is not an ELF
+    # object at all is left to dlopen, which says so.)
+    try:
+        foreign = foreign_to_this_process(library)
+    except (OSError, ElfError):
+        foreign = None
+    if foreign is not None:
+        raise DiscoveryError(f"NVML unavailable: {foreign}")
     try:
         nvml = load_nvml(library)
     except ImportError:

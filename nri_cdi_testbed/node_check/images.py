@@ -46,6 +46,7 @@ class ImageConfig:
     workdir: str = "/"
     labels: Mapping[str, str] = field(default_factory=dict)
     user: str = ""  # the image's USER ("1000", "1000:1000"); empty: root
+    architecture: str = ""  # OCI name (amd64, arm64); empty: this machine's (oci_arch())
 
 
 def oci_arch() -> str:
@@ -131,11 +132,12 @@ def base_rootfs(layer: LayerWriter) -> None:
     layer.file("etc/group", GROUP.encode())
 
 
-def add_busybox(layer: LayerWriter, busybox: Path) -> None:
-    """/bin/busybox plus one symlink per applet, as busybox itself lists them."""
+def add_busybox(layer: LayerWriter, busybox: Path, *, runner: Sequence[str] = ()) -> None:
+    """/bin/busybox plus one symlink per applet, as busybox itself lists them; ``runner``
+    starts it (an emulator, for another architecture's busybox)."""
     layer.file("bin/busybox", busybox.read_bytes(), 0o755)
     applets = subprocess.run(
-        [str(busybox), "--list-full"], check=True, capture_output=True, text=True
+        [*runner, str(busybox), "--list-full"], check=True, capture_output=True, text=True
     ).stdout.split()
     for applet in applets:
         if applet != "bin/busybox":
@@ -168,7 +170,7 @@ def _config_blob(layer_digest: str, config: ImageConfig) -> bytes:
     if config.user:
         cfg["User"] = config.user
     return _json({
-        "architecture": oci_arch(),
+        "architecture": config.architecture or oci_arch(),
         "os": "linux",
         "created": "1970-01-01T00:00:00Z",
         "config": cfg,
@@ -190,7 +192,7 @@ def write_archive(name: str, layer_tar: bytes, out: Path, config: ImageConfig) -
         "manifests": [{
             "mediaType": MT_MANIFEST,
             **_blob(blobs, manifest),
-            "platform": {"architecture": oci_arch(), "os": "linux"},
+            "platform": {"architecture": config.architecture or oci_arch(), "os": "linux"},
             "annotations": {
                 "io.containerd.image.name": name,
                 "org.opencontainers.image.ref.name": name.rpartition(":")[2],
@@ -255,12 +257,25 @@ def image_from_tree(name: str, tree: Path, out: Path, *, config: ImageConfig | N
     return write_archive(name, layer.tar(), out, config or ImageConfig())
 
 
+def archive_platform(archive: Path) -> str:
+    """``os/architecture`` of the (first) image in an archive ``write_archive`` made."""
+    with tarfile.open(archive) as tar:
+        member = tar.extractfile("index.json")
+        if member is None:
+            raise RuntimeError(f"{archive}: no index.json")
+        platform = json.load(member)["manifests"][0]["platform"]
+    return f"{platform['os']}/{platform['architecture']}"
+
+
 def import_image(archive: Path, address: str, *, namespace: str = "k8s.io",
                  ctr: Path | None = None) -> None:
-    """Load ``archive`` into the containerd at ``address`` (CRI uses namespace k8s.io)."""
+    """Load ``archive`` into the containerd at ``address`` (CRI uses namespace k8s.io), for
+    the platform it was built for (ctr filters out any other than the machine's unless
+    told)."""
     ctr_bin = ctr or paths.bin_dir() / "ctr"
     proc = subprocess.run(
-        [str(ctr_bin), "-a", address, "-n", namespace, "images", "import", str(archive)],
+        [str(ctr_bin), "-a", address, "-n", namespace, "images", "import", "--platform",
+         archive_platform(archive), str(archive)],
         capture_output=True, text=True, timeout=60,
     )
     if proc.returncode != 0:

@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,12 @@ from nri_cdi_testbed.simnode.compiler import Compiler, Job, default_cache_dir
 from nri_cdi_testbed.simnode.csource import c_source
 from nri_cdi_testbed.simnode.driverfiles import (
     BINARIES,
-    DIRS,
     FIRMWARE,
     LIBS,
     XORG_LIBS,
     Lib,
     configs,
+    dirs_for,
 )
 from nri_cdi_testbed.simnode.hosttools import find_ldconfig, make_socket
 from nri_cdi_testbed.simnode.layout import (
@@ -31,6 +32,7 @@ from nri_cdi_testbed.simnode.layout import (
     NodeLayout,
     SimNodeError,
     det_uuid,
+    host_machine,
 )
 from nri_cdi_testbed.simnode.node import MANIFEST_NAME, BuiltNode
 from nri_cdi_testbed.simnode.nvml import NVML_DESCRIPTION, nvml_description
@@ -48,15 +50,22 @@ from nri_cdi_testbed.simnode.procfs import (
 
 
 class _Builder:
-    def __init__(self, root: Path, layout: NodeLayout, cache_dir: Path):
+    def __init__(self, root: Path, layout: NodeLayout, cache_dir: Path,
+                 ldconfig: Sequence[str] = ()):
         self.layout = layout
+        self.ldconfig = list(ldconfig)
+        if not ldconfig and host_machine() not in (None, layout.machine):
+            raise SimNodeError(
+                f"an {layout.machine} node's ld.so.cache needs that machine's ldconfig "
+                f"(this one's skips {layout.machine} libraries): build_node(ldconfig="
+                "[EMULATOR, LDCONFIG]), or --ldconfig on the command line")
         self.root = root
         self.driver_root = root / "run/nvidia/driver" if layout.driver_container else root
         self.dev_root = root
         self.proc_root = root
         self.sys_root = root
-        self.dirs = DIRS[layout.distro]
-        self.compiler = Compiler(cache_dir)
+        self.dirs = dirs_for(layout.distro, layout.machine)
+        self.compiler = Compiler(cache_dir, layout.machine)
         self.libraries: list[dict[str, Any]] = []
         self.device_nodes: list[dict[str, Any]] = []
         self.files: dict[str, list[str]] = {
@@ -141,10 +150,10 @@ class _Builder:
         if self.dirs.get("uncached"):
             conf = []
         self._write(self.driver_root, "etc/ld.so.conf", "".join(f"/{d}\n" for d in conf))
-        ldconfig = find_ldconfig()
+        ldconfig = self.ldconfig or [find_ldconfig()]
         # -X: keep our links exactly as made (as the driver's packages would ship them).
         proc = subprocess.run(
-            [ldconfig, "-X", "-r", str(self.driver_root)], capture_output=True, text=True
+            [*ldconfig, "-X", "-r", str(self.driver_root)], capture_output=True, text=True
         )
         if proc.returncode != 0:
             raise SimNodeError(f"ldconfig -r failed: {proc.stderr.strip()}")
@@ -343,6 +352,7 @@ class _Builder:
             "cuda_version": f"{lay.cuda_version[0]}.{lay.cuda_version[1]}",
             "cuda_driver_version": lay.cuda_driver_version,
             "distro": lay.distro,
+            "machine": lay.machine,
             "driver_container": lay.driver_container,
             "roots": {
                 "driver": rel(self.driver_root),
@@ -372,14 +382,19 @@ def build_node(
     layout: NodeLayout | None = None,
     *,
     cache_dir: str | os.PathLike[str] | None = None,
+    ldconfig: Sequence[str] = (),
 ) -> BuiltNode:
-    """Build a simulated node in ``root`` (created; must be empty if it exists)."""
+    """Build a simulated node in ``root`` (created; must be empty if it exists).
+
+    ``ldconfig``: the command that runs ldconfig for ``layout.machine`` (default: this
+    machine's), e.g. an emulator and the other machine's ldconfig, which is static."""
     layout = layout or NodeLayout()
     root_path = Path(root).absolute()
     if root_path.exists() and any(root_path.iterdir()):
         raise SimNodeError(f"{root_path} is not empty")
     root_path.mkdir(parents=True, exist_ok=True)
-    b = _Builder(root_path, layout, Path(cache_dir) if cache_dir else default_cache_dir())
+    b = _Builder(root_path, layout, Path(cache_dir) if cache_dir else default_cache_dir(),
+                 ldconfig)
     b.libraries_step()
     b.ldcache_step()
     b.binaries_step()

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from nri_cdi_testbed.simnode.builder import build_node
-from nri_cdi_testbed.simnode.driverfiles import DIRS
+from nri_cdi_testbed.simnode.driverfiles import DIRS, TRIPLETS
 from nri_cdi_testbed.simnode.layout import (
     DEFAULT_DRIVER_VERSION,
     EXTRAS,
     NodeLayout,
     SimNodeError,
+    host_machine,
     parse_mig_arg,
 )
 from nri_cdi_testbed.simnode.node import BuiltNode
@@ -49,6 +51,12 @@ def _arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--compat32", action="store_true", help="also build i386 libraries")
     p.add_argument("--bmc-vga", action="store_true", help="an on-board VGA owns card0")
     p.add_argument("--no-device-nodes", action="store_true", help="skip mknod (no root)")
+    p.add_argument("--machine", choices=sorted(TRIPLETS), default=host_machine() or "x86_64",
+                   help="what the libraries are built for (default: this machine; another "
+                        "needs its cross compiler, <triplet>-gcc, and --ldconfig)")
+    p.add_argument("--ldconfig", type=shlex.split, default=[], metavar="COMMAND",
+                   help="the command that runs --machine's ldconfig, e.g. 'qemu-aarch64 "
+                        "ROOT/sbin/ldconfig' (default: this machine's ldconfig)")
     p.add_argument("--cache-dir", type=Path, help="compiled-object cache")
     return p
 
@@ -74,8 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             bmc_vga=args.bmc_vga,
             device_nodes=not args.no_device_nodes,
             extras=tuple(args.extra),
+            machine=args.machine,
         )
-        node = build_node(args.root, layout, cache_dir=args.cache_dir)
+        node = build_node(args.root, layout, cache_dir=args.cache_dir, ldconfig=args.ldconfig)
     except (SimNodeError, ValueError) as e:
         print(f"simnode: error: {e}", file=sys.stderr)
         return 2
@@ -89,7 +98,7 @@ def _print_summary(node: BuiltNode) -> None:
     print(f"dev root:    {node.dev_root}")
     print(f"manifest:    {node.manifest_path}")
     print(
-        f"driver {m['driver_version']}, CUDA {m['cuda_version']}, "
+        f"{m['machine']} driver {m['driver_version']}, CUDA {m['cuda_version']}, "
         f"{len(m['libraries'])} libraries, {len(m['device_nodes'])} device nodes"
     )
     for g in m["gpus"]:

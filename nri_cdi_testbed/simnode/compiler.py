@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from nri_cdi_testbed.simnode.layout import SimNodeError
+from nri_cdi_testbed.simnode.driverfiles import TRIPLETS
+from nri_cdi_testbed.simnode.layout import SimNodeError, host_machine
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,11 +27,15 @@ class Job:
 
 
 class Compiler:
-    """gcc with a content-addressed cache of built objects."""
+    """gcc with a content-addressed cache of built objects; for a ``machine`` other than
+    this one, its cross compiler (Debian's gcc-<triplet>, e.g. aarch64-linux-gnu-gcc)."""
 
-    def __init__(self, cache_dir: Path):
+    def __init__(self, cache_dir: Path, machine: str | None = None):
         self.cache_dir = cache_dir
-        self.gcc = shutil.which("gcc") or shutil.which("cc")
+        self.cross = machine is not None and host_machine() not in (None, machine)
+        self.wanted = f"{TRIPLETS[machine]}-gcc" if self.cross and machine else "gcc"
+        self.gcc = shutil.which(self.wanted) if self.cross else (
+            shutil.which("gcc") or shutil.which("cc"))
 
     def build_all(self, jobs: Sequence[Job]) -> None:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -39,7 +44,7 @@ class Compiler:
             list(pool.map(self._build, jobs))
 
     def _args(self, job: Job, out: str, src: str) -> list[str]:
-        args = [self.gcc or "gcc", "-shared", "-fPIC", "-O1", "-Wl,--build-id=none"]
+        args = [self.gcc or self.wanted, "-shared", "-fPIC", "-O1", "-Wl,--build-id=none"]
         if job.soname:
             args.append(f"-Wl,-soname,{job.soname}")
         if job.bits == 32:
@@ -59,7 +64,8 @@ class Compiler:
 
     def _compile(self, job: Job, cached: Path) -> None:
         if self.gcc is None:
-            raise SimNodeError("building a simulated node needs gcc on PATH")
+            hint = f" (Debian: gcc-{self.wanted.removesuffix('-gcc')})" if self.cross else ""
+            raise SimNodeError(f"building a simulated node needs {self.wanted} on PATH{hint}")
         with tempfile.TemporaryDirectory(dir=self.cache_dir) as tmp:
             src, out = os.path.join(tmp, "lib.c"), os.path.join(tmp, "lib.so")
             Path(src).write_text(job.source)

@@ -105,6 +105,18 @@ DIRS: dict[str, dict[str, str]] = {
 }
 
 
+# The machines a node can be built for: the architecture's Debian triplet, and the C
+# compiler that builds its libraries (a cross compiler on another machine).
+TRIPLETS = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}
+
+
+def dirs_for(distro: str, machine: str) -> dict[str, str]:
+    """``DIRS[distro]`` for ``machine``: Debian's folders carry the architecture's triplet
+    (the other layouts use the same folders on every architecture)."""
+    triplet = TRIPLETS[machine]
+    return {k: v.replace(TRIPLETS["x86_64"], triplet) for k, v in DIRS[distro].items()}
+
+
 def _json(obj: object) -> str:
     return json.dumps(obj, indent=2) + "\n"
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from nri_cdi_testbed.simnode.driverfiles import DIRS
+from nri_cdi_testbed.simnode.driverfiles import DIRS, TRIPLETS
 
 DEFAULT_DRIVER_VERSION = "580.82.07"
 MANIFEST_FORMAT = 1
@@ -25,6 +26,7 @@ CI_PER_GI = 8
 MINORS_PER_GI = 1 + CI_PER_GI
 
 Distro = Literal["debian", "rhel", "debian-current", "gke"]
+Machine = Literal["x86_64", "aarch64"]
 # Optional parts of a node (NodeLayout.extras):
 EXTRAS = {
     "vulkan-icd-at-root": "the Vulkan ICD at <driver root>/vulkan/icd.d (GKE), none in /etc",
@@ -37,6 +39,12 @@ EXTRAS = {
 
 class SimNodeError(Exception):
     """The layout is invalid or the node cannot be built here (missing gcc, no mknod)."""
+
+
+def host_machine() -> Machine | None:
+    """This machine, if a node can be built for it (``uname -m``)."""
+    machine = os.uname().machine
+    return "aarch64" if machine == "aarch64" else "x86_64" if machine == "x86_64" else None
 
 # --- description ---------------------------------------------------------------------------
 
@@ -158,8 +166,15 @@ class NodeLayout:
     bmc_vga: bool = False  # an on-board VGA takes /dev/dri/card0 (GPUs start at card1)
     device_nodes: bool = True  # mknod; needs root or CAP_MKNOD
     extras: tuple[str, ...] = ()  # names from EXTRAS
+    # What the libraries are built for: this machine's by default (another one needs a
+    # cross compiler and that machine's ldconfig: builder.build_node)
+    machine: Machine = field(default_factory=lambda: host_machine() or "x86_64")
 
     def __post_init__(self) -> None:
+        if self.machine not in TRIPLETS:
+            raise SimNodeError(f"unknown machine {self.machine!r} (known: {sorted(TRIPLETS)})")
+        if self.compat32 and self.machine != "x86_64":
+            raise SimNodeError("compat32 (i386 libraries) is for x86_64 nodes only")
         if not re.fullmatch(r"\d+\.\d+(\.\d+)?", self.driver_version):
             raise SimNodeError(f"bad driver version {self.driver_version!r}")
         if unknown := set(self.extras) - set(EXTRAS):

@@ -29,6 +29,7 @@ import yaml
 
 from cdi.cache import SpecCache
 from cdi.dirs import DEFAULT_SPEC_DIRS, scan
+from cdi.linux.elf import ElfError, foreign_to_this_machine, is_elf, read_header, this_machine
 from cdi.nvidia.sidecar import sidecar_path
 from nri_cdi_testbed.node_check import check
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
@@ -303,6 +304,37 @@ def check_device_nodes(dirs: Iterable[str]) -> Check:
     return Check(name=name, status="ok", detail=f"{seen} device node entries, all present")
 
 
+def check_driver_architecture(dirs: Iterable[str]) -> Check:
+    """The ELF files the specs mount are built for this machine (another architecture's
+    driver, a copied spec or a driver container of the wrong image, fails in containers
+    only as "cannot open shared object file")."""
+    name = "driver architecture"
+    foreign: list[str] = []
+    seen = 0
+    for _, doc in _spec_documents(dirs):
+        edits = [doc.get("containerEdits") or {}]
+        edits += [(d or {}).get("containerEdits") or {} for d in doc.get("devices") or []]
+        hosts = {str(m.get("hostPath")) for e in edits for m in e.get("mounts") or []
+                 if isinstance(m, Mapping)}
+        for host in sorted(hosts):
+            if not os.path.isfile(host) or not is_elf(host):
+                continue
+            seen += 1
+            try:
+                reason = foreign_to_this_machine(host, read_header(host))
+            except (OSError, ElfError) as exc:
+                reason = f"{host}: {exc}"
+            if reason is not None:
+                foreign.append(reason)
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        return Check(name=name, status="fail", detail=foreign[0] + more,
+                     fix="generate the spec on this node from this node's driver "
+                         "(nri-cdi refresh); check the driver root it names")
+    return Check(name=name, status="ok",
+                 detail=f"{seen} ELF files mounted, all for {this_machine()}")
+
+
 def check_fingerprint(settings: Settings,
                       current: Callable[[Settings], tuple[str | None, str]] | None = None
                       ) -> Check:
@@ -571,6 +603,7 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
                check_kinds_runtimes_can_load(plugin.spec_dirs)]
     checks.append(check_required_plugin(cfg, plugin.name, plugin.index, version))
     checks.append(check_dra(cfg, plugin.spec_dirs))
+    checks.append(check_driver_architecture(plugin.spec_dirs))
     return checks
 
 

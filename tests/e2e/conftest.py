@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e import images, paths
+from tests import arm64
+from tests.e2e import binfmt, images, paths
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
 
@@ -131,3 +132,18 @@ def cri(ctrd: Containerd) -> Iterator[CriClient]:
     containerd set-up); pods and containers it made are removed afterwards."""
     with ctrd.cri() as client, client.cleanup():
         yield client
+
+
+@pytest.fixture(scope="session")
+def arm64_containers(e2e_ready: None) -> Iterator[arm64.Arm64]:
+    """The arm64 parts (tests/arm64.py), with qemu-aarch64 registered with binfmt_misc for
+    the session (tests/e2e/binfmt.py: a system-wide change, said on stderr, undone at the
+    end). Where the machine refuses the registration the tests skip with its reason, under
+    CI too: that is the machine's, not a missing install step."""
+    parts = arm64.parts()
+    try:
+        with binfmt.registered(parts.qemu, parts.binfmt_line):
+            yield parts
+    except binfmt.BinfmtUnavailable as exc:
+        pytest.skip(f"arm64 containers need qemu-aarch64 registered with binfmt_misc, and "
+                    f"this machine refuses it: {exc}")

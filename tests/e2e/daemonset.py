@@ -3,6 +3,7 @@
 * The image: the Debian root and dependency wheels of scripts/install-image-root.sh, the
   checkout's own wheel, installed by that root's pip with the Dockerfile's own pip command;
   ENTRYPOINT and CMD are read from the Dockerfile. Imported under the manifest's image name.
+  For amd64 and for arm64 (whose pip runs under qemu-aarch64, started explicitly).
 * The node: a private mount namespace in which containerd, its shims and the pods run. Its
   /run, /etc, /dev and /proc/driver are the simulated node's (the host's stay untouched):
   /run (so /var/run) is a folder of the test, holding the node's driver at
@@ -39,16 +40,23 @@ DEPLOY = REPO / "deploy" / "kubernetes"
 DOCKERFILE = DEPLOY / "Dockerfile"
 
 
-def image_cache() -> Path:
+# The image's architectures (OCI names); amd64's parts are in the cache's top folder.
+ARCHITECTURES = ("amd64", "arm64")
+# What runs a program of the image's architecture here, when it is not this machine's.
+EMULATED = {"arm64": "aarch64"}
+
+
+def image_cache(architecture: str = "amd64") -> Path:
     env = os.environ.get("NRI_CDI_IMAGE_CACHE")
-    return Path(env) if env else REPO / ".cache" / "nri-cdi-image"
+    base = Path(env) if env else REPO / ".cache" / "nri-cdi-image"
+    return base if architecture == "amd64" else base / architecture
 
 
-def missing_image_parts() -> list[str]:
-    cache = image_cache()
+def missing_image_parts(architecture: str = "amd64") -> list[str]:
+    cache = image_cache(architecture)
     missing = [str(p) for p in (cache / "root" / "usr" / "bin" / "python3", cache / "wheels")
                if not p.exists()]
-    return [f"{m} (run scripts/install-image-root.sh)" for m in missing]
+    return [f"{m} (run scripts/install-image-root.sh --arch {architecture})" for m in missing]
 
 
 # --- the Dockerfile ---------------------------------------------------------------------------
@@ -97,14 +105,18 @@ def read_dockerfile(path: Path = DOCKERFILE) -> Dockerfile:
                       tuple(json.loads(last["CMD"])), tuple(copied))
 
 
-def build_image(name: str, work: Path) -> Path:
-    """The nri-cdi image's OCI archive (``work/nri-cdi.tar``), as the Dockerfile makes it."""
+def build_image(name: str, work: Path, *, architecture: str = "amd64",
+                emulator: Path | None = None) -> Path:
+    """The nri-cdi image's OCI archive (``work/nri-cdi.tar``), as the Dockerfile makes it,
+    for ``architecture``; one that is not this machine's needs ``emulator`` (a static
+    qemu-user), which runs the root's pip (and is not left in the image)."""
     facts = read_dockerfile()
     tree = work / "rootfs"
-    subprocess.run(["cp", "-a", str(image_cache() / "root"), str(tree)], check=True)
+    cache = image_cache(architecture)
+    subprocess.run(["cp", "-a", str(cache / "root"), str(tree)], check=True)
     wheels = tree / "wheels"
     wheels.mkdir()
-    for wheel in (image_cache() / "wheels").glob("*.whl"):
+    for wheel in (cache / "wheels").glob("*.whl"):
         shutil.copy(wheel, wheels)
     # What the Dockerfile COPYs, built outside the checkout (setuptools writes build/ there).
     source = work / "src"
@@ -115,14 +127,24 @@ def build_image(name: str, work: Path) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
                     "--no-build-isolation", "--wheel-dir", str(wheels), str(source)],
                    check=True, capture_output=True, cwd=work)
-    # The root's own pip, with no environment of ours (no PIP_* settings, no index).
+    # The root's own pip, with no environment of ours (no PIP_* settings, no index); for
+    # another architecture run by the emulator, copied into the root for the time of it
+    # (static: it needs nothing there, nor binfmt_misc).
     argv = ["chroot", str(tree), "pip", "install", *facts.pip_install]
+    if architecture in EMULATED and os.uname().machine != EMULATED[architecture]:
+        if emulator is None:
+            raise ValueError(f"a {architecture} image needs an emulator to run its pip here")
+        shutil.copy2(emulator, tree / ".nri-cdi-emulator")
+        argv = ["chroot", str(tree), "/.nri-cdi-emulator", "/usr/bin/python3",
+                "/usr/bin/pip", "install", *facts.pip_install]
     done = subprocess.run(argv, env={"PATH": DEFAULT_PATH.split("=", 1)[1], "HOME": "/root"},
                           capture_output=True, text=True, check=False)
+    (tree / ".nri-cdi-emulator").unlink(missing_ok=True)
     if done.returncode != 0:
         raise RuntimeError(f"pip install in the image root failed: {done.stderr.strip()}")
     shutil.rmtree(wheels)
-    config = ImageConfig(entrypoint=facts.entrypoint, cmd=facts.cmd, env=(DEFAULT_PATH,))
+    config = ImageConfig(entrypoint=facts.entrypoint, cmd=facts.cmd, env=(DEFAULT_PATH,),
+                         architecture=architecture)
     return image_from_tree(name, tree, work / "nri-cdi.tar", config=config, with_busybox=False)
 
 

@@ -6,12 +6,20 @@ The init container generates the node's spec, the plugin registers with that con
 GPU pod gets its device; the plugin killed and started again (the kubelet's restart) behaves
 as docs/usage/fail-closed.md says: a GPU container created and started while it was
 down, without its device, is killed once it is back; one created while it was down and
-started after it is back never runs; new GPU containers get their device again."""
+started after it is back never runs; new GPU containers get their device again.
+
+The image for arm64 is built the same way from the arm64 root and wheels (its pip run by
+qemu-aarch64, started explicitly: no binfmt_misc needed): an arm64 image whose every
+compiled module is aarch64. Where binfmt_misc takes qemu-aarch64, a container of it runs
+the generator in NVML mode, nvidia-ml-py on the aarch64 simulated node's NVML."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import signal
+import tarfile
 import tempfile
 import time
 import urllib.request
@@ -22,8 +30,11 @@ from typing import Any
 import pytest
 import yaml
 
+from cdi.linux import elf
+from nri_cdi_testbed.node_check.images import archive_platform
 from nri_cdi_testbed.simnode import NodeLayout, build_node
 from nri_plugin.ops.status import read_status
+from tests import arm64
 from tests.e2e import daemonset
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
@@ -37,16 +48,29 @@ NOBODY = 65534
 CONNECTED = "connected to containerd"
 
 
-@pytest.fixture(scope="module")
-def image_archive(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    missing = daemonset.missing_image_parts()
+def _require_image_parts(architecture: str) -> None:
+    missing = daemonset.missing_image_parts(architecture)
     if missing:
-        reason = f"the nri-cdi image cannot be built: {'; '.join(missing)}"
+        reason = f"the {architecture} nri-cdi image cannot be built: {'; '.join(missing)}"
         if os.environ.get("CI"):
             pytest.fail(f"CI is set, e2e tests must not be skipped: {reason}", pytrace=False)
         pytest.skip(reason)
-    image = daemonset.pod_template()["spec"]["containers"][0]["image"]
-    return daemonset.build_image(image, tmp_path_factory.mktemp("nri-cdi-image"))
+
+
+IMAGE = daemonset.pod_template()["spec"]["containers"][0]["image"]
+
+
+@pytest.fixture(scope="module")
+def image_archive(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    _require_image_parts("amd64")
+    return daemonset.build_image(IMAGE, tmp_path_factory.mktemp("nri-cdi-image"))
+
+
+@pytest.fixture(scope="session")  # once: its pip runs under the emulator
+def arm64_image_archive(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    _require_image_parts("arm64")
+    return daemonset.build_image(IMAGE, tmp_path_factory.mktemp("nri-cdi-image-arm64"),
+                                 architecture="arm64", emulator=arm64.emulator())
 
 
 def _settings() -> dict[str, Any]:
@@ -169,3 +193,53 @@ def test_daemonset_serves_a_gpu_pod_and_fails_closed_across_a_restart(
         _start_is_stopped(cri, waiting)
         assert _has_gpu(cri, _gpu_container(cri, "gpu-after"))
         assert cri.container_status(served).status.state == cri.pb.CONTAINER_RUNNING
+
+
+def _layer(archive: Path) -> tarfile.TarFile:
+    """The one layer of an archive images.write_archive made."""
+    with tarfile.open(archive) as outer:
+        index = json.load(outer.extractfile("index.json"))  # type: ignore[arg-type]
+        blob = outer.extractfile(f"blobs/sha256/{index['manifests'][0]['digest'][7:]}")
+        manifest = json.load(blob)  # type: ignore[arg-type]
+        digest = manifest["layers"][0]["digest"][7:]
+        data = outer.extractfile(f"blobs/sha256/{digest}").read()  # type: ignore[union-attr]
+    return tarfile.open(fileobj=io.BytesIO(data))
+
+
+def test_the_arm64_image_is_built_of_aarch64_parts(arm64_image_archive: Path,
+                                                    tmp_path: Path) -> None:
+    assert archive_platform(arm64_image_archive) == "linux/arm64"
+    layer = _layer(arm64_image_archive)
+    names = layer.getnames()
+    assert "usr/local/bin/nri-cdi" in names and ".nri-cdi-emulator" not in names
+    script = layer.extractfile("usr/local/bin/nri-cdi").read()  # type: ignore[union-attr]
+    assert script.startswith(b"#!/usr/bin/python3\n")
+    modules = [n for n in names if n.startswith("usr/local/lib/python3.11/dist-packages/")
+               and n.endswith(".so")]
+    assert {m.split("/")[5] for m in modules} >= {"yaml", "google"}, modules
+    for name in [*modules, "usr/bin/python3.11"]:
+        (tmp_path / "obj").write_bytes(layer.extractfile(name).read())  # type: ignore[union-attr]
+        assert elf.read_header(tmp_path / "obj").architecture == "aarch64", name
+
+
+def test_the_arm64_image_starts_and_generates_with_nvml(
+        containerd: ContainerdFactory, arm64_image_archive: Path,
+        arm64_containers: arm64.Arm64, tmp_path: Path) -> None:
+    parts = arm64_containers
+    node = build_node(tmp_path / "node", NodeLayout.uniform(2, machine="aarch64", seed="ds"),
+                      cache_dir=tmp_path / "cache", ldconfig=[str(parts.qemu),
+                                                              str(parts.ldconfig)])
+    ctrd = containerd()
+    ctrd.import_images(arm64_image_archive)
+    with ctrd.cri() as cri, cri.cleanup():
+        pod = cri.run_pod("nri-cdi-arm64")
+        cid = cri.run_container(pod, "nri-cdi", IMAGE, command=["sleep", "600"],
+                                ro_mounts={"/node": str(node.root)})
+        assert cri.exec_sync(cid, ["uname", "-m"]).stdout.strip() == "aarch64"
+        done = cri.exec_sync(cid, ["nri-cdi", "generate", "--mode", "nvml", "--driver-root",
+                                   "/node", "--cdi-version", "0.6.0"], timeout=300)
+        assert done.exit_code == 0, done.stderr
+        spec = yaml.safe_load(done.stdout.split("---", 1)[-1])
+        assert {d["name"] for d in spec["devices"]} >= {
+            "0", "1", node.manifest["gpus"][1]["uuid"]}
+        assert "/usr/lib/aarch64-linux-gnu/libcuda.so.580.82.07" in done.stdout

@@ -15,6 +15,7 @@ from cdi.hooks import entry
 from cdi.hooks.launcher import LauncherError, build_launcher, launcher_source
 from cdi.libpath import EXTRA_LIBRARY_PATH_ENV, merge_library_path
 from cdi.linux.ldcache import LdCacheEntry, encode, libcmp, merge, parse_ldcache, read_ldcache
+from tests import arm64
 from tests.hooks.conftest import NIX_GLIBC, Artifacts, host_loader, make_bundle
 from tests.hooks.test_symlinks import run_hook
 
@@ -106,6 +107,23 @@ def test_soname_link_made_and_image_cache_kept(need_root: None, tmp_path: Path,
                              text=True, check=True).stdout
     assert f"libfake.so.1 (libc6,x86-64) => {FAKE_DIR}/libfake.so.1" in printed
     assert (root / "etc/ld.so.conf.d/000-nri-cdi.conf").read_text() == f"{FAKE_DIR}\n"
+    assert _chroot(root).stdout == "answer=42\n"
+
+
+def test_library_of_another_architecture_is_named_and_left_out(
+        need_root: None, tmp_path: Path, artifacts: Artifacts) -> None:
+    """An aarch64 library among the injected ones (a wrong driver): one line naming it, its
+    architecture and the machine's; no cache entry, which the loader would pass over."""
+    root = _glibc_root(tmp_path, artifacts)
+    foreign = arm64.aarch64_library(root / FAKE_DIR.lstrip("/") / "libarm.so.1.0", "libarm.so.1")
+    assert foreign.exists()
+    proc = run_hook(make_bundle(tmp_path, root), "update-ldcache", "--folder", FAKE_DIR)
+    assert proc.returncode == 0, proc.stderr
+    machine = os.uname().machine
+    assert (f"nri-cdi hook update-ldcache: {FAKE_DIR}/libarm.so.1.0 is built for aarch64, and "
+            f"this machine is {machine}: left out of the cache") in proc.stderr.splitlines()
+    keys = [e.key for e in read_ldcache(root / "etc/ld.so.cache")]
+    assert "libfake.so.1" in keys and "libarm.so.1" not in keys
     assert _chroot(root).stdout == "answer=42\n"
 
 

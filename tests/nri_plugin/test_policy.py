@@ -229,6 +229,23 @@ def test_filter_edits_keeps_other_files() -> None:
     assert kept.env == ("A=1",)
 
 
+def test_filter_edits_drops_the_link_mounts_of_a_dropped_library() -> None:
+    """--link-mode mounts: ``libcuda.so.1`` is a second mount of the library the sidecar
+    names (found on the arm64 e2e run: utility left libcuda.so.1 in the container)."""
+    lib, gbm = "/h/l/nvidia/libcuda.so.550", "/h/l/libnvidia-egl-gbm.so.1.1.2"
+    mounts = (Mount(host_path=lib, container_path="/l/nvidia/libcuda.so.550"),
+              Mount(host_path=lib, container_path="/l/libcuda.so.1"),
+              Mount(host_path=lib, container_path="/l/libcuda.so"),
+              Mount(host_path=gbm, container_path="/l/libnvidia-egl-gbm.so.1.1.2"),
+              Mount(host_path=gbm, container_path="/l/libnvidia-egl-gbm.so.1"))
+    caps = {"/l/nvidia/libcuda.so.550": "compute", "/l/libnvidia-egl-gbm.so.1.1.2": "other"}
+    kept = filter_edits(ContainerEdits(mounts=mounts), caps, frozenset({"utility"}))
+    assert [m.container_path for m in kept.mounts] == [
+        "/l/libnvidia-egl-gbm.so.1.1.2", "/l/libnvidia-egl-gbm.so.1"]
+    whole = filter_edits(ContainerEdits(mounts=mounts), caps, frozenset({"compute"}))
+    assert len(whole.mounts) == len(mounts)
+
+
 # --- NVIDIA_VISIBLE_DEVICES ----------------------------------------------------------------
 
 SIDECAR = {

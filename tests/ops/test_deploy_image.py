@@ -25,6 +25,20 @@ def test_the_dockerfile_base_is_the_root_ci_builds() -> None:
     assert set(facts.apt_packages) == set(_script_value("INCLUDE").split(","))
 
 
+def test_the_dockerfile_builds_for_every_architecture_ci_builds() -> None:
+    """No instruction pins an architecture (buildx runs it once per platform), and CI's
+    image root has each architecture's wheels, by the platform tag pip gives them."""
+    text = daemonset.DOCKERFILE.read_text()
+    instructions = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    assert not re.search(r"x86_64|amd64|aarch64|arm64|--platform", instructions)
+    assert "--platform linux/amd64,linux/arm64" in text
+    table = re.search(r"^declare -A WHEEL_PLATFORM=\((.*)\)$", SCRIPT.read_text(), re.M)
+    assert table, f"{SCRIPT.name}: no WHEEL_PLATFORM table"
+    platforms = dict(re.findall(r"\[(\w+)\]=(\S+)", table.group(1)))
+    assert platforms == {"amd64": "manylinux2014_x86_64", "arm64": "manylinux2014_aarch64"}
+    assert tuple(platforms) == daemonset.ARCHITECTURES
+
+
 def test_the_dockerfile_installs_the_wheels_with_the_extras_offline() -> None:
     pip = daemonset.read_dockerfile().pip_install
     assert "--no-index" in pip and "nri-cdi[nvml,metrics]" in pip

@@ -21,6 +21,7 @@ from nri_plugin.ops.metrics import Metrics
 from nri_plugin.ops.refresh import Watcher
 from nri_plugin.ops.settings import Settings, defaults
 from nri_plugin.ops.status import StatusFile
+from tests import arm64
 from tests.ops.simchange import upgrade_driver
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,6 +147,23 @@ def test_missing_device_node(healthy: Node) -> None:
     (healthy.node.dev_root / "dev" / "nvidia0").unlink()
     check = by_name(run_checks(healthy.settings, check_generated=False))["device nodes present"]
     assert check.status == "fail" and "dev/nvidia0" in check.detail
+
+
+def test_driver_of_another_architecture(healthy: Node) -> None:
+    """A spec mounting an aarch64 driver on this machine (the simulated node's libraries
+    are this machine's): named, with both architectures."""
+    ok = by_name(run_checks(healthy.settings, check_generated=False))["driver architecture"]
+    assert ok.status == "ok" and f"all for {os.uname().machine}" in ok.detail
+    lib = arm64.aarch64_library(healthy.root / "arm64" / "libcuda.so.550.1", "libcuda.so.1")
+    (healthy.root / "cdi" / "arm64.yaml").write_text(
+        "cdiVersion: 0.5.0\nkind: example.com/arm\ndevices:\n- name: a\n  containerEdits:\n"
+        f"    mounts:\n    - hostPath: {lib}\n      containerPath: /usr/lib/libcuda.so.1\n")
+    check = by_name(run_checks(healthy.settings, check_generated=False))["driver architecture"]
+    if os.uname().machine == "aarch64":
+        assert check.status == "ok"
+        return
+    assert check.status == "fail", check
+    assert check.detail == f"{lib} is built for aarch64, and this machine is {os.uname().machine}"
 
 
 def test_plugin_disconnected_and_socket_gone(healthy: Node) -> None:

@@ -56,15 +56,18 @@ def filter_edits(edits: ContainerEdits, capability_of: Mapping[str, str],
     """``edits`` without the mounts of driver files that belong to a capability not in
     ``wanted``. A mount is known by the host file it mounts, whatever container path it
     has: a hook-free spec mounts one library at its versioned name and at each link name
-    (``libEGL_nvidia.so.0``), all of the same file. Sidecars older than that record
-    container paths, which are tried next. Files of no capability (``other``), device
-    nodes, hooks and env stay."""
+    (``libEGL_nvidia.so.0``, ``libcuda.so.1``), all of the same file. Sidecars older than
+    that record container paths: a mount is then known by its container path, else by
+    another mount of the same host file that is. Files of no capability (``other``),
+    device nodes, hooks and env stay."""
     if wanted >= KNOWN or not capability_of:
         return edits
+    by_host = {m.host_path: capability_of[m.container_path] for m in edits.mounts
+               if m.container_path in capability_of}
 
     def capability(mount: Mount) -> str:
-        return capability_of.get(mount.host_path) or capability_of.get(
-            mount.container_path, "other")
+        return (capability_of.get(mount.host_path) or capability_of.get(mount.container_path)
+                or by_host.get(mount.host_path, "other"))
 
     kept = tuple(m for m in edits.mounts if capability(m) in wanted or capability(m) == "other")
     if len(kept) == len(edits.mounts):
