@@ -3,11 +3,11 @@ writes, started by containerd itself from its NRI plugin folder."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
+from nri_cdi_testbed.waiting import wait_until
 from nri_plugin.ops.units import render_launcher
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.images import BUSYBOX_IMAGE
@@ -23,12 +23,14 @@ def specs(tmp_path_factory: pytest.TempPathFactory) -> Path:
                        {"ops.yaml": simple_spec(KIND, "a", env="OPS=1")})
 
 
-def _wait_for(path: Path, text: str, timeout: float = 20.0) -> str:
-    deadline = time.monotonic() + timeout
-    while text not in (content := path.read_text() if path.exists() else ""):
-        assert time.monotonic() < deadline, content[-3000:] or "no log"
-        time.sleep(0.05)
-    return content
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _wait_for(path: Path, text: str) -> str:
+    """The log at ``path`` once it says ``text``."""
+    return wait_until(lambda: text in (content := _read(path)) and content,
+                      f"{path.name} to say {text!r}", seen=lambda: _read(path)[-3000:])
 
 
 def test_installed_launcher_is_started_by_containerd(
@@ -47,7 +49,7 @@ def test_installed_launcher_is_started_by_containerd(
         pod = cri.run_pod("launched", annotations={"cdi.k8s.io/dev": f"{KIND}=a"})
         ctr = cri.run_container(pod, "app", BUSYBOX_IMAGE, command=["sleep", "600"])
         assert "DEV_0=a" in cri.exec_sync(ctr, ["env"]).stdout
-    assert "plugin 10-nri-cdi starting" in log.read_text()
+    _wait_for(log, "plugin 10-nri-cdi starting")
 
 
 # --- metrics and health, counting real injections ----------------------------------------
@@ -132,15 +134,13 @@ def test_metrics_and_health_count_real_injections(
         assert _sample(metrics, "nri_cdi_reconnects_total") == 0
 
         ctrd.stop_daemon()
-        deadline = time.monotonic() + 10
-        while _get(base + "/healthz")[0] != 503:
-            assert time.monotonic() < deadline, "health stayed ok with containerd down"
-            time.sleep(0.05)
+        wait_until(lambda: _get(base + "/healthz")[0] == 503,
+                   "health to say 503 with containerd down",
+                   seen=lambda: _get(base + "/healthz"))
         ctrd.start()
-        deadline = time.monotonic() + 30
-        while _get(base + "/healthz")[0] != 200:
-            assert time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.1)
+        wait_until(lambda: _get(base + "/healthz")[0] == 200,
+                   "health to say 200 with containerd back",
+                   seen=lambda: (_get(base + "/healthz"), _read(log)[-2000:]))
         _, metrics = _get(base + "/metrics")
         assert _sample(metrics, "nri_cdi_reconnects_total") == 1
         assert _get(base + "/livez")[0] == 200
