@@ -173,8 +173,10 @@ def setup(nodes: dict[str, BuiltNode], containerd: ContainerdFactory,
                      "disabled_hooks": ["all"], "device_name_strategies": ["index"],
                      # no additionalGids: NRI cannot carry them on containerd < 1.7.30
                      "extra_args": ["--cdi-version", "0.6.0"]},
-        # a short resync: the quiet phase below sees several "nothing changed" runs
-        "watch": {"poll_interval": 0.2, "settle": 0.3, "resync_interval": 1.0},
+        # A resync short enough for the quiet phases below to see several "nothing changed"
+        # runs, and settle and resync long enough that a change being copied in on a loaded
+        # machine is not read half-made (it would count as a second regeneration).
+        "watch": {"poll_interval": 0.2, "settle": 1.0, "resync_interval": 4.0},
     }))
     watch = Watch(config, tmp_path / "watch.log")
     plugin: PluginProcess | None = None
