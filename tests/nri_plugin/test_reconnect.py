@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from nri_plugin.nri.stub import Stub
+from nri_plugin.nri.stub import POLL_INTERVAL, Stub
 from tests.nri_plugin.test_stub import ENV, Injector
 from tests.nri_runtime_peer import RuntimePeer
 from tests.virtual_clock import run_virtual
 
-POLL = 0.05
+POLL = POLL_INTERVAL  # the default: README's "back within about 50 ms of the socket"
 
 
 def test_connects_as_soon_as_the_socket_appears(tmp_path: Path) -> None:
@@ -37,8 +37,7 @@ def test_connects_as_soon_as_the_socket_appears(tmp_path: Path) -> None:
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await sessions.put((loop.time(), RuntimePeer(reader, writer)))
 
-        stub = Stub(Injector(), socket_path=path, env=ENV, poll_interval=POLL,
-                    before_connect=count_attempt)
+        stub = Stub(Injector(), socket_path=path, env=ENV, before_connect=count_attempt)
         runner = asyncio.create_task(stub.run())
         for _ in range(3):
             before = attempts
