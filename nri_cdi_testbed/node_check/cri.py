@@ -54,9 +54,9 @@ class CriClient:
         # Short reconnect back-off: after containerd restarts (a stale socket answers
         # "connection refused" until the new daemon listens) gRPC's default back-off grows
         # to seconds per try, longer than containerd takes to come back. The minimum
-        # connect timeout stays gRPC's own (grpc.min_reconnect_backoff_ms sets it too, and
-        # at a few ms a busy containerd's first SETTINGS frame comes too late: "connection
-        # attempt timed out before receiving SETTINGS frame").
+        # connect timeout stays gRPC's own: grpc.min_reconnect_backoff_ms sets it too, and
+        # set as short as the back-off a busy containerd's first SETTINGS frame came too
+        # late ("connection attempt timed out before receiving SETTINGS frame").
         self._channel = grpc.insecure_channel(
             f"unix://{address}", options=[("grpc.enable_http_proxy", 0),
                                           ("grpc.initial_reconnect_backoff_ms", 100),
