@@ -18,7 +18,7 @@ from tests.nri_plugin.test_stub import ENV, Injector
 from tests.nri_runtime_peer import RuntimePeer
 from tests.virtual_clock import run_virtual
 
-POLL = POLL_INTERVAL  # the default: README's "back within about 50 ms of the socket"
+POLL = POLL_INTERVAL  # the default: README, "Faults, floods and bounds" (reconnect)
 
 
 def test_connects_as_soon_as_the_socket_appears(tmp_path: Path) -> None:
