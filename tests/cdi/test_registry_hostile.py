@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cdi.cache import Snapshot, SpecCache
+from cdi.cache import Snapshot, SpecCache, file_clock_ns
 from cdi.dirs import scan
 from cdi.watch import AutoRefresh
 from nri_cdi_testbed.waiting import wait_until
@@ -301,3 +301,14 @@ def test_a_write_after_the_completion_event_makes_the_file_incomplete_again(
     # without the time (as before), the completion event alone would let it through
     torn = cache.refresh({str(spec)}, quiet_ns=NEVER_QUIET_NS)
     assert str(spec) in torn.errors
+
+
+def test_a_change_after_the_events_are_taken_is_never_stamped_earlier(tmp_path: Path) -> None:
+    """The watcher stamps when it takes the events with file_clock_ns: a write that comes
+    after has a change time no earlier, however late the kernel's ticks (a time.time_ns()
+    stamp runs ahead of file times by a tick, more on a busy machine, past the slack)."""
+    spec = tmp_path / "a.yaml"
+    for _ in range(2000):
+        taken_ns = file_clock_ns()
+        spec.write_bytes(b"x")
+        assert _file_time(spec) >= taken_ns
