@@ -175,7 +175,7 @@ class SpecCache:
         outside that set is taken only once it has been still for ``quiet_ns``: a file
         being rewritten in place keeps serving its last complete version meanwhile.
         Without ``changed`` (a direct call) every changed file is taken at once.
-        ``events_ns``: when ``changed`` was taken (wall clock); a file in it that changed
+        ``events_ns``: when ``changed`` was taken (``file_clock_ns``); a file in it that changed
         after that was written to again since its completion event, and counts as outside.
         """
         with self._lock:
@@ -331,13 +331,28 @@ class SpecCache:
 
 
 _UNREAD: Signature = (0, 0, 0, 0, 0, -2)
+# Linux's CLOCK_REALTIME_COARSE (the time module has no name for it): the clock the kernel
+# stamps file changes with.
+_REALTIME_COARSE = 5
+
+
+def file_clock_ns() -> int:
+    """Now, on the clock the kernel stamps file changes with: a change made after this
+    call has a change time no earlier (``refresh``'s ``events_ns`` should come from here).
+    time.time_ns() runs ahead of that clock by up to a tick, and by more when the machine
+    is busy and its ticks come late, so a file written just after a time.time_ns() stamp
+    can look older than it."""
+    try:
+        return time.clock_gettime_ns(_REALTIME_COARSE)
+    except OSError:
+        return time.time_ns() - _CLOCK_SLACK_NS
 
 
 def _coarse_tick_ns() -> int:
-    # File times come from the kernel's coarse clock (CLOCK_REALTIME_COARSE, 5 on Linux),
-    # up to one of its ticks behind time.time_ns(): 4 ms at HZ=250, 10 ms at HZ=100.
+    # File times come from the kernel's coarse clock, up to one of its ticks behind
+    # time.time_ns() on an idle machine (further on a busy one: file_clock_ns).
     try:
-        return int(time.clock_getres(5) * 1e9)
+        return int(time.clock_getres(_REALTIME_COARSE) * 1e9)
     except OSError:
         return 10_000_000
 

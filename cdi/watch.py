@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from inotify_simple import INotify, flags
 
-from cdi.cache import Snapshot, SpecCache
+from cdi.cache import Snapshot, SpecCache, file_clock_ns
 from cdi.dirs import is_spec_name
 
 log = logging.getLogger(__name__)
@@ -223,7 +223,7 @@ class AutoRefresh:
             # incomplete again: note the time first, then drain what is queued (a MODIFY
             # queued before that time cancels the close); the registry checks each file's
             # own change time against it for writes that come later still.
-            taken_ns = time.time_ns()
+            taken_ns = file_clock_ns()
             self._read_changes()
             removal = self._removal_unapplied
             self._refresh(self._watcher.take_done(), taken_ns)

@@ -30,6 +30,9 @@ REQUEST, RESPONSE = 1, 2
 PLUGIN_SERVICE = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 GO_READ_BUFFER = 4096
+# A bound on any one wait for the plugin: only a hang gets there (the plugin may be a process
+# of its own on a loaded machine).
+HANG = 60.0
 
 
 def mux_frame(conn_id: int, payload: bytes) -> bytes:
@@ -175,7 +178,7 @@ class RuntimePeer:
     def write(self, data: bytes) -> None:
         self.writer.write(data)
 
-    async def recv(self, timeout: float = 5.0) -> PeerMessage:
+    async def recv(self, timeout: float = HANG) -> PeerMessage:
         """The next whole ttrpc message from the plugin, in arrival order."""
         while not self.inbox:
             data = await asyncio.wait_for(self.reader.read(65536), timeout)
@@ -184,7 +187,7 @@ class RuntimePeer:
             self.inbox.extend(self.parser.feed(data))
         return self.inbox.pop(0)
 
-    async def at_eof(self, timeout: float = 5.0) -> bool:
+    async def at_eof(self, timeout: float = HANG) -> bool:
         data = await asyncio.wait_for(self.reader.read(65536), timeout)
         self.inbox.extend(self.parser.feed(data))
         return data == b""
@@ -214,7 +217,7 @@ class RuntimePeer:
                 if msg.conn_id == PLUGIN_CONN and msg.stream_id == stream_id:
                     del self.inbox[i]
                     return msg.response()
-            data = await asyncio.wait_for(self.reader.read(65536), 5.0)
+            data = await asyncio.wait_for(self.reader.read(65536), HANG)
             if not data:
                 raise EOFError("plugin closed the connection")
             self.inbox.extend(self.parser.feed(data))
@@ -235,7 +238,7 @@ class RuntimePeer:
                     assert req.service == RUNTIME_SERVICE, req.service
                     self.calls_served.append(req.method)
                     return msg.stream_id, req.method, req.payload
-            data = await asyncio.wait_for(self.reader.read(65536), 5.0)
+            data = await asyncio.wait_for(self.reader.read(65536), HANG)
             if not data:
                 raise EOFError("plugin closed the connection")
             self.inbox.extend(self.parser.feed(data))

@@ -1,8 +1,11 @@
 """NVIDIA's own programs, for the tests and benchmarks that compare with them.
 
 ``nvidia-ctk`` and ``nvidia-cdi-hook`` are not part of this repository: they are found in
-the folder named by ``$NRI_CDI_PEERS``. Where it is unset, or a program is not in it, the
-comparisons that need it are skipped (or, in a benchmark, left out), saying so.
+the folder named by ``$NRI_CDI_PEERS``. Where it is unset, or a program is not in it, a
+comparison with what a program produces uses its recording (``RECORDINGS``, made by a run
+that had it), and a test that runs the program itself is skipped (or, in a benchmark, left
+out), saying so. With the program at hand, ``$NRI_CDI_RECORD_PEERS=1`` rewrites the
+recordings from it (docs/developer/nvidia-ctk-parity.md).
 """
 
 from __future__ import annotations
@@ -11,6 +14,13 @@ import os
 from pathlib import Path
 
 PEERS_ENV = "NRI_CDI_PEERS"
+RECORD_ENV = "NRI_CDI_RECORD_PEERS"
+RECORDINGS = Path(__file__).resolve().parent / "data" / "peers"
+
+
+def recording_requested() -> bool:
+    """Whether this run is to rewrite the recordings from the live programs."""
+    return os.environ.get(RECORD_ENV, "") == "1"
 
 
 def peer(name: str) -> Path:

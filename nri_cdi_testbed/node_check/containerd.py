@@ -24,6 +24,7 @@ from pathlib import Path
 from nri_cdi_testbed.node_check import paths
 from nri_cdi_testbed.node_check.cri import CriClient
 from nri_cdi_testbed.node_check.images import PAUSE_IMAGE, import_image
+from nri_cdi_testbed.waiting import DEFAULT_TIMEOUT, WaitTimeout, wait_until
 from nri_plugin.nri.errors import NRIPluginError
 
 MNT_DETACH = 2
@@ -229,7 +230,7 @@ class Containerd:
 
     # --- lifecycle ----------------------------------------------------------------------------
 
-    def start(self, timeout: float = 15.0) -> Containerd:
+    def start(self, timeout: float = DEFAULT_TIMEOUT) -> Containerd:
         """Start the daemon and wait until CRI answers. Returns self."""
         if self.running:
             raise ContainerdError("containerd is already running")
@@ -252,15 +253,23 @@ class Containerd:
         return self
 
     def _wait_ready(self, timeout: float) -> None:
+        """Until the socket is there and CRI answers on it, or containerd exits; a failure
+        closes this containerd and says what was awaited, with the log's tail."""
         deadline = time.monotonic() + timeout
-        while not os.path.exists(self.address):
+
+        def socket_or_exit() -> bool:
             self._check_alive()
-            if time.monotonic() > deadline:
-                self._fail(f"no socket {self.address} after {timeout}s")
-            time.sleep(0.01)
+            return os.path.exists(self.address)
+
         try:
+            wait_until(socket_or_exit, f"containerd's socket {self.address}", timeout=timeout,
+                       seen=lambda: "no socket yet")
             with CriClient(self.address) as client:
-                client.wait_ready(max(0.5, deadline - time.monotonic()))
+                client.wait_ready(max(1.0, deadline - time.monotonic()))
+        except ContainerdError:
+            raise  # it exited: already closed, with its log's tail
+        except WaitTimeout as exc:
+            self._fail(str(exc))
         except Exception as exc:
             self._fail(f"CRI not ready: {exc}")
 
@@ -290,7 +299,7 @@ class Containerd:
                 self.proc.wait()
         self.proc = None
 
-    def restart(self, timeout: float = 15.0) -> Containerd:
+    def restart(self, timeout: float = DEFAULT_TIMEOUT) -> Containerd:
         """Stop and start the daemon on the same state: pods and containers survive, and
         NRI plugins must reconnect."""
         self.stop_daemon()
@@ -391,7 +400,9 @@ class Containerd:
 
     @contextlib.contextmanager
     def cri(self) -> Iterator[CriClient]:
-        """A CriClient on this containerd, closed on exit."""
+        """A CriClient on this containerd, connected and answering (a first connect that
+        is slow is waited out, with a bound), closed on exit."""
         with CriClient(self.address) as client:
+            client.wait_ready()
             yield client
 

@@ -17,7 +17,6 @@ import contextlib
 import importlib
 import json
 import sys
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from nri_cdi_testbed.node_check import paths
+from nri_cdi_testbed.waiting import DEFAULT_TIMEOUT, WaitTimeout, wait_until
 
 
 def load_messages() -> ModuleType:
@@ -75,11 +75,13 @@ class CriClient:
         self.grpc = grpc
         # Short reconnect back-off: after containerd restarts (a stale socket answers
         # "connection refused" until the new daemon listens) gRPC's default back-off grows
-        # to seconds per try, longer than containerd takes to come back.
+        # to seconds per try, longer than containerd takes to come back. The minimum
+        # connect timeout stays gRPC's own: grpc.min_reconnect_backoff_ms sets it too, and
+        # set as short as the back-off a busy containerd's first SETTINGS frame came too
+        # late ("connection attempt timed out before receiving SETTINGS frame").
         self._channel = grpc.insecure_channel(
             f"unix://{address}", options=[("grpc.enable_http_proxy", 0),
-                                          ("grpc.initial_reconnect_backoff_ms", 50),
-                                          ("grpc.min_reconnect_backoff_ms", 50),
+                                          ("grpc.initial_reconnect_backoff_ms", 100),
                                           ("grpc.max_reconnect_backoff_ms", 500)]
         )
         self.runtime: Any = ServiceStub(self._channel, self.pb, "RuntimeService")
@@ -107,16 +109,28 @@ class CriClient:
     def version(self) -> Any:
         return self.runtime.Version(self.pb.VersionRequest(), timeout=self.timeout)
 
-    def wait_ready(self, timeout: float = 10.0) -> Any:
-        """Version, retried until the CRI service answers (it starts after the socket)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                return self.runtime.Version(self.pb.VersionRequest(), timeout=1.0)
-            except self.grpc.RpcError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
+    def wait_ready(self, timeout: float = DEFAULT_TIMEOUT) -> Any:
+        """The CRI service's Version, once it answers: first the channel is connected
+        (gRPC retries a slow first connect itself), then Version is retried until CRI
+        answers (containerd serves it a moment after its socket), each for at most
+        ``timeout``. Raises WaitTimeout naming what it waited for and the last error or
+        channel state seen."""
+        ready = self.grpc.channel_ready_future(self._channel)
+        try:
+            ready.result(timeout=timeout)
+        except self.grpc.FutureTimeoutError:
+            raise WaitTimeout(f"waited {timeout:g} s for a connection to CRI at "
+                              f"{self.address}; last seen: the channel not ready") from None
+        finally:
+            ready.cancel()
+
+        def version() -> Any:
+            # wait_for_ready: a reconnect in between is waited out, not an error.
+            return self.runtime.Version(self.pb.VersionRequest(), timeout=timeout,
+                                        wait_for_ready=True)
+
+        return wait_until(version, f"CRI at {self.address} to answer Version",
+                          timeout=timeout, retry_on=(self.grpc.RpcError,))
 
     # --- pods ---------------------------------------------------------------------------------
 

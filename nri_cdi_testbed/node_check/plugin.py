@@ -6,11 +6,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from nri_cdi_testbed.node_check.paths import REPO
+from nri_cdi_testbed.waiting import DEFAULT_TIMEOUT, wait_until
 
 
 def child_env(environ: Mapping[str, str]) -> dict[str, str]:
@@ -49,7 +49,7 @@ class PluginProcess:
         """Where this plugin keeps its status file (next to its log)."""
         return self.log_path.with_name(self.log_path.name + ".status")
 
-    def start(self, timeout: float = 15.0) -> PluginProcess:
+    def start(self, timeout: float = DEFAULT_TIMEOUT) -> PluginProcess:
         mark = self.log_size()
         self.spawn()
         self.wait_for_log("connected to containerd", timeout, after=mark)
@@ -73,14 +73,22 @@ class PluginProcess:
             handle.seek(after)
             return handle.read().decode(errors="replace")
 
-    def wait_for_log(self, text: str, timeout: float = 15.0, *, after: int = 0) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.log(after):
+    def wait_for_log(self, text: str, timeout: float = DEFAULT_TIMEOUT, *,
+                     after: int = 0) -> str:
+        """Until the log (from offset ``after``) says ``text``; returns that part of the
+        log. Raises at once if the plugin exits first, WaitTimeout (with the log's tail)
+        if the bound passes."""
+        def said() -> str:
+            part = self.log(after)
+            if text in part:
+                return part
             if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"plugin exited ({self.process.returncode}):\n{self.log()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"plugin log never said {text!r}:\n{self.log()[-3000:]}")
-            time.sleep(0.02)
+                raise RuntimeError(f"plugin exited ({self.process.returncode}) before its log "
+                                   f"said {text!r}:\n{self.log()[-3000:]}")
+            return ""
+
+        return wait_until(said, f"the plugin's log to say {text!r}", timeout=timeout,
+                          seen=lambda: self.log(after)[-3000:] or "(nothing logged)")
 
     def kill(self) -> None:
         if self.process and self.process.poll() is None:

@@ -14,6 +14,7 @@ import pytest
 from cdi.cache import SpecCache
 from cdi.errors import UnresolvedDevicesError
 from cdi.watch import AutoRefresh
+from nri_cdi_testbed.waiting import wait_until
 from tests.helpers import make_char_device, simple_spec, write_specs
 
 VENDOR_A = simple_spec("vendor-a.com/fpga", "f0", "f1")
@@ -194,14 +195,6 @@ def test_unchanged_files_are_not_parsed_again(tmp_path: Path) -> None:
     assert second.generation == first.generation + 1
 
 
-def _wait_for(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
-
-
 def test_auto_refresh_sees_new_changed_and_removed_files(tmp_path: Path) -> None:
     folder = tmp_path / "run" / "cdi"  # does not exist yet: its creation must be noticed
     cache = SpecCache([str(folder)])
@@ -209,11 +202,14 @@ def test_auto_refresh_sees_new_changed_and_removed_files(tmp_path: Path) -> None
         assert cache.snapshot.device_names() == []
         folder.mkdir(parents=True)
         write_specs(folder, {"a.yaml": VENDOR_A})
-        _wait_for(lambda: len(cache.snapshot.devices) == 2)
+        wait_until(lambda: len(cache.snapshot.devices) == 2, "a.yaml's 2 devices served",
+                   seen=lambda: sorted(cache.snapshot.devices))
         (folder / "a.yaml").write_text(simple_spec("vendor-a.com/fpga", "f0"))
-        _wait_for(lambda: len(cache.snapshot.devices) == 1)
+        wait_until(lambda: len(cache.snapshot.devices) == 1, "a.yaml's new device alone",
+                   seen=lambda: sorted(cache.snapshot.devices))
         (folder / "a.yaml").unlink()
-        _wait_for(lambda: len(cache.snapshot.devices) == 0)
+        wait_until(lambda: len(cache.snapshot.devices) == 0, "no device once a.yaml is gone",
+                   seen=lambda: sorted(cache.snapshot.devices))
 
 
 WRITER = textwrap.dedent("""\
@@ -256,13 +252,12 @@ def test_refresh_during_renames_never_sees_a_half_written_spec(tmp_path: Path) -
                 cache.refresh()  # also refresh from this thread, racing the watcher
         finally:
             writer.wait()
-        _wait_for(
-            lambda: (
-                cache.snapshot.specs
-                and next(iter(cache.snapshot.specs.values())).spec.data.annotations["version"]
-                == str(rounds)
-            )
-        )
+        def served_version() -> str | None:
+            specs = cache.snapshot.specs
+            return next(iter(specs.values())).spec.data.annotations["version"] if specs else None
+
+        wait_until(lambda: served_version() == str(rounds), f"version {rounds} served",
+                   seen=served_version)
     assert len(seen_versions) >= 2
 
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from cdi.cache import Snapshot, SpecCache
+from cdi.cache import Snapshot, SpecCache, file_clock_ns
 from cdi.dirs import scan
 from cdi.watch import AutoRefresh
+from nri_cdi_testbed.waiting import wait_until
 from tests.helpers import place_file, simple_spec
 
 GOOD = simple_spec("good.example/dev", "g0")
@@ -44,11 +45,30 @@ def _make(folder: Path, name: str) -> Path:
     return place_file(folder, name, HOSTILE[name])
 
 
-def _wait_for(check: Callable[[], object], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
+# A quiet period no test outlasts: a file changed without a completion event is never taken
+# for being still, however long the machine stalls a writer in the middle of a rewrite.
+NEVER_QUIET_NS = 3600 * 10**9
+# Longer than the registry's clock slack (two ticks of the kernel's coarse clock, which
+# stamps files: 20 ms at HZ=100).
+PAST_THE_SLACK_NS = 50_000_000
+
+
+def _file_time(path: Path) -> int:
+    """When the file last changed, by the kernel's stamp (what the registry compares)."""
+    info = os.stat(path)
+    return max(info.st_mtime_ns, info.st_ctime_ns)
+
+
+def _file_clock_past(folder: Path, moment_ns: int) -> None:
+    """Until a file changed now is stamped after ``moment_ns``."""
+    probe = folder / "clock-probe"
+
+    def stamped_after() -> bool:
+        probe.write_bytes(b"")
+        return _file_time(probe) > moment_ns
+
+    wait_until(stamped_after, f"a file stamped after {moment_ns} ns",
+               seen=lambda: _file_time(probe), interval=0.005)
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
@@ -74,11 +94,13 @@ def test_hostile_file_during_refresh_stops_nothing(tmp_path: Path, name: str) ->
     with AutoRefresh(cache, rescan_interval=3600):
         assert cache.snapshot.device_names() == ["good.example/dev=g0"]
         bad = _make(folder, name)
-        _wait_for(lambda: str(bad) in cache.snapshot.errors)
+        wait_until(lambda: str(bad) in cache.snapshot.errors, f"{bad} reported",
+                   seen=lambda: cache.snapshot.errors)
         tmp = folder / ".good.yaml.tmp"
         tmp.write_text(GOOD_MORE)
         tmp.rename(folder / "good.yaml")
-        _wait_for(lambda: "good.example/dev=g1" in cache.snapshot.devices)
+        wait_until(lambda: "good.example/dev=g1" in cache.snapshot.devices, "g1 served",
+                   seen=lambda: sorted(cache.snapshot.devices))
         snapshot = cache.snapshot
         assert snapshot.device_names() == ["good.example/dev=g0", "good.example/dev=g1"]
         assert list(snapshot.errors) == [str(bad)]
@@ -121,11 +143,13 @@ def test_a_file_truncated_between_the_scan_and_the_read_keeps_its_last_version(
     spec.write_text(GOOD)
     cache = SpecCache([str(folder)])
     spec.write_text(GOOD_MORE)  # the next version, complete (its close event is taken)
-    time.sleep(0.05)  # older than the clock slack when the events are taken
+    # The events are taken well after that version was closed (further than the slack the
+    # registry allows its clock), and the truncation comes after them.
+    _file_clock_past(tmp_path, _file_time(spec) + PAST_THE_SLACK_NS)
     (scanned,) = scan([str(folder)])
-    events_ns = time.time_ns()
     spec.write_text("")  # "> a.yaml": truncated after the scan, before the read
-    loaded = cache._load(scanned, {str(spec)}, 10**9, time.time_ns(), events_ns)
+    events_ns = now_ns = _file_time(spec)
+    loaded = cache._load(scanned, {str(spec)}, NEVER_QUIET_NS, now_ns, events_ns)
     assert type(loaded).__name__ == "_Pending", loaded
 
 
@@ -161,7 +185,7 @@ def test_in_place_rewrites_never_serve_a_torn_spec(tmp_path: Path) -> None:
             time.sleep(0.03)
 
     seen = set()
-    with AutoRefresh(cache, rescan_interval=3600, quiet=1.0):
+    with AutoRefresh(cache, rescan_interval=3600, quiet=NEVER_QUIET_NS / 1e9):
         writer = threading.Thread(target=rewrite)
         churner = threading.Thread(target=churn)
         writer.start()
@@ -173,12 +197,13 @@ def test_in_place_rewrites_never_serve_a_torn_spec(tmp_path: Path) -> None:
                 version = _check_whole(snapshot)
                 assert version is not None  # the device never vanishes
                 seen.add(version)
-                cache.refresh(set(), quiet_ns=10**9)  # a refresh racing the watcher's
+                cache.refresh(set(), quiet_ns=NEVER_QUIET_NS)  # racing the watcher's
         finally:
             writer.join()
             stop.set()
             churner.join()
-        _wait_for(lambda: _check_whole(cache.snapshot) == rounds)
+        wait_until(lambda: _check_whole(cache.snapshot) == rounds, f"version {rounds} served",
+                   seen=lambda: _check_whole(cache.snapshot))
     assert len(seen) >= 2, seen
 
 
@@ -192,11 +217,11 @@ def test_file_changed_without_event_is_taken_once_quiet(tmp_path: Path) -> None:
     with open(spec, "w") as handle:  # half of a new version, still "being written"
         handle.write(_versioned(2)[:500])
         handle.flush()
-        assert _check_whole(cache.refresh(set(), quiet_ns=10**9)) == 1
+        assert _check_whole(cache.refresh(set(), quiet_ns=NEVER_QUIET_NS)) == 1
         assert cache.pending == {str(spec)}
         handle.write(_versioned(2)[500:])
     # complete and closed (the watcher would report it): taken at once
-    assert _check_whole(cache.refresh({str(spec)}, quiet_ns=10**9)) == 2
+    assert _check_whole(cache.refresh({str(spec)}, quiet_ns=NEVER_QUIET_NS)) == 2
     assert not cache.pending
 
 
@@ -207,9 +232,11 @@ def test_symlink_and_fifo_are_seen_without_the_rescan(tmp_path: Path) -> None:
     cache = SpecCache([str(folder)])
     with AutoRefresh(cache, rescan_interval=3600):
         os.symlink(tmp_path / "elsewhere.yaml", folder / "link.yaml")
-        _wait_for(lambda: "good.example/dev=g0" in cache.snapshot.devices, timeout=5)
+        wait_until(lambda: "good.example/dev=g0" in cache.snapshot.devices, "the link served",
+                   seen=lambda: sorted(cache.snapshot.devices))
         os.mkfifo(folder / "pipe.yaml")
-        _wait_for(lambda: str(folder / "pipe.yaml") in cache.snapshot.errors, timeout=5)
+        wait_until(lambda: str(folder / "pipe.yaml") in cache.snapshot.errors,
+                   "the FIFO reported", seen=lambda: cache.snapshot.errors)
 
 
 def test_world_writable_spec_warns_and_can_be_refused(tmp_path: Path) -> None:
@@ -266,12 +293,22 @@ def test_a_write_after_the_completion_event_makes_the_file_incomplete_again(
     cache = SpecCache([str(folder)])
     assert _check_whole(cache.refresh()) == 1
     taken_ns = time.time_ns()  # the close event of version 1 was taken here
-    time.sleep(0.02)
     with open(spec, "w") as handle:  # version 2 begins, cut short for now
         handle.write(_versioned(2)[:200])
-    kept = cache.refresh({str(spec)}, quiet_ns=10**9, events_ns=taken_ns)
+    kept = cache.refresh({str(spec)}, quiet_ns=NEVER_QUIET_NS, events_ns=taken_ns)
     assert _check_whole(kept) == 1 and str(spec) not in kept.errors
     assert str(spec) in cache.pending
     # without the time (as before), the completion event alone would let it through
-    torn = cache.refresh({str(spec)}, quiet_ns=10**9)
+    torn = cache.refresh({str(spec)}, quiet_ns=NEVER_QUIET_NS)
     assert str(spec) in torn.errors
+
+
+def test_a_change_after_the_events_are_taken_is_never_stamped_earlier(tmp_path: Path) -> None:
+    """The watcher stamps when it takes the events with file_clock_ns: a write that comes
+    after has a change time no earlier, however late the kernel's ticks (a time.time_ns()
+    stamp runs ahead of file times by a tick, more on a busy machine, past the slack)."""
+    spec = tmp_path / "a.yaml"
+    for _ in range(2000):
+        taken_ns = file_clock_ns()
+        spec.write_bytes(b"x")
+        assert _file_time(spec) >= taken_ns

@@ -21,7 +21,6 @@ import os
 import signal
 import tarfile
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ import yaml
 from cdi.linux import elf
 from nri_cdi_testbed.node_check.images import archive_platform
 from nri_cdi_testbed.simnode import NodeLayout, build_node
+from nri_cdi_testbed.waiting import wait_until
 from nri_plugin.ops.status import read_status
 from tests import arm64
 from tests.e2e import daemonset
@@ -103,18 +103,15 @@ def _has_gpu(cri: CriClient, cid: str) -> bool:
     return any(d["path"] == "/dev/nvidia0" for d in devices)
 
 
-def _wait_for(what: str, check: Any, timeout: float = 30.0, log: Any = None) -> None:
+def _wait_for(what: str, check: Any, log: Any = None) -> None:
     """Polls ``check`` until it is true; ``log`` (a callable) says why when it never is."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"never: {what}" + (f"\n{log()[-3000:]}" if log else ""))
-        time.sleep(0.1)
+    wait_until(check, what, interval=0.1,
+               seen=(lambda: log()[-3000:]) if log else lambda: "the check still false")
 
 
 def _healthy(port: int, path: str) -> bool:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1) as reply:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as reply:
             return bool(reply.status == 200)
     except OSError:
         return False

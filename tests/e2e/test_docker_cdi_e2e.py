@@ -36,7 +36,7 @@ from tests.nvidia_debian import docker_root, driver_root, kernel_side
 REPO = Path(__file__).resolve().parents[2]
 IMAGE = "localhost/gpu/debian-real-docker:e2e"
 MODES = ("hooks", "mounts")
-START_TIMEOUT = 30.0
+START_TIMEOUT = 120.0
 
 
 def docker_archive(oci_archive: Path, name: str) -> Path:

@@ -1,7 +1,8 @@
 """The plugin under faults, on a real containerd: containerd restarted (SIGTERM and SIGKILL)
 and the plugin SIGKILLed while containers that ask for a device are being created, in the
-default fail-closed mode. Nothing may hang, the plugin must be back within 1 s of the NRI
-socket each time, and no container that asked for the device may be left running without it.
+default fail-closed mode. Nothing may hang, the plugin must be back on the NRI socket each
+time (how soon is checked on the stub's own clock, tests/nri_plugin/test_reconnect.py),
+and no container that asked for the device may be left running without it.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from nri_cdi_testbed.waiting import DEFAULT_TIMEOUT, wait_until
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
@@ -51,7 +52,7 @@ def ctrd(containerd: ContainerdFactory) -> Containerd:
 
 
 def start_plugin(ctrd: Containerd, specs: Path, log: str) -> PluginProcess:
-    return PluginProcess(ctrd.nri_socket, [specs / "cdi"], specs / log).start(timeout=30)
+    return PluginProcess(ctrd.nri_socket, [specs / "cdi"], specs / log).start()
 
 
 def state(cri: CriClient, cid: str) -> tuple[int, int]:
@@ -64,13 +65,10 @@ def has_device(cri: CriClient, cid: str) -> bool:
     return any(d["path"] == DEVICE for d in devices)
 
 
-def wait_not_running(cri: CriClient, cid: str, timeout: float = 10.0) -> tuple[int, int]:
-    deadline = time.monotonic() + timeout
-    while (got := state(cri, cid))[0] == cri.pb.CONTAINER_RUNNING:
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    return got
+def wait_not_running(cri: CriClient, cid: str) -> tuple[int, int]:
+    """The container's (state, started_at) once it is not running (a stop takes a while)."""
+    return wait_until(lambda: (got := state(cri, cid))[0] != cri.pb.CONTAINER_RUNNING and got,
+                      f"container {cid} not running", seen=lambda: state(cri, cid))
 
 
 def test_container_created_while_plugin_was_down_is_stopped_when_it_starts(
@@ -105,14 +103,6 @@ def test_container_created_while_plugin_was_down_is_stopped_when_it_starts(
 CLOSED = "nothing in doubt: closing the start guard's connection"
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.02)
-
-
 def test_start_guard_is_connected_only_while_a_container_is_in_doubt(
     ctrd: Containerd, specs: Path
 ) -> None:
@@ -130,9 +120,10 @@ def test_start_guard_is_connected_only_while_a_container_is_in_doubt(
         mark = ctrd.log_path.stat().st_size
         plugin = start_plugin(ctrd, specs, "ondemand.log")
         try:
-            plugin.wait_for_log(CLOSED, timeout=40)  # after the guard's 10 s linger
-            wait_for(lambda: guard_closed in runtime_log(),
-                     "containerd never saw the guard's connection close")
+            plugin.wait_for_log(CLOSED)  # after the guard's 10 s linger
+            wait_until(lambda: guard_closed in runtime_log(),
+                       "containerd to see the guard's connection close",
+                       seen=lambda: runtime_log()[-3000:])
             log = runtime_log()
             # The guard registered (and synchronized) before the injector did.
             assert log.index('"10-nri-cdi-guard" connected') < log.index(
@@ -143,14 +134,14 @@ def test_start_guard_is_connected_only_while_a_container_is_in_doubt(
             plugin.kill()
             waiting = cri.create_container(pod, "waiting", BUSYBOX_IMAGE, command=SLEEP)
             after = plugin.log_size()
-            plugin.start(timeout=30)
+            plugin.start()
             plugin.wait_for_log(f"({waiting}) of pod default/ondemand, created without its "
                                 "devices while the plugin was away, is created but not started",
                                 after=after)
             assert CLOSED not in plugin.log(after)  # a container is in doubt: it stays
             with pytest.raises(cri.grpc.RpcError, match="created while the plugin was away"):
                 cri.start_container(waiting)
-            plugin.wait_for_log(CLOSED, timeout=40, after=after)  # no doubt: it goes
+            plugin.wait_for_log(CLOSED, after=after)  # no doubt: it goes
         finally:
             plugin.kill()
 
@@ -159,16 +150,21 @@ def test_start_guard_is_connected_only_while_a_container_is_in_doubt(
 
 SLOW_PLUGIN = """
 import sys, time
+from pathlib import Path
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.stub import Stub
 import asyncio
 
+flags = Path(sys.argv[2])
+
 class Slow(Plugin):
     def create_container(self, pod, container):
+        (flags / "creating").touch()  # the test links our plugin in now
         time.sleep(1.5)  # holds the runtime's NRI lock: what a slow plugin does
         return None
 
-asyncio.run(Stub(Slow(), name="slow", idx="05", socket_path=sys.argv[1]).run())
+asyncio.run(Stub(Slow(), name="slow", idx="05", socket_path=sys.argv[1],
+                 on_connected=lambda stub: (flags / "registered").touch()).run())
 """
 
 
@@ -177,7 +173,9 @@ def test_creation_straddling_the_connection_is_stopped_at_start(
 ) -> None:
     """Defect 3: CreateContainer starts before we register, so neither it nor (racing)
     Synchronize shows us the container; the check at start must stop it."""
-    slow = subprocess.Popen([sys.executable, "-c", SLOW_PLUGIN, ctrd.nri_socket],
+    flags = tmp_path / "slow-flags"
+    flags.mkdir()
+    slow = subprocess.Popen([sys.executable, "-c", SLOW_PLUGIN, ctrd.nri_socket, str(flags)],
                             env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # Our plugin waits on a socket path that does not exist yet; a symlink to the real
@@ -185,26 +183,31 @@ def test_creation_straddling_the_connection_is_stopped_at_start(
     link = tmp_path / "nri.sock"
     plugin = PluginProcess(str(link), [specs / "cdi"], specs / "defect3.log")
     try:
-        time.sleep(1.0)  # the slow plugin registers
+        wait_until((flags / "registered").exists, "the slow plugin to register",
+                   seen=lambda: f"slow plugin exit status {slow.poll()}")
         with ctrd.cri() as cri, cri.cleanup():
             pod = cri.run_pod("straddle", annotations=ASK)
             plugin.spawn()
-            plugin.wait_for_log("cannot connect to", timeout=30)
+            plugin.wait_for_log("cannot connect to")
             created: list[str] = []
             creator = threading.Thread(target=lambda: created.append(cri.create_container(
                 pod, "straddler", BUSYBOX_IMAGE, command=SLEEP)))
             creator.start()
-            time.sleep(0.4)  # inside the slow plugin's 1.5 s
+            # Inside the slow plugin's hold. On a machine slow enough that we register
+            # only after it, Synchronize shows the container instead: still stopped.
+            wait_until((flags / "creating").exists, "the creation to reach the slow plugin",
+                       seen=lambda: f"created {created}")
             link.symlink_to(ctrd.nri_socket)
-            plugin.wait_for_log(CONNECTED, timeout=10)
-            creator.join(timeout=30)
+            plugin.wait_for_log(CONNECTED)
+            creator.join(timeout=DEFAULT_TIMEOUT)
+            assert created, "the creation did not return"
             cid = created[0]
             assert not has_device(cri, cid)  # created without us
             with pytest.raises(cri.grpc.RpcError, match="created while the plugin was away"):
                 cri.start_container(cid)
             assert state(cri, cid) == (cri.pb.CONTAINER_EXITED, 0)  # never started
-            log = plugin.log()
-            assert f"refused the start of container straddler ({cid}) of pod default/" in log
+            log = plugin.wait_for_log(f"refused the start of container straddler ({cid}) of "
+                                      "pod default/")
             print("straddle seen by:", "Synchronize" if "is created but not started" in log
                   else "PostCreateContainer" if "without passing through" in log
                   else "StartContainer only")
@@ -231,7 +234,8 @@ class Burst:
     pod: str | None = None
 
     def run(self) -> None:
-        with CriClient(self.ctrd.address, timeout=10) as cri:
+        # A call that outlasts this hangs: containerd bounds a plugin's part (2 s here).
+        with CriClient(self.ctrd.address, timeout=DEFAULT_TIMEOUT) as cri:
             for i in range(100000):
                 if self.stop.is_set():
                     return
@@ -251,9 +255,15 @@ class Burst:
         self.thread.start()
         return self
 
+    def more(self, count: int) -> None:
+        """Until the burst has created ``count`` more containers."""
+        target = len(self.created) + count
+        wait_until(lambda: len(self.created) >= target, f"{count} more containers created",
+                   seen=self.summary)
+
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
-        self.thread.join(timeout=60)
+        self.thread.join(timeout=2 * DEFAULT_TIMEOUT)
 
     def summary(self) -> str:
         kinds: dict[str, int] = {}
@@ -267,29 +277,27 @@ class Burst:
             cri.delete_pod(self.pod)
 
 
-def none_runs_without_device(cri: CriClient, ids: list[str], timeout: float = 10.0
-                             ) -> dict[str, int]:
+def none_runs_without_device(cri: CriClient, ids: list[str]) -> dict[str, int]:
     """Every container either has the device or is not running (waits for pending stops)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        tally = {"with device": 0, "never started": 0, "stopped after it ran": 0,
-                 "running without": 0}
-        offenders = []
+    def tally() -> dict[str, int]:
+        counts = {"with device": 0, "never started": 0, "stopped after it ran": 0,
+                  "running without": 0}
         for cid in ids:
             current, started_at = state(cri, cid)
             if has_device(cri, cid):
-                tally["with device"] += 1
+                counts["with device"] += 1
             elif current == cri.pb.CONTAINER_RUNNING:
-                tally["running without"] += 1
-                offenders.append(cid)
+                counts["running without"] += 1
             elif started_at == 0:
-                tally["never started"] += 1
+                counts["never started"] += 1
             else:  # created and started while no plugin was connected (NRI is fail-open)
-                tally["stopped after it ran"] += 1
-        if not offenders or time.monotonic() > deadline:
-            assert not offenders, f"running without their device: {offenders}"
-            return tally
-        time.sleep(0.2)
+                counts["stopped after it ran"] += 1
+        return counts
+
+    return wait_until(lambda: (counts := tally())["running without"] == 0 and counts,
+                      "no container running without its device", interval=0.2,
+                      seen=lambda: [cid for cid in ids if not has_device(cri, cid)
+                                    and state(cri, cid)[0] == cri.pb.CONTAINER_RUNNING])
 
 
 class Watch:
@@ -354,7 +362,7 @@ def test_containerd_restarts_during_a_burst(ctrd: Containerd, specs: Path) -> No
     try:
         with Burst(ctrd) as burst:
             for i in range(restarts):
-                time.sleep(0.6)  # some creations between restarts
+                burst.more(2)  # some creations between restarts
                 before = len(watch.connects)
                 # containerd's own outage grows with what it finds at start: a SIGKILL in
                 # the middle of a creation leaks shims, and containerd 1.7 then spends ~5 s
@@ -365,11 +373,10 @@ def test_containerd_restarts_during_a_burst(ctrd: Containerd, specs: Path) -> No
                     ctrd.start(timeout=RESTART_TIMEOUT)
                 else:
                     ctrd.restart(timeout=RESTART_TIMEOUT)  # SIGTERM
-                deadline = time.monotonic() + 10
-                while len(watch.connects) == before and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                assert len(watch.connects) > before, plugin.log()[-3000:]
-            time.sleep(0.5)
+                wait_until(lambda before=before: len(watch.connects) > before,
+                           f"the plugin connected after restart #{i + 1}",
+                           seen=lambda: plugin.log()[-3000:])
+            burst.more(2)
         watch.close()
         times, registered = watch.reconnect_times(), watch.registered_times()
         for what, values in (("connected", times), ("registered", registered)):
@@ -377,8 +384,11 @@ def test_containerd_restarts_during_a_burst(ctrd: Containerd, specs: Path) -> No
                   f"median {statistics.median(values) * 1e3:.0f} ms, "
                   f"max {max(values) * 1e3:.0f} ms; "
                   f"all: {', '.join(f'{v * 1e3:.0f}' for v in values)} ms")
+        # Connected to every new socket. How soon (within a poll interval of the socket
+        # accepting) is the stub's own clock's business: tests/nri_plugin/test_reconnect.py
+        # checks it exactly; the figures above are what this machine made of it.
         assert len(times) == restarts
-        assert max(times) <= 1.0  # the plugin's part, every time
+        assert max(times) < RESTART_TIMEOUT
         assert max(registered) < RESTART_TIMEOUT
         assert burst.hangs == []
         with ctrd.cri() as cri:
@@ -399,16 +409,16 @@ def test_plugin_killed_mid_burst_and_restarted(ctrd: Containerd, specs: Path) ->
             early = cri.create_container(pod, "early", BUSYBOX_IMAGE, command=SLEEP)
             with Burst(ctrd) as burst:
                 for round_ in range(3):
-                    time.sleep(0.8)
+                    burst.more(2)
                     plugin.kill()  # SIGKILL, mid-burst
                     late = cri.create_container(pod, f"late{round_}", BUSYBOX_IMAGE,
                                                 command=SLEEP)  # while we are down
-                    plugin.start(timeout=30)
+                    plugin.start()
                     with pytest.raises(cri.grpc.RpcError,
                                        match="created while the plugin was away"):
                         cri.start_container(late)
                     assert state(cri, late) == (cri.pb.CONTAINER_EXITED, 0)
-                time.sleep(0.5)
+                burst.more(2)
             # Created through the first plugin, started under the fourth: not stopped.
             cri.start_container(early)
             assert has_device(cri, early)

@@ -175,7 +175,7 @@ def refusal(cri: CriClient, pod: str, name: str, **kwargs: Any) -> str:
 
 # How long containerd's own CDI may take to see a claim written or deleted (its watcher
 # rereads every spec file; on a loaded 2-core machine that has taken over 100 ms).
-NATIVE_CDI_SETTLE = 10.0
+NATIVE_CDI_SETTLE = 60.0
 
 
 def claimed(mode: str, cri: CriClient, pod: str, name: str, request: dict[str, Any], *,

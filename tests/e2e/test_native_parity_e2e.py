@@ -207,7 +207,7 @@ def test_what_nri_cannot_carry(ctrd: Containerd, plugin: PluginProcess, cri: Cri
             assert opened.exit_code != 0 and "Operation not permitted" in opened.stderr
     else:
         assert 4242 in ours["gids"]
-    assert "handed to the runtime's own CDI" in plugin.log()
+    plugin.wait_for_log("handed to the runtime's own CDI")  # logged once the reply is out
     # Confirmed when the container goes (no StartContainer round trip to confirm it).
     cri.stop_container(ours_id)
     cri.remove_container(ours_id)

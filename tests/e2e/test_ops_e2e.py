@@ -3,11 +3,11 @@ writes, started by containerd itself from its NRI plugin folder."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
+from nri_cdi_testbed.waiting import wait_until
 from nri_plugin.ops.status import CONNECTED, DISCONNECTED, LAUNCHED_SOCKET, Reading, read_status
 from nri_plugin.ops.units import render_launcher
 from tests.e2e.conftest import ContainerdFactory
@@ -25,12 +25,14 @@ def specs(tmp_path_factory: pytest.TempPathFactory) -> Path:
                        {"ops.yaml": simple_spec(KIND, "a", env="OPS=1")})
 
 
-def _wait_for(path: Path, text: str, timeout: float = 20.0) -> str:
-    deadline = time.monotonic() + timeout
-    while text not in (content := path.read_text() if path.exists() else ""):
-        assert time.monotonic() < deadline, content[-3000:] or "no log"
-        time.sleep(0.05)
-    return content
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _wait_for(path: Path, text: str) -> str:
+    """The log at ``path`` once it says ``text``."""
+    return wait_until(lambda: text in (content := _read(path)) and content,
+                      f"{path.name} to say {text!r}", seen=lambda: _read(path)[-3000:])
 
 
 def test_installed_launcher_is_started_by_containerd(
@@ -63,14 +65,14 @@ def test_installed_launcher_is_started_by_containerd(
 # --- doctor confirms the plugin without metrics (its status file) -------------------------
 
 
-def _wait_for_state(status_dir: Path, state: str, timeout: float = 30.0) -> Reading:
-    deadline = time.monotonic() + timeout
-    while True:
+def _wait_for_state(status_dir: Path, state: str) -> Reading:
+    def reached() -> Reading | None:
         reading = read_status(str(status_dir), "nri-cdi", "10")
-        if reading.status is not None and reading.status.state == state:
-            return reading
-        assert time.monotonic() < deadline, f"status never {state}: {reading}"
-        time.sleep(0.05)
+        ok = reading.status is not None and reading.status.state == state
+        return reading if ok else None
+
+    return wait_until(reached, f"the status file to say {state}",
+                      seen=lambda: str(read_status(str(status_dir), "nri-cdi", "10")))
 
 
 def _doctor(ctrd: Containerd, status_dir: Path, *,
@@ -207,15 +209,13 @@ def test_metrics_and_health_count_real_injections(
         assert _sample(metrics, "nri_cdi_reconnects_total") == 0
 
         ctrd.stop_daemon()
-        deadline = time.monotonic() + 10
-        while _get(base + "/healthz")[0] != 503:
-            assert time.monotonic() < deadline, "health stayed ok with containerd down"
-            time.sleep(0.05)
+        wait_until(lambda: _get(base + "/healthz")[0] == 503,
+                   "health to say 503 with containerd down",
+                   seen=lambda: _get(base + "/healthz"))
         ctrd.start()
-        deadline = time.monotonic() + 30
-        while _get(base + "/healthz")[0] != 200:
-            assert time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.1)
+        wait_until(lambda: _get(base + "/healthz")[0] == 200,
+                   "health to say 200 with containerd back",
+                   seen=lambda: (_get(base + "/healthz"), _read(log)[-2000:]))
         _, metrics = _get(base + "/metrics")
         assert _sample(metrics, "nri_cdi_reconnects_total") == 1
         assert _get(base + "/livez")[0] == 200

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import os
 import stat
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from nri_cdi_testbed.waiting import wait_until
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
@@ -113,7 +113,7 @@ def test_pod_annotation_injects_device_mount_env_and_hook(
     if runtime_of(cri).native_fills_file_mode:
         wanted["fileMode"] = stat.S_IMODE(os.stat(node / "host" / "gpu0").st_mode)
     assert wanted in spec["linux"]["devices"]
-    assert "injected container=app" in plugin.log()
+    plugin.wait_for_log("injected container=app")  # logged once the reply is out
 
 
 def test_per_container_key_reaches_only_the_named_container(
@@ -175,7 +175,7 @@ def test_plugin_reconnects_when_containerd_restarts(
 ) -> None:
     mark = plugin.log_size()
     ctrd.restart()
-    plugin.wait_for_log("connected to containerd", timeout=30, after=mark)
+    plugin.wait_for_log("connected to containerd", after=mark)
     with ctrd.cri() as cri, cri.cleanup():
         pod = cri.run_pod("after", annotations={"cdi.k8s.io/gpu": f"{KIND}=1"})
         assert "TEST_GPU=1" in sh(cri, run(cri, pod, "app"), "env")
@@ -191,14 +191,15 @@ def test_runtime_launched_plugin_injects(containerd: ContainerdFactory, node: Pa
     log = node / "launched.log"
     launcher = launcher_script(node / "launcher", [node / "cdi"], log)
     launched = containerd(nri_plugins={"10-nri-cdi": launcher})
-    deadline = time.monotonic() + 15
-    while "connected to containerd" not in (log.read_text() if log.exists() else ""):
-        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
-        time.sleep(0.05)
+    def logged() -> str:
+        return log.read_text(errors="replace") if log.exists() else ""
+
+    wait_until(lambda: "connected to containerd" in logged(),
+               "the launched plugin to connect", seen=lambda: logged()[-3000:] or "no log")
     with launched.cri() as cri, cri.cleanup():
         pod = cri.run_pod("launched", annotations={"cdi.k8s.io/gpu": f"{KIND}=0"})
         assert "TEST_GPU=0" in sh(cri, run(cri, pod, "app"), "env")
-    assert "plugin 10-nri-cdi starting" in log.read_text()
+    assert "plugin 10-nri-cdi starting" in logged()  # logged before it connected
 
 
 # --- the same as containerd's own CDI --------------------------------------------------------
@@ -227,6 +228,8 @@ def test_same_result_as_containerd_native_cdi(containerd: ContainerdFactory, nod
             ours_pod = cri.run_pod("ours", annotations={"cdi.k8s.io/gpu": ",".join(devices)})
             ours = cri.runtime_spec(cri.create_container(ours_pod, "app", BUSYBOX_IMAGE,
                                                          command=SLEEP))
+            if both.major >= 2:  # logged once the reply is out: before the plugin is killed
+                plugin.wait_for_log("handed to the runtime's own CDI")
     finally:
         plugin.kill()
     expected, got = _our_part(native), _our_part(ours)
@@ -267,7 +270,8 @@ def test_config_file_json_logs_and_metrics_count_real_injections(
     process = PluginProcess(ctrd.nri_socket, [node / "cdi"], tmp_path / "plugin.log",
                             extra_args=["--config", str(config)]).start()
     try:
-        port = re.search(r"127\.0\.0\.1:(\d+)/metrics", process.log()).group(1)  # type: ignore
+        port = re.search(r"127\.0\.0\.1:(\d+)/metrics",  # logged before it connects
+                         process.log()).group(1)  # type: ignore[union-attr]
         base = f"http://127.0.0.1:{port}"
         assert json.loads(urllib.request.urlopen(f"{base}/healthz").read())["connected"]
         with ctrd.cri() as cri, cri.cleanup():
@@ -283,6 +287,7 @@ def test_config_file_json_logs_and_metrics_count_real_injections(
         assert 'nri_cdi_injections_total{outcome="refused"} 1.0' in text
         assert 'nri_cdi_denials_total{rule="sources.podAnnotations.namespaces"} 1.0' in text
         assert "nri_cdi_registry_devices 2.0" in text
+        process.wait_for_log("injected container=app")  # logged once the reply is out
         lines = [json.loads(line) for line in process.log().splitlines() if line.startswith("{")]
         assert any("injected container=app" in line["message"] for line in lines)
         assert "plugin 12-nri-cdi starting" in process.log()  # the config's index

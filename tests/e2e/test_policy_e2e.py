@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from nri_cdi_testbed.waiting import wait_until
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
@@ -187,7 +188,7 @@ def test_visible_devices_env_for_privileged_only(
                                 env={"NVIDIA_VISIBLE_DEVICES": "1"})
         assert gpus(cri, ctr) == []  # ignored: not privileged
         ctr = run_privileged(cri, "priv", {"NVIDIA_VISIBLE_DEVICES": "1"})
-        assert "devices=nvidia.com/gpu=1" in plugin.log()
+        plugin.wait_for_log("devices=nvidia.com/gpu=1")
         assert sh(cri, ctr, f"test -e {LIB}/libcuda.so.{DRIVER} && echo yes") == "yes\n"
     finally:
         plugin.kill()
@@ -299,11 +300,10 @@ def _state(cri: CriClient, container: str) -> int:
     return int(cri.container_status(container).status.state)
 
 
-def _wait_state(cri: CriClient, container: str, state: int, timeout: float = 10.0) -> int:
-    deadline = time.monotonic() + timeout
-    while (got := _state(cri, container)) != state and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return got
+def _wait_state(cri: CriClient, container: str, state: int) -> int:
+    wait_until(lambda: _state(cri, container) == state, f"container {container} in state "
+               f"{state}", seen=lambda: _state(cri, container))
+    return state
 
 
 @pytest.mark.parametrize("action", ["evict", "report"])
@@ -323,7 +323,11 @@ def test_fail_closed_after_plugin_was_away(cri: CriClient, ctrd: Containerd, gpu
             assert _wait_state(cri, unserved, exited) == exited
         else:
             plugin.wait_for_log("fail-closed report: container gpu")
-            time.sleep(0.3)
+            # Whatever the plugin does after its report it has done by the time it has
+            # served a container created later.
+            later = cri.run_pod("later", annotations={"cdi.k8s.io/gpu": f"{GPU}=0"})
+            cri.run_container(later, "later", BUSYBOX_IMAGE, command=SLEEP)
+            plugin.wait_for_log("container=later pod=default/later")
             assert _state(cri, unserved) == running
         assert _state(cri, plain) == running  # asked for nothing: left alone
         assert "container plain" not in plugin.log()

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 import yaml
 
 from nri_cdi_testbed.simnode import BuiltNode, NodeLayout, build_node
+from nri_cdi_testbed.waiting import wait_until
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.images import BUSYBOX_IMAGE
@@ -68,23 +68,29 @@ class Watch:
     def regenerations(self) -> int:
         return self.log().count(REGENERATED)
 
-    def wait_regenerations(self, count: int, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while self.regenerations() < count:
-            assert self.process.poll() is None, f"watch exited:\n{self.log()}"
-            assert time.monotonic() < deadline, f"no regeneration #{count}:\n{self.log()}"
-            time.sleep(0.05)
+    def _running(self) -> None:
+        assert self.process.poll() is None, f"watch exited:\n{self.log()}"
 
-    def just_after_periodic_check(self, timeout: float = 20.0) -> None:
+    def wait_regenerations(self, count: int) -> None:
+        def regenerated() -> bool:
+            self._running()
+            return self.regenerations() >= count
+
+        wait_until(regenerated, f"regeneration #{count}", seen=lambda: self.log()[-3000:])
+
+    def just_after_periodic_check(self) -> None:
         """Return right after a periodic generator run finished. The next one is then a
         whole resync interval away, so a change made now is seen by the poller (and
         settled) before any periodic run could read it half-made: the count of
         regenerations per change is exact, not a race."""
         seen = self.log().count("(periodic check)")
-        deadline = time.monotonic() + timeout
-        while self.log().count("(periodic check)") == seen:
-            assert time.monotonic() < deadline, f"no periodic check:\n{self.log()}"
-            time.sleep(0.01)
+
+        def checked() -> bool:
+            self._running()
+            return self.log().count("(periodic check)") > seen
+
+        wait_until(checked, "the next periodic check", interval=0.005,
+                   seen=lambda: self.log()[-3000:])
 
     def stop(self) -> None:
         self.process.terminate()
@@ -99,8 +105,15 @@ class Loop:
     pod_annotations: dict[str, str]
     results: list[tuple[int, Any]] = field(default_factory=list)  # (n, runtime spec | error)
     stopping: threading.Event = field(default_factory=threading.Event)
+    stopped: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.stopped.set()
+
+    def _run(self) -> None:
         with self.ctrd.cri() as cri, cri.cleanup():
             pod = cri.run_pod("refresh", annotations=self.pod_annotations)
             n = 0
@@ -122,12 +135,11 @@ class Loop:
     def count(self) -> int:
         return len(self.results)
 
-    def wait_for(self, more: int, timeout: float = 30.0) -> None:
+    def wait_for(self, more: int) -> None:
         target = self.count() + more
-        deadline = time.monotonic() + timeout
-        while self.count() < target:
-            assert time.monotonic() < deadline, "container loop stalled"
-            time.sleep(0.05)
+        wait_until(lambda: self.count() >= target or self.stopped.is_set(),
+                   f"{more} more containers from the loop", seen=lambda: self.results[-3:])
+        assert not self.stopped.is_set() or self.count() >= target, "the loop ended"
 
 
 def spec_edits(text: str) -> tuple[frozenset[str], frozenset[str]]:
@@ -161,8 +173,10 @@ def setup(nodes: dict[str, BuiltNode], containerd: ContainerdFactory,
                      "disabled_hooks": ["all"], "device_name_strategies": ["index"],
                      # no additionalGids: NRI cannot carry them on containerd < 1.7.30
                      "extra_args": ["--cdi-version", "0.6.0"]},
-        # a short resync: the quiet phase below sees several "nothing changed" runs
-        "watch": {"poll_interval": 0.2, "settle": 0.3, "resync_interval": 1.0},
+        # A resync short enough for the quiet phases below to see several "nothing changed"
+        # runs, and settle and resync long enough that a change being copied in on a loaded
+        # machine is not read half-made (it would count as a second regeneration).
+        "watch": {"poll_interval": 0.2, "settle": 1.0, "resync_interval": 4.0},
     }))
     watch = Watch(config, tmp_path / "watch.log")
     plugin: PluginProcess | None = None
@@ -193,7 +207,9 @@ def test_driver_upgrade_and_mig_change_regenerate_once_each_without_failures(
     versions = [spec_edits(spec_path.read_text())]
     loop.wait_for(5)
 
-    time.sleep(2.5)  # quiet: polls and two periodic generator runs, nothing to write
+    # Quiet: polls and two periodic generator runs, nothing to write.
+    watch.just_after_periodic_check()
+    watch.just_after_periodic_check()
     assert watch.regenerations() == 1, watch.log()
     assert "spec up to date (periodic check)" in watch.log()
 
@@ -208,9 +224,11 @@ def test_driver_upgrade_and_mig_change_regenerate_once_each_without_failures(
     watch.wait_regenerations(3)
     versions.append(spec_edits(spec_path.read_text()))
     loop.wait_for(8)
-    time.sleep(1.5)
+    # Quiet again: the periodic runs after the last change write nothing.
+    watch.just_after_periodic_check()
+    watch.just_after_periodic_check()
     loop.stopping.set()
-    time.sleep(0.5)
+    wait_until(loop.stopped.is_set, "the container loop to end", seen=lambda: loop.results[-1:])
 
     assert watch.regenerations() == 3, watch.log()
     log = watch.log()

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from nri_cdi_testbed.waiting import wait_until
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.images import BUSYBOX_IMAGE
@@ -58,17 +59,13 @@ def _replace(path: Path, text: str) -> None:
     tmp.rename(path)
 
 
-def _env_once_served(ctrd: Containerd, pod: str, cri: Any, plugin: Any, device: str,
-                     timeout: float = 20.0) -> str:
+def _env_once_served(ctrd: Containerd, pod: str, cri: Any, plugin: Any,
+                     device: str) -> list[str]:
     """``_env`` of a new container asking for ``device``, retried until the plugin serves it
     (the registry takes a changed file after its event and a short settle)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return _env(ctrd, pod, cri, f"c1-{time.monotonic_ns()}", device)
-        except Exception:
-            assert time.monotonic() < deadline, plugin.log()[-3000:]
-            time.sleep(0.2)
+    return wait_until(lambda: _env(ctrd, pod, cri, f"c1-{time.monotonic_ns()}", device),
+                      f"a container served {device}", interval=0.2, retry_on=(Exception,),
+                      seen=lambda: plugin.log()[-3000:])
 
 
 def _env(ctrd: Containerd, pod: str, cri: Any, name: str, device: str) -> list[str]:
@@ -201,11 +198,11 @@ def test_rewrites_in_place_and_renames_during_a_creation_loop(
                         handle.write(data[start:start + 40])
                         handle.flush()
                         time.sleep(0.01)
-            time.sleep(0.1)
-        deadline = time.monotonic() + 20
-        while not any(isinstance(r, list) and _version_of(r) == rounds for r in results[-3:]):
-            assert time.monotonic() < deadline, "the last version was never served"
-            time.sleep(0.1)
+            # The next version only once a container got this one, however slow the
+            # machine: every version is served in turn while the loop and the churn go on.
+            wait_until(lambda version=version: any(
+                isinstance(r, list) and _version_of(r) >= version for r in results[-3:]),
+                f"version {version} served", seen=lambda: results[-3:])
     finally:
         stop.set()
         loop.join(timeout=60)

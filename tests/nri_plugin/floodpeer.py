@@ -57,7 +57,7 @@ class FloodedPlugin:
                 stdout=log, stderr=log, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
         return await self.connection()
 
-    async def connection(self, timeout: float = 30.0) -> RuntimePeer:
+    async def connection(self, timeout: float = 120.0) -> RuntimePeer:
         """The injector's next connection, handshake done. The start guard's connection,
         which comes first (nri_plugin/ops/guarded.py), is answered and kept in
         ``guards``."""
@@ -79,6 +79,9 @@ class FloodedPlugin:
 
     def log_size(self) -> int:
         return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def close(self) -> None:
         if self.process is not None and self.process.poll() is None:

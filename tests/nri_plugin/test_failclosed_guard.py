@@ -93,7 +93,7 @@ def in_cgroup(root: Path, path: str, pids: list[int]) -> None:
 
 def killed(proc: subprocess.Popen[bytes]) -> bool:
     try:
-        return proc.wait(timeout=5) == -9
+        return proc.wait(timeout=60) == -9
     except subprocess.TimeoutExpired:
         proc.kill()
         return False

@@ -383,7 +383,7 @@ def test_create_container_over_a_socket_refuses_only_the_bad_request(
         reply = nri_pb2.CreateContainerResponse.FromString(ok.payload)
         assert [d.path for d in reply.adjust.linux.devices] == ["/dev/ctl", "/dev/gpu1"]
         peer.close()
-        await asyncio.wait_for(runner, 5)
+        await asyncio.wait_for(runner, 60)
 
     asyncio.run(asyncio.wait_for(main(), 20))
 

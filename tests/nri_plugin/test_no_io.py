@@ -213,7 +213,7 @@ def test_create_container_over_the_wire_with_nvidia_rules_does_no_io(
         finally:
             _armed_everywhere = False
         peer.close()
-        await asyncio.wait_for(runner, 5)
+        await asyncio.wait_for(runner, 60)
         return answers
 
     with _deferred_logging():

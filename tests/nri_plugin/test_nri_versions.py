@@ -219,7 +219,7 @@ def test_over_the_wire_as_containerd(snapshot: Snapshot, version: str,
                 None)
         finally:
             peer.close()
-            await asyncio.wait_for(runner, 5)
+            await asyncio.wait_for(runner, 60)
 
     ours = asyncio.run(asyncio.wait_for(main(), 10))
     native = _native(snapshot, BASE, names)

@@ -7,20 +7,20 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from nri_cdi_testbed.waiting import wait_until_async
 from nri_plugin.ops.policy_reload import PolicyReloader
 from nri_plugin.plugins.cdi_injector.policy import Policy, load_policy
 
 
-async def _until(predicate: Any, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise TimeoutError("condition never held")
-        await asyncio.sleep(0.02)
+async def _until(reloader: PolicyReloader, reloads: int, rejected: int = 0) -> None:
+    def counts() -> tuple[int, int]:
+        return reloader.reloads, reloader.rejected
+
+    await wait_until_async(lambda: counts() == (reloads, rejected),
+                           f"{reloads} reloads and {rejected} rejected", seen=counts)
 
 
 def test_reload_on_change_refuse_bad_and_sighup(tmp_path: Path,
@@ -37,16 +37,16 @@ def test_reload_on_change_refuse_bad_and_sighup(tmp_path: Path,
             tmp = tmp_path / "policy.new"  # replaced by rename, as editors do
             tmp.write_text("privilegedExempt: true\n")
             tmp.rename(path)
-            await _until(lambda: reloader.reloads == 1)
+            await _until(reloader, 1)
             assert current[-1].privileged_exempt is True
             path.write_text("privilegedExempt: yes please\nnope: 1\n")
-            await _until(lambda: reloader.rejected == 1)
+            await _until(reloader, 1, 1)
             assert len(current) == 2  # the old policy stays
             path.write_text("privilegedExempt: false\n")
-            await _until(lambda: reloader.reloads == 2)
+            await _until(reloader, 2, 1)
             assert current[-1].privileged_exempt is False
             os.kill(os.getpid(), signal.SIGHUP)  # forced, even though unchanged
-            await _until(lambda: reloader.reloads == 3)
+            await _until(reloader, 3, 1)
         finally:
             reloader.stop(loop)
 

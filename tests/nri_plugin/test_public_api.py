@@ -74,8 +74,8 @@ def test_documented_plugin_runs_against_the_runtime_peer(tmp_path: Path) -> None
         peer.close()
 
     try:
-        asyncio.run(asyncio.wait_for(runtime(), 20))
-        _, stderr = proc.communicate(timeout=10)  # launched by the runtime: exits with it
+        asyncio.run(asyncio.wait_for(runtime(), 120))
+        _, stderr = proc.communicate(timeout=60)  # launched by the runtime: exits with it
     finally:
         if proc.poll() is None:
             proc.kill()

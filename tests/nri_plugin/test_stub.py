@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import socket
 from collections.abc import Awaitable, Callable
@@ -17,6 +18,7 @@ from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.stub import READ_SIZE, RegistrationError, Stub, _Session, plugin_identity
 from nri_plugin.nri.wire import Code
 from tests.nri_runtime_peer import RecordingTransport, RuntimePeer, plugin_call_frame
+from tests.virtual_clock import run_virtual
 
 ENV = {"NRI_PLUGIN_NAME": "cdi", "NRI_PLUGIN_IDX": "42"}
 
@@ -42,7 +44,7 @@ class Injector(Plugin):
         self.removed.append(container.id)
 
 
-def run(coro: Awaitable[Any], timeout: float = 10.0) -> Any:
+def run(coro: Awaitable[Any], timeout: float = 60.0) -> Any:
     return asyncio.run(asyncio.wait_for(coro, timeout))  # type: ignore[arg-type]
 
 
@@ -62,7 +64,7 @@ async def with_pair(
         await test(stub, peer)
     finally:
         peer.close()
-        await asyncio.wait_for(runner, 5)  # a one-shot stub returns on disconnect
+        await asyncio.wait_for(runner, 60)  # a one-shot stub returns on disconnect
     assert peer.parser.violations == []  # every frame obeyed the Go 4096 rule
     return closes
 
@@ -249,7 +251,7 @@ def test_runtime_launched_fd_and_name_quirk() -> None:
         reg, _ = await peer.handshake()
         assert (reg.plugin_name, reg.plugin_idx) == ("cdi", "10")
         peer.close()
-        await asyncio.wait_for(runner, 5)  # launched: exit, never reconnect
+        await asyncio.wait_for(runner, 60)  # launched: exit, never reconnect
 
     run(main())
 
@@ -282,7 +284,7 @@ def test_external_plugin_reconnects_and_stops_on_shutdown(tmp_path: Path) -> Non
         reg, _ = await second.handshake()
         registrations.append(reg.plugin_name)
         assert await second.call("Shutdown", nri_pb2.Empty(), nri_pb2.Empty) == nri_pb2.Empty()
-        await asyncio.wait_for(runner, 5)  # Shutdown: no reconnect
+        await asyncio.wait_for(runner, 60)  # Shutdown: no reconnect
         server.close()
 
     run(main())
@@ -292,23 +294,29 @@ def test_external_plugin_reconnects_and_stops_on_shutdown(tmp_path: Path) -> Non
 
 def test_external_plugin_keeps_retrying_until_stopped(tmp_path: Path) -> None:
     closes: list[object] = []
+    attempts: list[float] = []
 
     async def main() -> None:
+        loop = asyncio.get_running_loop()
         stub = Stub(
             Injector(),
             socket_path=str(tmp_path / "missing.sock"),
             env=ENV,
-            poll_interval=0.01,
+            poll_interval=0.5,
             on_close=lambda s, e: closes.append(e),
+            before_connect=lambda s: attempts.append(loop.time()),
         )
         runner = asyncio.create_task(stub.run())
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(600)  # ten minutes on the stub's clock without a runtime
         assert not runner.done()
         stub.stop()
-        await asyncio.wait_for(runner, 1)
+        await runner
 
-    run(main())
+    run_virtual(main())
     assert closes == []  # never connected, so never closed
+    # Every poll interval all along: no attempt limit, no growing back-off.
+    assert len(attempts) == pytest.approx(600 / 0.5, abs=1)
+    assert max(b - a for a, b in itertools.pairwise(attempts)) == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize(

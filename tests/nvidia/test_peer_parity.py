@@ -1,22 +1,30 @@
-"""Side by side with NVIDIA's ``nvidia-ctk cdi generate`` ($NRI_CDI_PEERS) on 13 simulated
-node layouts, both in NVML mode on the same node through its simulated libnvidia-ml: device
-names, device nodes, mounts, links, ld-cache folders, additionalGids and hooks by subcommand
-must agree, apart from the differences listed in ``peer_parity.INTENDED``
-(docs/reference/nvidia-ctk.md, "Compared with nvidia-ctk's output").  Skipped, with the
-reason, where the peer tools are absent."""
+"""Side by side with NVIDIA's ``nvidia-ctk cdi generate`` on 13 simulated node layouts, both
+in NVML mode on the same node through its simulated libnvidia-ml: device names, device
+nodes, mounts, links, ld-cache folders, additionalGids and hooks by subcommand must agree,
+apart from the differences listed in ``peer_parity.INTENDED``.
+
+nvidia-ctk is not part of this repository. With it at hand ($NRI_CDI_PEERS) each case runs
+it live, checks its recording in tests/data/peers/nvidia-ctk/ still says the same (or, with
+$NRI_CDI_RECORD_PEERS=1, rewrites it); without it, each case compares with the recording
+(docs/reference/nvidia-ctk.md)."""
 
 from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from nri_cdi_testbed.simnode import BuiltNode, NodeLayout
 from tests.nvidia import peer_parity
+from tests.nvidia.conftest import CAN_MKNOD
+from tests.peers import RECORD_ENV, recording_requested
 
-REASON = peer_parity.why_not_runnable() or (
-    None if importlib.util.find_spec("pynvml") else "nvidia-ml-py (pynvml) is not installed")
+LIVE_REASON = peer_parity.why_not_runnable()  # None: nvidia-ctk runs here
+REASON = ("nvidia-ml-py (pynvml) is not installed" if not importlib.util.find_spec("pynvml")
+          else None if CAN_MKNOD  # the recordings are of nodes with their device nodes
+          else "the simulated nodes' device nodes need root (mknod)")
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 NodeFactory = Callable[[str, NodeLayout], BuiltNode]
@@ -60,6 +68,26 @@ def test_thirteen_layouts() -> None:
     assert len(CASES) == 13
 
 
+def nvidia_ctk(case: str, node: BuiltNode, options: tuple[str, ...]) -> dict[str, Any]:
+    """nvidia-ctk's summary for ``case``: live where it runs here (its recording checked,
+    or rewritten when asked), else the recording."""
+    if LIVE_REASON is not None:
+        if recording_requested():
+            pytest.fail(f"{RECORD_ENV}=1 needs nvidia-ctk: {LIVE_REASON}")
+        return peer_parity.Recording.load(case).summary
+    live = peer_parity.summary(peer_parity.run(peer_parity.ctk_argv(node, options)), node)
+    fresh = peer_parity.Recording(case, peer_parity.peer_version(), options, live)
+    if recording_requested():
+        fresh.save()
+        return live
+    recorded = peer_parity.Recording.load(case)
+    assert (recorded.version, recorded.arguments, recorded.summary) == (
+        fresh.version, fresh.arguments, fresh.summary), (
+        f"the recording of {case!r} ({recorded.version}) is not what the live nvidia-ctk "
+        f"({fresh.version}) says: rerun with {RECORD_ENV}=1 and review the diff")
+    return live
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_same_as_nvidia_ctk(case: str, built: Callable[[NodeLayout], BuiltNode],
                             gcc_m32: bool) -> None:
@@ -69,7 +97,7 @@ def test_same_as_nvidia_ctk(case: str, built: Callable[[NodeLayout], BuiltNode],
     node = built(layout)
     options = ("--mode", "nvml", *extra)
     ours = peer_parity.summary(peer_parity.run(peer_parity.ours_argv(node, options)), node)
-    theirs = peer_parity.summary(peer_parity.run(peer_parity.ctk_argv(node, options)), node)
+    theirs = nvidia_ctk(case, node, options)
     assert peer_parity.differences(ours, theirs) == []
     # The comparison is not vacuous: there is something to agree on.
     assert ours["devices"] and ours["common"]["mounts"]
@@ -81,6 +109,19 @@ def test_a_difference_is_reported(built: Callable[[NodeLayout], BuiltNode]) -> N
     node = built(MIG)
     ours = peer_parity.summary(peer_parity.run(peer_parity.ours_argv(node, ["--mode", "nvml"])),
                                node)
-    theirs = peer_parity.summary(peer_parity.run(peer_parity.ctk_argv(
-        node, ["--mode", "nvml", "--device-id", "0"])), node)
+    theirs = nvidia_ctk("mig-device-id-0", node, ("--mode", "nvml", "--device-id", "0"))
     assert any(line.startswith("device names") for line in peer_parity.differences(ours, theirs))
+
+
+def test_every_case_is_recorded_and_every_recording_is_a_case() -> None:
+    recorded = {path.stem for path in peer_parity.Recording.path("x").parent.glob("*.yaml")}
+    assert recorded == {*CASES, "mig-device-id-0"}
+    versions = {peer_parity.Recording.load(case).version for case in recorded}
+    assert len(versions) == 1, f"recorded with different nvidia-ctk versions: {versions}"
+
+
+def test_intended_differences_are_documented() -> None:
+    """INTENDED is the list; the docs page names each entry, so a reader finds them."""
+    page = (peer_parity.REPO / "docs/developer/nvidia-ctk-parity.md").read_text()
+    assert all(f"`{key}`" in page for key in peer_parity.INTENDED), [
+        key for key in peer_parity.INTENDED if f"`{key}`" not in page]
