@@ -136,7 +136,9 @@ CAPABILITY_PREFIXES: dict[str, tuple[str, ...]] = {
                  "libnvidia-glsi.so", "libnvidia-fbc.so", "libnvidia-ifr.so",
                  "libnvidia-rtcore.so", "libnvoptix.so", "libGLX_nvidia.so", "libEGL_nvidia.so",
                  "libGLESv2_nvidia.so", "libGLESv1_CM_nvidia.so", "libnvidia-glvkspirv.so",
-                 "libnvidia-cbl.so", "libnvidia-api.so"),
+                 "libnvidia-cbl.so", "libnvidia-api.so", "libnvidia-egl-gbm.so",
+                 "libnvidia-egl-wayland.so", "libnvidia-egl-wayland2.so",
+                 "libnvidia-egl-xcb.so", "libnvidia-egl-xlib.so"),
     "ngx": ("libnvidia-ngx.so", "nvngx.dll", "_nvngx.dll"),
     # The X server's driver and GLX modules.
     "display": ("nvidia_drv.so", "libglxserver_nvidia.so"),

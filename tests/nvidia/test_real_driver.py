@@ -184,7 +184,9 @@ def test_mounts_mode_has_no_by_path_links_and_no_second_rule_per_node(
 NOT_COMPUTE = ("libEGL_nvidia.so", "libGLX_nvidia.so", "libGLESv2_nvidia.so", "libnvcuvid.so",
                "libnvidia-encode.so", "libnvidia-opticalflow.so", "libnvoptix.so",
                "libvdpau_nvidia.so", "libnvidia-glcore.so", "nvoptix.bin", "nvidia_icd.json",
-               "10_nvidia.json", "libnvidia-fbc.so")
+               "10_nvidia.json", "libnvidia-fbc.so", "libnvidia-egl-gbm.so",
+               "libnvidia-egl-wayland.so", "15_nvidia_gbm.json", "nvidia_drv.so",
+               "libglxserver_nvidia.so")
 
 
 @pytest.mark.parametrize("mode", LINK_MODES)
