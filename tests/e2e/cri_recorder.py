@@ -7,14 +7,15 @@ back unchanged. Each call becomes one JSON line in ``out``::
     {"seq": 7, "elapsed": 1.93, "method": "RuntimeService/CreateContainer",
      "request": {...}, "code": "OK", "message": "", "response": {...}}
 
-``seq`` numbers the calls in the order their requests arrived (lines are written as calls end,
+``seq`` numbers the calls in the order they were forwarded (lines are written as calls end,
 so a slow call's line may come after a later one's: sort by ``seq``); ``elapsed`` is seconds
 since the recorder started (monotonic clock); ``request`` and ``response`` are the messages
 decoded with the CRI v1 stubs the e2e set-up compiles (protobuf JSON, proto field names),
 ``unknown_fields`` lists the field paths the stubs do not know (a newer kubelet's), and
 ``code``/``message`` are the reply's gRPC status. A streaming reply is recorded as
 ``responses`` (a list) when it ends. Methods the stubs do not know are forwarded all the
-same and recorded with the request's size only.
+same and recorded with the request's size only. ``mark()`` adds a line of the harness's own
+(method ``#mark``): what it did between two calls, such as killing the NRI plugin.
 
 ``Recording`` reads such a file back (``tests/e2e/test_kubelet_replay_e2e.py`` replays the
 kubelet's calls against a private containerd).
@@ -48,6 +49,10 @@ POLLING = frozenset({
     "RuntimeService/ListPodSandboxMetrics", "RuntimeService/RuntimeConfig",
     "ImageService/ImageStatus", "ImageService/ListImages", "ImageService/ImageFsInfo",
 })
+
+
+# The method of a line the harness wrote itself (CriRecorder.mark).
+MARK = "#mark"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,14 +110,19 @@ class CriRecorder:
     """The proxy: ``start()`` serves ``listen`` (a unix socket path), ``close()`` stops it.
 
     ``skip``: methods ("RuntimeService/ListContainers", ...) forwarded but not written;
-    ``POLLING`` names the kubelet's periodic reads."""
+    ``POLLING`` names the kubelet's periodic reads. ``before(method, request)`` is called
+    with each call's method ("StartContainer") and decoded request before it is forwarded,
+    in the call's own thread: a harness may hold a call there (e.g. a container's start
+    until the plugin is back), which the kubelet sees as a slow runtime."""
 
     def __init__(self, listen: str | Path, upstream: str | Path, out: Path, *,
-                 skip: Collection[str] = (), workers: int = 32) -> None:
+                 skip: Collection[str] = (), workers: int = 32,
+                 before: Callable[[str, Mapping[str, Any]], None] | None = None) -> None:
         self.listen = str(listen)
         self.upstream = str(upstream)
         self.out = out
         self.skip = frozenset(skip)
+        self.before = before
         self._methods = _cri_methods()
         self._lock = threading.Lock()
         self._seq = 0
@@ -160,6 +170,13 @@ class CriRecorder:
         call: Callable[..., Any] = make(path)
         return call
 
+    def mark(self, event: str, **details: Any) -> None:
+        """A line of the harness's own between the calls (``"method": "#mark"``), such as
+        the plugin killed or started again, so that a replay can do the same there."""
+        seq, elapsed = self.next_seq()
+        self.write({"seq": seq, "elapsed": elapsed, "method": MARK,
+                    "request": {"event": event, **details}, "code": "OK", "message": ""})
+
     def write(self, record: Mapping[str, Any]) -> None:
         line = json.dumps(record, sort_keys=False)
         with self._lock:
@@ -198,6 +215,11 @@ class _Forwarding(grpc.GenericRpcHandler):  # type: ignore[misc]
             record["unknown_fields"] = unknown
         return record
 
+    def _before(self, method: _Method, request: bytes) -> None:
+        if self.recorder.before is not None:
+            self.recorder.before(method.name.rpartition("/")[2],
+                                 _decoded(method.request, request)[0])
+
     @staticmethod
     def _timeout(context: grpc.ServicerContext) -> float | None:
         remaining = context.time_remaining()
@@ -208,6 +230,7 @@ class _Forwarding(grpc.GenericRpcHandler):  # type: ignore[misc]
         call = self.recorder.upstream_call(path, streaming=False)
 
         def forward(request: bytes, context: grpc.ServicerContext) -> bytes:
+            self._before(method, request)  # a held call takes its number when it goes on
             record = self._begin(method, request)
             try:
                 reply = bytes(call(request, timeout=self._timeout(context)))
@@ -288,3 +311,65 @@ def read_recording(path: Path) -> list[Call]:
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(f"{path}:{number}: not a CRI recording line: {error}") from None
     return sorted(calls, key=lambda call: call.seq)
+
+
+# --- trimming a recording into test data ----------------------------------------------------
+
+# The calls that change something, kept in test data (with the harness's marks).
+LIFECYCLE = frozenset({"RunPodSandbox", "StopPodSandbox", "RemovePodSandbox", "CreateContainer",
+                       "StartContainer", "StopContainer", "RemoveContainer",
+                       "UpdateContainerResources", MARK})
+# Pod annotations that only repeat the pod (kubectl's copy of what was applied).
+NOISE_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+
+
+def _replace_paths(value: Any, roots: Mapping[str, str]) -> Any:
+    if isinstance(value, str):
+        for path, name in roots.items():
+            value = value.replace(path, name)
+        return value
+    if isinstance(value, list):
+        return [_replace_paths(v, roots) for v in value]
+    if isinstance(value, dict):
+        return {k: _replace_paths(v, roots) for k, v in value.items()}
+    return value
+
+
+def trimmed(lines: Iterable[Mapping[str, Any]], roots: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The lifecycle calls of a raw recording in request order, with each host path under a
+    key of ``roots`` written as its value (``{"/work/run/s/x": "{node}"}``) and the pod
+    annotations that only repeat the pod left out."""
+    out = []
+    for line in sorted(lines, key=lambda raw: int(raw["seq"])):
+        if str(line["method"]).rpartition("/")[2] not in LIFECYCLE:
+            continue
+        record = _replace_paths(dict(line), roots)
+        for holder in (record["request"].get("config"), record["request"].get("sandbox_config")):
+            annotations = holder.get("annotations", {}) if isinstance(holder, dict) else {}
+            for key in NOISE_ANNOTATIONS:
+                annotations.pop(key, None)
+        out.append(record)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.e2e.cri_recorder",
+        description="Trim a raw CRI recording into test data: lifecycle calls only, host "
+                    "paths replaced by names the replay fills in.")
+    parser.add_argument("raw", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--root", action="append", default=[], metavar="PATH=NAME",
+                        help="write PATH as NAME (repeatable; longer paths first)")
+    args = parser.parse_args(argv)
+    pairs = [item.split("=", 1) for item in args.root]
+    roots = dict(sorted(((p, n) for p, n in pairs), key=lambda pn: -len(pn[0])))
+    raw = [json.loads(line) for line in args.raw.read_text().splitlines() if line.strip()]
+    args.out.write_text("".join(json.dumps(r) + "\n" for r in trimmed(raw, roots)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
-from tests.e2e.cri_recorder import POLLING, CriRecorder, read_recording
+from tests.e2e.cri_recorder import MARK, POLLING, CriRecorder, read_recording
 from tests.e2e.images import BUSYBOX_IMAGE
 
 SLEEP = ["sleep", "600"]
@@ -41,6 +42,7 @@ def test_calls_pass_through_and_are_written_in_order(recorded: tuple[CriRecorder
                                env={"GREETING": "hello"},
                                annotations={"cdi.k8s.io/x": "vendor.example/dev=d0"})
     cri.start_container(cid)
+    recorder.mark("plugin killed", signal="KILL")
     through = cri.exec_sync(cid, ["sh", "-c", "echo $GREETING; echo err >&2; exit 3"])
     with ctrd.cri() as direct:
         assert direct.exec_sync(cid, ["sh", "-c", "echo $GREETING; echo err >&2; exit 3"]) \
@@ -55,10 +57,12 @@ def test_calls_pass_through_and_are_written_in_order(recorded: tuple[CriRecorder
 
     calls = read_recording(recorder.out)
     methods = [c.short for c in calls]
-    assert methods == ["RunPodSandbox", "CreateContainer", "StartContainer", "ExecSync",
-                       "ContainerStatus", "StopContainer", "RemoveContainer"], methods
+    assert methods == ["RunPodSandbox", "CreateContainer", "StartContainer", "#mark",
+                       "ExecSync", "ContainerStatus", "StopContainer", "RemoveContainer"], methods
     assert [c.seq for c in calls] == sorted({c.seq for c in calls})
-    run, create, start, exec_, status = calls[:5]
+    run, create, start, mark, exec_, status = calls[:6]
+    assert mark.method == MARK
+    assert mark.request == {"event": "plugin killed", "signal": "KILL"}
     assert run.request["config"]["annotations"] == {"example.com/a": "1"}
     assert run.response["pod_sandbox_id"] == pod
     assert create.request["pod_sandbox_id"] == pod
@@ -145,3 +149,34 @@ def test_a_streaming_call_is_forwarded(recorded: tuple[CriRecorder, CriClient]) 
     (events,) = streams
     assert events.code == "CANCELLED"
     assert any(r.get("container_id") == pod for r in events.responses), events
+
+
+def test_a_call_held_before_it_is_forwarded(ctrd: Containerd, tmp_path: Path) -> None:
+    """``before`` sees each call first and may hold it: a held StartContainer leaves the
+    container created until it is let go, and is numbered when it goes on."""
+    gate = threading.Event()
+    seen: list[str] = []
+
+    def before(method: str, request: Mapping[str, Any]) -> None:
+        seen.append(method)
+        if method == "StartContainer":
+            assert gate.wait(30)
+
+    socket = tmp_path / "cri.sock"
+    with CriRecorder(socket, ctrd.address, tmp_path / "cri.jsonl", before=before) as rec, \
+            CriClient(str(socket)) as cri, cri.cleanup():
+        pod = cri.run_pod("held")
+        cid = cri.create_container(pod, "app", BUSYBOX_IMAGE, command=SLEEP)
+        starting = threading.Thread(target=cri.start_container, args=(cid,))
+        starting.start()
+        deadline = time.monotonic() + 30
+        while "StartContainer" not in seen:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        rec.mark("while held")
+        assert cri.container_status(cid).status.state == cri.pb.CONTAINER_CREATED
+        gate.set()
+        starting.join(30)
+        assert cri.container_status(cid).status.state == cri.pb.CONTAINER_RUNNING
+        methods = [c.short for c in read_recording(rec.out)]
+    assert methods.index("#mark") < methods.index("StartContainer"), methods
