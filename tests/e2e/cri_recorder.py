@@ -337,7 +337,7 @@ def _replace_paths(value: Any, roots: Mapping[str, str]) -> Any:
 
 def trimmed(lines: Iterable[Mapping[str, Any]], roots: Mapping[str, str]) -> list[dict[str, Any]]:
     """The lifecycle calls of a raw recording in request order, with each host path under a
-    key of ``roots`` written as its value (``{"/work/run/s/x": "{node}"}``) and the pod
+    key of ``roots`` written as its value (``{"/srv/session": "{node}"}``) and the pod
     annotations that only repeat the pod left out."""
     out = []
     for line in sorted(lines, key=lambda raw: int(raw["seq"])):
