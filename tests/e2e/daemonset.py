@@ -12,7 +12,10 @@
 * The pod: the DaemonSet's pod template translated to CRI the way the kubelet does it
   (host namespaces, privileges, user, capabilities, read-only root, resources, volumes,
   init containers run to completion first, command and args), the ConfigMap's data as the
-  config volume's files. Nothing of the pod is restated here.
+  config volume's files, plus what a real kubelet adds to every pod and container (its
+  labels and annotations, the /etc/hosts and termination-log mounts, a log folder named
+  <namespace>_<name>_<uid>: ``kubelet_requests.py``, from the recordings). Nothing of the
+  pod is restated here.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,11 +36,13 @@ from typing import Any
 import yaml
 
 from nri_cdi_testbed.simnode import BuiltNode
+from tests.e2e import kubelet_requests
 from tests.e2e.cri import CriClient
 from tests.e2e.images import DEFAULT_PATH, ImageConfig, image_from_tree
 from tests.e2e.paths import REPO
 
 DEPLOY = REPO / "deploy" / "kubernetes"
+POD_NAME, POD_NAMESPACE = "nri-cdi-node", "kube-system"
 DOCKERFILE = DEPLOY / "Dockerfile"
 
 
@@ -236,7 +242,7 @@ POD_FIELDS = {"hostNetwork", "hostPID", "hostIPC", "initContainers", "containers
               # the scheduler's, not the node's
               "nodeSelector", "tolerations", "priorityClassName"}
 CONTAINER_FIELDS = {"name", "image", "imagePullPolicy", "command", "args", "env", "volumeMounts",
-                    "securityContext",
+                    "securityContext", "terminationMessagePath",
                     "resources",
                     # the kubelet's own work: probes are made by the test, ports are the
                     # host's (hostNetwork)
@@ -265,6 +271,7 @@ class PodRunner:
     config_dir: Path
     template: dict[str, Any] = field(default_factory=pod_template)
     pod_id: str = ""
+    uid: str = field(default_factory=lambda: str(uuid.uuid4()))
     sandbox: Any = None
     attempts: dict[str, int] = field(default_factory=dict)
 
@@ -298,17 +305,26 @@ class PodRunner:
             ipc=node if spec.get("hostIPC") else pb.NamespaceMode.POD)
         containers = spec.get("initContainers", []) + spec["containers"]
         privileged = any(c.get("securityContext", {}).get("privileged") for c in containers)
+        # What a kubelet 1.35 adds to every pod (tests/data/kubelet-1.35.6): the pod's
+        # identity as labels, where its config came from as annotations, and a log folder
+        # named <namespace>_<name>_<uid>.
         self.sandbox = pb.PodSandboxConfig(
-            metadata=pb.PodSandboxMetadata(name="nri-cdi-node", uid="ds-uid",
-                                           namespace="kube-system", attempt=0),
-            labels=dict(meta.get("labels", {})), annotations=dict(meta.get("annotations", {})),
-            log_directory=str(self.config_dir / "logs"),
+            metadata=pb.PodSandboxMetadata(name=POD_NAME, uid=self.uid,
+                                           namespace=POD_NAMESPACE, attempt=0),
+            labels={**meta.get("labels", {}), **self._pod_labels()},
+            annotations={**meta.get("annotations", {}), "kubernetes.io/config.source": "api",
+                         "kubernetes.io/config.seen": time.strftime("%Y-%m-%dT%H:%M:%SZ")},
+            log_directory=str(self.config_dir / "logs"
+                              / f"{POD_NAMESPACE}_{POD_NAME}_{self.uid}"),
             linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(
                 namespace_options=options, privileged=privileged)))
         response = self.cri.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=self.sandbox),
                                                   timeout=self.cri.timeout)
         self.pod_id = str(response.pod_sandbox_id)
         return self.pod_id
+
+    def _pod_labels(self) -> dict[str, str]:
+        return kubelet_requests.pod_labels(POD_NAME, POD_NAMESPACE, self.uid)
 
     def container_config(self, container: dict[str, Any]) -> Any:
         pb = self.cri.pb
@@ -321,12 +337,21 @@ class PodRunner:
             command=list(container.get("command", [])), args=list(container.get("args", [])),
             envs=[pb.KeyValue(key=e["name"], value=e["value"])
                   for e in container.get("env", [])],
-            labels={"io.kubernetes.container.name": container["name"]},
+            # the kubelet's labels and annotations (tests/data/kubelet-1.35.6)
+            labels={**self._pod_labels(), "io.kubernetes.container.name": container["name"]},
+            annotations=kubelet_requests.container_annotations(
+                container["name"], attempt, self.spec.get("terminationGracePeriodSeconds", 30),
+                container.get("terminationMessagePath", kubelet_requests.TERMINATION_LOG)),
             log_path=f"{container['name']}/{attempt}.log")
         for mount in container.get("volumeMounts", []):
             config.mounts.add(container_path=mount["mountPath"],
                               host_path=volumes[mount["name"]],
                               readonly=bool(mount.get("readOnly")))
+        files = kubelet_requests.container_files(
+            self.config_dir / "pods" / self.uid, container["name"],
+            container.get("terminationMessagePath", kubelet_requests.TERMINATION_LOG))
+        for container_path, host_path in files.items():
+            config.mounts.add(container_path=container_path, host_path=host_path)
         linux = config.linux.security_context
         linux.privileged = bool(security.get("privileged"))
         linux.readonly_rootfs = bool(security.get("readOnlyRootFilesystem"))

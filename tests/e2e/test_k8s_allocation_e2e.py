@@ -22,6 +22,7 @@ Each test deletes the claims it wrote, as the driver does at unprepare.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -35,6 +36,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.e2e import kubelet_requests
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
@@ -45,6 +47,7 @@ from tests.e2e.plugin import REPO, PluginProcess
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None,
                                 reason="gcc is needed to build the simulated node")
 KIND = "k8s.gpu.nvidia.com/claim"
+DEVICE_PLUGIN_SPEC = REPO / "tests" / "data" / "kubelet-1.35.6" / "device-plugin-spec.json"
 SLEEP = ["sleep", "600"]
 
 
@@ -61,6 +64,11 @@ def node(tmp_path_factory: pytest.TempPathFactory, e2e_ready: None) -> dict[str,
                     "--output", str(root / "etc-cdi" / "nvidia.yaml")],
                    check=True, cwd=REPO, capture_output=True)
     spec = yaml.safe_load((root / "etc-cdi" / "nvidia.yaml").read_text())
+    # The device plugin's own spec, as the real one wrote it on this node (its hooks
+    # left out: they would run NVIDIA's nvidia-cdi-hook, which CI does not have).
+    dp_spec = json.loads(DEVICE_PLUGIN_SPEC.read_text().replace("{simnode}", str(built.root)))
+    dp_spec["containerEdits"].pop("hooks", None)
+    (root / "run-cdi" / "k8s.device-plugin.nvidia.com-gpu.json").write_text(json.dumps(dp_spec))
     manifest = BuiltNode.load(built.root).manifest
     caps = built.dev_root / "dev" / "nvidia-caps"
     return {"root": root, "spec": spec, "gpus": manifest["gpus"], "caps": caps,
@@ -145,14 +153,25 @@ def write_claim(node: dict[str, Any], gpu: int, *, mig: bool = False) -> tuple[s
     return f"{KIND}={name}", path
 
 
-def kubelet_claim(mode: str, device: str) -> dict[str, Any]:
-    """What the kubelet sends for a DRA claim: before 1.31 the annotation and CDIDevices,
-    from 1.31 CDIDevices only."""
+def kubelet_claim(node: dict[str, Any], mode: str, device: str) -> dict[str, Any]:
+    """What the kubelet sends for a DRA claim: from 1.31 the device in CDIDevices only (as
+    the recorded kubelet 1.35 does, tests/data/kubelet-1.35.6), before 1.31 the annotation
+    too ("plugin": the only way a plugin sees a claim with the runtime's CDI off); either
+    way with the annotations and mounts the kubelet gives every container."""
     uid = device.split("=", 1)[1].split("-gpu-")[0].split("-mig-")[0]
-    if mode == "plugin":
-        return {"annotations": {f"cdi.k8s.io/gpu.nvidia.com_{uid}": device},
-                "cdi_devices": [device]}
-    return {"cdi_devices": [device]}
+    claim = {f"cdi.k8s.io/gpu.nvidia.com_{uid}": device} if mode == "plugin" else {}
+    return with_kubelet_extras(node, {"annotations": claim, "cdi_devices": [device]})
+
+
+def with_kubelet_extras(node: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
+    """``request`` (create_container arguments) with what a real kubelet adds to every
+    container: its annotations, the pod's /etc/hosts and a termination-message file."""
+    pod_dir = node["root"] / "kubelet" / "pods" / str(uuid.uuid4())
+    return {**request,
+            "annotations": {**kubelet_requests.container_annotations("app"),
+                            **request.get("annotations", {})},
+            "mounts": {**kubelet_requests.container_files(pod_dir, "app"),
+                       **request.get("mounts", {})}}
 
 
 def nvidia_nodes(cri: CriClient, ctr: str) -> list[str]:
@@ -196,7 +215,8 @@ def claimed(mode: str, cri: CriClient, pod: str, name: str, request: dict[str, A
         time.sleep(0.05)
 
 
-def stale_refusal(mode: str, cri: CriClient, pod: str, name: str, device: str) -> str:
+def stale_refusal(node: dict[str, Any], mode: str, cri: CriClient, pod: str, name: str,
+                  device: str) -> str:
     """The refusal of a container naming the deleted claim ``device``: in ``plugin`` at
     once; in ``runtime`` awaited (bounded) while containerd's CDI still serves it, each
     container it let through removed."""
@@ -204,12 +224,12 @@ def stale_refusal(mode: str, cri: CriClient, pod: str, name: str, device: str) -
     while mode == "runtime" and time.monotonic() < deadline:
         try:
             ctr = cri.create_container(pod, name, BUSYBOX_IMAGE, command=SLEEP,
-                                       **kubelet_claim(mode, device))
+                                       **kubelet_claim(node, mode, device))
         except cri.grpc.RpcError as error:
             return str(error.details())
         cri.remove_container(ctr)
         time.sleep(0.05)
-    return refusal(cri, pod, name, **kubelet_claim(mode, device))
+    return refusal(cri, pod, name, **kubelet_claim(node, mode, device))
 
 
 # --- DRA claims -----------------------------------------------------------------------------
@@ -224,7 +244,7 @@ def test_fresh_claims_resolve_on_the_first_try(setup: tuple[str, Containerd], cr
     got = []
     for i in range(20):
         device, _ = write_claim(node, i % 2)
-        ctr = claimed(mode, cri, pod, f"c{i}", kubelet_claim(mode, device))
+        ctr = claimed(mode, cri, pod, f"c{i}", kubelet_claim(node, mode, device))
         got.append(gpu_nodes(cri, ctr) == [f"/dev/nvidia{node['gpus'][i % 2]['minor']}"])
     assert sum(got) == 20, got
 
@@ -237,10 +257,10 @@ def test_a_deleted_claim_is_gone_at_once(setup: tuple[str, Containerd], cri: Cri
     pod = cri.run_pod("deleted")
     for i in range(10):
         device, path = write_claim(node, 1)
-        ctr = claimed(mode, cri, pod, f"live{i}", kubelet_claim(mode, device))
+        ctr = claimed(mode, cri, pod, f"live{i}", kubelet_claim(node, mode, device))
         assert gpu_nodes(cri, ctr) == [f"/dev/nvidia{node['gpus'][1]['minor']}"]
         path.unlink()
-        text = stale_refusal(mode, cri, pod, f"stale{i}", device)
+        text = stale_refusal(node, mode, cri, pod, f"stale{i}", device)
         assert device in text or "unresolvable" in text, text
 
 
@@ -248,7 +268,7 @@ def test_base_gpu_and_a_claim_each_edit_once(setup: tuple[str, Containerd], cri:
                                              node: dict[str, Any]) -> None:
     mode = setup[0]
     device, _ = write_claim(node, 1)
-    claim = kubelet_claim(mode, device)
+    claim = kubelet_claim(node, mode, device)
     pod = cri.run_pod("base")
     base = "nvidia.com/gpu=0"
     if mode == "plugin":
@@ -272,7 +292,7 @@ def test_fifty_claims_one_container_each(setup: tuple[str, Containerd], cri: Cri
     pod = cri.run_pod("fifty")
     ok = 0
     for i, (device, _) in enumerate(claims):
-        ctr = claimed(mode, cri, pod, f"c{i}", kubelet_claim(mode, device))
+        ctr = claimed(mode, cri, pod, f"c{i}", kubelet_claim(node, mode, device))
         ok += gpu_nodes(cri, ctr) == [f"/dev/nvidia{node['gpus'][i % 2]['minor']}"]
     assert ok == 50
     for _, path in claims:
@@ -284,7 +304,7 @@ def test_a_mig_style_claim(setup: tuple[str, Containerd], cri: CriClient,
     mode = setup[0]
     device, _ = write_claim(node, 0, mig=True)
     pod = cri.run_pod("mig")
-    ctr = claimed(mode, cri, pod, "mig", kubelet_claim(mode, device), start=True)
+    ctr = claimed(mode, cri, pod, "mig", kubelet_claim(node, mode, device), start=True)
     nodes = nvidia_nodes(cri, ctr)
     assert {"/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2",
             f"/dev/nvidia{node['gpus'][0]['minor']}"} <= set(nodes), nodes
@@ -299,11 +319,11 @@ def test_a_requirement_refusal_on_a_claim(setup: tuple[str, Containerd], cri: Cr
     mode = setup[0]
     device, _ = write_claim(node, 1)
     pod = cri.run_pod("require")
-    ctr = claimed(mode, cri, pod, "fine", kubelet_claim(mode, device),
+    ctr = claimed(mode, cri, pod, "fine", kubelet_claim(node, mode, device),
                   env={"NVIDIA_REQUIRE_DRIVER": "driver>=500"})
     assert gpu_nodes(cri, ctr) == [f"/dev/nvidia{node['gpus'][1]['minor']}"]
     text = refusal(cri, pod, "req", env={"NVIDIA_REQUIRE_DRIVER": "driver>=999"},
-                   **kubelet_claim(mode, device))
+                   **kubelet_claim(node, mode, device))
     assert "driver>=999" in text, text
 
 
@@ -314,7 +334,7 @@ def test_capabilities_on_a_claim(setup: tuple[str, Containerd], cri: CriClient,
     mode = setup[0]
     device, _ = write_claim(node, 0)
     pod = cri.run_pod("caps")
-    ctr = claimed(mode, cri, pod, "util", kubelet_claim(mode, device), start=True,
+    ctr = claimed(mode, cri, pod, "util", kubelet_claim(node, mode, device), start=True,
                   env={"NVIDIA_DRIVER_CAPABILITIES": "utility"})
     mounts = {m["destination"] for m in cri.runtime_spec(ctr)["mounts"]}
     assert "/usr/bin/nvidia-smi" in mounts
@@ -326,20 +346,21 @@ def test_capabilities_on_a_claim(setup: tuple[str, Containerd], cri: CriClient,
         assert node["libcuda"] not in mounts
     ctr = cri.run_container(pod, "all", BUSYBOX_IMAGE, command=SLEEP,
                             env={"NVIDIA_DRIVER_CAPABILITIES": "all"},
-                            **kubelet_claim(mode, device))
+                            **kubelet_claim(node, mode, device))
     assert node["libcuda"] in {m["destination"] for m in cri.runtime_spec(ctr)["mounts"]}
 
 
 # --- NVIDIA's device plugin strategies ------------------------------------------------------
 
 
-def _strategy(name: str, uid: str) -> dict[str, Any]:
-    device = f"nvidia.com/gpu={uid}"
-    if name == "cdi-annotations":
-        return {"annotations": {f"cdi.k8s.io/nvidia-device-plugin_{uid}": device}}
-    if name == "cdi-cri":
-        return {"cdi_devices": [device]}
-    return {"mounts": {f"/var/run/nvidia-container-devices/{uid}": "/dev/null"}}
+def _strategy(node: dict[str, Any], name: str, uid: str,
+              env: dict[str, str] | None = None) -> dict[str, Any]:
+    """What the kubelet passes for the GPU ``uid`` the device plugin allocated with strategy
+    ``name``, as recorded: its own spec's device (k8s.device-plugin.nvidia.com/gpu) in an
+    annotation or CDIDevices, or a /dev/null mount beside NVIDIA_VISIBLE_DEVICES."""
+    request = kubelet_requests.device_plugin_request(name, uid)
+    merged = {**request.pop("env", {}), **(env or {})}
+    return with_kubelet_extras(node, {**request, **({"env": merged} if merged else {})})
 
 
 @pytest.mark.parametrize("strategy", ["cdi-annotations", "cdi-cri", "volume-mounts"])
@@ -352,16 +373,16 @@ def test_device_plugin_strategy(setup: tuple[str, Containerd], cri: CriClient,
         # The broken set-up doctor reports: before 2.3 the runtime ignores CDIDevices with
         # its CDI off and shows them to no plugin; 2.3 refuses the container.
         if refuses_cdi_devices_with_cdi_off(cri):
-            text = refusal(cri, pod, "app", **_strategy(strategy, gpu["uuid"]))
+            text = refusal(cri, pod, "app", **_strategy(node, strategy, gpu["uuid"]))
             assert REFUSED_WITH_CDI_OFF in text, text
             return
         ctr = cri.create_container(pod, "app", BUSYBOX_IMAGE, command=SLEEP,
-                                   **_strategy(strategy, gpu["uuid"]))
+                                   **_strategy(node, strategy, gpu["uuid"]))
         assert gpu_nodes(cri, ctr) == []
         return
     ctr = cri.run_container(pod, "app", BUSYBOX_IMAGE, command=SLEEP,
-                            **_strategy(strategy, gpu["uuid"]))
+                            **_strategy(node, strategy, gpu["uuid"]))
     assert gpu_nodes(cri, ctr) == [f"/dev/nvidia{gpu['minor']}"]
-    text = refusal(cri, pod, "old-cuda", env={"NVIDIA_REQUIRE_DRIVER": "driver>=999"},
-                   **_strategy(strategy, gpu["uuid"]))
+    text = refusal(cri, pod, "old-cuda", **_strategy(node, strategy, gpu["uuid"],
+                                                     {"NVIDIA_REQUIRE_DRIVER": "driver>=999"}))
     assert "driver>=999" in text, text
