@@ -323,8 +323,7 @@ def test_an_unknown_device_is_named_as_such(snapshot: Snapshot) -> None:
     ctr = container("unknown", **{"cdi.k8s.io/x": "vendor.com/gpu=7"})
     ctr.state = nri_pb2.CONTAINER_RUNNING
     [found] = find_unserved([pod()], [ctr], Policy(), [], Registry(snapshot))
-    assert found.reason.startswith("it asked for vendor.com/gpu=7, which no CDI spec in ")
-    assert found.reason.endswith(" defines")
+    assert found.reason == "it asked for vendor.com/gpu=7, which no CDI spec on the node defines"
 
 
 @pytest.mark.parametrize("path, rel", [
@@ -449,3 +448,26 @@ def test_a_reply_the_runtime_did_not_wait_for_is_still_owed(
     with pytest.raises(RpcError):
         plugin.start_container(pod(), container("late-reply", pid=proc.pid))
     assert killed(proc)
+
+
+def test_a_refused_start_leaves_the_termination_message_to_the_start_error(
+        snapshot: Snapshot, cgroup_root: Path, tmp_path: Path) -> None:
+    """containerd fails a start its plugin refuses, and the kubelet shows that error with
+    the termination message appended: the reason is said once, by the start error."""
+    k8s_pod, ctr, log = kubelet_container(tmp_path, "refused", 0)
+    ctr.state = nri_pb2.CONTAINER_CREATED
+    plugin = guard(snapshot, cgroup_root, runtime="containerd")
+    with pytest.raises(RpcError, match="was created while the plugin was away"):
+        plugin.start_container(k8s_pod, ctr)
+    assert log.read_text() == ""
+
+
+def test_the_refusal_keeps_the_nodes_folders_for_the_log(snapshot: Snapshot) -> None:
+    from nri_plugin.plugins.cdi_injector.claims import rechecked_refusal
+    from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+
+    refusal = rechecked_refusal(snapshot, [DeviceRequest("vendor.com/gpu=7", "s")])
+    assert refusal is not None
+    assert refusal.user_message().endswith("(the node's spec folders were read again just now)")
+    assert snapshot.spec_dirs[0] not in refusal.user_message()
+    assert snapshot.spec_dirs[0] in refusal.log_message()

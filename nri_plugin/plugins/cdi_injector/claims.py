@@ -62,9 +62,9 @@ def rechecked_refusal(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> 
         detail = "; ".join(f"{name} (from {source.get(name, 'the runtime')}): {why}"
                            for name, why in exc.reasons.items())
         folders = ", ".join(snapshot.spec_dirs) or "(none)"
-        return Refusal(f"unresolvable CDI devices: {detail} (the spec folders {folders} were "
+        return Refusal(f"unresolvable CDI devices: {detail} (the node's spec folders were "
                        "read again just now)", rule="unresolvable", code=Code.NOT_FOUND,
-                       device=next(iter(exc.reasons), None))
+                       device=next(iter(exc.reasons), None), node_detail=f"folders {folders}")
     return None
 
 

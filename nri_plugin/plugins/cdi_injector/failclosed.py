@@ -167,8 +167,7 @@ def container_unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Contai
     known = [n for n in missing if n in snapshot.devices]
     parts = []
     if unknown:
-        folders = ", ".join(snapshot.spec_dirs) or "no folder"
-        parts.append(f"it asked for {', '.join(unknown)}, which no CDI spec in {folders} "
+        parts.append(f"it asked for {', '.join(unknown)}, which no CDI spec on the node "
                      "defines")
     if known:
         parts.append(f"it asked for {', '.join(known)} and does not have "
@@ -597,10 +596,16 @@ class StartGuard(Plugin):
                         "devices (%s; policy failClosed.action: report, not stopped): %s",
                         item.name, item.container_id, item.pod, when, item.reason)
             return False
+        refuses_start = stage == "start" and self._runtime.is_containerd
         message = (f"{USER_PREFIX}stopped: the container was created while the plugin was "
                    f"away, without its devices: {item.reason}\n")
-        note = (write_termination_message(item.termination_file, message)
-                if item.termination_file else "no termination-message file")
+        if refuses_start:
+            # The start error says why (the kubelet shows it, and would append this too).
+            note = "none: the start error says why"
+        elif item.termination_file:
+            note = write_termination_message(item.termination_file, message) or "written"
+        else:
+            note = "no termination-message file"
         try:
             how = stop_processes(item.pid if pid is None else pid,
                                  item.cgroups_path if cgroups_path is None else cgroups_path,
@@ -609,7 +614,6 @@ class StartGuard(Plugin):
             how, error = None, exc.strerror or str(exc)
         else:
             error = "" if how else "no process found"
-        refuses_start = stage == "start" and self._runtime.is_containerd
         if how is None and not refuses_start:
             log.error("fail-closed: container %s (%s) of pod %s must not run without its "
                       "devices but could not be stopped %s (%s)%s: %s", item.name,
@@ -621,7 +625,7 @@ class StartGuard(Plugin):
         what = "refused the start of" if refuses_start else "stopped"
         log.warning("fail-closed evict: %s container %s (%s) of pod %s, %s (%s; message for "
                     "the kubelet: %s): %s", what, item.name, item.container_id, item.pod,
-                    when, how or "nothing to signal yet", note or "written", item.reason)
+                    when, how or "nothing to signal yet", note, item.reason)
         return True
 
 

@@ -152,7 +152,7 @@ class CdiInjector(Plugin):
             injection = self.decide(pod, container)
         except Refusal as exc:
             self.counters.refused += 1
-            log.warning("refused %s: %s", label, exc)
+            log.warning("refused %s: %s", label, exc.log_message())
             raise RefusedError(exc) from exc
         if injection is None:
             return None

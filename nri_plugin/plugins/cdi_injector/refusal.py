@@ -39,10 +39,13 @@ class Refusal(NRIPluginError):
     default_code = Code.FAILED_PRECONDITION
 
     def __init__(self, message: str, *, rule: str | None = None, device: str | None = None,
-                 annotation: str | None = None, code: Code | None = None) -> None:
+                 annotation: str | None = None, code: Code | None = None,
+                 node_detail: str = "") -> None:
         super().__init__(message)
         self.reason = Reason(rule or self.default_rule, device, annotation)
         self.code = code if code is not None else self.default_code
+        # What only the node's operator needs (host paths): the log's, not the pod's user's.
+        self.node_detail = node_detail
 
     @property
     def rule(self) -> str:
@@ -51,3 +54,7 @@ class Refusal(NRIPluginError):
     def user_message(self) -> str:
         """The line the runtime passes on to the pod's user."""
         return USER_PREFIX + str(self)
+
+    def log_message(self) -> str:
+        """The line the plugin's log gets: the user's, with what only the node says."""
+        return f"{self} ({self.node_detail})" if self.node_detail else str(self)
