@@ -326,6 +326,14 @@ class SpecCache:
         now_info = os.stat(path)
         if now_info.st_ino == info.st_ino and _identity(now_info) != _identity(info):
             return _Pending()  # written to in place meanwhile: what was read may be partial
+        if (isinstance(result, SpecError) and previous is not None
+                and not isinstance(previous[1], SpecError)
+                and _must_wait(path, _identity(info), set(), None, now, quiet_ns)):
+            # A good spec now unreadable, changed less than ``quiet_ns`` ago: most likely
+            # caught between a truncation and the write after it, whose own change time and
+            # event the kernel makes visible only after the new size. It keeps serving its
+            # last good version until it is complete again, or still for that long.
+            return _Pending()
         # (a file renamed over it meanwhile leaves what was read whole: its own event follows)
         return (*_identity(info), spec_file.priority), result
 
