@@ -144,6 +144,14 @@ class CheckoutPlugin(PluginProcess):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.repo = repo
 
+    def command(self) -> list[str]:
+        # An older checkout may not know the flags added since (its status file).
+        args = super().command()
+        if "--status-dir" in args:
+            at = args.index("--status-dir")
+            del args[at:at + 2]
+        return args
+
     def spawn(self) -> PluginProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         env = {**os.environ, "PYTHONPATH": str(self.repo)}
