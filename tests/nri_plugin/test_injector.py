@@ -418,3 +418,24 @@ def test_the_context_keeps_only_the_env_names_the_injector_and_vendors_read(
     assert context.env == {**wanted, "NVIDIA_NO_VALUE": ""}
     everything = read_context(None, ctr, (), Policy.defaults(vendors), snapshot)
     assert len(everything.env) == 300 + 5 + 1
+
+
+def test_plans_are_kept_for_the_registry_in_force_and_never_changed(
+        snapshot: Snapshot, tmp_path: Path) -> None:
+    """The one cache: a repeat gets the plan made before (the same object, unchanged); a
+    new registry snapshot empties it; another user gets a plan of its own."""
+    registry = [Registry(snapshot)]
+    plugin = CdiInjector(lambda: registry[0])
+    plugin.configure("", "containerd", "v1.7.24")
+    pod = nri_pb2.PodSandbox(name="p", namespace="ns",
+                             annotations={"cdi.k8s.io/gpu": "example.com/gpu=0"})
+    first = plugin.decide(pod, nri_pb2.Container(name="c"))
+    again = plugin.decide(pod, nri_pb2.Container(name="d"))
+    assert first is not None and again is first
+    other_user = nri_pb2.Container(name="c")
+    other_user.user.uid = 1000
+    assert plugin.decide(pod, other_user) is not first
+    registry[0] = Registry(SpecCache([str(Path(snapshot.spec_dirs[0]))]).refresh())
+    fresh = plugin.decide(pod, nri_pb2.Container(name="c"))
+    assert fresh is not None and fresh is not first
+    assert fresh.adjustment == first.adjustment

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from cdi.cache import Snapshot
 from cdi.libpath import LD_LIBRARY_PATH_ENV
@@ -46,7 +47,7 @@ from nri_plugin.plugins.cdi_injector.context import (
 from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.delegation import DelegationTracker, RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.native import injected_by_runtime, log_runtime_facts
-from nri_plugin.plugins.cdi_injector.plan import Injection, lookup_devices, plan_devices
+from nri_plugin.plugins.cdi_injector.plan import Injection, PlanCache, lookup_devices
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.refusal import Reason, Refusal
 from nri_plugin.plugins.cdi_injector.requests import (
@@ -104,6 +105,7 @@ class CdiInjector(Plugin):
         # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
         self.on_start_warning = on_start_warning
         self._env_names = env_read(self.vendors, LD_LIBRARY_PATH_ENV)
+        self._plans = PlanCache()
         self._env_request_prefixes = tuple(p for v in self.vendors
                                            for p in v.env_request_prefixes)
         # Group sets already warned about on this connection (one line each, not one per
@@ -245,13 +247,16 @@ class CdiInjector(Plugin):
             return trimmed
         if not requests and edit_filter is None:
             return None
-        injection = plan_devices(
+        injection = self._plans.plan(
             snapshot, [devices[r.name] for r in requests], self.runtime, uid=context.uid,
             gid=context.gid, edit_filter=edit_filter,
             library_path=context.env.get(LD_LIBRARY_PATH_ENV, ""),
             drop_gids=policy.additional_gids == "drop")
-        if trimmed is not None:
-            injection.adjustment.MergeFrom(trimmed.adjustment)
+        if trimmed is not None:  # the plan is kept: add to a copy
+            adjustment = nri_pb2.ContainerAdjustment()
+            adjustment.CopyFrom(injection.adjustment)
+            adjustment.MergeFrom(trimmed.adjustment)
+            injection = replace(injection, adjustment=adjustment)
         if not requests and not injection.adjustment.ListFields():
             return None
         return injection
@@ -322,6 +327,7 @@ class _FilterChain:
 
     def __init__(self, filters: Sequence[EditFilter]) -> None:
         self.filters = tuple(filters)
+        self.cache_key = tuple(f.cache_key for f in self.filters)
 
     def apply(self, edits: ContainerEdits) -> ContainerEdits:
         for edit_filter in self.filters:

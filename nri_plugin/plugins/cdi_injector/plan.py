@@ -17,7 +17,8 @@ the groups are left out (``drop``, with a warning) or the container is refused
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from cdi.cache import Snapshot
@@ -181,3 +182,39 @@ def plan_injection(snapshot: Snapshot, requests: Sequence[DeviceRequest], runtim
     return plan_devices(snapshot, lookup_devices(snapshot, requests), runtime, uid=uid,
                         gid=gid, edit_filter=edit_filter, library_path=library_path,
                         drop_gids=drop_gids)
+
+
+class PlanCache:
+    """The plans made under the registry in force, by everything else a plan depends on
+    (the devices, the runtime, the user, the vendors' filter, the image's library path,
+    the policy's additionalGids): pods of one Deployment ask alike, and planning a
+    driver's worth of mounts is most of a container's decision. One rule: a new registry
+    snapshot empties it. A kept plan is shared: its adjustment is never changed."""
+
+    SIZE = 256
+
+    def __init__(self) -> None:
+        self._snapshot: Snapshot | None = None
+        self._plans: OrderedDict[Hashable, Injection] = OrderedDict()
+
+    def plan(self, snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeInfo, *,
+             uid: int = 0, gid: int = 0, edit_filter: EditFilter | None = None,
+             library_path: str = "", drop_gids: bool = False) -> Injection:
+        """``plan_devices``, kept."""
+        if snapshot is not self._snapshot:
+            self._snapshot = snapshot
+            self._plans.clear()
+        key = (tuple(d.qualified_name for d in devices), runtime, uid, gid,
+               None if edit_filter is None else edit_filter.cache_key, library_path,
+               drop_gids)
+        kept = self._plans.get(key)
+        if kept is not None:
+            self._plans.move_to_end(key)
+            return kept
+        made = plan_devices(snapshot, devices, runtime, uid=uid, gid=gid,
+                            edit_filter=edit_filter, library_path=library_path,
+                            drop_gids=drop_gids)
+        self._plans[key] = made
+        if len(self._plans) > self.SIZE:
+            self._plans.popitem(last=False)
+        return made

@@ -24,7 +24,7 @@ and swapped in with one assignment, so a container never sees new specs with old
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import NamedTuple, Protocol
 
 from cdi.cache import Snapshot
@@ -36,6 +36,11 @@ from nri_plugin.plugins.cdi_injector.policy import Policy
 class EditFilter(Protocol):
     """Drops parts of the resolved edits a container did not ask for, or adds edits of no
     device it asked for (pure)."""
+
+    @property
+    def cache_key(self) -> Hashable:
+        """Equal keys filter equally, for the same registry and devices (the plan cache's
+        key holds those)."""
 
     def apply(self, edits: ContainerEdits) -> ContainerEdits: ...
 

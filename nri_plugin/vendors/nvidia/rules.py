@@ -15,7 +15,7 @@ refresher's thread; everything else here is pure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -63,6 +63,11 @@ class CapabilityFilter(NamedTuple):
     capability_of: Mapping[str, str]  # driver file (host path) -> capability
     wanted: frozenset[str]
     extra: ContainerEdits = ContainerEdits()
+
+    @property
+    def cache_key(self) -> Hashable:
+        # capability_of follows from the registry and the devices.
+        return (self.wanted, self.extra)
 
     def apply(self, edits: ContainerEdits) -> ContainerEdits:
         if not self.extra.is_empty():
