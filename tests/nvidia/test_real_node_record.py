@@ -1,5 +1,5 @@
 """The specs real nodes' driver 580 gave (tests/data/real-node-*-580.159.04*: two lent H100
-machines and two H200s): they load with the strict parser, the two discovery modes agree,
+machines and three H200s): they load with the strict parser, the two discovery modes agree,
 what the doctor reads from them is that node's, and the plugin's OCI result for GPU 0 equals
 native CDI's on every runtime version of docs/reference/runtime-cdi.md's table, the spec's
 ``rwm`` device nodes included."""
@@ -45,12 +45,13 @@ def _uuid(record: Path) -> str:
     return found.group(1)
 
 
-def test_there_are_the_four_records() -> None:
+def test_there_are_the_five_records() -> None:
     assert [r.name for r in RECORDS] == ["real-node-h100-580.159.04",
                                          "real-node-h100-580.159.04-second",
                                          "real-node-h200-580.159.04",
-                                         "real-node-h200-580.159.04-second"]
-    assert len({_uuid(r) for r in RECORDS}) == 4  # four machines
+                                         "real-node-h200-580.159.04-second",
+                                         "real-node-h200-580.159.04-third"]
+    assert len({_uuid(r) for r in RECORDS}) == 5  # five machines
 
 
 @pytest.fixture(scope="module", params=[(r, link) for r in RECORDS for link in LINKS],
