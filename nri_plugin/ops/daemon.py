@@ -162,7 +162,8 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
                            counters=injector_counters,
                            on_miss=miss_reader(refresher, registry),
                            on_hit=removals_applied(refresher, registry),
-                           on_start_warning=start_warning)
+                           on_start_warning=start_warning,
+                           after_reply=asyncio.get_running_loop().call_soon)
     loop = asyncio.get_running_loop()
     # Launched by the runtime, we have one connection (its fd): the guard rides on it.
     # Otherwise its checks get a connection of their own, open only while needed.

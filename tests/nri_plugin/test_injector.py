@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import pytest
@@ -439,3 +440,19 @@ def test_plans_are_kept_for_the_registry_in_force_and_never_changed(
     fresh = plugin.decide(pod, nri_pb2.Container(name="c"))
     assert fresh is not None and fresh is not first
     assert fresh.adjustment == first.adjustment
+
+
+def test_the_per_container_line_is_logged_after_the_reply(
+        snapshot: Snapshot, caplog: pytest.LogCaptureFixture) -> None:
+    """The runtime waits for the reply, not for the log line: the daemon hands the line to
+    the event loop, which runs it once the reply is written."""
+    later: list[Callable[[], None]] = []
+    plugin = CdiInjector(lambda: Registry(snapshot), after_reply=later.append)
+    plugin.configure("", "containerd", "v1.7.24")
+    pod = nri_pb2.PodSandbox(name="p", namespace="ns",
+                             annotations={"cdi.k8s.io/gpu": "example.com/gpu=0"})
+    caplog.set_level(logging.INFO)
+    assert plugin.create_container(pod, nri_pb2.Container(name="c")) is not None
+    assert "injected container=c" not in caplog.text and len(later) == 1
+    later[0]()
+    assert "injected container=c pod=ns/p devices=example.com/gpu=0" in caplog.text

@@ -84,6 +84,7 @@ class CdiInjector(Plugin):
         on_miss: OnMiss | None = None,
         on_hit: OnHit | None = None,
         on_start_warning: StartWarning | None = None,
+        after_reply: Callable[[Callable[[], None]], object] | None = None,
     ) -> None:
         # Returns the current registry (snapshot + the vendors' facts for it, in the order
         # of ``vendors``), replaced whole by the refresher; never does I/O.
@@ -104,6 +105,9 @@ class CdiInjector(Plugin):
         self.on_hit = on_hit
         # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
         self.on_start_warning = on_start_warning
+        # Runs the per-container log line once the reply has left (the daemon: the event
+        # loop's call_soon; the runtime waits for the reply, not for the line). None: now.
+        self._after_reply = after_reply
         self._env_names = env_read(self.vendors, LD_LIBRARY_PATH_ENV)
         self._plans = PlanCache()
         self._env_request_prefixes = tuple(p for v in self.vendors
@@ -162,14 +166,22 @@ class CdiInjector(Plugin):
         if injection.delegated:
             # Not injected yet: the runtime's CDI resolves them after this reply.
             self.delegations.delegated(container.id, label, injection.delegated)
+        if injection.dropped_gids:
+            self.counters.gids_dropped += 1
+        if self._after_reply is None:
+            self._log_answer(label, injection)
+        else:
+            self._after_reply(lambda: self._log_answer(label, injection))
+        return injection.adjustment
+
+    def _log_answer(self, label: str, injection: Injection) -> None:
+        if injection.delegated:
             log.info("adjusted %s devices=%s; handed to the runtime's own CDI: %s", label,
                      ",".join(injection.devices) or "-", ",".join(injection.delegated))
         else:
             log.info("injected %s devices=%s", label, ",".join(injection.devices) or "-")
         if injection.dropped_gids:
-            self.counters.gids_dropped += 1
             self._warn_dropped_gids(injection)
-        return injection.adjustment
 
     def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
         entry = self.delegations.undone(container.id)
