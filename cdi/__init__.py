@@ -8,7 +8,7 @@ start-up path) or ``import cdi.parser`` does not pay for the whole library.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing would cost every hook process ~11 ms at start-up
+TYPE_CHECKING = False  # typing would slow every hook process's start
 if TYPE_CHECKING:
     from typing import Any
 
@@ -58,7 +58,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'cdi' has no attribute {name!r}")
-    import importlib  # here: importlib imports warnings, ~0.5 ms of every hook's start-up
+    import importlib  # here: importlib imports warnings, on every hook's start
 
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value

@@ -159,8 +159,7 @@ def _file_errors(path: str, *, with_schema: bool, err: TextIO | None = None) -> 
 
 
 def _schema_errors(path: str) -> list[FieldError]:
-    # Here: importing jsonschema takes 44-50 ms (python -X importtime), and only --schema
-    # needs it.
+    # Here: importing jsonschema is slow, and only --schema needs it.
     from cdi.schema import schema_errors
 
     try:

@@ -14,7 +14,7 @@ Both health answers are JSON with the runtime, the registry generation and count
 the plugin's counters (``Counters``: injected, refused, unserved found/reported/evicted,
 failed delegations) when the daemon hands them over.
 prometheus-client is imported when a ``Metrics`` is made, so commands that never make
-one do not pay for it (11-15 ms, ``python -X importtime``), nor need the ``metrics`` extra.
+one neither pay for its import nor need the ``metrics`` extra.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def parse_note(data: bytes, *, little: bool, align: int) -> CompatNote | None:
     name_end = 12 + (namesz + step - 1) // step * step
     if data[12:12 + namesz].strip(b"\0") != NOTE_OWNER:
         return None
-    import json  # lazy: 4.7-6 ms (re) of a hook's start (-I -S -X importtime); a note only
+    import json  # lazy: it imports re, off the hook's start; a note only
 
     try:
         desc = json.loads(data[name_end:name_end + descsz].strip(b"\0"))

@@ -24,7 +24,7 @@ SUFFIXES = ("_pb2.py", "_pb2.pyi")
 
 def generate(out_root: Path) -> dict[str, bytes]:
     """Run protoc into ``out_root``; return {file name: content} of the outputs."""
-    from grpc_tools import protoc  # here: only a dev dependency (5-7 ms, -X importtime)
+    from grpc_tools import protoc  # here: only a dev dependency
 
     rel = [str((API_DIR / name).relative_to(ROOT)) for name in PROTOS]
     args = ["protoc", f"-I{ROOT}", f"--python_out={out_root}", f"--pyi_out={out_root}", *rel]

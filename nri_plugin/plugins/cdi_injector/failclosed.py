@@ -1,34 +1,7 @@
 """Fail-closed: no container runs without the devices it asked for because the plugin was
-away. Everything of it is here: finding such containers, the start guard, the one way they
-are stopped or reported, and the second NRI connection the guard rides on.
-
-NRI is fail-open: while the plugin is down, restarting or too slow, the runtime creates
-containers without its adjustments. Two checks close that:
-
-* each (re)connection starts with a Synchronize listing every container; ``find_unserved``
-  (pure) picks the live ones that asked for devices and do not have them. A running one is
-  stopped (or reported) at once; one created but not started is owed a check at its start.
-* ``StartGuard`` wraps the injector (as the metrics do) and checks, at StartContainer,
-  every container whose creation did not pass through the plugin. containerd fails a
-  container's start when a plugin's StartContainer fails (every release with NRI), so there
-  refusing the start stops the container before its process runs; on other runtimes the
-  guard also looks at PostCreateContainer and PostStartContainer and stops the processes.
-
-Stopping never goes through the runtime: the NRI eviction request is dropped by every
-released NRI adaptation, and the call can deadlock containerd against concurrent CRI
-requests. The guard SIGKILLs the container's processes itself (its cgroup, else its init
-pid). Before that it writes the reason into the container's termination-message file,
-which the kubelet shows as the container's message (``kubectl describe pod``).
-
-Every container stopped, refused or reported is named in the log, each once, and counted
-(``Counters``): those lines are never rate-limited (``FAILCLOSED_LOGGER`` is exempt from
-the log's limiter).
-
-The start checks are owed only while a container may be in doubt: until the injector's
-connection has synchronized, and while one created without the plugin has neither started
-nor gone. They ride on a second NRI connection of their own (``GuardConnection``), which
-``GuardedConnections`` opens before the injector's connects and closes once nothing is in
-doubt: the runtime then asks the plugin nothing at a container's start.
+away. All of it is here: finding such containers (pure), the start guard, the one way they
+are stopped or reported, and the second NRI connection the guard rides on. How and why:
+docs/developer/fail-closed.md.
 """
 
 from __future__ import annotations
@@ -94,7 +67,6 @@ class Unserved:
     container_id: str
     name: str
     pod: str  # namespace/name
-    pod_uid: str
     pid: int
     started: bool  # its process ran (running or paused), not only created
     missing: tuple[str, ...]
@@ -185,8 +157,7 @@ def _item(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
           missing: tuple[str, ...], reason: str) -> Unserved:
     return Unserved(container_id=container.id, name=container.name,
                     pod=f"{pod.namespace}/{pod.name}" if pod is not None
-                    else container.pod_sandbox_id,
-                    pod_uid=pod.uid if pod is not None else "", pid=container.pid,
+                    else container.pod_sandbox_id, pid=container.pid,
                     started=container.state in (nri_pb2.CONTAINER_RUNNING,
                                                 nri_pb2.CONTAINER_PAUSED),
                     missing=missing, reason=reason,

@@ -218,7 +218,7 @@ def _check_device(name: str, namespace: str, rules: list[DeviceRule]) -> None:
 def load_policy(path: str, vendors: Sequence[VendorPolicy] = ()) -> Policy:
     """Read and validate a policy file (YAML); raises PolicyError naming every problem.
     ``vendors``: whose request sources and default denials the policy knows."""
-    import yaml  # lazy: 9-11 ms (-X importtime) that the built-in default policy never needs
+    import yaml  # lazy: the built-in default policy never needs it
 
     try:
         with open(path, encoding="utf-8") as handle:
