@@ -25,9 +25,6 @@ if TYPE_CHECKING:
     from typing import IO, Any
 
 
-__all__ = ["OPERATIONS", "Args", "Operation", "Option", "UsageError", "add_commands",
-           "build_parser", "main", "operations", "parse_operations", "run_operations"]
-
 _PROG = "nri-cdi hook"
 _CDI = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the cdi package's folder
 

@@ -9,9 +9,6 @@ import sys
 from collections.abc import Iterable
 from typing import NamedTuple
 
-__all__ = ["ENTRY_SCRIPT", "HOOK_ENV", "HookCommand", "interpreter", "isolated_python", "launcher",
-           "nri_cdi"]
-
 HOOK_ENV: tuple[str, ...] = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
 ENTRY_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
 

@@ -15,8 +15,6 @@ import tempfile
 
 from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV, interpreter
 
-__all__ = ["LauncherError", "build_launcher", "launcher_source"]
-
 _SAFE = re.compile(r"^[A-Za-z0-9._+/=:-]+$")  # nothing that needs escaping in a C string
 
 _SOURCE = """\

@@ -31,8 +31,6 @@ TYPE_CHECKING = False  # collections would slow every hook's start
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["LdcacheResult", "update_ldcache", "write_file"]
-
 CACHE = "/etc/ld.so.cache"
 CONF_DIR = "/etc/ld.so.conf.d"
 CONF_NAME = "000-nri-cdi.conf"  # sorts first: our folders win, as ldconfig reads in order

@@ -12,8 +12,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from cdi.hooks.state import ContainerRoot
 
-__all__ = ["MountInfo", "MountTable", "find_mount", "mount_id", "parse_mountinfo"]
-
 # Before pivot_root the container's table holds the host's mounts too; 64 MiB is hundreds
 # of thousands of them.  It is read only when a write meets a mount other than the root's.
 _MAX_MOUNTINFO = 64 << 20

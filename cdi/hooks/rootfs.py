@@ -20,8 +20,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from cdi.hooks.state import ContainerRoot
 
-__all__ = ["ForeignMountError", "RootFS", "RootFSError", "split_container_path"]
-
 _MAX_HOPS = 40  # symlinks per resolution, the bound Linux's own path walk uses
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10

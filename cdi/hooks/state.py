@@ -14,9 +14,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO, Any
 
-__all__ = ["ContainerRoot", "StateError", "loads", "parse_state", "read_state",
-           "root_from_config"]
-
 _MAX_STATE = 1 << 20  # the state is a few hundred bytes; refuse to buffer a flood
 _MAX_CONFIG = 64 << 20
 _WHITESPACE = " \t\n\r"

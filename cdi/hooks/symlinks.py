@@ -27,8 +27,6 @@ TYPE_CHECKING = False  # collections would slow every hook's start
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["Link", "LinkResult", "create_symlinks", "parse_link"]
-
 
 # Plain classes rather than dataclasses: ``dataclasses`` imports ``inspect``, which costs a
 # hook process's start more than the hook's work.

@@ -17,11 +17,6 @@ import sys
 from cdi.linux._errors import BinaryFormatError
 from cdi.linux.namedtuple import TYPE_CHECKING, NamedTuple
 
-__all__ = ["DynamicInfo", "ElfError", "ElfHeader", "NotElfError", "architecture_name",
-           "foreign_to_this_machine", "foreign_to_this_process", "is_elf", "parse_dynamic",
-           "read_dynamic", "read_dynamic_fd", "read_header", "read_soname", "this_machine",
-           "this_process"]
-
 _ELF_MAGIC = b"\x7fELF"
 _ELFCLASS32, _ELFCLASS64 = 1, 2
 _ELFDATA2LSB, _ELFDATA2MSB = 1, 2

@@ -30,24 +30,6 @@ if TYPE_CHECKING:  # pathlib, collections: milliseconds of the OCI hooks' start-
     from collections.abc import Iterable, Sequence
     from pathlib import Path
 
-__all__ = [
-    "LdCache",
-    "LdCacheEntry",
-    "LdCacheError",
-    "encode",
-    "find_libraries",
-    "host_path",
-    "libcmp",
-    "merge",
-    "parse",
-    "parse_ldcache",
-    "read_ldcache",
-    "resolve_from",
-    "resolve_in_root",
-    "root_prefix",
-    "uses_hwcaps_extension",
-]
-
 OLD_MAGIC = b"ld.so-1.7.0"
 NEW_MAGIC = b"glibc-ld.so.cache1.1"
 _OLD_HEADER_SIZE = 16  # 11-byte magic, padded, + u32 nlibs

@@ -81,8 +81,6 @@ from cdi.validate import validate_spec
 from cdi.version import parse_version, version_key
 from cdi.yaml11 import dump_yaml
 
-__all__ = ["add_commands", "cmd_generate", "main"]
-
 # flag destination -> (environment variable, kind); kind: str, list, bool
 ENV: dict[str, tuple[str, str]] = {
     "output": ("NVIDIA_CTK_CDI_OUTPUT_FILE_PATH", "str"),

@@ -20,9 +20,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-__all__ = ["Action", "add_commands", "char_majors", "control_node_plan", "create_dev_char_links",
-           "create_device_nodes", "nvidia_char_nodes"]
-
 # The control nodes' numbers: name -> (/proc/devices names of its major, in preference
 # order; minor). Their paths, for the spec: cdi.nvidia.driver.CONTROL_NODE_PATHS.
 CONTROL_NODE_NUMBERS: dict[str, tuple[tuple[str, ...], int]] = {

@@ -19,20 +19,6 @@ from typing import Any, NamedTuple
 from cdi.extras import MissingDependencyError
 from cdi.linux.elf import ElfError, foreign_to_this_process
 
-__all__ = [
-    "DiscoveryError",
-    "Gpu",
-    "MigDevice",
-    "NodeInfo",
-    "Roots",
-    "discover",
-    "discover_nvml",
-    "discover_procfs",
-    "discover_with_nvml",
-    "driver_version_from_proc",
-    "under",
-]
-
 NVML_EXTRA = ("nvml", "nvidia-ml-py")  # pynvml's extra and distribution (cdi.extras)
 MODES = ("auto", "nvml", "procfs", "management")
 

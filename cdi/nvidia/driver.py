@@ -28,17 +28,6 @@ from cdi.linux.elf import ElfError, is_elf, read_soname
 from cdi.linux.ldcache import LdCacheError, find_libraries, read_ldcache, resolve_from
 from cdi.nvidia.discover import Roots
 
-__all__ = [
-    "DeviceNodeInfo",
-    "DriverFiles",
-    "FileMount",
-    "Link",
-    "capability_of",
-    "find_version_from_libraries",
-    "locate_driver",
-    "stat_device_node",
-]
-
 LIBRARY_DIRS = (
     "/usr/lib64",
     "/usr/lib/x86_64-linux-gnu",

@@ -37,17 +37,6 @@ from cdi.nvidia.driver import (
 from cdi.nvidia.hook_programs import NVIDIA_HOOK_PROGRAMS
 from cdi.version import minimum_requirement, version_key
 
-__all__ = [
-    "GENERATOR_VERSION",
-    "GenerateError",
-    "Inventory",
-    "Options",
-    "build_spec",
-    "collect",
-    "fingerprint",
-    "metadata",
-]
-
 # Keep in step with pyproject.toml (a test checks); importlib.metadata would cost start-up.
 GENERATOR_VERSION = "0.1.0"
 STRATEGIES = ("index", "uuid", "type-index")

@@ -13,18 +13,6 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-__all__ = [
-    "DEFAULT_FOLDER",
-    "DEFAULT_NAMES",
-    "KINDS",
-    "MountSpec",
-    "MountSpecError",
-    "default_files",
-    "ignored",
-    "parse_mount_specs",
-    "read_mount_specs",
-]
-
 DEFAULT_FOLDER = "/etc/nvidia-container-runtime/host-files-for-container.d"
 # The base files of the board support package; other *.csv files in the folder (a
 # package's own list) are only read when named.

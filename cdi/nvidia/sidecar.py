@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["SUFFIX", "sidecar_path"]
-
 SUFFIX = ".meta"
 
 

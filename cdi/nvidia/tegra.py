@@ -33,17 +33,6 @@ from cdi.nvidia.driver import (
 )
 from cdi.nvidia.mountspec import MountSpec
 
-__all__ = [
-    "ORIN_COMPAT_ROOT",
-    "RELEASE_FILE",
-    "NvmlFacts",
-    "TegraFiles",
-    "integrated",
-    "is_tegra",
-    "locate_tegra",
-    "nvml_facts",
-]
-
 RELEASE_FILE = "/etc/nv_tegra_release"
 # Where CUDA images for Orin keep their forward-compatibility libraries (nvidia-ctk's
 # default for --csv.compat-container-root, used only on an Orin).

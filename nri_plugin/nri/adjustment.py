@@ -21,20 +21,6 @@ from collections.abc import Iterable
 
 from nri_plugin.nri.api import nri_pb2
 
-__all__ = [
-    "HOOK_STAGES",
-    "add_annotation",
-    "add_cdi_device",
-    "add_device",
-    "add_env",
-    "add_hook",
-    "add_mount",
-    "remove_annotation",
-    "remove_device",
-    "remove_env",
-    "remove_mount",
-]
-
 # OCI hook stages, as named by NRI's ``Hooks`` message.
 HOOK_STAGES = ("prestart", "create_runtime", "create_container", "start_container",
                "poststart", "poststop")

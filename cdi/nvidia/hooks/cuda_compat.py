@@ -38,9 +38,6 @@ from cdi.linux.namedtuple import NamedTuple
 # no re, fnmatch, json or dataclasses here
 # (tests/hooks/test_one_process.py); json is imported only when a compat note is parsed.
 
-__all__ = ["COMPAT_ROOT", "CONF_PATH", "CompatNote", "CompatResult", "enable_cuda_compat",
-           "parse_note", "parse_version", "read_compat_note", "use_compat"]
-
 COMPAT_ROOT = "/usr/local/cuda/compat"
 CONF_PATH = f"{CONF_DIR}/00-compat-nri-cdi.conf"
 NOTE_SECTION = b".note.cuda.fwd_compatibility"

@@ -31,8 +31,6 @@ import struct
 from cdi.hooks.rootfs import RootFS, RootFSError
 from cdi.linux.namedtuple import NamedTuple  # not dataclasses: the hook's start-up budget
 
-__all__ = ["PARAMS", "ParamsResult", "disable_device_node_modification", "modified_params"]
-
 PARAMS = "/proc/driver/nvidia/params"
 _MAX_PARAMS = 64 << 10
 # Syscall numbers: the same on x86_64 and on the generic table aarch64 uses.

@@ -28,8 +28,6 @@ import ctypes.util
 import os
 from collections.abc import Sequence
 
-__all__ = ["MaskError", "mask_proc", "procfs_bus_names"]
-
 PROC_SUPER_MAGIC = 0x9FA0
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC = 32, 4096, 16384

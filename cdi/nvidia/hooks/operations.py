@@ -15,8 +15,6 @@ from __future__ import annotations
 from cdi.hooks.operation import Args, Operation, Option
 from cdi.hooks.rootfs import RootFS, RootFSError
 
-__all__ = ["DEFAULT_PROC_ROOT", "OPERATIONS"]
-
 DEFAULT_PROC_ROOT = "/proc/driver/nvidia"
 
 
