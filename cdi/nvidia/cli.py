@@ -2,13 +2,8 @@
 ``nvidia-ctk cdi generate`` for everything it implements.
 
 Every option can also come from the environment variable ``nvidia-ctk`` reads (a flag
-wins over its variable; list variables are comma-separated).  Our additions
-(``--link-mode``, ``--cdi-version``, ``--if-changed``, ``--hook-path``) read ``NRI_CDI_*``.
-
-The output is written atomically (temporary file in the same folder, fsync, rename, mode
-0644): a failure at any step leaves the previous spec as it was.  Next to a file output
-goes the sidecar ``<output>.meta`` (:mod:`cdi.nvidia.sidecar`: its name, its content and
-why it is written before the spec), with the metadata described in ``generate.py``.
+wins; list variables are comma-separated); our additions read ``NRI_CDI_*``. A file output
+is written atomically, after its sidecar (:mod:`cdi.nvidia.sidecar`).
 """
 
 from __future__ import annotations
