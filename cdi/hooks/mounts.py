@@ -61,16 +61,6 @@ def _unescape(field: bytes) -> str:
     return os.fsdecode(bytes(out))
 
 
-def parse_mountinfo(data: bytes) -> dict[int, MountInfo]:
-    """Every line of a mountinfo table (tests, tools); the hook looks up one line only."""
-    table: dict[int, MountInfo] = {}
-    for line in data.splitlines():
-        parsed = _parse_line(line)
-        if parsed is not None:
-            table[parsed[0]] = parsed[1]
-    return table
-
-
 def _parse_line(line: bytes) -> tuple[int, MountInfo] | None:
     fields = line.split(b" ")
     try:

@@ -91,7 +91,6 @@ ETC_CONFIGS = (
     "vulkan/icd.d/nvidia_layers.json",
     "vulkan/implicit_layer.d/nvidia_layers.json",
 )
-CONFIG_DIRS = ("/etc", "/usr/local/share", "/usr/share")
 # $XDG_DATA_DIRS when unset or empty (the XDG base directory spec's default).
 XDG_DATA_DIRS = ("/usr/local/share", "/usr/share")
 XORG_SUBDIRS = ("drivers", "extensions", "updates/drivers", "updates/extensions")

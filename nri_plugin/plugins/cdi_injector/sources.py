@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
 from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
 from nri_plugin.plugins.cdi_injector.policy import NEUTRAL_SOURCES
 from nri_plugin.plugins.cdi_injector.requests import (
-    NRI_PLUGINS_DOMAIN,
     DeviceRequest,
     container_requests,
     nri_plugins_requests,
@@ -36,9 +34,6 @@ def _nri_plugins(context: ContainerContext, snapshot: Snapshot,
                  facts: object) -> list[DeviceRequest]:
     return nri_plugins_requests(context.pod_annotations, context.container_name)
 
-
-# The annotation keys the sources below read begin so (native.py reads the first too).
-NEUTRAL_ANNOTATION_PREFIXES = (ANNOTATION_PREFIX, NRI_PLUGINS_DOMAIN)
 
 NEUTRAL = (
     RequestSource(name="podAnnotations", default=NEUTRAL_SOURCES["podAnnotations"],
