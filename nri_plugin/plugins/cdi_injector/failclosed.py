@@ -16,7 +16,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
@@ -44,7 +43,6 @@ from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules, env_re
 
 FAILCLOSED_LOGGER = "nri_cdi.failclosed"
 log = logging.getLogger(FAILCLOSED_LOGGER)
-_V = TypeVar("_V")
 
 # Created (not started: the init process waits) and running containers can be used.
 _LIVE_STATES = (nri_pb2.CONTAINER_CREATED, nri_pb2.CONTAINER_RUNNING, nri_pb2.CONTAINER_PAUSED)
@@ -301,11 +299,9 @@ def write_termination_message(path: str, message: str) -> str:
 # --- the guard -----------------------------------------------------------------------------
 
 
-# A container created without the plugin and not started yet is owed a check at its start.
-# The kubelet starts a container right after creating it; one that has not started this
-# long after it was found has failed its start already (containerd 1.7 and 2.1 show such a
-# container as created, with no pid, for as long as the kubelet keeps it) and is let go, so
-# that the guard's connection does not stay open for as long as its pod lives.
+# How long a container created without the plugin, not started yet, is owed a check at its
+# start. The kubelet starts a container right after creating it; one not started by then
+# failed its start (containerd lists it as created for as long as the kubelet keeps it).
 PENDING_LIMIT = 60.0
 
 
@@ -331,11 +327,9 @@ class StartGuard(Plugin):
                  cgroup_root: str = CGROUP_ROOT, own_connection: bool = False,
                  pending_limit: float = PENDING_LIMIT,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        """``injector``: the injector it wraps, whose policy, registry and counters the
-        checks read. ``defer``: runs the stopping of what Synchronize found after its reply
-        has left (the runtime holds its lock until then); None: at once.
-        ``own_connection``: the start checks are served by ``GuardConnection`` on a
-        connection of their own, not by this one."""
+        """``defer``: runs the stopping of what Synchronize found after its reply has left
+        (the runtime holds its lock until then); None: at once. ``own_connection``: the
+        start checks are served by ``GuardConnection``, not by this connection."""
         self.injector = injector
         self.counters: Counters = injector.counters
         self._defer = defer
@@ -399,8 +393,8 @@ class StartGuard(Plugin):
         self._injector_synced = False
         self._need_may_have_changed()
 
-    def _remember(self, table: OrderedDict[str, _V], key: str, value: _V) -> None:
-        table[key] = value
+    def _remember(self, table: OrderedDict[str, None], key: str) -> None:
+        table[key] = None
         table.move_to_end(key)
         while len(table) > self.REMEMBER:
             table.popitem(last=False)
@@ -432,7 +426,7 @@ class StartGuard(Plugin):
         result = self.injector.create_container(pod, container)
         # Every container whose creation we answered, adjusted or not: at its start it is
         # then one dict lookup.
-        self._remember(self._served, container.id, None)
+        self._remember(self._served, container.id)
         return result
 
     def post_create_container(self, pod: nri_pb2.PodSandbox,
@@ -495,7 +489,7 @@ class StartGuard(Plugin):
                         "checked when it starts: %s", item.name, item.container_id,
                         item.pod, item.reason)
         for item in now:
-            self._remember(self._done, item.container_id, None)
+            self._remember(self._done, item.container_id)
         if now:
             if self._defer is None:
                 self._act_now(now)
@@ -549,7 +543,7 @@ class StartGuard(Plugin):
         else:
             # A container is started once: nothing about it stays owed.
             self._pending.pop(cid, None)
-            self._remember(self._done, cid, None)
+            self._remember(self._done, cid)
         if evict and stage == "start":
             # containerd fails the start: the container never runs.
             raise RpcError(Code.FAILED_PRECONDITION,
@@ -645,15 +639,12 @@ class GuardConnection(Plugin):
 # --- the guard's connection, open only while needed ----------------------------------------
 
 
-# How long the injector's connection waits for the guard's to be in place. Longer than the
-# runtime's registration timeout would only delay us; past it the injector connects all the
-# same, and its own Synchronize still finds what was created meanwhile.
+# How long the injector's connection waits for the guard's; past it the injector connects
+# all the same, and its own Synchronize still finds what was created meanwhile.
 GUARD_READY_TIMEOUT = 5.0
-# How long the guard's connection stays once nothing is in doubt. A creation that began
-# before the injector registered may be past NRI but not yet in the runtime's store when
-# the injector synchronizes, so no Synchronize lists it; it shows itself by its
-# PostCreateContainer, which the guard's connection subscribes to, once the runtime has
-# stored it.
+# How long the guard's connection stays once nothing is in doubt: a creation that began
+# before the injector registered is listed by no Synchronize, and shows itself by its
+# PostCreateContainer once the runtime has stored it.
 GUARD_LINGER = 10.0
 GUARD_SUFFIX = "-guard"
 
@@ -662,13 +653,9 @@ StubFactory = Callable[[Plugin, str | None, CloseCallback | None, Callback | Non
 
 
 class GuardedConnections:
-    """Runs the injector's connection (``main``: the guard, or the metrics around it) and
-    opens and closes the guard's around it: on every
-    (re)connection the guard's goes first (the injector's waits until it has synchronized,
-    bounded), so no container created while we were away starts unchecked; once nothing is
-    in doubt it is closed (after ``GUARD_LINGER``). NRI takes a plugin connection that
-    closes while it asks it something as gone, not as a failed request: closing it never
-    fails a container."""
+    """Runs the injector's connection (``main``: the guard, or the metrics around it), and
+    the guard's around it: on every (re)connection the guard's goes first, and it is closed
+    ``GUARD_LINGER`` after nothing is in doubt (docs/developer/fail-closed.md)."""
 
     def __init__(self, guard: StartGuard, main: Plugin, make_stub: StubFactory,
                  name: str | None, *, on_close: CloseCallback | None = None,
@@ -690,7 +677,6 @@ class GuardedConnections:
         # would register with the dying runtime and hold the injector back.
         self._may_open = False
         guard.on_need_changed(self._need_changed)
-        # The injector's connection serves ``main``: the guard, or the metrics around it.
         self.main = make_stub(main, name, self._main_closed, self._guard_first)
         self._guard_name = self.main.name + GUARD_SUFFIX  # same index, so next to it
 
