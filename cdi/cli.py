@@ -10,14 +10,12 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
 from typing import Any, TextIO
 
 from cdi.cache import SpecCache
 from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.edits import apply
 from cdi.errors import CDIError, FieldError, SpecError, printable
-from cdi.extras import MissingDependencyError
 from cdi.spec import is_json_path, load_document, read_spec
 from cdi.validate import interop_warnings
 
@@ -159,8 +157,7 @@ def _file_errors(path: str, *, with_schema: bool, err: TextIO | None = None) -> 
 
 
 def _schema_errors(path: str) -> list[FieldError]:
-    # Here: importing jsonschema takes 44-50 ms (python -X importtime), and only --schema
-    # needs it.
+    # Here: importing jsonschema is slow, and only --schema needs it.
     from cdi.schema import schema_errors
 
     try:
@@ -198,14 +195,3 @@ def _read_oci(name: str) -> dict[str, Any]:
         raise ValueError("not a JSON object")
     return document
 
-
-def run(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry (``python -m cdi``) with only the CDI commands."""
-    parser = argparse.ArgumentParser(prog="nri-cdi")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args))
-    except MissingDependencyError as exc:  # one line, no traceback: it says what to install
-        print(f"nri-cdi {args.command}: {exc}", file=sys.stderr)
-        return 2

@@ -7,8 +7,6 @@ protobuf and inotify_simple. Heavier packages that only some users need are extr
 
 from __future__ import annotations
 
-__all__ = ["EXTRAS", "MissingDependencyError"]
-
 # importable module -> (extra, distribution on PyPI); a vendor's extras are passed by the
 # vendor's code (``extra=``), so this table names none.
 EXTRAS: dict[str, tuple[str, str]] = {

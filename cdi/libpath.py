@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["EXTRA_LIBRARY_PATH_ENV", "LD_LIBRARY_PATH_ENV", "merge_library_path"]
-
 # The folders a spec hands over, to be appended to the loader's path (the one definition:
 # the generator imports it).
 EXTRA_LIBRARY_PATH_ENV = "NRI_CDI_LD_LIBRARY_PATH"

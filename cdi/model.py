@@ -16,13 +16,12 @@ from typing import Any, NamedTuple
 
 from cdi.errors import FieldError, SpecError
 
-# Records are ``typing.NamedTuple``s, not frozen dataclasses, on purpose: a frozen slotted
-# dataclass compiles its methods from source when it is defined (about 2 ms a class on a
-# slow node, 4x a NamedTuple) and builds instances through object.__setattr__; every
-# short-lived command that loads specs (generate, the hooks, list) paid for that.  Build
-# them with keywords, as before, and change them with ``_replace``.  Modules that define records
-# on start-up paths do without ``from __future__ import annotations``: NamedTuple compiles
-# every string annotation into a ForwardRef (0.43 instead of 0.24 ms a record).
+# Records are ``typing.NamedTuple``s, not frozen dataclasses: a frozen slotted dataclass
+# compiles its methods from source when it is defined and builds instances through
+# object.__setattr__, which every short-lived command that loads specs pays for. Build them
+# with keywords, change them with ``_replace``. Modules that define records on start-up
+# paths do without ``from __future__ import annotations``: NamedTuple would compile every
+# string annotation into a ForwardRef.
 
 UINT32_MAX = 2**32 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

@@ -391,17 +391,6 @@ def dump_spec(spec: SpecData, *, json_format: bool = False) -> str:
     return dump_yaml(document)
 
 
-def write_spec(spec: SpecData, path: str | os.PathLike[str], *, mode: int = 0o644) -> None:
-    """Validate, then write atomically: a temporary file in the same folder, fsync, rename.
-
-    A failure at any point leaves the previous file untouched and no temporary behind.
-    """
-    validate_spec(spec)
-    target = Path(path)
-    text = dump_spec(spec, json_format=is_json_path(target))
-    atomic_write(target, text.encode("utf-8"), mode=mode)
-
-
 def atomic_write(target: Path, data: bytes, *, mode: int = 0o644) -> None:
     # The temporary name ends in .tmp so that spec-directory watchers ignore it.
     fd, tmp = _create_temporary(target.parent, f".{target.name}.", ".tmp")

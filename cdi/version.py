@@ -10,7 +10,6 @@ from typing import NamedTuple
 from cdi.model import ContainerEdits, SpecData
 from cdi.parser import parse_kind
 
-CURRENT_VERSION = "1.1.0"
 # Newest first: the minimum-version walk visits them in this order.
 KNOWN_VERSIONS = (
     "1.1.0",

@@ -40,8 +40,6 @@ import json
 import re
 from typing import Any
 
-__all__ = ["STR", "dump_yaml", "implicit_tag"]
-
 _PREFIX = "tag:yaml.org,2002:"
 STR = _PREFIX + "str"
 

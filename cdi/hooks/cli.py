@@ -1,34 +1,11 @@
 """The hook's command line: one process does every operation a container needs.
 
-``OPERATION [--option VALUE]... [OPERATION [--option VALUE]...]...``, for example::
-
-    create-symlinks --link TARGET::LINK ... --device-link DEVICE::TARGET::LINK ...
-    update-ldcache --folder DIR ...
-
-with a vendor's operations (see :func:`operations`) anywhere among them.
-
-The OCI state is read from stdin once, the container root opened once, and the operations
-run in the order given; the first failure prints one line naming the operation and the
-container path and exits 1, which makes the runtime fail the container's creation.  One
-operation alone (``create-symlinks --link ...``) is the same command line as before, and as
-the vendor hook programs' whose names and flags the operations share.
-``build-static-launcher PATH`` builds the static launcher (:mod:`cdi.hooks.launcher`).
-
-Why one process: a hook is a Python interpreter started by the runtime for every container,
-and starting one costs more than any operation's work; so the generator writes a single hook
-entry with every operation, and this module, which is on that start-up path, imports
-nothing the operations do not use (no ``argparse``, ``typing``, ``dataclasses``; an
-operation's module is imported only when the operation is on the command line).  ``--help``
-builds an ``argparse`` parser from the same table.
-
-Adding an operation: a function ``run(root, args) -> list[str]`` (messages to print; raise
-:class:`~cdi.hooks.rootfs.RootFSError` or ``OSError`` to fail) that imports its module
-inside, and one :class:`~cdi.hooks.operation.Operation` naming its options, in
-:data:`OPERATIONS` for a neutral operation or in the vendor's own table
-(``cdi/<vendor>/hooks/operations.py``).  ``args`` holds one attribute per option
-(``--device-link`` → ``args.device_link``:
-a list for a repeatable option, else a string or None) and ``args.container``, the
-:class:`~cdi.hooks.state.ContainerRoot` (bundle, root path, ``linux.devices`` paths).
+``OPERATION [--option VALUE]... [OPERATION [--option VALUE]...]...``, for example
+``create-symlinks --link TARGET::LINK update-ldcache --folder DIR``, with a vendor's
+operations (:func:`operations`) anywhere among them; ``build-static-launcher PATH`` builds
+the static launcher (:mod:`cdi.hooks.launcher`). The OCI state is read once, the container
+root opened once, the operations run in order; the first failure prints one line and exits
+1. The rules, why one process, and how to add an operation: docs/developer/hook-safety.md.
 """
 
 from __future__ import annotations
@@ -48,9 +25,6 @@ if TYPE_CHECKING:
     from typing import IO, Any
 
 
-__all__ = ["OPERATIONS", "Args", "Operation", "Option", "UsageError", "add_commands",
-           "build_parser", "main", "operations", "parse_operations", "run_operations"]
-
 _PROG = "nri-cdi hook"
 _CDI = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the cdi package's folder
 
@@ -59,7 +33,7 @@ _CDI = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the cdi pa
 
 
 def _create_symlinks(root: RootFS, args: Args) -> list[str]:
-    # lazy: 0.2-0.5 ms of the hook's start (-I -S -X importtime), only when on the line
+    # lazy, as every operation's module: imported only when on the line
     from cdi.hooks.symlinks import Link, create_symlinks, parse_link
 
     links = [parse_link(s) for s in args.link]
@@ -78,7 +52,6 @@ def _create_symlinks(root: RootFS, args: Args) -> list[str]:
 
 
 def _update_ldcache(root: RootFS, args: Args) -> list[str]:
-    # lazy: 1.2-1.5 ms of the hook's start (elf, ldcache; -I -S -X importtime)
     from cdi.hooks.ldconfig import update_ldcache
 
     result = update_ldcache(root, args.folder)
@@ -102,17 +75,12 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
 
 def operations() -> dict[str, Operation]:
     """Every operation a command line may name: the neutral ones (:data:`OPERATIONS`) and
-    every vendor's.
-
-    A vendor adds operations by shipping ``cdi/<vendor>/hooks/operations.py`` with an
-    ``OPERATIONS`` table of its own; this entry names no vendor.  :func:`parse_operations`
-    calls this only for a name that is not neutral, so a hook of neutral operations alone
-    imports no vendor module.
-    """
+    those of every vendor's ``cdi/<vendor>/hooks/operations.py``. Called only for a name
+    that is not neutral: a hook of neutral operations alone imports no vendor module."""
     table = dict(OPERATIONS)
     for vendor in sorted(os.listdir(_CDI)):
         if os.path.isfile(os.path.join(_CDI, vendor, "hooks", "operations.py")):
-            # __import__, not importlib: importlib costs every hook ~0.5 ms of start-up.
+            # __import__, not importlib: importing importlib slows every hook's start.
             module = __import__(f"cdi.{vendor}.hooks.operations", fromlist=["OPERATIONS"])
             table.update(module.OPERATIONS)
     return table
@@ -212,7 +180,7 @@ def _describe() -> str:
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    import argparse  # lazy: 6-11 ms (-I -S -X importtime), as much as this module; --help only
+    import argparse  # lazy: as costly as this module to import; --help only
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _describe() + "\n\nbuild-static-launcher PATH [--python PYTHON]: build the " \
@@ -222,7 +190,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import argparse  # lazy: 6-11 ms (-I -S -X importtime), as much as this module; --help only
+    import argparse  # lazy: as costly as this module to import; --help only
 
     parser = argparse.ArgumentParser(prog=_PROG, description="createContainer hooks")
     _add_arguments(parser)
@@ -239,13 +207,9 @@ def add_commands(subparsers: Any) -> None:
 
 
 def _from_nri_cdi(args: argparse.Namespace) -> int:
-    """``nri-cdi hook``: re-execute as the isolated entry when started as a console script.
-
-    The console script's interpreter ran without ``-I``; restarting with ``-I -S`` and
-    :data:`~cdi.hooks.entry.HOOK_ENV` means at least the hook's own work runs in a clean
-    interpreter.
-    """
-    from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV  # lazy: 8-14 ms (typing), -X importtime
+    """``nri-cdi hook``: re-executed as the isolated entry (``-I -S``,
+    :data:`~cdi.hooks.entry.HOOK_ENV`) when started as a console script."""
+    from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV  # lazy: it imports typing
 
     if (args.operations and args.operations[0] != "build-static-launcher"
             and not sys.flags.isolated and sys.argv[1:2] == ["hook"]
@@ -257,9 +221,9 @@ def _from_nri_cdi(args: argparse.Namespace) -> int:
 
 
 def _build_static_launcher(args: argparse.Namespace) -> int:
-    import argparse  # lazy: 6-11 ms (-I -S -X importtime), as much as this module; --help only
+    import argparse  # lazy: as costly as this module to import; --help only
 
-    from cdi.hooks.launcher import LauncherError, build_launcher  # lazy: 20-22 ms (subprocess)
+    from cdi.hooks.launcher import LauncherError, build_launcher  # lazy: subprocess
 
     parser = argparse.ArgumentParser(prog=f"{_PROG} build-static-launcher")
     parser.add_argument("path")

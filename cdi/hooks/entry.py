@@ -1,34 +1,13 @@
-"""How a CDI spec must start a hook so that nothing from the container can get into it.
-
-A createContainer hook runs with host privileges, and runc starts it from its container-side
-init process, whose environment is the *container's* unless the hook entry carries its own
-``env`` (CVE-2025-23266: an image's ``LD_PRELOAD`` reached a vendor's hook that way).  Three
-layers keep the image out:
-
-1. every hook entry carries an explicit, fixed ``env`` (:data:`HOOK_ENV`), so the runtime
-   never hands the container's variables (``LD_PRELOAD``, ``GCONV_PATH``, ``PYTHONPATH``...)
-   to the dynamic loader or the interpreter;
-2. Python is started with ``-I -S``: ``PYTHON*`` variables, the user's site folder, the
-   current folder (the runtime may start us inside the container root) and ``.pth`` files
-   are all ignored; :mod:`cdi.hooks.__main__` puts its own package folder on ``sys.path``;
-3. optionally a static launcher (:mod:`cdi.hooks.launcher`): a statically linked program
-   has no dynamic loader, so even a runtime that passed a hostile environment could not
-   preload anything into it, and it re-executes Python as in 2 with :data:`HOOK_ENV`.
-
-The hooks themselves execute nothing: the cache is written from Python (:mod:`.ldconfig`).
-
-A spec needs only one entry per container: ``SUBCOMMAND ARGS`` may hold several
-operations in a row (``create-symlinks --link ... update-ldcache --folder ...``, see
-:mod:`cdi.hooks.cli`), which one process runs in order; the generator writes it so.
+"""How a CDI spec must start a hook so that nothing from the container can get into it: an
+explicit, fixed ``env`` (:data:`HOOK_ENV`), Python isolated (``-I -S``), optionally the
+static launcher (:mod:`cdi.hooks.launcher`); why: docs/developer/hook-safety.md §1. One
+entry runs every operation a container needs (:mod:`cdi.hooks.cli`).
 """
 
 import os
 import sys
 from collections.abc import Iterable
 from typing import NamedTuple
-
-__all__ = ["ENTRY_SCRIPT", "HOOK_ENV", "HookCommand", "interpreter", "isolated_python", "launcher",
-           "nri_cdi"]
 
 HOOK_ENV: tuple[str, ...] = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
 ENTRY_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
@@ -57,11 +36,8 @@ class HookCommand(_HookFields):
 def isolated_python(subcommand: str, args: Iterable[str], *, python: str | None = None,
                     script: str = ENTRY_SCRIPT) -> HookCommand:
     """The recommended entry: ``PYTHON -I -S .../cdi/hooks/__main__.py SUBCOMMAND ARGS``.
-
-    ``args[0]`` is the interpreter's absolute path, not ``python3``: CPython derives its
-    prefix (where the standard library is) from ``argv[0]``, and a bare name would be
-    searched on ``PATH``.
-    """
+    ``args[0]`` is the interpreter's absolute path: CPython finds its standard library from
+    ``argv[0]``, and a bare name would be searched on ``PATH``."""
     exe = python or interpreter()
     return HookCommand(path=exe, args=(exe, "-I", "-S", script, subcommand, *args))
 

@@ -1,11 +1,9 @@
 """A static launcher for the hooks: ``nri-cdi hook build-static-launcher PATH``.
 
-A statically linked program is started by the kernel without a dynamic loader, so
-``LD_PRELOAD``, ``LD_AUDIT``, ``LD_LIBRARY_PATH`` and ``GCONV_PATH`` in the environment it
-was given have nothing to act on.  It throws that environment away and executes
-``PYTHON -I -S ENTRY_SCRIPT ARGS...`` with :data:`~cdi.hooks.entry.HOOK_ENV`.  Both paths are
-baked in at build time, so nothing it runs comes from its input.  Building needs a C
-compiler and a static libc on the host (Debian: ``gcc`` and ``libc6-dev``).
+A statically linked program has no dynamic loader for ``LD_PRELOAD`` and its kin to act
+on; it throws its environment away and executes ``PYTHON -I -S ENTRY_SCRIPT ARGS...`` with
+:data:`~cdi.hooks.entry.HOOK_ENV`, both paths fixed when it is built. Building needs a C
+compiler and a static libc (Debian: ``gcc`` and ``libc6-dev``).
 """
 
 from __future__ import annotations
@@ -16,8 +14,6 @@ import subprocess
 import tempfile
 
 from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV, interpreter
-
-__all__ = ["LauncherError", "build_launcher", "launcher_source"]
 
 _SAFE = re.compile(r"^[A-Za-z0-9._+/=:-]+$")  # nothing that needs escaping in a C string
 

@@ -27,11 +27,9 @@ from cdi.linux.elf import (
 )
 from cdi.linux.ldcache import LdCacheEntry, LdCacheError, encode, libcmp, merge, parse_ldcache
 
-TYPE_CHECKING = False  # collections costs a hook process ~2 ms at start-up
+TYPE_CHECKING = False  # collections would slow every hook's start
 if TYPE_CHECKING:
     from collections.abc import Sequence
-
-__all__ = ["LdcacheResult", "update_ldcache", "write_file"]
 
 CACHE = "/etc/ld.so.cache"
 CONF_DIR = "/etc/ld.so.conf.d"
@@ -51,7 +49,7 @@ _ARCH_FLAGS = {(62, 64): 0x0300, (183, 64): 0x0A00, (21, 64): 0x0500, (62, 32): 
 
 
 class LdcacheResult:
-    """What one run did (a plain class: ``dataclasses`` costs a hook ~19 ms to import)."""
+    """What one run did (a plain class: importing ``dataclasses`` slows a hook's start)."""
 
     __slots__ = ("added", "kept", "libc", "links", "warnings", "written")
 

@@ -1,27 +1,7 @@
-"""Which mount a folder the hook reached lies on, and whether the hook may write there.
-
-A createContainer hook runs as root on the host, and the container's root folder is not
-one filesystem: the runtime has mounted volumes, host folders, files (``/etc/hosts``)
-and tmpfs filesystems into it.  A hook that writes through a folder that is a bind mount
-of a host folder writes, as root, into the host (or into a volume other containers
-share), whatever the container's user could do there.  So the hook writes only into the
-container's *own* filesystems, told apart by the mounts actually set up, never by names:
-
-* the root filesystem: the mount that holds the root folder the hook opened;
-* a tmpfs made for this container alone: ``config.json``'s ``mounts`` ask for a
-  ``tmpfs`` (no ``bind``/``rbind`` option) at that place, and the mount table agrees: a
-  tmpfs mounted from its root, whose filesystem is mounted nowhere else (a host or pod
-  tmpfs bound in is also mounted at its origin) and with nothing stacked at its mount
-  point (an image can aim a volume at ``/dev`` through a symlink).  ``/dev`` is one, and
-  the device links go there; a new tmpfs is seen by nothing outside the container.
-
-Everything else (a bind mount, a volume, a host or shared tmpfs, ``/proc``, ``/sys``) is
-another mount: the hook skips it with one line naming it.  An object's mount is the
-``mnt_id`` the kernel reports for the descriptor the hook holds (``/proc/self/fdinfo``),
-so the answer is about the very folder written through, not about a path that could be
-looked up again.  The mount table is read only to name or classify a mount other than
-the root's, and that table is the container's: a createContainer hook runs in the
-container's mount namespace, before ``pivot_root``.
+"""Which mount a folder the hook reached lies on, and whether the hook may write there: only
+the container's own filesystems (its root filesystem, a tmpfs made for it alone), told
+apart by the mount the kernel reports for the descriptor held, never by names
+(docs/developer/hook-safety.md §3).
 """
 
 from __future__ import annotations
@@ -32,8 +12,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from cdi.hooks.state import ContainerRoot
 
-__all__ = ["MountInfo", "MountTable", "find_mount", "mount_id", "parse_mountinfo"]
-
 # Before pivot_root the container's table holds the host's mounts too; 64 MiB is hundreds
 # of thousands of them.  It is read only when a write meets a mount other than the root's.
 _MAX_MOUNTINFO = 64 << 20
@@ -43,7 +21,7 @@ _BIND_OPTIONS = frozenset(("bind", "rbind"))
 def mount_id(fd: int) -> int | None:
     """The id of the mount the object open at ``fd`` lies on (None where the kernel does
     not say: Linux < 3.15)."""
-    # os.open/os.read: a Python file object costs 5 times as much, for each folder written
+    # os.open/os.read rather than a file object: this runs for each folder written
     info = os.open(f"/proc/self/fdinfo/{fd}", os.O_RDONLY | os.O_CLOEXEC)
     try:
         data = os.read(info, 4096)
@@ -81,16 +59,6 @@ def _unescape(field: bytes) -> str:
             out.append(field[i])
             i += 1
     return os.fsdecode(bytes(out))
-
-
-def parse_mountinfo(data: bytes) -> dict[int, MountInfo]:
-    """Every line of a mountinfo table (tests, tools); the hook looks up one line only."""
-    table: dict[int, MountInfo] = {}
-    for line in data.splitlines():
-        parsed = _parse_line(line)
-        if parsed is not None:
-            table[parsed[0]] = parsed[1]
-    return table
 
 
 def _parse_line(line: bytes) -> tuple[int, MountInfo] | None:

@@ -16,8 +16,6 @@ if TYPE_CHECKING:
     from cdi.hooks.rootfs import RootFS
     from cdi.hooks.state import ContainerRoot
 
-__all__ = ["Args", "Operation", "Option", "UsageError"]
-
 
 class UsageError(Exception):
     """The command line names no operation, or an unknown one or option; says which."""

@@ -1,21 +1,9 @@
 """Paths inside a container root, resolved so that nothing in the image can point outside it.
 
-A createContainer hook runs with host privileges while the container's root is still a plain
-folder on the host.  Every path a hook touches is therefore resolved *as if chrooted* into
-that folder: absolute symlinks restart at the root, ``..`` stops at the root, and magic links
-(``/proc/<pid>/root`` and friends) are never followed.  Two resolvers do this:
-
-* ``openat2(2)`` with ``RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS`` (Linux >= 5.6): the kernel
-  resolves the whole path in one call, so no rename in the image can race a check;
-* a walk for older kernels (or seccomp filters that refuse the syscall): one component at a
-  time with ``O_PATH | O_NOFOLLOW`` relative to the fd of the folder reached so far; symlink
-  text is read from the link's own fd and re-resolved by us relative to the root, and ``..``
-  pops our own stack of folder fds instead of asking the filesystem, so a folder moved away
-  mid-walk cannot take us with it.
-
-Both return file descriptors, and callers act through them (``symlinkat``, ``renameat``,
-``mkdirat``, ``openat`` with ``O_NOFOLLOW``, all with a *final* name that is one plain
-component): there is no window between checking a path and using it.
+Every path a hook touches is resolved as if chrooted into the root, by ``openat2(2)``
+(``RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS``) where the kernel has it, else by a walk of
+one ``O_PATH | O_NOFOLLOW`` component at a time; both return descriptors, which callers act
+through. The rules: docs/developer/hook-safety.md §2.
 """
 
 from __future__ import annotations
@@ -31,8 +19,6 @@ from cdi.hooks.mounts import MountTable, mount_id
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from cdi.hooks.state import ContainerRoot
-
-__all__ = ["ForeignMountError", "RootFS", "RootFSError", "split_container_path"]
 
 _MAX_HOPS = 40  # symlinks per resolution, the bound Linux's own path walk uses
 _RESOLVE_NO_MAGICLINKS = 0x02
@@ -300,7 +286,7 @@ class RootFS:
                 raise
             with _Folder(self._open_dir(parts[:-1], True)) as pfd:
                 self.check_writable(pfd, "/" + "/".join(parts[:-1]))
-                try:  # noqa: SIM105 (contextlib costs the hook ~4 ms of start-up)
+                try:  # noqa: SIM105 (contextlib would slow the hook's start)
                     os.mkdir(parts[-1], 0o755, dir_fd=pfd)
                 except FileExistsError:
                     pass  # made meanwhile, or a dangling link: see below
@@ -315,7 +301,7 @@ class RootFS:
         return fd
 
 
-# Plain context managers: contextlib costs a hook process about 4 ms at start-up.
+# Plain context managers: importing contextlib would slow every hook's start.
 
 
 class _Folder:

@@ -1,13 +1,9 @@
 """The OCI state a runtime hands a hook on stdin, and the container root it leads to.
 
-``{"bundle": DIR, ...}`` → ``DIR/config.json`` → ``root.path`` (relative to the bundle when
-not absolute), ``root.readonly`` and the container paths of ``linux.devices``.  The bundle
-and its config are written by the container manager on the host, so they are trusted; only
-what lies *inside* the root is not.
-
-This module is on every hook's start-up path, so it imports neither ``json`` (whose module
-compiles regular expressions at import: about 9 ms of a hook's CPU) nor ``dataclasses``: the
-documents are decoded by the C scanner that ``json`` itself uses (:func:`loads`).
+``{"bundle": DIR, ...}`` → ``DIR/config.json`` → ``root.path``, ``root.readonly``, the
+``linux.devices`` paths and the mounts. Both documents are the container manager's on the
+host: trusted, still read with a bound. Decoded by the C scanner ``json`` itself uses
+(:func:`loads`): importing ``json`` compiles regular expressions, on every hook's start.
 """
 
 from __future__ import annotations
@@ -17,9 +13,6 @@ import os
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO, Any
-
-__all__ = ["ContainerRoot", "StateError", "loads", "parse_state", "read_state",
-           "root_from_config"]
 
 _MAX_STATE = 1 << 20  # the state is a few hundred bytes; refuse to buffer a flood
 _MAX_CONFIG = 64 << 20
@@ -77,7 +70,7 @@ def loads(text: str | bytes) -> Any:
     if isinstance(text, bytes):
         text = text.decode("utf-8")  # ValueError (UnicodeDecodeError) as json's would be
     if _SCAN is None:
-        import json  # lazy: ~9 ms of a hook's CPU (see above), and only off CPython
+        import json  # lazy: only off CPython (see above)
 
         return json.loads(text)
     start = len(text) - len(text.lstrip(_WHITESPACE))

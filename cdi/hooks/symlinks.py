@@ -23,15 +23,13 @@ import stat
 
 from cdi.hooks.rootfs import ForeignMountError, RootFS, RootFSError, split_container_path
 
-TYPE_CHECKING = False  # collections costs a hook process ~2 ms at start-up
+TYPE_CHECKING = False  # collections would slow every hook's start
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-__all__ = ["Link", "LinkResult", "create_symlinks", "parse_link"]
 
-
-# Plain classes rather than dataclasses: ``dataclasses`` costs a hook process about 19 ms of
-# start-up (it imports ``inspect``), several times the work the hook does.
+# Plain classes rather than dataclasses: ``dataclasses`` imports ``inspect``, which costs a
+# hook process's start more than the hook's work.
 
 
 class Link:

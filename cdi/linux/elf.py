@@ -1,25 +1,11 @@
 """Read the dynamic section of an ELF shared object (DT_SONAME, DT_NEEDED).
 
-Why not pyelftools?  It is the well-kept library for this job, but the generator must
-start, scan a driver and write a spec in about 150 ms.  Measured on the dev box (Python
-3.11, pyelftools 0.33, warm page cache, ``python -X importtime``, several runs):
-
-* ``from elftools.elf.elffile import ELFFile`` (+ ``elftools.elf.dynamic``) costs
-  58-71 ms cumulative, i.e. 40-45 % of the whole budget before a byte is read; finding
-  DT_SONAME in the 57 objects of a simulated driver through ``iter_sections()`` then took
-  about 300 ms more;
-* this module costs about 1 ms self time at import (mostly defining one ``NamedTuple``;
-  ``struct``/``os``/``typing`` are shared with the rest of the package) and reads the
-  same 57 SONAMEs in about 3 ms.
-
-We need a very small part of ELF: the file header, the program headers, the PT_DYNAMIC
-segment and its strings, located the way the dynamic loader locates them, so it also
-works on objects whose section headers were stripped.
-
-Only the needed bytes are read (``os.pread``), never the whole object: real driver
-libraries are tens of megabytes.  The first 4 KiB come in one read, as
-the headers the walk starts with sit there (all of a small object does).  Malformed input
-raises :class:`ElfError` naming the file and offset.
+Not pyelftools: importing it and walking a driver's objects with it would cost the
+generator more than all its other work (bench/reports/2026-11-27-generator-stdlib-2-cores/).
+Only the headers, the PT_DYNAMIC segment and its strings are read (``os.pread``; a
+driver library is tens of megabytes), located as the dynamic loader locates them, so an
+object without section headers works too. Malformed input raises :class:`ElfError` naming
+the file and offset.
 """
 
 from __future__ import annotations
@@ -30,11 +16,6 @@ import sys
 
 from cdi.linux._errors import BinaryFormatError
 from cdi.linux.namedtuple import TYPE_CHECKING, NamedTuple
-
-__all__ = ["DynamicInfo", "ElfError", "ElfHeader", "NotElfError", "architecture_name",
-           "foreign_to_this_machine", "foreign_to_this_process", "is_elf", "parse_dynamic",
-           "read_dynamic", "read_dynamic_fd", "read_header", "read_soname", "this_machine",
-           "this_process"]
 
 _ELF_MAGIC = b"\x7fELF"
 _ELFCLASS32, _ELFCLASS64 = 1, 2
@@ -154,22 +135,29 @@ def read_header(path: str | os.PathLike[str]) -> ElfHeader:
         head = os.pread(fd, 20, 0)
     finally:
         os.close(fd)
-    if head[:4] != _ELF_MAGIC:
-        raise NotElfError("not an ELF file (bad magic)", source=source, offset=0)
-    if len(head) < 20:
+    if head[:4] == _ELF_MAGIC and len(head) < 20:
         raise ElfError("truncated ELF header", source=source, offset=len(head))
-    cls, data_enc = head[4], head[5]
-    if cls not in _HEADER:
-        raise ElfError(f"unknown ELF class {cls}", source=source, offset=4)
-    if data_enc not in (_ELFDATA2LSB, _ELFDATA2MSB):
-        raise ElfError(f"unknown ELF data encoding {data_enc}", source=source, offset=5)
-    order = "<" if data_enc == _ELFDATA2LSB else ">"
+    cls, order = _identify(head, source)
     e_type, e_machine = struct.unpack(order + "HH", head[16:20])
     return ElfHeader(bits=32 if cls == _ELFCLASS32 else 64, big_endian=order == ">",
                      machine=e_machine, elf_type=e_type)
 
 
-if TYPE_CHECKING:  # collections costs a hook process ~2 ms at start-up
+def _identify(head: bytes, source: str) -> tuple[int, str]:
+    """The class and the byte order (``<`` or ``>``) the ELF identification gives."""
+    if head[:4] != _ELF_MAGIC:
+        raise NotElfError("not an ELF file (bad magic)", source=source, offset=0)
+    if len(head) < 16:
+        raise ElfError("truncated ELF identification", source=source, offset=0)
+    cls, data_enc = head[4], head[5]
+    if cls not in _HEADER:
+        raise ElfError(f"unknown ELF class {cls}", source=source, offset=4)
+    if data_enc not in (_ELFDATA2LSB, _ELFDATA2MSB):
+        raise ElfError(f"unknown ELF data encoding {data_enc}", source=source, offset=5)
+    return cls, "<" if data_enc == _ELFDATA2LSB else ">"
+
+
+if TYPE_CHECKING:  # collections would slow every hook process's start
     from collections.abc import Callable
 
     _Reader = Callable[[int, int], bytes]
@@ -243,15 +231,7 @@ def _exact(raw: _Reader, off: int, size: int, what: str, source: str) -> bytes:
 
 
 def _parse(raw: _Reader, source: str) -> DynamicInfo:
-    if raw(0, 4) != _ELF_MAGIC:
-        raise NotElfError("not an ELF file (bad magic)", source=source, offset=0)
-    ident = _exact(raw, 0, 16, "ELF identification", source)
-    cls, data_enc = ident[4], ident[5]
-    if cls not in _HEADER:
-        raise ElfError(f"unknown ELF class {cls}", source=source, offset=4)
-    if data_enc not in (_ELFDATA2LSB, _ELFDATA2MSB):
-        raise ElfError(f"unknown ELF data encoding {data_enc}", source=source, offset=5)
-    order = "<" if data_enc == _ELFDATA2LSB else ">"
+    cls, order = _identify(raw(0, 16), source)
     hdr_fmt = order + _HEADER[cls]
     hdr = struct.unpack(hdr_fmt, _exact(raw, 16, struct.calcsize(hdr_fmt), "ELF header", source))
     e_type, e_machine, e_phoff, e_phentsize, e_phnum = hdr[0], hdr[1], hdr[4], hdr[8], hdr[9]

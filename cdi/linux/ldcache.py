@@ -30,24 +30,6 @@ if TYPE_CHECKING:  # pathlib, collections: milliseconds of the OCI hooks' start-
     from collections.abc import Iterable, Sequence
     from pathlib import Path
 
-__all__ = [
-    "LdCache",
-    "LdCacheEntry",
-    "LdCacheError",
-    "encode",
-    "find_libraries",
-    "host_path",
-    "libcmp",
-    "merge",
-    "parse",
-    "parse_ldcache",
-    "read_ldcache",
-    "resolve_from",
-    "resolve_in_root",
-    "root_prefix",
-    "uses_hwcaps_extension",
-]
-
 OLD_MAGIC = b"ld.so-1.7.0"
 NEW_MAGIC = b"glibc-ld.so.cache1.1"
 _OLD_HEADER_SIZE = 16  # 11-byte magic, padded, + u32 nlibs
@@ -267,7 +249,7 @@ def resolve_in_root(root: str | os.PathLike[str], path: str) -> Path:
     hostile driver root cannot make us read host files.  Missing components are kept
     as they are (like ``realpath -m``); symlink loops raise ``OSError(ELOOP)``.
     """
-    from pathlib import Path  # lazy: 7-8 ms of the update-ldcache hook's start (-I -S)
+    from pathlib import Path  # lazy: off the update-ldcache hook's start
 
     root_path = Path(root)
     parts, _hops = resolve_from(os.fspath(root_path), (), path)
@@ -336,8 +318,8 @@ def find_libraries(
     or the basename at the end of its symlink chain (``libfoo.so.1.2.3``).  Results
     keep cache order and are de-duplicated; dangling entries are skipped.
     """
-    import fnmatch  # lazy: 4.4-5 ms (re) of the hook's start (-I -S -X importtime)
-    from pathlib import Path  # lazy: 7-8 ms, as in resolve_in_root
+    import fnmatch  # lazy: it imports re, off the hook's start
+    from pathlib import Path  # lazy, as in resolve_in_root
 
     pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
     root_path = Path(root)
@@ -448,7 +430,7 @@ def merge(first: Iterable[LdCacheEntry], then: Iterable[LdCacheEntry]) -> list[L
 
 class _NameKey:
     """Sort key in :func:`libcmp` order (``functools.cmp_to_key`` without importing
-    functools, which costs a hook process about 3 ms at start-up)."""
+    functools on the hook's start-up path)."""
 
     __slots__ = ("raw",)
 

@@ -1,13 +1,10 @@
 """``NamedTuple`` for modules on a createContainer hook's start-up path.
 
-``typing`` costs a hook process about 11 ms of CPU at import (it pulls in ``re``,
-``functools``, ``contextlib`` ...) and ``collections`` about 2 ms, both more than a part of
-the hook's work they are needed for: the readers in :mod:`cdi.linux` use them only for
-``class X(NamedTuple)``.  Type checkers see ``typing.NamedTuple`` itself; at run time the
-class body becomes a tuple subclass with the same fields, defaults, docstring, methods and
-properties, and the namedtuple API the code uses (``_fields``, ``_field_defaults``,
-``_replace``, ``_asdict``, ``_make``, keyword construction, equality and hashing as tuples,
-a ``repr`` like namedtuple's, pickling).
+Importing ``typing`` (``re``, ``functools``, ``contextlib`` ...) or ``collections`` costs a
+hook process more than the part of its work they would serve: ``class X(NamedTuple)``.
+Type checkers see ``typing.NamedTuple`` itself; at run time the class body becomes a tuple
+subclass with the same fields, defaults, methods and the namedtuple API (``_fields``,
+``_field_defaults``, ``_replace``, ``_asdict``, ``_make``, keywords, pickling).
 """
 
 from __future__ import annotations

@@ -8,8 +8,6 @@ from typing import Any
 
 from cdi import cli
 
-__all__ = ["SPEC_DIRS_ENV", "add_commands"]
-
 SPEC_DIRS_ENV = "NVIDIA_CTK_CDI_SPEC_DIRS"  # nvidia-ctk cdi list's variable (comma-separated)
 
 

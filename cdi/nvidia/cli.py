@@ -2,13 +2,8 @@
 ``nvidia-ctk cdi generate`` for everything it implements.
 
 Every option can also come from the environment variable ``nvidia-ctk`` reads (a flag
-wins over its variable; list variables are comma-separated).  Our additions
-(``--link-mode``, ``--cdi-version``, ``--if-changed``, ``--hook-path``) read ``NRI_CDI_*``.
-
-The output is written atomically (temporary file in the same folder, fsync, rename, mode
-0644): a failure at any step leaves the previous spec as it was.  Next to a file output
-goes the sidecar ``<output>.meta`` (:mod:`cdi.nvidia.sidecar`: its name, its content and
-why it is written before the spec), with the metadata described in ``generate.py``.
+wins; list variables are comma-separated); our additions read ``NRI_CDI_*``. A file output
+is written atomically, after its sidecar (:mod:`cdi.nvidia.sidecar`).
 """
 
 from __future__ import annotations
@@ -81,8 +76,6 @@ from cdi.validate import validate_spec
 from cdi.version import parse_version, version_key
 from cdi.yaml11 import dump_yaml
 
-__all__ = ["add_commands", "cmd_generate", "main"]
-
 # flag destination -> (environment variable, kind); kind: str, list, bool
 ENV: dict[str, tuple[str, str]] = {
     "output": ("NVIDIA_CTK_CDI_OUTPUT_FILE_PATH", "str"),
@@ -128,10 +121,8 @@ FEATURE_FLAGS: dict[str, str | None] = {
 }
 # ``--mode``: the discovery modes, and csv (Tegra, from its CSV files: cdi.nvidia.tegra).
 GENERATE_MODES = (*MODES, "csv")
-# The highest cdiVersion each runtime's vendored CDI library accepts (a newer version is
-# "invalid", and the runtime then reports the devices as unresolvable).  Read from the
-# binaries: Debian's containerd 1.7.24 (CDI library 0.8: requiresV080 is its newest check)
-# and 2.1.9 (specs-go 1.0: requiresV100); Debian bookworm's podman 4.3.1 (CDI 0.5).
+# The highest cdiVersion each runtime's vendored CDI library accepts (a newer one is
+# "invalid": the devices are then unresolvable), read from Debian's binaries.
 RUNTIME_MAX_VERSIONS = {"podman-4.3": "0.5.0", "containerd-1.7.24": "0.8.0",
                         "containerd-2.1.9": "1.0.0"}
 # nvidia-ctk's hooks that nri-cdi does not emit, and why.
@@ -302,14 +293,10 @@ def _hooks(enabled: Sequence[str] | None, disabled: Sequence[str] | None, *,
 
 
 def _hook_path(value: str | None) -> str:
-    """The hook program named by the spec, or "" for the default entry: this interpreter
-    started isolated (``-I -S``) on the hooks' own script, which starts one Python per hook
-    instead of two (the console script re-executes itself isolated).
-
-    The program is recognised by its name, which decides the argument layout; a program
-    we cannot place would get arguments it does not understand (NVIDIA's binary answers
-    ``Unsupported CDI hook: hook`` to ours and exits 0, so a container would start without
-    ``libcuda.so.1``), hence refused."""
+    """The hook program named by the spec, or "" for the default entry (this interpreter,
+    isolated, on the hooks' own script: one Python per hook, not two). The program's name
+    decides the argument layout; one we cannot place is refused: it would get arguments it
+    does not understand (NVIDIA's answers ``Unsupported CDI hook`` and exits 0)."""
     if not value:
         return ""
     if not os.path.isabs(value):
@@ -681,10 +668,7 @@ def _write(path: Path, text: str, inv: Inventory, opts: Options, spec: SpecData,
     data = text.encode("utf-8")
     meta = metadata(inv, opts, spec, fp=fp, spec_file=path.name,
                     spec_sha256=sha256(data).hexdigest())
-    # The sidecar first: the spec's own change then wakes the plugin with the matching
-    # sidecar already there (it keeps the old spec's facts until then). A run stopped in
-    # between leaves a sidecar naming a spec hash that is not on disk, so --if-changed
-    # regenerates instead of trusting it.
+    # The sidecar first (cdi.nvidia.sidecar says why).
     atomic_write(sidecar_path(path), (json.dumps(meta, indent=2) + "\n").encode(), mode=0o644)
     atomic_write(path, data, mode=0o644)
 

@@ -1,20 +1,12 @@
 """``nri-cdi system create-device-nodes`` and ``create-dev-char-symlinks``.
 
-The NVIDIA kernel modules create no ``/dev`` nodes themselves: ``nvidia-modprobe`` (run by
-``nvidia-smi`` or the CUDA library) does, on first use.  A node where nothing has run CUDA
-since boot may lack ``/dev/nvidia-uvm`` and ``/dev/nvidiactl``, and a spec generated then
-leaves them out (``generate`` warns).  As ``nvidia-ctk system create-device-nodes
---control-devices`` does, the first command makes the four control nodes with the majors
-the running modules registered in ``/proc/devices``: ``nvidiactl`` (``nvidia-frontend`` or
-``nvidia``, minor 255), ``nvidia-modeset`` (same major, 254), ``nvidia-uvm`` (``nvidia-uvm``,
-0) and ``nvidia-uvm-tools`` (1), mode 0666.  A node that exists with other numbers (the
-``nvidia-uvm`` major is dynamic and changes across module reloads) is replaced atomically.
-
-``create-dev-char-symlinks`` makes ``/dev/char/MAJOR:MINOR`` links to the NVIDIA nodes
-(``/dev/nvidia*``, ``/dev/nvidia-caps/nvidia-*``; not nvidia-fs, nvswitch or nvlink), which
-udev makes for the nodes it knows but not for these; systemd's device cgroup rules
-(``DeviceAllow=``, used by runc's systemd cgroup driver) look nodes up there.
-Links are relative (``../nvidia0``), so a private dev root works the same.
+The NVIDIA kernel modules create no ``/dev`` nodes; ``nvidia-modprobe`` does, on first use,
+so a node where nothing ran CUDA since boot may lack ``/dev/nvidia-uvm`` and
+``/dev/nvidiactl``. As ``nvidia-ctk system create-device-nodes --control-devices``, the
+first command makes the four control nodes with the majors the running modules registered
+in ``/proc/devices`` (mode 0666), replacing one with stale numbers atomically. The second
+makes the ``/dev/char/MAJOR:MINOR`` links (relative) that udev makes for the nodes it
+knows but not for these: systemd's device cgroup rules look nodes up there.
 """
 
 from __future__ import annotations
@@ -27,9 +19,6 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
-
-__all__ = ["Action", "add_commands", "char_majors", "control_node_plan", "create_dev_char_links",
-           "create_device_nodes", "nvidia_char_nodes"]
 
 # The control nodes' numbers: name -> (/proc/devices names of its major, in preference
 # order; minor). Their paths, for the spec: cdi.nvidia.driver.CONTROL_NODE_PATHS.

@@ -1,28 +1,11 @@
 """What GPUs a node has: NVML or procfs discovery into plain frozen values.
 
 Everything is read under two roots so that a simulated node is just a folder: the driver
-root (libraries, among them the ``libnvidia-ml.so.1`` that NVML mode loads) and the dev
-root (``dev/``, and the kernel's ``proc/`` and ``sys/``, which belong to the host kernel
-and so sit with ``/dev`` rather than with the driver files of a driver container).
-
-Modes:
-
-* ``nvml``: nvidia-ml-py (module ``pynvml``), with the library found under the driver root
-  loaded by path first, so that we never talk to whatever NVML the loader would pick.
-* ``procfs``: no NVML.  GPUs from ``proc/driver/nvidia/gpus/*/information``, the driver
-  version from ``proc/driver/nvidia/version``, MIG devices from
-  ``proc/driver/nvidia/capabilities/gpu<minor>/mig/gi*/ci*``.  The kernel does not publish
-  MIG UUIDs, MIG profiles, brands, compute capabilities or the CUDA version there, so
-  those fields are ``None``.  GPU indices follow PCI bus order, as NVML's do.  NVML's MIG
-  device indices (the ``j`` of ``i:j``) are not published either, and NVML does not number
-  MIG devices by GPU-instance id (a graphics profile created first gets a higher id and a
-  lower index), so procfs MIG devices are marked ``indexed=False`` and named by what is
-  known (``<gpu>:gi<G>-ci<C>``), never by an ``i:j`` that could mean another slice.  A
-  GPU with MIG enabled but no instances looks like a plain GPU here, and MIG devices never
-  get DRM nodes (the ``+gfx`` profile attribute is not visible).
-* ``management``: like ``procfs`` but never fails for want of GPUs (the spec is one
-  ``all`` device built from ``/dev``).
-* ``auto``: ``nvml`` when it loads and answers, else ``procfs``.
+root (libraries, among them the ``libnvidia-ml.so.1`` that NVML mode loads by path, so
+that no other NVML is ever asked) and the dev root (``dev/``, ``proc/``, ``sys/``: the
+host kernel's). The modes (``nvml``, ``procfs``, ``management``, ``auto``) and what
+procfs cannot know (MIG UUIDs and indices, profiles, brands, compute capabilities, the
+CUDA version: ``None``, and MIG devices ``indexed=False``): docs/usage/spec-generation.md.
 """
 
 import contextlib
@@ -35,20 +18,6 @@ from typing import Any, NamedTuple
 
 from cdi.extras import MissingDependencyError
 from cdi.linux.elf import ElfError, foreign_to_this_process
-
-__all__ = [
-    "DiscoveryError",
-    "Gpu",
-    "MigDevice",
-    "NodeInfo",
-    "Roots",
-    "discover",
-    "discover_nvml",
-    "discover_procfs",
-    "discover_with_nvml",
-    "driver_version_from_proc",
-    "under",
-]
 
 NVML_EXTRA = ("nvml", "nvidia-ml-py")  # pynvml's extra and distribution (cdi.extras)
 MODES = ("auto", "nvml", "procfs", "management")

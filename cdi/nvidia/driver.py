@@ -1,18 +1,13 @@
 """The driver's artifacts on a node: libraries, links, binaries, configs, firmware, IPC
 sockets and device nodes, located under the driver and dev roots.
 
-Returned as plain values with both sides of every path: ``host`` (where it is on this
-machine, under the driver root) and ``path`` (where it goes in a container: the host path
-minus the driver root).  Nothing here knows about CDI; ``generate.py`` turns these into
-edits.
-
-Every path is resolved inside the driver root as if it were ``/`` (``_DriverRoot``), so a
-hostile driver root cannot make us read host files.  Locating libraries: first a scan of
-the usual 64-bit library folders under the driver root, then the loader's cache
-(``<driver-root>/etc/ld.so.cache``), so drivers in unusual folders are found too.  With
-``--library-search-path`` only those folders are scanned.  The driver's folders are the
-parents of every ``*.so.<driver-version>`` found; every such file in them (and in their
-``vdpau/``) is a driver library, as is the set of non-RM-versioned graphics libraries.
+Plain values with both sides of every path: ``host`` (under the driver root) and ``path``
+(in a container); ``generate.py`` turns them into edits. Every path is resolved inside the
+driver root as if it were ``/`` (``_DriverRoot``), so a hostile driver root cannot make us
+read host files. Libraries: the usual library folders, then the root's own loader cache
+(with ``--library-search-path``, only those folders). The driver's folders are the parents
+of every ``*.so.<driver-version>``, and every such file in them (and their ``vdpau/``) is
+the driver's, as are the graphics libraries without the RM version in their names.
 """
 
 import errno
@@ -27,17 +22,6 @@ from typing import NamedTuple
 from cdi.linux.elf import ElfError, is_elf, read_soname
 from cdi.linux.ldcache import LdCacheError, find_libraries, read_ldcache, resolve_from
 from cdi.nvidia.discover import Roots
-
-__all__ = [
-    "DeviceNodeInfo",
-    "DriverFiles",
-    "FileMount",
-    "Link",
-    "capability_of",
-    "find_version_from_libraries",
-    "locate_driver",
-    "stat_device_node",
-]
 
 LIBRARY_DIRS = (
     "/usr/lib64",
@@ -107,7 +91,6 @@ ETC_CONFIGS = (
     "vulkan/icd.d/nvidia_layers.json",
     "vulkan/implicit_layer.d/nvidia_layers.json",
 )
-CONFIG_DIRS = ("/etc", "/usr/local/share", "/usr/share")
 # $XDG_DATA_DIRS when unset or empty (the XDG base directory spec's default).
 XDG_DATA_DIRS = ("/usr/local/share", "/usr/share")
 XORG_SUBDIRS = ("drivers", "extensions", "updates/drivers", "updates/extensions")

@@ -1,31 +1,12 @@
 """Assemble an NVIDIA CDI spec from discovered facts (pure), plus its fingerprint and metadata.
 
 ``collect`` is the one impure step (it reads the node); ``build_spec`` turns the inventory
-into a ``SpecData`` in the shape ``nvidia-ctk cdi generate`` emits: one device per GPU and
-per MIG device for each naming strategy (GPUs in MIG mode are not emitted whole), the
-driver's files as spec-level edits, de-duplicated and stably ordered, an ``all`` device,
-and the minimum ``cdiVersion`` the content needs.
-
-Requirement metadata (for a later NVIDIA_REQUIRE_* / capability policy)
------------------------------------------------------------------------
-Each device's driver version, CUDA version, arch (compute capability) and brand, and
-which file serves which driver capability, must be recorded somewhere a consumer can
-read.  Spec and device ``annotations`` would be the natural place, but they force
-``cdiVersion`` >= 0.6.0, which runtimes that vendor an older CDI library (containerd 1.7,
-for one) reject outright: the whole spec would be lost to gain some metadata.  So:
-
-* by default the metadata goes to a **sidecar** ``<output>.meta``
-  (:mod:`cdi.nvidia.sidecar`) written atomically next to the spec, before it, and
-  carrying the spec's sha256, so a reader can tell a sidecar that belongs to another
-  version of the spec; YAML specs also get a
-  comment header naming the generator, the mode and the fingerprint (comments are
-  invisible to CDI parsers);
-* only when ``--cdi-version`` says the target accepts 0.6.0 or later are the same facts
-  also put in ``nri-cdi/*`` annotations, since then they cost nothing.
-
-The fingerprint hashes what makes a spec go stale: the driver version, the device-node
-majors (the ``nvidia-uvm`` and ``nvidia-caps`` majors are dynamic), the GPU and MIG
-layout, the set of driver files, the generator version and the generation options.
+into a ``SpecData`` in the shape ``nvidia-ctk cdi generate`` emits (docs/usage/spec-generation.md).
+The metadata a policy needs goes to the sidecar (:mod:`cdi.nvidia.sidecar`), and into
+``nri-cdi/*`` annotations only where ``--cdi-version`` allows 0.6.0: annotations would
+raise the spec's ``cdiVersion`` past what containerd 1.7 reads. The fingerprint hashes
+what makes a spec go stale: the driver version, the device-node majors, the GPU and MIG
+layout, the driver's files, the generator version and the options.
 """
 
 import json
@@ -55,17 +36,6 @@ from cdi.nvidia.driver import (
 )
 from cdi.nvidia.hook_programs import NVIDIA_HOOK_PROGRAMS
 from cdi.version import minimum_requirement, version_key
-
-__all__ = [
-    "GENERATOR_VERSION",
-    "GenerateError",
-    "Inventory",
-    "Options",
-    "build_spec",
-    "collect",
-    "fingerprint",
-    "metadata",
-]
 
 # Keep in step with pyproject.toml (a test checks); importlib.metadata would cost start-up.
 GENERATOR_VERSION = "0.1.0"

@@ -7,8 +7,6 @@ checked against them without importing the generator.
 
 from __future__ import annotations
 
-__all__ = ["HOOK_PROGRAMS", "NVIDIA_HOOK_PROGRAMS"]
-
 # ``nri-cdi`` and ``nri-cdi-hook`` (our static launcher, built by ``nri-cdi hook
 # build-static-launcher PATH``) take the subcommand first and every operation in one entry;
 # NVIDIA's two take the same subcommands and flags as ours under another argv prefix

@@ -1,22 +1,9 @@
 """Tegra's CSV mount specs: the files that say what a Jetson container gets.
 
-On Jetson (Tegra) boards the driver is not found by probing: the board support package
-lists its device nodes and files in CSV files, by default
-``/etc/nvidia-container-runtime/host-files-for-container.d/{devices,drivers,l4t}.csv``.
-Each line is ``KIND, PATH``:
-
-* ``dev``: a character device (``/dev/nvmap``, or a bare name looked up under ``/dev``);
-* ``lib``: a regular file, a library or any other (firmware, a licence text);
-* ``sym``: a symbolic link, recreated in the container, with the file it ends at;
-* ``dir``: a folder, bind-mounted whole.
-
-A path may hold glob wildcards. Blank lines and lines starting with ``#`` are skipped.
-Anything else that is not such a line is an error naming the file and the line: a
-malformed line would otherwise cost the container files with no word said (NVIDIA's
-parser skips such lines silently).
-
-This module only reads and filters the lists; :mod:`cdi.nvidia.tegra` finds the entries on
-the node.
+Each line is ``KIND, PATH`` (``dev``, ``lib``, ``sym``, ``dir``; docs/usage/jetson.md).
+A line that is not one is an error naming the file and the line (NVIDIA's parser skips
+it silently, and the container then lacks files with no word said). This module only
+reads and filters the lists; :mod:`cdi.nvidia.tegra` finds the entries on the node.
 """
 
 from __future__ import annotations
@@ -25,18 +12,6 @@ import fnmatch
 import os
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
-
-__all__ = [
-    "DEFAULT_FOLDER",
-    "DEFAULT_NAMES",
-    "KINDS",
-    "MountSpec",
-    "MountSpecError",
-    "default_files",
-    "ignored",
-    "parse_mount_specs",
-    "read_mount_specs",
-]
 
 DEFAULT_FOLDER = "/etc/nvidia-container-runtime/host-files-for-container.d"
 # The base files of the board support package; other *.csv files in the folder (a

@@ -2,32 +2,10 @@
 
 The entries of :mod:`cdi.nvidia.mountspec` become the same plain values the other modes
 produce (:class:`~cdi.nvidia.driver.DriverFiles` and the GPU's
-:class:`~cdi.nvidia.driver.DeviceNodes`), so that ``generate.py`` builds the spec, its
-hooks or link mounts, and its sidecar as for any node. What each kind becomes, as
-``nvidia-ctk cdi generate --mode csv`` makes it:
-
-* ``dev``: the character device under the dev root (a bare name is also looked for under
-  ``/dev``), a device node of the one GPU device;
-* ``lib``: the file it ends at, mounted at its own path; a library with a version suffix
-  also gets the links the driver's users expect where the host has them (its SONAME link
-  and its ``.so`` link), and ``libcuda.so``, ``libGLX_indirect.so.0`` and
-  ``libnvidia-opticalflow.so`` beside those libraries;
-* ``sym``: every link of the chain (the link, the link it points at, ...) recreated with its
-  own text, and the file at the end of the chain mounted at its own path;
-* ``dir``: the folder, mounted at the path listed;
-* and ``/etc/nv_tegra_release`` (the L4T release) when the driver root has it.
-
-The folders of the mounted libraries are the ld cache's (``update-ldcache``), or the
-loader path of ``--link-mode mounts``.
-
-Every path is resolved inside the driver root (an absolute link target starts again at the
-root), so a node mounted elsewhere (``--driver-root``) gives the spec the board itself
-would. An entry that finds nothing is left out and reported: a board lists files that
-only some of its modules have (the DLA nodes of an Orin Nano, for one).
-
-NVML, where the board has it (JetPack 6 on Orin, Thor), is asked only for what the mode
-needs: the GPU names (an Orin's compat root, and whether there are more GPUs than the
-integrated one) and the CUDA version for ``enable-cuda-compat``.
+:class:`~cdi.nvidia.driver.DeviceNodes`), so that ``generate.py`` builds the spec as for
+any node; what each kind becomes, as ``nvidia-ctk cdi generate --mode csv`` makes it:
+docs/usage/jetson.md. Every path is resolved inside the driver root; an entry that finds
+nothing is left out and reported (a board lists files only some of its modules have).
 """
 
 from __future__ import annotations
@@ -54,17 +32,6 @@ from cdi.nvidia.driver import (
     stat_device_node,
 )
 from cdi.nvidia.mountspec import MountSpec
-
-__all__ = [
-    "ORIN_COMPAT_ROOT",
-    "RELEASE_FILE",
-    "NvmlFacts",
-    "TegraFiles",
-    "integrated",
-    "is_tegra",
-    "locate_tegra",
-    "nvml_facts",
-]
 
 RELEASE_FILE = "/etc/nv_tegra_release"
 # Where CUDA images for Orin keep their forward-compatibility libraries (nvidia-ctk's

@@ -5,11 +5,10 @@ Everything a plugin needs is importable from here: ``Plugin`` (subclass it), ``S
 ``ContainerAdjustment`` builders of ``nri_plugin.nri.adjustment``. It knows nothing of CDI
 or of any vendor: the product (``nri_plugin.plugins``, ``vendors``, ``ops``) builds on it.
 
-Public names are imported on first use: importing a submodule (``nri_plugin.nri.wire`` from
-the hook-free parts of the product, say) runs this file, and that must not pay for protobuf
-and the messages (19 ms) or asyncio (39 ms; ``python -X importtime`` on a busy 2-core box).
-Importing the pure parts (``nri_plugin.nri.wire``, ``nri_plugin.nri.dispatch``) never pulls
-in asyncio.
+Public names are imported on first use: importing a submodule (``nri_plugin.nri.versions``
+from ``nri-cdi doctor``, say) runs this file, and that must not pay for protobuf, the
+messages or asyncio. Importing the pure parts (``nri_plugin.nri.wire``,
+``nri_plugin.nri.dispatch``) never pulls in asyncio.
 """
 
 from __future__ import annotations

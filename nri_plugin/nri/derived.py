@@ -1,21 +1,8 @@
-"""What a runtime's NRI derives from an adjustment by itself, NRI version by version.
-
-Pure; knows nothing of CDI. containerd (``pkg/cri/nri``, ``internal/cri/nri``) and CRI-O
-(``server/nri-api.go``) both apply a plugin's adjustment with the generator of the NRI
-version they vendor (``pkg/runtime-tools/generate``), so what they derive depends on that
-version only (facts read from containerd/nri tags v0.2.0-v0.6.1, v0.8.0, v0.9.0, v0.10.0, v0.11.0,
-v0.12.0; docs/reference/runtime-cdi.md, "What each NRI version does"):
-
-* every device node added through ``linux.devices`` gets an allow rule of its own in
-  ``linux.resources.devices``, with the access NRI's ``LinuxDevice.AccessString`` gives:
-  ``rw``, plus ``m`` for a block device; the node's fileMode is not consulted (every
-  version, for every node type);
-* explicit ``linux.resources.devices`` rules of an adjustment are relayed and applied from
-  NRI v0.10.0 on (containerd/nri commit cbc87ec); older versions drop them silently.
-
-So a rule equal to the derived one must never be sent (from 0.10 it would be there twice),
-and a rule that asks for more than the derived one (``m`` on a char device) takes effect
-only from 0.10, and then as a second rule after NRI's own.
+"""What a runtime's NRI derives from an adjustment by itself, NRI version by version. Pure;
+knows nothing of CDI. Every device node added gets an allow rule of NRI's own (``rw``,
+plus ``m`` for a block device), and explicit device rules are relayed only from NRI
+v0.10.0 on (docs/reference/runtime-cdi.md, "What each NRI version does"). So a rule equal
+to the derived one is never sent, and one asking for more takes effect only from 0.10.
 """
 
 from __future__ import annotations

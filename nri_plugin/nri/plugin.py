@@ -1,15 +1,9 @@
 """The ``Plugin`` base class: one plain method per NRI request, each a no-op.
 
-Subclass it and override what you need. An overridden lifecycle method is what
-subscribes the plugin to that event, so leave the rest alone.
-Handlers run inline on the event loop and must be fast and free of I/O: the
-runtime gives each request only ``request_timeout`` (2 s by default,
-docs/developer/nri-protocol.md §6), and a late reply both drops our adjustment and
-disconnects us.
-
-Raise from a handler to fail that one request with an error status (an
-``RpcError`` picks the code; anything else is UNKNOWN, as in Go). For
-CreateContainer an error status fails the container's creation (docs/developer/nri-protocol.md §6).
+Subclass it and override what you need: an overridden lifecycle method is what subscribes
+the plugin to that event (docs/developer/writing-a-plugin.md). Handlers run inline on the
+event loop and must be fast and free of I/O; raising fails that one request (an
+``RpcError`` picks the code, anything else is UNKNOWN, as in Go).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``Stub`` connects (inherited fd from the runtime, or the NRI socket), registers,
 serves the Plugin service until the connection ends, and calls ``on_close``.
-Requests are dispatched inline in ``buffer_updated``: handlers are plain,
+Requests are dispatched inline in ``data_received``: handlers are plain,
 I/O-free functions, so a reply leaves in the same loop iteration its request
 arrived in, far inside the runtime's request timeout (docs/developer/nri-protocol.md §6).
 """
@@ -59,9 +59,6 @@ WRITE_HIGH_WATER = 1 << 20
 STALL_TIMEOUT = 10.0
 # Warn when a handler uses more than this share of the runtime's request timeout.
 SLOW_HANDLER_SHARE = 0.25
-# Each connection reads into one buffer of this size, allocated once (asyncio's plain
-# Protocol would allocate one for every read).
-READ_SIZE = 256 << 10
 
 Callback = Callable[["Stub"], Awaitable[None] | None]
 CloseCallback = Callable[["Stub", BaseException | None], Awaitable[None] | None]
@@ -101,7 +98,7 @@ async def _maybe_await(result: Awaitable[None] | None) -> None:
         await result
 
 
-class _Session(asyncio.BufferedProtocol):
+class _Session(asyncio.Protocol):
     """One connection: feeds ``Connection``, runs handlers, resolves our calls."""
 
     def __init__(self, plugin: Plugin, log: logging.Logger, *,
@@ -110,7 +107,6 @@ class _Session(asyncio.BufferedProtocol):
         self.log = log
         self.on_synchronized = on_synchronized
         self.loop = asyncio.get_running_loop()
-        self._read = memoryview(bytearray(READ_SIZE))
         self.conn = Connection(services=SERVICES, logger=log)
         self.dispatcher = Dispatcher(plugin)
         self.transport: asyncio.Transport | None = None
@@ -120,7 +116,7 @@ class _Session(asyncio.BufferedProtocol):
         self.stall_timeout = stall_timeout
         self._stalled: asyncio.TimerHandle | None = None
 
-    # --- asyncio.BufferedProtocol ---
+    # --- asyncio.Protocol ---
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -148,12 +144,8 @@ class _Session(asyncio.BufferedProtocol):
                        "dropping the connection", self.stall_timeout, size)
         self._abort(ConnectionError("peer stopped reading"))
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._read
-
-    def buffer_updated(self, nbytes: int) -> None:
-        # The sans-IO core copies what it keeps: the buffer is free again on return.
-        self._feed(self._read[:nbytes])
+    def data_received(self, data: bytes) -> None:
+        self._feed(data)
 
     def eof_received(self) -> bool:
         self._feed(b"")
@@ -164,14 +156,14 @@ class _Session(asyncio.BufferedProtocol):
 
     # --- the driver ---
 
-    def _feed(self, data: bytes | memoryview) -> None:
+    def _feed(self, data: bytes) -> None:
         try:
             self._handle(self.conn.receive_data(data))
         except ProtocolError as exc:
             self.log.error("protocol error, dropping the connection: %s", exc)
             self._abort(exc)
             return
-        except Exception as exc:  # a bug: never let it escape buffer_updated half-done
+        except Exception as exc:  # a bug: never let it escape data_received half-done
             self.log.exception("unexpected error, dropping the connection")
             self._abort(exc)
             return
@@ -217,7 +209,7 @@ class _Session(asyncio.BufferedProtocol):
     def _reply(self, event: RequestReceived, payload: bytes, code: int = Code.OK,
                message: str = "") -> None:
         """Answer, whatever the size: a reply over the 4 MiB frame limit becomes a short
-        RESOURCE_EXHAUSTED error (never an exception out of buffer_updated, which would
+        RESOURCE_EXHAUSTED error (never an exception out of data_received, which would
         drop the connection and let the container be created without us)."""
         try:
             self.conn.send_response(event.stream_id, payload, code=code, message=message)

@@ -1,12 +1,9 @@
 """What the connected runtime can do, from the name and version it sends in Configure.
 
 Pure. The NRI version a runtime vendors is not on the wire before NRI 0.12, so it is
-looked up from the runtime's release (docs/developer/nri-protocol.md §5.1, §5.2). So is the CDI
-library its own CDI support uses, whose behaviour the plugin must reproduce
-(docs/reference/runtime-cdi.md, "Runtime CDI versions"): which spec versions it reads, whether it
-fills an unset device-node fileMode from the host (v1.1.0+, CDI commit 457489d) and how it
-orders mounts (by depth and name before v1.0.0, stably by depth only from v1.0.0, CDI
-commit 7d4fb44).
+looked up from the runtime's release (docs/developer/nri-protocol.md §5.1, §5.2), as is
+the CDI library of its own CDI support, whose behaviour the plugin reproduces
+(docs/reference/runtime-cdi.md, "Runtime CDI versions").
 """
 
 from __future__ import annotations
@@ -39,9 +36,8 @@ _CRIO_NRI: tuple[tuple[Version, Version], ...] = (
 )
 
 # (first runtime release, container-device-interface version in its go.mod), newest first.
-# Distribution builds may link another version (Debian trixie's containerd 1.7.24~ds1 uses
-# CDI 0.8.0, sid's 2.1.9~ds1 uses 1.0.1); the behaviours above change only at 1.0.0 and
-# 1.1.0, and both of those builds fall on the same side as the upstream release.
+# Distribution builds may link another version, on the same side of 1.0.0 and 1.1.0, where
+# the behaviours change (docs/reference/runtime-cdi.md).
 _CONTAINERD_CDI: tuple[tuple[Version, Version], ...] = (
     ((2, 2, 1), (1, 1, 0)), ((2, 1, 0), (1, 0, 1)), ((2, 0, 5), (1, 0, 0)),
     ((2, 0, 3), (0, 8, 1)), ((2, 0, 0), (0, 8, 0)), ((1, 7, 27), (0, 8, 1)),
@@ -53,6 +49,8 @@ _CRIO_CDI: tuple[tuple[Version, Version], ...] = (
     ((1, 31, 0), (0, 8, 0)), ((1, 30, 0), (0, 7, 2)), ((1, 29, 0), (0, 6, 2)),
     ((1, 28, 0), (0, 6, 0)), ((1, 27, 0), (0, 5, 4)), ((1, 26, 0), (0, 5, 3)),
 )
+_NRI = {"containerd": _CONTAINERD_NRI, "cri-o": _CRIO_NRI, "crio": _CRIO_NRI}
+_CDI = {"containerd": _CONTAINERD_CDI, "cri-o": _CRIO_CDI, "crio": _CRIO_CDI}
 
 
 def parse_version(text: str) -> Version | None:
@@ -80,9 +78,9 @@ class RuntimeInfo:
     @classmethod
     def from_configure(cls, name: str, version: str, nri_version: str = "") -> RuntimeInfo:
         parsed = parse_version(version)
-        nri = parse_version(nri_version) if nri_version else _nri_of(name, parsed)
+        nri = parse_version(nri_version) if nri_version else _lookup(_NRI.get(name, ()), parsed)
         return cls(name=name, version=parsed, nri_version=nri,
-                   cdi_version=_lookup(_cdi_table(name), parsed))
+                   cdi_version=_lookup(_CDI.get(name, ()), parsed))
 
     @property
     def is_containerd(self) -> bool:
@@ -114,10 +112,8 @@ class RuntimeInfo:
     @property
     def native_mount_order_by_name(self) -> bool:
         """Whether the runtime's own CDI sorts mounts by (depth, name), as NRI does with
-        every adjustment that has mounts (CDI before v1.0.0). From v1.0.0 it sorts by depth
-        only and keeps the order within a depth, so same-depth mounts can come out in
-        another order through NRI (same-depth mounts never nest, so only their order in
-        config.json differs)."""
+        every adjustment that has mounts (CDI before v1.0.0; from v1.0.0 by depth only,
+        stably)."""
         return self.cdi_version is not None and self.cdi_version < (1, 0, 0)
 
     @property
@@ -146,17 +142,6 @@ class RuntimeInfo:
         if self.cdi_version is None:
             return f"{self.name or 'the runtime'}'s CDI library (version unknown)"
         return f"{self.name}'s CDI library {'.'.join(map(str, self.cdi_version))}"
-
-
-def _nri_of(name: str, version: Version | None) -> Version | None:
-    table = _CONTAINERD_NRI if name == "containerd" else _CRIO_NRI if name in (
-        "cri-o", "crio") else ()
-    return _lookup(table, version)
-
-
-def _cdi_table(name: str) -> tuple[tuple[Version, Version], ...]:
-    return _CONTAINERD_CDI if name == "containerd" else _CRIO_CDI if name in (
-        "cri-o", "crio") else ()
 
 
 def _lookup(table: tuple[tuple[Version, Version], ...],

@@ -3,10 +3,7 @@
 A table of subcommands, each in the module that owns it. Only the module of the subcommand
 being run is imported (all of them for ``--help`` or an unknown one): ``nri-cdi generate``
 and the hooks, which the runtime starts for every container, must not pay for the plugin
-or the doctor. ``python -S``, building the parser: ``generate``'s 26 ms (every module its
-run uses: they are imported at its top), ``hook``'s 14 ms; ``plugin``'s imports the whole
-daemon (85 ms, with site-packages). ``argparse`` stays: it costs 1.2 ms to import and
-0.5 ms to build and parse ``generate``'s options.
+or the doctor (bench/reports/2026-11-27-generator-stdlib-2-cores/).
 ``tests/nvidia/test_generate_command.py`` checks what ``nri-cdi generate`` loads.
 """
 

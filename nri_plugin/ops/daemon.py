@@ -1,9 +1,6 @@
-"""``nri-cdi plugin``: the NRI plugin daemon.
-
-Wires the pieces: a SpecCache kept fresh by a background refresher (inotify + periodic
-rescan), the CdiInjector plugin reading only the current snapshot, and the Stub that
-talks NRI. Log lines are written without blocking (``NonBlockingHandler``), so that a log
-call on the CreateContainer path never waits on stderr or journald.
+"""``nri-cdi plugin``: the NRI plugin daemon, the composition root: the spec cache kept
+fresh by a background refresher, the injector, its start guard and metrics, and the stubs
+that talk NRI (docs/developer/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """Whether a node's runtime set-up can serve Kubernetes DRA claims at all (doctor, and the
-plugin when it connects).
-
-The kubelet from 1.31 hands DRA claims (and the device plugin's ``cdi-cri`` devices) to the
-runtime as CRI CDIDevices only, with no ``cdi.k8s.io/`` annotation. containerd acts on them
-only with its own CDI on (``enable_cdi``). With it off, containerd before 2.3 drops them
-without an error and shows them to no plugin (NRI's ``Container.CDI_devices`` is filled
-from containerd 2.3 only): the container starts without its GPU and nobody says so.
-containerd 2.3 fails such a container instead ("CDI devices ... requested but CDI support
-is explicitly disabled", commit ec8933999), before any plugin is asked. Either way, with
-containerd's CDI off no plugin can serve them. docs/developer/kubernetes-allocation.md.
+plugin when it connects): with containerd's own CDI off, the CRI CDIDevices a kubelet
+>= 1.31 sends for a claim reach no plugin (docs/developer/kubernetes-allocation.md).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """Prometheus metrics and health endpoints for the plugin (off unless ``metrics.address``).
 
-``Metrics`` is what the daemon and the injector call; every call is a counter or gauge
-update (no I/O), so it is safe on the CreateContainer path. ``serve(address)`` starts a
-small HTTP server in a daemon thread:
-
-* ``/metrics``: Prometheus text format;
-* ``/healthz``: 200 when connected to the runtime, else 503 (a readiness signal: while
-  disconnected, containers are created without their devices);
-* ``/livez``: 200 while the process serves HTTP (liveness: a disconnected plugin is
-  retrying, restarting it would not help).
-
-Both health answers are JSON with the runtime, the registry generation and counts, and
-the plugin's counters (``Counters``: injected, refused, unserved found/reported/evicted,
-failed delegations) when the daemon hands them over.
-prometheus-client is imported when a ``Metrics`` is made, so commands that never make
-one do not pay for it (11-15 ms, ``python -X importtime``), nor need the ``metrics`` extra.
+``Metrics`` is what the daemon and the injector call: counter and gauge updates only (no
+I/O), safe on the CreateContainer path. ``serve(address)`` starts a small HTTP server in a
+daemon thread: ``/metrics``; ``/healthz``, 200 when connected to the runtime, else 503 (a
+readiness signal); ``/livez``, 200 while it serves (a disconnected plugin is retrying:
+restarting it would not help). Both health answers are JSON with the runtime, the registry
+and the counters. prometheus-client is imported when a ``Metrics`` is made, so commands
+that never make one neither pay for its import nor need the ``metrics`` extra.
 """
 
 from __future__ import annotations

@@ -1,32 +1,9 @@
 """``nri-cdi watch`` and ``nri-cdi refresh``: keep the generated spec in step with the node.
 
-The two failures operators hit most are a spec left stale by a driver upgrade (it names
-versioned libraries that are gone) and a spec that ignores a MIG reconfiguration (NVIDIA's
-own refresh units watch only ``modules.dep`` and miss MIG, toolkit #1828). So the watcher
-regenerates on both:
-
-* driver: the text of ``/proc/driver/nvidia/version``, the identity of
-  ``/sys/module/nvidia`` (sysfs makes a new directory, with a new inode, when the module is
-  loaded again), ``/lib/modules/<release>/modules.dep``, and the inode/mtime/size of the
-  NVML and CUDA libraries in the spec's library folders (a package upgrade renames new
-  files into place);
-* MIG layout: the tree under ``/proc/driver/nvidia/capabilities`` (the driver adds a
-  ``gpu<minor>/mig/gi<g>/ci<c>`` entry per instance) and the GPU list in
-  ``/proc/driver/nvidia/gpus``;
-* device majors: the ``nvidia*`` lines of ``/proc/devices``.
-
-procfs and sysfs send no inotify events, so the node is *polled*: a poll is a few stats and
-one small directory walk. A change must hold still for ``settle`` seconds (an upgrade
-replaces many files) before the generator runs. The generator runs as a child process
-with ``--if-changed``: its fingerprint (driver version, majors, MIG layout, file list,
-options) decides whether anything is written, so a poll that saw a harmless change writes
-nothing. It runs in a child because NVML must be loaded fresh after a driver upgrade, and a
-watcher that kept NVML open would hold the GPUs that a MIG reconfiguration needs free.
-Changes only NVML can see are caught by the periodic ``resync_interval`` run.
-
-The spec is written atomically (temporary file + rename): the plugin's inotify watch
-sees one complete file, builds a new registry snapshot off the request path and swaps it
-in one assignment, so each container gets the edits of exactly one spec version.
+The watcher polls what a driver upgrade, a module reload, a MIG change or new device
+majors change (procfs and sysfs send no inotify events), waits for ``settle``, and runs the
+generator in a child process with ``--if-changed``, whose fingerprint decides whether
+anything is written; what is watched and why: docs/usage/keeping-specs-current.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
-"""One configuration file for the plugin, the generator, the refresher and the policy.
-
-``/etc/nri-cdi/config.yaml`` by default (``--config`` or ``NRI_CDI_CONFIG`` to choose).
-Every key has a default, so an absent default file means "all defaults"; an explicitly
-named file that is absent is an error. The file is validated as a whole when a command
-starts, and every error names the file and its key (``config.yaml:
-plugin.rescan_interval: expected a number > 0, got 'soon'``), so a typo never silently
-falls back to a default.
+"""One configuration file for the plugin, the generator, the refresher and the policy
+(docs/reference/configuration.md, which ``nri-cdi config reference`` writes).
 
 Each key is declared once: a field of its section's frozen dataclass below, with its
-default, and a :class:`Key` in the field's metadata (what it means, how a value is checked,
-its command-line flag if it has one). Everything else is derived from those declarations:
-the file's parsing and validation (:func:`parse_settings`), the flags of every command that
-takes a key and their help with the default (:func:`add_setting_flags`), and the output of
-``nri-cdi config show`` and ``nri-cdi config reference``.
-
-Precedence: command-line flag > file > built-in default. The ``policy`` section is kept as
-a read-only mapping here and validated by the policy code: this module only checks that it
-is a mapping.
+default and a :class:`Key` in its metadata (meaning, value check, flag). The file's parsing
+and validation (every error names the file and the key), the commands' flags and their
+help, and ``config show``/``reference`` are derived from those declarations. Precedence:
+flag > file > default. The ``policy`` section is only checked to be a mapping here; the
+policy code validates it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The plugin's status file, ``<plugin.status_dir>/<NN>-<name>.json``, for ``nri-cdi doctor``.
 
-The daemon writes it atomically (a temporary file, then a rename) when it starts, when its
-connection to the runtime has synchronized (from then on the runtime asks it about every
-container), when that connection closes, and when it stops: never on a container's path.
-It says which runtime it is connected to, since when, over which socket, and its pid.
-
-Whether the writer still runs is told by a lock, not by the pid: the daemon holds an
-exclusive ``flock`` on ``<NN>-<name>.lock`` next to the file for its whole life, and the
-kernel drops it when the process ends, however it ends. A reader that cannot take the lock
-knows the plugin is alive, whatever pid namespace either of them runs in (a DaemonSet pod
-without hostPID, the doctor on the host) and whatever process a crashed plugin's pid was
-given since.
+The daemon writes it atomically when it starts, when its connection has synchronized, when
+that connection closes and when it stops: never on a container's path. Whether the writer
+still runs is told by a lock, not by the pid: the daemon holds an ``flock`` on
+``<NN>-<name>.lock`` for its whole life, which the kernel drops however it ends, so a reader
+that cannot take it knows the plugin lives, whatever pid namespace either runs in.
 """
 
 from __future__ import annotations

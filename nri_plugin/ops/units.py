@@ -1,19 +1,9 @@
 """systemd units and the plugin's launcher for the runtime's NRI plugin folder: their text,
 and the commands that put them in place and take them away (``nri-cdi install-units`` /
-``uninstall-units``, ``install-plugin-launcher`` / ``uninstall-plugin-launcher``).
-
-The units are rendered from this module (the copies in the repository's ``systemd/``
-folder are its output for the default paths, checked by a test), so the installed
-ExecStart lines always name the ``nri-cdi`` that is actually installed.
-
-* ``nri-cdi-generate.service``: oneshot at boot, before containerd and the plugin, creates
-  missing NVIDIA control nodes and /dev/char links (``nri-cdi system ...``), then runs
-  ``nri-cdi refresh`` (the generator with ``--if-changed``);
-* ``nri-cdi-generate.path``: runs it again when ``modules.dep`` (a driver or kernel
-  package was installed) or the ``nri-cdi`` executable changes;
-* ``nri-cdi-watch.service``: ``nri-cdi watch``, which also sees module reloads and MIG
-  changes (procfs sends no inotify events, so a .path unit cannot);
-* ``nri-cdi-plugin.service``: the plugin, after containerd, always restarted, sandboxed.
+``uninstall-units``, ``install-plugin-launcher`` / ``uninstall-plugin-launcher``; what each
+unit does: docs/install/systemd.md). The units are rendered here, so the installed
+ExecStart lines name the ``nri-cdi`` actually installed; ``systemd/`` in the repository
+holds the output for the default paths (a test checks it).
 """
 
 from __future__ import annotations

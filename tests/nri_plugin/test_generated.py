@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import tempfile
 from pathlib import Path
@@ -9,9 +10,15 @@ from pathlib import Path
 import pytest
 from google.protobuf import descriptor_pb2
 
-from nri_plugin.nri.api import Event, EventMask, generate, nri_pb2, ttrpc_pb2
+from nri_plugin.nri.api import Event, EventMask, nri_pb2, ttrpc_pb2
 
 pytest.importorskip("grpc_tools", reason="grpcio-tools is needed to regenerate")
+
+_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "generate_protobuf.py"
+_spec = importlib.util.spec_from_file_location("generate_protobuf", _SCRIPT)
+assert _spec is not None and _spec.loader is not None
+generate = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(generate)
 
 VERSION = re.compile(rb"^# Protobuf Python Version: (\S+)$", re.M)
 
@@ -35,7 +42,7 @@ def fresh() -> dict[str, bytes]:
 def test_committed_descriptors_match_the_proto(fresh: dict[str, bytes], name: str) -> None:
     committed = (generate.API_DIR / name).read_bytes()
     assert _descriptor(committed) == _descriptor(fresh[name]), (
-        f"nri_plugin/nri/api/{name} is stale: run python -m nri_plugin.nri.api.generate"
+        f"nri_plugin/nri/api/{name} is stale: run python3 scripts/generate_protobuf.py"
     )
 
 

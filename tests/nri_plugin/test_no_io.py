@@ -6,9 +6,9 @@ a socket through the Stub and the metered, policy-enforcing injector with the NV
 and their node facts, while an audit hook (armed by a flag, since audit hooks cannot be
 removed) fails on the events that mean I/O.
 ``os.stat``/``os.lstat`` raise no audit event, so they are patched to fail as well.
-Logging is the daemon's handler (``NonBlockingHandler``, writing to /dev/null here): on the
-event loop it writes in a callback after the reply, and formats tracebacks in its writer
-thread; pytest's own log capture is switched off here.
+Logging is the daemon's handler (``NonBlockingHandler``, writing to /dev/null here): it
+only queues a record, its writer thread formats and writes it; pytest's own log capture is
+switched off here.
 """
 
 from __future__ import annotations

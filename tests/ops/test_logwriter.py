@@ -1,6 +1,5 @@
-"""The daemon's log handler: each line written at once, never blocking the thread that
-logged it, in order, bounded when nobody reads, and nothing written inside an event-loop
-callback (the CreateContainer handler's) until the callback after it."""
+"""The daemon's log handler: never blocking the thread that logs, every line in order,
+bounded when nobody reads (the drop counted and reported), written out at close."""
 
 from __future__ import annotations
 
@@ -87,10 +86,9 @@ def test_a_regular_file_gets_every_line_in_order(tmp_path: Path) -> None:
     path = tmp_path / "log"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
-        with handler_on(fd) as (handler, log):
+        with handler_on(fd) as (_, log):
             for i in range(50):
                 log.info("line %d", i)
-            assert not handler._busy  # a file takes every line at once: no thread
     finally:
         os.close(fd)
     assert lines_of(path.read_bytes()) == [f"line {i}" for i in range(50)]
@@ -103,7 +101,6 @@ def test_a_full_pipe_never_blocks_and_loses_nothing() -> None:
         with handler_on(write_end) as (handler, log):
             fill(write_end)
             assert in_thread(lambda: log_lines(log, 200)), "logging blocked on a full pipe"
-            assert handler._busy  # what did not fit waits in the writer thread
             # The runtime's end of stderr keeps its flags: O_NONBLOCK is on our own copy.
             assert fcntl.fcntl(write_end, fcntl.F_GETFL) == flags
             got = read_until(lambda: os.read(read_end, 1 << 16), b"line 199\n")
@@ -124,50 +121,27 @@ def test_a_full_socket_never_blocks_and_loses_nothing() -> None:
     assert lines_of(got.lstrip(b"x")) == [f"line {i}" for i in range(200)]
 
 
-def test_the_backlog_is_bounded_and_the_drop_is_reported() -> None:
+def test_the_queue_is_bounded_and_the_drop_is_reported() -> None:
     read_end, write_end = os.pipe()
     try:
-        with handler_on(write_end, max_backlog=4096) as (handler, log):
+        with handler_on(write_end, max_queued=30) as (handler, log):
             fill(write_end)
             assert in_thread(lambda: log_lines(log, 400, "line %d " + "y" * 100))
-            assert handler._backlog_bytes <= 4096
+            assert handler.records.qsize() <= 30
             dropped = handler.dropped
-            assert dropped > 300  # some 30 of 400 lines fit in 4 KiB
+            assert dropped >= 400 - 32  # 30 queued, one or two taken by the writer thread
             got = read_until(lambda: os.read(read_end, 1 << 16), b"waited for it\n")
     finally:
         os.close(read_end)
         os.close(write_end)
     kept = [line for line in lines_of(got.lstrip(b"x")) if line.startswith("line ")]
     numbers = [int(line.split()[1]) for line in kept]
-    # The first ones, in order (one more may have found room as the thread took one).
-    assert numbers[:20] == list(range(20)) and numbers == sorted(set(numbers))
+    # The first ones, in order (more may have found room as the thread took one).
+    assert numbers[:30] == list(range(30)) and numbers == sorted(set(numbers))
     assert kept == [f"line {i} {'y' * 100}" for i in numbers]
     assert len(kept) + dropped == 400
-    assert f"{dropped} log line(s) dropped: the log output took nothing while 4 KiB" in (
+    assert f"{dropped} log line(s) dropped: the log output took nothing while 30 lines" in (
         got.decode())
-
-
-def test_inside_a_loop_callback_nothing_is_written_until_the_next_one() -> None:
-    read_end, write_end = os.pipe()
-    os.set_blocking(read_end, False)
-
-    async def handler_then_next_callback() -> tuple[bytes | None, bytes]:
-        log.info("served %s", "pod/ctr")
-        try:
-            during = os.read(read_end, 1 << 16)
-        except BlockingIOError:
-            during = None
-        await asyncio.sleep(0)  # the callback after this one
-        return during, read_until(lambda: _read_some(read_end), b"served pod/ctr\n")
-
-    try:
-        with handler_on(write_end) as (_, log):
-            during, after = asyncio.run(handler_then_next_callback())
-    finally:
-        os.close(read_end)
-        os.close(write_end)
-    assert during is None
-    assert lines_of(after) == ["served pod/ctr"]
 
 
 def test_a_traceback_is_formatted_by_the_thread_and_keeps_its_place() -> None:
@@ -196,7 +170,8 @@ def test_a_traceback_is_formatted_by_the_thread_and_keeps_its_place() -> None:
         os.close(read_end)
         os.close(write_end)
     text = got.decode()
-    assert formatting_threads == ["log-writer"]
+    assert len(formatting_threads) == 1
+    assert formatting_threads != [threading.current_thread().name]
     assert text.index("before") < text.index("ValueError: boom") < text.index("after")
 
 
@@ -210,7 +185,6 @@ def test_close_is_bounded_when_nobody_reads(monkeypatch: pytest.MonkeyPatch) -> 
         record = logging.makeLogRecord({"msg": "stuck", "levelno": logging.INFO,
                                         "levelname": "INFO"})
         handler.handle(record)
-        assert handler._busy
         assert in_thread(handler.close), "close waited on a reader that reads nothing"
     finally:
         os.close(read_end)  # the thread's blocked write now fails: it ends
@@ -225,29 +199,21 @@ def test_a_closed_reader_is_no_error() -> None:
             errors: list[BaseException] = []
             with _collect_handle_errors(errors):
                 assert in_thread(lambda: log_lines(log, 10))
+                assert in_thread(handler.records.join), "the writer thread did not go on"
             assert errors == []
-            assert not handler._busy
     finally:
         os.close(write_end)
 
 
 @contextlib.contextmanager
 def _collect_handle_errors(errors: list[BaseException]) -> Iterator[None]:
-    saved = NonBlockingHandler.handleError
+    saved = logging.Handler.handleError
 
     def collect(self: logging.Handler, record: logging.LogRecord) -> None:
         errors.append(RuntimeError(record.getMessage()))
 
-    NonBlockingHandler.handleError = collect  # type: ignore[method-assign]
+    logging.Handler.handleError = collect  # type: ignore[method-assign]
     try:
         yield
     finally:
-        NonBlockingHandler.handleError = saved  # type: ignore[method-assign]
-
-
-def _read_some(fd: int) -> bytes:
-    try:
-        return os.read(fd, 1 << 16)
-    except BlockingIOError:
-        time.sleep(0.01)  # polled, bounded by read_until's deadline
-        return b""
+        logging.Handler.handleError = saved  # type: ignore[method-assign]

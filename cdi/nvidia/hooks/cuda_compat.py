@@ -38,9 +38,6 @@ from cdi.linux.namedtuple import NamedTuple
 # no re, fnmatch, json or dataclasses here
 # (tests/hooks/test_one_process.py); json is imported only when a compat note is parsed.
 
-__all__ = ["COMPAT_ROOT", "CONF_PATH", "CompatNote", "CompatResult", "enable_cuda_compat",
-           "parse_note", "parse_version", "read_compat_note", "use_compat"]
-
 COMPAT_ROOT = "/usr/local/cuda/compat"
 CONF_PATH = f"{CONF_DIR}/00-compat-nri-cdi.conf"
 NOTE_SECTION = b".note.cuda.fwd_compatibility"
@@ -103,7 +100,7 @@ def parse_note(data: bytes, *, little: bool, align: int) -> CompatNote | None:
     name_end = 12 + (namesz + step - 1) // step * step
     if data[12:12 + namesz].strip(b"\0") != NOTE_OWNER:
         return None
-    import json  # lazy: 4.7-6 ms (re) of a hook's start (-I -S -X importtime); a note only
+    import json  # lazy: it imports re, off the hook's start; a note only
 
     try:
         desc = json.loads(data[name_end:name_end + descsz].strip(b"\0"))

@@ -1,23 +1,13 @@
 """``disable-device-node-modification``: the container sees ``ModifyDeviceFiles: 0``.
 
 With ``ModifyDeviceFiles: 1`` in ``/proc/driver/nvidia/params`` (the driver's default),
-``libnvidia-ml`` and ``nvidia-smi`` inside a container try to create or fix ``/dev/nvidia*``
-nodes themselves.  NVIDIA's hook of the same name, and ours, hide that: the host's params
-are copied with the ``1`` turned into ``0`` and mounted read-only over the container's
-``/proc/driver/nvidia/params``.
-
-It runs as a createContainer hook, i.e. in the container's mount namespace before
-``pivot_root``, so the mount is seen by the container only.  A bind mount into ``/proc``
-cannot be written in a spec (runc refuses mount destinations inside ``/proc``), hence a
-hook, and no hook-free equivalent.
-
-Unlike NVIDIA's hook, which mounts a tmpfs on a scratch folder under the container's
-``/run`` first, ours builds the copy on a *detached* tmpfs (``fsopen``/``fsmount``, Linux
->= 5.2), clones just that file (``open_tree``), makes it read-only (``mount_setattr``,
-5.12) and attaches it with ``move_mount`` to the ``O_PATH`` descriptor that
-:class:`~cdi.hooks.rootfs.RootFS` resolved inside the root: no path in the container is
-created, and no path is looked up twice.  Without that API the hook says so and does
-nothing (the container still starts).
+``libnvidia-ml`` and ``nvidia-smi`` in a container try to create ``/dev/nvidia*`` nodes.
+As NVIDIA's hook of the same name, the host's params are copied with ``0`` and mounted
+read-only over the container's (a hook: runc refuses mounts inside ``/proc``). Unlike it,
+the copy is made on a detached tmpfs (``fsopen``/``fsmount``), cloned (``open_tree``),
+made read-only (``mount_setattr``, Linux 5.12) and attached with ``move_mount`` to the
+descriptor :class:`~cdi.hooks.rootfs.RootFS` resolved: no path in the container is
+created or looked up twice. Without that API the hook says so and does nothing.
 """
 
 from __future__ import annotations
@@ -30,8 +20,6 @@ import struct
 
 from cdi.hooks.rootfs import RootFS, RootFSError
 from cdi.linux.namedtuple import NamedTuple  # not dataclasses: the hook's start-up budget
-
-__all__ = ["PARAMS", "ParamsResult", "disable_device_node_modification", "modified_params"]
 
 PARAMS = "/proc/driver/nvidia/params"
 _MAX_PARAMS = 64 << 10

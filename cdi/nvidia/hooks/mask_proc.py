@@ -1,24 +1,15 @@
-"""``mask-proc``: the container sees only its own GPUs under ``/proc/driver/nvidia/gpus``.
+"""``mask-proc``: the container sees only its own GPUs under ``/proc/driver/nvidia/gpus``
+(policy ``procMasking``; docs/usage/policy.md). A hook, as runc refuses any mount inside
+``/proc``; it runs in the container's mount namespace before pivot_root:
 
-Under ``/proc/driver/nvidia/gpus/<bus id>/`` the driver publishes every GPU's
-``information``, ``registry`` and power files; a container with one GPU should not read the
-others'. An OCI mount cannot do it: runc refuses any mount whose destination lies inside
-``/proc`` (only a fixed list of lxcfs files is allowed), so this is a createContainer hook,
-which runs in the container's mount namespace after its mounts and before pivot_root:
+1. the container's ``/proc`` (opened without following links) must be a procfs mount;
+2. a read-only tmpfs (0555, nosuid, nodev, noexec) goes over its ``driver/nvidia/gpus``;
+3. each of the container's GPUs gets its folder back: a read-only bind mount of
+   ``<proc root>/gpus/<bus id>`` (the bus id as given, then with procfs's 4-digit domain).
 
-1. the container's ``/proc`` (``<root>/proc``, opened without following links) must be a
-   procfs mount, so nothing the image placed there can redirect a mount;
-2. a read-only tmpfs (mode 0555, nosuid, nodev, noexec) goes over its
-   ``driver/nvidia/gpus``;
-3. each GPU given to the container gets its folder back: a read-only bind mount of
-   ``<proc root>/gpus/<bus id>`` (the host's, ``/proc/driver/nvidia`` by default; the bus
-   id tried as given, then with the 4-digit PCI domain procfs uses).
-
-Without an NVIDIA driver in this kernel (a simulated node) ``driver/nvidia`` does not exist
-in procfs and cannot be made there: the tmpfs then goes over ``driver`` and the hook builds
-``nvidia/gpus/<bus id>`` in it from ``--proc-root``, the simulated node's procfs copy.
-All mounts are made through ``/proc/self/fd`` paths of descriptors opened first, so the
-checked folder is the one mounted on.
+Without an NVIDIA driver in this kernel (a simulated node) the tmpfs goes over ``driver``
+and ``nvidia/gpus/<bus id>`` is built in it from ``--proc-root``. Every mount is made
+through ``/proc/self/fd`` paths of descriptors opened and checked first.
 """
 
 from __future__ import annotations
@@ -27,8 +18,6 @@ import ctypes
 import ctypes.util
 import os
 from collections.abc import Sequence
-
-__all__ = ["MaskError", "mask_proc", "procfs_bus_names"]
 
 PROC_SUPER_MAGIC = 0x9FA0
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8

@@ -6,8 +6,8 @@
 in the same process, without the neutral code naming NVIDIA.
 
 Each function imports its operation's module when it runs: this table is on every hook's
-start-up path, and ``mask-proc``/``disable-device-node-modification`` load ``ctypes``
-(about 2 ms of a hook's CPU) that a container without those operations does not need.
+start-up path, and ``mask-proc``/``disable-device-node-modification`` load ``ctypes``,
+which a container without those operations does not need.
 """
 
 from __future__ import annotations
@@ -15,13 +15,11 @@ from __future__ import annotations
 from cdi.hooks.operation import Args, Operation, Option
 from cdi.hooks.rootfs import RootFS, RootFSError
 
-__all__ = ["DEFAULT_PROC_ROOT", "OPERATIONS"]
-
 DEFAULT_PROC_ROOT = "/proc/driver/nvidia"
 
 
 def _mask_proc(root: RootFS, args: Args) -> list[str]:
-    # lazy: 18-21 ms (ctypes.util) in a hook run with -I -S (-X importtime); see cdi.hooks.cli
+    # lazy: ctypes.util, the slowest import of any hook; see cdi.hooks.cli
     from cdi.nvidia.hooks.mask_proc import MaskError, mask_proc
 
     try:
@@ -32,7 +30,7 @@ def _mask_proc(root: RootFS, args: Args) -> list[str]:
 
 
 def _enable_cuda_compat(root: RootFS, args: Args) -> list[str]:
-    # lazy: 1.8-5 ms in a hook run with -I -S (-X importtime), paid only when on the line
+    # lazy, as every operation's module: paid only when on the line
     from cdi.nvidia.hooks.cuda_compat import COMPAT_ROOT, enable_cuda_compat
 
     result = enable_cuda_compat(root, host_driver=args.host_driver_version or "",
@@ -44,7 +42,7 @@ def _enable_cuda_compat(root: RootFS, args: Args) -> list[str]:
 
 
 def _disable_device_node_modification(root: RootFS, args: Args) -> list[str]:
-    # lazy: 0.6-1.3 ms (ctypes) in a hook run with -I -S (-X importtime)
+    # lazy: ctypes
     from cdi.nvidia.hooks.device_params import PARAMS, disable_device_node_modification
 
     disable_device_node_modification(root, host_params=args.host_params or PARAMS)

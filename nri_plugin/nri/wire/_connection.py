@@ -57,12 +57,10 @@ class Role(enum.Enum):
 class Connection:
     """One NRI trunk: we serve ttrpc on one conn id and call out on the other.
 
-    ``services`` maps each service name we serve to its method names; requests
-    for anything else are answered UNIMPLEMENTED here (docs/developer/nri-protocol.md §1.3), which
-    is
-    also what makes v0.12 runtimes fall back to StateChange (docs/developer/nri-protocol.md §3.6).
-    ``None`` passes every
-    request through.
+    ``services`` maps each service name we serve to its method names; requests for anything
+    else are answered UNIMPLEMENTED here (docs/developer/nri-protocol.md §1.3), which is also
+    what makes v0.12 runtimes fall back to StateChange (§3.6). ``None`` passes every request
+    through.
     """
 
     def __init__(
@@ -196,22 +194,12 @@ class Connection:
             response = decode_response(data, stream_id)
         except RemoteProtocolError as exc:
             # The call is answered, just unreadably: fail that call, not the trunk.
-            return ResponseReceived(
-                stream_id=stream_id,
-                service=service,
-                method=method,
-                payload=b"",
-                code=Code.DATA_LOSS,
-                message=str(exc),
-            )
-        return ResponseReceived(
-            stream_id=stream_id,
-            service=service,
-            method=method,
-            payload=response.payload,
-            code=response.status.code,
-            message=response.status.message,
-        )
+            payload, code, message = b"", int(Code.DATA_LOSS), str(exc)
+        else:
+            payload = response.payload
+            code, message = response.status.code, response.status.message
+        return ResponseReceived(stream_id=stream_id, service=service, method=method,
+                                payload=payload, code=code, message=message)
 
     # --- outbound --------------------------------------------------------
 

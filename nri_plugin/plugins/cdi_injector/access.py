@@ -1,13 +1,9 @@
 """Device-cgroup access that NRI cannot give, and when the runtime's own CDI can. Pure.
 
-NRI grants every device node it adds ``rw`` (``rwm`` for block devices) by a rule of its
-own (``nri_plugin.nri.derived``). A CDI device node asks for ``rwm`` unless its spec says
-otherwise, so through NRI a char device loses ``m`` (mknod): narrower, never wider, but not
-what native CDI gives. Before NRI 0.10 no rule of the plugin's reaches the container; from
-0.10 one can add ``m``, as a second rule after NRI's. Only the runtime's own CDI gives the
-one ``rwm`` rule native CDI gives, so the whole request is handed to it
-(``ContainerAdjustment.CDI_devices``) wherever that is known to work and nothing the plugin
-does beyond native CDI would be lost (``plan.py``).
+NRI grants every node it adds ``rw`` (``rwm`` for a block device) by a rule of its own, so
+a char device asking ``rwm`` loses ``m``; a rule of the plugin's adds it only from NRI 0.10,
+as a second rule (docs/reference/runtime-cdi.md). Only the runtime's own CDI gives native
+CDI's one rule, so such a request is handed to it where that works (``plan.py``).
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """Kubernetes allocation as the kubelet does it now: transient claim specs and devices the
-runtime injected itself. Pure, except ``on_miss``, the one callback that reads files.
-
-Two facts shape this (docs/developer/kubernetes-allocation.md):
-
-- A vendor's DRA driver writes one spec per claim just before the kubelet creates the
-  container, and deletes it at unprepare. The registry follows the folders through inotify
-  with a short settle, so a container can name a claim device a few milliseconds before
-  the registry knows it. A name the registry does not know is therefore looked for again
-  once (``on_miss``: a bounded re-read of the spec folders, or a wait for the refresh under
-  way) before the container is refused; a container whose devices are all known never
-  reaches that callback, so its CreateContainer path still does no file I/O.
-- Where the runtime's own CDI injected the devices (its CDI on: DRA claims, the device
-  plugin's ``cdi-cri`` and ``cdi-annotations``), the plugin still checks what it exists for
-  (the vendors' requirement checks and edit filters, the policy's device rules) against those
-  devices. They are known by name from NRI >= 0.10's ``Container.CDI_devices`` or the
-  container's ``cdi.k8s.io/`` annotations; otherwise (containerd 2.1 with a kubelet that
-  sends CDIDevices only) by the device nodes the container already has, matched to the
-  registry's devices that carry exactly those nodes.
+runtime injected itself (docs/developer/kubernetes-allocation.md). Pure, except
+``on_miss``: a name the registry does not know yet (a claim spec written a moment ago) is
+looked for again once, with a bounded re-read, before the container is refused; a
+container whose devices are all known never reaches it.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Handing devices to the runtime's own CDI (``ContainerAdjustment.CDI_devices``). Pure.
 
-A delegated device is resolved by the runtime's CDI library from the runtime's own spec
-folders, after the plugin has answered: if the runtime cannot read the device's spec, the
-container fails there with "CDI device injection failed: unresolvable CDI devices …", which
-names no cause. So the plugin checks ahead what it can know and refuses with the cause:
-
-- the spec's folder must be one the runtime's CDI reads (``RuntimeInfo.cdi_spec_dirs``,
-  from the plugin's settings: ``runtime_cdi.spec_dirs``);
-- the spec's ``cdiVersion`` must be one the runtime's CDI library reads (a library
-  reads versions up to its own major.minor; ``nri_plugin/nri/versions.py`` says which
-  runtime has which).
+The runtime's CDI resolves a handed-over device from its own spec folders after the plugin
+answered, and a failure there ("unresolvable CDI devices") names no cause. So the plugin
+checks ahead, and refuses with the cause, that the spec's folder is one the runtime's CDI
+reads (``runtime_cdi.spec_dirs``) and its ``cdiVersion`` one the runtime's CDI library reads
+(``nri_plugin/nri/versions.py``).
 """
 
 from __future__ import annotations

@@ -1,34 +1,7 @@
 """Fail-closed: no container runs without the devices it asked for because the plugin was
-away. Everything of it is here: finding such containers, the start guard, the one way they
-are stopped or reported, and the second NRI connection the guard rides on.
-
-NRI is fail-open: while the plugin is down, restarting or too slow, the runtime creates
-containers without its adjustments. Two checks close that:
-
-* each (re)connection starts with a Synchronize listing every container; ``find_unserved``
-  (pure) picks the live ones that asked for devices and do not have them. A running one is
-  stopped (or reported) at once; one created but not started is owed a check at its start.
-* ``StartGuard`` wraps the injector (as the metrics do) and checks, at StartContainer,
-  every container whose creation did not pass through the plugin. containerd fails a
-  container's start when a plugin's StartContainer fails (every release with NRI), so there
-  refusing the start stops the container before its process runs; on other runtimes the
-  guard also looks at PostCreateContainer and PostStartContainer and stops the processes.
-
-Stopping never goes through the runtime: the NRI eviction request is dropped by every
-released NRI adaptation, and the call can deadlock containerd against concurrent CRI
-requests. The guard SIGKILLs the container's processes itself (its cgroup, else its init
-pid). Before that it writes the reason into the container's termination-message file,
-which the kubelet shows as the container's message (``kubectl describe pod``).
-
-Every container stopped, refused or reported is named in the log, each once, and counted
-(``Counters``): those lines are never rate-limited (``FAILCLOSED_LOGGER`` is exempt from
-the log's limiter).
-
-The start checks are owed only while a container may be in doubt: until the injector's
-connection has synchronized, and while one created without the plugin has neither started
-nor gone. They ride on a second NRI connection of their own (``GuardConnection``), which
-``GuardedConnections`` opens before the injector's connects and closes once nothing is in
-doubt: the runtime then asks the plugin nothing at a container's start.
+away. All of it is here: finding such containers (pure), the start guard, the one way they
+are stopped or reported, and the second NRI connection the guard rides on. How and why:
+docs/developer/fail-closed.md.
 """
 
 from __future__ import annotations
@@ -43,7 +16,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
@@ -71,7 +43,6 @@ from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules, env_re
 
 FAILCLOSED_LOGGER = "nri_cdi.failclosed"
 log = logging.getLogger(FAILCLOSED_LOGGER)
-_V = TypeVar("_V")
 
 # Created (not started: the init process waits) and running containers can be used.
 _LIVE_STATES = (nri_pb2.CONTAINER_CREATED, nri_pb2.CONTAINER_RUNNING, nri_pb2.CONTAINER_PAUSED)
@@ -94,7 +65,6 @@ class Unserved:
     container_id: str
     name: str
     pod: str  # namespace/name
-    pod_uid: str
     pid: int
     started: bool  # its process ran (running or paused), not only created
     missing: tuple[str, ...]
@@ -184,8 +154,7 @@ def _item(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
           missing: tuple[str, ...], reason: str) -> Unserved:
     return Unserved(container_id=container.id, name=container.name,
                     pod=f"{pod.namespace}/{pod.name}" if pod is not None
-                    else container.pod_sandbox_id,
-                    pod_uid=pod.uid if pod is not None else "", pid=container.pid,
+                    else container.pod_sandbox_id, pid=container.pid,
                     started=container.state in (nri_pb2.CONTAINER_RUNNING,
                                                 nri_pb2.CONTAINER_PAUSED),
                     missing=missing, reason=reason,
@@ -329,11 +298,9 @@ def write_termination_message(path: str, message: str) -> str:
 # --- the guard -----------------------------------------------------------------------------
 
 
-# A container created without the plugin and not started yet is owed a check at its start.
-# The kubelet starts a container right after creating it; one that has not started this
-# long after it was found has failed its start already (containerd 1.7 and 2.1 show such a
-# container as created, with no pid, for as long as the kubelet keeps it) and is let go, so
-# that the guard's connection does not stay open for as long as its pod lives.
+# How long a container created without the plugin, not started yet, is owed a check at its
+# start. The kubelet starts a container right after creating it; one not started by then
+# failed its start (containerd lists it as created for as long as the kubelet keeps it).
 PENDING_LIMIT = 60.0
 
 
@@ -359,11 +326,9 @@ class StartGuard(Plugin):
                  cgroup_root: str = CGROUP_ROOT, own_connection: bool = False,
                  pending_limit: float = PENDING_LIMIT,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        """``injector``: the injector it wraps, whose policy, registry and counters the
-        checks read. ``defer``: runs the stopping of what Synchronize found after its reply
-        has left (the runtime holds its lock until then); None: at once.
-        ``own_connection``: the start checks are served by ``GuardConnection`` on a
-        connection of their own, not by this one."""
+        """``defer``: runs the stopping of what Synchronize found after its reply has left
+        (the runtime holds its lock until then); None: at once. ``own_connection``: the
+        start checks are served by ``GuardConnection``, not by this connection."""
         self.injector = injector
         self.counters: Counters = injector.counters
         self._defer = defer
@@ -427,8 +392,8 @@ class StartGuard(Plugin):
         self._injector_synced = False
         self._need_may_have_changed()
 
-    def _remember(self, table: OrderedDict[str, _V], key: str, value: _V) -> None:
-        table[key] = value
+    def _remember(self, table: OrderedDict[str, None], key: str) -> None:
+        table[key] = None
         table.move_to_end(key)
         while len(table) > self.REMEMBER:
             table.popitem(last=False)
@@ -460,7 +425,7 @@ class StartGuard(Plugin):
         result = self.injector.create_container(pod, container)
         # Every container whose creation we answered, adjusted or not: at its start it is
         # then one dict lookup.
-        self._remember(self._served, container.id, None)
+        self._remember(self._served, container.id)
         return result
 
     def post_create_container(self, pod: nri_pb2.PodSandbox,
@@ -523,7 +488,7 @@ class StartGuard(Plugin):
                         "checked when it starts: %s", item.name, item.container_id,
                         item.pod, item.reason)
         for item in now:
-            self._remember(self._done, item.container_id, None)
+            self._remember(self._done, item.container_id)
         if now:
             if self._defer is None:
                 self._act_now(now)
@@ -577,7 +542,7 @@ class StartGuard(Plugin):
         else:
             # A container is started once: nothing about it stays owed.
             self._pending.pop(cid, None)
-            self._remember(self._done, cid, None)
+            self._remember(self._done, cid)
         if evict and stage == "start":
             # containerd fails the start: the container never runs.
             raise RpcError(Code.FAILED_PRECONDITION,
@@ -678,15 +643,12 @@ class GuardConnection(Plugin):
 # --- the guard's connection, open only while needed ----------------------------------------
 
 
-# How long the injector's connection waits for the guard's to be in place. Longer than the
-# runtime's registration timeout would only delay us; past it the injector connects all the
-# same, and its own Synchronize still finds what was created meanwhile.
+# How long the injector's connection waits for the guard's; past it the injector connects
+# all the same, and its own Synchronize still finds what was created meanwhile.
 GUARD_READY_TIMEOUT = 5.0
-# How long the guard's connection stays once nothing is in doubt. A creation that began
-# before the injector registered may be past NRI but not yet in the runtime's store when
-# the injector synchronizes, so no Synchronize lists it; it shows itself by its
-# PostCreateContainer, which the guard's connection subscribes to, once the runtime has
-# stored it.
+# How long the guard's connection stays once nothing is in doubt: a creation that began
+# before the injector registered is listed by no Synchronize, and shows itself by its
+# PostCreateContainer once the runtime has stored it.
 GUARD_LINGER = 10.0
 GUARD_SUFFIX = "-guard"
 
@@ -695,13 +657,9 @@ StubFactory = Callable[[Plugin, str | None, CloseCallback | None, Callback | Non
 
 
 class GuardedConnections:
-    """Runs the injector's connection (``main``: the guard, or the metrics around it) and
-    opens and closes the guard's around it: on every
-    (re)connection the guard's goes first (the injector's waits until it has synchronized,
-    bounded), so no container created while we were away starts unchecked; once nothing is
-    in doubt it is closed (after ``GUARD_LINGER``). NRI takes a plugin connection that
-    closes while it asks it something as gone, not as a failed request: closing it never
-    fails a container."""
+    """Runs the injector's connection (``main``: the guard, or the metrics around it), and
+    the guard's around it: on every (re)connection the guard's goes first, and it is closed
+    ``GUARD_LINGER`` after nothing is in doubt (docs/developer/fail-closed.md)."""
 
     def __init__(self, guard: StartGuard, main: Plugin, make_stub: StubFactory,
                  name: str | None, *, on_close: CloseCallback | None = None,
@@ -723,7 +681,6 @@ class GuardedConnections:
         # would register with the dying runtime and hold the injector back.
         self._may_open = False
         guard.on_need_changed(self._need_changed)
-        # The injector's connection serves ``main``: the guard, or the metrics around it.
         self.main = make_stub(main, name, self._main_closed, self._guard_first)
         self._guard_name = self.main.name + GUARD_SUFFIX  # same index, so next to it
 

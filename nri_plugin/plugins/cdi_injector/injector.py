@@ -1,16 +1,7 @@
-"""The shipped plugin: CDI device requests → a ContainerAdjustment, in one pass.
-
-``CdiInjector.decide`` reads the registry and the policy in force once, then, for one
-container: counts the device names asked for (a bound, before anything parses them),
-reads what every request source asked for (``context``), looks again at the spec folders
-for a name the registry does not know yet (a DRA claim's spec written a moment ago:
-``on_miss``) or waits for a spec removal already made (``on_hit``), leaves out what the
-runtime's own CDI already injected (``native``, ``claims``), checks the policy's device
-rules, looks the devices up, asks each vendor for its verdict (a refusal, or a filter of
-the edits), and plans the adjustment (``plan``). Refusals are raised where they are found.
-Vendor-neutral: nothing here knows a vendor. Nothing here reads files but ``on_miss``:
-the registry (snapshot plus the vendors' facts for it) and the policy were loaded ahead
-and are swapped in whole by a refresher.
+"""The shipped plugin: CDI device requests → a ContainerAdjustment, in one pass
+(``CdiInjector.decide``; its steps: docs/developer/architecture.md). Vendor-neutral, and
+nothing here reads files but ``on_miss``: the registry and the policy were loaded ahead and
+are swapped in whole by a refresher.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""What the runtime's own CDI support already did to a container, and the facts about it
-worth one log line per connection. Pure (logging aside).
+"""What the runtime's own CDI already did to a container, and the facts about it worth one
+log line per connection. Pure (logging aside).
 
-containerd and CRI-O run their own CDI injection *before* NRI: with it on, every device
-named in a container's ``cdi.k8s.io/`` annotations has been injected by the runtime by the
-time the plugin sees CreateContainer, or the runtime failed the container already
-("unresolvable CDI devices"). Injecting those again would run their hooks twice and
-re-apply their env over what later devices set. The runtime names what it injected only
-from containerd 2.3 (``Container.CDI_devices``, the CRI CDIDevices field), so for the
-annotations the plugin relies on knowing that the runtime's CDI is on (``runtime_cdi``
-settings, read from containerd's config), with one safety check: a named device whose
-device nodes are missing from the container was evidently not injected.
+With its CDI on, containerd and CRI-O inject every device named in a container's
+``cdi.k8s.io/`` annotations before NRI; injecting them again would run their hooks twice.
+The runtime names what it injected only from containerd 2.3 (``Container.CDI_devices``),
+so for the annotations the plugin relies on knowing its CDI is on (``runtime_cdi``), with
+one check: a named device whose nodes are missing from the container was not injected.
 """
 
 from __future__ import annotations

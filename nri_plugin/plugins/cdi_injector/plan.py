@@ -1,18 +1,11 @@
 """From looked-up devices to a ContainerAdjustment: what the plugin applies itself and what
 it hands to the runtime's own CDI (``ContainerAdjustment.CDI_devices``). Pure.
 
-The plugin applies a device's edits itself whenever NRI can carry them. Two kinds of edit
-it cannot: ``additionalGids`` (NRI has no adjustment for supplementary groups) and access a
-device-cgroup rule of NRI's would widen or narrow (``access.py``). Where the runtime takes
-CDI_devices (containerd >= 2.1 and >= 1.7.30, CRI-O >= 1.34) and its own CDI reads the
-spec, the whole request can be handed to it instead, and the runtime then gives exactly
-what native CDI gives. But then the runtime applies the spec as it is: the plugin's own
-work on top of native CDI is lost — the vendors' edit filters (a driver-capabilities
-variable), the hook-free spec's library path merged into LD_LIBRARY_PATH, the edits of no
-device a vendor adds. So a request is handed over only where nothing of that would be lost;
-otherwise the plugin applies what it can, and the policy's ``additionalGids`` says whether
-the groups are left out (``drop``, with a warning) or the container is refused
-(``refuse``).
+NRI cannot carry ``additionalGids`` nor device access its own rule would change
+(``access.py``). The whole request goes to the runtime's CDI only where the runtime takes
+CDI_devices, its CDI reads the spec and nothing of the plugin's own work would be lost (the
+vendors' filters and extras, the hook-free library path); otherwise the policy's
+``additionalGids`` says drop (with a warning) or refuse (docs/developer/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The authorization policy: which request sources each namespace may use, which devices,
 requirement and capability enforcement, and what to do with containers that were created
 without their devices while we were away. Loaded once from YAML, validated with messages
-that name the key; evaluation is pure.
+that name the key; evaluation is pure. The defaults, written out: docs/usage/policy.md.
 
 The injector's own request sources are known here; a vendor declares its own (name,
 default, title) and its default denials (``VendorPolicy``), and the parser learns
 them from the vendors it is given (``parse_policy(doc, vendors=...)``,
-``Policy.defaults(vendors)``). Defaults (no file, or keys left out), chosen to be safe:
-
-* ``cdi.k8s.io/*`` container annotations (set by kubelet from device plugins and DRA): on.
-* pod annotations (how users ask for devices): on, every namespace.
-* a vendor's sources: as the vendor declares them (env variables that images set for
-  every container are off).
-* device rules: every device but the vendors' default denials, in every namespace.
-* privileged containers are not exempt from the rules.
-* requirements enforced; capability filtering on; fail-closed action ``evict``.
+``Policy.defaults(vendors)``).
 """
 
 from __future__ import annotations
@@ -218,7 +210,7 @@ def _check_device(name: str, namespace: str, rules: list[DeviceRule]) -> None:
 def load_policy(path: str, vendors: Sequence[VendorPolicy] = ()) -> Policy:
     """Read and validate a policy file (YAML); raises PolicyError naming every problem.
     ``vendors``: whose request sources and default denials the policy knows."""
-    import yaml  # lazy: 9-11 ms (-X importtime) that the built-in default policy never needs
+    import yaml  # lazy: the built-in default policy never needs it
 
     try:
         with open(path, encoding="utf-8") as handle:

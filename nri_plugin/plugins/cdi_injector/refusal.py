@@ -1,14 +1,9 @@
 """The structured reason of a refused container, and the words its user reads.
 
-A ``Refusal`` is the answer "this container must not be created": it carries a one-line
-message for the user and a ``Reason`` for logs and metrics (which rule refused it, which
-device, which annotation), so nobody has to recover them from the message text. The
-injector raises it, and so do the vendor rules it asks (``vendor.py``).
-
-What the pod's user reads (``kubectl describe pod``) is the runtime's error, which quotes
-our status code and message: ``... rpc error: code = NotFound desc = nri-cdi: unresolvable
-CDI devices: ...``. So the code says what kind of refusal it is and the message names the
-cause and the device, and nothing internal (no class name, no method name).
+A ``Refusal`` carries a one-line message for the user and a ``Reason`` for logs and
+metrics (rule, device, annotation). The user reads it in the runtime's error (``rpc error:
+code = NotFound desc = nri-cdi: unresolvable CDI devices: ...``): so the code says what kind
+of refusal it is and the message names the cause and the device, nothing internal.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Which CDI devices a container asks for, from pod and container annotations. Pure.
 
-Sources (CDI annotation convention, ``cdi.k8s.io/`` prefix):
-
-- container annotations ``cdi.k8s.io/<anything>``: what kubelet sets from device plugins
-  (and what containerd's own CDI support reads);
-- pod annotations ``cdi.k8s.io/<anything>``: apply to every container of the pod — the
-  simple way for users to ask, e.g. ``cdi.k8s.io/gpu: vendor.com/gpu=0``;
-- pod annotations ``cdi.k8s.io/ctr.<container-name>``: apply to that container only.
-  The key stays within the annotation key rules (at most 63 characters after the prefix,
-  so container names up to 59 characters), and cannot clash with device-plugin keys,
-  which always contain a ``_`` (``<plugin>_<device id>``) that container names cannot.
+The ``cdi.k8s.io/`` keys and what each applies to: docs/usage/requesting-devices.md. A
+pod's ``cdi.k8s.io/ctr.<container-name>`` stays within the annotation key rules (container
+names up to 59 characters) and cannot clash with device-plugin keys, which always hold a
+``_`` that container names cannot.
 """
 
 from __future__ import annotations

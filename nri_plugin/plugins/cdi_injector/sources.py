@@ -1,28 +1,18 @@
-"""The injector's own request sources, declared as the vendors declare theirs. Pure.
-
-* ``podAnnotations``: pod ``cdi.k8s.io/*`` annotations (how users ask);
-* ``containerAnnotations``: container ``cdi.k8s.io/*`` annotations (kubelet: device
-  plugins, DRA);
-* ``nriPluginsAnnotations``: the pod annotations of containers/nri-plugins' CDI injector
-  (``cdi.nri.io``).
-
-A vendor adds its own (``vendor.VendorRules.sources``). An annotation or mount source the
-policy does not allow here is a denial (the container fails, with the rule named): someone
-asked on purpose. A vendor's env source may be declared ``when_denied="ignore"`` instead:
-images set such variables in every container, so where the policy does not allow them
-they are ignored, not refused (``context.read_context``).
+"""The injector's own request sources (``podAnnotations``, ``containerAnnotations``,
+``nriPluginsAnnotations``), declared as the vendors declare theirs (docs/usage/policy.md,
+"Request sources"). Pure. An annotation or mount source the policy does not allow is a
+denial (someone asked on purpose); a vendor's env source may be declared
+``when_denied="ignore"`` instead, as images set such variables in every container.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
 from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
 from nri_plugin.plugins.cdi_injector.policy import NEUTRAL_SOURCES
 from nri_plugin.plugins.cdi_injector.requests import (
-    NRI_PLUGINS_DOMAIN,
     DeviceRequest,
     container_requests,
     nri_plugins_requests,
@@ -44,9 +34,6 @@ def _nri_plugins(context: ContainerContext, snapshot: Snapshot,
                  facts: object) -> list[DeviceRequest]:
     return nri_plugins_requests(context.pod_annotations, context.container_name)
 
-
-# The annotation keys the sources below read begin so (native.py reads the first too).
-NEUTRAL_ANNOTATION_PREFIXES = (ANNOTATION_PREFIX, NRI_PLUGINS_DOMAIN)
 
 NEUTRAL = (
     RequestSource(name="podAnnotations", default=NEUTRAL_SOURCES["podAnnotations"],

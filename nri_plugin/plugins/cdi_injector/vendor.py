@@ -1,25 +1,8 @@
-"""The one interface between the vendor-neutral injector and a vendor's rules.
-
-The injector knows CDI: annotations, the registry, the policy, adjustments. What a vendor
-adds on top (its own ways of asking for devices, checks of a container's requirements
-against what its generator recorded, filters of the edits) comes in through a
-``VendorRules`` object handed to the injector by whoever wires the plugin
-(``nri_plugin.ops.daemon``). A vendor declares, as data:
-
-* its request sources (``RequestSource``: the policy key, the default rule, where it is
-  read from and how), which the policy parser learns as valid ``sources`` keys;
-* its default denials (device patterns no namespace gets unless the policy says so);
-* its hooks (the hook operations its verdict may add to a container);
-* which annotation keys and env entries may ask for devices (the fail-closed pre-filter),
-  which env entries its verdict reads and which ask for edits of
-  no device; together these are every env name the vendor sees (``env_read``);
-
-and gives one verdict per container (``verdict``). With no vendor rules the injector serves
-any CDI vendor's specs as the CDI convention says, and nothing else.
-
-``Registry`` is what the injector reads on the CreateContainer path: a registry snapshot
-and every vendor's facts for that very snapshot, built together in the refresher's thread
-and swapped in with one assignment, so a container never sees new specs with old facts.
+"""The one interface between the vendor-neutral injector and a vendor's rules
+(``VendorRules``: declarations as data, and one verdict per container), and ``Registry``,
+what the injector reads on the CreateContainer path: a registry snapshot and every
+vendor's facts for that very snapshot, built together and swapped in with one assignment.
+With no vendor rules the injector serves any CDI vendor's specs as the CDI convention says.
 """
 
 from __future__ import annotations

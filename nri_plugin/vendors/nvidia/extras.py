@@ -1,18 +1,7 @@
-"""NVIDIA requests that name no CDI device, with libnvidia-container's value grammar. Pure.
-
-* ``NVIDIA_VISIBLE_DEVICES=none``: the driver without a GPU, i.e. the spec-level edits of
-  the NVIDIA spec (driver files, control nodes, hooks as the spec gives them), no GPU node.
-* ``NVIDIA_MIG_CONFIG_DEVICES`` / ``NVIDIA_MIG_MONITOR_DEVICES``: the MIG config / monitor
-  capability node (``/dev/nvidia-caps/nvidia-cap<N>``, N from
-  ``/proc/driver/nvidia-caps/mig-minors``), as the generator recorded it in the sidecar.
-  As in ``select_mig_config_devices``: a comma list whose only accepted item is ``all``
-  (any case; empty items skipped), refused when specific MIG devices were selected.
-* ``NVIDIA_IMEX_CHANNELS``: ``/dev/nvidia-caps-imex-channels/channel<N>`` for a comma list
-  of channel numbers, or ``all`` (every channel the node has); empty, ``void`` or ``none``:
-  nothing. A channel the node does not have is refused.
-
-Who may use each is the policy's business (sources ``visibleDevicesEnv``,
-``migCapabilitiesEnv``, ``imexChannelsEnv``); the caller checks that.
+"""NVIDIA requests that name no CDI device, with libnvidia-container's value grammar
+(``NVIDIA_VISIBLE_DEVICES=none``, ``NVIDIA_MIG_CONFIG_DEVICES``/``_MONITOR_DEVICES``,
+``NVIDIA_IMEX_CHANNELS``; docs/reference/annotations-and-env.md). Pure. Who may use each
+is the policy's business (its sources); the caller checks that.
 """
 
 from __future__ import annotations

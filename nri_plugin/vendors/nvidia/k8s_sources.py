@@ -1,14 +1,8 @@
-"""How Kubernetes set-ups built for NVIDIA's toolkit ask for GPUs, as request sources. Pure.
-
-* NVIDIA's NRI plugin (toolkit >= 1.19, ``nvidia-ctk-installer``): the pod annotation
-  ``nvidia.cdi.k8s.io/container.<container name>``, else ``nvidia.cdi.k8s.io/container.*``
-  (every container), value a comma list of fully qualified CDI names. (There is no
-  ``…/pod`` and no bare key in that plugin: those are containers/nri-plugins', under
-  ``cdi.nri.io``, which the injector reads itself.)
-* The device plugin's ``volume-mounts`` strategy: kubelet bind-mounts ``/dev/null`` at
-  ``/var/run/nvidia-container-devices/<id>`` for each allocated device; ``<id>`` as in
-  NVIDIA_VISIBLE_DEVICES (UUID or index), or ``cdi/<vendor>/<class>/<name>`` for a CDI name.
-  Only mounts whose source is ``/dev/null`` count, as in the toolkit.
+"""How Kubernetes set-ups built for NVIDIA's toolkit ask for GPUs, as request sources
+(docs/reference/annotations-and-env.md). Pure: NVIDIA's NRI plugin's pod annotations
+``nvidia.cdi.k8s.io/container.<name>`` (its only keys; ``cdi.nri.io`` is containers/
+nri-plugins', which the injector reads itself), and the device plugin's ``/dev/null``
+mounts at ``/var/run/nvidia-container-devices/<id>`` (only those count, as in the toolkit).
 """
 
 from __future__ import annotations

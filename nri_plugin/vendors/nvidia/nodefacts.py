@@ -1,14 +1,10 @@
 """What the generator recorded about the node: ``<spec>.meta`` sidecars, loaded ahead.
 
-``load_facts`` does the file I/O, in the refresher's thread with each registry refresh, and
-returns an immutable ``NodeFacts`` that is swapped in together with that snapshot (see
-``nri_plugin.plugins.cdi_injector.vendor.Registry``); the CreateContainer path only reads
-it. A sidecar is used only when its ``spec.sha256`` matches the spec file it sits next to:
-a sidecar left from another version of the spec would give wrong versions and capability
-lists. The generator writes the sidecar first and then the spec, so a sidecar that does not
-match is usually the next spec's, already there: the facts loaded earlier for the very
-spec object the snapshot still holds are kept until the new spec arrives (its change
-triggers the next refresh; the sidecar's own change does too). No timers.
+``load_facts`` does the file I/O in the refresher's thread and returns an immutable
+``NodeFacts``, swapped in with its snapshot (``cdi_injector.vendor.Registry``). A sidecar
+is used only when its ``spec.sha256`` matches the spec beside it; one that does not is
+usually the next spec's, written first: the facts loaded for the spec object the snapshot
+still holds are kept until the new spec arrives, whose change triggers the next refresh.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""NVIDIA_REQUIRE_* checks (docs/usage/policy.md, "Requirements"). Pure functions of
-the container's env and the node facts the generator recorded in its sidecar.
-
-NVIDIA's CDI runtime modes skip these checks (nvidia-container-toolkit#1470), so an image
-built for a newer CUDA starts on an old driver and fails later with an obscure CUDA error.
-We refuse it at creation instead, with a message that names the constraint and the node.
-
-Grammar: each ``NVIDIA_REQUIRE_<X>`` (but ``NVIDIA_REQUIRE_JETPACK``) is one requirement and
-all must hold; a requirement is space-separated alternatives (OR), each a comma-separated
-conjunction (AND) of ``name OP value`` with OP one of ``= != < <= > >=``; names are
-``cuda``, ``driver``, ``arch``, ``brand`` (``brand``: ``=``/``!=`` only, case-insensitive).
-Versions compare numerically, component by component, trailing ``.0`` ignored.
+"""NVIDIA_REQUIRE_* checks, with the toolkit's grammar (docs/usage/policy.md,
+"Requirements"). Pure functions of the container's env and the node facts the generator
+recorded in its sidecar. NVIDIA's CDI runtime modes skip these checks
+(nvidia-container-toolkit#1470), so an image built for a newer CUDA starts on an old driver
+and fails later with an obscure CUDA error: we refuse it at creation instead.
 """
 
 from __future__ import annotations

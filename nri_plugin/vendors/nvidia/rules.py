@@ -1,15 +1,7 @@
-"""NVIDIA's rules behind the injector's ``VendorRules`` interface.
-
-* its request sources (``sources``: ``NVIDIA_VISIBLE_DEVICES`` and legacy CUDA images,
-  which get every GPU, resolved against the facts the generator recorded; its NRI
-  plugin's annotations; the device plugin's volume mounts; MIG and IMEX env variables)
-  and its default denial (``management.nvidia.com/*``);
-* ``NVIDIA_REQUIRE_*`` / ``NVIDIA_DISABLE_REQUIRE`` checked against the driver and GPU facts
-  of every NVIDIA spec a requested device comes from;
-* ``NVIDIA_DRIVER_CAPABILITIES`` as an edit filter that drops the driver mounts of the
-  capabilities not asked for.
-
-Facts come from the generator's ``<spec>.meta`` sidecars (``nodefacts``), loaded in the
+"""NVIDIA's rules behind the injector's ``VendorRules`` interface: its request sources and
+default denial (``management.nvidia.com/*``), ``NVIDIA_REQUIRE_*`` checked against the
+facts of the specs a requested device comes from, and ``NVIDIA_DRIVER_CAPABILITIES`` as an
+edit filter. Facts come from the generator's sidecars (``nodefacts``), loaded in the
 refresher's thread; everything else here is pure.
 """
 

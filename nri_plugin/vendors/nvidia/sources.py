@@ -1,18 +1,6 @@
-"""NVIDIA's request sources, as the injector's policy knows them (``sources.<name>``). Pure.
-
-* ``nvidiaNriAnnotations``: NVIDIA's NRI plugin's pod annotations (``k8s_sources``); on,
-  the same trust as the injector's own pod annotations;
-* ``volumeMounts``: the device plugin's volume mounts under
-  ``/var/run/nvidia-container-devices/``; off unless the cluster keeps pods from making
-  such mounts (docs/install/kubernetes.md, "With NVIDIA's device plugin");
-* ``visibleDevicesEnv``: ``NVIDIA_VISIBLE_DEVICES`` in the container env; off, and ignored
-  (not refused) where not allowed: CUDA base images set it to ``all``, so honouring it
-  hands every GPU to any pod (k8s-device-plugin#87/#548/#1605);
-* ``migCapabilitiesEnv`` (``NVIDIA_MIG_CONFIG_DEVICES``/``NVIDIA_MIG_MONITOR_DEVICES``):
-  as NVIDIA, the MIG management nodes for privileged containers only; refused elsewhere;
-* ``imexChannelsEnv`` (``NVIDIA_IMEX_CHANNELS``): off, ignored where not allowed.
-
-The last two ask for edits of no device: the verdict (``rules``) reads them.
+"""NVIDIA's request sources, as the injector's policy knows them (``sources.<name>``; their
+defaults and why: docs/usage/policy.md). Pure. ``migCapabilitiesEnv`` and
+``imexChannelsEnv`` ask for edits of no device: the verdict (``rules``) reads them.
 """
 
 from __future__ import annotations

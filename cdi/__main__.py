@@ -1,5 +1,0 @@
-import sys
-
-from cdi.cli import run
-
-sys.exit(run())
