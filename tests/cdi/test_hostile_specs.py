@@ -288,8 +288,8 @@ DEEP_CASES = {
 def test_deep_nesting_is_a_spec_error_not_a_crash(tmp_path: Path, name: str) -> None:
     path = tmp_path / name
     path.write_text(DEEP_CASES[name])
-    result = subprocess.run([sys.executable, "-m", "cdi", "validate", str(path)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "nri_plugin.ops.cli", "validate", str(path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1, result  # not -11 (SIGSEGV)
     lines = result.stderr.splitlines()
     assert lines == [f"{path}: spec nests deeper than {MAX_NESTING} levels"], lines
@@ -304,8 +304,8 @@ def test_validate_warns_about_what_breaks_other_runtimes(tmp_path: Path) -> None
     path = tmp_path / "w.yaml"
     path.write_text("cdiVersion: 0.7.0\nkind: v/c\ndevices:\n- name: a\n  containerEdits:\n"
                     "    intelRdt: {enableCMT: true}\n")
-    result = subprocess.run([sys.executable, "-m", "cdi", "validate", str(path)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-m", "nri_plugin.ops.cli", "validate", str(path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0
     assert result.stdout == f"{path}: valid\n"
     warnings = result.stderr.splitlines()

@@ -272,8 +272,9 @@ def test_file_name_that_is_not_utf8_is_reported_printably(tmp_path: Path) -> Non
     os.close(fd)
     root = Path(__file__).resolve().parents[2]
     for extra in ([], ["--json"]):
-        result = subprocess.run([sys.executable, "-m", "cdi", "list", "--spec-dir", str(folder),
-                                 *extra], cwd=root, capture_output=True, timeout=60)
+        result = subprocess.run([sys.executable, "-m", "nri_plugin.ops.cli", "list",
+                                 "--spec-dir", str(folder), *extra],
+                                cwd=root, capture_output=True, timeout=60)
         assert result.returncode == 0, result.stderr
         assert b"good.example/dev=g0" in result.stdout
         err = result.stderr.decode("utf-8")
