@@ -37,10 +37,13 @@ def injected_by_runtime(container: nri_pb2.Container, snapshot: Snapshot,
         device = snapshot.devices.get(name)
         nodes = device.edits.device_nodes if device is not None else ()
         if present is not None and nodes and not all(n.path in present for n in nodes):
-            _warn_once("off", f"container {container.name}: the runtime's own CDI is set as on, "
-                       f"but {name}'s device nodes are not in the container, so it did not "
-                       "inject its cdi.k8s.io annotations: the plugin injects them (check "
-                       "runtime_cdi.enabled against containerd's enable_cdi)")
+            if not _warned:
+                _warned.add("off")
+                log.warning("container %s: the runtime's own CDI is set as on, but %s's device "
+                            "nodes are not in the container, so it did not inject its "
+                            "cdi.k8s.io annotations: the plugin injects them (check "
+                            "runtime_cdi.enabled against containerd's enable_cdi)",
+                            container.name, name)
             return frozenset()
     return frozenset(names)
 
@@ -53,8 +56,3 @@ def log_runtime_facts(runtime: RuntimeInfo) -> None:
                  "(which never nest) may be listed in another order than with native CDI",
                  runtime.describe_cdi())
 
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        log.warning("%s", message)

@@ -34,13 +34,7 @@ def visible_device_names(env: Mapping[str, str], snapshot: Snapshot, facts: Node
     ids = [i.strip() for i in text.split(",") if i.strip()]
     if not ids or "void" in ids or ids == ["none"]:
         return []
-    known = [d for d in facts.devices.values() if d.name.startswith(GPU_KIND + "=")]
-    names: list[str] = []
-    for item in ids:
-        if item == "none":
-            continue
-        names += _resolve(item, known, snapshot)
-    return list(dict.fromkeys(names))
+    return resolve_ids([i for i in ids if i != "none"], snapshot, facts, ENV)
 
 
 def resolve_ids(ids: Iterable[str], snapshot: Snapshot, facts: NodeFacts,
@@ -55,7 +49,7 @@ def resolve_ids(ids: Iterable[str], snapshot: Snapshot, facts: NodeFacts,
 
 
 def _resolve(item: str, known: list[DeviceFacts], snapshot: Snapshot,
-             label: str = ENV) -> list[str]:
+             label: str) -> list[str]:
     if "=" in item:  # already a CDI name
         return [item]
     if item == "all":
