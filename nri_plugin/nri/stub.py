@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -437,15 +438,12 @@ class Stub:
         sock = self._sock
         if sock is None and self._fd is not None:
             sock = socket.socket(fileno=self._fd)
-        on_synchronized = self.on_synchronized
-
-        def synchronized() -> None:
-            if on_synchronized is not None:
-                on_synchronized(self)
+        synchronized = (None if self.on_synchronized is None
+                        else functools.partial(self.on_synchronized, self))
 
         def factory() -> _Session:
             return _Session(self.plugin, self.log, stall_timeout=self.stall_timeout,
-                            on_synchronized=synchronized if on_synchronized else None)
+                            on_synchronized=synchronized)
 
         if sock is not None:
             _, session = await loop.create_unix_connection(factory, sock=sock)
