@@ -163,12 +163,8 @@ def _item(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
 
 
 def termination_file(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container) -> str:
-    """The host file the kubelet made for this container's termination message ("": none).
-
-    Only a file the kubelet itself mounted is taken: the mount at the container's
-    terminationMessagePath whose host path is the kubelet's own layout for this pod and
-    container (``.../pods/<pod uid>/containers/<container name>/<file>``). Anything else
-    (another CRI client, a hand-made mount) is left alone."""
+    """The host file the kubelet made for this container's termination message ("": none):
+    only the kubelet's own mount, in its own layout (docs/developer/fail-closed.md)."""
     target = container.annotations.get(TERMINATION_PATH_ANNOTATION, "")
     name = container.annotations.get(CONTAINER_NAME_ANNOTATION, container.name)
     if not target or pod is None or not pod.uid:
@@ -298,9 +294,8 @@ def write_termination_message(path: str, message: str) -> str:
 # --- the guard -----------------------------------------------------------------------------
 
 
-# How long a container created without the plugin, not started yet, is owed a check at its
-# start. The kubelet starts a container right after creating it; one not started by then
-# failed its start (containerd lists it as created for as long as the kubelet keeps it).
+# How long a container created without the plugin is owed a check at its start
+# (docs/developer/fail-closed.md).
 PENDING_LIMIT = 60.0
 
 
@@ -454,9 +449,7 @@ class StartGuard(Plugin):
 
     def guard_configured(self, runtime_name: str, runtime_version: str) -> EventMask:
         """The guard's own connection is to this runtime: the events it needs there, and
-        PostCreateContainer on every runtime. A creation that began before the injector
-        registered is shown to no Synchronize while it is still in the runtime's hands;
-        its PostCreateContainer comes once it is stored, and marks it owed a check."""
+        PostCreateContainer on every runtime (docs/developer/fail-closed.md)."""
         self._runtime = self.injector.runtime_of(runtime_name, runtime_version)
         return guard_events(runtime_name) | EventMask.POST_CREATE_CONTAINER
 
@@ -643,12 +636,9 @@ class GuardConnection(Plugin):
 # --- the guard's connection, open only while needed ----------------------------------------
 
 
-# How long the injector's connection waits for the guard's; past it the injector connects
-# all the same, and its own Synchronize still finds what was created meanwhile.
+# How long the injector's connection waits for the guard's, and how long the guard's stays
+# once nothing is in doubt (docs/developer/fail-closed.md).
 GUARD_READY_TIMEOUT = 5.0
-# How long the guard's connection stays once nothing is in doubt: a creation that began
-# before the injector registered is listed by no Synchronize, and shows itself by its
-# PostCreateContainer once the runtime has stored it.
 GUARD_LINGER = 10.0
 GUARD_SUFFIX = "-guard"
 
