@@ -9,40 +9,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cdi.cache import Snapshot
-from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
+from nri_plugin.plugins.cdi_injector.context import RequestSource
 from nri_plugin.plugins.cdi_injector.policy import NEUTRAL_SOURCES
 from nri_plugin.plugins.cdi_injector.requests import (
-    DeviceRequest,
     container_requests,
     nri_plugins_requests,
     pod_requests,
 )
 from nri_plugin.plugins.cdi_injector.vendor import VendorRules
 
-
-def _pod(context: ContainerContext, snapshot: Snapshot, facts: object) -> list[DeviceRequest]:
-    return pod_requests(context.pod_annotations, context.container_name)
-
-
-def _container(context: ContainerContext, snapshot: Snapshot,
-               facts: object) -> list[DeviceRequest]:
-    return container_requests(context.annotations)
-
-
-def _nri_plugins(context: ContainerContext, snapshot: Snapshot,
-                 facts: object) -> list[DeviceRequest]:
-    return nri_plugins_requests(context.pod_annotations, context.container_name)
-
-
+# The injector's own sources: the readers only forward the context's fields.
 NEUTRAL = (
     RequestSource(name="podAnnotations", default=NEUTRAL_SOURCES["podAnnotations"],
-                  read_from="annotations", read=_pod),
+                  read_from="annotations",
+                  read=lambda context, snapshot, facts: pod_requests(
+                      context.pod_annotations, context.container_name)),
     RequestSource(name="containerAnnotations", default=NEUTRAL_SOURCES["containerAnnotations"],
-                  read_from="annotations", read=_container),
+                  read_from="annotations",
+                  read=lambda context, snapshot, facts: container_requests(context.annotations)),
     RequestSource(name="nriPluginsAnnotations",
                   default=NEUTRAL_SOURCES["nriPluginsAnnotations"], read_from="annotations",
-                  read=_nri_plugins))
+                  read=lambda context, snapshot, facts: nri_plugins_requests(
+                      context.pod_annotations, context.container_name)))
 
 
 def all_sources(vendors: Sequence[tuple[VendorRules, object]]

@@ -19,7 +19,7 @@ DISABLE = "NVIDIA_DISABLE_REQUIRE"
 NAMES = ("cuda", "driver", "arch", "brand")
 # Longest first, so that "<=" is not read as "<" followed by "=value".
 _OPS = ("<=", ">=", "!=", "<", ">", "=")
-_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})  # Go's strconv.ParseBool
 _VERSION = re.compile(r"^\d+(\.\d+)*$")
 
 
@@ -57,11 +57,6 @@ class GpuInfo:
     name: str  # CDI name, for messages
     arch: str | None = None  # compute capability, e.g. 8.0
     brand: str | None = None  # e.g. tesla, nvidia
-
-
-def parse_bool(text: str) -> bool:
-    """True for what Go's strconv.ParseBool reads as true; anything else is false."""
-    return text.strip() in _TRUE
 
 
 def version_key(text: str) -> tuple[int, ...]:
@@ -105,7 +100,7 @@ def _checked(env: str, c: Constraint) -> Constraint:
 def requirements_from_env(env: Mapping[str, str]) -> list[Requirement]:
     """The container's requirements; none when NVIDIA_DISABLE_REQUIRE is true. A legacy
     image (CUDA_VERSION set, NVIDIA_REQUIRE_CUDA unset) requires cuda>=major.minor."""
-    if parse_bool(env.get(DISABLE, "")):
+    if env.get(DISABLE, "").strip() in _TRUE:
         return []
     found = [parse_requirement(key, value) for key, value in sorted(env.items())
              if key.startswith(REQUIRE_PREFIX) and key not in IGNORED and value.strip()]
