@@ -1,8 +1,5 @@
-"""From a ttrpc request on the Plugin service to a ``Plugin`` method and back.
-
-One table row per method, rather than one interface per method.
-Everything here is pure: bytes and protobuf messages in, bytes out, so the
-CreateContainer path can be driven and timed without sockets or an event loop.
+"""From a ttrpc request on the Plugin service to a ``Plugin`` method and back: one table row
+per method. Pure: bytes in, bytes out, so it runs without sockets or an event loop.
 """
 
 from __future__ import annotations
@@ -231,14 +228,9 @@ class SyncStalledError(RpcError):
 
 
 class SyncCollector:
-    """Joins paged Synchronize requests (docs/developer/nri-protocol.md §3.5) so the plugin sees the
-    state once.
-
-    What it keeps is capped at ``max_bytes`` of page payload: a runtime only pages when
-    the state is over 4 MiB, and a peer sending ``more=true`` forever must not grow us
-    without end. Pages beyond the cap are still answered (``more=true``) but their
-    contents are counted, not kept.
-    """
+    """Joins paged Synchronize requests so the plugin sees the state once, keeping at most
+    ``max_bytes`` of pages: beyond it they are answered but only counted
+    (docs/developer/nri-protocol.md §3.5)."""
 
     __slots__ = ("containers", "dropped_bytes", "dropped_pages", "kept_bytes", "max_bytes",
                  "pages", "pods")

@@ -1,10 +1,6 @@
-"""The asyncio shell around the sans-IO core: socket, lifecycle, reconnects.
-
-``Stub`` connects (inherited fd from the runtime, or the NRI socket), registers,
-serves the Plugin service until the connection ends, and calls ``on_close``.
-Requests are dispatched inline in ``data_received``: handlers are plain,
-I/O-free functions, so a reply leaves in the same loop iteration its request
-arrived in, far inside the runtime's request timeout (docs/developer/nri-protocol.md §6).
+"""The asyncio shell around the sans-IO core: socket, lifecycle, reconnects. Requests are
+dispatched inline in ``data_received``, so a reply leaves in the loop iteration its request
+arrived in (docs/developer/nri-protocol.md §6).
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""What the runtime's own CDI already did to a container, and the facts about it worth one
-log line per connection. Pure (logging aside).
-
-With its CDI on, containerd and CRI-O inject every device named in a container's
-``cdi.k8s.io/`` annotations before NRI; injecting them again would run their hooks twice.
-The runtime names what it injected only from containerd 2.3 (``Container.CDI_devices``),
-so for the annotations the plugin relies on knowing its CDI is on (``runtime_cdi``), with
-one check: a named device whose nodes are missing from the container was not injected.
+"""What the runtime's own CDI already did to a container (docs/reference/runtime-cdi.md), and
+the facts about it worth one log line per connection. Pure (logging aside).
 """
 
 from __future__ import annotations

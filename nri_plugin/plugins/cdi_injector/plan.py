@@ -1,11 +1,6 @@
 """From looked-up devices to a ContainerAdjustment: what the plugin applies itself and what
-it hands to the runtime's own CDI (``ContainerAdjustment.CDI_devices``). Pure.
-
-NRI cannot carry ``additionalGids`` nor device access its own rule would change
-(``adjust.py``). The whole request goes to the runtime's CDI only where the runtime takes
-CDI_devices, its CDI reads the spec and nothing of the plugin's own work would be lost (the
-vendors' filters and extras, the hook-free library path); otherwise the policy's
-``additionalGids`` says drop (with a warning) or refuse (docs/developer/architecture.md).
+it hands to the runtime's own CDI (``ContainerAdjustment.CDI_devices``), and when
+(docs/developer/architecture.md, step 7). Pure.
 """
 
 from __future__ import annotations

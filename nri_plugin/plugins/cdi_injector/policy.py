@@ -1,12 +1,6 @@
-"""The authorization policy: which request sources each namespace may use, which devices,
-requirement and capability enforcement, and what to do with containers that were created
-without their devices while we were away. Loaded once from YAML, validated with messages
-that name the key; evaluation is pure. The defaults, written out: docs/usage/policy.md.
-
-The injector's own request sources are known here; a vendor declares its own (name,
-default, title) and its default denials (``VendorPolicy``), and the parser learns
-them from the vendors it is given (``parse_policy(doc, vendors=...)``,
-``Policy.defaults(vendors)``).
+"""The authorization policy (docs/usage/policy.md): loaded once from YAML, validated with
+messages that name the key; evaluation is pure. A vendor declares its own request sources and
+default denials (``VendorPolicy``); the parser learns them from the vendors it is given.
 """
 
 from __future__ import annotations

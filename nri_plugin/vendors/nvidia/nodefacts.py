@@ -1,10 +1,6 @@
-"""What the generator recorded about the node: ``<spec>.meta`` sidecars, loaded ahead.
-
-``load_facts`` does the file I/O in the refresher's thread and returns an immutable
-``NodeFacts``, swapped in with its snapshot (``cdi_injector.vendor.Registry``). A sidecar
-is used only when its ``spec.sha256`` matches the spec beside it; one that does not is
-usually the next spec's, written first: the facts loaded for the spec object the snapshot
-still holds are kept until the new spec arrives, whose change triggers the next refresh.
+"""What the generator recorded about the node: ``<spec>.meta`` sidecars, read in the
+refresher's thread into an immutable ``NodeFacts`` swapped in with its snapshot. A sidecar
+counts only when its ``spec.sha256`` matches the spec beside it.
 """
 
 from __future__ import annotations
