@@ -1,5 +1,8 @@
-"""What the runtime's own CDI already did to a container (docs/reference/runtime-cdi.md), and
-the facts about it worth one log line per connection. Pure (logging aside).
+"""What the runtime's own CDI already did to a container, and the facts about it worth one
+log line per connection (docs/reference/runtime-cdi.md). Pure (logging aside). With its CDI
+on, the runtime injects the devices of ``cdi.k8s.io/`` container annotations before NRI
+(again would run their hooks twice) but names them only from containerd 2.3: the plugin
+relies on ``runtime_cdi``, checking that the devices' nodes are there.
 """
 
 from __future__ import annotations
