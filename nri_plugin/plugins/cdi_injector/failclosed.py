@@ -15,7 +15,7 @@ import signal
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
@@ -332,7 +332,7 @@ class StartGuard(Plugin):
         self.pending_limit = pending_limit
         self._clock = clock
         # Told when ``needed`` changes (GuardedConnections): called from inside a handler.
-        self._need_listeners: list[Callable[[bool], None]] = []
+        self._need_listener: Callable[[], None] | None = None
         self._served: OrderedDict[str, None] = OrderedDict()
         self._pending: dict[str, _Pending] = {}
         # Containers already stopped, refused or reported: the guard's Synchronize and the
@@ -352,15 +352,15 @@ class StartGuard(Plugin):
         self._expire_pending()
         return not self._injector_synced or bool(self._pending)
 
-    def on_need_changed(self, listener: Callable[[bool], None]) -> None:
-        self._need_listeners.append(listener)
+    def on_need_changed(self, listener: Callable[[], None]) -> None:
+        self._need_listener = listener
 
     def _need_may_have_changed(self) -> None:
         now = self.needed
         if now != self._was_needed:
             self._was_needed = now
-            for listener in self._need_listeners:
-                listener(now)
+            if self._need_listener is not None:
+                self._need_listener()
 
     def next_expiry(self) -> float | None:
         """Seconds until the next pending container is let go (None: none pending)."""
@@ -482,11 +482,10 @@ class StartGuard(Plugin):
                         item.pod, item.reason)
         for item in now:
             self._remember(self._done, item.container_id)
-        if now:
-            if self._defer is None:
-                self._act_now(now)
-            else:
-                self._defer(lambda: self._act_now(now))
+        if now and self._defer is not None:
+            self._defer(lambda: self._act_now(now))
+        elif now:
+            self._act_now(now)
 
     def _act_now(self, items: Sequence[Unserved]) -> None:
         for item in items:
@@ -526,8 +525,9 @@ class StartGuard(Plugin):
             return
         if pending is None and stage == "start":
             self.counters.unserved_found += 1
-        stopped = self._act(item, stage, pid=container.pid,
-                            cgroups_path=container.linux.cgroups_path or item.cgroups_path)
+        item = replace(item, pid=container.pid,
+                       cgroups_path=container.linux.cgroups_path or item.cgroups_path)
+        stopped = self._act(item, stage)
         evict = self.injector.policy.fail_closed_action != "report"
         if evict and not stopped and stage == "start":
             # A runtime that may start it all the same: stopped as it starts, if it does.
@@ -542,8 +542,7 @@ class StartGuard(Plugin):
                            f"{USER_PREFIX}container {item.name} was created while the plugin "
                            f"was away, without its devices: {item.reason}")
 
-    def _act(self, item: Unserved, stage: str, *, pid: int | None = None,
-             cgroups_path: str | None = None) -> bool:
+    def _act(self, item: Unserved, stage: str) -> bool:
         """Report or stop one container, as the policy's failClosed.action says; counted
         and named in the log. True when it is stopped (or its start is to be refused).
         ``stage``: start, post-start or reconnection."""
@@ -565,9 +564,7 @@ class StartGuard(Plugin):
         else:
             note = "no termination-message file"
         try:
-            how = stop_processes(item.pid if pid is None else pid,
-                                 item.cgroups_path if cgroups_path is None else cgroups_path,
-                                 self.cgroup_root)
+            how = stop_processes(item.pid, item.cgroups_path, self.cgroup_root)
         except OSError as exc:
             how, error = None, exc.strerror or str(exc)
         else:
@@ -714,7 +711,7 @@ class GuardedConnections:
             if asyncio.iscoroutine(result):
                 await result
 
-    def _need_changed(self, needed: bool) -> None:
+    def _need_changed(self) -> None:
         # Called from inside a handler: open or close only after its reply has left.
         if not self._stopping:
             asyncio.get_running_loop().call_soon(self._update)
