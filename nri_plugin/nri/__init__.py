@@ -1,14 +1,9 @@
 """The NRI runtime library: a containerd/CRI-O NRI plugin runtime in Python.
 
-Everything a plugin needs is importable from here: ``Plugin`` (subclass it), ``Stub``
-(connects it to the runtime), the NRI message types it receives and returns, and the
-``ContainerAdjustment`` builders of ``nri_plugin.nri.adjustment``. It knows nothing of CDI
-or of any vendor: the product (``nri_plugin.plugins``, ``vendors``, ``ops``) builds on it.
-
-Public names are imported on first use: importing a submodule (``nri_plugin.nri.versions``
-from ``nri-cdi doctor``, say) runs this file, and that must not pay for protobuf, the
-messages or asyncio. Importing the pure parts (``nri_plugin.nri.wire``,
-``nri_plugin.nri.dispatch``) never pulls in asyncio.
+Everything a plugin needs is importable from here (docs/developer/writing-a-plugin.md); it
+knows nothing of CDI or of any vendor. Public names are imported on first use: importing a
+submodule (``nri_plugin.nri.versions`` from the settings, say) runs this file, and that must
+not pay for protobuf or asyncio.
 """
 
 from __future__ import annotations

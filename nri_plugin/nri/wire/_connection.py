@@ -1,8 +1,4 @@
 """The sans-IO NRI connection: mux + two ttrpc sessions (docs/developer/nri-protocol.md §1, §2).
-
-Bytes go in through ``receive_data`` and come back as events; calls and replies
-are queued as bytes and drained with ``data_to_send``. Nothing here blocks,
-reads, writes or knows about event loops.
 """
 
 from __future__ import annotations

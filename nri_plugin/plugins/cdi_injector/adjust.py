@@ -1,9 +1,6 @@
-"""CDI container edits → an NRI ContainerAdjustment. A pure function of plain data.
-
-The edits are first applied with the CDI library's own ``apply`` to an empty OCI spec, so
-that ordering and replacement rules (env by name, devices by path, mounts by destination
-then by depth, cgroup rules, process-user ownership of device nodes) are exactly those of
-the reference semantics; the resulting OCI fragments are then translated one to one.
+"""CDI container edits → an NRI ContainerAdjustment, and what NRI cannot carry. Pure. The
+edits are applied with the CDI library's ``apply`` to an empty OCI spec, so ordering and
+replacement are the reference's; the OCI fragments are then translated one to one.
 """
 
 from __future__ import annotations

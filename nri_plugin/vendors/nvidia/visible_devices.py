@@ -1,9 +1,5 @@
-"""NVIDIA_VISIBLE_DEVICES → CDI names of the generated NVIDIA spec. Pure.
-
-Values: unset, empty or ``void`` (anywhere): nothing; ``none``: no GPU (we inject nothing:
-the driver-only case needs no device and has no CDI name); ``all``; or a comma list of GPU
-indices, ``GPU-…``/``MIG-…`` UUIDs (case-insensitive), PCI bus ids, ``<gpu>:<mig>``, or
-fully qualified CDI names. An unknown id is an error, as in the toolkit.
+"""NVIDIA_VISIBLE_DEVICES → CDI names of the generated NVIDIA spec, in the toolkit's grammar
+(docs/reference/annotations-and-env.md); an unknown id is an error, as there. Pure.
 """
 
 from __future__ import annotations
