@@ -54,8 +54,8 @@ class Connection:
     """One NRI trunk: we serve ttrpc on one conn id and call out on the other.
 
     ``services`` maps each service name we serve to its method names; requests for anything
-    else are answered UNIMPLEMENTED here (docs/developer/nri-protocol.md §1.3), which is also
-    what makes v0.12 runtimes fall back to StateChange (§3.6). ``None`` passes every request
+    else are answered UNIMPLEMENTED here, which is also what makes v0.12 runtimes fall back to
+    StateChange (docs/developer/nri-protocol.md §1.3, §3.6). ``None`` passes every request
     through.
     """
 
