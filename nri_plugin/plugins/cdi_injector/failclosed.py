@@ -600,8 +600,7 @@ class GuardConnection(Plugin):
     served by the ``StartGuard`` it belongs to. ``on_synchronized`` is told when its
     Synchronize is answered (the guard is in place from then on)."""
 
-    def __init__(self, guard: StartGuard,
-                 on_synchronized: Callable[[], None] | None = None) -> None:
+    def __init__(self, guard: StartGuard, on_synchronized: Callable[[], None]) -> None:
         self.guard = guard
         self._on_synchronized = on_synchronized
 
@@ -612,8 +611,7 @@ class GuardConnection(Plugin):
     def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
                     containers: Sequence[nri_pb2.Container]) -> None:
         self.guard.guard_synchronize(pods, containers)
-        if self._on_synchronized is not None:
-            self._on_synchronized()
+        self._on_synchronized()
 
     def post_create_container(self, pod: nri_pb2.PodSandbox,
                               container: nri_pb2.Container) -> None:
@@ -749,7 +747,7 @@ class GuardedConnections:
 
     def _open_guard(self) -> None:
         self._ready.clear()
-        plugin = GuardConnection(self.guard, on_synchronized=self._guard_synchronized)
+        plugin = GuardConnection(self.guard, self._guard_synchronized)
         stub = self._make_stub(plugin, self._guard_name, self._guard_closed, None)
         self._guard_stub = stub
         task = asyncio.get_running_loop().create_task(stub.run())

@@ -38,10 +38,6 @@ class Refusal(NRIPluginError):
         # What only the node's operator needs (host paths): the log's, not the pod's user's.
         self.node_detail = node_detail
 
-    @property
-    def rule(self) -> str:
-        return self.reason.rule
-
     def user_message(self) -> str:
         """The line the runtime passes on to the pod's user."""
         return USER_PREFIX + str(self)
