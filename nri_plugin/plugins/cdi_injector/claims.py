@@ -1,8 +1,6 @@
 """Kubernetes allocation as the kubelet does it now: transient claim specs and devices the
-runtime injected itself (docs/developer/kubernetes-allocation.md). Pure, except
-``on_miss``: a name the registry does not know yet (a claim spec written a moment ago) is
-looked for again once, with a bounded re-read, before the container is refused; a
-container whose devices are all known never reaches it.
+runtime injected itself (docs/developer/kubernetes-allocation.md). Pure, except ``on_miss``,
+the bounded re-read for a name the registry does not know yet.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The injector's own request sources (``podAnnotations``, ``containerAnnotations``,
-``nriPluginsAnnotations``), declared as the vendors declare theirs (docs/usage/policy.md,
-"Request sources"). Pure. An annotation or mount source the policy does not allow is a
-denial (someone asked on purpose); a vendor's env source may be declared
-``when_denied="ignore"`` instead, as images set such variables in every container.
+"""The injector's own request sources, declared as the vendors declare theirs, and the order
+they are read in (docs/usage/policy.md, "Request sources"). Pure.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""NVIDIA_REQUIRE_* checks, with the toolkit's grammar (docs/usage/policy.md,
-"Requirements"). Pure functions of the container's env and the node facts the generator
-recorded in its sidecar. NVIDIA's CDI runtime modes skip these checks
-(nvidia-container-toolkit#1470), so an image built for a newer CUDA starts on an old driver
-and fails later with an obscure CUDA error: we refuse it at creation instead.
+"""NVIDIA_REQUIRE_* checks, with the toolkit's grammar (docs/usage/policy.md, "Requirements"),
+against the node facts in the generator's sidecar. Pure. NVIDIA's CDI modes skip them
+(nvidia-container-toolkit#1470): an image for a newer CUDA would fail later, obscurely.
 """
 
 from __future__ import annotations
