@@ -1,47 +1,15 @@
 """The NRI runtime library: a containerd/CRI-O NRI plugin runtime in Python.
 
-Everything a plugin needs is importable from here: ``Plugin`` (subclass it), ``Stub``
-(connects it to the runtime), the NRI message types it receives and returns, and the
-``ContainerAdjustment`` builders of ``nri_plugin.nri.adjustment``. It knows nothing of CDI
-or of any vendor: the product (``nri_plugin.plugins``, ``vendors``, ``ops``) builds on it.
-
-Public names are imported on first use: importing a submodule (``nri_plugin.nri.versions``
-from ``nri-cdi doctor``, say) runs this file, and that must not pay for protobuf, the
-messages or asyncio. Importing the pure parts (``nri_plugin.nri.wire``,
-``nri_plugin.nri.dispatch``) never pulls in asyncio.
+Everything a plugin needs is importable from here (docs/developer/writing-a-plugin.md); it
+knows nothing of CDI or of any vendor. Public names are imported on first use: importing a
+submodule (``nri_plugin.nri.versions`` from the settings, say) runs this file, and that must
+not pay for protobuf or asyncio.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from nri_plugin.nri.adjustment import (
-        add_annotation,
-        add_cdi_device,
-        add_device,
-        add_env,
-        add_hook,
-        add_mount,
-        remove_annotation,
-        remove_device,
-        remove_env,
-        remove_mount,
-    )
-    from nri_plugin.nri.api import Event, EventMask
-    from nri_plugin.nri.dispatch import RpcError
-    from nri_plugin.nri.plugin import (
-        Container,
-        ContainerAdjustment,
-        ContainerUpdate,
-        CreateContainerResponse,
-        LinuxResources,
-        Plugin,
-        PodSandbox,
-    )
-    from nri_plugin.nri.stub import Stub
-    from nri_plugin.nri.wire import ProtocolError
 
 _ADJUSTMENT = ("add_annotation", "add_cdi_device", "add_device", "add_env", "add_hook",
                "add_mount", "remove_annotation", "remove_device", "remove_env", "remove_mount")
@@ -54,30 +22,31 @@ _EXPORTS = {
     **dict.fromkeys(_MESSAGES, "nri_plugin.nri.plugin"),
     **dict.fromkeys(_ADJUSTMENT, "nri_plugin.nri.adjustment"),
 }
-__all__ = [
-    "Container",
-    "ContainerAdjustment",
-    "ContainerUpdate",
-    "CreateContainerResponse",
-    "Event",
-    "EventMask",
-    "LinuxResources",
-    "Plugin",
-    "PodSandbox",
-    "ProtocolError",
-    "RpcError",
-    "Stub",
-    "add_annotation",
-    "add_cdi_device",
-    "add_device",
-    "add_env",
-    "add_hook",
-    "add_mount",
-    "remove_annotation",
-    "remove_device",
-    "remove_env",
-    "remove_mount",
-]
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # the same names, for type checkers (re-exported with "as")
+    from nri_plugin.nri.adjustment import add_annotation as add_annotation
+    from nri_plugin.nri.adjustment import add_cdi_device as add_cdi_device
+    from nri_plugin.nri.adjustment import add_device as add_device
+    from nri_plugin.nri.adjustment import add_env as add_env
+    from nri_plugin.nri.adjustment import add_hook as add_hook
+    from nri_plugin.nri.adjustment import add_mount as add_mount
+    from nri_plugin.nri.adjustment import remove_annotation as remove_annotation
+    from nri_plugin.nri.adjustment import remove_device as remove_device
+    from nri_plugin.nri.adjustment import remove_env as remove_env
+    from nri_plugin.nri.adjustment import remove_mount as remove_mount
+    from nri_plugin.nri.api import Event as Event
+    from nri_plugin.nri.api import EventMask as EventMask
+    from nri_plugin.nri.dispatch import RpcError as RpcError
+    from nri_plugin.nri.plugin import Container as Container
+    from nri_plugin.nri.plugin import ContainerAdjustment as ContainerAdjustment
+    from nri_plugin.nri.plugin import ContainerUpdate as ContainerUpdate
+    from nri_plugin.nri.plugin import CreateContainerResponse as CreateContainerResponse
+    from nri_plugin.nri.plugin import LinuxResources as LinuxResources
+    from nri_plugin.nri.plugin import Plugin as Plugin
+    from nri_plugin.nri.plugin import PodSandbox as PodSandbox
+    from nri_plugin.nri.stub import Stub as Stub
+    from nri_plugin.nri.wire import ProtocolError as ProtocolError
 
 
 def __getattr__(name: str) -> Any:

@@ -1,18 +1,6 @@
-"""Builders for a ``ContainerAdjustment``, the changes a plugin makes to a container.
-
-The counterparts of the methods NRI's Go API has on its adjustment type (``AddEnv``,
-``AddMount``, ``AddDevice``, ``AddHooks``, ``AddCDIDevice``, the ``Remove*`` ones): plain
-functions that fill in the protobuf message, so a plugin needs no knowledge of its field
-layout. Pure and cheap: fine on the CreateContainer path.
-
-Removals use NRI's own convention, a key prefixed with ``-`` (Go's ``MarkForRemoval``): the
-runtime drops the container's entry with that name, path or destination. Give a name one
-entry: for the environment, the runtime keeps the last entry for each name.
-
-This is the library's API for plugin authors (docs/developer/writing-a-plugin.md). The
-CDI injector does not build with it: it translates an OCI fragment the CDI library has
-already validated and merged, one field to one field (device nodes and their cgroup rules
-as two lists, in CDI's order, where ``add_device`` pairs each node with one allow rule).
+"""Builders for a ``ContainerAdjustment``, as NRI's Go helpers fill it (``AddEnv``, ...,
+the ``Remove*`` ones): the library's API for plugin authors (docs/developer/writing-a-plugin.md).
+Removals use NRI's convention, a key prefixed with ``-`` (Go's ``MarkForRemoval``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ to the derived one is never sent, and one asking for more takes effect only from
 
 from __future__ import annotations
 
-Version = tuple[int, int, int]
+from nri_plugin.nri.versions import Version
 
 DEVICE_RULES_FROM: Version = (0, 10, 0)
 
@@ -17,19 +17,13 @@ def derived_access(device_type: str) -> str:
     return "rwm" if device_type == "b" else "rw"
 
 
-def applies_device_rules(nri_version: Version | None) -> bool:
-    """Whether explicit device-cgroup rules of an adjustment reach the container (unknown
-    version: assumed not, so nothing is ever doubled)."""
-    return nri_version is not None and nri_version >= DEVICE_RULES_FROM
-
-
 def beyond_derived(device_type: str, access: str) -> str:
     """The letters of ``access`` that NRI's derived rule does not grant ("" if none)."""
-    granted = derived_access(device_type)
-    return "".join(c for c in access if c not in granted)
+    return "".join(c for c in access if c not in derived_access(device_type))
 
 
 def explicit_rule_needed(device_type: str, access: str, nri_version: Version | None) -> bool:
     """Whether a plugin adding this node must send its own rule for it: only where the
     wanted access grants more than NRI derives and this NRI version applies such rules."""
-    return bool(beyond_derived(device_type, access)) and applies_device_rules(nri_version)
+    return (bool(beyond_derived(device_type, access)) and nri_version is not None
+            and nri_version >= DEVICE_RULES_FROM)

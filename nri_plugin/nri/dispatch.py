@@ -1,14 +1,11 @@
-"""From a ttrpc request on the Plugin service to a ``Plugin`` method and back.
-
-One table row per method, rather than one interface per method.
-Everything here is pure: bytes and protobuf messages in, bytes out, so the
-CreateContainer path can be driven and timed without sockets or an event loop.
+"""From a ttrpc request on the Plugin service to a ``Plugin`` method and back: one table row
+per method. Pure: bytes in, bytes out, so it runs without sockets or an event loop.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,10 +104,6 @@ def subscription(
 # --- per-row adapters: (plugin, request) -> response message ---------------
 
 
-def _as_updates(updates: Iterable[nri_pb2.ContainerUpdate] | None) -> list[Any]:
-    return [] if updates is None else list(updates)
-
-
 def _create(plugin: Plugin, req: nri_pb2.CreateContainerRequest) -> Message:
     result = plugin.create_container(req.pod, req.container)
     if isinstance(result, nri_pb2.ContainerAdjustment):
@@ -120,12 +113,12 @@ def _create(plugin: Plugin, req: nri_pb2.CreateContainerRequest) -> Message:
 
 def _update(plugin: Plugin, req: nri_pb2.UpdateContainerRequest) -> Message:
     updates = plugin.update_container(req.pod, req.container, req.linux_resources)
-    return nri_pb2.UpdateContainerResponse(update=_as_updates(updates))
+    return nri_pb2.UpdateContainerResponse(update=list(updates or ()))
 
 
 def _stop(plugin: Plugin, req: nri_pb2.StopContainerRequest) -> Message:
     updates = plugin.stop_container(req.pod, req.container)
-    return nri_pb2.StopContainerResponse(update=_as_updates(updates))
+    return nri_pb2.StopContainerResponse(update=list(updates or ()))
 
 
 def _update_pod(plugin: Plugin, req: nri_pb2.UpdatePodSandboxRequest) -> Message:
@@ -235,14 +228,9 @@ class SyncStalledError(RpcError):
 
 
 class SyncCollector:
-    """Joins paged Synchronize requests (docs/developer/nri-protocol.md §3.5) so the plugin sees the
-    state once.
-
-    What it keeps is capped at ``max_bytes`` of page payload: a runtime only pages when
-    the state is over 4 MiB, and a peer sending ``more=true`` forever must not grow us
-    without end. Pages beyond the cap are still answered (``more=true``) but their
-    contents are counted, not kept; ``over_cap`` says so to the caller.
-    """
+    """Joins paged Synchronize requests so the plugin sees the state once, keeping at most
+    ``max_bytes`` of pages: beyond it they are answered but only counted
+    (docs/developer/nri-protocol.md §3.5)."""
 
     __slots__ = ("containers", "dropped_bytes", "dropped_pages", "kept_bytes", "max_bytes",
                  "pages", "pods")
@@ -252,13 +240,6 @@ class SyncCollector:
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_bytes = max_bytes
         self.reset()
-
-    @staticmethod
-    def stalled(req: nri_pb2.SynchronizeRequest) -> bool:
-        """A page with nothing and more=true: the runtime's pager advanced by zero objects,
-        so it would send the same empty page until its timeout (NRI adaptation/plugin.go
-        synchronize(): one object over 4 MiB rounds its objects-per-page down to 0)."""
-        return req.more and not req.pods and not req.containers
 
     def add(self, req: nri_pb2.SynchronizeRequest, size: int = 0) -> bool:
         """Add a page (``size``: its serialized bytes); True when it was the last one."""
@@ -271,10 +252,6 @@ class SyncCollector:
             self.pods.extend(req.pods)
             self.containers.extend(req.containers)
         return not req.more
-
-    @property
-    def over_cap(self) -> bool:
-        return self.dropped_pages > 0
 
     def reset(self) -> None:
         self.pods: list[nri_pb2.PodSandbox] = []
@@ -350,7 +327,9 @@ class Dispatcher:
         return nri_pb2.ConfigureResponse(events=int(mask)).SerializeToString()
 
     def _synchronize(self, req: nri_pb2.SynchronizeRequest, size: int = 0) -> bytes:
-        if SyncCollector.stalled(req):
+        if req.more and not req.pods and not req.containers:
+            # The runtime's pager advanced by zero objects (one over 4 MiB rounds its
+            # objects per page down to 0): it would send this page until its timeout.
             self.sync_stalled = SYNC_STALLED.format(pods=len(self._sync.pods),
                                                     containers=len(self._sync.containers))
             self._sync.reset()
@@ -363,7 +342,7 @@ class Dispatcher:
             # (docs/developer/nri-protocol.md §3.5).
             return nri_pb2.SynchronizeResponse(more=True).SerializeToString()
         pods, containers = self._sync.pods, self._sync.containers
-        if self._sync.over_cap:
+        if self._sync.dropped_pages:
             log.error("Synchronize: %d of %d pages (%d bytes) were over the %d MiB cap and "
                       "were not examined; their containers are checked only when they start",
                       self._sync.dropped_pages, self._sync.pages, self._sync.dropped_bytes,
@@ -371,7 +350,7 @@ class Dispatcher:
         self._sync.reset()
         updates = self.plugin.synchronize(pods, containers)
         self.synchronized = True
-        return nri_pb2.SynchronizeResponse(update=_as_updates(updates)).SerializeToString()
+        return nri_pb2.SynchronizeResponse(update=list(updates or ())).SerializeToString()
 
 
 def dispatch(plugin: Plugin, method: str, payload: bytes) -> bytes:

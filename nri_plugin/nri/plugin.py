@@ -28,21 +28,14 @@ class Plugin:
     # --- setup --------------------------------------------------------------
 
     def configure(self, config: str, runtime_name: str, runtime_version: str) -> EventMask | None:
-        """Called once per connection with the runtime's config string
-        (docs/developer/nri-protocol.md §3.4).
-
-        Return a mask to subscribe to fewer events than implemented, or
-        ``None`` for all implemented ones. Bits of events without a handler are
-        an error.
-        """
+        """Once per connection, with the runtime's config string: return a mask to subscribe
+        to fewer events than implemented (a bit without a handler is an error), or ``None``
+        for all (docs/developer/nri-protocol.md §3.4)."""
         return None
 
     def synchronize(self, pods: Sequence[PodSandbox], containers: Sequence[Container]) -> Updates:
-        """The runtime's existing pods and containers, once per connection.
-
-        Paged requests (docs/developer/nri-protocol.md §3.5) are collected first; this sees the
-        whole state.
-        """
+        """The runtime's existing pods and containers, once per connection, pages joined
+        (docs/developer/nri-protocol.md §3.5)."""
         return None
 
     def shutdown(self) -> None:

@@ -1,16 +1,13 @@
-"""The asyncio shell around the sans-IO core: socket, lifecycle, reconnects.
-
-``Stub`` connects (inherited fd from the runtime, or the NRI socket), registers,
-serves the Plugin service until the connection ends, and calls ``on_close``.
-Requests are dispatched inline in ``data_received``: handlers are plain,
-I/O-free functions, so a reply leaves in the same loop iteration its request
-arrived in, far inside the runtime's request timeout (docs/developer/nri-protocol.md §6).
+"""The asyncio shell around the sans-IO core: socket, lifecycle, reconnects. Requests are
+dispatched inline in ``data_received``, so a reply leaves in the loop iteration its request
+arrived in (docs/developer/nri-protocol.md §6).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -437,15 +434,12 @@ class Stub:
         sock = self._sock
         if sock is None and self._fd is not None:
             sock = socket.socket(fileno=self._fd)
-        on_synchronized = self.on_synchronized
-
-        def synchronized() -> None:
-            if on_synchronized is not None:
-                on_synchronized(self)
+        synchronized = (None if self.on_synchronized is None
+                        else functools.partial(self.on_synchronized, self))
 
         def factory() -> _Session:
             return _Session(self.plugin, self.log, stall_timeout=self.stall_timeout,
-                            on_synchronized=synchronized if on_synchronized else None)
+                            on_synchronized=synchronized)
 
         if sock is not None:
             _, session = await loop.create_unix_connection(factory, sock=sock)

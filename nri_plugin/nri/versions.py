@@ -1,9 +1,6 @@
-"""What the connected runtime can do, from the name and version it sends in Configure.
-
-Pure. The NRI version a runtime vendors is not on the wire before NRI 0.12, so it is
-looked up from the runtime's release (docs/developer/nri-protocol.md §5.1, §5.2), as is
-the CDI library of its own CDI support, whose behaviour the plugin reproduces
-(docs/reference/runtime-cdi.md, "Runtime CDI versions").
+"""What the connected runtime can do, from the name and version it sends in Configure: its
+NRI and CDI library versions looked up by release (docs/developer/nri-protocol.md §5,
+docs/reference/runtime-cdi.md). Pure.
 """
 
 from __future__ import annotations
@@ -13,9 +10,7 @@ from dataclasses import dataclass
 
 Version = tuple[int, int, int]
 
-# Where a runtime serves NRI unless configured otherwise (containerd and CRI-O, NRI 0.3.0
-# and later; docs/developer/nri-protocol.md). The one definition: the stub, the settings, the daemon
-# and the doctor import it.
+# Where a runtime serves NRI unless configured otherwise (docs/developer/nri-protocol.md).
 DEFAULT_SOCKET_PATH = "/var/run/nri/nri.sock"
 # What a runtime that launches a plugin from its plugin_path puts in the plugin's (otherwise
 # empty) environment: its name, its two-digit index, and the connected socket's fd.

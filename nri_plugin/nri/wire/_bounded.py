@@ -1,11 +1,5 @@
-"""Bounded text for error replies and log lines (pure, no imports beyond the stdlib).
-
-Part of the sans-IO core (the connection bounds its rejections); the dispatcher and the
-log formatter use it too.
-
-A refusal that quotes every one of 60,000 unknown device names, or a 2 MB invalid name
-twice, must not become a multi-megabyte ttrpc reply or log line: lists are summarized
-(the first few items and a count) and what is still too long is cut, saying how much.
+"""Bounded text for error replies and log lines: lists summarized, then cut, saying how much
+(docs/operations/limits.md). Pure.
 """
 
 from __future__ import annotations

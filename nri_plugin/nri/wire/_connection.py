@@ -1,8 +1,4 @@
 """The sans-IO NRI connection: mux + two ttrpc sessions (docs/developer/nri-protocol.md §1, §2).
-
-Bytes go in through ``receive_data`` and come back as events; calls and replies
-are queued as bytes and drained with ``data_to_send``. Nothing here blocks,
-reads, writes or knows about event loops.
 """
 
 from __future__ import annotations
@@ -112,20 +108,16 @@ class Connection:
         return ConnectionClosed(pending=pending)
 
     def _handle_frame(self, conn_id: int, frame: Frame) -> list[Event]:
-        stream_id = frame.stream_id
-        if conn_id == self.role.server_conn:
-            if frame.type != MessageType.REQUEST:
-                raise RemoteProtocolError(
-                    f"ttrpc message type {frame.type} on conn {conn_id} stream {stream_id}; "
-                    "only requests are valid there"
-                )
-            return [self._handle_request(stream_id, frame.data)]
-        if frame.type != MessageType.RESPONSE:
+        serving = conn_id == self.role.server_conn
+        expected = MessageType.REQUEST if serving else MessageType.RESPONSE
+        if frame.type != expected:
             raise RemoteProtocolError(
-                f"ttrpc message type {frame.type} on conn {conn_id} stream {stream_id}; "
-                "only responses are valid there"
+                f"ttrpc message type {frame.type} on conn {conn_id} stream {frame.stream_id}; "
+                f"only {expected.name.lower()}s are valid there"
             )
-        return [self._handle_response(stream_id, frame.data)]
+        if serving:
+            return [self._handle_request(frame.stream_id, frame.data)]
+        return [self._handle_response(frame.stream_id, frame.data)]
 
     # Service and method names are quoted in rejections; a hostile peer may send 4 MiB ones.
     NAME_LIMIT = 128
@@ -178,12 +170,8 @@ class Connection:
         self._log.debug("rejecting stream %d (%s/%s): %s", stream_id, service, method, message)
         if tracked:
             self._server.close(stream_id)
-        self._queue(
-            self.role.server_conn,
-            stream_id,
-            MessageType.RESPONSE,
-            encode_response(b"", code, message),
-        )
+        frame = encode_frame(stream_id, MessageType.RESPONSE, encode_response(b"", code, message))
+        self._outbound += frame_message(self.role.server_conn, frame)
         return RequestRejected(
             stream_id=stream_id, service=service, method=method, code=code, message=message
         )
@@ -240,9 +228,6 @@ class Connection:
         frame = encode_frame(stream_id, MessageType.RESPONSE, data)
         self._server.close(stream_id)
         self._outbound += frame_message(self.role.server_conn, frame)
-
-    def _queue(self, conn_id: int, stream_id: int, mtype: MessageType, data: bytes) -> None:
-        self._outbound += frame_message(conn_id, encode_frame(stream_id, mtype, data))
 
     def _check_usable(self) -> None:
         if self.state is not ConnectionState.OPEN:

@@ -23,9 +23,6 @@ class FrameTooLargeError(RemoteProtocolError):
 
 
 class MessageTooLargeError(LocalProtocolError):
-    """We were asked to send a ttrpc message above the 4 MiB limit (docs/developer/nri-protocol.md
-    §1.1).
-
-    Raised before anything is queued, so the connection stays usable: the caller
-    can answer the stream with RESOURCE_EXHAUSTED instead, as Go's sender does.
-    """
+    """We were asked to send a ttrpc message above the 4 MiB limit; raised before anything is
+    queued, so the caller can answer RESOURCE_EXHAUSTED instead (docs/developer/nri-protocol.md
+    §1.1)."""

@@ -49,13 +49,8 @@ def encode_frame(conn_id: int, payload: bytes) -> bytes:
 
 
 def frame_message(conn_id: int, message: bytes) -> bytes:
-    """Mux frames for one whole ttrpc message, following the docs/developer/nri-protocol.md §2.4
-    write rule.
-
-    Up to 4096 bytes go out as one frame; longer messages as the first 4096
-    bytes and then the rest in one frame (Go reads that into an exactly sized
-    buffer). Never more than two frames, so we cannot flood Go's 256-frame queue.
-    """
+    """Mux frames for one whole ttrpc message: at most two, split after 4096 bytes
+    (docs/developer/nri-protocol.md §2.4)."""
     if len(message) <= GO_READ_BUFFER:
         return encode_frame(conn_id, message)
     return encode_frame(conn_id, message[:GO_READ_BUFFER]) + encode_frame(

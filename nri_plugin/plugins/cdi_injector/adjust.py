@@ -1,9 +1,6 @@
-"""CDI container edits → an NRI ContainerAdjustment. A pure function of plain data.
-
-The edits are first applied with the CDI library's own ``apply`` to an empty OCI spec, so
-that ordering and replacement rules (env by name, devices by path, mounts by destination
-then by depth, cgroup rules, process-user ownership of device nodes) are exactly those of
-the reference semantics; the resulting OCI fragments are then translated one to one.
+"""CDI container edits → an NRI ContainerAdjustment, and what NRI cannot carry. Pure. The
+edits are applied with the CDI library's ``apply`` to an empty OCI spec, so ordering and
+replacement are the reference's; the OCI fragments are then translated one to one.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ from cdi.libpath import EXTRA_LIBRARY_PATH_ENV, LD_LIBRARY_PATH_ENV, merge_libra
 from cdi.model import ContainerEdits, DeviceNode
 from cdi.oci import cgroup_access
 from nri_plugin.nri.api import nri_pb2
-from nri_plugin.nri.derived import explicit_rule_needed
+from nri_plugin.nri.derived import beyond_derived, derived_access, explicit_rule_needed
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import RuntimeInfo
 
@@ -33,26 +30,35 @@ class UnsupportedEditsError(NRIPluginError):
         super().__init__("; ".join(reasons))
 
 
-# The access every NRI version allows for a device node it adds (LinuxDevice.AccessString:
-# "rw", plus "m" for block devices), whatever rules the adjustment carries besides.
-_NRI_ACCESS = {"c": "rw", "b": "rwm"}
-
-
 def narrowed_permissions(edits: ContainerEdits) -> list[str]:
     """Device nodes whose ``permissions`` deny something that NRI would allow: NRI adds an
     allow rule of its own for each device node of an adjustment (before 0.10 it applies no
     other rule; from 0.10 ours only add to it), so through NRI they would be widened."""
     reasons = []
     for node in edits.device_nodes:
-        granted = _NRI_ACCESS.get(node.type or "")
-        if granted is None:
+        if node.type not in ("c", "b"):
             continue
+        granted = derived_access(node.type)
         lost = "".join(c for c in granted if c not in cgroup_access(node))
         if lost:
             reasons.append(f"permissions {node.permissions!r} of {node.path} (NRI allows "
                            f"{granted!r} on every device node it adds: {lost!r} would be "
                            "granted)")
     return reasons
+
+
+def wider_than_nri(edits: ContainerEdits) -> list[str]:
+    """The device nodes whose access NRI's own rule does not fully grant (e.g. ``m`` of a
+    char device), as ``path (+letters)``: only the runtime's own CDI gives native CDI's one
+    rule, so ``plan.py`` hands such a request to it where that works."""
+    out = []
+    for node in edits.device_nodes:
+        if node.type not in ("c", "b"):
+            continue
+        extra = beyond_derived(node.type, cgroup_access(node))
+        if extra:
+            out.append(f"{node.path} (+{extra})")
+    return out
 
 
 def unsupported_edits(edits: ContainerEdits, runtime: RuntimeInfo) -> list[str]:

@@ -1,8 +1,6 @@
 """Kubernetes allocation as the kubelet does it now: transient claim specs and devices the
-runtime injected itself (docs/developer/kubernetes-allocation.md). Pure, except
-``on_miss``: a name the registry does not know yet (a claim spec written a moment ago) is
-looked for again once, with a bounded re-read, before the container is refused; a
-container whose devices are all known never reaches it.
+runtime injected itself (docs/developer/kubernetes-allocation.md). Pure, except ``on_miss``,
+the bounded re-read for a name the registry does not know yet.
 """
 
 from __future__ import annotations
@@ -10,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from cdi.cache import Snapshot
-from cdi.errors import UnresolvedDevicesError
 from nri_plugin.nri import adjustment as adj
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.nri.wire import Code
+from nri_plugin.plugins.cdi_injector.plan import InjectionError, lookup_devices
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
@@ -42,15 +40,12 @@ def rechecked_refusal(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> 
     """After the re-read: the refusal for the names still unknown (None: all resolve). It
     names each device and where it was asked for, and says the folders were read again."""
     try:
-        snapshot.lookup(r.name for r in requests)
-    except UnresolvedDevicesError as exc:
-        source = {r.name: r.source for r in requests}
-        detail = "; ".join(f"{name} (from {source.get(name, 'the runtime')}): {why}"
-                           for name, why in exc.reasons.items())
+        lookup_devices(snapshot, requests)
+    except InjectionError as exc:
         folders = ", ".join(snapshot.spec_dirs) or "(none)"
-        return Refusal(f"unresolvable CDI devices: {detail} (the node's spec folders were "
-                       "read again just now)", rule="unresolvable", code=Code.NOT_FOUND,
-                       device=next(iter(exc.reasons), None), node_detail=f"folders {folders}")
+        return Refusal(f"{exc} (the node's spec folders were read again just now)",
+                       rule="unresolvable", code=Code.NOT_FOUND, device=exc.reason.device,
+                       node_detail=f"folders {folders}")
     return None
 
 

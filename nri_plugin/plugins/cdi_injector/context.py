@@ -1,9 +1,6 @@
-"""One container as the injector sees it, built once per CreateContainer. Pure.
-
-``ContainerContext`` holds the container's identity, env, annotations, mounts and user,
-and the devices every request source asked for, read under the policy
-(``read_context``). Everything after it (the policy's device rules, the vendors'
-verdicts, the plan) reads this one immutable value; nothing goes back to the request.
+"""One container as the injector sees it, with what every request source asked for, built
+once per CreateContainer (``read_context``); every later step reads this one immutable
+value. Pure.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Handing devices to the runtime's own CDI (``ContainerAdjustment.CDI_devices``). Pure.
-
-The runtime's CDI resolves a handed-over device from its own spec folders after the plugin
-answered, and a failure there ("unresolvable CDI devices") names no cause. So the plugin
-checks ahead, and refuses with the cause, that the spec's folder is one the runtime's CDI
-reads (``runtime_cdi.spec_dirs``) and its ``cdiVersion`` one the runtime's CDI library reads
-(``nri_plugin/nri/versions.py``).
+"""Handing devices to the runtime's own CDI (``ContainerAdjustment.CDI_devices``). Pure. Its
+failure there names no cause, so the plugin checks ahead that the runtime's CDI reads the
+spec's folder and ``cdiVersion``, and refuses with the cause.
 """
 
 from __future__ import annotations

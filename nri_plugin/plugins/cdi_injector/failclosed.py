@@ -15,7 +15,7 @@ import signal
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
@@ -163,12 +163,8 @@ def _item(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
 
 
 def termination_file(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container) -> str:
-    """The host file the kubelet made for this container's termination message ("": none).
-
-    Only a file the kubelet itself mounted is taken: the mount at the container's
-    terminationMessagePath whose host path is the kubelet's own layout for this pod and
-    container (``.../pods/<pod uid>/containers/<container name>/<file>``). Anything else
-    (another CRI client, a hand-made mount) is left alone."""
+    """The host file the kubelet made for this container's termination message ("": none):
+    only the kubelet's own mount, in its own layout (docs/developer/fail-closed.md)."""
     target = container.annotations.get(TERMINATION_PATH_ANNOTATION, "")
     name = container.annotations.get(CONTAINER_NAME_ANNOTATION, container.name)
     if not target or pod is None or not pod.uid:
@@ -298,9 +294,8 @@ def write_termination_message(path: str, message: str) -> str:
 # --- the guard -----------------------------------------------------------------------------
 
 
-# How long a container created without the plugin, not started yet, is owed a check at its
-# start. The kubelet starts a container right after creating it; one not started by then
-# failed its start (containerd lists it as created for as long as the kubelet keeps it).
+# How long a container created without the plugin is owed a check at its start
+# (docs/developer/fail-closed.md).
 PENDING_LIMIT = 60.0
 
 
@@ -337,7 +332,7 @@ class StartGuard(Plugin):
         self.pending_limit = pending_limit
         self._clock = clock
         # Told when ``needed`` changes (GuardedConnections): called from inside a handler.
-        self._need_listeners: list[Callable[[bool], None]] = []
+        self._need_listener: Callable[[], None] | None = None
         self._served: OrderedDict[str, None] = OrderedDict()
         self._pending: dict[str, _Pending] = {}
         # Containers already stopped, refused or reported: the guard's Synchronize and the
@@ -357,15 +352,15 @@ class StartGuard(Plugin):
         self._expire_pending()
         return not self._injector_synced or bool(self._pending)
 
-    def on_need_changed(self, listener: Callable[[bool], None]) -> None:
-        self._need_listeners.append(listener)
+    def on_need_changed(self, listener: Callable[[], None]) -> None:
+        self._need_listener = listener
 
     def _need_may_have_changed(self) -> None:
         now = self.needed
         if now != self._was_needed:
             self._was_needed = now
-            for listener in self._need_listeners:
-                listener(now)
+            if self._need_listener is not None:
+                self._need_listener()
 
     def next_expiry(self) -> float | None:
         """Seconds until the next pending container is let go (None: none pending)."""
@@ -454,9 +449,7 @@ class StartGuard(Plugin):
 
     def guard_configured(self, runtime_name: str, runtime_version: str) -> EventMask:
         """The guard's own connection is to this runtime: the events it needs there, and
-        PostCreateContainer on every runtime. A creation that began before the injector
-        registered is shown to no Synchronize while it is still in the runtime's hands;
-        its PostCreateContainer comes once it is stored, and marks it owed a check."""
+        PostCreateContainer on every runtime (docs/developer/fail-closed.md)."""
         self._runtime = self.injector.runtime_of(runtime_name, runtime_version)
         return guard_events(runtime_name) | EventMask.POST_CREATE_CONTAINER
 
@@ -489,11 +482,10 @@ class StartGuard(Plugin):
                         item.pod, item.reason)
         for item in now:
             self._remember(self._done, item.container_id)
-        if now:
-            if self._defer is None:
-                self._act_now(now)
-            else:
-                self._defer(lambda: self._act_now(now))
+        if now and self._defer is not None:
+            self._defer(lambda: self._act_now(now))
+        elif now:
+            self._act_now(now)
 
     def _act_now(self, items: Sequence[Unserved]) -> None:
         for item in items:
@@ -533,8 +525,9 @@ class StartGuard(Plugin):
             return
         if pending is None and stage == "start":
             self.counters.unserved_found += 1
-        stopped = self._act(item, stage, pid=container.pid,
-                            cgroups_path=container.linux.cgroups_path or item.cgroups_path)
+        item = replace(item, pid=container.pid,
+                       cgroups_path=container.linux.cgroups_path or item.cgroups_path)
+        stopped = self._act(item, stage)
         evict = self.injector.policy.fail_closed_action != "report"
         if evict and not stopped and stage == "start":
             # A runtime that may start it all the same: stopped as it starts, if it does.
@@ -549,8 +542,7 @@ class StartGuard(Plugin):
                            f"{USER_PREFIX}container {item.name} was created while the plugin "
                            f"was away, without its devices: {item.reason}")
 
-    def _act(self, item: Unserved, stage: str, *, pid: int | None = None,
-             cgroups_path: str | None = None) -> bool:
+    def _act(self, item: Unserved, stage: str) -> bool:
         """Report or stop one container, as the policy's failClosed.action says; counted
         and named in the log. True when it is stopped (or its start is to be refused).
         ``stage``: start, post-start or reconnection."""
@@ -572,9 +564,7 @@ class StartGuard(Plugin):
         else:
             note = "no termination-message file"
         try:
-            how = stop_processes(item.pid if pid is None else pid,
-                                 item.cgroups_path if cgroups_path is None else cgroups_path,
-                                 self.cgroup_root)
+            how = stop_processes(item.pid, item.cgroups_path, self.cgroup_root)
         except OSError as exc:
             how, error = None, exc.strerror or str(exc)
         else:
@@ -610,8 +600,7 @@ class GuardConnection(Plugin):
     served by the ``StartGuard`` it belongs to. ``on_synchronized`` is told when its
     Synchronize is answered (the guard is in place from then on)."""
 
-    def __init__(self, guard: StartGuard,
-                 on_synchronized: Callable[[], None] | None = None) -> None:
+    def __init__(self, guard: StartGuard, on_synchronized: Callable[[], None]) -> None:
         self.guard = guard
         self._on_synchronized = on_synchronized
 
@@ -622,8 +611,7 @@ class GuardConnection(Plugin):
     def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
                     containers: Sequence[nri_pb2.Container]) -> None:
         self.guard.guard_synchronize(pods, containers)
-        if self._on_synchronized is not None:
-            self._on_synchronized()
+        self._on_synchronized()
 
     def post_create_container(self, pod: nri_pb2.PodSandbox,
                               container: nri_pb2.Container) -> None:
@@ -643,12 +631,9 @@ class GuardConnection(Plugin):
 # --- the guard's connection, open only while needed ----------------------------------------
 
 
-# How long the injector's connection waits for the guard's; past it the injector connects
-# all the same, and its own Synchronize still finds what was created meanwhile.
+# How long the injector's connection waits for the guard's, and how long the guard's stays
+# once nothing is in doubt (docs/developer/fail-closed.md).
 GUARD_READY_TIMEOUT = 5.0
-# How long the guard's connection stays once nothing is in doubt: a creation that began
-# before the injector registered is listed by no Synchronize, and shows itself by its
-# PostCreateContainer once the runtime has stored it.
 GUARD_LINGER = 10.0
 GUARD_SUFFIX = "-guard"
 
@@ -724,7 +709,7 @@ class GuardedConnections:
             if asyncio.iscoroutine(result):
                 await result
 
-    def _need_changed(self, needed: bool) -> None:
+    def _need_changed(self) -> None:
         # Called from inside a handler: open or close only after its reply has left.
         if not self._stopping:
             asyncio.get_running_loop().call_soon(self._update)
@@ -762,7 +747,7 @@ class GuardedConnections:
 
     def _open_guard(self) -> None:
         self._ready.clear()
-        plugin = GuardConnection(self.guard, on_synchronized=self._guard_synchronized)
+        plugin = GuardConnection(self.guard, self._guard_synchronized)
         stub = self._make_stub(plugin, self._guard_name, self._guard_closed, None)
         self._guard_stub = stub
         task = asyncio.get_running_loop().create_task(stub.run())

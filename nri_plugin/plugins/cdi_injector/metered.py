@@ -1,10 +1,5 @@
-"""``Metered``: any of our plugins with metrics, by composition (the daemon wraps the start
-guard, which wraps the injector, when metrics are on).
-
-It passes every event on and times each CreateContainer, counting it by outcome
-(``injected``; ``delegated`` when only the runtime's own CDI resolves the devices;
-``refused`` with the rule of the refusal; ``error`` for anything unexpected), and tells
-the metrics when the runtime connection (re)starts.
+"""``Metered``: any of our plugins with metrics, by composition: it passes every event on and
+counts each CreateContainer by outcome, timed (docs/operations/metrics.md).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """What the runtime's own CDI already did to a container, and the facts about it worth one
-log line per connection. Pure (logging aside).
-
-With its CDI on, containerd and CRI-O inject every device named in a container's
-``cdi.k8s.io/`` annotations before NRI; injecting them again would run their hooks twice.
-The runtime names what it injected only from containerd 2.3 (``Container.CDI_devices``),
-so for the annotations the plugin relies on knowing its CDI is on (``runtime_cdi``), with
-one check: a named device whose nodes are missing from the container was not injected.
+log line per connection (docs/reference/runtime-cdi.md). Pure (logging aside). With its CDI
+on, the runtime injects the devices of ``cdi.k8s.io/`` container annotations before NRI
+(again would run their hooks twice) but names them only from containerd 2.3: the plugin
+relies on ``runtime_cdi``, checking that the devices' nodes are there.
 """
 
 from __future__ import annotations
@@ -37,10 +34,13 @@ def injected_by_runtime(container: nri_pb2.Container, snapshot: Snapshot,
         device = snapshot.devices.get(name)
         nodes = device.edits.device_nodes if device is not None else ()
         if present is not None and nodes and not all(n.path in present for n in nodes):
-            _warn_once("off", f"container {container.name}: the runtime's own CDI is set as on, "
-                       f"but {name}'s device nodes are not in the container, so it did not "
-                       "inject its cdi.k8s.io annotations: the plugin injects them (check "
-                       "runtime_cdi.enabled against containerd's enable_cdi)")
+            if not _warned:
+                _warned.add("off")
+                log.warning("container %s: the runtime's own CDI is set as on, but %s's device "
+                            "nodes are not in the container, so it did not inject its "
+                            "cdi.k8s.io annotations: the plugin injects them (check "
+                            "runtime_cdi.enabled against containerd's enable_cdi)",
+                            container.name, name)
             return frozenset()
     return frozenset(names)
 
@@ -53,8 +53,3 @@ def log_runtime_facts(runtime: RuntimeInfo) -> None:
                  "(which never nest) may be listed in another order than with native CDI",
                  runtime.describe_cdi())
 
-
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        log.warning("%s", message)

@@ -1,11 +1,6 @@
 """From looked-up devices to a ContainerAdjustment: what the plugin applies itself and what
-it hands to the runtime's own CDI (``ContainerAdjustment.CDI_devices``). Pure.
-
-NRI cannot carry ``additionalGids`` nor device access its own rule would change
-(``access.py``). The whole request goes to the runtime's CDI only where the runtime takes
-CDI_devices, its CDI reads the spec and nothing of the plugin's own work would be lost (the
-vendors' filters and extras, the hook-free library path); otherwise the policy's
-``additionalGids`` says drop (with a warning) or refuse (docs/developer/architecture.md).
+it hands to the runtime's own CDI (``ContainerAdjustment.CDI_devices``), and when
+(docs/developer/architecture.md, step 7). Pure.
 """
 
 from __future__ import annotations
@@ -23,11 +18,11 @@ from cdi.model import ContainerEdits
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.nri.wire import Code
-from nri_plugin.plugins.cdi_injector.access import wider_than_nri
 from nri_plugin.plugins.cdi_injector.adjust import (
     as_native_file_modes,
     to_adjustment,
     unsupported_edits,
+    wider_than_nri,
 )
 from nri_plugin.plugins.cdi_injector.delegation import delegation_problems, spec_device_nodes
 from nri_plugin.plugins.cdi_injector.refusal import Refusal

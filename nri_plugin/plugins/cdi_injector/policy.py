@@ -1,12 +1,6 @@
-"""The authorization policy: which request sources each namespace may use, which devices,
-requirement and capability enforcement, and what to do with containers that were created
-without their devices while we were away. Loaded once from YAML, validated with messages
-that name the key; evaluation is pure. The defaults, written out: docs/usage/policy.md.
-
-The injector's own request sources are known here; a vendor declares its own (name,
-default, title) and its default denials (``VendorPolicy``), and the parser learns
-them from the vendors it is given (``parse_policy(doc, vendors=...)``,
-``Policy.defaults(vendors)``).
+"""The authorization policy (docs/usage/policy.md): loaded once from YAML, validated with
+messages that name the key; evaluation is pure. A vendor declares its own request sources and
+default denials (``VendorPolicy``); the parser learns them from the vendors it is given.
 """
 
 from __future__ import annotations
@@ -50,11 +44,6 @@ class SourceRule:
     namespaces: tuple[str, ...] = ("*",)
     privileged_only: bool = False
 
-    def allows_namespace(self, namespace: str) -> bool:
-        # "*" (the default) first: it matches every namespace, without a pattern match.
-        return "*" in self.namespaces or any(fnmatchcase(namespace, p)
-                                             for p in self.namespaces)
-
 
 class NamedSource(Protocol):
     """What the policy needs of a request source: its key and its default rule."""
@@ -82,12 +71,13 @@ class DeviceRule:
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
 
-    def applies_to(self, namespace: str) -> bool:
-        return "*" in self.namespaces or any(fnmatchcase(namespace, p)
-                                             for p in self.namespaces)
-
     def describe(self) -> str:
         return f"devices[{self.index}] (namespaces {list(self.namespaces)})"
+
+
+def _in_namespaces(namespace: str, patterns: tuple[str, ...]) -> bool:
+    # "*" (the default) first: it matches every namespace, without a pattern match.
+    return "*" in patterns or any(fnmatchcase(namespace, p) for p in patterns)
 
 
 # The injector's own sources (``sources.py`` reads them); vendors add theirs.
@@ -159,7 +149,7 @@ class Policy:
         if rule.privileged_only and not privileged:
             return (f"request source {rule.title} is for privileged containers only "
                     f"(sources.{source}.privilegedOnly)")
-        if not rule.allows_namespace(namespace):
+        if not _in_namespaces(namespace, rule.namespaces):
             return (f"request source {rule.title} is not allowed in namespace {namespace!r} "
                     f"(sources.{source}.namespaces {list(rule.namespaces)})")
         return None
@@ -181,7 +171,7 @@ class Policy:
         """Raise PolicyDenied naming the rule for the first device not allowed here."""
         if privileged and self.privileged_exempt:
             return
-        rules = [r for r in self.devices if r.applies_to(namespace)]
+        rules = [r for r in self.devices if _in_namespaces(namespace, r.namespaces)]
         for name in names:
             _check_device(name, namespace, rules)
 
@@ -345,8 +335,6 @@ def _device_rules(doc: Any, defaults: tuple[DeviceRule, ...],
         rules.append(DeviceRule(
             index=i, namespaces=_patterns(item.get("namespaces", ["*"]), where + ".namespaces",
                                           problems),
-            allow=_patterns(item.get("allow", []), where + ".allow", problems)
-            if item.get("allow", []) else (),
-            deny=_patterns(item.get("deny", []), where + ".deny", problems)
-            if item.get("deny", []) else ()))
+            allow=_patterns(item.get("allow") or [], where + ".allow", problems),
+            deny=_patterns(item.get("deny") or [], where + ".deny", problems)))
     return tuple(rules)

@@ -1,9 +1,5 @@
-"""The structured reason of a refused container, and the words its user reads.
-
-A ``Refusal`` carries a one-line message for the user and a ``Reason`` for logs and
-metrics (rule, device, annotation). The user reads it in the runtime's error (``rpc error:
-code = NotFound desc = nri-cdi: unresolvable CDI devices: ...``): so the code says what kind
-of refusal it is and the message names the cause and the device, nothing internal.
+"""The structured reason of a refused container (``Reason``, for logs and metrics), and the
+words its user reads in the runtime's error (docs/developer/architecture.md, step 8).
 """
 
 from __future__ import annotations
@@ -41,10 +37,6 @@ class Refusal(NRIPluginError):
         self.code = code if code is not None else self.default_code
         # What only the node's operator needs (host paths): the log's, not the pod's user's.
         self.node_detail = node_detail
-
-    @property
-    def rule(self) -> str:
-        return self.reason.rule
 
     def user_message(self) -> str:
         """The line the runtime passes on to the pod's user."""

@@ -56,8 +56,12 @@ def container_requests(container_annotations: Mapping[str, str]) -> list[DeviceR
 
 def _annotation_requests(where: str, key: str, value: str) -> list[DeviceRequest]:
     """The requests of one ``cdi.k8s.io/`` annotation of a pod or container (``where``)."""
+    try:
+        names = parse_annotation(key, value)
+    except AnnotationError as exc:
+        raise RequestError(f"{where} {exc}", annotation=key) from None
     source = f"{where} annotation {key!r}"
-    return [DeviceRequest(n, source) for n in _parse(key, value, where)]
+    return [DeviceRequest(n, source) for n in names]
 
 
 NRI_PLUGINS_DOMAIN = "cdi.nri.io"  # containers/nri-plugins' cdi-device-injector
@@ -95,13 +99,6 @@ class RequestError(Refusal):
 
     default_rule = "request.annotation"
     default_code = Code.INVALID_ARGUMENT
-
-
-def _parse(key: str, value: str, where: str) -> list[str]:
-    try:
-        return parse_annotation(key, value)
-    except AnnotationError as exc:
-        raise RequestError(f"{where} {exc}", annotation=key) from None
 
 
 def unique_requests(requests: list[DeviceRequest]) -> list[DeviceRequest]:

@@ -1,48 +1,33 @@
-"""The injector's own request sources (``podAnnotations``, ``containerAnnotations``,
-``nriPluginsAnnotations``), declared as the vendors declare theirs (docs/usage/policy.md,
-"Request sources"). Pure. An annotation or mount source the policy does not allow is a
-denial (someone asked on purpose); a vendor's env source may be declared
-``when_denied="ignore"`` instead, as images set such variables in every container.
+"""The injector's own request sources, declared as the vendors declare theirs, and the order
+they are read in (docs/usage/policy.md, "Request sources"). Pure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cdi.cache import Snapshot
-from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
+from nri_plugin.plugins.cdi_injector.context import RequestSource
 from nri_plugin.plugins.cdi_injector.policy import NEUTRAL_SOURCES
 from nri_plugin.plugins.cdi_injector.requests import (
-    DeviceRequest,
     container_requests,
     nri_plugins_requests,
     pod_requests,
 )
 from nri_plugin.plugins.cdi_injector.vendor import VendorRules
 
-
-def _pod(context: ContainerContext, snapshot: Snapshot, facts: object) -> list[DeviceRequest]:
-    return pod_requests(context.pod_annotations, context.container_name)
-
-
-def _container(context: ContainerContext, snapshot: Snapshot,
-               facts: object) -> list[DeviceRequest]:
-    return container_requests(context.annotations)
-
-
-def _nri_plugins(context: ContainerContext, snapshot: Snapshot,
-                 facts: object) -> list[DeviceRequest]:
-    return nri_plugins_requests(context.pod_annotations, context.container_name)
-
-
+# The injector's own sources: the readers only forward the context's fields.
 NEUTRAL = (
     RequestSource(name="podAnnotations", default=NEUTRAL_SOURCES["podAnnotations"],
-                  read_from="annotations", read=_pod),
+                  read_from="annotations",
+                  read=lambda context, snapshot, facts: pod_requests(
+                      context.pod_annotations, context.container_name)),
     RequestSource(name="containerAnnotations", default=NEUTRAL_SOURCES["containerAnnotations"],
-                  read_from="annotations", read=_container),
+                  read_from="annotations",
+                  read=lambda context, snapshot, facts: container_requests(context.annotations)),
     RequestSource(name="nriPluginsAnnotations",
                   default=NEUTRAL_SOURCES["nriPluginsAnnotations"], read_from="annotations",
-                  read=_nri_plugins))
+                  read=lambda context, snapshot, facts: nri_plugins_requests(
+                      context.pod_annotations, context.container_name)))
 
 
 def all_sources(vendors: Sequence[tuple[VendorRules, object]]

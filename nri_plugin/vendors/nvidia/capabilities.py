@@ -1,10 +1,5 @@
-"""NVIDIA_DRIVER_CAPABILITIES: mount only the driver files of the capabilities asked for.
-
-A static CDI spec lists every driver library and binary, and NVIDIA's CDI modes mount them
-all whatever the image asks for. The generator's sidecar says which file serves which
-capability (docs/usage/policy.md, "Driver capabilities"); we drop the mounts of capabilities
-not requested. The spec itself stays complete, so a runtime that reads it without us still
-gives a working container. Pure.
+"""NVIDIA_DRIVER_CAPABILITIES: mount only the driver files of the capabilities asked for,
+as the generator's sidecar assigns them (docs/usage/policy.md, "Driver capabilities"). Pure.
 """
 
 from __future__ import annotations

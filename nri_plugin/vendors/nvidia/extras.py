@@ -12,12 +12,12 @@ from cdi.cache import Snapshot
 from cdi.model import ContainerEdits, DeviceNode
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.vendors.nvidia.nodefacts import NodeFacts
+from nri_plugin.vendors.nvidia.visible_devices import ENV as VISIBLE_ENV
+from nri_plugin.vendors.nvidia.visible_devices import GPU_KIND
 
-VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
 MIG_CONFIG_ENV = "NVIDIA_MIG_CONFIG_DEVICES"
 MIG_MONITOR_ENV = "NVIDIA_MIG_MONITOR_DEVICES"
 IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
-GPU_KIND = "nvidia.com/gpu"
 
 
 class ExtrasError(Refusal):

@@ -1,8 +1,6 @@
-"""How Kubernetes set-ups built for NVIDIA's toolkit ask for GPUs, as request sources
-(docs/reference/annotations-and-env.md). Pure: NVIDIA's NRI plugin's pod annotations
-``nvidia.cdi.k8s.io/container.<name>`` (its only keys; ``cdi.nri.io`` is containers/
-nri-plugins', which the injector reads itself), and the device plugin's ``/dev/null``
-mounts at ``/var/run/nvidia-container-devices/<id>`` (only those count, as in the toolkit).
+"""How Kubernetes set-ups built for NVIDIA's toolkit ask for GPUs, as request sources: NVIDIA's
+NRI plugin's pod annotations and the device plugin's ``/dev/null`` volume mounts
+(docs/reference/annotations-and-env.md). Pure.
 """
 
 from __future__ import annotations

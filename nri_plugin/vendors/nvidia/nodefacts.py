@@ -1,10 +1,6 @@
-"""What the generator recorded about the node: ``<spec>.meta`` sidecars, loaded ahead.
-
-``load_facts`` does the file I/O in the refresher's thread and returns an immutable
-``NodeFacts``, swapped in with its snapshot (``cdi_injector.vendor.Registry``). A sidecar
-is used only when its ``spec.sha256`` matches the spec beside it; one that does not is
-usually the next spec's, written first: the facts loaded for the spec object the snapshot
-still holds are kept until the new spec arrives, whose change triggers the next refresh.
+"""What the generator recorded about the node: ``<spec>.meta`` sidecars, read in the
+refresher's thread into an immutable ``NodeFacts`` swapped in with its snapshot. A sidecar
+counts only when its ``spec.sha256`` matches the spec beside it.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from typing import Any
 from cdi.cache import Snapshot
 from cdi.model import DeviceNode, Hook
 from cdi.nvidia.sidecar import SUFFIX as SIDECAR_SUFFIX
-from nri_plugin.vendors.nvidia.requirements import GpuInfo, NodeVersions
+from nri_plugin.vendors.nvidia.requirements import NodeVersions
 
 log = logging.getLogger("nri_cdi.facts")
 _MAX_SIDECAR_BYTES = 16 << 20
@@ -38,9 +34,6 @@ class DeviceFacts:
     arch: str | None = None
     brand: str | None = None
     minor: int | None = None  # of /dev/nvidia<minor> (the parent GPU's, for MIG)
-
-    def gpu_info(self) -> GpuInfo:
-        return GpuInfo(name=self.name, arch=self.arch, brand=self.brand)
 
 
 def _empty() -> Mapping[Any, Any]:
@@ -91,7 +84,9 @@ def load_facts(snapshot: Snapshot, previous: NodeFacts | None = None) -> NodeFac
         doc = _read_sidecar(path)
         if doc is _STALE:
             stale.append(path)
-            kept = _still_valid(previous, path, loaded.spec)
+            # Unchanged since its facts were read: they still hold.
+            kept = (previous.specs.get(path) if previous is not None
+                    and previous.loaded_for.get(path) is loaded.spec else None)
             if kept is not None:
                 specs[path], loaded_for[path] = kept, loaded.spec
                 devices.update(kept.devices)
@@ -108,12 +103,6 @@ def load_facts(snapshot: Snapshot, previous: NodeFacts | None = None) -> NodeFac
         devices.update(facts.devices)
     return NodeFacts(MappingProxyType(specs), MappingProxyType(devices), snapshot.generation,
                      tuple(stale), MappingProxyType(loaded_for))
-
-
-def _still_valid(previous: NodeFacts | None, path: str, spec: object) -> SpecFacts | None:
-    if previous is None or previous.loaded_for.get(path) is not spec:
-        return None
-    return previous.specs.get(path)
 
 
 _STALE: dict[str, Any] = {}

@@ -1,8 +1,6 @@
-"""NVIDIA_REQUIRE_* checks, with the toolkit's grammar (docs/usage/policy.md,
-"Requirements"). Pure functions of the container's env and the node facts the generator
-recorded in its sidecar. NVIDIA's CDI runtime modes skip these checks
-(nvidia-container-toolkit#1470), so an image built for a newer CUDA starts on an old driver
-and fails later with an obscure CUDA error: we refuse it at creation instead.
+"""NVIDIA_REQUIRE_* checks, with the toolkit's grammar (docs/usage/policy.md, "Requirements"),
+against the node facts in the generator's sidecar. Pure. NVIDIA's CDI modes skip them
+(nvidia-container-toolkit#1470): an image for a newer CUDA would fail later, obscurely.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ DISABLE = "NVIDIA_DISABLE_REQUIRE"
 NAMES = ("cuda", "driver", "arch", "brand")
 # Longest first, so that "<=" is not read as "<" followed by "=value".
 _OPS = ("<=", ">=", "!=", "<", ">", "=")
-_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})  # Go's strconv.ParseBool
 _VERSION = re.compile(r"^\d+(\.\d+)*$")
 
 
@@ -57,11 +55,6 @@ class GpuInfo:
     name: str  # CDI name, for messages
     arch: str | None = None  # compute capability, e.g. 8.0
     brand: str | None = None  # e.g. tesla, nvidia
-
-
-def parse_bool(text: str) -> bool:
-    """True for what Go's strconv.ParseBool reads as true; anything else is false."""
-    return text.strip() in _TRUE
 
 
 def version_key(text: str) -> tuple[int, ...]:
@@ -105,7 +98,7 @@ def _checked(env: str, c: Constraint) -> Constraint:
 def requirements_from_env(env: Mapping[str, str]) -> list[Requirement]:
     """The container's requirements; none when NVIDIA_DISABLE_REQUIRE is true. A legacy
     image (CUDA_VERSION set, NVIDIA_REQUIRE_CUDA unset) requires cuda>=major.minor."""
-    if parse_bool(env.get(DISABLE, "")):
+    if env.get(DISABLE, "").strip() in _TRUE:
         return []
     found = [parse_requirement(key, value) for key, value in sorted(env.items())
              if key.startswith(REQUIRE_PREFIX) and key not in IGNORED and value.strip()]

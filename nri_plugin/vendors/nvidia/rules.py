@@ -237,4 +237,4 @@ def _gpus(names: Sequence[str], spec: SpecFacts) -> list[GpuInfo]:
     requested = [devices[n] for n in names if n in devices]
     if f"{spec.kind}=all" in names:  # "all": every device of that spec
         requested = list(devices.values())
-    return [d.gpu_info() for d in requested]
+    return [GpuInfo(name=d.name, arch=d.arch, brand=d.brand) for d in requested]

@@ -29,16 +29,6 @@ def is_legacy_image(env: Mapping[str, str]) -> bool:
     return bool(env.get("CUDA_VERSION")) and "NVIDIA_REQUIRE_CUDA" not in env
 
 
-def _nri_annotations(context: ContainerContext, snapshot: Snapshot,
-                     facts: object) -> list[DeviceRequest]:
-    return nvidia_nri_requests(context.pod_annotations, context.container_name)
-
-
-def _volume_mounts(context: ContainerContext, snapshot: Snapshot,
-                   facts: object) -> list[DeviceRequest]:
-    return volume_mount_requests(context.mounts, snapshot, facts_of(facts))
-
-
 def _visible_devices(context: ContainerContext, snapshot: Snapshot,
                      facts: object) -> list[DeviceRequest]:
     env = context.env
@@ -51,11 +41,15 @@ def _visible_devices(context: ContainerContext, snapshot: Snapshot,
 
 
 NRI_ANNOTATIONS = RequestSource(
-    name="nvidiaNriAnnotations", read_from="annotations", read=_nri_annotations,
+    name="nvidiaNriAnnotations", read_from="annotations",
+    read=lambda context, snapshot, facts: nvidia_nri_requests(context.pod_annotations,
+                                                              context.container_name),
     default=SourceRule(title="NVIDIA NRI plugin annotations (nvidia.cdi.k8s.io/)",
                        enabled=True))
 VOLUME_MOUNTS = RequestSource(
-    name="volumeMounts", read_from="mounts", read=_volume_mounts,
+    name="volumeMounts", read_from="mounts",
+    read=lambda context, snapshot, facts: volume_mount_requests(context.mounts, snapshot,
+                                                                facts_of(facts)),
     default=SourceRule(title=f"device-plugin volume mounts ({VOLUME_MOUNT_ROOT}/)",
                        enabled=False))
 VISIBLE_DEVICES = RequestSource(

@@ -1,9 +1,5 @@
-"""NVIDIA_VISIBLE_DEVICES → CDI names of the generated NVIDIA spec. Pure.
-
-Values: unset, empty or ``void`` (anywhere): nothing; ``none``: no GPU (we inject nothing:
-the driver-only case needs no device and has no CDI name); ``all``; or a comma list of GPU
-indices, ``GPU-…``/``MIG-…`` UUIDs (case-insensitive), PCI bus ids, ``<gpu>:<mig>``, or
-fully qualified CDI names. An unknown id is an error, as in the toolkit.
+"""NVIDIA_VISIBLE_DEVICES → CDI names of the generated NVIDIA spec, in the toolkit's grammar
+(docs/reference/annotations-and-env.md); an unknown id is an error, as there. Pure.
 """
 
 from __future__ import annotations
@@ -34,13 +30,7 @@ def visible_device_names(env: Mapping[str, str], snapshot: Snapshot, facts: Node
     ids = [i.strip() for i in text.split(",") if i.strip()]
     if not ids or "void" in ids or ids == ["none"]:
         return []
-    known = [d for d in facts.devices.values() if d.name.startswith(GPU_KIND + "=")]
-    names: list[str] = []
-    for item in ids:
-        if item == "none":
-            continue
-        names += _resolve(item, known, snapshot)
-    return list(dict.fromkeys(names))
+    return resolve_ids([i for i in ids if i != "none"], snapshot, facts, ENV)
 
 
 def resolve_ids(ids: Iterable[str], snapshot: Snapshot, facts: NodeFacts,
@@ -55,7 +45,7 @@ def resolve_ids(ids: Iterable[str], snapshot: Snapshot, facts: NodeFacts,
 
 
 def _resolve(item: str, known: list[DeviceFacts], snapshot: Snapshot,
-             label: str = ENV) -> list[str]:
+             label: str) -> list[str]:
     if "=" in item:  # already a CDI name
         return [item]
     if item == "all":
