@@ -1,12 +1,9 @@
 """Refreshing a SpecCache when its directories change (inotify), in a background thread.
 
-A file's new content is taken when the file says it is complete: closed after writing or
-renamed into place, and then quiet for a short settle. A file that changes without such an
-event (rewritten in place while another file's event triggers a refresh) keeps serving its
-last complete version until it has been still for a while (``quiet``). Removals, symlinks
-and FIFOs created in a spec folder are seen at once. A directory that does not exist yet is
-noticed when it is created (its nearest existing parent is watched), and a periodic rescan
-backs everything up (device nodes that appear later, missed events).
+When a file's new content is taken: docs/developer/cdi-library.md ("No torn specs"). A
+directory that does not exist yet is noticed when it is created (its nearest existing
+parent is watched), and a periodic rescan backs everything up (device nodes that appear
+later, missed events).
 """
 
 from __future__ import annotations
@@ -79,7 +76,10 @@ class SpecDirWatcher:
                 wanted[parent] = wanted.get(parent, 0) | _PARENT_MASK
         for path in list(self._watches):
             if path not in wanted or self._watches[path][1] != wanted[path]:
-                self._remove(path)
+                wd, _ = self._watches.pop(path)
+                self._paths.pop(wd, None)
+                with contextlib.suppress(OSError):  # already gone with its directory
+                    self._inotify.rm_watch(wd)
         for path, mask in wanted.items():
             if path not in self._watches:
                 try:
@@ -89,12 +89,6 @@ class SpecDirWatcher:
                     continue
                 self._watches[path] = (wd, mask)
                 self._paths[wd] = path
-
-    def _remove(self, path: str) -> None:
-        wd, _ = self._watches.pop(path)
-        self._paths.pop(wd, None)
-        with contextlib.suppress(OSError):  # already gone with its directory
-            self._inotify.rm_watch(wd)
 
     def read_changes(self) -> bool:
         """Drain pending events (non-blocking) into ``self.state``; True when the specs
@@ -150,8 +144,7 @@ class AutoRefresh:
     ``rescan_interval`` seconds. ``on_refresh`` is called with each new Snapshot.
 
     After an event it waits until the folder has been quiet for ``settle`` seconds (at
-    most ``max_delay``), so a burst of writes is read once, complete. A file changed
-    without a completion event is taken once it has been still for ``quiet`` seconds.
+    most ``max_delay``), so a burst of writes is read once, complete.
     """
 
     def __init__(
@@ -247,20 +240,16 @@ class AutoRefresh:
             self._changed.notify_all()
         return changed
 
-    def _events_queued(self) -> bool:
-        # A poll of the inotify descriptor: no file is opened or read. The kernel queues
-        # a removal's event within unlink()/rename(), so a removal done before this call
-        # shows here until the thread has read it.
-        return bool(self._queued.poll(0))
-
     def removals_pending(self) -> bool:
         """Whether a spec file may have been removed without the snapshot showing it yet
         (events queued, or a removal read and not yet applied). Cheap: one poll."""
         # Under the lock the thread drains events and sets the flag in: read between the
         # two, the queue is empty and the flag not yet set, and a removal just made would
-        # look applied (a deleted claim served once more).
+        # look applied (a deleted claim served once more). The kernel queues a removal's
+        # event within unlink()/rename(), so a removal done before this call shows in the
+        # poll until the thread has read it.
         with self._lock:
-            return self._removal_unapplied or self._events_queued()
+            return self._removal_unapplied or bool(self._queued.poll(0))
 
     def wait_removals(self, timeout: float) -> bool:
         """Wait (at most ``timeout``) until every removal queued before this call is in the
@@ -297,11 +286,7 @@ class AutoRefresh:
 
     def _refresh(self, done: set[str] | None, taken_ns: int | None = None) -> None:
         try:
-            if done is None:
-                snapshot = self.cache.refresh()
-            else:
-                snapshot = self.cache.refresh(done, quiet_ns=int(self.quiet * 1e9),
-                                              events_ns=taken_ns)
+            snapshot = self.cache.refresh(done, quiet_ns=int(self.quiet * 1e9), events_ns=taken_ns)
         except Exception:  # a refresh bug must not kill the thread; keep the old snapshot
             log.exception("refreshing CDI specs failed")
             return
