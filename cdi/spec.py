@@ -5,12 +5,12 @@ import functools
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from cdi.errors import FieldError, SpecError
 from cdi.model import BadScalar, DeviceData, SpecData, key_path, spec_from_dict, to_dict
-from cdi.parser import parse_kind
 from cdi.validate import validate_spec
 from cdi.yaml11 import dump_yaml
 
@@ -178,25 +178,25 @@ def nesting_error(text: str, *, json_format: bool) -> str | None:
 
 
 def _longest_line(text: str) -> int:
-    # str.splitlines is fast but also splits at \v, \f and \x1c-\x1e, which YAML does
-    # not: with any of those present, split at YAML's own line breaks only.
-    if any(c in text for c in "\v\f\x1c\x1d\x1e"):
-        return max(map(len, _LINE_BREAKS.split(text)), default=0)
-    return max(map(len, text.splitlines()), default=0)
+    # Not str.splitlines, which also splits at \v, \f and \x1c-\x1e, as YAML does not.
+    return max(map(len, _LINE_BREAKS.split(text)), default=0)
+
+
+def _deepest(steps: Iterator[int]) -> int:
+    """The deepest level reached by ``steps`` (+1 opens, -1 closes), counted up to just
+    past MAX_NESTING."""
+    depth = deepest = 0
+    for step in steps:
+        depth = max(depth + step, 0)
+        deepest = max(deepest, depth)
+        if deepest > MAX_NESTING:
+            break
+    return deepest
 
 
 def _json_depth(text: str) -> int:
-    depth = deepest = 0
-    for match in _JSON_TOKENS.finditer(text):
-        token = match.group()
-        if token in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > MAX_NESTING:
-                break
-        elif token in "]}":
-            depth = max(depth - 1, 0)
-    return deepest
+    tokens = (match.group() for match in _JSON_TOKENS.finditer(text))
+    return _deepest(1 if token in "[{" else -1 if token in "]}" else 0 for token in tokens)
 
 
 def _yaml_depth(text: str) -> int:
@@ -205,16 +205,9 @@ def _yaml_depth(text: str) -> int:
     # depth (its composer, which builds nodes, is the part that recurses).
     starts = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
     ends = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
-    depth = deepest = 0
-    for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-        if isinstance(event, starts):
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > MAX_NESTING:
-                break
-        elif isinstance(event, ends):
-            depth -= 1
-    return deepest
+    events = yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return _deepest(1 if isinstance(event, starts) else -1 if isinstance(event, ends) else 0
+                    for event in events)
 
 
 # A '!' that can only be the bare non-specific tag: after a separator, before one.
@@ -314,9 +307,7 @@ def load_document(data: bytes | str, *, json_format: bool) -> Any:
         return yaml.load(text, Loader=_strict_loader())
     except UnicodeDecodeError as exc:
         raise SpecError([FieldError("", f"not UTF-8 text: {exc}")]) from None
-    except json.JSONDecodeError as exc:
-        raise SpecError([FieldError("", f"invalid JSON: {exc}")]) from None
-    except ValueError as exc:  # duplicate JSON key
+    except ValueError as exc:  # JSONDecodeError, or a duplicate JSON key
         raise SpecError([FieldError("", f"invalid JSON: {exc}")]) from None
     except yaml.YAMLError as exc:
         raise SpecError([FieldError("", f"invalid YAML: {_one_line(str(exc))}")]) from None
@@ -350,14 +341,6 @@ class Spec(NamedTuple):
     @property
     def kind(self) -> str:
         return self.data.kind
-
-    @property
-    def vendor(self) -> str:
-        return parse_kind(self.data.kind)[0]
-
-    @property
-    def class_(self) -> str:
-        return parse_kind(self.data.kind)[1]
 
     @property
     def devices(self) -> tuple[DeviceData, ...]:

@@ -16,6 +16,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from inotify_simple import INotify, flags
 
@@ -179,7 +180,7 @@ class AutoRefresh:
         self._queued.register(self._watcher.fileno(), select.POLLIN)
 
     def start(self) -> AutoRefresh:
-        self._refresh(None)
+        self._publish(self.cache.refresh)
         self._thread.start()
         return self
 
@@ -219,7 +220,8 @@ class AutoRefresh:
             taken_ns = file_clock_ns()
             self._read_changes()
             removal = self._removal_unapplied
-            self._refresh(self._watcher.take_done(), taken_ns)
+            self._publish(partial(self.cache.refresh, self._watcher.take_done(),
+                                  quiet_ns=int(self.quiet * 1e9), events_ns=taken_ns))
             with self._changed:
                 if removal:
                     self._removal_unapplied = False
@@ -268,14 +270,7 @@ class AutoRefresh:
         ``SpecCache.add_new_files``); waits at most ``timeout`` for a refresh under way
         (None: not in time). For a container naming a device the registry does not know
         yet."""
-        try:
-            snapshot = self.cache.add_new_files(timeout)
-        except Exception:  # as in _refresh: keep the old snapshot
-            log.exception("refreshing CDI specs failed")
-            return None
-        if snapshot is not None and self.on_refresh:
-            self.on_refresh(snapshot)
-        return snapshot
+        return self._publish(partial(self.cache.add_new_files, timeout))
 
     def _timeout(self, dirty_since: float | None) -> float:
         if dirty_since is not None:
@@ -284,11 +279,13 @@ class AutoRefresh:
             return min(self.quiet, self.rescan_interval)
         return self.rescan_interval
 
-    def _refresh(self, done: set[str] | None, taken_ns: int | None = None) -> None:
+    def _publish(self, refresh: Callable[[], Snapshot | None]) -> Snapshot | None:
+        """Run ``refresh`` and hand its snapshot to ``on_refresh``; None if it failed."""
         try:
-            snapshot = self.cache.refresh(done, quiet_ns=int(self.quiet * 1e9), events_ns=taken_ns)
+            snapshot = refresh()
         except Exception:  # a refresh bug must not kill the thread; keep the old snapshot
             log.exception("refreshing CDI specs failed")
-            return
-        if self.on_refresh:
+            return None
+        if snapshot is not None and self.on_refresh:
             self.on_refresh(snapshot)
+        return snapshot
