@@ -91,15 +91,8 @@ class ContainerEdits(NamedTuple):
     net_devices: tuple[NetDevice, ...] = ()
 
     def is_empty(self) -> bool:
-        return not (
-            self.env
-            or self.device_nodes
-            or self.mounts
-            or self.hooks
-            or self.intel_rdt is not None
-            or self.additional_gids
-            or self.net_devices
-        )
+        # Every field is a tuple, empty or not, or intel_rdt: None or a record (a tuple).
+        return not any(self)
 
 
 NO_EDITS = ContainerEdits()

@@ -223,70 +223,49 @@ def _yaml_event_error(text: str) -> FieldError | None:
         return None
     yaml = _yaml()
 
-    paths = _EventPaths()
     for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
         if isinstance(event, yaml.DocumentStartEvent):
             version = event.version
             if version is not None and tuple(version) != (1, 1):
                 return FieldError("", f"YAML version {'.'.join(map(str, version))} is not "
                                   "supported (only 1.1)")
-        path = paths.step(event)
         if getattr(event, "tag", None) == "!":
             mark = event.start_mark
-            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-            return FieldError(path, f"the non-specific tag '!' is not supported{where}")
+            return FieldError(_path_at(text, mark), "the non-specific tag '!' is not supported "
+                              f"(line {mark.line + 1}, column {mark.column + 1})")
     return None
 
 
-class _EventPaths:
+def _path_at(text: str, mark: Any) -> str:
     """The field path (as the decoder names it: ``devices[0].containerEdits.env[1]``) of
-    the node each parser event starts, so that an error found on events names its field.
-
-    A frame per open collection: ``[path, is_mapping, index or current key, want_key]``.
-    A node used as a mapping key is named by its mapping's path.
-    """
-
-    def __init__(self) -> None:
-        self._stack: list[list[Any]] = []
-        self._yaml = _yaml()
-
-    def step(self, event: Any) -> str:
-        yaml = self._yaml
-        if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            if self._stack:
-                self._stack.pop()
-            self._done(None)
-            return ""
-        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            path = self._here()
-            mapping = isinstance(event, yaml.MappingStartEvent)
-            self._stack.append([path, mapping, None if mapping else 0, True])
-            return path
-        if isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent)):
-            path = self._here()
-            self._done(event.value if isinstance(event, yaml.ScalarEvent) else None)
-            return path
+    the node that starts at ``mark``; a mapping key is named by its mapping's path."""
+    yaml = _yaml()
+    try:
+        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError:
         return ""
+    seen: set[int] = set()  # an alias repeats a node: walk it once
 
-    def _here(self) -> str:
-        if not self._stack:
-            return ""
-        path, mapping, at, want_key = self._stack[-1]
-        if not mapping:
-            return f"{path}[{at}]"
-        return path if want_key else key_path(path, at)
-
-    def _done(self, scalar: str | None) -> None:
-        """A node ended: its parent moves to the next item, or from key to value."""
-        if not self._stack:
-            return
-        frame = self._stack[-1]
-        if not frame[1]:
-            frame[2] += 1
-        elif frame[3]:
-            frame[2], frame[3] = ("<key>" if scalar is None else scalar), False
+    def walk(node: Any, path: str) -> str | None:
+        if (node.start_mark.line, node.start_mark.column) == (mark.line, mark.column):
+            return path
+        if isinstance(node, yaml.ScalarNode) or id(node) in seen:
+            return None
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            children = [(item, f"{path}[{index}]") for index, item in enumerate(node.value)]
         else:
-            frame[3] = True
+            children = []
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else "<key>"
+                children += [(key, path), (value, key_path(path, name))]
+        for child, child_path in children:
+            found = walk(child, child_path)
+            if found is not None:
+                return found
+        return None
+
+    return walk(root, "") or ""
 
 
 def load_document(data: bytes | str, *, json_format: bool) -> Any:
