@@ -85,13 +85,9 @@ def split_device(device: str) -> tuple[str, str, str]:
 
     Anything empty or starting with '/' is a device path, not a CDI name.
     """
-    if not device or device.startswith("/"):
-        return "", "", device
     kind, sep, name = device.partition("=")
-    if not sep or not kind or not name:
-        return "", "", device
-    vendor, class_ = parse_kind(kind)
-    if not vendor:
+    vendor, class_ = parse_kind(kind)  # no vendor for "" or a path: "/dev/x=y" is not a name
+    if not sep or not name or not vendor:
         return "", "", device
     return vendor, class_, name
 

@@ -92,13 +92,8 @@ def _cmt_mbm_paths(spec: SpecData) -> list[str]:
 
 
 def interop_warnings(spec: SpecData) -> list[FieldError]:
-    """What is valid by the spec but breaks other CDI implementations; worth a warning.
-
-    * a one-letter vendor or class (``kind: v/c``): the Go CDI library up to 1.1.0 panics
-      on it, taking down the runtime that reads the spec folder (containerd 1.7, podman 4);
-    * ``intelRdt.enableCMT``/``enableMBM``: the Go CDI library 1.1.0 dropped them at every
-      cdiVersion, so runtimes built on it refuse the whole file.
-    """
+    """What is valid by the spec but breaks other CDI implementations; worth a warning
+    (docs/developer/cdi-library.md, "Interop warnings")."""
     warnings = []
     vendor, class_ = parse_kind(spec.kind)
     if vendor and class_ and (len(vendor) == 1 or len(class_) == 1):
