@@ -114,12 +114,10 @@ def _strict_loader() -> Any:
         yaml_implicit_resolvers: dict[str, list[tuple[str, Any]]] = {}
         yaml_constructors: dict[Any, Any] = dict(base.yaml_constructors)
 
+    patterns = {_YAML + "int": re.compile(_INT, re.X), _YAML + "float": re.compile(_FLOAT, re.X)}
     for first, resolvers in base.yaml_implicit_resolvers.items():
-        kept = [(t, r) for t, r in resolvers if t not in (_YAML + "timestamp",)]
         StrictLoader.yaml_implicit_resolvers[first] = [
-            (t, re.compile(_INT, re.X) if t == _YAML + "int" else
-             re.compile(_FLOAT, re.X) if t == _YAML + "float" else r)
-            for t, r in kept
+            (t, patterns.get(t, r)) for t, r in resolvers if t != _YAML + "timestamp"
         ]
     scalar, seq, mapping = yaml.ScalarNode, yaml.SequenceNode, yaml.MappingNode
     def construct_str(loader: Any, node: Any) -> Any:
