@@ -58,7 +58,6 @@ def load_schema() -> dict[str, Any]:
     return document
 
 
-@functools.lru_cache(maxsize=256)
 def _compile(pattern: str) -> re.Pattern[str]:
     if pattern.endswith("$") and not pattern.endswith("\\$"):
         pattern = pattern[:-1] + r"\Z"

@@ -329,7 +329,7 @@ def parse_spec(data: bytes | str, path: str = "", priority: int = 0) -> Spec:
     try:
         spec_data = parse_spec_data(data, json_format=is_json_path(path))
     except SpecError as exc:
-        raise exc.with_file(path) if path else exc from None
+        raise SpecError(exc.errors, file=path) if path else exc from None
     return Spec(data=spec_data, path=path, priority=priority)
 
 
@@ -365,7 +365,11 @@ def atomic_write(target: Path, data: bytes, *, mode: int = 0o644) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    _fsync_dir(target.parent)
+    fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)  # the rename itself
+    finally:
+        os.close(fd)
 
 
 def _create_temporary(folder: Path, prefix: str, suffix: str) -> tuple[int, str]:
@@ -381,11 +385,3 @@ def _create_temporary(folder: Path, prefix: str, suffix: str) -> tuple[int, str]
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name in {folder}")
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -102,14 +102,6 @@ def dump_yaml(document: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _scalar(value: Any) -> str:
-    if value is True or value is False:
-        return "true" if value else "false"
-    if type(value) is int:
-        return str(value)
-    return _string(str(value))
-
-
 # A spec repeats the same paths and names many times, most of all on nodes with many MIG
 # devices (bench/reports/2026-11-27-generator-stdlib-2-cores).
 @functools.lru_cache(maxsize=4096)
@@ -174,4 +166,8 @@ def _leaf(item: Any) -> str:
         return "{}"
     if type(item) is list:
         return "[]"
-    return _scalar(item)
+    if item is True or item is False:
+        return "true" if item else "false"
+    if type(item) is int:
+        return str(item)
+    return _string(str(item))
