@@ -39,11 +39,11 @@ def annotation_key(plugin_name: str, device_id: str) -> str:
     if not device_id:
         raise AnnotationError("invalid CDI annotation key: device id is empty")
     suffix = f"{plugin_name}_{device_id.replace('/', '_')}"
+    key = ANNOTATION_PREFIX + suffix
     problem = key_suffix_error(suffix)
     if problem:
-        key = ANNOTATION_PREFIX + suffix
         raise AnnotationError(f"invalid CDI annotation key {key!r}: {problem}")
-    return ANNOTATION_PREFIX + suffix
+    return key
 
 
 def annotation_value(devices: Iterable[str]) -> str:
@@ -51,12 +51,16 @@ def annotation_value(devices: Iterable[str]) -> str:
     names = list(devices)
     if not names:
         raise AnnotationError("invalid CDI annotation value: no devices")
+    return ",".join(_checked_names(names, "invalid CDI annotation value"))
+
+
+def _checked_names(names: list[str], where: str) -> list[str]:
     for name in names:
         try:
             parse_qualified_name(name)
         except QualifiedNameError as exc:
-            raise AnnotationError(f"invalid CDI annotation value: {exc}") from None
-    return ",".join(names)
+            raise AnnotationError(f"{where}: {exc}") from None
+    return names
 
 
 def add_annotation(
@@ -74,13 +78,7 @@ def parse_annotation(key: str, value: str) -> list[str]:
     problem = key_suffix_error(key[len(ANNOTATION_PREFIX) :])
     if problem:
         raise AnnotationError(f"annotation {key!r}: invalid key: {problem}")
-    names = value.split(",")
-    for name in names:
-        try:
-            parse_qualified_name(name)
-        except QualifiedNameError as exc:
-            raise AnnotationError(f"annotation {key!r}: {exc}") from None
-    return names
+    return _checked_names(value.split(","), f"annotation {key!r}")
 
 
 def parse_annotations(annotations: Mapping[str, str]) -> tuple[list[str], list[str]]:

@@ -1,12 +1,7 @@
 """The spec registry: loads every spec directory ahead of use into an immutable Snapshot.
 
-``SpecCache.refresh()`` does all the I/O (listing, reading, parsing, stat'ing host device
-nodes) and swaps a new Snapshot in with one assignment, so a reader sees either the old
-registry or the new one, never a mix. ``Snapshot.resolve()`` is pure: no file I/O.
-
-Rules (CDI spec, spec directories): a later directory has higher priority; a device
-defined in two files of equal (highest) priority is dropped and both files are reported;
-a bad file is reported and never hides the good ones.
+``SpecCache.refresh()`` does all the I/O and swaps a new Snapshot in with one assignment;
+``Snapshot.resolve()`` is pure. Rules and guarantees: docs/developer/cdi-library.md.
 """
 
 from __future__ import annotations
@@ -19,12 +14,12 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import NamedTuple
 
 from cdi.device import Device
 from cdi.dirs import (
     DEFAULT_SPEC_DIRS,
     SpecFile,
+    identity,
     is_spec_name,
     permission_problem,
     scan,
@@ -136,10 +131,6 @@ class Snapshot:
 PERMISSION_POLICIES = ("warn", "refuse", "ignore")
 
 
-class _Pending(NamedTuple):
-    """A file whose identity changed but whose new content is not confirmed yet."""
-
-
 class SpecCache:
     """Owns the spec directories and the current Snapshot (``.snapshot``).
 
@@ -168,15 +159,10 @@ class SpecCache:
                 events_ns: int | None = None) -> Snapshot:
         """Rescan every directory and swap in a new Snapshot. Safe from several threads.
 
-        A file is read again only when its identity (inode, size, mtime, ctime) changed,
-        and its new content replaces the last good one only when a second look confirms
-        it: the file did not change while it was read and parsed. With ``changed`` (the
-        watcher's set of files closed after writing or renamed into place), a changed file
-        outside that set is taken only once it has been still for ``quiet_ns``: a file
-        being rewritten in place keeps serving its last complete version meanwhile.
-        Without ``changed`` (a direct call) every changed file is taken at once.
-        ``events_ns``: when ``changed`` was taken (``file_clock_ns``); a file in it that changed
-        after that was written to again since its completion event, and counts as outside.
+        ``changed``: the watcher's files closed after writing or renamed into place, taken
+        at ``events_ns`` (``file_clock_ns``); a changed file outside it, or changed after
+        ``events_ns``, is taken only once still for ``quiet_ns`` and serves its last good
+        version meanwhile. Without ``changed`` (a direct call) every change is taken at once.
         """
         with self._lock:
             events = None if changed is None else set(changed)
@@ -187,7 +173,7 @@ class SpecCache:
             pending = set()
             for spec_file in files:
                 result = self._load_isolated(spec_file, events, quiet_ns, now, events_ns)
-                if isinstance(result, _Pending):
+                if result is None:
                     pending.add(spec_file.path)
                     previous = self._parsed.get(spec_file.path)
                     if previous is None:
@@ -220,7 +206,7 @@ class SpecCache:
                 return self.snapshot
             now = time.time_ns()
             loaded = [(f, r) for f in new
-                      if not isinstance(r := self._load_isolated(f, None, 0, now), _Pending)]
+                      if (r := self._load_isolated(f, None, 0, now)) is not None]
             added = _build_snapshot(self.spec_dirs, [(f, r[1]) for f, r in loaded], 0,
                                     warnings=self._permission_warnings([f for f, _ in loaded]))
             old = self.snapshot
@@ -249,41 +235,24 @@ class SpecCache:
     def _permission_warnings(self, files: list[SpecFile]) -> dict[str, list[str]]:
         if self.permissions == "ignore":
             return {}
-        warnings: dict[str, list[str]] = {}
-        for folder in self.spec_dirs:
-            try:
-                info = os.stat(folder)
-            except (OSError, ValueError):
-                continue
-            problem = permission_problem(info.st_mode, info.st_uid, "spec directory")
-            if problem:
-                warnings.setdefault(folder, []).append(problem)
-        for spec_file in files:
-            if spec_file.signature is None:
-                continue
-            problem = permission_problem(spec_file.mode, spec_file.uid)
-            if problem:
-                warnings.setdefault(spec_file.path, []).append(problem)
-        return warnings
+        problems = {folder: _folder_problem(folder, "spec directory") for folder in self.spec_dirs}
+        problems.update((f.path, permission_problem(f.mode, f.uid))
+                        for f in files if f.signature is not None)
+        return {path: [problem] for path, problem in problems.items() if problem}
 
     def _refused(self, spec_file: SpecFile) -> str | None:
         if self.permissions != "refuse":
             return None
-        problem = permission_problem(spec_file.mode, spec_file.uid)
-        if problem is None:
-            try:
-                info = os.stat(os.path.dirname(spec_file.path) or ".")
-            except (OSError, ValueError):
-                return None
-            problem = permission_problem(info.st_mode, info.st_uid, "its directory")
+        problem = permission_problem(spec_file.mode, spec_file.uid) or _folder_problem(
+            os.path.dirname(spec_file.path) or ".", "its directory")
         return f"refused: {problem} (spec permissions: refuse)" if problem else None
 
     def _load_isolated(
         self, spec_file: SpecFile, events: set[str] | None, quiet_ns: int, now: int,
         events_ns: int | None = None,
-    ) -> tuple[Signature, Spec | SpecError] | _Pending:
+    ) -> tuple[Signature, Spec | SpecError] | None:
         """One file, with every failure turned into that file's error: nothing one file
-        does can stop a refresh or hide another file's devices."""
+        does can stop a refresh or hide another file's devices. None: not complete yet."""
         try:
             return self._load(spec_file, events, quiet_ns, now, events_ns)
         except Exception as exc:  # a bug or an odd file: report it against that file only
@@ -294,7 +263,7 @@ class SpecCache:
     def _load(
         self, spec_file: SpecFile, events: set[str] | None, quiet_ns: int, now: int,
         events_ns: int | None = None,
-    ) -> tuple[Signature, Spec | SpecError] | _Pending:
+    ) -> tuple[Signature, Spec | SpecError] | None:
         path = spec_file.path
         if spec_file.error or spec_file.signature is None:
             return _UNREAD, SpecError([FieldError("", spec_file.error or "unreadable")], file=path)
@@ -306,42 +275,43 @@ class SpecCache:
         if previous and previous[0] == signature:
             return previous
         if _must_wait(path, spec_file.signature, events, events_ns, now, quiet_ns):
-            return _Pending()
+            return None
         try:
             read = _read_stable(path)
         except OSError as exc:
             return _UNREAD, SpecError([FieldError("", f"cannot read: {exc.strerror}")], file=path)
         if read is None:
-            return _Pending()  # changed while it was read
+            return None  # changed while it was read
         info, data = read
-        if _identity(info) != spec_file.signature[:5] and _must_wait(
-                path, _identity(info), events, events_ns, now, quiet_ns):
+        if identity(info) != spec_file.signature[:5] and _must_wait(
+                path, identity(info), events, events_ns, now, quiet_ns):
             # Changed between the folder scan and the read (a writer that truncated it
             # meanwhile): judged again by what was read, not by the scan's older look.
-            return _Pending()
+            return None
         try:
             result: Spec | SpecError = parse_spec(data, path, spec_file.priority)
         except SpecError as exc:
             result = exc
         now_info = os.stat(path)
-        if now_info.st_ino == info.st_ino and _identity(now_info) != _identity(info):
-            return _Pending()  # written to in place meanwhile: what was read may be partial
+        if now_info.st_ino == info.st_ino and identity(now_info) != identity(info):
+            return None  # written to in place meanwhile: what was read may be partial
         if (isinstance(result, SpecError) and previous is not None
                 and not isinstance(previous[1], SpecError)
-                and _must_wait(path, _identity(info), set(), None, now, quiet_ns)):
+                and _must_wait(path, identity(info), set(), None, now, quiet_ns)):
             # A good spec now unreadable, changed less than ``quiet_ns`` ago: most likely
             # caught between a truncation and the write after it, whose own change time and
             # event the kernel makes visible only after the new size. It keeps serving its
             # last good version until it is complete again, or still for that long.
-            return _Pending()
+            return None
         # (a file renamed over it meanwhile leaves what was read whole: its own event follows)
-        return (*_identity(info), spec_file.priority), result
+        return (*identity(info), spec_file.priority), result
 
 
 _UNREAD: Signature = (0, 0, 0, 0, 0, -2)
 # Linux's CLOCK_REALTIME_COARSE (the time module has no name for it): the clock the kernel
-# stamps file changes with.
+# stamps file changes with, up to one of its ticks behind time.time_ns() on an idle machine.
 _REALTIME_COARSE = 5
+_CLOCK_SLACK_NS = max(5_000_000, 2 * int(time.clock_getres(_REALTIME_COARSE) * 1e9))
 
 
 def file_clock_ns() -> int:
@@ -350,22 +320,7 @@ def file_clock_ns() -> int:
     time.time_ns() runs ahead of that clock by up to a tick, and by more when the machine
     is busy and its ticks come late, so a file written just after a time.time_ns() stamp
     can look older than it."""
-    try:
-        return time.clock_gettime_ns(_REALTIME_COARSE)
-    except OSError:
-        return time.time_ns() - _CLOCK_SLACK_NS
-
-
-def _coarse_tick_ns() -> int:
-    # File times come from the kernel's coarse clock, up to one of its ticks behind
-    # time.time_ns() on an idle machine (further on a busy one: file_clock_ns).
-    try:
-        return int(time.clock_getres(_REALTIME_COARSE) * 1e9)
-    except OSError:
-        return 10_000_000
-
-
-_CLOCK_SLACK_NS = max(5_000_000, 2 * _coarse_tick_ns())
+    return time.clock_gettime_ns(_REALTIME_COARSE)
 
 
 def _must_wait(path: str, identity: Sequence[int], events: set[str] | None,
@@ -380,8 +335,12 @@ def _must_wait(path: str, identity: Sequence[int], events: set[str] | None,
     return (path not in events or rewritten) and now - last_change < quiet_ns
 
 
-def _identity(info: os.stat_result) -> tuple[int, int, int, int, int]:
-    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
+def _folder_problem(folder: str, what: str) -> str | None:
+    try:
+        info = os.stat(folder)
+    except (OSError, ValueError):
+        return None
+    return permission_problem(info.st_mode, info.st_uid, what)
 
 
 def _read_stable(path: str) -> tuple[os.stat_result, bytes] | None:
@@ -394,7 +353,7 @@ def _read_stable(path: str) -> tuple[os.stat_result, bytes] | None:
             raise OSError(errno.EINVAL, "not a regular file")
         data = handle.read(MAX_SPEC_BYTES + 1)
         after = os.fstat(fd)
-    if _identity(before) != _identity(after) or len(data) != before.st_size:
+    if identity(before) != identity(after) or len(data) != before.st_size:
         return None
     return before, data
 

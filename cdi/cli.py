@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
 from cdi.cache import SpecCache
@@ -26,61 +27,35 @@ def add_commands(subparsers: Any, *, spec_dirs_env: str = "") -> None:
     """Add ``list``, ``validate`` and ``inject``; ``spec_dirs_env`` names an environment
     variable (comma-separated folders) that replaces the default spec folders when no
     ``--spec-dir`` is given: a vendor's tool convention, passed in by its caller."""
-    _add_list(subparsers, spec_dirs_env)
-    _add_validate(subparsers)
-    _add_inject(subparsers, spec_dirs_env)
-
-
-def _spec_dir_option(parser: argparse.ArgumentParser, spec_dirs_env: str) -> None:
-    default = " then ".join(DEFAULT_SPEC_DIRS)
-    parser.add_argument(
-        "--spec-dir",
-        dest="spec_dirs",
-        action="append",
-        metavar="DIR",
-        help="a spec directory; repeat for several, later ones win "
-        f"(default: {f'${spec_dirs_env}, else ' if spec_dirs_env else ''}{default})",
+    listing = subparsers.add_parser("list", help="list the CDI devices of the spec directories")
+    validate = subparsers.add_parser("validate", help="validate CDI spec files")
+    inject = subparsers.add_parser(
+        "inject", help="apply CDI devices to an OCI runtime spec (config.json) and print it"
     )
-    parser.set_defaults(spec_dirs_env=spec_dirs_env)
-
-
-def spec_dirs(args: argparse.Namespace, environ: Any = None) -> list[str] | None:
-    """``--spec-dir`` values, else those of ``$<args.spec_dirs_env>`` (when the command was
-    added with one), else None (the defaults)."""
-    if args.spec_dirs:
-        return list(args.spec_dirs)
-    name = getattr(args, "spec_dirs_env", "")
-    raw = (os.environ if environ is None else environ).get(name, "") if name else ""
-    return [d.strip() for d in raw.split(",") if d.strip()] or None
-
-
-def _add_list(subparsers: Any, spec_dirs_env: str) -> None:
-    parser = subparsers.add_parser("list", help="list the CDI devices of the spec directories")
-    _spec_dir_option(parser, spec_dirs_env)
-    parser.add_argument("--json", action="store_true", help="print JSON")
-    parser.add_argument(
+    default = " then ".join(DEFAULT_SPEC_DIRS)
+    for parser in (listing, inject):
+        parser.add_argument(
+            "--spec-dir",
+            dest="spec_dirs",
+            action="append",
+            metavar="DIR",
+            help="a spec directory; repeat for several, later ones win "
+            f"(default: {f'${spec_dirs_env}, else ' if spec_dirs_env else ''}{default})",
+        )
+        parser.set_defaults(spec_dirs_env=spec_dirs_env)
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.add_argument(
         "--strict", action="store_true", help="exit non-zero when any spec file has an error"
     )
-    parser.set_defaults(func=cmd_list)
-
-
-def _add_validate(subparsers: Any) -> None:
-    parser = subparsers.add_parser("validate", help="validate CDI spec files")
-    parser.add_argument("files", nargs="+", metavar="FILE")
-    parser.add_argument(
+    listing.set_defaults(func=cmd_list)
+    validate.add_argument("files", nargs="+", metavar="FILE")
+    validate.add_argument(
         "--schema",
         action="store_true",
         help="also check each file against the project's JSON schema",
     )
-    parser.set_defaults(func=cmd_validate)
-
-
-def _add_inject(subparsers: Any, spec_dirs_env: str) -> None:
-    parser = subparsers.add_parser(
-        "inject", help="apply CDI devices to an OCI runtime spec (config.json) and print it"
-    )
-    _spec_dir_option(parser, spec_dirs_env)
-    parser.add_argument(
+    validate.set_defaults(func=cmd_validate)
+    inject.add_argument(
         "--device",
         dest="devices",
         action="append",
@@ -88,23 +63,29 @@ def _add_inject(subparsers: Any, spec_dirs_env: str) -> None:
         metavar="NAME",
         help="a qualified device name; repeat for several",
     )
-    parser.add_argument(
+    inject.add_argument(
         "file",
         nargs="?",
         default="-",
         metavar="FILE|-",
         help="the OCI runtime spec (default: standard input)",
     )
-    parser.set_defaults(func=cmd_inject)
+    inject.set_defaults(func=cmd_inject)
+
+
+def spec_dirs(args: argparse.Namespace) -> list[str] | None:
+    """``--spec-dir`` values, else those of ``$<args.spec_dirs_env>`` (when the command was
+    added with one), else None (the defaults)."""
+    if args.spec_dirs:
+        return list(args.spec_dirs)
+    raw = os.environ.get(args.spec_dirs_env, "") if args.spec_dirs_env else ""
+    return [d.strip() for d in raw.split(",") if d.strip()] or None
 
 
 def cmd_list(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
     snapshot = SpecCache(spec_dirs(args)).refresh()
-    for path, messages in sorted(snapshot.errors.items()):
-        for message in messages:
-            print(printable(f"{path}: {message}"), file=err)
-    for path, messages in sorted(snapshot.warnings.items()):
+    for path, messages in [*sorted(snapshot.errors.items()), *sorted(snapshot.warnings.items())]:
         for message in messages:
             print(printable(f"{path}: {message}"), file=err)
     if args.json:
@@ -125,24 +106,20 @@ def cmd_list(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | 
     return 1 if args.strict and snapshot.errors else 0
 
 
-def cmd_validate(
-    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
-) -> int:
-    out, err = out or sys.stdout, err or sys.stderr
+def cmd_validate(args: argparse.Namespace) -> int:
     failed = False
     for path in args.files:
-        errors = _file_errors(path, with_schema=args.schema, err=err)
+        errors = _file_errors(path, with_schema=args.schema)
         failed |= bool(errors)
         for line in errors:
-            print(line, file=err)
+            print(line, file=sys.stderr)
         if not errors:
-            print(f"{printable(path)}: valid", file=out)
+            print(f"{printable(path)}: valid")
     return 1 if failed else 0
 
 
-def _file_errors(path: str, *, with_schema: bool, err: TextIO | None = None) -> list[str]:
-    """Error lines for ``path``; warnings (valid, but trouble elsewhere) go to ``err``."""
-
+def _file_errors(path: str, *, with_schema: bool) -> list[str]:
+    """Error lines for ``path``; warnings (valid, but trouble elsewhere) go to stderr."""
     lines: list[str] = []
     try:
         spec = read_spec(path)
@@ -150,7 +127,7 @@ def _file_errors(path: str, *, with_schema: bool, err: TextIO | None = None) -> 
         lines += exc.lines()
     else:
         for warning in interop_warnings(spec.data):
-            print(f"{printable(path)}: {warning}", file=err or sys.stderr)
+            print(f"{printable(path)}: {warning}", file=sys.stderr)
     if with_schema:
         lines += [f"{printable(path)}: schema: {e}" for e in _schema_errors(path)]
     return lines
@@ -168,30 +145,25 @@ def _schema_errors(path: str) -> list[FieldError]:
     return schema_errors(document)
 
 
-def cmd_inject(
-    args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None
-) -> int:
-    out, err = out or sys.stdout, err or sys.stderr
+def cmd_inject(args: argparse.Namespace) -> int:
     try:
         oci = _read_oci(args.file)
     except (OSError, ValueError) as exc:
-        print(f"{args.file}: cannot read OCI runtime spec: {exc}", file=err)
+        print(f"{args.file}: cannot read OCI runtime spec: {exc}", file=sys.stderr)
         return 1
     snapshot = SpecCache(spec_dirs(args)).refresh()
     try:
         result = apply(oci, snapshot.resolve(args.devices))
     except CDIError as exc:
-        print(f"nri-cdi inject: {exc}", file=err)
+        print(f"nri-cdi inject: {exc}", file=sys.stderr)
         return 1
-    json.dump(result, out, indent=2)
-    out.write("\n")
+    print(json.dumps(result, indent=2))
     return 0
 
 
 def _read_oci(name: str) -> dict[str, Any]:
-    text = sys.stdin.read() if name == "-" else open(name, encoding="utf-8").read()  # noqa: SIM115
+    text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
     document = json.loads(text)
     if not isinstance(document, dict):
         raise ValueError("not a JSON object")
     return document
-

@@ -18,7 +18,6 @@ DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 class SpecFile:
     path: str
     priority: int
-    # (device, inode, size, mtime_ns, ctime_ns): equal signatures mean unchanged content.
     signature: tuple[int, int, int, int, int] | None
     error: str | None = None
     mode: int = 0  # st_mode and st_uid of what the name points to, for the permission check
@@ -60,8 +59,12 @@ def stat_file(path: str, priority: int) -> SpecFile:
         return SpecFile(path, priority, None, f"cannot read: {exc.strerror}")
     if not stat.S_ISREG(info.st_mode):
         return SpecFile(path, priority, None, "not a regular file")
-    signature = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-    return SpecFile(path, priority, signature, mode=info.st_mode, uid=info.st_uid)
+    return SpecFile(path, priority, identity(info), mode=info.st_mode, uid=info.st_uid)
+
+
+def identity(info: os.stat_result) -> tuple[int, int, int, int, int]:
+    """(device, inode, size, mtime_ns, ctime_ns): equal identities mean unchanged content."""
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
 
 
 def permission_problem(mode: int, uid: int, what: str = "file") -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import posixpath
 from collections.abc import Iterable
+from itertools import chain
 from typing import Any
 
 from cdi.errors import EditError
@@ -17,30 +18,11 @@ from cdi.validate import HOOK_NAMES
 
 def merge(parts: Iterable[ContainerEdits]) -> ContainerEdits:
     """Concatenate edits in order; ``intelRdt`` is last-one-wins."""
-    env: list[str] = []
-    nodes: list[DeviceNode] = []
-    mounts: list[Mount] = []
-    hooks: list[Any] = []
-    gids: list[int] = []
-    nets: list[Any] = []
-    rdt = None
-    for part in parts:
-        env += part.env
-        nodes += part.device_nodes
-        mounts += part.mounts
-        hooks += part.hooks
-        gids += part.additional_gids
-        nets += part.net_devices
-        rdt = part.intel_rdt if part.intel_rdt is not None else rdt
-    return ContainerEdits(
-        env=tuple(env),
-        device_nodes=tuple(nodes),
-        mounts=tuple(mounts),
-        hooks=tuple(hooks),
-        intel_rdt=rdt,
-        additional_gids=tuple(gids),
-        net_devices=tuple(nets),
-    )
+    parts = list(parts)
+    rdts = [part.intel_rdt for part in parts if part.intel_rdt is not None]
+    lists: dict[str, Any] = {name: tuple(chain.from_iterable(getattr(part, name) for part in parts))
+             for name in ContainerEdits._fields if name != "intel_rdt"}
+    return ContainerEdits(**lists, intel_rdt=rdts[-1] if rdts else None)
 
 
 def mount_depth(destination: str) -> int:

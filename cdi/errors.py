@@ -45,9 +45,6 @@ class SpecError(CDIError):
         prefix = f"{printable(self.file)}: " if self.file else ""
         return [f"{prefix}{err}" for err in self.errors]
 
-    def with_file(self, file: str) -> "SpecError":
-        return SpecError(self.errors, file=file)
-
 
 class QualifiedNameError(CDIError, ValueError):
     """A string that is not a valid ``vendor/class=name`` device name."""

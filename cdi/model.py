@@ -11,6 +11,7 @@ JSON keys are those of the spec and the reference Go types (``additionalGids``,
 
 import re
 from collections.abc import Callable, Mapping
+from functools import partial
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -90,15 +91,8 @@ class ContainerEdits(NamedTuple):
     net_devices: tuple[NetDevice, ...] = ()
 
     def is_empty(self) -> bool:
-        return not (
-            self.env
-            or self.device_nodes
-            or self.mounts
-            or self.hooks
-            or self.intel_rdt is not None
-            or self.additional_gids
-            or self.net_devices
-        )
+        # Every field is a tuple, empty or not, or intel_rdt: None or a record (a tuple).
+        return not any(self)
 
 
 NO_EDITS = ContainerEdits()
@@ -116,6 +110,13 @@ class SpecData(NamedTuple):
     devices: tuple[DeviceData, ...]
     annotations: Mapping[str, str] = EMPTY_MAP
     container_edits: ContainerEdits = NO_EDITS
+
+
+def edits_by_path(spec: SpecData) -> list[tuple[str, ContainerEdits]]:
+    """The spec's edits and each device's, with their field paths."""
+    return [("containerEdits", spec.container_edits)] + [
+        (f"devices[{i}].containerEdits", d.container_edits) for i, d in enumerate(spec.devices)
+    ]
 
 
 # --------------------------------------------------------------------------------------
@@ -225,9 +226,7 @@ def _integer(low: int, high: int) -> Decoder:
 
 
 _uint32 = _integer(0, UINT32_MAX)
-_int64 = _integer(INT64_MIN, INT64_MAX)
-# Go's int for hook timeouts; the spec requires > 0, checked in validate.py.
-_int = _integer(INT64_MIN, INT64_MAX)
+_int64 = _integer(INT64_MIN, INT64_MAX)  # also Go's int, for hook timeouts
 
 
 def _list_of(item: Decoder) -> Decoder:
@@ -262,10 +261,7 @@ def _string_map(value: Any, path: str, ctx: _Context) -> Any:
 
 
 def _object(cls: type) -> Decoder:
-    def decode(value: Any, path: str, ctx: _Context) -> Any:
-        return _decode_object(cls, value, path, ctx)
-
-    return decode
+    return partial(_decode_object, cls)
 
 
 def _join(path: str, key: str) -> str:
@@ -333,7 +329,7 @@ _FIELDS[Hook] = (
     _Field("path", "path", _string, required=True),
     _Field("args", "args", _list_of(_string)),
     _Field("env", "env", _list_of(_string)),
-    _Field("timeout", "timeout", _int),
+    _Field("timeout", "timeout", _int64),
 )
 _FIELDS[IntelRdt] = (
     _Field("closID", "clos_id", _string),

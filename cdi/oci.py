@@ -19,9 +19,8 @@ def device_to_oci(
 ) -> dict[str, Any]:
     """``linux.devices`` entry. A node without an owner takes the process user's (when not
     root), so a non-root container can open its own devices."""
-    device: dict[str, Any] = {"path": node.path, "type": node.type or ""}
-    device["major"] = node.major or 0
-    device["minor"] = node.minor or 0
+    device: dict[str, Any] = {"path": node.path, "type": node.type or "",
+                              "major": node.major or 0, "minor": node.minor or 0}
     if node.file_mode is not None:
         device["fileMode"] = node.file_mode
     uid = node.uid if node.uid is not None else (process_uid or None)

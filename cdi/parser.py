@@ -32,14 +32,10 @@ class QualifiedName(NamedTuple):
         return f"{self.vendor}/{self.class_}={self.name}"
 
 
-def vendor_error(vendor: str) -> str | None:
-    """Why ``vendor`` is not a valid vendor, or None when it is."""
-    return _qualifier_error("vendor", vendor, MAX_VENDOR_LENGTH)
-
-
-def class_error(class_: str) -> str | None:
-    """Why ``class_`` is not a valid device class, or None when it is."""
-    return _qualifier_error("class", class_, MAX_CLASS_LENGTH)
+def _kind_parts_error(vendor: str, class_: str) -> str | None:
+    """Why ``vendor`` or ``class_`` is not valid, or None when both are."""
+    return (_qualifier_error("vendor", vendor, MAX_VENDOR_LENGTH)
+            or _qualifier_error("class", class_, MAX_CLASS_LENGTH))
 
 
 def _qualifier_error(what: str, value: str, max_length: int) -> str | None:
@@ -81,7 +77,7 @@ def kind_error(kind: str) -> str | None:
     vendor, class_ = parse_kind(kind)
     if not vendor:
         return f"kind {kind!r} must have the form vendor/class"
-    return vendor_error(vendor) or class_error(class_)
+    return _kind_parts_error(vendor, class_)
 
 
 def split_device(device: str) -> tuple[str, str, str]:
@@ -89,13 +85,9 @@ def split_device(device: str) -> tuple[str, str, str]:
 
     Anything empty or starting with '/' is a device path, not a CDI name.
     """
-    if not device or device.startswith("/"):
-        return "", "", device
     kind, sep, name = device.partition("=")
-    if not sep or not kind or not name:
-        return "", "", device
-    vendor, class_ = parse_kind(kind)
-    if not vendor:
+    vendor, class_ = parse_kind(kind)  # no vendor for "" or a path: "/dev/x=y" is not a name
+    if not sep or not name or not vendor:
         return "", "", device
     return vendor, class_, name
 
@@ -105,7 +97,7 @@ def parse_qualified_name(device: str) -> QualifiedName:
     vendor, class_, name = split_device(device)
     if not vendor:
         raise QualifiedNameError(f"invalid CDI device name {device!r}: expected vendor/class=name")
-    problem = vendor_error(vendor) or class_error(class_) or device_name_error(name)
+    problem = _kind_parts_error(vendor, class_) or device_name_error(name)
     if problem:
         raise QualifiedNameError(f"invalid CDI device name {device!r}: {problem}")
     return QualifiedName(vendor, class_, name)

@@ -15,7 +15,6 @@ adjustments that make Python agree with the schema's intent:
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import re
@@ -53,19 +52,12 @@ UNEXPRESSIBLE_RULES: frozenset[str] = frozenset(
 )
 
 
-@functools.lru_cache(maxsize=1)
-def _schema() -> Mapping[str, Any]:
-    with SCHEMA_PATH.open(encoding="utf-8") as handle:
-        document: dict[str, Any] = json.load(handle)
+def load_schema() -> dict[str, Any]:
+    """The schema document (read afresh: callers may change it)."""
+    document: dict[str, Any] = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
     return document
 
 
-def load_schema() -> dict[str, Any]:
-    """The schema document (a fresh copy: callers may change it)."""
-    return copy.deepcopy(dict(_schema()))
-
-
-@functools.lru_cache(maxsize=256)
 def _compile(pattern: str) -> re.Pattern[str]:
     if pattern.endswith("$") and not pattern.endswith("\\$"):
         pattern = pattern[:-1] + r"\Z"
@@ -88,9 +80,9 @@ _Validator = validators.extend(  # type: ignore[no-untyped-call]
 )
 
 
-@functools.lru_cache(maxsize=1)
+@functools.cache
 def _validator() -> Any:
-    schema = _schema()
+    schema = load_schema()
     Draft202012Validator.check_schema(schema)
     return _Validator(schema)
 
@@ -134,7 +126,7 @@ def _field_errors(error: ValidationError, document: Any) -> Iterator[FieldError]
     # A "$comment" on a subschema says in words what the failed keyword means; the root's
     # "$comment" is documentation.
     comment = schema.get("$comment") if isinstance(schema, Mapping) else None
-    if isinstance(comment, str) and schema is not _schema():
+    if isinstance(comment, str) and schema is not _validator().schema:
         message = f"{message} ({comment})"
     yield FieldError(path, message)
 

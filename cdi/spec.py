@@ -5,12 +5,12 @@ import functools
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from cdi.errors import FieldError, SpecError
 from cdi.model import BadScalar, DeviceData, SpecData, key_path, spec_from_dict, to_dict
-from cdi.parser import parse_kind
 from cdi.validate import validate_spec
 from cdi.yaml11 import dump_yaml
 
@@ -114,12 +114,10 @@ def _strict_loader() -> Any:
         yaml_implicit_resolvers: dict[str, list[tuple[str, Any]]] = {}
         yaml_constructors: dict[Any, Any] = dict(base.yaml_constructors)
 
+    patterns = {_YAML + "int": re.compile(_INT, re.X), _YAML + "float": re.compile(_FLOAT, re.X)}
     for first, resolvers in base.yaml_implicit_resolvers.items():
-        kept = [(t, r) for t, r in resolvers if t not in (_YAML + "timestamp",)]
         StrictLoader.yaml_implicit_resolvers[first] = [
-            (t, re.compile(_INT, re.X) if t == _YAML + "int" else
-             re.compile(_FLOAT, re.X) if t == _YAML + "float" else r)
-            for t, r in kept
+            (t, patterns.get(t, r)) for t, r in resolvers if t != _YAML + "timestamp"
         ]
     scalar, seq, mapping = yaml.ScalarNode, yaml.SequenceNode, yaml.MappingNode
     def construct_str(loader: Any, node: Any) -> Any:
@@ -178,25 +176,25 @@ def nesting_error(text: str, *, json_format: bool) -> str | None:
 
 
 def _longest_line(text: str) -> int:
-    # str.splitlines is fast but also splits at \v, \f and \x1c-\x1e, which YAML does
-    # not: with any of those present, split at YAML's own line breaks only.
-    if any(c in text for c in "\v\f\x1c\x1d\x1e"):
-        return max(map(len, _LINE_BREAKS.split(text)), default=0)
-    return max(map(len, text.splitlines()), default=0)
+    # Not str.splitlines, which also splits at \v, \f and \x1c-\x1e, as YAML does not.
+    return max(map(len, _LINE_BREAKS.split(text)), default=0)
+
+
+def _deepest(steps: Iterator[int]) -> int:
+    """The deepest level reached by ``steps`` (+1 opens, -1 closes), counted up to just
+    past MAX_NESTING."""
+    depth = deepest = 0
+    for step in steps:
+        depth = max(depth + step, 0)
+        deepest = max(deepest, depth)
+        if deepest > MAX_NESTING:
+            break
+    return deepest
 
 
 def _json_depth(text: str) -> int:
-    depth = deepest = 0
-    for match in _JSON_TOKENS.finditer(text):
-        token = match.group()
-        if token in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > MAX_NESTING:
-                break
-        elif token in "]}":
-            depth = max(depth - 1, 0)
-    return deepest
+    tokens = (match.group() for match in _JSON_TOKENS.finditer(text))
+    return _deepest(1 if token in "[{" else -1 if token in "]}" else 0 for token in tokens)
 
 
 def _yaml_depth(text: str) -> int:
@@ -205,16 +203,9 @@ def _yaml_depth(text: str) -> int:
     # depth (its composer, which builds nodes, is the part that recurses).
     starts = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
     ends = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
-    depth = deepest = 0
-    for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-        if isinstance(event, starts):
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > MAX_NESTING:
-                break
-        elif isinstance(event, ends):
-            depth -= 1
-    return deepest
+    events = yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return _deepest(1 if isinstance(event, starts) else -1 if isinstance(event, ends) else 0
+                    for event in events)
 
 
 # A '!' that can only be the bare non-specific tag: after a separator, before one.
@@ -230,70 +221,49 @@ def _yaml_event_error(text: str) -> FieldError | None:
         return None
     yaml = _yaml()
 
-    paths = _EventPaths()
     for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
         if isinstance(event, yaml.DocumentStartEvent):
             version = event.version
             if version is not None and tuple(version) != (1, 1):
                 return FieldError("", f"YAML version {'.'.join(map(str, version))} is not "
                                   "supported (only 1.1)")
-        path = paths.step(event)
         if getattr(event, "tag", None) == "!":
             mark = event.start_mark
-            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-            return FieldError(path, f"the non-specific tag '!' is not supported{where}")
+            return FieldError(_path_at(text, mark), "the non-specific tag '!' is not supported "
+                              f"(line {mark.line + 1}, column {mark.column + 1})")
     return None
 
 
-class _EventPaths:
+def _path_at(text: str, mark: Any) -> str:
     """The field path (as the decoder names it: ``devices[0].containerEdits.env[1]``) of
-    the node each parser event starts, so that an error found on events names its field.
-
-    A frame per open collection: ``[path, is_mapping, index or current key, want_key]``.
-    A node used as a mapping key is named by its mapping's path.
-    """
-
-    def __init__(self) -> None:
-        self._stack: list[list[Any]] = []
-        self._yaml = _yaml()
-
-    def step(self, event: Any) -> str:
-        yaml = self._yaml
-        if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            if self._stack:
-                self._stack.pop()
-            self._done(None)
-            return ""
-        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            path = self._here()
-            mapping = isinstance(event, yaml.MappingStartEvent)
-            self._stack.append([path, mapping, None if mapping else 0, True])
-            return path
-        if isinstance(event, (yaml.ScalarEvent, yaml.AliasEvent)):
-            path = self._here()
-            self._done(event.value if isinstance(event, yaml.ScalarEvent) else None)
-            return path
+    the node that starts at ``mark``; a mapping key is named by its mapping's path."""
+    yaml = _yaml()
+    try:
+        root = yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError:
         return ""
+    seen: set[int] = set()  # an alias repeats a node: walk it once
 
-    def _here(self) -> str:
-        if not self._stack:
-            return ""
-        path, mapping, at, want_key = self._stack[-1]
-        if not mapping:
-            return f"{path}[{at}]"
-        return path if want_key else key_path(path, at)
-
-    def _done(self, scalar: str | None) -> None:
-        """A node ended: its parent moves to the next item, or from key to value."""
-        if not self._stack:
-            return
-        frame = self._stack[-1]
-        if not frame[1]:
-            frame[2] += 1
-        elif frame[3]:
-            frame[2], frame[3] = ("<key>" if scalar is None else scalar), False
+    def walk(node: Any, path: str) -> str | None:
+        if (node.start_mark.line, node.start_mark.column) == (mark.line, mark.column):
+            return path
+        if isinstance(node, yaml.ScalarNode) or id(node) in seen:
+            return None
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            children = [(item, f"{path}[{index}]") for index, item in enumerate(node.value)]
         else:
-            frame[3] = True
+            children = []
+            for key, value in node.value:
+                name = key.value if isinstance(key, yaml.ScalarNode) else "<key>"
+                children += [(key, path), (value, key_path(path, name))]
+        for child, child_path in children:
+            found = walk(child, child_path)
+            if found is not None:
+                return found
+        return None
+
+    return walk(root, "") or ""
 
 
 def load_document(data: bytes | str, *, json_format: bool) -> Any:
@@ -314,9 +284,7 @@ def load_document(data: bytes | str, *, json_format: bool) -> Any:
         return yaml.load(text, Loader=_strict_loader())
     except UnicodeDecodeError as exc:
         raise SpecError([FieldError("", f"not UTF-8 text: {exc}")]) from None
-    except json.JSONDecodeError as exc:
-        raise SpecError([FieldError("", f"invalid JSON: {exc}")]) from None
-    except ValueError as exc:  # duplicate JSON key
+    except ValueError as exc:  # JSONDecodeError, or a duplicate JSON key
         raise SpecError([FieldError("", f"invalid JSON: {exc}")]) from None
     except yaml.YAMLError as exc:
         raise SpecError([FieldError("", f"invalid YAML: {_one_line(str(exc))}")]) from None
@@ -352,14 +320,6 @@ class Spec(NamedTuple):
         return self.data.kind
 
     @property
-    def vendor(self) -> str:
-        return parse_kind(self.data.kind)[0]
-
-    @property
-    def class_(self) -> str:
-        return parse_kind(self.data.kind)[1]
-
-    @property
     def devices(self) -> tuple[DeviceData, ...]:
         return self.data.devices
 
@@ -369,7 +329,7 @@ def parse_spec(data: bytes | str, path: str = "", priority: int = 0) -> Spec:
     try:
         spec_data = parse_spec_data(data, json_format=is_json_path(path))
     except SpecError as exc:
-        raise exc.with_file(path) if path else exc from None
+        raise SpecError(exc.errors, file=path) if path else exc from None
     return Spec(data=spec_data, path=path, priority=priority)
 
 
@@ -405,7 +365,11 @@ def atomic_write(target: Path, data: bytes, *, mode: int = 0o644) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-    _fsync_dir(target.parent)
+    fd = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)  # the rename itself
+    finally:
+        os.close(fd)
 
 
 def _create_temporary(folder: Path, prefix: str, suffix: str) -> tuple[int, str]:
@@ -421,11 +385,3 @@ def _create_temporary(folder: Path, prefix: str, suffix: str) -> tuple[int, str]
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name in {folder}")
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from cdi.errors import FieldError, SpecError
-from cdi.model import ContainerEdits, DeviceNode, Hook, IntelRdt, SpecData
+from cdi.model import ContainerEdits, DeviceNode, Hook, IntelRdt, SpecData, edits_by_path
 from cdi.parser import device_name_error, kind_error, parse_kind
 from cdi.version import EARLIEST_SUPPORTED, KNOWN_VERSIONS, minimum_requirement, version_key
 
@@ -33,21 +33,15 @@ _QUALIFIED_NAME_RE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
 def validate_spec(spec: SpecData) -> None:
-    errors = spec_errors(spec)
-    if errors:
-        raise SpecError(errors)
-
-
-def spec_errors(spec: SpecData) -> list[FieldError]:
-    errors: list[FieldError] = []
-    errors += _version_errors(spec)
+    errors = _version_errors(spec)
     problem = kind_error(spec.kind)
     if problem:
         errors.append(FieldError("kind", problem))
     errors += annotation_errors(spec.annotations, "annotations")
     errors += _device_errors(spec)
     errors += edits_errors(spec.container_edits, "containerEdits")
-    return errors
+    if errors:
+        raise SpecError(errors)
 
 
 def _version_errors(spec: SpecData) -> list[FieldError]:
@@ -60,7 +54,7 @@ def _version_errors(spec: SpecData) -> list[FieldError]:
                 f"{', '.join(reversed(KNOWN_VERSIONS[:-2]))}",
             )
         ]
-    errors = []
+    errors: list[FieldError] = []
     requirement = minimum_requirement(spec)
     if requirement and version_key(declared) < version_key(requirement.version):
         errors.append(
@@ -77,24 +71,16 @@ def _version_errors(spec: SpecData) -> list[FieldError]:
                 f"version {declared} is not supported: it must be at least {EARLIEST_SUPPORTED}",
             )
         )
-    if version_key(declared) >= (1, 1, 0):
-        errors += _removed_field_errors(spec, declared)
+    if version_key(declared) >= (1, 1, 0):  # enableCMT/enableMBM existed up to 1.0.x
+        errors += [FieldError(path, f"removed in CDI 1.1.0 (spec declares {declared}); use "
+                                    "enableMonitoring") for path in _cmt_mbm_paths(spec)]
     return errors
-
-
-def _removed_field_errors(spec: SpecData, declared: str) -> list[FieldError]:
-    """enableCMT/enableMBM existed up to 1.0.x; a 1.1.0 spec may not use them."""
-    return [FieldError(path, f"removed in CDI 1.1.0 (spec declares {declared}); use "
-                             "enableMonitoring") for path in _cmt_mbm_paths(spec)]
 
 
 def _cmt_mbm_paths(spec: SpecData) -> list[str]:
     """The field paths of every intelRdt.enableCMT/enableMBM the spec sets."""
-    edits = [("containerEdits", spec.container_edits)] + [
-        (f"devices[{i}].containerEdits", d.container_edits) for i, d in enumerate(spec.devices)
-    ]
     paths = []
-    for path, item in edits:
+    for path, item in edits_by_path(spec):
         rdt = item.intel_rdt
         for key, value in (
             ("enableCMT", rdt and rdt.enable_cmt),
@@ -106,13 +92,8 @@ def _cmt_mbm_paths(spec: SpecData) -> list[str]:
 
 
 def interop_warnings(spec: SpecData) -> list[FieldError]:
-    """What is valid by the spec but breaks other CDI implementations; worth a warning.
-
-    * a one-letter vendor or class (``kind: v/c``): the Go CDI library up to 1.1.0 panics
-      on it, taking down the runtime that reads the spec folder (containerd 1.7, podman 4);
-    * ``intelRdt.enableCMT``/``enableMBM``: the Go CDI library 1.1.0 dropped them at every
-      cdiVersion, so runtimes built on it refuse the whole file.
-    """
+    """What is valid by the spec but breaks other CDI implementations; worth a warning
+    (docs/developer/cdi-library.md, "Interop warnings")."""
     warnings = []
     vendor, class_ = parse_kind(spec.kind)
     if vendor and class_ and (len(vendor) == 1 or len(class_) == 1):

@@ -1,12 +1,9 @@
 """Refreshing a SpecCache when its directories change (inotify), in a background thread.
 
-A file's new content is taken when the file says it is complete: closed after writing or
-renamed into place, and then quiet for a short settle. A file that changes without such an
-event (rewritten in place while another file's event triggers a refresh) keeps serving its
-last complete version until it has been still for a while (``quiet``). Removals, symlinks
-and FIFOs created in a spec folder are seen at once. A directory that does not exist yet is
-noticed when it is created (its nearest existing parent is watched), and a periodic rescan
-backs everything up (device nodes that appear later, missed events).
+When a file's new content is taken: docs/developer/cdi-library.md ("No torn specs"). A
+directory that does not exist yet is noticed when it is created (its nearest existing
+parent is watched), and a periodic rescan backs everything up (device nodes that appear
+later, missed events).
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from inotify_simple import INotify, flags
 
@@ -79,7 +77,10 @@ class SpecDirWatcher:
                 wanted[parent] = wanted.get(parent, 0) | _PARENT_MASK
         for path in list(self._watches):
             if path not in wanted or self._watches[path][1] != wanted[path]:
-                self._remove(path)
+                wd, _ = self._watches.pop(path)
+                self._paths.pop(wd, None)
+                with contextlib.suppress(OSError):  # already gone with its directory
+                    self._inotify.rm_watch(wd)
         for path, mask in wanted.items():
             if path not in self._watches:
                 try:
@@ -89,12 +90,6 @@ class SpecDirWatcher:
                     continue
                 self._watches[path] = (wd, mask)
                 self._paths[wd] = path
-
-    def _remove(self, path: str) -> None:
-        wd, _ = self._watches.pop(path)
-        self._paths.pop(wd, None)
-        with contextlib.suppress(OSError):  # already gone with its directory
-            self._inotify.rm_watch(wd)
 
     def read_changes(self) -> bool:
         """Drain pending events (non-blocking) into ``self.state``; True when the specs
@@ -150,8 +145,7 @@ class AutoRefresh:
     ``rescan_interval`` seconds. ``on_refresh`` is called with each new Snapshot.
 
     After an event it waits until the folder has been quiet for ``settle`` seconds (at
-    most ``max_delay``), so a burst of writes is read once, complete. A file changed
-    without a completion event is taken once it has been still for ``quiet`` seconds.
+    most ``max_delay``), so a burst of writes is read once, complete.
     """
 
     def __init__(
@@ -186,7 +180,7 @@ class AutoRefresh:
         self._queued.register(self._watcher.fileno(), select.POLLIN)
 
     def start(self) -> AutoRefresh:
-        self._refresh(None)
+        self._publish(self.cache.refresh)
         self._thread.start()
         return self
 
@@ -226,7 +220,8 @@ class AutoRefresh:
             taken_ns = file_clock_ns()
             self._read_changes()
             removal = self._removal_unapplied
-            self._refresh(self._watcher.take_done(), taken_ns)
+            self._publish(partial(self.cache.refresh, self._watcher.take_done(),
+                                  quiet_ns=int(self.quiet * 1e9), events_ns=taken_ns))
             with self._changed:
                 if removal:
                     self._removal_unapplied = False
@@ -247,20 +242,16 @@ class AutoRefresh:
             self._changed.notify_all()
         return changed
 
-    def _events_queued(self) -> bool:
-        # A poll of the inotify descriptor: no file is opened or read. The kernel queues
-        # a removal's event within unlink()/rename(), so a removal done before this call
-        # shows here until the thread has read it.
-        return bool(self._queued.poll(0))
-
     def removals_pending(self) -> bool:
         """Whether a spec file may have been removed without the snapshot showing it yet
         (events queued, or a removal read and not yet applied). Cheap: one poll."""
         # Under the lock the thread drains events and sets the flag in: read between the
         # two, the queue is empty and the flag not yet set, and a removal just made would
-        # look applied (a deleted claim served once more).
+        # look applied (a deleted claim served once more). The kernel queues a removal's
+        # event within unlink()/rename(), so a removal done before this call shows in the
+        # poll until the thread has read it.
         with self._lock:
-            return self._removal_unapplied or self._events_queued()
+            return self._removal_unapplied or bool(self._queued.poll(0))
 
     def wait_removals(self, timeout: float) -> bool:
         """Wait (at most ``timeout``) until every removal queued before this call is in the
@@ -279,14 +270,7 @@ class AutoRefresh:
         ``SpecCache.add_new_files``); waits at most ``timeout`` for a refresh under way
         (None: not in time). For a container naming a device the registry does not know
         yet."""
-        try:
-            snapshot = self.cache.add_new_files(timeout)
-        except Exception:  # as in _refresh: keep the old snapshot
-            log.exception("refreshing CDI specs failed")
-            return None
-        if snapshot is not None and self.on_refresh:
-            self.on_refresh(snapshot)
-        return snapshot
+        return self._publish(partial(self.cache.add_new_files, timeout))
 
     def _timeout(self, dirty_since: float | None) -> float:
         if dirty_since is not None:
@@ -295,15 +279,13 @@ class AutoRefresh:
             return min(self.quiet, self.rescan_interval)
         return self.rescan_interval
 
-    def _refresh(self, done: set[str] | None, taken_ns: int | None = None) -> None:
+    def _publish(self, refresh: Callable[[], Snapshot | None]) -> Snapshot | None:
+        """Run ``refresh`` and hand its snapshot to ``on_refresh``; None if it failed."""
         try:
-            if done is None:
-                snapshot = self.cache.refresh()
-            else:
-                snapshot = self.cache.refresh(done, quiet_ns=int(self.quiet * 1e9),
-                                              events_ns=taken_ns)
+            snapshot = refresh()
         except Exception:  # a refresh bug must not kill the thread; keep the old snapshot
             log.exception("refreshing CDI specs failed")
-            return
-        if self.on_refresh:
+            return None
+        if snapshot is not None and self.on_refresh:
             self.on_refresh(snapshot)
+        return snapshot

@@ -1,22 +1,17 @@
 """The one YAML writer for CDI specs, and YAML 1.1 implicit typing of plain scalars.
 
 ``dump_yaml(document)`` writes a spec document (mappings, lists, strings, integers,
-booleans) in the block style of PyYAML's ``safe_dump(sort_keys=False,
-default_flow_style=False, allow_unicode=True)`` with a ``---`` start; ``cdi.spec.dump_spec``
-and ``nri-cdi generate`` both use it. It exists instead of PyYAML's C dumper because
-``nri-cdi generate``, which runs at boot and on every driver change, then imports no PyYAML
-and builds no node per value (``bench/bench_generate_cli.py`` against a variant with the C
-dumper: bench/reports/2026-11-27-generator-stdlib-2-cores), and
-tests/cdi/test_yaml11.py checks its output against PyYAML's, byte for byte.
+booleans) as PyYAML's ``safe_dump(sort_keys=False, default_flow_style=False,
+allow_unicode=True)`` does, with a ``---`` start, byte for byte (tests/cdi/test_yaml11.py);
+``cdi.spec.dump_spec`` and ``nri-cdi generate`` both use it. It stands instead of PyYAML's
+C dumper so that the generator imports no PyYAML and builds no node per value
+(bench/reports/2026-11-27-generator-stdlib-2-cores).
 
 ``implicit_tag(text)`` is the tag PyYAML gives ``text`` read back as a plain (unquoted)
-scalar, i.e. ``yaml.resolver.Resolver().resolve(yaml.ScalarNode, text, (True, False))``.
-The writer quotes a string exactly when this is not ``str``; having it here keeps PyYAML's
-import off the generator's start-up path.
-
-The types are those of https://yaml.org/type/ (bool, null, int, float, timestamp, merge,
-value; PyYAML adds ``yaml`` for a bare ``!``, ``&`` or ``*``), read the way PyYAML reads
-them where that differs from the type pages:
+scalar, i.e. ``yaml.resolver.Resolver().resolve(yaml.ScalarNode, text, (True, False))``;
+the writer quotes a string exactly when this is not ``str``. The types are those of
+https://yaml.org/type/ (PyYAML adds ``yaml`` for a bare ``!``, ``&`` or ``*``), read the
+way PyYAML reads them where that differs from the type pages:
 
 * bool is only yes/no/true/false/on/off in lower, Capitalised or UPPER case (no ``y``/``n``);
 * int and float allow ``_`` anywhere after the first digit, sexagesimal ``1:20:30`` forms,
@@ -26,11 +21,9 @@ them where that differs from the type pages:
   (``-.5`` is a string);
 * like PyYAML's ``$``, a match may be followed by one final newline (``"yes\\n"`` is bool).
 
-PyYAML first picks candidate types by the scalar's first character.  Every pattern below
-can only start with a character PyYAML registered for its type, and no string matches two
-types (so PyYAML's order does not matter either): one combined pattern gives the same
-answer, except for the empty null, which PyYAML only tries on ``""`` (not on ``"\\n"``)
-and which is handled apart.
+Each pattern below starts only with a character PyYAML registered for its type, and no
+string matches two types, so one combined pattern answers as PyYAML's per-character lookup
+does (the empty null, tried on ``""`` but not on ``"\\n"``, is handled apart).
 """
 
 from __future__ import annotations
@@ -109,14 +102,6 @@ def dump_yaml(document: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _scalar(value: Any) -> str:
-    if value is True or value is False:
-        return "true" if value else "false"
-    if type(value) is int:
-        return str(value)
-    return _string(str(value))
-
-
 # A spec repeats the same paths and names many times, most of all on nodes with many MIG
 # devices (bench/reports/2026-11-27-generator-stdlib-2-cores).
 @functools.lru_cache(maxsize=4096)
@@ -181,4 +166,8 @@ def _leaf(item: Any) -> str:
         return "{}"
     if type(item) is list:
         return "[]"
-    return _scalar(item)
+    if item is True or item is False:
+        return "true" if item else "false"
+    if type(item) is int:
+        return str(item)
+    return _string(str(item))

@@ -274,7 +274,7 @@ def test_only_a_device_the_registry_does_not_know_reads(tmp_path: Path, need_roo
     # settle/rescan long: only the miss reader can see the new file within this test
     refresher = AutoRefresh(SpecCache([str(folder)]), rescan_interval=3600, settle=3600,
                             max_delay=3600, on_refresh=holder.update)
-    refresher._refresh(None)  # the start-up read, without the thread
+    refresher._publish(refresher.cache.refresh)  # the start-up read, without the thread
     reads: list[tuple[str, ...]] = []
     reader = miss_reader(refresher, holder)
 
