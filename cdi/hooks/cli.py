@@ -54,8 +54,7 @@ def _create_symlinks(root: RootFS, args: Args) -> list[str]:
 def _update_ldcache(root: RootFS, args: Args) -> list[str]:
     from cdi.hooks.ldconfig import update_ldcache
 
-    result = update_ldcache(root, args.folder)
-    return list(result.warnings)
+    return update_ldcache(root, args.folder)
 
 
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (

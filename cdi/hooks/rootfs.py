@@ -26,6 +26,7 @@ _RESOLVE_IN_ROOT = 0x10
 # openat2 is 437 on x86_64 and on the generic table that aarch64 uses.
 _OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(os.uname().machine)
 _O_PATH = os.O_PATH | os.O_CLOEXEC
+_MAX_NAMES = 1 << 16  # names per folder listed; a distribution's /usr/lib has a few 1000
 
 
 class RootFSError(Exception):
@@ -54,6 +55,28 @@ def split_container_path(path: str) -> tuple[str, ...]:
 def read_only_message(where: str) -> str:
     return (f"{where}: the container's filesystem is read-only, so the hook cannot write "
             "there; generate the spec with --link-mode mounts for read-only roots")
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a message: an OSError's own words without its path, else the text."""
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
+def folder_names(dir_fd: int, folder: str) -> set[str]:
+    """The names in the folder open at ``dir_fd``, at most :data:`_MAX_NAMES` (an image's
+    folder is input)."""
+    # scandir needs a readable fd; re-open the folder we resolved (not its name).
+    fd = os.open(f"/proc/self/fd/{dir_fd}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    names: set[str] = set()
+    try:
+        with os.scandir(fd) as it:
+            for entry in it:
+                if len(names) >= _MAX_NAMES:
+                    raise RootFSError(f"{folder} holds more than {_MAX_NAMES} names")
+                names.add(entry.name)
+    finally:
+        os.close(fd)
+    return names
 
 
 # --- the two resolvers ----------------------------------------------------------------------
@@ -317,14 +340,11 @@ class _Folder:
         os.close(self.fd)
 
 
-class _Parent:
-    __slots__ = ("fd", "name")
+class _Parent(_Folder):
+    __slots__ = ("name",)
 
     def __init__(self, fd: int, name: str) -> None:
         self.fd, self.name = fd, name
 
-    def __enter__(self) -> tuple[int, str]:
+    def __enter__(self) -> tuple[int, str]:  # type: ignore[override]
         return self.fd, self.name
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)

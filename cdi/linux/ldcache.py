@@ -424,20 +424,20 @@ def merge(first: Iterable[LdCacheEntry], then: Iterable[LdCacheEntry]) -> list[L
         seen.add(ident)
         out.append(entry)
     # sort() is stable, also with reverse=True, so equal names keep the order above.
-    out.sort(key=lambda e: _NameKey(os.fsencode(e.key)), reverse=True)
+    out.sort(key=lambda e: NameOrder(e.key), reverse=True)
     return out
 
 
-class _NameKey:
-    """Sort key in :func:`libcmp` order (``functools.cmp_to_key`` without importing
-    functools on the hook's start-up path)."""
+class NameOrder:
+    """Sort key of a library name in :func:`libcmp` order (``functools.cmp_to_key``
+    without importing functools on the hook's start-up path)."""
 
     __slots__ = ("raw",)
 
-    def __init__(self, raw: bytes) -> None:
-        self.raw = raw
+    def __init__(self, name: str) -> None:
+        self.raw = os.fsencode(name)
 
-    def __lt__(self, other: _NameKey) -> bool:
+    def __lt__(self, other: NameOrder) -> bool:
         return libcmp(self.raw, other.raw) < 0
 
 

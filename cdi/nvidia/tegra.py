@@ -10,19 +10,17 @@ nothing is left out and reported (a board lists files only some of its modules h
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import os
 import posixpath
 import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from cdi.extras import MissingDependencyError
 from cdi.linux.elf import ElfError, read_soname
 from cdi.linux.ldcache import resolve_in_root
-from cdi.nvidia.discover import NVML_EXTRA, DiscoveryError, Roots, load_nvml, under
+from cdi.nvidia.discover import Roots, cuda_version, nvml_session, nvml_text
 from cdi.nvidia.driver import (
     DeviceNodeInfo,
     DeviceNodes,
@@ -66,10 +64,10 @@ def integrated(name: str) -> bool:
 
 def is_tegra(roots: Roots) -> bool:
     """Tegra's files: the L4T release file, or a SoC family named tegra."""
-    if os.path.isfile(under(roots.driver, RELEASE_FILE)):
+    if (roots.driver / RELEASE_FILE.lstrip("/")).is_file():
         return True
     try:
-        with open(under(roots.dev, "sys/devices/soc0/family"), "rb") as file:
+        with open(roots.dev_path("sys/devices/soc0/family"), "rb") as file:
             return file.read(64).lower().startswith(b"tegra")
     except OSError:
         return False
@@ -77,28 +75,11 @@ def is_tegra(roots: Roots) -> bool:
 
 def nvml_facts(library: Path) -> NvmlFacts:
     """The GPU names and versions from the board's NVML (DiscoveryError when it fails)."""
-    try:
-        nvml = load_nvml(library)
-    except ImportError:
-        missing = MissingDependencyError("pynvml", "reading the board's NVML", NVML_EXTRA)
-        raise DiscoveryError(f"NVML unavailable: {missing}") from None
-    except Exception as exc:  # OSError from dlopen, NVMLError from init
-        raise DiscoveryError(f"NVML unavailable: cannot load {library}: {exc}") from None
-    try:
-        cuda = int(nvml.nvmlSystemGetCudaDriverVersion_v2())
-        names = tuple(_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i)))
+    with nvml_session(library, "reading the board's NVML") as nvml:
+        names = tuple(nvml_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i)))
                       for i in range(int(nvml.nvmlDeviceGetCount())))
-        return NvmlFacts(driver_version=_text(nvml.nvmlSystemGetDriverVersion()),
-                         cuda_version=f"{cuda // 1000}.{cuda % 1000 // 10}", gpus=names)
-    except Exception as exc:  # an NVMLError or a missing symbol: NVML is not usable
-        raise DiscoveryError(f"NVML query failed with {library}: {exc}") from None
-    finally:
-        with contextlib.suppress(Exception):
-            nvml.nvmlShutdown()
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+        return NvmlFacts(driver_version=nvml_text(nvml.nvmlSystemGetDriverVersion()),
+                         cuda_version=cuda_version(nvml), gpus=names)
 
 
 # --- paths inside a root --------------------------------------------------------------------
