@@ -150,20 +150,60 @@ class OutputError(Exception):
 
 
 def add_commands(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    p = subparsers.add_parser(
         "generate", help="generate an NVIDIA CDI spec (nvidia-ctk cdi generate compatible)",
         description="Generate a CDI spec for the NVIDIA GPUs and driver of this node.")
-    _add_output_options(parser)
-    _add_discovery_options(parser)
-    _add_naming_options(parser)
-    _add_hook_options(parser)
-    _add_nvidia_ctk_options(parser)
-    parser.set_defaults(func=cmd_generate)
-
-
-def _add_nvidia_ctk_options(p: argparse.ArgumentParser) -> None:
-    """nvidia-ctk's global options and its CSV/feature-flag ones: taken where they map to
-    something nri-cdi does, refused by name otherwise (never silently ignored)."""
+    # Defaults are None so that an unset flag falls back to its environment variable.
+    p.add_argument("--output", help="spec file to write (default: standard output)")
+    p.add_argument("--format", choices=("yaml", "json"),
+                   help="output format (default: from the --output extension, else yaml)")
+    p.add_argument("--cdi-version", dest="cdi_version", metavar="VERSION|RUNTIME",
+                   help="highest cdiVersion the target runtimes accept, or a runtime "
+                        f"({', '.join(RUNTIME_MAX_VERSIONS)}) for its highest; fail if the "
+                        "spec needs more (>= 0.6.0 also records metadata as annotations)")
+    p.add_argument("--if-changed", dest="if_changed", action="store_true", default=None,
+                   help="do nothing when the existing spec has the same fingerprint")
+    # discovery
+    p.add_argument("--mode", "--discovery-mode", dest="mode",
+                   help="auto (default), nvml, procfs, management or csv (Jetson/Tegra)")
+    p.add_argument("--driver-root", dest="driver_root", help="where the driver files are "
+                   "(default /)")
+    p.add_argument("--dev-root", dest="dev_root",
+                   help="where /dev, /proc and /sys are (default: the driver root)")
+    p.add_argument("--library-search-path", dest="library_search_paths", action="append",
+                   metavar="DIR", help="search only these folders for driver libraries")
+    p.add_argument("--config-search-path", dest="config_search_paths", action="append",
+                   metavar="DIR", help="search these folders for driver config files")
+    # naming
+    p.add_argument("--device-name-strategy", dest="strategies", action="append",
+                   metavar="STRATEGY", help="index, uuid or type-index; repeatable "
+                   "(default: index and uuid)")
+    p.add_argument("--vendor", "--cdi-vendor", dest="vendor", help="default nvidia.com "
+                   "(management mode: management.nvidia.com)")
+    p.add_argument("--class", "--cdi-class", dest="class_", help="default gpu")
+    p.add_argument("--no-all-device", dest="no_all_device", action="store_true", default=None,
+                   help="do not add the 'all' device")
+    p.add_argument("--device-id", "--device-ids", "--device", "--devices", dest="device_ids",
+                   action="append", metavar="ID",
+                   help="all (default), none, an index, i:j, or a GPU-/MIG- UUID; repeatable")
+    # hooks
+    p.add_argument("--link-mode", dest="link_mode", choices=("hooks", "mounts"),
+                   help="hooks (default): createContainer hooks make the driver's symlinks and "
+                        "ld cache; mounts: bind mounts at the link paths, no hook runs")
+    p.add_argument("--hook-path", "--nvidia-cdi-hook-path", "--nvidia-ctk-path",
+                   dest="hook_path", help="the hook program the spec names: an absolute path "
+                   "to nri-cdi, nri-cdi-hook (the static launcher), nvidia-cdi-hook or "
+                   "nvidia-ctk, each given arguments it "
+                   "understands (default: this Python, isolated with -I -S, on the hooks' "
+                   "own script)")
+    p.add_argument("--ldconfig-path", dest="ldconfig_path",
+                   help="ldconfig for the update-ldcache hook")
+    p.add_argument("--disable-hook", "--disable-hooks", dest="disabled_hooks", action="append",
+                   metavar="HOOK", help="a hook name, or all; repeatable")
+    p.add_argument("--enable-hook", "--enable-hooks", dest="enabled_hooks", action="append",
+                   metavar="HOOK", help="a hook name; overrides --disable-hook")
+    # nvidia-ctk's global options and its CSV/feature-flag ones: taken where they map to
+    # something nri-cdi does, refused by name otherwise (never silently ignored).
     p.add_argument("--feature-flag", "--feature-flags", dest="feature_flags", action="append",
                    metavar="FLAG", help=f"one of {', '.join(FEATURE_FLAGS)} (the explicit "
                    "driver library list and coherence annotations are not supported)")
@@ -185,64 +225,7 @@ def _add_nvidia_ctk_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", dest="config", metavar="FILE",
                    help="nvidia-ctk's config.toml: its nvidia-container-cli.root is the "
                         "default driver root")
-
-
-def _add_output_options(p: argparse.ArgumentParser) -> None:
-    # Defaults are None so that an unset flag falls back to its environment variable.
-    p.add_argument("--output", help="spec file to write (default: standard output)")
-    p.add_argument("--format", choices=("yaml", "json"),
-                   help="output format (default: from the --output extension, else yaml)")
-    p.add_argument("--cdi-version", dest="cdi_version", metavar="VERSION|RUNTIME",
-                   help="highest cdiVersion the target runtimes accept, or a runtime "
-                        f"({', '.join(RUNTIME_MAX_VERSIONS)}) for its highest; fail if the "
-                        "spec needs more (>= 0.6.0 also records metadata as annotations)")
-    p.add_argument("--if-changed", dest="if_changed", action="store_true", default=None,
-                   help="do nothing when the existing spec has the same fingerprint")
-
-
-def _add_discovery_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", "--discovery-mode", dest="mode",
-                   help="auto (default), nvml, procfs, management or csv (Jetson/Tegra)")
-    p.add_argument("--driver-root", dest="driver_root", help="where the driver files are "
-                   "(default /)")
-    p.add_argument("--dev-root", dest="dev_root",
-                   help="where /dev, /proc and /sys are (default: the driver root)")
-    p.add_argument("--library-search-path", dest="library_search_paths", action="append",
-                   metavar="DIR", help="search only these folders for driver libraries")
-    p.add_argument("--config-search-path", dest="config_search_paths", action="append",
-                   metavar="DIR", help="search these folders for driver config files")
-
-
-def _add_naming_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device-name-strategy", dest="strategies", action="append",
-                   metavar="STRATEGY", help="index, uuid or type-index; repeatable "
-                   "(default: index and uuid)")
-    p.add_argument("--vendor", "--cdi-vendor", dest="vendor", help="default nvidia.com "
-                   "(management mode: management.nvidia.com)")
-    p.add_argument("--class", "--cdi-class", dest="class_", help="default gpu")
-    p.add_argument("--no-all-device", dest="no_all_device", action="store_true", default=None,
-                   help="do not add the 'all' device")
-    p.add_argument("--device-id", "--device-ids", "--device", "--devices", dest="device_ids",
-                   action="append", metavar="ID",
-                   help="all (default), none, an index, i:j, or a GPU-/MIG- UUID; repeatable")
-
-
-def _add_hook_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--link-mode", dest="link_mode", choices=("hooks", "mounts"),
-                   help="hooks (default): createContainer hooks make the driver's symlinks and "
-                        "ld cache; mounts: bind mounts at the link paths, no hook runs")
-    p.add_argument("--hook-path", "--nvidia-cdi-hook-path", "--nvidia-ctk-path",
-                   dest="hook_path", help="the hook program the spec names: an absolute path "
-                   "to nri-cdi, nri-cdi-hook (the static launcher), nvidia-cdi-hook or "
-                   "nvidia-ctk, each given arguments it "
-                   "understands (default: this Python, isolated with -I -S, on the hooks' "
-                   "own script)")
-    p.add_argument("--ldconfig-path", dest="ldconfig_path",
-                   help="ldconfig for the update-ldcache hook")
-    p.add_argument("--disable-hook", "--disable-hooks", dest="disabled_hooks", action="append",
-                   metavar="HOOK", help="a hook name, or all; repeatable")
-    p.add_argument("--enable-hook", "--enable-hooks", dest="enabled_hooks", action="append",
-                   metavar="HOOK", help="a hook name; overrides --disable-hook")
+    p.set_defaults(func=cmd_generate)
 
 
 # --- option resolution ----------------------------------------------------------------------
