@@ -28,7 +28,6 @@ _MAX_STRING = 4096
 # untrusted file asking for more is read no further than these (an image's library is input).
 _MAX_PHDR_TABLE = 4 << 20
 _MAX_DYNAMIC = 1 << 20
-_HEAD_SIZE = 4096  # read in one call: ELF header and program headers are in the first page
 
 # Layouts after e_ident, per class: (format, phdr format, dyn format).
 _HEADER = {_ELFCLASS32: "HHIIIIIHHHHHH", _ELFCLASS64: "HHIQQQIHHHHHH"}
@@ -197,21 +196,13 @@ def read_dynamic_fd(fd: int, source: str) -> DynamicInfo:
 
 
 def _file_reader(fd: int) -> _Reader:
-    """``pread`` on ``fd``, answered from one read of the file's head where it can be.
-
-    Reads never go past the file's size as ``fstat`` gave it, so an absurd offset or size
-    in the headers asks for no memory: it comes back short and the caller says truncated.
-    """
+    """``pread`` on ``fd``, never past the file's size as ``fstat`` gave it: an absurd
+    offset or size in the headers asks for no memory, it comes back short and the caller
+    says truncated."""
     size = os.fstat(fd).st_size
-    head = os.pread(fd, _HEAD_SIZE, 0)
-    whole = len(head) < _HEAD_SIZE  # a short read: the head is the whole (regular) file
 
     def raw(off: int, want: int) -> bytes:
-        if off < 0 or want <= 0:
-            return b""
-        if whole or off + want <= _HEAD_SIZE:
-            return head[off : off + want]
-        if off >= size:
+        if off < 0 or want <= 0 or off >= size:
             return b""
         return os.pread(fd, min(want, size - off), off)
 

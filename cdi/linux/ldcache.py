@@ -121,13 +121,26 @@ def parse(data: bytes, *, source: str = "<bytes>") -> LdCache:
             source=source,
             offset=len(data),
         )
-    table = _StringTable(data, base, entries_end, strings_end, source)
-    entries = tuple(
-        _read_entry(data, base + _NEW_HEADER_SIZE + i * _NEW_ENTRY_SIZE, order, table)
-        for i in range(nlibs)
-    )
+
+    def string(rel: int, field_offset: int) -> str:
+        """A NUL-terminated string at an offset from the new header, in the string table."""
+        pos = base + rel
+        if not entries_end <= pos < strings_end:
+            raise LdCacheError(f"string offset {rel} outside the string table", source=source,
+                               offset=field_offset)
+        nul = data.find(b"\0", pos, strings_end)
+        if nul < 0:
+            raise LdCacheError("unterminated string", source=source, offset=pos)
+        return os.fsdecode(data[pos:nul])
+
+    entries = []
+    for off in range(base + _NEW_HEADER_SIZE, entries_end, _NEW_ENTRY_SIZE):
+        flags, key, value, osversion, hwcap = struct.unpack_from(order + "iIIIQ", data, off)
+        entries.append(LdCacheEntry(key=string(key, off + 4), path=string(value, off + 8),
+                                    flags=flags, osversion=osversion, hwcap=hwcap))
     generator = _read_extension(data, ext_offset, order, source) if ext_offset else None
-    return LdCache(entries=entries, compat=compat, big_endian=order == ">", generator=generator)
+    return LdCache(entries=tuple(entries), compat=compat, big_endian=order == ">",
+                   generator=generator)
 
 
 def parse_ldcache(data: bytes, *, source: str = "<bytes>") -> list[LdCacheEntry]:
@@ -174,38 +187,6 @@ def _read_new_header(data: bytes, base: int, source: str) -> tuple[str, int, int
     return order, nlibs, strings_len, ext_offset
 
 
-class _StringTable:
-    """NUL-terminated strings, addressed relative to the new header."""
-
-    def __init__(self, data: bytes, base: int, start: int, end: int, source: str):
-        self._data, self._base, self._start, self._end = data, base, start, end
-        self._source = source
-
-    def get(self, rel: int, field_offset: int) -> str:
-        pos = self._base + rel
-        if not self._start <= pos < self._end:
-            raise LdCacheError(
-                f"string offset {rel} outside the string table",
-                source=self._source,
-                offset=field_offset,
-            )
-        nul = self._data.find(b"\0", pos, self._end)
-        if nul < 0:
-            raise LdCacheError("unterminated string", source=self._source, offset=pos)
-        return os.fsdecode(self._data[pos:nul])
-
-
-def _read_entry(data: bytes, off: int, order: str, table: _StringTable) -> LdCacheEntry:
-    flags, key, value, osversion, hwcap = struct.unpack_from(order + "iIIIQ", data, off)
-    return LdCacheEntry(
-        key=table.get(key, off + 4),
-        path=table.get(value, off + 8),
-        flags=flags,
-        osversion=osversion,
-        hwcap=hwcap,
-    )
-
-
 def _read_extension(data: bytes, pos: int, order: str, source: str) -> str | None:
     """Validate the extension directory (glibc >= 2.33) and return the generator string.
 
@@ -238,8 +219,6 @@ def _align(n: int, to: int) -> int:
 
 
 # --- lookup -------------------------------------------------------------------------------
-# The walk works on plain strings: the generator resolves a few hundred candidate paths per
-# run, and pathlib objects cost more than the readlink calls themselves.
 
 
 def resolve_in_root(root: str | os.PathLike[str], path: str) -> Path:
@@ -258,14 +237,13 @@ def resolve_in_root(root: str | os.PathLike[str], path: str) -> Path:
 
 def resolve_from(root: str, done: Sequence[str], rest: str,
                  hops: int = 0) -> tuple[list[str], int]:
-    """Go on resolving inside ``root`` (a pathlib-normal string, as ``str(Path(...))``).
+    """Go on resolving inside ``root``.
 
     ``done`` are the components resolved so far (none of them a link), ``rest`` the path
     still to walk and ``hops`` the links followed so far.  Returns the components of the
     result and the new hop count, so that a resolved folder can be remembered and a walk
     continued from it, giving what a walk from the top gives.
     """
-    prefix = root_prefix(root)
     resolved = list(done)
     todo = [p for p in reversed(rest.split("/")) if p]
     while todo:
@@ -277,7 +255,7 @@ def resolve_from(root: str, done: Sequence[str], rest: str,
                 resolved.pop()
             continue
         resolved.append(part)
-        candidate = prefix + "/".join(resolved)
+        candidate = os.path.join(root, *resolved)
         try:
             target = os.readlink(candidate)
         except OSError:  # not a link, or does not exist
@@ -290,19 +268,6 @@ def resolve_from(root: str, done: Sequence[str], rest: str,
             resolved.clear()
         todo.extend(p for p in reversed(target.split("/")) if p)
     return resolved, hops
-
-
-def host_path(root: str, parts: Sequence[str]) -> str:
-    """``str(Path(root).joinpath(*parts))`` for a pathlib-normal ``root`` and parts that
-    pathlib keeps as they are (none empty or ``.``, none holding a ``/``)."""
-    return root_prefix(root) + "/".join(parts) if parts else root
-
-
-def root_prefix(root: str) -> str:
-    """What goes before a relative path joined to ``root``, spelled as pathlib spells it."""
-    if root == ".":
-        return ""
-    return root if root.endswith("/") else root + "/"  # only "/" and "//" end in "/"
 
 
 def find_libraries(
@@ -319,36 +284,20 @@ def find_libraries(
     keep cache order and are de-duplicated; dangling entries are skipped.
     """
     import fnmatch  # lazy: it imports re, off the hook's start
-    from pathlib import Path  # lazy, as in resolve_in_root
 
     pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
-    root_path = Path(root)
-    top = os.fspath(root_path)
-    # A cache lists a few folders many times: each is walked once, and a walk of
-    # folder-then-name is the same walk as one over the whole path.
-    folders: dict[str, tuple[list[str], int]] = {}
     found: list[Path] = []
-    seen: set[str] = set()
     for entry in entries:
         if only_64bit and not entry.is_64bit:
             continue
-        folder, _, name = entry.path.rpartition("/")
         try:
-            if folder not in folders:
-                folders[folder] = resolve_from(top, (), folder)
-            done, hops = folders[folder]
-            parts, _ = resolve_from(top, done, name, hops)
+            resolved = resolve_in_root(root, entry.path)
         except OSError:
             continue
-        names = (os.path.basename(entry.path), parts[-1] if parts else root_path.name)
+        names = (os.path.basename(entry.path), resolved.name)
         if not any(fnmatch.fnmatchcase(n, p) for n in names for p in pats):
             continue
-        host = host_path(top, parts)
-        if host in seen:
-            continue
-        resolved = Path(host)
-        if resolved.is_file():  # pathlib's errors: EACCES propagates, as it always did
-            seen.add(host)
+        if resolved not in found and resolved.is_file():  # EACCES propagates (pathlib's)
             found.append(resolved)
     return found
 

@@ -3,7 +3,7 @@ sockets and device nodes, located under the driver and dev roots.
 
 Plain values with both sides of every path: ``host`` (under the driver root) and ``path``
 (in a container); ``generate.py`` turns them into edits. Every path is resolved inside the
-driver root as if it were ``/`` (``_DriverRoot``), so a hostile driver root cannot make us
+driver root as if it were ``/`` (``DriverRoot``), so a hostile driver root cannot make us
 read host files. Libraries: the usual library folders, then the root's own loader cache
 (with ``--library-search-path``, only those folders). The driver's folders are the parents
 of every ``*.so.<driver-version>``, and every such file in them (and their ``vdpau/``) is
@@ -183,7 +183,7 @@ class DriverFiles(NamedTuple):
 # --- the driver root ------------------------------------------------------------------------
 
 
-class _DriverRoot:
+class DriverRoot:
     """The driver root seen from inside, like a chroot: absolute link targets restart at
     the root and ``..`` never climbs above it (``ldcache.resolve_from``)."""
 
@@ -265,7 +265,7 @@ def _listdir(folder: str | Path) -> list[str]:
         return []
 
 
-def _mount(tree: _DriverRoot, host: str, kind: str, path: str | None = None,
+def _mount(tree: DriverRoot, host: str, kind: str, path: str | None = None,
            options: tuple[str, ...] = FILE_OPTIONS) -> FileMount:
     return FileMount(host=host, path=path or tree.container(host), kind=kind, options=options)
 
@@ -295,13 +295,13 @@ def control_nodes(roots: Roots) -> tuple[DeviceNodeInfo, ...]:
 # --- libraries ------------------------------------------------------------------------------
 
 
-def _scan_dirs(tree: _DriverRoot, dirs: Sequence[str]) -> list[str]:
+def _scan_dirs(tree: DriverRoot, dirs: Sequence[str]) -> list[str]:
     """The distinct real folders (resolved in the driver root) among ``dirs``."""
     found = (tree.folder(folder) for folder in dirs)
     return list(dict.fromkeys(folder for folder in found if folder is not None))
 
 
-def _ldcache_files(tree: _DriverRoot, patterns: Sequence[str]) -> list[str]:
+def _ldcache_files(tree: DriverRoot, patterns: Sequence[str]) -> list[str]:
     try:
         entries = read_ldcache(os.path.join(tree.root, "etc", "ld.so.cache"))
     except (OSError, LdCacheError):
@@ -311,7 +311,7 @@ def _ldcache_files(tree: _DriverRoot, patterns: Sequence[str]) -> list[str]:
 
 def find_version_from_libraries(roots: Roots, search: Sequence[str] | None) -> str | None:
     """The RM version from ``libcuda.so.<v>`` or ``libnvidia-ml.so.<v>`` file names."""
-    tree = _DriverRoot(roots.driver)
+    tree = DriverRoot(roots.driver)
     for stem in ("libcuda.so.", "libnvidia-ml.so."):
         for path in _library_candidates(tree, search, [stem + "*.*"]):
             suffix = os.path.basename(path)[len(stem):]
@@ -320,7 +320,7 @@ def find_version_from_libraries(roots: Roots, search: Sequence[str] | None) -> s
     return None
 
 
-def _library_candidates(tree: _DriverRoot, search: Sequence[str] | None,
+def _library_candidates(tree: DriverRoot, search: Sequence[str] | None,
                         patterns: Sequence[str],
                         defaults: Sequence[str] = LIBRARY_DIRS) -> list[str]:
     folders = _scan_dirs(tree, search if search else defaults)
@@ -333,7 +333,7 @@ def _library_candidates(tree: _DriverRoot, search: Sequence[str] | None,
 
 def find_nvml_library(roots: Roots, search: Sequence[str] | None) -> Path | None:
     """The ``libnvidia-ml.so.1`` under the driver root, resolved to its file."""
-    tree = _DriverRoot(roots.driver)
+    tree = DriverRoot(roots.driver)
     for folder in _scan_dirs(tree, search if search else LIBRARY_DIRS):
         found = tree.file(tree.container(folder) + "/libnvidia-ml.so.1")
         if found is not None:
@@ -344,7 +344,7 @@ def find_nvml_library(roots: Roots, search: Sequence[str] | None) -> Path | None
     return None
 
 
-def _driver_libraries(tree: _DriverRoot, version: str, search: Sequence[str] | None,
+def _driver_libraries(tree: DriverRoot, version: str, search: Sequence[str] | None,
                       defaults: Sequence[str] = LIBRARY_DIRS) -> tuple[list[str], list[str]]:
     """(library folders, library files) of the driver, as host paths."""
     seeds = _library_candidates(tree, search, [f"*.so.{version}"], defaults)
@@ -360,7 +360,7 @@ def _driver_libraries(tree: _DriverRoot, version: str, search: Sequence[str] | N
     return list(dict.fromkeys(os.path.dirname(p) for p in files)), files
 
 
-def _library_links(tree: _DriverRoot, files: Sequence[str], folders: Sequence[str],
+def _library_links(tree: DriverRoot, files: Sequence[str], folders: Sequence[str],
                    version: str) -> list[Link]:
     links: list[Link | None] = []  # each ends at a library
     for path in files:
@@ -385,7 +385,7 @@ def _library_links(tree: _DriverRoot, files: Sequence[str], folders: Sequence[st
     return _unique_links(links)
 
 
-def _default_folder_links(tree: _DriverRoot, files: Sequence[str],
+def _default_folder_links(tree: DriverRoot, files: Sequence[str],
                           search: Sequence[str] | None, dirs: Sequence[str]) -> list[Link]:
     """The links in the default library folders (and their vdpau/, gbm/, nvidia/) that end
     at one of the driver's files, however many hops they take: what a distribution's
@@ -411,7 +411,7 @@ def _default_folder_links(tree: _DriverRoot, files: Sequence[str],
     return links
 
 
-def _anchor_links(tree: _DriverRoot, links: Iterable[Link],
+def _anchor_links(tree: DriverRoot, links: Iterable[Link],
                   mounts: Sequence[FileMount]) -> list[Link]:
     """Every link as the container will see it: its text kept where it names a file or link
     the spec provides, else pointed at the provided file it ends at (the host's text may
@@ -441,7 +441,7 @@ def _anchor_links(tree: _DriverRoot, links: Iterable[Link],
     return out
 
 
-def _wine_dlls(tree: _DriverRoot, folders: Sequence[str], files: Sequence[str],
+def _wine_dlls(tree: DriverRoot, folders: Sequence[str], files: Sequence[str],
                links: Sequence[Link]) -> list[FileMount]:
     """NGX's Windows DLLs (``nvidia/wine/*.dll`` beside the 64-bit libraries), where they
     are and beside every 64-bit libGLX_nvidia.so.0 link, the folder Proton looks in."""
@@ -465,7 +465,7 @@ def _is_file_name(soname: str) -> bool:
     return soname not in (".", "..") and "/" not in soname and "\0" not in soname
 
 
-def _host_link(tree: _DriverRoot, folder: str, name: str) -> Link | None:
+def _host_link(tree: DriverRoot, folder: str, name: str) -> Link | None:
     path = os.path.join(folder, name)
     try:
         target = os.readlink(path)
@@ -474,7 +474,7 @@ def _host_link(tree: _DriverRoot, folder: str, name: str) -> Link | None:
     return _link(tree, tree.container(path), target)
 
 
-def _link(tree: _DriverRoot, container: str, target: str) -> Link | None:
+def _link(tree: DriverRoot, container: str, target: str) -> Link | None:
     # Follow the target rather than the link: a link we add may not exist on the host.
     end = tree.file(posixpath.join(posixpath.dirname(container), target))
     if end is None:
@@ -491,7 +491,7 @@ def _unique_links(links: Iterable[Link | None]) -> list[Link]:
     return sorted(seen.values(), key=lambda k: k.path)
 
 
-def _xorg(tree: _DriverRoot, lib_dirs: Sequence[str],
+def _xorg(tree: DriverRoot, lib_dirs: Sequence[str],
           version: str) -> tuple[list[FileMount], list[Link]]:
     """The X server's NVIDIA driver and GLX modules, mounted in the folders Xorg loads them
     from (``<modules>/drivers``, ``<modules>/extensions``), wherever the host keeps the
@@ -521,7 +521,7 @@ def _xorg(tree: _DriverRoot, lib_dirs: Sequence[str],
     return mounts, links
 
 
-def _first_xorg(tree: _DriverRoot, bases: Sequence[str], name: str) -> tuple[str, str] | None:
+def _first_xorg(tree: DriverRoot, bases: Sequence[str], name: str) -> tuple[str, str] | None:
     """(the container path it was found at, the host file it ends at)."""
     for base in bases:
         subdirs = ("",) if base.endswith("/nvidia/xorg") else XORG_SUBDIRS
@@ -536,7 +536,7 @@ def _first_xorg(tree: _DriverRoot, bases: Sequence[str], name: str) -> tuple[str
 # --- other files ----------------------------------------------------------------------------
 
 
-def _binaries(tree: _DriverRoot) -> list[FileMount]:
+def _binaries(tree: DriverRoot) -> list[FileMount]:
     """Each binary at the first folder that has it, as a container's PATH would find it.
 
     When that file is not an ELF program but a later folder holds one, the later file is
@@ -557,7 +557,7 @@ def _binaries(tree: _DriverRoot) -> list[FileMount]:
     return found
 
 
-def _ipc(tree: _DriverRoot) -> list[FileMount]:
+def _ipc(tree: DriverRoot) -> list[FileMount]:
     found: dict[str, FileMount] = {}
     for path in IPC_SOCKETS:
         host = tree.resolve(path)
@@ -576,7 +576,7 @@ def _is_socket(host: str) -> bool:
         return False
 
 
-def _firmware(tree: _DriverRoot, roots: Roots, version: str) -> list[FileMount]:
+def _firmware(tree: DriverRoot, roots: Roots, version: str) -> list[FileMount]:
     release = os.uname().release
     dirs = []
     try:
@@ -603,7 +603,7 @@ def config_dirs(xdg_data_dirs: str | None) -> tuple[str, ...]:
     return ("/etc", *dict.fromkeys(xdg or XDG_DATA_DIRS))
 
 
-def _configs(tree: _DriverRoot, search: Sequence[str] | None,
+def _configs(tree: DriverRoot, search: Sequence[str] | None,
              xdg_data_dirs: str | None = None, version: str = "") -> list[FileMount]:
     dirs = tuple(search) if search else config_dirs(xdg_data_dirs)
     found = []
@@ -635,7 +635,7 @@ def locate_driver(
     xdg_data_dirs: str | None = None,
 ) -> DriverFiles:
     """Every driver artifact of ``version`` under the roots (missing ones are left out)."""
-    tree = _DriverRoot(roots.driver)
+    tree = DriverRoot(roots.driver)
     search = library_search_paths
     folders, files = _driver_libraries(tree, version, search)
     folders32, files32 = ([], []) if search else _driver_libraries(tree, version, None,

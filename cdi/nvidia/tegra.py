@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from cdi.linux.elf import ElfError, read_soname
-from cdi.linux.ldcache import resolve_in_root
 from cdi.nvidia.discover import Roots, cuda_version, nvml_session, nvml_text
 from cdi.nvidia.driver import (
     DeviceNodeInfo,
     DeviceNodes,
     DriverFiles,
+    DriverRoot,
     FileMount,
     Link,
     stat_device_node,
@@ -85,20 +85,9 @@ def nvml_facts(library: Path) -> NvmlFacts:
 # --- paths inside a root --------------------------------------------------------------------
 
 
-class _Root:
-    """One root (driver or dev) seen from inside, as a chroot would show it."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = os.fspath(root)
-
-    def host(self, path: str) -> str:
-        """The host path of ``path`` with every link resolved inside the root."""
-        return os.fspath(resolve_in_root(self.root, path))
-
-    def container(self, host: str) -> str:
-        """The path in the root of a host path under it."""
-        rel = os.path.relpath(host, self.root)
-        return "/" if rel == "." else "/" + rel
+class _Root(DriverRoot):
+    """A root (driver or dev) seen from inside, as a chroot would show it, with what the CSV
+    entries need: wildcards, the file a path ends at, a link's text."""
 
     def expand(self, pattern: str) -> list[str]:
         """The paths in the root that ``pattern`` (absolute, maybe with wildcards in any
@@ -111,8 +100,9 @@ class _Root:
                 continue
             found = []
             for folder in paths:
+                host = self.resolve(folder)
                 try:
-                    names = sorted(os.listdir(self.host(folder)))
+                    names = sorted(os.listdir(host)) if host is not None else []
                 except OSError:
                     continue
                 found += [posixpath.join(folder, n) for n in fnmatch.filter(names, part)]
@@ -121,17 +111,17 @@ class _Root:
 
     def stat(self, path: str) -> tuple[str, os.stat_result] | None:
         """(the host path ``path`` ends at, its stat), or None when it ends at nothing."""
+        host = self.resolve(path)
         try:
-            host = self.host(path)
-            return host, os.stat(host)
-        except OSError:  # missing, or a link loop (ELOOP)
+            return (host, os.stat(host)) if host is not None else None
+        except OSError:  # missing
             return None
 
     def readlink(self, path: str) -> str | None:
         """The text of the link at ``path`` (its folder resolved), or None if it is none."""
+        folder = self.resolve(posixpath.dirname(path))
         try:
-            folder = self.host(posixpath.dirname(path))
-            return os.readlink(os.path.join(folder, posixpath.basename(path)))
+            return os.readlink(os.path.join(folder, posixpath.basename(path))) if folder else None
         except OSError:
             return None
 
