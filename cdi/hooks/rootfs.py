@@ -200,10 +200,6 @@ class RootFS:
         except OSError as exc:
             raise RootFSError(f"container root {path}: {exc.strerror}") from None
 
-    @property
-    def resolver(self) -> str:
-        return "openat2" if isinstance(self._impl, _Openat2) else "walk"
-
     def close(self) -> None:
         os.close(self.fd)
 

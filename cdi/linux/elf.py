@@ -298,10 +298,12 @@ def _dynamic(
     if _DT_STRTAB not in tags:
         raise ElfError("dynamic segment has no DT_STRTAB", source=source, offset=offset)
     # DT_STRTAB is a virtual address: map it to a file offset through the PT_LOADs.
-    base = _vaddr_to_offset(tags[_DT_STRTAB], loads)
+    strtab = tags[_DT_STRTAB]
+    base = next((strtab - p_vaddr + p_offset for p_vaddr, p_filesz, p_offset in loads
+                 if p_vaddr <= strtab < p_vaddr + p_filesz), None)
     if base is None:
         raise ElfError(
-            f"DT_STRTAB 0x{tags[_DT_STRTAB]:x} is not in any PT_LOAD",
+            f"DT_STRTAB 0x{strtab:x} is not in any PT_LOAD",
             source=source,
             offset=offset,
         )
@@ -318,10 +320,3 @@ def _dynamic(
 
     soname = None if soname_off is None else string(soname_off)
     return soname, tuple(string(o) for o in needed_offs)
-
-
-def _vaddr_to_offset(vaddr: int, loads: list[_Load]) -> int | None:
-    for p_vaddr, p_filesz, p_offset in loads:
-        if p_vaddr <= vaddr < p_vaddr + p_filesz:
-            return vaddr - p_vaddr + p_offset
-    return None

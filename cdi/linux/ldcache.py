@@ -164,7 +164,7 @@ def _find_new_header(data: bytes, source: str) -> tuple[int, bool]:
         raise LdCacheError("truncated old-format header", source=source, offset=len(data))
     (old_nlibs,) = struct.unpack_from("<I", data, 12)
     # The new section is aligned like its header struct (which holds a u64): to 8 bytes.
-    base = _align(_OLD_HEADER_SIZE + old_nlibs * _OLD_ENTRY_SIZE, 8)
+    base = (_OLD_HEADER_SIZE + old_nlibs * _OLD_ENTRY_SIZE + 7) // 8 * 8
     if not data.startswith(NEW_MAGIC, base):
         raise LdCacheError(
             "old-format cache without a new-format section is not supported",
@@ -212,10 +212,6 @@ def _read_extension(data: bytes, pos: int, order: str, source: str) -> str | Non
         if tag == _EXTENSION_TAG_GENERATOR:
             generator = data[start : start + size].decode("utf-8", "replace")
     return generator
-
-
-def _align(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
 
 
 # --- lookup -------------------------------------------------------------------------------
@@ -354,10 +350,6 @@ def _digits_end(s: bytes, i: int) -> int:
     return i
 
 
-def uses_hwcaps_extension(entry: LdCacheEntry) -> bool:
-    return bool(entry.hwcap & _HWCAP_EXTENSION)
-
-
 def merge(first: Iterable[LdCacheEntry], then: Iterable[LdCacheEntry]) -> list[LdCacheEntry]:
     """Entries in loader order: ``first`` wins over ``then`` for an equal name.
 
@@ -368,7 +360,7 @@ def merge(first: Iterable[LdCacheEntry], then: Iterable[LdCacheEntry]) -> list[L
     out: list[LdCacheEntry] = []
     for entry in (*first, *then):
         ident = (entry.key, entry.path, entry.flags)
-        if ident in seen or uses_hwcaps_extension(entry):
+        if ident in seen or entry.hwcap & _HWCAP_EXTENSION:
             continue
         seen.add(ident)
         out.append(entry)

@@ -254,7 +254,8 @@ def _library_links(library: FileMount) -> list[Link]:
         if soname is not None:
             dev_name = _dev_link_name(soname)
             wanted += [(target, link) for target, link in ((name, soname), (soname, dev_name))
-                       if link and link != target and _is_link(os.path.join(host_folder, link))]
+                       if link and link != target
+                       and os.path.islink(os.path.join(host_folder, link))]
     return [Link(target=target, path=f"{folder}/{link}",
                  resolved=library._replace(path=f"{folder}/{link}")) for target, link in wanted]
 
@@ -270,13 +271,6 @@ def _dev_link_name(soname: str) -> str:
         if ext == ".so":
             return base
         base = stem
-
-
-def _is_link(host: str) -> bool:
-    try:
-        return stat.S_ISLNK(os.lstat(host).st_mode)
-    except OSError:
-        return False
 
 
 def _library_folders(mounts: Iterable[FileMount]) -> tuple[str, ...]:
