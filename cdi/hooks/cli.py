@@ -169,21 +169,18 @@ def _fail(where: str, message: str) -> int:
 # --- argparse: --help, build-static-launcher and ``nri-cdi hook`` --------------------------------
 
 
-def _describe() -> str:
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    import argparse  # lazy: as costly as this module to import; --help only
+
     lines = ["operations (one or more, each followed by its options; they run in order, "
              "in one process):"]
     for op in operations().values():
         lines.append(f"  {op.name}: {op.help}")
         lines += [f"    --{o.name} {o.metavar}: {o.help}" for o in op.options.values()]
-    return "\n".join(lines)
-
-
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    import argparse  # lazy: as costly as this module to import; --help only
-
+    lines += ["", "build-static-launcher PATH [--python PYTHON]: build the static hook "
+              "launcher at PATH (needs gcc)"]
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = _describe() + "\n\nbuild-static-launcher PATH [--python PYTHON]: build the " \
-        "static hook launcher at PATH (needs gcc)"
+    parser.epilog = "\n".join(lines)
     parser.add_argument("operations", nargs=argparse.REMAINDER, metavar="OPERATION ...",
                         help="see below")
 

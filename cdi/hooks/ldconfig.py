@@ -58,17 +58,21 @@ def update_ldcache(root: RootFS, folders: Sequence[str]) -> list[str]:
     """Returns the warnings: what in the image was skipped or replaced."""
     for folder in folders:
         split_container_path(folder)  # validate every argument before touching anything
-    if _has(root, f"/lib/ld-musl-{_MUSL_ARCH}.so.1"):
+    if _mode(root, f"/lib/ld-musl-{_MUSL_ARCH}.so.1"):
         return _update_musl(root, folders)
     return _update_glibc(root, folders)
 
 
-def _has(root: RootFS, path: str) -> bool:
+def _mode(root: RootFS, path: str) -> int:
+    """The ``st_mode`` of what ``path`` resolves to in the root; 0 when nothing."""
     try:
-        os.close(root.open_path(path))
+        fd = root.open_path(path)
     except OSError:
-        return False
-    return True
+        return 0
+    try:
+        return os.fstat(fd).st_mode
+    finally:
+        os.close(fd)
 
 
 # --- glibc ----------------------------------------------------------------------------------
@@ -95,7 +99,7 @@ def _update_glibc(root: RootFS, folders: Sequence[str]) -> list[str]:
                             f"{describe_error(exc)}; skipped")
     write_file(root, CACHE, encode(merge(added, _old_entries(root, warnings))))
     conf = "".join(f"{f}\n" for f in dict.fromkeys(folders))
-    if _is_dir(root, CONF_DIR):
+    if stat.S_ISDIR(_mode(root, CONF_DIR)):
         try:
             write_file(root, f"{CONF_DIR}/{CONF_NAME}", conf.encode())
         except RootFSError as exc:  # optional: only for an ldconfig run later in the image
@@ -204,17 +208,6 @@ def _elf(root: RootFS, path: str, warnings: list[str]) -> DynamicInfo | None:
 def _plain_name(name: str) -> bool:
     return (0 < len(name) < 256 and "/" not in name and "\0" not in name
             and name not in (".", "..") and name.isprintable())
-
-
-def _is_dir(root: RootFS, path: str) -> bool:
-    try:
-        fd = root.open_path(path)
-    except OSError:
-        return False
-    try:
-        return stat.S_ISDIR(os.fstat(fd).st_mode)
-    finally:
-        os.close(fd)
 
 
 def write_file(root: RootFS, path: str, data: bytes) -> None:

@@ -605,24 +605,19 @@ def _warn_missing_control_nodes(roots: Roots, driver: DriverFiles, warn: Any) ->
         warn(f"control device nodes missing under {roots.dev}: {', '.join(missing)}; the spec "
              "leaves them out (create them with `nri-cdi system create-device-nodes "
              "--control-devices`, then generate again)")
-    for line in _stale_control_nodes(roots, driver):
-        warn(line)
-
-
-def _stale_control_nodes(roots: Roots, driver: DriverFiles) -> list[str]:
-    """Nodes whose numbers differ from what the loaded modules registered (the nvidia-uvm
-    major changes when the module is reloaded): a spec would carry the stale numbers."""
+    # Nodes whose numbers differ from what the loaded modules registered (the nvidia-uvm
+    # major changes when the module is reloaded): a spec would carry the stale numbers.
     try:
         text = roots.proc_path("devices").read_text(errors="replace")
     except OSError:
-        return []
+        return
     plan = {f"/dev/{name}": (major, minor)
             for name, major, minor in control_node_plan(char_majors(text))[0]}
-    return [f"{n.host} is {n.major}:{n.minor} but the loaded module says "
-            f"{plan[n.path][0]}:{plan[n.path][1]} (stale after a module reload?); "
-            "`nri-cdi system create-device-nodes --control-devices` replaces it"
-            for n in driver.control_nodes
-            if n.path in plan and (n.major, n.minor) != plan[n.path]]
+    for n in driver.control_nodes:
+        if n.path in plan and (n.major, n.minor) != plan[n.path]:
+            warn(f"{n.host} is {n.major}:{n.minor} but the loaded module says "
+                 f"{plan[n.path][0]}:{plan[n.path][1]} (stale after a module reload?); "
+                 "`nri-cdi system create-device-nodes --control-devices` replaces it")
 
 
 def _roots(v: dict[str, Any]) -> Roots:

@@ -287,8 +287,9 @@ def stat_device_node(roots: Roots, path: str) -> DeviceNodeInfo | None:
                           mode=stat.S_IMODE(st.st_mode), gid=st.st_gid)
 
 
-def control_nodes(roots: Roots) -> tuple[DeviceNodeInfo, ...]:
-    found = (stat_device_node(roots, p) for p in CONTROL_NODE_PATHS)
+def _device_nodes(roots: Roots, paths: Iterable[str]) -> tuple[DeviceNodeInfo, ...]:
+    """The character devices among ``paths`` (/dev paths) under the dev root."""
+    found = (stat_device_node(roots, p) for p in paths)
     return tuple(n for n in found if n is not None)
 
 
@@ -597,15 +598,12 @@ def _firmware(tree: DriverRoot, roots: Roots, version: str) -> list[FileMount]:
     return list(found.values())
 
 
-def config_dirs(xdg_data_dirs: str | None) -> tuple[str, ...]:
-    """``/etc`` and the XDG data folders (``$XDG_DATA_DIRS``: absolute entries only)."""
+def _configs(tree: DriverRoot, search: Sequence[str] | None, xdg_data_dirs: str | None,
+             version: str) -> list[FileMount]:
+    # Without --config-search-path: /etc and the XDG data folders ($XDG_DATA_DIRS, absolute
+    # entries only).
     xdg = [d.rstrip("/") or "/" for d in (xdg_data_dirs or "").split(":") if d.startswith("/")]
-    return ("/etc", *dict.fromkeys(xdg or XDG_DATA_DIRS))
-
-
-def _configs(tree: DriverRoot, search: Sequence[str] | None,
-             xdg_data_dirs: str | None = None, version: str = "") -> list[FileMount]:
-    dirs = tuple(search) if search else config_dirs(xdg_data_dirs)
+    dirs = tuple(search) if search else ("/etc", *dict.fromkeys(xdg or XDG_DATA_DIRS))
     found = []
     # The driver's application profiles, read by its GL/EGL/Vulkan libraries from
     # /usr/share/nvidia under their versioned names.
@@ -660,7 +658,7 @@ def locate_driver(
         ipc=tuple(_ipc(tree)),
         firmware=tuple(_firmware(tree, roots, version)),
         configs=tuple(_configs(tree, config_search_paths, xdg_data_dirs, version)),
-        control_nodes=control_nodes(roots),
+        control_nodes=_device_nodes(roots, CONTROL_NODE_PATHS),
         skipped=tuple(f"{path}: {why}" for path, why in sorted(tree.skipped.items())),
     )
 
@@ -676,19 +674,11 @@ class DeviceNodes(NamedTuple):
 
 
 def gpu_nodes(roots: Roots, minor: int, bus_id: str) -> DeviceNodes:
-    """``/dev/nvidia<minor>`` and the GPU's DRM nodes (those present in /dev only)."""
-    main = stat_device_node(roots, f"/dev/nvidia{minor}")
-    drm = drm_nodes(roots, bus_id)
-    nodes = tuple(n for n in (main, *drm.nodes) if n is not None)
-    return DeviceNodes(nodes=nodes, links=drm.links)
-
-
-def drm_nodes(roots: Roots, bus_id: str) -> DeviceNodes:
-    # A sysfs DRM entry without a /dev node (old kernels' controlD<N>) is skipped: a spec
-    # naming a missing node fails every container that asks for the GPU.
+    """``/dev/nvidia<minor>``, the GPU's DRM nodes and their ``/dev/dri/by-path`` links
+    (those present in /dev only: a sysfs DRM entry without a /dev node, old kernels'
+    controlD<N>, would fail every container that asks for the GPU)."""
     names = _listdir(roots.dev_path(f"sys/bus/pci/devices/{bus_id}/drm"))
-    nodes = [stat_device_node(roots, f"/dev/dri/{name}") for name in names]
-    present = [n for n in nodes if n is not None]
+    nodes = _device_nodes(roots, [f"/dev/nvidia{minor}", *(f"/dev/dri/{n}" for n in names)])
     links = []
     for suffix in ("card", "render"):
         link = f"/dev/dri/by-path/pci-{bus_id}-{suffix}"
@@ -696,9 +686,9 @@ def drm_nodes(roots: Roots, bus_id: str) -> DeviceNodes:
             target = os.readlink(roots.dev_path(link))
         except OSError:
             continue
-        if any(n.path == os.path.normpath(f"/dev/dri/by-path/{target}") for n in present):
+        if any(n.path == os.path.normpath(f"/dev/dri/by-path/{target}") for n in nodes):
             links.append(Link(target=target, path=link, resolved=None))
-    return DeviceNodes(nodes=tuple(present), links=tuple(links))
+    return DeviceNodes(nodes=nodes, links=tuple(links))
 
 
 def read_mig_minors(roots: Roots) -> dict[str, str] | None:
@@ -739,5 +729,4 @@ def management_nodes(roots: Roots) -> tuple[DeviceNodeInfo, ...]:
     paths += [f"/dev/nvidia-caps-imex-channels/{n}"
               for n in _listdir(roots.dev_path("/dev/nvidia-caps-imex-channels"))
               if n.startswith("channel")]
-    found = (stat_device_node(roots, p) for p in paths)
-    return tuple(n for n in found if n is not None)
+    return _device_nodes(roots, paths)
