@@ -103,7 +103,7 @@ def parse_operations(argv: Sequence[str]) -> list[tuple[Operation, Args]]:
         if op is None:
             raise UsageError(f"{argv[i]!r}: not an operation (want one of: "
                              f"{', '.join(table)})")
-        values = op.defaults()
+        values: dict[str, Any] = {o.dest: [] if o.many else None for o in op.options.values()}
         i += 1
         while i < len(argv) and argv[i].startswith("--"):
             name, eq, value = argv[i][2:].partition("=")

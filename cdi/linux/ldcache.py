@@ -271,9 +271,9 @@ def find_libraries(
     patterns: str | Sequence[str],
     *,
     root: str | os.PathLike[str] = "/",
-    only_64bit: bool = True,
 ) -> list[Path]:
-    """Host paths of the regular files that cache entries matching ``patterns`` point to.
+    """Host paths of the regular files that 64-bit cache entries matching ``patterns``
+    point to.
 
     A pattern (``fnmatch`` glob) may match either the entry's own name (``libfoo.so.1``)
     or the basename at the end of its symlink chain (``libfoo.so.1.2.3``).  Results
@@ -284,7 +284,7 @@ def find_libraries(
     pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
     found: list[Path] = []
     for entry in entries:
-        if only_64bit and not entry.is_64bit:
+        if not entry.is_64bit:
             continue
         try:
             resolved = resolve_in_root(root, entry.path)

@@ -237,16 +237,13 @@ def _from_env(args: argparse.Namespace, environ: Any) -> dict[str, Any]:
         value = getattr(args, dest, None)
         raw = environ.get(var)
         if value is None and raw not in (None, ""):
-            if kind == "list":
-                value = [v.strip() for v in raw.split(",") if v.strip()]
-            elif kind == "bool":
+            if kind == "bool":
                 value = raw.strip().lower() in _TRUE
             else:
-                value = raw
-        if kind == "list" and value is not None:
+                value = [raw] if kind == "list" else raw
+        if kind == "list" and value is not None:  # comma-separated, in flags too
             value = [v.strip() for item in value for v in item.split(",") if v.strip()]
         values[dest] = value
-    values["format_explicit"] = values["format"] is not None
     return values
 
 

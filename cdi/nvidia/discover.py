@@ -353,8 +353,6 @@ def discover(
         return info if mode == "procfs" else info._replace(mode="management")
     if mode == "nvml":
         return discover_with_nvml(nvml_library())
-    if mode != "auto":
-        raise DiscoveryError(f"unknown discovery mode {mode!r} (want one of {', '.join(MODES)})")
     try:
         info = discover_with_nvml(nvml_library())
     except DiscoveryError as exc:

@@ -18,10 +18,8 @@ module.  The hook decides, as NVIDIA's hook of the same name does:
 "Use it" means writing ``/etc/ld.so.conf.d/00-compat-nri-cdi.conf`` naming the folder.
 ``update-ldcache`` (which must run after this hook, as the generator orders them) puts the
 folders of ``00-compat-*.conf`` files ahead of the injected driver, as ``ldconfig`` would:
-those files sort before its own ``000-nri-cdi.conf``.
-
-Everything is reached through :class:`~cdi.hooks.rootfs.RootFS`, the library is parsed as
-untrusted bytes (bounded reads, no loader), and nothing from the image runs.
+those files sort before its own ``000-nri-cdi.conf``. The rules it follows:
+docs/developer/hook-safety.md.
 """
 
 from __future__ import annotations

@@ -3,11 +3,9 @@
 With ``ModifyDeviceFiles: 1`` in ``/proc/driver/nvidia/params`` (the driver's default),
 ``libnvidia-ml`` and ``nvidia-smi`` in a container try to create ``/dev/nvidia*`` nodes.
 As NVIDIA's hook of the same name, the host's params are copied with ``0`` and mounted
-read-only over the container's (a hook: runc refuses mounts inside ``/proc``). Unlike it,
-the copy is made on a detached tmpfs (``fsopen``/``fsmount``), cloned (``open_tree``),
-made read-only (``mount_setattr``, Linux 5.12) and attached with ``move_mount`` to the
-descriptor :class:`~cdi.hooks.rootfs.RootFS` resolved: no path in the container is
-created or looked up twice. Without that API the hook says so and does nothing.
+read-only over the container's (a hook: runc refuses mounts inside ``/proc``); unlike it,
+through the new mount API (Linux 5.12), onto the descriptor :class:`~cdi.hooks.rootfs.RootFS`
+resolved (docs/developer/hook-safety.md §3). Without that API nothing is done.
 """
 
 from __future__ import annotations

@@ -8,8 +8,7 @@
    ``<proc root>/gpus/<bus id>`` (the bus id as given, then with procfs's 4-digit domain).
 
 Without an NVIDIA driver in this kernel (a simulated node) the tmpfs goes over ``driver``
-and ``nvidia/gpus/<bus id>`` is built in it from ``--proc-root``. Every mount is made
-through ``/proc/self/fd`` paths of descriptors opened and checked first.
+and ``nvidia/gpus/<bus id>`` is built in it from ``--proc-root``.
 """
 
 from __future__ import annotations
@@ -71,12 +70,6 @@ def _source(proc_root: str, bus: str) -> str:
     raise MaskError(f"GPU {bus}: no folder for it under {proc_root}/gpus")
 
 
-def _bind(source: str, folder: str) -> None:
-    os.mkdir(folder, 0o555)
-    _mount(source, folder, None, MS_BIND | MS_REC)
-    _mount(None, folder, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _SAFE)
-
-
 def mask_proc(root: str, gpus: Sequence[str], proc_root: str = "/proc/driver/nvidia") -> str:
     """Mask the container at ``root`` (host path of its root folder, in its mount
     namespace); returns which folder was covered."""
@@ -103,8 +96,11 @@ def mask_proc(root: str, gpus: Sequence[str], proc_root: str = "/proc/driver/nvi
                 os.mkdir(os.path.join(mounted, "nvidia"), 0o555)
                 gpus_dir = os.path.join(mounted, "nvidia", "gpus")
                 os.mkdir(gpus_dir, 0o555)
-            for name, source in sources:
-                _bind(source, os.path.join(gpus_dir, name))
+            for name, source in sources:  # each GPU's folder back, read-only
+                folder = os.path.join(gpus_dir, name)
+                os.mkdir(folder, 0o555)
+                _mount(source, folder, None, MS_BIND | MS_REC)
+                _mount(None, folder, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _SAFE)
             os.chmod(mounted, 0o555)
             _mount(None, mounted, None, MS_REMOUNT | MS_RDONLY | _SAFE)
         finally:
