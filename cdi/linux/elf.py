@@ -14,7 +14,6 @@ import os
 import struct
 import sys
 
-from cdi.linux._errors import BinaryFormatError
 from cdi.linux.namedtuple import TYPE_CHECKING, NamedTuple
 
 _ELF_MAGIC = b"\x7fELF"
@@ -22,7 +21,6 @@ _ELFCLASS32, _ELFCLASS64 = 1, 2
 _ELFDATA2LSB, _ELFDATA2MSB = 1, 2
 _PT_LOAD, _PT_DYNAMIC = 1, 2
 _DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_STRSZ, _DT_SONAME = 0, 1, 5, 10, 14
-_MAX_PHNUM = 0xFFFF  # e_phnum is a u16; PN_XNUM escapes are not used by shared objects
 _MAX_STRING = 4096
 # Real objects have a few dozen program headers and a dynamic segment of a few KiB; an
 # untrusted file asking for more is read no further than these (an image's library is input).
@@ -34,6 +32,17 @@ _HEADER = {_ELFCLASS32: "HHIIIIIHHHHHH", _ELFCLASS64: "HHIQQQIHHHHHH"}
 _PHDR32 = "IIIIIIII"  # type, offset, vaddr, paddr, filesz, memsz, flags, align
 _PHDR64 = "IIQQQQQQ"  # type, flags, offset, vaddr, paddr, filesz, memsz, align
 _DYN = {_ELFCLASS32: "iI", _ELFCLASS64: "qQ"}
+
+
+class BinaryFormatError(Exception):
+    """A malformed binary file (an ELF object, an ld.so.cache); ``source`` and ``offset``
+    say where."""
+
+    def __init__(self, message: str, *, source: str = "<bytes>", offset: int | None = None):
+        self.source = source
+        self.offset = offset
+        where = source if offset is None else f"{source}: offset {offset}"
+        super().__init__(f"{where}: {message}")
 
 
 class ElfError(BinaryFormatError):
@@ -76,8 +85,6 @@ class ElfHeader(NamedTuple):
 _ARCHITECTURES = {(3, 32): "i386", (62, 64): "x86_64", (62, 32): "x32", (40, 32): "arm",
                   (183, 64): "aarch64", (21, 64): "ppc64", (243, 64): "riscv64",
                   (22, 64): "s390x"}
-_MACHINES = {name: key for key, name in _ARCHITECTURES.items()}
-_MACHINES.update({"ppc64le": (21, 64), "armv7l": (40, 32), "armv8l": (40, 32)})
 # What else a machine runs besides its own objects (the 32-bit ABIs of its kernel).
 _COMPANIONS = {"x86_64": frozenset({"i386", "x32"}), "aarch64": frozenset({"arm"})}
 

@@ -23,7 +23,7 @@ import errno
 import os
 import struct
 
-from cdi.linux._errors import BinaryFormatError
+from cdi.linux.elf import BinaryFormatError
 from cdi.linux.namedtuple import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # pathlib, collections: milliseconds of the OCI hooks' start-up

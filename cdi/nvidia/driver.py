@@ -562,19 +562,12 @@ def _ipc(tree: DriverRoot) -> list[FileMount]:
     found: dict[str, FileMount] = {}
     for path in IPC_SOCKETS:
         host = tree.resolve(path)
-        if host is not None and _is_socket(host):
+        if host is not None and Path(host).is_socket():
             found.setdefault(host, _mount(tree, host, "ipc", path, IPC_OPTIONS))
     mps = tree.folder(MPS_PIPE_DIR)
     if mps is not None:
         found.setdefault(mps, _mount(tree, mps, "ipc", MPS_PIPE_DIR, IPC_OPTIONS))
     return list(found.values())
-
-
-def _is_socket(host: str) -> bool:
-    try:
-        return stat.S_ISSOCK(os.stat(host).st_mode)
-    except OSError:
-        return False
 
 
 def _firmware(tree: DriverRoot, roots: Roots, version: str) -> list[FileMount]:

@@ -146,10 +146,6 @@ class _Found:
     def mount(self, host: str, path: str, kind: str) -> FileMount:
         return self.mounts.setdefault(host, FileMount(host=host, path=path, kind=kind))
 
-    def link(self, target: str, path: str, end: FileMount) -> None:
-        self.links.setdefault(path, Link(target=target, path=path,
-                                         resolved=end._replace(path=path)))
-
 
 def locate_tegra(roots: Roots, entries: Sequence[MountSpec],
                  library_search_paths: Sequence[str] = ()) -> TegraFiles:
@@ -235,7 +231,8 @@ def _chain_links(driver: _Root, entry: MountSpec, found: _Found) -> None:
             text = driver.readlink(path)
             if text is None:
                 break
-            found.link(text, path, last)
+            found.links.setdefault(path, Link(target=text, path=path,
+                                              resolved=last._replace(path=path)))
             path = posixpath.normpath(posixpath.join(posixpath.dirname(path), text))
 
 
