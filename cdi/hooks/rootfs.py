@@ -157,16 +157,6 @@ def _probe_openat2() -> _Openat2 | None:
     return resolver
 
 
-_AUTO: _Openat2 | _Walk | None = None
-
-
-def _auto() -> _Openat2 | _Walk:
-    global _AUTO
-    if _AUTO is None:
-        _AUTO = _probe_openat2() or _Walk()
-    return _AUTO
-
-
 # --- the API hooks use ----------------------------------------------------------------------
 
 
@@ -184,8 +174,8 @@ class RootFS:
         self._mount: int | None = None
         self._mounts: MountTable | None = None
         impl: _Openat2 | _Walk | None
-        if resolver == "auto":
-            impl = _auto()
+        if resolver == "auto":  # probed per root: a hook opens one
+            impl = _probe_openat2() or _Walk()
         elif resolver == "openat2":
             impl = _probe_openat2()
             if impl is None:

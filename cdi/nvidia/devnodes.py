@@ -37,9 +37,6 @@ class Action(NamedTuple):
     what: str  # created | replaced | kept | skipped | would create | would replace
     detail: str = ""
 
-    def line(self) -> str:
-        return f"{self.what} {self.path}" + (f" ({self.detail})" if self.detail else "")
-
 
 def char_majors(text: str) -> dict[str, int]:
     """Names of the character devices in ``/proc/devices`` text, with their majors."""
@@ -214,7 +211,8 @@ def _run(prog: str, args: argparse.Namespace, work: Callable[[Path], list[Action
     try:
         for action in work(root):
             if action.what != "kept":
-                say(f"nri-cdi system {prog}: {action.line()}")
+                detail = f" ({action.detail})" if action.detail else ""
+                say(f"nri-cdi system {prog}: {action.what} {action.path}{detail}")
     except OSError as exc:
         say(f"nri-cdi system {prog}: error: {exc.filename or ''}: {exc.strerror or exc}")
         return 1
