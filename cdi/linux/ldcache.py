@@ -233,13 +233,14 @@ def resolve_in_root(root: str | os.PathLike[str], path: str) -> Path:
 
 def resolve_from(root: str, done: Sequence[str], rest: str,
                  hops: int = 0) -> tuple[list[str], int]:
-    """Go on resolving inside ``root``.
+    """Go on resolving inside ``root`` (a pathlib-normal string, as ``str(Path(...))``).
 
     ``done`` are the components resolved so far (none of them a link), ``rest`` the path
     still to walk and ``hops`` the links followed so far.  Returns the components of the
     result and the new hop count, so that a resolved folder can be remembered and a walk
     continued from it, giving what a walk from the top gives.
     """
+    prefix = root if root.endswith("/") else root + "/"  # only "/" and "//" end in "/"
     resolved = list(done)
     todo = [p for p in reversed(rest.split("/")) if p]
     while todo:
@@ -251,7 +252,7 @@ def resolve_from(root: str, done: Sequence[str], rest: str,
                 resolved.pop()
             continue
         resolved.append(part)
-        candidate = os.path.join(root, *resolved)
+        candidate = prefix + "/".join(resolved)
         try:
             target = os.readlink(candidate)
         except OSError:  # not a link, or does not exist
@@ -280,19 +281,31 @@ def find_libraries(
     keep cache order and are de-duplicated; dangling entries are skipped.
     """
     import fnmatch  # lazy: it imports re, off the hook's start
+    from pathlib import Path  # lazy, as in resolve_in_root
 
     pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+    top = os.fspath(Path(root))
+    # A cache lists a few folders many times: each is walked once, and a walk of
+    # folder-then-name is the same walk as one over the whole path. On a node whose driver
+    # is found only through the cache, walking every entry whole costs more than the rest
+    # of ``nri-cdi generate``; pathlib is used only for the names that match.
+    folders: dict[str, tuple[list[str], int]] = {}
     found: list[Path] = []
     for entry in entries:
         if not entry.is_64bit:
             continue
+        folder, _, name = entry.path.rpartition("/")
         try:
-            resolved = resolve_in_root(root, entry.path)
+            if folder not in folders:
+                folders[folder] = resolve_from(top, (), folder)
+            done, hops = folders[folder]
+            parts, _ = resolve_from(top, done, name, hops)
         except OSError:
             continue
-        names = (os.path.basename(entry.path), resolved.name)
+        names = (os.path.basename(entry.path), parts[-1] if parts else Path(top).name)
         if not any(fnmatch.fnmatchcase(n, p) for n in names for p in pats):
             continue
+        resolved = Path(top).joinpath(*parts)
         if resolved not in found and resolved.is_file():  # EACCES propagates (pathlib's)
             found.append(resolved)
     return found
