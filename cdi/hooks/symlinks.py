@@ -13,14 +13,15 @@ import os
 import stat
 
 from cdi.hooks.rootfs import ForeignMountError, RootFS, RootFSError, split_container_path
+from cdi.linux.namedtuple import NamedTuple
 
 TYPE_CHECKING = False  # collections would slow every hook's start
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
 
-# Plain classes rather than dataclasses: ``dataclasses`` imports ``inspect``, which costs a
-# hook process's start more than the hook's work.
+# Not dataclasses: ``dataclasses`` imports ``inspect``, which costs a hook process's start
+# more than the hook's work.
 
 
 class Link:
@@ -38,17 +39,11 @@ class Link:
         return f"Link(target={self.target!r}, path={self.path!r})"
 
 
-class LinkResult:
-    __slots__ = ("action", "link", "previous")
-
-    def __init__(self, *, link: Link, action: str, previous: str | None = None) -> None:
-        self.link = link
-        self.action = action  # "created" | "kept" | "replaced" | "skipped"
-        # the old target, "<file>" for a replaced regular file, or why it was skipped
-        self.previous = previous
-
-    def __repr__(self) -> str:
-        return f"LinkResult(link={self.link!r}, action={self.action!r}, previous={self.previous!r})"
+class LinkResult(NamedTuple):
+    link: Link
+    action: str  # "created" | "kept" | "replaced" | "skipped"
+    # the old target, "<file>" for a replaced regular file, or why it was skipped
+    previous: str | None = None
 
 
 def parse_link(spec: str) -> Link:
