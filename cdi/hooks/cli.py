@@ -54,8 +54,7 @@ def _create_symlinks(root: RootFS, args: Args) -> list[str]:
 def _update_ldcache(root: RootFS, args: Args) -> list[str]:
     from cdi.hooks.ldconfig import update_ldcache
 
-    result = update_ldcache(root, args.folder)
-    return list(result.warnings)
+    return update_ldcache(root, args.folder)
 
 
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (
@@ -104,7 +103,7 @@ def parse_operations(argv: Sequence[str]) -> list[tuple[Operation, Args]]:
         if op is None:
             raise UsageError(f"{argv[i]!r}: not an operation (want one of: "
                              f"{', '.join(table)})")
-        values = op.defaults()
+        values: dict[str, Any] = {o.dest: [] if o.many else None for o in op.options.values()}
         i += 1
         while i < len(argv) and argv[i].startswith("--"):
             name, eq, value = argv[i][2:].partition("=")
@@ -170,21 +169,18 @@ def _fail(where: str, message: str) -> int:
 # --- argparse: --help, build-static-launcher and ``nri-cdi hook`` --------------------------------
 
 
-def _describe() -> str:
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    import argparse  # lazy: as costly as this module to import; --help only
+
     lines = ["operations (one or more, each followed by its options; they run in order, "
              "in one process):"]
     for op in operations().values():
         lines.append(f"  {op.name}: {op.help}")
         lines += [f"    --{o.name} {o.metavar}: {o.help}" for o in op.options.values()]
-    return "\n".join(lines)
-
-
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    import argparse  # lazy: as costly as this module to import; --help only
-
+    lines += ["", "build-static-launcher PATH [--python PYTHON]: build the static hook "
+              "launcher at PATH (needs gcc)"]
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = _describe() + "\n\nbuild-static-launcher PATH [--python PYTHON]: build the " \
-        "static hook launcher at PATH (needs gcc)"
+    parser.epilog = "\n".join(lines)
     parser.add_argument("operations", nargs=argparse.REMAINDER, metavar="OPERATION ...",
                         help="see below")
 

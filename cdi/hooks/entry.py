@@ -33,13 +33,12 @@ class HookCommand(_HookFields):
         return super().__new__(cls, path, args, env)
 
 
-def isolated_python(subcommand: str, args: Iterable[str], *, python: str | None = None,
-                    script: str = ENTRY_SCRIPT) -> HookCommand:
+def isolated_python(subcommand: str, args: Iterable[str]) -> HookCommand:
     """The recommended entry: ``PYTHON -I -S .../cdi/hooks/__main__.py SUBCOMMAND ARGS``.
     ``args[0]`` is the interpreter's absolute path: CPython finds its standard library from
     ``argv[0]``, and a bare name would be searched on ``PATH``."""
-    exe = python or interpreter()
-    return HookCommand(path=exe, args=(exe, "-I", "-S", script, subcommand, *args))
+    exe = interpreter()
+    return HookCommand(path=exe, args=(exe, "-I", "-S", ENTRY_SCRIPT, subcommand, *args))
 
 
 def launcher(path: str, subcommand: str, args: Iterable[str]) -> HookCommand:
@@ -57,5 +56,5 @@ def nri_cdi(executable: str, subcommand: str, args: Iterable[str]) -> HookComman
 def interpreter() -> str:
     exe = sys.executable
     if not exe or not os.path.isabs(exe):
-        raise ValueError("cannot tell this interpreter's absolute path; pass python=")
+        raise ValueError("cannot tell this interpreter's absolute path (sys.executable)")
     return exe

@@ -48,30 +48,30 @@ class LauncherError(Exception):
     """The launcher cannot be built; says why."""
 
 
-def launcher_source(*, python: str, script: str = ENTRY_SCRIPT) -> str:
-    for what, value in (("python", python), ("script", script), *(("env", e) for e in HOOK_ENV)):
+def launcher_source(*, python: str) -> str:
+    for what, value in (("python", python), ("script", ENTRY_SCRIPT),
+                        *(("env", e) for e in HOOK_ENV)):
         if not _SAFE.match(value) or (what != "env" and not value.startswith("/")):
             raise LauncherError(f"{what} {value!r}: want an absolute path of [A-Za-z0-9._+/=:-]")
     env = ", ".join(f'"{e}"' for e in HOOK_ENV)
-    return _SOURCE.format(python=python, script=script, env=env)
+    return _SOURCE.format(python=python, script=ENTRY_SCRIPT, env=env)
 
 
-def build_launcher(dest: str, *, python: str | None = None, script: str = ENTRY_SCRIPT,
-                   cc: str = "cc") -> str:
+def build_launcher(dest: str, *, python: str | None = None) -> str:
     """Compile the launcher to ``dest`` (mode 0755, replaced atomically); returns ``dest``."""
-    source = launcher_source(python=python or interpreter(), script=script)
+    source = launcher_source(python=python or interpreter())
     folder = os.path.dirname(os.path.abspath(dest))
     fd, tmp = tempfile.mkstemp(prefix=".nri-cdi-launcher.", dir=folder)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, "-static", "-Os", "-s", "-x", "c", "-", "-o", tmp],
+        proc = subprocess.run(["cc", "-static", "-Os", "-s", "-x", "c", "-", "-o", tmp],
                               input=source.encode(), capture_output=True, check=False)
         if proc.returncode:
-            raise LauncherError(f"{cc} -static failed: {proc.stderr.decode(errors='replace')}")
+            raise LauncherError(f"cc -static failed: {proc.stderr.decode(errors='replace')}")
         os.chmod(tmp, 0o755)
         os.rename(tmp, dest)
     except FileNotFoundError:
-        raise LauncherError(f"no C compiler {cc!r}; install gcc and libc6-dev") from None
+        raise LauncherError("no C compiler 'cc'; install gcc and libc6-dev") from None
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -17,7 +17,13 @@ from __future__ import annotations
 import os
 import stat
 
-from cdi.hooks.rootfs import RootFS, RootFSError, split_container_path
+from cdi.hooks.rootfs import (
+    RootFS,
+    RootFSError,
+    describe_error,
+    folder_names,
+    split_container_path,
+)
 from cdi.linux.elf import (
     DynamicInfo,
     ElfError,
@@ -25,7 +31,7 @@ from cdi.linux.elf import (
     foreign_to_this_machine,
     read_dynamic_fd,
 )
-from cdi.linux.ldcache import LdCacheEntry, LdCacheError, encode, libcmp, merge, parse_ldcache
+from cdi.linux.ldcache import LdCacheEntry, LdCacheError, NameOrder, encode, merge, parse_ldcache
 
 TYPE_CHECKING = False  # collections would slow every hook's start
 if TYPE_CHECKING:
@@ -36,7 +42,7 @@ CONF_DIR = "/etc/ld.so.conf.d"
 CONF_NAME = "000-nri-cdi.conf"  # sorts first: our folders win, as ldconfig reads in order
 _MAX_CACHE = 64 << 20
 _MAX_PATH_FILE = 1 << 20
-_MAX_NAMES = 1 << 16  # names per folder scanned; a distribution's /usr/lib has a few 1000
+_MAX_COMPAT_CONF = 64 << 10
 _MUSL_ARCH = {"x86_64": "x86_64", "aarch64": "aarch64"}.get(os.uname().machine, "x86_64")
 _MUSL_DEFAULT = ("/lib", "/usr/local/lib", "/usr/lib")  # musl's path when no .path file
 # After ".so": nothing, or "." and these (a version such as ".1", ".580.82.07").
@@ -48,88 +54,57 @@ _ARCH_FLAGS = {(62, 64): 0x0300, (183, 64): 0x0A00, (21, 64): 0x0500, (62, 32): 
                (3, 32): 0x0000}
 
 
-class LdcacheResult:
-    """What one run did (a plain class: importing ``dataclasses`` slows a hook's start)."""
-
-    __slots__ = ("added", "kept", "libc", "links", "warnings", "written")
-
-    def __init__(self, *, libc: str, written: tuple[str, ...],
-                 added: tuple[LdCacheEntry, ...] = (), links: tuple[str, ...] = (),
-                 kept: int = 0, warnings: tuple[str, ...] = ()) -> None:
-        self.libc = libc  # "glibc" | "musl"
-        self.written = written  # container paths written
-        self.added = added
-        self.links = links  # SONAME links made
-        self.kept = kept  # entries carried over from the image's cache
-        self.warnings = warnings
-
-    def __repr__(self) -> str:
-        return (f"LdcacheResult(libc={self.libc!r}, written={self.written!r}, "
-                f"links={self.links!r}, kept={self.kept!r}, warnings={self.warnings!r})")
-
-
-def update_ldcache(root: RootFS, folders: Sequence[str]) -> LdcacheResult:
+def update_ldcache(root: RootFS, folders: Sequence[str]) -> list[str]:
+    """Returns the warnings: what in the image was skipped or replaced."""
     for folder in folders:
         split_container_path(folder)  # validate every argument before touching anything
-    if _has(root, f"/lib/ld-musl-{_MUSL_ARCH}.so.1"):
+    if _mode(root, f"/lib/ld-musl-{_MUSL_ARCH}.so.1"):
         return _update_musl(root, folders)
     return _update_glibc(root, folders)
 
 
-def _has(root: RootFS, path: str) -> bool:
+def _mode(root: RootFS, path: str) -> int:
+    """The ``st_mode`` of what ``path`` resolves to in the root; 0 when nothing."""
     try:
-        os.close(root.open_path(path))
+        fd = root.open_path(path)
     except OSError:
-        return False
-    return True
+        return 0
+    try:
+        return os.fstat(fd).st_mode
+    finally:
+        os.close(fd)
 
 
 # --- glibc ----------------------------------------------------------------------------------
 
 
-def _update_glibc(root: RootFS, folders: Sequence[str]) -> LdcacheResult:
+def _update_glibc(root: RootFS, folders: Sequence[str]) -> list[str]:
     warnings: list[str] = []
     added: list[LdCacheEntry] = []
-    links: list[str] = []
     ours = {f.rstrip("/") or "/" for f in folders}
     # The folders a 00-compat-*.conf names first (a vendor's forward-compatibility hook
     # writes one): their libraries must win over the injected ones, as with ldconfig.
-    first = compat_folders(root, warnings=warnings)
+    first = compat_folders(root, warnings)
     for folder in dict.fromkeys(f.rstrip("/") or "/" for f in (*first, *folders)):
         try:
-            entries, made = _scan(root, folder, warnings)
+            added += _scan(root, folder, warnings)
         except FileNotFoundError:
             warnings.append(f"{folder}: not in the container; skipped")
-            continue
         except (OSError, RootFSError) as exc:
             if folder in ours:  # the spec's own folder: its libraries cannot be served
-                raise RootFSError(f"{folder}: {_why(exc)}; an injected folder must be a "
-                                  "folder inside the container root") from None
+                raise RootFSError(f"{folder}: {describe_error(exc)}; an injected folder must "
+                                  "be a folder inside the container root") from None
             # a folder the image's conf names: the GPU is served without it
-            warnings.append(f"{folder} (named by {CONF_DIR}/00-compat-*.conf): {_why(exc)}; "
-                            "skipped")
-            continue
-        added += entries
-        links += made
-    old = _old_entries(root, warnings)
-    entries = merge(added, old)
-    written = [_write(root, CACHE, encode(entries))]
+            warnings.append(f"{folder} (named by {CONF_DIR}/00-compat-*.conf): "
+                            f"{describe_error(exc)}; skipped")
+    write_file(root, CACHE, encode(merge(added, _old_entries(root, warnings))))
     conf = "".join(f"{f}\n" for f in dict.fromkeys(folders))
-    if _is_dir(root, CONF_DIR):
+    if stat.S_ISDIR(_mode(root, CONF_DIR)):
         try:
-            written.append(_write(root, f"{CONF_DIR}/{CONF_NAME}", conf.encode()))
+            write_file(root, f"{CONF_DIR}/{CONF_NAME}", conf.encode())
         except RootFSError as exc:  # optional: only for an ldconfig run later in the image
             warnings.append(f"{exc}; {CONF_DIR}/{CONF_NAME} not written")
-    return LdcacheResult(libc="glibc", written=tuple(written), added=tuple(added),
-                         links=tuple(links), kept=len(entries) - len(added),
-                         warnings=tuple(warnings))
-
-
-def _why(exc: BaseException) -> str:
-    """One line for a skipped folder: the OSError's own words without its path."""
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc)
+    return warnings
 
 
 def _old_entries(root: RootFS, warnings: list[str]) -> list[LdCacheEntry]:
@@ -141,9 +116,8 @@ def _old_entries(root: RootFS, warnings: list[str]) -> list[LdCacheEntry]:
         return []
 
 
-def _scan(root: RootFS, folder: str, warnings: list[str]
-          ) -> tuple[list[LdCacheEntry], list[str]]:
-    """Cache entries for the shared objects in ``folder``, and the SONAME links made.
+def _scan(root: RootFS, folder: str, warnings: list[str]) -> list[LdCacheEntry]:
+    """Cache entries for the shared objects in ``folder``, its missing SONAME links made.
 
     Where the folder cannot be written (another mount than the container's own, or
     read-only), no link is made and the entry names the library's own file, which the
@@ -151,7 +125,7 @@ def _scan(root: RootFS, folder: str, warnings: list[str]
     """
     by_soname: dict[str, list[tuple[str, int]]] = {}
     with root.directory(folder) as dir_fd:
-        names = _list(dir_fd, folder)
+        names = folder_names(dir_fd, folder)
         for name in sorted(names):
             if not _is_library_name(name):
                 continue
@@ -168,23 +142,22 @@ def _scan(root: RootFS, folder: str, warnings: list[str]
             if arch is None or not _plain_name(soname):
                 continue  # a hostile SONAME such as "../../x" names no file we would make
             by_soname.setdefault(soname, []).append((name, _FLAG_ELF_LIBC6 | arch))
-        made: list[str] = []
         entries: list[LdCacheEntry] = []
         writable: bool | None = None
         for soname, found in by_soname.items():
             target = soname
             if soname not in names:
-                newest = max(found, key=lambda f: _Version(f[0]))[0]
+                newest = max(found, key=lambda f: NameOrder(f[0]))[0]
                 if writable is None:
                     writable = _may_write(root, dir_fd, folder, warnings)
-                if writable and _link(dir_fd, newest, soname):
-                    made.append(f"{folder}/{soname}")
-                elif not writable:
+                if writable:
+                    _link(dir_fd, newest, soname)
+                else:
                     target = newest
             for flags in dict.fromkeys(f for _, f in found):
                 entries.append(LdCacheEntry(key=soname, path=f"{folder.rstrip('/')}/{target}",
                                             flags=flags))
-    return entries, made
+    return entries
 
 
 def _may_write(root: RootFS, dir_fd: int, folder: str, warnings: list[str]) -> bool:
@@ -196,12 +169,11 @@ def _may_write(root: RootFS, dir_fd: int, folder: str, warnings: list[str]) -> b
     return True
 
 
-def _link(dir_fd: int, target: str, name: str) -> bool:
+def _link(dir_fd: int, target: str, name: str) -> None:
     try:
         os.symlink(target, name, dir_fd=dir_fd)
-    except FileExistsError:
-        return False  # made meanwhile (by the image's other container, say): kept as it is
-    return True
+    except FileExistsError:  # made meanwhile (by the image's other container, say): kept
+        return
 
 
 def _is_library_name(name: str) -> bool:
@@ -217,30 +189,6 @@ def _is_library_name(name: str) -> bool:
     return False
 
 
-class _Version:
-    def __init__(self, name: str):
-        self.raw = os.fsencode(name)
-
-    def __lt__(self, other: _Version) -> bool:
-        return libcmp(self.raw, other.raw) < 0
-
-
-def _list(dir_fd: int, folder: str) -> set[str]:
-    """The names in the folder, at most :data:`_MAX_NAMES` (an image's folder is input)."""
-    # scandir needs a readable fd; re-open the folder we resolved (not its name).
-    fd = os.open(f"/proc/self/fd/{dir_fd}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    names: set[str] = set()
-    try:
-        with os.scandir(fd) as it:
-            for entry in it:
-                if len(names) >= _MAX_NAMES:
-                    raise RootFSError(f"{folder} holds more than {_MAX_NAMES} names")
-                names.add(entry.name)
-    finally:
-        os.close(fd)
-    return names
-
-
 def _elf(root: RootFS, path: str, warnings: list[str]) -> DynamicInfo | None:
     try:
         fd = root.open_read(path)
@@ -251,7 +199,7 @@ def _elf(root: RootFS, path: str, warnings: list[str]) -> DynamicInfo | None:
     except NotElfError:
         return None  # a linker script (libc.so), text: not a library, nothing to say
     except (ElfError, OSError) as exc:
-        warnings.append(f"{path}: malformed ELF object, skipped ({_why(exc)})")
+        warnings.append(f"{path}: malformed ELF object, skipped ({describe_error(exc)})")
         return None
     finally:
         os.close(fd)
@@ -262,24 +210,9 @@ def _plain_name(name: str) -> bool:
             and name not in (".", "..") and name.isprintable())
 
 
-def _is_dir(root: RootFS, path: str) -> bool:
-    try:
-        fd = root.open_path(path)
-    except OSError:
-        return False
-    try:
-        return stat.S_ISDIR(os.fstat(fd).st_mode)
-    finally:
-        os.close(fd)
-
-
-def write_file(root: RootFS, path: str, data: bytes) -> str:
-    """Replace the container file ``path`` atomically (mode 0644, folders made)."""
-    return _write(root, path, data)
-
-
-def _write(root: RootFS, path: str, data: bytes) -> str:
-    """Replace ``path`` atomically: a new file in the same folder, then rename."""
+def write_file(root: RootFS, path: str, data: bytes) -> None:
+    """Replace the container file ``path`` atomically (mode 0644, folders made): a new
+    file in the same folder, then rename."""
     with root.parent(path, create=True) as (dir_fd, name):
         root.check_writable(dir_fd, path)
         root.check_name(dir_fd, name, path)
@@ -295,61 +228,51 @@ def _write(root: RootFS, path: str, data: bytes) -> str:
             raise
         os.close(fd)
         os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    return path
 
 
 # --- musl -----------------------------------------------------------------------------------
 
 
-def _update_musl(root: RootFS, folders: Sequence[str]) -> LdcacheResult:
+def _update_musl(root: RootFS, folders: Sequence[str]) -> list[str]:
     path = f"/etc/ld-musl-{_MUSL_ARCH}.path"
     data = root.read_file(path, limit=_MAX_PATH_FILE)
     text = os.fsdecode(data) if data is not None else ""
     current = [p for p in text.replace("\n", ":").split(":") if p] if data is not None else []
     known = current or list(_MUSL_DEFAULT)  # the file replaces musl's default path
     new = known + [f for f in dict.fromkeys(folders) if f not in known]
-    if data is not None and new == current:
-        return LdcacheResult(libc="musl", written=())
-    return LdcacheResult(libc="musl", written=(_write(root, path, ("\n".join(new) + "\n")
-                                                      .encode()),))
+    if data is None or new != current:
+        write_file(root, path, ("\n".join(new) + "\n").encode())
+    return []
 
 
 # --- 00-compat-*.conf: folders a hook named to go first -------------------------------
 
 
-def compat_folders(root: RootFS, *, limit: int = 64 << 10,
-                   warnings: list[str] | None = None) -> list[str]:
+def compat_folders(root: RootFS, warnings: list[str]) -> list[str]:
     """The folders named by ``/etc/ld.so.conf.d/00-compat-*.conf`` (in name order), which
     ``update-ldcache`` puts ahead of the injected ones.  The files are the image's: at
-    most 16 files of ``limit`` bytes and 64 folders are read, and a file that cannot be
-    read (a FIFO, a link out of the root, too large) is skipped with a line in
-    ``warnings``."""
-    said = warnings if warnings is not None else []
+    most 16 files of 64 KiB and 64 folders are read, and a file that cannot be read (a
+    FIFO, a link out of the root, too large) is skipped with a line in ``warnings``."""
     try:
         with root.directory(CONF_DIR) as dir_fd:
-            names = sorted(n for n in _list(dir_fd, CONF_DIR)
-                           if _matches(n, "00-compat-", ".conf"))
+            names = sorted(n for n in folder_names(dir_fd, CONF_DIR)
+                           if n.startswith("00-compat-") and n.endswith(".conf"))
     except (FileNotFoundError, NotADirectoryError):
         return []
     except (OSError, RootFSError) as exc:
-        said.append(f"{CONF_DIR}: cannot be read ({_why(exc)}); no compat folders used")
+        warnings.append(f"{CONF_DIR}: cannot be read ({describe_error(exc)}); no compat "
+                        "folders used")
         return []
     folders: list[str] = []
     for name in names[:16]:
         path = f"{CONF_DIR}/{name}"
         try:
-            data = root.read_file(path, limit=limit)
+            data = root.read_file(path, limit=_MAX_COMPAT_CONF)
         except (OSError, RootFSError) as exc:
-            said.append(f"{path}: cannot be read ({_why(exc)}); skipped")
+            warnings.append(f"{path}: cannot be read ({describe_error(exc)}); skipped")
             continue
         for line in os.fsdecode(data or b"").splitlines():
             line = line.split("#", 1)[0].strip()
             if line.startswith("/") and ".." not in line.split("/") and "\0" not in line:
                 folders.append(line)
     return list(dict.fromkeys(folders))[:64]
-
-
-def _matches(name: str, prefix: str, suffix: str) -> bool:
-    """``fnmatch(name, prefix + "*" + suffix)`` without fnmatch (which imports re)."""
-    return (len(name) >= len(prefix) + len(suffix) and name.startswith(prefix)
-            and name.endswith(suffix))

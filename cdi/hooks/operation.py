@@ -55,7 +55,4 @@ class Operation:
         self.name, self.run, self.help = name, run, help
         self.options = {o.name: o for o in options}
 
-    def defaults(self) -> dict[str, Any]:
-        return {o.dest: [] if o.many else None for o in self.options.values()}
-
 

@@ -26,6 +26,7 @@ _RESOLVE_IN_ROOT = 0x10
 # openat2 is 437 on x86_64 and on the generic table that aarch64 uses.
 _OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(os.uname().machine)
 _O_PATH = os.O_PATH | os.O_CLOEXEC
+_MAX_NAMES = 1 << 16  # names per folder listed; a distribution's /usr/lib has a few 1000
 
 
 class RootFSError(Exception):
@@ -54,6 +55,28 @@ def split_container_path(path: str) -> tuple[str, ...]:
 def read_only_message(where: str) -> str:
     return (f"{where}: the container's filesystem is read-only, so the hook cannot write "
             "there; generate the spec with --link-mode mounts for read-only roots")
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a message: an OSError's own words without its path, else the text."""
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
+def folder_names(dir_fd: int, folder: str) -> set[str]:
+    """The names in the folder open at ``dir_fd``, at most :data:`_MAX_NAMES` (an image's
+    folder is input)."""
+    # scandir needs a readable fd; re-open the folder we resolved (not its name).
+    fd = os.open(f"/proc/self/fd/{dir_fd}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    names: set[str] = set()
+    try:
+        with os.scandir(fd) as it:
+            for entry in it:
+                if len(names) >= _MAX_NAMES:
+                    raise RootFSError(f"{folder} holds more than {_MAX_NAMES} names")
+                names.add(entry.name)
+    finally:
+        os.close(fd)
+    return names
 
 
 # --- the two resolvers ----------------------------------------------------------------------
@@ -134,16 +157,6 @@ def _probe_openat2() -> _Openat2 | None:
     return resolver
 
 
-_AUTO: _Openat2 | _Walk | None = None
-
-
-def _auto() -> _Openat2 | _Walk:
-    global _AUTO
-    if _AUTO is None:
-        _AUTO = _probe_openat2() or _Walk()
-    return _AUTO
-
-
 # --- the API hooks use ----------------------------------------------------------------------
 
 
@@ -161,8 +174,8 @@ class RootFS:
         self._mount: int | None = None
         self._mounts: MountTable | None = None
         impl: _Openat2 | _Walk | None
-        if resolver == "auto":
-            impl = _auto()
+        if resolver == "auto":  # probed per root: a hook opens one
+            impl = _probe_openat2() or _Walk()
         elif resolver == "openat2":
             impl = _probe_openat2()
             if impl is None:
@@ -176,10 +189,6 @@ class RootFS:
             self.fd = os.open(path, _O_PATH | os.O_DIRECTORY)
         except OSError as exc:
             raise RootFSError(f"container root {path}: {exc.strerror}") from None
-
-    @property
-    def resolver(self) -> str:
-        return "openat2" if isinstance(self._impl, _Openat2) else "walk"
 
     def close(self) -> None:
         os.close(self.fd)
@@ -317,14 +326,11 @@ class _Folder:
         os.close(self.fd)
 
 
-class _Parent:
-    __slots__ = ("fd", "name")
+class _Parent(_Folder):
+    __slots__ = ("name",)
 
     def __init__(self, fd: int, name: str) -> None:
         self.fd, self.name = fd, name
 
-    def __enter__(self) -> tuple[int, str]:
+    def __enter__(self) -> tuple[int, str]:  # type: ignore[override]
         return self.fd, self.name
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)

@@ -1,18 +1,9 @@
 """``create-symlinks``: make ``LINK -> TARGET`` inside the container root.
 
-The link's folder is resolved in the root (and made when missing); the link itself is the
-last component, never followed.  TARGET is only the text stored in the link: the hook never
-resolves it, so a target such as ``../libfoo-allocator.so.1`` is kept as written and is
-interpreted later by the container, inside its own root.
-
-* a link already pointing at TARGET is left alone (idempotent: hooks may run twice);
-* a link or regular file with other contents is replaced atomically: the new link is made
-  under a temporary name in the same folder, then renamed over the old name, so the name
-  never disappears (an image's ``libGLX_indirect.so.0 -> libGLX_mesa.so.0`` is not an error);
-* a folder at LINK is refused: replacing it would throw away image content;
-* a link whose folder lies on another mount than the container's own filesystems (a
-  volume, a host folder bind-mounted there; :mod:`cdi.hooks.mounts`) is skipped, with a
-  line saying so: the hook writes nothing outside the container.
+TARGET is only the text stored in the link, never resolved by the hook (the container reads
+it in its own root). A link already pointing at TARGET is left alone (hooks may run twice);
+a link or file with other contents is replaced atomically, a folder never; a link on
+another mount than the container's own is skipped with a line: docs/developer/hook-safety.md §3.
 """
 
 from __future__ import annotations
@@ -22,14 +13,15 @@ import os
 import stat
 
 from cdi.hooks.rootfs import ForeignMountError, RootFS, RootFSError, split_container_path
+from cdi.linux.namedtuple import NamedTuple
 
 TYPE_CHECKING = False  # collections would slow every hook's start
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
 
-# Plain classes rather than dataclasses: ``dataclasses`` imports ``inspect``, which costs a
-# hook process's start more than the hook's work.
+# Not dataclasses: ``dataclasses`` imports ``inspect``, which costs a hook process's start
+# more than the hook's work.
 
 
 class Link:
@@ -47,17 +39,11 @@ class Link:
         return f"Link(target={self.target!r}, path={self.path!r})"
 
 
-class LinkResult:
-    __slots__ = ("action", "link", "previous")
-
-    def __init__(self, *, link: Link, action: str, previous: str | None = None) -> None:
-        self.link = link
-        self.action = action  # "created" | "kept" | "replaced" | "skipped"
-        # the old target, "<file>" for a replaced regular file, or why it was skipped
-        self.previous = previous
-
-    def __repr__(self) -> str:
-        return f"LinkResult(link={self.link!r}, action={self.action!r}, previous={self.previous!r})"
+class LinkResult(NamedTuple):
+    link: Link
+    action: str  # "created" | "kept" | "replaced" | "skipped"
+    # the old target, "<file>" for a replaced regular file, or why it was skipped
+    previous: str | None = None
 
 
 def parse_link(spec: str) -> Link:
@@ -74,28 +60,24 @@ def create_symlinks(root: RootFS, links: Iterable[Link]) -> list[LinkResult]:
 
 def _create(root: RootFS, link: Link) -> LinkResult:
     try:
-        return _create_in_root(root, link)
+        with root.parent(link.path, create=True) as (dir_fd, name):
+            previous = _current(root, link, dir_fd, name)
+            if previous == link.target:
+                return LinkResult(link=link, action="kept")  # nothing to write or to check
+            root.check_writable(dir_fd, link.path)
+            if previous is None:
+                try:
+                    os.symlink(link.target, name, dir_fd=dir_fd)
+                    return LinkResult(link=link, action="created")
+                except FileExistsError:
+                    previous = _current(root, link, dir_fd, name)  # raced: fall through
+                    if previous == link.target:
+                        return LinkResult(link=link, action="kept")
+            root.check_name(dir_fd, name, link.path)  # a host file mounted there stays
+            _replace(dir_fd, name, link.target)
+            return LinkResult(link=link, action="replaced", previous=previous)
     except ForeignMountError as exc:  # a volume, a host folder: not the container's to write
         return LinkResult(link=link, action="skipped", previous=str(exc))
-
-
-def _create_in_root(root: RootFS, link: Link) -> LinkResult:
-    with root.parent(link.path, create=True) as (dir_fd, name):
-        previous = _current(root, link, dir_fd, name)
-        if previous == link.target:
-            return LinkResult(link=link, action="kept")  # nothing to write, nothing to check
-        root.check_writable(dir_fd, link.path)
-        if previous is None:
-            try:
-                os.symlink(link.target, name, dir_fd=dir_fd)
-                return LinkResult(link=link, action="created")
-            except FileExistsError:
-                previous = _current(root, link, dir_fd, name)  # raced: fall through
-                if previous == link.target:
-                    return LinkResult(link=link, action="kept")
-        root.check_name(dir_fd, name, link.path)  # a host file mounted there is not replaced
-        _replace(dir_fd, name, link.target)
-        return LinkResult(link=link, action="replaced", previous=previous)
 
 
 def _current(root: RootFS, link: Link, dir_fd: int, name: str) -> str | None:

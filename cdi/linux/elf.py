@@ -14,7 +14,6 @@ import os
 import struct
 import sys
 
-from cdi.linux._errors import BinaryFormatError
 from cdi.linux.namedtuple import TYPE_CHECKING, NamedTuple
 
 _ELF_MAGIC = b"\x7fELF"
@@ -22,19 +21,28 @@ _ELFCLASS32, _ELFCLASS64 = 1, 2
 _ELFDATA2LSB, _ELFDATA2MSB = 1, 2
 _PT_LOAD, _PT_DYNAMIC = 1, 2
 _DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_STRSZ, _DT_SONAME = 0, 1, 5, 10, 14
-_MAX_PHNUM = 0xFFFF  # e_phnum is a u16; PN_XNUM escapes are not used by shared objects
 _MAX_STRING = 4096
 # Real objects have a few dozen program headers and a dynamic segment of a few KiB; an
 # untrusted file asking for more is read no further than these (an image's library is input).
 _MAX_PHDR_TABLE = 4 << 20
 _MAX_DYNAMIC = 1 << 20
-_HEAD_SIZE = 4096  # read in one call: ELF header and program headers are in the first page
 
 # Layouts after e_ident, per class: (format, phdr format, dyn format).
 _HEADER = {_ELFCLASS32: "HHIIIIIHHHHHH", _ELFCLASS64: "HHIQQQIHHHHHH"}
 _PHDR32 = "IIIIIIII"  # type, offset, vaddr, paddr, filesz, memsz, flags, align
 _PHDR64 = "IIQQQQQQ"  # type, flags, offset, vaddr, paddr, filesz, memsz, align
 _DYN = {_ELFCLASS32: "iI", _ELFCLASS64: "qQ"}
+
+
+class BinaryFormatError(Exception):
+    """A malformed binary file (an ELF object, an ld.so.cache); ``source`` and ``offset``
+    say where."""
+
+    def __init__(self, message: str, *, source: str = "<bytes>", offset: int | None = None):
+        self.source = source
+        self.offset = offset
+        where = source if offset is None else f"{source}: offset {offset}"
+        super().__init__(f"{where}: {message}")
 
 
 class ElfError(BinaryFormatError):
@@ -77,8 +85,6 @@ class ElfHeader(NamedTuple):
 _ARCHITECTURES = {(3, 32): "i386", (62, 64): "x86_64", (62, 32): "x32", (40, 32): "arm",
                   (183, 64): "aarch64", (21, 64): "ppc64", (243, 64): "riscv64",
                   (22, 64): "s390x"}
-_MACHINES = {name: key for key, name in _ARCHITECTURES.items()}
-_MACHINES.update({"ppc64le": (21, 64), "armv7l": (40, 32), "armv8l": (40, 32)})
 # What else a machine runs besides its own objects (the 32-bit ABIs of its kernel).
 _COMPANIONS = {"x86_64": frozenset({"i386", "x32"}), "aarch64": frozenset({"arm"})}
 
@@ -197,21 +203,13 @@ def read_dynamic_fd(fd: int, source: str) -> DynamicInfo:
 
 
 def _file_reader(fd: int) -> _Reader:
-    """``pread`` on ``fd``, answered from one read of the file's head where it can be.
-
-    Reads never go past the file's size as ``fstat`` gave it, so an absurd offset or size
-    in the headers asks for no memory: it comes back short and the caller says truncated.
-    """
+    """``pread`` on ``fd``, never past the file's size as ``fstat`` gave it: an absurd
+    offset or size in the headers asks for no memory, it comes back short and the caller
+    says truncated."""
     size = os.fstat(fd).st_size
-    head = os.pread(fd, _HEAD_SIZE, 0)
-    whole = len(head) < _HEAD_SIZE  # a short read: the head is the whole (regular) file
 
     def raw(off: int, want: int) -> bytes:
-        if off < 0 or want <= 0:
-            return b""
-        if whole or off + want <= _HEAD_SIZE:
-            return head[off : off + want]
-        if off >= size:
+        if off < 0 or want <= 0 or off >= size:
             return b""
         return os.pread(fd, min(want, size - off), off)
 
@@ -307,10 +305,12 @@ def _dynamic(
     if _DT_STRTAB not in tags:
         raise ElfError("dynamic segment has no DT_STRTAB", source=source, offset=offset)
     # DT_STRTAB is a virtual address: map it to a file offset through the PT_LOADs.
-    base = _vaddr_to_offset(tags[_DT_STRTAB], loads)
+    strtab = tags[_DT_STRTAB]
+    base = next((strtab - p_vaddr + p_offset for p_vaddr, p_filesz, p_offset in loads
+                 if p_vaddr <= strtab < p_vaddr + p_filesz), None)
     if base is None:
         raise ElfError(
-            f"DT_STRTAB 0x{tags[_DT_STRTAB]:x} is not in any PT_LOAD",
+            f"DT_STRTAB 0x{strtab:x} is not in any PT_LOAD",
             source=source,
             offset=offset,
         )
@@ -327,10 +327,3 @@ def _dynamic(
 
     soname = None if soname_off is None else string(soname_off)
     return soname, tuple(string(o) for o in needed_offs)
-
-
-def _vaddr_to_offset(vaddr: int, loads: list[_Load]) -> int | None:
-    for p_vaddr, p_filesz, p_offset in loads:
-        if p_vaddr <= vaddr < p_vaddr + p_filesz:
-            return vaddr - p_vaddr + p_offset
-    return None

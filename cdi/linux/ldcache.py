@@ -23,7 +23,7 @@ import errno
 import os
 import struct
 
-from cdi.linux._errors import BinaryFormatError
+from cdi.linux.elf import BinaryFormatError
 from cdi.linux.namedtuple import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # pathlib, collections: milliseconds of the OCI hooks' start-up
@@ -121,13 +121,26 @@ def parse(data: bytes, *, source: str = "<bytes>") -> LdCache:
             source=source,
             offset=len(data),
         )
-    table = _StringTable(data, base, entries_end, strings_end, source)
-    entries = tuple(
-        _read_entry(data, base + _NEW_HEADER_SIZE + i * _NEW_ENTRY_SIZE, order, table)
-        for i in range(nlibs)
-    )
+
+    def string(rel: int, field_offset: int) -> str:
+        """A NUL-terminated string at an offset from the new header, in the string table."""
+        pos = base + rel
+        if not entries_end <= pos < strings_end:
+            raise LdCacheError(f"string offset {rel} outside the string table", source=source,
+                               offset=field_offset)
+        nul = data.find(b"\0", pos, strings_end)
+        if nul < 0:
+            raise LdCacheError("unterminated string", source=source, offset=pos)
+        return os.fsdecode(data[pos:nul])
+
+    entries = []
+    for off in range(base + _NEW_HEADER_SIZE, entries_end, _NEW_ENTRY_SIZE):
+        flags, key, value, osversion, hwcap = struct.unpack_from(order + "iIIIQ", data, off)
+        entries.append(LdCacheEntry(key=string(key, off + 4), path=string(value, off + 8),
+                                    flags=flags, osversion=osversion, hwcap=hwcap))
     generator = _read_extension(data, ext_offset, order, source) if ext_offset else None
-    return LdCache(entries=entries, compat=compat, big_endian=order == ">", generator=generator)
+    return LdCache(entries=tuple(entries), compat=compat, big_endian=order == ">",
+                   generator=generator)
 
 
 def parse_ldcache(data: bytes, *, source: str = "<bytes>") -> list[LdCacheEntry]:
@@ -151,7 +164,7 @@ def _find_new_header(data: bytes, source: str) -> tuple[int, bool]:
         raise LdCacheError("truncated old-format header", source=source, offset=len(data))
     (old_nlibs,) = struct.unpack_from("<I", data, 12)
     # The new section is aligned like its header struct (which holds a u64): to 8 bytes.
-    base = _align(_OLD_HEADER_SIZE + old_nlibs * _OLD_ENTRY_SIZE, 8)
+    base = (_OLD_HEADER_SIZE + old_nlibs * _OLD_ENTRY_SIZE + 7) // 8 * 8
     if not data.startswith(NEW_MAGIC, base):
         raise LdCacheError(
             "old-format cache without a new-format section is not supported",
@@ -172,38 +185,6 @@ def _read_new_header(data: bytes, base: int, source: str) -> tuple[str, int, int
     nlibs, strings_len = struct.unpack_from(order + "II", data, base + 20)
     (ext_offset,) = struct.unpack_from(order + "I", data, base + 32)
     return order, nlibs, strings_len, ext_offset
-
-
-class _StringTable:
-    """NUL-terminated strings, addressed relative to the new header."""
-
-    def __init__(self, data: bytes, base: int, start: int, end: int, source: str):
-        self._data, self._base, self._start, self._end = data, base, start, end
-        self._source = source
-
-    def get(self, rel: int, field_offset: int) -> str:
-        pos = self._base + rel
-        if not self._start <= pos < self._end:
-            raise LdCacheError(
-                f"string offset {rel} outside the string table",
-                source=self._source,
-                offset=field_offset,
-            )
-        nul = self._data.find(b"\0", pos, self._end)
-        if nul < 0:
-            raise LdCacheError("unterminated string", source=self._source, offset=pos)
-        return os.fsdecode(self._data[pos:nul])
-
-
-def _read_entry(data: bytes, off: int, order: str, table: _StringTable) -> LdCacheEntry:
-    flags, key, value, osversion, hwcap = struct.unpack_from(order + "iIIIQ", data, off)
-    return LdCacheEntry(
-        key=table.get(key, off + 4),
-        path=table.get(value, off + 8),
-        flags=flags,
-        osversion=osversion,
-        hwcap=hwcap,
-    )
 
 
 def _read_extension(data: bytes, pos: int, order: str, source: str) -> str | None:
@@ -233,13 +214,7 @@ def _read_extension(data: bytes, pos: int, order: str, source: str) -> str | Non
     return generator
 
 
-def _align(n: int, to: int) -> int:
-    return (n + to - 1) // to * to
-
-
 # --- lookup -------------------------------------------------------------------------------
-# The walk works on plain strings: the generator resolves a few hundred candidate paths per
-# run, and pathlib objects cost more than the readlink calls themselves.
 
 
 def resolve_in_root(root: str | os.PathLike[str], path: str) -> Path:
@@ -265,7 +240,7 @@ def resolve_from(root: str, done: Sequence[str], rest: str,
     result and the new hop count, so that a resolved folder can be remembered and a walk
     continued from it, giving what a walk from the top gives.
     """
-    prefix = root_prefix(root)
+    prefix = root if root.endswith("/") else root + "/"  # only "/" and "//" end in "/"
     resolved = list(done)
     todo = [p for p in reversed(rest.split("/")) if p]
     while todo:
@@ -292,27 +267,14 @@ def resolve_from(root: str, done: Sequence[str], rest: str,
     return resolved, hops
 
 
-def host_path(root: str, parts: Sequence[str]) -> str:
-    """``str(Path(root).joinpath(*parts))`` for a pathlib-normal ``root`` and parts that
-    pathlib keeps as they are (none empty or ``.``, none holding a ``/``)."""
-    return root_prefix(root) + "/".join(parts) if parts else root
-
-
-def root_prefix(root: str) -> str:
-    """What goes before a relative path joined to ``root``, spelled as pathlib spells it."""
-    if root == ".":
-        return ""
-    return root if root.endswith("/") else root + "/"  # only "/" and "//" end in "/"
-
-
 def find_libraries(
     entries: Iterable[LdCacheEntry],
     patterns: str | Sequence[str],
     *,
     root: str | os.PathLike[str] = "/",
-    only_64bit: bool = True,
 ) -> list[Path]:
-    """Host paths of the regular files that cache entries matching ``patterns`` point to.
+    """Host paths of the regular files that 64-bit cache entries matching ``patterns``
+    point to.
 
     A pattern (``fnmatch`` glob) may match either the entry's own name (``libfoo.so.1``)
     or the basename at the end of its symlink chain (``libfoo.so.1.2.3``).  Results
@@ -322,15 +284,15 @@ def find_libraries(
     from pathlib import Path  # lazy, as in resolve_in_root
 
     pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
-    root_path = Path(root)
-    top = os.fspath(root_path)
+    top = os.fspath(Path(root))
     # A cache lists a few folders many times: each is walked once, and a walk of
-    # folder-then-name is the same walk as one over the whole path.
+    # folder-then-name is the same walk as one over the whole path. On a node whose driver
+    # is found only through the cache, walking every entry whole costs more than the rest
+    # of ``nri-cdi generate``; pathlib is used only for the names that match.
     folders: dict[str, tuple[list[str], int]] = {}
     found: list[Path] = []
-    seen: set[str] = set()
     for entry in entries:
-        if only_64bit and not entry.is_64bit:
+        if not entry.is_64bit:
             continue
         folder, _, name = entry.path.rpartition("/")
         try:
@@ -340,15 +302,11 @@ def find_libraries(
             parts, _ = resolve_from(top, done, name, hops)
         except OSError:
             continue
-        names = (os.path.basename(entry.path), parts[-1] if parts else root_path.name)
+        names = (os.path.basename(entry.path), parts[-1] if parts else Path(top).name)
         if not any(fnmatch.fnmatchcase(n, p) for n in names for p in pats):
             continue
-        host = host_path(top, parts)
-        if host in seen:
-            continue
-        resolved = Path(host)
-        if resolved.is_file():  # pathlib's errors: EACCES propagates, as it always did
-            seen.add(host)
+        resolved = Path(top).joinpath(*parts)
+        if resolved not in found and resolved.is_file():  # EACCES propagates (pathlib's)
             found.append(resolved)
     return found
 
@@ -405,10 +363,6 @@ def _digits_end(s: bytes, i: int) -> int:
     return i
 
 
-def uses_hwcaps_extension(entry: LdCacheEntry) -> bool:
-    return bool(entry.hwcap & _HWCAP_EXTENSION)
-
-
 def merge(first: Iterable[LdCacheEntry], then: Iterable[LdCacheEntry]) -> list[LdCacheEntry]:
     """Entries in loader order: ``first`` wins over ``then`` for an equal name.
 
@@ -419,25 +373,25 @@ def merge(first: Iterable[LdCacheEntry], then: Iterable[LdCacheEntry]) -> list[L
     out: list[LdCacheEntry] = []
     for entry in (*first, *then):
         ident = (entry.key, entry.path, entry.flags)
-        if ident in seen or uses_hwcaps_extension(entry):
+        if ident in seen or entry.hwcap & _HWCAP_EXTENSION:
             continue
         seen.add(ident)
         out.append(entry)
     # sort() is stable, also with reverse=True, so equal names keep the order above.
-    out.sort(key=lambda e: _NameKey(os.fsencode(e.key)), reverse=True)
+    out.sort(key=lambda e: NameOrder(e.key), reverse=True)
     return out
 
 
-class _NameKey:
-    """Sort key in :func:`libcmp` order (``functools.cmp_to_key`` without importing
-    functools on the hook's start-up path)."""
+class NameOrder:
+    """Sort key of a library name in :func:`libcmp` order (``functools.cmp_to_key``
+    without importing functools on the hook's start-up path)."""
 
     __slots__ = ("raw",)
 
-    def __init__(self, raw: bytes) -> None:
-        self.raw = raw
+    def __init__(self, name: str) -> None:
+        self.raw = os.fsencode(name)
 
-    def __lt__(self, other: _NameKey) -> bool:
+    def __lt__(self, other: NameOrder) -> bool:
         return libcmp(self.raw, other.raw) < 0
 
 

@@ -150,20 +150,60 @@ class OutputError(Exception):
 
 
 def add_commands(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+    p = subparsers.add_parser(
         "generate", help="generate an NVIDIA CDI spec (nvidia-ctk cdi generate compatible)",
         description="Generate a CDI spec for the NVIDIA GPUs and driver of this node.")
-    _add_output_options(parser)
-    _add_discovery_options(parser)
-    _add_naming_options(parser)
-    _add_hook_options(parser)
-    _add_nvidia_ctk_options(parser)
-    parser.set_defaults(func=cmd_generate)
-
-
-def _add_nvidia_ctk_options(p: argparse.ArgumentParser) -> None:
-    """nvidia-ctk's global options and its CSV/feature-flag ones: taken where they map to
-    something nri-cdi does, refused by name otherwise (never silently ignored)."""
+    # Defaults are None so that an unset flag falls back to its environment variable.
+    p.add_argument("--output", help="spec file to write (default: standard output)")
+    p.add_argument("--format", choices=("yaml", "json"),
+                   help="output format (default: from the --output extension, else yaml)")
+    p.add_argument("--cdi-version", dest="cdi_version", metavar="VERSION|RUNTIME",
+                   help="highest cdiVersion the target runtimes accept, or a runtime "
+                        f"({', '.join(RUNTIME_MAX_VERSIONS)}) for its highest; fail if the "
+                        "spec needs more (>= 0.6.0 also records metadata as annotations)")
+    p.add_argument("--if-changed", dest="if_changed", action="store_true", default=None,
+                   help="do nothing when the existing spec has the same fingerprint")
+    # discovery
+    p.add_argument("--mode", "--discovery-mode", dest="mode",
+                   help="auto (default), nvml, procfs, management or csv (Jetson/Tegra)")
+    p.add_argument("--driver-root", dest="driver_root", help="where the driver files are "
+                   "(default /)")
+    p.add_argument("--dev-root", dest="dev_root",
+                   help="where /dev, /proc and /sys are (default: the driver root)")
+    p.add_argument("--library-search-path", dest="library_search_paths", action="append",
+                   metavar="DIR", help="search only these folders for driver libraries")
+    p.add_argument("--config-search-path", dest="config_search_paths", action="append",
+                   metavar="DIR", help="search these folders for driver config files")
+    # naming
+    p.add_argument("--device-name-strategy", dest="strategies", action="append",
+                   metavar="STRATEGY", help="index, uuid or type-index; repeatable "
+                   "(default: index and uuid)")
+    p.add_argument("--vendor", "--cdi-vendor", dest="vendor", help="default nvidia.com "
+                   "(management mode: management.nvidia.com)")
+    p.add_argument("--class", "--cdi-class", dest="class_", help="default gpu")
+    p.add_argument("--no-all-device", dest="no_all_device", action="store_true", default=None,
+                   help="do not add the 'all' device")
+    p.add_argument("--device-id", "--device-ids", "--device", "--devices", dest="device_ids",
+                   action="append", metavar="ID",
+                   help="all (default), none, an index, i:j, or a GPU-/MIG- UUID; repeatable")
+    # hooks
+    p.add_argument("--link-mode", dest="link_mode", choices=("hooks", "mounts"),
+                   help="hooks (default): createContainer hooks make the driver's symlinks and "
+                        "ld cache; mounts: bind mounts at the link paths, no hook runs")
+    p.add_argument("--hook-path", "--nvidia-cdi-hook-path", "--nvidia-ctk-path",
+                   dest="hook_path", help="the hook program the spec names: an absolute path "
+                   "to nri-cdi, nri-cdi-hook (the static launcher), nvidia-cdi-hook or "
+                   "nvidia-ctk, each given arguments it "
+                   "understands (default: this Python, isolated with -I -S, on the hooks' "
+                   "own script)")
+    p.add_argument("--ldconfig-path", dest="ldconfig_path",
+                   help="ldconfig for the update-ldcache hook")
+    p.add_argument("--disable-hook", "--disable-hooks", dest="disabled_hooks", action="append",
+                   metavar="HOOK", help="a hook name, or all; repeatable")
+    p.add_argument("--enable-hook", "--enable-hooks", dest="enabled_hooks", action="append",
+                   metavar="HOOK", help="a hook name; overrides --disable-hook")
+    # nvidia-ctk's global options and its CSV/feature-flag ones: taken where they map to
+    # something nri-cdi does, refused by name otherwise (never silently ignored).
     p.add_argument("--feature-flag", "--feature-flags", dest="feature_flags", action="append",
                    metavar="FLAG", help=f"one of {', '.join(FEATURE_FLAGS)} (the explicit "
                    "driver library list and coherence annotations are not supported)")
@@ -185,64 +225,7 @@ def _add_nvidia_ctk_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", dest="config", metavar="FILE",
                    help="nvidia-ctk's config.toml: its nvidia-container-cli.root is the "
                         "default driver root")
-
-
-def _add_output_options(p: argparse.ArgumentParser) -> None:
-    # Defaults are None so that an unset flag falls back to its environment variable.
-    p.add_argument("--output", help="spec file to write (default: standard output)")
-    p.add_argument("--format", choices=("yaml", "json"),
-                   help="output format (default: from the --output extension, else yaml)")
-    p.add_argument("--cdi-version", dest="cdi_version", metavar="VERSION|RUNTIME",
-                   help="highest cdiVersion the target runtimes accept, or a runtime "
-                        f"({', '.join(RUNTIME_MAX_VERSIONS)}) for its highest; fail if the "
-                        "spec needs more (>= 0.6.0 also records metadata as annotations)")
-    p.add_argument("--if-changed", dest="if_changed", action="store_true", default=None,
-                   help="do nothing when the existing spec has the same fingerprint")
-
-
-def _add_discovery_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", "--discovery-mode", dest="mode",
-                   help="auto (default), nvml, procfs, management or csv (Jetson/Tegra)")
-    p.add_argument("--driver-root", dest="driver_root", help="where the driver files are "
-                   "(default /)")
-    p.add_argument("--dev-root", dest="dev_root",
-                   help="where /dev, /proc and /sys are (default: the driver root)")
-    p.add_argument("--library-search-path", dest="library_search_paths", action="append",
-                   metavar="DIR", help="search only these folders for driver libraries")
-    p.add_argument("--config-search-path", dest="config_search_paths", action="append",
-                   metavar="DIR", help="search these folders for driver config files")
-
-
-def _add_naming_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device-name-strategy", dest="strategies", action="append",
-                   metavar="STRATEGY", help="index, uuid or type-index; repeatable "
-                   "(default: index and uuid)")
-    p.add_argument("--vendor", "--cdi-vendor", dest="vendor", help="default nvidia.com "
-                   "(management mode: management.nvidia.com)")
-    p.add_argument("--class", "--cdi-class", dest="class_", help="default gpu")
-    p.add_argument("--no-all-device", dest="no_all_device", action="store_true", default=None,
-                   help="do not add the 'all' device")
-    p.add_argument("--device-id", "--device-ids", "--device", "--devices", dest="device_ids",
-                   action="append", metavar="ID",
-                   help="all (default), none, an index, i:j, or a GPU-/MIG- UUID; repeatable")
-
-
-def _add_hook_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--link-mode", dest="link_mode", choices=("hooks", "mounts"),
-                   help="hooks (default): createContainer hooks make the driver's symlinks and "
-                        "ld cache; mounts: bind mounts at the link paths, no hook runs")
-    p.add_argument("--hook-path", "--nvidia-cdi-hook-path", "--nvidia-ctk-path",
-                   dest="hook_path", help="the hook program the spec names: an absolute path "
-                   "to nri-cdi, nri-cdi-hook (the static launcher), nvidia-cdi-hook or "
-                   "nvidia-ctk, each given arguments it "
-                   "understands (default: this Python, isolated with -I -S, on the hooks' "
-                   "own script)")
-    p.add_argument("--ldconfig-path", dest="ldconfig_path",
-                   help="ldconfig for the update-ldcache hook")
-    p.add_argument("--disable-hook", "--disable-hooks", dest="disabled_hooks", action="append",
-                   metavar="HOOK", help="a hook name, or all; repeatable")
-    p.add_argument("--enable-hook", "--enable-hooks", dest="enabled_hooks", action="append",
-                   metavar="HOOK", help="a hook name; overrides --disable-hook")
+    p.set_defaults(func=cmd_generate)
 
 
 # --- option resolution ----------------------------------------------------------------------
@@ -254,16 +237,13 @@ def _from_env(args: argparse.Namespace, environ: Any) -> dict[str, Any]:
         value = getattr(args, dest, None)
         raw = environ.get(var)
         if value is None and raw not in (None, ""):
-            if kind == "list":
-                value = [v.strip() for v in raw.split(",") if v.strip()]
-            elif kind == "bool":
+            if kind == "bool":
                 value = raw.strip().lower() in _TRUE
             else:
-                value = raw
-        if kind == "list" and value is not None:
+                value = [raw] if kind == "list" else raw
+        if kind == "list" and value is not None:  # comma-separated, in flags too
             value = [v.strip() for item in value for v in item.split(",") if v.strip()]
         values[dest] = value
-    values["format_explicit"] = values["format"] is not None
     return values
 
 
@@ -622,24 +602,19 @@ def _warn_missing_control_nodes(roots: Roots, driver: DriverFiles, warn: Any) ->
         warn(f"control device nodes missing under {roots.dev}: {', '.join(missing)}; the spec "
              "leaves them out (create them with `nri-cdi system create-device-nodes "
              "--control-devices`, then generate again)")
-    for line in _stale_control_nodes(roots, driver):
-        warn(line)
-
-
-def _stale_control_nodes(roots: Roots, driver: DriverFiles) -> list[str]:
-    """Nodes whose numbers differ from what the loaded modules registered (the nvidia-uvm
-    major changes when the module is reloaded): a spec would carry the stale numbers."""
+    # Nodes whose numbers differ from what the loaded modules registered (the nvidia-uvm
+    # major changes when the module is reloaded): a spec would carry the stale numbers.
     try:
         text = roots.proc_path("devices").read_text(errors="replace")
     except OSError:
-        return []
+        return
     plan = {f"/dev/{name}": (major, minor)
             for name, major, minor in control_node_plan(char_majors(text))[0]}
-    return [f"{n.host} is {n.major}:{n.minor} but the loaded module says "
-            f"{plan[n.path][0]}:{plan[n.path][1]} (stale after a module reload?); "
-            "`nri-cdi system create-device-nodes --control-devices` replaces it"
-            for n in driver.control_nodes
-            if n.path in plan and (n.major, n.minor) != plan[n.path]]
+    for n in driver.control_nodes:
+        if n.path in plan and (n.major, n.minor) != plan[n.path]:
+            warn(f"{n.host} is {n.major}:{n.minor} but the loaded module says "
+                 f"{plan[n.path][0]}:{plan[n.path][1]} (stale after a module reload?); "
+                 "`nri-cdi system create-device-nodes --control-devices` replaces it")
 
 
 def _roots(v: dict[str, Any]) -> Roots:

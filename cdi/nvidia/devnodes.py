@@ -16,7 +16,7 @@ import errno
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -36,14 +36,6 @@ class Action(NamedTuple):
     path: str
     what: str  # created | replaced | kept | skipped | would create | would replace
     detail: str = ""
-
-    def line(self) -> str:
-        return f"{self.what} {self.path}" + (f" ({self.detail})" if self.detail else "")
-
-
-def _token() -> str:
-    """A random suffix for a temporary name."""
-    return os.urandom(4).hex()
 
 
 def char_majors(text: str) -> dict[str, int]:
@@ -101,7 +93,7 @@ def _make_node(dev: Path, name: str, rdev: int, dry_run: bool) -> Action:
     if dry_run:
         return Action(path=str(path), what="would replace" if st else "would create",
                       detail=", ".join(filter(None, (numbers, was))))
-    tmp = dev / f".{name}.nri-cdi-{_token()}"
+    tmp = dev / f".{name}.nri-cdi-{os.urandom(4).hex()}"
     os.mknod(tmp, stat.S_IFCHR | 0o666, rdev)
     try:
         os.chmod(tmp, 0o666)  # whatever the umask
@@ -154,7 +146,7 @@ def _link(dev_char: Path, node: Path, rdev: int, dry_run: bool) -> Action:
     if dry_run:
         return Action(path=str(link), what="would replace" if current else "would create",
                       detail=detail)
-    tmp = dev_char / f".{link.name}.nri-cdi-{_token()}"
+    tmp = dev_char / f".{link.name}.nri-cdi-{os.urandom(4).hex()}"
     os.symlink(target, tmp)
     os.rename(tmp, link)
     return Action(path=str(link), what="replaced" if current else "created", detail=detail)
@@ -196,12 +188,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="say what would be done; do nothing")
 
 
-def _report(prog: str, actions: Iterable[Action], out: Callable[[str], None]) -> None:
-    for action in actions:
-        if action.what != "kept":
-            out(f"nri-cdi system {prog}: {action.line()}")
-
-
 def _majors(args: argparse.Namespace, root: Path) -> dict[str, int]:
     path = Path(args.proc_devices) if args.proc_devices else root / "proc/devices"
     if not args.proc_devices and not path.is_file():
@@ -223,7 +209,10 @@ def _run(prog: str, args: argparse.Namespace, work: Callable[[Path], list[Action
         say(f"nri-cdi system {prog}: error: dev root {root} is not a folder")
         return 1
     try:
-        _report(prog, work(root), say)
+        for action in work(root):
+            if action.what != "kept":
+                detail = f" ({action.detail})" if action.detail else ""
+                say(f"nri-cdi system {prog}: {action.what} {action.path}{detail}")
     except OSError as exc:
         say(f"nri-cdi system {prog}: error: {exc.filename or ''}: {exc.strerror or exc}")
         return 1

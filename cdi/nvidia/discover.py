@@ -37,11 +37,6 @@ class DiscoveryError(Exception):
     """No usable driver or GPU information; the message says what was looked for where."""
 
 
-def under(root: Path, path: str) -> str:
-    """The host path of ``path`` (absolute or not) under ``root``."""
-    return os.fspath(root / path.lstrip("/"))
-
-
 class Roots(NamedTuple):
     """Where the node's files are, as host paths."""
 
@@ -185,9 +180,36 @@ def discover_procfs(roots: Roots, *, fallback_version: Callable[[], str | None])
 # --- NVML -----------------------------------------------------------------------------------
 
 
-def _text(value: Any) -> str:
+def nvml_text(value: Any) -> str:
     # nvidia-ml-py returned bytes before 11.5xx and str since; structure fields stay bytes.
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def cuda_version(nvml: Any) -> str:
+    """The CUDA version the driver supports, as ``13.0``."""
+    cuda = int(nvml.nvmlSystemGetCudaDriverVersion_v2())
+    return f"{cuda // 1000}.{cuda % 1000 // 10}"
+
+
+@contextlib.contextmanager
+def nvml_session(library: Path, purpose: str) -> Iterator[Any]:
+    """pynvml on ``library``, initialised, and shut down after; a failure to load or to
+    query is a DiscoveryError saying why NVML is not usable (``purpose``: what needed
+    nvidia-ml-py, for the missing-dependency message)."""
+    try:
+        nvml = load_nvml(library)
+    except ImportError:
+        missing = MissingDependencyError("pynvml", purpose, NVML_EXTRA)
+        raise DiscoveryError(f"NVML unavailable: {missing}") from None
+    except Exception as exc:  # OSError from dlopen, NVMLError from init
+        raise DiscoveryError(f"NVML unavailable: cannot load {library}: {exc}") from None
+    try:
+        yield nvml
+    except Exception as exc:  # an NVMLError or a missing symbol: NVML is not usable
+        raise DiscoveryError(f"NVML query failed with {library}: {exc}") from None
+    finally:
+        with contextlib.suppress(Exception):  # a failed shutdown does not change the result
+            nvml.nvmlShutdown()
 
 
 def load_nvml(library: Path | None) -> Any:
@@ -254,11 +276,9 @@ def _find_library(name: str) -> str | None:
 
 def discover_nvml(nvml: Any) -> NodeInfo:
     """Query an initialised pynvml module; the caller shuts NVML down."""
-    version = _text(nvml.nvmlSystemGetDriverVersion())
-    cuda = int(nvml.nvmlSystemGetCudaDriverVersion_v2())
+    version, cuda = nvml_text(nvml.nvmlSystemGetDriverVersion()), cuda_version(nvml)
     gpus = tuple(_nvml_gpu(nvml, i) for i in range(int(nvml.nvmlDeviceGetCount())))
-    return NodeInfo(mode="nvml", driver_version=version,
-                    cuda_version=f"{cuda // 1000}.{(cuda % 1000) // 10}", gpus=gpus)
+    return NodeInfo(mode="nvml", driver_version=version, cuda_version=cuda, gpus=gpus)
 
 
 def _nvml_gpu(nvml: Any, index: int) -> Gpu:
@@ -267,10 +287,10 @@ def _nvml_gpu(nvml: Any, index: int) -> Gpu:
     mig_enabled = _mig_mode(nvml, handle)
     return Gpu(
         index=index,
-        uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+        uuid=nvml_text(nvml.nvmlDeviceGetUUID(handle)),
         minor=int(nvml.nvmlDeviceGetMinorNumber(handle)),
-        bus_id=normalize_bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId)),
-        name=_text(nvml.nvmlDeviceGetName(handle)),
+        bus_id=normalize_bus_id(nvml_text(nvml.nvmlDeviceGetPciInfo(handle).busId)),
+        name=nvml_text(nvml.nvmlDeviceGetName(handle)),
         brand=_BRANDS.get(int(nvml.nvmlDeviceGetBrand(handle)), "unknown"),
         compute_capability=f"{major}.{minor}",
         mig_enabled=mig_enabled,
@@ -304,8 +324,8 @@ def _nvml_migs(nvml: Any, handle: Any) -> Iterable[MigDevice]:
             index=j,
             gi=gi,
             ci=int(nvml.nvmlDeviceGetComputeInstanceId(mig)),
-            uuid=_text(nvml.nvmlDeviceGetUUID(mig)),
-            profile=_profile_name(_text(nvml.nvmlDeviceGetName(mig))),
+            uuid=nvml_text(nvml.nvmlDeviceGetUUID(mig)),
+            profile=_profile_name(nvml_text(nvml.nvmlDeviceGetName(mig))),
             gfx=int(profile_id) in _GFX_PROFILE_IDS,
         )
 
@@ -330,11 +350,9 @@ def discover(
     """Run discovery in ``mode``; ``auto`` says on ``warn`` which mode it picked and why."""
     if mode in ("procfs", "management"):
         info = discover_procfs(roots, fallback_version=fallback_version)
-        return info if mode == "procfs" else _as_management(info)
+        return info if mode == "procfs" else info._replace(mode="management")
     if mode == "nvml":
         return discover_with_nvml(nvml_library())
-    if mode != "auto":
-        raise DiscoveryError(f"unknown discovery mode {mode!r} (want one of {', '.join(MODES)})")
     try:
         info = discover_with_nvml(nvml_library())
     except DiscoveryError as exc:
@@ -342,10 +360,6 @@ def discover(
         return discover_procfs(roots, fallback_version=fallback_version)
     warn("mode auto: using nvml")
     return info
-
-
-def _as_management(info: NodeInfo) -> NodeInfo:
-    return info._replace(mode="management")
 
 
 def discover_with_nvml(library: Path | None) -> NodeInfo:
@@ -362,17 +376,5 @@ def discover_with_nvml(library: Path | None) -> NodeInfo:
         foreign = None
     if foreign is not None:
         raise DiscoveryError(f"NVML unavailable: {foreign}")
-    try:
-        nvml = load_nvml(library)
-    except ImportError:
-        missing = MissingDependencyError("pynvml", "NVML mode", NVML_EXTRA)
-        raise DiscoveryError(f"NVML unavailable: {missing}") from None
-    except Exception as exc:  # OSError from dlopen, NVMLError from init
-        raise DiscoveryError(f"NVML unavailable: cannot load {library}: {exc}") from None
-    try:
+    with nvml_session(library, "NVML mode") as nvml:
         return discover_nvml(nvml)
-    except Exception as exc:  # an NVMLError or a missing symbol: NVML is not usable
-        raise DiscoveryError(f"NVML query failed with {library}: {exc}") from None
-    finally:
-        with contextlib.suppress(Exception):  # a failed shutdown does not change the result
-            nvml.nvmlShutdown()

@@ -3,7 +3,7 @@ sockets and device nodes, located under the driver and dev roots.
 
 Plain values with both sides of every path: ``host`` (under the driver root) and ``path``
 (in a container); ``generate.py`` turns them into edits. Every path is resolved inside the
-driver root as if it were ``/`` (``_DriverRoot``), so a hostile driver root cannot make us
+driver root as if it were ``/`` (``DriverRoot``), so a hostile driver root cannot make us
 read host files. Libraries: the usual library folders, then the root's own loader cache
 (with ``--library-search-path``, only those folders). The driver's folders are the parents
 of every ``*.so.<driver-version>``, and every such file in them (and their ``vdpau/``) is
@@ -183,7 +183,7 @@ class DriverFiles(NamedTuple):
 # --- the driver root ------------------------------------------------------------------------
 
 
-class _DriverRoot:
+class DriverRoot:
     """The driver root seen from inside, like a chroot: absolute link targets restart at
     the root and ``..`` never climbs above it (``ldcache.resolve_from``)."""
 
@@ -265,7 +265,7 @@ def _listdir(folder: str | Path) -> list[str]:
         return []
 
 
-def _mount(tree: _DriverRoot, host: str, kind: str, path: str | None = None,
+def _mount(tree: DriverRoot, host: str, kind: str, path: str | None = None,
            options: tuple[str, ...] = FILE_OPTIONS) -> FileMount:
     return FileMount(host=host, path=path or tree.container(host), kind=kind, options=options)
 
@@ -287,21 +287,22 @@ def stat_device_node(roots: Roots, path: str) -> DeviceNodeInfo | None:
                           mode=stat.S_IMODE(st.st_mode), gid=st.st_gid)
 
 
-def control_nodes(roots: Roots) -> tuple[DeviceNodeInfo, ...]:
-    found = (stat_device_node(roots, p) for p in CONTROL_NODE_PATHS)
+def _device_nodes(roots: Roots, paths: Iterable[str]) -> tuple[DeviceNodeInfo, ...]:
+    """The character devices among ``paths`` (/dev paths) under the dev root."""
+    found = (stat_device_node(roots, p) for p in paths)
     return tuple(n for n in found if n is not None)
 
 
 # --- libraries ------------------------------------------------------------------------------
 
 
-def _scan_dirs(tree: _DriverRoot, dirs: Sequence[str]) -> list[str]:
+def _scan_dirs(tree: DriverRoot, dirs: Sequence[str]) -> list[str]:
     """The distinct real folders (resolved in the driver root) among ``dirs``."""
     found = (tree.folder(folder) for folder in dirs)
     return list(dict.fromkeys(folder for folder in found if folder is not None))
 
 
-def _ldcache_files(tree: _DriverRoot, patterns: Sequence[str]) -> list[str]:
+def _ldcache_files(tree: DriverRoot, patterns: Sequence[str]) -> list[str]:
     try:
         entries = read_ldcache(os.path.join(tree.root, "etc", "ld.so.cache"))
     except (OSError, LdCacheError):
@@ -311,7 +312,7 @@ def _ldcache_files(tree: _DriverRoot, patterns: Sequence[str]) -> list[str]:
 
 def find_version_from_libraries(roots: Roots, search: Sequence[str] | None) -> str | None:
     """The RM version from ``libcuda.so.<v>`` or ``libnvidia-ml.so.<v>`` file names."""
-    tree = _DriverRoot(roots.driver)
+    tree = DriverRoot(roots.driver)
     for stem in ("libcuda.so.", "libnvidia-ml.so."):
         for path in _library_candidates(tree, search, [stem + "*.*"]):
             suffix = os.path.basename(path)[len(stem):]
@@ -320,7 +321,7 @@ def find_version_from_libraries(roots: Roots, search: Sequence[str] | None) -> s
     return None
 
 
-def _library_candidates(tree: _DriverRoot, search: Sequence[str] | None,
+def _library_candidates(tree: DriverRoot, search: Sequence[str] | None,
                         patterns: Sequence[str],
                         defaults: Sequence[str] = LIBRARY_DIRS) -> list[str]:
     folders = _scan_dirs(tree, search if search else defaults)
@@ -333,7 +334,7 @@ def _library_candidates(tree: _DriverRoot, search: Sequence[str] | None,
 
 def find_nvml_library(roots: Roots, search: Sequence[str] | None) -> Path | None:
     """The ``libnvidia-ml.so.1`` under the driver root, resolved to its file."""
-    tree = _DriverRoot(roots.driver)
+    tree = DriverRoot(roots.driver)
     for folder in _scan_dirs(tree, search if search else LIBRARY_DIRS):
         found = tree.file(tree.container(folder) + "/libnvidia-ml.so.1")
         if found is not None:
@@ -344,7 +345,7 @@ def find_nvml_library(roots: Roots, search: Sequence[str] | None) -> Path | None
     return None
 
 
-def _driver_libraries(tree: _DriverRoot, version: str, search: Sequence[str] | None,
+def _driver_libraries(tree: DriverRoot, version: str, search: Sequence[str] | None,
                       defaults: Sequence[str] = LIBRARY_DIRS) -> tuple[list[str], list[str]]:
     """(library folders, library files) of the driver, as host paths."""
     seeds = _library_candidates(tree, search, [f"*.so.{version}"], defaults)
@@ -360,7 +361,7 @@ def _driver_libraries(tree: _DriverRoot, version: str, search: Sequence[str] | N
     return list(dict.fromkeys(os.path.dirname(p) for p in files)), files
 
 
-def _library_links(tree: _DriverRoot, files: Sequence[str], folders: Sequence[str],
+def _library_links(tree: DriverRoot, files: Sequence[str], folders: Sequence[str],
                    version: str) -> list[Link]:
     links: list[Link | None] = []  # each ends at a library
     for path in files:
@@ -385,7 +386,7 @@ def _library_links(tree: _DriverRoot, files: Sequence[str], folders: Sequence[st
     return _unique_links(links)
 
 
-def _default_folder_links(tree: _DriverRoot, files: Sequence[str],
+def _default_folder_links(tree: DriverRoot, files: Sequence[str],
                           search: Sequence[str] | None, dirs: Sequence[str]) -> list[Link]:
     """The links in the default library folders (and their vdpau/, gbm/, nvidia/) that end
     at one of the driver's files, however many hops they take: what a distribution's
@@ -411,7 +412,7 @@ def _default_folder_links(tree: _DriverRoot, files: Sequence[str],
     return links
 
 
-def _anchor_links(tree: _DriverRoot, links: Iterable[Link],
+def _anchor_links(tree: DriverRoot, links: Iterable[Link],
                   mounts: Sequence[FileMount]) -> list[Link]:
     """Every link as the container will see it: its text kept where it names a file or link
     the spec provides, else pointed at the provided file it ends at (the host's text may
@@ -441,7 +442,7 @@ def _anchor_links(tree: _DriverRoot, links: Iterable[Link],
     return out
 
 
-def _wine_dlls(tree: _DriverRoot, folders: Sequence[str], files: Sequence[str],
+def _wine_dlls(tree: DriverRoot, folders: Sequence[str], files: Sequence[str],
                links: Sequence[Link]) -> list[FileMount]:
     """NGX's Windows DLLs (``nvidia/wine/*.dll`` beside the 64-bit libraries), where they
     are and beside every 64-bit libGLX_nvidia.so.0 link, the folder Proton looks in."""
@@ -465,7 +466,7 @@ def _is_file_name(soname: str) -> bool:
     return soname not in (".", "..") and "/" not in soname and "\0" not in soname
 
 
-def _host_link(tree: _DriverRoot, folder: str, name: str) -> Link | None:
+def _host_link(tree: DriverRoot, folder: str, name: str) -> Link | None:
     path = os.path.join(folder, name)
     try:
         target = os.readlink(path)
@@ -474,7 +475,7 @@ def _host_link(tree: _DriverRoot, folder: str, name: str) -> Link | None:
     return _link(tree, tree.container(path), target)
 
 
-def _link(tree: _DriverRoot, container: str, target: str) -> Link | None:
+def _link(tree: DriverRoot, container: str, target: str) -> Link | None:
     # Follow the target rather than the link: a link we add may not exist on the host.
     end = tree.file(posixpath.join(posixpath.dirname(container), target))
     if end is None:
@@ -491,7 +492,7 @@ def _unique_links(links: Iterable[Link | None]) -> list[Link]:
     return sorted(seen.values(), key=lambda k: k.path)
 
 
-def _xorg(tree: _DriverRoot, lib_dirs: Sequence[str],
+def _xorg(tree: DriverRoot, lib_dirs: Sequence[str],
           version: str) -> tuple[list[FileMount], list[Link]]:
     """The X server's NVIDIA driver and GLX modules, mounted in the folders Xorg loads them
     from (``<modules>/drivers``, ``<modules>/extensions``), wherever the host keeps the
@@ -521,7 +522,7 @@ def _xorg(tree: _DriverRoot, lib_dirs: Sequence[str],
     return mounts, links
 
 
-def _first_xorg(tree: _DriverRoot, bases: Sequence[str], name: str) -> tuple[str, str] | None:
+def _first_xorg(tree: DriverRoot, bases: Sequence[str], name: str) -> tuple[str, str] | None:
     """(the container path it was found at, the host file it ends at)."""
     for base in bases:
         subdirs = ("",) if base.endswith("/nvidia/xorg") else XORG_SUBDIRS
@@ -536,7 +537,7 @@ def _first_xorg(tree: _DriverRoot, bases: Sequence[str], name: str) -> tuple[str
 # --- other files ----------------------------------------------------------------------------
 
 
-def _binaries(tree: _DriverRoot) -> list[FileMount]:
+def _binaries(tree: DriverRoot) -> list[FileMount]:
     """Each binary at the first folder that has it, as a container's PATH would find it.
 
     When that file is not an ELF program but a later folder holds one, the later file is
@@ -557,11 +558,11 @@ def _binaries(tree: _DriverRoot) -> list[FileMount]:
     return found
 
 
-def _ipc(tree: _DriverRoot) -> list[FileMount]:
+def _ipc(tree: DriverRoot) -> list[FileMount]:
     found: dict[str, FileMount] = {}
     for path in IPC_SOCKETS:
         host = tree.resolve(path)
-        if host is not None and _is_socket(host):
+        if host is not None and Path(host).is_socket():
             found.setdefault(host, _mount(tree, host, "ipc", path, IPC_OPTIONS))
     mps = tree.folder(MPS_PIPE_DIR)
     if mps is not None:
@@ -569,14 +570,7 @@ def _ipc(tree: _DriverRoot) -> list[FileMount]:
     return list(found.values())
 
 
-def _is_socket(host: str) -> bool:
-    try:
-        return stat.S_ISSOCK(os.stat(host).st_mode)
-    except OSError:
-        return False
-
-
-def _firmware(tree: _DriverRoot, roots: Roots, version: str) -> list[FileMount]:
+def _firmware(tree: DriverRoot, roots: Roots, version: str) -> list[FileMount]:
     release = os.uname().release
     dirs = []
     try:
@@ -597,15 +591,12 @@ def _firmware(tree: _DriverRoot, roots: Roots, version: str) -> list[FileMount]:
     return list(found.values())
 
 
-def config_dirs(xdg_data_dirs: str | None) -> tuple[str, ...]:
-    """``/etc`` and the XDG data folders (``$XDG_DATA_DIRS``: absolute entries only)."""
+def _configs(tree: DriverRoot, search: Sequence[str] | None, xdg_data_dirs: str | None,
+             version: str) -> list[FileMount]:
+    # Without --config-search-path: /etc and the XDG data folders ($XDG_DATA_DIRS, absolute
+    # entries only).
     xdg = [d.rstrip("/") or "/" for d in (xdg_data_dirs or "").split(":") if d.startswith("/")]
-    return ("/etc", *dict.fromkeys(xdg or XDG_DATA_DIRS))
-
-
-def _configs(tree: _DriverRoot, search: Sequence[str] | None,
-             xdg_data_dirs: str | None = None, version: str = "") -> list[FileMount]:
-    dirs = tuple(search) if search else config_dirs(xdg_data_dirs)
+    dirs = tuple(search) if search else ("/etc", *dict.fromkeys(xdg or XDG_DATA_DIRS))
     found = []
     # The driver's application profiles, read by its GL/EGL/Vulkan libraries from
     # /usr/share/nvidia under their versioned names.
@@ -635,7 +626,7 @@ def locate_driver(
     xdg_data_dirs: str | None = None,
 ) -> DriverFiles:
     """Every driver artifact of ``version`` under the roots (missing ones are left out)."""
-    tree = _DriverRoot(roots.driver)
+    tree = DriverRoot(roots.driver)
     search = library_search_paths
     folders, files = _driver_libraries(tree, version, search)
     folders32, files32 = ([], []) if search else _driver_libraries(tree, version, None,
@@ -660,7 +651,7 @@ def locate_driver(
         ipc=tuple(_ipc(tree)),
         firmware=tuple(_firmware(tree, roots, version)),
         configs=tuple(_configs(tree, config_search_paths, xdg_data_dirs, version)),
-        control_nodes=control_nodes(roots),
+        control_nodes=_device_nodes(roots, CONTROL_NODE_PATHS),
         skipped=tuple(f"{path}: {why}" for path, why in sorted(tree.skipped.items())),
     )
 
@@ -676,19 +667,11 @@ class DeviceNodes(NamedTuple):
 
 
 def gpu_nodes(roots: Roots, minor: int, bus_id: str) -> DeviceNodes:
-    """``/dev/nvidia<minor>`` and the GPU's DRM nodes (those present in /dev only)."""
-    main = stat_device_node(roots, f"/dev/nvidia{minor}")
-    drm = drm_nodes(roots, bus_id)
-    nodes = tuple(n for n in (main, *drm.nodes) if n is not None)
-    return DeviceNodes(nodes=nodes, links=drm.links)
-
-
-def drm_nodes(roots: Roots, bus_id: str) -> DeviceNodes:
-    # A sysfs DRM entry without a /dev node (old kernels' controlD<N>) is skipped: a spec
-    # naming a missing node fails every container that asks for the GPU.
+    """``/dev/nvidia<minor>``, the GPU's DRM nodes and their ``/dev/dri/by-path`` links
+    (those present in /dev only: a sysfs DRM entry without a /dev node, old kernels'
+    controlD<N>, would fail every container that asks for the GPU)."""
     names = _listdir(roots.dev_path(f"sys/bus/pci/devices/{bus_id}/drm"))
-    nodes = [stat_device_node(roots, f"/dev/dri/{name}") for name in names]
-    present = [n for n in nodes if n is not None]
+    nodes = _device_nodes(roots, [f"/dev/nvidia{minor}", *(f"/dev/dri/{n}" for n in names)])
     links = []
     for suffix in ("card", "render"):
         link = f"/dev/dri/by-path/pci-{bus_id}-{suffix}"
@@ -696,9 +679,9 @@ def drm_nodes(roots: Roots, bus_id: str) -> DeviceNodes:
             target = os.readlink(roots.dev_path(link))
         except OSError:
             continue
-        if any(n.path == os.path.normpath(f"/dev/dri/by-path/{target}") for n in present):
+        if any(n.path == os.path.normpath(f"/dev/dri/by-path/{target}") for n in nodes):
             links.append(Link(target=target, path=link, resolved=None))
-    return DeviceNodes(nodes=tuple(present), links=tuple(links))
+    return DeviceNodes(nodes=nodes, links=tuple(links))
 
 
 def read_mig_minors(roots: Roots) -> dict[str, str] | None:
@@ -739,5 +722,4 @@ def management_nodes(roots: Roots) -> tuple[DeviceNodeInfo, ...]:
     paths += [f"/dev/nvidia-caps-imex-channels/{n}"
               for n in _listdir(roots.dev_path("/dev/nvidia-caps-imex-channels"))
               if n.startswith("channel")]
-    found = (stat_device_node(roots, p) for p in paths)
-    return tuple(n for n in found if n is not None)
+    return _device_nodes(roots, paths)

@@ -279,20 +279,6 @@ def _compat_step(opts: Options, node: NodeInfo | None,
     return [("enable-cuda-compat", args)]
 
 
-def _params_step(opts: Options) -> list[tuple[str, list[str]]]:
-    # Also in mounts mode when asked for (it mounts, writes nothing in the root); the CLI
-    # leaves it out of that mode's defaults, which run no hook at all.
-    if "disable-device-node-modification" not in opts.hooks:
-        return []
-    return [("disable-device-node-modification", [])]
-
-
-def _link_mounts(opts: Options, links: Sequence[Link]) -> tuple[Mount, ...]:
-    if opts.link_mode != "mounts":
-        return ()
-    return tuple(_mount(k.resolved) for k in links if k.resolved is not None)
-
-
 def common_edits(driver: DriverFiles, opts: Options,
                  devices: Sequence[tuple[str, Link]] = (), *,
                  node: NodeInfo | None = None) -> ContainerEdits:
@@ -309,14 +295,20 @@ def common_edits(driver: DriverFiles, opts: Options,
         # appends this one to the image's LD_LIBRARY_PATH instead (cdi.libpath).
         env.append(f"{EXTRA_LIBRARY_PATH_ENV}={':'.join(driver.lib_dirs)}")
     env.append("NVIDIA_VISIBLE_DEVICES=void")
+    link_ends = [k.resolved for k in driver.links if k.resolved is not None] \
+        if opts.link_mode == "mounts" else []
+    steps = [*_symlink_step(opts, driver.links, devices),
+             *_compat_step(opts, node, driver.version),
+             *_ldcache_step(opts, (*driver.lib_dirs, *driver.lib32_dirs))]
+    # Also in mounts mode when asked for (it mounts, writes nothing in the root); the CLI
+    # leaves it out of that mode's defaults, which run no hook at all.
+    if "disable-device-node-modification" in opts.hooks:
+        steps.append(("disable-device-node-modification", []))
     return ContainerEdits(
         env=tuple(env),
         device_nodes=tuple(_device_node(n) for n in driver.control_nodes),
-        mounts=(*(_mount(m) for m in driver.mounts()), *_link_mounts(opts, driver.links)),
-        hooks=_hook(opts, [*_symlink_step(opts, driver.links, devices),
-                           *_compat_step(opts, node, driver.version),
-                           *_ldcache_step(opts, (*driver.lib_dirs, *driver.lib32_dirs)),
-                           *_params_step(opts)]),
+        mounts=tuple(_mount(m) for m in (*driver.mounts(), *link_ends)),
+        hooks=_hook(opts, steps),
         additional_gids=_gids(opts, driver.control_nodes),
     )
 
@@ -480,22 +472,6 @@ def _devices(inv: Inventory, opts: Options, common: ContainerEdits,
     return devices
 
 
-def _all_device(inv: Inventory, opts: Options, devices: Sequence[DeviceData],
-                common: ContainerEdits) -> DeviceData:
-    edits = _simplify(_merge(d.container_edits for d in devices), common)
-    notes = _device_annotations(inv, None) if opts.annotations else {}
-    return DeviceData(name="all", annotations=MappingProxyType(notes), container_edits=edits)
-
-
-def _management_devices(inv: Inventory, opts: Options, common: ContainerEdits) -> list[DeviceData]:
-    edits = _simplify(ContainerEdits(
-        device_nodes=tuple(_device_node(n) for n in inv.management_nodes)), common)
-    if edits.is_empty():
-        raise GenerateError("management mode: no /dev/nvidia* device nodes found")
-    notes = _device_annotations(inv, None) if opts.annotations else {}
-    return [DeviceData(name="all", annotations=MappingProxyType(notes), container_edits=edits)]
-
-
 # --- the spec -------------------------------------------------------------------------------
 
 
@@ -508,8 +484,14 @@ def build_spec(inv: Inventory, opts: Options, *, warn: Callable[[str], None] = l
         or _nvidia_program(opts) else [
         dl for t in _select(inv, opts.device_ids) for dl in device_links(t.nodes)]
     common = _simplify(common_edits(inv.driver, opts, list(dict.fromkeys(links)), node=inv.node))
+    # The "all" device's annotations, which management mode's one device has too.
+    notes = MappingProxyType(_device_annotations(inv, None) if opts.annotations else {})
     if inv.node.mode == "management":
-        devices = _management_devices(inv, opts, common)
+        edits = _simplify(ContainerEdits(
+            device_nodes=tuple(_device_node(n) for n in inv.management_nodes)), common)
+        if edits.is_empty():
+            raise GenerateError("management mode: no /dev/nvidia* device nodes found")
+        devices = [DeviceData(name="all", annotations=notes, container_edits=edits)]
     elif opts.device_ids == ("none",):
         devices = [DeviceData(name="none",
                               container_edits=ContainerEdits(env=("NVCT_EMPTY_DEVICE=",)))]
@@ -519,7 +501,8 @@ def build_spec(inv: Inventory, opts: Options, *, warn: Callable[[str], None] = l
             raise GenerateError(f"no GPUs found in {inv.node.mode} mode, so no devices to "
                                 "write (use --device-id none for a driver-only spec)")
         if opts.all_device and not any(d.name == "all" for d in devices):
-            devices.append(_all_device(inv, opts, devices, common))
+            edits = _simplify(_merge(d.container_edits for d in devices), common)
+            devices.append(DeviceData(name="all", annotations=notes, container_edits=edits))
     annotations = dict(spec_annotations or {}) if opts.annotations else {}
     spec = SpecData(cdi_version="0.3.0", kind=opts.kind,
                     devices=tuple(sorted(devices, key=lambda d: d.name)),

@@ -10,23 +10,21 @@ nothing is left out and reported (a board lists files only some of its modules h
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import os
 import posixpath
 import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from cdi.extras import MissingDependencyError
 from cdi.linux.elf import ElfError, read_soname
-from cdi.linux.ldcache import resolve_in_root
-from cdi.nvidia.discover import NVML_EXTRA, DiscoveryError, Roots, load_nvml, under
+from cdi.nvidia.discover import Roots, cuda_version, nvml_session, nvml_text
 from cdi.nvidia.driver import (
     DeviceNodeInfo,
     DeviceNodes,
     DriverFiles,
+    DriverRoot,
     FileMount,
     Link,
     stat_device_node,
@@ -66,10 +64,10 @@ def integrated(name: str) -> bool:
 
 def is_tegra(roots: Roots) -> bool:
     """Tegra's files: the L4T release file, or a SoC family named tegra."""
-    if os.path.isfile(under(roots.driver, RELEASE_FILE)):
+    if (roots.driver / RELEASE_FILE.lstrip("/")).is_file():
         return True
     try:
-        with open(under(roots.dev, "sys/devices/soc0/family"), "rb") as file:
+        with open(roots.dev_path("sys/devices/soc0/family"), "rb") as file:
             return file.read(64).lower().startswith(b"tegra")
     except OSError:
         return False
@@ -77,47 +75,19 @@ def is_tegra(roots: Roots) -> bool:
 
 def nvml_facts(library: Path) -> NvmlFacts:
     """The GPU names and versions from the board's NVML (DiscoveryError when it fails)."""
-    try:
-        nvml = load_nvml(library)
-    except ImportError:
-        missing = MissingDependencyError("pynvml", "reading the board's NVML", NVML_EXTRA)
-        raise DiscoveryError(f"NVML unavailable: {missing}") from None
-    except Exception as exc:  # OSError from dlopen, NVMLError from init
-        raise DiscoveryError(f"NVML unavailable: cannot load {library}: {exc}") from None
-    try:
-        cuda = int(nvml.nvmlSystemGetCudaDriverVersion_v2())
-        names = tuple(_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i)))
+    with nvml_session(library, "reading the board's NVML") as nvml:
+        names = tuple(nvml_text(nvml.nvmlDeviceGetName(nvml.nvmlDeviceGetHandleByIndex(i)))
                       for i in range(int(nvml.nvmlDeviceGetCount())))
-        return NvmlFacts(driver_version=_text(nvml.nvmlSystemGetDriverVersion()),
-                         cuda_version=f"{cuda // 1000}.{cuda % 1000 // 10}", gpus=names)
-    except Exception as exc:  # an NVMLError or a missing symbol: NVML is not usable
-        raise DiscoveryError(f"NVML query failed with {library}: {exc}") from None
-    finally:
-        with contextlib.suppress(Exception):
-            nvml.nvmlShutdown()
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+        return NvmlFacts(driver_version=nvml_text(nvml.nvmlSystemGetDriverVersion()),
+                         cuda_version=cuda_version(nvml), gpus=names)
 
 
 # --- paths inside a root --------------------------------------------------------------------
 
 
-class _Root:
-    """One root (driver or dev) seen from inside, as a chroot would show it."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = os.fspath(root)
-
-    def host(self, path: str) -> str:
-        """The host path of ``path`` with every link resolved inside the root."""
-        return os.fspath(resolve_in_root(self.root, path))
-
-    def container(self, host: str) -> str:
-        """The path in the root of a host path under it."""
-        rel = os.path.relpath(host, self.root)
-        return "/" if rel == "." else "/" + rel
+class _Root(DriverRoot):
+    """A root (driver or dev) seen from inside, as a chroot would show it, with what the CSV
+    entries need: wildcards, the file a path ends at, a link's text."""
 
     def expand(self, pattern: str) -> list[str]:
         """The paths in the root that ``pattern`` (absolute, maybe with wildcards in any
@@ -130,8 +100,9 @@ class _Root:
                 continue
             found = []
             for folder in paths:
+                host = self.resolve(folder)
                 try:
-                    names = sorted(os.listdir(self.host(folder)))
+                    names = sorted(os.listdir(host)) if host is not None else []
                 except OSError:
                     continue
                 found += [posixpath.join(folder, n) for n in fnmatch.filter(names, part)]
@@ -140,17 +111,17 @@ class _Root:
 
     def stat(self, path: str) -> tuple[str, os.stat_result] | None:
         """(the host path ``path`` ends at, its stat), or None when it ends at nothing."""
+        host = self.resolve(path)
         try:
-            host = self.host(path)
-            return host, os.stat(host)
-        except OSError:  # missing, or a link loop (ELOOP)
+            return (host, os.stat(host)) if host is not None else None
+        except OSError:  # missing
             return None
 
     def readlink(self, path: str) -> str | None:
         """The text of the link at ``path`` (its folder resolved), or None if it is none."""
+        folder = self.resolve(posixpath.dirname(path))
         try:
-            folder = self.host(posixpath.dirname(path))
-            return os.readlink(os.path.join(folder, posixpath.basename(path)))
+            return os.readlink(os.path.join(folder, posixpath.basename(path))) if folder else None
         except OSError:
             return None
 
@@ -174,10 +145,6 @@ class _Found:
 
     def mount(self, host: str, path: str, kind: str) -> FileMount:
         return self.mounts.setdefault(host, FileMount(host=host, path=path, kind=kind))
-
-    def link(self, target: str, path: str, end: FileMount) -> None:
-        self.links.setdefault(path, Link(target=target, path=path,
-                                         resolved=end._replace(path=path)))
 
 
 def locate_tegra(roots: Roots, entries: Sequence[MountSpec],
@@ -264,7 +231,8 @@ def _chain_links(driver: _Root, entry: MountSpec, found: _Found) -> None:
             text = driver.readlink(path)
             if text is None:
                 break
-            found.link(text, path, last)
+            found.links.setdefault(path, Link(target=text, path=path,
+                                              resolved=last._replace(path=path)))
             path = posixpath.normpath(posixpath.join(posixpath.dirname(path), text))
 
 
@@ -283,7 +251,8 @@ def _library_links(library: FileMount) -> list[Link]:
         if soname is not None:
             dev_name = _dev_link_name(soname)
             wanted += [(target, link) for target, link in ((name, soname), (soname, dev_name))
-                       if link and link != target and _is_link(os.path.join(host_folder, link))]
+                       if link and link != target
+                       and os.path.islink(os.path.join(host_folder, link))]
     return [Link(target=target, path=f"{folder}/{link}",
                  resolved=library._replace(path=f"{folder}/{link}")) for target, link in wanted]
 
@@ -299,13 +268,6 @@ def _dev_link_name(soname: str) -> str:
         if ext == ".so":
             return base
         base = stem
-
-
-def _is_link(host: str) -> bool:
-    try:
-        return stat.S_ISLNK(os.lstat(host).st_mode)
-    except OSError:
-        return False
 
 
 def _library_folders(mounts: Iterable[FileMount]) -> tuple[str, ...]:

@@ -18,20 +18,24 @@ module.  The hook decides, as NVIDIA's hook of the same name does:
 "Use it" means writing ``/etc/ld.so.conf.d/00-compat-nri-cdi.conf`` naming the folder.
 ``update-ldcache`` (which must run after this hook, as the generator orders them) puts the
 folders of ``00-compat-*.conf`` files ahead of the injected driver, as ``ldconfig`` would:
-those files sort before its own ``000-nri-cdi.conf``.
-
-Everything is reached through :class:`~cdi.hooks.rootfs.RootFS`, the library is parsed as
-untrusted bytes (bounded reads, no loader), and nothing from the image runs.
+those files sort before its own ``000-nri-cdi.conf``. The rules it follows:
+docs/developer/hook-safety.md.
 """
 
 from __future__ import annotations
 
 import os
-import stat
 import struct
 
 from cdi.hooks.ldconfig import CONF_DIR, write_file
-from cdi.hooks.rootfs import ForeignMountError, RootFS, RootFSError, split_container_path
+from cdi.hooks.rootfs import (
+    ForeignMountError,
+    RootFS,
+    RootFSError,
+    describe_error,
+    folder_names,
+    split_container_path,
+)
 from cdi.linux.namedtuple import NamedTuple
 
 # On the hook's start-up path (the generator runs enable-cuda-compat in every container):
@@ -46,7 +50,6 @@ _SHT_NOTE = 7
 _MAX_SECTIONS = 4096
 _MAX_NOTE = 64 << 10
 _MAX_SHSTRTAB = 1 << 20
-_MAX_NAMES = 1 << 16
 
 
 class CompatNote(NamedTuple):
@@ -182,11 +185,12 @@ def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = 
         return CompatResult(folder=None, reason="no host driver or CUDA version given")
     try:
         with root.directory(compat_root) as dir_fd:
-            names = _list(dir_fd)
+            names = folder_names(dir_fd, compat_root)
     except (FileNotFoundError, NotADirectoryError):
         return CompatResult(folder=None, reason=f"no {compat_root} in the container")
     except (OSError, RootFSError) as exc:  # a loop, a folder too large: the image's
-        why = f"{compat_root}: cannot be read ({_why(exc)}); the host driver's libcuda is used"
+        why = (f"{compat_root}: cannot be read ({describe_error(exc)}); the host driver's "
+               "libcuda is used")
         return CompatResult(folder=None, reason=why, warning=why)
     candidates = []
     for name in sorted(n for n in names if n.startswith("libcuda.so.")
@@ -222,24 +226,3 @@ def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = 
         return CompatResult(folder=None, reason=why, warning=why)
     return CompatResult(folder=compat_root,
                         reason=f"{path} is newer than the host driver {host_driver or host_cuda}")
-
-
-def _list(dir_fd: int) -> list[str]:
-    """The folder's names, at most :data:`_MAX_NAMES` (the folder is the image's)."""
-    fd = os.open(f"/proc/self/fd/{dir_fd}", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    names: list[str] = []
-    try:
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):
-            return []
-        with os.scandir(fd) as it:
-            for entry in it:
-                if len(names) >= _MAX_NAMES:
-                    raise RootFSError(f"more than {_MAX_NAMES} names in the folder")
-                names.append(entry.name)
-        return names
-    finally:
-        os.close(fd)
-
-
-def _why(exc: BaseException) -> str:
-    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

@@ -3,11 +3,9 @@
 With ``ModifyDeviceFiles: 1`` in ``/proc/driver/nvidia/params`` (the driver's default),
 ``libnvidia-ml`` and ``nvidia-smi`` in a container try to create ``/dev/nvidia*`` nodes.
 As NVIDIA's hook of the same name, the host's params are copied with ``0`` and mounted
-read-only over the container's (a hook: runc refuses mounts inside ``/proc``). Unlike it,
-the copy is made on a detached tmpfs (``fsopen``/``fsmount``), cloned (``open_tree``),
-made read-only (``mount_setattr``, Linux 5.12) and attached with ``move_mount`` to the
-descriptor :class:`~cdi.hooks.rootfs.RootFS` resolved: no path in the container is
-created or looked up twice. Without that API the hook says so and does nothing.
+read-only over the container's (a hook: runc refuses mounts inside ``/proc``); unlike it,
+through the new mount API (Linux 5.12), onto the descriptor :class:`~cdi.hooks.rootfs.RootFS`
+resolved (docs/developer/hook-safety.md §3). Without that API nothing is done.
 """
 
 from __future__ import annotations
@@ -92,33 +90,28 @@ def disable_device_node_modification(root: RootFS, *, host_params: str = PARAMS
 # --- the new mount API through ctypes -------------------------------------------------------
 
 
-class _Api:
-    def __init__(self) -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        self._syscall = libc.syscall
-        self._syscall.restype = ctypes.c_long
+def _mount_copy(target_fd: int, contents: bytes) -> None:
+    syscall = ctypes.CDLL(None, use_errno=True).syscall
+    syscall.restype = ctypes.c_long
 
-    def call(self, number: int, *args: object) -> int:
-        result = self._syscall(ctypes.c_long(number), *args)
+    def call(number: int, *args: object) -> int:
+        result = syscall(ctypes.c_long(number), *args)
         if result < 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err), "mount API")
         return int(result)
 
-
-def _mount_copy(target_fd: int, contents: bytes) -> None:
-    api = _Api()
     c_int, c_uint, c_str = ctypes.c_int, ctypes.c_uint, ctypes.c_char_p
     fds: list[int] = []
     try:
-        fs = api.call(_FSOPEN, c_str(b"tmpfs"), c_uint(_FSOPEN_CLOEXEC))
+        fs = call(_FSOPEN, c_str(b"tmpfs"), c_uint(_FSOPEN_CLOEXEC))
         fds.append(fs)
         for key, value in ((b"size", str(max(len(contents), 4096)).encode()),
                            (b"mode", b"0755")):
-            api.call(_FSCONFIG, c_int(fs), c_uint(_FSCONFIG_SET_STRING), c_str(key),
-                     c_str(value), c_int(0))
-        api.call(_FSCONFIG, c_int(fs), c_uint(_FSCONFIG_CMD_CREATE), None, None, c_int(0))
-        mnt = api.call(_FSMOUNT, c_int(fs), c_uint(_FSMOUNT_CLOEXEC), c_uint(
+            call(_FSCONFIG, c_int(fs), c_uint(_FSCONFIG_SET_STRING), c_str(key),
+                 c_str(value), c_int(0))
+        call(_FSCONFIG, c_int(fs), c_uint(_FSCONFIG_CMD_CREATE), None, None, c_int(0))
+        mnt = call(_FSMOUNT, c_int(fs), c_uint(_FSMOUNT_CLOEXEC), c_uint(
             _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV | _MOUNT_ATTR_NOEXEC))
         fds.append(mnt)
         fd = os.open("params", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444,
@@ -128,14 +121,14 @@ def _mount_copy(target_fd: int, contents: bytes) -> None:
             os.fchmod(fd, 0o444)
         finally:
             os.close(fd)
-        tree = api.call(_OPEN_TREE, c_int(mnt), c_str(b"params"),
-                        c_uint(_OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC))
+        tree = call(_OPEN_TREE, c_int(mnt), c_str(b"params"),
+                    c_uint(_OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC))
         fds.append(tree)
         attr = struct.pack("=QQQQ", _MOUNT_ATTR_RDONLY, 0, 0, 0)  # set, clr, propagation, userns
-        api.call(_MOUNT_SETATTR, c_int(tree), c_str(b""), c_uint(_AT_EMPTY_PATH), c_str(attr),
-                 ctypes.c_size_t(len(attr)))
-        api.call(_MOVE_MOUNT, c_int(tree), c_str(b""), c_int(target_fd), c_str(b""),
-                 c_uint(_MOVE_MOUNT_F_EMPTY_PATH | _MOVE_MOUNT_T_EMPTY_PATH))
+        call(_MOUNT_SETATTR, c_int(tree), c_str(b""), c_uint(_AT_EMPTY_PATH), c_str(attr),
+             ctypes.c_size_t(len(attr)))
+        call(_MOVE_MOUNT, c_int(tree), c_str(b""), c_int(target_fd), c_str(b""),
+             c_uint(_MOVE_MOUNT_F_EMPTY_PATH | _MOVE_MOUNT_T_EMPTY_PATH))
     finally:
         for fd in reversed(fds):
             os.close(fd)

@@ -8,14 +8,12 @@
    ``<proc root>/gpus/<bus id>`` (the bus id as given, then with procfs's 4-digit domain).
 
 Without an NVIDIA driver in this kernel (a simulated node) the tmpfs goes over ``driver``
-and ``nvidia/gpus/<bus id>`` is built in it from ``--proc-root``. Every mount is made
-through ``/proc/self/fd`` paths of descriptors opened and checked first.
+and ``nvidia/gpus/<bus id>`` is built in it from ``--proc-root``.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from collections.abc import Sequence
 
@@ -23,7 +21,6 @@ PROC_SUPER_MAGIC = 0x9FA0
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC = 32, 4096, 16384
 _SAFE = MS_NOSUID | MS_NODEV | MS_NOEXEC
-_O_PATH = getattr(os, "O_PATH", 0o10000000)
 
 
 class MaskError(Exception):
@@ -35,7 +32,7 @@ class _Statfs(ctypes.Structure):
 
 
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    return ctypes.CDLL(None, use_errno=True)  # this process's libc: no ctypes.util lookup
 
 
 def _fs_type(fd: int) -> int:
@@ -73,24 +70,12 @@ def _source(proc_root: str, bus: str) -> str:
     raise MaskError(f"GPU {bus}: no folder for it under {proc_root}/gpus")
 
 
-def _tmpfs(fd: int) -> str:
-    target = f"/proc/self/fd/{fd}"
-    _mount("tmpfs", target, "tmpfs", _SAFE, "mode=0755,size=64k")
-    return target
-
-
-def _bind(source: str, folder: str) -> None:
-    os.mkdir(folder, 0o555)
-    _mount(source, folder, None, MS_BIND | MS_REC)
-    _mount(None, folder, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _SAFE)
-
-
 def mask_proc(root: str, gpus: Sequence[str], proc_root: str = "/proc/driver/nvidia") -> str:
     """Mask the container at ``root`` (host path of its root folder, in its mount
     namespace); returns which folder was covered."""
     sources = [(procfs_bus_names(b)[-1], _source(proc_root, b)) for b in gpus]
     try:
-        proc = os.open(os.path.join(root, "proc"), _O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+        proc = os.open(os.path.join(root, "proc"), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as exc:
         raise MaskError(f"{root}/proc: {exc.strerror}") from None
     try:
@@ -101,7 +86,8 @@ def mask_proc(root: str, gpus: Sequence[str], proc_root: str = "/proc/driver/nvi
         if fd is None:
             raise MaskError(f"{root}/proc has no driver folder")
         try:
-            target = _tmpfs(fd)
+            target = f"/proc/self/fd/{fd}"
+            _mount("tmpfs", target, "tmpfs", _SAFE, "mode=0755,size=64k")
             # The new tmpfs is reached again through the path: the descriptor still names
             # the folder underneath it.
             mounted = os.path.realpath(target)
@@ -110,8 +96,11 @@ def mask_proc(root: str, gpus: Sequence[str], proc_root: str = "/proc/driver/nvi
                 os.mkdir(os.path.join(mounted, "nvidia"), 0o555)
                 gpus_dir = os.path.join(mounted, "nvidia", "gpus")
                 os.mkdir(gpus_dir, 0o555)
-            for name, source in sources:
-                _bind(source, os.path.join(gpus_dir, name))
+            for name, source in sources:  # each GPU's folder back, read-only
+                folder = os.path.join(gpus_dir, name)
+                os.mkdir(folder, 0o555)
+                _mount(source, folder, None, MS_BIND | MS_REC)
+                _mount(None, folder, None, MS_REMOUNT | MS_BIND | MS_RDONLY | _SAFE)
             os.chmod(mounted, 0o555)
             _mount(None, mounted, None, MS_REMOUNT | MS_RDONLY | _SAFE)
         finally:
@@ -123,6 +112,6 @@ def mask_proc(root: str, gpus: Sequence[str], proc_root: str = "/proc/driver/nvi
 
 def _open_dir(parent: int, path: str) -> int | None:
     try:
-        return os.open(path, _O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+        return os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
     except FileNotFoundError:
         return None

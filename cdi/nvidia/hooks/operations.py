@@ -19,7 +19,7 @@ DEFAULT_PROC_ROOT = "/proc/driver/nvidia"
 
 
 def _mask_proc(root: RootFS, args: Args) -> list[str]:
-    # lazy: ctypes.util, the slowest import of any hook; see cdi.hooks.cli
+    # lazy: ctypes, which a container without this operation does not need
     from cdi.nvidia.hooks.mask_proc import MaskError, mask_proc
 
     try:
