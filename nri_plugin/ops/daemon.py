@@ -35,9 +35,9 @@ from nri_plugin.ops.policy_reload import PolicyReloader
 from nri_plugin.ops.runtime_cdi import runtime_cdi_config
 from nri_plugin.ops.settings import (
     Settings,
-    SettingsError,
     add_config_argument,
     add_setting_flags,
+    command_settings,
     settings_from_args,
 )
 from nri_plugin.ops.status import LAUNCHED_SOCKET, StatusFile
@@ -78,11 +78,8 @@ def add_command(subparsers: Any) -> None:
 
 
 def cmd_plugin(args: argparse.Namespace) -> int:
-    try:
-        settings = settings_from_args(args)
-    except SettingsError as exc:
-        for line in exc.lines():
-            print(line, file=sys.stderr)
+    settings = command_settings(args, "plugin")
+    if settings is None:
         return 2
     output = _setup_logging(settings.log.level, settings.log.format)
     try:

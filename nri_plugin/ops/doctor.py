@@ -16,7 +16,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -47,10 +46,9 @@ from nri_plugin.ops.runtime_cdi import cri_cdi_settings, why_unread
 from nri_plugin.ops.settings import (
     PluginSettings,
     Settings,
-    SettingsError,
     add_config_argument,
     add_setting_flags,
-    settings_from_args,
+    command_settings,
 )
 from nri_plugin.ops.status import CONNECTED, LAUNCHED_SOCKET, STARTING, read_status
 
@@ -631,11 +629,8 @@ def add_commands(subparsers: Any) -> None:
 def cmd_doctor(args: argparse.Namespace) -> int:
     if args.e2e:
         return check.cmd(args)
-    try:
-        settings = settings_from_args(args)
-    except SettingsError as exc:
-        print("\n".join(f"nri-cdi doctor: error: {line}" for line in exc.lines()),
-              file=sys.stderr)
+    settings = command_settings(args, "doctor")
+    if settings is None:
         return 2
     checks = run_checks(settings, check_generated=args.check_generated)
     if args.json:

@@ -27,10 +27,9 @@ from cdi.nvidia.sidecar import sidecar_path
 from nri_plugin.ops.logformat import log_formatter
 from nri_plugin.ops.settings import (
     Settings,
-    SettingsError,
     add_config_argument,
     add_setting_flags,
-    settings_from_args,
+    command_settings,
 )
 
 log = logging.getLogger("nri_cdi.refresh")
@@ -307,11 +306,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _setup(args: argparse.Namespace) -> Settings | None:
-    try:
-        settings = settings_from_args(args)
-    except SettingsError as exc:
-        print("\n".join(f"nri-cdi {args.command}: error: {line}" for line in exc.lines()),
-              file=sys.stderr)
+    settings = command_settings(args, args.command)
+    if settings is None:
         return None
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(log_formatter(settings.log.format))
