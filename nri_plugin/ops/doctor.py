@@ -19,7 +19,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +41,7 @@ from nri_plugin.ops.containerd_config import (
     same_path,
 )
 from nri_plugin.ops.dra_check import claim_specs
+from nri_plugin.ops.metrics import parse_address
 from nri_plugin.ops.refresh import generator_args, node_paths, run_generator_process
 from nri_plugin.ops.runtime_cdi import cri_cdi_settings, why_unread
 from nri_plugin.ops.settings import (
@@ -219,12 +220,10 @@ def check_health(health_url: str) -> Check:
 def health_url(settings: Settings) -> str | None:
     if settings.doctor.health_url:
         return str(settings.doctor.health_url)
-    address = settings.metrics.address
-    if not address:
+    if not settings.metrics.address:
         return None
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    if host in ("", "0.0.0.0", "::"):
+    host, port = parse_address(settings.metrics.address)
+    if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
     return f"http://{host if ':' not in host else f'[{host}]'}:{port}/healthz"
 
@@ -232,27 +231,26 @@ def health_url(settings: Settings) -> str | None:
 # --- specs ---------------------------------------------------------------------------------
 
 
-def check_spec_dirs(dirs: Iterable[str]) -> tuple[Check, Any]:
+def check_spec_dirs(dirs: Iterable[str]) -> Check:
     name = "spec directories"
     dirs = list(dirs)
     unreadable = [d for d in dirs if os.path.isdir(d) and not os.access(d, os.R_OK | os.X_OK)]
     if unreadable:
         return Check(name=name, status="fail", detail=f"cannot read {', '.join(unreadable)}",
-                     fix="run doctor (and the plugin) as root"), None
+                     fix="run doctor (and the plugin) as root")
     snapshot = SpecCache(dirs).refresh()
     if snapshot.errors:
         lines = [f"{path}: {msgs[0]}" for path, msgs in sorted(snapshot.errors.items())]
         return Check(name=name, status="fail", detail="; ".join(lines),
                      fix="fix or remove the files named (a bad spec is skipped, so its "
                          "devices are unresolvable); regenerate generated ones with "
-                         "nri-cdi refresh"), snapshot
+                         "nri-cdi refresh")
     if not snapshot.devices:
         return Check(name=name, status="warn", detail=f"no CDI devices in {', '.join(dirs)}",
                      fix="generate a spec: nri-cdi refresh (or systemctl start "
-                         "nri-cdi-generate)"), snapshot
+                         "nri-cdi-generate)")
     return Check(name=name, status="ok",
-                 detail=f"{len(snapshot.devices)} devices from {len(snapshot.specs)} specs"), \
-        snapshot
+                 detail=f"{len(snapshot.devices)} devices from {len(snapshot.specs)} specs")
 
 
 def _spec_documents(dirs: Iterable[str]) -> Iterable[tuple[str, Mapping[str, Any]]]:
@@ -268,11 +266,12 @@ def _spec_documents(dirs: Iterable[str]) -> Iterable[tuple[str, Mapping[str, Any
             yield spec_file.path, doc
 
 
-def _device_nodes(doc: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
+def _edit_entries(doc: Mapping[str, Any], kind: str) -> Iterable[Mapping[str, Any]]:
+    """The ``deviceNodes`` or ``mounts`` of a spec's and its devices' containerEdits."""
     edits = [doc.get("containerEdits") or {}]
     edits += [(d or {}).get("containerEdits") or {} for d in doc.get("devices") or []]
     for e in edits:
-        yield from (n for n in e.get("deviceNodes") or [] if isinstance(n, Mapping))
+        yield from (n for n in e.get(kind) or [] if isinstance(n, Mapping))
 
 
 def check_device_nodes(dirs: Iterable[str]) -> Check:
@@ -281,7 +280,7 @@ def check_device_nodes(dirs: Iterable[str]) -> Check:
     wrong: list[str] = []
     seen = 0
     for path, doc in _spec_documents(dirs):
-        for node in _device_nodes(doc):
+        for node in _edit_entries(doc, "deviceNodes"):
             host = str(node.get("hostPath") or node.get("path") or "")
             seen += 1
             try:
@@ -310,11 +309,7 @@ def check_driver_architecture(dirs: Iterable[str]) -> Check:
     foreign: list[str] = []
     seen = 0
     for _, doc in _spec_documents(dirs):
-        edits = [doc.get("containerEdits") or {}]
-        edits += [(d or {}).get("containerEdits") or {} for d in doc.get("devices") or []]
-        hosts = {str(m.get("hostPath")) for e in edits for m in e.get("mounts") or []
-                 if isinstance(m, Mapping)}
-        for host in sorted(hosts):
+        for host in sorted({str(m.get("hostPath")) for m in _edit_entries(doc, "mounts")}):
             if not os.path.isfile(host) or not is_elf(host):
                 continue
             seen += 1
@@ -333,9 +328,7 @@ def check_driver_architecture(dirs: Iterable[str]) -> Check:
                  detail=f"{seen} ELF files mounted, all for {this_machine()}")
 
 
-def check_fingerprint(settings: Settings,
-                      current: Callable[[Settings], tuple[str | None, str]] | None = None
-                      ) -> Check:
+def check_fingerprint(settings: Settings) -> Check:
     name = "spec matches the node"
     output = Path(settings.generate.output)
     meta_path = sidecar_path(output)
@@ -347,7 +340,7 @@ def check_fingerprint(settings: Settings,
                          fix="if this node has NVIDIA GPUs: nri-cdi refresh")
         return Check(name=name, status="warn", detail=f"{output} has no {meta_path.name}",
                      fix="regenerate it with nri-cdi refresh (records the fingerprint)")
-    fingerprint, error = (current or current_fingerprint)(settings)
+    fingerprint, error = current_fingerprint(settings)
     if fingerprint is None:
         return Check(name=name, status="fail", detail=f"cannot inspect the node: {error}",
                      fix="check the driver (nvidia-smi) and the generate section")
@@ -375,10 +368,8 @@ def _stale_detail(settings: Settings, meta: Mapping[str, Any]) -> str:
 
 def current_fingerprint(settings: Settings) -> tuple[str | None, str]:
     """(fingerprint, error) of what the generator would write now (stdout, nothing saved)."""
-    args = generator_args(settings)
-    out = args.index("--output")
-    args = [a for i, a in enumerate(args) if a != "--if-changed" and i not in (out, out + 1)]
-    done = run_generator_process([*args, "--format", "yaml"])
+    # less the leading --if-changed --output FILE: the spec goes to standard output
+    done = run_generator_process([*generator_args(settings)[3:], "--format", "yaml"])
     match = re.search(r"^# fingerprint: (\S+)$", done.stdout, re.M)
     if done.returncode != 0 or not match:
         return None, done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
@@ -386,12 +377,8 @@ def current_fingerprint(settings: Settings) -> tuple[str | None, str]:
 
 
 # --- containerd's own CDI ------------------------------------------------------------------
-# The set-up that works (docs/install/containerd.md, "containerd's own CDI beside the
-# plugin"): the runtime's CDI reads the plugin's spec folders. Then devices named in container
-# cdi.k8s.io annotations are injected by containerd and left alone by the plugin, and devices
-# the plugin hands to the runtime (CDI_devices: additionalGids, narrowed permissions, ...)
-# resolve. With separate folders the runtime fails every handed-over device with
-# "unresolvable CDI devices".
+# It must read the plugin's spec folders, or the devices handed over to it fail
+# (docs/install/containerd.md, "containerd's own CDI beside the plugin").
 
 
 def _runtime_cdi(cfg: ContainerdConfig) -> tuple[bool, tuple[str, ...], str]:
@@ -576,7 +563,6 @@ def check_required_plugin(cfg: ContainerdConfig, name: str, index: str,
 
 
 def run_checks(settings: Settings, *, containerd_major_version: int | None = None,
-               fingerprint: Callable[[Settings], tuple[str | None, str]] | None = None,
                check_generated: bool = True) -> list[Check]:
     plugin = settings.plugin
     found = locate(settings.runtime_cdi.containerd_config, plugin.socket)
@@ -592,17 +578,14 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
               check_plugin(plugin, health=health)]
     if health:
         checks.append(check_health(health))
-    dirs_check, _ = check_spec_dirs(plugin.spec_dirs)
-    checks.append(dirs_check)
+    checks.append(check_spec_dirs(plugin.spec_dirs))
     if check_generated:
-        checks.append(check_fingerprint(settings, fingerprint))
-    checks += [check_device_nodes(plugin.spec_dirs), check_native_cdi(cfg, plugin.spec_dirs),
-               check_runtime_cdi_setting(cfg, settings),
-               check_kinds_runtimes_can_load(plugin.spec_dirs)]
-    checks.append(check_required_plugin(cfg, plugin.name, plugin.index, version))
-    checks.append(check_dra(cfg, plugin.spec_dirs))
-    checks.append(check_driver_architecture(plugin.spec_dirs))
-    return checks
+        checks.append(check_fingerprint(settings))
+    return [*checks, check_device_nodes(plugin.spec_dirs),
+            check_native_cdi(cfg, plugin.spec_dirs), check_runtime_cdi_setting(cfg, settings),
+            check_kinds_runtimes_can_load(plugin.spec_dirs),
+            check_required_plugin(cfg, plugin.name, plugin.index, version),
+            check_dra(cfg, plugin.spec_dirs), check_driver_architecture(plugin.spec_dirs)]
 
 
 def render(checks: Iterable[Check]) -> str:
