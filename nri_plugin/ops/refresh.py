@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,9 +65,6 @@ class NodePaths:
 
     def proc(self, rel: str) -> Path:
         return self.dev_root / "proc" / rel
-
-    def sys(self, rel: str) -> Path:
-        return self.dev_root / "sys" / rel
 
 
 def _read(path: Path) -> str | None:
@@ -117,7 +114,7 @@ def probe(paths: NodePaths) -> NodeState:
     release = os.uname().release
     driver = (
         _read(paths.proc("driver/nvidia/version")),
-        _inode(paths.sys("module/nvidia")),
+        _inode(paths.dev_root / "sys/module/nvidia"),
         _identity(paths.dev_root / "lib/modules" / release / "modules.dep"),
         _libraries(paths),
     )
@@ -218,11 +215,7 @@ class Watcher:
                  generate: Callable[[], Outcome] | None = None,
                  probe_node: Callable[[], NodeState] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        w = settings.watch
         self.settings = settings
-        self.poll_interval = w.poll_interval
-        self.settle = w.settle
-        self.resync_interval = w.resync_interval
         self._generate = generate or (lambda: run_generator(settings))
         self._probe = probe_node or (lambda: probe(node_paths(settings)))
         self._clock = clock
@@ -238,7 +231,7 @@ class Watcher:
 
     def run(self) -> None:
         self.refresh("start")
-        while not self._stop.wait(self.poll_interval):
+        while not self._stop.wait(self.settings.watch.poll_interval):
             self.step()
 
     def step(self) -> None:
@@ -256,7 +249,7 @@ class Watcher:
 
     def _settled(self, state: NodeState) -> NodeState:
         """Wait until the node stays the same for ``settle`` seconds (or stop is asked)."""
-        while not self._stop.wait(self.settle):
+        while not self._stop.wait(self.settings.watch.settle):
             again = self._probe()
             if again == state:
                 return state
@@ -267,7 +260,7 @@ class Watcher:
         if self._state is None:
             self._state = self._probe()
         outcome = self._generate()
-        self._next_resync = self._clock() + self.resync_interval
+        self._next_resync = self._clock() + self.settings.watch.resync_interval
         self._retry = not outcome.ok
         if not outcome.ok:
             if outcome.message != self._last_error:
@@ -333,19 +326,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: watcher.stop())
     log.info("watching %s (poll %.1fs, settle %.1fs, resync %.0fs) for %s",
-             settings.generate.driver_root, watcher.poll_interval, watcher.settle,
-             watcher.resync_interval, settings.generate.output)
+             settings.generate.driver_root, settings.watch.poll_interval,
+             settings.watch.settle, settings.watch.resync_interval, settings.generate.output)
     watcher.run()
     log.info("watch stopped")
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nri-cdi")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
