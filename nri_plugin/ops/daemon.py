@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cdi.cache import Snapshot, SpecCache
@@ -83,7 +83,9 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         return 2
     output = _setup_logging(settings.log.level, settings.log.format)
     try:
-        vendors = vendor_rules()
+        # The vendors whose rules the plugin applies (and whose request sources and
+        # default denials its policy knows).
+        vendors: tuple[VendorRules, ...] = (NvidiaRules(),)
         policy = _load_policy(args.policy, settings, vendors)
         if policy is None:
             return 2
@@ -109,12 +111,6 @@ def _identity(args: argparse.Namespace, settings: Settings) -> tuple[str | None,
     name = args.name or (None if launched else settings.plugin.name)
     idx = args.idx or (None if PLUGIN_IDX_ENV in os.environ else settings.plugin.index)
     return name, idx
-
-
-def vendor_rules() -> tuple[VendorRules, ...]:
-    """The vendors whose rules the plugin applies (and whose request sources and default
-    denials its policy knows)."""
-    return (NvidiaRules(),)
 
 
 def _load_policy(path: str | None, settings: Settings,
@@ -231,6 +227,8 @@ class _Refreshed:
         self._registry = registry
         self._metrics = metrics
         self._swap = threading.Lock()
+        self._errors: Mapping[str, tuple[str, ...]] = {}
+        self._warnings: Mapping[str, tuple[str, ...]] = {}
 
     def __call__(self, snapshot: Snapshot) -> None:
         # Two threads refresh (the watcher; a container's miss): never an older one last.
@@ -238,9 +236,25 @@ class _Refreshed:
             if snapshot.generation <= self._registry.get().snapshot.generation:
                 return
             self._registry.update(snapshot)
-        _log_refresh(snapshot)
+        self._log(snapshot)
         if self._metrics is not None:
             self._metrics.registry(snapshot)
+
+    def _log(self, snapshot: Snapshot) -> None:
+        """One line per refresh; every spec-file error again when the set of errors
+        changes; a path's warnings when they change."""
+        log.info("CDI registry generation %d: %d devices from %d specs, %d files with "
+                 "errors", snapshot.generation, len(snapshot.devices), len(snapshot.specs),
+                 len(snapshot.errors))
+        if dict(snapshot.errors) != dict(self._errors):
+            for path, messages in sorted(snapshot.errors.items()):
+                for message in messages:
+                    log.warning("%s: %s", printable(path), printable(message))
+        for path, messages in sorted(snapshot.warnings.items()):
+            if self._warnings.get(path) != messages:
+                for message in messages:
+                    log.warning("%s: %s", printable(path), message)
+        self._errors, self._warnings = snapshot.errors, snapshot.warnings
 
 
 MISS_TIMEOUT_S = 1.0  # of the runtime's 2 s for a CreateContainer
@@ -313,29 +327,3 @@ def _shutdown(stub: Stub | GuardedConnections, task: asyncio.Future[None]) -> No
     log.info("shutting down")
     stub.stop()
     task.cancel()  # also ends a reconnect back-off sleep at once
-
-
-_last_errors: dict[str, tuple[str, ...]] = {}
-_last_warnings: dict[str, tuple[str, ...]] = {}
-
-
-def _log_refresh(snapshot: Snapshot) -> None:
-    """One line per refresh, plus every spec-file error when the set of errors changes."""
-    log.info("CDI registry generation %d: %d devices from %d specs, %d files with errors",
-             snapshot.generation, len(snapshot.devices), len(snapshot.specs),
-             len(snapshot.errors))
-    errors = dict(snapshot.errors)
-    if errors != _last_errors:
-        for path, messages in sorted(errors.items()):
-            for message in messages:
-                log.warning("%s: %s", printable(path), printable(message))
-        _last_errors.clear()
-        _last_errors.update(errors)
-    warnings = dict(getattr(snapshot, "warnings", {}))
-    if warnings != _last_warnings:
-        for path, messages in sorted(warnings.items()):
-            if _last_warnings.get(path) != messages:
-                for message in messages:
-                    log.warning("%s: %s", printable(path), message)
-        _last_warnings.clear()
-        _last_warnings.update(warnings)
