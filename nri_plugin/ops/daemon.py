@@ -30,7 +30,7 @@ from nri_plugin.nri.versions import (
 from nri_plugin.ops.dra_check import start_warning
 from nri_plugin.ops.logformat import BoundedLog, log_formatter
 from nri_plugin.ops.logwriter import NonBlockingHandler
-from nri_plugin.ops.metrics import Metrics, Server, parse_address
+from nri_plugin.ops.metrics import Metrics, Server
 from nri_plugin.ops.policy_reload import PolicyReloader
 from nri_plugin.ops.runtime_cdi import runtime_cdi_config
 from nri_plugin.ops.settings import (
@@ -38,6 +38,7 @@ from nri_plugin.ops.settings import (
     add_config_argument,
     add_setting_flags,
     command_settings,
+    parse_address,
     settings_from_args,
 )
 from nri_plugin.ops.status import LAUNCHED_SOCKET, StatusFile
@@ -117,21 +118,24 @@ def _load_policy(path: str | None, settings: Settings,
                  vendors: Sequence[VendorRules]) -> Policy | None:
     """The policy from ``path``, else the config file's ``policy`` section, else the
     built-in defaults; None after logging every problem."""
-    if path is None and not settings.policy:
-        return Policy.defaults(vendors)
     try:
-        if path is None:
-            path = f"{settings.source} (policy section)"
-            policy = parse_policy(dict(settings.policy), origin=path, vendors=vendors)
-        else:
-            policy = load_policy(path, vendors)
+        policy = (load_policy(path, vendors) if path is not None
+                  else _config_policy(settings, vendors))
     except PolicyError as exc:
         log.error("%s", exc)
+        where = f"{settings.source} (policy section)" if path is None else path
         for problem in exc.problems:
-            log.error("policy %s: %s", path, problem)
+            log.error("policy %s: %s", where, problem)
         return None
-    log.info("policy loaded from %s", path)
+    log.info("policy loaded from %s", policy.origin)
     return policy
+
+
+def _config_policy(settings: Settings, vendors: Sequence[VendorRules]) -> Policy:
+    if not settings.policy:
+        return Policy.defaults(vendors)
+    return parse_policy(dict(settings.policy), origin=f"{settings.source} (policy section)",
+                        vendors=vendors)
 
 
 async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
@@ -297,16 +301,9 @@ def _policy_reloader(args: argparse.Namespace, settings: Settings,
         policy_file = path
         return PolicyReloader(path, lambda: load_policy(policy_file, vendors),
                               injector.set_policy)
-
-    def from_config() -> Policy:
-        fresh = settings_from_args(args)
-        if not fresh.policy:
-            return Policy.defaults(vendors)
-        return parse_policy(dict(fresh.policy), origin=f"{fresh.source} (policy section)",
-                            vendors=vendors)
-
     source = settings.source
-    return PolicyReloader(source if os.path.isfile(source) else None, from_config,
+    return PolicyReloader(source if os.path.isfile(source) else None,
+                          lambda: _config_policy(settings_from_args(args), vendors),
                           injector.set_policy)
 
 

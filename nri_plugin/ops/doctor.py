@@ -41,7 +41,6 @@ from nri_plugin.ops.containerd_config import (
     same_path,
 )
 from nri_plugin.ops.dra_check import claim_specs
-from nri_plugin.ops.metrics import parse_address
 from nri_plugin.ops.refresh import generator_args, node_paths, run_generator_process
 from nri_plugin.ops.runtime_cdi import cri_cdi_settings, why_unread
 from nri_plugin.ops.settings import (
@@ -50,6 +49,7 @@ from nri_plugin.ops.settings import (
     add_config_argument,
     add_setting_flags,
     command_settings,
+    parse_address,
 )
 from nri_plugin.ops.status import CONNECTED, LAUNCHED_SOCKET, STARTING, read_status
 

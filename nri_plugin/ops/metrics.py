@@ -19,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from cdi.extras import MissingDependencyError
+from nri_plugin.ops.settings import parse_address
 from nri_plugin.plugins.cdi_injector.counters import Counters
 
 # CreateContainer must answer within the runtime's 2 s request timeout; a cached plan takes
@@ -167,14 +168,6 @@ class Server:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join()
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``host:port``, ``[v6]:port`` or ``:port`` (all interfaces)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"metrics address must be host:port, got {address!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def _handler(metrics: Metrics) -> type[BaseHTTPRequestHandler]:

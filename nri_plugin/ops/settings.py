@@ -116,14 +116,19 @@ def _index(value: Any) -> str:
     return text
 
 
-def _address(value: Any) -> str:
-    """``host:port`` or ``:port``; empty string = off; port 0 = any free port (logged)."""
-    text = _str(value)
-    if text == "":
-        return text
-    _, sep, port = text.rpartition(":")
+def parse_address(address: str) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or ``:port`` (all interfaces); port 0: any free port."""
+    host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"expected host:port (or \"\" for off), got {value!r}")
+        raise ValueError(f"expected host:port (or \"\" for off), got {address!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _address(value: Any) -> str:
+    """An address ``parse_address`` reads, or "" (off)."""
+    text = _str(value)
+    if text:
+        parse_address(text)
     return text
 
 
