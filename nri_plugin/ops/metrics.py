@@ -1,12 +1,8 @@
-"""Prometheus metrics and health endpoints for the plugin (off unless ``metrics.address``).
+"""The plugin's Prometheus metrics and health endpoints (docs/operations/metrics.md).
 
-``Metrics`` is what the daemon and the injector call: counter and gauge updates only (no
-I/O), safe on the CreateContainer path. ``serve(address)`` starts a small HTTP server in a
-daemon thread: ``/metrics``; ``/healthz``, 200 when connected to the runtime, else 503 (a
-readiness signal); ``/livez``, 200 while it serves (a disconnected plugin is retrying:
-restarting it would not help). Both health answers are JSON with the runtime, the registry
-and the counters. prometheus-client is imported when a ``Metrics`` is made, so commands
-that never make one neither pay for its import nor need the ``metrics`` extra.
+``Metrics``' updates do no I/O (safe on the CreateContainer path); ``serve`` answers in a
+thread of its own. prometheus-client is imported when a ``Metrics`` is made: only the
+plugin with ``metrics.address`` set needs the ``metrics`` extra.
 """
 
 from __future__ import annotations

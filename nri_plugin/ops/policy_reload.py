@@ -1,11 +1,9 @@
-"""Reload the plugin's policy when its file changes (inotify) or on SIGHUP.
+"""Reload the plugin's policy when its file changes (inotify) or on SIGHUP
+(docs/usage/policy.md).
 
-The new policy is read and validated in a worker thread, off the event loop; only a valid
-one replaces the old, in one assignment on the loop. An invalid one keeps the old policy,
-with one log line per problem. The folder is watched, not the file: editors and
-``kubectl`` (a ConfigMap volume swaps a ``..data`` link) replace files by rename, which a
-watch on the file itself would lose. Every event in the folder only schedules a check; the
-file's bytes decide whether anything changed, and a short settle time lets a writer finish.
+The folder is watched, not the file: editors and ConfigMap volumes replace files by
+rename. Every event only schedules a check; the file's bytes decide whether anything
+changed, and a short settle time lets a writer finish.
 """
 
 from __future__ import annotations
@@ -118,7 +116,6 @@ class PolicyReloader:
             return None, exc.lines()
 
     def stop(self, loop: asyncio.AbstractEventLoop) -> None:
-
         loop.remove_signal_handler(signal.SIGHUP)
         if self._timer is not None:
             self._timer.cancel()

@@ -18,6 +18,7 @@ from nri_plugin.ops.containerd_config import (
     CRI_V3_SECTION,
     ContainerdConfig,
     locate,
+    plugin_section,
 )
 from nri_plugin.plugins.cdi_injector.delegation import LIBRARY_DEFAULT_DIRS, RuntimeCdiConfig
 
@@ -32,11 +33,8 @@ def cri_cdi_settings(data: Mapping[str, Any] | None) -> tuple[bool | None, tuple
     containerd config (None: no file)."""
     if not data:
         return None, LIBRARY_DEFAULT_DIRS
-    name = CRI_V3_SECTION if data.get("version") == 3 else CRI_V2_SECTION
-    plugins = data.get("plugins", {})
-    section = plugins.get(name, {}) if isinstance(plugins, Mapping) else {}
-    if not isinstance(section, Mapping):
-        section = {}
+    section = plugin_section(data, CRI_V3_SECTION if data.get("version") == 3
+                             else CRI_V2_SECTION)
     enabled = section.get("enable_cdi")
     dirs = section.get("cdi_spec_dirs")
     return (bool(enabled) if isinstance(enabled, bool) else None,
@@ -54,18 +52,14 @@ def why_unread(cfg: ContainerdConfig) -> str:
     return ""
 
 
-def containerd_config_for(settings: Settings, major: int | None = None) -> ContainerdConfig:
-    """containerd's configuration, from the file the settings name, else the one the
-    running containerd serving ``plugin.socket`` was started with, else the default path."""
-    return locate(settings.runtime_cdi.containerd_config, settings.plugin.socket).read(major)
-
-
 def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
     wanted = settings.runtime_cdi
     if wanted.enabled != "auto" and wanted.spec_dirs is not None:
         return RuntimeCdiConfig(enabled=wanted.enabled == "on", spec_dirs=wanted.spec_dirs,
                                 origin="runtime_cdi.enabled and runtime_cdi.spec_dirs set")
-    cfg = containerd_config_for(settings)
+    # The file the settings name, else the one the running containerd serving
+    # plugin.socket was started with, else the default path.
+    cfg = locate(settings.runtime_cdi.containerd_config, settings.plugin.socket).read(None)
     unread = why_unread(cfg)
     if unread:
         enabled, dirs = None, None

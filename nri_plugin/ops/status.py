@@ -72,12 +72,10 @@ class PluginStatus:
 class StatusFile:
     """The daemon's side: holds the lock and rewrites the file on each change."""
 
-    def __init__(self, folder: str, *, name: str, index: str, socket: str,
-                 clock: Any = time.time) -> None:
+    def __init__(self, folder: str, *, name: str, index: str, socket: str) -> None:
         self.path = status_path(folder, name, index) if folder else None
-        self._clock = clock
         self._lock_fd: int | None = None
-        now = clock()
+        now = time.time()
         self.status = PluginStatus(pid=os.getpid(), name=name, index=index, socket=socket,
                                    started=now, since=now)
 
@@ -113,7 +111,7 @@ class StatusFile:
             self._lock_fd = None
 
     def _set(self, **changes: Any) -> None:
-        self.status = replace(self.status, since=self._clock(), **changes)
+        self.status = replace(self.status, since=time.time(), **changes)
         self._write()
 
     def _write(self) -> None:
