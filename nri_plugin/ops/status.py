@@ -9,7 +9,6 @@ that cannot take it knows the plugin lives, whatever pid namespace either runs i
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import json
@@ -19,6 +18,8 @@ import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from cdi.spec import atomic_write
 
 if TYPE_CHECKING:
     from nri_plugin.nri.dispatch import Configuration
@@ -117,15 +118,10 @@ class StatusFile:
     def _write(self) -> None:
         if self.path is None:
             return
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps(asdict(self.status), indent=1) + "\n")
-            tmp.chmod(0o644)
-            os.replace(tmp, self.path)
+            atomic_write(self.path, json.dumps(asdict(self.status), indent=1).encode() + b"\n")
         except OSError as exc:
             log.warning("cannot write the status file %s: %s", self.path, _why(exc))
-            with contextlib.suppress(OSError):
-                tmp.unlink()
 
 
 def _take_lock(path: Path) -> int:
@@ -165,13 +161,11 @@ class Reading:
 def read_status(folder: str, name: str, index: str) -> Reading:
     path = status_path(folder, name, index)
     try:
-        text = path.read_text()
+        status = PluginStatus.from_json(path.read_text())
     except FileNotFoundError:
         return Reading(path=path, status=None, alive=None, problem="no such file")
     except OSError as exc:
         return Reading(path=path, status=None, alive=None, problem=_why(exc))
-    try:
-        status = PluginStatus.from_json(text)
     except (ValueError, TypeError) as exc:
         return Reading(path=path, status=None, alive=None, problem=f"unreadable: {exc}")
     return Reading(path=path, status=status, alive=writer_alive(lock_path(folder, name, index)))

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cdi.spec import atomic_write
 from nri_plugin.ops.settings import DEFAULT_CONFIG_PATH, PluginSettings
 
 DEFAULT_BINARY = "/usr/local/bin/nri-cdi"
@@ -187,13 +188,6 @@ def render_launcher(*, python: str = sys.executable, config: str | None = DEFAUL
     return "\n".join(lines) + "\n"
 
 
-def _write(path: Path, text: str, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.chmod(mode)
-    os.replace(tmp, path)
-
-
 Systemctl = Callable[[list[str]], int]
 
 
@@ -208,7 +202,7 @@ def install_units(unit_dir: Path, *, binary: str, config: str, enable: bool,
     there (``systemctl --root``): nothing is reloaded or started."""
     unit_dir.mkdir(parents=True, exist_ok=True)
     for name, text in render_units(binary, config).items():
-        _write(unit_dir / name, text, 0o644)
+        atomic_write(unit_dir / name, text.encode(), mode=0o644)
     if enable:
         steps = ([[f"--root={root}", "enable", *ENABLE]] if root is not None
                  else [["daemon-reload"], ["enable", "--now", *ENABLE]])
@@ -397,7 +391,7 @@ def cmd_install_launcher(args: argparse.Namespace) -> int:
     target = launcher_path(args.plugin_dir, args.index)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        _write(target, text, 0o755)
+        atomic_write(target, text.encode(), mode=0o755)
     except OSError as exc:
         return _fail("install-plugin-launcher", exc)
     print(f"wrote {target}; containerd starts it at its next start (NRI must be enabled)")
