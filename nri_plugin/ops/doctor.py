@@ -29,6 +29,7 @@ import yaml
 from cdi.cache import SpecCache
 from cdi.dirs import DEFAULT_SPEC_DIRS, scan
 from cdi.linux.elf import ElfError, foreign_to_this_machine, is_elf, read_header, this_machine
+from cdi.nvidia.discover import Roots, driver_version_from_proc
 from cdi.nvidia.sidecar import sidecar_path
 from nri_cdi_testbed.node_check import check
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
@@ -41,7 +42,7 @@ from nri_plugin.ops.containerd_config import (
     same_path,
 )
 from nri_plugin.ops.dra_check import claim_specs
-from nri_plugin.ops.refresh import generator_args, node_paths, run_generator_process
+from nri_plugin.ops.refresh import generator_args, run_generator_process
 from nri_plugin.ops.runtime_cdi import cri_cdi_settings, why_unread
 from nri_plugin.ops.settings import (
     PluginSettings,
@@ -354,12 +355,9 @@ def check_fingerprint(settings: Settings) -> Check:
 
 def _stale_detail(settings: Settings, meta: Mapping[str, Any]) -> str:
     spec_version = meta.get("driver", {}).get("version")
-    try:
-        text = node_paths(settings).proc("driver/nvidia/version").read_text()
-        match = re.search(r"\s(\d+\.\d+(?:\.\d+)?)\s", text)
-        node_version = match.group(1) if match else None
-    except OSError:
-        node_version = None
+    generate = settings.generate
+    node_version = driver_version_from_proc(
+        Roots(dev=Path(generate.dev_root or generate.driver_root)))
     if node_version and spec_version and node_version != spec_version:
         return f"stale: spec is for driver {spec_version}, the node runs {node_version}"
     return ("stale: the node's GPUs, MIG layout, device majors or driver files differ from "
