@@ -18,11 +18,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdi.nvidia.discover import Roots
 from cdi.nvidia.sidecar import sidecar_path
 from nri_plugin.ops.logformat import log_formatter
 from nri_plugin.ops.settings import (
@@ -57,16 +58,6 @@ class NodeState:
                 if getattr(self, f.name) != getattr(other, f.name)]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodePaths:
-    driver_root: Path
-    dev_root: Path
-    lib_dirs: tuple[str, ...] = _DEFAULT_LIB_DIRS
-
-    def proc(self, rel: str) -> Path:
-        return self.dev_root / "proc" / rel
-
-
 def _read(path: Path) -> str | None:
     try:
         return path.read_text(errors="replace")
@@ -89,10 +80,10 @@ def _inode(path: Path) -> int | None:
         return None
 
 
-def _libraries(paths: NodePaths) -> tuple[Any, ...]:
+def _libraries(driver_root: Path, lib_dirs: Sequence[str]) -> tuple[Any, ...]:
     found = []
-    for folder in paths.lib_dirs:
-        host = paths.driver_root / folder.lstrip("/")
+    for folder in lib_dirs:
+        host = driver_root / folder.lstrip("/")
         try:
             names = sorted(n for n in os.listdir(host) if n.startswith(_LIBRARY_PREFIXES))
         except OSError:
@@ -110,19 +101,27 @@ def _tree(folder: Path) -> tuple[str, ...]:
     return tuple(sorted(entries))
 
 
-def probe(paths: NodePaths) -> NodeState:
+def probe(roots: Roots, lib_dirs: Sequence[str]) -> NodeState:
     release = os.uname().release
     driver = (
-        _read(paths.proc("driver/nvidia/version")),
-        _inode(paths.dev_root / "sys/module/nvidia"),
-        _identity(paths.dev_root / "lib/modules" / release / "modules.dep"),
-        _libraries(paths),
+        _read(roots.proc_path("driver/nvidia/version")),
+        _inode(roots.dev / "sys/module/nvidia"),
+        _identity(roots.dev / "lib/modules" / release / "modules.dep"),
+        _libraries(roots.driver, lib_dirs),
     )
-    mig = _tree(paths.proc("driver/nvidia/capabilities")) + tuple(
-        "gpus/" + g for g in _tree(paths.proc("driver/nvidia/gpus")))
-    devices = tuple(line.strip() for line in (_read(paths.proc("devices")) or "").splitlines()
-                    if "nvidia" in line)
+    mig = _tree(roots.proc_path("driver/nvidia/capabilities")) + tuple(
+        "gpus/" + g for g in _tree(roots.proc_path("driver/nvidia/gpus")))
+    majors = _read(roots.proc_path("devices")) or ""
+    devices = tuple(line.strip() for line in majors.splitlines() if "nvidia" in line)
     return NodeState(driver=driver, mig=mig, devices=devices)
+
+
+def probe_configured_node(settings: Settings) -> NodeState:
+    """The node the ``generate`` section names, its libraries looked for in the folders
+    the last spec's sidecar lists."""
+    g = settings.generate
+    roots = Roots(driver=Path(g.driver_root), dev=Path(g.dev_root or g.driver_root))
+    return probe(roots, _meta_lib_dirs(Path(g.output)) or _DEFAULT_LIB_DIRS)
 
 
 # --- running the generator ---------------------------------------------------------------
@@ -142,14 +141,6 @@ def generator_args(settings: Settings) -> list[str]:
     for hook in g.disabled_hooks:
         args += ["--disable-hook", hook]
     return args + list(g.extra_args)
-
-
-def node_paths(settings: Settings) -> NodePaths:
-    g = settings.generate
-    driver = Path(g.driver_root)
-    lib_dirs = _meta_lib_dirs(Path(g.output)) or _DEFAULT_LIB_DIRS
-    return NodePaths(driver_root=driver, dev_root=Path(g.dev_root or driver),
-                     lib_dirs=lib_dirs)
 
 
 def _meta(output: Path) -> dict[str, Any]:
@@ -217,7 +208,7 @@ class Watcher:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self._generate = generate or (lambda: run_generator(settings))
-        self._probe = probe_node or (lambda: probe(node_paths(settings)))
+        self._probe = probe_node or (lambda: probe_configured_node(settings))
         self._clock = clock
         self._stop = threading.Event()
         self._state: NodeState | None = None
