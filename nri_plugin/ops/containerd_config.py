@@ -125,14 +125,11 @@ def read_containerd_config(path: str, major: int | None, *, source: str = "",
                           f"{root_version} in {path}: containerd ignores some of such a "
                           "file's settings; give both the same version", files)
     normalised = [_normalised(doc) for _, doc in docs]
-    if major is not None:
-        merged = _merged(normalised, major)
-    else:
-        merged = _merged(normalised, 2)
-        if _view(merged) != _view(_merged(normalised, 1)):
-            return unread(f"{' and '.join(files)} set the same plugin section, which "
-                          "containerd 1.x replaces and 2.x merges key by key, and "
-                          "containerd's version is not known here", files)
+    merged = _merged(normalised, major or 2)
+    if major is None and _view(merged) != _view(_merged(normalised, 1)):
+        return unread(f"{' and '.join(files)} set the same plugin section, which "
+                      "containerd 1.x replaces and 2.x merges key by key, and "
+                      "containerd's version is not known here", files)
     merged["version"] = max(root_version, 2)
     return ContainerdConfig(path=path, data=merged, major=major, files=files, source=source,
                             running=running)

@@ -141,6 +141,7 @@ def _config_policy(settings: Settings, vendors: Sequence[VendorRules]) -> Policy
 async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
                 vendors: tuple[VendorRules, ...]) -> int:
     """The composition root: every part built once, by its constructor, in order."""
+    loop = asyncio.get_running_loop()
     plugin_settings = settings.plugin
     cache = SpecCache(plugin_settings.spec_dirs,
                       permissions=plugin_settings.spec_permissions)
@@ -157,8 +158,7 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
                            on_miss=miss_reader(refresher, registry),
                            on_hit=removals_applied(refresher, registry),
                            on_start_warning=start_warning,
-                           after_reply=asyncio.get_running_loop().call_soon)
-    loop = asyncio.get_running_loop()
+                           after_reply=loop.call_soon)
     # Launched by the runtime, we have one connection (its fd): the guard rides on it.
     # Otherwise its checks get a connection of their own, open only while needed.
     launched = PLUGIN_SOCKET_ENV in os.environ
@@ -196,9 +196,8 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     runner: Stub | GuardedConnections = (
         make_stub(main, name, on_close, None) if launched
         else GuardedConnections(guard, main, make_stub, name, on_close=on_close))
-    stub = runner if isinstance(runner, Stub) else runner.main
-    log.info("plugin %s-%s starting; spec dirs %s; policy %s; vendors %s", stub.idx,
-             stub.name, ", ".join(cache.spec_dirs), policy.origin,
+    log.info("plugin %s-%s starting; spec dirs %s; policy %s; vendors %s", own_index,
+             own_name, ", ".join(cache.spec_dirs), policy.origin,
              ", ".join(f"{v.name} (hooks: {', '.join(v.hooks) or 'none'})" for v in vendors)
              or "none")
     reloader = _policy_reloader(args, settings, injector).start(loop)
@@ -216,10 +215,15 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
 
 async def _run(stub: Stub | GuardedConnections) -> None:
     """Serve until SIGTERM or SIGINT."""
-    loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(stub.run())
+
+    def shutdown() -> None:
+        log.info("shutting down")
+        stub.stop()
+        task.cancel()  # also ends a reconnect back-off sleep at once
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, _shutdown, stub, task)
+        asyncio.get_running_loop().add_signal_handler(signum, shutdown)
     with contextlib.suppress(asyncio.CancelledError):  # our own shutdown
         await task
 
@@ -318,9 +322,3 @@ def _start_metrics(address: str,
     log.info("metrics and health on http://%s:%d/metrics", parse_address(address)[0],
              server.port)
     return metrics, server
-
-
-def _shutdown(stub: Stub | GuardedConnections, task: asyncio.Future[None]) -> None:
-    log.info("shutting down")
-    stub.stop()
-    task.cancel()  # also ends a reconnect back-off sleep at once
