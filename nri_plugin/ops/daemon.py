@@ -27,12 +27,11 @@ from nri_plugin.nri.versions import (
     PLUGIN_NAME_ENV,
     PLUGIN_SOCKET_ENV,
 )
-from nri_plugin.ops.dra_check import start_warning
 from nri_plugin.ops.logformat import BoundedLog, log_formatter
 from nri_plugin.ops.logwriter import NonBlockingHandler
 from nri_plugin.ops.metrics import Metrics, Server
 from nri_plugin.ops.policy_reload import PolicyReloader
-from nri_plugin.ops.runtime_cdi import runtime_cdi_config
+from nri_plugin.ops.runtime_cdi import runtime_cdi_config, start_warning
 from nri_plugin.ops.settings import (
     Settings,
     add_config_argument,

@@ -41,7 +41,6 @@ from nri_plugin.ops.containerd_config import (
     locate,
     same_path,
 )
-from nri_plugin.ops.dra_check import claim_specs
 from nri_plugin.ops.refresh import generator_args, run_generator_process
 from nri_plugin.ops.runtime_cdi import cri_cdi_settings, why_unread
 from nri_plugin.ops.settings import (
@@ -444,6 +443,19 @@ def check_kinds_runtimes_can_load(dirs: Iterable[str]) -> Check:
 
 
 DRA_CHECK = "DRA claims reach a CDI injector"
+CLAIM_MARK = "-claim_"  # in the transient spec names NVIDIA's DRA driver writes
+
+
+def claim_specs(dirs: Iterable[str]) -> list[str]:
+    """Transient per-claim spec files present now (a DRA driver is in use)."""
+    found = []
+    for folder in dirs:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        found += sorted(os.path.join(folder, n) for n in names if CLAIM_MARK in n)
+    return found
 
 
 def check_dra(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:

@@ -1,4 +1,5 @@
-"""Reading the runtime's own CDI set-up (containerd's configuration) for the plugin.
+"""Reading the runtime's own CDI set-up (containerd's configuration) for the plugin, and
+the warning it logs where that set-up leaves DRA claims without devices.
 
 Done once when the plugin starts (never on the request path). ``runtime_cdi.enabled`` and
 ``runtime_cdi.spec_dirs`` in the plugin's settings win over the file. What containerd's
@@ -13,6 +14,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.ops.containerd_config import (
     CRI_V2_SECTION,
     CRI_V3_SECTION,
@@ -81,3 +83,21 @@ def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
         dirs = tuple(wanted.spec_dirs)
         origin += "; runtime_cdi.spec_dirs set"
     return RuntimeCdiConfig(enabled=enabled, spec_dirs=dirs, origin=origin, unread=unread)
+
+
+def start_warning(runtime: RuntimeInfo) -> str | None:
+    """What the plugin logs once it knows the runtime: with containerd's own CDI off, the
+    CRI CDIDevices a kubelet >= 1.31 sends for a DRA claim reach no plugin
+    (docs/developer/kubernetes-allocation.md); None when that is not the case."""
+    if runtime.native_cdi is not False:
+        return None
+    if not runtime.is_containerd:
+        return None  # CRI-O's CDI cannot be switched off
+    refuses = runtime.version is not None and runtime.version >= (2, 3, 0)
+    what = ("fail to be created (containerd refuses CDIDevices with its CDI off)" if refuses
+            else "start without their devices")
+    return (f"{runtime.describe()} with its own CDI off: CRI CDIDevices (DRA claims from "
+            "kubelet >= 1.31, the device plugin's cdi-cri) reach neither the runtime nor this "
+            f"plugin, so those containers {what}; set enable_cdi = true "
+            "and cdi_spec_dirs to the plugin's folders in containerd's CRI config "
+            "(nri-cdi doctor shows the lines)")
