@@ -35,11 +35,8 @@ LOCK_WAIT = 1.0
 
 
 def status_path(folder: str | Path, name: str, index: str) -> Path:
+    """The status file; its lock is the same name with ``.lock`` for ``.json``."""
     return Path(folder) / f"{index}-{name}.json"
-
-
-def lock_path(folder: str | Path, name: str, index: str) -> Path:
-    return Path(folder) / f"{index}-{name}.lock"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,8 +84,7 @@ class StatusFile:
             return self
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._lock_fd = _take_lock(lock_path(self.path.parent, self.status.name,
-                                                 self.status.index))
+            self._lock_fd = _take_lock(self.path.with_suffix(".lock"))
         except OSError as exc:
             log.warning("no status file for nri-cdi doctor: %s", _why(exc))
             self.path = None
@@ -168,7 +164,7 @@ def read_status(folder: str, name: str, index: str) -> Reading:
         return Reading(path=path, status=None, alive=None, problem=_why(exc))
     except (ValueError, TypeError) as exc:
         return Reading(path=path, status=None, alive=None, problem=f"unreadable: {exc}")
-    return Reading(path=path, status=status, alive=writer_alive(lock_path(folder, name, index)))
+    return Reading(path=path, status=status, alive=writer_alive(path.with_suffix(".lock")))
 
 
 def writer_alive(path: Path) -> bool | None:
