@@ -29,7 +29,7 @@ from nri_plugin.nri.versions import (
 )
 from nri_plugin.ops.logformat import BoundedLog, log_formatter
 from nri_plugin.ops.logwriter import NonBlockingHandler
-from nri_plugin.ops.metrics import Metrics, Server
+from nri_plugin.ops.metrics import Metrics
 from nri_plugin.ops.policy_reload import PolicyReloader
 from nri_plugin.ops.runtime_cdi import runtime_cdi_config, start_warning
 from nri_plugin.ops.settings import (
@@ -148,7 +148,12 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     # the sidecars) loaded for it, swapped in together by the refresher thread.
     registry = RegistryHolder(vendors)
     injector_counters = Counters()
-    metrics, server = _start_metrics(settings.metrics.address, injector_counters)
+    address = settings.metrics.address  # metrics are off by default
+    metrics = Metrics(injector_counters) if address else None
+    server = metrics.serve(address) if metrics is not None else None
+    if server is not None:
+        log.info("metrics and health on http://%s:%d/metrics", parse_address(address)[0],
+                 server.port)
     refresher = AutoRefresh(cache, rescan_interval=plugin_settings.rescan_interval,
                             on_refresh=_Refreshed(registry, metrics)).start()
     injector = CdiInjector(registry.get, vendors=vendors, policy=policy,
@@ -308,16 +313,3 @@ def _policy_reloader(args: argparse.Namespace, settings: Settings,
     return PolicyReloader(source if os.path.isfile(source) else None,
                           lambda: _config_policy(settings_from_args(args), vendors),
                           injector.set_policy)
-
-
-def _start_metrics(address: str,
-                   counters: Counters) -> tuple[Metrics | None, Server | None]:
-    """Metrics and their HTTP server when an address is configured (off by default)."""
-    if not address:
-        return None, None
-
-    metrics = Metrics(counters)
-    server = metrics.serve(address)
-    log.info("metrics and health on http://%s:%d/metrics", parse_address(address)[0],
-             server.port)
-    return metrics, server
