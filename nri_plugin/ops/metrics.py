@@ -18,11 +18,14 @@ from cdi.extras import MissingDependencyError
 from nri_plugin.ops.settings import parse_address
 from nri_plugin.plugins.cdi_injector.counters import Counters
 
-# CreateContainer must answer within the runtime's 2 s request timeout; a cached plan takes
-# tens of microseconds, a cold one milliseconds.
+# CreateContainer must answer within the runtime's 2 s request timeout.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.0)
 OUTCOMES = ("injected", "delegated", "refused", "error")
+# The registry's figures: a gauge each (nri_cdi_registry_<name>) and the health JSON.
+REGISTRY_FIGURES = {"devices": "CDI devices in the registry", "specs": "spec files loaded",
+                    "file_errors": "spec files with errors",
+                    "generation": "registry refresh count"}
 
 
 class Metrics:
@@ -46,13 +49,8 @@ class Metrics:
                                    "the first", registry=r)
         self._connected = Gauge("nri_cdi_connected", "1 while connected to the runtime",
                                 registry=r)
-        self._devices = Gauge("nri_cdi_registry_devices", "CDI devices in the registry",
-                              registry=r)
-        self._specs = Gauge("nri_cdi_registry_specs", "spec files loaded", registry=r)
-        self._file_errors = Gauge("nri_cdi_registry_file_errors", "spec files with errors",
-                                  registry=r)
-        self._generation = Gauge("nri_cdi_registry_generation", "registry refresh count",
-                                 registry=r)
+        self._registry = {name: Gauge(f"nri_cdi_registry_{name}", text, registry=r)
+                          for name, text in REGISTRY_FIGURES.items()}
         self._counters = counters
         if counters is not None:
             r.register(_CountersCollector(counters))
@@ -73,15 +71,12 @@ class Metrics:
 
     def registry(self, snapshot: Any) -> None:
         """A new registry snapshot (``cdi.cache.Snapshot``) was swapped in."""
-        self._devices.set(len(snapshot.devices))
-        self._specs.set(len(snapshot.specs))
-        self._file_errors.set(len(snapshot.errors))
-        self._generation.set(snapshot.generation)
+        figures = {"devices": len(snapshot.devices), "specs": len(snapshot.specs),
+                   "file_errors": len(snapshot.errors), "generation": snapshot.generation}
+        for name, value in figures.items():
+            self._registry[name].set(value)
         with self._lock:
-            self._state["registry"] = {"generation": snapshot.generation,
-                                       "devices": len(snapshot.devices),
-                                       "specs": len(snapshot.specs),
-                                       "file_errors": len(snapshot.errors)}
+            self._state["registry"] = figures
 
     def connected(self, runtime: str) -> None:
         """Configure arrived: connected (again) to ``runtime``."""
