@@ -27,7 +27,7 @@ from nri_plugin.nri.versions import (
     PLUGIN_NAME_ENV,
     PLUGIN_SOCKET_ENV,
 )
-from nri_plugin.ops.logformat import BoundedLog, log_formatter
+from nri_plugin.ops.logformat import BoundedLog, log_to
 from nri_plugin.ops.logwriter import NonBlockingHandler
 from nri_plugin.ops.metrics import Metrics
 from nri_plugin.ops.policy_reload import PolicyReloader
@@ -81,7 +81,10 @@ def cmd_plugin(args: argparse.Namespace) -> int:
     settings = command_settings(args, "plugin")
     if settings is None:
         return 2
-    output = _setup_logging(settings.log.level, settings.log.format)
+    output = NonBlockingHandler(sys.stderr.fileno())
+    # Bounded lines, repeats rate-limited; but fail-closed names every container it acts on.
+    output.addFilter(BoundedLog(unlimited=(FAILCLOSED_LOGGER,)))
+    log_to(output, settings.log.level, settings.log.format)
     try:
         # The vendors whose rules the plugin applies (and whose request sources and
         # default denials its policy knows).
@@ -92,17 +95,6 @@ def cmd_plugin(args: argparse.Namespace) -> int:
         return asyncio.run(serve(args, policy, settings, vendors))
     finally:
         output.close()
-
-
-def _setup_logging(level: str, kind: str = "text") -> NonBlockingHandler:
-    handler = NonBlockingHandler(sys.stderr.fileno())
-    handler.setFormatter(log_formatter(kind))
-    # Bounded lines, repeats rate-limited; but fail-closed names every container it acts on.
-    handler.addFilter(BoundedLog(unlimited=(FAILCLOSED_LOGGER,)))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    return handler
 
 
 def _identity(args: argparse.Namespace, settings: Settings) -> tuple[str | None, str | None]:

@@ -48,6 +48,15 @@ def log_formatter(kind: str) -> logging.Formatter:
     raise ValueError(f"unknown log format {kind!r} (want text or json)")
 
 
+def log_to(handler: logging.Handler, level: str, kind: str) -> None:
+    """Every log record to ``handler`` alone, from ``level`` (``log.level``) up, in the
+    ``log.format`` ``kind``."""
+    handler.setFormatter(log_formatter(kind))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
 MAX_SITES = 1024  # call sites counted; beyond, the counts start again
 
 

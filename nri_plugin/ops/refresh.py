@@ -25,7 +25,7 @@ from typing import Any
 
 from cdi.nvidia.discover import Roots
 from cdi.nvidia.sidecar import sidecar_path
-from nri_plugin.ops.logformat import log_formatter
+from nri_plugin.ops.logformat import log_to
 from nri_plugin.ops.settings import (
     Settings,
     add_config_argument,
@@ -293,11 +293,7 @@ def _setup(args: argparse.Namespace) -> Settings | None:
     settings = command_settings(args, args.command)
     if settings is None:
         return None
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(log_formatter(settings.log.format))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(settings.log.level.upper())
+    log_to(logging.StreamHandler(sys.stderr), settings.log.level, settings.log.format)
     return settings
 
 
