@@ -92,27 +92,22 @@ class PolicyReloader:
         digest = await loop.run_in_executor(None, _digest, self.path)
         if not forced and digest == self._digest:
             return False
-        policy, problems = await loop.run_in_executor(None, self._try_load)
-        self._digest = digest  # a refusal is said once; the next change is checked again
-        if policy is None:
+        where = self.path or "(config)"
+        try:
+            policy = await loop.run_in_executor(None, self._load)
+        except (PolicyError, SettingsError) as exc:
+            self._digest = digest  # said once; the next change is checked again
             self.rejected += 1
             log.error("policy %s: new version refused, the previous policy stays in force",
-                      self.path or "(config)")
-            for problem in problems:
-                log.error("policy %s: %s", self.path or "(config)", problem)
+                      where)
+            for problem in exc.lines() if isinstance(exc, SettingsError) else exc.problems:
+                log.error("policy %s: %s", where, problem)
             return False
+        self._digest = digest
         self._apply(policy)
         self.reloads += 1
         log.info("policy reloaded from %s", getattr(policy, "origin", self.path))
         return True
-
-    def _try_load(self) -> tuple[Any, list[str]]:
-        try:
-            return self._load(), []
-        except PolicyError as exc:
-            return None, list(exc.problems)
-        except SettingsError as exc:
-            return None, exc.lines()
 
     def stop(self, loop: asyncio.AbstractEventLoop) -> None:
         loop.remove_signal_handler(signal.SIGHUP)
