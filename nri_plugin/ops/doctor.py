@@ -41,7 +41,7 @@ from nri_plugin.ops.containerd_config import (
     locate,
     same_path,
 )
-from nri_plugin.ops.refresh import generator_args, run_generator_process
+from nri_plugin.ops.refresh import generator_args, read_sidecar, run_generator_process
 from nri_plugin.ops.runtime_cdi import cri_cdi_settings, why_unread
 from nri_plugin.ops.settings import (
     PluginSettings,
@@ -331,14 +331,13 @@ def check_driver_architecture(dirs: Iterable[str]) -> Check:
 def check_fingerprint(settings: Settings) -> Check:
     name = "spec matches the node"
     output = Path(settings.generate.output)
-    meta_path = sidecar_path(output)
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError):
+    meta = read_sidecar(output)
+    if not meta:
         if not output.exists():
             return Check(name=name, status="skip", detail=f"no generated spec at {output}",
                          fix="if this node has NVIDIA GPUs: nri-cdi refresh")
-        return Check(name=name, status="warn", detail=f"{output} has no {meta_path.name}",
+        return Check(name=name, status="warn",
+                     detail=f"{output} has no {sidecar_path(output).name}",
                      fix="regenerate it with nri-cdi refresh (records the fingerprint)")
     fingerprint, error = current_fingerprint(settings)
     if fingerprint is None:

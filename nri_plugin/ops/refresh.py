@@ -143,7 +143,8 @@ def generator_args(settings: Settings) -> list[str]:
     return args + list(g.extra_args)
 
 
-def _meta(output: Path) -> dict[str, Any]:
+def read_sidecar(output: Path) -> dict[str, Any]:
+    """The generator's sidecar of the spec ``output`` ({} when absent or unreadable)."""
     try:
         data = json.loads(sidecar_path(output).read_text())
     except (OSError, ValueError):
@@ -152,7 +153,7 @@ def _meta(output: Path) -> dict[str, Any]:
 
 
 def _meta_lib_dirs(output: Path) -> tuple[str, ...]:
-    dirs = _meta(output).get("driver", {}).get("libraryDirs")
+    dirs = read_sidecar(output).get("driver", {}).get("libraryDirs")
     return tuple(d for d in dirs if isinstance(d, str)) if isinstance(dirs, list) else ()
 
 
@@ -187,7 +188,7 @@ def run_generator(settings: Settings, runner: Runner = run_generator_process) ->
     except (OSError, subprocess.SubprocessError) as exc:
         return Outcome(ok=False, written=False, fingerprint=None, message=str(exc))
     message = done.stderr.strip()
-    fingerprint = _meta(output).get("fingerprint")
+    fingerprint = read_sidecar(output).get("fingerprint")
     if done.returncode != 0:
         return Outcome(ok=False, written=False, fingerprint=fingerprint, message=message)
     return Outcome(ok=True, written=_identity(output) != before, fingerprint=fingerprint,
