@@ -8,10 +8,16 @@ import logging
 import time
 from typing import Any
 
-from nri_plugin.nri.wire import clip
-
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 MAX_LINE = 4096  # characters of one log message; the rest is cut, saying how much
+
+
+def clip(text: str, limit: int) -> str:
+    # Imported here: nri_plugin.nri.wire loads the NRI messages and protobuf, which
+    # ``nri-cdi refresh`` (run at boot, before containerd) and ``watch`` never need.
+    from nri_plugin.nri.wire import clip as clip_text
+
+    return clip_text(text, limit)
 
 
 class ClippedFormatter(logging.Formatter):
