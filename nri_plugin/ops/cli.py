@@ -67,25 +67,19 @@ def _columns() -> int:
 DOCUMENTATION = ("Documentation: the docs/ folder of the nri-cdi source repository, the "
                  "nri-cdi documentation site (mkdocs); start at docs/index.md. Each "
                  "command's options: nri-cdi COMMAND --help.")
-PACKAGE = "nri-cdi"
-
-
-def package_version() -> str:
-    """The installed distribution's version, from its metadata."""
-    from importlib.metadata import PackageNotFoundError, version  # only for --version
-
-    try:
-        return version(PACKAGE)
-    except PackageNotFoundError:
-        return "unknown (nri-cdi is not installed: running from a source tree)"
-
-
 class _Version(argparse.Action):
-    """``--version``: the package metadata is read only when asked for."""
+    """``--version``: the installed distribution's version, its metadata read only when
+    asked for."""
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: object, option_string: str | None = None) -> None:
-        print(f"nri-cdi {package_version()}")
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("nri-cdi")
+        except PackageNotFoundError:
+            found = "unknown (nri-cdi is not installed: running from a source tree)"
+        print(f"nri-cdi {found}")
         parser.exit()
 
 

@@ -21,6 +21,7 @@ than the first file (containerd 2.1 then ignores some of its CRI settings), or f
 
 from __future__ import annotations
 
+import copy
 import glob
 import os
 from collections.abc import Iterator, Mapping
@@ -65,9 +66,7 @@ class ContainerdConfig:
     running: bool = False  # ``path`` is what a running containerd was started with
 
     def plugin(self, name: str) -> Mapping[str, Any]:
-        plugins = (self.data or {}).get("plugins", {})
-        section = plugins.get(name, {}) if isinstance(plugins, Mapping) else {}
-        return section if isinstance(section, Mapping) else {}
+        return plugin_section(self.data, name)
 
     @property
     def v2_defaults(self) -> bool:
@@ -83,6 +82,13 @@ class ContainerdConfig:
             return self.path
         more = f" (+ {', '.join(self.files[1:])})" if len(self.files) > 1 else ""
         return self.files[0] + more
+
+
+def plugin_section(data: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:
+    """The ``[plugins."<name>"]`` table of a configuration ({} when there is none)."""
+    plugins = (data or {}).get("plugins", {})
+    section = plugins.get(name, {}) if isinstance(plugins, Mapping) else {}
+    return section if isinstance(section, Mapping) else {}
 
 
 class _Unread(NRIPluginError):
@@ -119,14 +125,11 @@ def read_containerd_config(path: str, major: int | None, *, source: str = "",
                           f"{root_version} in {path}: containerd ignores some of such a "
                           "file's settings; give both the same version", files)
     normalised = [_normalised(doc) for _, doc in docs]
-    if major is not None:
-        merged = _merged(normalised, major)
-    else:
-        merged = _merged(normalised, 2)
-        if _view(merged) != _view(_merged(normalised, 1)):
-            return unread(f"{' and '.join(files)} set the same plugin section, which "
-                          "containerd 1.x replaces and 2.x merges key by key, and "
-                          "containerd's version is not known here", files)
+    merged = _merged(normalised, major or 2)
+    if major is None and _view(merged) != _view(_merged(normalised, 1)):
+        return unread(f"{' and '.join(files)} set the same plugin section, which "
+                      "containerd 1.x replaces and 2.x merges key by key, and "
+                      "containerd's version is not known here", files)
     merged["version"] = max(root_version, 2)
     return ContainerdConfig(path=path, data=merged, major=major, files=files, source=source,
                             running=running)
@@ -202,21 +205,13 @@ def _merge_keys(into: dict[str, Any], other: Mapping[str, Any]) -> None:
         if isinstance(value, Mapping) and isinstance(into.get(key), dict):
             _merge_keys(into[key], value)
         else:
-            into[key] = _copy(value)
-
-
-def _copy(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _copy(v) for k, v in value.items()}
-    return value
+            into[key] = copy.deepcopy(value)
 
 
 def _view(data: Mapping[str, Any]) -> tuple[Any, ...]:
     """What nri-cdi reads of a merged configuration."""
-    plugins = data.get("plugins", {})
-    plugins = plugins if isinstance(plugins, Mapping) else {}
-    return tuple(repr(plugins.get(name)) for name in (CRI_V2_SECTION, CRI_V3_SECTION,
-                                                      NRI_SECTION))
+    return tuple(repr(plugin_section(data, name))
+                 for name in (CRI_V2_SECTION, CRI_V3_SECTION, NRI_SECTION))
 
 
 # --- which file ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cdi.cache import Snapshot, SpecCache
@@ -27,17 +27,17 @@ from nri_plugin.nri.versions import (
     PLUGIN_NAME_ENV,
     PLUGIN_SOCKET_ENV,
 )
-from nri_plugin.ops.dra_check import start_warning
-from nri_plugin.ops.logformat import BoundedLog, log_formatter
+from nri_plugin.ops.logformat import BoundedLog, log_to
 from nri_plugin.ops.logwriter import NonBlockingHandler
-from nri_plugin.ops.metrics import Metrics, Server, parse_address
+from nri_plugin.ops.metrics import Metrics
 from nri_plugin.ops.policy_reload import PolicyReloader
-from nri_plugin.ops.runtime_cdi import runtime_cdi_config
+from nri_plugin.ops.runtime_cdi import runtime_cdi_config, start_warning
 from nri_plugin.ops.settings import (
     Settings,
-    SettingsError,
     add_config_argument,
     add_setting_flags,
+    command_settings,
+    parse_address,
     settings_from_args,
 )
 from nri_plugin.ops.status import LAUNCHED_SOCKET, StatusFile
@@ -78,32 +78,23 @@ def add_command(subparsers: Any) -> None:
 
 
 def cmd_plugin(args: argparse.Namespace) -> int:
-    try:
-        settings = settings_from_args(args)
-    except SettingsError as exc:
-        for line in exc.lines():
-            print(line, file=sys.stderr)
+    settings = command_settings(args, "plugin")
+    if settings is None:
         return 2
-    output = _setup_logging(settings.log.level, settings.log.format)
+    output = NonBlockingHandler(sys.stderr.fileno())
+    # Bounded lines, repeats rate-limited; but fail-closed names every container it acts on.
+    output.addFilter(BoundedLog(unlimited=(FAILCLOSED_LOGGER,)))
+    log_to(output, settings.log.level, settings.log.format)
     try:
-        vendors = vendor_rules()
+        # The vendors whose rules the plugin applies (and whose request sources and
+        # default denials its policy knows).
+        vendors: tuple[VendorRules, ...] = (NvidiaRules(),)
         policy = _load_policy(args.policy, settings, vendors)
         if policy is None:
             return 2
         return asyncio.run(serve(args, policy, settings, vendors))
     finally:
         output.close()
-
-
-def _setup_logging(level: str, kind: str = "text") -> NonBlockingHandler:
-    handler = NonBlockingHandler(sys.stderr.fileno())
-    handler.setFormatter(log_formatter(kind))
-    # Bounded lines, repeats rate-limited; but fail-closed names every container it acts on.
-    handler.addFilter(BoundedLog(unlimited=(FAILCLOSED_LOGGER,)))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    return handler
 
 
 def _identity(args: argparse.Namespace, settings: Settings) -> tuple[str | None, str | None]:
@@ -114,36 +105,34 @@ def _identity(args: argparse.Namespace, settings: Settings) -> tuple[str | None,
     return name, idx
 
 
-def vendor_rules() -> tuple[VendorRules, ...]:
-    """The vendors whose rules the plugin applies (and whose request sources and default
-    denials its policy knows)."""
-    return (NvidiaRules(),)
-
-
 def _load_policy(path: str | None, settings: Settings,
                  vendors: Sequence[VendorRules]) -> Policy | None:
     """The policy from ``path``, else the config file's ``policy`` section, else the
     built-in defaults; None after logging every problem."""
-    if path is None and not settings.policy:
-        return Policy.defaults(vendors)
     try:
-        if path is None:
-            path = f"{settings.source} (policy section)"
-            policy = parse_policy(dict(settings.policy), origin=path, vendors=vendors)
-        else:
-            policy = load_policy(path, vendors)
+        policy = (load_policy(path, vendors) if path is not None
+                  else _config_policy(settings, vendors))
     except PolicyError as exc:
         log.error("%s", exc)
+        where = f"{settings.source} (policy section)" if path is None else path
         for problem in exc.problems:
-            log.error("policy %s: %s", path, problem)
+            log.error("policy %s: %s", where, problem)
         return None
-    log.info("policy loaded from %s", path)
+    log.info("policy loaded from %s", policy.origin)
     return policy
+
+
+def _config_policy(settings: Settings, vendors: Sequence[VendorRules]) -> Policy:
+    if not settings.policy:
+        return Policy.defaults(vendors)
+    return parse_policy(dict(settings.policy), origin=f"{settings.source} (policy section)",
+                        vendors=vendors)
 
 
 async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
                 vendors: tuple[VendorRules, ...]) -> int:
     """The composition root: every part built once, by its constructor, in order."""
+    loop = asyncio.get_running_loop()
     plugin_settings = settings.plugin
     cache = SpecCache(plugin_settings.spec_dirs,
                       permissions=plugin_settings.spec_permissions)
@@ -151,7 +140,12 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     # the sidecars) loaded for it, swapped in together by the refresher thread.
     registry = RegistryHolder(vendors)
     injector_counters = Counters()
-    metrics, server = _start_metrics(settings.metrics.address, injector_counters)
+    address = settings.metrics.address  # metrics are off by default
+    metrics = Metrics(injector_counters) if address else None
+    server = metrics.serve(address) if metrics is not None else None
+    if server is not None:
+        log.info("metrics and health on http://%s:%d/metrics", parse_address(address)[0],
+                 server.port)
     refresher = AutoRefresh(cache, rescan_interval=plugin_settings.rescan_interval,
                             on_refresh=_Refreshed(registry, metrics)).start()
     injector = CdiInjector(registry.get, vendors=vendors, policy=policy,
@@ -160,8 +154,7 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
                            on_miss=miss_reader(refresher, registry),
                            on_hit=removals_applied(refresher, registry),
                            on_start_warning=start_warning,
-                           after_reply=asyncio.get_running_loop().call_soon)
-    loop = asyncio.get_running_loop()
+                           after_reply=loop.call_soon)
     # Launched by the runtime, we have one connection (its fd): the guard rides on it.
     # Otherwise its checks get a connection of their own, open only while needed.
     launched = PLUGIN_SOCKET_ENV in os.environ
@@ -199,9 +192,8 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     runner: Stub | GuardedConnections = (
         make_stub(main, name, on_close, None) if launched
         else GuardedConnections(guard, main, make_stub, name, on_close=on_close))
-    stub = runner if isinstance(runner, Stub) else runner.main
-    log.info("plugin %s-%s starting; spec dirs %s; policy %s; vendors %s", stub.idx,
-             stub.name, ", ".join(cache.spec_dirs), policy.origin,
+    log.info("plugin %s-%s starting; spec dirs %s; policy %s; vendors %s", own_index,
+             own_name, ", ".join(cache.spec_dirs), policy.origin,
              ", ".join(f"{v.name} (hooks: {', '.join(v.hooks) or 'none'})" for v in vendors)
              or "none")
     reloader = _policy_reloader(args, settings, injector).start(loop)
@@ -219,10 +211,15 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
 
 async def _run(stub: Stub | GuardedConnections) -> None:
     """Serve until SIGTERM or SIGINT."""
-    loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(stub.run())
+
+    def shutdown() -> None:
+        log.info("shutting down")
+        stub.stop()
+        task.cancel()  # also ends a reconnect back-off sleep at once
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, _shutdown, stub, task)
+        asyncio.get_running_loop().add_signal_handler(signum, shutdown)
     with contextlib.suppress(asyncio.CancelledError):  # our own shutdown
         await task
 
@@ -234,6 +231,8 @@ class _Refreshed:
         self._registry = registry
         self._metrics = metrics
         self._swap = threading.Lock()
+        self._errors: Mapping[str, tuple[str, ...]] = {}
+        self._warnings: Mapping[str, tuple[str, ...]] = {}
 
     def __call__(self, snapshot: Snapshot) -> None:
         # Two threads refresh (the watcher; a container's miss): never an older one last.
@@ -241,9 +240,25 @@ class _Refreshed:
             if snapshot.generation <= self._registry.get().snapshot.generation:
                 return
             self._registry.update(snapshot)
-        _log_refresh(snapshot)
+        self._log(snapshot)
         if self._metrics is not None:
             self._metrics.registry(snapshot)
+
+    def _log(self, snapshot: Snapshot) -> None:
+        """One line per refresh; every spec-file error again when the set of errors
+        changes; a path's warnings when they change."""
+        log.info("CDI registry generation %d: %d devices from %d specs, %d files with "
+                 "errors", snapshot.generation, len(snapshot.devices), len(snapshot.specs),
+                 len(snapshot.errors))
+        if dict(snapshot.errors) != dict(self._errors):
+            for path, messages in sorted(snapshot.errors.items()):
+                for message in messages:
+                    log.warning("%s: %s", printable(path), printable(message))
+        for path, messages in sorted(snapshot.warnings.items()):
+            if self._warnings.get(path) != messages:
+                for message in messages:
+                    log.warning("%s: %s", printable(path), message)
+        self._errors, self._warnings = snapshot.errors, snapshot.warnings
 
 
 MISS_TIMEOUT_S = 1.0  # of the runtime's 2 s for a CreateContainer
@@ -286,59 +301,7 @@ def _policy_reloader(args: argparse.Namespace, settings: Settings,
         policy_file = path
         return PolicyReloader(path, lambda: load_policy(policy_file, vendors),
                               injector.set_policy)
-
-    def from_config() -> Policy:
-        fresh = settings_from_args(args)
-        if not fresh.policy:
-            return Policy.defaults(vendors)
-        return parse_policy(dict(fresh.policy), origin=f"{fresh.source} (policy section)",
-                            vendors=vendors)
-
     source = settings.source
-    return PolicyReloader(source if os.path.isfile(source) else None, from_config,
+    return PolicyReloader(source if os.path.isfile(source) else None,
+                          lambda: _config_policy(settings_from_args(args), vendors),
                           injector.set_policy)
-
-
-def _start_metrics(address: str,
-                   counters: Counters) -> tuple[Metrics | None, Server | None]:
-    """Metrics and their HTTP server when an address is configured (off by default)."""
-    if not address:
-        return None, None
-
-    metrics = Metrics(counters)
-    server = metrics.serve(address)
-    log.info("metrics and health on http://%s:%d/metrics", parse_address(address)[0],
-             server.port)
-    return metrics, server
-
-
-def _shutdown(stub: Stub | GuardedConnections, task: asyncio.Future[None]) -> None:
-    log.info("shutting down")
-    stub.stop()
-    task.cancel()  # also ends a reconnect back-off sleep at once
-
-
-_last_errors: dict[str, tuple[str, ...]] = {}
-_last_warnings: dict[str, tuple[str, ...]] = {}
-
-
-def _log_refresh(snapshot: Snapshot) -> None:
-    """One line per refresh, plus every spec-file error when the set of errors changes."""
-    log.info("CDI registry generation %d: %d devices from %d specs, %d files with errors",
-             snapshot.generation, len(snapshot.devices), len(snapshot.specs),
-             len(snapshot.errors))
-    errors = dict(snapshot.errors)
-    if errors != _last_errors:
-        for path, messages in sorted(errors.items()):
-            for message in messages:
-                log.warning("%s: %s", printable(path), printable(message))
-        _last_errors.clear()
-        _last_errors.update(errors)
-    warnings = dict(getattr(snapshot, "warnings", {}))
-    if warnings != _last_warnings:
-        for path, messages in sorted(warnings.items()):
-            if _last_warnings.get(path) != messages:
-                for message in messages:
-                    log.warning("%s: %s", printable(path), message)
-        _last_warnings.clear()
-        _last_warnings.update(warnings)

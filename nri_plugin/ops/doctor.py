@@ -16,11 +16,10 @@ import shutil
 import socket
 import stat
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ import yaml
 from cdi.cache import SpecCache
 from cdi.dirs import DEFAULT_SPEC_DIRS, scan
 from cdi.linux.elf import ElfError, foreign_to_this_machine, is_elf, read_header, this_machine
+from cdi.nvidia.discover import Roots, driver_version_from_proc
 from cdi.nvidia.sidecar import sidecar_path
 from nri_cdi_testbed.node_check import check
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
@@ -41,16 +41,15 @@ from nri_plugin.ops.containerd_config import (
     locate,
     same_path,
 )
-from nri_plugin.ops.dra_check import claim_specs
-from nri_plugin.ops.refresh import generator_args, node_paths, run_generator_process
+from nri_plugin.ops.refresh import generator_args, read_sidecar, run_generator_process
 from nri_plugin.ops.runtime_cdi import cri_cdi_settings, why_unread
 from nri_plugin.ops.settings import (
     PluginSettings,
     Settings,
-    SettingsError,
     add_config_argument,
     add_setting_flags,
-    settings_from_args,
+    command_settings,
+    parse_address,
 )
 from nri_plugin.ops.status import CONNECTED, LAUNCHED_SOCKET, STARTING, read_status
 
@@ -221,12 +220,10 @@ def check_health(health_url: str) -> Check:
 def health_url(settings: Settings) -> str | None:
     if settings.doctor.health_url:
         return str(settings.doctor.health_url)
-    address = settings.metrics.address
-    if not address:
+    if not settings.metrics.address:
         return None
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    if host in ("", "0.0.0.0", "::"):
+    host, port = parse_address(settings.metrics.address)
+    if host in ("0.0.0.0", "::"):
         host = "127.0.0.1"
     return f"http://{host if ':' not in host else f'[{host}]'}:{port}/healthz"
 
@@ -234,27 +231,26 @@ def health_url(settings: Settings) -> str | None:
 # --- specs ---------------------------------------------------------------------------------
 
 
-def check_spec_dirs(dirs: Iterable[str]) -> tuple[Check, Any]:
+def check_spec_dirs(dirs: Iterable[str]) -> Check:
     name = "spec directories"
     dirs = list(dirs)
     unreadable = [d for d in dirs if os.path.isdir(d) and not os.access(d, os.R_OK | os.X_OK)]
     if unreadable:
         return Check(name=name, status="fail", detail=f"cannot read {', '.join(unreadable)}",
-                     fix="run doctor (and the plugin) as root"), None
+                     fix="run doctor (and the plugin) as root")
     snapshot = SpecCache(dirs).refresh()
     if snapshot.errors:
         lines = [f"{path}: {msgs[0]}" for path, msgs in sorted(snapshot.errors.items())]
         return Check(name=name, status="fail", detail="; ".join(lines),
                      fix="fix or remove the files named (a bad spec is skipped, so its "
                          "devices are unresolvable); regenerate generated ones with "
-                         "nri-cdi refresh"), snapshot
+                         "nri-cdi refresh")
     if not snapshot.devices:
         return Check(name=name, status="warn", detail=f"no CDI devices in {', '.join(dirs)}",
                      fix="generate a spec: nri-cdi refresh (or systemctl start "
-                         "nri-cdi-generate)"), snapshot
+                         "nri-cdi-generate)")
     return Check(name=name, status="ok",
-                 detail=f"{len(snapshot.devices)} devices from {len(snapshot.specs)} specs"), \
-        snapshot
+                 detail=f"{len(snapshot.devices)} devices from {len(snapshot.specs)} specs")
 
 
 def _spec_documents(dirs: Iterable[str]) -> Iterable[tuple[str, Mapping[str, Any]]]:
@@ -270,11 +266,12 @@ def _spec_documents(dirs: Iterable[str]) -> Iterable[tuple[str, Mapping[str, Any
             yield spec_file.path, doc
 
 
-def _device_nodes(doc: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
+def _edit_entries(doc: Mapping[str, Any], kind: str) -> Iterable[Mapping[str, Any]]:
+    """The ``deviceNodes`` or ``mounts`` of a spec's and its devices' containerEdits."""
     edits = [doc.get("containerEdits") or {}]
     edits += [(d or {}).get("containerEdits") or {} for d in doc.get("devices") or []]
     for e in edits:
-        yield from (n for n in e.get("deviceNodes") or [] if isinstance(n, Mapping))
+        yield from (n for n in e.get(kind) or [] if isinstance(n, Mapping))
 
 
 def check_device_nodes(dirs: Iterable[str]) -> Check:
@@ -283,7 +280,7 @@ def check_device_nodes(dirs: Iterable[str]) -> Check:
     wrong: list[str] = []
     seen = 0
     for path, doc in _spec_documents(dirs):
-        for node in _device_nodes(doc):
+        for node in _edit_entries(doc, "deviceNodes"):
             host = str(node.get("hostPath") or node.get("path") or "")
             seen += 1
             try:
@@ -312,11 +309,7 @@ def check_driver_architecture(dirs: Iterable[str]) -> Check:
     foreign: list[str] = []
     seen = 0
     for _, doc in _spec_documents(dirs):
-        edits = [doc.get("containerEdits") or {}]
-        edits += [(d or {}).get("containerEdits") or {} for d in doc.get("devices") or []]
-        hosts = {str(m.get("hostPath")) for e in edits for m in e.get("mounts") or []
-                 if isinstance(m, Mapping)}
-        for host in sorted(hosts):
+        for host in sorted({str(m.get("hostPath")) for m in _edit_entries(doc, "mounts")}):
             if not os.path.isfile(host) or not is_elf(host):
                 continue
             seen += 1
@@ -335,21 +328,18 @@ def check_driver_architecture(dirs: Iterable[str]) -> Check:
                  detail=f"{seen} ELF files mounted, all for {this_machine()}")
 
 
-def check_fingerprint(settings: Settings,
-                      current: Callable[[Settings], tuple[str | None, str]] | None = None
-                      ) -> Check:
+def check_fingerprint(settings: Settings) -> Check:
     name = "spec matches the node"
     output = Path(settings.generate.output)
-    meta_path = sidecar_path(output)
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError):
+    meta = read_sidecar(output)
+    if not meta:
         if not output.exists():
             return Check(name=name, status="skip", detail=f"no generated spec at {output}",
                          fix="if this node has NVIDIA GPUs: nri-cdi refresh")
-        return Check(name=name, status="warn", detail=f"{output} has no {meta_path.name}",
+        return Check(name=name, status="warn",
+                     detail=f"{output} has no {sidecar_path(output).name}",
                      fix="regenerate it with nri-cdi refresh (records the fingerprint)")
-    fingerprint, error = (current or current_fingerprint)(settings)
+    fingerprint, error = current_fingerprint(settings)
     if fingerprint is None:
         return Check(name=name, status="fail", detail=f"cannot inspect the node: {error}",
                      fix="check the driver (nvidia-smi) and the generate section")
@@ -363,12 +353,9 @@ def check_fingerprint(settings: Settings,
 
 def _stale_detail(settings: Settings, meta: Mapping[str, Any]) -> str:
     spec_version = meta.get("driver", {}).get("version")
-    try:
-        text = node_paths(settings).proc("driver/nvidia/version").read_text()
-        match = re.search(r"\s(\d+\.\d+(?:\.\d+)?)\s", text)
-        node_version = match.group(1) if match else None
-    except OSError:
-        node_version = None
+    generate = settings.generate
+    node_version = driver_version_from_proc(
+        Roots(dev=Path(generate.dev_root or generate.driver_root)))
     if node_version and spec_version and node_version != spec_version:
         return f"stale: spec is for driver {spec_version}, the node runs {node_version}"
     return ("stale: the node's GPUs, MIG layout, device majors or driver files differ from "
@@ -377,10 +364,8 @@ def _stale_detail(settings: Settings, meta: Mapping[str, Any]) -> str:
 
 def current_fingerprint(settings: Settings) -> tuple[str | None, str]:
     """(fingerprint, error) of what the generator would write now (stdout, nothing saved)."""
-    args = generator_args(settings)
-    out = args.index("--output")
-    args = [a for i, a in enumerate(args) if a != "--if-changed" and i not in (out, out + 1)]
-    done = run_generator_process([*args, "--format", "yaml"])
+    # less the leading --if-changed --output FILE: the spec goes to standard output
+    done = run_generator_process([*generator_args(settings)[3:], "--format", "yaml"])
     match = re.search(r"^# fingerprint: (\S+)$", done.stdout, re.M)
     if done.returncode != 0 or not match:
         return None, done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"
@@ -388,12 +373,8 @@ def current_fingerprint(settings: Settings) -> tuple[str | None, str]:
 
 
 # --- containerd's own CDI ------------------------------------------------------------------
-# The set-up that works (docs/install/containerd.md, "containerd's own CDI beside the
-# plugin"): the runtime's CDI reads the plugin's spec folders. Then devices named in container
-# cdi.k8s.io annotations are injected by containerd and left alone by the plugin, and devices
-# the plugin hands to the runtime (CDI_devices: additionalGids, narrowed permissions, ...)
-# resolve. With separate folders the runtime fails every handed-over device with
-# "unresolvable CDI devices".
+# It must read the plugin's spec folders, or the devices handed over to it fail
+# (docs/install/containerd.md, "containerd's own CDI beside the plugin").
 
 
 def _runtime_cdi(cfg: ContainerdConfig) -> tuple[bool, tuple[str, ...], str]:
@@ -461,6 +442,19 @@ def check_kinds_runtimes_can_load(dirs: Iterable[str]) -> Check:
 
 
 DRA_CHECK = "DRA claims reach a CDI injector"
+CLAIM_MARK = "-claim_"  # in the transient spec names NVIDIA's DRA driver writes
+
+
+def claim_specs(dirs: Iterable[str]) -> list[str]:
+    """Transient per-claim spec files present now (a DRA driver is in use)."""
+    found = []
+    for folder in dirs:
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        found += sorted(os.path.join(folder, n) for n in names if CLAIM_MARK in n)
+    return found
 
 
 def check_dra(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
@@ -578,7 +572,6 @@ def check_required_plugin(cfg: ContainerdConfig, name: str, index: str,
 
 
 def run_checks(settings: Settings, *, containerd_major_version: int | None = None,
-               fingerprint: Callable[[Settings], tuple[str | None, str]] | None = None,
                check_generated: bool = True) -> list[Check]:
     plugin = settings.plugin
     found = locate(settings.runtime_cdi.containerd_config, plugin.socket)
@@ -594,17 +587,14 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
               check_plugin(plugin, health=health)]
     if health:
         checks.append(check_health(health))
-    dirs_check, _ = check_spec_dirs(plugin.spec_dirs)
-    checks.append(dirs_check)
+    checks.append(check_spec_dirs(plugin.spec_dirs))
     if check_generated:
-        checks.append(check_fingerprint(settings, fingerprint))
-    checks += [check_device_nodes(plugin.spec_dirs), check_native_cdi(cfg, plugin.spec_dirs),
-               check_runtime_cdi_setting(cfg, settings),
-               check_kinds_runtimes_can_load(plugin.spec_dirs)]
-    checks.append(check_required_plugin(cfg, plugin.name, plugin.index, version))
-    checks.append(check_dra(cfg, plugin.spec_dirs))
-    checks.append(check_driver_architecture(plugin.spec_dirs))
-    return checks
+        checks.append(check_fingerprint(settings))
+    return [*checks, check_device_nodes(plugin.spec_dirs),
+            check_native_cdi(cfg, plugin.spec_dirs), check_runtime_cdi_setting(cfg, settings),
+            check_kinds_runtimes_can_load(plugin.spec_dirs),
+            check_required_plugin(cfg, plugin.name, plugin.index, version),
+            check_dra(cfg, plugin.spec_dirs), check_driver_architecture(plugin.spec_dirs)]
 
 
 def render(checks: Iterable[Check]) -> str:
@@ -631,11 +621,8 @@ def add_commands(subparsers: Any) -> None:
 def cmd_doctor(args: argparse.Namespace) -> int:
     if args.e2e:
         return check.cmd(args)
-    try:
-        settings = settings_from_args(args)
-    except SettingsError as exc:
-        print("\n".join(f"nri-cdi doctor: error: {line}" for line in exc.lines()),
-              file=sys.stderr)
+    settings = command_settings(args, "doctor")
+    if settings is None:
         return 2
     checks = run_checks(settings, check_generated=args.check_generated)
     if args.json:

@@ -9,9 +9,25 @@ import time
 from typing import Any
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+MAX_LINE = 4096  # characters of one log message; the rest is cut, saying how much
 
 
-class JsonFormatter(logging.Formatter):
+def clip(text: str, limit: int) -> str:
+    # Imported here: nri_plugin.nri.wire loads the NRI messages and protobuf, which
+    # ``nri-cdi refresh`` (run at boot, before containerd) and ``watch`` never need.
+    from nri_plugin.nri.wire import clip as clip_text
+
+    return clip_text(text, limit)
+
+
+class ClippedFormatter(logging.Formatter):
+    """Tracebacks cut like messages (they quote the exception)."""
+
+    def formatException(self, ei: Any) -> str:
+        return clip(super().formatException(ei), MAX_LINE * 4)
+
+
+class JsonFormatter(ClippedFormatter):
     """``{"time", "level", "logger", "message"}`` plus ``exception`` when there is one."""
 
     def format(self, record: logging.LogRecord) -> str:
@@ -32,13 +48,22 @@ class JsonFormatter(logging.Formatter):
 def log_formatter(kind: str) -> logging.Formatter:
     """The formatter for ``log.format``: ``text`` or ``json``."""
     if kind == "json":
-        return BoundedFormatter(JsonFormatter())
+        return JsonFormatter()
     if kind == "text":
-        return BoundedFormatter(logging.Formatter(TEXT_FORMAT))
+        return ClippedFormatter(TEXT_FORMAT)
     raise ValueError(f"unknown log format {kind!r} (want text or json)")
 
 
-MAX_LINE = 4096  # characters of one log message; the rest is cut, saying how much
+def log_to(handler: logging.Handler, level: str, kind: str) -> None:
+    """Every log record to ``handler`` alone, from ``level`` (``log.level``) up, in the
+    ``log.format`` ``kind``."""
+    handler.setFormatter(log_formatter(kind))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+MAX_SITES = 1024  # call sites counted; beyond, the counts start again
 
 
 class BoundedLog(logging.Filter):
@@ -57,15 +82,13 @@ class BoundedLog(logging.Filter):
     """
 
     def __init__(self, max_chars: int = MAX_LINE, burst: int = 20, window: float = 10.0,
-                 clock: Any = time.monotonic, max_sites: int = 1024,
-                 unlimited: tuple[str, ...] = ()) -> None:
+                 clock: Any = time.monotonic, unlimited: tuple[str, ...] = ()) -> None:
         super().__init__()
         self.unlimited = unlimited
         self.max_chars = max_chars
         self.burst = burst
         self.window = window
         self.clock = clock
-        self.max_sites = max_sites
         self._sites: dict[tuple[str, int, str], list[float]] = {}  # [window start, n, dropped]
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -77,7 +100,7 @@ class BoundedLog(logging.Filter):
         site = self._sites.get(key)
         if site is None or now - site[0] >= self.window:
             dropped = int(site[2]) if site is not None else 0
-            if site is None and len(self._sites) >= self.max_sites:
+            if site is None and len(self._sites) >= MAX_SITES:
                 self._sites.clear()  # pathological: messages without a fixed format
             site = self._sites[key] = [now, 0, 0]
         else:
@@ -92,30 +115,7 @@ class BoundedLog(logging.Filter):
     def _bound(self, record: logging.LogRecord, dropped: int) -> None:
         message = record.getMessage()
         if len(message) > self.max_chars:
-            message = clip_line(message, self.max_chars)
+            message = clip(message, self.max_chars)
         if dropped:
             message += f" [{dropped} similar line(s) dropped in the last {self.window:.0f} s]"
         record.msg, record.args = message, None
-
-
-def clip_line(text: str, limit: int) -> str:
-    # Here: importing nri_plugin.nri.wire loads the NRI messages and protobuf, which
-    # ``nri-cdi watch`` and ``refresh`` never need.
-    from nri_plugin.nri.wire import clip
-
-    return clip(text, limit)
-
-
-class BoundedFormatter(logging.Formatter):
-    """A formatter whose tracebacks are cut like messages (they quote the exception)."""
-
-    def __init__(self, inner: logging.Formatter, max_chars: int = MAX_LINE) -> None:
-        super().__init__()
-        self.inner = inner
-        self.max_chars = max_chars
-
-    def format(self, record: logging.LogRecord) -> str:
-        if record.exc_info and not record.exc_text:
-            record.exc_text = clip_line(self.inner.formatException(record.exc_info),
-                                        self.max_chars * 4)
-        return self.inner.format(record)

@@ -1,12 +1,8 @@
-"""Prometheus metrics and health endpoints for the plugin (off unless ``metrics.address``).
+"""The plugin's Prometheus metrics and health endpoints (docs/operations/metrics.md).
 
-``Metrics`` is what the daemon and the injector call: counter and gauge updates only (no
-I/O), safe on the CreateContainer path. ``serve(address)`` starts a small HTTP server in a
-daemon thread: ``/metrics``; ``/healthz``, 200 when connected to the runtime, else 503 (a
-readiness signal); ``/livez``, 200 while it serves (a disconnected plugin is retrying:
-restarting it would not help). Both health answers are JSON with the runtime, the registry
-and the counters. prometheus-client is imported when a ``Metrics`` is made, so commands
-that never make one neither pay for its import nor need the ``metrics`` extra.
+``Metrics``' updates do no I/O (safe on the CreateContainer path); ``serve`` answers in a
+thread of its own. prometheus-client is imported when a ``Metrics`` is made: only the
+plugin with ``metrics.address`` set needs the ``metrics`` extra.
 """
 
 from __future__ import annotations
@@ -19,13 +15,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from cdi.extras import MissingDependencyError
+from nri_plugin.ops.settings import parse_address
 from nri_plugin.plugins.cdi_injector.counters import Counters
 
-# CreateContainer must answer within the runtime's 2 s request timeout; a cached plan takes
-# tens of microseconds, a cold one milliseconds.
+# CreateContainer must answer within the runtime's 2 s request timeout.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.0)
 OUTCOMES = ("injected", "delegated", "refused", "error")
+# The registry's figures: a gauge each (nri_cdi_registry_<name>) and the health JSON.
+REGISTRY_FIGURES = {"devices": "CDI devices in the registry", "specs": "spec files loaded",
+                    "file_errors": "spec files with errors",
+                    "generation": "registry refresh count"}
 
 
 class Metrics:
@@ -49,13 +49,8 @@ class Metrics:
                                    "the first", registry=r)
         self._connected = Gauge("nri_cdi_connected", "1 while connected to the runtime",
                                 registry=r)
-        self._devices = Gauge("nri_cdi_registry_devices", "CDI devices in the registry",
-                              registry=r)
-        self._specs = Gauge("nri_cdi_registry_specs", "spec files loaded", registry=r)
-        self._file_errors = Gauge("nri_cdi_registry_file_errors", "spec files with errors",
-                                  registry=r)
-        self._generation = Gauge("nri_cdi_registry_generation", "registry refresh count",
-                                 registry=r)
+        self._registry = {name: Gauge(f"nri_cdi_registry_{name}", text, registry=r)
+                          for name, text in REGISTRY_FIGURES.items()}
         self._counters = counters
         if counters is not None:
             r.register(_CountersCollector(counters))
@@ -76,15 +71,12 @@ class Metrics:
 
     def registry(self, snapshot: Any) -> None:
         """A new registry snapshot (``cdi.cache.Snapshot``) was swapped in."""
-        self._devices.set(len(snapshot.devices))
-        self._specs.set(len(snapshot.specs))
-        self._file_errors.set(len(snapshot.errors))
-        self._generation.set(snapshot.generation)
+        figures = {"devices": len(snapshot.devices), "specs": len(snapshot.specs),
+                   "file_errors": len(snapshot.errors), "generation": snapshot.generation}
+        for name, value in figures.items():
+            self._registry[name].set(value)
         with self._lock:
-            self._state["registry"] = {"generation": snapshot.generation,
-                                       "devices": len(snapshot.devices),
-                                       "specs": len(snapshot.specs),
-                                       "file_errors": len(snapshot.errors)}
+            self._state["registry"] = figures
 
     def connected(self, runtime: str) -> None:
         """Configure arrived: connected (again) to ``runtime``."""
@@ -167,14 +159,6 @@ class Server:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join()
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``host:port``, ``[v6]:port`` or ``:port`` (all interfaces)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"metrics address must be host:port, got {address!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def _handler(metrics: Metrics) -> type[BaseHTTPRequestHandler]:

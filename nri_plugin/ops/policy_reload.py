@@ -1,11 +1,9 @@
-"""Reload the plugin's policy when its file changes (inotify) or on SIGHUP.
+"""Reload the plugin's policy when its file changes (inotify) or on SIGHUP
+(docs/usage/policy.md).
 
-The new policy is read and validated in a worker thread, off the event loop; only a valid
-one replaces the old, in one assignment on the loop. An invalid one keeps the old policy,
-with one log line per problem. The folder is watched, not the file: editors and
-``kubectl`` (a ConfigMap volume swaps a ``..data`` link) replace files by rename, which a
-watch on the file itself would lose. Every event in the folder only schedules a check; the
-file's bytes decide whether anything changed, and a short settle time lets a writer finish.
+The folder is watched, not the file: editors and ConfigMap volumes replace files by
+rename. Every event only schedules a check; the file's bytes decide whether anything
+changed, and a short settle time lets a writer finish.
 """
 
 from __future__ import annotations
@@ -29,7 +27,8 @@ SETTLE_SECONDS = 0.2
 
 class PolicyReloader:
     """``load()`` returns a new Policy or raises PolicyError/SettingsError; ``apply`` swaps
-    it in. ``path`` is the file to watch (None: SIGHUP only)."""
+    it in. ``path`` is the file to watch (None: SIGHUP only). One task does every check, so
+    two never overlap."""
 
     def __init__(self, path: str | None, load: Callable[[], Any],
                  apply: Callable[[Any], None]) -> None:
@@ -38,16 +37,17 @@ class PolicyReloader:
         self._apply = apply
         self._digest = _digest(path)
         self._inotify: Any = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._running: asyncio.Task[bool] | None = None
-        self._again = False
+        self._wake = asyncio.Event()
+        self._forced = False
+        self._task: asyncio.Task[None] | None = None
         self.reloads = 0  # policies swapped in
         self.rejected = 0  # new policies refused
 
     def start(self, loop: asyncio.AbstractEventLoop) -> PolicyReloader:
-        loop.add_signal_handler(signal.SIGHUP, self.schedule, loop, True)
+        loop.add_signal_handler(signal.SIGHUP, self._wake_up, True)
         if self.path is not None:
             self._watch(loop)
+        self._task = loop.create_task(self._run())
         return self
 
     def _watch(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -63,65 +63,56 @@ class PolicyReloader:
                         exc.strerror)
             return
         self._inotify = inotify
-        loop.add_reader(inotify.fileno(), self._on_events, loop)
+        loop.add_reader(inotify.fileno(), self._on_events)
 
-    def _on_events(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _on_events(self) -> None:
         self._inotify.read(timeout=0)  # drained; what changed is decided by the bytes
-        self.schedule(loop, False)
+        self._wake_up(False)
 
-    def schedule(self, loop: asyncio.AbstractEventLoop, forced: bool) -> None:
-        """Check after the settle time; ``forced`` (SIGHUP) reloads even if unchanged."""
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = loop.call_later(0 if forced else SETTLE_SECONDS, self._start, loop,
-                                      forced)
+    def _wake_up(self, forced: bool) -> None:
+        """A check soon; ``forced`` (SIGHUP) reloads even if unchanged."""
+        self._forced = self._forced or forced
+        self._wake.set()
 
-    def _start(self, loop: asyncio.AbstractEventLoop, forced: bool) -> None:
-        self._timer = None
-        if self._running is not None and not self._running.done():
-            self._again = True  # one more check when this one ends
-            return
-        self._running = loop.create_task(self.reload(forced))
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            if not self._forced:
+                await asyncio.sleep(SETTLE_SECONDS)  # let the writer finish
+            self._wake.clear()  # what changes from here on is checked again
+            forced, self._forced = self._forced, False
+            try:
+                await self.reload(forced)
+            except Exception:  # logged; the next change is checked all the same
+                log.exception("policy %s: reload failed", self.path or "(config)")
 
     async def reload(self, forced: bool = True) -> bool:
         """Read, validate, swap; True when a new policy is in force."""
         loop = asyncio.get_running_loop()
+        digest = await loop.run_in_executor(None, _digest, self.path)
+        if not forced and digest == self._digest:
+            return False
+        where = self.path or "(config)"
         try:
-            digest = await loop.run_in_executor(None, _digest, self.path)
-            if not forced and digest == self._digest:
-                return False
-            policy, problems = await loop.run_in_executor(None, self._try_load)
-            if policy is None:
-                self.rejected += 1
-                log.error("policy %s: new version refused, the previous policy stays in force",
-                          self.path or "(config)")
-                for problem in problems:
-                    log.error("policy %s: %s", self.path or "(config)", problem)
-                self._digest = digest  # said once; the next change is checked again
-                return False
-            self._digest = digest
-            self._apply(policy)
-            self.reloads += 1
-            log.info("policy reloaded from %s", getattr(policy, "origin", self.path))
-            return True
-        finally:
-            if self._again:
-                self._again = False
-                self.schedule(loop, False)
-
-    def _try_load(self) -> tuple[Any, list[str]]:
-        try:
-            return self._load(), []
-        except PolicyError as exc:
-            return None, list(exc.problems)
-        except SettingsError as exc:
-            return None, exc.lines()
+            policy = await loop.run_in_executor(None, self._load)
+        except (PolicyError, SettingsError) as exc:
+            self._digest = digest  # said once; the next change is checked again
+            self.rejected += 1
+            log.error("policy %s: new version refused, the previous policy stays in force",
+                      where)
+            for problem in exc.lines() if isinstance(exc, SettingsError) else exc.problems:
+                log.error("policy %s: %s", where, problem)
+            return False
+        self._digest = digest
+        self._apply(policy)
+        self.reloads += 1
+        log.info("policy reloaded from %s", getattr(policy, "origin", self.path))
+        return True
 
     def stop(self, loop: asyncio.AbstractEventLoop) -> None:
-
         loop.remove_signal_handler(signal.SIGHUP)
-        if self._timer is not None:
-            self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
         if self._inotify is not None:
             loop.remove_reader(self._inotify.fileno())
             self._inotify.close()

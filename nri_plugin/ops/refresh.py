@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdi.nvidia.discover import Roots
 from cdi.nvidia.sidecar import sidecar_path
-from nri_plugin.ops.logformat import log_formatter
+from nri_plugin.ops.logformat import log_to
 from nri_plugin.ops.settings import (
     Settings,
-    SettingsError,
     add_config_argument,
     add_setting_flags,
-    settings_from_args,
+    command_settings,
 )
 
 log = logging.getLogger("nri_cdi.refresh")
@@ -58,19 +58,6 @@ class NodeState:
                 if getattr(self, f.name) != getattr(other, f.name)]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodePaths:
-    driver_root: Path
-    dev_root: Path
-    lib_dirs: tuple[str, ...] = _DEFAULT_LIB_DIRS
-
-    def proc(self, rel: str) -> Path:
-        return self.dev_root / "proc" / rel
-
-    def sys(self, rel: str) -> Path:
-        return self.dev_root / "sys" / rel
-
-
 def _read(path: Path) -> str | None:
     try:
         return path.read_text(errors="replace")
@@ -93,10 +80,10 @@ def _inode(path: Path) -> int | None:
         return None
 
 
-def _libraries(paths: NodePaths) -> tuple[Any, ...]:
+def _libraries(driver_root: Path, lib_dirs: Sequence[str]) -> tuple[Any, ...]:
     found = []
-    for folder in paths.lib_dirs:
-        host = paths.driver_root / folder.lstrip("/")
+    for folder in lib_dirs:
+        host = driver_root / folder.lstrip("/")
         try:
             names = sorted(n for n in os.listdir(host) if n.startswith(_LIBRARY_PREFIXES))
         except OSError:
@@ -114,19 +101,27 @@ def _tree(folder: Path) -> tuple[str, ...]:
     return tuple(sorted(entries))
 
 
-def probe(paths: NodePaths) -> NodeState:
+def probe(roots: Roots, lib_dirs: Sequence[str]) -> NodeState:
     release = os.uname().release
     driver = (
-        _read(paths.proc("driver/nvidia/version")),
-        _inode(paths.sys("module/nvidia")),
-        _identity(paths.dev_root / "lib/modules" / release / "modules.dep"),
-        _libraries(paths),
+        _read(roots.proc_path("driver/nvidia/version")),
+        _inode(roots.dev / "sys/module/nvidia"),
+        _identity(roots.dev / "lib/modules" / release / "modules.dep"),
+        _libraries(roots.driver, lib_dirs),
     )
-    mig = _tree(paths.proc("driver/nvidia/capabilities")) + tuple(
-        "gpus/" + g for g in _tree(paths.proc("driver/nvidia/gpus")))
-    devices = tuple(line.strip() for line in (_read(paths.proc("devices")) or "").splitlines()
-                    if "nvidia" in line)
+    mig = _tree(roots.proc_path("driver/nvidia/capabilities")) + tuple(
+        "gpus/" + g for g in _tree(roots.proc_path("driver/nvidia/gpus")))
+    majors = _read(roots.proc_path("devices")) or ""
+    devices = tuple(line.strip() for line in majors.splitlines() if "nvidia" in line)
     return NodeState(driver=driver, mig=mig, devices=devices)
+
+
+def probe_configured_node(settings: Settings) -> NodeState:
+    """The node the ``generate`` section names, its libraries looked for in the folders
+    the last spec's sidecar lists."""
+    g = settings.generate
+    roots = Roots(driver=Path(g.driver_root), dev=Path(g.dev_root or g.driver_root))
+    return probe(roots, _meta_lib_dirs(Path(g.output)) or _DEFAULT_LIB_DIRS)
 
 
 # --- running the generator ---------------------------------------------------------------
@@ -148,15 +143,8 @@ def generator_args(settings: Settings) -> list[str]:
     return args + list(g.extra_args)
 
 
-def node_paths(settings: Settings) -> NodePaths:
-    g = settings.generate
-    driver = Path(g.driver_root)
-    lib_dirs = _meta_lib_dirs(Path(g.output)) or _DEFAULT_LIB_DIRS
-    return NodePaths(driver_root=driver, dev_root=Path(g.dev_root or driver),
-                     lib_dirs=lib_dirs)
-
-
-def _meta(output: Path) -> dict[str, Any]:
+def read_sidecar(output: Path) -> dict[str, Any]:
+    """The generator's sidecar of the spec ``output`` ({} when absent or unreadable)."""
     try:
         data = json.loads(sidecar_path(output).read_text())
     except (OSError, ValueError):
@@ -165,7 +153,7 @@ def _meta(output: Path) -> dict[str, Any]:
 
 
 def _meta_lib_dirs(output: Path) -> tuple[str, ...]:
-    dirs = _meta(output).get("driver", {}).get("libraryDirs")
+    dirs = read_sidecar(output).get("driver", {}).get("libraryDirs")
     return tuple(d for d in dirs if isinstance(d, str)) if isinstance(dirs, list) else ()
 
 
@@ -200,7 +188,7 @@ def run_generator(settings: Settings, runner: Runner = run_generator_process) ->
     except (OSError, subprocess.SubprocessError) as exc:
         return Outcome(ok=False, written=False, fingerprint=None, message=str(exc))
     message = done.stderr.strip()
-    fingerprint = _meta(output).get("fingerprint")
+    fingerprint = read_sidecar(output).get("fingerprint")
     if done.returncode != 0:
         return Outcome(ok=False, written=False, fingerprint=fingerprint, message=message)
     return Outcome(ok=True, written=_identity(output) != before, fingerprint=fingerprint,
@@ -219,13 +207,9 @@ class Watcher:
                  generate: Callable[[], Outcome] | None = None,
                  probe_node: Callable[[], NodeState] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        w = settings.watch
         self.settings = settings
-        self.poll_interval = w.poll_interval
-        self.settle = w.settle
-        self.resync_interval = w.resync_interval
         self._generate = generate or (lambda: run_generator(settings))
-        self._probe = probe_node or (lambda: probe(node_paths(settings)))
+        self._probe = probe_node or (lambda: probe_configured_node(settings))
         self._clock = clock
         self._stop = threading.Event()
         self._state: NodeState | None = None
@@ -239,7 +223,7 @@ class Watcher:
 
     def run(self) -> None:
         self.refresh("start")
-        while not self._stop.wait(self.poll_interval):
+        while not self._stop.wait(self.settings.watch.poll_interval):
             self.step()
 
     def step(self) -> None:
@@ -257,7 +241,7 @@ class Watcher:
 
     def _settled(self, state: NodeState) -> NodeState:
         """Wait until the node stays the same for ``settle`` seconds (or stop is asked)."""
-        while not self._stop.wait(self.settle):
+        while not self._stop.wait(self.settings.watch.settle):
             again = self._probe()
             if again == state:
                 return state
@@ -268,7 +252,7 @@ class Watcher:
         if self._state is None:
             self._state = self._probe()
         outcome = self._generate()
-        self._next_resync = self._clock() + self.resync_interval
+        self._next_resync = self._clock() + self.settings.watch.resync_interval
         self._retry = not outcome.ok
         if not outcome.ok:
             if outcome.message != self._last_error:
@@ -307,17 +291,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _setup(args: argparse.Namespace) -> Settings | None:
-    try:
-        settings = settings_from_args(args)
-    except SettingsError as exc:
-        print("\n".join(f"nri-cdi {args.command}: error: {line}" for line in exc.lines()),
-              file=sys.stderr)
+    settings = command_settings(args, args.command)
+    if settings is None:
         return None
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(log_formatter(settings.log.format))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(settings.log.level.upper())
+    log_to(logging.StreamHandler(sys.stderr), settings.log.level, settings.log.format)
     return settings
 
 
@@ -337,19 +314,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: watcher.stop())
     log.info("watching %s (poll %.1fs, settle %.1fs, resync %.0fs) for %s",
-             settings.generate.driver_root, watcher.poll_interval, watcher.settle,
-             watcher.resync_interval, settings.generate.output)
+             settings.generate.driver_root, settings.watch.poll_interval,
+             settings.watch.settle, settings.watch.resync_interval, settings.generate.output)
     watcher.run()
     log.info("watch stopped")
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nri-cdi")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

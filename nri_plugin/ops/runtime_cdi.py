@@ -1,4 +1,5 @@
-"""Reading the runtime's own CDI set-up (containerd's configuration) for the plugin.
+"""Reading the runtime's own CDI set-up (containerd's configuration) for the plugin, and
+the warning it logs where that set-up leaves DRA claims without devices.
 
 Done once when the plugin starts (never on the request path). ``runtime_cdi.enabled`` and
 ``runtime_cdi.spec_dirs`` in the plugin's settings win over the file. What containerd's
@@ -13,11 +14,13 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.ops.containerd_config import (
     CRI_V2_SECTION,
     CRI_V3_SECTION,
     ContainerdConfig,
     locate,
+    plugin_section,
 )
 from nri_plugin.plugins.cdi_injector.delegation import LIBRARY_DEFAULT_DIRS, RuntimeCdiConfig
 
@@ -32,11 +35,8 @@ def cri_cdi_settings(data: Mapping[str, Any] | None) -> tuple[bool | None, tuple
     containerd config (None: no file)."""
     if not data:
         return None, LIBRARY_DEFAULT_DIRS
-    name = CRI_V3_SECTION if data.get("version") == 3 else CRI_V2_SECTION
-    plugins = data.get("plugins", {})
-    section = plugins.get(name, {}) if isinstance(plugins, Mapping) else {}
-    if not isinstance(section, Mapping):
-        section = {}
+    section = plugin_section(data, CRI_V3_SECTION if data.get("version") == 3
+                             else CRI_V2_SECTION)
     enabled = section.get("enable_cdi")
     dirs = section.get("cdi_spec_dirs")
     return (bool(enabled) if isinstance(enabled, bool) else None,
@@ -54,18 +54,14 @@ def why_unread(cfg: ContainerdConfig) -> str:
     return ""
 
 
-def containerd_config_for(settings: Settings, major: int | None = None) -> ContainerdConfig:
-    """containerd's configuration, from the file the settings name, else the one the
-    running containerd serving ``plugin.socket`` was started with, else the default path."""
-    return locate(settings.runtime_cdi.containerd_config, settings.plugin.socket).read(major)
-
-
 def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
     wanted = settings.runtime_cdi
     if wanted.enabled != "auto" and wanted.spec_dirs is not None:
         return RuntimeCdiConfig(enabled=wanted.enabled == "on", spec_dirs=wanted.spec_dirs,
                                 origin="runtime_cdi.enabled and runtime_cdi.spec_dirs set")
-    cfg = containerd_config_for(settings)
+    # The file the settings name, else the one the running containerd serving
+    # plugin.socket was started with, else the default path.
+    cfg = locate(settings.runtime_cdi.containerd_config, settings.plugin.socket).read(None)
     unread = why_unread(cfg)
     if unread:
         enabled, dirs = None, None
@@ -87,3 +83,21 @@ def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
         dirs = tuple(wanted.spec_dirs)
         origin += "; runtime_cdi.spec_dirs set"
     return RuntimeCdiConfig(enabled=enabled, spec_dirs=dirs, origin=origin, unread=unread)
+
+
+def start_warning(runtime: RuntimeInfo) -> str | None:
+    """What the plugin logs once it knows the runtime: with containerd's own CDI off, the
+    CRI CDIDevices a kubelet >= 1.31 sends for a DRA claim reach no plugin
+    (docs/developer/kubernetes-allocation.md); None when that is not the case."""
+    if runtime.native_cdi is not False:
+        return None
+    if not runtime.is_containerd:
+        return None  # CRI-O's CDI cannot be switched off
+    refuses = runtime.version is not None and runtime.version >= (2, 3, 0)
+    what = ("fail to be created (containerd refuses CDIDevices with its CDI off)" if refuses
+            else "start without their devices")
+    return (f"{runtime.describe()} with its own CDI off: CRI CDIDevices (DRA claims from "
+            "kubelet >= 1.31, the device plugin's cdi-cri) reach neither the runtime nor this "
+            f"plugin, so those containers {what}; set enable_cdi = true "
+            "and cdi_spec_dirs to the plugin's folders in containerd's CRI config "
+            "(nri-cdi doctor shows the lines)")

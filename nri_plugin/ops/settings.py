@@ -16,7 +16,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import Field, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, TypeVar
 
@@ -116,14 +116,19 @@ def _index(value: Any) -> str:
     return text
 
 
-def _address(value: Any) -> str:
-    """``host:port`` or ``:port``; empty string = off; port 0 = any free port (logged)."""
-    text = _str(value)
-    if text == "":
-        return text
-    _, sep, port = text.rpartition(":")
+def parse_address(address: str) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or ``:port`` (all interfaces); port 0: any free port."""
+    host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ValueError(f"expected host:port (or \"\" for off), got {value!r}")
+        raise ValueError(f"expected host:port (or \"\" for off), got {address!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _address(value: Any) -> str:
+    """An address ``parse_address`` reads, or "" (off)."""
+    text = _str(value)
+    if text:
+        parse_address(text)
     return text
 
 
@@ -337,33 +342,34 @@ class Settings:
         out["policy"] = _plain(self.policy)
         return out
 
-    def with_values(self, overrides: Mapping[str, Any], source: str = "command line"
+    def with_values(self, values: Mapping[str, Any], source: str = "command line"
                     ) -> Settings:
-        """A copy with ``{"section.key": value}`` overrides, each checked like file values."""
-        values: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
+        """A copy with ``{"section.key": value}`` values, each checked like file values;
+        a SettingsError lists every problem."""
+        changed: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
         problems = []
-        for dotted, value in overrides.items():
+        for dotted, value in values.items():
             section, name = dotted.split(".", 1)
+            keys = keys_of(section)
+            if name not in keys:
+                problems.append(f"{dotted}: moved to {MOVED[dotted]}" if dotted in MOVED else
+                                f"{dotted}: unknown key (known: {', '.join(keys)})")
+                continue
             try:
-                values[section][name] = key_of(section, name).type.check(value)
+                changed[section][name] = keys[name].type.check(value)
             except ValueError as exc:
                 problems.append(f"{dotted}: {exc}")
         if problems:
             raise SettingsError(source, problems)
-        changed = {s: replace(getattr(self, s), **v) for s, v in values.items() if v}
-        return replace(self, **changed)
+        return replace(self, **{s: replace(getattr(self, s), **v)
+                                for s, v in changed.items() if v})
 
 
 # section name -> its class, in the file's order; "policy" is passed through as a mapping.
 SECTIONS: dict[str, type[Any]] = {
     f.name: type(f.default) for f in fields(Settings) if f.name not in ("policy", "source")}
-OPAQUE_SECTIONS = ("policy",)
 # Keys that moved, so that an old file gets told where (not just "unknown key").
 MOVED = {"doctor.containerd_config": "runtime_cdi.containerd_config"}
-
-
-def _key_fields(cls: type[Any]) -> Iterator[Field[Any]]:
-    return (f for f in fields(cls) if KEY in f.metadata)
 
 
 def section_help(section: str) -> str:
@@ -373,7 +379,7 @@ def section_help(section: str) -> str:
 
 def keys_of(section: str) -> dict[str, Key]:
     """A section's keys, in declaration order."""
-    return {f.name: f.metadata[KEY] for f in _key_fields(SECTIONS[section])}
+    return {f.name: f.metadata[KEY] for f in fields(SECTIONS[section])}
 
 
 def key_of(section: str, name: str) -> Key:
@@ -410,66 +416,41 @@ def parse_settings(document: Any, source: str = "config") -> Settings:
     if not isinstance(document, Mapping):
         raise SettingsError(source, [f"(top level): expected a mapping, got {document!r}"])
     problems: list[str] = []
-    values: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
-    policy: Mapping[str, Any] = MappingProxyType({})
+    values: dict[str, Any] = {}
+    policy: Mapping[str, Any] = {}
     for section, body in document.items():
         if section == "policy":
             if body is not None and not isinstance(body, Mapping):
                 problems.append(f"policy: expected a mapping, got {body!r}")
-            else:
-                policy = MappingProxyType(dict(body or {}))
-            continue
-        if section not in SECTIONS:
+            policy = body if isinstance(body, Mapping) else {}
+        elif section not in SECTIONS:
             problems.append(f"{section}: unknown section (known: "
-                            f"{', '.join([*SECTIONS, *OPAQUE_SECTIONS])})")
-            continue
-        if body is None:
-            continue
-        if not isinstance(body, Mapping):
+                            f"{', '.join([*SECTIONS, 'policy'])})")
+        elif body is not None and not isinstance(body, Mapping):
             problems.append(f"{section}: expected a mapping, got {body!r}")
-            continue
-        problems += _section(section, body, values[section])
+        else:
+            values.update((f"{section}.{name}", value) for name, value in (body or {}).items())
+    settings = Settings(policy=MappingProxyType(dict(policy)), source=source)
+    try:
+        settings = settings.with_values(values, source)
+    except SettingsError as exc:
+        problems += exc.problems
     if problems:
         raise SettingsError(source, problems)
-    sections = {name: cls(**values[name]) for name, cls in SECTIONS.items()}
-    return Settings(**sections, policy=policy, source=source)
-
-
-def _section(section: str, body: Mapping[str, Any], into: dict[str, Any]) -> list[str]:
-    problems = []
-    keys = keys_of(section)
-    for name, value in body.items():
-        dotted = f"{section}.{name}"
-        key = keys.get(name)
-        if key is None:
-            problems.append(f"{dotted}: moved to {MOVED[dotted]}" if dotted in MOVED else
-                            f"{dotted}: unknown key (known: {', '.join(keys)})")
-            continue
-        try:
-            into[name] = key.type.check(value)
-        except ValueError as exc:
-            problems.append(f"{dotted}: {exc}")
-    return problems
-
-
-def config_path(explicit: str | None, environ: Mapping[str, str] | None = None) -> tuple[str, bool]:
-    """(path, required): a path given by flag or NRI_CDI_CONFIG must exist; the default
-    path may be absent."""
-    env = os.environ if environ is None else environ
-    if explicit:
-        return explicit, True
-    if env.get(CONFIG_ENV):
-        return env[CONFIG_ENV], True
-    return DEFAULT_CONFIG_PATH, False
+    return settings
 
 
 def load_settings(explicit: str | None = None,
                   environ: Mapping[str, str] | None = None) -> Settings:
+    """The file given (by flag, else $NRI_CDI_CONFIG), which must exist, else the default
+    path, which may be absent."""
     # PyYAML here, not at the top: a plugin started with no settings file, and every
     # subcommand that only builds its parser, never needs it.
     import yaml
 
-    path, required = config_path(explicit, environ)
+    path = explicit or (os.environ if environ is None else environ).get(CONFIG_ENV)
+    required = bool(path)
+    path = path or DEFAULT_CONFIG_PATH
     try:
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
@@ -508,12 +489,6 @@ def shown_default(section: str, name: str) -> str:
     return str(value)
 
 
-def flag_help(section: str, name: str) -> str:
-    key = key_of(section, name)
-    again = "; repeat for several" if key.repeatable else ""
-    return f"{key.help}{again} ({section}.{name}; default: {shown_default(section, name)})"
-
-
 # The parsed arguments' attribute listing the keys whose flags the command has: only those
 # override the file (another option of the same name, such as doctor --e2e's --driver-root,
 # is not a key's flag).
@@ -530,8 +505,10 @@ def add_setting_flags(parser: argparse.ArgumentParser, *dotted: str) -> None:
         key = key_of(section, key_name)
         if not key.flags:
             raise ValueError(f"{name} has no command-line flag")
-        options: dict[str, Any] = {"dest": key.flag_dest, "default": None,
-                                   "help": flag_help(section, key_name)}
+        again = "; repeat for several" if key.repeatable else ""
+        options: dict[str, Any] = {
+            "dest": key.flag_dest, "default": None,
+            "help": f"{key.help}{again} ({name}; default: {shown_default(section, key_name)})"}
         if key.type.choices:
             options["choices"] = key.type.choices
         else:
@@ -568,6 +545,20 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return apply_flags(load_settings(getattr(args, "config", None)), args)
 
 
+def print_errors(command: str, exc: SettingsError) -> None:
+    print("\n".join(f"nri-cdi {command}: error: {line}" for line in exc.lines()),
+          file=sys.stderr)
+
+
+def command_settings(args: argparse.Namespace, command: str) -> Settings | None:
+    """``settings_from_args``, or None after printing each problem."""
+    try:
+        return settings_from_args(args)
+    except SettingsError as exc:
+        print_errors(command, exc)
+        return None
+
+
 # --- `nri-cdi config show|check|reference` -------------------------------------------------
 
 
@@ -589,17 +580,10 @@ def add_commands(subparsers: Any) -> None:
     reference.set_defaults(func=cmd_reference)
 
 
-def _errors(exc: SettingsError) -> int:
-    print("\n".join(f"nri-cdi config: error: {line}" for line in exc.lines()),
-          file=sys.stderr)
-    return 1
-
-
 def cmd_show(args: argparse.Namespace) -> int:
-    try:
-        settings = settings_from_args(args)
-    except SettingsError as exc:
-        return _errors(exc)
+    settings = command_settings(args, "config")
+    if settings is None:
+        return 1
     if args.output_format == "json":
         print(json.dumps(settings.as_dict(), indent=2))
     else:
@@ -633,7 +617,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args.config)
     except SettingsError as exc:
-        return _errors(exc)
+        print_errors("config", exc)
+        return 1
     print(f"{settings.source}: valid")
     return 0
 

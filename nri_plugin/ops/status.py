@@ -9,7 +9,6 @@ that cannot take it knows the plugin lives, whatever pid namespace either runs i
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import json
@@ -19,6 +18,8 @@ import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from cdi.spec import atomic_write
 
 if TYPE_CHECKING:
     from nri_plugin.nri.dispatch import Configuration
@@ -34,11 +35,8 @@ LOCK_WAIT = 1.0
 
 
 def status_path(folder: str | Path, name: str, index: str) -> Path:
+    """The status file; its lock is the same name with ``.lock`` for ``.json``."""
     return Path(folder) / f"{index}-{name}.json"
-
-
-def lock_path(folder: str | Path, name: str, index: str) -> Path:
-    return Path(folder) / f"{index}-{name}.lock"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,12 +70,10 @@ class PluginStatus:
 class StatusFile:
     """The daemon's side: holds the lock and rewrites the file on each change."""
 
-    def __init__(self, folder: str, *, name: str, index: str, socket: str,
-                 clock: Any = time.time) -> None:
+    def __init__(self, folder: str, *, name: str, index: str, socket: str) -> None:
         self.path = status_path(folder, name, index) if folder else None
-        self._clock = clock
         self._lock_fd: int | None = None
-        now = clock()
+        now = time.time()
         self.status = PluginStatus(pid=os.getpid(), name=name, index=index, socket=socket,
                                    started=now, since=now)
 
@@ -88,8 +84,7 @@ class StatusFile:
             return self
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._lock_fd = _take_lock(lock_path(self.path.parent, self.status.name,
-                                                 self.status.index))
+            self._lock_fd = _take_lock(self.path.with_suffix(".lock"))
         except OSError as exc:
             log.warning("no status file for nri-cdi doctor: %s", _why(exc))
             self.path = None
@@ -113,21 +108,16 @@ class StatusFile:
             self._lock_fd = None
 
     def _set(self, **changes: Any) -> None:
-        self.status = replace(self.status, since=self._clock(), **changes)
+        self.status = replace(self.status, since=time.time(), **changes)
         self._write()
 
     def _write(self) -> None:
         if self.path is None:
             return
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps(asdict(self.status), indent=1) + "\n")
-            tmp.chmod(0o644)
-            os.replace(tmp, self.path)
+            atomic_write(self.path, json.dumps(asdict(self.status), indent=1).encode() + b"\n")
         except OSError as exc:
             log.warning("cannot write the status file %s: %s", self.path, _why(exc))
-            with contextlib.suppress(OSError):
-                tmp.unlink()
 
 
 def _take_lock(path: Path) -> int:
@@ -167,16 +157,14 @@ class Reading:
 def read_status(folder: str, name: str, index: str) -> Reading:
     path = status_path(folder, name, index)
     try:
-        text = path.read_text()
+        status = PluginStatus.from_json(path.read_text())
     except FileNotFoundError:
         return Reading(path=path, status=None, alive=None, problem="no such file")
     except OSError as exc:
         return Reading(path=path, status=None, alive=None, problem=_why(exc))
-    try:
-        status = PluginStatus.from_json(text)
     except (ValueError, TypeError) as exc:
         return Reading(path=path, status=None, alive=None, problem=f"unreadable: {exc}")
-    return Reading(path=path, status=status, alive=writer_alive(lock_path(folder, name, index)))
+    return Reading(path=path, status=status, alive=writer_alive(path.with_suffix(".lock")))
 
 
 def writer_alive(path: Path) -> bool | None:

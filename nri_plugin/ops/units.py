@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cdi.spec import atomic_write
 from nri_plugin.ops.settings import DEFAULT_CONFIG_PATH, PluginSettings
 
 DEFAULT_BINARY = "/usr/local/bin/nri-cdi"
-DEFAULT_CONFIG = DEFAULT_CONFIG_PATH
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
 DEFAULT_PLUGIN_DIR = "/opt/nri/plugins"
 DEFAULT_LAUNCHER_LOG = "/var/log/nri-cdi.log"
@@ -50,6 +50,17 @@ SystemCallFilter=@system-service
 UMask=0022
 """
 
+# The end of the generate and watch services, which write only the spec folders.
+_SPEC_WRITER = """\
+RuntimeDirectory=cdi
+RuntimeDirectoryPreserve=yes
+ReadWritePaths=-/etc/cdi
+RestrictAddressFamilies=AF_UNIX AF_NETLINK
+{hardening}
+[Install]
+WantedBy=multi-user.target
+"""
+
 _GENERATE_SERVICE = """\
 [Unit]
 Description=nri-cdi: write the NVIDIA CDI spec if the node changed
@@ -69,14 +80,7 @@ ExecStart={binary} refresh --config {config}
 Restart=on-failure
 RestartSec=5
 # Writes only the spec folders; RuntimeDirectory creates /run/cdi (= /var/run/cdi).
-RuntimeDirectory=cdi
-RuntimeDirectoryPreserve=yes
-ReadWritePaths=-/etc/cdi
-RestrictAddressFamilies=AF_UNIX AF_NETLINK
-{hardening}
-[Install]
-WantedBy=multi-user.target
-"""
+{spec_writer}"""
 
 _GENERATE_PATH = """\
 [Unit]
@@ -103,14 +107,7 @@ Type=simple
 ExecStart={binary} watch --config {config}
 Restart=always
 RestartSec=5
-RuntimeDirectory=cdi
-RuntimeDirectoryPreserve=yes
-ReadWritePaths=-/etc/cdi
-RestrictAddressFamilies=AF_UNIX AF_NETLINK
-{hardening}
-[Install]
-WantedBy=multi-user.target
-"""
+{spec_writer}"""
 
 _PLUGIN_SERVICE = """\
 [Unit]
@@ -149,16 +146,17 @@ UNITS: dict[str, str] = {
     "nri-cdi-watch.service": _WATCH_SERVICE,
     "nri-cdi-plugin.service": _PLUGIN_SERVICE,
 }
-# Enabled by install-units; the generate service is pulled in by the others.
-ENABLE = ("nri-cdi-generate.service", "nri-cdi-generate.path", "nri-cdi-watch.service",
-          "nri-cdi-plugin.service")
+ENABLE = tuple(UNITS)  # install-units enables every unit
 
 
-def render_units(binary: str = DEFAULT_BINARY, config: str = DEFAULT_CONFIG) -> dict[str, str]:
+def render_units(binary: str = DEFAULT_BINARY,
+                 config: str = DEFAULT_CONFIG_PATH) -> dict[str, str]:
     for what, path in (("binary", binary), ("config", config)):
         if not os.path.isabs(path) or any(c.isspace() for c in path):
             raise ValueError(f"{what} must be an absolute path without spaces, got {path!r}")
-    return {name: text.format(binary=binary, config=config, hardening=_HARDENING)
+    spec_writer = _SPEC_WRITER.format(hardening=_HARDENING)
+    return {name: text.format(binary=binary, config=config, hardening=_HARDENING,
+                              spec_writer=spec_writer)
             for name, text in UNITS.items()}
 
 
@@ -166,7 +164,7 @@ def render_units(binary: str = DEFAULT_BINARY, config: str = DEFAULT_CONFIG) -> 
 LAUNCHER_MARK = "# nri-cdi NRI plugin, launched by the container runtime (NRI plugin_path)."
 
 
-def render_launcher(*, python: str = sys.executable, config: str | None = DEFAULT_CONFIG,
+def render_launcher(*, python: str = sys.executable, config: str | None = DEFAULT_CONFIG_PATH,
                     log_file: str = DEFAULT_LAUNCHER_LOG, pythonpath: str | None = None,
                     extra_args: Sequence[str] = ()) -> str:
     """A ``/opt/nri/plugins/NN-nri-cdi`` launcher. The runtime starts it with only
@@ -190,13 +188,6 @@ def render_launcher(*, python: str = sys.executable, config: str | None = DEFAUL
     return "\n".join(lines) + "\n"
 
 
-def _write(path: Path, text: str, mode: int) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.chmod(mode)
-    os.replace(tmp, path)
-
-
 Systemctl = Callable[[list[str]], int]
 
 
@@ -210,17 +201,15 @@ def install_units(unit_dir: Path, *, binary: str, config: str, enable: bool,
     start them. With ``root`` (an offline system image), ``enable`` only enables them
     there (``systemctl --root``): nothing is reloaded or started."""
     unit_dir.mkdir(parents=True, exist_ok=True)
-    written = []
     for name, text in render_units(binary, config).items():
-        _write(unit_dir / name, text, 0o644)
-        written.append(unit_dir / name)
+        atomic_write(unit_dir / name, text.encode(), mode=0o644)
     if enable:
         steps = ([[f"--root={root}", "enable", *ENABLE]] if root is not None
                  else [["daemon-reload"], ["enable", "--now", *ENABLE]])
         for args in steps:
             if systemctl(args) != 0:
                 raise RuntimeError(f"systemctl {' '.join(args)} failed")
-    return written
+    return [unit_dir / name for name in UNITS]
 
 
 def uninstall_units(unit_dir: Path, *, disable: bool, root: Path | None = None,
@@ -229,7 +218,7 @@ def uninstall_units(unit_dir: Path, *, disable: bool, root: Path | None = None,
     and reload systemd; returns the files removed. Files of other names are left alone.
     With ``root``, only disable them in that image."""
     present = [unit_dir / name for name in UNITS if (unit_dir / name).exists()]
-    names = [p.name for p in present if p.name in ENABLE]
+    names = [p.name for p in present]
     if disable and names:
         args = ([f"--root={root}", "disable", *names] if root is not None
                 else ["disable", "--now", *names])
@@ -300,9 +289,7 @@ def _root_and_dir(parser: argparse.ArgumentParser) -> None:
 def _unit_dir(args: argparse.Namespace) -> Path:
     if args.unit_dir is not None:
         return Path(args.unit_dir)
-    if args.root is not None:
-        return Path(args.root) / DEFAULT_UNIT_DIR.lstrip("/")
-    return Path(DEFAULT_UNIT_DIR)
+    return Path(args.root or "/", DEFAULT_UNIT_DIR.lstrip("/"))
 
 
 def add_commands(subparsers: Any) -> None:
@@ -313,8 +300,9 @@ def add_commands(subparsers: Any) -> None:
                        help="the nri-cdi executable the units run (default: the nri-cdi "
                             "running this command, not whichever is first on PATH; "
                             "required when started as python -m)")
-    units.add_argument("--config", default=DEFAULT_CONFIG, metavar="FILE",
-                       help=f"configuration file the units pass (default {DEFAULT_CONFIG})")
+    units.add_argument("--config", default=DEFAULT_CONFIG_PATH, metavar="FILE",
+                       help="configuration file the units pass (default "
+                            f"{DEFAULT_CONFIG_PATH})")
     units.add_argument("--no-enable", dest="enable", action="store_false",
                        help="only write the files; no daemon-reload, no enable --now")
     units.add_argument("--print", dest="print_only", action="store_true",
@@ -331,9 +319,9 @@ def add_commands(subparsers: Any) -> None:
         help="install the plugin's launcher in the runtime's NRI plugin folder (the "
              "runtime then starts the plugin itself)")
     _launcher_place(launcher)
-    launcher.add_argument("--config", default=DEFAULT_CONFIG, metavar="FILE",
+    launcher.add_argument("--config", default=DEFAULT_CONFIG_PATH, metavar="FILE",
                           help=f"configuration file the plugin reads (default "
-                               f"{DEFAULT_CONFIG}; empty: none)")
+                               f"{DEFAULT_CONFIG_PATH}; empty: none)")
     launcher.add_argument("--log-file", default=DEFAULT_LAUNCHER_LOG, metavar="FILE",
                           help="where the plugin's log goes: the runtime discards the "
                                f"output of plugins it launches (default {DEFAULT_LAUNCHER_LOG})")
@@ -351,7 +339,7 @@ def add_commands(subparsers: Any) -> None:
 
 
 def _launcher_place(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--plugin-dir", default=DEFAULT_PLUGIN_DIR, metavar="DIR",
+    parser.add_argument("--plugin-dir", type=Path, default=DEFAULT_PLUGIN_DIR, metavar="DIR",
                         help=f"the runtime's NRI plugin_path (default {DEFAULT_PLUGIN_DIR})")
     parser.add_argument("--index", type=_index, default=PluginSettings().index, metavar="NN",
                         help=f"two-digit plugin index (default {PluginSettings().index})")
@@ -367,14 +355,13 @@ def cmd_install_units(args: argparse.Namespace) -> int:
     if binary is None:
         return _fail("install-units", "cannot tell which nri-cdi is running (started as "
                      f"{sys.argv[0] if sys.argv else '?'}): pass --binary PATH")
-    root = None if args.root is None else Path(args.root)
     try:
         if args.print_only:
             for name, text in render_units(binary, args.config).items():
                 print(f"# --- {name}\n{text}")
             return 0
         written = install_units(_unit_dir(args), binary=binary, config=args.config,
-                                enable=args.enable, root=root)
+                                enable=args.enable, root=args.root)
     except (ValueError, OSError, RuntimeError) as exc:
         return _fail("install-units", exc)
     for path in written:
@@ -384,9 +371,8 @@ def cmd_install_units(args: argparse.Namespace) -> int:
 
 
 def cmd_uninstall_units(args: argparse.Namespace) -> int:
-    root = None if args.root is None else Path(args.root)
     try:
-        removed = uninstall_units(_unit_dir(args), disable=args.disable, root=root)
+        removed = uninstall_units(_unit_dir(args), disable=args.disable, root=args.root)
     except (OSError, RuntimeError) as exc:
         return _fail("uninstall-units", exc)
     for path in removed:
@@ -402,10 +388,10 @@ def cmd_install_launcher(args: argparse.Namespace) -> int:
     if args.print_only:
         print(text, end="")
         return 0
-    target = launcher_path(Path(args.plugin_dir), args.index)
+    target = launcher_path(args.plugin_dir, args.index)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        _write(target, text, 0o755)
+        atomic_write(target, text.encode(), mode=0o755)
     except OSError as exc:
         return _fail("install-plugin-launcher", exc)
     print(f"wrote {target}; containerd starts it at its next start (NRI must be enabled)")
@@ -414,11 +400,11 @@ def cmd_install_launcher(args: argparse.Namespace) -> int:
 
 def cmd_uninstall_launcher(args: argparse.Namespace) -> int:
     try:
-        removed = remove_launcher(Path(args.plugin_dir), args.index)
+        removed = remove_launcher(args.plugin_dir, args.index)
     except (OSError, ValueError) as exc:
         return _fail("uninstall-plugin-launcher", exc)
     if removed is None:
-        print(f"no launcher at {launcher_path(Path(args.plugin_dir), args.index)}")
+        print(f"no launcher at {launcher_path(args.plugin_dir, args.index)}")
         return 0
     print(f"removed {removed}; a plugin the runtime already started runs until the "
           "runtime restarts")

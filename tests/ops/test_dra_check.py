@@ -7,7 +7,7 @@ from pathlib import Path
 
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.ops.doctor import ContainerdConfig, check_dra
-from nri_plugin.ops.dra_check import start_warning
+from nri_plugin.ops.runtime_cdi import start_warning
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 
 V2_OFF = {"version": 2, "plugins": {"io.containerd.grpc.v1.cri": {"enable_cdi": False}}}

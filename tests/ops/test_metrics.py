@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from nri_plugin.ops.logformat import JsonFormatter, log_formatter
-from nri_plugin.ops.metrics import Metrics, parse_address
+from nri_plugin.ops.metrics import Metrics
+from nri_plugin.ops.settings import parse_address
 from nri_plugin.plugins.cdi_injector.counters import Counters
 
 
