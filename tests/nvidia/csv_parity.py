@@ -25,14 +25,13 @@ from typing import Any
 import yaml
 
 from nri_cdi_testbed.tegra import BuiltTegraNode, in_tegra_namespace
+from tests.nvidia.peer_parity import flag_values, hook_operations
 from tests.peers import absent, peer
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests" / "data" / "peers"
 NVIDIA_CTK = peer("nvidia-ctk")
 ROOT = "{root}"  # a host path under the node, in summaries and recordings
-HOOK_OPERATIONS = ("create-symlinks", "update-ldcache", "enable-cuda-compat",
-                   "disable-device-node-modification", "update-application-profile", "chmod")
 RELEASE_FILE = "/etc/nv_tegra_release"
 
 INTENDED = {
@@ -123,20 +122,6 @@ def recorded(scenario: str, node: BuiltTegraNode) -> str:
 # --- summaries ------------------------------------------------------------------------------
 
 
-def _operations(args: Sequence[str]) -> list[tuple[str, list[str]]]:
-    ops: list[tuple[str, list[str]]] = []
-    for arg in args:
-        if arg in HOOK_OPERATIONS:
-            ops.append((arg, []))
-        elif ops:
-            ops[-1][1].append(arg)
-    return ops
-
-
-def _values(args: Sequence[str], flag: str) -> list[str]:
-    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
-
-
 def _host(path: str, root: str) -> str:
     return ROOT + path[len(root):] if path == root or path.startswith(root + "/") else path
 
@@ -147,15 +132,15 @@ def _edits(edits: dict[str, Any], root: str) -> dict[str, Any]:
     compat: list[str] = []
     hooks: set[str] = set()
     for hook in edits.get("hooks") or ():
-        for name, args in _operations(hook.get("args") or ()):
+        for name, args in hook_operations(hook.get("args") or ()):
             hooks.add(name)
             if name == "create-symlinks":
-                for link in _values(args, "--link"):
+                for link in flag_values(args, "--link"):
                     target, _, path = link.partition("::")
                     # INTENDED["link-paths"]: the host path of a link is its container path
                     links.add(f"{target}::{_host(path, root).removeprefix(ROOT)}")
             elif name == "update-ldcache":
-                folders.update(_values(args, "--folder"))
+                folders.update(flag_values(args, "--folder"))
             elif name == "enable-cuda-compat":
                 compat += args
     return {

@@ -106,7 +106,7 @@ def run(argv: Sequence[str]) -> str:
     return proc.stdout
 
 
-def _operations(args: Sequence[str]) -> list[tuple[str, list[str]]]:
+def hook_operations(args: Sequence[str]) -> list[tuple[str, list[str]]]:
     """The hook operations one entry runs: NVIDIA's entries run one, ours every operation
     of the container in one process (``OP [--opt VAL]... OP ...``)."""
     ops: list[tuple[str, list[str]]] = []
@@ -118,7 +118,7 @@ def _operations(args: Sequence[str]) -> list[tuple[str, list[str]]]:
     return ops
 
 
-def _values(args: Sequence[str], flag: str) -> list[str]:
+def flag_values(args: Sequence[str], flag: str) -> list[str]:
     return [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
 
 
@@ -128,16 +128,16 @@ def _edits(edits: dict[str, Any], dev_root: str) -> dict[str, Any]:
     folders: set[str] = set()
     hooks: set[str] = set()
     for hook in edits.get("hooks") or ():
-        for name, args in _operations(hook.get("args") or ()):
+        for name, args in hook_operations(hook.get("args") or ()):
             hooks.add(name)
             if name == "create-symlinks":
-                for link in _values(args, "--link"):
+                for link in flag_values(args, "--link"):
                     links.add(_link(link, dev_root))
-                for spec in _values(args, "--device-link"):
+                for spec in flag_values(args, "--device-link"):
                     device, _, link = spec.partition("::")
                     device_links.add((device, _link(link, dev_root)))
             elif name == "update-ldcache":
-                folders.update(_values(args, "--folder"))
+                folders.update(flag_values(args, "--folder"))
     return {
         "nodes": sorted((n["path"], n.get("hostPath") or n["path"])
                         for n in edits.get("deviceNodes") or ()),
