@@ -4,7 +4,7 @@ Registering a handler is a system-wide change: while it is there, every aarch64 
 started on this machine, in any container, runs under the emulator. So it is made only by
 :func:`registered`, which says so on stderr, registers only when no handler for aarch64 is
 there already (one of the system's is used as it is), and unregisters exactly the handler it
-registered, under a name of its own (``nri-cdi-aarch64-<pid>``): concurrent test sessions
+registered, under a name of its own (``nri-cdi-aarch64-<pid>-<n>``): concurrent test sessions
 each remove only theirs.
 
 The handler is registered with the ``F`` flag (as Debian's qemu-user-binfmt does): the kernel
@@ -24,6 +24,7 @@ privilege), :class:`BinfmtUnavailable` says why, and the tests skip with that re
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import subprocess
@@ -59,6 +60,9 @@ hold)
 esac
 """
 OUR_PREFIX = "nri-cdi-aarch64-"
+# A number of its own for each registration of a session: the session-wide one of the arm64
+# tests and a test's own may be there at once, and the kernel takes a name only once.
+_REGISTRATIONS = itertools.count(1)
 
 
 class BinfmtUnavailable(Exception):
@@ -154,7 +158,7 @@ def registered(qemu: Path, conf: Path) -> Iterator[Handler]:
         return
     if ":" in str(qemu) or not qemu.is_file():
         raise BinfmtUnavailable(f"{qemu}: not a file, or a path with ':'")
-    name = f"{OUR_PREFIX}{os.getpid()}"
+    name = f"{OUR_PREFIX}{os.getpid()}-{next(_REGISTRATIONS)}"
     fields = line.split(":")
     fields[1], fields[6] = name, str(qemu)
     flags = "".join(dict.fromkeys(fields[7] + "F"))
