@@ -323,15 +323,17 @@ LIFECYCLE = frozenset({"RunPodSandbox", "StopPodSandbox", "RemovePodSandbox", "C
 NOISE_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
 
 
-def _replace_paths(value: Any, roots: Mapping[str, str]) -> Any:
+def substitute(value: Any, names: Mapping[str, str]) -> Any:
+    """``value`` (JSON-like) with each key of ``names`` in its strings written as its value:
+    host paths as placeholders when recording, back again when replaying."""
     if isinstance(value, str):
-        for path, name in roots.items():
-            value = value.replace(path, name)
+        for name, replacement in names.items():
+            value = value.replace(name, replacement)
         return value
     if isinstance(value, list):
-        return [_replace_paths(v, roots) for v in value]
+        return [substitute(v, names) for v in value]
     if isinstance(value, dict):
-        return {k: _replace_paths(v, roots) for k, v in value.items()}
+        return {k: substitute(v, names) for k, v in value.items()}
     return value
 
 
@@ -343,7 +345,7 @@ def trimmed(lines: Iterable[Mapping[str, Any]], roots: Mapping[str, str]) -> lis
     for line in sorted(lines, key=lambda raw: int(raw["seq"])):
         if str(line["method"]).rpartition("/")[2] not in LIFECYCLE:
             continue
-        record = _replace_paths(dict(line), roots)
+        record = substitute(dict(line), roots)
         for holder in (record["request"].get("config"), record["request"].get("sandbox_config")):
             annotations = holder.get("annotations", {}) if isinstance(holder, dict) else {}
             for key in NOISE_ANNOTATIONS:

@@ -28,7 +28,7 @@ from typing import Any
 from google.protobuf import json_format
 
 from tests.e2e.cri import CriClient
-from tests.e2e.cri_recorder import MARK, Call, read_recording
+from tests.e2e.cri_recorder import MARK, Call, read_recording, substitute
 
 PLACEHOLDERS = ("{node}", "{cgroup}", "{containerd}", "{simnode}")
 # Files the kubelet makes for a container (everything else under {node} is a folder).
@@ -65,18 +65,6 @@ def comparable(message: str) -> str:
     """An error message without what differs between runs: host paths (placeholders
     included) and container ids."""
     return CONTAINER_ID.sub("<id>", PATH.sub("<path>", message))
-
-
-def substitute(value: Any, names: Mapping[str, str]) -> Any:
-    if isinstance(value, str):
-        for name, actual in names.items():
-            value = value.replace(name, actual)
-        return value
-    if isinstance(value, list):
-        return [substitute(v, names) for v in value]
-    if isinstance(value, dict):
-        return {k: substitute(v, names) for k, v in value.items()}
-    return value
 
 
 @dataclass

@@ -30,8 +30,8 @@ import pytest
 from tests.e2e import paths
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
-from tests.e2e.cri_recorder import Call
-from tests.e2e.kubelet_replay import STOPS, Outcome, Replay, remove_cgroup_tree, substitute
+from tests.e2e.cri_recorder import Call, substitute
+from tests.e2e.kubelet_replay import STOPS, Outcome, Replay, remove_cgroup_tree
 from tests.e2e.plugin import REPO, PluginProcess
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None,
