@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -49,6 +51,24 @@ def run_generate(argv: list[str], environ: dict[str, str] | None = None) -> tupl
     out, err = io.StringIO(), io.StringIO()
     rc = cli.cmd_generate(args, out, err, environ=environ or {})
     return rc, out.getvalue(), err.getvalue()
+
+
+def generate_link_modes(out: Path, driver_root: Path, dev_root: Path | None = None, *,
+                        cdi_version: str | None = None,
+                        modes: Sequence[str] = ("hooks", "mounts")) -> None:
+    """``nri-cdi generate --mode procfs`` as a user runs it (a process of its own), once per
+    link mode, into ``out/<mode>/nvidia.yaml``."""
+    for mode in modes:
+        (out / mode).mkdir()
+        argv = [sys.executable, "-m", "nri_plugin.ops.cli", "generate", "--mode", "procfs",
+                "--driver-root", str(driver_root), "--link-mode", mode,
+                "--output", str(out / mode / "nvidia.yaml")]
+        if dev_root is not None:
+            argv += ["--dev-root", str(dev_root)]
+        if cdi_version is not None:
+            argv += ["--cdi-version", cdi_version]
+        subprocess.run(argv, check=True, cwd=Path(__file__).resolve().parents[1],
+                       capture_output=True)
 
 
 def place_file(folder: Path, name: str, content: bytes | Callable[[Path], object]) -> Path:

@@ -30,8 +30,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +47,7 @@ from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
 from tests.e2e.images import DEFAULT_PATH, ImageConfig, LayerWriter, write_archive
 from tests.e2e.plugin import PluginProcess
+from tests.helpers import generate_link_modes
 from tests.nvidia_debian import VERSION, kernel_side
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,15 +90,8 @@ def world(parts: arm64.Arm64, tmp_path_factory: pytest.TempPathFactory) -> dict[
     root = arm64.driver_root()
     out = tmp_path_factory.mktemp("arm64")
     kernel = kernel_side(out / "kernel")
-    for mode in ("hooks", "mounts"):
-        (out / mode).mkdir()
-        subprocess.run(
-            # 0.6.0: no additionalGids (as test_real_driver_e2e.py)
-            [sys.executable, "-m", "nri_plugin.ops.cli", "generate", "--mode", "procfs",
-             "--cdi-version", "0.6.0", "--driver-root", str(root),
-             "--dev-root", str(kernel.dev_root), "--link-mode", mode,
-             "--output", str(out / mode / "nvidia.yaml")],
-            check=True, cwd=REPO, capture_output=True)
+    # 0.6.0: no additionalGids (as test_real_driver_e2e.py)
+    generate_link_modes(out, root, kernel.dev_root, cdi_version="0.6.0")
     (out / "strace").mkdir()
     _arm64_hooks(out / "hooks" / "nvidia.yaml", parts, out / "strace" / "hook")
     parts.compile(out / "cuda_probe", PROBE_SOURCE, "-ldl")
@@ -248,13 +240,7 @@ def simulated(parts: arm64.Arm64, tmp_path_factory: pytest.TempPathFactory) -> d
     out = tmp_path_factory.mktemp("arm64-simnode")
     node = build_node(out / "node", NodeLayout.uniform(2, machine="aarch64", seed="arm64-e2e"),
                       cache_dir=out / "cache", ldconfig=[str(parts.qemu), str(parts.ldconfig)])
-    for mode in ("hooks", "mounts"):
-        (out / mode).mkdir()
-        subprocess.run(
-            [sys.executable, "-m", "nri_plugin.ops.cli", "generate", "--mode", "procfs",
-             "--cdi-version", "0.6.0", "--driver-root", str(node.driver_root),
-             "--link-mode", mode, "--output", str(out / mode / "nvidia.yaml")],
-            check=True, cwd=REPO, capture_output=True)
+    generate_link_modes(out, node.driver_root, cdi_version="0.6.0")
     _arm64_hooks(out / "hooks" / "nvidia.yaml", parts, out / "strace")
     return {"out": out, "node": node}
 

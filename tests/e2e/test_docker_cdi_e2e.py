@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import time
 from collections.abc import Iterator
@@ -30,10 +29,10 @@ from tests.e2e.test_real_driver_e2e import (
     SMI_MESSAGE,
     _paths_the_spec_makes,
 )
+from tests.helpers import generate_link_modes
 from tests.hooks.conftest import _cc, host_loader
 from tests.nvidia_debian import docker_root, driver_root, kernel_side
 
-REPO = Path(__file__).resolve().parents[2]
 IMAGE = "localhost/gpu/debian-real-docker:e2e"
 MODES = ("hooks", "mounts")
 START_TIMEOUT = 120.0
@@ -119,13 +118,7 @@ def docker_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
     docker_root()
     out = tmp_path_factory.mktemp("docker")
     kernel = kernel_side(out / "kernel")
-    for mode in MODES:
-        (out / mode).mkdir()
-        subprocess.run(
-            [sys.executable, "-m", "nri_plugin.ops.cli", "generate", "--mode", "procfs",
-             "--driver-root", str(root), "--dev-root", str(kernel.dev_root),
-             "--link-mode", mode, "--output", str(out / mode / "nvidia.yaml")],
-            check=True, cwd=REPO, capture_output=True)
+    generate_link_modes(out, root, kernel.dev_root, modes=MODES)
     _cc(["-o", str(out / "probe")], PROBE_C)
     tree = out / "tree"
     ld, _ = host_loader()

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,10 +24,10 @@ from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.images import DEFAULT_PATH, ImageConfig, image_from_tree
 from tests.e2e.plugin import PluginProcess
+from tests.helpers import generate_link_modes
 from tests.hooks.conftest import _cc, host_loader
 from tests.nvidia_debian import driver_root, kernel_side
 
-REPO = Path(__file__).resolve().parents[2]
 IMAGE = "localhost/gpu/debian-real:e2e"
 # What the real libcuda and nvidia-smi need besides libc (readelf -d: NEEDED).
 GLIBC_LIBS = ("libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1")
@@ -53,16 +51,9 @@ def world(e2e_ready: None, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     root = driver_root()
     out = tmp_path_factory.mktemp("real-driver")
     kernel = kernel_side(out / "kernel")
-    for mode in ("hooks", "mounts"):
-        (out / mode).mkdir()
-        subprocess.run(
-            # 0.6.0: no additionalGids for the 0660 DRM nodes, which NRI cannot carry on
-            # containerd < 1.7.30 (as test_generated_spec_e2e.py)
-            [sys.executable, "-m", "nri_plugin.ops.cli", "generate", "--mode", "procfs",
-             "--cdi-version", "0.6.0", "--driver-root", str(root),
-             "--dev-root", str(kernel.dev_root), "--link-mode", mode,
-             "--output", str(out / mode / "nvidia.yaml")],
-            check=True, cwd=REPO, capture_output=True)
+    # 0.6.0: no additionalGids for the 0660 DRM nodes, which NRI cannot carry on
+    # containerd < 1.7.30 (as test_generated_spec_e2e.py)
+    generate_link_modes(out, root, kernel.dev_root, cdi_version="0.6.0")
     _cc(["-o", str(out / "probe")], PROBE_C)
     return {"out": out, "root": root}
 
