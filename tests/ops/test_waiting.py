@@ -4,15 +4,13 @@ and the CRI client's readiness wait against a real gRPC server on a Unix socket.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from nri_cdi_testbed.node_check import paths
 from nri_cdi_testbed.waiting import WaitTimeout, wait_until, wait_until_async
+from tests.e2e.conftest import require_prerequisites
 
 
 def test_the_first_true_value_is_returned() -> None:
@@ -79,19 +77,8 @@ def silent_grpc_server(tmp_path: Path) -> Iterator[str]:
         server.stop(None)
 
 
-def _stubs_or_skip() -> None:
-    """The CRI client needs grpcio and the CRI messages the install script generates; under
-    CI (``CI`` set) their absence fails, as the e2e tests' does."""
-    if importlib.util.find_spec("grpc") is None or not (
-            paths.cri_gen_dir() / paths.CRI_PACKAGE / "api_pb2.py").is_file():
-        why = f"CRI messages or grpcio missing; run: bash {paths.INSTALL_SCRIPT}"
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-
-
 def test_cri_readiness_says_what_cri_answered(silent_grpc_server: str) -> None:
-    _stubs_or_skip()
+    require_prerequisites()  # the CRI client: grpcio and the CRI messages
     from nri_cdi_testbed.node_check.cri import CriClient
 
     # Connected, but no CRI behind the socket: Version is retried, and the timeout says
@@ -105,7 +92,7 @@ def test_cri_readiness_says_what_cri_answered(silent_grpc_server: str) -> None:
 
 
 def test_cri_readiness_names_a_socket_that_never_comes(tmp_path: Path) -> None:
-    _stubs_or_skip()
+    require_prerequisites()  # the CRI client: grpcio and the CRI messages
     from nri_cdi_testbed.node_check.cri import CriClient
 
     absent = str(tmp_path / "absent.sock")
