@@ -8,14 +8,13 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from tests import arm64
 from tests.e2e import binfmt
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_package_line_selects_aarch64_programs() -> None:
@@ -55,12 +54,22 @@ def test_registered_for_the_with_and_gone_after(e2e_ready: None) -> None:
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv(1) (util-linux)")
-def test_an_unprivileged_caller_is_told_why(e2e_ready: None, tmp_path: Path) -> None:
-    code = ("from tests.e2e import binfmt\n"
+def test_an_unprivileged_caller_is_told_why(e2e_ready: None) -> None:
+    code = ("import binfmt\n"
             "try:\n    binfmt.handlers()\n"
             "except binfmt.BinfmtUnavailable as exc:\n    print(exc)\n")
-    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                           sys.executable, "-c", code],
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, check=False)
+    # The caller runs as nobody, who may not read this checkout (a clone in a 0700 folder
+    # such as mktemp -d makes): it imports a copy of the module (standard library only)
+    # from a folder of its own. tmp_path is under root's 0700 pytest folder, so not there.
+    shared = Path(tempfile.mkdtemp(prefix="nri-cdi-binfmt-"))
+    try:
+        shared.chmod(0o755)
+        shutil.copyfile(binfmt.__file__, shared / "binfmt.py")
+        (shared / "binfmt.py").chmod(0o644)
+        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                               sys.executable, "-c", code],
+                              cwd=shared, env={**os.environ, "PYTHONPATH": str(shared)},
+                              capture_output=True, text=True, check=False)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
     assert done.stdout.strip() == "binfmt_misc needs root (mount, register)", done
