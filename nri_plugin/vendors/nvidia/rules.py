@@ -8,7 +8,6 @@ refresher's thread; everything else here is pure.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from types import MappingProxyType
 from typing import NamedTuple
 
 from cdi.cache import Snapshot
@@ -52,21 +51,26 @@ class CapabilityFilter(NamedTuple):
     """Keep the driver mounts of the capabilities in ``wanted`` (and files of none), after
     adding ``extra``: edits of no device (the driver alone, MIG and IMEX nodes)."""
 
-    capability_of: Mapping[str, str]  # driver file (host path) -> capability
+    # Each involved spec's driver file (host path) -> capability, a later one winning; read
+    # only where a plan is made (most containers reuse one).
+    capability_maps: tuple[Mapping[str, str], ...]
     wanted: frozenset[str]
     extra: ContainerEdits = ContainerEdits()
 
     @property
     def cache_key(self) -> Hashable:
-        # capability_of follows from the registry and the devices.
+        # The capability maps follow from the registry and the devices.
         return (self.wanted, self.extra)
 
     def apply(self, edits: ContainerEdits) -> ContainerEdits:
         if not self.extra.is_empty():
             edits = merge([edits, self.extra])
-        if not self.capability_of:
+        if not self.capability_maps:
             return edits
-        return filter_edits(edits, self.capability_of, self.wanted)
+        capability_of: dict[str, str] = {}
+        for capabilities in self.capability_maps:
+            capability_of.update(capabilities)
+        return filter_edits(edits, capability_of, self.wanted)
 
 
 class NvidiaRules:
@@ -105,10 +109,11 @@ class NvidiaRules:
         extra, extra_spec = self._extras(policy, names, context, snapshot, node)
         if extra_spec is not None and extra_spec in node.specs:
             specs.setdefault(extra_spec, node.specs[extra_spec])
+        by_node = _by_device_node(names, snapshot, node)
         if policy.enforce_requirements:
             requirements = requirements_from_env(env)
             if (requirements and names and not specs and policy.unknown_facts == "deny"
-                    and not _by_device_node(names, snapshot, node)):
+                    and not by_node):
                 raise RequirementError(
                     f"cannot check {requirements[0].env}: no recorded node facts for "
                     f"{', '.join(names)} (policy requirements.unknownFacts: deny)",
@@ -117,20 +122,19 @@ class NvidiaRules:
                 check(requirements, spec.versions, _gpus(names, spec))
             # GPUs named by another spec (the device plugin's own, another generator's):
             # recognised by their /dev/nvidia<minor> node, checked with our spec's facts.
-            for path, gpus in _by_device_node(names, snapshot, node).items():
+            for path, gpus in by_node.items():
                 check(requirements, node.specs[path].versions, gpus)
-        capability_of: dict[str, str] = {}
+        capability_maps: tuple[Mapping[str, str], ...] = ()
         if policy.filter_capabilities:
-            for spec in specs.values():
-                capability_of.update(spec.capability_of)
             # A DRA claim's or the device plugin's spec mounts the same driver files at
             # the same container paths: our spec's facts say which capability each serves.
-            for path in _by_device_node(names, snapshot, node):
-                capability_of.update(node.specs[path].capability_of)
-        if not capability_of and extra.is_empty():
+            capability_maps = tuple(m for m in (
+                *(spec.capability_of for spec in specs.values()),
+                *(node.specs[path].capability_of for path in by_node)) if m)
+        if not capability_maps and extra.is_empty():
             return None
         wanted = requested_capabilities(env, legacy=is_legacy_image(env))
-        return CapabilityFilter(MappingProxyType(capability_of), wanted, extra)
+        return CapabilityFilter(capability_maps, wanted, extra)
 
     def _extras(self, policy: Policy, names: Sequence[str], context: ContainerContext,
                 snapshot: Snapshot,
