@@ -352,6 +352,64 @@ class Containerd:
                 found.append(int(entry.name))
         return found
 
+    def processes(self) -> str:
+        """This containerd's processes (it, its shims and theirs: runc, containers), one
+        line each with state and kernel wait channel, and the kernel stack of any in
+        uninterruptible sleep or named runc: what a hung call waits on."""
+        parent: dict[int, int] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    stat = (entry / "stat").read_text()
+                    parent[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+        ours = {p for p in (self.pid, *self.shim_pids()) if p is not None}
+        grew = True
+        while grew:
+            more = {pid for pid, ppid in parent.items() if ppid in ours} - ours
+            ours |= more
+            grew = bool(more)
+        lines = []
+        for pid in sorted(ours):
+            proc = Path(f"/proc/{pid}")
+            try:
+                stat = (proc / "stat").read_text()
+                argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace").strip()
+                wchan = (proc / "wchan").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            state = stat[stat.rindex(")") + 2:].split()[0]
+            lines.append(f"{pid} ppid={parent.get(pid)} {state} wchan={wchan or '-'} "
+                         f"{argv[:200]}")
+            if state == "D" or "runc" in argv.split(" ", 1)[0]:
+                with contextlib.suppress(OSError):
+                    lines += ["    " + line for line in
+                              (proc / "stack").read_text().splitlines()]
+        return "\n".join(lines) or "(none running)"
+
+    def dump_goroutines(self, timeout: float = 5.0) -> str:
+        """Ask containerd and its shims for their goroutine stacks (SIGUSR1, which both
+        answer in containerd's log) and return what the log got, once every dump is there
+        (bounded; a process that does not answer: what the log has by then)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return "(containerd is not running)"
+        start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        asked = 0
+        for pid in (self.proc.pid, *self.shim_pids()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+                asked += 1
+
+        def logged() -> str:
+            with self.log_path.open("rb") as log:
+                log.seek(start)
+                return log.read().decode(errors="replace")
+
+        with contextlib.suppress(WaitTimeout):
+            wait_until(lambda: logged().count("END goroutine stack dump") >= asked,
+                       "the goroutine dumps in containerd's log", timeout=timeout)
+        return logged().replace("\\n", "\n").replace("\\t", "\t")
+
     def _delete_runc_containers(self) -> None:
         # The shim passes Root/<namespace> to runc; delete --force kills what is still running.
         for ns_root in self.runc_root.iterdir() if self.runc_root.exists() else ():

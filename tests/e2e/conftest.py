@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from nri_cdi_testbed.waiting import WaitTimeout
 from tests import arm64
 from tests.e2e import binfmt, images, paths
 from tests.e2e.containerd import Containerd
@@ -84,6 +85,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         for i, ctrd in enumerate(_LIVE):
             report.sections.append((f"containerd #{i} log (tail) {ctrd.log_path}",
                                     ctrd.log_tail(60)))
+            if _timed_out(call):
+                # A call that hung: what each process waits on, for the next reader.
+                report.sections.append((f"containerd #{i} processes", ctrd.processes()))
+                report.sections.append((f"containerd #{i} goroutines",
+                                        ctrd.dump_goroutines()))
+
+
+def _timed_out(call: pytest.CallInfo[None]) -> bool:
+    """Whether the test failed on a deadline: a CRI call's or one of our waits'."""
+    error = call.excinfo.value if call.excinfo is not None else None
+    code = getattr(error, "code", None)
+    return isinstance(error, WaitTimeout) or (
+        callable(code) and getattr(code(), "name", "") == "DEADLINE_EXCEEDED")
 
 
 @pytest.fixture(scope="session")

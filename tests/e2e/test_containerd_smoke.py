@@ -84,6 +84,22 @@ def test_pod_and_container_lifecycle(plain: Containerd) -> None:
         assert cri.list_containers() == []
 
 
+def test_a_hung_call_can_be_told(plain: Containerd) -> None:
+    # What a failing test's report adds after a deadline: each process of this containerd
+    # with its wait channel, and the goroutines of containerd and its shims.
+    with plain.cri() as cri, cri.pod("diagnosed") as pod:
+        cri.run_container(pod, "sleeper", BUSYBOX_IMAGE, command=SLEEP)
+        shims = plain.shim_pids()
+        listing = plain.processes()
+        dump = plain.dump_goroutines()
+    pids = {int(line.split()[0]) for line in listing.splitlines() if line[:1].isdigit()}
+    assert {plain.pid, *shims} <= pids, listing
+    assert any(line.split()[3].startswith("wchan=") and "sleep 600" in line
+               for line in listing.splitlines() if line[:1].isdigit()), listing
+    assert "END goroutine stack dump" in dump and "goroutine 1 [" in dump, dump[-2000:]
+    assert dump.count("END goroutine stack dump") == 1 + len(shims), dump[-2000:]
+
+
 def test_cleanup_removes_pods(plain: Containerd) -> None:
     with plain.cri() as cri:
         with cri.cleanup():
