@@ -379,9 +379,11 @@ class Containerd:
             except OSError:
                 continue  # gone meanwhile
             state = stat[stat.rindex(")") + 2:].split()[0]
+            # No command line yet (a process being exec'd) or any more: its name, as ps.
+            shown = argv or f"[{stat[stat.index('(') + 1:stat.rindex(')')]}]"
             lines.append(f"{pid} ppid={parent.get(pid)} {state} wchan={wchan or '-'} "
-                         f"{argv[:200]}")
-            if state == "D" or "runc" in argv.split(" ", 1)[0]:
+                         f"{shown[:200]}")
+            if state == "D" or os.path.basename(argv.split(" ", 1)[0]) == "runc":
                 with contextlib.suppress(OSError):
                     lines += ["    " + line for line in
                               (proc / "stack").read_text().splitlines()]

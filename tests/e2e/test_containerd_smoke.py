@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from nri_cdi_testbed.waiting import wait_until
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.images import BUSYBOX_IMAGE, DEFAULT_PATH, ImageConfig, image_from_tree
@@ -89,15 +90,22 @@ def test_a_hung_call_can_be_told(plain: Containerd) -> None:
     # with its wait channel, and the goroutines of containerd and its shims.
     with plain.cri() as cri, cri.pod("diagnosed") as pod:
         cri.run_container(pod, "sleeper", BUSYBOX_IMAGE, command=SLEEP)
-        shims = plain.shim_pids()
-        listing = plain.processes()
+        # Started, its process may still be between runc's exec and sleep's.
+        def with_sleeper() -> str:
+            text = plain.processes()
+            return text if "sleep 600" in text else ""
+
+        listing = wait_until(with_sleeper, "the container's process in the listing",
+                             seen=plain.processes)
+        shims = [s for s in plain.shim_pids() if f"\n{s} ppid=" in f"\n{listing}"]
         dump = plain.dump_goroutines()
-    pids = {int(line.split()[0]) for line in listing.splitlines() if line[:1].isdigit()}
-    assert {plain.pid, *shims} <= pids, listing
-    assert any(line.split()[3].startswith("wchan=") and "sleep 600" in line
-               for line in listing.splitlines() if line[:1].isdigit()), listing
-    assert "END goroutine stack dump" in dump and "goroutine 1 [" in dump, dump[-2000:]
-    assert dump.count("END goroutine stack dump") == 1 + len(shims), dump[-2000:]
+    lines = [line.split() for line in listing.splitlines() if line[:1].isdigit()]
+    assert plain.pid in {int(line[0]) for line in lines} and shims, listing
+    assert any(line[3].startswith("wchan=") and line[4:] == ["sleep", "600"]
+               for line in lines), listing
+    assert "goroutine 1 [" in dump, dump[-2000:]
+    # containerd's dump and at least the pod's shim's.
+    assert dump.count("END goroutine stack dump") >= 2, dump[-2000:]
 
 
 def test_cleanup_removes_pods(plain: Containerd) -> None:
