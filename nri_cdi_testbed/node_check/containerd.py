@@ -356,33 +356,32 @@ class Containerd:
         """This containerd's processes (it, its shims and theirs: runc, containers), one
         line each with state and kernel wait channel, and the kernel stack of any in
         uninterruptible sleep or named runc: what a hung call waits on."""
-        parent: dict[int, int] = {}
+        stats: dict[int, str] = {}  # pid -> /proc/PID/stat, read once
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
-                with contextlib.suppress(OSError, ValueError, IndexError):
-                    stat = (entry / "stat").read_text()
-                    parent[int(entry.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+                with contextlib.suppress(OSError):
+                    stats[int(entry.name)] = (entry / "stat").read_text()
+        # After the "(name)" field, which may hold spaces: state, then the parent's pid.
+        fields = {pid: stat[stat.rindex(")") + 2:].split() for pid, stat in stats.items()}
         ours = {p for p in (self.pid, *self.shim_pids()) if p is not None}
-        grew = True
-        while grew:
-            more = {pid for pid, ppid in parent.items() if ppid in ours} - ours
+        more = ours
+        while more:
+            more = {pid for pid, f in fields.items() if int(f[1]) in more} - ours
             ours |= more
-            grew = bool(more)
         lines = []
-        for pid in sorted(ours):
+        for pid in sorted(ours & fields.keys()):
             proc = Path(f"/proc/{pid}")
             try:
-                stat = (proc / "stat").read_text()
                 argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(
                     errors="replace").strip()
                 wchan = (proc / "wchan").read_text()
             except OSError:
                 continue  # gone meanwhile
-            state = stat[stat.rindex(")") + 2:].split()[0]
+            state, ppid = fields[pid][:2]
             # No command line yet (a process being exec'd) or any more: its name, as ps.
+            stat = stats[pid]
             shown = argv or f"[{stat[stat.index('(') + 1:stat.rindex(')')]}]"
-            lines.append(f"{pid} ppid={parent.get(pid)} {state} wchan={wchan or '-'} "
-                         f"{shown[:200]}")
+            lines.append(f"{pid} ppid={ppid} {state} wchan={wchan or '-'} {shown[:200]}")
             if state == "D" or os.path.basename(argv.split(" ", 1)[0]) == "runc":
                 with contextlib.suppress(OSError):
                     lines += ["    " + line for line in
