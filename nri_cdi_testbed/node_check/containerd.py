@@ -22,12 +22,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from nri_cdi_testbed.node_check import paths
-from nri_cdi_testbed.node_check.cri import CriClient
+from nri_cdi_testbed.node_check.cri import CriClient, SlowCallWatch
 from nri_cdi_testbed.node_check.images import PAUSE_IMAGE, import_image
 from nri_cdi_testbed.waiting import DEFAULT_TIMEOUT, WaitTimeout, wait_until
 from nri_plugin.nri.errors import NRIPluginError
 
 MNT_DETACH = 2
+# The deadline of a CRI call of ``Containerd.cri``'s client: nothing asked here should
+# take more than a few seconds (the kubelet's own deadline is minutes).
+CRI_TIMEOUT = 30.0
 
 
 def _q(value: str | Path) -> str:
@@ -63,6 +66,8 @@ class Containerd:
                  drop_ins: Mapping[str, str] | None = None) -> None:
         # Short /tmp paths: unix socket paths are limited to 107 bytes.
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="nri-cdi-ctrd-"))
+        # What the processes waited on when a CRI call was slow (``cri``'s watch).
+        self.slow_calls: list[str] = []
         self.version = version
         self.bin_dir = bin_dir or paths.bin_dir(version)
         self.enable_cdi = enable_cdi
@@ -382,11 +387,20 @@ class Containerd:
             stat = stats[pid]
             shown = argv or f"[{stat[stat.index('(') + 1:stat.rindex(')')]}]"
             lines.append(f"{pid} ppid={ppid} {state} wchan={wchan or '-'} {shown[:200]}")
-            if state == "D" or os.path.basename(argv.split(" ", 1)[0]) == "runc":
+            program = os.path.basename(argv.split(" ", 1)[0])
+            if state == "D" or program == "runc":
                 with contextlib.suppress(OSError):
                     lines += ["    " + line for line in
                               (proc / "stack").read_text().splitlines()]
+            if program.startswith("containerd-shim"):
+                lines += _threads(pid)  # a Go process waits in one of its threads
         return "\n".join(lines) or "(none running)"
+
+    def _record_slow_call(self, method: str) -> None:
+        # On the watch's timer thread, while the call still waits.
+        started = time.strftime("%H:%M:%S")
+        self.slow_calls.append(f"{method} still waiting at {started}\n{self.processes()}\n"
+                               f"--- goroutines ---\n{self.dump_goroutines()}")
 
     def dump_goroutines(self, timeout: float = 5.0) -> str:
         """Ask containerd and its shims for their goroutine stacks (SIGUSR1, which both
@@ -458,10 +472,77 @@ class Containerd:
             import_image(archive, self.address, ctr=self.bin_dir / "ctr")
 
     @contextlib.contextmanager
-    def cri(self) -> Iterator[CriClient]:
+    def cri(self, timeout: float = CRI_TIMEOUT,
+            slow_after: float | None = None) -> Iterator[CriClient]:
         """A CriClient on this containerd, connected and answering (a first connect that
-        is slow is waited out, with a bound), closed on exit."""
-        with CriClient(self.address) as client:
+        is slow is waited out, with a bound), closed on exit. A call still waiting after
+        ``slow_after`` (default: two thirds of ``timeout``) leaves what the processes wait
+        on in ``slow_calls``."""
+        watch = SlowCallWatch(timeout * 2 / 3 if slow_after is None else slow_after,
+                              self._record_slow_call)
+        with CriClient(self.address, timeout, watch=watch) as client:
             client.wait_ready()
             yield client
 
+
+
+# Names of the system calls a Go process's thread waits in (x86-64, aarch64); a read or
+# write also says what its file descriptor is.
+_SYSCALLS = {
+    "x86_64": {0: "read", 1: "write", 7: "poll", 35: "nanosleep", 61: "wait4", 202: "futex",
+               230: "clock_nanosleep", 232: "epoll_wait", 247: "waitid", 281: "epoll_pwait"},
+    "aarch64": {22: "epoll_pwait", 63: "read", 64: "write", 95: "waitid", 98: "futex",
+                101: "nanosleep", 115: "clock_nanosleep", 260: "wait4"},
+}
+
+
+def _threads(pid: int) -> list[str]:
+    """One line per thread of ``pid``: state, kernel wait channel and the system call it is
+    in; for a read or write, what its file descriptor is and, for a pipe, which other
+    processes hold that pipe (a writer that never closes keeps a reader waiting)."""
+    names = _SYSCALLS.get(os.uname().machine, {})
+    lines = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("[0-9]*"), key=lambda t: int(t.name)):
+        try:
+            status = (task / "status").read_text()
+            wchan = (task / "wchan").read_text() or "-"
+            call = (task / "syscall").read_text().split()
+        except OSError:
+            continue
+        state = next((line.split()[1] for line in status.splitlines()
+                      if line.startswith("State:")), "?")
+        number = int(call[0]) if call and call[0].isdigit() else None
+        what = names.get(number, call[0]) if number is not None else " ".join(call[:1])
+        if what in ("read", "write") and len(call) > 1:
+            fd = int(call[1], 16)
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                target = "?"
+            what = f"{what}(fd {fd}: {target})"
+            if target.startswith("pipe:"):
+                others = [h for h in _holders(target) if h[0] != pid]
+                what += "; also held by " + (", ".join(
+                    f"{p} {argv[:80]}" for p, argv in others) or "nobody")
+        lines.append(f"    thread {task.name} {state} wchan={wchan} in {what}")
+    return lines
+
+
+def _holders(target: str) -> list[tuple[int, str]]:
+    """The processes with a file descriptor on ``target`` (e.g. ``pipe:[1234]``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            if any(_link(fd) == target for fd in (entry / "fd").iterdir()):
+                argv = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                found.append((int(entry.name), " ".join(argv.decode(errors="replace").split())))
+    return found
+
+
+def _link(path: Path) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:  # closed meanwhile (the listing's own descriptor, for one)
+        return ""

@@ -17,8 +17,9 @@ import contextlib
 import importlib
 import json
 import sys
+import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -39,16 +40,41 @@ class ServiceStub:
     """A client of one service of the CRI proto: an attribute per unary method, made from
     the service's descriptor with grpcio's own channel API."""
 
-    def __init__(self, channel: Any, messages: ModuleType, service: str) -> None:
+    def __init__(self, channel: Any, messages: ModuleType, service: str,
+                 watch: SlowCallWatch | None = None) -> None:
         descriptor = messages.DESCRIPTOR.services_by_name[service]
         for method in descriptor.methods:
             if method.client_streaming or method.server_streaming:
                 continue  # GetContainerEvents: no test or check here listens to events
             # The CRI's requests and replies are all top-level messages of the module.
             response = getattr(messages, method.output_type.name)
-            setattr(self, method.name, channel.unary_unary(
+            call = channel.unary_unary(
                 f"/{descriptor.full_name}/{method.name}",
-                request_serializer=_serialize, response_deserializer=response.FromString))
+                request_serializer=_serialize, response_deserializer=response.FromString)
+            setattr(self, method.name, call if watch is None else watch.wrap(method.name, call))
+
+
+@dataclass(frozen=True)
+class SlowCallWatch:
+    """Calls ``on_slow(method)`` on a timer thread when a call is still waiting after
+    ``after`` seconds, once per call: what the runtime's processes wait on can then be
+    read while they still wait (at the call's own deadline the runtime kills a hung
+    child, and with it the evidence)."""
+
+    after: float
+    on_slow: Callable[[str], None]
+
+    def wrap(self, method: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        def watched(request: Any, **kwargs: Any) -> Any:
+            timer = threading.Timer(self.after, self.on_slow, (method,))
+            timer.daemon = True
+            timer.start()
+            try:
+                return call(request, **kwargs)
+            finally:
+                timer.cancel()
+
+        return watched
 
 
 def _serialize(message: Any) -> bytes:
@@ -65,7 +91,9 @@ class ExecResult:
 class CriClient:
     """Blocking CRI RuntimeService client on a unix socket."""
 
-    def __init__(self, address: str, timeout: float = 30.0) -> None:
+    def __init__(self, address: str, timeout: float = 30.0, *,
+                 watch: SlowCallWatch | None = None) -> None:
+        """``watch``: what to do about a call still waiting after a while (none: nothing)."""
         import grpc  # here: grpcio is an extra (e2e); 21-25 ms of `doctor` (-X importtime)
 
         self.pb = load_messages()
@@ -84,8 +112,8 @@ class CriClient:
                                           ("grpc.initial_reconnect_backoff_ms", 100),
                                           ("grpc.max_reconnect_backoff_ms", 500)]
         )
-        self.runtime: Any = ServiceStub(self._channel, self.pb, "RuntimeService")
-        self.images: Any = ServiceStub(self._channel, self.pb, "ImageService")
+        self.runtime: Any = ServiceStub(self._channel, self.pb, "RuntimeService", watch)
+        self.images: Any = ServiceStub(self._channel, self.pb, "ImageService", watch)
         # CreateContainer needs the pod's config again: remember it per pod id.
         self._pod_configs: dict[str, Any] = {}
         self._tracking: list[list[str]] = []

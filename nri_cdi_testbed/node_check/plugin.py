@@ -20,6 +20,11 @@ def child_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {**environ, "PYTHONPATH": path}
 
 
+# Every plugin spawned and not yet known to have ended, so that a failing test's report
+# can show their logs (tests/e2e/conftest.py prunes the ended ones between tests).
+SPAWNED: list[PluginProcess] = []
+
+
 class PluginProcess:
     """``nri-cdi plugin`` connected to a containerd's NRI socket; log kept in a file."""
 
@@ -61,7 +66,12 @@ class PluginProcess:
         self.process = subprocess.Popen(self.command(), stdout=log, stderr=log,
                                         env=child_env(os.environ), cwd=REPO)
         log.close()
+        SPAWNED.append(self)
         return self
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     def log_size(self) -> int:
         return self.log_path.stat().st_size if self.log_path.exists() else 0

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from nri_cdi_testbed.node_check import plugin as plugin_processes
 from nri_cdi_testbed.waiting import WaitTimeout
 from tests import arm64
 from tests.e2e import binfmt, images, paths
@@ -77,14 +78,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # The plugins of earlier tests that have ended are no business of this test's report.
+    plugin_processes.SPAWNED[:] = [p for p in plugin_processes.SPAWNED if p.running]
+    for ctrd in _LIVE:
+        ctrd.slow_calls.clear()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
-    if report.failed and _LIVE and E2E_DIR in Path(str(item.path)).parents:
+    if report.failed and E2E_DIR in Path(str(item.path)).parents:
+        for plugin in plugin_processes.SPAWNED:  # running, or spawned during this test
+            report.sections.append((f"plugin log (tail) {plugin.log_path}",
+                                    plugin.log()[-6000:] or "(nothing logged)"))
         for i, ctrd in enumerate(_LIVE):
             report.sections.append((f"containerd #{i} log (tail) {ctrd.log_path}",
                                     ctrd.log_tail(60)))
+            for slow in ctrd.slow_calls:  # taken while a CRI call still waited
+                report.sections.append((f"containerd #{i} slow CRI call", slow))
             if _timed_out(call):
                 # A call that hung: what each process waits on, for the next reader.
                 report.sections.append((f"containerd #{i} processes", ctrd.processes()))

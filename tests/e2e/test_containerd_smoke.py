@@ -108,6 +108,19 @@ def test_a_hung_call_can_be_told(plain: Containerd) -> None:
     assert dump.count("END goroutine stack dump") >= 2, dump[-2000:]
 
 
+def test_a_slow_call_is_looked_at_while_it_waits(plain: Containerd) -> None:
+    # A call still waiting after slow_after: the processes are listed while it waits (at
+    # its deadline containerd would kill a hung child), each shim thread with what it is in.
+    plain.slow_calls.clear()
+    with plain.cri(slow_after=0.5) as cri, cri.pod("slow") as pod:
+        cid = cri.run_container(pod, "sleeper", BUSYBOX_IMAGE, command=SLEEP)
+        assert cri.exec_sync(cid, ["sleep", "5"]).exit_code == 0
+    execs = [s for s in plain.slow_calls if s.startswith("ExecSync still waiting")]
+    assert execs, [s[:200] for s in plain.slow_calls]
+    assert "sleep 5" in execs[0] and "    thread " in execs[0], execs[0][:3000]
+    assert "goroutine 1 [" in execs[0], execs[0][-2000:]
+
+
 def test_cleanup_removes_pods(plain: Containerd) -> None:
     with plain.cri() as cri:
         with cri.cleanup():
