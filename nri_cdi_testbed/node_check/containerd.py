@@ -393,7 +393,7 @@ class Containerd:
                     lines += ["    " + line for line in
                               (proc / "stack").read_text().splitlines()]
             if program.startswith("containerd-shim"):
-                lines += _threads(pid)  # a Go process waits in one of its threads
+                lines += thread_waits(pid)  # a Go process waits in one of its threads
         return "\n".join(lines) or "(none running)"
 
     def _record_slow_call(self, method: str) -> None:
@@ -496,7 +496,7 @@ _SYSCALLS = {
 }
 
 
-def _threads(pid: int) -> list[str]:
+def thread_waits(pid: int) -> list[str]:
     """One line per thread of ``pid``: state, kernel wait channel and the system call it is
     in; for a read or write, what its file descriptor is and, for a pipe, which other
     processes hold that pipe (a writer that never closes keeps a reader waiting)."""

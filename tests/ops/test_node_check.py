@@ -1,13 +1,16 @@
-"""The parts of ``doctor --e2e`` that need no containerd: how two specs are compared and
-what the container checks expect from a spec."""
+"""The parts of ``doctor --e2e`` that need no containerd: how two specs are compared,
+what the container checks expect from a spec, and how a waiting process is described."""
 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 from nri_cdi_testbed.node_check.check import spec_differences, spec_facts
+from nri_cdi_testbed.node_check.containerd import thread_waits
+from nri_cdi_testbed.waiting import wait_until
 
 
 def _gpu(name: str, minor: int) -> dict[str, Any]:
@@ -129,3 +132,18 @@ def test_the_checkout_names_its_install_script(tmp_path: Path) -> None:
             os.environ[paths.CACHE_ENV] = previous
     script = Path(__file__).resolve().parents[2] / "scripts" / "install-containerd.sh"
     assert any(m.startswith("containerd 2.1 (") and f"run: bash {script}" in m for m in missing)
+
+
+def test_a_thread_waiting_on_a_pipe_names_who_else_holds_it() -> None:
+    # A process reading a pipe whose writer never closes waits forever: the listing of a
+    # hung call names the pipe and the other holders (here this test, holding the writer).
+    reader = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    try:
+        lines = wait_until(lambda: [line for line in thread_waits(reader.pid)
+                                    if "in read(fd 0: pipe:[" in line],
+                           "cat waiting in its read of the pipe",
+                           seen=lambda: thread_waits(reader.pid))
+    finally:
+        reader.kill()
+        reader.wait()
+    assert f"also held by {os.getpid()} " in lines[0], lines
