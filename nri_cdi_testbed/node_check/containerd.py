@@ -398,8 +398,8 @@ class Containerd:
 
     def _record_slow_call(self, method: str) -> None:
         # On the watch's timer thread, while the call still waits.
-        started = time.strftime("%H:%M:%S")
-        self.slow_calls.append(f"{method} still waiting at {started}\n{self.processes()}\n"
+        now = time.strftime("%H:%M:%S")
+        self.slow_calls.append(f"{method} still waiting at {now}\n{self.processes()}\n"
                                f"--- goroutines ---\n{self.dump_goroutines()}")
 
     def dump_goroutines(self, timeout: float = 5.0) -> str:
@@ -483,7 +483,6 @@ class Containerd:
         with CriClient(self.address, timeout, watch=watch) as client:
             client.wait_ready()
             yield client
-
 
 
 # Names of the system calls a Go process's thread waits in (x86-64, aarch64); a read or
