@@ -19,6 +19,7 @@ import json
 import sys
 import threading
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -183,10 +184,32 @@ class CriClient:
                 annotations: Mapping[str, str] | None = None,
                 labels: Mapping[str, str] | None = None, privileged: bool = False) -> str:
         """RunPodSandbox for a host-network pod; returns the pod sandbox id."""
-        config = self.pod_config(name, namespace=namespace, annotations=annotations,
-                                 labels=labels, privileged=privileged)
-        resp = self.runtime.RunPodSandbox(self.pb.RunPodSandboxRequest(config=config),
-                                          timeout=self.timeout)
+        return self.run_sandbox(self.pod_config(name, namespace=namespace,
+                                                annotations=annotations, labels=labels,
+                                                privileged=privileged))
+
+    def run_sandbox(self, config: Any) -> str:
+        """RunPodSandbox for a PodSandboxConfig; returns the pod sandbox id.
+
+        A sandbox that gets no answer before the deadline is asked for once more, as the
+        pod's next attempt (``config.metadata.attempt`` goes up by one), the way the kubelet
+        tries a pod's sandbox again: a runtime's shim can lose the exit of ``runc create``
+        and hang (containerd 2.1.9, ``docs/developer/private-containerd.md``). The retry is
+        a RuntimeWarning, never silent; any other error, or a second deadline, is raised."""
+        try:
+            resp = self.runtime.RunPodSandbox(self.pb.RunPodSandboxRequest(config=config),
+                                              timeout=self.timeout)
+        except self.grpc.RpcError as exc:
+            if exc.code() != self.grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
+            meta = config.metadata
+            meta.attempt += 1
+            warnings.warn(f"CRI at {self.address}: RunPodSandbox for pod "
+                          f"{meta.namespace}/{meta.name} had no answer within "
+                          f"{self.timeout:g} s; asking again as attempt {meta.attempt}, "
+                          f"as the kubelet does", RuntimeWarning, stacklevel=2)
+            resp = self.runtime.RunPodSandbox(self.pb.RunPodSandboxRequest(config=config),
+                                              timeout=self.timeout)
         self._pod_configs[resp.pod_sandbox_id] = config
         if self._tracking:
             self._tracking[-1].append(resp.pod_sandbox_id)

@@ -89,6 +89,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
+    if report.passed and report.when == "call":
+        _warn_of_slow_calls(item)
     if report.failed and E2E_DIR in Path(str(item.path)).parents:
         for plugin in plugin_processes.SPAWNED:  # running, or spawned during this test
             report.sections.append((f"plugin log (tail) {plugin.log_path}",
@@ -103,6 +105,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
                 report.sections.append((f"containerd #{i} processes", ctrd.processes()))
                 report.sections.append((f"containerd #{i} goroutines",
                                         ctrd.dump_goroutines()))
+
+
+def _warn_of_slow_calls(item: pytest.Item) -> None:
+    """A test that passed although a CRI call waited past the watch (a sandbox asked for
+    again): what the processes waited on goes into the warning, whole, so that the run's
+    output keeps the evidence of the runtime's hang."""
+    for i, ctrd in enumerate(_LIVE):
+        for slow in ctrd.slow_calls:
+            item.warn(pytest.PytestWarning(f"containerd #{i} ({ctrd.version}): {slow}"))
 
 
 def _timed_out(call: pytest.CallInfo[None]) -> bool:

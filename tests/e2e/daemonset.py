@@ -318,9 +318,7 @@ class PodRunner:
                               / f"{POD_NAMESPACE}_{POD_NAME}_{self.uid}"),
             linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(
                 namespace_options=options, privileged=privileged)))
-        response = self.cri.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=self.sandbox),
-                                                  timeout=self.cri.timeout)
-        self.pod_id = str(response.pod_sandbox_id)
+        self.pod_id = self.cri.run_sandbox(self.sandbox)
         return self.pod_id
 
     def _pod_labels(self) -> dict[str, str]:

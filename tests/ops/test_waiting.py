@@ -4,8 +4,10 @@ and the CRI client's readiness wait against a real gRPC server on a Unix socket.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,3 +102,73 @@ def test_cri_readiness_names_a_socket_that_never_comes(tmp_path: Path) -> None:
         client.wait_ready(timeout=0.5)
     assert str(raised.value) == (f"waited 0.5 s for a connection to CRI at {absent}; "
                                  "last seen: the channel not ready")
+
+
+def _sandbox_server(address: str, answers: list[bool]) -> Any:
+    """A gRPC server whose RunPodSandbox records each request; a call whose turn in
+    ``answers`` is False gets no answer until its caller's deadline has passed."""
+    grpc = pytest.importorskip("grpc")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nri_cdi_testbed.node_check.cri import load_messages
+
+    pb = load_messages()
+    seen: list[Any] = []
+
+    def run_pod_sandbox(request: Any, context: Any) -> Any:
+        seen.append(request)
+        if not answers[len(seen) - 1]:
+            gone = threading.Event()
+            context.add_callback(gone.set)  # called when the caller's deadline passes
+            gone.wait(60)
+        return pb.RunPodSandboxResponse(pod_sandbox_id=f"pod-{len(seen)}")
+
+    service = pb.DESCRIPTOR.services_by_name["RuntimeService"].full_name
+    handler = grpc.unary_unary_rpc_method_handler(
+        run_pod_sandbox, request_deserializer=pb.RunPodSandboxRequest.FromString,
+        response_serializer=pb.RunPodSandboxResponse.SerializeToString)
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    server.add_generic_rpc_handlers(
+        [grpc.method_handlers_generic_handler(service, {"RunPodSandbox": handler})])
+    server.add_insecure_port(f"unix://{address}")
+    server.start()
+    server.seen = seen
+    return server
+
+
+def test_a_sandbox_without_answer_is_asked_for_again_as_the_next_attempt(
+        tmp_path: Path) -> None:
+    require_prerequisites()  # the CRI client: grpcio and the CRI messages
+    from nri_cdi_testbed.node_check.cri import CriClient
+
+    address = str(tmp_path / "cri.sock")
+    server = _sandbox_server(address, [False, True])
+    try:
+        with CriClient(address, timeout=0.5) as client, pytest.warns(
+                RuntimeWarning) as warned:
+            pod_id = client.run_pod("gpu-pod", namespace="team")
+    finally:
+        server.stop(None)
+    assert pod_id == "pod-2"  # the second attempt's sandbox
+    first, second = (request.config.metadata for request in server.seen)
+    assert (first.name, first.uid, first.attempt) == ("gpu-pod", second.uid, 0)
+    assert (second.name, second.attempt) == ("gpu-pod", 1)
+    assert [str(w.message) for w in warned] == [
+        f"CRI at {address}: RunPodSandbox for pod team/gpu-pod had no answer within 0.5 s; "
+        "asking again as attempt 1, as the kubelet does"]
+
+
+def test_a_second_sandbox_deadline_is_the_callers(tmp_path: Path) -> None:
+    require_prerequisites()
+    from nri_cdi_testbed.node_check.cri import CriClient
+
+    address = str(tmp_path / "cri.sock")
+    server = _sandbox_server(address, [False, False, True])
+    try:
+        with CriClient(address, timeout=0.5) as client, pytest.warns(RuntimeWarning), \
+                pytest.raises(client.grpc.RpcError) as raised:
+            client.run_pod("gpu-pod")
+    finally:
+        server.stop(None)
+    assert raised.value.code() == client.grpc.StatusCode.DEADLINE_EXCEEDED
+    assert [r.config.metadata.attempt for r in server.seen] == [0, 1]  # asked once more only
