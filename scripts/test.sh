@@ -19,6 +19,8 @@ bash scripts/install-arm64.sh
 bash scripts/install-nvidia-debian.sh --arch arm64
 # The Debian roots and wheels the DaemonSet test builds the nri-cdi images from (amd64, arm64).
 bash scripts/install-image-root.sh
+# The real Helm for the chart's tests (tests/ops/test_helm_chart.py).
+bash scripts/install-helm.sh
 python3 -m ruff check .
 python3 -m mypy  # --strict on cdi/ and nri_plugin/ (pyproject.toml [tool.mypy])
 site=$(mktemp -d)
