@@ -41,6 +41,8 @@ from nri_plugin.ops.containerd_config import (
     locate,
     same_path,
 )
+from nri_plugin.ops.inpod import NOT_VISIBLE, ON_NODE, ON_THE_NODE, Place, detect
+from nri_plugin.ops.kubelet_plugins import Registry, read_registry
 from nri_plugin.ops.refresh import generator_args, read_sidecar, run_generator_process
 from nri_plugin.ops.runtime_cdi import cri_cdi_settings, why_unread
 from nri_plugin.ops.settings import (
@@ -67,9 +69,10 @@ class Check:
 # --- containerd's configuration ------------------------------------------------------------
 
 
-def check_containerd_config(cfg: ContainerdConfig) -> Check:
+def check_containerd_config(cfg: ContainerdConfig, place: Place = ON_NODE) -> Check:
     """Whether containerd's settings were read, from which files, and what the checks
-    below assume where they were not."""
+    below assume where they were not. In a pod, from the node's folder as the pod mounts
+    it (the plugin reads the same copy)."""
     name = "containerd's settings"
     assumed = {None: "containerd's defaults for its version (1.7: NRI off, its own CDI off; "
                      "2.x: both on, CDI from /etc/cdi and /var/run/cdi)",
@@ -86,14 +89,20 @@ def check_containerd_config(cfg: ContainerdConfig) -> Check:
     if cfg.data is None:
         return Check(name=name, status="ok",
                      detail=f"{cfg.source} runs without {cfg.path}: {assumed}")
-    return Check(name=name, status="ok", detail=f"read {cfg.read} ({cfg.source})")
+    copy = " in the pod's mount of the node's folder" if place.in_pod else ""
+    return Check(name=name, status="ok", detail=f"read {cfg.read}{copy} ({cfg.source})")
 
 
-def check_nri_enabled(cfg: ContainerdConfig, our_socket: str) -> Check:
+def check_nri_enabled(cfg: ContainerdConfig, our_socket: str, place: Place = ON_NODE) -> Check:
     name = "NRI enabled in containerd"
     section = f'[plugins."{NRI_SECTION}"]'
     fix = (f'in {cfg.path}: {section} disable = false (and disable_connections = false), '
            "then restart containerd")
+    if cfg.error and place.in_pod and not os.path.exists(cfg.path):
+        return Check(name=name, status="skip",
+                     detail=f"containerd's configuration {cfg.path} is {NOT_VISIBLE}; the NRI "
+                            "socket check below tells whether NRI listens",
+                     fix=ON_THE_NODE)
     if cfg.error:
         return Check(name=name, status="fail", detail=f"cannot read {cfg.path}: {cfg.error}",
                      fix="fix the file's syntax (containerd would not start with it either)")
@@ -136,12 +145,16 @@ def check_socket(path: str) -> Check:
     return Check(name=name, status="ok", detail=f"{path} accepts connections")
 
 
-def check_plugin(plugin: PluginSettings, *, health: str | None = None) -> Check:
+def check_plugin(plugin: PluginSettings, *, health: str | None = None,
+                 place: Place = ON_NODE) -> Check:
     """From the status file the plugin keeps (``plugin.status_dir``): whether it runs,
     whether it is connected, to which runtime, over which socket. Needs no metrics."""
     name = "plugin connected"
     start = ("start it: systemctl start nri-cdi-plugin (or check the DaemonSet pod, whose "
              "/run/nri-cdi must be the host's)")
+    if place.in_pod:
+        start = ("read the plugin container's log (kubectl logs POD -c plugin) and the "
+                 "pod's events (kubectl describe pod POD)")
     if not plugin.status_dir:
         return Check(name=name, status="skip",
                      detail="plugin.status_dir is empty: the plugin keeps no status file"
@@ -301,15 +314,19 @@ def check_device_nodes(dirs: Iterable[str]) -> Check:
     return Check(name=name, status="ok", detail=f"{seen} device node entries, all present")
 
 
-def check_driver_architecture(dirs: Iterable[str]) -> Check:
+def check_driver_architecture(dirs: Iterable[str], place: Place = ON_NODE) -> Check:
     """The ELF files the specs mount are built for this machine (another architecture's
     driver, a copied spec or a driver container of the wrong image, fails in containers
     only as "cannot open shared object file")."""
     name = "driver architecture"
     foreign: list[str] = []
     seen = 0
+    hidden: list[str] = []
     for _, doc in _spec_documents(dirs):
         for host in sorted({str(m.get("hostPath")) for m in _edit_entries(doc, "mounts")}):
+            if not os.path.lexists(host):
+                hidden.append(host)
+                continue
             if not os.path.isfile(host) or not is_elf(host):
                 continue
             seen += 1
@@ -324,11 +341,32 @@ def check_driver_architecture(dirs: Iterable[str]) -> Check:
         return Check(name=name, status="fail", detail=foreign[0] + more,
                      fix="generate the spec on this node from this node's driver "
                          "(nri-cdi refresh); check the driver root it names")
+    if place.in_pod and hidden and not seen:
+        return Check(name=name, status="skip",
+                     detail=f"the driver files the specs mount ({hidden[0]}, ...) are "
+                            f"{NOT_VISIBLE}: this container does not mount the driver",
+                     fix=ON_THE_NODE)
     return Check(name=name, status="ok",
                  detail=f"{seen} ELF files mounted, all for {this_machine()}")
 
 
-def check_fingerprint(settings: Settings) -> Check:
+def driver_unseen(settings: Settings, place: Place) -> str:
+    """Why the generator cannot see the node's driver from here ("" when it can): in a pod,
+    the driver root must be mounted (a driver installed on the host at / is the image's own
+    root there)."""
+    if not place.in_pod:
+        return ""
+    root = settings.generate.driver_root
+    if os.path.normpath(root) == "/":
+        return (f"the driver root / is the image's own root in the pod, not the node's: the "
+                f"node's driver is {NOT_VISIBLE}")
+    if not os.path.ismount(root):
+        return (f"the driver root {root} is {NOT_VISIBLE} (this container does not mount it; "
+                "the DaemonSet's watch container does, and keeps the spec current)")
+    return ""
+
+
+def check_fingerprint(settings: Settings, place: Place = ON_NODE) -> Check:
     name = "spec matches the node"
     output = Path(settings.generate.output)
     meta = read_sidecar(output)
@@ -339,6 +377,13 @@ def check_fingerprint(settings: Settings) -> Check:
         return Check(name=name, status="warn",
                      detail=f"{output} has no {sidecar_path(output).name}",
                      fix="regenerate it with nri-cdi refresh (records the fingerprint)")
+    unseen = driver_unseen(settings, place)
+    if unseen:
+        return Check(name=name, status="skip",
+                     detail=f"{unseen}; the spec was generated for driver "
+                            f"{meta.get('driver', {}).get('version')}",
+                     fix=f"{ON_THE_NODE}; in the DaemonSet the watch container regenerates "
+                         "the spec when the driver changes (its log says so)")
     fingerprint, error = current_fingerprint(settings)
     if fingerprint is None:
         return Check(name=name, status="fail", detail=f"cannot inspect the node: {error}",
@@ -446,7 +491,8 @@ CLAIM_MARK = "-claim_"  # in the transient spec names NVIDIA's DRA driver writes
 
 
 def claim_specs(dirs: Iterable[str]) -> list[str]:
-    """Transient per-claim spec files present now (a DRA driver is in use)."""
+    """Transient per-claim spec files of NVIDIA's DRA driver present now (extra detail: the
+    registry of kubelet plugins is the sign that a DRA driver runs, whoever wrote it)."""
     found = []
     for folder in dirs:
         try:
@@ -457,28 +503,76 @@ def claim_specs(dirs: Iterable[str]) -> list[str]:
     return found
 
 
-def check_dra(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
-    """ok with containerd's CDI on; otherwise a warning (a failure where claim specs are
-    present, i.e. DRA is in use) naming the configuration lines to change."""
+def _drivers(registry: Registry) -> str:
+    names = sorted({p.name or os.path.basename(p.socket) for p in registry.dra})
+    return ", ".join(names)
+
+
+def _registry_detail(registry: Registry | None, place: Place) -> str:
+    """What the kubelet's plugin registry says, for the detail."""
+    if registry is None:
+        return ""
+    if registry.problem:
+        if place.in_pod and not os.path.exists(registry.folder):
+            return (f"the kubelet's plugin registry {registry.folder} is {NOT_VISIBLE} (the "
+                    "pod does not mount it), so whether a DRA driver is registered is not "
+                    "known here")
+        return (f"the kubelet's plugin registry was not read ({registry.problem}), so whether "
+                "a DRA driver is registered is not known")
+    if registry.dra:
+        return f"DRA driver(s) registered with the kubelet: {_drivers(registry)}"
+    unknown = registry.unknown
+    others = sorted({p.type for p in registry.plugins if p.type})
+    parts = ["no DRA driver is registered with the kubelet"
+             + (f" ({registry.folder} holds no registration socket)" if not registry.plugins
+                else "")]
+    if others:
+        parts.append(f"other kubelet plugins: {', '.join(others)}")
+    if unknown:
+        shown = "; ".join(p.describe() for p in unknown[:3])
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        parts[0] = "no kubelet plugin said it is a DRA driver"
+        parts.append(f"{len(unknown)} kubelet plugin(s) of unknown type, any of which may be "
+                     f"one: {shown}{more}")
+    return "; ".join(parts)
+
+
+def check_dra(cfg: ContainerdConfig, our_dirs: Iterable[str],
+              registry: Registry | None = None, *,
+              version: tuple[int, int, int] | None = None, place: Place = ON_NODE) -> Check:
+    """ok with containerd's CDI on. With it off, CRI CDIDevices (all a kubelet >= 1.31 sends
+    for a DRA claim) reach no CDI injector, nri-cdi included: a failure where a DRA driver is
+    registered with the kubelet (its plugin registry, any vendor's) or NVIDIA's claim specs
+    are present, a warning otherwise."""
     enabled, dirs, section = _runtime_cdi(cfg)
     our_dirs = list(our_dirs)
+    seen = _registry_detail(registry, place)
     if enabled:
         return Check(name=DRA_CHECK, status="ok",
                      detail=f"enable_cdi is on: containerd injects CRI CDIDevices (DRA claims, "
                             f"the device plugin's cdi-cri) from {', '.join(dirs)}; the plugin "
-                            "checks requirements, capabilities and policy on them")
+                            "checks requirements, capabilities and policy on them"
+                            + (f" ({seen})" if registry is not None and registry.dra else ""))
     claims = claim_specs(our_dirs)
+    in_use = bool(registry is not None and registry.dra) or bool(claims)
+    what = ("fail to be created (containerd 2.3 refuses CDIDevices with its CDI off)"
+            if version is not None and version >= (2, 3, 0) else
+            "start without those devices and without an error (containerd 2.3 and later "
+            "refuse them instead)")
+    signs = [seen] if seen else []
+    if claims:
+        signs.append(f"{len(claims)} DRA claim spec(s) present, e.g. {claims[0]}")
     return Check(
-        name=DRA_CHECK, status="fail" if claims else "warn",
-        detail="broken for DRA: enable_cdi is off, so containerd ignores CRI CDIDevices, which "
-               "is all a kubelet >= 1.31 sends for a DRA claim (and the device plugin's "
-               "cdi-cri); NRI before 0.10 (containerd < 2.2) does not show them to the plugin "
-               "either, so such containers start without their GPUs and no error"
-               + (f" ({len(claims)} claim spec(s) present, e.g. {claims[0]})" if claims else ""),
+        name=DRA_CHECK, status="fail" if in_use else "warn",
+        detail="broken for DRA: enable_cdi is off, so containerd does not inject CRI "
+               "CDIDevices, which is all a kubelet >= 1.31 sends for a DRA claim (and the "
+               "device plugin's cdi-cri), and no NRI plugin, nri-cdi included, can inject "
+               f"them instead: such containers {what}"
+               + (f"; {'; '.join(signs)}" if signs else ""),
         fix=f'in {cfg.path}: [plugins."{section}"] enable_cdi = true and cdi_spec_dirs = '
             f'["/etc/cdi", "/var/run/cdi"] (the plugin\'s folders: {", ".join(our_dirs)}), '
-            "then restart containerd")
-
+            "then restart containerd; nri-cdi then checks the claims' devices (there is no "
+            "nri-cdi setting that injects them instead)")
 
 
 def check_runtime_cdi_setting(cfg: ContainerdConfig, settings: Settings) -> Check:
@@ -530,7 +624,8 @@ def containerd_version(binary: str | None = None) -> tuple[int, int, int] | None
 
 
 def check_required_plugin(cfg: ContainerdConfig, name: str, index: str,
-                          version: tuple[int, int, int] | None) -> Check:
+                          version: tuple[int, int, int] | None, *,
+                          place: Place = ON_NODE) -> Check:
     """Whether containerd requires the plugin: [plugins."io.containerd.nri.v1.nri"
     .default_validator] enable = true and required_plugins naming it (containerd >= 2.2;
     containerd/containerd internal/nri/config.go, containerd/nri plugins/default-validator).
@@ -562,39 +657,65 @@ def check_required_plugin(cfg: ContainerdConfig, name: str, index: str,
                             "enabled: nothing is required", fix=fix)
     detail = f"{name} is not required: containers created while it is away run without it"
     if version is None:
+        unknown = ("containerd's binary is not visible from the pod and the plugin's status "
+                   "file names no runtime yet" if place.in_pod else "containerd's version "
+                   "unknown")
         return Check(name=title, status="skip",
-                     detail=detail + " (containerd's version unknown; 2.2+ can require it)",
-                     fix=fix)
+                     detail=detail + f" ({unknown}; 2.2+ can require it)", fix=fix)
     return Check(name=title, status="warn", detail=detail, fix=fix)
 
 
 # --- the command ---------------------------------------------------------------------------
 
 
+def running_containerd_version(binary: str | None,
+                               plugin: PluginSettings) -> tuple[int, int, int] | None:
+    """containerd's release: its binary's ``--version``, else what the plugin's status file
+    says it connected to (a pod does not see the node's binary)."""
+    version = containerd_version(binary)
+    if version is not None or not plugin.status_dir:
+        return version
+    status = read_status(plugin.status_dir, plugin.name, plugin.index).status
+    match = re.fullmatch(r"containerd v?(\d+)\.(\d+)\.(\d+)\S*",
+                         status.runtime if status else "")
+    return (int(match[1]), int(match[2]), int(match[3])) if match else None
+
+
+def check_place(place: Place) -> Check:
+    return Check(name="where doctor runs", status="ok",
+                 detail=f"in a pod ({place.why}): it sees the node only through the pod's "
+                        f"mounts; a check that needs more says '{NOT_VISIBLE}'")
+
+
 def run_checks(settings: Settings, *, containerd_major_version: int | None = None,
-               check_generated: bool = True) -> list[Check]:
+               check_generated: bool = True, place: Place | None = None) -> list[Check]:
     plugin = settings.plugin
+    place = detect() if place is None else place
     found = locate(settings.runtime_cdi.containerd_config, plugin.socket)
     if containerd_major_version is None:
-        version = containerd_version(found.exe)  # the running one's, else PATH's
+        version = running_containerd_version(found.exe, plugin)  # the running one's, else PATH's
         cfg = found.read(version[0] if version else None)
     else:
         version = (1, 7, 0) if containerd_major_version < 2 else None
         cfg = found.read(containerd_major_version)
     health = health_url(settings)
-    checks = [check_containerd_config(cfg), check_nri_enabled(cfg, plugin.socket),
-              check_socket(plugin.socket),
-              check_plugin(plugin, health=health)]
+    checks = [check_place(place)] if place.in_pod else []
+    checks += [check_containerd_config(cfg, place),
+               check_nri_enabled(cfg, plugin.socket, place),
+               check_socket(plugin.socket),
+               check_plugin(plugin, health=health, place=place)]
     if health:
         checks.append(check_health(health))
     checks.append(check_spec_dirs(plugin.spec_dirs))
     if check_generated:
-        checks.append(check_fingerprint(settings))
+        checks.append(check_fingerprint(settings, place))
+    registry = read_registry(settings.doctor.plugin_registry)
     return [*checks, check_device_nodes(plugin.spec_dirs),
             check_native_cdi(cfg, plugin.spec_dirs), check_runtime_cdi_setting(cfg, settings),
             check_kinds_runtimes_can_load(plugin.spec_dirs),
-            check_required_plugin(cfg, plugin.name, plugin.index, version),
-            check_dra(cfg, plugin.spec_dirs), check_driver_architecture(plugin.spec_dirs)]
+            check_required_plugin(cfg, plugin.name, plugin.index, version, place=place),
+            check_dra(cfg, plugin.spec_dirs, registry, version=version, place=place),
+            check_driver_architecture(plugin.spec_dirs, place)]
 
 
 def render(checks: Iterable[Check]) -> str:
@@ -610,6 +731,7 @@ def add_commands(subparsers: Any) -> None:
     parser = subparsers.add_parser("doctor", help="check the node set-up; say what to fix")
     add_config_argument(parser)
     add_setting_flags(parser, "runtime_cdi.containerd_config", "doctor.health_url",
+                      "doctor.plugin_registry",
                       "plugin.socket", "plugin.spec_dirs", "plugin.status_dir")
     parser.add_argument("--no-generate", dest="check_generated", action="store_false",
                         help="skip the fingerprint check (it runs the generator)")

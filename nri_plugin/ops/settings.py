@@ -24,6 +24,7 @@ from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.nvidia.hook_programs import HOOK_PROGRAMS
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
+from nri_plugin.ops.kubelet_plugins import DEFAULT_REGISTRY
 
 DEFAULT_CONFIG_PATH = "/etc/nri-cdi/config.yaml"
 CONFIG_ENV = "NRI_CDI_CONFIG"
@@ -295,6 +296,10 @@ class DoctorSettings:
     health_url: str | None = setting(None, OPTIONAL_STRING, "the plugin's /healthz URL",
                                      "--health-url", metavar="URL",
                                      default_text="from metrics.address")
+    plugin_registry: str = setting(
+        DEFAULT_REGISTRY, ABSOLUTE_PATH,
+        "the kubelet's plugin registry folder, whose registration sockets doctor asks which "
+        "kubelet plugins (DRA drivers) are registered", "--plugin-registry", metavar="DIR")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,0 +1,201 @@
+"""The kubelet's plugin registry: which kubelet plugins are registered on this node, and of
+which type, asked as the kubelet asks them (for ``nri-cdi doctor``, never the plugin).
+
+Every kubelet plugin (a DRA driver's, a CSI driver's) registers by putting a Unix socket in
+the kubelet's plugin registry folder, ``/var/lib/kubelet/plugins_registry`` by default
+(names starting with "." are ignored). The kubelet calls the gRPC method
+``pluginregistration.Registration/GetInfo`` on it (an empty ``InfoRequest``); the reply,
+``PluginInfo``, carries the plugin's type (field 1: ``DRAPlugin``, ``CSIPlugin`` or
+``DevicePlugin``), its name (2), an optional endpoint (3) and the API versions it supports
+(4, repeated); Kubernetes' ``k8s.io/kubelet/pkg/apis/pluginregistration/v1``. A registered
+DRA driver is thus known whoever wrote it, without its file names.
+
+The call is made with grpcio's generic API (bytes in, bytes out) when grpcio is installed,
+all sockets at once, bounded by one short timeout; the few fields of the reply are decoded
+here. Without grpcio, or when a socket does not answer in time, the socket counts as a
+kubelet plugin whose type is unknown.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_REGISTRY = "/var/lib/kubelet/plugins_registry"
+GET_INFO = "/pluginregistration.Registration/GetInfo"
+DRA_PLUGIN = "DRAPlugin"
+ASK_TIMEOUT = 2.0  # seconds, for all the sockets together
+MAX_SOCKETS = 64  # more than a node has; a folder of thousands is not asked socket by socket
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KubeletPlugin:
+    """One registration socket: ``type`` "" when it could not be asked (``problem`` says
+    why)."""
+
+    socket: str
+    type: str = ""
+    name: str = ""
+    endpoint: str = ""
+    versions: tuple[str, ...] = ()
+    problem: str = ""
+
+    @property
+    def is_dra(self) -> bool:
+        return self.type == DRA_PLUGIN
+
+    def describe(self) -> str:
+        if not self.type:
+            return f"a kubelet plugin (type unknown: {self.problem}) at {self.socket}"
+        return f"{self.type} {self.name or '(no name)'} at {self.socket}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Registry:
+    """What the registry folder holds; ``problem``: why it could not be read ("" when it
+    was, even empty)."""
+
+    folder: str
+    plugins: tuple[KubeletPlugin, ...] = ()
+    problem: str = ""
+
+    @property
+    def dra(self) -> list[KubeletPlugin]:
+        return [p for p in self.plugins if p.is_dra]
+
+    @property
+    def unknown(self) -> list[KubeletPlugin]:
+        return [p for p in self.plugins if not p.type]
+
+
+# --- PluginInfo on the wire (protobuf: strings only, so four fields of wire type 2) -------
+
+_FIELDS = {1: "type", 2: "name", 3: "endpoint", 4: "versions"}
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise ValueError("truncated varint")
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, at
+
+
+def decode_plugin_info(data: bytes) -> dict[str, Any]:
+    """The fields of a serialized ``PluginInfo`` (unknown fields skipped); raises
+    ValueError on bytes that are not a protobuf message."""
+    out: dict[str, Any] = {"type": "", "name": "", "endpoint": "", "versions": []}
+    at = 0
+    while at < len(data):
+        key, at = _varint(data, at)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            _, at = _varint(data, at)
+        elif wire == 1:
+            at += 8
+        elif wire == 5:
+            at += 4
+        elif wire == 2:
+            size, at = _varint(data, at)
+            if at + size > len(data):
+                raise ValueError("truncated field")
+            value, at = data[at:at + size], at + size
+            name = _FIELDS.get(number)
+            if name == "versions":
+                out[name].append(value.decode("utf-8", "replace"))
+            elif name:
+                out[name] = value.decode("utf-8", "replace")
+        else:
+            raise ValueError(f"wire type {wire}")
+        if at > len(data):
+            raise ValueError("truncated field")
+    return out
+
+
+# --- the folder and the sockets ------------------------------------------------------------
+
+
+def registration_sockets(folder: str) -> Iterator[str]:
+    """The Unix sockets under ``folder`` the kubelet would ask (it walks subfolders too and
+    skips names starting with "."), in name order; raises OSError when ``folder`` cannot be
+    listed."""
+    names = sorted(os.listdir(folder))
+    for name in names:
+        if name.startswith("."):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            continue
+        if stat.S_ISSOCK(mode):
+            yield path
+        elif stat.S_ISDIR(mode):
+            try:
+                yield from registration_sockets(path)
+            except OSError:
+                continue
+
+
+def _grpc() -> Any:
+    try:
+        import grpc
+    except ImportError:
+        return None
+    return grpc
+
+
+def ask(sockets: list[str], timeout: float = ASK_TIMEOUT) -> list[KubeletPlugin]:
+    """GetInfo of each socket, all at once, as the kubelet asks it."""
+    grpc = _grpc()
+    if grpc is None:
+        return [KubeletPlugin(socket=s, problem="grpcio is not installed, so doctor cannot "
+                              "ask it") for s in sockets]
+    channels = []
+    pending = []
+    try:
+        for path in sockets:
+            channel = grpc.insecure_channel(f"unix://{os.path.abspath(path)}")
+            channels.append(channel)
+            call = channel.unary_unary(GET_INFO)  # no serializers: bytes in, bytes out
+            pending.append((path, call.future(b"", timeout=timeout)))
+        return [_answer(path, future, grpc) for path, future in pending]
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def _answer(path: str, future: Any, grpc: Any) -> KubeletPlugin:
+    try:
+        info = decode_plugin_info(future.result())
+    except grpc.RpcError as exc:
+        code = exc.code()
+        why = ("no answer in time" if code == grpc.StatusCode.DEADLINE_EXCEEDED
+               else f"{code.name if code else 'error'}: {exc.details() or ''}".rstrip(": "))
+        return KubeletPlugin(socket=path, problem=why)
+    except ValueError as exc:
+        return KubeletPlugin(socket=path, problem=f"not a PluginInfo reply ({exc})")
+    return KubeletPlugin(socket=path, type=info["type"], name=info["name"],
+                         endpoint=info["endpoint"], versions=tuple(info["versions"]),
+                         problem="" if info["type"] else "its reply names no type")
+
+
+def read_registry(folder: str = DEFAULT_REGISTRY, timeout: float = ASK_TIMEOUT) -> Registry:
+    try:
+        sockets = list(registration_sockets(folder))
+    except FileNotFoundError:
+        return Registry(folder=folder, problem=f"no {folder}")
+    except OSError as exc:
+        return Registry(folder=folder, problem=f"cannot read {folder}: {exc.strerror or exc}")
+    if len(sockets) > MAX_SOCKETS:
+        return Registry(folder=folder, problem=f"{len(sockets)} sockets in {folder}: not "
+                        f"asked (more than {MAX_SOCKETS})")
+    return Registry(folder=folder, plugins=tuple(ask(sockets, timeout)) if sockets else ())
