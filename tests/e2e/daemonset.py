@@ -185,6 +185,9 @@ node=$1 run=$2 upper=$3 work=$4 nri=$5 config=$6; shift 6
 mount --bind "$run" /run
 mkdir -p /run/nvidia/driver /run/nri
 mount --bind "$node/run/nvidia/driver" /run/nvidia/driver
+# shared, as under systemd: containerd takes a HostToContainer mount only from a shared or
+# slave one
+mount --make-shared /run/nvidia/driver
 mount --bind "$nri" /run/nri
 mount -t overlay nri-cdi-etc -o "lowerdir=/etc,upperdir=$upper,workdir=$work" /etc
 mount -t tmpfs -o mode=0755 nri-cdi-dev /dev
@@ -240,7 +243,9 @@ class NodeNamespace:
 # field added to the DaemonSet is either run here or named as the scheduler's/kubelet's.
 POD_FIELDS = {"hostNetwork", "hostPID", "hostIPC", "initContainers", "containers", "volumes",
               # the scheduler's, not the node's
-              "nodeSelector", "tolerations", "priorityClassName"}
+              "nodeSelector", "tolerations", "priorityClassName",
+              # the API server's: with no token mounted the kubelet adds nothing for them
+              "serviceAccountName", "automountServiceAccountToken"}
 CONTAINER_FIELDS = {"name", "image", "imagePullPolicy", "command", "args", "env", "volumeMounts",
                     "securityContext", "terminationMessagePath",
                     "resources",
@@ -249,6 +254,7 @@ CONTAINER_FIELDS = {"name", "image", "imagePullPolicy", "command", "args", "env"
                     "ports", "readinessProbe", "livenessProbe"}
 SECURITY_FIELDS = {"privileged", "runAsUser", "allowPrivilegeEscalation",
                    "readOnlyRootFilesystem", "capabilities"}
+MOUNT_FIELDS = {"name", "mountPath", "readOnly", "mountPropagation"}
 
 
 def untranslated(template: dict[str, Any]) -> list[str]:
@@ -260,6 +266,8 @@ def untranslated(template: dict[str, Any]) -> list[str]:
         out += [f"{c['name']}.securityContext.{k}" for k in c.get("securityContext", {})
                 if k not in SECURITY_FIELDS]
         out += [f"{c['name']}.env.{e['name']}" for e in c.get("env", []) if "value" not in e]
+        out += [f"{c['name']}.volumeMounts.{m['name']}.{k}" for m in c.get("volumeMounts", [])
+                for k in m if k not in MOUNT_FIELDS]
     return out
 
 
@@ -344,7 +352,8 @@ class PodRunner:
         for mount in container.get("volumeMounts", []):
             config.mounts.add(container_path=mount["mountPath"],
                               host_path=volumes[mount["name"]],
-                              readonly=bool(mount.get("readOnly")))
+                              readonly=bool(mount.get("readOnly")),
+                              propagation=PROPAGATION[mount.get("mountPropagation", "None")])
         files = kubelet_requests.container_files(
             self.config_dir / "pods" / self.uid, container["name"],
             container.get("terminationMessagePath", kubelet_requests.TERMINATION_LOG))
@@ -390,6 +399,11 @@ class PodRunner:
 
     def container(self, name: str) -> dict[str, Any]:
         return next(c for c in self.spec["containers"] if c["name"] == name)
+
+
+# The kubelet's mapping of a volume mount's mountPropagation to CRI's.
+PROPAGATION = {"None": "PROPAGATION_PRIVATE", "HostToContainer": "PROPAGATION_HOST_TO_CONTAINER",
+               "Bidirectional": "PROPAGATION_BIDIRECTIONAL"}
 
 
 def wait_exited(cri: CriClient, cid: str, timeout: float) -> Any:

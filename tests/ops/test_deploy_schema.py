@@ -49,7 +49,7 @@ def schema_errors(doc: dict[str, Any], version: str) -> list[str]:
 
 def test_the_deploy_folder_has_manifests() -> None:
     names = {p.name for p in _manifests()}
-    assert {"daemonset.yaml", "configmap.yaml"} <= names
+    assert {"daemonset.yaml", "configmap.yaml", "serviceaccount.yaml"} <= names
 
 
 @pytest.mark.parametrize("version", VERSIONS)

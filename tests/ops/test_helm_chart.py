@@ -1,66 +1,429 @@
-"""deploy/helm/nri-cdi: the chart renders (tests/helm_render.py, as ``helm template`` does) to
-manifests the Kubernetes API accepts, for each set-up its values offer; deploy/kubernetes's
-plain manifests are its rendering (so the DaemonSet end-to-end test, which runs
-daemonset.yaml, runs the chart's output); values it cannot serve fail with a message naming
-the value."""
+"""deploy/helm/nri-cdi, rendered by the real Helm (tests/helm.py; scripts/install-helm.sh):
+``helm lint --strict`` passes; ``helm template`` over the set-ups its values offer gives
+objects the Kubernetes API accepts, with Helm's names, labels and selectors; one value per
+setting (the metrics address, the spec folders, the driver root, the sockets' folders) moves
+every place that uses it; the configuration it makes is one nri-cdi accepts; values it
+cannot serve fail with a message naming the value; deploy/kubernetes's plain manifests are
+its rendering (so the DaemonSet end-to-end test, which runs daemonset.yaml, runs the chart's
+output)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests import helm_render
+from nri_plugin.ops.settings import Settings, parse_address, parse_settings
+from tests import helm
+from tests.helpers import nvidia_policy
 from tests.ops.test_deploy_schema import VERSIONS, schema_errors
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = {"image": {"repository": "registry.example.com/nri-cdi"}}
+STANDARD_LABELS = {"app.kubernetes.io/name", "app.kubernetes.io/instance",
+                   "app.kubernetes.io/version", "app.kubernetes.io/managed-by",
+                   "helm.sh/chart"}
 
 
-def _daemonset(values: dict[str, Any]) -> dict[str, Any]:
-    (ds,) = [d for d in helm_render.documents({**IMAGE, **values})
-             if d["kind"] == "DaemonSet"]
-    return ds
+@pytest.fixture(autouse=True)
+def _helm() -> None:
+    helm.require()
 
 
-@pytest.mark.parametrize("name", sorted(helm_render.PLAIN_MANIFESTS))
+def _merge(*parts: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                out[key] = _merge(out[key], value)
+            else:
+                out[key] = value
+    return out
+
+
+def _render(values: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, dict[str, Any]]:
+    """kind -> the one object of that kind."""
+    docs = helm.documents(_merge(IMAGE, values or {}), **kwargs)
+    kinds = [d["kind"] for d in docs]
+    assert len(kinds) == len(set(kinds)), kinds
+    return {d["kind"]: d for d in docs}
+
+
+def _pod(values: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+    return dict(_render(values, **kwargs)["DaemonSet"]["spec"]["template"]["spec"])
+
+
+def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in [*pod.get("initContainers", []), *pod["containers"]]
+                if c["name"] == name)
+
+
+def _mounts(pod: dict[str, Any], name: str) -> dict[str, dict[str, Any]]:
+    """mountPath -> the mount, with the host path of its volume as ``host``."""
+    host = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
+    return {m["mountPath"]: {**m, "host": host[m["name"]]}
+            for m in _container(pod, name)["volumeMounts"]}
+
+
+def _config(objects: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return dict(yaml.safe_load(objects["ConfigMap"]["data"]["config.yaml"]))
+
+
+def _settings(objects: dict[str, dict[str, Any]]) -> Settings:
+    """The ConfigMap's file as nri-cdi reads it: its settings loader, and the policy parsed
+    as the daemon parses it."""
+    settings = parse_settings(_config(objects), "the chart's ConfigMap")
+    nvidia_policy(dict(settings.policy), "the chart's ConfigMap")
+    return settings
+
+
+def _refused(values: dict[str, Any], **kwargs: Any) -> str:
+    with pytest.raises(helm.HelmError) as caught:
+        helm.template(values, **kwargs)
+    return str(caught.value)
+
+
+# --- Helm itself -------------------------------------------------------------------------
+
+
+def test_helm_lint_strict_passes() -> None:
+    out = helm.lint(IMAGE)
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+
+
+def test_helm_lint_strict_fails_on_a_broken_chart(tmp_path: Path) -> None:
+    # The lint can fail: the same chart with a template that is not YAML.
+    chart = tmp_path / "nri-cdi"
+    shutil.copytree(helm.CHART, chart)
+    (chart / "templates" / "broken.yaml").write_text("kind: [\n")
+    with pytest.raises(helm.HelmError, match=r"broken\.yaml"):
+        helm.run("lint", "--strict", str(chart), "--set", "image.repository=r/x")
+
+
+@pytest.mark.parametrize("name", sorted(helm.PLAIN_MANIFESTS))
 def test_the_plain_manifests_are_the_charts_rendering(name: str) -> None:
     committed = (ROOT / "deploy" / "kubernetes" / name).read_text()
-    assert committed == helm_render.plain_manifest(name), (
-        f"deploy/kubernetes/{name} differs from the chart: python -m tests.helm_render")
+    assert committed == helm.plain_manifest(name), (
+        f"deploy/kubernetes/{name} differs from the chart: python -m tests.helm")
 
 
-SETUPS = {
-    "defaults": {},
-    "host driver": {"driver": {"location": "host"}},
+# --- the set-ups, each valid for Kubernetes -----------------------------------------------
+
+SETUPS: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
+    "defaults": ({}, {}),
+    "host driver": ({"driver": {"location": "host"}}, {}),
     # Helm merges maps: the default label is removed by setting it to null.
-    "GPU Feature Discovery label": {"nodeSelector": {"nri-cdi/gpu": None,
-                                                     "nvidia.com/gpu.present": "true"}},
-    "no selector": {"nodeSelector": None, "tolerations": None},
+    "GPU Feature Discovery label": ({"nodeSelector": {"nri-cdi/gpu": None,
+                                                      "nvidia.com/gpu.present": "true"}}, {}),
+    "no selector": ({"nodeSelector": None, "tolerations": None,
+                     "priorityClassName": ""}, {}),
+    "metrics on another port": ({"metrics": {"port": 9500}}, {}),
+    "metrics scraped": ({"metrics": {"port": 9500, "bindAddress": "0.0.0.0",
+                                     "scrape": True}}, {}),
+    "pull secrets": ({"imagePullSecrets": [{"name": "registry-a"}, {"name": "registry-b"}]},
+                     {}),
+    "no service account of its own": ({"serviceAccount": {"create": False}}, {}),
+    "named service account": ({"serviceAccount": {"name": "gpu-node",
+                                                  "annotations": {"a": "b"}}}, {}),
+    "name override": ({"nameOverride": "cdi"}, {"release": "gpu"}),
+    "full name override": ({"fullnameOverride": "node-cdi"}, {"release": "gpu"}),
+    "another namespace": ({}, {"namespace": "gpu-operator", "release": "cdi"}),
+    "scheduling and pod metadata": ({
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
+        "podAnnotations": {"example.com/owner": "gpu-team"},
+        "podLabels": {"team": "gpu"},
+        "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}},
+    }, {}),
+    "updated on delete": ({"updateStrategy": {"type": "OnDelete"}}, {}),
+    "other folders": ({"config": {
+        "plugin": {"socket": "/run/containerd/nri/nri.sock",
+                   "spec_dirs": ["/etc/cdi", "/run/cdi/"], "status_dir": "/run/cdi-status"},
+        "generate": {"output": "/run/cdi/gpus.yaml", "driver_root": "/opt/nvidia/driver"},
+    }}, {}),
+    "no status file": ({"config": {"plugin": {"status_dir": ""}}}, {}),
 }
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("setup", sorted(SETUPS))
-def test_every_setup_renders_valid_manifests(setup: str, version: str) -> None:
-    docs = helm_render.documents({**IMAGE, **SETUPS[setup]})
-    assert {d["kind"] for d in docs} == {"DaemonSet", "ConfigMap"}
-    assert [e for d in docs for e in schema_errors(d, version)] == []
+def test_every_setup_renders_objects_kubernetes_accepts(setup: str, version: str) -> None:
+    values, where = SETUPS[setup]
+    objects = _render(values, **where)
+    assert {"DaemonSet", "ConfigMap"} <= set(objects)
+    assert [e for d in objects.values() for e in schema_errors(d, version)] == []
+
+
+@pytest.mark.parametrize("setup", sorted(SETUPS))
+def test_every_setup_makes_a_configuration_nri_cdi_accepts(setup: str) -> None:
+    values, where = SETUPS[setup]
+    objects = _render(values, **where)
+    settings = _settings(objects)
+    # The probes need the server: it is never off.
+    _, port = parse_address(settings.metrics.address)
+    probe = _container(objects["DaemonSet"]["spec"]["template"]["spec"],
+                       "plugin")["readinessProbe"]["httpGet"]
+    assert probe["port"] == port
+
+
+# --- one value per setting ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setup", ["defaults", "metrics on another port", "metrics scraped"])
+def test_the_metrics_port_moves_the_server_the_probes_and_the_container_port(
+        setup: str) -> None:
+    values, _ = SETUPS[setup]
+    objects = _render(values)
+    port = values.get("metrics", {}).get("port", 9464)
+    bind = values.get("metrics", {}).get("bindAddress", "127.0.0.1")
+    scraped = values.get("metrics", {}).get("scrape", False)
+    assert parse_address(_settings(objects).metrics.address) == (bind, port)
+    template = objects["DaemonSet"]["spec"]["template"]
+    plugin = _container(template["spec"], "plugin")
+    for probe, path in (("readinessProbe", "/healthz"), ("livenessProbe", "/livez")):
+        # The kubelet probes from the node's network namespace, the pod's (hostNetwork).
+        assert plugin[probe]["httpGet"] == {"host": "127.0.0.1", "path": path, "port": port}
+    annotations = template["metadata"].get("annotations", {})
+    if scraped:
+        assert plugin["ports"] == [{"name": "metrics", "containerPort": port}]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert annotations["prometheus.io/port"] == str(port)
+    else:
+        assert "ports" not in plugin
+        assert not any(k.startswith("prometheus.io/") for k in annotations)
+
+
+def test_metrics_stay_on_the_nodes_loopback_by_default() -> None:
+    values = yaml.safe_load((helm.CHART / "values.yaml").read_text())
+    assert values["metrics"]["bindAddress"] == "127.0.0.1"
+    host, _ = parse_address(_settings(_render()).metrics.address)
+    assert host == "127.0.0.1"
+
+
+def test_scraping_a_loopback_server_is_refused_naming_the_values() -> None:
+    message = _refused(_merge(IMAGE, {"metrics": {"scrape": True}}))
+    assert "metrics.scrape" in message and "metrics.bindAddress" in message
+
+
+def test_the_metrics_address_cannot_be_set_a_second_time_in_config() -> None:
+    message = _refused(_merge(IMAGE, {"config": {"metrics": {"address": "0.0.0.0:9464"}}}))
+    assert "config.metrics" in message and "metrics.port" in message
+
+
+def test_an_ipv6_bind_address_is_refused() -> None:
+    # The plugin's server listens on IPv4 only: "::" would make a configuration it fails on.
+    message = _refused(_merge(IMAGE, {"metrics": {"bindAddress": "::"}}))
+    assert "bindAddress" in message
+
+
+@pytest.mark.parametrize("setup", ["defaults", "other folders"])
+def test_the_spec_folders_are_the_configurations(setup: str) -> None:
+    values, _ = SETUPS[setup]
+    objects = _render(values)
+    settings = _settings(objects)
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    plugin = _mounts(pod, "plugin")
+    folders = [str(Path(d)) for d in settings.plugin.spec_dirs]
+    for folder in folders:  # the same path on both sides: specs name host paths
+        assert plugin[folder]["host"] == folder and plugin[folder]["readOnly"] is True
+    cdi_volumes = {v["hostPath"]["path"] for v in pod["volumes"]
+                   if v["name"].startswith("cdi-")}
+    assert cdi_volumes == set(folders)
+    output = str(Path(settings.generate.output).parent)
+    for name in ("generate", "watch"):
+        mounts = _mounts(pod, name)
+        assert mounts[output]["host"] == output and not mounts[output].get("readOnly")
+        assert not set(mounts) & (set(folders) - {output})  # writes only its own folder
+    # The NRI socket's folder and the status folder, from plugin.socket and status_dir.
+    socket_dir = str(Path(settings.plugin.socket).parent)
+    assert plugin[socket_dir]["host"] == socket_dir
+    assert plugin[settings.plugin.status_dir]["host"] == settings.plugin.status_dir
+
+
+def test_a_spec_written_where_the_plugin_does_not_read_is_refused() -> None:
+    message = _refused(_merge(IMAGE, {"config": {"generate": {"output": "/tmp/nvidia.yaml"}}}))
+    assert "config.generate.output" in message and "config.plugin.spec_dirs" in message
+    # A driver on the host: the pod generates nothing, so the folder does not matter.
+    helm.template(_merge(IMAGE, {"driver": {"location": "host"},
+                                 "config": {"generate": {"output": "/tmp/nvidia.yaml"}}}))
+
+
+def test_without_a_status_folder_none_is_mounted() -> None:
+    pod = _pod(SETUPS["no status file"][0])
+    assert "status" not in {v["name"] for v in pod["volumes"]}
+    assert "status" not in {m["name"] for m in _container(pod, "plugin")["volumeMounts"]}
+
+
+@pytest.mark.parametrize("root", ["/run/nvidia/driver", "/opt/nvidia/driver"])
+def test_the_driver_root_is_mounted_at_its_host_path_following_remounts(root: str) -> None:
+    objects = _render({"config": {"generate": {"driver_root": root}}})
+    assert _settings(objects).generate.driver_root == root
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    for name in ("generate", "watch"):
+        mount = _mounts(pod, name)[root]
+        assert mount["host"] == root and mount["readOnly"] is True
+        # A restarted driver container mounts its root again: the pod must see the new one.
+        assert mount["mountPropagation"] == "HostToContainer"
+
+
+def test_nothing_of_proc_is_mounted() -> None:
+    # /proc/driver/nvidia is the kernel's in every container: no volume for it.
+    pod = _pod()
+    host = [v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v]
+    assert not [p for p in host if p.startswith("/proc")]
+    for container in [*pod["initContainers"], *pod["containers"]]:
+        assert not [m for m in container["volumeMounts"] if "/proc" in m["mountPath"]]
+
+
+def test_the_config_map_holds_the_values_config_and_the_metrics_address() -> None:
+    values = yaml.safe_load((helm.CHART / "values.yaml").read_text())
+    config = _config(_render())
+    assert config.pop("metrics") == {"address": "127.0.0.1:9464"}
+    assert config == values["config"]
+
+
+def test_the_chart_leaves_the_policy_to_the_plugin() -> None:
+    # The built-in policy decides which pods may ask; the chart turns no source on (the
+    # volumeMounts source is safe only where pods cannot mount hostPath).
+    assert "policy" not in _config(_render())
+    assert _settings(_render()).policy == {}
+
+
+# --- Helm's conventions: names, labels, selector -----------------------------------------
+
+
+@pytest.mark.parametrize(("release", "values", "name"), [
+    ("nri-cdi", {}, "nri-cdi"),  # the docs' ds/nri-cdi
+    ("my-nri-cdi", {}, "my-nri-cdi"),
+    ("gpu", {}, "gpu-nri-cdi"),
+    ("gpu", {"nameOverride": "cdi"}, "gpu-cdi"),
+    ("gpu", {"fullnameOverride": "node-cdi"}, "node-cdi"),
+])
+def test_names_follow_helms_rules(release: str, values: dict[str, Any], name: str) -> None:
+    objects = _render(values, release=release)
+    assert objects["DaemonSet"]["metadata"]["name"] == name
+    assert objects["ServiceAccount"]["metadata"]["name"] == name
+    assert objects["ConfigMap"]["metadata"]["name"] == f"{name}-config"
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    (config,) = [v for v in pod["volumes"] if "configMap" in v]
+    assert config["configMap"]["name"] == f"{name}-config"
+    assert pod["serviceAccountName"] == name
+    labels = objects["DaemonSet"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/name"] == values.get("nameOverride", "nri-cdi")
+    assert labels["app.kubernetes.io/instance"] == release
+
+
+def test_every_object_has_the_standard_labels_and_the_selector_only_name_and_instance() -> None:
+    objects = _render(release="gpu")
+    chart = yaml.safe_load((helm.CHART / "Chart.yaml").read_text())
+    for obj in objects.values():
+        labels = obj["metadata"]["labels"]
+        assert set(labels) >= STANDARD_LABELS, obj["kind"]
+        assert labels["helm.sh/chart"] == f"nri-cdi-{chart['version']}"
+        assert labels["app.kubernetes.io/version"] == chart["appVersion"]
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+    ds = objects["DaemonSet"]
+    # Immutable once made: nothing that changes on an upgrade.
+    assert ds["spec"]["selector"] == {"matchLabels": {"app.kubernetes.io/name": "nri-cdi",
+                                                      "app.kubernetes.io/instance": "gpu"}}
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_two_releases_side_by_side_do_not_collide() -> None:
+    a = _render(release="gpu-a", namespace="kube-system")
+    b = _render(release="gpu-b", namespace="kube-system")
+    for kind in a:
+        assert a[kind]["metadata"]["name"] != b[kind]["metadata"]["name"], kind
+    select_a = a["DaemonSet"]["spec"]["selector"]["matchLabels"]
+    select_b = b["DaemonSet"]["spec"]["selector"]["matchLabels"]
+    pods_a = a["DaemonSet"]["spec"]["template"]["metadata"]["labels"]
+    pods_b = b["DaemonSet"]["spec"]["template"]["metadata"]["labels"]
+    assert select_a.items() <= pods_a.items() and not select_a.items() <= pods_b.items()
+    assert select_b.items() <= pods_b.items() and not select_b.items() <= pods_a.items()
+
+
+def test_every_object_is_in_the_releases_namespace() -> None:
+    objects = _render(namespace="gpu-operator")
+    assert {o["metadata"]["namespace"] for o in objects.values()} == {"gpu-operator"}
+
+
+# --- the pod's values ---------------------------------------------------------------------
+
+
+def test_the_pod_has_its_own_account_and_no_api_token() -> None:
+    objects = _render()
+    account = objects["ServiceAccount"]
+    assert account["automountServiceAccountToken"] is False
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert pod["automountServiceAccountToken"] is False
+
+
+@pytest.mark.parametrize(("values", "account"), [
+    ({"serviceAccount": {"create": False}}, "default"),
+    ({"serviceAccount": {"create": False, "name": "gpu-node"}}, "gpu-node"),
+])
+def test_without_creating_an_account_the_pod_uses_the_named_one(
+        values: dict[str, Any], account: str) -> None:
+    objects = _render(values)
+    assert "ServiceAccount" not in objects
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_a_created_account_takes_its_name_and_annotations() -> None:
+    objects = _render(SETUPS["named service account"][0])
+    assert objects["ServiceAccount"]["metadata"]["name"] == "gpu-node"
+    assert objects["ServiceAccount"]["metadata"]["annotations"] == {"a": "b"}
+    assert objects["DaemonSet"]["spec"]["template"]["spec"]["serviceAccountName"] == "gpu-node"
+
+
+def test_pull_secrets_reach_the_pod() -> None:
+    assert _pod(SETUPS["pull secrets"][0])["imagePullSecrets"] == [
+        {"name": "registry-a"}, {"name": "registry-b"}]
+    assert "imagePullSecrets" not in _pod()
+
+
+def test_scheduling_and_pod_metadata_values_reach_the_pod() -> None:
+    values = SETUPS["scheduling and pod metadata"][0]
+    ds = _render(values)["DaemonSet"]
+    template = ds["spec"]["template"]
+    assert template["spec"]["affinity"] == values["affinity"]
+    assert template["metadata"]["annotations"] == values["podAnnotations"]
+    assert template["metadata"]["labels"]["team"] == "gpu"
+    assert ds["spec"]["updateStrategy"] == values["updateStrategy"]
+    assert _render(SETUPS["updated on delete"][0])["DaemonSet"]["spec"]["updateStrategy"] == {
+        "type": "OnDelete"}
+    default = _render()["DaemonSet"]
+    assert default["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
+    assert "affinity" not in default["spec"]["template"]["spec"]
 
 
 def test_the_node_selector_is_the_values() -> None:
-    pod = _daemonset({})["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"nri-cdi/gpu": "true"}
-    gfd = _daemonset(SETUPS["GPU Feature Discovery label"])["spec"]["template"]["spec"]
+    assert _pod()["nodeSelector"] == {"nri-cdi/gpu": "true"}
+    gfd = _pod(SETUPS["GPU Feature Discovery label"][0])
     assert gfd["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    assert "nodeSelector" not in _daemonset(SETUPS["no selector"])["spec"]["template"]["spec"]
+    bare = _pod(SETUPS["no selector"][0])
+    assert not {"nodeSelector", "tolerations", "priorityClassName"} & set(bare)
+
+
+def test_every_container_has_its_resources() -> None:
+    values = yaml.safe_load((helm.CHART / "values.yaml").read_text())
+    pod = _pod()
+    for name in ("generate", "plugin", "watch"):
+        assert _container(pod, name)["resources"] == values["resources"][name]
 
 
 def test_a_host_driver_runs_the_plugin_alone_with_the_same_mounts() -> None:
-    full = _daemonset({})["spec"]["template"]["spec"]
-    host = _daemonset(SETUPS["host driver"])["spec"]["template"]["spec"]
+    full = _pod()
+    host = _pod(SETUPS["host driver"][0])
     assert [c["name"] for c in host["containers"]] == ["plugin"]
     assert "initContainers" not in host
     assert host["containers"][0] == full["containers"][0]
@@ -69,61 +432,75 @@ def test_a_host_driver_runs_the_plugin_alone_with_the_same_mounts() -> None:
     assert "driver-root" not in volumes
 
 
-def test_the_config_map_holds_the_values_config() -> None:
-    values = yaml.safe_load((helm_render.CHART / "values.yaml").read_text())
-    (cm,) = [d for d in helm_render.documents(IMAGE) if d["kind"] == "ConfigMap"]
-    assert yaml.safe_load(cm["data"]["config.yaml"]) == values["config"]
-    root = "/opt/driver"
-    ds = _daemonset({"config": {"generate": {"driver_root": root}}})
-    paths = {v["name"]: v.get("hostPath", {}).get("path") for v in
-             ds["spec"]["template"]["spec"]["volumes"]}
-    assert paths["driver-root"] == root
+# --- what Helm refuses ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("values", "key"), [
+    ({"imagePullSecret": [{"name": "x"}]}, "imagePullSecret"),
+    ({"serviceAccount": {"craete": False}}, "craete"),
+    ({"metrics": {"prot": 9500}}, "prot"),
+    ({"image": {"tga": "1"}}, "tga"),
+    ({"resources": {"init": {}}}, "init"),
+    ({"config": {"metric": {}}}, "metric"),
+])
+def test_an_unknown_value_is_refused_by_the_schema(values: dict[str, Any], key: str) -> None:
+    message = _refused(_merge(IMAGE, values))
+    assert "schema" in message and f"'{key}' not allowed" in message
+
+
+def test_a_typo_on_the_command_line_is_refused_too() -> None:
+    with pytest.raises(helm.HelmError, match="'imagePullSecret' not allowed"):
+        helm.template(IMAGE, sets=["imagePullSecret[0].name=registry"])
+
+
+def test_the_schema_refuses_unknown_keys_at_every_level_the_chart_owns() -> None:
+    """Every object of values.schema.json with properties closes them, except in the
+    sections of nri-cdi's own file, whose keys nri-cdi checks."""
+    schema = json.loads((helm.CHART / "values.schema.json").read_text())
+    open_ = []
+
+    def walk(node: dict[str, Any], where: str) -> None:
+        if "properties" in node and node.get("additionalProperties") is not False:
+            open_.append(where)
+        for key, child in node.get("properties", {}).items():
+            if where != "config":
+                walk(child, f"{where}.{key}" if where else key)
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{where}[]")
+
+    walk(schema, "")
+    assert open_ == []
 
 
 def test_without_an_image_it_says_which_value_to_set() -> None:
-    with pytest.raises(helm_render.RenderError, match=r"image\.repository: build"):
-        helm_render.render()
+    with pytest.raises(helm.HelmError, match=r"image\.repository: build"):
+        helm.template()
 
 
 def test_an_unknown_driver_location_is_refused_by_the_schema() -> None:
-    with pytest.raises(helm_render.RenderError, match=r"driver\.location"):
-        helm_render.render({**IMAGE, "driver": {"location": "hots"}})
+    with pytest.raises(helm.HelmError, match=r"driver/location|driver\.location"):
+        helm.template(_merge(IMAGE, {"driver": {"location": "hots"}}))
+
+
+# --- NOTES.txt -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("release", "namespace", "values", "name"), [
+    ("nri-cdi", "kube-system", {}, "nri-cdi"),
+    ("gpu", "gpu-operator", SETUPS["GPU Feature Discovery label"][0], "gpu-nri-cdi"),
+])
+def test_the_notes_say_how_to_check_the_install(release: str, namespace: str,
+                                                values: dict[str, Any], name: str) -> None:
+    notes = helm.notes(_merge(IMAGE, values), release=release, namespace=namespace)
+    labels = ",".join(f"{k}={v}" for k, v in _pod(values, release=release)[
+        "nodeSelector"].items())
+    assert f"kubectl get nodes -l {labels}" in notes
+    assert f"kubectl -n {namespace} get ds {name}" in notes
+    assert f"kubectl exec -n {namespace} ds/{name} -c plugin -- nri-cdi doctor" in notes
 
 
 def test_the_chart_is_versioned_as_the_package() -> None:
-    chart = yaml.safe_load((helm_render.CHART / "Chart.yaml").read_text())
+    chart = yaml.safe_load((helm.CHART / "Chart.yaml").read_text())
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert chart["appVersion"] == chart["version"] == project["version"]
-
-
-@pytest.mark.parametrize(("template", "why"), [
-    ("{{ range .Values.x }}{{ end }}", "'range' is not implemented"),
-    ("{{ .Values.a | b64enc }}", "function 'b64enc' is not implemented"),
-    ("{{ if .Values.a }}", "without end"),
-    ("{{ (.Values.a) }}", "unsupported pipeline"),
-])
-def test_the_renderer_refuses_what_it_does_not_implement(tmp_path: Path, template: str,
-                                                          why: str) -> None:
-    # A construct Helm has and this renderer lacks must fail, not render differently.
-    chart = tmp_path / "chart"
-    (chart / "templates").mkdir(parents=True)
-    (chart / "Chart.yaml").write_text("name: x\nversion: 0.0.1\n")
-    (chart / "values.yaml").write_text("a: 1\n")
-    (chart / "templates" / "t.yaml").write_text(template)
-    with pytest.raises(helm_render.RenderError, match=why):
-        helm_render.render(chart=chart)
-
-
-def test_trimming_and_truth_follow_go_templates(tmp_path: Path) -> None:
-    chart = tmp_path / "chart"
-    (chart / "templates").mkdir(parents=True)
-    (chart / "Chart.yaml").write_text("name: x\nversion: 0.0.1\nappVersion: '9'\n")
-    (chart / "values.yaml").write_text("empty: {}\nzero: 0\nname: n\nlist: [a]\n")
-    (chart / "templates" / "t.yaml").write_text(
-        "a:\n  {{- if .Values.empty }} no{{ else if .Values.zero }} no{{ else }} yes"
-        "{{- end }}\nb: {{ .Values.missing | default .Chart.AppVersion | quote }}\n"
-        "c:{{- with .Values.list }}{{ toYaml . | nindent 2 }}{{ end }}\n"
-        "d: {{ not .Values.zero }} {{ eq .Values.name \"n\" }}\n")
-    assert helm_render.render(chart=chart)["t.yaml"] == (
-        "a: yes\nb: \"9\"\nc:\n  - a\nd: true true\n")
