@@ -89,8 +89,8 @@ def check_containerd_config(cfg: ContainerdConfig, place: Place = ON_NODE) -> Ch
     if cfg.data is None:
         return Check(name=name, status="ok",
                      detail=f"{cfg.source} runs without {cfg.path}: {assumed}")
-    copy = " in the pod's mount of the node's folder" if place.in_pod else ""
-    return Check(name=name, status="ok", detail=f"read {cfg.read}{copy} ({cfg.source})")
+    copy = "; in the pod: the node's file as the pod mounts it" if place.in_pod else ""
+    return Check(name=name, status="ok", detail=f"read {cfg.read} ({cfg.source}){copy}")
 
 
 def check_nri_enabled(cfg: ContainerdConfig, our_socket: str, place: Place = ON_NODE) -> Check:
@@ -132,16 +132,20 @@ def check_nri_enabled(cfg: ContainerdConfig, our_socket: str, place: Place = ON_
                      "socket_path")
 
 
-def check_socket(path: str) -> Check:
+def check_socket(path: str, place: Place = ON_NODE) -> Check:
     name = "NRI socket reachable"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(2)
         try:
             sock.connect(path)
         except OSError as exc:
+            fix = ("start containerd with NRI enabled; run doctor as root (the socket's "
+                   "folder is 0700)")
+            if place.in_pod:
+                fix = ("the pod mounts the node's folder of plugin.socket: on the node, start "
+                       "containerd with NRI enabled and its socket_path there")
             return Check(name=name, status="fail", detail=f"{path}: {exc.strerror or exc}",
-                         fix="start containerd with NRI enabled; run doctor as root (the "
-                             "socket's folder is 0700)")
+                         fix=fix)
     return Check(name=name, status="ok", detail=f"{path} accepts connections")
 
 
@@ -244,7 +248,7 @@ def health_url(settings: Settings) -> str | None:
 # --- specs ---------------------------------------------------------------------------------
 
 
-def check_spec_dirs(dirs: Iterable[str]) -> Check:
+def check_spec_dirs(dirs: Iterable[str], place: Place = ON_NODE) -> Check:
     name = "spec directories"
     dirs = list(dirs)
     unreadable = [d for d in dirs if os.path.isdir(d) and not os.access(d, os.R_OK | os.X_OK)]
@@ -259,9 +263,12 @@ def check_spec_dirs(dirs: Iterable[str]) -> Check:
                          "devices are unresolvable); regenerate generated ones with "
                          "nri-cdi refresh")
     if not snapshot.devices:
+        fix = "generate a spec: nri-cdi refresh (or systemctl start nri-cdi-generate)"
+        if place.in_pod:
+            fix = ("the DaemonSet's generate and watch containers write it (read their logs); "
+                   "with the driver on the host, the node's nri-cdi-generate unit does")
         return Check(name=name, status="warn", detail=f"no CDI devices in {', '.join(dirs)}",
-                     fix="generate a spec: nri-cdi refresh (or systemctl start "
-                         "nri-cdi-generate)")
+                     fix=fix)
     return Check(name=name, status="ok",
                  detail=f"{len(snapshot.devices)} devices from {len(snapshot.specs)} specs")
 
@@ -702,11 +709,11 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
     checks = [check_place(place)] if place.in_pod else []
     checks += [check_containerd_config(cfg, place),
                check_nri_enabled(cfg, plugin.socket, place),
-               check_socket(plugin.socket),
+               check_socket(plugin.socket, place),
                check_plugin(plugin, health=health, place=place)]
     if health:
         checks.append(check_health(health))
-    checks.append(check_spec_dirs(plugin.spec_dirs))
+    checks.append(check_spec_dirs(plugin.spec_dirs, place))
     if check_generated:
         checks.append(check_fingerprint(settings, place))
     registry = read_registry(settings.doctor.plugin_registry)

@@ -58,6 +58,12 @@ def _cache(tmp: pytest.TempPathFactory) -> Path:
     return Path(env) if env else tmp.mktemp("simnode-cache")
 
 
+@pytest.fixture(autouse=True)
+def _on_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are of doctor on a node, wherever they run (a CI job in a pod too)."""
+    monkeypatch.setenv("NRI_CDI_IN_POD", "0")
+
+
 @pytest.fixture
 def healthy(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     node = build_node(tmp_path / "node", NodeLayout.uniform(1, seed="doctor"),
@@ -76,7 +82,10 @@ def healthy(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "runtime_cdi.containerd_config": str(tmp_path / "config.toml"),
         "doctor.health_url": f"http://127.0.0.1:{server.port}/healthz",
         "plugin.status_dir": str(tmp_path / "status"),
+        # no kubelet plugin registered (whatever this machine's kubelet has)
+        "doctor.plugin_registry": str(tmp_path / "plugins_registry"),
     })
+    (tmp_path / "plugins_registry").mkdir()
     assert Watcher(settings).refresh("test").written
     metrics.connected("containerd 1.7.30")
     # The plugin's status file, as the daemon keeps it (this process holds its lock).

@@ -17,6 +17,8 @@ from nri_plugin.ops.doctor import (
     check_fingerprint,
     check_nri_enabled,
     check_required_plugin,
+    check_socket,
+    check_spec_dirs,
     run_checks,
     running_containerd_version,
 )
@@ -88,7 +90,8 @@ def test_the_mounted_copy_of_containerds_folder_is_named(tmp_path: Path) -> None
     config.write_text("version = 2\n")
     cfg = ContainerdConfig(path=str(config), data={"version": 2}, major=1,
                            files=(str(config),), source="test")
-    assert "the pod's mount of the node's folder" in check_containerd_config(cfg, POD).detail
+    assert "in the pod: the node's file as the pod mounts it" in check_containerd_config(
+        cfg, POD).detail
     assert "pod" not in check_containerd_config(cfg).detail
 
 
@@ -142,3 +145,10 @@ def test_containerds_version_comes_from_the_status_file_in_the_pod(tmp_path: Pat
     cfg = ContainerdConfig(path="/etc/containerd/config.toml", data={"version": 3}, major=2)
     check = check_required_plugin(cfg, "nri-cdi", "10", None, place=POD)
     assert check.status == "skip" and "not visible from the pod" in check.detail
+
+
+def test_the_fixes_in_the_pod_name_what_the_pod_has(tmp_path: Path) -> None:
+    check = check_socket(str(tmp_path / "nri.sock"), POD)
+    assert check.status == "fail" and "the pod mounts the node's folder" in check.fix
+    assert "systemctl" not in check_spec_dirs([str(tmp_path)], POD).fix
+    assert "generate and watch containers" in check_spec_dirs([str(tmp_path)], POD).fix
