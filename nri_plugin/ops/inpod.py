@@ -1,5 +1,6 @@
 """Whether ``nri-cdi doctor`` runs inside a Kubernetes pod (the DaemonSet's ``plugin``
-container, reached with ``kubectl exec``) rather than on the node itself.
+container, reached with ``kubectl exec``) rather than on the node itself
+(docs/operations/doctor.md, "In the pod").
 
 In a pod, what the node has is visible only where the pod mounts it: doctor then says of a
 check that needs the host that it cannot be made from the pod, instead of failing it.

@@ -1,5 +1,6 @@
 """The kubelet's plugin registry: which kubelet plugins are registered on this node, and of
-which type, asked as the kubelet asks them (for ``nri-cdi doctor``, never the plugin).
+which type, asked as the kubelet asks them (for ``nri-cdi doctor``, never the plugin;
+docs/operations/doctor.md, "Which DRA drivers are registered").
 
 Every kubelet plugin (a DRA driver's, a CSI driver's) registers by putting a Unix socket in
 the kubelet's plugin registry folder, ``/var/lib/kubelet/plugins_registry`` by default
