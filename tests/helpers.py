@@ -8,7 +8,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nri_plugin.plugins.cdi_injector.policy import Policy
@@ -82,6 +82,25 @@ def place_file(folder: Path, name: str, content: bytes | Callable[[Path], object
     else:
         content(path)
     return path
+
+
+# The annotation sources, allowed in every namespace: the built-in policy allows them in
+# none (docs/usage/policy.md), and most tests ask by annotation about something else.
+ANNOTATIONS_ANYWHERE = {name: {"namespaces": ["*"]} for name in (
+    "podAnnotations", "nriPluginsAnnotations", "nvidiaNriAnnotations")}
+
+
+def annotations_policy(doc: dict[str, Any] | None = None, *, nvidia: bool = True) -> Policy:
+    """``doc`` (a policy document) with the annotation sources it does not set allowed in
+    every namespace, parsed as the daemon parses it (``nvidia``: with NVIDIA's sources)."""
+    from nri_plugin.plugins.cdi_injector.policy import parse_policy
+    from nri_plugin.vendors.nvidia.rules import NvidiaRules
+
+    doc = dict(doc or {})
+    sources = {**({k: v for k, v in ANNOTATIONS_ANYWHERE.items()
+                   if nvidia or k != "nvidiaNriAnnotations"}), **doc.get("sources", {})}
+    return parse_policy({**doc, "sources": sources},
+                        vendors=(NvidiaRules(),) if nvidia else ())
 
 
 def nvidia_policy(doc: object, origin: str = "") -> Policy:

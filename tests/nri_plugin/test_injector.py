@@ -34,8 +34,11 @@ from nri_plugin.plugins.cdi_injector.requests import (
 from nri_plugin.plugins.cdi_injector.sources import all_sources
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RequestSource, env_read
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from tests.helpers import write_specs
+from tests.helpers import annotations_policy, write_specs
 from tests.nri_runtime_peer import RuntimePeer
+
+# The injector's own annotation sources allowed everywhere: these tests ask by annotation.
+OPEN = annotations_policy(nvidia=False)
 
 CONTAINERD_17 = RuntimeInfo.from_configure("containerd", "v1.7.24")
 CONTAINERD_21 = RuntimeInfo.from_configure("containerd", "v2.1.3")
@@ -183,10 +186,10 @@ def test_gids_alone_are_dropped_on_old_runtimes_when_the_policy_says_drop(
 
 def test_the_injector_drops_gids_by_default_and_refuses_them_on_request(
         snapshot: Snapshot, caplog: pytest.LogCaptureFixture) -> None:
-    from nri_plugin.plugins.cdi_injector.policy import parse_policy
 
     def create(policy: dict[str, str]) -> nri_pb2.ContainerAdjustment | None:
-        plugin = CdiInjector(lambda: Registry(snapshot), policy=parse_policy(policy))
+        plugin = CdiInjector(lambda: Registry(snapshot),
+                             policy=annotations_policy(policy, nvidia=False))
         plugin.configure("", "containerd", "v1.7.24")
         return plugin.create_container(
             nri_pb2.PodSandbox(name="p", namespace="ns",
@@ -323,7 +326,8 @@ def test_one_pass_asks_each_vendor_once_and_looks_each_device_up_once(
         return lookup(self, names)
 
     monkeypatch.setattr(Snapshot, "lookup", counted)
-    plugin = CdiInjector(lambda: Registry(snapshot), vendors=[CountingVendor(calls)])
+    plugin = CdiInjector(lambda: Registry(snapshot), vendors=[CountingVendor(calls)],
+                         policy=OPEN)
     plugin.PLAN_CACHE_SIZE = 0  # nothing cached: every step runs
     plugin.configure("", "containerd", runtime)  # 2.1: the devices are handed over
     pod = nri_pb2.PodSandbox(name="p", namespace="ns",
@@ -342,7 +346,7 @@ def test_runtime_capabilities(name: str, version: str, cdi_devices: bool) -> Non
 
 
 def test_dispatch_create_container(snapshot: Snapshot) -> None:
-    plugin = CdiInjector(lambda: Registry(snapshot))
+    plugin = CdiInjector(lambda: Registry(snapshot), policy=OPEN)
     plugin.configure("", "containerd", "v1.7.24")
     request = nri_pb2.CreateContainerRequest(
         pod=nri_pb2.PodSandbox(name="p", namespace="ns",
@@ -360,7 +364,7 @@ def test_create_container_over_a_socket_refuses_only_the_bad_request(
 ) -> None:
     async def main() -> None:
         ours, theirs = socket.socketpair()
-        stub = Stub(CdiInjector(lambda: Registry(snapshot)), sock=ours, name="nri-cdi",
+        stub = Stub(CdiInjector(lambda: Registry(snapshot), policy=OPEN), sock=ours, name="nri-cdi",
                     idx="10", env={})
         runner = asyncio.create_task(stub.run())
         peer = RuntimePeer(*await asyncio.open_unix_connection(sock=theirs))
@@ -426,7 +430,7 @@ def test_plans_are_kept_for_the_registry_in_force_and_never_changed(
     """The one cache: a repeat gets the plan made before (the same object, unchanged); a
     new registry snapshot empties it; another user gets a plan of its own."""
     registry = [Registry(snapshot)]
-    plugin = CdiInjector(lambda: registry[0])
+    plugin = CdiInjector(lambda: registry[0], policy=OPEN)
     plugin.configure("", "containerd", "v1.7.24")
     pod = nri_pb2.PodSandbox(name="p", namespace="ns",
                              annotations={"cdi.k8s.io/gpu": "example.com/gpu=0"})
@@ -447,7 +451,8 @@ def test_the_per_container_line_is_logged_after_the_reply(
     """The runtime waits for the reply, not for the log line: the daemon hands the line to
     the event loop, which runs it once the reply is written."""
     later: list[Callable[[], None]] = []
-    plugin = CdiInjector(lambda: Registry(snapshot), after_reply=later.append)
+    plugin = CdiInjector(lambda: Registry(snapshot), after_reply=later.append,
+                         policy=OPEN)
     plugin.configure("", "containerd", "v1.7.24")
     pod = nri_pb2.PodSandbox(name="p", namespace="ns",
                              annotations={"cdi.k8s.io/gpu": "example.com/gpu=0"})

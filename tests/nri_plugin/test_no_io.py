@@ -38,7 +38,7 @@ from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.metered import Metered
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from tests.helpers import make_char_device, nvidia_policy, write_specs
+from tests.helpers import annotations_policy, make_char_device, write_specs
 from tests.nri_runtime_peer import RuntimePeer
 
 FORBIDDEN = ("open", "os.scandir", "os.listdir", "socket.__new__", "subprocess.Popen",
@@ -96,7 +96,8 @@ def test_create_container_from_bytes_does_no_io(tmp_path: Path, need_root: None)
             deviceNodes: [{{path: /dev/gpu0, hostPath: {node}}}]
         """})
     snapshot = SpecCache([str(folder)]).refresh()  # the I/O happens here, ahead of use
-    plugin = CdiInjector(lambda: Registry(snapshot))
+    plugin = CdiInjector(lambda: Registry(snapshot),
+                         policy=annotations_policy(nvidia=False))
     plugin.configure("", "containerd", "v1.7.24")
     good = nri_pb2.CreateContainerRequest(
         pod=nri_pb2.PodSandbox(name="p", namespace="ns",
@@ -180,7 +181,7 @@ def test_create_container_over_the_wire_with_nvidia_rules_does_no_io(
     NVIDIA_DRIVER_CAPABILITIES, NVIDIA_VISIBLE_DEVICES), the reply bytes back."""
     global _armed_everywhere
     registry = _nvidia_registry(tmp_path)
-    policy = nvidia_policy({"sources": {"visibleDevicesEnv": {"enabled": True,
+    policy = annotations_policy({"sources": {"visibleDevicesEnv": {"enabled": True,
                                                              "privilegedOnly": False}}})
     plugin = Metered(CdiInjector(registry.get, vendors=registry.vendors, policy=policy),
                      Metrics())
@@ -282,7 +283,8 @@ def test_only_a_device_the_registry_does_not_know_reads(tmp_path: Path, need_roo
         reads.append(tuple(names))  # type: ignore[call-overload]
         return reader(names)
 
-    plugin = CdiInjector(holder.get, on_miss=on_miss)
+    plugin = CdiInjector(holder.get, on_miss=on_miss,
+                         policy=annotations_policy(nvidia=False))
     plugin.configure("", "containerd", "v1.7.24")
 
     def request(name: str) -> bytes:

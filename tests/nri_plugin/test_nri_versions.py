@@ -28,7 +28,7 @@ from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.plan import plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.vendor import Registry
-from tests.helpers import write_specs
+from tests.helpers import annotations_policy, write_specs
 from tests.nri_apply import CONTAINER_BEFORE_NRI, apply_adjustment
 from tests.nri_runtime_peer import RuntimePeer
 
@@ -196,8 +196,10 @@ def test_over_the_wire_as_containerd(snapshot: Snapshot, version: str,
                                      nri: tuple[int, int, int]) -> None:
     # The shipped plugin (start guard and all) against the runtime peer speaking as
     # containerd: two events per container, and the created container as native's.
-    plugin = StartGuard(CdiInjector(lambda: Registry(snapshot), runtime_cdi=RuntimeCdiConfig(
-        enabled=False, spec_dirs=(), origin="test")))  # nothing handed over: NRI alone
+    plugin = StartGuard(CdiInjector(
+        lambda: Registry(snapshot), policy=annotations_policy(nvidia=False),
+        runtime_cdi=RuntimeCdiConfig(enabled=False, spec_dirs=(), origin="test")))
+    # (nothing handed over: NRI alone)
     names = ["example.com/v=rw", "example.com/v=block"]
 
     async def main() -> dict[str, Any]:

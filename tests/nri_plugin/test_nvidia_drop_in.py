@@ -25,7 +25,7 @@ from nri_plugin.vendors.nvidia.extras import (
 )
 from nri_plugin.vendors.nvidia.k8s_sources import nvidia_nri_requests, volume_mount_ids
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from tests.helpers import nvidia_policy, write_specs
+from tests.helpers import annotations_policy, nvidia_policy, write_specs
 
 SPEC = """\
 cdiVersion: 0.5.0
@@ -104,7 +104,8 @@ def registry(tmp_path: Path) -> Registry:
 def run(registry: Registry, *env: str, policy: Policy | None = None, privileged: bool = False,
         mounts: tuple[tuple[str, str], ...] = (),
         **annotations: str) -> nri_pb2.ContainerAdjustment | None:
-    plugin = CdiInjector(lambda: registry, vendors=[NvidiaRules()], policy=policy)
+    plugin = CdiInjector(lambda: registry, vendors=[NvidiaRules()],
+                         policy=policy or annotations_policy())
     plugin.configure("", "containerd", "1.7.24")
     ctr = nri_pb2.Container(id="c1", pod_sandbox_id="p1", name="app", env=list(env))
     for destination, source in mounts:
@@ -120,7 +121,7 @@ def nodes(adj: nri_pb2.ContainerAdjustment | None) -> list[str]:
     return sorted(d.path for d in adj.linux.devices) if adj is not None else []
 
 
-ENV_ON = nvidia_policy({"sources": {"visibleDevicesEnv": {"enabled": True,
+ENV_ON = annotations_policy({"sources": {"visibleDevicesEnv": {"enabled": True,
                                                          "privilegedOnly": False}}})
 
 
@@ -231,7 +232,7 @@ def test_mig_config_privileged_only_by_default(registry: Registry) -> None:
 
 
 def test_mig_monitor_allowed_by_policy(registry: Registry) -> None:
-    policy = nvidia_policy({"sources": {"migCapabilitiesEnv": {"privilegedOnly": False,
+    policy = annotations_policy({"sources": {"migCapabilitiesEnv": {"privilegedOnly": False,
                                                               "namespaces": ["default"]}}})
     adj = run(registry, "NVIDIA_MIG_MONITOR_DEVICES=all", policy=policy,
               **{"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})
@@ -247,19 +248,19 @@ def test_mig_config_refused_with_specific_mig_devices(registry: Registry) -> Non
 def test_imex_channels_where_allowed(registry: Registry) -> None:
     assert run(registry, "NVIDIA_IMEX_CHANNELS=0") is None  # source off: ignored, as the env
     adj = run(registry, "NVIDIA_IMEX_CHANNELS=3,0", privileged=True,
-              policy=nvidia_policy({"sources": {"imexChannelsEnv": {"enabled": True}}}))
+              policy=annotations_policy({"sources": {"imexChannelsEnv": {"enabled": True}}}))
     assert nodes(adj) == ["/dev/nvidia-caps-imex-channels/channel0",
                           "/dev/nvidia-caps-imex-channels/channel3"]
     with pytest.raises(Refusal, match="channel 1 does not exist"):
         run(registry, "NVIDIA_IMEX_CHANNELS=1", privileged=True,
-            policy=nvidia_policy({"sources": {"imexChannelsEnv": {"enabled": True}}}))
+            policy=annotations_policy({"sources": {"imexChannelsEnv": {"enabled": True}}}))
 
 
 def test_volume_mounts_source(registry: Registry) -> None:
     mount = (("/var/run/nvidia-container-devices/GPU-bbb", "/dev/null"),)
     with pytest.raises(Refusal, match=r"sources\.volumeMounts\.enabled"):
         run(registry, mounts=mount)  # off by default
-    policy = nvidia_policy({"sources": {"volumeMounts": {"enabled": True}}})
+    policy = annotations_policy({"sources": {"volumeMounts": {"enabled": True}}})
     assert nodes(run(registry, mounts=mount, policy=policy)) == ["/dev/nvidia1", "/dev/nvidiactl"]
     cdi = (("/var/run/nvidia-container-devices/cdi/nvidia.com/gpu/0", "/dev/null"),)
     assert nodes(run(registry, mounts=cdi, policy=policy)) == ["/dev/nvidia0", "/dev/nvidiactl"]
@@ -271,7 +272,7 @@ def test_volume_mounts_source(registry: Registry) -> None:
 def test_volume_mounts_env_marker_is_no_env_request(registry: Registry) -> None:
     # What the device plugin sets beside the mounts; the mounts are the request.
     adj = run(registry, "NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices",
-              policy=nvidia_policy({"sources": {"volumeMounts": {"enabled": True},
+              policy=annotations_policy({"sources": {"volumeMounts": {"enabled": True},
                                                "visibleDevicesEnv": {"enabled": True,
                                                                      "privilegedOnly": False}}}),
               mounts=(("/var/run/nvidia-container-devices/GPU-aaa", "/dev/null"),))
@@ -279,7 +280,7 @@ def test_volume_mounts_env_marker_is_no_env_request(registry: Registry) -> None:
 
 
 def test_volume_mount_requirement_checked(registry: Registry) -> None:
-    policy = nvidia_policy({"sources": {"volumeMounts": {"enabled": True}}})
+    policy = annotations_policy({"sources": {"volumeMounts": {"enabled": True}}})
     with pytest.raises(Refusal, match=r"cuda>=12\.8"):
         run(registry, "NVIDIA_REQUIRE_CUDA=cuda>=12.8", policy=policy,
             mounts=(("/var/run/nvidia-container-devices/GPU-aaa", "/dev/null"),))
@@ -288,7 +289,7 @@ def test_volume_mount_requirement_checked(registry: Registry) -> None:
 def test_nvidia_nri_annotation_source(registry: Registry) -> None:
     key = {"nvidia.cdi.k8s.io/container.app": "nvidia.com/gpu=1"}
     assert nodes(run(registry, **key)) == ["/dev/nvidia1", "/dev/nvidiactl"]
-    policy = nvidia_policy({"sources": {"nvidiaNriAnnotations": {"enabled": False}}})
+    policy = annotations_policy({"sources": {"nvidiaNriAnnotations": {"enabled": False}}})
     with pytest.raises(Refusal, match=r"sources\.nvidiaNriAnnotations\.enabled"):
         run(registry, policy=policy, **key)
 
@@ -296,12 +297,12 @@ def test_nvidia_nri_annotation_source(registry: Registry) -> None:
 def test_nri_plugins_annotation_source(registry: Registry) -> None:
     assert nodes(run(registry, **{"cdi.nri.io/pod": "nvidia.com/gpu=0"})) == [
         "/dev/nvidia0", "/dev/nvidiactl"]
-    policy = nvidia_policy({"sources": {"nriPluginsAnnotations": {"namespaces": ["ml"]}}})
+    policy = annotations_policy({"sources": {"nriPluginsAnnotations": {"namespaces": ["ml"]}}})
     with pytest.raises(Refusal, match=r"sources\.nriPluginsAnnotations\.namespaces"):
         run(registry, policy=policy, **{"cdi.nri.io": "nvidia.com/gpu=0"})
 
 
-MASK = nvidia_policy({"procMasking": {"enabled": True},
+MASK = annotations_policy({"procMasking": {"enabled": True},
                      "sources": {"visibleDevicesEnv": {"enabled": True, "privilegedOnly": False}}})
 
 
@@ -344,7 +345,7 @@ def test_requirements_apply_to_gpus_of_another_spec(registry: Registry) -> None:
 def test_fail_closed_sees_volume_mounts_and_other_keys(registry: Registry) -> None:
     from nri_plugin.plugins.cdi_injector.failclosed import find_unserved
 
-    policy = nvidia_policy({"sources": {"volumeMounts": {"enabled": True}}})
+    policy = annotations_policy({"sources": {"volumeMounts": {"enabled": True}}})
     pods = [nri_pb2.PodSandbox(id="p1", name="a", namespace="default"),
             nri_pb2.PodSandbox(id="p2", name="b", namespace="default",
                                annotations={"nvidia.cdi.k8s.io/container.app": "nvidia.com/gpu=0"})]

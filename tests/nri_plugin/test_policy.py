@@ -118,8 +118,17 @@ NVIDIA = (NvidiaRules(),)
 
 def test_defaults_are_secure() -> None:
     p = Policy.defaults(NVIDIA)
-    assert p.source_allowed("podAnnotations", "any", False) is None
+    # What any pod can set asks in no namespace until the operator lists one; what the
+    # kubelet sets from an allocation is served everywhere.
+    for source in ("podAnnotations", "nriPluginsAnnotations", "nvidiaNriAnnotations"):
+        why = p.source_allowed(source, "any", False) or ""
+        assert f"sources.{source}.namespaces is empty" in why
+        assert p.source_allowed(source, "any", True) == why  # privileged alike
     assert p.source_allowed("containerAnnotations", "any", False) is None
+    listed = parse_policy({"sources": {"podAnnotations": {"namespaces": ["ml"]}}})
+    assert listed.source_allowed("podAnnotations", "ml", False) is None
+    assert "not allowed in namespace 'web'" in (
+        listed.source_allowed("podAnnotations", "web", False) or "")
     assert "disabled" in (p.source_allowed("visibleDevicesEnv", "any", True) or "")
     with pytest.raises(PolicyDenied, match=re.escape("management.nvidia.com")):
         p.check_devices(["management.nvidia.com/gpu=all"], "default", False)

@@ -21,7 +21,7 @@ from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
 from nri_plugin.vendors.nvidia.nodefacts import load_facts
 from nri_plugin.vendors.nvidia.requirements import RequirementError
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from tests.helpers import nvidia_policy, write_specs
+from tests.helpers import annotations_policy, write_specs
 
 SPEC = """\
 cdiVersion: 0.5.0
@@ -66,7 +66,8 @@ def registry(tmp_path: Path) -> Registry:
 
 
 def injector(registry: Registry, policy: Policy | None = None) -> CdiInjector:
-    plugin = CdiInjector(lambda: registry, vendors=[NvidiaRules()], policy=policy)
+    plugin = CdiInjector(lambda: registry, vendors=[NvidiaRules()],
+                         policy=policy or annotations_policy())
     plugin.configure("", "containerd", "1.7.24")
     return plugin
 
@@ -112,7 +113,7 @@ def test_capability_filtering(registry: Registry, caps: str,
 
 
 def test_capability_filter_off_by_policy(registry: Registry) -> None:
-    plugin = injector(registry, nvidia_policy({"capabilities": {"filter": False}}))
+    plugin = injector(registry, annotations_policy({"capabilities": {"filter": False}}))
     adj = plugin.create_container(pod(**{"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}), container())
     assert adj is not None and len(adj.mounts) == 3
 
@@ -135,12 +136,12 @@ def test_requirements(registry: Registry, env: str, device: str,
         with pytest.raises(RpcError, match=re.escape(error)) as info:
             plugin.create_container(*args)
         assert isinstance(info.value.__cause__, RequirementError)
-    off = injector(registry, nvidia_policy({"requirements": {"enforce": False}}))
+    off = injector(registry, annotations_policy({"requirements": {"enforce": False}}))
     assert off.create_container(*args) is not None
 
 
 def test_source_denial_and_env_ignored(registry: Registry) -> None:
-    policy = nvidia_policy({"sources": {"podAnnotations": {"namespaces": ["ml"]}}})
+    policy = annotations_policy({"sources": {"podAnnotations": {"namespaces": ["ml"]}}})
     plugin = injector(registry, policy)
     with pytest.raises(RpcError, match=re.escape("sources.podAnnotations.namespaces")) as info:
         plugin.create_container(pod("web", **{"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}),
@@ -148,7 +149,7 @@ def test_source_denial_and_env_ignored(registry: Registry) -> None:
     assert isinstance(info.value.__cause__, PolicyDenied)
     # NVIDIA_VISIBLE_DEVICES is off by default: ignored, not refused.
     assert plugin.create_container(pod("web"), container("NVIDIA_VISIBLE_DEVICES=all")) is None
-    on = injector(registry, nvidia_policy(
+    on = injector(registry, annotations_policy(
         {"sources": {"visibleDevicesEnv": {"enabled": True, "privilegedOnly": False}}}))
     adj = on.create_container(pod("web"), container("NVIDIA_VISIBLE_DEVICES=1"))
     assert adj is not None and [d.path for d in adj.linux.devices] == ["/dev/nvidia1"]
@@ -187,7 +188,8 @@ def test_report_action_stops_nothing(registry: Registry,
                                      caplog: pytest.LogCaptureFixture) -> None:
     starved = live("c2", "starved", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
     starved.pid = 4242
-    plugin = StartGuard(injector(registry, nvidia_policy({"failClosed": {"action": "report"}})))
+    plugin = StartGuard(injector(registry,
+                                 annotations_policy({"failClosed": {"action": "report"}})))
     plugin.synchronize([pod()], [starved])
     assert plugin.counters.unserved_reported == 1 and plugin.counters.unserved_evicted == 0
     assert "fail-closed report: container starved" in caplog.text
@@ -248,7 +250,7 @@ def test_registry_holder_swaps_snapshot_and_facts_in_one_object(registry: Regist
 def test_refusals_carry_a_structured_reason(registry: Registry, policy: dict[str, object],
                                             env: list[str], annotations: dict[str, str],
                                             rule: str, device: str | None) -> None:
-    plugin = injector(registry, nvidia_policy(policy))
+    plugin = injector(registry, annotations_policy(policy))
     with pytest.raises(RpcError) as info:
         plugin.create_container(pod(**annotations), container(*env))
     cause = info.value.__cause__

@@ -31,6 +31,7 @@ from nri_plugin.plugins.cdi_injector.plan import plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
+from tests.helpers import annotations_policy
 from tests.helpers import run_generate as generate
 from tests.nri_apply import CONTAINER_BEFORE_NRI, apply_adjustment
 
@@ -103,7 +104,8 @@ def test_gpu_0_through_the_plugin_is_native_cdi(snapshot: Snapshot, name: str,
 def test_nvidia_rules_keep_every_file_of_the_board(folder: Path, snapshot: Snapshot,
                                                    capabilities: str) -> None:
     registry = Registry.load(snapshot, [NvidiaRules()])
-    plugin = CdiInjector(lambda: registry, vendors=[NvidiaRules()])
+    plugin = CdiInjector(lambda: registry, vendors=[NvidiaRules()],
+                         policy=annotations_policy())
     plugin.configure("", "containerd", "1.7.24")  # NRI 0.8: the plugin applies it all
     env = [f"NVIDIA_DRIVER_CAPABILITIES={capabilities}"] if capabilities else []
     ctr = nri_pb2.Container(id="c1", pod_sandbox_id="p1", name="app", env=env)

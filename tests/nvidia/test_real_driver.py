@@ -13,7 +13,7 @@ import yaml
 
 from cdi.spec import parse_spec
 from nri_cdi_testbed.simnode import BuiltNode
-from tests.helpers import hook_links
+from tests.helpers import annotations_policy, hook_links
 from tests.helpers import run_generate as generate
 from tests.nvidia_debian import DATA as DATA_DIR
 from tests.nvidia_debian import VERSION, capability_table, driver_root, file_list, kernel_side
@@ -208,7 +208,8 @@ def test_driver_capabilities_leave_out_every_mount_of_a_file_they_do_not_ask_for
                            "/usr/local/bin/nri-cdi", "--output", str(folder / "nvidia.yaml")])
     assert rc == 0, err
     registry = Registry.load(SpecCache([str(folder)]).refresh(), [NvidiaRules()])
-    injector = CdiInjector(lambda: registry, vendors=[NvidiaRules()])
+    injector = CdiInjector(lambda: registry, vendors=[NvidiaRules()],
+                           policy=annotations_policy())
     injector.configure("", "containerd", "1.7.24")
     pod = nri_pb2.PodSandbox(id="p", name="pod", namespace="default",
                              annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=0"})

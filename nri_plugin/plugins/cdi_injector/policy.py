@@ -80,13 +80,21 @@ def _in_namespaces(namespace: str, patterns: tuple[str, ...]) -> bool:
     return "*" in patterns or any(fnmatchcase(namespace, p) for p in patterns)
 
 
+# Namespaces where pods may ask by annotation, by default: none. An annotation is not a
+# resource the scheduler counts or a quota limits, and any pod can set one, so on a shared
+# cluster the operator names the namespaces that may (docs/usage/policy.md).
+NO_NAMESPACE: tuple[str, ...] = ()
+
 # The injector's own sources (``sources.py`` reads them); vendors add theirs.
 NEUTRAL_SOURCES: Mapping[str, SourceRule] = {
+    # Set by the kubelet from a device plugin's or a DRA claim's allocation.
     "containerAnnotations": SourceRule(title="container annotations", enabled=True),
-    "podAnnotations": SourceRule(title="pod annotations", enabled=True),
+    "podAnnotations": SourceRule(title="pod annotations", enabled=True,
+                                 namespaces=NO_NAMESPACE),
     # The other NRI CDI injectors' pod annotations: the same trust as ours.
     "nriPluginsAnnotations": SourceRule(
-        title="nri-plugins CDI injector annotations (cdi.nri.io)", enabled=True)}
+        title="nri-plugins CDI injector annotations (cdi.nri.io)", enabled=True,
+        namespaces=NO_NAMESPACE)}
 
 
 def default_sources(vendors: Sequence[VendorPolicy] = ()) -> dict[str, SourceRule]:
@@ -149,6 +157,10 @@ class Policy:
         if rule.privileged_only and not privileged:
             return (f"request source {rule.title} is for privileged containers only "
                     f"(sources.{source}.privilegedOnly)")
+        if not rule.namespaces:
+            return (f"request source {rule.title} is allowed in no namespace on this node "
+                    f"(sources.{source}.namespaces is empty: the node's operator lists the "
+                    f"namespaces that may ask this way)")
         if not _in_namespaces(namespace, rule.namespaces):
             return (f"request source {rule.title} is not allowed in namespace {namespace!r} "
                     f"(sources.{source}.namespaces {list(rule.namespaces)})")

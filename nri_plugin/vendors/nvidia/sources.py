@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from cdi.cache import Snapshot
 from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
-from nri_plugin.plugins.cdi_injector.policy import SourceRule
+from nri_plugin.plugins.cdi_injector.policy import NO_NAMESPACE, SourceRule
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.vendors.nvidia.extras import IMEX_ENV, MIG_CONFIG_ENV, MIG_MONITOR_ENV
 from nri_plugin.vendors.nvidia.k8s_sources import nvidia_nri_requests, volume_mount_requests
@@ -45,7 +45,7 @@ NRI_ANNOTATIONS = RequestSource(
     read=lambda context, snapshot, facts: nvidia_nri_requests(context.pod_annotations,
                                                               context.container_name),
     default=SourceRule(title="NVIDIA NRI plugin annotations (nvidia.cdi.k8s.io/)",
-                       enabled=True))
+                       enabled=True, namespaces=NO_NAMESPACE))
 VOLUME_MOUNTS = RequestSource(
     name="volumeMounts", read_from="mounts",
     read=lambda context, snapshot, facts: volume_mount_requests(context.mounts, snapshot,
