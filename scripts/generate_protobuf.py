@@ -5,8 +5,8 @@
 
 Needs ``grpcio-tools`` (a test/dev dependency only; the plugin itself needs just
 ``protobuf``). protoc runs with the repository root as include path so the
-descriptors are registered as ``nri_plugin/nri/api/<name>.proto``: a name no other
-package in the default descriptor pool is likely to use.
+descriptors are registered under their repository path (``nri_plugin/nri/api/nri.proto``): a
+name no other package in the default descriptor pool is likely to use.
 """
 
 from __future__ import annotations
@@ -17,25 +17,22 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-API_DIR = ROOT / "nri_plugin" / "nri" / "api"
-PROTOS = ("nri.proto", "ttrpc.proto")
+# Each .proto of ours, by repository path; its modules are written beside it.
+PROTOS = ("nri_plugin/nri/api/nri.proto", "nri_plugin/nri/api/ttrpc.proto",
+          "nri_plugin/ops/kubelet_api/podresources.proto")
 SUFFIXES = ("_pb2.py", "_pb2.pyi")
 
 
 def generate(out_root: Path) -> dict[str, bytes]:
-    """Run protoc into ``out_root``; return {file name: content} of the outputs."""
+    """Run protoc into ``out_root``; return {repository path: content} of the outputs."""
     from grpc_tools import protoc  # here: only a dev dependency
 
-    rel = [str((API_DIR / name).relative_to(ROOT)) for name in PROTOS]
-    args = ["protoc", f"-I{ROOT}", f"--python_out={out_root}", f"--pyi_out={out_root}", *rel]
+    args = ["protoc", f"-I{ROOT}", f"--python_out={out_root}", f"--pyi_out={out_root}",
+            *PROTOS]
     if protoc.main(args) != 0:
         raise RuntimeError(f"protoc failed: {' '.join(args)}")
-    out_dir = out_root / API_DIR.relative_to(ROOT)
-    return {
-        Path(name).stem + suffix: (out_dir / (Path(name).stem + suffix)).read_bytes()
-        for name in PROTOS
-        for suffix in SUFFIXES
-    }
+    outputs = [name.removesuffix(".proto") + suffix for name in PROTOS for suffix in SUFFIXES]
+    return {name: (out_root / name).read_bytes() for name in outputs}
 
 
 def stale_files() -> list[str]:
@@ -44,7 +41,7 @@ def stale_files() -> list[str]:
         fresh = generate(Path(tmp))
     stale = []
     for name, content in sorted(fresh.items()):
-        path = API_DIR / name
+        path = ROOT / name
         if not path.exists() or path.read_bytes() != content:
             stale.append(name)
     return stale
@@ -55,7 +52,7 @@ def write_in_place() -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         fresh = generate(Path(tmp))
     for name, content in fresh.items():
-        (API_DIR / name).write_bytes(content)
+        (ROOT / name).write_bytes(content)
     return sorted(fresh)
 
 
@@ -66,10 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = stale_files()
         for name in stale:
-            print(f"stale: nri_plugin/nri/api/{name}", file=sys.stderr)
+            print(f"stale: {name}", file=sys.stderr)
         return 1 if stale else 0
     for name in write_in_place():
-        print(f"wrote nri_plugin/nri/api/{name}")
+        print(f"wrote {name}")
     return 0
 
 

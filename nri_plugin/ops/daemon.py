@@ -30,6 +30,7 @@ from nri_plugin.nri.versions import (
 from nri_plugin.ops.logformat import BoundedLog, log_to
 from nri_plugin.ops.logwriter import NonBlockingHandler
 from nri_plugin.ops.metrics import Metrics
+from nri_plugin.ops.podresources import PodResourcesWatch
 from nri_plugin.ops.policy_reload import PolicyReloader
 from nri_plugin.ops.runtime_cdi import runtime_cdi_config, start_warning
 from nri_plugin.ops.settings import (
@@ -68,6 +69,7 @@ def add_command(subparsers: Any) -> None:
     add_config_argument(parser)
     add_setting_flags(parser, "plugin.socket", "plugin.name", "plugin.index",
                       "plugin.spec_dirs", "plugin.rescan_interval", "plugin.status_dir",
+                      "plugin.pod_resources_socket", "plugin.pod_resources_interval",
                       "log.level", "log.format", "metrics.address",
                       "runtime_cdi.containerd_config", "runtime_cdi.enabled")
     parser.add_argument("--policy", metavar="FILE",
@@ -148,13 +150,19 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
                  server.port)
     refresher = AutoRefresh(cache, rescan_interval=plugin_settings.rescan_interval,
                             on_refresh=_Refreshed(registry, metrics)).start()
+    # Who holds which device, by the kubelet: a device asked for past the scheduler must
+    # not be another pod's (off where the setting is "").
+    allocations = (PodResourcesWatch(plugin_settings.pod_resources_socket,
+                                     plugin_settings.pod_resources_interval).start()
+                   if plugin_settings.pod_resources_socket else None)
     injector = CdiInjector(registry.get, vendors=vendors, policy=policy,
                            runtime_cdi=runtime_cdi_config(settings),
                            counters=injector_counters,
                            on_miss=miss_reader(refresher, registry),
                            on_hit=removals_applied(refresher, registry),
                            on_start_warning=start_warning,
-                           after_reply=loop.call_soon)
+                           after_reply=loop.call_soon,
+                           allocations=allocations.current if allocations else None)
     # Launched by the runtime, we have one connection (its fd): the guard rides on it.
     # Otherwise its checks get a connection of their own, open only while needed.
     launched = PLUGIN_SOCKET_ENV in os.environ
@@ -203,6 +211,8 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
         reloader.stop(loop)
         status.stopped()
         refresher.stop()
+        if allocations is not None:
+            allocations.stop()
         if server is not None:
             server.close()
     log.info("plugin stopped")

@@ -133,7 +133,7 @@ def _address(value: Any) -> str:
     return text
 
 
-def _status_dir(value: Any) -> str:
+def _path_or_off(value: Any) -> str:
     text = _str(value)
     return text if text == "" else _abs_path(text)
 
@@ -159,7 +159,7 @@ INDEX = ValueType("two digits", _index)
 ADDRESS = ValueType('host:port, :port, or "" (off)', _address)
 HOOK_PROGRAM = ValueType(f"absolute path ending in /{', /'.join(HOOK_PROGRAMS)}",
                          _optional(_hook_program))
-STATUS_DIR = ValueType('absolute path, or "" (off)', _status_dir)
+PATH_OR_OFF = ValueType('absolute path, or "" (off)', _path_or_off)
 
 
 # --- a key's declaration -------------------------------------------------------------------
@@ -229,9 +229,17 @@ class PluginSettings:
         "spec files and folders that are world-writable or not owned by root: warn, refuse "
         "them, or ignore it")
     status_dir: str = setting(
-        "/run/nri-cdi", STATUS_DIR,
+        "/run/nri-cdi", PATH_OR_OFF,
         "where the plugin keeps its status file (NN-name.json: connected to which runtime, "
         "since when), which nri-cdi doctor reads", "--status-dir", metavar="DIR")
+    pod_resources_socket: str = setting(
+        "/var/lib/kubelet/pod-resources/kubelet.sock", PATH_OR_OFF,
+        "the kubelet's pod-resources socket: a device asked for by annotation or env that "
+        "the kubelet allocated to another pod is refused (no socket: no kubelet, nothing "
+        "checked; the kubelet extra needed)", "--pod-resources-socket", metavar="PATH")
+    pod_resources_interval: float = setting(
+        1.0, SECONDS, "how often the kubelet's allocations are read again",
+        "--pod-resources-interval", metavar="SECONDS")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

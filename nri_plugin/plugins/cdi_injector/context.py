@@ -31,6 +31,10 @@ class RequestSource:
     when_denied: Literal["refuse", "ignore"] = "refuse"
     # None: the source asks for edits of no device, which the vendor's verdict reads.
     read: Reader | None = None
+    # Whether the kubelet puts the request there from its own allocation (a device plugin,
+    # a DRA claim). Any other source is checked against what the kubelet allocated to
+    # other pods (``allocations``): the scheduler did not count it.
+    allocated: bool = False
 
 
 class SourceRequests(NamedTuple):

@@ -18,6 +18,7 @@ from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.versions import RuntimeInfo
+from nri_plugin.plugins.cdi_injector.allocations import KubeletAllocations, check_not_held
 from nri_plugin.plugins.cdi_injector.claims import (
     OnHit,
     OnMiss,
@@ -76,6 +77,7 @@ class CdiInjector(Plugin):
         on_hit: OnHit | None = None,
         on_start_warning: StartWarning | None = None,
         after_reply: Callable[[Callable[[], None]], object] | None = None,
+        allocations: Callable[[], KubeletAllocations | None] | None = None,
     ) -> None:
         # Returns the current registry (snapshot + the vendors' facts for it, in the order
         # of ``vendors``), replaced whole by the refresher; never does I/O.
@@ -99,6 +101,9 @@ class CdiInjector(Plugin):
         # Runs the per-container log line once the reply has left (the daemon: the event
         # loop's call_soon; the runtime waits for the reply, not for the line). None: now.
         self._after_reply = after_reply
+        # What the kubelet allocated to each pod, kept current by the daemon (no I/O here);
+        # None, or a call that returns None: no kubelet to ask, nothing checked.
+        self._allocations = allocations
         self._env_names = env_read(self.vendors, LD_LIBRARY_PATH_ENV)
         self._plans = PlanCache()
         self._env_request_prefixes = tuple(p for v in self.vendors
@@ -212,6 +217,9 @@ class CdiInjector(Plugin):
             registry = newer
             context = self._read(pod, container, registry, policy)
         snapshot = registry.snapshot
+        # A device asked for past the scheduler must not be another pod's.
+        if self._allocations is not None:
+            check_not_held(context, registry, self.vendors, self._allocations())
 
         # What the runtime's own CDI did already.
         asked = list(context.requests)

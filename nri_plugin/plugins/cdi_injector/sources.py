@@ -22,7 +22,7 @@ NEUTRAL = (
                   read=lambda context, snapshot, facts: pod_requests(
                       context.pod_annotations, context.container_name)),
     RequestSource(name="containerAnnotations", default=NEUTRAL_SOURCES["containerAnnotations"],
-                  read_from="annotations",
+                  read_from="annotations", allocated=True,
                   read=lambda context, snapshot, facts: container_requests(context.annotations)),
     RequestSource(name="nriPluginsAnnotations",
                   default=NEUTRAL_SOURCES["nriPluginsAnnotations"], read_from="annotations",

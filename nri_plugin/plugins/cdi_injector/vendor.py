@@ -67,6 +67,16 @@ class VendorRules(Protocol):
         the filter for the edits (None: keep all). A filter may also add edits of no
         device (see ``extras_env``)."""
 
+    def device_units(self, name: str, snapshot: Snapshot, facts: object) -> frozenset[str]:
+        """The hardware a CDI device covers, as units ``allocations`` compares (paths: a
+        unit under another shares its hardware, as a MIG device its GPU); empty: none the
+        vendor knows."""
+
+    def allocated_units(self, resource: str, device_id: str, snapshot: Snapshot,
+                        facts: object) -> frozenset[str]:
+        """The units of one device id a device plugin of ``resource`` allocated; empty:
+        not the vendor's resource."""
+
 
 def env_read(vendors: Sequence[VendorRules], *own: str) -> tuple[str, ...]:
     """The prefixes of every env name a container's context keeps (``ContainerContext.env``):

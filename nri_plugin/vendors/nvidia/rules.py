@@ -15,6 +15,7 @@ from cdi.edits import merge
 from cdi.model import ContainerEdits, DeviceNode, Hook
 from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
+from nri_plugin.vendors.nvidia import units
 from nri_plugin.vendors.nvidia.capabilities import filter_edits, requested_capabilities
 from nri_plugin.vendors.nvidia.extras import (
     IMEX_ENV,
@@ -135,6 +136,13 @@ class NvidiaRules:
             return None
         wanted = requested_capabilities(env, legacy=is_legacy_image(env))
         return CapabilityFilter(capability_maps, wanted, extra)
+
+    def device_units(self, name: str, snapshot: Snapshot, facts: object) -> frozenset[str]:
+        return units.device_units(name, snapshot, facts_of(facts))
+
+    def allocated_units(self, resource: str, device_id: str, snapshot: Snapshot,
+                        facts: object) -> frozenset[str]:
+        return units.allocated_units(resource, device_id, facts_of(facts))
 
     def _extras(self, policy: Policy, names: Sequence[str], context: ContainerContext,
                 snapshot: Snapshot,

@@ -50,7 +50,7 @@ def _resolve(item: str, known: list[DeviceFacts], snapshot: Snapshot,
         return [item]
     if item == "all":
         return _all(known, snapshot)
-    found = _match(item, known)
+    found = match_id(item, known)
     if found is not None:
         return [found]
     fallback = f"{GPU_KIND}={item}"  # no sidecar: the spec's own index/uuid names
@@ -80,7 +80,7 @@ def _one_name_each(known: Iterable[DeviceFacts]) -> list[str]:
     return out
 
 
-def _match(item: str, known: list[DeviceFacts]) -> str | None:
+def match_id(item: str, known: list[DeviceFacts]) -> str | None:
     lowered = item.lower()
     candidates: list[DeviceFacts] = []
     if item.isdigit():
