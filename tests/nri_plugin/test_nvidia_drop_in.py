@@ -192,6 +192,25 @@ def test_nvidia_nri_keys() -> None:
     assert nvidia_nri_requests({"nvidia.cdi.k8s.io/container.x": "a.com/b=c"}, "app") == []
 
 
+# Every key NVIDIA's NRI plugin reads, as it reads them: the container's own key, else the
+# pod's, else the bare key (one key only: containerd/nri's effective annotation).
+@pytest.mark.parametrize(("annotations", "expected"), [
+    ({"nvidia.cdi.k8s.io/pod": "nvidia.com/gpu=0"}, ["nvidia.com/gpu=0"]),
+    ({"nvidia.cdi.k8s.io": "nvidia.com/gpu=0,nvidia.com/gpu=1"},
+     ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]),
+    ({"nvidia.cdi.k8s.io/container.app": "nvidia.com/gpu=1",
+      "nvidia.cdi.k8s.io/pod": "nvidia.com/gpu=0", "nvidia.cdi.k8s.io": "nvidia.com/gpu=0"},
+     ["nvidia.com/gpu=1"]),
+    ({"nvidia.cdi.k8s.io/pod": "nvidia.com/gpu=1", "nvidia.cdi.k8s.io": "nvidia.com/gpu=0"},
+     ["nvidia.com/gpu=1"]),
+    ({"nvidia.cdi.k8s.io/container.other": "nvidia.com/gpu=1",
+      "nvidia.cdi.k8s.io": "nvidia.com/gpu=0"}, ["nvidia.com/gpu=0"]),
+])
+def test_every_key_nvidias_nri_plugin_reads(annotations: dict[str, str],
+                                            expected: list[str]) -> None:
+    assert [r.name for r in nvidia_nri_requests(annotations, "app")] == expected
+
+
 def test_nri_plugins_keys_all_apply() -> None:
     annotations = {"cdi.nri.io/container.app": "a.com/x=1", "cdi.nri.io/pod": "a.com/x=2",
                    "cdi.nri.io": "a.com/x=3,a.com/x=4", "cdi.nri.io/container.b": "a.com/x=5"}
@@ -286,12 +305,35 @@ def test_volume_mount_requirement_checked(registry: Registry) -> None:
             mounts=(("/var/run/nvidia-container-devices/GPU-aaa", "/dev/null"),))
 
 
-def test_nvidia_nri_annotation_source(registry: Registry) -> None:
-    key = {"nvidia.cdi.k8s.io/container.app": "nvidia.com/gpu=1"}
-    assert nodes(run(registry, **key)) == ["/dev/nvidia1", "/dev/nvidiactl"]
+@pytest.mark.parametrize("key", ["nvidia.cdi.k8s.io/container.app", "nvidia.cdi.k8s.io/pod",
+                                 "nvidia.cdi.k8s.io"])
+def test_nvidia_nri_annotation_source(registry: Registry, key: str) -> None:
+    asked = {key: "nvidia.com/gpu=1"}
+    assert nodes(run(registry, **asked)) == ["/dev/nvidia1", "/dev/nvidiactl"]
     policy = annotations_policy({"sources": {"nvidiaNriAnnotations": {"enabled": False}}})
     with pytest.raises(Refusal, match=r"sources\.nvidiaNriAnnotations\.enabled"):
-        run(registry, policy=policy, **key)
+        run(registry, policy=policy, **asked)
+    with pytest.raises(Refusal, match=r"sources\.nvidiaNriAnnotations\.namespaces is empty"):
+        run(registry, policy=nvidia_policy({}), **asked)  # the built-in policy
+
+
+ALL_FILES = ["/bin/nvidia-smi", "/lib/libcuda.so.550", "/lib32/libcuda.so.550"]
+
+
+@pytest.mark.parametrize("key", ["nvidia.cdi.k8s.io/container.app", "nvidia.cdi.k8s.io/pod",
+                                 "nvidia.cdi.k8s.io"])
+def test_nvidias_nri_annotations_give_the_whole_device_as_its_plugin_does(
+        registry: Registry, key: str) -> None:
+    # NVIDIA's NRI plugin hands the names to the runtime's CDI: every file of the spec.
+    whole = run(registry, **{key: "nvidia.com/gpu=0"})
+    assert whole is not None and sorted(m.destination for m in whole.mounts) == ALL_FILES
+    # An image that names its capabilities gets those, as from any other source...
+    named = run(registry, "NVIDIA_DRIVER_CAPABILITIES=utility", **{key: "nvidia.com/gpu=0"})
+    assert named is not None and [m.destination for m in named.mounts] == ["/bin/nvidia-smi"]
+    # ...and a pod that also asks another way gets NVIDIA's runtime default.
+    mixed = run(registry, **{key: "nvidia.com/gpu=0", "cdi.k8s.io/gpu": "nvidia.com/gpu=1"})
+    assert mixed is not None and sorted(m.destination for m in mixed.mounts) == [
+        "/bin/nvidia-smi", "/lib/libcuda.so.550"]
 
 
 def test_nri_plugins_annotation_source(registry: Registry) -> None:

@@ -16,6 +16,7 @@ from cdi.model import ContainerEdits, DeviceNode, Hook
 from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
 from nri_plugin.vendors.nvidia import units
+from nri_plugin.vendors.nvidia.capabilities import ENV as CAPABILITIES_ENV
 from nri_plugin.vendors.nvidia.capabilities import filter_edits, requested_capabilities
 from nri_plugin.vendors.nvidia.extras import (
     IMEX_ENV,
@@ -29,7 +30,7 @@ from nri_plugin.vendors.nvidia.extras import (
     wants_driver_only,
     wants_mig_capability,
 )
-from nri_plugin.vendors.nvidia.k8s_sources import NRI_KEY_PREFIX
+from nri_plugin.vendors.nvidia.k8s_sources import NRI_KEY
 from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts, SpecFacts, load_facts
 from nri_plugin.vendors.nvidia.requirements import (
     GpuInfo,
@@ -40,6 +41,7 @@ from nri_plugin.vendors.nvidia.requirements import (
 from nri_plugin.vendors.nvidia.sources import (
     IMEX_CHANNELS,
     MIG_CAPABILITIES,
+    NRI_ANNOTATIONS,
     SOURCES,
     VISIBLE_DEVICES,
     facts_of,
@@ -82,13 +84,13 @@ class NvidiaRules:
     # management.nvidia.com/* exposes every GPU for management tools.
     default_denials: tuple[str, ...] = ("management.nvidia.com/*",)
     hooks: tuple[str, ...] = ("mask-proc",)
-    annotation_prefixes: tuple[str, ...] = (NRI_KEY_PREFIX.rpartition("container.")[0],)
+    annotation_prefixes: tuple[str, ...] = (NRI_KEY,)
     env_request_prefixes: tuple[str, ...] = (
         VISIBLE_ENV + "=", "CUDA_VERSION=", MIG_CONFIG_ENV + "=", MIG_MONITOR_ENV + "=",
         IMEX_ENV + "=")
     verdict_env: tuple[str, ...] = ("NVIDIA_", "CUDA_VERSION")
     extras_env: tuple[str, ...] = (VISIBLE_ENV, MIG_CONFIG_ENV, MIG_MONITOR_ENV, IMEX_ENV)
-    filter_env: tuple[str, ...] = ("NVIDIA_DRIVER_CAPABILITIES",)
+    filter_env: tuple[str, ...] = (CAPABILITIES_ENV,)
 
     def __init__(self) -> None:
         self._last: NodeFacts | None = None  # refresher thread only
@@ -126,7 +128,7 @@ class NvidiaRules:
             for path, gpus in by_node.items():
                 check(requirements, node.specs[path].versions, gpus)
         capability_maps: tuple[Mapping[str, str], ...] = ()
-        if policy.filter_capabilities:
+        if policy.filter_capabilities and not _whole_devices(context):
             # A DRA claim's or the device plugin's spec mounts the same driver files at
             # the same container paths: our spec's facts say which capability each serves.
             capability_maps = tuple(m for m in (
@@ -179,6 +181,15 @@ class NvidiaRules:
             if hook is not None:
                 parts.append(ContainerEdits(hooks=(hook,)))
         return merge(parts) if parts else ContainerEdits(), spec_path
+
+
+def _whole_devices(context: ContainerContext) -> bool:
+    """Whether the container gets its devices whole, as CDI defines them: asked for only
+    through NVIDIA's NRI plugin's annotations, without NVIDIA_DRIVER_CAPABILITIES. That
+    plugin hands the names to the runtime's own CDI, which applies every edit; a pod moved
+    from it keeps the container it had (docs/install/migrate.md)."""
+    return (bool(context.groups) and CAPABILITIES_ENV not in context.env
+            and all(g.source is NRI_ANNOTATIONS for g in context.groups))
 
 
 def _by_device_node(names: Sequence[str], snapshot: Snapshot,
