@@ -12,7 +12,7 @@
 #     not run, and of what they make only /etc/passwd and /etc/group are made here (from
 #     base-passwd's masters, as its postinst does on an install);
 #   - the wheels of nri-cdi's dependencies with the extras the Dockerfile installs
-#     (nvml, metrics), from PyPI, for each architecture (pip download --platform
+#     (nvml, metrics, kubelet), from PyPI, for each architecture (pip download --platform
 #     manylinux2014_x86_64 / manylinux2014_aarch64).
 # The project's own wheel is built at test time, from the checkout.
 # Idempotent: a stamp per architecture naming the suite and packages makes a second run
@@ -96,20 +96,29 @@ make_root_unpacked() {
     rm -rf "$a"
 }
 
-download_wheels() {
-    local arch=$1 wheels=$2
-    rm -rf "$wheels" && mkdir -p "$wheels"
-    # The dependencies pyproject.toml names for the package and the two extras.
-    mapfile -t reqs < <("$PYTHON" - "$REPO/pyproject.toml" <<'EOF'
+# The dependencies pyproject.toml names for the package and the extras the Dockerfile
+# installs, one a line.
+requirements() {
+    "$PYTHON" - "$REPO/pyproject.toml" <<'EOF'
 import sys, tomllib
 project = tomllib.load(open(sys.argv[1], "rb"))["project"]
 extras = project["optional-dependencies"]
-print("\n".join(project["dependencies"] + extras["nvml"] + extras["metrics"]))
+print("\n".join(project["dependencies"] + extras["nvml"] + extras["metrics"]
+                + extras["kubelet"]))
 EOF
-)
+}
+
+# Each architecture's wheels, downloaded again when the requirements changed.
+download_wheels() {
+    local arch=$1 wheels=$2 want
+    want=$(requirements)
+    [ -d "$wheels" ] && [ "$(cat "$wheels/.requirements" 2>/dev/null)" = "$want" ] && return 0
+    rm -rf "$wheels" && mkdir -p "$wheels"
+    mapfile -t reqs <<<"$want"
     log "downloading $arch wheels (${WHEEL_PLATFORM[$arch]}): ${reqs[*]}"
     "$PYTHON" -m pip download -q --only-binary :all: --python-version 3.11 \
         --platform "${WHEEL_PLATFORM[$arch]}" -d "$wheels" "${reqs[@]}"
+    printf '%s\n' "$want" >"$wheels/.requirements"
 }
 
 main() {
@@ -127,21 +136,20 @@ main() {
     for arch in "${arches[@]}"; do
         case $arch in
         amd64)
-            if ! { [ -f "$STAMP" ] && [ -x "$ROOT/usr/bin/python3" ] && [ -d "$WHEELS" ]; }; then
+            if ! { [ -f "$STAMP" ] && [ -x "$ROOT/usr/bin/python3" ]; }; then
                 make_root
-                download_wheels amd64 "$WHEELS"
                 touch "$STAMP"
             fi
+            download_wheels amd64 "$WHEELS"
             echo "amd64 image root: $ROOT (Debian $(cat "$ROOT/etc/debian_version" 2>/dev/null))"
             echo "amd64 wheels    : $WHEELS" ;;
         arm64)
-            if ! { [ -f "$STAMP_ARM64" ] && [ -x "$ARM64/root/usr/bin/python3" ] &&
-                [ -d "$ARM64/wheels" ]; }; then
+            if ! { [ -f "$STAMP_ARM64" ] && [ -x "$ARM64/root/usr/bin/python3" ]; }; then
                 mkdir -p "$ARM64"
                 make_root_unpacked arm64 "$ARM64/root"
-                download_wheels arm64 "$ARM64/wheels"
                 touch "$STAMP_ARM64"
             fi
+            download_wheels arm64 "$ARM64/wheels"
             echo "arm64 image root: $ARM64/root (Debian $(cat "$ARM64/root/etc/debian_version" 2>/dev/null), unpacked)"
             echo "arm64 wheels    : $ARM64/wheels" ;;
         *) die "unknown --arch '$arch' (amd64 or arm64)" ;;

@@ -41,7 +41,7 @@ def test_the_dockerfile_builds_for_every_architecture_ci_builds() -> None:
 
 def test_the_dockerfile_installs_the_wheels_with_the_extras_offline() -> None:
     pip = daemonset.read_dockerfile().pip_install
-    assert "--no-index" in pip and "nri-cdi[nvml,metrics]" in pip
+    assert "--no-index" in pip and "nri-cdi[nvml,metrics,kubelet]" in pip
     assert pip[pip.index("--find-links") + 1] == "/wheels"
 
 

@@ -259,6 +259,30 @@ def test_without_a_status_folder_none_is_mounted() -> None:
     assert "status" not in {m["name"] for m in _container(pod, "plugin")["volumeMounts"]}
 
 
+@pytest.mark.parametrize("kubelet", ["/var/lib/kubelet", "/data/kubelet"])
+def test_the_kubelets_folders_are_the_configurations(kubelet: str) -> None:
+    # Who holds which device (pod-resources) and which DRA drivers are registered (the
+    # plugin registry), read-only, at the paths the configuration names.
+    values = _merge(IMAGE, {"config": {
+        "plugin": {"pod_resources_socket": f"{kubelet}/pod-resources/kubelet.sock"},
+        "doctor": {"plugin_registry": f"{kubelet}/plugins_registry"}}})
+    objects = _render(values)
+    settings = _settings(objects)
+    assert settings.plugin.pod_resources_socket == f"{kubelet}/pod-resources/kubelet.sock"
+    assert settings.doctor.plugin_registry == f"{kubelet}/plugins_registry"
+    plugin = _mounts(objects["DaemonSet"]["spec"]["template"]["spec"], "plugin")
+    for folder in (f"{kubelet}/pod-resources", f"{kubelet}/plugins_registry"):
+        assert plugin[folder]["host"] == folder and plugin[folder]["readOnly"] is True
+    off = _pod(_merge(IMAGE, {"config": {"plugin": {"pod_resources_socket": ""},
+                                         "doctor": {"plugin_registry": ""}}}))
+    assert {"pod-resources", "plugin-registry"}.isdisjoint(v["name"] for v in off["volumes"])
+
+
+def test_the_default_checks_the_kubelets_allocations() -> None:
+    settings = _settings(_render(IMAGE))
+    assert settings.plugin.pod_resources_socket == Settings().plugin.pod_resources_socket
+
+
 @pytest.mark.parametrize("root", ["/run/nvidia/driver", "/opt/nvidia/driver"])
 def test_the_driver_root_is_mounted_at_its_host_path_following_remounts(root: str) -> None:
     objects = _render({"config": {"generate": {"driver_root": root}}})
