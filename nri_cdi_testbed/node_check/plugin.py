@@ -25,15 +25,33 @@ def child_env(environ: Mapping[str, str]) -> dict[str, str]:
 SPAWNED: list[PluginProcess] = []
 
 
+# The pod annotation sources, as a policy file's ``sources`` names them.
+ANNOTATION_SOURCES = ("podAnnotations", "nriPluginsAnnotations", "nvidiaNriAnnotations")
+
+
+def annotation_policy(namespaces: Sequence[str]) -> str:
+    """A policy document (YAML, JSON's flow style) that lets pods in ``namespaces`` ask by
+    annotation, the rest as built in."""
+    listed = ", ".join(f'"{n}"' for n in namespaces)
+    return ("sources: {" + ", ".join(f"{s}: {{namespaces: [{listed}]}}"
+                                     for s in ANNOTATION_SOURCES) + "}\n")
+
+
 class PluginProcess:
-    """``nri-cdi plugin`` connected to a containerd's NRI socket; log kept in a file."""
+    """``nri-cdi plugin`` connected to a containerd's NRI socket; log kept in a file.
+
+    Its pods ask by annotation (the private containerd is the harness's alone): without a
+    ``--policy`` or ``--config`` of the caller's, the plugin gets a policy that lets
+    pods of ``annotation_namespaces`` do so, written next to its log."""
 
     def __init__(self, nri_socket: str, spec_dirs: Sequence[Path], log_path: Path,
-                 extra_args: Sequence[str] = ()) -> None:
+                 extra_args: Sequence[str] = (), *,
+                 annotation_namespaces: Sequence[str] = ("*",)) -> None:
         self.nri_socket = nri_socket
         self.spec_dirs = list(spec_dirs)
         self.log_path = log_path
         self.extra_args = list(extra_args)
+        self.annotation_namespaces = tuple(annotation_namespaces)
         self.process: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:
@@ -45,6 +63,8 @@ class PluginProcess:
             args += ["--log-level", "debug"]
         if "--status-dir" not in self.extra_args:  # not the host's /run/nri-cdi
             args += ["--status-dir", str(self.status_dir)]
+        if "--policy" not in self.extra_args and "--config" not in self.extra_args:
+            args += ["--policy", str(self.policy_path)]
         for folder in self.spec_dirs:
             args += ["--spec-dir", str(folder)]
         return args
@@ -54,6 +74,11 @@ class PluginProcess:
         """Where this plugin keeps its status file (next to its log)."""
         return self.log_path.with_name(self.log_path.name + ".status")
 
+    @property
+    def policy_path(self) -> Path:
+        """The policy the harness gives the plugin when the caller gives none."""
+        return self.log_path.with_name(self.log_path.name + ".policy.yaml")
+
     def start(self, timeout: float = DEFAULT_TIMEOUT) -> PluginProcess:
         mark = self.log_size()
         self.spawn()
@@ -62,6 +87,7 @@ class PluginProcess:
 
     def spawn(self) -> PluginProcess:
         """Start the process without waiting for it to connect."""
+        self.policy_path.write_text(annotation_policy(self.annotation_namespaces))
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.process = subprocess.Popen(self.command(), stdout=log, stderr=log,
                                         env=child_env(os.environ), cwd=REPO)

@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Callable, Iterator
-from concurrent import futures
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from nri_plugin.ops.kubelet_api import podresources_pb2 as pb
 from nri_plugin.ops.podresources import LIST_METHOD, PodResourcesWatch, holdings
 from nri_plugin.plugins.cdi_injector.allocations import Holding, KubeletAllocations
+from tests.kubelet_peer import PodResourcesServer, recorded
 
 grpc = pytest.importorskip("grpc")
 
@@ -37,33 +36,9 @@ def kubelet_answer() -> bytes:
     return response.SerializeToString()
 
 
-class Kubelet:
-    """A gRPC server on a Unix socket that answers List with ``answer`` (raw bytes)."""
-
-    def __init__(self, socket_path: Path, answer: Callable[[], bytes]) -> None:
-        self.path = socket_path
-        self.answer = answer
-        self.server: Any = None
-
-    def start(self) -> Kubelet:
-        def list_pods(request: bytes, context: Any) -> bytes:
-            return self.answer()
-
-        handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
-            "List": grpc.unary_unary_rpc_method_handler(list_pods)})
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        self.server.add_generic_rpc_handlers((handler,))
-        self.server.add_insecure_port(f"unix://{self.path}")
-        self.server.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.stop(None).wait()
-
-
 @pytest.fixture
-def kubelet(tmp_path: Path) -> Iterator[Kubelet]:
-    server = Kubelet(tmp_path / "kubelet.sock", kubelet_answer).start()
+def kubelet(tmp_path: Path) -> Iterator[PodResourcesServer]:
+    server = PodResourcesServer(tmp_path / "kubelet.sock", kubelet_answer).start()
     yield server
     server.stop()
 
@@ -79,7 +54,7 @@ def test_the_method_is_the_kubelets() -> None:
     assert LIST_METHOD == "/v1.PodResourcesLister/List"
 
 
-def test_what_the_kubelet_lists_is_what_the_injector_gets(kubelet: Kubelet) -> None:
+def test_what_the_kubelet_lists_is_what_the_injector_gets(kubelet: PodResourcesServer) -> None:
     watch = PodResourcesWatch(str(kubelet.path), interval=1.0)
     try:
         assert watch.current() == KubeletAllocations(unknown=f"{kubelet.path}: no answer "
@@ -105,7 +80,7 @@ def test_a_kubelet_that_stops_answering_makes_the_allocations_unknown_once_stale
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "nri_cdi.podresources")
     now = [100.0]
-    kubelet = Kubelet(tmp_path / "kubelet.sock", kubelet_answer).start()
+    kubelet = PodResourcesServer(tmp_path / "kubelet.sock", kubelet_answer).start()
     watch = PodResourcesWatch(str(kubelet.path), interval=1.0, timeout=0.5,
                               clock=lambda: now[0])
     try:
@@ -128,7 +103,7 @@ def test_a_kubelet_that_stops_answering_makes_the_allocations_unknown_once_stale
         assert caplog.text.count("did not answer") == 1
         dead.close()
         kubelet.path.unlink()
-        kubelet = Kubelet(tmp_path / "kubelet.sock", kubelet_answer).start()
+        kubelet = PodResourcesServer(tmp_path / "kubelet.sock", kubelet_answer).start()
         watch.read_once()
         assert watch.current() == KubeletAllocations(holdings=EXPECTED)
         assert "pod-resources API answers" in caplog.text
@@ -138,7 +113,7 @@ def test_a_kubelet_that_stops_answering_makes_the_allocations_unknown_once_stale
         dead.close()
 
 
-def test_the_socket_going_away_turns_the_check_off(kubelet: Kubelet) -> None:
+def test_the_socket_going_away_turns_the_check_off(kubelet: PodResourcesServer) -> None:
     watch = PodResourcesWatch(str(kubelet.path), interval=1.0)
     try:
         watch.read_once()
@@ -149,3 +124,15 @@ def test_the_socket_going_away_turns_the_check_off(kubelet: Kubelet) -> None:
         assert watch.current() is None
     finally:
         watch.stop()
+
+
+def test_a_real_kubelets_answer_is_read() -> None:
+    # What kubelet 1.35.6 answered with NVIDIA's device plugin and Kubernetes' DRA test
+    # driver each holding a device for a pod.
+    answer = pb.ListPodResourcesResponse.FromString(recorded("dra-List"))
+    assert holdings(answer) == (
+        Holding(pod="default/dp", container="app", resource="nvidia.com/gpu",
+                device_ids=("GPU-970392d6-a829-4d12-b74d-94ad7449a639",)),
+        Holding(pod="default/dra", container="app", claim="default/dra-gpu-bjhbw",
+                cdi_devices=("test-driver.cdi.k8s.io/test=claim-da7edfb6-5a6b-4f63-b9a8-"
+                             "8cb82108d997-my-device",)))
