@@ -43,6 +43,7 @@ from nri_plugin.ops.containerd_config import (
 )
 from nri_plugin.ops.inpod import NOT_VISIBLE, ON_NODE, ON_THE_NODE, Place, detect
 from nri_plugin.ops.kubelet_plugins import Registry, read_registry
+from nri_plugin.ops.podresources import PodResourcesWatch
 from nri_plugin.ops.refresh import generator_args, read_sidecar, run_generator_process
 from nri_plugin.ops.runtime_cdi import cri_cdi_settings, why_unread
 from nri_plugin.ops.settings import (
@@ -722,7 +723,43 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
             check_kinds_runtimes_can_load(plugin.spec_dirs),
             check_required_plugin(cfg, plugin.name, plugin.index, version, place=place),
             check_dra(cfg, plugin.spec_dirs, registry, version=version, place=place),
+            check_kubelet_allocations(plugin, registry),
             check_driver_architecture(plugin.spec_dirs, place)]
+
+
+def check_kubelet_allocations(plugin: PluginSettings, registry: Registry) -> Check:
+    """Whether the plugin can read who holds which device (the kubelet's pod-resources
+    API), as it needs to refuse a device asked for by annotation that another pod holds."""
+    name = "kubelet allocations"
+    path = plugin.pod_resources_socket
+    if not path:
+        return Check(name=name, status="skip", detail="plugin.pod_resources_socket is \"\": "
+                     "devices asked for by annotation are not checked against other pods'")
+    watch = PodResourcesWatch(path, plugin.pod_resources_interval)
+    try:
+        watch.read_once()
+        allocations = watch.current()
+    finally:
+        watch.stop()
+    if allocations is None:
+        if not registry.problem:  # a kubelet runs here, with its folders elsewhere
+            return Check(name=name, status="warn",
+                         detail=f"no {path}, but the kubelet's plugin registry is at "
+                                f"{registry.folder}: devices asked for by annotation are "
+                                "not checked against other pods'",
+                         fix="set plugin.pod_resources_socket to the socket under the "
+                             "kubelet's --root-dir (pod-resources/kubelet.sock)")
+        return Check(name=name, status="ok",
+                     detail=f"no {path}: no kubelet on this node, nothing to check")
+    if allocations.unknown:
+        return Check(name=name, status="fail", detail=allocations.unknown,
+                     fix="the plugin refuses devices asked for by annotation until the "
+                         "kubelet answers: check the kubelet, and that the plugin has "
+                         "the kubelet extra (grpcio)")
+    pods = {h.pod for h in allocations.holdings}
+    return Check(name=name, status="ok",
+                 detail=f"{path} answers: {len(allocations.holdings)} allocation(s) "
+                        f"held by {len(pods)} pod(s)")
 
 
 def render(checks: Iterable[Check]) -> str:
@@ -739,7 +776,8 @@ def add_commands(subparsers: Any) -> None:
     add_config_argument(parser)
     add_setting_flags(parser, "runtime_cdi.containerd_config", "doctor.health_url",
                       "doctor.plugin_registry",
-                      "plugin.socket", "plugin.spec_dirs", "plugin.status_dir")
+                      "plugin.socket", "plugin.spec_dirs", "plugin.status_dir",
+                      "plugin.pod_resources_socket")
     parser.add_argument("--no-generate", dest="check_generated", action="store_false",
                         help="skip the fingerprint check (it runs the generator)")
     parser.add_argument("--json", action="store_true", help="JSON output")

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -16,12 +16,14 @@ import pytest
 from nri_cdi_testbed.simnode import BuiltNode, NodeLayout, build_node
 from nri_plugin.nri.api import EventMask
 from nri_plugin.nri.dispatch import Configuration
-from nri_plugin.ops.doctor import Check, check_plugin, run_checks
+from nri_plugin.ops.doctor import Check, check_kubelet_allocations, check_plugin, run_checks
+from nri_plugin.ops.kubelet_plugins import Registry
 from nri_plugin.ops.metrics import Metrics
 from nri_plugin.ops.refresh import Watcher
 from nri_plugin.ops.settings import Settings, defaults
 from nri_plugin.ops.status import StatusFile
 from tests import arm64
+from tests.kubelet_peer import PodResourcesServer, recorded
 from tests.ops.simchange import upgrade_driver
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,7 +86,11 @@ def healthy(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "plugin.status_dir": str(tmp_path / "status"),
         # no kubelet plugin registered (whatever this machine's kubelet has)
         "doctor.plugin_registry": str(tmp_path / "plugins_registry"),
+        # a kubelet that answered while a device plugin held a GPU
+        "plugin.pod_resources_socket": str(tmp_path / "pod-resources.sock"),
     })
+    kubelet = PodResourcesServer(tmp_path / "pod-resources.sock",
+                                 lambda: recorded("List")).start()
     (tmp_path / "plugins_registry").mkdir()
     assert Watcher(settings).refresh("test").written
     metrics.connected("containerd 1.7.30")
@@ -98,6 +104,7 @@ def healthy(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         status.stopped()
         server.close()
         listener.close()
+        kubelet.stop()
 
 
 def by_name(checks: list[Check]) -> dict[str, Check]:
@@ -352,3 +359,34 @@ def test_containerd_settings_not_read_are_said_with_what_is_assumed(healthy: Nod
                                check_generated=False))["containerd's settings"]
     assert check.status == "warn" and check.detail.startswith(f"not read (no {config}; ")
     assert "assume containerd 1.7's defaults: NRI off, its own CDI off" in check.detail
+
+
+def test_the_kubelets_allocations_are_read_as_the_plugin_reads_them(
+        tmp_path: Path) -> None:
+    registry = Registry(folder=str(tmp_path / "plugins_registry"))
+    plugin = defaults().plugin
+    sock = tmp_path / "kubelet.sock"
+    here = replace(plugin, pod_resources_socket=str(sock))
+    kubelet = PodResourcesServer(sock, lambda: recorded("dra-List")).start()
+    try:
+        found = check_kubelet_allocations(here, registry)
+        assert (found.status, found.detail) == (
+            "ok", f"{sock} answers: 2 allocation(s) held by 2 pod(s)")
+    finally:
+        kubelet.stop()
+    # Nobody answers on the socket: the plugin refuses what it cannot check.
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(sock))
+    try:
+        failed = check_kubelet_allocations(here, registry)
+        assert failed.status == "fail" and failed.detail.startswith(f"{sock}: UNAVAILABLE")
+    finally:
+        dead.close()
+        sock.unlink()
+    # No socket: no kubelet, unless its plugin registry says one runs here.
+    assert check_kubelet_allocations(
+        here, Registry(folder="/x", problem="no /x")).status == "ok"
+    moved = check_kubelet_allocations(here, registry)
+    assert moved.status == "warn" and "pod_resources_socket" in moved.fix
+    off = check_kubelet_allocations(replace(plugin, pod_resources_socket=""), registry)
+    assert off.status == "skip"
