@@ -9,6 +9,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import yaml
+
 from nri_cdi_testbed.node_check.paths import REPO
 from nri_cdi_testbed.waiting import DEFAULT_TIMEOUT, wait_until
 
@@ -29,12 +31,14 @@ SPAWNED: list[PluginProcess] = []
 ANNOTATION_SOURCES = ("podAnnotations", "nriPluginsAnnotations", "nvidiaNriAnnotations")
 
 
-def annotation_policy(namespaces: Sequence[str]) -> str:
-    """A policy document (YAML, JSON's flow style) that lets pods in ``namespaces`` ask by
-    annotation, the rest as built in."""
-    listed = ", ".join(f'"{n}"' for n in namespaces)
-    return ("sources: {" + ", ".join(f"{s}: {{namespaces: [{listed}]}}"
-                                     for s in ANNOTATION_SOURCES) + "}\n")
+def annotation_policy(namespaces: Sequence[str], policy: str = "") -> str:
+    """``policy`` (a policy document, YAML) with pods in ``namespaces`` let ask by every
+    annotation source whose namespaces it does not set itself."""
+    doc = yaml.safe_load(policy) or {}
+    sources = doc.setdefault("sources", {})
+    for source in ANNOTATION_SOURCES:
+        sources.setdefault(source, {}).setdefault("namespaces", list(namespaces))
+    return str(yaml.safe_dump(doc, sort_keys=False))
 
 
 class PluginProcess:

@@ -278,6 +278,8 @@ class PodRunner:
     cri: CriClient
     config_dir: Path
     template: dict[str, Any] = field(default_factory=pod_template)
+    # The ConfigMaps' data by name, as the kubelet would mount them.
+    maps: dict[str, dict[str, str]] = field(default_factory=config_maps)
     pod_id: str = ""
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))
     sandbox: Any = None
@@ -289,7 +291,7 @@ class PodRunner:
 
     def _volumes(self) -> dict[str, str]:
         """Volume name -> host path (ConfigMap data written as files, as the kubelet does)."""
-        maps = config_maps()
+        maps = self.maps
         out = {}
         for volume in self.spec["volumes"]:
             if "hostPath" in volume:

@@ -73,8 +73,19 @@ def arm64_image_archive(e2e_ready: None, tmp_path_factory: pytest.TempPathFactor
                                  architecture="arm64", emulator=arm64.emulator())
 
 
+# The quick start's policy: pods of one listed namespace ask by annotation.
+POLICY = {"sources": {"podAnnotations": {"namespaces": ["default"]}}}
+
+
+def _config_maps() -> dict[str, dict[str, str]]:
+    """The ConfigMap with the quick start's policy added, as its values add it."""
+    ((name, data),) = daemonset.config_maps().items()
+    config = {**yaml.safe_load(data["config.yaml"]), "policy": POLICY}
+    return {name: {**data, "config.yaml": yaml.safe_dump(config)}}
+
+
 def _settings() -> dict[str, Any]:
-    (data,) = daemonset.config_maps().values()
+    (data,) = _config_maps().values()
     return dict(yaml.safe_load(data["config.yaml"]))
 
 
@@ -144,7 +155,7 @@ def test_daemonset_serves_a_gpu_pod_and_fails_closed_across_a_restart(
     spec_file = node_run / Path(settings["generate"]["output"]).relative_to("/var/run")
     assert daemonset.untranslated(daemonset.pod_template()) == []
     with ctrd.cri() as cri, cri.cleanup():
-        runner = PodRunner(cri, tmp_path / "kubelet")
+        runner = PodRunner(cri, tmp_path / "kubelet", maps=_config_maps())
         runner.run_pod()
         runner.run_init_containers()
         assert "nvidia.com/gpu" in spec_file.read_text()  # the init container's spec

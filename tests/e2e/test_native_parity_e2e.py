@@ -263,7 +263,8 @@ def test_a_handed_over_device_the_runtime_fails_is_reported_as_failed(
     ctrd = containerd(enable_cdi=True, cdi_spec_dirs=[elsewhere])
     # A wrong claim in the plugin's settings: it cannot tell ahead, the runtime fails.
     config = tmp_path / "config.yaml"
-    config.write_text(f"runtime_cdi: {{spec_dirs: ['{node / 'cdi'}']}}\nlog: {{level: debug}}\n")
+    config.write_text(f"runtime_cdi: {{spec_dirs: ['{node / 'cdi'}']}}\nlog: {{level: debug}}\n"
+                      "policy: {sources: {podAnnotations: {namespaces: ['*']}}}\n")
     process = PluginProcess(ctrd.nri_socket, [node / "cdi"], tmp_path / "plugin.log",
                             extra_args=["--config", str(config)]).start()
     try:

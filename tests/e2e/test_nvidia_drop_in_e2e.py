@@ -22,7 +22,7 @@ from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
 from tests.e2e.images import BUSYBOX_IMAGE
-from tests.e2e.plugin import REPO, PluginProcess
+from tests.e2e.plugin import REPO, PluginProcess, annotation_policy
 
 SLEEP = ["sleep", "600"]
 IMEX_MAJOR = 511
@@ -69,7 +69,7 @@ def start(ctrd: Containerd, node: dict[str, Any]) -> Iterator[Any]:
 
     def run(policy: str, mode: str = "mounts") -> Plugin:
         path = node["root"] / f"policy-{time.monotonic_ns()}.yaml"
-        path.write_text(policy)
+        path.write_text(annotation_policy(["*"], policy))
         plugin = Plugin(ctrd.nri_socket, [node["root"] / mode],
                         node["root"] / f"plugin-{mode}.log", policy=path).start()
         started.append(plugin)
@@ -198,7 +198,7 @@ def test_policy_reload_without_restart(cri: CriClient, start: Any) -> None:
     mark = plugin.log_size()
     # As an editor or a ConfigMap update does it: a new file renamed over the old one.
     fresh = plugin.policy.with_suffix(".new")
-    fresh.write_text("sources: {podAnnotations: {enabled: true}}\n")
+    fresh.write_text("sources: {podAnnotations: {namespaces: ['*']}}\n")
     fresh.rename(plugin.policy)
     plugin.wait_for_log("policy reloaded", after=mark)
     ctr = create(cri, "r2", pod_annotations=asks)

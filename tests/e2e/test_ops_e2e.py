@@ -13,7 +13,7 @@ from nri_plugin.ops.units import render_launcher
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.images import BUSYBOX_IMAGE
-from tests.e2e.plugin import REPO, PluginProcess
+from tests.e2e.plugin import REPO, PluginProcess, annotation_policy
 from tests.helpers import simple_spec, write_specs
 
 KIND = "ops.example/dev"
@@ -43,9 +43,12 @@ def test_installed_launcher_is_started_by_containerd(
     # containerd gives it an empty environment: the launcher must bring everything.
     # (--config is left out until the plugin command reads the configuration file.)
     status_dir = tmp_path / "status"
+    policy = tmp_path / "policy.yaml"  # its pods ask by annotation
+    policy.write_text(annotation_policy(["*"]))
     launcher.write_text(render_launcher(config=None, log_file=str(log), pythonpath=str(REPO),
                                         extra_args=["--spec-dir", str(specs),
-                                                    "--status-dir", str(status_dir)]))
+                                                    "--status-dir", str(status_dir),
+                                                    "--policy", str(policy)]))
     launcher.chmod(0o755)
     ctrd = containerd(nri_plugins={"10-nri-cdi": launcher})
     _wait_for(log, "connected to containerd")
@@ -136,6 +139,7 @@ from cdi.cache import SpecCache
 from cdi.watch import AutoRefresh
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.metered import Metered
+from nri_plugin.plugins.cdi_injector.policy import parse_policy
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.ops.metrics import Metrics
 from nri_plugin.nri.stub import Stub
@@ -145,7 +149,9 @@ server = metrics.serve("127.0.0.1:0")
 print("PORT", server.port, file=sys.stderr, flush=True)
 cache = SpecCache([sys.argv[2]])
 AutoRefresh(cache, rescan_interval=3600, on_refresh=metrics.registry).start()
-plugin = Metered(CdiInjector(lambda: Registry(cache.snapshot)), metrics)
+# Its pods ask by annotation in every namespace.
+anywhere = parse_policy({"sources": {"podAnnotations": {"namespaces": ["*"]}}})
+plugin = Metered(CdiInjector(lambda: Registry(cache.snapshot), policy=anywhere), metrics)
 stub = Stub(plugin, name="nri-cdi", idx="10", socket_path=sys.argv[1],
             on_close=lambda stub, error: metrics.disconnected())
 asyncio.run(stub.run())

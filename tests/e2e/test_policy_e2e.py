@@ -19,7 +19,7 @@ from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
 from tests.e2e.images import BUSYBOX_IMAGE
-from tests.e2e.plugin import REPO, PluginProcess
+from tests.e2e.plugin import REPO, PluginProcess, annotation_policy
 
 SLEEP = ["sleep", "600"]
 LIB = "/usr/lib/x86_64-linux-gnu"
@@ -69,7 +69,7 @@ def start_plugin(ctrd: Containerd, node: Path, policy: str | None = None,
     path = None
     if policy is not None:
         path = node / f"policy-{time.monotonic_ns()}.yaml"
-        path.write_text(policy)
+        path.write_text(annotation_policy(["*"], policy))
     return PolicyPlugin(ctrd.nri_socket, [node / "cdi"], node / log, policy=path).start()
 
 
