@@ -528,3 +528,11 @@ def test_the_chart_is_versioned_as_the_package() -> None:
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert chart["appVersion"] == chart["version"] == project["version"]
+
+
+def test_the_notes_say_who_may_ask_by_annotation() -> None:
+    built_in = helm.notes(IMAGE)
+    assert "by pod annotation (cdi.k8s.io/...) in no namespace" in built_in
+    listed = helm.notes(_merge(IMAGE, {"config": {"policy": {"sources": {
+        "podAnnotations": {"namespaces": ["gpu-lab", "ml"]}}}}}))
+    assert "by pod annotation (cdi.k8s.io/...) in the namespaces gpu-lab, ml." in listed
