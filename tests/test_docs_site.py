@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.prerequisites import missing
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 # Pages for the operator: the developer guide and the changelog may speak of history.
@@ -26,10 +28,8 @@ def _mkdocs_or_skip() -> None:
         import material  # noqa: F401
         import mkdocs  # noqa: F401
     except ImportError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set, the docs build must run: {exc} "
-                        "(pip install -e '.[docs]')", pytrace=False)
-        pytest.skip(f"the docs extra is not installed: {exc}")
+        missing("the docs build", f"the docs extra is not installed: {exc} "
+                "(pip install -e '.[docs]')")
 
 
 def test_the_site_builds_strictly(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from nri_plugin.ops.units import (
     running_command,
     uninstall_units,
 )
+from tests.prerequisites import missing
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,10 +35,7 @@ def _systemd_analyze() -> str:
     found = shutil.which("systemd-analyze")
     if found:
         return found
-    reason = "systemd-analyze not installed (apt-get install systemd)"
-    if os.environ.get("CI"):
-        pytest.fail(f"CI is set: {reason}")
-    pytest.skip(reason)
+    missing("the unit tests", "systemd-analyze not installed (apt-get install systemd)")
 
 
 @pytest.mark.parametrize("unit", sorted(render_units()))
@@ -164,10 +162,7 @@ def _systemctl() -> str:
     found = shutil.which("systemctl")
     if found:
         return found
-    reason = "systemctl not installed (apt-get install systemd)"
-    if os.environ.get("CI"):
-        pytest.fail(f"CI is set: {reason}")
-    pytest.skip(reason)
+    missing("the unit tests", "systemctl not installed (apt-get install systemd)")
 
 
 def test_install_then_uninstall_in_a_root_folder(tmp_path: Path) -> None:
