@@ -69,6 +69,10 @@ class ContainerdConfig:
         return plugin_section(self.data, name)
 
     @property
+    def default_validator(self) -> DefaultValidator:
+        return default_validator(self.data)
+
+    @property
     def v2_defaults(self) -> bool:
         """True when defaults are containerd 2.x's (NRI on, CDI on)."""
         if self.major is not None:
@@ -82,6 +86,36 @@ class ContainerdConfig:
             return self.path
         more = f" (+ {', '.join(self.files[1:])})" if len(self.files) > 1 else ""
         return self.files[0] + more
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DefaultValidator:
+    """containerd >= 2.2's ``[plugins."io.containerd.nri.v1.nri".default_validator]``, as
+    NRI's default validator reads it: ``enable``; ``required_plugins``, the plugins without
+    which every container is refused; ``tolerate_missing_plugins_annotation``, the key of a
+    pod annotation (its value a boolean, ``"true"``) that lets a pod's containers be created
+    while a required plugin is absent ("": none can be)."""
+
+    enabled: bool = False
+    required: tuple[str, ...] = ()
+    tolerate_annotation: str = ""
+
+    def requires(self, *names: str) -> bool:
+        """Whether one of ``names`` (the plugin's name, ``NN-name``) is required."""
+        return self.enabled and bool(set(names) & set(self.required))
+
+
+def default_validator(data: Mapping[str, Any] | None) -> DefaultValidator:
+    """The default validator's settings in a parsed containerd configuration."""
+    section = plugin_section(data, NRI_SECTION).get("default_validator", {})
+    if not isinstance(section, Mapping):
+        return DefaultValidator()
+    wanted = section.get("required_plugins", [])
+    tolerate = section.get("tolerate_missing_plugins_annotation", "")
+    return DefaultValidator(
+        enabled=section.get("enable") is True,
+        required=tuple(map(str, wanted)) if isinstance(wanted, list) else (),
+        tolerate_annotation=tolerate if isinstance(tolerate, str) else "")
 
 
 def plugin_section(data: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:

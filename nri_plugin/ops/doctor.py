@@ -41,7 +41,14 @@ from nri_plugin.ops.containerd_config import (
     locate,
     same_path,
 )
-from nri_plugin.ops.inpod import NOT_VISIBLE, ON_NODE, ON_THE_NODE, Place, detect
+from nri_plugin.ops.inpod import (
+    NOT_VISIBLE,
+    ON_NODE,
+    ON_THE_NODE,
+    TOLERATE_ENV,
+    Place,
+    detect,
+)
 from nri_plugin.ops.kubelet_plugins import Registry, read_registry
 from nri_plugin.ops.podresources import PodResourcesWatch
 from nri_plugin.ops.refresh import generator_args, read_sidecar, run_generator_process
@@ -615,6 +622,8 @@ def check_runtime_cdi_setting(cfg: ContainerdConfig, settings: Settings) -> Chec
 # --- containerd >= 2.2: a required plugin (fail-closed by the runtime itself) ------------
 
 REQUIRED_FROM = (2, 2, 0)  # NRI 0.10's default validator, built into containerd 2.2
+# The docs' example key for tolerate_missing_plugins_annotation: the operator names it.
+TOLERATE_EXAMPLE = "tolerate-missing-plugins.example.com"
 
 
 def containerd_version(binary: str | None = None) -> tuple[int, int, int] | None:
@@ -633,32 +642,32 @@ def containerd_version(binary: str | None = None) -> tuple[int, int, int] | None
 
 def check_required_plugin(cfg: ContainerdConfig, name: str, index: str,
                           version: tuple[int, int, int] | None, *,
-                          place: Place = ON_NODE) -> Check:
+                          place: Place = ON_NODE,
+                          environ: Mapping[str, str] | None = None) -> Check:
     """Whether containerd requires the plugin: [plugins."io.containerd.nri.v1.nri"
     .default_validator] enable = true and required_plugins naming it (containerd >= 2.2;
     containerd/containerd internal/nri/config.go, containerd/nri plugins/default-validator).
-    Then containerd itself fails every container created while the plugin is absent."""
+    Then containerd itself fails every container created while the plugin is absent, the
+    plugin's own pod's included unless it carries the annotation whose key
+    tolerate_missing_plugins_annotation names: without it, an install, a rollout or an
+    eviction of the plugin's pod never completes. In the pod, ``TOLERATE_ENV`` (the chart
+    sets it with the annotation) says which key the pod carries."""
     title = "plugin required by containerd"
     section = f'[plugins."{NRI_SECTION}".default_validator]'
-    fix = (f'in {cfg.path}: {section} enable = true, required_plugins = ["{name}"] '
-           "(containerd >= 2.2; static pods then need the tolerate-missing annotation)")
+    fix = (f'in {cfg.path}: {section} enable = true, required_plugins = ["{name}"], '
+           f'tolerate_missing_plugins_annotation = "{TOLERATE_EXAMPLE}" (containerd >= 2.2), '
+           "and the chart value requiredPlugins.tolerateAnnotation set to that key")
     if cfg.error:
         return Check(name=title, status="skip", detail=f"cannot read {cfg.path}")
-    nri = cfg.plugin(NRI_SECTION)
-    validator = nri.get("default_validator", {})
-    validator = validator if isinstance(validator, Mapping) else {}
-    wanted = validator.get("required_plugins", [])
-    listed = isinstance(wanted, list) and bool({name, f"{index}-{name}"} & set(map(str, wanted)))
-    on = validator.get("enable") is True
+    validator = cfg.default_validator
+    listed = bool({name, f"{index}-{name}"} & set(validator.required))
     if version is not None and version < REQUIRED_FROM:
         return Check(name=title, status="ok",  # nothing to change on this release
                      detail=f"containerd {version[0]}.{version[1]} cannot require plugins "
                             "(2.2+); the plugin's own fail-closed checks apply")
-    if on and listed:
-        return Check(name=title, status="ok",
-                     detail=f"{name} is required: containerd fails containers created while it "
-                            "is not connected (a required plugin that times out is still "
-                            "dropped: the plugin's own checks stay on)")
+    if validator.enabled and listed:
+        return _required_tolerated(cfg, name, validator.tolerate_annotation, place,
+                                   os.environ if environ is None else environ)
     if listed:
         return Check(name=title, status="warn",
                      detail=f"required_plugins names {name} but the default validator is not "
@@ -671,6 +680,43 @@ def check_required_plugin(cfg: ContainerdConfig, name: str, index: str,
         return Check(name=title, status="skip",
                      detail=detail + f" ({unknown}; 2.2+ can require it)", fix=fix)
     return Check(name=title, status="warn", detail=detail, fix=fix)
+
+
+def _required_tolerated(cfg: ContainerdConfig, name: str, key: str, place: Place,
+                        environ: Mapping[str, str]) -> Check:
+    """The plugin is required: can its own pod be created while it is absent?"""
+    title = "plugin required by containerd"
+    required = (f"{name} is required: containerd fails containers created while it is not "
+                "connected (a required plugin that times out is still dropped: the plugin's "
+                "own checks stay on)")
+    if not key:
+        return Check(name=title, status="warn",
+                     detail=f"{required}; but {cfg.path} sets no "
+                            "tolerate_missing_plugins_annotation, so the plugin's own pod is "
+                            "refused too while the plugin is absent: an install, a rollout "
+                            "or an eviction of the DaemonSet never completes",
+                     fix=f'in {cfg.path}: tolerate_missing_plugins_annotation = '
+                         f'"{TOLERATE_EXAMPLE}" beside required_plugins, and the chart value '
+                         "requiredPlugins.tolerateAnnotation set to that key")
+    value_fix = (f"set the chart value requiredPlugins.tolerateAnnotation={key} (the pod "
+                 f'then carries {key}: "true")')
+    if place.in_pod:
+        carried = environ.get(TOLERATE_ENV, "")
+        if carried != key:
+            has = (f"carries {carried} instead" if carried else
+                   f"carries no tolerate annotation ({TOLERATE_ENV} unset)")
+            return Check(name=title, status="warn",
+                         detail=f"{required}; containerd tolerates the annotation {key}, and "
+                                f"this pod {has}: the next install, rollout or eviction of "
+                                "the plugin's pod is refused while the plugin is absent",
+                         fix=value_fix)
+        return Check(name=title, status="ok",
+                     detail=f'{required}; this pod carries {key}: "true", which {cfg.path} '
+                            "names to tolerate a missing plugin")
+    return Check(name=title, status="ok",
+                 detail=f'{required}; the plugin\'s pod must carry {key}: "true", which '
+                        f"{cfg.path} names to tolerate a missing plugin ({value_fix}; "
+                        "doctor in the pod checks it)")
 
 
 # --- the command ---------------------------------------------------------------------------

@@ -22,6 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 IN_POD_ENV = "NRI_CDI_IN_POD"
+# The annotation key the pod carries ("true") to be created while a plugin containerd
+# requires is absent; the chart sets both from requiredPlugins.tolerateAnnotation, as a
+# pod's own annotations are not visible inside it.
+TOLERATE_ENV = "NRI_CDI_TOLERATE_ANNOTATION"
 SERVICE_ENV = "KUBERNETES_SERVICE_HOST"
 MOUNTINFO = "/proc/self/mountinfo"
 # A mount's root (mountinfo's 4th field) inside a pod's kubelet folder.

@@ -16,6 +16,7 @@ import pytest
 from nri_plugin.ops.containerd_config import (
     CRI_V2_SECTION,
     DEFAULT_PATH,
+    DefaultValidator,
     locate,
     read_containerd_config,
 )
@@ -47,6 +48,30 @@ def test_imports_relative_glob_and_nested_in_order(tmp_path: Path) -> None:
     assert cfg.files == (str(config), str(tmp_path / "d/10-a.toml"),
                          str(tmp_path / "d/20-b.toml"), str(tmp_path / "more/c.toml"))
     assert cri_cdi_settings(cfg.data) == (True, ("/c",))
+
+
+def test_the_default_validator_and_its_tolerate_key_are_read_through_imports(
+        tmp_path: Path) -> None:
+    """containerd >= 2.2: [plugins."io.containerd.nri.v1.nri".default_validator], its
+    required_plugins in the root file, the tolerate key in a drop-in (merged key by key)."""
+    section = '[plugins."io.containerd.nri.v1.nri".default_validator]\n'
+    config = _write(tmp_path, {
+        "config.toml": 'version = 3\nimports = ["conf.d/*.toml"]\n' + section
+                       + '  enable = true\n  required_plugins = ["nri-cdi"]\n',
+        "conf.d/tolerate.toml": 'version = 3\n' + section
+                                + '  tolerate_missing_plugins_annotation = "t.example.com"\n',
+    })
+    validator = read_containerd_config(str(config), 2).default_validator
+    assert validator == DefaultValidator(enabled=True, required=("nri-cdi",),
+                                         tolerate_annotation="t.example.com")
+    assert validator.requires("nri-cdi", "10-nri-cdi")
+    assert not validator.requires("other")
+    alone = _write(tmp_path / "alone", {"config.toml": "version = 3\n" + section
+                                        + '  required_plugins = ["nri-cdi"]\n'})
+    off = read_containerd_config(str(alone), 2).default_validator
+    assert off.tolerate_annotation == "" and not off.requires("nri-cdi")  # not enabled
+    assert read_containerd_config(str(tmp_path / "none.toml"), 2).default_validator == (
+        DefaultValidator())
 
 
 def test_1x_replaces_a_plugin_section_2x_merges_keys(tmp_path: Path) -> None:

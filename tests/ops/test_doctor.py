@@ -313,9 +313,11 @@ def test_doctor_command_exit_status(healthy: Node, capsys: pytest.CaptureFixture
 
 @pytest.mark.parametrize("section, version, status, words", [
     ('[plugins."io.containerd.nri.v1.nri".default_validator]\nenable = true\n'
-     'required_plugins = ["nri-cdi"]\n', (2, 2, 1), "ok", "nri-cdi is required"),
+     'required_plugins = ["nri-cdi"]\ntolerate_missing_plugins_annotation = "t.example.com"\n',
+     (2, 2, 1), "ok", "nri-cdi is required"),
     ('[plugins."io.containerd.nri.v1.nri".default_validator]\nenable = true\n'
-     'required_plugins = ["10-nri-cdi"]\n', (2, 3, 4), "ok", "nri-cdi is required"),
+     'required_plugins = ["10-nri-cdi"]\ntolerate_missing_plugins_annotation = "t.example.com"\n',
+     (2, 3, 4), "ok", "nri-cdi is required"),
     ('[plugins."io.containerd.nri.v1.nri".default_validator]\n'
      'required_plugins = ["nri-cdi"]\n', (2, 3, 4), "warn", "not enabled"),
     ("", (2, 3, 4), "warn", "is not required"),
@@ -335,6 +337,32 @@ def test_required_plugin_check(tmp_path: Path, section: str,
     assert (check.status, words in check.detail) == (status, True), check
     if status == "warn":
         assert 'required_plugins = ["nri-cdi"]' in check.fix
+
+
+REQUIRED = ('[plugins."io.containerd.nri.v1.nri".default_validator]\nenable = true\n'
+            'required_plugins = ["nri-cdi"]\n')
+
+
+@pytest.mark.parametrize("tolerate, status, words", [
+    # no key: the plugin's own pod is refused while the plugin is absent
+    ("", "warn", "sets no tolerate_missing_plugins_annotation"),
+    ('tolerate_missing_plugins_annotation = "t.example.com"\n', "ok",
+     'the plugin\'s pod must carry t.example.com: "true"'),
+])
+def test_a_required_plugin_without_a_tolerate_key_locks_the_plugins_own_pod(
+        tmp_path: Path, tolerate: str, status: str, words: str) -> None:
+    from nri_plugin.ops.containerd_config import read_containerd_config
+    from nri_plugin.ops.doctor import check_required_plugin
+
+    path = tmp_path / "config.toml"
+    path.write_text("version = 3\n" + REQUIRED + tolerate)
+    check = check_required_plugin(read_containerd_config(str(path), 2), "nri-cdi", "10",
+                                  (2, 2, 1), environ={})
+    assert check.status == status and words in check.detail, check
+    assert "nri-cdi is required" in check.detail
+    if status == "warn":
+        assert "tolerate_missing_plugins_annotation = " in check.fix
+        assert "requiredPlugins.tolerateAnnotation" in check.fix
 
 
 def test_containerd_settings_not_read_are_said_with_what_is_assumed(healthy: Node) -> None:

@@ -22,7 +22,14 @@ from nri_plugin.ops.doctor import (
     run_checks,
     running_containerd_version,
 )
-from nri_plugin.ops.inpod import IN_POD_ENV, ON_NODE, SERVICE_ENV, Place, detect
+from nri_plugin.ops.inpod import (
+    IN_POD_ENV,
+    ON_NODE,
+    SERVICE_ENV,
+    TOLERATE_ENV,
+    Place,
+    detect,
+)
 from nri_plugin.ops.settings import defaults
 
 POD = Place(True, "test")
@@ -145,6 +152,29 @@ def test_containerds_version_comes_from_the_status_file_in_the_pod(tmp_path: Pat
     cfg = ContainerdConfig(path="/etc/containerd/config.toml", data={"version": 3}, major=2)
     check = check_required_plugin(cfg, "nri-cdi", "10", None, place=POD)
     assert check.status == "skip" and "not visible from the pod" in check.detail
+
+
+@pytest.mark.parametrize("carried, status, words", [
+    (None, "warn", "carries no tolerate annotation"),
+    ("other.example.com", "warn", "carries other.example.com instead"),
+    ("t.example.com", "ok", 'this pod carries t.example.com: "true"'),
+])
+def test_in_the_pod_a_required_plugin_needs_the_pods_tolerate_annotation(
+        carried: str | None, status: str, words: str) -> None:
+    """The key containerd names must be the one the pod carries (the chart's value
+    requiredPlugins.tolerateAnnotation, told to the container as TOLERATE_ENV): else the
+    next rollout or eviction of the plugin's pod is refused while the plugin is away."""
+    validator = {"enable": True, "required_plugins": ["10-nri-cdi"],
+                 "tolerate_missing_plugins_annotation": "t.example.com"}
+    cfg = ContainerdConfig(path="/etc/containerd/config.toml", major=2, data={
+        "version": 3, "plugins": {"io.containerd.nri.v1.nri": {
+            "default_validator": validator}}})
+    environ = {} if carried is None else {TOLERATE_ENV: carried}
+    check = check_required_plugin(cfg, "nri-cdi", "10", (2, 2, 1), place=POD,
+                                  environ=environ)
+    assert check.status == status and words in check.detail, check
+    if status == "warn":
+        assert "requiredPlugins.tolerateAnnotation=t.example.com" in check.fix
 
 
 def test_the_fixes_in_the_pod_name_what_the_pod_has(tmp_path: Path) -> None:

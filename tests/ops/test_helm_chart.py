@@ -147,6 +147,8 @@ SETUPS: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
         "generate": {"output": "/run/cdi/gpus.yaml", "driver_root": "/opt/nvidia/driver"},
     }}, {}),
     "no status file": ({"config": {"plugin": {"status_dir": ""}}}, {}),
+    "required plugin tolerated": ({"requiredPlugins": {
+        "tolerateAnnotation": "tolerate-missing-plugins.example.com"}}, {}),
 }
 
 
@@ -454,6 +456,27 @@ def test_a_host_driver_runs_the_plugin_alone_with_the_same_mounts() -> None:
     volumes = {v["name"] for v in host["volumes"]}
     assert {m["name"] for m in host["containers"][0]["volumeMounts"]} <= volumes
     assert "driver-root" not in volumes
+
+
+def test_the_pod_tolerates_a_required_plugin_by_the_key_containerd_names() -> None:
+    """containerd >= 2.2 with required_plugins refuses every container while the plugin is
+    absent, its own pod's too, unless the pod carries the annotation whose key
+    tolerate_missing_plugins_annotation names, with a value NRI reads as a boolean."""
+    values = SETUPS["required plugin tolerated"][0]
+    template = _render(values)["DaemonSet"]["spec"]["template"]
+    key = "tolerate-missing-plugins.example.com"
+    assert template["metadata"]["annotations"][key] == "true"
+    # doctor, in the plugin's container, learns the key (a pod does not see its annotations)
+    assert {"name": "NRI_CDI_TOLERATE_ANNOTATION", "value": key} in _container(
+        template["spec"], "plugin")["env"]
+    default = _render()["DaemonSet"]["spec"]["template"]
+    assert key not in default["metadata"].get("annotations", {})
+    assert all("env" not in c for c in default["spec"]["containers"])
+
+
+def test_a_tolerate_key_that_is_no_annotation_key_is_refused() -> None:
+    with pytest.raises(helm.HelmError, match="tolerateAnnotation"):
+        helm.template(_merge(IMAGE, {"requiredPlugins": {"tolerateAnnotation": "a b=c"}}))
 
 
 # --- what Helm refuses ---------------------------------------------------------------------
