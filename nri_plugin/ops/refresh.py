@@ -124,6 +124,56 @@ def probe_configured_node(settings: Settings) -> NodeState:
     return probe(roots, _meta_lib_dirs(Path(g.output)) or _DEFAULT_LIB_DIRS)
 
 
+# --- waiting for the driver ----------------------------------------------------------------
+
+
+def driver_parts(settings: Settings) -> list[tuple[str, Callable[[], bool]]]:
+    """What a driver container makes appear, each with a test that it is there: the kernel
+    module's version file (under the dev root) and NVML's library (under the driver
+    root), without which the generator finds no driver or an incomplete one."""
+    # here: only a refresh that waits pays for the driver finder's imports
+    from cdi.nvidia.discover import driver_version_from_proc
+    from cdi.nvidia.driver import find_nvml_library
+
+    g = settings.generate
+    roots = Roots(driver=Path(g.driver_root), dev=Path(g.dev_root or g.driver_root))
+    return [
+        (f"{roots.proc_path('driver/nvidia/version')} (the kernel module)",
+         lambda: driver_version_from_proc(roots) is not None),
+        (f"libnvidia-ml.so.1 under {roots.driver} (the driver's libraries)",
+         lambda: find_nvml_library(roots, None) is not None),
+    ]
+
+
+_NEVER_STOPPED = threading.Event()
+
+
+def wait_for_driver(parts: Sequence[tuple[str, Callable[[], bool]]], bound: float, *,
+                    poll: float = 1.0, clock: Callable[[], float] = time.monotonic,
+                    wait: Callable[[float], bool] = _NEVER_STOPPED.wait) -> list[str]:
+    """Look at ``parts`` every ``poll`` seconds, up to ``bound`` seconds, until each is
+    there; log what is awaited at the start and each part as it appears. Returns the names
+    of those still missing (empty: the driver is there). ``wait(seconds)`` returns True
+    when asked to stop."""
+    missing = [name for name, present in parts if not present()]
+    if not missing:
+        return []
+    log.info("waiting up to %gs for the NVIDIA driver: %s", bound, "; ".join(missing))
+    start = clock()
+    while True:
+        left = start + bound - clock()
+        if left <= 0 or wait(min(poll, left)):
+            return missing
+        now = [name for name, present in parts if not present()]
+        for name in missing:
+            if name not in now:
+                log.info("appeared after %.1fs: %s", clock() - start, name)
+        missing = now
+        if not missing:
+            log.info("NVIDIA driver ready after %.1fs", clock() - start)
+            return []
+
+
 # --- running the generator ---------------------------------------------------------------
 
 
@@ -281,6 +331,7 @@ def add_commands(subparsers: Any) -> None:
     refresh = subparsers.add_parser(
         "refresh", help="regenerate the NVIDIA spec once if the node changed (for boot)")
     _common(refresh)
+    add_setting_flags(refresh, "watch.wait_for_driver")
     refresh.set_defaults(func=cmd_refresh)
 
 
@@ -302,6 +353,13 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     settings = _setup(args)
     if settings is None:
         return 2
+    bound = settings.watch.wait_for_driver
+    if bound > 0:
+        missing = wait_for_driver(driver_parts(settings), bound)
+        if missing:
+            log.error("no NVIDIA driver after waiting %gs (--wait-for-driver): never "
+                      "appeared: %s", bound, "; ".join(missing))
+            return 1
     outcome = Watcher(settings).refresh("refresh")
     return 0 if outcome.ok else 1
 

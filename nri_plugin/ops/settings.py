@@ -103,6 +103,12 @@ def _positive(value: Any) -> float:
     return float(value)
 
 
+def _non_negative(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"expected a number >= 0, got {value!r}")
+    return float(value)
+
+
 def _number_text(text: str) -> Any:
     try:
         return float(text)
@@ -155,6 +161,8 @@ PATHS = ValueType("list of absolute paths", _paths)
 OPTIONAL_PATHS = ValueType("list of absolute paths", _optional(_paths))
 STRINGS = ValueType("list of strings", _strs)
 SECONDS = ValueType("number > 0 (seconds)", _positive, from_text=_number_text)
+WAIT_SECONDS = ValueType("number >= 0 (seconds; 0: no wait)", _non_negative,
+                         from_text=_number_text)
 INDEX = ValueType("two digits", _index)
 ADDRESS = ValueType('host:port, :port, or "" (off)', _address)
 HOOK_PROGRAM = ValueType(f"absolute path ending in /{', /'.join(HOOK_PROGRAMS)}",
@@ -267,7 +275,7 @@ class GenerateSettings:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WatchSettings:
-    """How ``nri-cdi watch`` looks at the node."""
+    """How ``nri-cdi watch`` (and ``refresh``) look at the node."""
 
     poll_interval: float = setting(2.0, SECONDS, "seconds between looks at the node",
                                    "--poll-interval", metavar="SECONDS")
@@ -276,6 +284,13 @@ class WatchSettings:
     resync_interval: float = setting(300.0, SECONDS, "run the generator (which writes only "
                                      "when something changed) at least this often",
                                      "--resync-interval", metavar="SECONDS")
+    wait_for_driver: float = setting(
+        0.0, WAIT_SECONDS,
+        "refresh: wait up to this long for the driver (the kernel module's "
+        "/proc/driver/nvidia/version under the dev root, and libnvidia-ml.so.1 under the "
+        "driver root) before generating, for a driver container that is not ready yet; "
+        "when it never appears, exit 1 naming what is missing",
+        "--wait-for-driver", metavar="SECONDS", default_text="0 (no wait)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

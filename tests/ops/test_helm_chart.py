@@ -297,6 +297,26 @@ def test_the_driver_root_is_mounted_at_its_host_path_following_remounts(root: st
         assert mount["mountPropagation"] == "HostToContainer"
 
 
+@pytest.mark.parametrize(("values", "bound"), [({}, "600"),
+                                               ({"driver": {"waitSeconds": 0}}, "0")])
+def test_the_init_container_waits_for_a_driver_container_with_a_bound(
+        values: dict[str, Any], bound: str) -> None:
+    """A driver container may start after the pod: refresh waits for it, bounded, rather
+    than failing and being restarted with back-off."""
+    command = _container(_pod(values), "generate")["command"]
+    assert command[:2] == ["nri-cdi", "refresh"]
+    assert command[command.index("--wait-for-driver") + 1] == bound
+    from nri_plugin.ops.cli import build_parser
+
+    args = build_parser("refresh").parse_args(command[1:])
+    assert args.wait_for_driver == float(bound)
+
+
+def test_a_negative_driver_wait_is_refused() -> None:
+    with pytest.raises(helm.HelmError, match="waitSeconds"):
+        helm.template(_merge(IMAGE, {"driver": {"waitSeconds": -1}}))
+
+
 def test_nothing_of_proc_is_mounted() -> None:
     # /proc/driver/nvidia is the kernel's in every container: no volume for it.
     pod = _pod()
