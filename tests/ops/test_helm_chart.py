@@ -9,6 +9,7 @@ output)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -442,7 +443,7 @@ def test_scheduling_and_pod_metadata_values_reach_the_pod() -> None:
     ds = _render(values)["DaemonSet"]
     template = ds["spec"]["template"]
     assert template["spec"]["affinity"] == values["affinity"]
-    assert template["metadata"]["annotations"] == values["podAnnotations"]
+    assert template["metadata"]["annotations"].items() >= values["podAnnotations"].items()
     assert template["metadata"]["labels"]["team"] == "gpu"
     assert ds["spec"]["updateStrategy"] == values["updateStrategy"]
     assert _render(SETUPS["updated on delete"][0])["DaemonSet"]["spec"]["updateStrategy"] == {
@@ -497,6 +498,70 @@ def test_the_pod_tolerates_a_required_plugin_by_the_key_containerd_names() -> No
 def test_a_tolerate_key_that_is_no_annotation_key_is_refused() -> None:
     with pytest.raises(helm.HelmError, match="tolerateAnnotation"):
         helm.template(_merge(IMAGE, {"requiredPlugins": {"tolerateAnnotation": "a b=c"}}))
+
+
+# --- upgrades: what changes the pod template rolls the pods ------------------------------
+
+
+def _template(values: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, Any]:
+    return dict(_render(values, **kwargs)["DaemonSet"]["spec"]["template"])
+
+
+def test_the_config_checksum_is_the_rendered_config_maps() -> None:
+    rendered = helm.template(IMAGE, show_only="templates/configmap.yaml")
+    # helm template's "---" and "# Source:" lines are not part of the template's text
+    text = rendered.split("\n", 2)[2]
+    assert _template()["metadata"]["annotations"]["checksum/config"] == (
+        hashlib.sha256(text.encode()).hexdigest())
+
+
+@pytest.mark.parametrize("values", [
+    {"config": {"policy": {"sources": {"volumeMounts": {"enabled": True,
+                                                        "namespaces": ["team-a"]}}}}},
+    {"config": {"watch": {"poll_interval": 5}}},
+    {"metrics": {"port": 9500}},  # the configuration's metrics.address
+])
+def test_a_config_change_changes_the_pod_template(values: dict[str, Any]) -> None:
+    """A ConfigMap change alone (helm upgrade with new config values) rolls the pods, as
+    nri-cdi reads most of its file only when it starts."""
+    before = _template()["metadata"]["annotations"]["checksum/config"]
+    assert _template(values)["metadata"]["annotations"]["checksum/config"] != before
+
+
+def test_the_config_checksum_is_stable_when_the_config_is() -> None:
+    before = _template()["metadata"]["annotations"]["checksum/config"]
+    assert _template()["metadata"]["annotations"]["checksum/config"] == before
+    others = {"podLabels": {"team": "gpu"}, "resources": {"plugin": {"limits": {
+        "memory": "512Mi"}}}, "updateStrategy": {"type": "OnDelete"}}
+    assert _template(others)["metadata"]["annotations"]["checksum/config"] == before
+
+
+def test_a_new_chart_version_changes_the_pod_template(tmp_path: Path) -> None:
+    """Every release moves the chart's version and appVersion (docs/developer/releasing.md):
+    the pod template's labels and the default image tag change with them, so a
+    helm upgrade to a new chart rolls the pods even with the same values."""
+    chart = tmp_path / "nri-cdi"
+    shutil.copytree(helm.CHART, chart)
+    meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+    meta["version"] = meta["appVersion"] = "99.0.0"
+    (chart / "Chart.yaml").write_text(yaml.safe_dump(meta))
+    values = tmp_path / "values.yaml"
+    values.write_text(json.dumps(IMAGE))
+    new = next(d for d in yaml.safe_load_all(helm.run(
+        "template", "nri-cdi", str(chart), "--namespace", "kube-system", "-f", str(values)))
+        if d and d["kind"] == "DaemonSet")["spec"]["template"]
+    old = _template()
+    assert new["metadata"]["labels"]["helm.sh/chart"] == "nri-cdi-99.0.0"
+    assert new["metadata"]["labels"]["app.kubernetes.io/version"] == "99.0.0"
+    assert old["metadata"]["labels"]["app.kubernetes.io/version"] != "99.0.0"
+    assert {c["image"] for c in new["spec"]["containers"]} == {
+        "registry.example.com/nri-cdi:99.0.0"}
+
+
+def test_an_image_tag_of_its_own_changes_every_container() -> None:
+    pod = _pod({"image": {"tag": "0.2.0-rc1"}})
+    assert {c["image"] for c in [*pod["initContainers"], *pod["containers"]]} == {
+        "registry.example.com/nri-cdi:0.2.0-rc1"}
 
 
 # --- what Helm refuses ---------------------------------------------------------------------
