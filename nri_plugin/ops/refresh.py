@@ -353,15 +353,19 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     settings = _setup(args)
     if settings is None:
         return 2
+    watcher = Watcher(settings)
+    outcome = watcher.refresh("refresh")
     bound = settings.watch.wait_for_driver
-    if bound > 0:
-        missing = wait_for_driver(driver_parts(settings), bound)
-        if missing:
-            log.error("no NVIDIA driver after waiting %gs (--wait-for-driver): never "
-                      "appeared: %s", bound, "; ".join(missing))
-            return 1
-    outcome = Watcher(settings).refresh("refresh")
-    return 0 if outcome.ok else 1
+    if outcome.ok or bound <= 0:
+        return 0 if outcome.ok else 1
+    # No driver yet (a driver container still starting): wait for what it makes appear,
+    # then generate again.
+    missing = wait_for_driver(driver_parts(settings), bound)
+    if missing:
+        log.error("no NVIDIA driver after waiting %gs (--wait-for-driver): never "
+                  "appeared: %s", bound, "; ".join(missing))
+        return 1
+    return 0 if watcher.refresh("driver appeared").ok else 1
 
 
 def cmd_watch(args: argparse.Namespace) -> int:

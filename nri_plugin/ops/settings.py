@@ -286,10 +286,10 @@ class WatchSettings:
                                      "--resync-interval", metavar="SECONDS")
     wait_for_driver: float = setting(
         0.0, WAIT_SECONDS,
-        "refresh: wait up to this long for the driver (the kernel module's "
-        "/proc/driver/nvidia/version under the dev root, and libnvidia-ml.so.1 under the "
-        "driver root) before generating, for a driver container that is not ready yet; "
-        "when it never appears, exit 1 naming what is missing",
+        "refresh: when generation fails, wait up to this long for the driver (the kernel "
+        "module's /proc/driver/nvidia/version under the dev root, and libnvidia-ml.so.1 "
+        "under the driver root) and generate again, for a driver container that is not "
+        "ready yet; when it never appears, exit 1 naming what is missing",
         "--wait-for-driver", metavar="SECONDS", default_text="0 (no wait)")
 
 
