@@ -129,3 +129,46 @@ def test_a_bound_that_is_no_duration_is_refused(text: str, tmp_path: Path,
     config.write_text("{}\n")
     assert main(["refresh", "--config", str(config), "--wait-for-driver", text]) == 2
     assert "wait_for_driver" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bound, runs, status", [
+    ("600", 2, 0),   # fails, the driver appears, generated again
+    ("0", 1, 1),     # no wait: the first failure is the answer
+])
+def test_refresh_generates_again_once_the_driver_appeared(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bound: str, runs: int,
+        status: int) -> None:
+    from nri_plugin.ops import refresh
+    from nri_plugin.ops.cli import main
+
+    done: list[str] = []
+
+    def generate(settings: Settings) -> refresh.Outcome:
+        done.append(settings.generate.driver_root)
+        if len(done) == 1:  # the driver container finishes while the generator fails
+            _module_loaded(tmp_path)
+            _root_mounted(tmp_path)
+            return refresh.Outcome(ok=False, written=False, fingerprint=None,
+                                   message="no NVIDIA driver found")
+        return refresh.Outcome(ok=True, written=True, fingerprint="fp")
+
+    monkeypatch.setattr(refresh, "run_generator", generate)
+    config = tmp_path / "config.yaml"
+    config.write_text(f"generate:\n  driver_root: {tmp_path}\n  dev_root: {tmp_path}\n")
+    assert main(["refresh", "--config", str(config), "--wait-for-driver", bound]) == status
+    assert len(done) == runs
+
+
+def test_a_driver_that_generates_at_once_is_not_waited_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulated node's NVML needs no kernel module: the generator succeeds though
+    /proc/driver/nvidia/version never appears, and refresh does not wait for it."""
+    from nri_plugin.ops import refresh
+    from nri_plugin.ops.cli import main
+
+    monkeypatch.setattr(refresh, "run_generator", lambda settings: refresh.Outcome(
+        ok=True, written=True, fingerprint="fp"))
+    monkeypatch.setattr(refresh, "wait_for_driver", lambda *a, **k: pytest.fail("waited"))
+    config = tmp_path / "config.yaml"
+    config.write_text(f"generate:\n  driver_root: {tmp_path}\n  dev_root: {tmp_path}\n")
+    assert main(["refresh", "--config", str(config), "--wait-for-driver", "600"]) == 0
