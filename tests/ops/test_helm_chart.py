@@ -9,7 +9,6 @@ output)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -507,17 +506,18 @@ def _template(values: dict[str, Any] | None = None, **kwargs: Any) -> dict[str, 
     return dict(_render(values, **kwargs)["DaemonSet"]["spec"]["template"])
 
 
-def test_the_config_checksum_is_the_rendered_config_maps() -> None:
-    rendered = helm.template(IMAGE, show_only="templates/configmap.yaml")
-    # helm template's "---" and "# Source:" lines are not part of the template's text
-    text = rendered.split("\n", 2)[2]
-    assert _template()["metadata"]["annotations"]["checksum/config"] == (
-        hashlib.sha256(text.encode()).hexdigest())
+def test_a_policy_change_is_reloaded_without_rolling_the_pods() -> None:
+    before = _template()["metadata"]["annotations"]["checksum/config"]
+    assert len(before) == 64 and int(before, 16) >= 0  # a sha256, in hex
+    policy = {"config": {"policy": {"sources": {"podAnnotations": {"namespaces": ["ml"]}}}}}
+    objects = _render(_merge(IMAGE, policy))
+    assert _config(objects)["policy"] == policy["config"]["policy"]  # in the ConfigMap
+    after = objects["DaemonSet"]["spec"]["template"]["metadata"]["annotations"]
+    assert after["checksum/config"] == before
 
 
 @pytest.mark.parametrize("values", [
-    {"config": {"policy": {"sources": {"volumeMounts": {"enabled": True,
-                                                        "namespaces": ["team-a"]}}}}},
+    {"config": {"log": {"level": "debug"}}},
     {"config": {"watch": {"poll_interval": 5}}},
     {"metrics": {"port": 9500}},  # the configuration's metrics.address
 ])
