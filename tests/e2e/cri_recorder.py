@@ -297,9 +297,12 @@ class Call:
 
 
 def read_recording(path: Path) -> list[Call]:
-    """A recording's calls in the order their requests arrived."""
+    """A recording's calls in the order their requests arrived. A recording may be read
+    while the recorder still writes it: a last line without its newline is not complete yet
+    (the file's buffer flushed part of it) and is left for the next read."""
     calls = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    complete = path.read_text().split("\n")[:-1]
+    for number, line in enumerate(complete, 1):
         if not line.strip():
             continue
         try:
