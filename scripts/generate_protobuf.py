@@ -19,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Each .proto of ours, by repository path; its modules are written beside it.
 PROTOS = ("nri_plugin/nri/api/nri.proto", "nri_plugin/nri/api/ttrpc.proto",
-          "nri_plugin/ops/kubelet_api/podresources.proto")
+          "nri_plugin/ops/kubelet_api/podresources.proto",
+          "nri_plugin/ops/kubelet_api/registration.proto")
 SUFFIXES = ("_pb2.py", "_pb2.pyi")
 
 

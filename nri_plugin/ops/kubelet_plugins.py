@@ -11,10 +11,10 @@ the kubelet's plugin registry folder, ``/var/lib/kubelet/plugins_registry`` by d
 (4, repeated); Kubernetes' ``k8s.io/kubelet/pkg/apis/pluginregistration/v1``. A registered
 DRA driver is thus known whoever wrote it, without its file names.
 
-The call is made with grpcio's generic API (bytes in, bytes out) when grpcio is installed,
-all sockets at once, bounded by one short timeout; the few fields of the reply are decoded
-here. Without grpcio, or when a socket does not answer in time, the socket counts as a
-kubelet plugin whose type is unknown.
+The call is made with grpcio when it is installed, all sockets at once, bounded by one
+short timeout; the reply is our own declaration of ``PluginInfo``
+(``kubelet_api/registration.proto``). Without grpcio, or when a socket does not answer in
+time, the socket counts as a kubelet plugin whose type is unknown.
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from nri_plugin.ops.kubelet_api import registration_pb2 as pb
 
 DEFAULT_REGISTRY = "/var/lib/kubelet/plugins_registry"
 GET_INFO = "/pluginregistration.Registration/GetInfo"
@@ -72,55 +76,6 @@ class Registry:
         return [p for p in self.plugins if not p.type]
 
 
-# --- PluginInfo on the wire (protobuf: strings only, so four fields of wire type 2) -------
-
-_FIELDS = {1: "type", 2: "name", 3: "endpoint", 4: "versions"}
-
-
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if at >= len(data) or shift > 63:
-            raise ValueError("truncated varint")
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, at
-
-
-def decode_plugin_info(data: bytes) -> dict[str, Any]:
-    """The fields of a serialized ``PluginInfo`` (unknown fields skipped); raises
-    ValueError on bytes that are not a protobuf message."""
-    out: dict[str, Any] = {"type": "", "name": "", "endpoint": "", "versions": []}
-    at = 0
-    while at < len(data):
-        key, at = _varint(data, at)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            _, at = _varint(data, at)
-        elif wire == 1:
-            at += 8
-        elif wire == 5:
-            at += 4
-        elif wire == 2:
-            size, at = _varint(data, at)
-            if at + size > len(data):
-                raise ValueError("truncated field")
-            value, at = data[at:at + size], at + size
-            name = _FIELDS.get(number)
-            if name == "versions":
-                out[name].append(value.decode("utf-8", "replace"))
-            elif name:
-                out[name] = value.decode("utf-8", "replace")
-        else:
-            raise ValueError(f"wire type {wire}")
-        if at > len(data):
-            raise ValueError("truncated field")
-    return out
-
-
 # --- the folder and the sockets ------------------------------------------------------------
 
 
@@ -166,8 +121,10 @@ def ask(sockets: list[str], timeout: float = ASK_TIMEOUT) -> list[KubeletPlugin]
         for path in sockets:
             channel = grpc.insecure_channel(f"unix://{os.path.abspath(path)}")
             channels.append(channel)
-            call = channel.unary_unary(GET_INFO)  # no serializers: bytes in, bytes out
-            pending.append((path, call.future(b"", timeout=timeout)))
+            # The reply is parsed in _answer, where a bad one is said as such.
+            call = channel.unary_unary(
+                GET_INFO, request_serializer=pb.InfoRequest.SerializeToString)
+            pending.append((path, call.future(pb.InfoRequest(), timeout=timeout)))
         return [_answer(path, future, grpc) for path, future in pending]
     finally:
         for channel in channels:
@@ -176,17 +133,17 @@ def ask(sockets: list[str], timeout: float = ASK_TIMEOUT) -> list[KubeletPlugin]
 
 def _answer(path: str, future: Any, grpc: Any) -> KubeletPlugin:
     try:
-        info = decode_plugin_info(future.result())
+        info = pb.PluginInfo.FromString(future.result())
+    except DecodeError:
+        return KubeletPlugin(socket=path, problem="not a PluginInfo reply")
     except grpc.RpcError as exc:
         code = exc.code()
         why = ("no answer in time" if code == grpc.StatusCode.DEADLINE_EXCEEDED
                else f"{code.name if code else 'error'}: {exc.details() or ''}".rstrip(": "))
         return KubeletPlugin(socket=path, problem=why)
-    except ValueError as exc:
-        return KubeletPlugin(socket=path, problem=f"not a PluginInfo reply ({exc})")
-    return KubeletPlugin(socket=path, type=info["type"], name=info["name"],
-                         endpoint=info["endpoint"], versions=tuple(info["versions"]),
-                         problem="" if info["type"] else "its reply names no type")
+    return KubeletPlugin(socket=path, type=info.type, name=info.name, endpoint=info.endpoint,
+                         versions=tuple(info.supported_versions),
+                         problem="" if info.type else "its reply names no type")
 
 
 def read_registry(folder: str = DEFAULT_REGISTRY, timeout: float = ASK_TIMEOUT) -> Registry:

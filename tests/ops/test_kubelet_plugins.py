@@ -27,7 +27,6 @@ from nri_plugin.ops.inpod import ON_NODE, Place
 from nri_plugin.ops.kubelet_plugins import (
     DEFAULT_REGISTRY,
     Registry,
-    decode_plugin_info,
     read_registry,
 )
 from nri_plugin.ops.settings import defaults
@@ -122,15 +121,10 @@ def test_the_default_folder_is_the_kubelets() -> None:
     assert defaults().doctor.plugin_registry == DEFAULT_REGISTRY
 
 
-def test_plugin_info_is_decoded_from_protobufs_own_encoding() -> None:
-    data = plugin_info("DRAPlugin", TEST_DRIVER, "/var/lib/kubelet/plugins/x/dra.sock",
-                       "v1.DRAPlugin", "v1beta1.DRAPlugin")
-    assert decode_plugin_info(data) == {
-        "type": "DRAPlugin", "name": TEST_DRIVER,
-        "endpoint": "/var/lib/kubelet/plugins/x/dra.sock",
-        "versions": ["v1.DRAPlugin", "v1beta1.DRAPlugin"]}
-    with pytest.raises(ValueError):
-        decode_plugin_info(b"\x0a\x05ab")  # a field longer than the bytes
+def test_a_reply_that_is_no_plugin_info_is_said(folder: Path, serve: Any) -> None:
+    serve(folder / "odd-reg.sock", b"\x0a\x05ab")  # a field longer than the bytes
+    (odd,) = read_registry(str(folder)).plugins
+    assert (odd.type, odd.problem) == ("", "not a PluginInfo reply")
 
 
 def test_a_dra_and_a_csi_plugin_are_told_apart(folder: Path, serve: Any) -> None:
