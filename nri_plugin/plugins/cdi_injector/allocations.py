@@ -10,7 +10,7 @@ device and its whole GPU). A device no vendor knows covers its CDI name only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cdi.cache import Snapshot
@@ -80,14 +80,17 @@ def held_units(holding: Holding, snapshot: Snapshot, vendors: Sequence[VendorRul
 
 def check_not_held(context: ContainerContext, registry: Registry,
                    vendors: Sequence[VendorRules],
-                   allocations: KubeletAllocations | None) -> None:
+                   current: Callable[[], KubeletAllocations | None]) -> None:
     """Raise DeviceHeld for the first device asked for by a source the kubelet does not
     allocate through that another pod holds and this pod does not (a device shared by
-    the device plugin is held by each pod it went to); ``allocations`` None: no kubelet on
-    this node, nothing to check."""
+    the device plugin is held by each pod it went to). ``current`` gives the allocations,
+    asked only when such a source asked; None: no kubelet on this node, nothing to check."""
     asked = [r for group in context.groups if not group.source.allocated
              for r in group.requests]
-    if not asked or allocations is None:
+    if not asked:
+        return
+    allocations = current()
+    if allocations is None:
         return
     if allocations.unknown:
         raise DeviceHeld(

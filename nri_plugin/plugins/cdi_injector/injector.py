@@ -219,7 +219,7 @@ class CdiInjector(Plugin):
         snapshot = registry.snapshot
         # A device asked for past the scheduler must not be another pod's.
         if self._allocations is not None:
-            check_not_held(context, registry, self.vendors, self._allocations())
+            check_not_held(context, registry, self.vendors, self._allocations)
 
         # What the runtime's own CDI did already.
         asked = list(context.requests)
