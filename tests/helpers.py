@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nri_cdi_testbed.node_check.plugin import ANNOTATION_SOURCES
+
 if TYPE_CHECKING:
     from nri_plugin.plugins.cdi_injector.policy import Policy
 
@@ -86,8 +88,7 @@ def place_file(folder: Path, name: str, content: bytes | Callable[[Path], object
 
 # The annotation sources, allowed in every namespace: the built-in policy allows them in
 # none (docs/usage/policy.md), and most tests ask by annotation about something else.
-ANNOTATIONS_ANYWHERE = {name: {"namespaces": ["*"]} for name in (
-    "podAnnotations", "nriPluginsAnnotations", "nvidiaNriAnnotations")}
+ANNOTATIONS_ANYWHERE = {name: {"namespaces": ["*"]} for name in ANNOTATION_SOURCES}
 
 
 def annotations_policy(doc: dict[str, Any] | None = None, *, nvidia: bool = True) -> Policy:
