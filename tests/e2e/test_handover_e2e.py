@@ -200,3 +200,32 @@ def test_an_upgrade_hands_over_with_no_container_unserved(ctrd: Containerd, spec
     finally:
         old.kill()
         new.kill()
+
+
+def test_a_restart_with_no_overlap_is_what_the_hand_over_avoids(
+        ctrd: Containerd, specs: Path) -> None:
+    """The old roll-out (old plugin ended, then the new one started), under the same Jobs:
+    the figures to compare with the hand-over's, and the check that a Job without its
+    device does fail (so the hand-over's all-succeeded means something)."""
+    status = specs / f"restart-status-{ctrd.version}"
+    port = _free_port()
+    old = _plugin(ctrd, specs, "r-old", status, port).start()
+    new = _plugin(ctrd, specs, "r-new", status, port)
+    try:
+        with ctrd.cri() as cri, cri.cleanup():
+            with Jobs(ctrd) as jobs:
+                jobs.more(5)
+                assert old.terminate() == 0
+                jobs.more(3)  # no plugin at all: NRI is fail-open
+                new.start()
+                jobs.more(5)
+            outcome = _outcomes(cri, jobs.created)
+            print(f"\n{len(jobs.created)} Jobs across a restart with no overlap: "
+                  f"{ {k: len(v) for k, v in outcome.items()} }; CRI failures {jobs.failed}")
+            assert outcome["without device"], "no Job was created while no plugin was connected"
+            # Each of them failed (or was refused its start by fail-closed): none succeeded.
+            assert not set(outcome["without device"]) & set(outcome["succeeded"])
+            cri.delete_pod(jobs.pod)
+    finally:
+        old.kill()
+        new.kill()
