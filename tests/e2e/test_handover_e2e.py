@@ -229,3 +229,59 @@ def test_a_restart_with_no_overlap_is_what_the_hand_over_avoids(
     finally:
         old.kill()
         new.kill()
+
+
+@pytest.fixture(scope="module")
+def nvidia_node(tmp_path_factory: pytest.TempPathFactory, e2e_ready: None) -> Path:
+    """A simulated 2-GPU node's spec, generated in each link mode."""
+    import subprocess
+    import sys
+
+    from nri_cdi_testbed.simnode import NodeLayout, build_node
+    from tests.e2e.plugin import REPO
+
+    root = tmp_path_factory.mktemp("handover-nvidia")
+    built = build_node(root / "node", NodeLayout.uniform(2))
+    for mode in ("hooks", "mounts"):
+        (root / mode).mkdir()
+        subprocess.run([sys.executable, "-m", "nri_plugin.ops.cli", "generate", "--mode",
+                        "procfs", "--driver-root", str(built.driver_root), "--link-mode", mode,
+                        "--output", str(root / mode / "nvidia.yaml")],
+                       check=True, cwd=REPO, capture_output=True)
+    (root / "policy.yaml").write_text(
+        "sources: {visibleDevicesEnv: {enabled: true, privilegedOnly: false}}\n")
+    return root
+
+
+@pytest.mark.parametrize("mode", ["hooks", "mounts"])
+@pytest.mark.parametrize("capabilities", ["all", "compute,utility", "graphics"])
+def test_two_plugins_give_an_nvidia_container_what_one_gives(
+        ctrd: Containerd, nvidia_node: Path, mode: str, capabilities: str) -> None:
+    """NVIDIA's rules with two plugins connected: capability trims, hooks or mounts for
+    the driver's links, requirement checks: the same container as with one plugin."""
+    env = {"NVIDIA_VISIBLE_DEVICES": "1", "NVIDIA_DRIVER_CAPABILITIES": capabilities}
+
+    def plugin(name: str) -> PluginProcess:
+        return PluginProcess(ctrd.nri_socket, [nvidia_node / mode],
+                             nvidia_node / f"{name}-{mode}-{ctrd.version}.log",
+                             ["--policy", str(nvidia_node / "policy.yaml"),
+                              "--status-dir", str(nvidia_node / f"st-{name}")])
+
+    def container(cri: CriClient, pod: str, name: str) -> dict[str, Any]:
+        return _edits(cri.runtime_spec(cri.create_container(
+            pod, name, BUSYBOX_IMAGE, command=["sleep", "60"], env=env)))
+
+    first = plugin("first").start()
+    try:
+        with ctrd.cri() as cri, cri.cleanup():
+            pod = cri.run_pod(f"nv-{mode}-{capabilities.replace(',', '-')}")
+            alone = container(cri, pod, "alone")
+            second = plugin("second").start()
+            try:
+                both = container(cri, pod, "both")
+            finally:
+                second.kill()
+    finally:
+        first.kill()
+    assert any(d["path"] == "/dev/nvidia1" for d in alone["devices"])
+    assert both == alone
