@@ -19,9 +19,8 @@ from typing import Any
 
 import yaml
 
-from tests.nvidia.peer_parity import NODE, RECORDINGS
+from tests.nvidia.peer_parity import HOOKS_FILE, NODE
 
-HOOKS_FILE = RECORDINGS / "hooks.yaml"
 ROOT = "/@ROOT@"  # the container root a hook ran on
 RECORD_HINT = ("re-record with the real binary: NRI_CDI_PEERS=<folder with nvidia-cdi-hook and "
                "nvidia-ctk> NRI_CDI_RECORD_PEERS=1 python3 -m pytest "

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -40,6 +40,7 @@ NVIDIA_CTK = peer("nvidia-ctk")
 VERSION = "1.20.0"  # the nvidia-ctk the recordings come from (CASES_FILE says its commit)
 RECORDINGS = REPO / "tests" / "data" / f"nvidia-ctk-{VERSION}"
 CASES_FILE = RECORDINGS / "cases.yaml"
+HOOKS_FILE = RECORDINGS / "hooks.yaml"  # NVIDIA's hook programs (hook_recording)
 # The simulated node's folder in recordings and in compared entries: a path (so the YAML
 # stays plain) that no real node folder is.
 NODE = "/@NODE@"
@@ -361,7 +362,14 @@ class Comparison:
     used: frozenset[str]  # the INTENDED differences this pair needed
 
 
-def compare(ours_text: str, theirs_text: str, node: BuiltNode,
+class Node(Protocol):
+    """A simulated node (simnode's or tegra's): its folder."""
+
+    @property
+    def root(self) -> Path: ...
+
+
+def compare(ours_text: str, theirs_text: str, node: Node,
             intended: Mapping[str, Intended] | None = None) -> Comparison:
     """Our spec against nvidia-ctk's (both with the node's folder written NODE)."""
     rules = INTENDED if intended is None else intended
@@ -375,9 +383,12 @@ def compare(ours_text: str, theirs_text: str, node: BuiltNode,
         if rule.instead is not None:
             for entry in list(only_theirs):
                 changed = rule.instead(entry)
-                if changed is not None and changed in only_ours:
+                if changed is not None and changed in ours:
+                    # ours has it changed (once: an entry nvidia-ctk also has unchanged
+                    # is one it wrote twice, in both forms)
                     only_theirs.remove(entry)
-                    only_ours.remove(changed)
+                    if changed in only_ours:
+                        only_ours.remove(changed)
                     used.add(name)
         for keep, test in ((only_ours, rule.ours), (only_theirs, rule.theirs)):
             if test is None:
@@ -459,4 +470,4 @@ class Recording:
 
 
 def cases_recorded() -> Iterable[str]:
-    return (p.stem for p in RECORDINGS.glob("*.yaml") if p != CASES_FILE)
+    return (p.stem for p in RECORDINGS.glob("*.yaml") if p not in (CASES_FILE, HOOKS_FILE))
