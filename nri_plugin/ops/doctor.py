@@ -16,6 +16,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -837,7 +838,11 @@ def add_commands(subparsers: Any) -> None:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     if args.e2e:
-        if args.record_node is not None and not args.simulated:
+        if args.record_node is not None and args.simulated:
+            print("nri-cdi doctor: --record-node records a real node, not --simulated's",
+                  file=sys.stderr)
+            return 2
+        if args.record_node is not None:
             from nri_cdi_testbed.node_record import record  # only when asked
 
             args.record_node.write_text(json.dumps(

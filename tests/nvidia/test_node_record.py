@@ -120,3 +120,15 @@ def test_doctor_e2e_writes_the_record(node: BuiltNode, tmp_path: Path,
     doc = json.loads(out.read_text())
     assert any(p.endswith("/libcuda.so.1") for p in doc["driver_files"])
     assert doc["ld.so.cache"]
+
+
+def test_doctor_refuses_to_record_a_simulated_node(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from nri_plugin.ops import doctor
+    from nri_plugin.ops.cli import build_parser
+
+    args = build_parser("doctor").parse_args(
+        ["doctor", "--e2e", "--simulated", "--record-node", str(tmp_path / "x.json")])
+    assert doctor.cmd_doctor(args) == 2
+    assert "--record-node records a real node" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
