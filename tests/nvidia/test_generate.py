@@ -486,3 +486,23 @@ def test_fingerprint_tracks_what_makes_a_spec_stale() -> None:
     assert fingerprint(inv(uvm=509), Options()) != base
     assert fingerprint(inv(uuid="GPU-b"), Options()) != base
     assert fingerprint(inv(), Options(strategies=("uuid",))) != base
+
+
+def test_the_all_device_keeps_every_field_of_the_devices_edits() -> None:
+    # Merged as a runtime merges edits (cdi.edits.merge): intelRdt and netDevices too.
+    from cdi.model import ContainerEdits, DeviceData, DeviceNode, IntelRdt, NetDevice
+    from cdi.nvidia.generate import all_device_edits
+
+    rdt = IntelRdt(clos_id="gpu")
+    net = NetDevice(host_interface_name="ib0", name="net0")
+    devices = [
+        DeviceData(name="0", container_edits=ContainerEdits(
+            device_nodes=(DeviceNode(path="/dev/nvidia0"),), net_devices=(net,))),
+        DeviceData(name="1", container_edits=ContainerEdits(
+            device_nodes=(DeviceNode(path="/dev/nvidia1"),), intel_rdt=rdt,
+            net_devices=(net,))),
+    ]
+    edits = all_device_edits(devices, ContainerEdits(env=("NVIDIA_VISIBLE_DEVICES=void",)))
+    assert [n.path for n in edits.device_nodes] == ["/dev/nvidia0", "/dev/nvidia1"]
+    assert edits.intel_rdt == rdt
+    assert edits.net_devices == (net,)
