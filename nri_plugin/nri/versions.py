@@ -5,7 +5,9 @@ docs/reference/runtime-cdi.md). Pure.
 
 from __future__ import annotations
 
+import enum
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # The one table of which CDI library each runtime links (the generator reads it too); pure
@@ -45,6 +47,36 @@ def parse_version(text: str) -> Version | None:
     return int(major), int(minor), int(patch or 0)
 
 
+class Reach(enum.Enum):
+    """What is known of the folders a runtime's own CDI resolves devices from."""
+
+    UNKNOWN = "unknown"  # not read: assumed to see every spec folder
+    OFF = "off"  # its CDI is off: it resolves no device handed to it
+    FOLDERS = "folders"  # these folders
+
+
+@dataclass(frozen=True, slots=True)
+class SpecDirs:
+    """The folders the runtime's own CDI reads: ``UNKNOWN_DIRS``, ``CDI_OFF`` or
+    ``SpecDirs.of(folders)``, told apart by ``reach`` (never by None or emptiness)."""
+
+    reach: Reach
+    folders: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, folders: Iterable[str]) -> SpecDirs:
+        return cls(Reach.FOLDERS, tuple(folders))
+
+    def describe(self) -> str:
+        if self.reach is Reach.UNKNOWN:
+            return "unknown folders"
+        return ", ".join(self.folders) or "no folders"
+
+
+UNKNOWN_DIRS = SpecDirs(Reach.UNKNOWN)
+CDI_OFF = SpecDirs(Reach.OFF)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RuntimeInfo:
     name: str = ""
@@ -52,8 +84,8 @@ class RuntimeInfo:
     nri_version: Version | None = None
     cdi_version: Version | None = None  # the CDI library of the runtime's own CDI support
     # The folders the runtime's own CDI reads (the plugin's runtime_cdi.spec_dirs setting);
-    # None: not known, delegated devices are assumed visible.
-    cdi_spec_dirs: tuple[str, ...] | None = None
+    # unknown: delegated devices are assumed visible.
+    cdi_spec_dirs: SpecDirs = UNKNOWN_DIRS
     # Whether the runtime's own CDI injects container cdi.k8s.io annotations before NRI
     # (containerd enable_cdi); None: not known, the version's default is assumed.
     native_cdi: bool | None = None
