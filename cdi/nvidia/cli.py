@@ -81,10 +81,9 @@ from cdi.nvidia.tegra import (
 )
 from cdi.process import finish
 from cdi.runtimes import BUILDS, newest_spec_version
-from cdi.spec import atomic_write, dump_spec
+from cdi.spec import atomic_write, dump_spec, dump_yaml
 from cdi.validate import validate_spec
 from cdi.version import parse_version, version_key
-from cdi.yaml11 import dump_yaml
 
 # nvidia-ctk's hooks that nri-cdi does not emit, and why.
 UNSUPPORTED_HOOKS = {
@@ -542,7 +541,7 @@ def _unchanged(path: Path, fp: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry (``python -m cdi.nvidia.cli``): only ``generate``, lean start-up."""
+    """Stand-alone entry (``python -m cdi.nvidia.cli``): only ``generate``."""
     parser = argparse.ArgumentParser(prog="nri-cdi")
     add_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["generate", *(sys.argv[1:] if argv is None else argv)])

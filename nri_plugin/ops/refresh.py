@@ -219,14 +219,14 @@ class Outcome:
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 
 
-# The generator's lean entry: an isolated interpreter without ``site`` (no .pth files, no
-# site-packages scan: most of a generate run's start-up); it finds its own package from its
-# path and nvidia-ml-py in the interpreter's site-packages only for --mode nvml.
+# The generator in an isolated interpreter (-I: no PYTHONPATH, no user site, not the
+# current folder): the entry finds its own package from its path, its dependencies
+# (PyYAML, nvidia-ml-py for --mode nvml) in the interpreter's site-packages.
 GENERATOR_ENTRY = Path(__file__).resolve().parents[2] / "cdi" / "nvidia" / "__main__.py"
 
 
 def run_generator_process(args: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-I", "-S", str(GENERATOR_ENTRY), *args],
+    return subprocess.run([sys.executable, "-I", str(GENERATOR_ENTRY), *args],
                           capture_output=True, text=True, timeout=300, check=False)
 
 
