@@ -16,7 +16,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -32,8 +31,8 @@ from cdi.dirs import DEFAULT_SPEC_DIRS, scan
 from cdi.linux.elf import ElfError, foreign_to_this_machine, is_elf, read_header, this_machine
 from cdi.nvidia.discover import Roots, driver_version_from_proc
 from cdi.nvidia.sidecar import sidecar_path
-from nri_cdi_testbed.node_check import check
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
+from nri_plugin.ops import e2e_args
 from nri_plugin.ops.containerd_config import (
     CRI_V2_SECTION,
     CRI_V3_SECTION,
@@ -828,26 +827,13 @@ def add_commands(subparsers: Any) -> None:
     parser.add_argument("--no-generate", dest="check_generated", action="store_false",
                         help="skip the fingerprint check (it runs the generator)")
     parser.add_argument("--json", action="store_true", help="JSON output")
-    parser.add_argument("--record-node", type=Path, metavar="FILE",
-                        help="with --e2e on a real node: also write to FILE what the "
-                             "generator reads there (driver files, device nodes, /proc), so "
-                             "its spec can be regenerated from the record later")
-    check.add_arguments(parser)
+    e2e_args.add_arguments(parser)
     parser.set_defaults(func=cmd_doctor)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     if args.e2e:
-        if args.record_node is not None and args.simulated:
-            print("nri-cdi doctor: --record-node records a real node, not --simulated's",
-                  file=sys.stderr)
-            return 2
-        if args.record_node is not None:
-            from nri_cdi_testbed.node_record import record  # only when asked
-
-            args.record_node.write_text(json.dumps(
-                record(args.driver_root or "/", "/"), indent=1, sort_keys=True) + "\n")
-        return check.cmd(args)
+        return e2e_args.run(args)
     settings = command_settings(args, "doctor")
     if settings is None:
         return 2
