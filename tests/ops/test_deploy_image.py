@@ -65,7 +65,17 @@ def test_reading_the_dockerfile(tmp_path: Path) -> None:
 
 def test_the_image_is_built_from_what_the_dockerfile_copies() -> None:
     assert set(daemonset.read_dockerfile().copied) == {"pyproject.toml", "README.md", "cdi",
-                                                       "nri_plugin"}
+                                                       "nri_plugin", "nri_cdi_testbed"}
+
+
+def test_the_image_has_every_package_of_ours_the_command_imports() -> None:
+    """`nri-cdi doctor` in the DaemonSet's pod imports nri_cdi_testbed: an image without it
+    failed there with ModuleNotFoundError (seen on a real control plane)."""
+    ours = {"cdi", "nri_plugin", "nri_cdi_testbed"}
+    imported = set()
+    for source in (daemonset.REPO / "nri_plugin").rglob("*.py"):
+        imported |= set(re.findall(r"^\s*(?:from|import) (\w+)", source.read_text(), re.M))
+    assert imported & ours <= set(daemonset.read_dockerfile().copied)
 
 
 def test_the_daemonset_test_applies_every_field_of_the_pod() -> None:
