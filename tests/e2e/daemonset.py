@@ -451,3 +451,180 @@ def _quantity(text: str) -> int:
 def _millicpu(text: str | int | float) -> int:
     value = str(text)
     return int(value[:-1]) if value.endswith("m") else int(float(value) * 1000)
+
+
+# --- the pod as a real kubelet created it -----------------------------------------------------
+
+# What a real kubelet 1.35.6 sent containerd when the API server had it create the
+# DaemonSet's pod from the chart (helm install with RECORDED/values.yaml), one recording per
+# node: trimmed by tests/e2e/cri_recorder.py (its {node} and {cgroup} placeholders); the
+# ConfigMap as the API server held it. RECORDED/README.md says how it was made and how to
+# make it again.
+RECORDED = REPO / "tests" / "data" / "kubelet-1.35.6" / "daemonset"
+# containerd version of the recording -> the e2e set-up's versions it is replayed on.
+RECORDED_VERSIONS = {"1.7": ("1.7",), "2.2": ("2.1",)}
+# The kubelet's own, not the chart's: the pod's config source, the service variables it
+# gives every container, and the files it mounts into every container.
+KUBELET_ANNOTATIONS = ("kubernetes.io/config.source", "kubernetes.io/config.seen")
+KUBELET_ENV = re.compile(r"KUBERNETES_(SERVICE|PORT)\w*")
+# The chart's and the image's version, in every pod label set: a release moves them
+# (docs/developer/releasing.md) without changing what the pod runs, so they are left out
+# of the comparison rather than forcing a new recording at every release.
+VERSION_LABELS = ("helm.sh/chart", "app.kubernetes.io/version")
+# The kubelet's pod-level labels (the scheduler's and the DaemonSet controller's).
+CONTROLLER_LABELS = ("controller-revision-hash", "pod-template-generation")
+
+
+def recording_file(version: str) -> Path:
+    """The recording replayed on the e2e set-up's containerd ``version``."""
+    for recorded, replayed_on in RECORDED_VERSIONS.items():
+        if version in replayed_on:
+            return RECORDED / f"install-containerd-{recorded}.jsonl"
+    raise ValueError(f"no DaemonSet recording is replayed on containerd {version}")
+
+
+def recorded_requests(path: Path) -> list[dict[str, Any]]:
+    """A recording's calls (JSON lines, request order)."""
+    calls = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted(calls, key=lambda call: int(call["seq"]))
+
+
+def recorded_values() -> dict[str, Any]:
+    return dict(yaml.safe_load((RECORDED / "values.yaml").read_text()))
+
+
+def recorded_config_map() -> tuple[str, dict[str, str]]:
+    recorded = json.loads((RECORDED / "configmap.json").read_text())
+    return str(recorded["name"]), dict(recorded["data"])
+
+
+def recorded_image(calls: list[dict[str, Any]]) -> str:
+    """The image the kubelet was asked for (the one name of every container)."""
+    (image,) = {c["request"]["config"]["image"]["user_specified_image"] for c in calls
+                if c["method"].endswith("/CreateContainer")}
+    return str(image)
+
+
+def _creates(calls: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {c["request"]["config"]["metadata"]["name"]: c["request"]["config"] for c in calls
+            if c["method"].endswith("/CreateContainer")}
+
+
+def recording_differences(template: dict[str, Any], calls: list[dict[str, Any]]) -> list[str]:
+    """How the chart's pod ``template`` (rendered now) differs from what the kubelet was
+    asked to run in the recording ``calls``, one line each; empty when the recording is
+    still the chart's pod. A field of the template this comparison does not know is a
+    difference too (``untranslated``), so that a new field cannot go unchecked."""
+    out = [f"{field}: not compared with the recording" for field in untranslated(template)]
+    spec, meta = template["spec"], template["metadata"]
+    (sandbox,) = [c["request"]["config"] for c in calls
+                  if c["method"].endswith("/RunPodSandbox")]
+    labels = {k: v for k, v in sandbox.get("labels", {}).items()
+              if not k.startswith("io.kubernetes.") and k not in CONTROLLER_LABELS
+              and k not in VERSION_LABELS}
+    wanted = {k: v for k, v in meta.get("labels", {}).items() if k not in VERSION_LABELS}
+    if labels != wanted:
+        out.append(f"pod labels: chart {wanted}, recorded {labels}")
+    annotations = {k: v for k, v in sandbox.get("annotations", {}).items()
+                   if k not in KUBELET_ANNOTATIONS}
+    if annotations != meta.get("annotations", {}):
+        out.append(f"pod annotations: chart {meta.get('annotations', {})}, "
+                   f"recorded {annotations}")
+    options = sandbox["linux"]["security_context"]["namespace_options"]
+    for key, name in (("network", "hostNetwork"), ("pid", "hostPID"), ("ipc", "hostIPC")):
+        if (options.get(key) == "NODE") != bool(spec.get(name)):
+            out.append(f"spec.{name}: chart {spec.get(name)}, recorded {key} "
+                       f"{options.get(key, 'POD')}")
+    created = _creates(calls)
+    containers = spec.get("initContainers", []) + spec["containers"]
+    if sorted(created) != sorted(c["name"] for c in containers):
+        out.append(f"containers: chart {[c['name'] for c in containers]}, recorded "
+                   f"{sorted(created)}")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for container in containers:
+        if container["name"] in created:
+            out += [f"{container['name']}: {d}" for d in
+                    _container_differences(container, created[container["name"]], volumes)]
+    return out
+
+
+def _host_path_of(volume: dict[str, Any]) -> str:
+    """Where the kubelet's host path for ``volume`` ends: the path itself, or the pod
+    folder's volume folder (ConfigMap, emptyDir)."""
+    if "hostPath" in volume:
+        return str(volume["hostPath"]["path"])
+    kind = "configmap" if "configMap" in volume else "empty-dir"
+    return f"/volumes/kubernetes.io~{kind}/{volume['name']}"
+
+
+def _container_differences(container: dict[str, Any], config: dict[str, Any],
+                           volumes: dict[str, dict[str, Any]]) -> list[str]:
+    out = []
+    if config["image"].get("user_specified_image") != container["image"]:
+        out.append(f"image: chart {container['image']}, recorded "
+                   f"{config['image'].get('user_specified_image')}")
+    for key in ("command", "args"):
+        if list(config.get(key, [])) != list(container.get(key, [])):
+            out.append(f"{key}: chart {container.get(key, [])}, recorded {config.get(key, [])}")
+    env = {e["key"]: e["value"] for e in config.get("envs", [])
+           if not KUBELET_ENV.fullmatch(e["key"])}
+    wanted_env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    if env != wanted_env:
+        out.append(f"env: chart {wanted_env}, recorded {env}")
+    message_path = container.get("terminationMessagePath", "/dev/termination-log")
+    recorded_path = config["annotations"].get("io.kubernetes.container.terminationMessagePath")
+    if recorded_path != message_path:
+        out.append(f"terminationMessagePath: chart {message_path}, recorded {recorded_path}")
+    mounts = {m["container_path"]: m for m in config.get("mounts", [])
+              if m["container_path"] not in ("/etc/hosts", message_path)}
+    wanted_mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
+    if sorted(mounts) != sorted(wanted_mounts):
+        out.append(f"mounts: chart {sorted(wanted_mounts)}, recorded {sorted(mounts)}")
+    for path, mount in wanted_mounts.items():
+        got = mounts.get(path)
+        if got is None:
+            continue
+        host = _host_path_of(volumes[mount["name"]])
+        if not (got["host_path"] == host or got["host_path"].endswith(host)):
+            out.append(f"mount {path}: chart from {host}, recorded {got['host_path']}")
+        if bool(got.get("readonly")) != bool(mount.get("readOnly")):
+            out.append(f"mount {path}: chart readOnly {mount.get('readOnly', False)}, "
+                       f"recorded {got.get('readonly', False)}")
+        wanted = PROPAGATION[mount.get("mountPropagation", "None")]
+        if got.get("propagation", "PROPAGATION_PRIVATE") != wanted:
+            out.append(f"mount {path}: chart {wanted}, recorded "
+                       f"{got.get('propagation', 'PROPAGATION_PRIVATE')}")
+    out += _security_differences(container.get("securityContext", {}),
+                                 config["linux"]["security_context"])
+    resources = container.get("resources", {})
+    recorded = config["linux"].get("resources", {})
+    memory = resources.get("limits", {}).get("memory")
+    if memory is not None and int(recorded.get("memory_limit_in_bytes", 0)) != _quantity(memory):
+        out.append(f"memory limit: chart {memory}, recorded "
+                   f"{recorded.get('memory_limit_in_bytes')}")
+    cpu = resources.get("requests", {}).get("cpu")
+    if cpu is not None and int(recorded.get("cpu_shares", 0)) != max(
+            2, _millicpu(cpu) * 1024 // 1000):
+        out.append(f"cpu request: chart {cpu}, recorded shares {recorded.get('cpu_shares')}")
+    return out
+
+
+def _security_differences(security: dict[str, Any], recorded: dict[str, Any]) -> list[str]:
+    # proto3 JSON leaves out false, zero and empty: absent is that value
+    pairs: list[tuple[str, object, object]] = [
+        ("privileged", bool(security.get("privileged")), bool(recorded.get("privileged"))),
+        ("readOnlyRootFilesystem", bool(security.get("readOnlyRootFilesystem")),
+         bool(recorded.get("readonly_rootfs"))),
+        ("allowPrivilegeEscalation false", security.get("allowPrivilegeEscalation") is False,
+         bool(recorded.get("no_new_privs")))]
+    if "runAsUser" in security:
+        pairs.append(("runAsUser", int(security["runAsUser"]),
+                      int(recorded.get("run_as_user", {"value": -1}).get("value", 0))))
+    capabilities = security.get("capabilities", {})
+    given = recorded.get("capabilities", {})
+    pairs += [("capabilities.add", sorted(capabilities.get("add", [])),
+               sorted(given.get("add_capabilities", []))),
+              ("capabilities.drop", sorted(capabilities.get("drop", [])),
+               sorted(given.get("drop_capabilities", [])))]
+    return [f"securityContext.{name}: chart {chart}, recorded {got}"
+            for name, chart, got in pairs if chart != got]
