@@ -9,13 +9,11 @@
   /run (so /var/run) is a folder of the test, holding the node's driver at
   /run/nvidia/driver and containerd's NRI socket folder at /run/nri; /etc is an overlay
   (so /etc/cdi and /etc/containerd can be made); /dev holds the node's device nodes.
-* The pod: the DaemonSet's pod template translated to CRI the way the kubelet does it
-  (host namespaces, privileges, user, capabilities, read-only root, resources, volumes,
-  init containers run to completion first, command and args), the ConfigMap's data as the
-  config volume's files, plus what a real kubelet adds to every pod and container (its
-  labels and annotations, the /etc/hosts and termination-log mounts, a log folder named
-  <namespace>_<name>_<uid>: ``kubelet_requests.py``, from the recordings). Nothing of the
-  pod is restated here.
+* The pod: what a real kubelet sent containerd when a control plane created the DaemonSet's
+  pod from the chart (tests/data/kubelet-1.35.6/daemonset), replayed by the test; here,
+  ``recording_differences`` compares that recording with the chart's pod template as it
+  renders now, field by field, so that a recording that is no longer the chart's pod
+  fails (tests/test_daemonset_recording.py).
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +33,6 @@ from typing import Any
 import yaml
 
 from nri_cdi_testbed.simnode import BuiltNode
-from tests.e2e import kubelet_requests
 from tests.e2e.cri import CriClient
 from tests.e2e.images import DEFAULT_PATH, ImageConfig, image_from_tree
 from tests.e2e.paths import REPO
@@ -236,11 +232,12 @@ class NodeNamespace:
         return self.work / "etc" / rel
 
 
-# --- the pod, as the kubelet makes it ---------------------------------------------------------
+# --- the pod's fields ---------------------------------------------------------------------
 
 
-# What of a pod the runner applies; anything else in the manifest fails the test, so that a
-# field added to the DaemonSet is either run here or named as the scheduler's/kubelet's.
+# What of a pod the recording's comparison checks; anything else in the template is a
+# difference, so that a field added to the DaemonSet is either checked or named as the
+# scheduler's/kubelet's.
 POD_FIELDS = {"hostNetwork", "hostPID", "hostIPC", "initContainers", "containers", "volumes",
               # the scheduler's, not the node's
               "nodeSelector", "tolerations", "priorityClassName",
@@ -258,7 +255,8 @@ MOUNT_FIELDS = {"name", "mountPath", "readOnly", "mountPropagation"}
 
 
 def untranslated(template: dict[str, Any]) -> list[str]:
-    """The pod's fields that PodRunner does not apply (empty when it runs all of them)."""
+    """The pod's fields that ``recording_differences`` does not compare (empty when it
+    compares all of them)."""
     spec = template["spec"]
     out = [f"spec.{k}" for k in spec if k not in POD_FIELDS]
     for c in spec.get("initContainers", []) + spec["containers"]:
@@ -269,143 +267,6 @@ def untranslated(template: dict[str, Any]) -> list[str]:
         out += [f"{c['name']}.volumeMounts.{m['name']}.{k}" for m in c.get("volumeMounts", [])
                 for k in m if k not in MOUNT_FIELDS]
     return out
-
-
-@dataclass
-class PodRunner:
-    """Runs the DaemonSet's pod on ``cri``; ``config_dir`` holds the ConfigMap volumes."""
-
-    cri: CriClient
-    config_dir: Path
-    template: dict[str, Any] = field(default_factory=pod_template)
-    # The ConfigMaps' data by name, as the kubelet would mount them.
-    maps: dict[str, dict[str, str]] = field(default_factory=config_maps)
-    pod_id: str = ""
-    uid: str = field(default_factory=lambda: str(uuid.uuid4()))
-    sandbox: Any = None
-    attempts: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def spec(self) -> dict[str, Any]:
-        return dict(self.template["spec"])
-
-    def _volumes(self) -> dict[str, str]:
-        """Volume name -> host path (ConfigMap data written as files, as the kubelet does)."""
-        maps = self.maps
-        out = {}
-        for volume in self.spec["volumes"]:
-            if "hostPath" in volume:
-                out[volume["name"]] = volume["hostPath"]["path"]
-            elif "configMap" in volume:
-                folder = self.config_dir / volume["name"]
-                folder.mkdir(parents=True, exist_ok=True)
-                for key, text in maps[volume["configMap"]["name"]].items():
-                    (folder / key).write_text(text)
-                out[volume["name"]] = str(folder)
-            elif "emptyDir" in volume:  # the kubelet's is under its pod folder (tmpfs for
-                folder = self.config_dir / "empty-dir" / volume["name"]  # Memory): a folder
-                folder.mkdir(parents=True, exist_ok=True)
-                out[volume["name"]] = str(folder)
-            else:
-                raise ValueError(f"volume {volume['name']}: only hostPath, configMap and "
-                                 "emptyDir run here")
-        return out
-
-    def run_pod(self) -> str:
-        pb, spec, meta = self.cri.pb, self.spec, self.template["metadata"]
-        node = pb.NamespaceMode.NODE
-        options = pb.NamespaceOption(
-            network=node if spec.get("hostNetwork") else pb.NamespaceMode.POD,
-            pid=node if spec.get("hostPID") else pb.NamespaceMode.CONTAINER,
-            ipc=node if spec.get("hostIPC") else pb.NamespaceMode.POD)
-        containers = spec.get("initContainers", []) + spec["containers"]
-        privileged = any(c.get("securityContext", {}).get("privileged") for c in containers)
-        # What a kubelet 1.35 adds to every pod (tests/data/kubelet-1.35.6): the pod's
-        # identity as labels, where its config came from as annotations, and a log folder
-        # named <namespace>_<name>_<uid>.
-        self.sandbox = pb.PodSandboxConfig(
-            metadata=pb.PodSandboxMetadata(name=POD_NAME, uid=self.uid,
-                                           namespace=POD_NAMESPACE, attempt=0),
-            labels={**meta.get("labels", {}), **self._pod_labels()},
-            annotations={**meta.get("annotations", {}), "kubernetes.io/config.source": "api",
-                         "kubernetes.io/config.seen": time.strftime("%Y-%m-%dT%H:%M:%SZ")},
-            log_directory=str(self.config_dir / "logs"
-                              / f"{POD_NAMESPACE}_{POD_NAME}_{self.uid}"),
-            linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(
-                namespace_options=options, privileged=privileged)))
-        self.pod_id = self.cri.run_sandbox(self.sandbox)
-        return self.pod_id
-
-    def _pod_labels(self) -> dict[str, str]:
-        return kubelet_requests.pod_labels(POD_NAME, POD_NAMESPACE, self.uid)
-
-    def container_config(self, container: dict[str, Any]) -> Any:
-        pb = self.cri.pb
-        volumes = self._volumes()
-        security = container.get("securityContext", {})
-        attempt = self.attempts.get(container["name"], 0)
-        config = pb.ContainerConfig(
-            metadata=pb.ContainerMetadata(name=container["name"], attempt=attempt),
-            image=pb.ImageSpec(image=container["image"]),
-            command=list(container.get("command", [])), args=list(container.get("args", [])),
-            envs=[pb.KeyValue(key=e["name"], value=e["value"])
-                  for e in container.get("env", [])],
-            # the kubelet's labels and annotations (tests/data/kubelet-1.35.6)
-            labels={**self._pod_labels(), "io.kubernetes.container.name": container["name"]},
-            annotations=kubelet_requests.container_annotations(
-                container["name"], attempt, self.spec.get("terminationGracePeriodSeconds", 30),
-                container.get("terminationMessagePath", kubelet_requests.TERMINATION_LOG)),
-            log_path=f"{container['name']}/{attempt}.log")
-        for mount in container.get("volumeMounts", []):
-            config.mounts.add(container_path=mount["mountPath"],
-                              host_path=volumes[mount["name"]],
-                              readonly=bool(mount.get("readOnly")),
-                              propagation=PROPAGATION[mount.get("mountPropagation", "None")])
-        files = kubelet_requests.container_files(
-            self.config_dir / "pods" / self.uid, container["name"],
-            container.get("terminationMessagePath", kubelet_requests.TERMINATION_LOG))
-        for container_path, host_path in files.items():
-            config.mounts.add(container_path=container_path, host_path=host_path)
-        linux = config.linux.security_context
-        linux.privileged = bool(security.get("privileged"))
-        linux.readonly_rootfs = bool(security.get("readOnlyRootFilesystem"))
-        linux.no_new_privs = security.get("allowPrivilegeEscalation") is False
-        if "runAsUser" in security:
-            linux.run_as_user.value = int(security["runAsUser"])
-        linux.capabilities.drop_capabilities.extend(
-            security.get("capabilities", {}).get("drop", []))
-        linux.capabilities.add_capabilities.extend(
-            security.get("capabilities", {}).get("add", []))
-        linux.namespace_options.CopyFrom(self.sandbox.linux.security_context.namespace_options)
-        resources = container.get("resources", {})
-        limits, requests = resources.get("limits", {}), resources.get("requests", {})
-        if "memory" in limits:
-            config.linux.resources.memory_limit_in_bytes = _quantity(limits["memory"])
-        if "cpu" in requests:  # the kubelet's shares: 1024 per CPU, at least 2
-            config.linux.resources.cpu_shares = max(2, _millicpu(requests["cpu"]) * 1024 // 1000)
-        return config
-
-    def start(self, container: dict[str, Any]) -> str:
-        request = self.cri.pb.CreateContainerRequest(
-            pod_sandbox_id=self.pod_id, config=self.container_config(container),
-            sandbox_config=self.sandbox)
-        cid = str(self.cri.runtime.CreateContainer(request, timeout=self.cri.timeout)
-                  .container_id)
-        self.attempts[container["name"]] = self.attempts.get(container["name"], 0) + 1
-        self.cri.start_container(cid)
-        return cid
-
-    def run_init_containers(self, timeout: float = 60.0) -> None:
-        """Each init container to completion, in order; one that fails raises with its log."""
-        for container in self.spec.get("initContainers", []):
-            cid = self.start(container)
-            status = wait_exited(self.cri, cid, timeout)
-            if status.exit_code != 0:
-                raise RuntimeError(f"init container {container['name']} exited "
-                                   f"{status.exit_code}: {_log(status, 3000)}")
-
-    def container(self, name: str) -> dict[str, Any]:
-        return next(c for c in self.spec["containers"] if c["name"] == name)
 
 
 # The kubelet's mapping of a volume mount's mountPropagation to CRI's.
