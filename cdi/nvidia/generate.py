@@ -286,7 +286,11 @@ def common_edits(driver: DriverFiles, opts: Options,
     ``node`` says what the compat hook is told; CSV mode names no libcuda folder (Tegra's
     is whatever the CSV files list, and nvidia-ctk leaves the variable out there too)."""
     csv = node is not None and node.mode == "csv"
-    env = [f"NVIDIA_CTK_LIBCUDA_DIR={':'.join(driver.lib_dirs)}"] \
+    # As nvidia-ctk: the folders of libcuda (not vdpau's), every library folder without one.
+    cuda_dirs = [d for d in driver.lib_dirs if any(
+        m.path.startswith(f"{d}/libcuda.so") and "/" not in m.path[len(d) + 1:]
+        for m in driver.libraries)]
+    env = [f"NVIDIA_CTK_LIBCUDA_DIR={':'.join(cuda_dirs or driver.lib_dirs)}"] \
         if driver.lib_dirs and not csv else []
     if opts.link_mode == "mounts" and driver.lib_dirs:
         # With --link-mode mounts no ldcache hook runs, so the driver's library folders
@@ -552,14 +556,13 @@ def capability_files(driver: DriverFiles) -> dict[str, list[str]]:
 
 def config_capability(path: str) -> str:
     """The capability a driver configuration file serves, by its container path: the
-    OpenCL ICD is compute's; the Vulkan, EGL and GLVND files, OptiX's data and the
-    application profiles are graphics'; the X server's configuration is display's."""
+    OpenCL ICD is compute's; the Vulkan, EGL and GLVND files and OptiX's data are
+    graphics'; the X server's configuration is display's."""
     if path.endswith("/OpenCL/vendors/nvidia.icd"):
         return "compute"
     if "/X11/" in path:
         return "display"
-    if any(part in path for part in ("/vulkan/", "/glvnd/", "/egl/", "/nvoptix.bin",
-                                     "/nvidia-application-profiles-")):
+    if any(part in path for part in ("/vulkan/", "/glvnd/", "/egl/", "/nvoptix.bin")):
         return "graphics"
     return "other"
 

@@ -16,6 +16,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -827,12 +828,25 @@ def add_commands(subparsers: Any) -> None:
     parser.add_argument("--no-generate", dest="check_generated", action="store_false",
                         help="skip the fingerprint check (it runs the generator)")
     parser.add_argument("--json", action="store_true", help="JSON output")
+    parser.add_argument("--record-node", type=Path, metavar="FILE",
+                        help="with --e2e on a real node: also write to FILE what the "
+                             "generator reads there (driver files, device nodes, /proc), so "
+                             "its spec can be regenerated from the record later")
     check.add_arguments(parser)
     parser.set_defaults(func=cmd_doctor)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     if args.e2e:
+        if args.record_node is not None and args.simulated:
+            print("nri-cdi doctor: --record-node records a real node, not --simulated's",
+                  file=sys.stderr)
+            return 2
+        if args.record_node is not None:
+            from nri_cdi_testbed.node_record import record  # only when asked
+
+            args.record_node.write_text(json.dumps(
+                record(args.driver_root or "/", "/"), indent=1, sort_keys=True) + "\n")
         return check.cmd(args)
     settings = command_settings(args, "doctor")
     if settings is None:

@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
 from tests.e2e.images import BUSYBOX_IMAGE
 from tests.e2e.plugin import PluginProcess
-from tests.helpers import make_char_device
+from tests.helpers import generate_link_modes, make_char_device
 
 KIND = "handover.example/gpu"
 DEVICE = "/dev/handgpu0"
@@ -70,9 +71,10 @@ def _free_port() -> int:
 
 
 def _plugin(ctrd: Containerd, specs: Path, name: str, status: Path, port: int) -> PluginProcess:
-    return PluginProcess(ctrd.nri_socket, [specs / "cdi"], specs / f"{name}-{ctrd.version}.log",
+    log = specs / f"{name}-{ctrd.version}.log".replace(" ", "-")
+    return PluginProcess(ctrd.nri_socket, [specs / "cdi"], log,
                          ["--status-dir", str(status), "--metrics-address", f"127.0.0.1:{port}",
-                          "--ready-file", str(specs / f"{name}-{ctrd.version}.ready")])
+                          "--ready-file", str(log.with_suffix(".ready"))])
 
 
 def _edits(spec: dict[str, Any]) -> dict[str, Any]:
@@ -165,41 +167,55 @@ def _outcomes(cri: CriClient, ids: list[str]) -> dict[str, list[str]]:
     return got
 
 
-def test_an_upgrade_hands_over_with_no_container_unserved(ctrd: Containerd, specs: Path) -> None:
-    status = specs / f"upgrade-status-{ctrd.version}"
+def _jobs_across(ctrd: Containerd, specs: Path, name: str,
+                 roll: Callable[[Jobs, PluginProcess, PluginProcess], None]
+                 ) -> tuple[Jobs, dict[str, list[str]]]:
+    """Jobs created all along while ``roll`` replaces plugin ``old`` by plugin ``new``
+    (same status folder and metrics address, as two pods of the DaemonSet on one node);
+    the Jobs and their outcomes."""
     port = _free_port()
-    old = _plugin(ctrd, specs, "old", status, port).start()
-    new = _plugin(ctrd, specs, "new", status, port)
+    old = _plugin(ctrd, specs, f"{name}-old", specs / f"{name}-status-{ctrd.version}", port)
+    new = _plugin(ctrd, specs, f"{name}-new", specs / f"{name}-status-{ctrd.version}", port)
     try:
+        old.start()
         with ctrd.cri() as cri, cri.cleanup():
             with Jobs(ctrd) as jobs:
                 jobs.more(5)
-                new.spawn()  # the surge pod: its plugin starts beside the old one
-                new.wait_for_log("serves this node")  # the status lock is the old one's
-                # The kubelet's readiness probe: the new plugin's own ready file.
-                wait_until((specs / f"new-{ctrd.version}.ready").exists,
-                           "the new plugin is ready")
-                jobs.more(5)  # both serve
-                assert old.terminate() == 0  # the DaemonSet ends the old pod
-                new.wait_for_log("are this one's now")
-                jobs.more(10)
+                roll(jobs, old, new)
             outcome = _outcomes(cri, jobs.created)
-            print(f"\n{len(jobs.created)} Jobs across the hand-over: "
+            print(f"\n{len(jobs.created)} Jobs across {name}: "
                   f"{ {k: len(v) for k, v in outcome.items()} }; CRI failures {jobs.failed}")
-            assert jobs.failed == []
-            assert outcome["without device"] == [] and outcome["failed"] == []
-            assert len(outcome["succeeded"]) == len(jobs.created) >= 20
-            # The node's status file and metrics address are the new plugin's now.
-            reading = read_status(str(status), "nri-cdi", "10")
-            assert reading.status is not None and reading.alive
-            assert (reading.status.pid, reading.status.state) == (new.process.pid, CONNECTED)
-            new.wait_for_log(f"metrics and health on http://127.0.0.1:{port}/metrics")
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as r:
-                assert json.load(r)["connected"] is True
             cri.delete_pod(jobs.pod)
+        return jobs, outcome
     finally:
         old.kill()
         new.kill()
+
+
+def test_an_upgrade_hands_over_with_no_container_unserved(ctrd: Containerd, specs: Path) -> None:
+    def hand_over(jobs: Jobs, old: PluginProcess, new: PluginProcess) -> None:
+        new.spawn()  # the surge pod: its plugin starts beside the old one
+        new.wait_for_log("serves this node")  # the status lock is the old one's
+        # The kubelet's readiness probe: the new plugin's own ready file.
+        wait_until(Path(_ready_file(new)).exists, "the new plugin is ready")
+        jobs.more(5)  # both serve
+        assert old.terminate() == 0  # the DaemonSet ends the old pod
+        new.wait_for_log("are this one's now")
+        jobs.more(10)
+        # The node's status file and metrics address are the new plugin's now.
+        reading = read_status(_status_dir(new), "nri-cdi", "10")
+        assert reading.status is not None and reading.alive
+        assert new.process is not None
+        assert (reading.status.pid, reading.status.state) == (new.process.pid, CONNECTED)
+        address = _metrics_address(new)
+        new.wait_for_log(f"metrics and health on http://{address}/metrics")
+        with urllib.request.urlopen(f"http://{address}/healthz", timeout=10) as reply:
+            assert json.load(reply)["connected"] is True
+
+    jobs, outcome = _jobs_across(ctrd, specs, "the hand-over", hand_over)
+    assert jobs.failed == []
+    assert outcome["without device"] == [] and outcome["failed"] == []
+    assert len(outcome["succeeded"]) == len(jobs.created) >= 20
 
 
 def test_a_restart_with_no_overlap_is_what_the_hand_over_avoids(
@@ -207,47 +223,42 @@ def test_a_restart_with_no_overlap_is_what_the_hand_over_avoids(
     """The old roll-out (old plugin ended, then the new one started), under the same Jobs:
     the figures to compare with the hand-over's, and the check that a Job without its
     device does fail (so the hand-over's all-succeeded means something)."""
-    status = specs / f"restart-status-{ctrd.version}"
-    port = _free_port()
-    old = _plugin(ctrd, specs, "r-old", status, port).start()
-    new = _plugin(ctrd, specs, "r-new", status, port)
-    try:
-        with ctrd.cri() as cri, cri.cleanup():
-            with Jobs(ctrd) as jobs:
-                jobs.more(5)
-                assert old.terminate() == 0
-                jobs.more(3)  # no plugin at all: NRI is fail-open
-                new.start()
-                jobs.more(5)
-            outcome = _outcomes(cri, jobs.created)
-            print(f"\n{len(jobs.created)} Jobs across a restart with no overlap: "
-                  f"{ {k: len(v) for k, v in outcome.items()} }; CRI failures {jobs.failed}")
-            assert outcome["without device"], "no Job was created while no plugin was connected"
-            # Each of them failed (or was refused its start by fail-closed): none succeeded.
-            assert not set(outcome["without device"]) & set(outcome["succeeded"])
-            cri.delete_pod(jobs.pod)
-    finally:
-        old.kill()
-        new.kill()
+    def restart(jobs: Jobs, old: PluginProcess, new: PluginProcess) -> None:
+        assert old.terminate() == 0
+        jobs.more(3)  # no plugin at all: NRI is fail-open
+        new.start()
+        jobs.more(5)
+
+    _, outcome = _jobs_across(ctrd, specs, "a restart with no overlap", restart)
+    assert outcome["without device"], "no Job was created while no plugin was connected"
+    # Each of them failed (or was refused its start by fail-closed): none succeeded.
+    assert not set(outcome["without device"]) & set(outcome["succeeded"])
+
+
+def _flag(plugin: PluginProcess, flag: str) -> str:
+    return plugin.extra_args[plugin.extra_args.index(flag) + 1]
+
+
+def _ready_file(plugin: PluginProcess) -> str:
+    return _flag(plugin, "--ready-file")
+
+
+def _status_dir(plugin: PluginProcess) -> str:
+    return _flag(plugin, "--status-dir")
+
+
+def _metrics_address(plugin: PluginProcess) -> str:
+    return _flag(plugin, "--metrics-address")
 
 
 @pytest.fixture(scope="module")
 def nvidia_node(tmp_path_factory: pytest.TempPathFactory, e2e_ready: None) -> Path:
     """A simulated 2-GPU node's spec, generated in each link mode."""
-    import subprocess
-    import sys
-
     from nri_cdi_testbed.simnode import NodeLayout, build_node
-    from tests.e2e.plugin import REPO
 
     root = tmp_path_factory.mktemp("handover-nvidia")
     built = build_node(root / "node", NodeLayout.uniform(2))
-    for mode in ("hooks", "mounts"):
-        (root / mode).mkdir()
-        subprocess.run([sys.executable, "-m", "nri_plugin.ops.cli", "generate", "--mode",
-                        "procfs", "--driver-root", str(built.driver_root), "--link-mode", mode,
-                        "--output", str(root / mode / "nvidia.yaml")],
-                       check=True, cwd=REPO, capture_output=True)
+    generate_link_modes(root, built.driver_root)
     (root / "policy.yaml").write_text(
         "sources: {visibleDevicesEnv: {enabled: true, privilegedOnly: false}}\n")
     return root
