@@ -1,4 +1,4 @@
-"""deploy/kubernetes as a kubelet would run it, without a kubelet or a registry.
+"""deploy/kubernetes on a simulated node, as a real kubelet ran it (its recorded requests).
 
 * The image: the Debian root and dependency wheels of scripts/install-image-root.sh, the
   checkout's own wheel, installed by that root's pip with the Dockerfile's own pip command;

@@ -1,5 +1,7 @@
-"""The DaemonSet as it would run (deploy/kubernetes): its image built as the Dockerfile says,
-its pod run through CRI as the kubelet would run the manifest (tests/e2e/daemonset.py), on a
+"""The DaemonSet as it runs (deploy/helm/nri-cdi): its image built as the Dockerfile says,
+its pod created through CRI with the very requests a real kubelet sent when a control plane
+created it from the chart (tests/data/kubelet-1.35.6/daemonset, replayed; the recording is
+checked against the chart as it renders now by tests/test_daemonset_recording.py), on a
 simulated GPU node, against the private containerd that it then serves as NRI plugin.
 
 The init container generates the node's spec, the plugin registers with that containerd, a
