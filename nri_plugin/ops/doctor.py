@@ -113,7 +113,9 @@ def check_nri_enabled(cfg: ContainerdConfig, our_socket: str, place: Place = ON_
                      fix=ON_THE_NODE)
     if cfg.error:
         return Check(name=name, status="fail", detail=f"cannot read {cfg.path}: {cfg.error}",
-                     fix="fix the file's syntax (containerd would not start with it either)")
+                     fix=("name the file containerd reads: runtime_cdi.containerd_config in "
+                          "nri-cdi's configuration (--containerd-config)") if not cfg.located
+                     else "fix the file's syntax (containerd would not start with it either)")
     nri = cfg.plugin(NRI_SECTION)
     default_off = not cfg.v2_defaults
     disabled = nri.get("disable", default_off)
