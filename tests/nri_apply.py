@@ -6,6 +6,12 @@ v0.10.0, v0.11.0 and v0.12.0, which containerd (``internal/cri/nri``) and CRI-O
 (``server/nri-api.go``) both call with the NRI version they vendor. Only the parts the
 CDI injector uses: env, hooks, CDI_devices, linux.devices, linux.resources.devices,
 mounts, in ``Adjust``'s order. Independent of the plugin's code on purpose.
+
+Checked against real runtimes (tests/test_nri_wire_model.py): for every container the
+plugin adjusted in the NRI wire recordings (tests/data/nri-wire/), the container NRI showed
+the plugin, with the recorded adjustment applied here, is the OCI spec the runtime made
+(env, mounts in order, device nodes, device rules, hooks). Where a recording disagrees,
+the recording is right and this model changes.
 """
 
 from __future__ import annotations
@@ -31,6 +37,51 @@ CONTAINER_BEFORE_NRI: dict[str, Any] = {
 _HOOKS = (("prestart", "prestart"), ("poststart", "poststart"), ("poststop", "poststop"),
           ("create_runtime", "createRuntime"), ("create_container", "createContainer"),
           ("start_container", "startContainer"))
+
+
+def before_nri(container: nri_pb2.Container) -> dict[str, Any]:
+    """The OCI spec (the parts an adjustment changes) of a container as NRI shows it to a
+    plugin in CreateContainer: what the runtime made before NRI."""
+    from google.protobuf import json_format
+
+    linux = container.linux
+    spec: dict[str, Any] = {
+        "process": {"env": list(container.env)},
+        "mounts": [{"destination": m.destination, **({"type": m.type} if m.type else {}),
+                    "source": m.source, **({"options": list(m.options)} if m.options else {})}
+                   for m in container.mounts],
+        "linux": {"devices": [_oci_device(d) for d in linux.devices],
+                  "resources": {"devices": [_oci_rule(r) for r in linux.resources.devices]}},
+    }
+    hooks = json_format.MessageToDict(container.hooks, preserving_proto_field_name=True)
+    for field, oci in _HOOKS:
+        if hooks.get(field):
+            spec.setdefault("hooks", {})[oci] = hooks[field]
+    return spec
+
+
+def _oci_device(d: nri_pb2.LinuxDevice) -> dict[str, Any]:
+    oci: dict[str, Any] = {"path": d.path, "type": d.type, "major": d.major, "minor": d.minor}
+    if d.HasField("file_mode"):
+        oci["fileMode"] = d.file_mode.value
+    if d.HasField("uid"):
+        oci["uid"] = d.uid.value
+    if d.HasField("gid"):
+        oci["gid"] = d.gid.value
+    return oci
+
+
+def _oci_rule(r: nri_pb2.LinuxDeviceCgroup) -> dict[str, Any]:
+    rule: dict[str, Any] = {"allow": r.allow}
+    if r.type:
+        rule["type"] = r.type
+    if r.HasField("major"):
+        rule["major"] = r.major.value
+    if r.HasField("minor"):
+        rule["minor"] = r.minor.value
+    if r.access:
+        rule["access"] = r.access
+    return rule
 
 
 def apply_adjustment(spec: dict[str, Any], adjust: nri_pb2.ContainerAdjustment,
