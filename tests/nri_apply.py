@@ -11,7 +11,10 @@ Checked against real runtimes (tests/test_nri_wire_model.py): for every containe
 plugin adjusted in the NRI wire recordings (tests/data/nri-wire/), the container NRI showed
 the plugin, with the recorded adjustment applied here, is the OCI spec the runtime made
 (env, mounts in order, device nodes, device rules, hooks). Where a recording disagrees,
-the recording is right and this model changes.
+the recording is right and this model changes. What they taught it: CRI-O 1.35.6 hands NRI
+a container whose env holds PATH twice (the image's, then its default), and the runtime's
+spec after an env adjustment holds it once: NRI re-adds every old entry through
+runtime-tools' AddProcessEnv, which replaces a name already added (the model kept both).
 """
 
 from __future__ import annotations
@@ -107,25 +110,37 @@ def apply_adjustment(spec: dict[str, Any], adjust: nri_pb2.ContainerAdjustment,
 
 
 def _env(spec: dict[str, Any], env: Any) -> None:
+    """NRI's AdjustEnv: the old entries again, each through runtime-tools' AddProcessEnv
+    (a name already there is replaced where it first stood: duplicates fold into one),
+    those the adjustment names replaced or removed, then the new ones in its order."""
     if not env:
         return
     mod = {kv.key.lstrip("-"): kv for kv in env}
     process = spec.setdefault("process", {})
-    kept = []
+    out: list[str] = []
+    where: dict[str, int] = {}
+
+    def add(name: str, value: str) -> None:
+        if name in where:
+            out[where[name]] = f"{name}={value}"
+        else:
+            where[name] = len(out)
+            out.append(f"{name}={value}")
+
     for entry in process.get("env", []):
-        name, sep, _value = entry.partition("=")
+        name, sep, value = entry.partition("=")
         if not sep:
             continue
         if name in mod:
             kv = mod.pop(name)
             if not kv.key.startswith("-"):
-                kept.append(f"{kv.key}={kv.value}")
+                add(kv.key, kv.value)
             continue
-        kept.append(entry)
+        add(name, value)
     for kv in env:  # the rest are new, in the adjustment's order
         if not kv.key.startswith("-") and kv.key in mod:
-            kept.append(f"{kv.key}={kv.value}")
-    process["env"] = kept
+            add(kv.key, kv.value)
+    process["env"] = out
 
 
 def _hooks(spec: dict[str, Any], hooks: nri_pb2.Hooks) -> None:

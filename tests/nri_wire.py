@@ -225,46 +225,63 @@ class Scenarios:
                        message=error.details())
 
 
-def record_containerd(label: str, bin_dir: Path, out: Path, work: Path) -> None:
-    """The scenarios on a private containerd from ``bin_dir`` (its own CDI on, reading the
-    plugin's folders), the plugin connected through the recorder; ``out`` gets the
-    recording with the node's root written ``{node}`` and containerd's folder
-    ``{runtime}``."""
+def record(label: str, out: Path, work: Path, *, crio_bin: Path | None = None,
+           containerd_bin: Path | None = None) -> None:
+    """The scenarios on a private runtime (containerd from ``containerd_bin``, or CRI-O
+    from ``crio_bin``), its own CDI on and reading the plugin's folders, the plugin
+    connected through the recorder; ``out`` gets the recording with the node's root
+    written ``{node}`` and the runtime's folder ``{runtime}``."""
     from nri_cdi_testbed.node_check.containerd import Containerd
-    from nri_cdi_testbed.node_check.images import BUSYBOX_IMAGE, busybox_image, pause_image
+    from nri_cdi_testbed.node_check.images import (
+        BUSYBOX_IMAGE,
+        PAUSE_IMAGE,
+        busybox_image,
+        pause_image,
+    )
     from nri_cdi_testbed.node_check.plugin import PluginProcess
     from tests.e2e.nri_recorder import NriRecorder
+    from tests.nri_wire_crio import Crio
 
     world = build_world(work / "node")
     (work / "images").mkdir()
     archives = [pause_image(work / "images"), busybox_image(work / "images")]
-    major_minor = ".".join(label.split("-")[-1].split(".")[:2])
-    ctrd = Containerd(enable_cdi=True, cdi_spec_dirs=world.spec_dirs, bin_dir=bin_dir,
-                      version=major_minor)
+    runtime: Crio | Containerd
+    if crio_bin is not None:
+        runtime = Crio(cdi_spec_dirs=world.spec_dirs, bin_path=crio_bin)
+        runtime.import_image(archives[0], PAUSE_IMAGE)
+        runtime.import_image(archives[1], BUSYBOX_IMAGE)
+        runtime_name = "cri-o"
+    else:
+        assert containerd_bin is not None
+        major_minor = ".".join(label.split("-")[-1].split(".")[:2])
+        runtime = Containerd(enable_cdi=True, cdi_spec_dirs=world.spec_dirs,
+                             bin_dir=containerd_bin, version=major_minor)
+        runtime_name = "containerd"
     listen = work / "nri-proxy.sock"
     plugin = PluginProcess(str(listen), [], work / "plugin.log",
                            extra_args=["--config", str(world.config)])
+
+    def start_plugin() -> None:
+        mark = plugin.log_size()
+        plugin.spawn()
+        plugin.wait_for_log(f"connected to {runtime_name}", after=mark)
+
     try:
-        ctrd.start()
-        ctrd.import_images(*archives)
-        with NriRecorder(listen, ctrd.nri_socket, out,
+        runtime.start()
+        if isinstance(runtime, Containerd):
+            runtime.import_images(*archives)
+        with NriRecorder(listen, runtime.nri_socket, out,
                          roots={str(world.root): ROOT_NAME,
-                                str(ctrd.workdir): "{runtime}"}) as recorder:
+                                str(runtime.workdir): "{runtime}"}) as recorder:
             recorder.mark("#runtime", label=label)
-            plugin.start()
-
-            def restart() -> None:
-                mark = plugin.log_size()
-                plugin.spawn()
-                plugin.wait_for_log("connected to containerd", after=mark)
-
-            with ctrd.cri() as cri, cri.cleanup():
-                Scenarios(cri, recorder, BUSYBOX_IMAGE, plugin.kill, restart).run(
+            start_plugin()
+            with runtime.cri() as cri, cri.cleanup():
+                Scenarios(cri, recorder, BUSYBOX_IMAGE, plugin.kill, start_plugin).run(
                     cdi_devices_field=cri.has_cdi_devices_field)
             plugin.kill()
     finally:
         plugin.kill()
-        ctrd.close()
+        runtime.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,16 +290,19 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m tests.nri_wire")
     sub = parser.add_subparsers(dest="command", required=True)
-    rec = sub.add_parser("record", help="record the scenarios on a private containerd")
+    rec = sub.add_parser("record", help="record the scenarios on a private runtime")
     rec.add_argument("--runtime", required=True, help="the recording's name, "
-                     "e.g. containerd-2.2.1")
+                     "e.g. containerd-2.2.1 or cri-o-1.35.6")
     rec.add_argument("--bin", type=Path, required=True,
-                     help="folder with containerd, ctr, containerd-shim-runc-v2")
+                     help="folder with containerd, ctr, containerd-shim-runc-v2 (or with "
+                          "CRI-O's crio, pinns, copyimg for a cri-o-* runtime)")
     rec.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     args.out.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="nri-wire-") as work:
-        record_containerd(args.runtime, args.bin, args.out.resolve(), Path(work))
+        crio = args.runtime.startswith("cri-o")
+        record(args.runtime, args.out.resolve(), Path(work),
+               crio_bin=args.bin if crio else None, containerd_bin=None if crio else args.bin)
     return 0
 
 

@@ -41,7 +41,8 @@ from tests.nri_wire import ROOT_NAME, build_world
 
 DATA = Path(__file__).parent / "data" / "nri-wire"
 # Every runtime a recording must exist for: a missing one fails, never skips.
-RUNTIMES = ("containerd-1.7.24", "containerd-2.1.9", "containerd-2.2.1", "containerd-2.3.4")
+RUNTIMES = ("containerd-1.7.24", "containerd-2.1.9", "containerd-2.2.1", "containerd-2.3.4",
+            "cri-o-1.35.6")
 RUNTIME_NAME = "{runtime}"
 # A bound on one wait for the plugin: only a hang gets there (a process on a loaded machine).
 HANG = 60.0
@@ -66,6 +67,7 @@ class Replay:
             asyncio.Queue())
         self.peers: dict[int, RuntimePeer] = {}
         self.compared = 0
+        self.case = "(start)"  # the scenario the recording is in, for messages
 
     def responses(self) -> dict[tuple[int, int, int], dict[str, Any]]:
         return {(r["session"], r["conn"], r["stream"]): r for r in self.lines
@@ -87,9 +89,12 @@ class Replay:
     async def step(self, line: dict[str, Any],
                    recorded: dict[tuple[int, int, int], dict[str, Any]]) -> None:
         kind, method = line["kind"], line["method"]
-        where = f"seq {line['seq']} ({method}, session {line.get('session')})"
+        where = (f"{self.case}: seq {line['seq']} ({method}, session {line.get('session')}): "
+                 "the plugin's answer differs from the recorded one")
         if kind == "mark":
-            if method == "#connect":
+            if method == "#case":
+                self.case = line["message"]["label"]
+            elif method == "#connect":
                 reader, writer = await asyncio.wait_for(self.accepted.get(), HANG)
                 self.peers[line["session"]] = RuntimePeer(reader, writer)
             elif method == "#plugin" and line["message"]["action"] == "killed":
