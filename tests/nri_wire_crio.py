@@ -154,6 +154,9 @@ class Crio:
             # our pause image: its entrypoint (a shell loop), not /pause
             'pause_command = ""',
             f"signature_policy = {_q(w / 'policy.json')}",
+            # both default to folders under /etc/crio, which CRI-O would create
+            f"signature_policy_dir = {_q(w / 'policies')}",
+            f"namespaced_auth_dir = {_q(w / 'auth')}",
             "[crio.network]",
             f"network_dir = {_q(w / 'cni' / 'net.d')}",
             f"plugin_dirs = [{_q(w / 'cni' / 'bin')}]",
