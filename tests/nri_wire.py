@@ -111,12 +111,17 @@ def _nvidia(root: Path) -> None:
     from nri_cdi_testbed.simnode import NodeLayout, build_node
 
     node = build_node(root / "gpu-node", NodeLayout.uniform(1))
-    (root / "nvidia").mkdir()
+    generate(root, node.driver_root, node.root, "mounts", root / "nvidia")
+
+
+def generate(root: Path, driver_root: Path, dev_root: Path, mode: str, out: Path) -> None:
+    """``nri-cdi generate`` of the simulated driver into ``out/nvidia.yaml``."""
+    out.mkdir()
     subprocess.run(
         [sys.executable, "-m", "nri_plugin.ops.cli", "generate", "--mode", "procfs",
-         "--cdi-version", "0.6.0", "--driver-root", str(node.driver_root),
-         "--dev-root", str(node.root), "--link-mode", "mounts",
-         "--output", str(root / "nvidia" / "nvidia.yaml")],
+         "--cdi-version", "0.6.0", "--driver-root", str(driver_root),
+         "--dev-root", str(dev_root), "--link-mode", mode,
+         "--output", str(out / "nvidia.yaml")],
         check=True, cwd=Path(__file__).resolve().parents[1], capture_output=True)
 
 

@@ -95,3 +95,20 @@ def test_the_running_crio_serving_our_socket_is_found(tmp_path: Path) -> None:
     assert found is not None and found.pid == 11 and found.path == str(ours)
     assert found.read().nri_socket == "/run/ours.sock"
     assert locate_crio("/run/nobody.sock", environ={}, proc=str(proc)) is None
+
+
+def test_doctor_says_what_crio_lacks(tmp_path: Path) -> None:
+    from nri_plugin.ops.doctor import check_crio_cdi, check_crio_nri
+
+    config, folder = _files(tmp_path, '[crio.runtime]\ncdi_spec_dirs = ["/etc/cdi"]\n'
+                                      '[crio.nri]\nnri_listen = "/run/nri/nri.sock"\n')
+    cfg = read_crio_config(str(config), str(folder))
+    cdi = check_crio_cdi(cfg, ["/etc/cdi", "/var/run/nri-cdi"])
+    assert cdi.status == "fail" and "not /var/run/nri-cdi" in cdi.detail
+    assert cdi.fix.endswith('cdi_spec_dirs = ["/etc/cdi", "/var/run/nri-cdi"]')
+    assert check_crio_cdi(cfg, ["/etc/cdi"]).status == "ok"
+    assert check_crio_nri(cfg, "/var/run/nri/nri.sock").status == "ok"
+    wrong = check_crio_nri(cfg, "/run/elsewhere.sock")
+    assert wrong.status == "fail" and "plugin.socket: /run/nri/nri.sock" in wrong.fix
+    off = read_crio_config(str(config), str(folder), flags=("--enable-nri=false",))
+    assert check_crio_nri(off, "/run/nri/nri.sock").detail == "[crio.nri] enable_nri = false"
