@@ -5,7 +5,7 @@ The plugin is pointed at ``listen`` instead of the runtime's socket; each connec
 makes is joined to a new connection to ``upstream`` and every byte goes through unchanged,
 in both directions, as it arrives. Alongside, the byte streams are parsed as the runtime and
 the plugin parse them (mux frames, then ttrpc messages per logical connection:
-docs/developer/nri-protocol.md §1-§2), and each whole ttrpc message becomes one JSON line::
+docs/developer/nri-protocol.md §1, §2), and each whole ttrpc message becomes one JSON line::
 
     {"seq": 12, "elapsed": 0.41, "session": 1, "from": "runtime", "conn": 1,
      "stream": 5, "kind": "request", "method": "CreateContainer",
