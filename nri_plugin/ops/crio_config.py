@@ -28,6 +28,7 @@ try:
 except ImportError:  # Python 3.10: no TOML parser in the standard library
     tomllib = None  # type: ignore[assignment]
 
+from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, PLUGIN_SOCKET_ENV
 from nri_plugin.ops.containerd_config import same_path
 
@@ -77,7 +78,7 @@ class CrioConfig:
         return ", ".join(self.files) if self.files else f"no file ({self.path} absent)"
 
 
-class _Unread(Exception):
+class _Unread(NRIPluginError):
     pass
 
 
