@@ -38,8 +38,9 @@ BIN_ENV = "NRI_CDI_CRIO"
 DEFAULT_BIN = Path("/opt/builds/crio-1.35.6/bin")
 CONMON = Path("/usr/bin/conmon")
 _WRAPPER = """#!{python}
-# runc with each created container's oomScoreAdj raised to this process's own: the VM
-# lacks CAP_SYS_RESOURCE to lower it. Everything else goes to runc unchanged.
+# runc with each created container's oomScoreAdj raised to this process's own (the VM
+# lacks CAP_SYS_RESOURCE to lower it), and hugepage limits left out where no hugetlb
+# controller is mounted. Everything else goes to runc unchanged.
 import json, os, sys
 args = sys.argv[1:]
 if "create" in args and "--bundle" in args:
@@ -49,8 +50,17 @@ if "create" in args and "--bundle" in args:
         spec = json.load(f)
     own = int(open("/proc/self/oom_score_adj").read())
     process = spec.get("process") or {{}}
-    if process.get("oomScoreAdj", own) < own:
+    changed = process.get("oomScoreAdj", own) < own
+    if changed:
         process["oomScoreAdj"] = own
+    # a kubelet's pods carry hugepage limits, which runc cannot set on a cgroup v1 machine
+    # without the hugetlb controller
+    resources = (spec.get("linux") or {{}}).get("resources") or {{}}
+    if resources.get("hugepageLimits") and not os.path.isdir("/sys/fs/cgroup/hugetlb") \
+            and not os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        del resources["hugepageLimits"]
+        changed = True
+    if changed:
         with open(path, "w") as f:
             json.dump(spec, f)
 os.execv({runc!r}, [{runc!r}, *args])
