@@ -5,12 +5,23 @@ its own kept as JSON in io.kubernetes.cri-o.Annotations."""
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from cdi.cache import SpecCache
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.crio import fill_name, own_annotations
-from nri_plugin.nri.dispatch import Dispatcher
+from nri_plugin.nri.dispatch import Dispatcher, RpcError
 from nri_plugin.nri.plugin import Plugin
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.vendor import Registry
+from nri_plugin.vendors.nvidia.rules import NvidiaRules
+from tests.helpers import annotations_policy, write_specs
+from tests.nri_plugin.test_policy_injector import SPEC, _sidecar
 
 CDI_KEY = "cdi.k8s.io/dev"
 
@@ -72,3 +83,22 @@ def test_the_plugin_sees_the_cri_name_in_every_request() -> None:
     dispatcher.dispatch("CreateContainer", nri_pb2.CreateContainerRequest(
         container=crio_container()).SerializeToString())
     assert plugin.names == ["app", "app"]
+
+
+def test_a_pods_annotation_crio_copied_is_judged_as_the_pods(tmp_path: Path) -> None:
+    """Where pod annotations are not allowed, a pod's cdi.k8s.io annotation that CRI-O
+    copied into the container's is still refused by the pod-annotation rule (the container
+    annotation rule, which allows it everywhere by default, does not let it through)."""
+    folder = write_specs(tmp_path / "cdi", {"nvidia.yaml": SPEC})
+    (folder / "nvidia.yaml.meta").write_text(
+        json.dumps(_sidecar((folder / "nvidia.yaml").read_bytes())))
+    registry = Registry.load(SpecCache([str(folder)]).refresh(), [NvidiaRules()])
+    plugin = CdiInjector(lambda: registry, vendors=[NvidiaRules()], policy=annotations_policy(
+        {"sources": {"podAnnotations": {"namespaces": ["ml"]}}}))
+    plugin.configure("", "cri-o", "1.35.6")
+    asked = {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}
+    pod = nri_pb2.PodSandbox(id="p1", name="pod", namespace="web", annotations=asked)
+    copied = nri_pb2.Container(id="c1", pod_sandbox_id="p1", name="app", annotations={
+        **asked, "io.kubernetes.cri-o.Annotations": "null"})
+    with pytest.raises(RpcError, match=re.escape("sources.podAnnotations.namespaces")):
+        plugin.create_container(pod, copied)
