@@ -22,6 +22,7 @@ from cdi.cache import Snapshot
 from cdi.errors import UnresolvedDevicesError
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
+from nri_plugin.nri.crio import own_annotations
 from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.stub import Callback, CloseCallback, Stub
@@ -127,7 +128,8 @@ def container_unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Contai
         return None
     requests = [r.name for r in context.requests]
     if native_cdi:
-        theirs = {r.name for r in container_requests(container.annotations)}
+        # the container's own (CRI-O shows the pod's among them, and does not inject those)
+        theirs = {r.name for r in container_requests(own_annotations(container))}
         requests = [n for n in requests if n not in theirs]
     env = _final_env(snapshot, requests)
     missing = tuple(n for n in requests if not _has(container, n, snapshot, env))
