@@ -21,6 +21,7 @@ from cdi.cache import Snapshot, SpecCache
 from cdi.errors import printable
 from cdi.watch import AutoRefresh
 from nri_plugin.nri.plugin import Plugin
+from nri_plugin.nri.second_connection import SecondConnection
 from nri_plugin.nri.stub import Callback, CloseCallback, Stub, plugin_identity
 from nri_plugin.nri.versions import (
     PLUGIN_IDX_ENV,
@@ -44,15 +45,15 @@ from nri_plugin.ops.settings import (
 from nri_plugin.ops.status import LAUNCHED_SOCKET, StatusFile
 from nri_plugin.plugins.cdi_injector.claims import OnHit, OnMiss
 from nri_plugin.plugins.cdi_injector.counters import Counters
-from nri_plugin.plugins.cdi_injector.failclosed import (
-    FAILCLOSED_LOGGER,
-    GuardConnection,
-    GuardedConnections,
-    StartGuard,
-)
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.metered import Metered
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyError, load_policy, parse_policy
+from nri_plugin.plugins.cdi_injector.startguard import (
+    FAILCLOSED_LOGGER,
+    GuardConnection,
+    StartGuard,
+    guarded_connections,
+)
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder, VendorRules
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 
@@ -197,9 +198,9 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
                     on_synchronized=connected if is_main else None,
                     on_close=closed, before_connect=before_connect, logger=logger)
 
-    runner: Stub | GuardedConnections = (
+    runner: Stub | SecondConnection = (
         make_stub(main, name, on_close, None) if launched
-        else GuardedConnections(guard, main, make_stub, name, on_close=on_close))
+        else guarded_connections(guard, main, make_stub, name, on_close=on_close))
     log.info("plugin %s-%s starting; spec dirs %s; policy %s; vendors %s", own_index,
              own_name, ", ".join(cache.spec_dirs), policy.origin,
              ", ".join(f"{v.name} (hooks: {', '.join(v.hooks) or 'none'})" for v in vendors)
@@ -219,7 +220,7 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     return 0
 
 
-async def _run(stub: Stub | GuardedConnections) -> None:
+async def _run(stub: Stub | SecondConnection) -> None:
     """Serve until SIGTERM or SIGINT."""
     task = asyncio.ensure_future(stub.run())
 

@@ -16,13 +16,10 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.wire import bound_message, clip
 from nri_plugin.ops.logformat import BoundedLog
-from nri_plugin.plugins.cdi_injector.failclosed import (
-    FAILCLOSED_LOGGER,
-    StartGuard,
+from nri_plugin.plugins.cdi_injector.eviction import (
+    cgroup_has_processes,
     cgroup_relpath,
-    find_unserved,
     stop_processes,
-    termination_file,
 )
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy
@@ -31,6 +28,8 @@ from nri_plugin.plugins.cdi_injector.requests import (
     TooManyNamesError,
     check_name_count,
 )
+from nri_plugin.plugins.cdi_injector.startguard import FAILCLOSED_LOGGER, StartGuard
+from nri_plugin.plugins.cdi_injector.unserved import find_unserved, termination_file
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import nvidia_policy, write_specs
@@ -184,10 +183,88 @@ def test_a_created_container_is_owed_a_check_only_for_a_while(
     now = [100.0]
     plugin = guard(snapshot, cgroup_root, clock=now)
     plugin.synchronize([pod()], [container("dead")])
-    assert plugin.needed and plugin.next_expiry() == plugin.pending_limit
-    now[0] += plugin.pending_limit
-    assert not plugin.needed
+    assert plugin.needed and plugin.next_due() == plugin.recheck
+    while plugin.needed:  # its cgroup is looked at, empty each time, until the limit
+        assert now[0] < 100.0 + plugin.pending_limit
+        next_due = plugin.next_due()
+        assert next_due is not None
+        now[0] += next_due
+        plugin.due()
+    assert now[0] == 100.0 + plugin.pending_limit
     assert "has not started within 60 s of being found" in caplog.text
+    assert plugin.counters.unserved_evicted == 0
+
+
+def test_a_pending_container_whose_start_the_guard_never_saw_is_stopped(
+    snapshot: Snapshot, cgroup_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Listed as created at the guard's Synchronize, then started without its
+    StartContainer reaching the guard (containerd 1.7 dispatched it before the guard's
+    registration completed): its cgroup shows processes at two looks in a row, and it is
+    stopped as one found running, with the kubelet told why."""
+    now = [100.0]
+    procs: dict[str, bool] = {}
+    injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()])
+    plugin = StartGuard(injector, cgroup_root=str(cgroup_root), clock=lambda: now[0],
+                        has_processes=lambda path: procs.get(path, False))
+    plugin.configure("", "containerd", "1.7.24")
+    proc = sleeper()
+    k8s_pod, ctr, log = kubelet_container(tmp_path, "c8", 0)
+    ctr.state = nri_pb2.CONTAINER_CREATED
+    ctr.linux.cgroups_path = "/k8s.io/c8"
+    in_cgroup(cgroup_root, ctr.linux.cgroups_path, [proc.pid])
+    plugin.guard_synchronize([k8s_pod], [ctr])
+    assert "is created but not started; it is checked when it starts" in caplog.text
+
+    def look() -> None:
+        next_due = plugin.next_due()
+        assert next_due is not None
+        now[0] += next_due
+        plugin.due()
+
+    look()  # no task yet: nothing in its cgroup
+    procs[ctr.linux.cgroups_path] = True
+    look()  # its task is there: the StartContainer may still be on its way
+    assert proc.poll() is None and plugin.needed
+    look()  # still there, and no StartContainer came: it started past the guard
+    assert killed(proc)
+    assert plugin.next_due() is None  # nothing pending
+    assert plugin.counters.unserved_evicted == 1
+    assert "found running, its start not seen by the guard" in caplog.text
+    assert log.read_text().startswith("nri-cdi: stopped: the container was created while "
+                                      "the plugin was away, without its devices")
+    assert now[0] < 100.0 + plugin.pending_limit  # well before it would have been let go
+    plugin.start_container(k8s_pod, ctr)  # a late StartContainer: nothing owed any more
+
+
+def test_a_pending_container_whose_start_reaches_the_guard_is_refused_there(
+    snapshot: Snapshot, cgroup_root: Path
+) -> None:
+    """One look at processes is no start seen: the StartContainer that follows the task's
+    creation is what refuses it (the start error says why)."""
+    now = [0.0]
+    procs = {"/k8s.io/w": False}
+    injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()])
+    plugin = StartGuard(injector, cgroup_root=str(cgroup_root), clock=lambda: now[0],
+                        has_processes=lambda path: procs[path])
+    plugin.configure("", "containerd", "2.1.9")
+    plugin.guard_synchronize([pod()], [container("w", cgroup="/k8s.io/w")])
+    procs["/k8s.io/w"] = True
+    now[0] += plugin.recheck
+    plugin.due()
+    assert plugin.next_due() == plugin.recheck and plugin.counters.unserved_evicted == 0
+    with pytest.raises(RpcError, match="created while the plugin was away"):
+        plugin.start_container(pod(), container("w", cgroup="/k8s.io/w"))
+    assert plugin.next_due() is None and plugin.counters.unserved_evicted == 1
+
+
+def test_cgroup_processes_are_read_from_cgroup_procs(cgroup_root: Path) -> None:
+    in_cgroup(cgroup_root, "/k8s.io/full", [4242])
+    in_cgroup(cgroup_root, "/k8s.io/empty", [])
+    assert cgroup_has_processes("/k8s.io/full", str(cgroup_root))
+    assert not cgroup_has_processes("/k8s.io/empty", str(cgroup_root))
+    assert not cgroup_has_processes("/k8s.io/absent", str(cgroup_root))
+    assert not cgroup_has_processes("", str(cgroup_root))
 
 
 def test_running_containers_found_at_synchronize_are_stopped_after_the_reply(

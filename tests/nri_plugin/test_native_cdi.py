@@ -10,9 +10,9 @@ from cdi.cache import Snapshot, SpecCache
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
-from nri_plugin.plugins.cdi_injector.failclosed import find_unserved
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy
+from nri_plugin.plugins.cdi_injector.unserved import find_unserved
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from tests.helpers import write_specs
 

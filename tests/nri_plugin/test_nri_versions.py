@@ -23,10 +23,10 @@ from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.stub import Stub
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
-from nri_plugin.plugins.cdi_injector.failclosed import StartGuard
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.plan import plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+from nri_plugin.plugins.cdi_injector.startguard import StartGuard
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from tests.helpers import annotations_policy, write_specs
 from tests.nri_apply import CONTAINER_BEFORE_NRI, apply_adjustment

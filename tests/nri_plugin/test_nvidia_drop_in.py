@@ -385,7 +385,7 @@ def test_requirements_apply_to_gpus_of_another_spec(registry: Registry) -> None:
 
 
 def test_fail_closed_sees_volume_mounts_and_other_keys(registry: Registry) -> None:
-    from nri_plugin.plugins.cdi_injector.failclosed import find_unserved
+    from nri_plugin.plugins.cdi_injector.unserved import find_unserved
 
     policy = annotations_policy({"sources": {"volumeMounts": {"enabled": True}}})
     pods = [nri_pb2.PodSandbox(id="p1", name="a", namespace="default"),

@@ -13,10 +13,11 @@ import pytest
 from cdi.cache import SpecCache
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError
-from nri_plugin.plugins.cdi_injector.failclosed import StartGuard, find_unserved
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
+from nri_plugin.plugins.cdi_injector.startguard import StartGuard
+from nri_plugin.plugins.cdi_injector.unserved import find_unserved
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
 from nri_plugin.vendors.nvidia.nodefacts import load_facts
 from nri_plugin.vendors.nvidia.requirements import RequirementError
