@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import Enum
 
 Version = tuple[int, int, int]
 
@@ -57,6 +58,15 @@ def parse_version(text: str) -> Version | None:
     return int(major), int(minor), int(patch or 0)
 
 
+class NativeCdi(Enum):
+    """Whether the runtime's own CDI injects container ``cdi.k8s.io/`` annotations (and CRI
+    CDIDevices) before NRI (containerd enable_cdi)."""
+
+    ON = "on"
+    OFF = "off"
+    UNKNOWN = "unknown"  # not read: annotations are not assumed injected by the runtime
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RuntimeInfo:
     name: str = ""
@@ -66,9 +76,8 @@ class RuntimeInfo:
     # The folders the runtime's own CDI reads (the plugin's runtime_cdi.spec_dirs setting);
     # None: not known, delegated devices are assumed visible.
     cdi_spec_dirs: tuple[str, ...] | None = None
-    # Whether the runtime's own CDI injects container cdi.k8s.io annotations before NRI
-    # (containerd enable_cdi); None: not known, the version's default is assumed.
-    native_cdi: bool | None = None
+    # Whether the runtime's own CDI injects container cdi.k8s.io annotations before NRI.
+    native_cdi: NativeCdi = NativeCdi.UNKNOWN
 
     @classmethod
     def from_configure(cls, name: str, version: str, nri_version: str = "") -> RuntimeInfo:

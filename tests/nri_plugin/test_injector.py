@@ -20,6 +20,7 @@ from nri_plugin.nri.stub import Stub
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.adjust import UnsupportedEditsError, to_adjustment
+from nri_plugin.plugins.cdi_injector.asked import all_sources
 from nri_plugin.plugins.cdi_injector.context import ContainerContext, read_context
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.plan import InjectionError, plan_injection
@@ -31,7 +32,6 @@ from nri_plugin.plugins.cdi_injector.requests import (
     pod_requests,
     unique_requests,
 )
-from nri_plugin.plugins.cdi_injector.sources import all_sources
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RequestSource, env_read
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import annotations_policy, write_specs

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_plugin.nri.versions import RuntimeInfo
+from nri_plugin.nri.versions import NativeCdi, RuntimeInfo
 from nri_plugin.ops.runtime_cdi import runtime_cdi_config
 from nri_plugin.ops.settings import Settings, SettingsError, defaults, parse_settings
 
@@ -29,7 +29,7 @@ def test_version_3_config(tmp_path: Path) -> None:
     assert (got.enabled, got.spec_dirs, got.unread) == (True, ("/opt/cdi",), "")
     assert got.origin == f"read from {config}"
     applied = got.applied_to(C21)
-    assert applied.native_cdi is True and applied.cdi_spec_dirs == ("/opt/cdi",)
+    assert applied.native_cdi is NativeCdi.ON and applied.cdi_spec_dirs == ("/opt/cdi",)
     assert "not read" not in got.describe(C21)
 
 
@@ -58,8 +58,8 @@ def test_no_file_is_said_to_be_an_assumption(tmp_path: Path,
     said = got.describe(C21)
     assert said.startswith("the runtime's settings were not read (no ")
     assert "; assuming runtime's own CDI on, resolves CDI_devices from unknown folders" in said
-    assert got.applied_to(C21).native_cdi is True  # 2.x: on by default
-    assert got.applied_to(C17).native_cdi is False
+    assert got.applied_to(C21).native_cdi is NativeCdi.ON  # 2.x: on by default
+    assert got.applied_to(C17).native_cdi is NativeCdi.OFF
     assert "containerd's settings were not read (no " in caplog.text
     assert "runtime_cdi.containerd_config" in caplog.text  # how to tell it
 

@@ -246,7 +246,7 @@ class StartGuard(Plugin):
                       containers: Sequence[nri_pb2.Container], runtime: RuntimeInfo) -> None:
         core = self.injector
         unserved = find_unserved(pods, containers, core.policy, core.vendors, core.registry(),
-                                 native_cdi=runtime.native_cdi is True)
+                                 native_cdi=runtime.native_cdi)
         now = []
         for item in unserved:
             if item.container_id in self._done or item.container_id in self._pending:
@@ -290,7 +290,7 @@ class StartGuard(Plugin):
         else:
             core = self.injector
             item = container_unserved(pod, container, core.policy, core.vendors,
-                                      core.registry(), self._runtime.native_cdi is True)
+                                      core.registry(), self._runtime.native_cdi)
         log.debug("%s check of container %s (%s): %s", stage, container.name, cid,
                   "unserved" if item else "ok")
         if item is None:

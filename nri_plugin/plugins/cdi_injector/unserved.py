@@ -13,18 +13,16 @@ from dataclasses import dataclass
 
 from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
+from cdi.device import Device
 from cdi.errors import UnresolvedDevicesError
 from nri_plugin.nri.api import nri_pb2
-from nri_plugin.plugins.cdi_injector.context import check_sources, read_context
+from nri_plugin.nri.versions import NativeCdi
+from nri_plugin.plugins.cdi_injector.already import all_nodes_present, wanted
+from nri_plugin.plugins.cdi_injector.asked import read_asked
+from nri_plugin.plugins.cdi_injector.context import check_sources
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
-from nri_plugin.plugins.cdi_injector.requests import (
-    NRI_PLUGINS_DOMAIN,
-    TooManyNamesError,
-    check_name_count,
-    container_requests,
-)
-from nri_plugin.plugins.cdi_injector.sources import all_sources
+from nri_plugin.plugins.cdi_injector.requests import NRI_PLUGINS_DOMAIN
 from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules, env_read
 
 # Created (not started: the init process waits) and running containers can be used.
@@ -53,10 +51,10 @@ class Unserved:
 
 def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_pb2.Container],
                   policy: Policy, vendors: Sequence[VendorRules], registry: Registry, *,
-                  native_cdi: bool = False) -> list[Unserved]:
-    """Live containers that asked for devices they do not have. With ``native_cdi`` (the
-    runtime's own CDI is on) devices named in container cdi.k8s.io annotations are the
-    runtime's: it injected them, or it did not create the container."""
+                  native_cdi: NativeCdi = NativeCdi.UNKNOWN) -> list[Unserved]:
+    """Live containers that asked for devices they do not have. ``native_cdi``: whether the
+    runtime's own CDI injects what container cdi.k8s.io annotations (and, on, CRI
+    CDIDevices) ask for, as the injector takes it (``already``)."""
     by_id = {p.id: p for p in pods}
     keys = (ANNOTATION_PREFIX, NRI_PLUGINS_DOMAIN,
             *(p for v in vendors for p in v.annotation_prefixes))
@@ -73,7 +71,8 @@ def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_p
         if (container.pod_sandbox_id not in asking_pods
                 and not any(k.startswith(keys) for k in container.annotations)
                 and not (mounts_ask and container.mounts)
-                and not (env_asks and any(e.startswith(env_asks) for e in container.env))):
+                and not (env_asks and any(e.startswith(env_asks) for e in container.env))
+                and not (native_cdi is NativeCdi.OFF and container.CDI_devices)):
             continue
         found = container_unserved(by_id.get(container.pod_sandbox_id), container, policy,
                                    vendors, registry, native_cdi)
@@ -89,25 +88,23 @@ def _enabled(policy: Policy, vendor: VendorRules, read_from: str) -> bool:
 
 def container_unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
                        policy: Policy, vendors: Sequence[VendorRules], registry: Registry,
-                       native_cdi: bool = False) -> Unserved | None:
-    """Whether one live container lacks devices it asked for (None: it does not)."""
-    annotations: Mapping[str, str] = pod.annotations if pod is not None else {}
-    prefixes = tuple(p for v in vendors for p in v.env_request_prefixes)
+                       native_cdi: NativeCdi = NativeCdi.UNKNOWN) -> Unserved | None:
+    """Whether one live container lacks devices it asked for (None: it does not), judged by
+    the injector's own first steps: what it asks for (``asked``) and what of it is already
+    in the container (``already``). Of what the injector would add, a device is missing
+    only where the container shows it lacks it (``_shows``): no container is stopped on a
+    guess."""
     snapshot = registry.snapshot
     try:
-        check_name_count(annotations, container, prefixes)
-        context = read_context(pod, container, all_sources(registry.paired(vendors)), policy,
-                               snapshot, env_read(vendors))
-    except (TooManyNamesError, Refusal) as exc:
+        context = read_asked(pod, container, registry, policy, vendors, env_read(vendors))
+        want = wanted(context, container, snapshot, native_cdi, policy)
+    except Refusal as exc:
         return _item(pod, container, (), f"its request is invalid: {exc}")
-    if not context.requests:
+    if not want.to_add:
         return None
-    requests = [r.name for r in context.requests]
-    if native_cdi:
-        theirs = {r.name for r in container_requests(container.annotations)}
-        requests = [n for n in requests if n not in theirs]
-    env = _final_env(snapshot, requests)
-    missing = tuple(n for n in requests if not _has(container, n, snapshot, env))
+    env = _final_env(snapshot, [r.name for r in context.requests])
+    missing = tuple(r.name for r in want.to_add
+                    if not _shows(container, snapshot.devices.get(r.name), env))
     if not missing:
         return None
     unknown = [n for n in missing if n not in snapshot.devices]
@@ -167,19 +164,16 @@ def _final_env(snapshot: Snapshot, names: Sequence[str]) -> dict[str, str]:
     return env
 
 
-def _has(container: nri_pb2.Container, name: str, snapshot: Snapshot,
-         final_env: Mapping[str, str]) -> bool:
-    """Whether the container shows the device: named in CDI_devices, or its device nodes
-    (else its env names, with the values all requested devices give them together) are
-    there. A device we cannot look up counts as missing."""
-    if any(d.name == name for d in container.CDI_devices):
-        return True
-    device = snapshot.devices.get(name)
+def _shows(container: nri_pb2.Container, device: Device | None,
+           final_env: Mapping[str, str]) -> bool:
+    """Whether the container shows it has ``device`` although the injector would add it:
+    its device nodes are all there (a privileged container has every host node), else its
+    env names have the values all requested devices give them together. A device we cannot
+    look up counts as missing; one with nothing to see it by does not."""
     if device is None:
         return False
-    nodes = {n.path for n in device.edits.device_nodes}
-    if nodes:
-        return nodes <= {d.path for d in container.linux.devices}
+    if device.edits.device_nodes:
+        return all_nodes_present(device, {d.path for d in container.linux.devices})
     names = [e.partition("=")[0] for e in device.edits.env]
     if names:
         return {f"{n}={final_env.get(n, '')}" for n in names} <= set(container.env)

@@ -1,19 +1,23 @@
-"""The injector's own request sources, declared as the vendors declare theirs, and the order
-they are read in (docs/usage/policy.md, "Request sources"). Pure.
+"""What a container asks for: the injector's own request sources, declared as the vendors
+declare theirs, the order all are read in (docs/usage/policy.md, "Request sources"), and
+the reading itself (``read_asked``: the first step of the injector's decision and of
+fail-closed's). Pure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nri_plugin.plugins.cdi_injector.context import RequestSource
-from nri_plugin.plugins.cdi_injector.policy import NEUTRAL_SOURCES
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource, read_context
+from nri_plugin.plugins.cdi_injector.policy import NEUTRAL_SOURCES, Policy
 from nri_plugin.plugins.cdi_injector.requests import (
+    check_name_count,
     container_requests,
     nri_plugins_requests,
     pod_requests,
 )
-from nri_plugin.plugins.cdi_injector.vendor import VendorRules
+from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules
 
 # The injector's own sources: the readers only forward the context's fields.
 NEUTRAL = (
@@ -40,3 +44,16 @@ def all_sources(vendors: Sequence[tuple[VendorRules, object]]
         paired += [(s, facts) for s in vendor.sources if s.read is not None]
     return (tuple(p for p in paired if p[0].when_denied != "ignore")
             + tuple(p for p in paired if p[0].when_denied == "ignore"))
+
+
+def read_asked(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
+               registry: Registry, policy: Policy, vendors: Sequence[VendorRules],
+               env_names: tuple[str, ...] | None = None) -> ContainerContext:
+    """What every source asked for (``read_context``), once the names asked for are counted
+    (``check_name_count``: before anything parses them). A malformed request or too many
+    names raise their Refusal; whether the policy allows the sources that asked is
+    ``context.check_sources``' business."""
+    check_name_count(pod.annotations if pod is not None else {}, container,
+                     tuple(p for v in vendors for p in v.env_request_prefixes))
+    return read_context(pod, container, all_sources(registry.paired(vendors)), policy,
+                        registry.snapshot, env_names)
