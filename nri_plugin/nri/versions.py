@@ -49,7 +49,7 @@ _NRI = {"containerd": _CONTAINERD_NRI, "cri-o": _CRIO_NRI, "crio": _CRIO_NRI}
 _CDI = {"containerd": _CONTAINERD_CDI, "cri-o": _CRIO_CDI, "crio": _CRIO_CDI}
 
 
-def parse_version(text: str) -> Version | None:
+def parse_runtime_version(text: str) -> Version | None:
     """``v1.7.24``, ``1.7.24~ds1`` or ``2.1.0-rc.1`` → (1, 7, 24); None if there is none."""
     match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
     if not match:
@@ -81,8 +81,9 @@ class RuntimeInfo:
 
     @classmethod
     def from_configure(cls, name: str, version: str, nri_version: str = "") -> RuntimeInfo:
-        parsed = parse_version(version)
-        nri = parse_version(nri_version) if nri_version else _lookup(_NRI.get(name, ()), parsed)
+        parsed = parse_runtime_version(version)
+        nri = (parse_runtime_version(nri_version) if nri_version
+               else _lookup(_NRI.get(name, ()), parsed))
         return cls(name=name, version=parsed, nri_version=nri,
                    cdi_version=_lookup(_CDI.get(name, ()), parsed))
 

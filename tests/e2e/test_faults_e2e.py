@@ -106,7 +106,7 @@ CLOSED = "nothing in doubt: closing the start guard's connection"
 def test_start_guard_is_connected_only_while_a_container_is_in_doubt(
     ctrd: Containerd, specs: Path
 ) -> None:
-    """The guard's own connection (plugins/cdi_injector/failclosed.py) on a real containerd: gone
+    """The guard's own connection (plugins/cdi_injector/startguard.py) on a real containerd: gone
     once nothing is in doubt, so a container's start asks the plugin nothing; back (and
     registered before the injector) while a container created without us waits."""
     guard_closed = 'connection to plugin "10-nri-cdi-guard" closed'
