@@ -15,6 +15,7 @@ import re
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from nri_plugin.nri.api import RUNTIME_SERVICE, nri_pb2
@@ -265,62 +266,65 @@ class _Session(asyncio.Protocol):
             self.transport.close()
 
 
-class Stub:
-    """Runs a ``Plugin`` against a container runtime over NRI.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StubOptions:
+    """How a ``Stub`` connects, and whom it tells (every field has a default).
 
-    Connection source, in order: ``sock``; the fd in NRI_PLUGIN_SOCKET (we were
-    launched by the runtime: no reconnects, ``run()`` returns on disconnect);
-    else ``socket_path`` (external plugin: reconnect until ``stop()``). While the
-    socket is absent or refuses connections we try every ``poll_interval``, so we
-    are back within about that long of the runtime listening again; connections
-    that end before Synchronize (a refused registration, ...) back off from
-    ``retry_initial`` doubling to ``retry_max``. ``before_connect`` is awaited before
-    every attempt.
+    Connection source, in order: ``sock``; the fd in NRI_PLUGIN_SOCKET of ``env`` (None:
+    the process's; we were launched by the runtime: no reconnects, ``run()`` returns on
+    disconnect); else ``socket_path`` (external plugin: reconnect until ``stop()``). While
+    the socket is absent or refuses connections we try every ``poll_interval``, so we are
+    back within about that long of the runtime listening again; connections that end
+    before Synchronize (a refused registration, ...) back off from ``retry_initial``
+    doubling to ``retry_max``.
     """
 
-    def __init__(
-        self,
-        plugin: Plugin,
-        *,
-        name: str | None = None,
-        idx: str | None = None,
-        socket_path: str = DEFAULT_SOCKET_PATH,
-        sock: socket.socket | None = None,
-        env: Mapping[str, str] | None = None,
-        on_connected: Callback | None = None,
-        on_synchronized: Callable[[Stub], object] | None = None,
-        on_close: CloseCallback | None = None,
-        before_connect: Callback | None = None,
-        registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
-        poll_interval: float = POLL_INTERVAL,
-        retry_initial: float = RETRY_INITIAL,
-        retry_max: float = RETRY_MAX,
-        stall_timeout: float = STALL_TIMEOUT,
-        logger: logging.Logger | None = None,
-    ) -> None:
-        env = os.environ if env is None else env
+    name: str | None = None
+    idx: str | None = None
+    socket_path: str = DEFAULT_SOCKET_PATH
+    sock: socket.socket | None = None
+    env: Mapping[str, str] | None = None
+    # Called once registered.
+    on_connected: Callback | None = None
+    # Called (not awaited) once per connection, when the runtime's Synchronize has been
+    # answered: from then on the runtime asks the plugin about every container.
+    on_synchronized: Callable[[Stub], object] | None = None
+    on_close: CloseCallback | None = None
+    # Awaited before every connection attempt: a plugin that must not register before
+    # something else is in place (another connection of its own) waits here.
+    before_connect: Callback | None = None
+    registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT
+    poll_interval: float = POLL_INTERVAL
+    retry_initial: float = RETRY_INITIAL
+    retry_max: float = RETRY_MAX
+    stall_timeout: float = STALL_TIMEOUT
+    logger: logging.Logger | None = None
+
+
+class Stub:
+    """Runs a ``Plugin`` against a container runtime over NRI, as ``options`` say."""
+
+    def __init__(self, plugin: Plugin, options: StubOptions | None = None) -> None:
+        opts = options if options is not None else StubOptions()
+        env = os.environ if opts.env is None else opts.env
         Dispatcher(plugin)  # fail now, not on connect, if nothing is implemented
         self.plugin = plugin
-        self.name, self.idx = plugin_identity(name, idx, env, sys.argv[0] if sys.argv else "")
-        self.socket_path = socket_path
-        self._sock = sock
-        self._fd = (
-            int(env[PLUGIN_SOCKET_ENV]) if sock is None and PLUGIN_SOCKET_ENV in env else None
-        )
-        self.on_connected = on_connected
-        # Called (not awaited) once per connection, when the runtime's Synchronize has been
-        # answered: from then on the runtime asks the plugin about every container.
-        self.on_synchronized = on_synchronized
-        self.on_close = on_close
-        # Awaited before every connection attempt: a plugin that must not register before
-        # something else is in place (another connection of its own) waits here.
-        self.before_connect = before_connect
-        self.registration_timeout = registration_timeout
-        self.poll_interval = poll_interval
-        self.retry_initial = retry_initial
-        self.retry_max = retry_max
-        self.stall_timeout = stall_timeout
-        self.log = logger or logging.getLogger("nri_plugin.nri.stub")
+        self.name, self.idx = plugin_identity(opts.name, opts.idx, env,
+                                              sys.argv[0] if sys.argv else "")
+        self.socket_path = opts.socket_path
+        self._sock = opts.sock
+        self._fd = (int(env[PLUGIN_SOCKET_ENV])
+                    if opts.sock is None and PLUGIN_SOCKET_ENV in env else None)
+        self.on_connected = opts.on_connected
+        self.on_synchronized = opts.on_synchronized
+        self.on_close = opts.on_close
+        self.before_connect = opts.before_connect
+        self.registration_timeout = opts.registration_timeout
+        self.poll_interval = opts.poll_interval
+        self.retry_initial = opts.retry_initial
+        self.retry_max = opts.retry_max
+        self.stall_timeout = opts.stall_timeout
+        self.log = opts.logger or logging.getLogger("nri_plugin.nri.stub")
         self._session: _Session | None = None
         self._registered = False
         self._stopping = False

@@ -22,7 +22,7 @@ from cdi.errors import printable
 from cdi.watch import AutoRefresh
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.second_connection import SecondConnection
-from nri_plugin.nri.stub import Callback, CloseCallback, Stub, plugin_identity
+from nri_plugin.nri.stub import Callback, CloseCallback, Stub, StubOptions, plugin_identity
 from nri_plugin.nri.versions import (
     PLUGIN_IDX_ENV,
     PLUGIN_NAME_ENV,
@@ -191,12 +191,13 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
         # The guard's connection logs under a logger of its own.
         is_main = not isinstance(plugin, GuardConnection)
         logger = logging.getLogger("nri_plugin.nri.stub" + ("" if is_main else ".guard"))
-        return Stub(plugin, name=plugin_name, idx=idx, socket_path=plugin_settings.socket,
+        return Stub(plugin, StubOptions(
+                    name=plugin_name, idx=idx, socket_path=plugin_settings.socket,
                     # Registered, then synchronized: NRI 0.6 (containerd 1.7) sends no
                     # Synchronize to a plugin it launched at its own start.
                     on_connected=connected if is_main else None,
                     on_synchronized=connected if is_main else None,
-                    on_close=closed, before_connect=before_connect, logger=logger)
+                    on_close=closed, before_connect=before_connect, logger=logger))
 
     runner: Stub | SecondConnection = (
         make_stub(main, name, on_close, None) if launched

@@ -152,7 +152,7 @@ SLOW_PLUGIN = """
 import sys, time
 from pathlib import Path
 from nri_plugin.nri.plugin import Plugin
-from nri_plugin.nri.stub import Stub
+from nri_plugin.nri.stub import Stub, StubOptions
 import asyncio
 
 flags = Path(sys.argv[2])
@@ -163,8 +163,8 @@ class Slow(Plugin):
         time.sleep(1.5)  # holds the runtime's NRI lock: what a slow plugin does
         return None
 
-asyncio.run(Stub(Slow(), name="slow", idx="05", socket_path=sys.argv[1],
-                 on_connected=lambda stub: (flags / "registered").touch()).run())
+asyncio.run(Stub(Slow(), StubOptions(name="slow", idx="05", socket_path=sys.argv[1],
+                 on_connected=lambda stub: (flags / "registered").touch())).run())
 """
 
 

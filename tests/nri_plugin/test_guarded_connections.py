@@ -19,7 +19,7 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.second_connection import SecondConnection
-from nri_plugin.nri.stub import Callback, CloseCallback, Stub
+from nri_plugin.nri.stub import Callback, CloseCallback, Stub, StubOptions
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.startguard import StartGuard, guarded_connections
 from nri_plugin.plugins.cdi_injector.vendor import Registry
@@ -105,8 +105,8 @@ def serving(tmp_path: Path, pending_limit: float = 60.0,
 
     def make_stub(plugin: Plugin, name: str | None, closed: CloseCallback | None,
                   before: Callback | None) -> Stub:
-        return Stub(plugin, name=name, socket_path=path, env=ENV, on_close=closed,
-                    before_connect=before, poll_interval=0.02)
+        return Stub(plugin, StubOptions(name=name, socket_path=path, env=ENV, on_close=closed,
+                    before_connect=before, poll_interval=0.02))
 
     return guard, lambda: guarded_connections(guard, guard, make_stub, None, linger=LINGER)
 

@@ -16,7 +16,7 @@ from cdi.device import Device
 from cdi.model import ContainerEdits, IntelRdt, NetDevice
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError, dispatch
-from nri_plugin.nri.stub import Stub
+from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.adjust import UnsupportedEditsError, to_adjustment
@@ -364,8 +364,8 @@ def test_create_container_over_a_socket_refuses_only_the_bad_request(
 ) -> None:
     async def main() -> None:
         ours, theirs = socket.socketpair()
-        stub = Stub(CdiInjector(lambda: Registry(snapshot), policy=OPEN), sock=ours, name="nri-cdi",
-                    idx="10", env={})
+        stub = Stub(CdiInjector(lambda: Registry(snapshot), policy=OPEN),
+                    StubOptions(sock=ours, name="nri-cdi", idx="10", env={}))
         runner = asyncio.create_task(stub.run())
         peer = RuntimePeer(*await asyncio.open_unix_connection(sock=theirs))
         await peer.handshake()

@@ -20,7 +20,7 @@ from cdi.cache import Snapshot, SpecCache
 from cdi.edits import apply
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
-from nri_plugin.nri.stub import Stub
+from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
@@ -204,7 +204,8 @@ def test_over_the_wire_as_containerd(snapshot: Snapshot, version: str,
 
     async def main() -> dict[str, Any]:
         ours, theirs = socket.socketpair()
-        stub = Stub(plugin, sock=ours, env={"NRI_PLUGIN_NAME": "cdi", "NRI_PLUGIN_IDX": "10"})
+        stub = Stub(plugin, StubOptions(sock=ours, env={"NRI_PLUGIN_NAME": "cdi",
+                                                        "NRI_PLUGIN_IDX": "10"}))
         runner = asyncio.create_task(stub.run())
         reader, writer = await asyncio.open_unix_connection(sock=theirs)
         peer = RuntimePeer(reader, writer)
