@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from nri_plugin.nri.plugin import Plugin
@@ -47,24 +48,37 @@ class Need(Protocol):
         ...
 
 
-class SecondConnection:
-    """Runs ``main``'s connection, and a second one for the plugin ``second`` builds (given
-    the call that says its Synchronize was answered) around it: on every (re)connection
-    the second goes first (bounded by ``ready_timeout``), and it is closed ``linger`` after
-    ``need.needed`` turns false. ``label`` names it in the log (``logger``)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Second:
+    """The second connection: who says when it is needed (``need``), its plugin (built
+    with the call that says its Synchronize was answered), its name (the main one's and
+    ``suffix``), how the log names it (``label``, on ``logger``), how long the main one
+    waits for it at a (re)connection and how long it stays once not needed."""
 
-    def __init__(self, need: Need, main: Plugin, second: Callable[[Callable[[], None]], Plugin],
-                 make_stub: StubFactory, name: str | None, *, suffix: str, label: str,
-                 ready_timeout: float, linger: float, on_close: CloseCallback | None = None,
-                 logger: logging.Logger = log) -> None:
-        self.need = need
-        self._log = logger
-        self._second = second
+    need: Need
+    plugin: Callable[[Callable[[], None]], Plugin]
+    suffix: str
+    label: str
+    ready_timeout: float
+    linger: float
+    logger: logging.Logger = log
+
+
+class SecondConnection:
+    """Runs ``main``'s connection, and ``second``'s around it: on every (re)connection the
+    second goes first (bounded by ``second.ready_timeout``), and it is closed
+    ``second.linger`` after ``second.need.needed`` turns false."""
+
+    def __init__(self, second: Second, main: Plugin, make_stub: StubFactory,
+                 name: str | None, on_close: CloseCallback | None = None) -> None:
+        self.need = need = second.need
+        self._log = second.logger
+        self._second = second.plugin
         self._make_stub = make_stub
         self._on_close = on_close
-        self._ready_timeout = ready_timeout
-        self._linger = linger
-        self._label = label
+        self._ready_timeout = second.ready_timeout
+        self._linger = second.linger
+        self._label = second.label
         self._closing: asyncio.TimerHandle | None = None  # the close after the linger
         self._timer: asyncio.TimerHandle | None = None  # the owner's next due work
         self._ready = asyncio.Event()
@@ -77,7 +91,7 @@ class SecondConnection:
         self._may_open = False
         need.on_need_changed(self._need_changed)
         self.main = make_stub(main, name, self._main_closed, self._second_first)
-        self._second_name = self.main.name + suffix  # same index, so next to it
+        self._second_name = self.main.name + second.suffix  # same index, so next to it
 
     @property
     def second_open(self) -> bool:

@@ -51,6 +51,7 @@ from nri_plugin.plugins.cdi_injector.reread import OnHit, OnMiss
 from nri_plugin.plugins.cdi_injector.startguard import (
     FAILCLOSED_LOGGER,
     GuardConnection,
+    GuardSettings,
     StartGuard,
     guarded_connections,
 )
@@ -170,7 +171,8 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     # The start guard checks every container whose creation did not pass through us
     # (fail-closed); it wraps the injector, and the metrics wrap both. What Synchronize
     # finds is stopped after its reply (the runtime holds its lock until it has it).
-    guard = StartGuard(injector, defer=loop.call_soon, own_connection=not launched)
+    guard = StartGuard(injector, GuardSettings(own_connection=not launched),
+                       defer=loop.call_soon)
     main: Plugin = guard if metrics is None else Metered(guard, metrics)
     name, idx = _identity(args, settings)
     # For nri-cdi doctor: connected to which runtime, since when (nri_plugin/ops/status.py).

@@ -28,7 +28,11 @@ from nri_plugin.plugins.cdi_injector.requests import (
     TooManyNamesError,
     check_name_count,
 )
-from nri_plugin.plugins.cdi_injector.startguard import FAILCLOSED_LOGGER, StartGuard
+from nri_plugin.plugins.cdi_injector.startguard import (
+    FAILCLOSED_LOGGER,
+    GuardSettings,
+    StartGuard,
+)
 from nri_plugin.plugins.cdi_injector.unserved import find_unserved, termination_file
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
@@ -64,7 +68,7 @@ def guard(snapshot: Snapshot, root: Path, policy: Policy | None = None, *,
     guard stops processes itself; containerd: it fails the start)."""
     injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()], policy=policy)
     now = clock if clock is not None else [0.0]
-    plugin = StartGuard(injector, cgroup_root=str(root), clock=lambda: now[0])
+    plugin = StartGuard(injector, GuardSettings(cgroup_root=str(root)), clock=lambda: now[0])
     plugin.configure("", runtime, "2.1.9" if runtime == "containerd" else "1.34.0")
     return plugin
 
@@ -150,8 +154,7 @@ def test_on_containerd_a_refused_start_stops_it_and_leaves_nothing_owed(
     visible yet) the refusal alone stops it, and the container is never started again, so
     the guard owes it nothing (the kubelet keeps it, dead, without a RemoveContainer)."""
     plugin = guard(snapshot, cgroup_root, runtime="containerd")
-    found = find_unserved([pod()], [container("waiting")], plugin.injector.policy,
-                          plugin.injector.vendors, Registry(snapshot))
+    found = find_unserved([pod()], [container("waiting")], plugin.injector)
     plugin.synchronize([pod()], [container("waiting")])
     assert [f.container_id for f in found] == ["waiting"] and plugin.needed
     with pytest.raises(RpcError):
@@ -205,7 +208,7 @@ def test_a_pending_container_whose_start_the_guard_never_saw_is_stopped(
     now = [100.0]
     procs: dict[str, bool] = {}
     injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()])
-    plugin = StartGuard(injector, cgroup_root=str(cgroup_root), clock=lambda: now[0],
+    plugin = StartGuard(injector, GuardSettings(cgroup_root=str(cgroup_root)), clock=lambda: now[0],
                         has_processes=lambda path: procs.get(path, False))
     plugin.configure("", "containerd", "1.7.24")
     proc = sleeper()
@@ -245,7 +248,7 @@ def test_a_pending_container_whose_start_reaches_the_guard_is_refused_there(
     now = [0.0]
     procs = {"/k8s.io/w": False}
     injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()])
-    plugin = StartGuard(injector, cgroup_root=str(cgroup_root), clock=lambda: now[0],
+    plugin = StartGuard(injector, GuardSettings(cgroup_root=str(cgroup_root)), clock=lambda: now[0],
                         has_processes=lambda path: procs[path])
     plugin.configure("", "containerd", "2.1.9")
     plugin.guard_synchronize([pod()], [container("w", cgroup="/k8s.io/w")])
@@ -271,7 +274,8 @@ def test_running_containers_found_at_synchronize_are_stopped_after_the_reply(
         snapshot: Snapshot, cgroup_root: Path, caplog: pytest.LogCaptureFixture) -> None:
     deferred: list[object] = []
     injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()])
-    plugin = StartGuard(injector, cgroup_root=str(cgroup_root), defer=deferred.append)
+    plugin = StartGuard(injector, GuardSettings(cgroup_root=str(cgroup_root)),
+                        defer=deferred.append)
     proc = sleeper()
     running = container("running", pid=proc.pid)
     running.state = nri_pb2.CONTAINER_RUNNING
@@ -399,7 +403,8 @@ def test_a_link_in_place_of_the_termination_file_is_not_followed(
 def test_an_unknown_device_is_named_as_such(snapshot: Snapshot) -> None:
     ctr = container("unknown", **{"cdi.k8s.io/x": "vendor.com/gpu=7"})
     ctr.state = nri_pb2.CONTAINER_RUNNING
-    [found] = find_unserved([pod()], [ctr], Policy(), [], Registry(snapshot))
+    [found] = find_unserved([pod()], [ctr], CdiInjector(lambda: Registry(snapshot),
+                                                        policy=Policy()))
     assert found.reason == "it asked for vendor.com/gpu=7, which no CDI spec on the node defines"
 
 

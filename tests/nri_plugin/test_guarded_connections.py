@@ -21,7 +21,11 @@ from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.second_connection import SecondConnection
 from nri_plugin.nri.stub import Callback, CloseCallback, Stub, StubOptions
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-from nri_plugin.plugins.cdi_injector.startguard import StartGuard, guarded_connections
+from nri_plugin.plugins.cdi_injector.startguard import (
+    GuardSettings,
+    StartGuard,
+    guarded_connections,
+)
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from tests.helpers import write_specs
 from tests.nri_plugin.test_failclosed_guard import ASK, SPEC
@@ -99,8 +103,9 @@ def serving(tmp_path: Path, pending_limit: float = 60.0,
     specs = write_specs(tmp_path / "cdi", {"v.yaml": SPEC})
     snapshot: Snapshot = SpecCache([str(specs)]).refresh()
     (tmp_path / "cgroup" / "pids").mkdir(parents=True)
-    guard = StartGuard(CdiInjector(lambda: Registry(snapshot)), own_connection=True,
-                       cgroup_root=str(tmp_path / "cgroup"), pending_limit=pending_limit)
+    guard = StartGuard(CdiInjector(lambda: Registry(snapshot)), GuardSettings(
+        own_connection=True, cgroup_root=str(tmp_path / "cgroup"), pending_limit=pending_limit,
+        linger=LINGER))
     path = str(tmp_path / "nri.sock")
 
     def make_stub(plugin: Plugin, name: str | None, closed: CloseCallback | None,
@@ -108,7 +113,7 @@ def serving(tmp_path: Path, pending_limit: float = 60.0,
         return Stub(plugin, StubOptions(name=name, socket_path=path, env=ENV, on_close=closed,
                     before_connect=before, poll_interval=0.02))
 
-    return guard, lambda: guarded_connections(guard, guard, make_stub, None, linger=LINGER)
+    return guard, lambda: guarded_connections(guard, guard, make_stub, None)
 
 
 def scenario(tmp_path: Path,

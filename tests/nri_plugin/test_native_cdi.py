@@ -86,19 +86,18 @@ def test_synchronize_does_not_evict_what_the_runtime_injected(
         snapshot: Snapshot) -> None:
     ctr = _native_result({"cdi.k8s.io/x": BOTH})
     # env-only device: FOO's final value is the node device's; the container has it
-    assert find_unserved([_pod()], [ctr], Policy(), [], Registry(snapshot)) == []
+    judge = CdiInjector(lambda: Registry(snapshot), policy=Policy())
+    assert find_unserved([_pod()], [ctr], judge) == []
     bare = nri_pb2.Container(id="c2", pod_sandbox_id="p1", name="app", env=["FOO=bar"],
                              annotations={"cdi.k8s.io/x": BOTH},
                              state=nri_pb2.CONTAINER_RUNNING)
-    found = find_unserved([_pod()], [bare], Policy(), [], Registry(snapshot))
+    found = find_unserved([_pod()], [bare], judge)
     assert [u.missing for u in found] == [("example.com/dev=node",)]
     # With the runtime's CDI on, container annotations are its business, not ours...
-    assert find_unserved([_pod()], [ctr], Policy(), [], Registry(snapshot),
-                         native_cdi=NativeCdi.ON) == []
+    assert find_unserved([_pod()], [ctr], judge, NativeCdi.ON) == []
     # ...where the container shows it did inject them: judged as the injector judges it
     # (its node is not there, so the runtime's CDI did not run and the device is missing).
-    on = find_unserved([_pod()], [bare], Policy(), [], Registry(snapshot),
-                       native_cdi=NativeCdi.ON)
+    on = find_unserved([_pod()], [bare], judge, NativeCdi.ON)
     assert [u.missing for u in on] == [("example.com/dev=node",)]
     plugin = _plugin(snapshot, True)
     decided = plugin.decide(_pod(), bare)

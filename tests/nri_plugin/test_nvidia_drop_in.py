@@ -397,7 +397,8 @@ def test_fail_closed_sees_volume_mounts_and_other_keys(registry: Registry) -> No
                         source="/dev/null")
     by_key = nri_pb2.Container(id="c2", pod_sandbox_id="p2", name="app",
                                state=nri_pb2.CONTAINER_RUNNING)
-    found = find_unserved(pods, [by_mount, by_key], policy, [NvidiaRules()], registry)
+    judge = CdiInjector(lambda: registry, vendors=[NvidiaRules()], policy=policy)
+    found = find_unserved(pods, [by_mount, by_key], judge)
     assert [(u.container_id, u.missing) for u in found] == [
         ("c1", ("nvidia.com/gpu=0",)), ("c2", ("nvidia.com/gpu=0",))]
 

@@ -180,8 +180,8 @@ def test_find_unserved(registry: Registry) -> None:
     plain = live("c3", "plain")
     stopped = live("c4", "stopped", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
     stopped.state = nri_pb2.CONTAINER_STOPPED
-    found = find_unserved([pod()], [served, starved, plain, stopped], Policy(),
-                          [NvidiaRules()], registry)
+    judge = CdiInjector(lambda: registry, vendors=[NvidiaRules()], policy=Policy())
+    found = find_unserved([pod()], [served, starved, plain, stopped], judge)
     assert [(u.name, u.missing) for u in found] == [("starved", ("nvidia.com/gpu=1",))]
 
 

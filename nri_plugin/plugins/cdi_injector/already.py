@@ -70,8 +70,14 @@ def wanted(context: ContainerContext, container: nri_pb2.Container, snapshot: Sn
                                                for r in cri)])
         cri = []
     to_add = not_yet_in(asked, container, snapshot, context.privileged, native)
-    return Wanted(tuple(to_add), tuple(_there(asked, to_add, cri, container, snapshot,
-                                              context.privileged, native)))
+    # The known devices there: by name (CRI CDIDevices on NRI >= 0.10, annotations), else,
+    # with the runtime's CDI on and nothing else asked, by the device nodes it has.
+    left = {r.name for r in to_add}
+    there = unique_requests([r for r in [*asked, *cri]
+                             if r.name not in left and r.name in snapshot.devices])
+    if not there and not to_add and not context.privileged and native is NativeCdi.ON:
+        there = by_nodes(container, snapshot)
+    return Wanted(tuple(to_add), tuple(there))
 
 
 def shown_cri_devices(container: nri_pb2.Container) -> list[DeviceRequest]:
@@ -118,19 +124,6 @@ def annotations_injected(container: nri_pb2.Container, snapshot: Snapshot,
                             container.name, name)
             return frozenset()
     return frozenset(names)
-
-
-def _there(asked: Sequence[DeviceRequest], to_add: Sequence[DeviceRequest],
-           cri: Sequence[DeviceRequest], container: nri_pb2.Container, snapshot: Snapshot,
-           privileged: bool, native: NativeCdi) -> list[DeviceRequest]:
-    """The known devices already there: by name (CRI CDIDevices on NRI >= 0.10,
-    annotations), else, with the runtime's CDI on and nothing else asked, by the device
-    nodes the container has."""
-    left = {r.name for r in to_add}
-    named = [r for r in [*asked, *cri] if r.name not in left and r.name in snapshot.devices]
-    if named or privileged or native is not NativeCdi.ON or to_add:
-        return unique_requests(named)
-    return by_nodes(container, snapshot)
 
 
 def by_nodes(container: nri_pb2.Container, snapshot: Snapshot) -> list[DeviceRequest]:

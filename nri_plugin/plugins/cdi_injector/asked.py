@@ -6,8 +6,10 @@ fail-closed's). Pure.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
+from cdi.libpath import LD_LIBRARY_PATH_ENV
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource, read_context
 from nri_plugin.plugins.cdi_injector.policy import NEUTRAL_SOURCES, Policy
@@ -17,7 +19,7 @@ from nri_plugin.plugins.cdi_injector.requests import (
     nri_plugins_requests,
     pod_requests,
 )
-from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules
+from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules, env_read
 
 # The injector's own sources: the readers only forward the context's fields.
 NEUTRAL = (
@@ -47,13 +49,21 @@ def all_sources(vendors: Sequence[tuple[VendorRules, object]]
 
 
 def read_asked(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
-               registry: Registry, policy: Policy, vendors: Sequence[VendorRules],
-               env_names: tuple[str, ...] | None = None) -> ContainerContext:
+               registry: Registry, policy: Policy,
+               vendors: tuple[VendorRules, ...]) -> ContainerContext:
     """What every source asked for (``read_context``), once the names asked for are counted
     (``check_name_count``: before anything parses them). A malformed request or too many
     names raise their Refusal; whether the policy allows the sources that asked is
     ``context.check_sources``' business."""
-    check_name_count(pod.annotations if pod is not None else {}, container,
-                     tuple(p for v in vendors for p in v.env_request_prefixes))
+    env_prefixes, env_names = _env_of(vendors)
+    check_name_count(pod.annotations if pod is not None else {}, container, env_prefixes)
     return read_context(pod, container, all_sources(registry.paired(vendors)), policy,
                         registry.snapshot, env_names)
+
+
+@functools.lru_cache(maxsize=16)
+def _env_of(vendors: tuple[VendorRules, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The vendors' env requests ("NAME="), and the env names a context keeps: the vendors'
+    and the container's own library path (``vendor.env_read``). Once per vendor set."""
+    return (tuple(p for v in vendors for p in v.env_request_prefixes),
+            env_read(vendors, LD_LIBRARY_PATH_ENV))

@@ -40,7 +40,7 @@ from nri_plugin.plugins.cdi_injector.reread import (
     current_registry,
     rechecked_refusal,
 )
-from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules, env_read
+from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules
 
 # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
 StartWarning = Callable[[RuntimeInfo], str | None]
@@ -99,7 +99,6 @@ class CdiInjector(Plugin):
         # What the kubelet allocated to each pod, kept current by the daemon (no I/O here);
         # None, or a call that returns None: no kubelet to ask, nothing checked.
         self._allocations = allocations
-        self._env_names = env_read(self.vendors, LD_LIBRARY_PATH_ENV)
         self._plans = PlanCache()
         # Group sets already warned about on this connection (one line each, not one per
         # container: the counters and metrics count every container).
@@ -208,7 +207,7 @@ class CdiInjector(Plugin):
         extras = not want.to_add and any(context.env.get(n) for v in self.vendors
                                          for n in v.extras_env)
         if not want.to_add and not want.there and not extras:
-            return None  # exit: nothing asked for, or all of it there and nothing to trim
+            return None  # exit: nothing asked for (nothing to add, nothing there)
         # 3. The policy's device rules, the lookup, each vendor's verdict.
         devices, edit_filter = self._checked(context, want, registry, policy)
         # 4. The plan: what the plugin adds, and what it takes back of the runtime's.
@@ -217,8 +216,12 @@ class CdiInjector(Plugin):
             return trimmed  # exit: only what was there, less what its env did not ask for
         if not want.to_add and edit_filter is None:
             return None  # exit: extras asked for, and no vendor has edits for them
-        return self._planned([devices[r.name] for r in want.to_add], edit_filter, context,
-                             registry, policy, trimmed)
+        injection = self._plans.plan(
+            registry.snapshot, [devices[r.name] for r in want.to_add], self.runtime,
+            uid=context.uid, gid=context.gid, edit_filter=edit_filter,
+            library_path=context.env.get(LD_LIBRARY_PATH_ENV, ""),
+            drop_gids=policy.additional_gids == "drop")
+        return _with_removals(injection, trimmed, adds=bool(want.to_add))
 
     def _asked(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
                policy: Policy) -> tuple[ContainerContext, Registry, bool]:
@@ -226,13 +229,12 @@ class CdiInjector(Plugin):
         with (re-read for a name it did not know: ``reread``), and no device another pod
         holds asked for past the scheduler."""
         first = self._registry()
-        context = read_asked(pod, container, first, policy, self.vendors, self._env_names)
+        context = read_asked(pod, container, first, policy, self.vendors)
         check_sources(context, policy)
         names = [r.name for r in (*context.requests, *shown_cri_devices(container))]
         registry, reread = current_registry(names, first, self.on_miss, self.on_hit)
         if registry is not first:
-            context = read_asked(pod, container, registry, policy, self.vendors,
-                                 self._env_names)
+            context = read_asked(pod, container, registry, policy, self.vendors)
             check_sources(context, policy)
         if self._allocations is not None:
             check_not_held(context, registry, self.vendors, self._allocations)
@@ -252,25 +254,6 @@ class CdiInjector(Plugin):
                                    if (f := vendor.verdict(context, names, policy,
                                                            registry.snapshot, facts))
                                    is not None])
-
-    def _planned(self, to_add: Sequence[Device], edit_filter: EditFilter | None,
-                 context: ContainerContext, registry: Registry, policy: Policy,
-                 trimmed: Injection | None) -> Injection | None:
-        """The plan for the devices to add (kept: ``PlanCache``), with the mounts to take
-        back merged in; None when it changes nothing (extras that came to nothing)."""
-        injection = self._plans.plan(
-            registry.snapshot, to_add, self.runtime,
-            uid=context.uid, gid=context.gid, edit_filter=edit_filter,
-            library_path=context.env.get(LD_LIBRARY_PATH_ENV, ""),
-            drop_gids=policy.additional_gids == "drop")
-        if trimmed is not None:  # the plan is kept: add to a copy
-            adjustment = nri_pb2.ContainerAdjustment()
-            adjustment.CopyFrom(injection.adjustment)
-            adjustment.MergeFrom(trimmed.adjustment)
-            injection = replace(injection, adjustment=adjustment)
-        if not to_add and not injection.adjustment.ListFields():
-            return None
-        return injection
 
     def _trimmed(self, want: Wanted, edit_filter: EditFilter | None,
                  context: ContainerContext, container: nri_pb2.Container,
@@ -321,6 +304,20 @@ class _FilterChain:
         for edit_filter in self.filters:
             edits = edit_filter.apply(edits)
         return edits
+
+
+def _with_removals(injection: Injection, trimmed: Injection | None, *,
+                   adds: bool) -> Injection | None:
+    """``injection`` with the mounts to take back (``trimmed``) merged in; None when it
+    changes nothing and adds no device (extras that came to nothing)."""
+    if trimmed is not None:  # the plan is kept (``PlanCache``): add to a copy
+        adjustment = nri_pb2.ContainerAdjustment()
+        adjustment.CopyFrom(injection.adjustment)
+        adjustment.MergeFrom(trimmed.adjustment)
+        injection = replace(injection, adjustment=adjustment)
+    if not adds and not injection.adjustment.ListFields():
+        return None
+    return injection
 
 
 def _combined(filters: Sequence[EditFilter]) -> EditFilter | None:

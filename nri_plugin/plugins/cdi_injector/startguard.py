@@ -16,7 +16,7 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.plugin import Plugin
-from nri_plugin.nri.second_connection import SecondConnection, StubFactory
+from nri_plugin.nri.second_connection import Second, SecondConnection, StubFactory
 from nri_plugin.nri.stub import CloseCallback
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.nri.wire import Code
@@ -34,16 +34,26 @@ from nri_plugin.plugins.cdi_injector.unserved import Unserved, container_unserve
 FAILCLOSED_LOGGER = "nri_cdi.failclosed"
 log = logging.getLogger(FAILCLOSED_LOGGER)
 
-# How long a container created without the plugin is owed a check at its start, and how
-# often, meanwhile, its cgroup is looked at for a start the guard was not asked about
-# (docs/developer/fail-closed.md).
-PENDING_LIMIT = 60.0
-PENDING_RECHECK = 1.0
-# The guard's own connection: how long the injector's waits for it, how long it stays once
-# nothing is in doubt, and its name's suffix (docs/developer/fail-closed.md).
-GUARD_READY_TIMEOUT = 5.0
-GUARD_LINGER = 10.0
-GUARD_SUFFIX = "-guard"
+GUARD_SUFFIX = "-guard"  # the guard's own connection's name: the injector's, and this
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuardSettings:
+    """The start guard's set-up; the timings are docs/developer/fail-closed.md's."""
+
+    # The start checks ride on a connection of the guard's own (``guarded_connections``),
+    # not on the injector's.
+    own_connection: bool = False
+    cgroup_root: str = CGROUP_ROOT
+    # How long a container created without the plugin is owed a check at its start, and
+    # how often, meanwhile, its cgroup is looked at for a start the guard was not asked
+    # about.
+    pending_limit: float = 60.0
+    recheck: float = 1.0
+    # How long the injector's connection waits for the guard's, and how long the guard's
+    # stays once nothing is in doubt.
+    ready_timeout: float = 5.0
+    linger: float = 10.0
 
 
 @dataclass(slots=True)
@@ -68,27 +78,25 @@ class StartGuard(Plugin):
     # release with NRI): there StartContainer alone keeps a container from running.
     CONTAINERD_GUARD_EVENTS = EventMask.START_CONTAINER | EventMask.REMOVE_CONTAINER
 
-    def __init__(self, injector: CdiInjector, *,
+    def __init__(self, injector: CdiInjector, settings: GuardSettings | None = None, *,
                  defer: Callable[[Callable[[], None]], object] | None = None,
-                 cgroup_root: str = CGROUP_ROOT, own_connection: bool = False,
-                 pending_limit: float = PENDING_LIMIT, recheck: float = PENDING_RECHECK,
                  clock: Callable[[], float] = time.monotonic,
                  has_processes: Callable[[str], bool] | None = None) -> None:
         """``defer``: runs the stopping of what Synchronize found after its reply has left
-        (the runtime holds its lock until then); None: at once. ``own_connection``: the
-        start checks are served by ``GuardConnection``, not by this connection.
-        ``has_processes``: whether a container's cgroup (``linux.cgroups_path``) has
-        processes now (None: read under ``cgroup_root``)."""
+        (the runtime holds its lock until then); None: at once. ``has_processes``: whether
+        a container's cgroup (``linux.cgroups_path``) has processes now (None: read under
+        ``settings.cgroup_root``)."""
+        self.settings = settings = settings if settings is not None else GuardSettings()
         self.injector = injector
         self.counters: Counters = injector.counters
         self._defer = defer
-        self.cgroup_root = cgroup_root
-        self.own_connection = own_connection
-        self.pending_limit = pending_limit
-        self.recheck = recheck
+        self.cgroup_root = settings.cgroup_root
+        self.own_connection = settings.own_connection
+        self.pending_limit = settings.pending_limit
+        self.recheck = settings.recheck
         self._clock = clock
         self._has_processes = has_processes or (
-            lambda cgroups_path: cgroup_has_processes(cgroups_path, cgroup_root))
+            lambda cgroups_path: cgroup_has_processes(cgroups_path, settings.cgroup_root))
         # Told when ``needed`` changes (SecondConnection): called from inside a handler.
         self._need_listener: Callable[[], None] | None = None
         self._served: OrderedDict[str, None] = OrderedDict()
@@ -245,8 +253,7 @@ class StartGuard(Plugin):
     def _judge_listed(self, pods: Sequence[nri_pb2.PodSandbox],
                       containers: Sequence[nri_pb2.Container], runtime: RuntimeInfo) -> None:
         core = self.injector
-        unserved = find_unserved(pods, containers, core.policy, core.vendors, core.registry(),
-                                 native_cdi=runtime.native_cdi)
+        unserved = find_unserved(pods, containers, core, runtime.native_cdi)
         now = []
         for item in unserved:
             if item.container_id in self._done or item.container_id in self._pending:
@@ -289,8 +296,7 @@ class StartGuard(Plugin):
             item: Unserved | None = pending.item
         else:
             core = self.injector
-            item = container_unserved(pod, container, core.policy, core.vendors,
-                                      core.registry(), self._runtime.native_cdi)
+            item = container_unserved(pod, container, core, self._runtime.native_cdi)
         log.debug("%s check of container %s (%s): %s", stage, container.name, cid,
                   "unserved" if item else "ok")
         if item is None:
@@ -411,12 +417,12 @@ class GuardConnection(Plugin):
 
 
 def guarded_connections(guard: StartGuard, main: Plugin, make_stub: StubFactory,
-                        name: str | None, *, on_close: CloseCallback | None = None,
-                        ready_timeout: float = GUARD_READY_TIMEOUT,
-                        linger: float = GUARD_LINGER) -> SecondConnection:
+                        name: str | None,
+                        on_close: CloseCallback | None = None) -> SecondConnection:
     """The injector's connection (``main``: the guard, or the metrics around it), with the
     guard's own around it, open while ``guard.needed`` (docs/developer/fail-closed.md)."""
-    return SecondConnection(guard, main, lambda ready: GuardConnection(guard, ready),
-                            make_stub, name, suffix=GUARD_SUFFIX, label="start guard",
-                            ready_timeout=ready_timeout, linger=linger, on_close=on_close,
-                            logger=log)
+    second = Second(need=guard, plugin=lambda ready: GuardConnection(guard, ready),
+                    suffix=GUARD_SUFFIX, label="start guard", logger=log,
+                    ready_timeout=guard.settings.ready_timeout,
+                    linger=guard.settings.linger)
+    return SecondConnection(second, main, make_stub, name, on_close)

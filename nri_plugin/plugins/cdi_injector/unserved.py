@@ -20,10 +20,11 @@ from nri_plugin.nri.versions import NativeCdi
 from nri_plugin.plugins.cdi_injector.already import all_nodes_present, wanted
 from nri_plugin.plugins.cdi_injector.asked import read_asked
 from nri_plugin.plugins.cdi_injector.context import check_sources
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.requests import NRI_PLUGINS_DOMAIN
-from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules, env_read
+from nri_plugin.plugins.cdi_injector.vendor import VendorRules
 
 # Created (not started: the init process waits) and running containers can be used.
 _LIVE_STATES = (nri_pb2.CONTAINER_CREATED, nri_pb2.CONTAINER_RUNNING, nri_pb2.CONTAINER_PAUSED)
@@ -50,11 +51,12 @@ class Unserved:
 
 
 def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_pb2.Container],
-                  policy: Policy, vendors: Sequence[VendorRules], registry: Registry, *,
+                  injector: CdiInjector,
                   native_cdi: NativeCdi = NativeCdi.UNKNOWN) -> list[Unserved]:
-    """Live containers that asked for devices they do not have. ``native_cdi``: whether the
-    runtime's own CDI injects what container cdi.k8s.io annotations (and, on, CRI
-    CDIDevices) ask for, as the injector takes it (``already``)."""
+    """Live containers that asked for devices they do not have, by ``injector``'s policy,
+    vendors and registry. ``native_cdi``: whether the runtime's own CDI injects what
+    container cdi.k8s.io annotations (and, on, CRI CDIDevices) ask for (``already``)."""
+    policy, vendors = injector.policy, injector.vendors
     by_id = {p.id: p for p in pods}
     keys = (ANNOTATION_PREFIX, NRI_PLUGINS_DOMAIN,
             *(p for v in vendors for p in v.annotation_prefixes))
@@ -74,8 +76,8 @@ def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_p
                 and not (env_asks and any(e.startswith(env_asks) for e in container.env))
                 and not (native_cdi is NativeCdi.OFF and container.CDI_devices)):
             continue
-        found = container_unserved(by_id.get(container.pod_sandbox_id), container, policy,
-                                   vendors, registry, native_cdi)
+        found = container_unserved(by_id.get(container.pod_sandbox_id), container, injector,
+                                   native_cdi)
         if found is not None:
             out.append(found)
     return out
@@ -87,16 +89,17 @@ def _enabled(policy: Policy, vendor: VendorRules, read_from: str) -> bool:
 
 
 def container_unserved(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
-                       policy: Policy, vendors: Sequence[VendorRules], registry: Registry,
+                       injector: CdiInjector,
                        native_cdi: NativeCdi = NativeCdi.UNKNOWN) -> Unserved | None:
     """Whether one live container lacks devices it asked for (None: it does not), judged by
     the injector's own first steps: what it asks for (``asked``) and what of it is already
     in the container (``already``). Of what the injector would add, a device is missing
     only where the container shows it lacks it (``_shows``): no container is stopped on a
     guess."""
+    policy, registry = injector.policy, injector.registry()
     snapshot = registry.snapshot
     try:
-        context = read_asked(pod, container, registry, policy, vendors, env_read(vendors))
+        context = read_asked(pod, container, registry, policy, injector.vendors)
         want = wanted(context, container, snapshot, native_cdi, policy)
     except Refusal as exc:
         return _item(pod, container, (), f"its request is invalid: {exc}")
