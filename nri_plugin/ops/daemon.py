@@ -43,11 +43,11 @@ from nri_plugin.ops.settings import (
     settings_from_args,
 )
 from nri_plugin.ops.status import LAUNCHED_SOCKET, StatusFile
+from nri_plugin.plugins.cdi_injector.asked import OnHit, OnMiss
 from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.metered import Metered
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyError, load_policy, parse_policy
-from nri_plugin.plugins.cdi_injector.reread import OnHit, OnMiss
 from nri_plugin.plugins.cdi_injector.startguard import (
     FAILCLOSED_LOGGER,
     GuardConnection,

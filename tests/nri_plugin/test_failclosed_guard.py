@@ -16,6 +16,11 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.wire import bound_message, clip
 from nri_plugin.ops.logformat import BoundedLog
+from nri_plugin.plugins.cdi_injector.asked import (
+    MAX_NAMES,
+    TooManyNamesError,
+    check_name_count,
+)
 from nri_plugin.plugins.cdi_injector.eviction import (
     cgroup_has_processes,
     cgroup_relpath,
@@ -23,11 +28,6 @@ from nri_plugin.plugins.cdi_injector.eviction import (
 )
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy
-from nri_plugin.plugins.cdi_injector.requests import (
-    MAX_NAMES,
-    TooManyNamesError,
-    check_name_count,
-)
 from nri_plugin.plugins.cdi_injector.startguard import (
     FAILCLOSED_LOGGER,
     GuardSettings,
@@ -545,8 +545,8 @@ def test_a_refused_start_leaves_the_termination_message_to_the_start_error(
 
 
 def test_the_refusal_keeps_the_nodes_folders_for_the_log(snapshot: Snapshot) -> None:
+    from nri_plugin.plugins.cdi_injector.asked import rechecked_refusal
     from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
-    from nri_plugin.plugins.cdi_injector.reread import rechecked_refusal
 
     refusal = rechecked_refusal(snapshot, [DeviceRequest("vendor.com/gpu=7", "s")])
     assert refusal is not None

@@ -19,9 +19,9 @@ from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.allocations import KubeletAllocations, check_not_held
-from nri_plugin.plugins.cdi_injector.already import Wanted, shown_cri_devices, wanted
-from nri_plugin.plugins.cdi_injector.asked import read_asked
-from nri_plugin.plugins.cdi_injector.context import ContainerContext, check_sources
+from nri_plugin.plugins.cdi_injector.already import Wanted, wanted
+from nri_plugin.plugins.cdi_injector.asked import Asker, OnHit, OnMiss, rechecked_refusal
+from nri_plugin.plugins.cdi_injector.context import ContainerContext
 from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.delegation import DelegationTracker, RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.plan import (
@@ -34,12 +34,6 @@ from nri_plugin.plugins.cdi_injector.plan import (
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.refusal import Reason, Refusal
 from nri_plugin.plugins.cdi_injector.requests import unique_requests
-from nri_plugin.plugins.cdi_injector.reread import (
-    OnHit,
-    OnMiss,
-    current_registry,
-    rechecked_refusal,
-)
 from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules
 
 # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
@@ -86,11 +80,10 @@ class CdiInjector(Plugin):
         self.counters = counters if counters is not None else Counters()
         self.delegations = DelegationTracker()
         # A bounded re-read of the spec folders for names the registry does not know yet
-        # (a DRA claim spec written moments ago); None: refuse at once (no reader wired).
-        self.on_miss = on_miss
-        # For a container naming only known devices: the registry after any spec removal
-        # already made has been applied (None: nothing pending). No file I/O.
-        self.on_hit = on_hit
+        # (a DRA claim spec written moments ago; None: refuse at once, no reader wired) and,
+        # for a container naming only known devices, the registry after any spec removal
+        # already made (None: nothing pending; no file I/O).
+        self._asker = Asker(self.vendors, on_miss, on_hit)
         # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
         self.on_start_warning = on_start_warning
         # Runs the per-container log line once the reply has left (the daemon: the event
@@ -197,8 +190,11 @@ class CdiInjector(Plugin):
         Refusal with the reason. The registry and the policy are read once: every step
         sees the same snapshot, facts and rules."""
         policy = self.policy
-        # 1. What it asks for, by every source, under a registry that knows the names.
-        context, registry, reread = self._asked(pod, container, policy)
+        # 1. What it asks for, by every source, under a registry that knows the names; no
+        # device another pod holds asked for past the scheduler.
+        context, registry, reread = self._asker.read(pod, container, self._registry(), policy)
+        if self._allocations is not None:
+            check_not_held(context, registry, self.vendors, self._allocations)
         # 2. What of it is already in the container (the runtime's CDI, an earlier plugin).
         want = wanted(context, container, registry.snapshot, self.runtime.native_cdi, policy)
         if reread and (refusal := rechecked_refusal(registry.snapshot, want.to_add)):
@@ -222,23 +218,6 @@ class CdiInjector(Plugin):
             library_path=context.env.get(LD_LIBRARY_PATH_ENV, ""),
             drop_gids=policy.additional_gids == "drop")
         return _with_removals(injection, trimmed, adds=bool(want.to_add))
-
-    def _asked(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
-               policy: Policy) -> tuple[ContainerContext, Registry, bool]:
-        """What every source asked for (a denied source raises), the registry to decide
-        with (re-read for a name it did not know: ``reread``), and no device another pod
-        holds asked for past the scheduler."""
-        first = self._registry()
-        context = read_asked(pod, container, first, policy, self.vendors)
-        check_sources(context, policy)
-        names = [r.name for r in (*context.requests, *shown_cri_devices(container))]
-        registry, reread = current_registry(names, first, self.on_miss, self.on_hit)
-        if registry is not first:
-            context = read_asked(pod, container, registry, policy, self.vendors)
-            check_sources(context, policy)
-        if self._allocations is not None:
-            check_not_held(context, registry, self.vendors, self._allocations)
-        return context, registry, reread
 
     def _checked(self, context: ContainerContext, want: Wanted, registry: Registry,
                  policy: Policy) -> tuple[dict[str, Device], EditFilter | None]:
