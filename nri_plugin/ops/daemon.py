@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -30,7 +31,7 @@ from nri_plugin.nri.versions import (
 )
 from nri_plugin.ops.logformat import BoundedLog, log_to
 from nri_plugin.ops.logwriter import NonBlockingHandler
-from nri_plugin.ops.metrics import Metrics
+from nri_plugin.ops.metrics import Metrics, Server
 from nri_plugin.ops.podresources import PodResourcesWatch
 from nri_plugin.ops.policy_reload import PolicyReloader
 from nri_plugin.ops.runtime_cdi import runtime_cdi_config, start_warning
@@ -42,7 +43,7 @@ from nri_plugin.ops.settings import (
     parse_address,
     settings_from_args,
 )
-from nri_plugin.ops.status import LAUNCHED_SOCKET, StatusFile
+from nri_plugin.ops.status import LAUNCHED_SOCKET, ReadyFile, StatusFile
 from nri_plugin.plugins.cdi_injector.asked import OnHit, OnMiss
 from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
@@ -71,6 +72,7 @@ def add_command(subparsers: Any) -> None:
     add_config_argument(parser)
     add_setting_flags(parser, "plugin.socket", "plugin.name", "plugin.index",
                       "plugin.spec_dirs", "plugin.rescan_interval", "plugin.status_dir",
+                      "plugin.ready_file",
                       "plugin.pod_resources_socket", "plugin.pod_resources_interval",
                       "log.level", "log.format", "metrics.address",
                       "runtime_cdi.containerd_config", "runtime_cdi.enabled")
@@ -146,10 +148,6 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     injector_counters = Counters()
     address = settings.metrics.address  # metrics are off by default
     metrics = Metrics(injector_counters) if address else None
-    server = metrics.serve(address) if metrics is not None else None
-    if server is not None:
-        log.info("metrics and health on http://%s:%d/metrics", parse_address(address)[0],
-                 server.port)
     refresher = AutoRefresh(cache, rescan_interval=plugin_settings.rescan_interval,
                             on_refresh=_Refreshed(registry, metrics)).start()
     # Who holds which device, by the kubelet: a device asked for past the scheduler must
@@ -177,13 +175,21 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     name, idx = _identity(args, settings)
     # For nri-cdi doctor: connected to which runtime, since when (nri_plugin/ops/status.py).
     own_name, own_index = plugin_identity(name, idx, os.environ, sys.argv[0])  # the Stub's
+    # The node's status file and metrics address are the plugin's that holds the status
+    # lock: during an upgrade's overlap, the older one's until it ends.
+    endpoint = _MetricsEndpoint(metrics, address)
     status = StatusFile(plugin_settings.status_dir, name=own_name, index=own_index,
-                        socket=LAUNCHED_SOCKET if launched else plugin_settings.socket).start()
+                        socket=LAUNCHED_SOCKET if launched else plugin_settings.socket
+                        ).start(on_owner=endpoint.open)
+    ready = ReadyFile(plugin_settings.ready_file)
+    ready.set(False)  # one a killed predecessor in this pod left
 
     def connected(stub: Stub) -> None:
         status.connected(stub.configuration)
+        ready.set(True)
 
     def on_close(stub: Stub, error: BaseException | None) -> None:
+        ready.set(False)
         status.disconnected(error)
         if metrics is not None:
             metrics.disconnected()
@@ -212,13 +218,13 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     try:
         await _run(runner)
     finally:
+        ready.set(False)
         reloader.stop(loop)
+        endpoint.close()  # before the lock goes: a successor binds the address at once
         status.stopped()
         refresher.stop()
         if allocations is not None:
             allocations.stop()
-        if server is not None:
-            server.close()
     log.info("plugin stopped")
     return 0
 
@@ -236,6 +242,50 @@ async def _run(stub: Stub | SecondConnection) -> None:
         asyncio.get_running_loop().add_signal_handler(signum, shutdown)
     with contextlib.suppress(asyncio.CancelledError):  # our own shutdown
         await task
+
+
+BIND_RETRY_S = 0.1
+BIND_ATTEMPTS = 50  # a predecessor's exit closes its socket and lock in no set order
+
+
+class _MetricsEndpoint:
+    """The metrics and health server, opened when this plugin owns the node's status lock
+    (at once where there is no other plugin, or when the older one ends)."""
+
+    def __init__(self, metrics: Metrics | None, address: str) -> None:
+        self._metrics, self._address = metrics, address
+        self._server: Server | None = None
+        self._closed = threading.Event()
+        self._lock = threading.Lock()  # open() runs on the status lock's thread
+
+    def open(self) -> None:
+        if self._metrics is None:
+            return
+        for attempt in range(BIND_ATTEMPTS):
+            try:
+                server = self._metrics.serve(self._address)
+                break
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or attempt == BIND_ATTEMPTS - 1:
+                    log.error("metrics and health: cannot listen on %s: %s", self._address,
+                              exc.strerror or exc)
+                    return
+            if self._closed.wait(BIND_RETRY_S):
+                return
+        with self._lock:
+            if self._closed.is_set():
+                server.close()
+                return
+            self._server = server
+        log.info("metrics and health on http://%s:%d/metrics",
+                 parse_address(self._address)[0], server.port)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed.set()
+            server, self._server = self._server, None
+        if server is not None:
+            server.close()
 
 
 class _Refreshed:

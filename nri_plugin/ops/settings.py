@@ -240,6 +240,12 @@ class PluginSettings:
         "/run/nri-cdi", PATH_OR_OFF,
         "where the plugin keeps its status file (NN-name.json: connected to which runtime, "
         "since when), which nri-cdi doctor reads", "--status-dir", metavar="DIR")
+    ready_file: str = setting(
+        "", PATH_OR_OFF,
+        "a file the plugin creates once it is registered with the runtime and synchronized, "
+        "and removes when that connection closes: a readiness probe of this process alone "
+        "(the metrics address is the node's, which a second plugin shares during an "
+        "upgrade)", "--ready-file", metavar="PATH")
     pod_resources_socket: str = setting(
         "/var/lib/kubelet/pod-resources/kubelet.sock", PATH_OR_OFF,
         "the kubelet's pod-resources socket: a device asked for by annotation or env that "

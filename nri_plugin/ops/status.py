@@ -5,16 +5,22 @@ that connection closes and when it stops: never on a container's path. Whether t
 still runs is told by a lock, not by the pid: the daemon holds an ``flock`` on
 ``<NN>-<name>.lock`` for its whole life, which the kernel drops however it ends, so a reader
 that cannot take it knows the plugin lives, whatever pid namespace either runs in.
+
+During an upgrade two plugins of the same name and index run on one node for a moment (the
+DaemonSet's surge: docs/developer/upgrades.md). Both serve; the lock says which one the node's
+status file (and metrics address) belongs to. The newcomer waits for the lock in a thread
+and takes both over when the old plugin ends, however it ends.
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import logging
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -73,24 +79,55 @@ class StatusFile:
     def __init__(self, folder: str, *, name: str, index: str, socket: str) -> None:
         self.path = status_path(folder, name, index) if folder else None
         self._lock_fd: int | None = None
+        self._owner = False  # the lock is ours: the file is ours to write
+        self._write_lock = threading.Lock()  # the loop's writes, the hand-over thread's
         now = time.time()
         self.status = PluginStatus(pid=os.getpid(), name=name, index=index, socket=socket,
                                    started=now, since=now)
 
-    def start(self) -> StatusFile:
-        """Take the lock and write the first state; on failure, log one line and keep no
-        status file (the plugin itself runs on)."""
+    def start(self, on_owner: Callable[[], None] = lambda: None) -> StatusFile:
+        """Take the lock and write the first state, then call ``on_owner``. Where another
+        plugin of the same name and index holds the lock, wait for it in a thread and do
+        both when it is ours. With no folder (or one we cannot use: logged) there is
+        nothing to own and ``on_owner`` is called at once."""
         if self.path is None:
+            on_owner()
             return self
+        lock = self.path.with_suffix(".lock")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._lock_fd = _take_lock(self.path.with_suffix(".lock"))
+            fd = _open_lock(lock)
         except OSError as exc:
             log.warning("no status file for nri-cdi doctor: %s", _why(exc))
             self.path = None
+            on_owner()
             return self
-        self._write()
+        if _lock_within(fd, LOCK_WAIT):
+            self._own(fd, on_owner)
+            return self
+        log.info("another nri-cdi plugin named %s-%s serves this node (pid %s in %s): both "
+                 "serve while it lasts, and this one takes over the status file and the "
+                 "metrics address when it ends", self.status.index, self.status.name,
+                 _pid_in(self.path), self.path)
+
+        def wait_for_lock() -> None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # the other plugin's exit releases it
+            except OSError as exc:
+                log.warning("no status file for nri-cdi doctor: %s", _why(exc))
+                return
+            log.info("the other plugin ended: the status file %s and the metrics address "
+                     "are this one's now", self.path)
+            self._own(fd, on_owner)
+
+        threading.Thread(target=wait_for_lock, name="nri-cdi-status-lock", daemon=True).start()
         return self
+
+    def _own(self, fd: int, on_owner: Callable[[], None]) -> None:
+        with self._write_lock:
+            self._lock_fd, self._owner = fd, True
+            self._write()
+        on_owner()
 
     def connected(self, conf: Configuration | None) -> None:
         """The connection synchronized; ``conf``: what the runtime said in Configure."""
@@ -102,17 +139,21 @@ class StatusFile:
         self._set(state=DISCONNECTED, error=str(error or ""))
 
     def stopped(self) -> None:
+        """Says so in the file, if it is ours, and lets the lock go (to the plugin
+        waiting for it, if any)."""
         self._set(state=STOPPED)
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        with self._write_lock:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd, self._owner = None, False
 
     def _set(self, **changes: Any) -> None:
-        self.status = replace(self.status, since=time.time(), **changes)
-        self._write()
+        with self._write_lock:
+            self.status = replace(self.status, since=time.time(), **changes)
+            self._write()
 
     def _write(self) -> None:
-        if self.path is None:
+        if self.path is None or not self._owner:  # another plugin's file, for now
             return
         try:
             atomic_write(self.path, json.dumps(asdict(self.status), indent=1).encode() + b"\n")
@@ -120,20 +161,53 @@ class StatusFile:
             log.warning("cannot write the status file %s: %s", self.path, _why(exc))
 
 
-def _take_lock(path: Path) -> int:
-    """An fd holding the exclusive lock on ``path`` (made 0644: readers probe it)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    deadline = time.monotonic() + LOCK_WAIT
+class ReadyFile:
+    """``plugin.ready_file``: present while this process's connection is synchronized. A
+    readiness probe that asks the process itself: the metrics address is the node's, held
+    by the older plugin while two run during an upgrade."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path) if path else None
+
+    def set(self, ready: bool) -> None:
+        if self.path is None:
+            return
+        try:
+            if ready:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.path.touch()
+            else:
+                self.path.unlink(missing_ok=True)
+        except OSError as exc:
+            log.warning("cannot %s the ready file %s: %s", "create" if ready else "remove",
+                        self.path, _why(exc))
+
+
+def _pid_in(path: Path) -> str:
+    """The pid another plugin's status file names (in its pid namespace), for a log line."""
+    try:
+        return str(PluginStatus.from_json(path.read_text()).pid)
+    except (OSError, ValueError, TypeError):
+        return "unknown"
+
+
+def _open_lock(path: Path) -> int:
+    """An fd of the lock file ``path`` (made 0644: readers probe it)."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+
+def _lock_within(fd: int, seconds: float) -> bool:
+    """Whether the exclusive lock on ``fd`` was taken within ``seconds``: a reader's probe
+    holds it for an instant, a plugin for its life."""
+    deadline = time.monotonic() + seconds
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
+            return True
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                os.close(fd)
-                raise OSError(errno.EBUSY, f"{path} is held by another nri-cdi plugin of the "
-                                           "same name and index") from None
-            time.sleep(0.05)  # a reader's probe, or a plugin still exiting
+                return False
+            time.sleep(0.05)
 
 
 def _why(exc: OSError) -> str:

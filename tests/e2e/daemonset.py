@@ -302,8 +302,13 @@ class PodRunner:
                 for key, text in maps[volume["configMap"]["name"]].items():
                     (folder / key).write_text(text)
                 out[volume["name"]] = str(folder)
+            elif "emptyDir" in volume:  # the kubelet's is under its pod folder (tmpfs for
+                folder = self.config_dir / "empty-dir" / volume["name"]  # Memory): a folder
+                folder.mkdir(parents=True, exist_ok=True)
+                out[volume["name"]] = str(folder)
             else:
-                raise ValueError(f"volume {volume['name']}: only hostPath and configMap run here")
+                raise ValueError(f"volume {volume['name']}: only hostPath, configMap and "
+                                 "emptyDir run here")
         return out
 
     def run_pod(self) -> str:

@@ -163,13 +163,15 @@ def test_daemonset_serves_a_gpu_pod_and_fails_closed_across_a_restart(
         runner.start(runner.container("watch"))
         _wait_for("the plugin registers", lambda: CONNECTED in container_log(cri, plugin_id),
                   log=lambda: container_log(cri, plugin_id))
-        probe = plugin["readinessProbe"]["httpGet"]
-        _wait_for("the readiness probe passes", lambda: _healthy(probe["port"], probe["path"]))
+        # The readiness probe, run as the kubelet runs an exec probe: in the container.
+        ready = plugin["readinessProbe"]["exec"]["command"]
+        _wait_for("the readiness probe passes",
+                  lambda: cri.exec_sync(plugin_id, ready).exit_code == 0)
         live = plugin["livenessProbe"]["httpGet"]
         assert _healthy(live["port"], live["path"])
         # Ours answered, not another process on that port: it bound it and still runs.
         assert cri.container_status(plugin_id).status.state == cri.pb.CONTAINER_RUNNING
-        assert f":{probe['port']}/metrics" in container_log(cri, plugin_id)
+        assert f":{live['port']}/metrics" in container_log(cri, plugin_id)
         # Its status file lands in the node's /run/nri-cdi, where doctor on the host reads it.
         status_dir = node_run / Path(settings["plugin"].get(
             "status_dir", "/run/nri-cdi")).relative_to("/run")

@@ -53,7 +53,9 @@ def test_plugin_container_mounts_everything_it_needs() -> None:
     assert mounts.get("/etc/nri-cdi") is None  # the ConfigMap, not the host
     assert plugin["command"][-2:] == ["--config", "/etc/nri-cdi/config.yaml"]
     port = settings.metrics.address.rsplit(":", 1)[1]
-    assert plugin["readinessProbe"]["httpGet"]["port"] == int(port)
+    assert plugin["livenessProbe"]["httpGet"]["port"] == int(port)
+    assert plugin["readinessProbe"]["exec"]["command"] == ["test", "-e",
+                                                          settings.plugin.ready_file]
 
 
 def test_watch_and_generate_see_the_driver_at_its_host_path() -> None:

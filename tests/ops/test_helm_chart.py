@@ -138,7 +138,8 @@ SETUPS: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
                 {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
         "podAnnotations": {"example.com/owner": "gpu-team"},
         "podLabels": {"team": "gpu"},
-        "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}},
+        "updateStrategy": {"type": "RollingUpdate",
+                           "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 2}},
     }, {}),
     "updated on delete": ({"updateStrategy": {"type": "OnDelete"}}, {}),
     "other folders": ({"config": {
@@ -166,18 +167,26 @@ def test_every_setup_makes_a_configuration_nri_cdi_accepts(setup: str) -> None:
     values, where = SETUPS[setup]
     objects = _render(values, **where)
     settings = _settings(objects)
-    # The probes need the server: it is never off.
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    plugin = _container(pod, "plugin")
+    # The liveness probe needs the server: it is never off.
     _, port = parse_address(settings.metrics.address)
-    probe = _container(objects["DaemonSet"]["spec"]["template"]["spec"],
-                       "plugin")["readinessProbe"]["httpGet"]
-    assert probe["port"] == port
+    assert plugin["livenessProbe"]["httpGet"]["port"] == port
+    # Readiness is the plugin's own file, in a folder of the pod's own (not the node's:
+    # during an upgrade's overlap the older pod's plugin would answer for the newer).
+    ready = settings.plugin.ready_file
+    assert plugin["readinessProbe"]["exec"] == {"command": ["test", "-e", ready]}
+    mount = next(m for m in plugin["volumeMounts"]
+                 if ready.startswith(m["mountPath"].rstrip("/") + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert "emptyDir" in volume, volume
 
 
 # --- one value per setting ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize("setup", ["defaults", "metrics on another port", "metrics scraped"])
-def test_the_metrics_port_moves_the_server_the_probes_and_the_container_port(
+def test_the_metrics_port_moves_the_server_and_the_liveness_probe(
         setup: str) -> None:
     values, _ = SETUPS[setup]
     objects = _render(values)
@@ -187,16 +196,17 @@ def test_the_metrics_port_moves_the_server_the_probes_and_the_container_port(
     assert parse_address(_settings(objects).metrics.address) == (bind, port)
     template = objects["DaemonSet"]["spec"]["template"]
     plugin = _container(template["spec"], "plugin")
-    for probe, path in (("readinessProbe", "/healthz"), ("livenessProbe", "/livez")):
-        # The kubelet probes from the node's network namespace, the pod's (hostNetwork).
-        assert plugin[probe]["httpGet"] == {"host": "127.0.0.1", "path": path, "port": port}
+    # The kubelet probes from the node's network namespace, the pod's (hostNetwork).
+    assert plugin["livenessProbe"]["httpGet"] == {"host": "127.0.0.1", "path": "/livez",
+                                                  "port": port}
+    # Never a declared port: on the host's network it is a host port, and the scheduler
+    # would keep an upgrade's surge pod off the node while the old pod holds it.
+    assert "ports" not in plugin
     annotations = template["metadata"].get("annotations", {})
     if scraped:
-        assert plugin["ports"] == [{"name": "metrics", "containerPort": port}]
         assert annotations["prometheus.io/scrape"] == "true"
         assert annotations["prometheus.io/port"] == str(port)
     else:
-        assert "ports" not in plugin
         assert not any(k.startswith("prometheus.io/") for k in annotations)
 
 
@@ -326,11 +336,17 @@ def test_nothing_of_proc_is_mounted() -> None:
         assert not [m for m in container["volumeMounts"] if "/proc" in m["mountPath"]]
 
 
-def test_the_config_map_holds_the_values_config_and_the_metrics_address() -> None:
+def test_the_config_map_holds_the_values_config_the_metrics_address_and_ready_file() -> None:
     values = yaml.safe_load((helm.CHART / "values.yaml").read_text())
     config = _config(_render())
     assert config.pop("metrics") == {"address": "127.0.0.1:9464"}
+    assert config["plugin"].pop("ready_file") == "/run/nri-cdi-pod/ready"
     assert config == values["config"]
+
+
+def test_the_ready_file_cannot_be_set_in_config() -> None:
+    message = _refused(_merge(IMAGE, {"config": {"plugin": {"ready_file": "/x"}}}))
+    assert "config.plugin.ready_file" in message
 
 
 def test_the_chart_leaves_the_policy_to_the_plugin() -> None:
@@ -448,7 +464,10 @@ def test_scheduling_and_pod_metadata_values_reach_the_pod() -> None:
     assert _render(SETUPS["updated on delete"][0])["DaemonSet"]["spec"]["updateStrategy"] == {
         "type": "OnDelete"}
     default = _render()["DaemonSet"]
-    assert default["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
+    # An upgrade starts the new pod beside the old one on each node, and ends the old one
+    # once the new one is ready: no node is ever without a plugin.
+    assert default["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     assert "affinity" not in default["spec"]["template"]["spec"]
 
 

@@ -87,8 +87,12 @@ the pod's (hostNetwork), so the loopback address reaches a server bound to it or
 {{- if hasKey .Values.config "metrics" }}
 {{- fail "config.metrics: the chart makes metrics.address from the values metrics.bindAddress and metrics.port, which the probes use too: set those instead" }}
 {{- end }}
+{{- if hasKey (.Values.config.plugin | default dict) "ready_file" }}
+{{- fail "config.plugin.ready_file: the chart sets it, to the file the readiness probe asks for in the pod's own folder" }}
+{{- end }}
 {{- $config := deepCopy .Values.config }}
 {{- $_ := set $config "metrics" (dict "address" (include "nri-cdi.metricsAddress" .)) }}
+{{- $_ = set $config.plugin "ready_file" (include "nri-cdi.readyFile" .) }}
 {{- toYaml $config }}
 {{- end }}
 
@@ -130,3 +134,11 @@ a folder the plugin does not read would give a spec nothing serves, so that fail
 # propagation the pod would keep the old driver's files.
 - {name: driver-root, mountPath: {{ .Values.config.generate.driver_root }}, readOnly: true, mountPropagation: HostToContainer}
 {{- end }}
+
+{{/*
+The plugin's ready file, in a folder of the pod's own: during an upgrade two plugins run on a
+node, and the metrics address is the node's (the older one's until it ends), so readiness
+is asked of the process itself.
+*/}}
+{{- define "nri-cdi.readyDir" -}}/run/nri-cdi-pod{{- end }}
+{{- define "nri-cdi.readyFile" -}}{{ include "nri-cdi.readyDir" . }}/ready{{- end }}
