@@ -47,9 +47,10 @@ class GuardSettings:
     cgroup_root: str = CGROUP_ROOT
     # How long a container created without the plugin is owed a check at its start, and
     # how often, meanwhile, its cgroup is looked at for a start the guard was not asked
-    # about.
+    # about: longer than the runtime's default request timeout, so a StartContainer held
+    # up by a slow plugin before us has reached us by the next look.
     pending_limit: float = 60.0
-    recheck: float = 1.0
+    recheck: float = 3.0
     # How long the injector's connection waits for the guard's, and how long the guard's
     # stays once nothing is in doubt.
     ready_timeout: float = 5.0
