@@ -116,6 +116,7 @@ class StartGuard(Plugin):
         """Whether a container may be in doubt: the injector's connection has not
         synchronized since it (re)connected, or one created without us is still owed a
         check at its start."""
+        self._expire_pending()
         return not self._injector_synced or bool(self._pending)
 
     def on_need_changed(self, listener: Callable[[], None]) -> None:
@@ -152,7 +153,13 @@ class StartGuard(Plugin):
                     del self._pending[cid]
                     self._remember(self._done, cid)
                     started.append(pending.item)
-                    continue
+        for item in started:
+            self._act(item, "unseen-start")
+        self._need_may_have_changed()  # and lets go of what is past its limit
+
+    def _expire_pending(self) -> None:
+        now = self._clock()
+        for cid, pending in list(self._pending.items()):
             if pending.until <= now:
                 del self._pending[cid]
                 item = pending.item
@@ -162,9 +169,6 @@ class StartGuard(Plugin):
                             "container whose start failed stays listed as created): %s",
                             item.name, item.container_id, item.pod, self.pending_limit,
                             item.reason)
-        for item in started:
-            self._act(item, "unseen-start")
-        self._need_may_have_changed()
 
     def _add_pending(self, item: Unserved) -> None:
         now = self._clock()
