@@ -24,7 +24,7 @@ from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-from nri_plugin.plugins.cdi_injector.plan import plan_injection
+from nri_plugin.plugins.cdi_injector.plan import PlanFor, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.startguard import StartGuard
 from nri_plugin.plugins.cdi_injector.vendor import Registry
@@ -173,9 +173,9 @@ def test_mknod_access_not_handed_over_when_a_filter_leaves_something_out(
 
     runtime = _runtime("containerd", "2.1.9", snapshot, known=True)
     wanted = [DeviceRequest("example.com/v=default", "t")]
-    kept = plan_injection(snapshot, wanted, runtime, edit_filter=Filter(False))  # type: ignore[arg-type]
+    kept = plan_injection(snapshot, wanted, runtime, PlanFor(edit_filter=Filter(False)))  # type: ignore[arg-type]
     assert kept.delegated == ("example.com/v=default",)  # the filter changes nothing
-    cut = plan_injection(snapshot, wanted, runtime, edit_filter=Filter(True))  # type: ignore[arg-type]
+    cut = plan_injection(snapshot, wanted, runtime, PlanFor(edit_filter=Filter(True)))  # type: ignore[arg-type]
     assert not cut.delegated and cut.devices == ("example.com/v=default",)
 
 

@@ -27,6 +27,7 @@ from nri_plugin.plugins.cdi_injector.delegation import DelegationTracker, Runtim
 from nri_plugin.plugins.cdi_injector.plan import (
     Injection,
     PlanCache,
+    PlanFor,
     lookup_devices,
     mount_removals,
     removes_runtime_mounts,
@@ -214,9 +215,9 @@ class CdiInjector(Plugin):
             return None  # exit: extras asked for, and no vendor has edits for them
         injection = self._plans.plan(
             registry.snapshot, [devices[r.name] for r in want.to_add], self.runtime,
-            uid=context.uid, gid=context.gid, edit_filter=edit_filter,
-            library_path=context.env.get(LD_LIBRARY_PATH_ENV, ""),
-            drop_gids=policy.additional_gids == "drop")
+            PlanFor(uid=context.uid, gid=context.gid, edit_filter=edit_filter,
+                    library_path=context.env.get(LD_LIBRARY_PATH_ENV, ""),
+                    drop_gids=policy.additional_gids == "drop"))
         return _with_removals(injection, trimmed, adds=bool(want.to_add))
 
     def _checked(self, context: ContainerContext, want: Wanted, registry: Registry,

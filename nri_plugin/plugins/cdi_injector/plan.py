@@ -66,14 +66,32 @@ def lookup_devices(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> lis
                              code=Code.NOT_FOUND) from None
 
 
-def plan_devices(snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeInfo, *,
-                 uid: int = 0, gid: int = 0, edit_filter: EditFilter | None = None,
-                 library_path: str = "", drop_gids: bool = False) -> Injection:
-    """The adjustment for ``devices`` (looked up, in request order). ``edit_filter``: the
-    vendors' filter of the resolved edits (None keeps everything). ``library_path``: the
-    container's own LD_LIBRARY_PATH, which hook-free specs add their folders to.
-    ``drop_gids``: where additionalGids are all the plugin cannot apply itself, apply the
-    rest without them instead of refusing."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanFor:
+    """What a plan depends on besides the devices and the runtime: the container's user;
+    the vendors' filter of the resolved edits (None keeps everything); the container's own
+    LD_LIBRARY_PATH, which hook-free specs add their folders to; whether, where
+    additionalGids are all the plugin cannot apply itself, the rest is applied without
+    them (``drop_gids``) instead of refused."""
+
+    uid: int = 0
+    gid: int = 0
+    edit_filter: EditFilter | None = None
+    library_path: str = ""
+    drop_gids: bool = False
+
+    @property
+    def cache_key(self) -> Hashable:
+        return (self.uid, self.gid,
+                None if self.edit_filter is None else self.edit_filter.cache_key,
+                self.library_path, self.drop_gids)
+
+
+def plan_devices(snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeInfo,
+                 plan_for: PlanFor | None = None) -> Injection:
+    """The adjustment for ``devices`` (looked up, in request order)."""
+    plan_for = plan_for if plan_for is not None else PlanFor()
+    edit_filter, drop_gids = plan_for.edit_filter, plan_for.drop_gids
     edits = snapshot.merged_edits(devices) if devices else ContainerEdits()
     filtered = edit_filter.apply(edits) if edit_filter is not None else edits
     lost = _lost_by_handing_over(edits, filtered)
@@ -93,8 +111,8 @@ def plan_devices(snapshot: Snapshot, devices: Sequence[Device], runtime: Runtime
     edits = as_native_file_modes(edits, written, runtime)
     if edit_filter is not None:
         edits = edit_filter.apply(edits)
-    adjustment = to_adjustment(edits, runtime=runtime, uid=uid, gid=gid,
-                               image_library_path=library_path)
+    adjustment = to_adjustment(edits, runtime=runtime, uid=plan_for.uid, gid=plan_for.gid,
+                               image_library_path=plan_for.library_path)
     return Injection(adjustment=adjustment, devices=tuple(d.qualified_name for d in devices),
                      delegated=(), dropped_gids=dropped,
                      kept_because=lost if runtime.supports_cdi_devices else "")
@@ -168,12 +186,9 @@ def _by_spec(devices: Sequence[Device]) -> dict[str, list[Device]]:
 
 
 def plan_injection(snapshot: Snapshot, requests: Sequence[DeviceRequest], runtime: RuntimeInfo,
-                   *, uid: int = 0, gid: int = 0, edit_filter: EditFilter | None = None,
-                   library_path: str = "", drop_gids: bool = False) -> Injection:
+                   plan_for: PlanFor | None = None) -> Injection:
     """``plan_devices`` for the devices ``requests`` name (looked up first)."""
-    return plan_devices(snapshot, lookup_devices(snapshot, requests), runtime, uid=uid,
-                        gid=gid, edit_filter=edit_filter, library_path=library_path,
-                        drop_gids=drop_gids)
+    return plan_devices(snapshot, lookup_devices(snapshot, requests), runtime, plan_for)
 
 
 def removes_runtime_mounts(runtime: RuntimeInfo) -> bool:
@@ -217,23 +232,18 @@ class PlanCache:
         self._snapshot: Snapshot | None = None
         self._plans: OrderedDict[Hashable, Injection] = OrderedDict()
 
-    def plan(self, snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeInfo, *,
-             uid: int = 0, gid: int = 0, edit_filter: EditFilter | None = None,
-             library_path: str = "", drop_gids: bool = False) -> Injection:
+    def plan(self, snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeInfo,
+             plan_for: PlanFor) -> Injection:
         """``plan_devices``, kept."""
         if snapshot is not self._snapshot:
             self._snapshot = snapshot
             self._plans.clear()
-        key = (tuple(d.qualified_name for d in devices), runtime, uid, gid,
-               None if edit_filter is None else edit_filter.cache_key, library_path,
-               drop_gids)
+        key = (tuple(d.qualified_name for d in devices), runtime, plan_for.cache_key)
         kept = self._plans.get(key)
         if kept is not None:
             self._plans.move_to_end(key)
             return kept
-        made = plan_devices(snapshot, devices, runtime, uid=uid, gid=gid,
-                            edit_filter=edit_filter, library_path=library_path,
-                            drop_gids=drop_gids)
+        made = plan_devices(snapshot, devices, runtime, plan_for)
         self._plans[key] = made
         if len(self._plans) > self.SIZE:
             self._plans.popitem(last=False)
