@@ -12,7 +12,6 @@ from typing import Any, NamedTuple
 from cdi.errors import FieldError, SpecError
 from cdi.model import BadScalar, DeviceData, SpecData, key_path, spec_from_dict, to_dict
 from cdi.validate import validate_spec
-from cdi.yaml11 import dump_yaml
 
 # A real spec for 8 GPUs x 7 MIG devices is well under 1 MiB; refuse to slurp anything
 # absurd that happens to sit in a spec directory.
@@ -35,11 +34,21 @@ _NULL_TEXTS = ("", "~", "null", "Null", "NULL")
 
 
 def _yaml() -> Any:
-    """PyYAML, imported on first use: what never reads YAML must not pay for it
-    (``nri-cdi generate`` has its own emitter; the hooks)."""
+    """PyYAML, imported on first use: the hooks and the plugin's start never read YAML."""
     import yaml
 
     return yaml
+
+
+def dump_yaml(document: dict[str, Any]) -> str:
+    """``document`` as a YAML stream of one document, starting with ``---``: PyYAML's
+    dumper (libyaml's when present) in block style, keys in the document's order, no line
+    folding. The one YAML writer of specs (``dump_spec`` and ``nri-cdi generate``)."""
+    yaml = _yaml()
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return "---\n" + str(yaml.dump(document, Dumper=dumper, sort_keys=False,
+                                    default_flow_style=False, allow_unicode=True,
+                                    width=1 << 16))
 
 
 @functools.cache

@@ -1,10 +1,8 @@
-"""Lean ``generate`` entry: ``PYTHON -I -S /abs/path/to/cdi/nvidia/__main__.py [OPTIONS]``.
-
-Start-up without ``site`` (no ``.pth`` files, no site-packages scan) is most of what a
-``generate`` run costs on a node whose site-packages carry editable installs or CA
-bundles.  The folder holding the ``cdi`` package comes from this file's own path;
-``--mode nvml`` finds nvidia-ml-py in the interpreter's site-packages when it needs it
-(``cdi.nvidia.discover.load_nvml``).  ``python3 -m cdi.nvidia`` works as well.
+"""``generate`` as a script: ``PYTHON -I /abs/path/to/cdi/nvidia/__main__.py [OPTIONS]``
+(what ``nri-cdi refresh`` and ``watch`` run). Under ``-I`` the current folder is not on
+``sys.path``, so the folder holding the ``cdi`` package comes from this file's own path; its
+dependencies come from the interpreter's site-packages. ``python3 -m cdi.nvidia`` works as
+well.
 """
 
 from __future__ import annotations

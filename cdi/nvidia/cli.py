@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from hashlib import sha256
 from pathlib import Path
 from types import MappingProxyType
@@ -22,7 +23,6 @@ from cdi.errors import SpecError
 from cdi.model import SpecData, to_dict
 from cdi.nvidia.devnodes import char_majors, control_node_plan
 from cdi.nvidia.discover import (
-    MODES,
     DiscoveryError,
     Gpu,
     NodeInfo,
@@ -41,7 +41,6 @@ from cdi.nvidia.generate import (
     DEFAULT_HOOKS,
     GENERATOR_VERSION,
     HOOK_NAMES,
-    STRATEGIES,
     GenerateError,
     Inventory,
     Options,
@@ -60,6 +59,16 @@ from cdi.nvidia.mountspec import (
     ignored,
     read_mount_specs,
 )
+from cdi.nvidia.options import (
+    FEATURE_FLAGS,
+    GENERATE_MODES,
+    LINK_MODES,
+    STRATEGIES,
+    GenerateOptions,
+    add_arguments,
+    option_of,
+    resolve,
+)
 from cdi.nvidia.sidecar import SUFFIX as SIDECAR_SUFFIX
 from cdi.nvidia.sidecar import sidecar_path
 from cdi.nvidia.tegra import (
@@ -71,60 +80,11 @@ from cdi.nvidia.tegra import (
     nvml_facts,
 )
 from cdi.process import finish
-from cdi.spec import atomic_write, dump_spec
+from cdi.runtimes import BUILDS, newest_spec_version
+from cdi.spec import atomic_write, dump_spec, dump_yaml
 from cdi.validate import validate_spec
 from cdi.version import parse_version, version_key
-from cdi.yaml11 import dump_yaml
 
-# flag destination -> (environment variable, kind); kind: str, list, bool
-ENV: dict[str, tuple[str, str]] = {
-    "output": ("NVIDIA_CTK_CDI_OUTPUT_FILE_PATH", "str"),
-    "format": ("NVIDIA_CTK_CDI_GENERATE_OUTPUT_FORMAT", "str"),
-    "mode": ("NVIDIA_CTK_CDI_GENERATE_MODE", "str"),
-    "strategies": ("NVIDIA_CTK_CDI_GENERATE_DEVICE_NAME_STRATEGIES", "list"),
-    "driver_root": ("NVIDIA_CTK_DRIVER_ROOT", "str"),
-    "dev_root": ("NVIDIA_CTK_DEV_ROOT", "str"),
-    "library_search_paths": ("NVIDIA_CTK_CDI_GENERATE_LIBRARY_SEARCH_PATHS", "list"),
-    "config_search_paths": ("NVIDIA_CTK_CDI_GENERATE_CONFIG_SEARCH_PATHS", "list"),
-    "xdg_data_dirs": ("XDG_DATA_DIRS", "str"),  # no flag: where configs are searched
-    "hook_path": ("NVIDIA_CTK_CDI_HOOK_PATH", "str"),
-    "ldconfig_path": ("NVIDIA_CTK_CDI_GENERATE_LDCONFIG_PATH", "str"),
-    "vendor": ("NVIDIA_CTK_CDI_GENERATE_VENDOR", "str"),
-    "class_": ("NVIDIA_CTK_CDI_GENERATE_CLASS", "str"),
-    "no_all_device": ("NVIDIA_CTK_CDI_GENERATE_NO_ALL_DEVICE", "bool"),
-    "device_ids": ("NVIDIA_CTK_CDI_GENERATE_DEVICE_IDS", "list"),
-    "disabled_hooks": ("NVIDIA_CTK_CDI_GENERATE_DISABLED_HOOKS", "list"),
-    "enabled_hooks": ("NVIDIA_CTK_CDI_GENERATE_ENABLED_HOOKS", "list"),
-    "feature_flags": ("NVIDIA_CTK_CDI_GENERATE_FEATURE_FLAGS", "list"),
-    "csv_files": ("NVIDIA_CTK_CDI_GENERATE_CSV_FILES", "list"),
-    "csv_ignore_patterns": ("NVIDIA_CTK_CDI_GENERATE_CSV_IGNORE_PATTERNS", "list"),
-    "csv_compat_root": ("NVIDIA_CTK_CDI_GENERATE_CSV_CONTAINER_COMPAT_ROOT", "str"),
-    "debug": ("NVIDIA_CTK_DEBUG", "bool"),
-    "quiet": ("NVIDIA_CTK_QUIET", "bool"),
-    "config": ("NVIDIA_CTK_CONFIG", "str"),
-    "link_mode": ("NRI_CDI_GENERATE_LINK_MODE", "str"),
-    "cdi_version": ("NRI_CDI_GENERATE_CDI_VERSION", "str"),
-    "if_changed": ("NRI_CDI_GENERATE_IF_CHANGED", "bool"),
-}
-_TRUE = ("1", "t", "true", "yes", "y", "on")
-# Feature flags nvidia-ctk knows, and what each means here.  Accepted: those whose effect
-# we have (or always have); the others are refused by name with the reason.
-FEATURE_FLAGS: dict[str, str | None] = {
-    "disable-nvsandboxutils": None,  # nri-cdi never loads libnvidia-sandboxutils
-    "disable-ipc-discoverer": None,  # no persistenced/fabricmanager/MPS mounts
-    "no-additional-gids-for-device-nodes": None,  # Options.additional_gids off
-    "enable-explicit-driver-libraries": "nri-cdi mounts only the driver's versioned "
-                                        "libraries; the explicit (GLVND) list is not supported",
-    "enable-coherent-annotations": "coherence annotations and the gpu.coherent specs are not "
-                                   "supported",
-    "disable-multiple-csv-devices": None,  # CSV mode: one device even where NVML sees more
-}
-# ``--mode``: the discovery modes, and csv (Tegra, from its CSV files: cdi.nvidia.tegra).
-GENERATE_MODES = (*MODES, "csv")
-# The highest cdiVersion each runtime's vendored CDI library accepts (a newer one is
-# "invalid": the devices are then unresolvable), read from Debian's binaries.
-RUNTIME_MAX_VERSIONS = {"podman-4.3": "0.5.0", "containerd-1.7.24": "0.8.0",
-                        "containerd-2.1.9": "1.0.0"}
 # nvidia-ctk's hooks that nri-cdi does not emit, and why.
 UNSUPPORTED_HOOKS = {
     "chmod": "it is a deprecated workaround for old crun versions (nvidia-ctk disables it by "
@@ -153,98 +113,11 @@ def add_commands(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "generate", help="generate an NVIDIA CDI spec (nvidia-ctk cdi generate compatible)",
         description="Generate a CDI spec for the NVIDIA GPUs and driver of this node.")
-    # Defaults are None so that an unset flag falls back to its environment variable.
-    p.add_argument("--output", help="spec file to write (default: standard output)")
-    p.add_argument("--format", choices=("yaml", "json"),
-                   help="output format (default: from the --output extension, else yaml)")
-    p.add_argument("--cdi-version", dest="cdi_version", metavar="VERSION|RUNTIME",
-                   help="highest cdiVersion the target runtimes accept, or a runtime "
-                        f"({', '.join(RUNTIME_MAX_VERSIONS)}) for its highest; fail if the "
-                        "spec needs more (>= 0.6.0 also records metadata as annotations)")
-    p.add_argument("--if-changed", dest="if_changed", action="store_true", default=None,
-                   help="do nothing when the existing spec has the same fingerprint")
-    # discovery
-    p.add_argument("--mode", "--discovery-mode", dest="mode",
-                   help="auto (default), nvml, procfs, management or csv (Jetson/Tegra)")
-    p.add_argument("--driver-root", dest="driver_root", help="where the driver files are "
-                   "(default /)")
-    p.add_argument("--dev-root", dest="dev_root",
-                   help="where /dev, /proc and /sys are (default: the driver root)")
-    p.add_argument("--library-search-path", dest="library_search_paths", action="append",
-                   metavar="DIR", help="search only these folders for driver libraries")
-    p.add_argument("--config-search-path", dest="config_search_paths", action="append",
-                   metavar="DIR", help="search these folders for driver config files")
-    # naming
-    p.add_argument("--device-name-strategy", dest="strategies", action="append",
-                   metavar="STRATEGY", help="index, uuid or type-index; repeatable "
-                   "(default: index and uuid)")
-    p.add_argument("--vendor", "--cdi-vendor", dest="vendor", help="default nvidia.com "
-                   "(management mode: management.nvidia.com)")
-    p.add_argument("--class", "--cdi-class", dest="class_", help="default gpu")
-    p.add_argument("--no-all-device", dest="no_all_device", action="store_true", default=None,
-                   help="do not add the 'all' device")
-    p.add_argument("--device-id", "--device-ids", "--device", "--devices", dest="device_ids",
-                   action="append", metavar="ID",
-                   help="all (default), none, an index, i:j, or a GPU-/MIG- UUID; repeatable")
-    # hooks
-    p.add_argument("--link-mode", dest="link_mode", choices=("hooks", "mounts"),
-                   help="hooks (default): createContainer hooks make the driver's symlinks and "
-                        "ld cache; mounts: bind mounts at the link paths, no hook runs")
-    p.add_argument("--hook-path", "--nvidia-cdi-hook-path", "--nvidia-ctk-path",
-                   dest="hook_path", help="the hook program the spec names: an absolute path "
-                   "to nri-cdi, nri-cdi-hook (the static launcher), nvidia-cdi-hook or "
-                   "nvidia-ctk, each given arguments it "
-                   "understands (default: this Python, isolated with -I -S, on the hooks' "
-                   "own script)")
-    p.add_argument("--ldconfig-path", dest="ldconfig_path",
-                   help="ldconfig for the update-ldcache hook")
-    p.add_argument("--disable-hook", "--disable-hooks", dest="disabled_hooks", action="append",
-                   metavar="HOOK", help="a hook name, or all; repeatable")
-    p.add_argument("--enable-hook", "--enable-hooks", dest="enabled_hooks", action="append",
-                   metavar="HOOK", help="a hook name; overrides --disable-hook")
-    # nvidia-ctk's global options and its CSV/feature-flag ones: taken where they map to
-    # something nri-cdi does, refused by name otherwise (never silently ignored).
-    p.add_argument("--feature-flag", "--feature-flags", dest="feature_flags", action="append",
-                   metavar="FLAG", help=f"one of {', '.join(FEATURE_FLAGS)} (the explicit "
-                   "driver library list and coherence annotations are not supported)")
-    p.add_argument("--csv.file", dest="csv_files", action="append", metavar="FILE",
-                   help="CSV mode: a CSV file listing the devices and files (repeatable; "
-                        f"default: {', '.join(DEFAULT_NAMES)} in <driver root>"
-                        f"{DEFAULT_FOLDER})")
-    p.add_argument("--csv.ignore-pattern", dest="csv_ignore_patterns", action="append",
-                   metavar="PATTERN", help="CSV mode: leave out the sym lines whose path "
-                   "matches (a glob; **/NAME matches the file name in any folder)")
-    p.add_argument("--csv.compat-container-root", dest="csv_compat_root", metavar="DIR",
-                   help="CSV mode on an Orin: where images keep their CUDA forward-"
-                   f"compatibility libraries (default {ORIN_COMPAT_ROOT})")
-    p.add_argument("--debug", "-d", dest="debug", action="store_true", default=None,
-                   help="say what was found and decided, on stderr (NVIDIA hook programs "
-                        "also get NVIDIA_CTK_DEBUG=true)")
-    p.add_argument("--quiet", dest="quiet", action="store_true", default=None,
-                   help="print errors only; overrides --debug")
-    p.add_argument("--config", dest="config", metavar="FILE",
-                   help="nvidia-ctk's config.toml: its nvidia-container-cli.root is the "
-                        "default driver root")
+    add_arguments(p)
     p.set_defaults(func=cmd_generate)
 
 
 # --- option resolution ----------------------------------------------------------------------
-
-
-def _from_env(args: argparse.Namespace, environ: Any) -> dict[str, Any]:
-    values: dict[str, Any] = {}
-    for dest, (var, kind) in ENV.items():
-        value = getattr(args, dest, None)
-        raw = environ.get(var)
-        if value is None and raw not in (None, ""):
-            if kind == "bool":
-                value = raw.strip().lower() in _TRUE
-            else:
-                value = [raw] if kind == "list" else raw
-        if kind == "list" and value is not None:  # comma-separated, in flags too
-            value = [v.strip() for item in value for v in item.split(",") if v.strip()]
-        values[dest] = value
-    return values
 
 
 def _hooks(enabled: Sequence[str] | None, disabled: Sequence[str] | None, *,
@@ -300,14 +173,13 @@ def _feature_flags(values: Sequence[str] | None) -> frozenset[str]:
     return frozenset(values or ())
 
 
-def _refuse_csv_options(v: dict[str, Any], mode: str) -> None:
+def _refuse_csv_options(v: GenerateOptions, mode: str) -> None:
     """The --csv.* options outside CSV mode would be silently ignored: refused instead."""
-    for dest, flag in (("csv_files", "--csv.file"), ("csv_ignore_patterns",
-                                                     "--csv.ignore-pattern"),
-                       ("csv_compat_root", "--csv.compat-container-root")):
-        if v[dest] and mode != "csv":
-            raise UsageError(f"{flag} / {ENV[dest][0]}: only for --mode csv (this run is in "
-                             f"{mode} mode)")
+    for name in ("csv_files", "csv_ignore_patterns", "csv_compat_root"):
+        spec = option_of(name)
+        if getattr(v, name) and mode != "csv":
+            raise UsageError(f"{spec.flags[0]} / {spec.env}: only for --mode csv (this run is "
+                             f"in {mode} mode)")
 
 
 def _config_driver_root(path: str) -> str | None:
@@ -332,50 +204,58 @@ def _config_driver_root(path: str) -> str | None:
     return root or None
 
 
-def _vendor(v: dict[str, Any], mode: str) -> str:
+def _vendor(v: GenerateOptions, mode: str) -> str:
     """The spec's vendor; a one-letter vendor or class is refused (valid by the spec, but
     the Go CDI library up to 1.1.0 panics on it)."""
-    vendor = v["vendor"] or ("management.nvidia.com" if mode == "management" else "nvidia.com")
-    for flag, name in (("--vendor", vendor), ("--class", v["class_"] or "gpu")):
+    vendor = v.vendor or ("management.nvidia.com" if mode == "management" else "nvidia.com")
+    for flag, name in (("--vendor", vendor), ("--class", v.class_)):
         if len(name) == 1:
             raise UsageError(f"{flag} {name!r}: one-letter names crash runtimes built on the "
                              "Go CDI library up to 1.1.0 (containerd 1.7, podman 4)")
     return vendor
 
 
-def _options(v: dict[str, Any], mode: str, compat_root: str | None = None) -> Options:
-    strategies = tuple(dict.fromkeys(v["strategies"] or ("index", "uuid")))
+def _max_version(value: str | None) -> str | None:
+    """``--cdi-version``: a version, or a runtime build's newest (cdi.runtimes)."""
+    if not value:
+        return None
+    if value in BUILDS:
+        return ".".join(map(str, newest_spec_version(BUILDS[value])))
+    if parse_version(value) is None:
+        raise UsageError(f"unknown --cdi-version {value!r} (want a version such as "
+                         f"0.5.0, or one of {', '.join(BUILDS)})")
+    return value.lstrip("v")
+
+
+def _options(v: GenerateOptions, mode: str, compat_root: str | None = None) -> Options:
+    strategies = tuple(dict.fromkeys(v.strategies))
     for s in strategies:
         if s not in STRATEGIES:
             raise UsageError(f"unknown --device-name-strategy {s!r} "
                              f"(want one of {', '.join(STRATEGIES)})")
-    if v["cdi_version"] in RUNTIME_MAX_VERSIONS:
-        v["cdi_version"] = RUNTIME_MAX_VERSIONS[v["cdi_version"]]
-    if v["cdi_version"] and parse_version(v["cdi_version"]) is None:
-        raise UsageError(f"unknown --cdi-version {v['cdi_version']!r} (want a version such as "
-                         f"0.5.0, or one of {', '.join(RUNTIME_MAX_VERSIONS)})")
-    ids = tuple(v["device_ids"] or ("all",))
+    if v.link_mode not in LINK_MODES:
+        raise UsageError(f"unknown --link-mode {v.link_mode!r} (want one of "
+                         f"{', '.join(LINK_MODES)})")
+    ids = v.device_ids
     if "none" in ids and len(ids) > 1:
         raise UsageError("--device-id none cannot be combined with other ids")
     vendor = _vendor(v, mode)
     return Options(
-        vendor=vendor, class_=v["class_"] or "gpu", strategies=strategies, device_ids=ids,
-        all_device=not v["no_all_device"] and ids != ("none",),
-        link_mode=v["link_mode"] or "hooks", hook_path=_hook_path(v["hook_path"]),
-        hooks=_hooks(v["enabled_hooks"], v["disabled_hooks"],
-                     link_mode=v["link_mode"] or "hooks", mode=mode),
-        ldconfig_path=v["ldconfig_path"],
-        max_version=v["cdi_version"].lstrip("v") if v["cdi_version"] else None,
-        feature_flags=(flags := _feature_flags(v["feature_flags"])), debug=bool(v["debug"]),
+        vendor=vendor, class_=v.class_, strategies=strategies, device_ids=ids,
+        all_device=not v.no_all_device and ids != ("none",),
+        link_mode=v.link_mode, hook_path=_hook_path(v.hook_path),
+        hooks=_hooks(v.enabled_hooks, v.disabled_hooks, link_mode=v.link_mode, mode=mode),
+        ldconfig_path=v.ldconfig_path, max_version=_max_version(v.cdi_version),
+        feature_flags=(flags := _feature_flags(v.feature_flags)), debug=v.debug,
         additional_gids="no-additional-gids-for-device-nodes" not in flags,
         compat_container_root=compat_root,
     )
 
 
-def _output(v: dict[str, Any], warn: Any) -> tuple[Path | None, bool]:
+def _output(v: GenerateOptions, warn: Any) -> tuple[Path | None, bool]:
     """(output path or None for stdout, JSON?) with nvidia-ctk's extension rules."""
-    out = v["output"]
-    fmt = v["format"]
+    out = v.output
+    fmt = v.format
     if fmt not in (None, "yaml", "json"):
         raise UsageError(f"unknown --format {fmt!r} (want yaml or json)")
     if not out:
@@ -397,17 +277,17 @@ def _output(v: dict[str, Any], warn: Any) -> tuple[Path | None, bool]:
 def cmd_generate(args: argparse.Namespace, out: TextIO | None = None,
                  err: TextIO | None = None, environ: Any = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
-    v = _from_env(args, os.environ if environ is None else environ)
+    v = resolve(args, os.environ if environ is None else environ)
 
     def say(message: str) -> None:
         print(f"nri-cdi generate: {message}", file=err)
 
     def warn(message: str) -> None:
-        if not v["quiet"]:
+        if not v.quiet:
             say(message)
 
     def debug(message: str) -> None:
-        if v["debug"] and not v["quiet"]:
+        if v.debug and not v.quiet:
             say(f"debug: {message}")
 
     try:
@@ -427,18 +307,18 @@ def cmd_generate(args: argparse.Namespace, out: TextIO | None = None,
     return 1
 
 
-def _generate(v: dict[str, Any], out: TextIO, warn: Any,
+def _generate(v: GenerateOptions, out: TextIO, warn: Any,
               debug: Any = lambda message: None) -> int:
-    mode = v["mode"] or "auto"
+    mode = v.mode
     if mode not in GENERATE_MODES:
         raise UsageError(f"mode {mode!r} is not supported (want one of "
                          f"{', '.join(GENERATE_MODES)})")
     _vendor(v, mode)  # a bad name is said before any look at the node
-    if v["config"] and not v["driver_root"]:
-        v["driver_root"] = _config_driver_root(v["config"])
-        debug(f"driver root from {v['config']}: {v['driver_root'] or '(not set)'}")
+    if v.config and not v.driver_root:
+        v = replace(v, driver_root=_config_driver_root(v.config))
+        debug(f"driver root from {v.config}: {v.driver_root or '(not set)'}")
     roots = _roots(v)
-    search = v["library_search_paths"]
+    search = v.library_search_paths or None
     nvml: NvmlFacts | None = None
     if mode == "auto" and is_tegra(roots):
         mode, nvml = _tegra_auto(roots, search, warn)
@@ -453,7 +333,7 @@ def _generate(v: dict[str, Any], out: TextIO, warn: Any,
     else:
         inv = _inventory(v, roots, mode, opts, warn, debug)
     fp = fingerprint(inv, opts)
-    if v["if_changed"] and path is not None and _unchanged(path, fp):
+    if v.if_changed and path is not None and _unchanged(path, fp):
         warn(f"{path} is up to date ({fp}); not rewritten")
         return 0
     spec = build_spec(inv, opts, warn=warn, spec_annotations=spec_annotations(inv, fp))
@@ -470,16 +350,16 @@ def _generate(v: dict[str, Any], out: TextIO, warn: Any,
     return 0
 
 
-def _inventory(v: dict[str, Any], roots: Roots, mode: str, opts: Options, warn: Any,
+def _inventory(v: GenerateOptions, roots: Roots, mode: str, opts: Options, warn: Any,
                debug: Any) -> Inventory:
     """The node's GPUs and driver files by NVML or procfs (all modes but csv)."""
-    search = v["library_search_paths"]
+    search = v.library_search_paths or None
     node = discover(mode, roots, warn=warn,
                     nvml_library=lambda: find_nvml_library(roots, search),
                     fallback_version=lambda: find_version_from_libraries(roots, search))
     driver = locate_driver(roots, node.driver_version, library_search_paths=search,
-                           config_search_paths=v["config_search_paths"],
-                           xdg_data_dirs=v["xdg_data_dirs"])
+                           config_search_paths=v.config_search_paths or None,
+                           xdg_data_dirs=v.xdg_data_dirs)
     if not driver.lib_dirs:
         warn(f"no *.so.{node.driver_version} driver libraries found under {roots.driver}")
     for skipped in driver.skipped:
@@ -530,23 +410,23 @@ def _tegra_nvml(roots: Roots, search: Sequence[str] | None, debug: Any,
         return None
 
 
-def _compat_root(v: dict[str, Any], nvml: NvmlFacts | None, warn: Any) -> str | None:
+def _compat_root(v: GenerateOptions, nvml: NvmlFacts | None, warn: Any) -> str | None:
     """enable-cuda-compat's container folder: an Orin's images keep theirs elsewhere."""
     orin = nvml is not None and any("Orin (nvgpu)" in name for name in nvml.gpus)
-    if v["csv_compat_root"] and not orin:
-        warn(f"--csv.compat-container-root {v['csv_compat_root']}: ignored, "
+    given = v.csv_compat_root
+    if given and not orin:
+        warn(f"--csv.compat-container-root {given}: ignored, "
              + ("NVML names no Orin" if nvml else "no NVML to tell the CUDA version"))
-    if v["csv_compat_root"] and not v["csv_compat_root"].startswith("/"):
-        raise UsageError(f"--csv.compat-container-root must be absolute, got "
-                         f"{v['csv_compat_root']!r}")
-    return (v["csv_compat_root"] or ORIN_COMPAT_ROOT) if orin else None
+    if given and not given.startswith("/"):
+        raise UsageError(f"--csv.compat-container-root must be absolute, got {given!r}")
+    return (given or ORIN_COMPAT_ROOT) if orin else None
 
 
-def _csv_inventory(v: dict[str, Any], roots: Roots, nvml: NvmlFacts | None, opts: Options,
+def _csv_inventory(v: GenerateOptions, roots: Roots, nvml: NvmlFacts | None, opts: Options,
                    warn: Any, debug: Any) -> Inventory:
     """The one GPU device of a Jetson and the driver files its CSV files list."""
     folder = os.fspath(roots.driver / DEFAULT_FOLDER.lstrip("/"))
-    files = v["csv_files"] or default_files(folder)
+    files = list(v.csv_files) or default_files(folder)
     if not files:
         raise UsageError(f"csv mode: none of {', '.join(DEFAULT_NAMES)} in {folder} (is this "
                          "a Jetson? name the files with --csv.file)")
@@ -556,12 +436,12 @@ def _csv_inventory(v: dict[str, Any], roots: Roots, nvml: NvmlFacts | None, opts
             f"csv mode: NVML sees {len(nvml.gpus)} GPUs ({', '.join(nvml.gpus)}); nri-cdi "
             "writes the single-device CSV spec only: pass --feature-flag "
             "disable-multiple-csv-devices for it, or use --mode nvml for a discrete GPU")
-    patterns = v["csv_ignore_patterns"] or []
+    patterns = v.csv_ignore_patterns
     try:
         entries = [e for e in read_mount_specs(files) if not ignored(e, patterns)]
     except MountSpecError as exc:
         raise UsageError(str(exc)) from None
-    found = locate_tegra(roots, entries, v["library_search_paths"] or ())
+    found = locate_tegra(roots, entries, v.library_search_paths)
     for line in found.missing:
         debug(f"not on this node: {line}")
     if found.missing:
@@ -586,7 +466,8 @@ def _csv_inventory(v: dict[str, Any], roots: Roots, nvml: NvmlFacts | None, opts
 
 
 def _warn_runtime_maxima(version: str, warn: Any) -> None:
-    older = [f"{name} (up to {top})" for name, top in RUNTIME_MAX_VERSIONS.items()
+    tops = {name: ".".join(map(str, newest_spec_version(lib))) for name, lib in BUILDS.items()}
+    older = [f"{name} (up to {top})" for name, top in tops.items()
              if version_key(version) > version_key(top)]
     if older:
         warn(f"the spec needs cdiVersion {version}, which {', '.join(older)} cannot read; "
@@ -617,9 +498,9 @@ def _warn_missing_control_nodes(roots: Roots, driver: DriverFiles, warn: Any) ->
                  "`nri-cdi system create-device-nodes --control-devices` replaces it")
 
 
-def _roots(v: dict[str, Any]) -> Roots:
-    driver = Path(v["driver_root"] or "/")
-    dev = Path(v["dev_root"] or driver)
+def _roots(v: GenerateOptions) -> Roots:
+    driver = Path(v.driver_root or "/")
+    dev = Path(v.dev_root or driver)
     for what, folder in (("driver root", driver), ("dev root", dev)):
         if not folder.is_dir():
             raise UsageError(f"{what} {folder} is not a folder")
@@ -660,7 +541,7 @@ def _unchanged(path: Path, fp: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry (``python -m cdi.nvidia.cli``): only ``generate``, lean start-up."""
+    """Stand-alone entry (``python -m cdi.nvidia.cli``): only ``generate``."""
     parser = argparse.ArgumentParser(prog="nri-cdi")
     add_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["generate", *(sys.argv[1:] if argv is None else argv)])

@@ -598,11 +598,9 @@ def _configs(tree: DriverRoot, search: Sequence[str] | None, xdg_data_dirs: str 
     xdg = [d.rstrip("/") or "/" for d in (xdg_data_dirs or "").split(":") if d.startswith("/")]
     dirs = tuple(search) if search else ("/etc", *dict.fromkeys(xdg or XDG_DATA_DIRS))
     found = []
-    # The driver's application profiles, read by its GL/EGL/Vulkan libraries from
-    # /usr/share/nvidia under their versioned names.
-    profiles = [f"nvidia/nvidia-application-profiles-{version}-{kind}"
-                for kind in ("rc", "key-documentation")] if version else []
-    for rel, where in [*((r, "/usr/share") for r in (*SHARE_CONFIGS, *profiles)),
+    # The driver's application profiles (/usr/share/nvidia/nvidia-application-profiles-*)
+    # are left out, as nvidia-ctk leaves them out (docs/developer/nvidia-ctk-parity.md).
+    for rel, where in [*((r, "/usr/share") for r in SHARE_CONFIGS),
                        *((r, "/etc") for r in ETC_CONFIGS)]:
         # GKE's driver installs the Vulkan files at the top of its driver root.
         top = ("/",) if rel.startswith("vulkan/") and not search else ()

@@ -17,6 +17,7 @@ from hashlib import sha256
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from cdi.edits import merge
 from cdi.hooks import entry as hook_entry
 from cdi.libpath import EXTRA_LIBRARY_PATH_ENV
 from cdi.model import ContainerEdits, DeviceData, DeviceNode, Hook, Mount, SpecData
@@ -39,7 +40,6 @@ from cdi.version import minimum_requirement, version_key
 
 # Keep in step with pyproject.toml (a test checks); importlib.metadata would cost start-up.
 GENERATOR_VERSION = "0.1.0"
-STRATEGIES = ("index", "uuid", "type-index")
 HOOK_NAMES = ("create-symlinks", "update-ldcache", "enable-cuda-compat",
               "disable-device-node-modification", "update-application-profile", "chmod")
 # Hooks emitted by default in hooks mode, as nvidia-ctk does; the other two names are
@@ -286,7 +286,11 @@ def common_edits(driver: DriverFiles, opts: Options,
     ``node`` says what the compat hook is told; CSV mode names no libcuda folder (Tegra's
     is whatever the CSV files list, and nvidia-ctk leaves the variable out there too)."""
     csv = node is not None and node.mode == "csv"
-    env = [f"NVIDIA_CTK_LIBCUDA_DIR={':'.join(driver.lib_dirs)}"] \
+    # As nvidia-ctk: the folders of libcuda (not vdpau's), every library folder without one.
+    cuda_dirs = [d for d in driver.lib_dirs if any(
+        m.path.startswith(f"{d}/libcuda.so") and "/" not in m.path[len(d) + 1:]
+        for m in driver.libraries)]
+    env = [f"NVIDIA_CTK_LIBCUDA_DIR={':'.join(cuda_dirs or driver.lib_dirs)}"] \
         if driver.lib_dirs and not csv else []
     if opts.link_mode == "mounts" and driver.lib_dirs:
         # With --link-mode mounts no ldcache hook runs, so the driver's library folders
@@ -366,19 +370,16 @@ def _simplify(edits: ContainerEdits, common: ContainerEdits | None = None) -> Co
         device_nodes=tuple(sorted(nodes, key=lambda n: _depth_key(n.path))),
         mounts=tuple(sorted(mounts, key=lambda m: _depth_key(m.container_path))),
         hooks=hooks,
+        intel_rdt=edits.intel_rdt,
         additional_gids=tuple(sorted(set(edits.additional_gids))),
+        net_devices=tuple(dict.fromkeys(edits.net_devices)),
     )
 
 
-def _merge(edits: Iterable[ContainerEdits]) -> ContainerEdits:
-    items = list(edits)
-    return ContainerEdits(
-        env=tuple(e for x in items for e in x.env),
-        device_nodes=tuple(n for x in items for n in x.device_nodes),
-        mounts=tuple(m for x in items for m in x.mounts),
-        hooks=tuple(h for x in items for h in x.hooks),
-        additional_gids=tuple(g for x in items for g in x.additional_gids),
-    )
+def all_device_edits(devices: Iterable[DeviceData], common: ContainerEdits) -> ContainerEdits:
+    """The "all" device's edits: every device's, merged as a runtime merges them (every
+    field, intelRdt last-one-wins), then simplified against the spec's."""
+    return _simplify(merge(d.container_edits for d in devices), common)
 
 
 # --- devices --------------------------------------------------------------------------------
@@ -501,7 +502,7 @@ def build_spec(inv: Inventory, opts: Options, *, warn: Callable[[str], None] = l
             raise GenerateError(f"no GPUs found in {inv.node.mode} mode, so no devices to "
                                 "write (use --device-id none for a driver-only spec)")
         if opts.all_device and not any(d.name == "all" for d in devices):
-            edits = _simplify(_merge(d.container_edits for d in devices), common)
+            edits = all_device_edits(devices, common)
             devices.append(DeviceData(name="all", annotations=notes, container_edits=edits))
     annotations = dict(spec_annotations or {}) if opts.annotations else {}
     spec = SpecData(cdi_version="0.3.0", kind=opts.kind,
@@ -552,14 +553,13 @@ def capability_files(driver: DriverFiles) -> dict[str, list[str]]:
 
 def config_capability(path: str) -> str:
     """The capability a driver configuration file serves, by its container path: the
-    OpenCL ICD is compute's; the Vulkan, EGL and GLVND files, OptiX's data and the
-    application profiles are graphics'; the X server's configuration is display's."""
+    OpenCL ICD is compute's; the Vulkan, EGL and GLVND files and OptiX's data are
+    graphics'; the X server's configuration is display's."""
     if path.endswith("/OpenCL/vendors/nvidia.icd"):
         return "compute"
     if "/X11/" in path:
         return "display"
-    if any(part in path for part in ("/vulkan/", "/glvnd/", "/egl/", "/nvoptix.bin",
-                                     "/nvidia-application-profiles-")):
+    if any(part in path for part in ("/vulkan/", "/glvnd/", "/egl/", "/nvoptix.bin")):
         return "graphics"
     return "other"
 

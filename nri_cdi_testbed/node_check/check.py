@@ -603,29 +603,3 @@ def cmd(args: Any) -> int:
     else:
         print(render(report), end="")
     return 1 if report.failed else 0
-
-
-def add_arguments(parser: Any) -> None:
-    group = parser.add_argument_group("--e2e (a throwaway GPU container on this node)")
-    group.add_argument("--e2e", action="store_true", help="run the end-to-end node check")
-    group.add_argument("--runtime", default=paths.DEFAULT_RUNTIME, choices=sorted(paths.RUNTIMES),
-                       help="the private containerd's version (default %(default)s)")
-    group.add_argument("--cache", type=Path, help="scripts/install-containerd.sh's cache "
-                       "(default $NRI_CDI_CACHE, else .cache/containerd in the source tree)")
-    group.add_argument("--containerd-bin", type=Path, metavar="DIR",
-                       help="a folder holding containerd, ctr and containerd-shim-runc-v2")
-    group.add_argument("--runc", type=Path, metavar="PATH",
-                       help="the runc for the private containerd (default $NRI_CDI_RUNC, "
-                       "else /usr/sbin/runc)")
-    group.add_argument("--containerd-address", metavar="SOCK",
-                       help="use the node's containerd at SOCK (our plugin connects to --socket)")
-    group.add_argument("--simulated", action="store_true",
-                       help="use a simulated node even where a GPU is present")
-    group.add_argument("--sim-node", type=Path, metavar="DIR",
-                       help="an already built simulated node (nri_cdi_testbed/simnode/)")
-    group.add_argument("--e2e-spec-dir", type=Path, metavar="DIR",
-                       help="check the specs in DIR instead of generating them")
-    group.add_argument("--driver-root", type=Path, help="the real node's driver root (default /)")
-    group.add_argument("--gpu", type=int, default=0, help="the GPU index to ask for (default 0)")
-    group.add_argument("--repeat", type=int, default=3,
-                       help="containers per timing (median; default %(default)s)")

@@ -5,11 +5,15 @@ docs/reference/runtime-cdi.md). Pure.
 
 from __future__ import annotations
 
+import enum
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from enum import Enum
 
-Version = tuple[int, int, int]
+# The one table of which CDI library each runtime links (the generator reads it too); pure
+# data, the one module of cdi the runtime imports.
+from cdi.runtimes import Version as Version
+from cdi.runtimes import library_of, newest_spec_version
 
 # Where a runtime serves NRI unless configured otherwise (docs/developer/nri-protocol.md).
 DEFAULT_SOCKET_PATH = "/var/run/nri/nri.sock"
@@ -31,22 +35,7 @@ _CRIO_NRI: tuple[tuple[Version, Version], ...] = (
     ((1, 29, 0), (0, 5, 0)), ((1, 27, 0), (0, 3, 0)), ((1, 26, 0), (0, 2, 0)),
 )
 
-# (first runtime release, container-device-interface version in its go.mod), newest first.
-# Distribution builds may link another version, on the same side of 1.0.0 and 1.1.0, where
-# the behaviours change (docs/reference/runtime-cdi.md).
-_CONTAINERD_CDI: tuple[tuple[Version, Version], ...] = (
-    ((2, 2, 1), (1, 1, 0)), ((2, 1, 0), (1, 0, 1)), ((2, 0, 5), (1, 0, 0)),
-    ((2, 0, 3), (0, 8, 1)), ((2, 0, 0), (0, 8, 0)), ((1, 7, 27), (0, 8, 1)),
-    ((1, 7, 16), (0, 7, 2)), ((1, 7, 13), (0, 6, 2)), ((1, 7, 12), (0, 6, 1)),
-    ((1, 7, 0), (0, 5, 4)),
-)
-_CRIO_CDI: tuple[tuple[Version, Version], ...] = (
-    ((1, 35, 0), (1, 1, 0)), ((1, 33, 0), (1, 0, 1)), ((1, 32, 2), (0, 8, 1)),
-    ((1, 31, 0), (0, 8, 0)), ((1, 30, 0), (0, 7, 2)), ((1, 29, 0), (0, 6, 2)),
-    ((1, 28, 0), (0, 6, 0)), ((1, 27, 0), (0, 5, 4)), ((1, 26, 0), (0, 5, 3)),
-)
 _NRI = {"containerd": _CONTAINERD_NRI, "cri-o": _CRIO_NRI, "crio": _CRIO_NRI}
-_CDI = {"containerd": _CONTAINERD_CDI, "cri-o": _CRIO_CDI, "crio": _CRIO_CDI}
 
 
 def parse_runtime_version(text: str) -> Version | None:
@@ -58,13 +47,43 @@ def parse_runtime_version(text: str) -> Version | None:
     return int(major), int(minor), int(patch or 0)
 
 
-class NativeCdi(Enum):
+class NativeCdi(enum.Enum):
     """Whether the runtime's own CDI injects container ``cdi.k8s.io/`` annotations (and CRI
     CDIDevices) before NRI (containerd enable_cdi)."""
 
     ON = "on"
     OFF = "off"
     UNKNOWN = "unknown"  # not read: annotations are not assumed injected by the runtime
+
+
+class Reach(enum.Enum):
+    """What is known of the folders a runtime's own CDI resolves devices from."""
+
+    UNKNOWN = "unknown"  # not read: assumed to see every spec folder
+    OFF = "off"  # its CDI is off: it resolves no device handed to it
+    FOLDERS = "folders"  # these folders
+
+
+@dataclass(frozen=True, slots=True)
+class SpecDirs:
+    """The folders the runtime's own CDI reads: ``UNKNOWN_DIRS``, ``CDI_OFF`` or
+    ``SpecDirs.of(folders)``, told apart by ``reach`` (never by None or emptiness)."""
+
+    reach: Reach
+    folders: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, folders: Iterable[str]) -> SpecDirs:
+        return cls(Reach.FOLDERS, tuple(folders))
+
+    def describe(self) -> str:
+        if self.reach is Reach.UNKNOWN:
+            return "unknown folders"
+        return ", ".join(self.folders) or "no folders"
+
+
+UNKNOWN_DIRS = SpecDirs(Reach.UNKNOWN)
+CDI_OFF = SpecDirs(Reach.OFF)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,8 +93,8 @@ class RuntimeInfo:
     nri_version: Version | None = None
     cdi_version: Version | None = None  # the CDI library of the runtime's own CDI support
     # The folders the runtime's own CDI reads (the plugin's runtime_cdi.spec_dirs setting);
-    # None: not known, delegated devices are assumed visible.
-    cdi_spec_dirs: tuple[str, ...] | None = None
+    # unknown: delegated devices are assumed visible.
+    cdi_spec_dirs: SpecDirs = UNKNOWN_DIRS
     # Whether the runtime's own CDI injects container cdi.k8s.io annotations before NRI.
     native_cdi: NativeCdi = NativeCdi.UNKNOWN
 
@@ -85,7 +104,7 @@ class RuntimeInfo:
         nri = (parse_runtime_version(nri_version) if nri_version
                else _lookup(_NRI.get(name, ()), parsed))
         return cls(name=name, version=parsed, nri_version=nri,
-                   cdi_version=_lookup(_CDI.get(name, ()), parsed))
+                   cdi_version=library_of(name, parsed))
 
     @property
     def is_containerd(self) -> bool:
@@ -124,7 +143,7 @@ class RuntimeInfo:
     @property
     def max_spec_version(self) -> Version | None:
         """The newest cdiVersion the runtime's own CDI library reads (its major.minor.0)."""
-        return (self.cdi_version[0], self.cdi_version[1], 0) if self.cdi_version else None
+        return newest_spec_version(self.cdi_version) if self.cdi_version else None
 
     @property
     def native_cdi_on_by_default(self) -> bool:

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from cdi.extras import MissingDependencyError
 from cdi.process import finish
@@ -40,30 +38,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-class _Formatter(argparse.HelpFormatter):
-    """argparse's help layout, with the terminal's width found through ``os``: argparse
-    imports shutil for it (and shutil bz2 and lzma) while it builds any parser, help or
-    not, which every ``nri-cdi generate`` (that prints none) would pay
-    (bench/reports/2026-11-27-generator-stdlib-2-cores). The width is the one
-    shutil.get_terminal_size gives: $COLUMNS, else stdout's terminal, else 80."""
-
-    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
-                 width: int | None = None) -> None:
-        super().__init__(prog, indent_increment, max_help_position,
-                         _columns() - 2 if width is None else width)
-
-
-def _columns() -> int:
-    try:
-        return int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        pass
-    try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-    except (AttributeError, ValueError, OSError):
-        return 80
-
-
 DOCUMENTATION = ("Documentation: the docs/ folder of the nri-cdi source repository, the "
                  "nri-cdi documentation site (mkdocs); start at docs/index.md. Each "
                  "command's options: nri-cdi COMMAND --help.")
@@ -83,18 +57,9 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-class _Parser(argparse.ArgumentParser):
-    """The command's parser; its subcommands' parsers are of this class too (argparse
-    makes them of the parent's class), so none of them imports shutil."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", _Formatter)
-        super().__init__(*args, **kwargs)
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser with every subcommand, or only ``command``'s module when it is known."""
-    parser = _Parser(
+    parser = argparse.ArgumentParser(
         prog="nri-cdi",
         description="CDI specs for GPU nodes and a containerd NRI plugin that applies them.",
         epilog=DOCUMENTATION,

@@ -31,8 +31,8 @@ from cdi.dirs import DEFAULT_SPEC_DIRS, scan
 from cdi.linux.elf import ElfError, foreign_to_this_machine, is_elf, read_header, this_machine
 from cdi.nvidia.discover import Roots, driver_version_from_proc
 from cdi.nvidia.sidecar import sidecar_path
-from nri_cdi_testbed.node_check import check
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
+from nri_plugin.ops import e2e_args
 from nri_plugin.ops.containerd_config import (
     CRI_V2_SECTION,
     CRI_V3_SECTION,
@@ -827,13 +827,13 @@ def add_commands(subparsers: Any) -> None:
     parser.add_argument("--no-generate", dest="check_generated", action="store_false",
                         help="skip the fingerprint check (it runs the generator)")
     parser.add_argument("--json", action="store_true", help="JSON output")
-    check.add_arguments(parser)
+    e2e_args.add_arguments(parser)
     parser.set_defaults(func=cmd_doctor)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     if args.e2e:
-        return check.cmd(args)
+        return e2e_args.run(args)
     settings = command_settings(args, "doctor")
     if settings is None:
         return 2

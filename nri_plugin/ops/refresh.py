@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cdi.nvidia.discover import Roots
+from cdi.nvidia.options import option_of
 from cdi.nvidia.sidecar import sidecar_path
 from nri_plugin.ops.logformat import log_to
 from nri_plugin.ops.settings import (
@@ -31,6 +32,7 @@ from nri_plugin.ops.settings import (
     add_config_argument,
     add_setting_flags,
     command_settings,
+    keys_of,
 )
 
 log = logging.getLogger("nri_cdi.refresh")
@@ -178,18 +180,17 @@ def wait_for_driver(parts: Sequence[tuple[str, Callable[[], bool]]], bound: floa
 
 
 def generator_args(settings: Settings) -> list[str]:
-    """``nri-cdi generate`` flags for the ``generate`` section (always ``--if-changed``)."""
+    """``nri-cdi generate`` flags for the ``generate`` section (always ``--if-changed``):
+    each key's value with the flag of the option it sets, then ``extra_args``."""
     g = settings.generate
-    args = ["--if-changed", "--output", g.output, "--mode", g.mode,
-            "--driver-root", g.driver_root, "--link-mode", g.link_mode]
-    if g.dev_root:
-        args += ["--dev-root", g.dev_root]
-    for strategy in g.device_name_strategies:
-        args += ["--device-name-strategy", strategy]
-    if g.hook_path:
-        args += ["--hook-path", g.hook_path]
-    for hook in g.disabled_hooks:
-        args += ["--disable-hook", hook]
+    args = ["--if-changed"]
+    for name, key in keys_of("generate").items():
+        value = getattr(g, name)
+        if key.option is None or value is None:
+            continue
+        flag = option_of(key.option).flags[0]
+        for one in value if isinstance(value, tuple) else (value,):
+            args += [flag, one]
     return args + list(g.extra_args)
 
 
@@ -218,14 +219,14 @@ class Outcome:
 Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
 
 
-# The generator's lean entry: an isolated interpreter without ``site`` (no .pth files, no
-# site-packages scan: most of a generate run's start-up); it finds its own package from its
-# path and nvidia-ml-py in the interpreter's site-packages only for --mode nvml.
+# The generator in an isolated interpreter (-I: no PYTHONPATH, no user site, not the
+# current folder): the entry finds its own package from its path, its dependencies
+# (PyYAML, nvidia-ml-py for --mode nvml) in the interpreter's site-packages.
 GENERATOR_ENTRY = Path(__file__).resolve().parents[2] / "cdi" / "nvidia" / "__main__.py"
 
 
 def run_generator_process(args: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-I", "-S", str(GENERATOR_ENTRY), *args],
+    return subprocess.run([sys.executable, "-I", str(GENERATOR_ENTRY), *args],
                           capture_output=True, text=True, timeout=300, check=False)
 
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from nri_plugin.nri.versions import NativeCdi, RuntimeInfo
+from nri_plugin.nri.versions import UNKNOWN_DIRS, NativeCdi, RuntimeInfo, SpecDirs
 from nri_plugin.ops.containerd_config import (
     CRI_V2_SECTION,
     CRI_V3_SECTION,
@@ -57,30 +57,33 @@ def why_unread(cfg: ContainerdConfig) -> str:
 def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
     wanted = settings.runtime_cdi
     if wanted.enabled != "auto" and wanted.spec_dirs is not None:
-        return RuntimeCdiConfig(enabled=wanted.enabled == "on", spec_dirs=wanted.spec_dirs,
+        return RuntimeCdiConfig(enabled=wanted.enabled == "on",
+                                spec_dirs=SpecDirs.of(wanted.spec_dirs),
                                 origin="runtime_cdi.enabled and runtime_cdi.spec_dirs set")
     # The file the settings name, else the one the running containerd serving
     # plugin.socket was started with, else the default path.
     cfg = locate(settings.runtime_cdi.containerd_config, settings.plugin.socket).read(None)
     unread = why_unread(cfg)
     if unread:
-        enabled, dirs = None, None
+        enabled, dirs = None, UNKNOWN_DIRS
         origin = "containerd's defaults for its version"
         log.warning("containerd's settings were not read (%s); assuming containerd's "
                     "defaults for the version that connects. Name the file with "
                     "runtime_cdi.containerd_config, or set runtime_cdi.enabled and "
                     "runtime_cdi.spec_dirs", unread)
     elif cfg.data is None:
-        enabled, dirs = cri_cdi_settings(None)
+        enabled, folders = cri_cdi_settings(None)
+        dirs = SpecDirs.of(folders)
         origin = f"containerd's defaults: {cfg.source} runs without {cfg.path}"
     else:
-        enabled, dirs = cri_cdi_settings(cfg.data)
+        enabled, folders = cri_cdi_settings(cfg.data)
+        dirs = SpecDirs.of(folders)
         origin = f"read from {cfg.read}"
     if wanted.enabled != "auto":
         enabled = wanted.enabled == "on"
         origin += "; runtime_cdi.enabled set"
     if wanted.spec_dirs is not None:
-        dirs = tuple(wanted.spec_dirs)
+        dirs = SpecDirs.of(wanted.spec_dirs)
         origin += "; runtime_cdi.spec_dirs set"
     return RuntimeCdiConfig(enabled=enabled, spec_dirs=dirs, origin=origin, unread=unread)
 

@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.nvidia.hook_programs import HOOK_PROGRAMS
+from cdi.nvidia.options import default_of as option_default
+from cdi.nvidia.options import option_of
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
 from nri_plugin.ops.kubelet_plugins import DEFAULT_REGISTRY
@@ -178,7 +180,8 @@ class Key:
     """What one key means (``help``), its value type, and its command-line flag (``flags``:
     none for a file-only key; ``dest`` the argparse attribute, by default the first flag's
     name; ``repeatable``: a list given one element per flag). ``default_text`` says what
-    the default means where its value does not (``None``, ``""``)."""
+    the default means where its value does not (``None``, ``""``). ``option``: the
+    ``nri-cdi generate`` option a ``generate`` key sets (``refresh`` passes its flag)."""
 
     help: str
     type: ValueType
@@ -187,6 +190,7 @@ class Key:
     metavar: str | None = None
     repeatable: bool = False
     default_text: str | None = None
+    option: str | None = None  # the generate option (cdi.nvidia.options) the key sets
 
     @property
     def flag_dest(self) -> str:
@@ -203,6 +207,21 @@ def setting(default: T, value_type: ValueType, help: str, *flags: str,
     """A section field: its default and its :class:`Key`."""
     key = Key(help, value_type, flags, dest, metavar, repeatable, default_text)
     return field(default=default, metadata={KEY: key})
+
+
+_OPTION_DEFAULT: Any = object()
+
+
+def generate_setting(option: str, value_type: ValueType, *, flag: bool = False,
+                     default: Any = _OPTION_DEFAULT) -> Any:
+    """A ``generate`` section field: the generator's option ``option`` (its declaration in
+    cdi.nvidia.options gives the meaning, the default unless ``default``, and with ``flag``
+    its first flag), as a file key."""
+    spec = option_of(option)
+    own = default is not _OPTION_DEFAULT
+    key = Key(spec.help, value_type, spec.flags[:1] if flag else (), None, spec.metavar,
+              spec.kind == "list", None if own else spec.default_text, option)
+    return field(default=option_default(option) if not own else default, metadata={KEY: key})
 
 
 # --- the sections: typed, immutable values -------------------------------------------------
@@ -260,22 +279,17 @@ class PluginSettings:
 class GenerateSettings:
     """The ``nri-cdi generate`` options that ``refresh`` and ``watch`` run it with."""
 
-    output: str = setting("/var/run/cdi/nvidia.yaml", ABSOLUTE_PATH, "the spec file written",
-                          "--output", metavar="FILE")
-    mode: str = setting("auto", one_of("auto", "nvml", "procfs", "management", "csv"),
-                        "how the GPUs are discovered", "--mode")
-    driver_root: str = setting("/", ABSOLUTE_PATH, "the root the driver's files are under",
-                               "--driver-root", metavar="DIR")
-    dev_root: str | None = setting(None, OPTIONAL_ABSOLUTE_PATH,
-                                   "the root /dev and /proc are under", "--dev-root",
-                                   metavar="DIR", default_text="the driver root")
-    device_name_strategies: tuple[str, ...] = setting(
-        ("index", "uuid"), STRINGS, "how devices are named (index, uuid, type-index)")
-    link_mode: str = setting("hooks", one_of("hooks", "mounts"),
-                             "driver library links made by a hook, or mounted")
-    hook_path: str | None = setting(None, HOOK_PROGRAM, "the hook program the spec names",
-                                    default_text="this nri-cdi")
-    disabled_hooks: tuple[str, ...] = setting((), STRINGS, "hooks left out of the spec")
+    # The spec nri-cdi's own commands read: a file, where generate alone writes stdout.
+    output: str = generate_setting("output", ABSOLUTE_PATH, flag=True,
+                                   default="/var/run/cdi/nvidia.yaml")
+    mode: str = generate_setting("mode", one_of(*option_of("mode").choices), flag=True)
+    # Always a folder: refresh and watch look at the node under it.
+    driver_root: str = generate_setting("driver_root", ABSOLUTE_PATH, flag=True, default="/")
+    dev_root: str | None = generate_setting("dev_root", OPTIONAL_ABSOLUTE_PATH, flag=True)
+    device_name_strategies: tuple[str, ...] = generate_setting("strategies", STRINGS)
+    link_mode: str = generate_setting("link_mode", one_of(*option_of("link_mode").choices))
+    hook_path: str | None = generate_setting("hook_path", HOOK_PROGRAM)
+    disabled_hooks: tuple[str, ...] = generate_setting("disabled_hooks", STRINGS)
     extra_args: tuple[str, ...] = setting((), STRINGS, "more nri-cdi generate arguments")
 
 

@@ -152,3 +152,11 @@ def test_annotation_size_limit_counts_bytes() -> None:
     text = _BASE + f"annotations:\n  k: {'é' * 140_000}\n"
     with pytest.raises(SpecError):
         parse_spec(text)
+
+
+def test_dump_spec_writes_a_golden_spec_byte_for_byte() -> None:
+    golden = Path(__file__).resolve().parents[2] / "specs" / "golden" / "one-gpu.yaml"
+    text = golden.read_text()
+    dumped = dump_spec(parse_spec(text).data)
+    assert dumped.startswith("---\n")
+    assert text.endswith(dumped.removeprefix("---\n"))  # after the generator's comments

@@ -16,7 +16,7 @@ from cdi.watch import AutoRefresh
 from nri_cdi_testbed.waiting import wait_until
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError
-from nri_plugin.nri.versions import NativeCdi
+from nri_plugin.nri.versions import CDI_OFF, NativeCdi, SpecDirs
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import parse_policy
@@ -27,7 +27,7 @@ from tests.nri_plugin.test_no_io import _nvidia_registry
 
 def _plugin(holder: RegistryHolder, **kwargs: object) -> CdiInjector:
     plugin = CdiInjector(holder.get, vendors=holder.vendors, runtime_cdi=RuntimeCdiConfig(
-        enabled=True, spec_dirs=holder.get().snapshot.spec_dirs, origin="test"),
+        enabled=True, spec_dirs=SpecDirs.of(holder.get().snapshot.spec_dirs), origin="test"),
         **kwargs)  # type: ignore[arg-type]
     plugin.configure("", "containerd", "2.1.9")
     assert plugin.runtime.native_cdi is NativeCdi.ON
@@ -176,7 +176,7 @@ def test_cdi_devices_the_runtime_ignored_are_injected_by_the_plugin(tmp_path: Pa
     so the plugin injects them (a kubelet >= 1.31 sends a DRA claim only there)."""
     holder = _nvidia_registry(tmp_path)
     plugin = CdiInjector(holder.get, vendors=holder.vendors, runtime_cdi=RuntimeCdiConfig(
-        enabled=False, spec_dirs=(), origin="test"))
+        enabled=False, spec_dirs=CDI_OFF, origin="test"))
     plugin.configure("", "containerd", "2.2.0")
     ctr = nri_pb2.Container(id="c1", name="app")
     ctr.CDI_devices.add(name="nvidia.com/gpu=1")

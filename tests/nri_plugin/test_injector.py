@@ -17,7 +17,7 @@ from cdi.model import ContainerEdits, IntelRdt, NetDevice
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError, dispatch
 from nri_plugin.nri.stub import Stub, StubOptions
-from nri_plugin.nri.versions import RuntimeInfo
+from nri_plugin.nri.versions import RuntimeInfo, SpecDirs
 from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.adjust import UnsupportedEditsError, to_adjustment
 from nri_plugin.plugins.cdi_injector.asked import all_sources
@@ -250,7 +250,7 @@ devices:
     additionalGids: [44]
 """})
     snap = SpecCache([str(folder)]).refresh()
-    shared = dataclasses.replace(CONTAINERD_21, cdi_spec_dirs=(str(folder),))
+    shared = dataclasses.replace(CONTAINERD_21, cdi_spec_dirs=SpecDirs.of((str(folder),)))
     plan = plan_injection(snap, [DeviceRequest("vendor.com/gpu=0", "s")], shared,
                           PlanFor(library_path="/opt/image/lib", drop_gids=True))
     assert not plan.delegated and plan.dropped_gids == (44,)
@@ -268,12 +268,13 @@ def test_delegation_the_runtimes_cdi_cannot_read_is_refused_with_the_cause(
                        r"1\.1\.0, and containerd's CDI library 1\.0\.1 of containerd 2\.1\.3 "
                        r"\(NRI 0\.8\.0\) reads up to 1\.0\.0"):
         plan_injection(snapshot, requests, CONTAINERD_21)
-    elsewhere = dataclasses.replace(CONTAINERD_21, cdi_spec_dirs=("/etc/cdi", "/var/run/cdi"))
+    elsewhere = dataclasses.replace(CONTAINERD_21,
+                                    cdi_spec_dirs=SpecDirs.of(("/etc/cdi", "/var/run/cdi")))
     with pytest.raises(InjectionError, match=r"gpu=grouped: its spec .*gpu.yaml is not in a "
                        r"folder the runtime's own CDI reads \(/etc/cdi, /var/run/cdi\)"):
         plan_injection(snapshot, requests[:1], elsewhere)
     folder = str(Path(snapshot.devices["example.com/gpu=grouped"].spec.path).parent)
-    seen = dataclasses.replace(CONTAINERD_21, cdi_spec_dirs=("/etc/cdi", folder))
+    seen = dataclasses.replace(CONTAINERD_21, cdi_spec_dirs=SpecDirs.of(("/etc/cdi", folder)))
     assert plan_injection(snapshot, requests[:1], seen).delegated == (requests[0].name,)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from cdi.cache import Snapshot, SpecCache
 from nri_plugin.nri.api import nri_pb2
-from nri_plugin.nri.versions import NativeCdi, RuntimeInfo
+from nri_plugin.nri.versions import CDI_OFF, NativeCdi, RuntimeInfo, SpecDirs
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy
@@ -51,7 +51,7 @@ def _native_result(annotations: dict[str, str]) -> nri_pb2.Container:
 
 def _plugin(snapshot: Snapshot, enabled: bool | None, version: str = "2.1.9") -> CdiInjector:
     plugin = CdiInjector(lambda: Registry(snapshot), runtime_cdi=RuntimeCdiConfig(
-        enabled=enabled, spec_dirs=tuple(snapshot.spec_dirs), origin="test"))
+        enabled=enabled, spec_dirs=SpecDirs.of(snapshot.spec_dirs), origin="test"))
     plugin.configure("", "containerd", version)
     return plugin
 
@@ -107,13 +107,14 @@ def test_synchronize_does_not_evict_what_the_runtime_injected(
 
 def test_runtime_info_from_config() -> None:
     c17 = RuntimeInfo.from_configure("containerd", "1.7.30")
-    off = RuntimeCdiConfig(enabled=None, spec_dirs=("/etc/cdi",)).applied_to(c17)
-    assert off.native_cdi is NativeCdi.OFF and off.cdi_spec_dirs == ()  # 1.7 needs enable_cdi
+    off = RuntimeCdiConfig(enabled=None, spec_dirs=SpecDirs.of(("/etc/cdi",))).applied_to(c17)
+    assert off.native_cdi is NativeCdi.OFF and off.cdi_spec_dirs == CDI_OFF  # 1.7 needs enable_cdi
     c21 = RuntimeInfo.from_configure("containerd", "2.1.9")
-    off21 = RuntimeCdiConfig(enabled=False, spec_dirs=("/opt/x",)).applied_to(c21)
-    assert off21.cdi_spec_dirs == ("/etc/cdi", "/var/run/cdi")  # the library's defaults
-    on21 = RuntimeCdiConfig(spec_dirs=("/opt/x",)).applied_to(c21)
-    assert on21.native_cdi is NativeCdi.ON and on21.cdi_spec_dirs == ("/opt/x",)
+    off21 = RuntimeCdiConfig(enabled=False, spec_dirs=SpecDirs.of(("/opt/x",))).applied_to(c21)
+    # the library's defaults
+    assert off21.cdi_spec_dirs == SpecDirs.of(("/etc/cdi", "/var/run/cdi"))
+    on21 = RuntimeCdiConfig(spec_dirs=SpecDirs.of(("/opt/x",))).applied_to(c21)
+    assert on21.native_cdi is NativeCdi.ON and on21.cdi_spec_dirs == SpecDirs.of(("/opt/x",))
 
 
 def test_cdi_devices_names_count_unless_the_runtimes_cdi_is_known_off(

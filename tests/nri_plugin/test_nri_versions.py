@@ -10,6 +10,7 @@ containerds 1.7 and 2.1 are the end-to-end truth (tests/e2e/test_native_parity_e
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from cdi.edits import apply
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.stub import Stub, StubOptions
-from nri_plugin.nri.versions import RuntimeInfo
+from nri_plugin.nri.versions import CDI_OFF, RuntimeInfo, SpecDirs
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.plan import PlanFor, plan_injection
@@ -77,7 +78,7 @@ def _runtime(name: str, version: str, snapshot: Snapshot, *, known: bool) -> Run
     runtime = RuntimeInfo.from_configure(name, version)
     if not known:
         return runtime  # the runtime's CDI set-up unknown: nothing handed over for access
-    return RuntimeCdiConfig(enabled=True, spec_dirs=tuple(snapshot.spec_dirs)).applied_to(
+    return RuntimeCdiConfig(enabled=True, spec_dirs=SpecDirs.of(snapshot.spec_dirs)).applied_to(
         runtime)
 
 
@@ -198,7 +199,7 @@ def test_over_the_wire_as_containerd(snapshot: Snapshot, version: str,
     # containerd: two events per container, and the created container as native's.
     plugin = StartGuard(CdiInjector(
         lambda: Registry(snapshot), policy=annotations_policy(nvidia=False),
-        runtime_cdi=RuntimeCdiConfig(enabled=False, spec_dirs=(), origin="test")))
+        runtime_cdi=RuntimeCdiConfig(enabled=False, spec_dirs=CDI_OFF, origin="test")))
     # (nothing handed over: NRI alone)
     names = ["example.com/v=rw", "example.com/v=block"]
 
@@ -227,3 +228,21 @@ def test_over_the_wire_as_containerd(snapshot: Snapshot, version: str,
     ours = asyncio.run(asyncio.wait_for(main(), 10))
     native = _native(snapshot, BASE, names)
     assert ours["linux"] == native["linux"] and ours["process"] == native["process"]
+
+
+def test_spec_folders_say_unknown_off_and_none_apart() -> None:
+    # Three states, by name: unknown (assume the runtime sees every folder), its CDI off
+    # (it resolves nothing handed over), and folders, an empty list of them included.
+    from nri_plugin.nri.versions import UNKNOWN_DIRS, Reach
+    from nri_plugin.plugins.cdi_injector.delegation import visible_to_runtime
+
+    runtime = RuntimeInfo.from_configure("containerd", "2.1.9")
+    assert runtime.cdi_spec_dirs is UNKNOWN_DIRS
+    assert visible_to_runtime("/x/a.yaml", runtime)
+    for dirs in (CDI_OFF, SpecDirs.of(())):
+        assert not visible_to_runtime("/x/a.yaml", dataclasses.replace(runtime,
+                                                                       cdi_spec_dirs=dirs))
+    assert {UNKNOWN_DIRS.reach, CDI_OFF.reach, SpecDirs.of(()).reach} == set(Reach)
+    assert SpecDirs.of(()) != CDI_OFF and SpecDirs.of(()) != UNKNOWN_DIRS
+    assert [d.describe() for d in (UNKNOWN_DIRS, SpecDirs.of(("/a", "/b")), CDI_OFF)] == [
+        "unknown folders", "/a, /b", "no folders"]

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from nri_cdi_testbed.tegra import BuiltTegraNode, in_tegra_namespace
-from tests.nvidia.peer_parity import flag_values, hook_operations
+from tests.nvidia.peer_parity import NODE, Entry, Intended, flag_values, hook_operations
 from tests.peers import absent, peer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,6 +54,32 @@ INTENDED = {
                     "operations, links, folders and arguments are compared",
     "cdi-version": "nvidia-ctk always writes 0.7.0; we write the lowest version the content "
                    "needs (0.7.0 once additionalGids are in it)",
+}
+
+
+def _unrooted_link(entry: Entry) -> Entry | None:
+    """nvidia-ctk's link at its host path under the driver root, at the container path."""
+    if entry[1] != "link" or "::" + NODE + "/" not in entry[2]:
+        return None
+    return (entry[0], "link", str(entry[2]).replace("::" + NODE + "/", "::/", 1))
+
+
+def _release_file(entry: Entry) -> Entry | None:
+    """nvidia-ctk's mount of the host's release file, from the driver root's instead."""
+    if entry[1] != "mount" or dict(entry[2]).get("hostPath") != RELEASE_FILE:
+        return None
+    mount = {**dict(entry[2]), "hostPath": NODE + RELEASE_FILE}
+    return (entry[0], "mount", tuple(sorted(mount.items())))
+
+
+# INTENDED's differences in the form peer_parity.compare checks every field with (hooks
+# mode; the names are INTENDED's, so the docs' list covers both).
+FIELD_INTENDED = {
+    "link-paths": Intended(INTENDED["link-paths"], instead=_unrooted_link),
+    "absolute-links": Intended(
+        INTENDED["absolute-links"],
+        ours=lambda e: e[1] == "link" and str(e[2]).startswith("/")),
+    "release-file": Intended(INTENDED["release-file"], instead=_release_file),
 }
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pytest
 
 from nri_cdi_testbed.tegra import CSV_FOLDER, BuiltTegraNode, TegraLayout
-from tests.nvidia import csv_parity
+from tests.nvidia import csv_parity, peer_parity
 
 TegraFactory = Callable[[str, TegraLayout], BuiltTegraNode]
 RECORD = os.environ.get("NRI_CDI_RECORD_PEERS") == "1"
@@ -104,3 +104,30 @@ def test_a_difference_is_reported(board: Callable[[str], BuiltTegraNode]) -> Non
     lines = csv_parity.differences(ours, theirs, node)
     assert any(line.startswith("common links: only ours") for line in lines)
     assert any(line.startswith("common mounts: only ours") for line in lines)
+
+
+@pytest.fixture(scope="module")
+def compared(board: Callable[[str], BuiltTegraNode]) -> dict[str, peer_parity.Comparison]:
+    """Every scenario in hooks mode, every field (peer_parity.compare) against the recording."""
+    out = {}
+    for scenario in sorted(SCENARIOS):
+        node = board(scenario)
+        ours = csv_parity.run(csv_parity.ours_argv(
+            node, [*_options(node, scenario), "--link-mode", "hooks"]), node)
+        theirs = csv_parity.recording(scenario).read_text().replace(csv_parity.ROOT,
+                                                                    peer_parity.NODE)
+        out[scenario] = peer_parity.compare(ours.replace(str(node.root), peer_parity.NODE),
+                                            theirs, node, csv_parity.FIELD_INTENDED)
+    return out
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_field_as_nvidia_ctk(scenario: str,
+                                   compared: dict[str, peer_parity.Comparison]) -> None:
+    assert list(compared[scenario].differences) == []
+
+
+def test_every_field_waiver_is_still_needed(
+        compared: dict[str, peer_parity.Comparison]) -> None:
+    used = set().union(*(c.used for c in compared.values()))
+    assert sorted(set(csv_parity.FIELD_INTENDED) - used) == []

@@ -20,8 +20,7 @@ from cdi.hooks import cli as cli_ops
 from cdi.hooks import entry as hook_entry
 from cdi.nvidia import cli
 from cdi.nvidia.generate import GENERATOR_VERSION
-from cdi.spec import parse_spec
-from cdi.yaml11 import dump_yaml
+from cdi.spec import dump_yaml, parse_spec
 from nri_cdi_testbed.simnode import BuiltNode, NodeLayout
 from tests.helpers import run_generate as generate
 
@@ -126,7 +125,7 @@ _DOCUMENTS = st.dictionaries(_KEYS, st.recursive(
 @given(_DOCUMENTS)
 def test_yaml_emitter_round_trips_any_document(doc: dict) -> None:
     # Lists in lists, empty containers in lists and every string PyYAML might misread.
-    assert yaml.safe_load(dump_yaml(doc)) == (doc or None)
+    assert yaml.safe_load(dump_yaml(doc)) == doc
 
 
 # --- content --------------------------------------------------------------------------------
@@ -486,3 +485,23 @@ def test_fingerprint_tracks_what_makes_a_spec_stale() -> None:
     assert fingerprint(inv(uvm=509), Options()) != base
     assert fingerprint(inv(uuid="GPU-b"), Options()) != base
     assert fingerprint(inv(), Options(strategies=("uuid",))) != base
+
+
+def test_the_all_device_keeps_every_field_of_the_devices_edits() -> None:
+    # Merged as a runtime merges edits (cdi.edits.merge): intelRdt and netDevices too.
+    from cdi.model import ContainerEdits, DeviceData, DeviceNode, IntelRdt, NetDevice
+    from cdi.nvidia.generate import all_device_edits
+
+    rdt = IntelRdt(clos_id="gpu")
+    net = NetDevice(host_interface_name="ib0", name="net0")
+    devices = [
+        DeviceData(name="0", container_edits=ContainerEdits(
+            device_nodes=(DeviceNode(path="/dev/nvidia0"),), net_devices=(net,))),
+        DeviceData(name="1", container_edits=ContainerEdits(
+            device_nodes=(DeviceNode(path="/dev/nvidia1"),), intel_rdt=rdt,
+            net_devices=(net,))),
+    ]
+    edits = all_device_edits(devices, ContainerEdits(env=("NVIDIA_VISIBLE_DEVICES=void",)))
+    assert [n.path for n in edits.device_nodes] == ["/dev/nvidia0", "/dev/nvidia1"]
+    assert edits.intel_rdt == rdt
+    assert edits.net_devices == (net,)

@@ -279,12 +279,38 @@ def test_as_a_process(root_args: list[str], tmp_path: Path) -> None:
                            str(target)], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     parse_spec(target.read_text(), str(target))
-    # The generate path does not import jsonschema, pynvml (outside nvml mode), protobuf,
-    # PyYAML (its own emitter) or dataclasses (records are NamedTuples: start-up cost).
+    # The generate path needs none of the extras: jsonschema (validate --schema), pynvml
+    # (outside nvml mode), protobuf (the plugin's).
     probe = ("import sys; from cdi.nvidia.cli import main; main(sys.argv[1:]); "
-             "bad = {'jsonschema', 'pynvml', 'google.protobuf', 'yaml', 'dataclasses'} "
-             "& set(sys.modules); "
+             "bad = {'jsonschema', 'pynvml', 'google.protobuf'} & set(sys.modules); "
              "sys.exit(f'imported {bad}' if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", probe, *root_args, "--output", str(target)],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_options_are_declared_once_and_resolved_into_a_frozen_record() -> None:
+    import argparse
+    import dataclasses
+
+    from cdi.nvidia.options import GenerateOptions, add_arguments, options, resolve
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    env = {"NVIDIA_CTK_CDI_GENERATE_MODE": "procfs", "NVIDIA_CTK_DRIVER_ROOT": "/env",
+           "NVIDIA_CTK_CDI_GENERATE_DEVICE_IDS": "0, 1,", "NVIDIA_CTK_DEBUG": "yes",
+           "NVIDIA_CTK_CDI_GENERATE_CLASS": ""}
+    got = resolve(parser.parse_args(["--driver-root", "/flag", "--disable-hook", "a,b",
+                                     "--disable-hook", "c"]), env)
+    assert got.driver_root == "/flag"  # a flag wins over its variable
+    assert (got.mode, got.device_ids, got.debug) == ("procfs", ("0", "1"), True)
+    assert got.disabled_hooks == ("a", "b", "c")  # comma-separated in flags too
+    assert got.class_ == "gpu" and got.strategies == ("index", "uuid")  # "" is not given
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.mode = "nvml"  # type: ignore[misc]
+    assert resolve(parser.parse_args([]), {}) == GenerateOptions()
+    # Every option has a variable; every flag is the parser's.
+    flags = {f for action in parser._actions for f in action.option_strings}
+    for name, spec in options().items():
+        assert spec.env, name
+        assert set(spec.flags) <= flags, name

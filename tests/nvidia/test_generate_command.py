@@ -3,7 +3,7 @@
 
 Its speed is measured in bench/bench_generate_cli.py (against nvidia-ctk); here, what it
 must not load: the other subcommands' modules, the plugin runtime, protobuf, asyncio,
-PyYAML, jsonschema, and nvidia-ml-py outside nvml mode.
+jsonschema, and nvidia-ml-py outside nvml mode.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from nri_cdi_testbed.simnode import BuiltNode, NodeLayout
 REPO = Path(__file__).resolve().parents[2]
 needs_nodes = pytest.mark.skipif(os.geteuid() != 0, reason="needs real device nodes (root)")
 
-# shutil: argparse's default help formatter imports it (with bz2 and lzma) to size help.
-NEVER = ("asyncio", "google.protobuf", "yaml", "jsonschema", "secrets", "shutil",
+NEVER = ("asyncio", "google.protobuf", "jsonschema", "secrets",
          "nri_plugin.nri", "nri_plugin.plugins", "nri_plugin.vendors",
          "nri_plugin.ops.daemon", "nri_plugin.ops.doctor", "nri_plugin.ops.refresh",
          "nri_plugin.ops.settings", "nri_plugin.ops.units", "cdi.cli", "cdi.hooks.cli")

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,8 @@ from nri_cdi_testbed.simnode import BuiltNode, NodeLayout
 from nri_plugin.ops.cli import build_parser
 from tests.helpers import run_generate as generate
 from tests.hooks.conftest import make_bundle
-from tests.peers import absent, peer
+from tests.nvidia import hook_recording
+from tests.peers import absent, peer, recording_requested
 
 needs_nodes = pytest.mark.skipif(os.geteuid() != 0, reason="needs real device nodes (root)")
 
@@ -267,14 +269,20 @@ def test_list_reads_nvidia_ctk_spec_dirs(tmp_path: Path, monkeypatch: pytest.Mon
 
 # --- NVIDIA's binary runs what we wrote for it ----------------------------------------------
 
+NVIDIA_PROGRAMS = ("nvidia-cdi-hook", "nvidia-ctk")
 
-@needs_nodes
-@pytest.mark.parametrize("program", ["nvidia-cdi-hook", "nvidia-ctk"])
-def test_nvidia_binary_understands_the_hooks(args: list[str], node: BuiltNode, tmp_path: Path,
-                                             program: str) -> None:
-    binary = peer(program)
-    if not binary.is_file():
-        pytest.skip(absent(program))
+
+def every_hook(out: str) -> list[Hook]:
+    """The spec-wide hooks, then each device's (its /dev/dri/by-path links)."""
+    data = parse_spec(out).data
+    return [*data.container_edits.hooks,
+            *(h for d in data.devices for h in d.container_edits.hooks)]
+
+
+def _run_nvidia_hooks(program: str, binary: Path, args: list[str], node: BuiltNode,
+                      tmp_path: Path) -> dict[str, Any]:
+    """Each hook entry of our spec for ``binary``, run by it on a container root: what it
+    did (hook_recording's form), and the root's ld.so.cache at the end."""
     # NVIDIA's update-ldcache mounts the host's /sbin/ldconfig into the root and runs it.
     rc, out, err = generate([*args, "--hook-path", str(binary)])
     assert rc == 0, err
@@ -285,18 +293,91 @@ def test_nvidia_binary_understands_the_hooks(args: list[str], node: BuiltNode, t
     version = node.driver_version
     shutil.copy2(node.lib_dir / f"libcuda.so.{version}", root / lib.lstrip("/"))
     state = make_bundle(tmp_path, root)
-    for hook in hooks_of(out):
+    node_root = os.fspath(node.root)
+    runs = []
+    for hook in every_hook(out):
+        before = hook_recording.tree(root)
         # As under runc: a private mount namespace whose root folder is a mount point
         # (update-ldcache pivot_roots into it).
         proc = subprocess.run(
             ["unshare", "-m", "--propagation", "private", sys.executable, "-c", _EXEC, str(root),
              hook.path, *hook.args], input=state, env=dict(e.split("=", 1) for e in hook.env),
             capture_output=True, check=False)
-        assert proc.returncode == 0, (hook.args, proc.stderr)
-        assert b"Unsupported" not in proc.stderr and b"Incorrect Usage" not in proc.stderr
-    assert os.readlink(root / lib.lstrip("/") / "libcuda.so.1") == f"libcuda.so.{version}"
-    cache = read_ldcache(root / "etc/ld.so.cache")
-    assert f"{lib}/libcuda.so.1" in {e.path for e in cache if e.key == "libcuda.so.1"}
+        runs.append({
+            "args": hook_recording.arguments(program, hook.args, node_root),
+            "env": list(hook.env), "exit": proc.returncode,
+            "stdout": hook_recording.printed(proc.stdout, root, node_root),
+            "stderr": hook_recording.printed(proc.stderr, root, node_root),
+            "changed": hook_recording.changed(before, hook_recording.tree(root))})
+    cache = sorted(f"{e.key} => {e.path}" for e in read_ldcache(root / "etc/ld.so.cache"))
+    return {"hooks": runs, "ld.so.cache": cache}
+
+
+@needs_nodes
+@pytest.mark.parametrize("program", NVIDIA_PROGRAMS)
+def test_nvidia_binary_understands_the_hooks(args: list[str], node: BuiltNode, tmp_path: Path,
+                                             program: str) -> None:
+    """The real program runs each hook we wrote for it (where $NRI_CDI_PEERS has it), and
+    what it did is what hook_recording holds (or, with $NRI_CDI_RECORD_PEERS=1, becomes it)."""
+    binary = peer(program)
+    if not binary.is_file():
+        pytest.skip(absent(program))
+    did = _run_nvidia_hooks(program, binary, args, node, tmp_path)
+    for run in did["hooks"]:
+        assert run["exit"] == 0, run
+        assert "Unsupported" not in run["stderr"] and "Incorrect Usage" not in run["stderr"]
+    lib = node.manifest["lib_dir"]
+    version = node.driver_version
+    assert os.readlink(tmp_path / "rootfs" / lib.lstrip("/") / "libcuda.so.1") == (
+        f"libcuda.so.{version}")
+    assert f"libcuda.so.1 => {lib}/libcuda.so.1" in did["ld.so.cache"]
+    if recording_requested():
+        doc = hook_recording.load() if hook_recording.HOOKS_FILE.is_file() else {}
+        doc.setdefault("programs", {})[program] = did
+        doc["version"] = " ".join(subprocess.run(
+            [str(peer("nvidia-ctk")), "--version"], capture_output=True, text=True,
+            check=True).stdout.split())
+        hook_recording.save(doc)
+    assert hook_recording.load()["programs"][program] == did, (
+        f"{program} no longer does what was recorded: {hook_recording.RECORD_HINT}")
+
+
+def _check_recorded(program: str, hooks: list[Hook], node: BuiltNode) -> None:
+    """Each of ``hooks`` is an entry the real ``program`` was recorded running, accepted."""
+    recorded = hook_recording.load()["programs"][program]
+    runs = {tuple(r["args"]): r for r in recorded["hooks"]}
+    for hook in hooks:
+        key = tuple(hook_recording.arguments(program, hook.args, os.fspath(node.root)))
+        assert key in runs, (f"{program} was never recorded running {list(key)}: "
+                             + hook_recording.RECORD_HINT)
+        run = runs[key]
+        assert run["exit"] == 0 and run["env"] == list(hook.env), run
+        assert "Incorrect Usage" not in run["stderr"] and "Unsupported" not in run["stderr"]
+
+
+@needs_nodes
+@pytest.mark.parametrize("program", NVIDIA_PROGRAMS)
+def test_hook_arguments_are_recorded(args: list[str], node: BuiltNode, program: str) -> None:
+    """Without the program: every hook entry our spec writes for it today is one the real
+    program was recorded running, and the recording says it accepted it and did its work."""
+    rc, out, err = generate([*args, "--hook-path", f"/usr/bin/{program}"])
+    assert rc == 0, err
+    _check_recorded(program, every_hook(out), node)
+    recorded = hook_recording.load()["programs"][program]
+    lib = node.manifest["lib_dir"]
+    made = {line for r in recorded["hooks"] for line in r["changed"]}
+    assert f"{lib}/libcuda.so.1 l -> libcuda.so.{node.driver_version}" in made
+    assert f"libcuda.so.1 => {lib}/libcuda.so.1" in recorded["ld.so.cache"]
+
+
+@needs_nodes
+def test_an_unrecorded_hook_argument_fails(args: list[str], node: BuiltNode) -> None:
+    rc, out, err = generate([*args, "--hook-path", "/usr/bin/nvidia-cdi-hook"])
+    assert rc == 0, err
+    hook = every_hook(out)[0]
+    changed = Hook(hook.hook_name, hook.path, (*hook.args, "--link", "a::/b"), hook.env)
+    with pytest.raises(AssertionError, match="re-record with the real binary"):
+        _check_recorded("nvidia-cdi-hook", [changed], node)
 
 
 _EXEC = """import os, subprocess, sys

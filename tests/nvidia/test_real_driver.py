@@ -134,7 +134,6 @@ def test_each_file_is_where_its_consumer_looks(
                  "/usr/share/glvnd/egl_vendor.d/10_nvidia.json",
                  "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json",
                  "/etc/vulkan/icd.d/nvidia_icd.json", "/etc/OpenCL/vendors/nvidia.icd",
-                 f"/usr/share/nvidia/nvidia-application-profiles-{VERSION}-rc",
                  f"{LIB64}/libnvidia-api.so.1", f"{LIB64}/nvidia/wine/nvngx.dll",
                  f"/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin",
                  "/usr/lib/i386-linux-gnu/libcuda.so.1"):

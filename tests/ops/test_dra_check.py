@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nri_plugin.nri.versions import RuntimeInfo
+from nri_plugin.nri.versions import CDI_OFF, RuntimeInfo
 from nri_plugin.ops.doctor import ContainerdConfig, check_dra
 from nri_plugin.ops.runtime_cdi import start_warning
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
@@ -36,7 +36,7 @@ def test_cdi_on_serves_dra(tmp_path: Path) -> None:
 
 def _runtime(version: str, enabled: bool) -> RuntimeInfo:
     runtime = RuntimeInfo.from_configure("containerd", version)
-    return RuntimeCdiConfig(enabled=enabled, spec_dirs=(), origin="test").applied_to(runtime)
+    return RuntimeCdiConfig(enabled=enabled, spec_dirs=CDI_OFF, origin="test").applied_to(runtime)
 
 
 def test_the_plugin_warns_at_start_where_claims_reach_nobody() -> None:

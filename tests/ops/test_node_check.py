@@ -71,51 +71,7 @@ def test_the_plugin_keeps_the_callers_python_path(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def _installed(tmp_path: Path) -> Path:
-    """nri-cdi installed as pip installs the wheel (from a copy of the tracked sources, so
-    the checkout gets no build folder): a site folder without the repository's scripts."""
-    import shutil
-    import subprocess
-    import sys
-
-    repo = Path(__file__).resolve().parents[2]
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=repo, capture_output=True,
-                             check=True).stdout.decode().split("\0")
-    source = tmp_path / "source"
-    for name in filter(None, tracked):
-        if (repo / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(repo / name, source / name)
-    site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--no-compile", "--target", str(site),
-                    str(source)], check=True, capture_output=True, timeout=300)
-    return site
-
-
-def test_doctor_e2e_from_a_wheel_says_what_is_missing_and_how(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    site = _installed(tmp_path)
-    assert not (site / "scripts").exists()
-    env = {k: v for k, v in os.environ.items() if k != "NRI_CDI_CACHE"}
-    done = subprocess.run([sys.executable, "-m", "nri_plugin.ops.cli", "doctor", "--e2e",
-                           "--cache", str(tmp_path / "no-cache")], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120,
-                          env={**env, "PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"})
-    assert done.returncode == 2, done.stderr
-    lines = done.stderr.splitlines()
-    assert lines[0] == "nri-cdi doctor --e2e: missing prerequisites:"
-    items = [line for line in lines[1:] if line.startswith("  - ")]
-    assert items == lines[1:]  # one line each
-    assert all(": " in item for item in items)  # what, then how
-    text = "\n".join(items)
-    assert "containerd 1.7 (containerd, ctr, containerd-shim-runc-v2 in " in text
-    assert ("scripts/install-containerd.sh of the nri-cdi source repository, which an "
-            "installed nri-cdi does not ship") in text
-    assert "the CRI v1 messages (" in text and "then pass --cache DIR" in text
-    assert "--containerd-address SOCK" in text
+# An installed nri-cdi carries no test bed: tests/ops/test_product_wheel.py.
 
 
 def test_the_checkout_names_its_install_script(tmp_path: Path) -> None:

@@ -79,3 +79,28 @@ def test_generator_args() -> None:
     assert "--dev-root" in args and args[-1] == "--no-all-device"
     assert args.count("--device-name-strategy") == 2
     assert args[args.index("--disable-hook") + 1] == "update-ldcache"
+
+
+def test_generator_args_are_the_generate_options_the_section_declares() -> None:
+    # Each generate key sets the generator option it is declared from: refresh's arguments,
+    # read by generate's own parser, give back the section's values.
+    import argparse
+
+    from cdi.nvidia.options import add_arguments, resolve
+    from nri_plugin.ops.settings import keys_of
+
+    s = defaults().with_values({"generate.mode": "procfs", "generate.dev_root": "/host",
+                                "generate.device_name_strategies": ["uuid"],
+                                "generate.hook_path": "/usr/bin/nri-cdi",
+                                "generate.disabled_hooks": ["chmod", "update-ldcache"],
+                                "generate.link_mode": "mounts"})
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    given = resolve(parser.parse_args(generator_args(s)), {})
+    assert given.if_changed
+    checked = 0
+    for name, key in keys_of("generate").items():
+        if key.option is not None:
+            assert getattr(given, key.option) == getattr(s.generate, name), name
+            checked += 1
+    assert checked == len(keys_of("generate")) - 1  # all but extra_args

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_plugin.nri.versions import NativeCdi, RuntimeInfo
+from nri_plugin.nri.versions import UNKNOWN_DIRS, NativeCdi, RuntimeInfo, SpecDirs
 from nri_plugin.ops.runtime_cdi import runtime_cdi_config
 from nri_plugin.ops.settings import Settings, SettingsError, defaults, parse_settings
 
@@ -26,10 +26,11 @@ def test_version_3_config(tmp_path: Path) -> None:
     config.write_text('version = 3\n[plugins."io.containerd.cri.v1.runtime"]\n'
                       '  enable_cdi = true\n  cdi_spec_dirs = ["/opt/cdi"]\n')
     got = runtime_cdi_config(_settings(config))
-    assert (got.enabled, got.spec_dirs, got.unread) == (True, ("/opt/cdi",), "")
+    assert (got.enabled, got.spec_dirs, got.unread) == (True, SpecDirs.of(("/opt/cdi",)), "")
     assert got.origin == f"read from {config}"
     applied = got.applied_to(C21)
-    assert applied.native_cdi is NativeCdi.ON and applied.cdi_spec_dirs == ("/opt/cdi",)
+    assert applied.native_cdi is NativeCdi.ON
+    assert applied.cdi_spec_dirs == SpecDirs.of(("/opt/cdi",))
     assert "not read" not in got.describe(C21)
 
 
@@ -43,7 +44,7 @@ def test_a_drop_in_counts(tmp_path: Path) -> None:
     (tmp_path / "conf.d" / "50-off.toml").write_text(
         'version = 3\n[plugins."io.containerd.cri.v1.runtime"]\n  enable_cdi = false\n')
     got = runtime_cdi_config(_settings(config))
-    assert (got.enabled, got.spec_dirs) == (False, ("/opt/cdi",))
+    assert (got.enabled, got.spec_dirs) == (False, SpecDirs.of(("/opt/cdi",)))
     assert got.origin == f"read from {config} (+ {tmp_path / 'conf.d' / '50-off.toml'})"
     assert got.describe(C21).startswith("runtime's own CDI off, resolves CDI_devices from")
 
@@ -53,7 +54,7 @@ def test_no_file_is_said_to_be_an_assumption(tmp_path: Path,
     # The defect: containerd 2.1 had enable_cdi = false in a file the plugin was not told
     # about, and the plugin said "own CDI on, /etc/cdi, /var/run/cdi" as a fact.
     got = runtime_cdi_config(_settings(tmp_path / "absent.toml"))
-    assert got.enabled is None and got.spec_dirs is None
+    assert got.enabled is None and got.spec_dirs is UNKNOWN_DIRS
     assert got.unread.startswith(f"no {tmp_path / 'absent.toml'}")
     said = got.describe(C21)
     assert said.startswith("the runtime's settings were not read (no ")
@@ -68,7 +69,7 @@ def test_an_unreadable_file_is_not_read(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text('version = 3\nimports = ["/nonexistent/extra.toml"]\n')
     got = runtime_cdi_config(_settings(config))
-    assert got.enabled is None and got.spec_dirs is None
+    assert got.enabled is None and got.spec_dirs is UNKNOWN_DIRS
     assert "/nonexistent/extra.toml, which" in got.unread and "imports, is not there" in \
         got.unread
     config.write_text("version = 3\n[plugins\n")
@@ -79,11 +80,11 @@ def test_settings_override_the_file(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = true\n')
     got = runtime_cdi_config(_settings(config, **{"runtime_cdi.enabled": "off"}))
-    assert (got.enabled, got.spec_dirs) == (False, ("/etc/cdi", "/var/run/cdi"))
+    assert (got.enabled, got.spec_dirs) == (False, SpecDirs.of(("/etc/cdi", "/var/run/cdi")))
     assert got.origin == f"read from {config}; runtime_cdi.enabled set"
     both = runtime_cdi_config(_settings(tmp_path / "absent.toml", **{
         "runtime_cdi.enabled": "off", "runtime_cdi.spec_dirs": ["/srv/cdi"]}))
-    assert (both.enabled, both.spec_dirs, both.unread) == (False, ("/srv/cdi",), "")
+    assert (both.enabled, both.spec_dirs, both.unread) == (False, SpecDirs.of(("/srv/cdi",)), "")
     assert both.origin == "runtime_cdi.enabled and runtime_cdi.spec_dirs set"
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from cdi.device import Device
 from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.version import parse_version
-from nri_plugin.nri.versions import NativeCdi, RuntimeInfo
+from nri_plugin.nri.versions import CDI_OFF, UNKNOWN_DIRS, NativeCdi, Reach, RuntimeInfo, SpecDirs
 
 # Where every CDI library looks when not told otherwise (containerd's defaults too).
 LIBRARY_DEFAULT_DIRS = DEFAULT_SPEC_DIRS
@@ -23,12 +23,12 @@ LIBRARY_DEFAULT_DIRS = DEFAULT_SPEC_DIRS
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RuntimeCdiConfig:
     """What the runtime's configuration says about its own CDI support: ``enabled``
-    (containerd enable_cdi; None: the version's default) and ``spec_dirs`` (cdi_spec_dirs;
-    None: not known). ``origin`` says where it was read, for the log; ``unread`` why the
+    (containerd enable_cdi; None: the version's default) and ``spec_dirs`` (cdi_spec_dirs,
+    or unknown). ``origin`` says where it was read, for the log; ``unread`` why the
     runtime's settings were not read ("" when they were): the values are then assumed."""
 
     enabled: bool | None = None
-    spec_dirs: tuple[str, ...] | None = None
+    spec_dirs: SpecDirs = UNKNOWN_DIRS
     origin: str = "not configured"
     unread: str = ""
 
@@ -39,14 +39,13 @@ class RuntimeCdiConfig:
         on = self.enabled if self.enabled is not None else runtime.native_cdi_on_by_default
         dirs = self.spec_dirs
         if not on and runtime.is_containerd and runtime.version is not None:
-            dirs = LIBRARY_DEFAULT_DIRS if runtime.version >= (2, 0, 0) else ()
+            dirs = SpecDirs.of(LIBRARY_DEFAULT_DIRS) if runtime.version >= (2, 0, 0) else CDI_OFF
         return dataclasses.replace(runtime, native_cdi=NativeCdi.ON if on else NativeCdi.OFF,
                                    cdi_spec_dirs=dirs)
 
     def describe(self, runtime: RuntimeInfo) -> str:
         applied = self.applied_to(runtime)
-        dirs = applied.cdi_spec_dirs
-        folders = "unknown folders" if dirs is None else ", ".join(dirs) or "no folders"
+        folders = applied.cdi_spec_dirs.describe()
         what = (f"runtime's own CDI {applied.native_cdi.value}, resolves "
                 f"CDI_devices from {folders} ({self.origin})")
         if self.unread:  # an assumption, said as one
@@ -57,10 +56,10 @@ class RuntimeCdiConfig:
 def visible_to_runtime(spec_path: str, runtime: RuntimeInfo) -> bool:
     """Whether the runtime's CDI reads the folder ``spec_path`` is in (unknown: assume so)."""
     dirs = runtime.cdi_spec_dirs
-    if dirs is None:
+    if dirs.reach is Reach.UNKNOWN:
         return True
     folder = _norm(os.path.dirname(spec_path))
-    return any(folder == _norm(d) for d in dirs)
+    return any(folder == _norm(d) for d in dirs.folders)
 
 
 def _norm(path: str) -> str:
@@ -82,14 +81,14 @@ def delegation_problems(devices: Iterable[Device], runtime: RuntimeInfo) -> list
                 f"{device.qualified_name}: its spec {spec.path} is cdiVersion "
                 f"{spec.data.cdi_version}, and {runtime.describe_cdi()} of "
                 f"{runtime.describe()} reads up to {'.'.join(map(str, newest))}")
-        if runtime.cdi_spec_dirs == ():
+        if runtime.cdi_spec_dirs.reach is Reach.OFF:
             problems.append(
                 f"{device.qualified_name}: the runtime's own CDI is off ({runtime.describe()} "
                 "resolves CDI_devices only with enable_cdi = true)")
         elif not visible_to_runtime(spec.path, runtime):
             problems.append(
                 f"{device.qualified_name}: its spec {spec.path} is not in a folder the "
-                f"runtime's own CDI reads ({', '.join(runtime.cdi_spec_dirs or ())}); "
+                f"runtime's own CDI reads ({runtime.cdi_spec_dirs.describe()}); "
                 "share the folder (containerd: cdi_spec_dirs, or the defaults /etc/cdi and "
                 "/var/run/cdi) and set runtime_cdi.spec_dirs to match")
     return problems

@@ -17,7 +17,7 @@ from cdi.libpath import EXTRA_LIBRARY_PATH_ENV
 from cdi.model import ContainerEdits
 from nri_plugin.nri import adjustment as adj
 from nri_plugin.nri.api import nri_pb2
-from nri_plugin.nri.versions import RuntimeInfo
+from nri_plugin.nri.versions import Reach, RuntimeInfo
 from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.adjust import (
     as_native_file_modes,
@@ -164,7 +164,8 @@ def _hand_over(snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeIn
             rule="unsupportedEdits", device=group[0].qualified_name,
             code=Code.FAILED_PRECONDITION)
     # Access NRI cannot grant exactly (mknod on a char device): the runtime's own CDI can.
-    if (not dropped and can_hand_over and not lost and runtime.cdi_spec_dirs is not None
+    if (not dropped and can_hand_over and not lost
+            and runtime.cdi_spec_dirs.reach is not Reach.UNKNOWN
             and wider_than_nri(snapshot.merged_edits(devices))):
         return True, ()
     return False, tuple(sorted(dropped))
