@@ -6,6 +6,15 @@ v0.10.0, v0.11.0 and v0.12.0, which containerd (``internal/cri/nri``) and CRI-O
 (``server/nri-api.go``) both call with the NRI version they vendor. Only the parts the
 CDI injector uses: env, hooks, CDI_devices, linux.devices, linux.resources.devices,
 mounts, in ``Adjust``'s order. Independent of the plugin's code on purpose.
+
+Checked against real runtimes (tests/test_nri_wire_model.py): for every container the
+plugin adjusted in the NRI wire recordings (tests/data/nri-wire/), the container NRI showed
+the plugin, with the recorded adjustment applied here, is the OCI spec the runtime made
+(env, mounts in order, device nodes, device rules, hooks). Where a recording disagrees,
+the recording is right and this model changes. What they taught it: CRI-O 1.35.6 hands NRI
+a container whose env holds PATH twice (the image's, then its default), and the runtime's
+spec after an env adjustment holds it once: NRI re-adds every old entry through
+runtime-tools' AddProcessEnv, which replaces a name already added (the model kept both).
 """
 
 from __future__ import annotations
@@ -33,6 +42,51 @@ _HOOKS = (("prestart", "prestart"), ("poststart", "poststart"), ("poststop", "po
           ("start_container", "startContainer"))
 
 
+def before_nri(container: nri_pb2.Container) -> dict[str, Any]:
+    """The OCI spec (the parts an adjustment changes) of a container as NRI shows it to a
+    plugin in CreateContainer: what the runtime made before NRI."""
+    from google.protobuf import json_format
+
+    linux = container.linux
+    spec: dict[str, Any] = {
+        "process": {"env": list(container.env)},
+        "mounts": [{"destination": m.destination, **({"type": m.type} if m.type else {}),
+                    "source": m.source, **({"options": list(m.options)} if m.options else {})}
+                   for m in container.mounts],
+        "linux": {"devices": [_oci_device(d) for d in linux.devices],
+                  "resources": {"devices": [_oci_rule(r) for r in linux.resources.devices]}},
+    }
+    hooks = json_format.MessageToDict(container.hooks, preserving_proto_field_name=True)
+    for field, oci in _HOOKS:
+        if hooks.get(field):
+            spec.setdefault("hooks", {})[oci] = hooks[field]
+    return spec
+
+
+def _oci_device(d: nri_pb2.LinuxDevice) -> dict[str, Any]:
+    oci: dict[str, Any] = {"path": d.path, "type": d.type, "major": d.major, "minor": d.minor}
+    if d.HasField("file_mode"):
+        oci["fileMode"] = d.file_mode.value
+    if d.HasField("uid"):
+        oci["uid"] = d.uid.value
+    if d.HasField("gid"):
+        oci["gid"] = d.gid.value
+    return oci
+
+
+def _oci_rule(r: nri_pb2.LinuxDeviceCgroup) -> dict[str, Any]:
+    rule: dict[str, Any] = {"allow": r.allow}
+    if r.type:
+        rule["type"] = r.type
+    if r.HasField("major"):
+        rule["major"] = r.major.value
+    if r.HasField("minor"):
+        rule["minor"] = r.minor.value
+    if r.access:
+        rule["access"] = r.access
+    return rule
+
+
 def apply_adjustment(spec: dict[str, Any], adjust: nri_pb2.ContainerAdjustment,
                      nri_version: Version, cdi: CdiInjector | None) -> dict[str, Any]:
     """A copy of ``spec`` as the runtime leaves it after ``adjust``. ``cdi``: the runtime's
@@ -56,25 +110,37 @@ def apply_adjustment(spec: dict[str, Any], adjust: nri_pb2.ContainerAdjustment,
 
 
 def _env(spec: dict[str, Any], env: Any) -> None:
+    """NRI's AdjustEnv: the old entries again, each through runtime-tools' AddProcessEnv
+    (a name already there is replaced where it first stood: duplicates fold into one),
+    those the adjustment names replaced or removed, then the new ones in its order."""
     if not env:
         return
     mod = {kv.key.lstrip("-"): kv for kv in env}
     process = spec.setdefault("process", {})
-    kept = []
+    out: list[str] = []
+    where: dict[str, int] = {}
+
+    def add(name: str, value: str) -> None:
+        if name in where:
+            out[where[name]] = f"{name}={value}"
+        else:
+            where[name] = len(out)
+            out.append(f"{name}={value}")
+
     for entry in process.get("env", []):
-        name, sep, _value = entry.partition("=")
+        name, sep, value = entry.partition("=")
         if not sep:
             continue
         if name in mod:
             kv = mod.pop(name)
             if not kv.key.startswith("-"):
-                kept.append(f"{kv.key}={kv.value}")
+                add(kv.key, kv.value)
             continue
-        kept.append(entry)
+        add(name, value)
     for kv in env:  # the rest are new, in the adjustment's order
         if not kv.key.startswith("-") and kv.key in mod:
-            kept.append(f"{kv.key}={kv.value}")
-    process["env"] = kept
+            add(kv.key, kv.value)
+    process["env"] = out
 
 
 def _hooks(spec: dict[str, Any], hooks: nri_pb2.Hooks) -> None:

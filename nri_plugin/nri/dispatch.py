@@ -19,6 +19,7 @@ from nri_plugin.nri.api import (
     EventMask,
     nri_pb2,
 )
+from nri_plugin.nri.crio import fill_name
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.wire import Code, bound_message
@@ -304,6 +305,8 @@ class Dispatcher:
         if route is None:
             raise RpcError(Code.UNIMPLEMENTED, f"method {method}")
         request = route.request.FromString(payload)
+        if "container" in request.DESCRIPTOR.fields_by_name:
+            fill_name(request.container)  # type: ignore[attr-defined]
         if route.handler is not None and not implemented(self.plugin, route.handler):
             # Go stub behaviour: a missing handler is an empty reply, not an error.
             return _EMPTY
@@ -342,6 +345,8 @@ class Dispatcher:
             # (docs/developer/nri-protocol.md §3.5).
             return nri_pb2.SynchronizeResponse(more=True).SerializeToString()
         pods, containers = self._sync.pods, self._sync.containers
+        for container in containers:
+            fill_name(container)
         if self._sync.dropped_pages:
             log.error("Synchronize: %d of %d pages (%d bytes) were over the %d MiB cap and "
                       "were not examined; their containers are checked only when they start",

@@ -64,6 +64,7 @@ class ContainerdConfig:
     files: tuple[str, ...] = ()
     source: str = ""
     running: bool = False  # ``path`` is what a running containerd was started with
+    located: bool = True  # False: which file containerd reads is not known, or not seen
 
     def plugin(self, name: str) -> Mapping[str, Any]:
         return plugin_section(self.data, name)
@@ -265,7 +266,7 @@ class Located:
     def read(self, major: int | None) -> ContainerdConfig:
         if self.error:
             return ContainerdConfig(path=self.path, data=None, major=major, error=self.error,
-                                    source=self.source)
+                                    source=self.source, located=False)
         return read_containerd_config(self.path, major, source=self.source,
                                       running=self.exe is not None)
 

@@ -41,6 +41,7 @@ from nri_plugin.ops.containerd_config import (
     locate,
     same_path,
 )
+from nri_plugin.ops.crio_config import CrioConfig, CrioLocated, locate_crio
 from nri_plugin.ops.inpod import (
     NOT_VISIBLE,
     ON_NODE,
@@ -113,7 +114,9 @@ def check_nri_enabled(cfg: ContainerdConfig, our_socket: str, place: Place = ON_
                      fix=ON_THE_NODE)
     if cfg.error:
         return Check(name=name, status="fail", detail=f"cannot read {cfg.path}: {cfg.error}",
-                     fix="fix the file's syntax (containerd would not start with it either)")
+                     fix=("name the file containerd reads: runtime_cdi.containerd_config in "
+                          "nri-cdi's configuration (--containerd-config)") if not cfg.located
+                     else "fix the file's syntax (containerd would not start with it either)")
     nri = cfg.plugin(NRI_SECTION)
     default_off = not cfg.v2_defaults
     disabled = nri.get("disable", default_off)
@@ -719,6 +722,103 @@ def _required_tolerated(cfg: ContainerdConfig, name: str, key: str, place: Place
                         "doctor in the pod checks it)")
 
 
+# --- CRI-O's configuration -----------------------------------------------------------------
+
+CRIO_DROP_IN = "a file in CRI-O's drop-in folder ({folder}, e.g. 99-nri-cdi.conf)"
+
+
+def check_crio_config(cfg: CrioConfig) -> Check:
+    """Whether CRI-O's settings were read, from which files."""
+    name = "CRI-O's settings"
+    if cfg.error:
+        return Check(name=name, status="warn",
+                     detail=f"not read ({cfg.error}); the checks below and the plugin assume "
+                            "CRI-O's defaults: NRI on at /var/run/nri/nri.sock, its own CDI "
+                            "reading /etc/cdi and /var/run/cdi",
+                     fix="fix the file (CRI-O would not start with it either)")
+    return Check(name=name, status="ok",
+                 detail=f"read {cfg.describe_files()} ({cfg.source})")
+
+
+def check_crio_nri(cfg: CrioConfig, our_socket: str) -> Check:
+    """NRI on, connections allowed, on the plugin's socket; the plugin timeouts said."""
+    name = "NRI enabled in CRI-O"
+    fix = CRIO_DROP_IN.format(folder=cfg.drop_in_dir) + ": [crio.nri] {what}, then restart crio"
+    if not cfg.nri_enabled:
+        return Check(name=name, status="fail", detail="[crio.nri] enable_nri = false",
+                     fix=fix.format(what="enable_nri = true"))
+    if cfg.nri_disable_connections:
+        return Check(name=name, status="fail",
+                     detail="[crio.nri] nri_disable_connections = true: an external plugin "
+                            "cannot connect",
+                     fix=fix.format(what="nri_disable_connections = false"))
+    if not same_path(cfg.nri_socket, our_socket):
+        return Check(name=name, status="fail",
+                     detail=f"CRI-O serves NRI at {cfg.nri_socket}, the plugin connects to "
+                            f"{our_socket}",
+                     fix=f"plugin.socket: {cfg.nri_socket} (or --socket)")
+    return Check(name=name, status="ok",
+                 detail=f"on, at {cfg.nri_socket}; CRI-O waits {cfg.registration_timeout:g} s "
+                        f"for a plugin to register and {cfg.request_timeout:g} s for each "
+                        "answer (nri_plugin_request_timeout), then goes on without the plugin")
+
+
+def check_crio_cdi(cfg: CrioConfig, our_dirs: Iterable[str]) -> Check:
+    """CRI-O resolves every container cdi.k8s.io annotation itself (no setting turns that
+    off), before NRI: a folder of the plugin's that CRI-O does not read fails those
+    containers (the device plugin's cdi-annotations, cdi-cri and DRA claims all arrive so)."""
+    name = "CRI-O's own CDI"
+    unread = _unread(our_dirs, cfg.cdi_spec_dirs)
+    if unread:
+        return Check(name=name, status="fail",
+                     detail=f"cdi_spec_dirs is {', '.join(cfg.cdi_spec_dirs)}, not "
+                            f"{', '.join(unread)}: CRI-O resolves every container cdi.k8s.io "
+                            "annotation, CRI CDIDevices and DRA claim itself and fails the "
+                            "container with 'unresolvable CDI devices' for a device only the "
+                            "plugin's folders hold",
+                     fix=CRIO_DROP_IN.format(folder=cfg.drop_in_dir) + ": [crio.runtime] "
+                         f"cdi_spec_dirs = {json.dumps([*cfg.cdi_spec_dirs, *unread])}")
+    return Check(name=name, status="ok",
+                 detail=f"always on; reads the plugin's folders ({', '.join(cfg.cdi_spec_dirs)})"
+                        ": CRI-O injects container cdi.k8s.io annotations and CDIDevices "
+                        "itself, the plugin serves pod annotations and env requests and "
+                        "trims what it serves")
+
+
+def crio_serving(settings: Settings) -> CrioLocated | None:
+    """The CRI-O whose files doctor reads: one running and serving the plugin's socket, or,
+    with no containerd configuration on the node either, CRI-O's files where they are."""
+    if settings.runtime_cdi.containerd_config:
+        return None
+    found = locate_crio(settings.plugin.socket)
+    if found is None or found.pid is not None:
+        return found
+    containerd = locate(None, settings.plugin.socket)
+    return None if containerd.exe is not None or os.path.exists(containerd.path) else found
+
+
+def run_crio_checks(settings: Settings, crio: CrioLocated, *, check_generated: bool,
+                    place: Place) -> list[Check]:
+    plugin = settings.plugin
+    cfg = crio.read()
+    health = health_url(settings)
+    checks = [check_place(place)] if place.in_pod else []
+    checks += [check_crio_config(cfg), check_crio_nri(cfg, plugin.socket),
+               check_socket(plugin.socket, place),
+               check_plugin(plugin, health=health, place=place)]
+    if health:
+        checks.append(check_health(health))
+    checks.append(check_spec_dirs(plugin.spec_dirs, place))
+    if check_generated:
+        checks.append(check_fingerprint(settings, place))
+    registry = read_registry(settings.doctor.plugin_registry)
+    return [*checks, check_device_nodes(plugin.spec_dirs),
+            check_crio_cdi(cfg, plugin.spec_dirs),
+            check_kinds_runtimes_can_load(plugin.spec_dirs),
+            check_kubelet_allocations(plugin, registry),
+            check_driver_architecture(plugin.spec_dirs, place)]
+
+
 # --- the command ---------------------------------------------------------------------------
 
 
@@ -745,6 +845,9 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
                check_generated: bool = True, place: Place | None = None) -> list[Check]:
     plugin = settings.plugin
     place = detect() if place is None else place
+    crio = crio_serving(settings) if containerd_major_version is None else None
+    if crio is not None:
+        return run_crio_checks(settings, crio, check_generated=check_generated, place=place)
     found = locate(settings.runtime_cdi.containerd_config, plugin.socket)
     if containerd_major_version is None:
         version = running_containerd_version(found.exe, plugin)  # the running one's, else PATH's

@@ -1,5 +1,5 @@
-"""Reading the runtime's own CDI set-up (containerd's configuration) for the plugin, and
-the warning it logs where that set-up leaves DRA claims without devices.
+"""Reading the runtime's own CDI set-up (containerd's or CRI-O's configuration) for the
+plugin, and the warning it logs where that set-up leaves DRA claims without devices.
 
 Done once when the plugin starts (never on the request path). ``runtime_cdi.enabled`` and
 ``runtime_cdi.spec_dirs`` in the plugin's settings win over the file. What containerd's
@@ -22,10 +22,11 @@ from nri_plugin.ops.containerd_config import (
     locate,
     plugin_section,
 )
+from nri_plugin.ops.crio_config import DEFAULT_CDI_SPEC_DIRS, CrioConfig, locate_crio
 from nri_plugin.plugins.cdi_injector.delegation import LIBRARY_DEFAULT_DIRS, RuntimeCdiConfig
 
 if TYPE_CHECKING:
-    from nri_plugin.ops.settings import Settings
+    from nri_plugin.ops.settings import RuntimeCdiSettings, Settings
 
 log = logging.getLogger("nri_cdi")
 
@@ -54,6 +55,19 @@ def why_unread(cfg: ContainerdConfig) -> str:
     return ""
 
 
+def crio_cdi_config(cfg: CrioConfig) -> RuntimeCdiConfig:
+    """CRI-O's own CDI as its files say: always on (no setting turns it off), reading
+    ``cdi_spec_dirs``; CRI-O's defaults where the files could not be read."""
+    if cfg.error:
+        log.warning("CRI-O's settings were not read (%s); assuming CRI-O's defaults: its "
+                    "own CDI on, reading %s. Set runtime_cdi.spec_dirs to CRI-O's "
+                    "cdi_spec_dirs", cfg.error, ", ".join(DEFAULT_CDI_SPEC_DIRS))
+        return RuntimeCdiConfig(enabled=True, spec_dirs=SpecDirs.of(DEFAULT_CDI_SPEC_DIRS),
+                                origin="CRI-O's defaults", unread=cfg.error)
+    return RuntimeCdiConfig(enabled=True, spec_dirs=SpecDirs.of(cfg.cdi_spec_dirs), origin=(
+        f"CRI-O's own CDI is always on; read from {cfg.describe_files()} ({cfg.source})"))
+
+
 def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
     wanted = settings.runtime_cdi
     if wanted.enabled != "auto" and wanted.spec_dirs is not None:
@@ -62,15 +76,31 @@ def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
                                 origin="runtime_cdi.enabled and runtime_cdi.spec_dirs set")
     # The file the settings name, else the one the running containerd serving
     # plugin.socket was started with, else the default path.
-    cfg = locate(settings.runtime_cdi.containerd_config, settings.plugin.socket).read(None)
+    located = locate(settings.runtime_cdi.containerd_config, settings.plugin.socket)
+    cfg = located.read(None)
+    # CRI-O's files when no containerd file was named and a CRI-O serves the socket, or
+    # none runs in view but CRI-O's files are where a node keeps them (and containerd's
+    # are not)
+    crio = (locate_crio(settings.plugin.socket)
+            if settings.runtime_cdi.containerd_config is None and not cfg.running else None)
+    if crio is not None and (crio.pid is not None or cfg.data is None):
+        return _overridden(crio_cdi_config(crio.read()), wanted)
     unread = why_unread(cfg)
-    if unread:
+    if unread and settings.runtime_cdi.containerd_config:
         enabled, dirs = None, UNKNOWN_DIRS
         origin = "containerd's defaults for its version"
         log.warning("containerd's settings were not read (%s); assuming containerd's "
                     "defaults for the version that connects. Name the file with "
                     "runtime_cdi.containerd_config, or set runtime_cdi.enabled and "
                     "runtime_cdi.spec_dirs", unread)
+    elif unread:
+        enabled, dirs = None, UNKNOWN_DIRS
+        origin = "the defaults of the runtime that connects"
+        log.warning("the runtime's settings were not read (containerd's: %s; no CRI-O "
+                    "configuration either); assuming the defaults of the runtime that "
+                    "connects (containerd: by its version; CRI-O: its own CDI always on). "
+                    "Name containerd's file with runtime_cdi.containerd_config, or set "
+                    "runtime_cdi.enabled and runtime_cdi.spec_dirs", unread)
     elif cfg.data is None:
         enabled, folders = cri_cdi_settings(None)
         dirs = SpecDirs.of(folders)
@@ -79,13 +109,21 @@ def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
         enabled, folders = cri_cdi_settings(cfg.data)
         dirs = SpecDirs.of(folders)
         origin = f"read from {cfg.read}"
+    return _overridden(RuntimeCdiConfig(enabled=enabled, spec_dirs=dirs, origin=origin,
+                                        unread=unread), wanted)
+
+
+def _overridden(found: RuntimeCdiConfig, wanted: RuntimeCdiSettings) -> RuntimeCdiConfig:
+    """``found`` with what the plugin's settings set themselves."""
+    enabled, dirs, origin = found.enabled, found.spec_dirs, found.origin
     if wanted.enabled != "auto":
         enabled = wanted.enabled == "on"
         origin += "; runtime_cdi.enabled set"
     if wanted.spec_dirs is not None:
         dirs = SpecDirs.of(wanted.spec_dirs)
         origin += "; runtime_cdi.spec_dirs set"
-    return RuntimeCdiConfig(enabled=enabled, spec_dirs=dirs, origin=origin, unread=unread)
+    return RuntimeCdiConfig(enabled=enabled, spec_dirs=dirs, origin=origin,
+                            unread=found.unread)
 
 
 def start_warning(runtime: RuntimeInfo) -> str | None:

@@ -1,4 +1,4 @@
-"""deploy/kubernetes as a kubelet would run it, without a kubelet or a registry.
+"""deploy/kubernetes on a simulated node, as a real kubelet ran it (its recorded requests).
 
 * The image: the Debian root and dependency wheels of scripts/install-image-root.sh, the
   checkout's own wheel, installed by that root's pip with the Dockerfile's own pip command;
@@ -9,13 +9,11 @@
   /run (so /var/run) is a folder of the test, holding the node's driver at
   /run/nvidia/driver and containerd's NRI socket folder at /run/nri; /etc is an overlay
   (so /etc/cdi and /etc/containerd can be made); /dev holds the node's device nodes.
-* The pod: the DaemonSet's pod template translated to CRI the way the kubelet does it
-  (host namespaces, privileges, user, capabilities, read-only root, resources, volumes,
-  init containers run to completion first, command and args), the ConfigMap's data as the
-  config volume's files, plus what a real kubelet adds to every pod and container (its
-  labels and annotations, the /etc/hosts and termination-log mounts, a log folder named
-  <namespace>_<name>_<uid>: ``kubelet_requests.py``, from the recordings). Nothing of the
-  pod is restated here.
+* The pod: what a real kubelet sent containerd when a control plane created the DaemonSet's
+  pod from the chart (tests/data/kubelet-1.35.6/daemonset), replayed by the test; here,
+  ``recording_differences`` compares that recording with the chart's pod template as it
+  renders now, field by field, so that a recording that is no longer the chart's pod
+  fails (tests/test_daemonset_recording.py).
 """
 
 from __future__ import annotations
@@ -28,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +33,6 @@ from typing import Any
 import yaml
 
 from nri_cdi_testbed.simnode import BuiltNode
-from tests.e2e import kubelet_requests
 from tests.e2e.cri import CriClient
 from tests.e2e.images import DEFAULT_PATH, ImageConfig, image_from_tree
 from tests.e2e.paths import REPO
@@ -236,11 +232,12 @@ class NodeNamespace:
         return self.work / "etc" / rel
 
 
-# --- the pod, as the kubelet makes it ---------------------------------------------------------
+# --- the pod's fields ---------------------------------------------------------------------
 
 
-# What of a pod the runner applies; anything else in the manifest fails the test, so that a
-# field added to the DaemonSet is either run here or named as the scheduler's/kubelet's.
+# What of a pod the recording's comparison checks; anything else in the template is a
+# difference, so that a field added to the DaemonSet is either checked or named as the
+# scheduler's/kubelet's.
 POD_FIELDS = {"hostNetwork", "hostPID", "hostIPC", "initContainers", "containers", "volumes",
               # the scheduler's, not the node's
               "nodeSelector", "tolerations", "priorityClassName",
@@ -258,7 +255,8 @@ MOUNT_FIELDS = {"name", "mountPath", "readOnly", "mountPropagation"}
 
 
 def untranslated(template: dict[str, Any]) -> list[str]:
-    """The pod's fields that PodRunner does not apply (empty when it runs all of them)."""
+    """The pod's fields that ``recording_differences`` does not compare (empty when it
+    compares all of them)."""
     spec = template["spec"]
     out = [f"spec.{k}" for k in spec if k not in POD_FIELDS]
     for c in spec.get("initContainers", []) + spec["containers"]:
@@ -269,143 +267,6 @@ def untranslated(template: dict[str, Any]) -> list[str]:
         out += [f"{c['name']}.volumeMounts.{m['name']}.{k}" for m in c.get("volumeMounts", [])
                 for k in m if k not in MOUNT_FIELDS]
     return out
-
-
-@dataclass
-class PodRunner:
-    """Runs the DaemonSet's pod on ``cri``; ``config_dir`` holds the ConfigMap volumes."""
-
-    cri: CriClient
-    config_dir: Path
-    template: dict[str, Any] = field(default_factory=pod_template)
-    # The ConfigMaps' data by name, as the kubelet would mount them.
-    maps: dict[str, dict[str, str]] = field(default_factory=config_maps)
-    pod_id: str = ""
-    uid: str = field(default_factory=lambda: str(uuid.uuid4()))
-    sandbox: Any = None
-    attempts: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def spec(self) -> dict[str, Any]:
-        return dict(self.template["spec"])
-
-    def _volumes(self) -> dict[str, str]:
-        """Volume name -> host path (ConfigMap data written as files, as the kubelet does)."""
-        maps = self.maps
-        out = {}
-        for volume in self.spec["volumes"]:
-            if "hostPath" in volume:
-                out[volume["name"]] = volume["hostPath"]["path"]
-            elif "configMap" in volume:
-                folder = self.config_dir / volume["name"]
-                folder.mkdir(parents=True, exist_ok=True)
-                for key, text in maps[volume["configMap"]["name"]].items():
-                    (folder / key).write_text(text)
-                out[volume["name"]] = str(folder)
-            elif "emptyDir" in volume:  # the kubelet's is under its pod folder (tmpfs for
-                folder = self.config_dir / "empty-dir" / volume["name"]  # Memory): a folder
-                folder.mkdir(parents=True, exist_ok=True)
-                out[volume["name"]] = str(folder)
-            else:
-                raise ValueError(f"volume {volume['name']}: only hostPath, configMap and "
-                                 "emptyDir run here")
-        return out
-
-    def run_pod(self) -> str:
-        pb, spec, meta = self.cri.pb, self.spec, self.template["metadata"]
-        node = pb.NamespaceMode.NODE
-        options = pb.NamespaceOption(
-            network=node if spec.get("hostNetwork") else pb.NamespaceMode.POD,
-            pid=node if spec.get("hostPID") else pb.NamespaceMode.CONTAINER,
-            ipc=node if spec.get("hostIPC") else pb.NamespaceMode.POD)
-        containers = spec.get("initContainers", []) + spec["containers"]
-        privileged = any(c.get("securityContext", {}).get("privileged") for c in containers)
-        # What a kubelet 1.35 adds to every pod (tests/data/kubelet-1.35.6): the pod's
-        # identity as labels, where its config came from as annotations, and a log folder
-        # named <namespace>_<name>_<uid>.
-        self.sandbox = pb.PodSandboxConfig(
-            metadata=pb.PodSandboxMetadata(name=POD_NAME, uid=self.uid,
-                                           namespace=POD_NAMESPACE, attempt=0),
-            labels={**meta.get("labels", {}), **self._pod_labels()},
-            annotations={**meta.get("annotations", {}), "kubernetes.io/config.source": "api",
-                         "kubernetes.io/config.seen": time.strftime("%Y-%m-%dT%H:%M:%SZ")},
-            log_directory=str(self.config_dir / "logs"
-                              / f"{POD_NAMESPACE}_{POD_NAME}_{self.uid}"),
-            linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(
-                namespace_options=options, privileged=privileged)))
-        self.pod_id = self.cri.run_sandbox(self.sandbox)
-        return self.pod_id
-
-    def _pod_labels(self) -> dict[str, str]:
-        return kubelet_requests.pod_labels(POD_NAME, POD_NAMESPACE, self.uid)
-
-    def container_config(self, container: dict[str, Any]) -> Any:
-        pb = self.cri.pb
-        volumes = self._volumes()
-        security = container.get("securityContext", {})
-        attempt = self.attempts.get(container["name"], 0)
-        config = pb.ContainerConfig(
-            metadata=pb.ContainerMetadata(name=container["name"], attempt=attempt),
-            image=pb.ImageSpec(image=container["image"]),
-            command=list(container.get("command", [])), args=list(container.get("args", [])),
-            envs=[pb.KeyValue(key=e["name"], value=e["value"])
-                  for e in container.get("env", [])],
-            # the kubelet's labels and annotations (tests/data/kubelet-1.35.6)
-            labels={**self._pod_labels(), "io.kubernetes.container.name": container["name"]},
-            annotations=kubelet_requests.container_annotations(
-                container["name"], attempt, self.spec.get("terminationGracePeriodSeconds", 30),
-                container.get("terminationMessagePath", kubelet_requests.TERMINATION_LOG)),
-            log_path=f"{container['name']}/{attempt}.log")
-        for mount in container.get("volumeMounts", []):
-            config.mounts.add(container_path=mount["mountPath"],
-                              host_path=volumes[mount["name"]],
-                              readonly=bool(mount.get("readOnly")),
-                              propagation=PROPAGATION[mount.get("mountPropagation", "None")])
-        files = kubelet_requests.container_files(
-            self.config_dir / "pods" / self.uid, container["name"],
-            container.get("terminationMessagePath", kubelet_requests.TERMINATION_LOG))
-        for container_path, host_path in files.items():
-            config.mounts.add(container_path=container_path, host_path=host_path)
-        linux = config.linux.security_context
-        linux.privileged = bool(security.get("privileged"))
-        linux.readonly_rootfs = bool(security.get("readOnlyRootFilesystem"))
-        linux.no_new_privs = security.get("allowPrivilegeEscalation") is False
-        if "runAsUser" in security:
-            linux.run_as_user.value = int(security["runAsUser"])
-        linux.capabilities.drop_capabilities.extend(
-            security.get("capabilities", {}).get("drop", []))
-        linux.capabilities.add_capabilities.extend(
-            security.get("capabilities", {}).get("add", []))
-        linux.namespace_options.CopyFrom(self.sandbox.linux.security_context.namespace_options)
-        resources = container.get("resources", {})
-        limits, requests = resources.get("limits", {}), resources.get("requests", {})
-        if "memory" in limits:
-            config.linux.resources.memory_limit_in_bytes = _quantity(limits["memory"])
-        if "cpu" in requests:  # the kubelet's shares: 1024 per CPU, at least 2
-            config.linux.resources.cpu_shares = max(2, _millicpu(requests["cpu"]) * 1024 // 1000)
-        return config
-
-    def start(self, container: dict[str, Any]) -> str:
-        request = self.cri.pb.CreateContainerRequest(
-            pod_sandbox_id=self.pod_id, config=self.container_config(container),
-            sandbox_config=self.sandbox)
-        cid = str(self.cri.runtime.CreateContainer(request, timeout=self.cri.timeout)
-                  .container_id)
-        self.attempts[container["name"]] = self.attempts.get(container["name"], 0) + 1
-        self.cri.start_container(cid)
-        return cid
-
-    def run_init_containers(self, timeout: float = 60.0) -> None:
-        """Each init container to completion, in order; one that fails raises with its log."""
-        for container in self.spec.get("initContainers", []):
-            cid = self.start(container)
-            status = wait_exited(self.cri, cid, timeout)
-            if status.exit_code != 0:
-                raise RuntimeError(f"init container {container['name']} exited "
-                                   f"{status.exit_code}: {_log(status, 3000)}")
-
-    def container(self, name: str) -> dict[str, Any]:
-        return next(c for c in self.spec["containers"] if c["name"] == name)
 
 
 # The kubelet's mapping of a volume mount's mountPropagation to CRI's.
@@ -451,3 +312,180 @@ def _quantity(text: str) -> int:
 def _millicpu(text: str | int | float) -> int:
     value = str(text)
     return int(value[:-1]) if value.endswith("m") else int(float(value) * 1000)
+
+
+# --- the pod as a real kubelet created it -----------------------------------------------------
+
+# What a real kubelet 1.35.6 sent containerd when the API server had it create the
+# DaemonSet's pod from the chart (helm install with RECORDED/values.yaml), one recording per
+# node: trimmed by tests/e2e/cri_recorder.py (its {node} and {cgroup} placeholders); the
+# ConfigMap as the API server held it. RECORDED/README.md says how it was made and how to
+# make it again.
+RECORDED = REPO / "tests" / "data" / "kubelet-1.35.6" / "daemonset"
+# containerd version of the recording -> the e2e set-up's versions it is replayed on.
+RECORDED_VERSIONS = {"1.7": ("1.7",), "2.2": ("2.1",)}
+# The kubelet's own, not the chart's: the pod's config source, the service variables it
+# gives every container, and the files it mounts into every container.
+KUBELET_ANNOTATIONS = ("kubernetes.io/config.source", "kubernetes.io/config.seen")
+KUBELET_ENV = re.compile(r"KUBERNETES_(SERVICE|PORT)\w*")
+# The chart's and the image's version, in every pod label set: a release moves them
+# (docs/developer/releasing.md) without changing what the pod runs, so they are left out
+# of the comparison rather than forcing a new recording at every release.
+VERSION_LABELS = ("helm.sh/chart", "app.kubernetes.io/version")
+# The kubelet's pod-level labels (the scheduler's and the DaemonSet controller's).
+CONTROLLER_LABELS = ("controller-revision-hash", "pod-template-generation")
+
+
+def recording_file(version: str) -> Path:
+    """The recording replayed on the e2e set-up's containerd ``version``."""
+    for recorded, replayed_on in RECORDED_VERSIONS.items():
+        if version in replayed_on:
+            return RECORDED / f"install-containerd-{recorded}.jsonl"
+    raise ValueError(f"no DaemonSet recording is replayed on containerd {version}")
+
+
+def recorded_requests(path: Path) -> list[dict[str, Any]]:
+    """A recording's calls (JSON lines, request order)."""
+    calls = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sorted(calls, key=lambda call: int(call["seq"]))
+
+
+def recorded_values() -> dict[str, Any]:
+    return dict(yaml.safe_load((RECORDED / "values.yaml").read_text()))
+
+
+def recorded_config_map() -> tuple[str, dict[str, str]]:
+    recorded = json.loads((RECORDED / "configmap.json").read_text())
+    return str(recorded["name"]), dict(recorded["data"])
+
+
+def recorded_image(calls: list[dict[str, Any]]) -> str:
+    """The image the kubelet was asked for (the one name of every container)."""
+    (image,) = {c["request"]["config"]["image"]["user_specified_image"] for c in calls
+                if c["method"].endswith("/CreateContainer")}
+    return str(image)
+
+
+def _creates(calls: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {c["request"]["config"]["metadata"]["name"]: c["request"]["config"] for c in calls
+            if c["method"].endswith("/CreateContainer")}
+
+
+def recording_differences(template: dict[str, Any], calls: list[dict[str, Any]]) -> list[str]:
+    """How the chart's pod ``template`` (rendered now) differs from what the kubelet was
+    asked to run in the recording ``calls``, one line each; empty when the recording is
+    still the chart's pod. A field of the template this comparison does not know is a
+    difference too (``untranslated``), so that a new field cannot go unchecked."""
+    out = [f"{field}: not compared with the recording" for field in untranslated(template)]
+    spec, meta = template["spec"], template["metadata"]
+    (sandbox,) = [c["request"]["config"] for c in calls
+                  if c["method"].endswith("/RunPodSandbox")]
+    labels = {k: v for k, v in sandbox.get("labels", {}).items()
+              if not k.startswith("io.kubernetes.") and k not in CONTROLLER_LABELS
+              and k not in VERSION_LABELS}
+    wanted = {k: v for k, v in meta.get("labels", {}).items() if k not in VERSION_LABELS}
+    if labels != wanted:
+        out.append(f"pod labels: chart {wanted}, recorded {labels}")
+    annotations = {k: v for k, v in sandbox.get("annotations", {}).items()
+                   if k not in KUBELET_ANNOTATIONS}
+    if annotations != meta.get("annotations", {}):
+        out.append(f"pod annotations: chart {meta.get('annotations', {})}, "
+                   f"recorded {annotations}")
+    options = sandbox["linux"]["security_context"]["namespace_options"]
+    for key, name in (("network", "hostNetwork"), ("pid", "hostPID"), ("ipc", "hostIPC")):
+        if (options.get(key) == "NODE") != bool(spec.get(name)):
+            out.append(f"spec.{name}: chart {spec.get(name)}, recorded {key} "
+                       f"{options.get(key, 'POD')}")
+    created = _creates(calls)
+    containers = spec.get("initContainers", []) + spec["containers"]
+    if sorted(created) != sorted(c["name"] for c in containers):
+        out.append(f"containers: chart {[c['name'] for c in containers]}, recorded "
+                   f"{sorted(created)}")
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for container in containers:
+        if container["name"] in created:
+            out += [f"{container['name']}: {d}" for d in
+                    _container_differences(container, created[container["name"]], volumes)]
+    return out
+
+
+def _host_path_of(volume: dict[str, Any]) -> str:
+    """Where the kubelet's host path for ``volume`` ends: the path itself, or the pod
+    folder's volume folder (ConfigMap, emptyDir)."""
+    if "hostPath" in volume:
+        return str(volume["hostPath"]["path"])
+    kind = "configmap" if "configMap" in volume else "empty-dir"
+    return f"/volumes/kubernetes.io~{kind}/{volume['name']}"
+
+
+def _container_differences(container: dict[str, Any], config: dict[str, Any],
+                           volumes: dict[str, dict[str, Any]]) -> list[str]:
+    out = []
+    if config["image"].get("user_specified_image") != container["image"]:
+        out.append(f"image: chart {container['image']}, recorded "
+                   f"{config['image'].get('user_specified_image')}")
+    for key in ("command", "args"):
+        if list(config.get(key, [])) != list(container.get(key, [])):
+            out.append(f"{key}: chart {container.get(key, [])}, recorded {config.get(key, [])}")
+    env = {e["key"]: e["value"] for e in config.get("envs", [])
+           if not KUBELET_ENV.fullmatch(e["key"])}
+    wanted_env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    if env != wanted_env:
+        out.append(f"env: chart {wanted_env}, recorded {env}")
+    message_path = container.get("terminationMessagePath", "/dev/termination-log")
+    recorded_path = config["annotations"].get("io.kubernetes.container.terminationMessagePath")
+    if recorded_path != message_path:
+        out.append(f"terminationMessagePath: chart {message_path}, recorded {recorded_path}")
+    mounts = {m["container_path"]: m for m in config.get("mounts", [])
+              if m["container_path"] not in ("/etc/hosts", message_path)}
+    wanted_mounts = {m["mountPath"]: m for m in container.get("volumeMounts", [])}
+    if sorted(mounts) != sorted(wanted_mounts):
+        out.append(f"mounts: chart {sorted(wanted_mounts)}, recorded {sorted(mounts)}")
+    for path, mount in wanted_mounts.items():
+        got = mounts.get(path)
+        if got is None:
+            continue
+        host = _host_path_of(volumes[mount["name"]])
+        if not (got["host_path"] == host or got["host_path"].endswith(host)):
+            out.append(f"mount {path}: chart from {host}, recorded {got['host_path']}")
+        if bool(got.get("readonly")) != bool(mount.get("readOnly")):
+            out.append(f"mount {path}: chart readOnly {mount.get('readOnly', False)}, "
+                       f"recorded {got.get('readonly', False)}")
+        wanted = PROPAGATION[mount.get("mountPropagation", "None")]
+        if got.get("propagation", "PROPAGATION_PRIVATE") != wanted:
+            out.append(f"mount {path}: chart {wanted}, recorded "
+                       f"{got.get('propagation', 'PROPAGATION_PRIVATE')}")
+    out += _security_differences(container.get("securityContext", {}),
+                                 config["linux"]["security_context"])
+    resources = container.get("resources", {})
+    recorded = config["linux"].get("resources", {})
+    memory = resources.get("limits", {}).get("memory")
+    if memory is not None and int(recorded.get("memory_limit_in_bytes", 0)) != _quantity(memory):
+        out.append(f"memory limit: chart {memory}, recorded "
+                   f"{recorded.get('memory_limit_in_bytes')}")
+    cpu = resources.get("requests", {}).get("cpu")
+    if cpu is not None and int(recorded.get("cpu_shares", 0)) != max(
+            2, _millicpu(cpu) * 1024 // 1000):
+        out.append(f"cpu request: chart {cpu}, recorded shares {recorded.get('cpu_shares')}")
+    return out
+
+
+def _security_differences(security: dict[str, Any], recorded: dict[str, Any]) -> list[str]:
+    # proto3 JSON leaves out false, zero and empty: absent is that value
+    pairs: list[tuple[str, object, object]] = [
+        ("privileged", bool(security.get("privileged")), bool(recorded.get("privileged"))),
+        ("readOnlyRootFilesystem", bool(security.get("readOnlyRootFilesystem")),
+         bool(recorded.get("readonly_rootfs"))),
+        ("allowPrivilegeEscalation false", security.get("allowPrivilegeEscalation") is False,
+         bool(recorded.get("no_new_privs")))]
+    if "runAsUser" in security:
+        pairs.append(("runAsUser", int(security["runAsUser"]),
+                      int(recorded.get("run_as_user", {"value": -1}).get("value", 0))))
+    capabilities = security.get("capabilities", {})
+    given = recorded.get("capabilities", {})
+    pairs += [("capabilities.add", sorted(capabilities.get("add", [])),
+               sorted(given.get("add_capabilities", []))),
+              ("capabilities.drop", sorted(capabilities.get("drop", [])),
+               sorted(given.get("drop_capabilities", [])))]
+    return [f"securityContext.{name}: chart {chart}, recorded {got}"
+            for name, chart, got in pairs if chart != got]

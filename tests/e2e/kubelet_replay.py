@@ -181,11 +181,14 @@ class Replay:
         image = config.get("image", {})
         if image.get("user_specified_image"):
             image["image"] = image["user_specified_image"]
+        # the container's termination message file, wherever its pod spec puts it
+        files = {*HOST_FILES, config.get("annotations", {}).get(
+            "io.kubernetes.container.terminationMessagePath", "/dev/termination-log")}
         for mount in config.get("mounts", []):
             host = Path(mount.get("host_path", ""))
             if self.node not in host.parents:
                 continue
-            if mount["container_path"] in HOST_FILES:
+            if mount["container_path"] in files:
                 host.parent.mkdir(parents=True, exist_ok=True)
                 if not host.exists():
                     host.write_text("127.0.0.1 localhost\n"

@@ -1,5 +1,7 @@
-"""The DaemonSet as it would run (deploy/kubernetes): its image built as the Dockerfile says,
-its pod run through CRI as the kubelet would run the manifest (tests/e2e/daemonset.py), on a
+"""The DaemonSet as it runs (deploy/helm/nri-cdi): its image built as the Dockerfile says,
+its pod created through CRI with the very requests a real kubelet sent when a control plane
+created it from the chart (tests/data/kubelet-1.35.6/daemonset, replayed; the recording is
+checked against the chart as it renders now by tests/test_daemonset_recording.py), on a
 simulated GPU node, against the private containerd that it then serves as NRI plugin.
 
 The init container generates the node's spec, the plugin registers with that containerd, a
@@ -15,6 +17,9 @@ the generator in NVML mode, nvidia-ml-py on the aarch64 simulated node's NVML.""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import dataclasses
 import io
 import json
 import os
@@ -22,6 +27,7 @@ import signal
 import tarfile
 import tempfile
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,8 +45,10 @@ from tests.e2e import daemonset
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
-from tests.e2e.daemonset import NodeNamespace, PodRunner, container_log, wait_exited
+from tests.e2e.cri_recorder import Call, substitute
+from tests.e2e.daemonset import NodeNamespace, container_log, wait_exited
 from tests.e2e.images import BUSYBOX_IMAGE
+from tests.e2e.kubelet_replay import Replay, remove_cgroup_tree
 
 ASK = {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}
 SLEEP = ["sleep", "600"]
@@ -71,19 +79,12 @@ def arm64_image_archive(e2e_ready: None, tmp_path_factory: pytest.TempPathFactor
                                  architecture="arm64", emulator=arm64.emulator())
 
 
-# The quick start's policy: pods of one listed namespace ask by annotation.
-POLICY = {"sources": {"podAnnotations": {"namespaces": ["default"]}}}
+# The namespace the recorded install's policy lists for pod annotations (its values.yaml).
+GPU_NAMESPACE = "gpu-lab"
 
 
-def _config_maps() -> dict[str, dict[str, str]]:
-    """The ConfigMap with the quick start's policy added, as its values add it."""
-    ((name, data),) = daemonset.config_maps().items()
-    config = {**yaml.safe_load(data["config.yaml"]), "policy": POLICY}
-    return {name: {**data, "config.yaml": yaml.safe_dump(config)}}
-
-
-def _settings() -> dict[str, Any]:
-    (data,) = _config_maps().values()
+def _recorded_settings() -> dict[str, Any]:
+    _, data = daemonset.recorded_config_map()
     return dict(yaml.safe_load(data["config.yaml"]))
 
 
@@ -129,7 +130,7 @@ def _healthy(port: int, path: str) -> bool:
 def _gpu_container(cri: CriClient, name: str, *, start: bool = True) -> str:
     """A GPU container whose processes run as a user other than the plugin's (nobody), as
     workloads usually do: the plugin must still be able to stop it."""
-    pod = cri.run_pod(name, annotations=ASK)
+    pod = cri.run_pod(name, namespace=GPU_NAMESPACE, annotations=ASK)
     cid = cri.create_container(pod, name, BUSYBOX_IMAGE, command=SLEEP, run_as_user=NOBODY)
     if start:
         cri.start_container(cid)
@@ -146,61 +147,125 @@ def _start_is_stopped(cri: CriClient, cid: str) -> None:
               lambda: cri.container_status(cid).status.state != cri.pb.CONTAINER_RUNNING)
 
 
+def _creating(name: str) -> Any:
+    return lambda call: (call.short == "CreateContainer"
+                         and call.request["config"]["metadata"]["name"] == name)
+
+
+def _restarted(call: Call) -> Call:
+    """The recorded CreateContainer of a container as the kubelet sends it again once the
+    container has ended (rewrite: its attempt and restart count 1, its log 1.log)."""
+    request = copy.deepcopy(dict(call.request))
+    config = request["config"]
+    config["metadata"]["attempt"] = 1
+    config["annotations"]["io.kubernetes.container.restartCount"] = "1"
+    config["log_path"] = config["log_path"].replace("/0.log", "/1.log")
+    return dataclasses.replace(call, request=request, response={})
+
+
 def test_daemonset_serves_a_gpu_pod_and_fails_closed_across_a_restart(
         node_ctrd: tuple[Containerd, Path], tmp_path: Path) -> None:
+    """The DaemonSet's pod as a real kubelet created it from the chart (the recording,
+    replayed call by call in the node's namespace), then a GPU pod, then a crash."""
     ctrd, node_run = node_ctrd
-    settings = _settings()
+    settings = _recorded_settings()
     spec_file = node_run / Path(settings["generate"]["output"]).relative_to("/var/run")
-    assert daemonset.untranslated(daemonset.pod_template()) == []
+    path = daemonset.recording_file(ctrd.version)
+    # The replay's rewrites: the recorded image's name to the image built here, and the
+    # recording's placeholders to this test's folders (Replay: {node}, {cgroup}).
+    rewrites = {daemonset.recorded_image(daemonset.recorded_requests(path)): IMAGE}
+    cgroup_root = f"/nri-cdi-ds-{uuid.uuid4().hex[:8]}"
+    node = tmp_path / "kubelet"
     with ctrd.cri() as cri, cri.cleanup():
-        runner = PodRunner(cri, tmp_path / "kubelet", maps=_config_maps())
-        runner.run_pod()
-        runner.run_init_containers()
-        assert "nvidia.com/gpu" in spec_file.read_text()  # the init container's spec
+        replay = Replay.of(path, cri, node, cgroup_root, extra_names=rewrites)
+        try:
+            _serve_and_fail_closed(replay, cri, spec_file, node_run, settings)
+        finally:
+            for pod in replay.pods.values():
+                with contextlib.suppress(cri.grpc.RpcError):
+                    cri.delete_pod(pod)
+    assert not remove_cgroup_tree(cgroup_root)
 
-        plugin = runner.container("plugin")
-        plugin_id = runner.start(plugin)
-        runner.start(runner.container("watch"))
-        _wait_for("the plugin registers", lambda: CONNECTED in container_log(cri, plugin_id),
-                  log=lambda: container_log(cri, plugin_id))
-        # The readiness probe, run as the kubelet runs an exec probe: in the container.
-        ready = plugin["readinessProbe"]["exec"]["command"]
-        _wait_for("the readiness probe passes",
-                  lambda: cri.exec_sync(plugin_id, ready).exit_code == 0)
-        live = plugin["livenessProbe"]["httpGet"]
-        assert _healthy(live["port"], live["path"])
-        # Ours answered, not another process on that port: it bound it and still runs.
-        assert cri.container_status(plugin_id).status.state == cri.pb.CONTAINER_RUNNING
-        assert f":{live['port']}/metrics" in container_log(cri, plugin_id)
-        # Its status file lands in the node's /run/nri-cdi, where doctor on the host reads it.
-        status_dir = node_run / Path(settings["plugin"].get(
-            "status_dir", "/run/nri-cdi")).relative_to("/run")
-        _wait_for("the status file says connected", lambda: (
-            (reading := read_status(str(status_dir), "nri-cdi", "10")).status is not None
-            and reading.status.state == "connected" and reading.alive is True))
 
-        served = _gpu_container(cri, "gpu-served")
-        assert _has_gpu(cri, served)
-        listing = cri.exec_sync(served, ["ls", "-l", "/dev/nvidia0"])
-        assert listing.exit_code == 0 and listing.stdout.startswith("c"), listing
+def _write_config_volume(replay: Replay) -> None:
+    """The ConfigMap's data as the kubelet writes it into the pod's config volume before
+    the first container is created (the recorded ConfigMap)."""
+    name, data = daemonset.recorded_config_map()
+    volume = next(v for v in daemonset.pod_template()["spec"]["volumes"]
+                  if v.get("configMap", {}).get("name") == name)
+    suffix = f"/volumes/kubernetes.io~configmap/{volume['name']}"
+    first = next(c for c in replay.calls if c.short == "CreateContainer")
+    folder = next(m["host_path"] for m in first.request["config"]["mounts"]
+                  if m["host_path"].endswith(suffix))
+    target = Path(substitute(folder, replay.names))
+    target.mkdir(parents=True, exist_ok=True)
+    for key, text in data.items():
+        (target / key).write_text(text)
 
-        # Killed (a crash); while it is down NRI is fail-open: created without the device.
-        os.kill(int(cri.container_info(plugin_id)["pid"]), signal.SIGKILL)
-        wait_exited(cri, plugin_id, 15)
-        unserved = _gpu_container(cri, "gpu-while-down")
-        assert not _has_gpu(cri, unserved)
-        waiting = _gpu_container(cri, "gpu-created-while-down", start=False)
 
-        # The kubelet starts it again: the container that lacks its device is killed.
-        again = runner.start(plugin)
-        _wait_for("the plugin registers again", lambda: CONNECTED in container_log(cri, again))
-        _wait_for("the container created without its device is stopped",
-                  lambda: cri.container_status(unserved).status.state
-                  == cri.pb.CONTAINER_EXITED, log=lambda: container_log(cri, again))
-        assert unserved in container_log(cri, again)
-        _start_is_stopped(cri, waiting)
-        assert _has_gpu(cri, _gpu_container(cri, "gpu-after"))
-        assert cri.container_status(served).status.state == cri.pb.CONTAINER_RUNNING
+def _serve_and_fail_closed(replay: Replay, cri: CriClient, spec_file: Path, node_run: Path,
+                           settings: dict[str, Any]) -> None:
+    _write_config_volume(replay)
+    (pod_name,) = {c.request["config"]["metadata"]["name"] for c in replay.calls
+                   if c.short == "RunPodSandbox"}
+    # The kubelet created the plugin only once the init container had exited 0.
+    replay.run(until=_creating("plugin"))
+    status = wait_exited(cri, replay.live(pod_name, "generate"), 120)
+    assert status.exit_code == 0, container_log(cri, replay.live(pod_name, "generate"))
+    assert "nvidia.com/gpu" in spec_file.read_text()  # the init container's spec
+    replay.run()
+    assert not replay.mismatches(), "\n".join(replay.mismatches())
+    plugin_id = replay.live(pod_name, "plugin")
+    _wait_for("the plugin registers", lambda: CONNECTED in container_log(cri, plugin_id),
+              log=lambda: container_log(cri, plugin_id))
+    plugin = daemonset.pod_template()["spec"]["containers"][0]
+    # The readiness probe, run as the kubelet runs an exec probe: in the container.
+    ready = plugin["readinessProbe"]["exec"]["command"]
+    _wait_for("the readiness probe passes",
+              lambda: cri.exec_sync(plugin_id, ready).exit_code == 0)
+    live = plugin["livenessProbe"]["httpGet"]
+    assert _healthy(live["port"], live["path"])
+    # Ours answered, not another process on that port: it bound it and still runs.
+    assert cri.container_status(plugin_id).status.state == cri.pb.CONTAINER_RUNNING
+    assert f":{live['port']}/metrics" in container_log(cri, plugin_id)
+    # Its status file lands in the node's /run/nri-cdi, where doctor on the host reads it.
+    status_dir = node_run / Path(settings["plugin"].get(
+        "status_dir", "/run/nri-cdi")).relative_to("/run")
+    _wait_for("the status file says connected", lambda: (
+        (reading := read_status(str(status_dir), "nri-cdi", "10")).status is not None
+        and reading.status.state == "connected" and reading.alive is True))
+    # doctor runs in the plugin's container (the quick start's step): the image has all
+    # it imports
+    doctor = cri.exec_sync(plugin_id, ["nri-cdi", "doctor"], timeout=120)
+    assert "Traceback" not in doctor.stderr + doctor.stdout, doctor.stderr[-3000:]
+    assert "device nodes present" in doctor.stdout, doctor.stdout[-3000:]
+
+    served = _gpu_container(cri, "gpu-served")
+    assert _has_gpu(cri, served)
+    listing = cri.exec_sync(served, ["ls", "-l", "/dev/nvidia0"])
+    assert listing.exit_code == 0 and listing.stdout.startswith("c"), listing
+
+    # Killed (a crash); while it is down NRI is fail-open: created without the device.
+    os.kill(int(cri.container_info(plugin_id)["pid"]), signal.SIGKILL)
+    wait_exited(cri, plugin_id, 15)
+    unserved = _gpu_container(cri, "gpu-while-down")
+    assert not _has_gpu(cri, unserved)
+    waiting = _gpu_container(cri, "gpu-created-while-down", start=False)
+
+    # The kubelet creates it again: the container that lacks its device is killed.
+    created = next(c for c in replay.calls if _creating("plugin")(c))
+    outcome = replay.step(_restarted(created))
+    assert outcome.code == "OK", outcome.message
+    again = outcome.container_id
+    cri.start_container(again)
+    _wait_for("the plugin registers again", lambda: CONNECTED in container_log(cri, again))
+    _wait_for("the container created without its device is stopped",
+              lambda: cri.container_status(unserved).status.state
+              == cri.pb.CONTAINER_EXITED, log=lambda: container_log(cri, again))
+    assert unserved in container_log(cri, again)
+    _start_is_stopped(cri, waiting)
+    assert _has_gpu(cri, _gpu_container(cri, "gpu-after"))
+    assert cri.container_status(served).status.state == cri.pb.CONTAINER_RUNNING
 
 
 def _layer(archive: Path) -> tarfile.TarFile:

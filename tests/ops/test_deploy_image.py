@@ -68,6 +68,18 @@ def test_the_image_is_built_from_what_the_dockerfile_copies() -> None:
                                                        "nri_plugin"}
 
 
+def test_the_image_has_every_package_of_ours_a_module_imports_on_load() -> None:
+    """`nri-cdi doctor` in the DaemonSet's pod once failed with ModuleNotFoundError (seen
+    on a real control plane): doctor imported the test bed, which the image does not
+    hold, when it loaded. Only `doctor --e2e` may import it, inside the function that
+    runs it (tests/ops/test_product_wheel.py runs the installed command)."""
+    ours = {"cdi", "nri_plugin", "nri_cdi_testbed"}
+    imported = set()
+    for source in (daemonset.REPO / "nri_plugin").rglob("*.py"):
+        imported |= set(re.findall(r"^(?:from|import) (\w+)", source.read_text(), re.M))
+    assert imported & ours <= set(daemonset.read_dockerfile().copied)
+
+
 def test_the_daemonset_test_applies_every_field_of_the_pod() -> None:
     """tests/e2e/test_daemonset_e2e.py runs the manifest, not a restatement of it: every pod
     and container field is applied there (or is the scheduler's or the kubelet's own)."""

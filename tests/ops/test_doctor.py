@@ -418,3 +418,20 @@ def test_the_kubelets_allocations_are_read_as_the_plugin_reads_them(
     assert moved.status == "warn" and "pod_resources_socket" in moved.fix
     off = check_kubelet_allocations(replace(plugin, pod_resources_socket=""), registry)
     assert off.status == "skip"
+
+
+def test_a_file_not_located_is_not_called_a_syntax_error() -> None:
+    """Seen in a pod on a host running several containerds: "which one is not known" came
+    with the advice to fix the file's syntax."""
+    from nri_plugin.ops.containerd_config import ContainerdConfig, Located
+    from nri_plugin.ops.doctor import check_nri_enabled
+
+    unknown = Located(path="/etc/containerd/config.toml", source="containerd's default path",
+                      error="3 running containerds may serve /var/run/nri/nri.sock (pids 1, "
+                            "2, 3): which one is not known").read(2)
+    check = check_nri_enabled(unknown, "/var/run/nri/nri.sock")
+    assert check.status == "fail" and "which one is not known" in check.detail
+    assert "runtime_cdi.containerd_config" in check.fix and "syntax" not in check.fix
+    broken = ContainerdConfig(path="/etc/containerd/config.toml", data=None, major=2,
+                              error="line 3: expected '='")
+    assert "syntax" in check_nri_enabled(broken, "/var/run/nri/nri.sock").fix

@@ -4,6 +4,7 @@ installed one says so in one line)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -62,6 +63,14 @@ def test_an_installed_doctor_e2e_says_in_one_line_where_the_test_bed_is(
         "nri-cdi doctor --e2e: needs the test bed (nri_cdi_testbed), which the installed "
         "package does not carry: run `python3 -m nri_plugin.ops.cli doctor --e2e` in a "
         "checkout of the nri-cdi repository"]
+    # Plain doctor (the quick start's `kubectl exec ds/nri-cdi -c plugin -- nri-cdi
+    # doctor`) runs its checks: it once died importing the test bed the image lacks.
+    checks = subprocess.run([sys.executable, "-m", "nri_plugin.ops.cli", "doctor", "--json",
+                             "--no-generate"], capture_output=True, text=True, check=False,
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)},
+                            timeout=120)
+    assert "Error" not in checks.stderr and "Traceback" not in checks.stderr, checks.stderr
+    assert isinstance(json.loads(checks.stdout), (dict, list)), checks.stdout
 
 
 def _imported_by(argv: list[str]) -> set[str]:

@@ -94,3 +94,24 @@ def test_bad_values_name_their_key() -> None:
     text = str(info.value)
     assert "runtime_cdi.enabled: expected one of auto, on, off, got 'yes'" in text
     assert "runtime_cdi.spec_dirs: expected a list of absolute paths" in text
+
+
+def test_a_running_crio_serving_the_socket_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    # CRI-O's NRI socket is the plugin's: CRI-O's files tell, and CRI-O's CDI is always on.
+    from nri_plugin.ops import crio_config, runtime_cdi
+
+    config = tmp_path / "crio.conf"
+    config.write_text('[crio.runtime]\ncdi_spec_dirs = ["/srv/cdi"]\n'
+                      '[crio.nri]\nnri_listen = "/run/crio-nri.sock"\n')
+    found = crio_config.CrioLocated(path=str(config), drop_in_dir=str(tmp_path / "none"),
+                                    source="the running crio (pid 7)", pid=7)
+    monkeypatch.setattr(runtime_cdi, "locate_crio", lambda socket: found)
+    settings = defaults().with_values({"plugin.socket": "/run/crio-nri.sock"})
+    got = runtime_cdi_config(settings)
+    assert (got.enabled, got.spec_dirs, got.unread) == (True, ("/srv/cdi",), "")
+    assert got.origin == (f"CRI-O's own CDI is always on; read from {config} "
+                          "(the running crio (pid 7))")
+    assert "containerd" not in caplog.text
+    crio = RuntimeInfo.from_configure("cri-o", "1.35.6")
+    assert got.applied_to(crio).native_cdi is NativeCdi.ON

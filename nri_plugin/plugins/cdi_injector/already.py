@@ -20,6 +20,7 @@ from cdi.cache import Snapshot
 from cdi.device import Device
 from cdi.errors import AnnotationError
 from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.crio import own_annotations
 from nri_plugin.nri.versions import NativeCdi
 from nri_plugin.plugins.cdi_injector.context import ContainerContext
 from nri_plugin.plugins.cdi_injector.policy import Policy
@@ -105,7 +106,9 @@ def annotations_injected(container: nri_pb2.Container, snapshot: Snapshot,
     """The devices the runtime's own CDI (known to be on) injected from the container's
     ``cdi.k8s.io/`` annotations; empty when the container shows it did not run."""
     try:
-        names = [r.name for r in container_requests(container.annotations)]
+        # CRI-O shows the pod's annotations among each container's and resolves only the
+        # container's own
+        names = [r.name for r in container_requests(own_annotations(container))]
     except AnnotationError:
         return frozenset()  # the runtime would have failed it; read_context reports it
     if not names or privileged:
@@ -120,7 +123,8 @@ def annotations_injected(container: nri_pb2.Container, snapshot: Snapshot,
                 log.warning("container %s: the runtime's own CDI is set as on, but %s's device "
                             "nodes are not in the container, so it did not inject its "
                             "cdi.k8s.io annotations: the plugin injects them (check "
-                            "runtime_cdi.enabled against containerd's enable_cdi)",
+                            "runtime_cdi.enabled against the runtime's configuration: "
+                            "containerd's enable_cdi; CRI-O's CDI is always on)",
                             container.name, name)
             return frozenset()
     return frozenset(names)

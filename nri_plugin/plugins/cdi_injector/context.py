@@ -11,6 +11,7 @@ from typing import Literal, NamedTuple
 
 from cdi.cache import Snapshot
 from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.crio import own_annotations
 from nri_plugin.plugins.cdi_injector.policy import Policy, SourceRule
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, unique_requests
 
@@ -86,7 +87,9 @@ def read_context(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
         pod.namespace if pod is not None else "", pod.name if pod is not None else "",
         container.name, container.id, is_privileged(container),
         user.uid if user else 0, user.gid if user else 0, env_map(container.env, env_names),
-        pod.annotations if pod is not None else {}, container.annotations, container.mounts)
+        # the container's own annotations: CRI-O shows the pod's among them
+        pod.annotations if pod is not None else {}, own_annotations(container),
+        container.mounts)
     groups: list[SourceRequests] = []
     for source, facts in sources:
         read = source.read

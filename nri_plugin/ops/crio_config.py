@@ -1,0 +1,296 @@
+"""CRI-O's configuration as CRI-O reads it, for what nri-cdi needs of it: NRI on or off, its
+socket and plugin timeouts, and the folders CRI-O's own CDI reads (``cdi_spec_dirs``).
+
+Which files (:func:`locate_crio`): those of the running ``crio`` serving the plugin's NRI
+socket (its ``--config``/``-c`` and ``--config-dir``/``-d``, else ``$CONTAINER_CONFIG`` and
+``$CONTAINER_CONFIG_DIR`` of its environment, else ``/etc/crio/crio.conf`` and
+``/etc/crio/crio.conf.d``); else, where no CRI-O runs in view, those defaults when they
+exist.
+
+How (:func:`read_crio_config`), as CRI-O 1.35.6 does (``mergeConfigFiles``): the main file,
+then every file under the drop-in folder, recursively, in lexical order of path, each
+setting only the keys it names over what came before; then the flags on CRI-O's command
+line (``--enable-nri``, ``--nri-listen``, ``--cdi-spec-dirs``, the timeouts) over all files.
+CRI-O's own CDI cannot be turned off: it resolves every container ``cdi.k8s.io/``
+annotation itself, from ``cdi_spec_dirs``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: no TOML parser in the standard library
+    tomllib = None  # type: ignore[assignment]
+
+from nri_plugin.nri.errors import NRIPluginError
+from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, PLUGIN_SOCKET_ENV
+from nri_plugin.ops.containerd_config import same_path
+
+DEFAULT_PATH = "/etc/crio/crio.conf"
+DEFAULT_DROP_IN_DIR = "/etc/crio/crio.conf.d"
+DEFAULT_CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+# NRI's defaults in CRI-O 1.35 (internal/config/nri): on, the library's socket and timeouts.
+DEFAULT_REGISTRATION_TIMEOUT = 5.0
+DEFAULT_REQUEST_TIMEOUT = 2.0
+MAX_FILES = 256  # a drop-in folder holding more is not one we read whole
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """A Go duration (``2s``, ``500ms``, ``1m30s``) in seconds; ValueError if it is none."""
+    text = text.strip()
+    if text in ("0", ""):
+        return 0.0
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a duration: {text!r}")
+    return sum(float(n) * _UNITS[u] for n, u in parts)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrioConfig:
+    """What CRI-O's files (and flags) say, with CRI-O's defaults for what they leave out.
+    ``files``: those read, in order; ``error``: why they could not be read (the values are
+    then CRI-O's defaults); ``source``: how the files were chosen."""
+
+    path: str
+    drop_in_dir: str
+    source: str
+    files: tuple[str, ...] = ()
+    running: bool = False
+    error: str | None = None
+    nri_enabled: bool = True
+    nri_socket: str = DEFAULT_SOCKET_PATH
+    nri_disable_connections: bool = False
+    registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    cdi_spec_dirs: tuple[str, ...] = DEFAULT_CDI_SPEC_DIRS
+
+    def describe_files(self) -> str:
+        return ", ".join(self.files) if self.files else f"no file ({self.path} absent)"
+
+
+class _Unread(NRIPluginError):
+    pass
+
+
+def _drop_ins(folder: str) -> Iterator[str]:
+    """Every file under ``folder``, recursively, in the order Go's filepath.Walk visits
+    them (each folder's entries by name, a sub-folder's files where its name falls)."""
+    try:
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise _Unread(f"{folder}: {exc}") from None
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.isdir(path):
+            yield from _drop_ins(path)
+        else:
+            yield path
+
+
+def _load(path: str) -> dict[str, Any]:
+    if tomllib is None:
+        raise _Unread("no TOML parser (Python 3.11+ has tomllib)")
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise _Unread(f"{path}: {exc}") from None
+
+
+def _merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
+    for key, value in other.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _table(doc: Mapping[str, Any], *names: str) -> Mapping[str, Any]:
+    for name in names:
+        value = doc.get(name)
+        doc = value if isinstance(value, Mapping) else {}
+    return doc
+
+
+def read_crio_config(path: str = DEFAULT_PATH, drop_in_dir: str = DEFAULT_DROP_IN_DIR, *,
+                     source: str = "CRI-O's default paths", flags: Sequence[str] = (),
+                     running: bool = False) -> CrioConfig:
+    """CRI-O's settings from ``path``, the files under ``drop_in_dir`` and ``flags`` (its
+    command line after the binary)."""
+    base = CrioConfig(path=path, drop_in_dir=drop_in_dir, source=source, running=running)
+    merged: dict[str, Any] = {}
+    files: list[str] = []
+    try:
+        if os.path.exists(path):
+            _merge(merged, _load(path))
+            files.append(path)
+        for drop_in in _drop_ins(drop_in_dir):
+            if len(files) >= MAX_FILES:
+                raise _Unread(f"more than {MAX_FILES} files in {drop_in_dir}")
+            _merge(merged, _load(drop_in))
+            files.append(drop_in)
+        values = _values(merged, flags)
+    except (_Unread, ValueError) as exc:
+        return CrioConfig(path=path, drop_in_dir=drop_in_dir, source=source, running=running,
+                          files=tuple(files), error=str(exc))
+    return CrioConfig(path=path, drop_in_dir=drop_in_dir, source=source, running=running,
+                      files=tuple(files), **{**_defaults(base), **values})
+
+
+def _defaults(cfg: CrioConfig) -> dict[str, Any]:
+    return {"nri_enabled": cfg.nri_enabled, "nri_socket": cfg.nri_socket,
+            "nri_disable_connections": cfg.nri_disable_connections,
+            "registration_timeout": cfg.registration_timeout,
+            "request_timeout": cfg.request_timeout, "cdi_spec_dirs": cfg.cdi_spec_dirs}
+
+
+def _values(doc: Mapping[str, Any], flags: Sequence[str]) -> dict[str, Any]:
+    """The settings nri-cdi reads, from the merged files then the flags."""
+    nri = _table(doc, "crio", "nri")
+    runtime = _table(doc, "crio", "runtime")
+    out: dict[str, Any] = {}
+    for key, name, kind in (("enable_nri", "nri_enabled", bool),
+                            ("nri_listen", "nri_socket", str),
+                            ("nri_disable_connections", "nri_disable_connections", bool)):
+        if key in nri:
+            if not isinstance(nri[key], kind):
+                raise ValueError(f"[crio.nri] {key}: not a {kind.__name__}")
+            out[name] = nri[key]
+    for key, name in (("nri_plugin_registration_timeout", "registration_timeout"),
+                      ("nri_plugin_request_timeout", "request_timeout")):
+        if key in nri:
+            out[name] = parse_duration(str(nri[key]))
+    dirs = runtime.get("cdi_spec_dirs")
+    if dirs is not None:
+        if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
+            raise ValueError("[crio.runtime] cdi_spec_dirs: not a list of paths")
+        out["cdi_spec_dirs"] = tuple(dirs)
+    out.update(_flag_values(flags))
+    return out
+
+
+_FLAG_BOOLS = {"enable-nri": "nri_enabled", "nri-disable-connections": "nri_disable_connections"}
+_FLAG_VALUES = {"nri-listen": "nri_socket", "nri-plugin-registration-timeout":
+                "registration_timeout", "nri-plugin-request-timeout": "request_timeout",
+                "cdi-spec-dirs": "cdi_spec_dirs"}
+
+
+def _flag_values(argv: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    args = list(argv)
+    dirs: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith("--"):
+            continue
+        name, eq, value = arg[2:].partition("=")
+        if name in _FLAG_BOOLS:
+            out[_FLAG_BOOLS[name]] = value.lower() != "false" if eq else True
+        elif name in _FLAG_VALUES:
+            if not eq:
+                if i >= len(args):
+                    break
+                value, i = args[i], i + 1
+            key = _FLAG_VALUES[name]
+            if key == "cdi_spec_dirs":
+                dirs += [d for d in value.split(",") if d]
+            elif key.endswith("timeout"):
+                out[key] = parse_duration(value)
+            else:
+                out[key] = value
+    if dirs:
+        out["cdi_spec_dirs"] = tuple(dirs)
+    return out
+
+
+# --- which files ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CrioLocated:
+    """The running CRI-O's files and flags (``pid``), or the default files (pid None)."""
+
+    path: str
+    drop_in_dir: str
+    source: str
+    flags: tuple[str, ...] = ()
+    pid: int | None = None
+
+    def read(self) -> CrioConfig:
+        return read_crio_config(self.path, self.drop_in_dir, source=self.source,
+                                flags=self.flags, running=self.pid is not None)
+
+
+def locate_crio(nri_socket: str, *, environ: Mapping[str, str] | None = None,
+                proc: str = "/proc") -> CrioLocated | None:
+    """The running CRI-O serving ``nri_socket`` (or that launched this plugin); else, when
+    no CRI-O runs in view, its default files if they exist; None when neither."""
+    env = os.environ if environ is None else environ
+    if PLUGIN_SOCKET_ENV in env:
+        found = _crio(proc, os.getppid())
+        if found is not None:
+            return found
+    serving = [c for c in (_crio(proc, pid) for pid in _pids(proc)) if c is not None]
+    mine = [c for c in serving if same_path(c.read().nri_socket, nri_socket)]
+    if mine:
+        return mine[0]
+    if serving:
+        return None  # CRI-O runs, serving another socket: not ours
+    if os.path.exists(DEFAULT_PATH) or os.path.isdir(DEFAULT_DROP_IN_DIR):
+        return CrioLocated(path=DEFAULT_PATH, drop_in_dir=DEFAULT_DROP_IN_DIR,
+                           source="CRI-O's default paths (no running crio could be seen)")
+    return None
+
+
+def _pids(proc: str) -> list[int]:
+    try:
+        return [int(n) for n in os.listdir(proc) if n.isdigit()]
+    except OSError:
+        return []
+
+
+def _crio(proc: str, pid: int) -> CrioLocated | None:
+    try:
+        with open(f"{proc}/{pid}/cmdline", "rb") as handle:
+            argv = [a.decode(errors="replace") for a in handle.read().split(b"\0") if a]
+    except OSError:
+        return None
+    if not argv or os.path.basename(argv[0]) != "crio":
+        return None
+    env = _environ(proc, pid)
+    path = env.get("CONTAINER_CONFIG", DEFAULT_PATH)
+    folder = env.get("CONTAINER_CONFIG_DIR", DEFAULT_DROP_IN_DIR)
+    args = argv[1:]
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        if name in ("--config", "-c"):
+            path = value
+        elif name in ("--config-dir", "-d"):
+            folder = value
+    return CrioLocated(path=path, drop_in_dir=folder, flags=tuple(args), pid=pid,
+                       source=f"the running crio (pid {pid})")
+
+
+def _environ(proc: str, pid: int) -> dict[str, str]:
+    try:
+        with open(f"{proc}/{pid}/environ", "rb") as handle:
+            pairs = [e.decode(errors="replace") for e in handle.read().split(b"\0") if e]
+    except OSError:
+        return {}
+    return dict(p.split("=", 1) for p in pairs if "=" in p)
