@@ -109,7 +109,7 @@ def test_a_running_crio_serving_the_socket_is_read(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(runtime_cdi, "locate_crio", lambda socket: found)
     settings = defaults().with_values({"plugin.socket": "/run/crio-nri.sock"})
     got = runtime_cdi_config(settings)
-    assert (got.enabled, got.spec_dirs, got.unread) == (True, ("/srv/cdi",), "")
+    assert (got.enabled, got.spec_dirs, got.unread) == (True, SpecDirs.of(("/srv/cdi",)), "")
     assert got.origin == (f"CRI-O's own CDI is always on; read from {config} "
                           "(the running crio (pid 7))")
     assert "containerd" not in caplog.text
