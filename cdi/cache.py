@@ -104,14 +104,23 @@ class Snapshot:
 
     def merged_edits(self, devices: Iterable[Device]) -> ContainerEdits:
         """``resolve`` for devices already looked up (in request order, each once)."""
+        return merge(self.edits_in_order(devices))
+
+    def edits_in_order(self, devices: Iterable[Device], *,
+                       as_written: bool = False) -> list[ContainerEdits]:
+        """The edits of ``devices`` (looked up, in request order, each once) in the order
+        CDI applies them: per device, its spec's edits first (once per spec file), then its
+        own. ``as_written``: as the spec files wrote them (device nodes not filled in from
+        the host)."""
         parts: list[ContainerEdits] = []
         seen_specs: set[str] = set()
         for device in devices:
             if device.spec.path not in seen_specs:
                 seen_specs.add(device.spec.path)
-                parts.append(self.specs[device.spec.path].edits)
-            parts.append(device.edits)
-        return merge(parts)
+                parts.append(device.spec.data.container_edits if as_written
+                             else self.specs[device.spec.path].edits)
+            parts.append(device.data.container_edits if as_written else device.edits)
+        return parts
 
     def _why_unusable(self, name: str, device: Device | None) -> str | None:
         if device is None:

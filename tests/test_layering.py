@@ -191,6 +191,13 @@ def test_plugins_never_import_operations() -> None:
     assert violations(["nri_plugin.plugins"], ["nri_plugin.ops"]) == []
 
 
+def test_plugins_run_no_event_loop_of_their_own() -> None:
+    # A plugin is handlers the runtime layer calls; event loops, timers and connections are
+    # the runtime's (a second connection: nri_plugin/nri/second_connection.py).
+    assert violations(["nri_plugin.plugins"], ["asyncio"]) == []
+    assert violations(["nri_plugin.nri.second_connection"], ["asyncio"])  # the control
+
+
 def test_the_nvidia_scan_sees_what_it_forbids() -> None:
     assert nvidia_mentions([ROOT / "nri_plugin/vendors/nvidia/sources.py"])
     assert ROOT / "nri_plugin/plugins/cdi_injector/injector.py" in neutral_nri_plugin_files()

@@ -18,7 +18,8 @@ _MESSAGES = ("Container", "ContainerAdjustment", "ContainerUpdate", "CreateConta
 _EXPORTS = {
     "Event": "nri_plugin.nri.api", "EventMask": "nri_plugin.nri.api",
     "RpcError": "nri_plugin.nri.dispatch", "Plugin": "nri_plugin.nri.plugin",
-    "Stub": "nri_plugin.nri.stub", "ProtocolError": "nri_plugin.nri.wire",
+    "Stub": "nri_plugin.nri.stub", "StubOptions": "nri_plugin.nri.stub",
+    "ProtocolError": "nri_plugin.nri.wire",
     **dict.fromkeys(_MESSAGES, "nri_plugin.nri.plugin"),
     **dict.fromkeys(_ADJUSTMENT, "nri_plugin.nri.adjustment"),
 }
@@ -46,6 +47,7 @@ if TYPE_CHECKING:  # the same names, for type checkers (re-exported with "as")
     from nri_plugin.nri.plugin import Plugin as Plugin
     from nri_plugin.nri.plugin import PodSandbox as PodSandbox
     from nri_plugin.nri.stub import Stub as Stub
+    from nri_plugin.nri.stub import StubOptions as StubOptions
     from nri_plugin.nri.wire import ProtocolError as ProtocolError
 
 

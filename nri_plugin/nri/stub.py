@@ -15,6 +15,7 @@ import re
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from nri_plugin.nri.api import RUNTIME_SERVICE, nri_pb2
@@ -265,62 +266,56 @@ class _Session(asyncio.Protocol):
             self.transport.close()
 
 
-class Stub:
-    """Runs a ``Plugin`` against a container runtime over NRI.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StubOptions:
+    """How a ``Stub`` connects, and whom it tells (every field has a default).
 
-    Connection source, in order: ``sock``; the fd in NRI_PLUGIN_SOCKET (we were
-    launched by the runtime: no reconnects, ``run()`` returns on disconnect);
-    else ``socket_path`` (external plugin: reconnect until ``stop()``). While the
-    socket is absent or refuses connections we try every ``poll_interval``, so we
-    are back within about that long of the runtime listening again; connections
-    that end before Synchronize (a refused registration, ...) back off from
-    ``retry_initial`` doubling to ``retry_max``. ``before_connect`` is awaited before
-    every attempt.
+    Connection source, in order: ``sock``; the fd in NRI_PLUGIN_SOCKET of ``env`` (None:
+    the process's; we were launched by the runtime: no reconnects, ``run()`` returns on
+    disconnect); else ``socket_path`` (external plugin: reconnect until ``stop()``). While
+    the socket is absent or refuses connections we try every ``poll_interval``, so we are
+    back within about that long of the runtime listening again; connections that end
+    before Synchronize (a refused registration, ...) back off from ``retry_initial``
+    doubling to ``retry_max``.
     """
 
-    def __init__(
-        self,
-        plugin: Plugin,
-        *,
-        name: str | None = None,
-        idx: str | None = None,
-        socket_path: str = DEFAULT_SOCKET_PATH,
-        sock: socket.socket | None = None,
-        env: Mapping[str, str] | None = None,
-        on_connected: Callback | None = None,
-        on_synchronized: Callable[[Stub], object] | None = None,
-        on_close: CloseCallback | None = None,
-        before_connect: Callback | None = None,
-        registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT,
-        poll_interval: float = POLL_INTERVAL,
-        retry_initial: float = RETRY_INITIAL,
-        retry_max: float = RETRY_MAX,
-        stall_timeout: float = STALL_TIMEOUT,
-        logger: logging.Logger | None = None,
-    ) -> None:
-        env = os.environ if env is None else env
+    name: str | None = None
+    idx: str | None = None
+    socket_path: str = DEFAULT_SOCKET_PATH
+    sock: socket.socket | None = None
+    env: Mapping[str, str] | None = None
+    # Called once registered.
+    on_connected: Callback | None = None
+    # Called (not awaited) once per connection, when the runtime's Synchronize has been
+    # answered: from then on the runtime asks the plugin about every container.
+    on_synchronized: Callable[[Stub], object] | None = None
+    on_close: CloseCallback | None = None
+    # Awaited before every connection attempt: a plugin that must not register before
+    # something else is in place (another connection of its own) waits here.
+    before_connect: Callback | None = None
+    registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT
+    poll_interval: float = POLL_INTERVAL
+    retry_initial: float = RETRY_INITIAL
+    retry_max: float = RETRY_MAX
+    stall_timeout: float = STALL_TIMEOUT
+    logger: logging.Logger | None = None
+
+
+class Stub:
+    """Runs a ``Plugin`` against a container runtime over NRI, as ``options`` say."""
+
+    def __init__(self, plugin: Plugin, options: StubOptions | None = None) -> None:
+        opts = options if options is not None else StubOptions()
+        env = os.environ if opts.env is None else opts.env
         Dispatcher(plugin)  # fail now, not on connect, if nothing is implemented
         self.plugin = plugin
-        self.name, self.idx = plugin_identity(name, idx, env, sys.argv[0] if sys.argv else "")
-        self.socket_path = socket_path
-        self._sock = sock
-        self._fd = (
-            int(env[PLUGIN_SOCKET_ENV]) if sock is None and PLUGIN_SOCKET_ENV in env else None
-        )
-        self.on_connected = on_connected
-        # Called (not awaited) once per connection, when the runtime's Synchronize has been
-        # answered: from then on the runtime asks the plugin about every container.
-        self.on_synchronized = on_synchronized
-        self.on_close = on_close
-        # Awaited before every connection attempt: a plugin that must not register before
-        # something else is in place (another connection of its own) waits here.
-        self.before_connect = before_connect
-        self.registration_timeout = registration_timeout
-        self.poll_interval = poll_interval
-        self.retry_initial = retry_initial
-        self.retry_max = retry_max
-        self.stall_timeout = stall_timeout
-        self.log = logger or logging.getLogger("nri_plugin.nri.stub")
+        self.name, self.idx = plugin_identity(opts.name, opts.idx, env,
+                                              sys.argv[0] if sys.argv else "")
+        self.options = opts
+        self._sock = opts.sock
+        self._fd = (int(env[PLUGIN_SOCKET_ENV])
+                    if opts.sock is None and PLUGIN_SOCKET_ENV in env else None)
+        self.log = opts.logger or logging.getLogger("nri_plugin.nri.stub")
         self._session: _Session | None = None
         self._registered = False
         self._stopping = False
@@ -346,8 +341,8 @@ class Stub:
         failures = 0  # connections in a row that ended before Synchronize
         unreachable: str | None = None  # the error we last logged for an absent socket
         while not self._stopping:
-            if self.before_connect is not None:
-                await _maybe_await(self.before_connect(self))
+            if self.options.before_connect is not None:
+                await _maybe_await(self.options.before_connect(self))
                 if self._stopping:
                     return
             try:
@@ -359,15 +354,15 @@ class Stub:
                 if str(exc) != unreachable:
                     unreachable = str(exc)
                     self.log.warning("cannot connect to %s: %s; retrying every %.0f ms",
-                                     self.socket_path, exc or "timed out",
-                                     self.poll_interval * 1e3)
-                await self._pause(self.poll_interval)
+                                     self.options.socket_path, exc or "timed out",
+                                     self.options.poll_interval * 1e3)
+                await self._pause(self.options.poll_interval)
                 continue
             unreachable = None
             # Our part of a reconnection ends here; registering waits on the runtime (a
             # containerd restoring its tasks answers only once CRI is up again).
-            self.log.info("connected to %s; registering", self.socket_path or "the runtime")
-            served_socket = _socket_identity(self.socket_path)
+            self.log.info("connected to %s; registering", self.options.socket_path or "the runtime")
+            served_socket = _socket_identity(self.options.socket_path)
             await self._serve_connection(session)
             if self.launched or session.shutdown_requested or self._stopping:
                 return
@@ -380,7 +375,7 @@ class Stub:
                 await self._await_new_socket(served_socket)
                 continue
             failures += 1
-            delay = min(self.retry_initial * 2 ** (failures - 1), self.retry_max)
+            delay = min(self.options.retry_initial * 2 ** (failures - 1), self.options.retry_max)
             self.log.info("reconnecting in %.1f s (%d connection%s in a row ended before "
                           "Synchronize)", delay, failures, "s" if failures > 1 else "")
             await self._pause(delay)
@@ -395,8 +390,8 @@ class Stub:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         while (not self._stopping and loop.time() < deadline
-               and _socket_identity(self.socket_path) == served):
-            await self._pause(self.poll_interval / 5)
+               and _socket_identity(self.options.socket_path) == served):
+            await self._pause(self.options.poll_interval / 5)
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, or less if ``stop()`` is called meanwhile."""
@@ -434,11 +429,11 @@ class Stub:
         sock = self._sock
         if sock is None and self._fd is not None:
             sock = socket.socket(fileno=self._fd)
-        synchronized = (None if self.on_synchronized is None
-                        else functools.partial(self.on_synchronized, self))
+        synchronized = (None if self.options.on_synchronized is None
+                        else functools.partial(self.options.on_synchronized, self))
 
         def factory() -> _Session:
-            return _Session(self.plugin, self.log, stall_timeout=self.stall_timeout,
+            return _Session(self.plugin, self.log, stall_timeout=self.options.stall_timeout,
                             on_synchronized=synchronized)
 
         if sock is not None:
@@ -446,8 +441,8 @@ class Stub:
         else:
             # Bounded: a runtime that is frozen with its socket open must not hold us.
             _, session = await asyncio.wait_for(
-                loop.create_unix_connection(factory, path=self.socket_path),
-                self.registration_timeout)
+                loop.create_unix_connection(factory, path=self.options.socket_path),
+                self.options.registration_timeout)
         return session
 
     async def _serve_connection(self, session: _Session) -> None:
@@ -458,8 +453,8 @@ class Stub:
             await self._register(session)
             self._registered = True
             self.log.info("registered as %s-%s", self.idx, self.name)
-            if self.on_connected is not None:
-                await _maybe_await(self.on_connected(self))
+            if self.options.on_connected is not None:
+                await _maybe_await(self.options.on_connected(self))
             error = await session.closed
         except (RegistrationError, ConnectionError, asyncio.TimeoutError) as exc:
             self.log.error("registration failed: %s", str(exc) or type(exc).__name__)
@@ -469,12 +464,12 @@ class Stub:
             self._registered = False
             self._session = None
         self.log.info("connection closed%s", f": {error}" if error else "")
-        if self.on_close is not None:
-            await _maybe_await(self.on_close(self, error))
+        if self.options.on_close is not None:
+            await _maybe_await(self.options.on_close(self, error))
 
     async def _register(self, session: _Session) -> None:
         request = nri_pb2.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.idx)
-        reply = await session.call("RegisterPlugin", request, self.registration_timeout)
+        reply = await session.call("RegisterPlugin", request, self.options.registration_timeout)
         if not reply.ok:
             raise RegistrationError(f"runtime refused registration: {reply.message}")
 

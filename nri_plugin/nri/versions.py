@@ -38,13 +38,22 @@ _CRIO_NRI: tuple[tuple[Version, Version], ...] = (
 _NRI = {"containerd": _CONTAINERD_NRI, "cri-o": _CRIO_NRI, "crio": _CRIO_NRI}
 
 
-def parse_version(text: str) -> Version | None:
+def parse_runtime_version(text: str) -> Version | None:
     """``v1.7.24``, ``1.7.24~ds1`` or ``2.1.0-rc.1`` → (1, 7, 24); None if there is none."""
     match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
     if not match:
         return None
     major, minor, patch = match.groups()
     return int(major), int(minor), int(patch or 0)
+
+
+class NativeCdi(enum.Enum):
+    """Whether the runtime's own CDI injects container ``cdi.k8s.io/`` annotations (and CRI
+    CDIDevices) before NRI (containerd enable_cdi)."""
+
+    ON = "on"
+    OFF = "off"
+    UNKNOWN = "unknown"  # not read: annotations are not assumed injected by the runtime
 
 
 class Reach(enum.Enum):
@@ -86,14 +95,14 @@ class RuntimeInfo:
     # The folders the runtime's own CDI reads (the plugin's runtime_cdi.spec_dirs setting);
     # unknown: delegated devices are assumed visible.
     cdi_spec_dirs: SpecDirs = UNKNOWN_DIRS
-    # Whether the runtime's own CDI injects container cdi.k8s.io annotations before NRI
-    # (containerd enable_cdi); None: not known, the version's default is assumed.
-    native_cdi: bool | None = None
+    # Whether the runtime's own CDI injects container cdi.k8s.io annotations before NRI.
+    native_cdi: NativeCdi = NativeCdi.UNKNOWN
 
     @classmethod
     def from_configure(cls, name: str, version: str, nri_version: str = "") -> RuntimeInfo:
-        parsed = parse_version(version)
-        nri = parse_version(nri_version) if nri_version else _lookup(_NRI.get(name, ()), parsed)
+        parsed = parse_runtime_version(version)
+        nri = (parse_runtime_version(nri_version) if nri_version
+               else _lookup(_NRI.get(name, ()), parsed))
         return cls(name=name, version=parsed, nri_version=nri,
                    cdi_version=library_of(name, parsed))
 

@@ -22,7 +22,8 @@ from cdi.cache import Snapshot, SpecCache
 from cdi.errors import printable
 from cdi.watch import AutoRefresh
 from nri_plugin.nri.plugin import Plugin
-from nri_plugin.nri.stub import Callback, CloseCallback, Stub, plugin_identity
+from nri_plugin.nri.second_connection import SecondConnection
+from nri_plugin.nri.stub import Callback, CloseCallback, Stub, StubOptions, plugin_identity
 from nri_plugin.nri.versions import (
     PLUGIN_IDX_ENV,
     PLUGIN_NAME_ENV,
@@ -43,17 +44,18 @@ from nri_plugin.ops.settings import (
     settings_from_args,
 )
 from nri_plugin.ops.status import LAUNCHED_SOCKET, ReadyFile, StatusFile
-from nri_plugin.plugins.cdi_injector.claims import OnHit, OnMiss
+from nri_plugin.plugins.cdi_injector.asked import OnHit, OnMiss
 from nri_plugin.plugins.cdi_injector.counters import Counters
-from nri_plugin.plugins.cdi_injector.failclosed import (
-    FAILCLOSED_LOGGER,
-    GuardConnection,
-    GuardedConnections,
-    StartGuard,
-)
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.metered import Metered
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyError, load_policy, parse_policy
+from nri_plugin.plugins.cdi_injector.startguard import (
+    FAILCLOSED_LOGGER,
+    GuardConnection,
+    GuardSettings,
+    StartGuard,
+    guarded_connections,
+)
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder, VendorRules
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 
@@ -167,7 +169,8 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     # The start guard checks every container whose creation did not pass through us
     # (fail-closed); it wraps the injector, and the metrics wrap both. What Synchronize
     # finds is stopped after its reply (the runtime holds its lock until it has it).
-    guard = StartGuard(injector, defer=loop.call_soon, own_connection=not launched)
+    guard = StartGuard(injector, GuardSettings(own_connection=not launched),
+                       defer=loop.call_soon)
     main: Plugin = guard if metrics is None else Metered(guard, metrics)
     name, idx = _identity(args, settings)
     # For nri-cdi doctor: connected to which runtime, since when (nri_plugin/ops/status.py).
@@ -196,16 +199,17 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
         # The guard's connection logs under a logger of its own.
         is_main = not isinstance(plugin, GuardConnection)
         logger = logging.getLogger("nri_plugin.nri.stub" + ("" if is_main else ".guard"))
-        return Stub(plugin, name=plugin_name, idx=idx, socket_path=plugin_settings.socket,
+        return Stub(plugin, StubOptions(
+                    name=plugin_name, idx=idx, socket_path=plugin_settings.socket,
                     # Registered, then synchronized: NRI 0.6 (containerd 1.7) sends no
                     # Synchronize to a plugin it launched at its own start.
                     on_connected=connected if is_main else None,
                     on_synchronized=connected if is_main else None,
-                    on_close=closed, before_connect=before_connect, logger=logger)
+                    on_close=closed, before_connect=before_connect, logger=logger))
 
-    runner: Stub | GuardedConnections = (
+    runner: Stub | SecondConnection = (
         make_stub(main, name, on_close, None) if launched
-        else GuardedConnections(guard, main, make_stub, name, on_close=on_close))
+        else guarded_connections(guard, main, make_stub, name, on_close=on_close))
     log.info("plugin %s-%s starting; spec dirs %s; policy %s; vendors %s", own_index,
              own_name, ", ".join(cache.spec_dirs), policy.origin,
              ", ".join(f"{v.name} (hooks: {', '.join(v.hooks) or 'none'})" for v in vendors)
@@ -225,7 +229,7 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     return 0
 
 
-async def _run(stub: Stub | GuardedConnections) -> None:
+async def _run(stub: Stub | SecondConnection) -> None:
     """Serve until SIGTERM or SIGINT."""
     task = asyncio.ensure_future(stub.run())
 

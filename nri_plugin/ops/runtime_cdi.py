@@ -14,7 +14,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from nri_plugin.nri.versions import UNKNOWN_DIRS, RuntimeInfo, SpecDirs
+from nri_plugin.nri.versions import UNKNOWN_DIRS, NativeCdi, RuntimeInfo, SpecDirs
 from nri_plugin.ops.containerd_config import (
     CRI_V2_SECTION,
     CRI_V3_SECTION,
@@ -130,7 +130,7 @@ def start_warning(runtime: RuntimeInfo) -> str | None:
     """What the plugin logs once it knows the runtime: with containerd's own CDI off, the
     CRI CDIDevices a kubelet >= 1.31 sends for a DRA claim reach no plugin
     (docs/developer/kubernetes-allocation.md); None when that is not the case."""
-    if runtime.native_cdi is not False:
+    if runtime.native_cdi is not NativeCdi.OFF:
         return None
     if not runtime.is_containerd:
         return None  # CRI-O's CDI cannot be switched off

@@ -106,7 +106,7 @@ CLOSED = "nothing in doubt: closing the start guard's connection"
 def test_start_guard_is_connected_only_while_a_container_is_in_doubt(
     ctrd: Containerd, specs: Path
 ) -> None:
-    """The guard's own connection (plugins/cdi_injector/failclosed.py) on a real containerd: gone
+    """The guard's own connection (plugins/cdi_injector/startguard.py) on a real containerd: gone
     once nothing is in doubt, so a container's start asks the plugin nothing; back (and
     registered before the injector) while a container created without us waits."""
     guard_closed = 'connection to plugin "10-nri-cdi-guard" closed'
@@ -152,7 +152,7 @@ SLOW_PLUGIN = """
 import sys, time
 from pathlib import Path
 from nri_plugin.nri.plugin import Plugin
-from nri_plugin.nri.stub import Stub
+from nri_plugin.nri.stub import Stub, StubOptions
 import asyncio
 
 flags = Path(sys.argv[2])
@@ -163,8 +163,8 @@ class Slow(Plugin):
         time.sleep(1.5)  # holds the runtime's NRI lock: what a slow plugin does
         return None
 
-asyncio.run(Stub(Slow(), name="slow", idx="05", socket_path=sys.argv[1],
-                 on_connected=lambda stub: (flags / "registered").touch()).run())
+asyncio.run(Stub(Slow(), StubOptions(name="slow", idx="05", socket_path=sys.argv[1],
+                 on_connected=lambda stub: (flags / "registered").touch())).run())
 """
 
 

@@ -142,7 +142,7 @@ from nri_plugin.plugins.cdi_injector.metered import Metered
 from nri_plugin.plugins.cdi_injector.policy import parse_policy
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.ops.metrics import Metrics
-from nri_plugin.nri.stub import Stub
+from nri_plugin.nri.stub import Stub, StubOptions
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 metrics = Metrics()
 server = metrics.serve("127.0.0.1:0")
@@ -152,8 +152,8 @@ AutoRefresh(cache, rescan_interval=3600, on_refresh=metrics.registry).start()
 # Its pods ask by annotation in every namespace.
 anywhere = parse_policy({"sources": {"podAnnotations": {"namespaces": ["*"]}}})
 plugin = Metered(CdiInjector(lambda: Registry(cache.snapshot), policy=anywhere), metrics)
-stub = Stub(plugin, name="nri-cdi", idx="10", socket_path=sys.argv[1],
-            on_close=lambda stub, error: metrics.disconnected())
+stub = Stub(plugin, StubOptions(name="nri-cdi", idx="10", socket_path=sys.argv[1],
+            on_close=lambda stub, error: metrics.disconnected()))
 asyncio.run(stub.run())
 """
 

@@ -17,8 +17,8 @@ from cdi.nvidia.hooks.cuda_compat import (
     CONF_PATH,
     CompatNote,
     enable_cuda_compat,
+    parse_dotted_version,
     parse_note,
-    parse_version,
     read_compat_note,
     use_compat,
 )
@@ -67,9 +67,9 @@ def test_decision(compat: str, driver: str, cuda: str, note: CompatNote | None,
 
 
 def test_versions_and_note_bytes() -> None:
-    assert parse_version("575.57.08") == (575, 57, 8)
-    assert parse_version("v12.9") == (12, 9, 0)
-    assert parse_version("12.x") is None and parse_version("") is None
+    assert parse_dotted_version("575.57.08") == (575, 57, 8)
+    assert parse_dotted_version("v12.9") == (12, 9, 0)
+    assert parse_dotted_version("12.x") is None and parse_dotted_version("") is None
     desc = json.dumps({"CUDA Version": "13.0", "Driver": [580, "x"]}).encode() + b"\0"
     data = (len(b"NVIDIA Corporation\0").to_bytes(4, "little") + len(desc).to_bytes(4, "little")
             + (1).to_bytes(4, "little") + b"NVIDIA Corporation\0\0" + desc)

@@ -16,7 +16,7 @@ from cdi.watch import AutoRefresh
 from nri_cdi_testbed.waiting import wait_until
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError
-from nri_plugin.nri.versions import CDI_OFF, SpecDirs
+from nri_plugin.nri.versions import CDI_OFF, NativeCdi, SpecDirs
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import parse_policy
@@ -30,7 +30,7 @@ def _plugin(holder: RegistryHolder, **kwargs: object) -> CdiInjector:
         enabled=True, spec_dirs=SpecDirs.of(holder.get().snapshot.spec_dirs), origin="test"),
         **kwargs)  # type: ignore[arg-type]
     plugin.configure("", "containerd", "2.1.9")
-    assert plugin.runtime.native_cdi is True
+    assert plugin.runtime.native_cdi is NativeCdi.ON
     return plugin
 
 

@@ -16,21 +16,24 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.wire import bound_message, clip
 from nri_plugin.ops.logformat import BoundedLog
-from nri_plugin.plugins.cdi_injector.failclosed import (
-    FAILCLOSED_LOGGER,
-    StartGuard,
-    cgroup_relpath,
-    find_unserved,
-    stop_processes,
-    termination_file,
-)
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-from nri_plugin.plugins.cdi_injector.policy import Policy
-from nri_plugin.plugins.cdi_injector.requests import (
+from nri_plugin.plugins.cdi_injector.asked import (
     MAX_NAMES,
     TooManyNamesError,
     check_name_count,
 )
+from nri_plugin.plugins.cdi_injector.eviction import (
+    cgroup_has_processes,
+    cgroup_relpath,
+    stop_processes,
+)
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.policy import Policy
+from nri_plugin.plugins.cdi_injector.startguard import (
+    FAILCLOSED_LOGGER,
+    GuardSettings,
+    StartGuard,
+)
+from nri_plugin.plugins.cdi_injector.unserved import find_unserved, termination_file
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import nvidia_policy, write_specs
@@ -65,7 +68,7 @@ def guard(snapshot: Snapshot, root: Path, policy: Policy | None = None, *,
     guard stops processes itself; containerd: it fails the start)."""
     injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()], policy=policy)
     now = clock if clock is not None else [0.0]
-    plugin = StartGuard(injector, cgroup_root=str(root), clock=lambda: now[0])
+    plugin = StartGuard(injector, GuardSettings(cgroup_root=str(root)), clock=lambda: now[0])
     plugin.configure("", runtime, "2.1.9" if runtime == "containerd" else "1.34.0")
     return plugin
 
@@ -151,8 +154,7 @@ def test_on_containerd_a_refused_start_stops_it_and_leaves_nothing_owed(
     visible yet) the refusal alone stops it, and the container is never started again, so
     the guard owes it nothing (the kubelet keeps it, dead, without a RemoveContainer)."""
     plugin = guard(snapshot, cgroup_root, runtime="containerd")
-    found = find_unserved([pod()], [container("waiting")], plugin.injector.policy,
-                          plugin.injector.vendors, Registry(snapshot))
+    found = find_unserved([pod()], [container("waiting")], plugin.injector)
     plugin.synchronize([pod()], [container("waiting")])
     assert [f.container_id for f in found] == ["waiting"] and plugin.needed
     with pytest.raises(RpcError):
@@ -184,17 +186,96 @@ def test_a_created_container_is_owed_a_check_only_for_a_while(
     now = [100.0]
     plugin = guard(snapshot, cgroup_root, clock=now)
     plugin.synchronize([pod()], [container("dead")])
-    assert plugin.needed and plugin.next_expiry() == plugin.pending_limit
-    now[0] += plugin.pending_limit
-    assert not plugin.needed
+    assert plugin.needed and plugin.next_due() == plugin.recheck
+    while plugin.needed:  # its cgroup is looked at, empty each time, until the limit
+        assert now[0] < 100.0 + plugin.pending_limit
+        next_due = plugin.next_due()
+        assert next_due is not None
+        now[0] += next_due
+        plugin.due()
+    assert now[0] == 100.0 + plugin.pending_limit
     assert "has not started within 60 s of being found" in caplog.text
+    assert plugin.counters.unserved_evicted == 0
+
+
+def test_a_pending_container_whose_start_the_guard_never_saw_is_stopped(
+    snapshot: Snapshot, cgroup_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Listed as created at the guard's Synchronize, then started without its
+    StartContainer reaching the guard (containerd 1.7 dispatched it before the guard's
+    registration completed): its cgroup shows processes at two looks in a row, and it is
+    stopped as one found running, with the kubelet told why."""
+    now = [100.0]
+    procs: dict[str, bool] = {}
+    injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()])
+    plugin = StartGuard(injector, GuardSettings(cgroup_root=str(cgroup_root)), clock=lambda: now[0],
+                        has_processes=lambda path: procs.get(path, False))
+    plugin.configure("", "containerd", "1.7.24")
+    proc = sleeper()
+    k8s_pod, ctr, log = kubelet_container(tmp_path, "c8", 0)
+    ctr.state = nri_pb2.CONTAINER_CREATED
+    ctr.linux.cgroups_path = "/k8s.io/c8"
+    in_cgroup(cgroup_root, ctr.linux.cgroups_path, [proc.pid])
+    plugin.guard_synchronize([k8s_pod], [ctr])
+    assert "is created but not started; it is checked when it starts" in caplog.text
+
+    def look() -> None:
+        next_due = plugin.next_due()
+        assert next_due is not None
+        now[0] += next_due
+        plugin.due()
+
+    look()  # no task yet: nothing in its cgroup
+    procs[ctr.linux.cgroups_path] = True
+    look()  # its task is there: the StartContainer may still be on its way
+    assert proc.poll() is None and plugin.needed
+    look()  # still there, and no StartContainer came: it started past the guard
+    assert killed(proc)
+    assert plugin.next_due() is None  # nothing pending
+    assert plugin.counters.unserved_evicted == 1
+    assert "found running, its start not seen by the guard" in caplog.text
+    assert log.read_text().startswith("nri-cdi: stopped: the container was created while "
+                                      "the plugin was away, without its devices")
+    assert now[0] < 100.0 + plugin.pending_limit  # well before it would have been let go
+    plugin.start_container(k8s_pod, ctr)  # a late StartContainer: nothing owed any more
+
+
+def test_a_pending_container_whose_start_reaches_the_guard_is_refused_there(
+    snapshot: Snapshot, cgroup_root: Path
+) -> None:
+    """One look at processes is no start seen: the StartContainer that follows the task's
+    creation is what refuses it (the start error says why)."""
+    now = [0.0]
+    procs = {"/k8s.io/w": False}
+    injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()])
+    plugin = StartGuard(injector, GuardSettings(cgroup_root=str(cgroup_root)), clock=lambda: now[0],
+                        has_processes=lambda path: procs[path])
+    plugin.configure("", "containerd", "2.1.9")
+    plugin.guard_synchronize([pod()], [container("w", cgroup="/k8s.io/w")])
+    procs["/k8s.io/w"] = True
+    now[0] += plugin.recheck
+    plugin.due()
+    assert plugin.next_due() == plugin.recheck and plugin.counters.unserved_evicted == 0
+    with pytest.raises(RpcError, match="created while the plugin was away"):
+        plugin.start_container(pod(), container("w", cgroup="/k8s.io/w"))
+    assert plugin.next_due() is None and plugin.counters.unserved_evicted == 1
+
+
+def test_cgroup_processes_are_read_from_cgroup_procs(cgroup_root: Path) -> None:
+    in_cgroup(cgroup_root, "/k8s.io/full", [4242])
+    in_cgroup(cgroup_root, "/k8s.io/empty", [])
+    assert cgroup_has_processes("/k8s.io/full", str(cgroup_root))
+    assert not cgroup_has_processes("/k8s.io/empty", str(cgroup_root))
+    assert not cgroup_has_processes("/k8s.io/absent", str(cgroup_root))
+    assert not cgroup_has_processes("", str(cgroup_root))
 
 
 def test_running_containers_found_at_synchronize_are_stopped_after_the_reply(
         snapshot: Snapshot, cgroup_root: Path, caplog: pytest.LogCaptureFixture) -> None:
     deferred: list[object] = []
     injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()])
-    plugin = StartGuard(injector, cgroup_root=str(cgroup_root), defer=deferred.append)
+    plugin = StartGuard(injector, GuardSettings(cgroup_root=str(cgroup_root)),
+                        defer=deferred.append)
     proc = sleeper()
     running = container("running", pid=proc.pid)
     running.state = nri_pb2.CONTAINER_RUNNING
@@ -322,7 +403,8 @@ def test_a_link_in_place_of_the_termination_file_is_not_followed(
 def test_an_unknown_device_is_named_as_such(snapshot: Snapshot) -> None:
     ctr = container("unknown", **{"cdi.k8s.io/x": "vendor.com/gpu=7"})
     ctr.state = nri_pb2.CONTAINER_RUNNING
-    [found] = find_unserved([pod()], [ctr], Policy(), [], Registry(snapshot))
+    [found] = find_unserved([pod()], [ctr], CdiInjector(lambda: Registry(snapshot),
+                                                        policy=Policy()))
     assert found.reason == "it asked for vendor.com/gpu=7, which no CDI spec on the node defines"
 
 
@@ -463,7 +545,7 @@ def test_a_refused_start_leaves_the_termination_message_to_the_start_error(
 
 
 def test_the_refusal_keeps_the_nodes_folders_for_the_log(snapshot: Snapshot) -> None:
-    from nri_plugin.plugins.cdi_injector.claims import rechecked_refusal
+    from nri_plugin.plugins.cdi_injector.asked import rechecked_refusal
     from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 
     refusal = rechecked_refusal(snapshot, [DeviceRequest("vendor.com/gpu=7", "s")])

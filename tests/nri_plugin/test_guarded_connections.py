@@ -1,5 +1,6 @@
 """The start guard on a connection of its own, open only while a container may be in
-doubt (nri_plugin/plugins/cdi_injector/failclosed.py), against the test runtime peer on
+doubt (nri_plugin/plugins/cdi_injector/startguard.py,
+nri_plugin/nri/second_connection.py), against the test runtime peer on
 a real socket: it is in
 place before the injector registers, it closes once nothing is in doubt, and it comes back
 first after the injector's connection is lost."""
@@ -17,9 +18,14 @@ from cdi.cache import Snapshot, SpecCache
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.plugin import Plugin
-from nri_plugin.nri.stub import Callback, CloseCallback, Stub
-from nri_plugin.plugins.cdi_injector.failclosed import GuardedConnections, StartGuard
+from nri_plugin.nri.second_connection import SecondConnection
+from nri_plugin.nri.stub import Callback, CloseCallback, Stub, StubOptions
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.startguard import (
+    GuardSettings,
+    StartGuard,
+    guarded_connections,
+)
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from tests.helpers import write_specs
 from tests.nri_plugin.test_failclosed_guard import ASK, SPEC
@@ -93,24 +99,25 @@ async def accept_plugin(peer: RuntimePeer, stream: int,
 
 
 def serving(tmp_path: Path, pending_limit: float = 60.0,
-            ) -> tuple[StartGuard, Callable[[], GuardedConnections]]:
+            ) -> tuple[StartGuard, Callable[[], SecondConnection]]:
     specs = write_specs(tmp_path / "cdi", {"v.yaml": SPEC})
     snapshot: Snapshot = SpecCache([str(specs)]).refresh()
     (tmp_path / "cgroup" / "pids").mkdir(parents=True)
-    guard = StartGuard(CdiInjector(lambda: Registry(snapshot)), own_connection=True,
-                       cgroup_root=str(tmp_path / "cgroup"), pending_limit=pending_limit)
+    guard = StartGuard(CdiInjector(lambda: Registry(snapshot)), GuardSettings(
+        own_connection=True, cgroup_root=str(tmp_path / "cgroup"), pending_limit=pending_limit,
+        linger=LINGER))
     path = str(tmp_path / "nri.sock")
 
     def make_stub(plugin: Plugin, name: str | None, closed: CloseCallback | None,
                   before: Callback | None) -> Stub:
-        return Stub(plugin, name=name, socket_path=path, env=ENV, on_close=closed,
-                    before_connect=before, poll_interval=0.02)
+        return Stub(plugin, StubOptions(name=name, socket_path=path, env=ENV, on_close=closed,
+                    before_connect=before, poll_interval=0.02))
 
-    return guard, lambda: GuardedConnections(guard, guard, make_stub, None, linger=LINGER)
+    return guard, lambda: guarded_connections(guard, guard, make_stub, None)
 
 
 def scenario(tmp_path: Path,
-             body: Callable[[Runtime, GuardedConnections, StartGuard], Awaitable[None]],
+             body: Callable[[Runtime, SecondConnection, StartGuard], Awaitable[None]],
              pending_limit: float = 60.0) -> None:
     async def main() -> None:
         runtime = await Runtime(str(tmp_path / "nri.sock")).start()
@@ -130,7 +137,7 @@ def scenario(tmp_path: Path,
 
 def test_guard_is_in_place_before_the_injector_and_closes_when_nothing_is_in_doubt(
         tmp_path: Path) -> None:
-    async def body(runtime: Runtime, connections: GuardedConnections, _: StartGuard) -> None:
+    async def body(runtime: Runtime, connections: SecondConnection, _: StartGuard) -> None:
         name, guard_peer, stream = await runtime.next()
         assert name == "cdi-guard"
         # Until the guard has synchronized, the injector does not even connect.
@@ -145,13 +152,13 @@ def test_guard_is_in_place_before_the_injector_and_closes_when_nothing_is_in_dou
         assert mask == EventMask.CREATE_CONTAINER | EventMask.REMOVE_CONTAINER
         # Nothing in doubt: the guard's connection goes.
         assert await guard_peer.at_eof(timeout=WAIT)
-        assert not connections.guard_open
+        assert not connections.second_open
 
     scenario(tmp_path, body)
 
 
 def test_guard_comes_back_first_when_the_injector_connection_is_lost(tmp_path: Path) -> None:
-    async def body(runtime: Runtime, connections: GuardedConnections, _: StartGuard) -> None:
+    async def body(runtime: Runtime, connections: SecondConnection, _: StartGuard) -> None:
         for _round in range(2):
             name, guard_peer, stream = await runtime.next()
             assert name == "cdi-guard"
@@ -167,7 +174,7 @@ def test_guard_comes_back_first_when_the_injector_connection_is_lost(tmp_path: P
 
 def test_guard_stays_while_a_container_created_without_us_has_not_started(
         tmp_path: Path) -> None:
-    async def body(runtime: Runtime, connections: GuardedConnections, guard: StartGuard) -> None:
+    async def body(runtime: Runtime, connections: SecondConnection, guard: StartGuard) -> None:
         name, guard_peer, stream = await runtime.next()
         assert name == "cdi-guard"
         await accept_plugin(guard_peer, stream, [unserved("early")])
@@ -175,9 +182,9 @@ def test_guard_stays_while_a_container_created_without_us_has_not_started(
         # Created while the guard was already there, before the injector: in doubt too.
         await accept_plugin(peer, stream, [unserved("early"), unserved("between")])
         assert guard.needed
-        assert await runtime.nothing_arrives(within=0.3) and connections.guard_open
+        assert await runtime.nothing_arrives(within=0.3) and connections.second_open
         await start_is_refused_and_killed(guard_peer, "early")
-        assert guard.needed and connections.guard_open  # "between" is still owed
+        assert guard.needed and connections.second_open  # "between" is still owed
         removed = nri_pb2.StateChangeEvent(event=11, pod=POD, container=unserved("between"))
         reply = await guard_peer.response_to(guard_peer.send_request("StateChange", removed))
         assert reply.status.code == 0
@@ -191,7 +198,7 @@ def test_a_creation_straddling_the_injectors_registration_is_caught_by_its_post_
         tmp_path: Path) -> None:
     """Past NRI but not yet stored when the injector synchronized: no Synchronize lists it.
     Its PostCreateContainer, inside the guard's linger, makes it owed a check."""
-    async def body(runtime: Runtime, connections: GuardedConnections, guard: StartGuard) -> None:
+    async def body(runtime: Runtime, connections: SecondConnection, guard: StartGuard) -> None:
         _, guard_peer, stream = await runtime.next()
         await accept_plugin(guard_peer, stream)
         _, peer, stream = await runtime.next()
@@ -213,7 +220,7 @@ def test_a_refused_start_leaves_nothing_owed_and_the_guard_closes(tmp_path: Path
     """The kubelet keeps a pod's last dead container and sends no RemoveContainer for it: a
     container whose start the guard refused must not keep the guard's connection open (it
     is never started again)."""
-    async def body(runtime: Runtime, connections: GuardedConnections, guard: StartGuard) -> None:
+    async def body(runtime: Runtime, connections: SecondConnection, guard: StartGuard) -> None:
         _, guard_peer, stream = await runtime.next()
         await accept_plugin(guard_peer, stream, [unserved("refused")])
         _, peer, stream = await runtime.next()
@@ -232,7 +239,7 @@ def test_a_refused_start_leaves_nothing_owed_and_the_guard_closes(tmp_path: Path
 def test_a_created_container_that_never_starts_is_let_go(tmp_path: Path) -> None:
     """Listed as created by a Synchronize (containerd 1.7 and 2.1 list a container whose
     start failed so, for as long as the kubelet keeps it): owed a check only for a while."""
-    async def body(runtime: Runtime, connections: GuardedConnections, guard: StartGuard) -> None:
+    async def body(runtime: Runtime, connections: SecondConnection, guard: StartGuard) -> None:
         _, guard_peer, stream = await runtime.next()
         await accept_plugin(guard_peer, stream, [unserved("dead")])
         _, peer, stream = await runtime.next()

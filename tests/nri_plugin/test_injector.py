@@ -16,13 +16,14 @@ from cdi.device import Device
 from cdi.model import ContainerEdits, IntelRdt, NetDevice
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError, dispatch
-from nri_plugin.nri.stub import Stub
+from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.nri.versions import RuntimeInfo, SpecDirs
 from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.adjust import UnsupportedEditsError, to_adjustment
+from nri_plugin.plugins.cdi_injector.asked import all_sources
 from nri_plugin.plugins.cdi_injector.context import ContainerContext, read_context
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-from nri_plugin.plugins.cdi_injector.plan import InjectionError, plan_injection
+from nri_plugin.plugins.cdi_injector.plan import InjectionError, PlanFor, plan_injection
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.requests import (
     DeviceRequest,
@@ -31,7 +32,6 @@ from nri_plugin.plugins.cdi_injector.requests import (
     pod_requests,
     unique_requests,
 )
-from nri_plugin.plugins.cdi_injector.sources import all_sources
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RequestSource, env_read
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import annotations_policy, write_specs
@@ -134,7 +134,7 @@ def test_annotations_are_read_apart_and_a_bad_one_fails_every_time() -> None:
 
 def test_plan_matches_cdi_semantics(snapshot: Snapshot) -> None:
     requests = [DeviceRequest("example.com/gpu=1", "s"), DeviceRequest("example.com/gpu=0", "s")]
-    plan = plan_injection(snapshot, requests, CONTAINERD_17, uid=1000, gid=100)
+    plan = plan_injection(snapshot, requests, CONTAINERD_17, PlanFor(uid=1000, gid=100))
     adj = plan.adjustment
     assert plan.devices == ("example.com/gpu=1", "example.com/gpu=0") and not plan.delegated
     assert [(kv.key, kv.value) for kv in adj.env] == [("GPU_SPEC", "1"), ("SHARED", "dev0")]
@@ -146,7 +146,7 @@ def test_plan_matches_cdi_semantics(snapshot: Snapshot) -> None:
     # NRI 0.6 derives "rw" for each node and drops explicit rules: none sent
     assert not adj.linux.resources.devices
     # NRI 0.12 applies them: only what its own "rw" rule lacks (m), never "rw" twice
-    newer = plan_injection(snapshot, requests, CONTAINERD_23, uid=1000, gid=100).adjustment
+    newer = plan_injection(snapshot, requests, CONTAINERD_23, PlanFor(uid=1000, gid=100)).adjustment
     assert [(r.type, r.major.value, r.minor.value, r.access)
             for r in newer.linux.resources.devices] == [
         ("c", 195, 255, "rwm"), ("c", 195, 1, "rwm")]
@@ -176,11 +176,11 @@ def test_inexpressible_edits_fail_on_old_runtimes(snapshot: Snapshot) -> None:
 def test_gids_alone_are_dropped_on_old_runtimes_when_the_policy_says_drop(
         snapshot: Snapshot) -> None:
     requests = [DeviceRequest("example.com/gpu=grouped", "s")]
-    plan = plan_injection(snapshot, requests, CONTAINERD_17, drop_gids=True)
+    plan = plan_injection(snapshot, requests, CONTAINERD_17, PlanFor(drop_gids=True))
     assert plan.dropped_gids == (44,) and not plan.delegated
     assert [d.path for d in plan.adjustment.linux.devices] == ["/dev/ctl", "/dev/gpu2"]
     # a runtime that can take the devices gets them, gids and all, as native CDI
-    plan = plan_injection(snapshot, requests, CONTAINERD_21, drop_gids=True)
+    plan = plan_injection(snapshot, requests, CONTAINERD_21, PlanFor(drop_gids=True))
     assert plan.delegated == ("example.com/gpu=grouped",) and not plan.dropped_gids
 
 
@@ -227,13 +227,13 @@ def test_nothing_is_handed_to_the_runtimes_cdi_that_would_lose_the_plugins_work(
     nothing is handed over; otherwise the plugin applies the devices itself and the groups
     go by the policy."""
     requests = [DeviceRequest("example.com/gpu=grouped", "s")]
-    trimmed = plan_injection(snapshot, requests, CONTAINERD_21, edit_filter=DropMounts(),
-                             drop_gids=True)
+    trimmed = plan_injection(snapshot, requests, CONTAINERD_21,
+                             PlanFor(edit_filter=DropMounts(), drop_gids=True))
     assert not trimmed.delegated and not trimmed.adjustment.CDI_devices
     assert trimmed.dropped_gids == (44,) and not trimmed.adjustment.mounts
     assert "driver mount(s) the container did not ask for" in trimmed.kept_because
     with pytest.raises(InjectionError, match=r"would lose this: 2 driver mount"):
-        plan_injection(snapshot, requests, CONTAINERD_21, edit_filter=DropMounts())
+        plan_injection(snapshot, requests, CONTAINERD_21, PlanFor(edit_filter=DropMounts()))
 
 
 def test_a_hook_free_spec_is_not_handed_over_its_library_path_would_be_lost(
@@ -252,7 +252,7 @@ devices:
     snap = SpecCache([str(folder)]).refresh()
     shared = dataclasses.replace(CONTAINERD_21, cdi_spec_dirs=SpecDirs.of((str(folder),)))
     plan = plan_injection(snap, [DeviceRequest("vendor.com/gpu=0", "s")], shared,
-                          library_path="/opt/image/lib", drop_gids=True)
+                          PlanFor(library_path="/opt/image/lib", drop_gids=True))
     assert not plan.delegated and plan.dropped_gids == (44,)
     env = {kv.key: kv.value for kv in plan.adjustment.env}
     assert env == {"LD_LIBRARY_PATH": "/opt/image/lib:/usr/lib/drv"}
@@ -365,8 +365,8 @@ def test_create_container_over_a_socket_refuses_only_the_bad_request(
 ) -> None:
     async def main() -> None:
         ours, theirs = socket.socketpair()
-        stub = Stub(CdiInjector(lambda: Registry(snapshot), policy=OPEN), sock=ours, name="nri-cdi",
-                    idx="10", env={})
+        stub = Stub(CdiInjector(lambda: Registry(snapshot), policy=OPEN),
+                    StubOptions(sock=ours, name="nri-cdi", idx="10", env={}))
         runner = asyncio.create_task(stub.run())
         peer = RuntimePeer(*await asyncio.open_unix_connection(sock=theirs))
         await peer.handshake()

@@ -8,11 +8,11 @@ import pytest
 
 from cdi.cache import Snapshot, SpecCache
 from nri_plugin.nri.api import nri_pb2
-from nri_plugin.nri.versions import CDI_OFF, RuntimeInfo, SpecDirs
+from nri_plugin.nri.versions import CDI_OFF, NativeCdi, RuntimeInfo, SpecDirs
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
-from nri_plugin.plugins.cdi_injector.failclosed import find_unserved
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy
+from nri_plugin.plugins.cdi_injector.unserved import find_unserved
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from tests.helpers import write_specs
 
@@ -58,7 +58,7 @@ def _plugin(snapshot: Snapshot, enabled: bool | None, version: str = "2.1.9") ->
 
 def test_runtime_injected_annotations_are_left_alone(snapshot: Snapshot) -> None:
     plugin = _plugin(snapshot, None)  # containerd 2.x: on by default
-    assert plugin.runtime.native_cdi is True
+    assert plugin.runtime.native_cdi is NativeCdi.ON
     assert plugin.create_container(_pod(), _native_result({"cdi.k8s.io/x": BOTH})) is None
 
 
@@ -86,32 +86,40 @@ def test_synchronize_does_not_evict_what_the_runtime_injected(
         snapshot: Snapshot) -> None:
     ctr = _native_result({"cdi.k8s.io/x": BOTH})
     # env-only device: FOO's final value is the node device's; the container has it
-    assert find_unserved([_pod()], [ctr], Policy(), [], Registry(snapshot)) == []
+    judge = CdiInjector(lambda: Registry(snapshot), policy=Policy())
+    assert find_unserved([_pod()], [ctr], judge) == []
     bare = nri_pb2.Container(id="c2", pod_sandbox_id="p1", name="app", env=["FOO=bar"],
                              annotations={"cdi.k8s.io/x": BOTH},
                              state=nri_pb2.CONTAINER_RUNNING)
-    found = find_unserved([_pod()], [bare], Policy(), [], Registry(snapshot))
+    found = find_unserved([_pod()], [bare], judge)
     assert [u.missing for u in found] == [("example.com/dev=node",)]
-    # with the runtime's CDI on, container annotations are its business, not ours
-    assert find_unserved([_pod()], [bare], Policy(), [], Registry(snapshot),
-                         native_cdi=True) == []
+    # With the runtime's CDI on, container annotations are its business, not ours...
+    assert find_unserved([_pod()], [ctr], judge, NativeCdi.ON) == []
+    # ...where the container shows it did inject them: judged as the injector judges it
+    # (its node is not there, so the runtime's CDI did not run and the device is missing).
+    on = find_unserved([_pod()], [bare], judge, NativeCdi.ON)
+    assert [u.missing for u in on] == [("example.com/dev=node",)]
+    plugin = _plugin(snapshot, True)
+    decided = plugin.decide(_pod(), bare)
+    assert decided is not None and (*decided.devices, *decided.delegated) == (
+        "example.com/dev=envonly", "example.com/dev=node")
 
 
 def test_runtime_info_from_config() -> None:
     c17 = RuntimeInfo.from_configure("containerd", "1.7.30")
     off = RuntimeCdiConfig(enabled=None, spec_dirs=SpecDirs.of(("/etc/cdi",))).applied_to(c17)
-    assert off.native_cdi is False and off.cdi_spec_dirs == CDI_OFF  # 1.7 needs enable_cdi
+    assert off.native_cdi is NativeCdi.OFF and off.cdi_spec_dirs == CDI_OFF  # 1.7 needs enable_cdi
     c21 = RuntimeInfo.from_configure("containerd", "2.1.9")
     off21 = RuntimeCdiConfig(enabled=False, spec_dirs=SpecDirs.of(("/opt/x",))).applied_to(c21)
     # the library's defaults
     assert off21.cdi_spec_dirs == SpecDirs.of(("/etc/cdi", "/var/run/cdi"))
     on21 = RuntimeCdiConfig(spec_dirs=SpecDirs.of(("/opt/x",))).applied_to(c21)
-    assert on21.native_cdi is True and on21.cdi_spec_dirs == SpecDirs.of(("/opt/x",))
+    assert on21.native_cdi is NativeCdi.ON and on21.cdi_spec_dirs == SpecDirs.of(("/opt/x",))
 
 
 def test_cdi_devices_names_count_unless_the_runtimes_cdi_is_known_off(
         snapshot: Snapshot) -> None:
-    from nri_plugin.plugins.cdi_injector.injector import not_yet_injected
+    from nri_plugin.plugins.cdi_injector.already import not_yet_in
     from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 
     # containerd 2.3 lists CRI CDIDevices in Container.CDI_devices, injected only with its
@@ -119,9 +127,9 @@ def test_cdi_devices_names_count_unless_the_runtimes_cdi_is_known_off(
     ctr = nri_pb2.Container(id="c", name="app")
     ctr.CDI_devices.add(name="example.com/dev=envonly")
     wanted = [DeviceRequest("example.com/dev=envonly", "s")]
-    assert not_yet_injected(wanted, ctr, snapshot, False) == []
-    assert not_yet_injected(wanted, ctr, snapshot, False, native_cdi=True) == []
-    assert not_yet_injected(wanted, ctr, snapshot, False, native_cdi=False) == wanted
+    assert not_yet_in(wanted, ctr, snapshot, False, NativeCdi.UNKNOWN) == []
+    assert not_yet_in(wanted, ctr, snapshot, False, NativeCdi.ON) == []
+    assert not_yet_in(wanted, ctr, snapshot, False, NativeCdi.OFF) == wanted
 
 
 def test_handed_over_creation_is_judged_at_removal_with_no_start_round_trip(

@@ -31,7 +31,7 @@ import pytest
 from cdi.cache import SpecCache
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError, dispatch
-from nri_plugin.nri.stub import Stub
+from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.ops.logwriter import NonBlockingHandler
 from nri_plugin.ops.metrics import Metrics
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
@@ -198,7 +198,7 @@ def test_create_container_over_the_wire_with_nvidia_rules_does_no_io(
     async def main() -> dict[str, tuple[int, str, bytes]]:
         global _armed_everywhere
         ours, theirs = socket.socketpair()
-        stub = Stub(plugin, sock=ours, name="nri-cdi", idx="10", env={})
+        stub = Stub(plugin, StubOptions(sock=ours, name="nri-cdi", idx="10", env={}))
         runner = asyncio.create_task(stub.run())
         peer = RuntimePeer(*await asyncio.open_unix_connection(sock=theirs))
         await peer.handshake()

@@ -21,13 +21,13 @@ from cdi.cache import Snapshot, SpecCache
 from cdi.edits import apply
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
-from nri_plugin.nri.stub import Stub
+from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.nri.versions import CDI_OFF, RuntimeInfo, SpecDirs
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
-from nri_plugin.plugins.cdi_injector.failclosed import StartGuard
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-from nri_plugin.plugins.cdi_injector.plan import plan_injection
+from nri_plugin.plugins.cdi_injector.plan import PlanFor, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+from nri_plugin.plugins.cdi_injector.startguard import StartGuard
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from tests.helpers import annotations_policy, write_specs
 from tests.nri_apply import CONTAINER_BEFORE_NRI, apply_adjustment
@@ -174,9 +174,9 @@ def test_mknod_access_not_handed_over_when_a_filter_leaves_something_out(
 
     runtime = _runtime("containerd", "2.1.9", snapshot, known=True)
     wanted = [DeviceRequest("example.com/v=default", "t")]
-    kept = plan_injection(snapshot, wanted, runtime, edit_filter=Filter(False))  # type: ignore[arg-type]
+    kept = plan_injection(snapshot, wanted, runtime, PlanFor(edit_filter=Filter(False)))  # type: ignore[arg-type]
     assert kept.delegated == ("example.com/v=default",)  # the filter changes nothing
-    cut = plan_injection(snapshot, wanted, runtime, edit_filter=Filter(True))  # type: ignore[arg-type]
+    cut = plan_injection(snapshot, wanted, runtime, PlanFor(edit_filter=Filter(True)))  # type: ignore[arg-type]
     assert not cut.delegated and cut.devices == ("example.com/v=default",)
 
 
@@ -205,7 +205,8 @@ def test_over_the_wire_as_containerd(snapshot: Snapshot, version: str,
 
     async def main() -> dict[str, Any]:
         ours, theirs = socket.socketpair()
-        stub = Stub(plugin, sock=ours, env={"NRI_PLUGIN_NAME": "cdi", "NRI_PLUGIN_IDX": "10"})
+        stub = Stub(plugin, StubOptions(sock=ours, env={"NRI_PLUGIN_NAME": "cdi",
+                                                        "NRI_PLUGIN_IDX": "10"}))
         runner = asyncio.create_task(stub.run())
         reader, writer = await asyncio.open_unix_connection(sock=theirs)
         peer = RuntimePeer(reader, writer)

@@ -17,13 +17,13 @@ from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.requests import RequestError, nri_plugins_requests
 from nri_plugin.plugins.cdi_injector.vendor import Registry
-from nri_plugin.vendors.nvidia.extras import (
+from nri_plugin.vendors.nvidia.k8s_sources import nvidia_nri_requests, volume_mount_ids
+from nri_plugin.vendors.nvidia.no_device_requests import (
     ExtrasError,
     imex_channel_ids,
     wants_driver_only,
     wants_mig_capability,
 )
-from nri_plugin.vendors.nvidia.k8s_sources import nvidia_nri_requests, volume_mount_ids
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import annotations_policy, nvidia_policy, write_specs
 
@@ -385,7 +385,7 @@ def test_requirements_apply_to_gpus_of_another_spec(registry: Registry) -> None:
 
 
 def test_fail_closed_sees_volume_mounts_and_other_keys(registry: Registry) -> None:
-    from nri_plugin.plugins.cdi_injector.failclosed import find_unserved
+    from nri_plugin.plugins.cdi_injector.unserved import find_unserved
 
     policy = annotations_policy({"sources": {"volumeMounts": {"enabled": True}}})
     pods = [nri_pb2.PodSandbox(id="p1", name="a", namespace="default"),
@@ -397,7 +397,8 @@ def test_fail_closed_sees_volume_mounts_and_other_keys(registry: Registry) -> No
                         source="/dev/null")
     by_key = nri_pb2.Container(id="c2", pod_sandbox_id="p2", name="app",
                                state=nri_pb2.CONTAINER_RUNNING)
-    found = find_unserved(pods, [by_mount, by_key], policy, [NvidiaRules()], registry)
+    judge = CdiInjector(lambda: registry, vendors=[NvidiaRules()], policy=policy)
+    found = find_unserved(pods, [by_mount, by_key], judge)
     assert [(u.container_id, u.missing) for u in found] == [
         ("c1", ("nvidia.com/gpu=0",)), ("c2", ("nvidia.com/gpu=0",))]
 

@@ -13,10 +13,11 @@ import pytest
 from cdi.cache import SpecCache
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError
-from nri_plugin.plugins.cdi_injector.failclosed import StartGuard, find_unserved
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
+from nri_plugin.plugins.cdi_injector.startguard import StartGuard
+from nri_plugin.plugins.cdi_injector.unserved import find_unserved
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
 from nri_plugin.vendors.nvidia.nodefacts import load_facts
 from nri_plugin.vendors.nvidia.requirements import RequirementError
@@ -179,8 +180,8 @@ def test_find_unserved(registry: Registry) -> None:
     plain = live("c3", "plain")
     stopped = live("c4", "stopped", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
     stopped.state = nri_pb2.CONTAINER_STOPPED
-    found = find_unserved([pod()], [served, starved, plain, stopped], Policy(),
-                          [NvidiaRules()], registry)
+    judge = CdiInjector(lambda: registry, vendors=[NvidiaRules()], policy=Policy())
+    found = find_unserved([pod()], [served, starved, plain, stopped], judge)
     assert [(u.name, u.missing) for u in found] == [("starved", ("nvidia.com/gpu=1",))]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_plugin.nri.stub import POLL_INTERVAL, Stub
+from nri_plugin.nri.stub import POLL_INTERVAL, Stub, StubOptions
 from tests.nri_plugin.test_stub import ENV, Injector
 from tests.nri_runtime_peer import RuntimePeer
 from tests.virtual_clock import run_virtual
@@ -37,7 +37,8 @@ def test_connects_as_soon_as_the_socket_appears(tmp_path: Path) -> None:
         async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await sessions.put((loop.time(), RuntimePeer(reader, writer)))
 
-        stub = Stub(Injector(), socket_path=path, env=ENV, before_connect=count_attempt)
+        stub = Stub(Injector(), StubOptions(socket_path=path, env=ENV,
+                                            before_connect=count_attempt))
         runner = asyncio.create_task(stub.run())
         for _ in range(3):
             before = attempts
@@ -87,7 +88,8 @@ def test_refused_registration_backs_off(tmp_path: Path) -> None:
             peer.close()
 
         server = await asyncio.start_unix_server(refuse, path=path)
-        stub = Stub(Injector(), socket_path=path, env=ENV, retry_initial=0.05, retry_max=0.4)
+        stub = Stub(Injector(), StubOptions(socket_path=path, env=ENV, retry_initial=0.05,
+                                            retry_max=0.4))
         runner = asyncio.create_task(stub.run())
         await eight.wait()
         stub.stop()

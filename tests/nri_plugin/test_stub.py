@@ -15,7 +15,7 @@ import pytest
 
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.plugin import Plugin
-from nri_plugin.nri.stub import RegistrationError, Stub, _Session, plugin_identity
+from nri_plugin.nri.stub import RegistrationError, Stub, StubOptions, _Session, plugin_identity
 from nri_plugin.nri.wire import Code
 from tests.nri_runtime_peer import RecordingTransport, RuntimePeer, plugin_call_frame
 from tests.virtual_clock import run_virtual
@@ -54,9 +54,8 @@ async def with_pair(
     """Run ``test`` with a Stub on one end of a socketpair and the peer on the other."""
     ours, theirs = socket.socketpair()
     closes: list[BaseException | None] = []
-    stub = Stub(
-        plugin or Injector(), sock=ours, env=ENV, on_close=lambda s, e: closes.append(e), **kw
-    )
+    stub = Stub(plugin or Injector(), StubOptions(
+        sock=ours, env=ENV, on_close=lambda s, e: closes.append(e), **kw))
     reader, writer = await asyncio.open_unix_connection(sock=theirs)
     peer = RuntimePeer(reader, writer)
     runner = asyncio.create_task(stub.run())
@@ -231,7 +230,7 @@ def test_protocol_error_drops_the_connection() -> None:
 
 
 def test_update_containers_needs_a_connection() -> None:
-    stub = Stub(Injector(), env=ENV)
+    stub = Stub(Injector(), StubOptions(env=ENV))
     with pytest.raises(ConnectionError):
         run(stub.update_containers([]))
 
@@ -245,7 +244,7 @@ def test_runtime_launched_fd_and_name_quirk() -> None:
     }
 
     async def main() -> None:
-        stub = Stub(Injector(), env=env)
+        stub = Stub(Injector(), StubOptions(env=env))
         assert stub.launched
         assert (stub.name, stub.idx) == ("cdi", "10")
         reader, writer = await asyncio.open_unix_connection(sock=theirs)
@@ -273,10 +272,10 @@ def test_external_plugin_reconnects_and_stops_on_shutdown(tmp_path: Path) -> Non
         server = await asyncio.start_unix_server(accept, path=path)
         stub = Stub(
             Injector(),
-            socket_path=path,
+            StubOptions(socket_path=path,
             env=ENV,
             poll_interval=0.01,
-            on_connected=lambda s: connected.append(s.connected),
+            on_connected=lambda s: connected.append(s.connected))
         )
         runner = asyncio.create_task(stub.run())
         first = await sessions.get()
@@ -303,11 +302,11 @@ def test_external_plugin_keeps_retrying_until_stopped(tmp_path: Path) -> None:
         loop = asyncio.get_running_loop()
         stub = Stub(
             Injector(),
-            socket_path=str(tmp_path / "missing.sock"),
+            StubOptions(socket_path=str(tmp_path / "missing.sock"),
             env=ENV,
             poll_interval=0.5,
             on_close=lambda s, e: closes.append(e),
-            before_connect=lambda s: attempts.append(loop.time()),
+            before_connect=lambda s: attempts.append(loop.time()))
         )
         runner = asyncio.create_task(stub.run())
         await asyncio.sleep(600)  # ten minutes on the stub's clock without a runtime

@@ -27,7 +27,7 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.versions import RuntimeInfo, SpecDirs
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-from nri_plugin.plugins.cdi_injector.plan import plan_injection
+from nri_plugin.plugins.cdi_injector.plan import PlanFor, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
@@ -76,7 +76,7 @@ def test_gpu_0_through_the_plugin_is_native_cdi(snapshot: Snapshot, name: str,
         RuntimeInfo.from_configure(name, version))
     # the default policy (additionalGids: drop) where neither NRI nor the runtime can add them
     plan = plan_injection(snapshot, [DeviceRequest(n, "test") for n in NAMES], runtime,
-                          drop_gids=True)
+                          PlanFor(drop_gids=True))
     cdi = (lambda spec, wanted: apply(spec, snapshot.resolve(wanted))) \
         if runtime.supports_cdi_devices else None
     assert runtime.nri_version is not None

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_plugin.nri.versions import UNKNOWN_DIRS, RuntimeInfo, SpecDirs
+from nri_plugin.nri.versions import UNKNOWN_DIRS, NativeCdi, RuntimeInfo, SpecDirs
 from nri_plugin.ops.runtime_cdi import runtime_cdi_config
 from nri_plugin.ops.settings import Settings, SettingsError, defaults, parse_settings
 
@@ -29,7 +29,8 @@ def test_version_3_config(tmp_path: Path) -> None:
     assert (got.enabled, got.spec_dirs, got.unread) == (True, SpecDirs.of(("/opt/cdi",)), "")
     assert got.origin == f"read from {config}"
     applied = got.applied_to(C21)
-    assert applied.native_cdi is True and applied.cdi_spec_dirs == SpecDirs.of(("/opt/cdi",))
+    assert applied.native_cdi is NativeCdi.ON
+    assert applied.cdi_spec_dirs == SpecDirs.of(("/opt/cdi",))
     assert "not read" not in got.describe(C21)
 
 
@@ -58,8 +59,8 @@ def test_no_file_is_said_to_be_an_assumption(tmp_path: Path,
     said = got.describe(C21)
     assert said.startswith("the runtime's settings were not read (no ")
     assert "; assuming runtime's own CDI on, resolves CDI_devices from unknown folders" in said
-    assert got.applied_to(C21).native_cdi is True  # 2.x: on by default
-    assert got.applied_to(C17).native_cdi is False
+    assert got.applied_to(C21).native_cdi is NativeCdi.ON  # 2.x: on by default
+    assert got.applied_to(C17).native_cdi is NativeCdi.OFF
     assert "containerd's settings were not read (no " in caplog.text
     assert "runtime_cdi.containerd_config" in caplog.text  # how to tell it
 
@@ -113,4 +114,4 @@ def test_a_running_crio_serving_the_socket_is_read(tmp_path: Path, monkeypatch: 
                           "(the running crio (pid 7))")
     assert "containerd" not in caplog.text
     crio = RuntimeInfo.from_configure("cri-o", "1.35.6")
-    assert got.applied_to(crio).native_cdi is True
+    assert got.applied_to(crio).native_cdi is NativeCdi.ON

@@ -63,7 +63,7 @@ class CompatResult(NamedTuple):
     warning: str = ""  # what in the image was skipped, for the hook to print (one line)
 
 
-def parse_version(text: str | None) -> tuple[int, int, int] | None:
+def parse_dotted_version(text: str | None) -> tuple[int, int, int] | None:
     """``580``, ``12.9`` or ``575.57.08`` as a comparable triple (missing parts are 0)."""
     text = (text or "").strip()
     parts = (text[1:] if text.startswith("v") else text).split(".")
@@ -76,11 +76,11 @@ def parse_version(text: str | None) -> tuple[int, int, int] | None:
 def use_compat(compat_version: str, host_driver: str, host_cuda: str,
                note: CompatNote | None) -> bool:
     """Whether the compat library of ``compat_version`` should win over the host driver."""
-    compat, driver, cuda = (parse_version(compat_version), parse_version(host_driver),
-                            parse_version(host_cuda))
+    compat, driver, cuda = (parse_dotted_version(compat_version), parse_dotted_version(host_driver),
+                            parse_dotted_version(host_cuda))
     if note is not None:
         if compat is None or driver is None:
-            wanted = parse_version(note.cuda_version)
+            wanted = parse_dotted_version(note.cuda_version)
             return cuda is not None and wanted is not None and wanted > cuda
         return driver[0] in note.drivers and compat > driver
     if host_cuda or compat is None or driver is None:

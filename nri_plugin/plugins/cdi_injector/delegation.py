@@ -8,15 +8,13 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cdi.cache import Snapshot
 from cdi.device import Device
 from cdi.dirs import DEFAULT_SPEC_DIRS
-from cdi.model import DeviceNode
 from cdi.version import parse_version
-from nri_plugin.nri.versions import CDI_OFF, UNKNOWN_DIRS, Reach, RuntimeInfo, SpecDirs
+from nri_plugin.nri.versions import CDI_OFF, UNKNOWN_DIRS, NativeCdi, Reach, RuntimeInfo, SpecDirs
 
 # Where every CDI library looks when not told otherwise (containerd's defaults too).
 LIBRARY_DEFAULT_DIRS = DEFAULT_SPEC_DIRS
@@ -42,12 +40,13 @@ class RuntimeCdiConfig:
         dirs = self.spec_dirs
         if not on and runtime.is_containerd and runtime.version is not None:
             dirs = SpecDirs.of(LIBRARY_DEFAULT_DIRS) if runtime.version >= (2, 0, 0) else CDI_OFF
-        return dataclasses.replace(runtime, native_cdi=on, cdi_spec_dirs=dirs)
+        return dataclasses.replace(runtime, native_cdi=NativeCdi.ON if on else NativeCdi.OFF,
+                                   cdi_spec_dirs=dirs)
 
     def describe(self, runtime: RuntimeInfo) -> str:
         applied = self.applied_to(runtime)
         folders = applied.cdi_spec_dirs.describe()
-        what = (f"runtime's own CDI {'on' if applied.native_cdi else 'off'}, resolves "
+        what = (f"runtime's own CDI {applied.native_cdi.value}, resolves "
                 f"CDI_devices from {folders} ({self.origin})")
         if self.unread:  # an assumption, said as one
             return f"the runtime's settings were not read ({self.unread}); assuming {what}"
@@ -93,20 +92,6 @@ def delegation_problems(devices: Iterable[Device], runtime: RuntimeInfo) -> list
                 "share the folder (containerd: cdi_spec_dirs, or the defaults /etc/cdi and "
                 "/var/run/cdi) and set runtime_cdi.spec_dirs to match")
     return problems
-
-
-def spec_device_nodes(snapshot: Snapshot, devices: Sequence[Device]) -> tuple[DeviceNode, ...]:
-    """The device nodes of these devices as the spec files wrote them (not filled in from
-    the host), in the order ``Snapshot.resolve`` merges them: per device, its spec's nodes
-    first (once per spec file), then its own."""
-    nodes: list[DeviceNode] = []
-    seen: set[str] = set()
-    for device in devices:
-        if device.spec.path not in seen:
-            seen.add(device.spec.path)
-            nodes += snapshot.specs[device.spec.path].spec.data.container_edits.device_nodes
-        nodes += device.data.container_edits.device_nodes
-    return tuple(nodes)
 
 
 class DelegationTracker:

@@ -7,10 +7,10 @@ are swapped in whole by a refresher.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from cdi.cache import Snapshot
+from cdi.device import Device
 from cdi.libpath import LD_LIBRARY_PATH_ENV
 from cdi.model import ContainerEdits
 from nri_plugin.nri.api import nri_pb2
@@ -19,36 +19,26 @@ from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.allocations import KubeletAllocations, check_not_held
-from nri_plugin.plugins.cdi_injector.claims import (
-    OnHit,
-    OnMiss,
-    StartWarning,
-    capability_removals,
-    node_matched,
-    plugin_injected_cri,
-    rechecked_refusal,
-    removes_runtime_mounts,
-    runtime_cdi_requests,
-    unknown_names,
-)
-from nri_plugin.plugins.cdi_injector.context import (
-    ContainerContext,
-    check_sources,
-    read_context,
-)
+from nri_plugin.plugins.cdi_injector.already import Wanted, wanted
+from nri_plugin.plugins.cdi_injector.asked import Asker, OnHit, OnMiss, rechecked_refusal
+from nri_plugin.plugins.cdi_injector.context import ContainerContext
 from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.delegation import DelegationTracker, RuntimeCdiConfig
-from nri_plugin.plugins.cdi_injector.native import injected_by_runtime, log_runtime_facts
-from nri_plugin.plugins.cdi_injector.plan import Injection, PlanCache, lookup_devices
+from nri_plugin.plugins.cdi_injector.plan import (
+    Injection,
+    PlanCache,
+    PlanFor,
+    lookup_devices,
+    mount_removals,
+    removes_runtime_mounts,
+)
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.refusal import Reason, Refusal
-from nri_plugin.plugins.cdi_injector.requests import (
-    DeviceRequest,
-    check_name_count,
-    unique_requests,
-)
-from nri_plugin.plugins.cdi_injector.sources import all_sources
-from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules, env_read
+from nri_plugin.plugins.cdi_injector.requests import unique_requests
+from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules
+
+# Set-ups to warn about once connected (the daemon: one broken for DRA claims).
+StartWarning = Callable[[RuntimeInfo], str | None]
 
 log = logging.getLogger("nri_cdi.injector")
 
@@ -91,11 +81,10 @@ class CdiInjector(Plugin):
         self.counters = counters if counters is not None else Counters()
         self.delegations = DelegationTracker()
         # A bounded re-read of the spec folders for names the registry does not know yet
-        # (a DRA claim spec written moments ago); None: refuse at once (no reader wired).
-        self.on_miss = on_miss
-        # For a container naming only known devices: the registry after any spec removal
-        # already made has been applied (None: nothing pending). No file I/O.
-        self.on_hit = on_hit
+        # (a DRA claim spec written moments ago; None: refuse at once, no reader wired) and,
+        # for a container naming only known devices, the registry after any spec removal
+        # already made (None: nothing pending; no file I/O).
+        self._asker = Asker(self.vendors, on_miss, on_hit)
         # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
         self.on_start_warning = on_start_warning
         # Runs the per-container log line once the reply has left (the daemon: the event
@@ -104,10 +93,7 @@ class CdiInjector(Plugin):
         # What the kubelet allocated to each pod, kept current by the daemon (no I/O here);
         # None, or a call that returns None: no kubelet to ask, nothing checked.
         self._allocations = allocations
-        self._env_names = env_read(self.vendors, LD_LIBRARY_PATH_ENV)
         self._plans = PlanCache()
-        self._env_request_prefixes = tuple(p for v in self.vendors
-                                           for p in v.env_request_prefixes)
         # Group sets already warned about on this connection (one line each, not one per
         # container: the counters and metrics count every container).
         self._gids_warned: set[tuple[int, ...]] = set()
@@ -137,7 +123,12 @@ class CdiInjector(Plugin):
         log.info("connected to %s; %s", self.runtime.describe(),
                  cdi.describe(self.runtime) if cdi is not None else
                  "the runtime's own CDI set-up is unknown (not read)")
-        log_runtime_facts(self.runtime)
+        if (self.runtime.cdi_version is not None
+                and not self.runtime.native_mount_order_by_name):
+            log.info("%s keeps spec order within one mount depth; NRI re-sorts a container's "
+                     "mounts by (depth, path) whenever a plugin adds mounts, so same-depth "
+                     "mounts (which never nest) may be listed in another order than with "
+                     "native CDI", self.runtime.describe_cdi())
         if self.on_start_warning is not None and (line := self.on_start_warning(self.runtime)):
             log.warning("%s", line)
         if not self.runtime.supports_cdi_devices:
@@ -199,112 +190,61 @@ class CdiInjector(Plugin):
         """The whole decision for one container (None: nothing to change); raises a
         Refusal with the reason. The registry and the policy are read once: every step
         sees the same snapshot, facts and rules."""
-        registry, policy = self._registry(), self.policy
-        check_name_count(pod.annotations, container, self._env_request_prefixes)
-        context = self._read(pod, container, registry, policy)
-        cri = runtime_cdi_requests(container)
-        names = [r.name for r in (*context.requests, *cri)]
-
-        # A name the registry does not know may be a claim spec written a moment ago; a
-        # known one may belong to a spec deleted a moment ago.
-        unknown = unknown_names(names, registry.snapshot) if self.on_miss is not None else []
-        newer = None
-        if unknown and self.on_miss is not None:
-            newer = self.on_miss(unknown)
-        elif names and self.on_hit is not None:
-            newer = self.on_hit()
-        if newer is not None and newer is not registry:
-            registry = newer
-            context = self._read(pod, container, registry, policy)
-        snapshot = registry.snapshot
-        # A device asked for past the scheduler must not be another pod's.
+        policy = self.policy
+        # 1. What it asks for, by every source, under a registry that knows the names; no
+        # device another pod holds asked for past the scheduler.
+        context, registry, reread = self._asker.read(pod, container, self._registry(), policy)
         if self._allocations is not None:
             check_not_held(context, registry, self.vendors, self._allocations)
-
-        # What the runtime's own CDI did already.
-        asked = list(context.requests)
-        native = self.runtime.native_cdi
-        if native is False:
-            # Its CDI is off, so it did not inject what CRI CDIDevices named (NRI >= 0.10
-            # shows them): the plugin does, as a container annotation's.
-            asked = unique_requests([*asked, *plugin_injected_cri(
-                policy, cri, context.namespace, context.privileged)])
-            cri = []
-        requests = not_yet_injected(asked, container, snapshot, context.privileged,
-                                    native_cdi=native)
-        if unknown and (refusal := rechecked_refusal(snapshot, requests)) is not None:
+        # 2. What of it is already in the container (the runtime's CDI, an earlier plugin).
+        want = wanted(context, container, registry.snapshot, self.runtime.native_cdi, policy)
+        if reread and (refusal := rechecked_refusal(registry.snapshot, want.to_add)):
             raise refusal
-        injected = self._runtime_injected(asked, requests, cri, container, registry,
-                                          context.privileged)
-        # No device, but the env may ask for edits of no device (a vendor's extras_env).
-        extras = not requests and any(context.env.get(n) for v in self.vendors
-                                      for n in v.extras_env)
-        if not requests and not extras and not injected:
-            return None
-
-        # The policy's device rules, the lookup, each vendor's verdict.
-        checked = unique_requests([*requests, *injected])
-        checked_names = [r.name for r in checked]
-        policy.check_devices(checked_names, context.namespace, context.privileged)
-        # An unknown name is said before any verdict.
-        devices = {d.qualified_name: d for d in lookup_devices(snapshot, checked)}
-        edit_filter = _combined([f for vendor, facts in registry.paired(self.vendors)
-                                 if (f := vendor.verdict(context, checked_names, policy,
-                                                         snapshot, facts)) is not None])
-
-        # The plan: what the plugin adds, and what it takes back of the runtime's.
-        trimmed = self._trimmed(injected, edit_filter, context.env, container, registry)
-        if not requests and not extras:
-            return trimmed
-        if not requests and edit_filter is None:
-            return None
+        # A vendor's env may ask for edits of no device (its extras_env).
+        extras = not want.to_add and any(context.env.get(n) for v in self.vendors
+                                         for n in v.extras_env)
+        if not want.to_add and not want.there and not extras:
+            return None  # exit: nothing asked for (nothing to add, nothing there)
+        # 3. The policy's device rules, the lookup, each vendor's verdict.
+        devices, edit_filter = self._checked(context, want, registry, policy)
+        # 4. The plan: what the plugin adds, and what it takes back of the runtime's.
+        trimmed = self._trimmed(want, edit_filter, context, container, registry)
+        if not want.to_add and not extras:
+            return trimmed  # exit: only what was there, less what its env did not ask for
+        if not want.to_add and edit_filter is None:
+            return None  # exit: extras asked for, and no vendor has edits for them
         injection = self._plans.plan(
-            snapshot, [devices[r.name] for r in requests], self.runtime, uid=context.uid,
-            gid=context.gid, edit_filter=edit_filter,
-            library_path=context.env.get(LD_LIBRARY_PATH_ENV, ""),
-            drop_gids=policy.additional_gids == "drop")
-        if trimmed is not None:  # the plan is kept: add to a copy
-            adjustment = nri_pb2.ContainerAdjustment()
-            adjustment.CopyFrom(injection.adjustment)
-            adjustment.MergeFrom(trimmed.adjustment)
-            injection = replace(injection, adjustment=adjustment)
-        if not requests and not injection.adjustment.ListFields():
-            return None
-        return injection
+            registry.snapshot, [devices[r.name] for r in want.to_add], self.runtime,
+            PlanFor(uid=context.uid, gid=context.gid, edit_filter=edit_filter,
+                    library_path=context.env.get(LD_LIBRARY_PATH_ENV, ""),
+                    drop_gids=policy.additional_gids == "drop"))
+        return _with_removals(injection, trimmed, adds=bool(want.to_add))
 
-    def _read(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
-              registry: Registry, policy: Policy) -> ContainerContext:
-        """What every source asked for; raises the first source's denial."""
-        context = read_context(pod, container, all_sources(registry.paired(self.vendors)),
-                               policy, registry.snapshot, self._env_names)
-        check_sources(context, policy)
-        return context
+    def _checked(self, context: ContainerContext, want: Wanted, registry: Registry,
+                 policy: Policy) -> tuple[dict[str, Device], EditFilter | None]:
+        """Every device to be added or already there, against the policy's device rules,
+        the registry (an unknown name is said before any verdict) and each vendor's
+        verdict (a refusal raises): the devices by name, and the vendors' edit filter,
+        combined (None: none)."""
+        checked = unique_requests([*want.to_add, *want.there])
+        names = [r.name for r in checked]
+        policy.check_devices(names, context.namespace, context.privileged)
+        devices = {d.qualified_name: d for d in lookup_devices(registry.snapshot, checked)}
+        return devices, _combined([f for vendor, facts in registry.paired(self.vendors)
+                                   if (f := vendor.verdict(context, names, policy,
+                                                           registry.snapshot, facts))
+                                   is not None])
 
-    def _runtime_injected(self, asked: Sequence[DeviceRequest], requests: list[DeviceRequest],
-                          cri: list[DeviceRequest], container: nri_pb2.Container,
-                          registry: Registry, privileged: bool) -> list[DeviceRequest]:
-        """The devices the runtime's own CDI injected that the registry knows, to be checked
-        like the plugin's own: by name (CRI CDIDevices on NRI >= 0.10, annotations), else,
-        with its CDI on, by the device nodes the container already has."""
-        snapshot = registry.snapshot
-        left = {r.name for r in requests}
-        named = [r for r in [*asked, *cri] if r.name not in left and r.name in snapshot.devices]
-        if named or privileged or self.runtime.native_cdi is not True or requests:
-            return unique_requests(named)
-        if not container.linux.devices:
-            return []
-        return node_matched(container, snapshot)
-
-    def _trimmed(self, injected: Sequence[DeviceRequest], edit_filter: EditFilter | None,
-                 env: Mapping[str, str], container: nri_pb2.Container,
+    def _trimmed(self, want: Wanted, edit_filter: EditFilter | None,
+                 context: ContainerContext, container: nri_pb2.Container,
                  registry: Registry) -> Injection | None:
         """The mounts to take back from what the runtime's CDI injected, where a vendor's
         filter variable is set (e.g. its driver-capabilities variable); None: none."""
-        filtering = any(k in env for v in self.vendors for k in v.filter_env)
-        if edit_filter is None or not injected or not filtering:
+        filtering = any(k in context.env for v in self.vendors for k in v.filter_env)
+        if edit_filter is None or not want.there or not filtering:
             return None
-        removals = capability_removals(registry.snapshot, [r.name for r in injected],
-                                       edit_filter, container)
+        removals = mount_removals(registry.snapshot, [r.name for r in want.there],
+                                  edit_filter, container)
         if removals is None:
             return None
         if not removes_runtime_mounts(self.runtime):
@@ -346,35 +286,24 @@ class _FilterChain:
         return edits
 
 
+def _with_removals(injection: Injection, trimmed: Injection | None, *,
+                   adds: bool) -> Injection | None:
+    """``injection`` with the mounts to take back (``trimmed``) merged in; None when it
+    changes nothing and adds no device (extras that came to nothing)."""
+    if trimmed is not None:  # the plan is kept (``PlanCache``): add to a copy
+        adjustment = nri_pb2.ContainerAdjustment()
+        adjustment.CopyFrom(injection.adjustment)
+        adjustment.MergeFrom(trimmed.adjustment)
+        injection = replace(injection, adjustment=adjustment)
+    if not adds and not injection.adjustment.ListFields():
+        return None
+    return injection
+
+
 def _combined(filters: Sequence[EditFilter]) -> EditFilter | None:
     if not filters:
         return None
     return filters[0] if len(filters) == 1 else _FilterChain(filters)
-
-
-def not_yet_injected(requests: Sequence[DeviceRequest], container: nri_pb2.Container,
-                     snapshot: Snapshot, privileged: bool, *,
-                     native_cdi: bool | None = None) -> list[DeviceRequest]:
-    """Drop what the runtime already injected itself: names in ``CDI_devices`` (filled by
-    containerd 2.3+ from CRI CDIDevices, which it injects only with its own CDI on: not
-    trusted when ``native_cdi`` is known False), with ``native_cdi`` every device named in
-    the container's cdi.k8s.io annotations (see ``injected_by_runtime``), and devices
-    whose every node is already in the container. Privileged containers get every host
-    node, so there only the names count."""
-    done = set() if native_cdi is False else {d.name for d in container.CDI_devices}
-    if native_cdi:
-        done |= injected_by_runtime(container, snapshot, privileged)
-    present = set() if privileged else {d.path for d in container.linux.devices}
-    out = []
-    for request in requests:
-        if request.name in done:
-            continue
-        device = snapshot.devices.get(request.name)
-        nodes = device.edits.device_nodes if device is not None else ()
-        if nodes and all(n.path in present for n in nodes):
-            continue
-        out.append(request)
-    return out
 
 
 def was_created(container: nri_pb2.Container) -> bool:

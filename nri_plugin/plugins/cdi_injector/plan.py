@@ -1,6 +1,7 @@
-"""From looked-up devices to a ContainerAdjustment: what the plugin applies itself and what
-it hands to the runtime's own CDI (``ContainerAdjustment.CDI_devices``), and when
-(docs/developer/architecture.md, step 7). Pure.
+"""From looked-up devices to a ContainerAdjustment: what the plugin applies itself, what it
+hands to the runtime's own CDI (``ContainerAdjustment.CDI_devices``) and when, and the
+mounts it takes back of what the runtime's CDI injected (docs/developer/architecture.md,
+step 7). Pure.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from dataclasses import dataclass
 
 from cdi.cache import Snapshot
 from cdi.device import Device
-from cdi.edits import merge
 from cdi.errors import UnresolvedDevicesError
 from cdi.libpath import EXTRA_LIBRARY_PATH_ENV
 from cdi.model import ContainerEdits
+from nri_plugin.nri import adjustment as adj
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.versions import Reach, RuntimeInfo
 from nri_plugin.nri.wire import Code
@@ -24,7 +25,7 @@ from nri_plugin.plugins.cdi_injector.adjust import (
     unsupported_edits,
     wider_than_nri,
 )
-from nri_plugin.plugins.cdi_injector.delegation import delegation_problems, spec_device_nodes
+from nri_plugin.plugins.cdi_injector.delegation import delegation_problems
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.vendor import EditFilter
@@ -65,14 +66,32 @@ def lookup_devices(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> lis
                              code=Code.NOT_FOUND) from None
 
 
-def plan_devices(snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeInfo, *,
-                 uid: int = 0, gid: int = 0, edit_filter: EditFilter | None = None,
-                 library_path: str = "", drop_gids: bool = False) -> Injection:
-    """The adjustment for ``devices`` (looked up, in request order). ``edit_filter``: the
-    vendors' filter of the resolved edits (None keeps everything). ``library_path``: the
-    container's own LD_LIBRARY_PATH, which hook-free specs add their folders to.
-    ``drop_gids``: where additionalGids are all the plugin cannot apply itself, apply the
-    rest without them instead of refusing."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanFor:
+    """What a plan depends on besides the devices and the runtime: the container's user;
+    the vendors' filter of the resolved edits (None keeps everything); the container's own
+    LD_LIBRARY_PATH, which hook-free specs add their folders to; whether, where
+    additionalGids are all the plugin cannot apply itself, the rest is applied without
+    them (``drop_gids``) instead of refused."""
+
+    uid: int = 0
+    gid: int = 0
+    edit_filter: EditFilter | None = None
+    library_path: str = ""
+    drop_gids: bool = False
+
+    @property
+    def cache_key(self) -> Hashable:
+        return (self.uid, self.gid,
+                None if self.edit_filter is None else self.edit_filter.cache_key,
+                self.library_path, self.drop_gids)
+
+
+def plan_devices(snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeInfo,
+                 plan_for: PlanFor | None = None) -> Injection:
+    """The adjustment for ``devices`` (looked up, in request order)."""
+    plan_for = plan_for if plan_for is not None else PlanFor()
+    edit_filter, drop_gids = plan_for.edit_filter, plan_for.drop_gids
     edits = snapshot.merged_edits(devices) if devices else ContainerEdits()
     filtered = edit_filter.apply(edits) if edit_filter is not None else edits
     lost = _lost_by_handing_over(edits, filtered)
@@ -85,12 +104,15 @@ def plan_devices(snapshot: Snapshot, devices: Sequence[Device], runtime: Runtime
                          delegated=tuple(d.qualified_name for d in devices))
     if dropped:
         edits = edits._replace(additional_gids=())
-    # fileModes first, on the devices' own nodes; then the filter (which may add nodes).
-    edits = as_native_file_modes(edits, spec_device_nodes(snapshot, devices), runtime)
+    # fileModes first, on the devices' own nodes as the spec files wrote them (what the
+    # runtime's own CDI fills in or not); then the filter (which may add nodes).
+    written = tuple(n for part in snapshot.edits_in_order(devices, as_written=True)
+                    for n in part.device_nodes)
+    edits = as_native_file_modes(edits, written, runtime)
     if edit_filter is not None:
         edits = edit_filter.apply(edits)
-    adjustment = to_adjustment(edits, runtime=runtime, uid=uid, gid=gid,
-                               image_library_path=library_path)
+    adjustment = to_adjustment(edits, runtime=runtime, uid=plan_for.uid, gid=plan_for.gid,
+                               image_library_path=plan_for.library_path)
     return Injection(adjustment=adjustment, devices=tuple(d.qualified_name for d in devices),
                      delegated=(), dropped_gids=dropped,
                      kept_because=lost if runtime.supports_cdi_devices else "")
@@ -121,7 +143,7 @@ def _hand_over(snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeIn
     can_hand_over = runtime.supports_cdi_devices and not delegation_problems(devices, runtime)
     dropped: set[int] = set()
     for group in _by_spec(devices).values():
-        edits = merge([snapshot.specs[group[0].spec.path].edits, *(d.edits for d in group)])
+        edits = snapshot.merged_edits(group)
         reasons = unsupported_edits(edits, runtime)
         if not reasons:
             continue
@@ -165,12 +187,37 @@ def _by_spec(devices: Sequence[Device]) -> dict[str, list[Device]]:
 
 
 def plan_injection(snapshot: Snapshot, requests: Sequence[DeviceRequest], runtime: RuntimeInfo,
-                   *, uid: int = 0, gid: int = 0, edit_filter: EditFilter | None = None,
-                   library_path: str = "", drop_gids: bool = False) -> Injection:
+                   plan_for: PlanFor | None = None) -> Injection:
     """``plan_devices`` for the devices ``requests`` name (looked up first)."""
-    return plan_devices(snapshot, lookup_devices(snapshot, requests), runtime, uid=uid,
-                        gid=gid, edit_filter=edit_filter, library_path=library_path,
-                        drop_gids=drop_gids)
+    return plan_devices(snapshot, lookup_devices(snapshot, requests), runtime, plan_for)
+
+
+def removes_runtime_mounts(runtime: RuntimeInfo) -> bool:
+    """Whether NRI mount removals reach the mounts the runtime's own CDI injected: seen
+    with containerd 2.1.9; containerd 1.7.24 accepts the removals and keeps the mounts."""
+    return not (runtime.is_containerd and runtime.version is not None
+                and runtime.version < (2, 0, 0))
+
+
+def mount_removals(snapshot: Snapshot, names: Sequence[str], edit_filter: EditFilter,
+                   container: nri_pb2.Container) -> nri_pb2.ContainerAdjustment | None:
+    """Remove from a container the mounts the runtime's CDI gave it for ``names`` that
+    ``edit_filter`` would not have given (a vendor's filter variable not asking for them);
+    NRI lets a plugin remove mounts by destination. None: nothing to remove."""
+    known = [n for n in names if n in snapshot.devices]
+    if not known:
+        return None
+    edits = snapshot.resolve(known)
+    kept = {m.container_path for m in edit_filter.apply(edits).mounts}
+    present = {m.destination for m in container.mounts}
+    drop = sorted({m.container_path for m in edits.mounts if m.container_path not in kept}
+                  & present)
+    if not drop:
+        return None
+    adjustment = nri_pb2.ContainerAdjustment()
+    for path in drop:
+        adj.remove_mount(adjustment, path)
+    return adjustment
 
 
 class PlanCache:
@@ -186,23 +233,18 @@ class PlanCache:
         self._snapshot: Snapshot | None = None
         self._plans: OrderedDict[Hashable, Injection] = OrderedDict()
 
-    def plan(self, snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeInfo, *,
-             uid: int = 0, gid: int = 0, edit_filter: EditFilter | None = None,
-             library_path: str = "", drop_gids: bool = False) -> Injection:
+    def plan(self, snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeInfo,
+             plan_for: PlanFor) -> Injection:
         """``plan_devices``, kept."""
         if snapshot is not self._snapshot:
             self._snapshot = snapshot
             self._plans.clear()
-        key = (tuple(d.qualified_name for d in devices), runtime, uid, gid,
-               None if edit_filter is None else edit_filter.cache_key, library_path,
-               drop_gids)
+        key = (tuple(d.qualified_name for d in devices), runtime, plan_for.cache_key)
         kept = self._plans.get(key)
         if kept is not None:
             self._plans.move_to_end(key)
             return kept
-        made = plan_devices(snapshot, devices, runtime, uid=uid, gid=gid,
-                            edit_filter=edit_filter, library_path=library_path,
-                            drop_gids=drop_gids)
+        made = plan_devices(snapshot, devices, runtime, plan_for)
         self._plans[key] = made
         if len(self._plans) > self.SIZE:
             self._plans.popitem(last=False)

@@ -85,7 +85,7 @@ def _in_namespaces(namespace: str, patterns: tuple[str, ...]) -> bool:
 # cluster the operator names the namespaces that may (docs/usage/policy.md).
 NO_NAMESPACE: tuple[str, ...] = ()
 
-# The injector's own sources (``sources.py`` reads them); vendors add theirs.
+# The injector's own sources (``asked.py`` reads them); vendors add theirs.
 NEUTRAL_SOURCES: Mapping[str, SourceRule] = {
     # Set by the kubelet from a device plugin's or a DRA claim's allocation.
     "containerAnnotations": SourceRule(title="container annotations", enabled=True),

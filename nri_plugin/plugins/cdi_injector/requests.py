@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from cdi.annotations import ANNOTATION_PREFIX, parse_annotation
 from cdi.errors import AnnotationError
 from cdi.parser import is_qualified_name
-from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
 
@@ -110,37 +109,3 @@ def unique_requests(requests: list[DeviceRequest]) -> list[DeviceRequest]:
             seen.add(request.name)
             result.append(request)
     return result
-
-
-# Device names one container may ask for, all sources together. Parsing is linear, but a
-# request of hundreds of thousands of names would outlast the runtime's request timeout
-# (the container is then created without us). Real requests name a few devices (8 GPUs x
-# 7 MIG instances is 56).
-MAX_NAMES = 1024
-
-
-class TooManyNamesError(RequestError):
-    """The request names more devices than any container may ask for (MAX_NAMES)."""
-
-    default_rule = "nameLimit"
-
-
-def check_name_count(pod_annotations: Mapping[str, str], container: nri_pb2.Container,
-                     env_prefixes: tuple[str, ...] = ()) -> None:
-    """Raise TooManyNamesError when the request names more than MAX_NAMES devices, before
-    anything parses them (it counts commas). ``env_prefixes``: the vendors' env requests
-    ("NAME=")."""
-    count = 0
-    for where, found in (("pod", pod_annotations), ("container", container.annotations)):
-        for key, value in found.items():
-            if key.startswith(ANNOTATION_PREFIX):
-                count += value.count(",") + 1
-                if count > MAX_NAMES:
-                    raise TooManyNamesError(
-                        f"{where} annotation {key[:80]!r} brings the devices asked for over "
-                        f"{MAX_NAMES} (a container may name at most {MAX_NAMES})",
-                        annotation=key[:80])
-    for entry in container.env:
-        if entry.startswith(env_prefixes) and entry.count(",") >= MAX_NAMES:
-            raise TooManyNamesError(
-                f"{entry.partition('=')[0]} names more than {MAX_NAMES} devices")

@@ -57,7 +57,7 @@ class GpuInfo:
     brand: str | None = None  # e.g. tesla, nvidia
 
 
-def version_key(text: str) -> tuple[int, ...]:
+def constraint_version_key(text: str) -> tuple[int, ...]:
     parts = [int(p) for p in text.split(".")]
     while len(parts) > 1 and parts[-1] == 0:
         parts.pop()
@@ -154,7 +154,7 @@ def _holds(c: Constraint, have: str) -> bool:
         return (have.lower() == c.value) == (c.op == "=")
     if not _VERSION.match(have):
         return False
-    a, b = version_key(have), version_key(c.value)
+    a, b = constraint_version_key(have), constraint_version_key(c.value)
     return {"=": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b,
             ">=": a >= b}[c.op]
 

@@ -18,7 +18,8 @@ from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
 from nri_plugin.vendors.nvidia import units
 from nri_plugin.vendors.nvidia.capabilities import ENV as CAPABILITIES_ENV
 from nri_plugin.vendors.nvidia.capabilities import filter_edits, requested_capabilities
-from nri_plugin.vendors.nvidia.extras import (
+from nri_plugin.vendors.nvidia.k8s_sources import NRI_KEY
+from nri_plugin.vendors.nvidia.no_device_requests import (
     IMEX_ENV,
     MIG_CONFIG_ENV,
     MIG_MONITOR_ENV,
@@ -30,7 +31,6 @@ from nri_plugin.vendors.nvidia.extras import (
     wants_driver_only,
     wants_mig_capability,
 )
-from nri_plugin.vendors.nvidia.k8s_sources import NRI_KEY
 from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts, SpecFacts, load_facts
 from nri_plugin.vendors.nvidia.requirements import (
     GpuInfo,

@@ -11,8 +11,8 @@ from cdi.cache import Snapshot
 from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
 from nri_plugin.plugins.cdi_injector.policy import NO_NAMESPACE, SourceRule
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
-from nri_plugin.vendors.nvidia.extras import IMEX_ENV, MIG_CONFIG_ENV, MIG_MONITOR_ENV
 from nri_plugin.vendors.nvidia.k8s_sources import nvidia_nri_requests, volume_mount_requests
+from nri_plugin.vendors.nvidia.no_device_requests import IMEX_ENV, MIG_CONFIG_ENV, MIG_MONITOR_ENV
 from nri_plugin.vendors.nvidia.nodefacts import NodeFacts
 from nri_plugin.vendors.nvidia.visible_devices import ENV as VISIBLE_ENV
 from nri_plugin.vendors.nvidia.visible_devices import VOLUME_MOUNT_ROOT, visible_device_names

@@ -1,0 +1,173 @@
+"""What a container asks for, the first step of the injector's decision and of
+fail-closed's: the injector's own request sources, declared as the vendors declare theirs,
+the order all are read in (docs/usage/policy.md, "Request sources"), the cap on the names
+asked for, the reading itself (``read_asked``), and the registry made current for the
+names (docs/developer/kubernetes-allocation.md): a DRA claim's spec is written a moment
+before its container is created and removed a moment after, so a name the registry does
+not know gets a bounded re-read of the spec folders (``OnMiss``, the one file I/O of a
+decision, wired by the daemon) and known names wait for a spec removal already made
+(``OnHit``, no file I/O). Pure but for what ``OnMiss`` does.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from cdi.annotations import ANNOTATION_PREFIX
+from cdi.cache import Snapshot
+from cdi.libpath import LD_LIBRARY_PATH_ENV
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.wire import Code
+from nri_plugin.plugins.cdi_injector.context import (
+    ContainerContext,
+    RequestSource,
+    check_sources,
+    read_context,
+)
+from nri_plugin.plugins.cdi_injector.plan import InjectionError, lookup_devices
+from nri_plugin.plugins.cdi_injector.policy import NEUTRAL_SOURCES, Policy
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
+from nri_plugin.plugins.cdi_injector.requests import (
+    DeviceRequest,
+    RequestError,
+    container_requests,
+    nri_plugins_requests,
+    pod_requests,
+)
+from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules, env_read
+
+# The injector's own sources: the readers only forward the context's fields.
+NEUTRAL = (
+    RequestSource(name="podAnnotations", default=NEUTRAL_SOURCES["podAnnotations"],
+                  read_from="annotations",
+                  read=lambda context, snapshot, facts: pod_requests(
+                      context.pod_annotations, context.container_name)),
+    RequestSource(name="containerAnnotations", default=NEUTRAL_SOURCES["containerAnnotations"],
+                  read_from="annotations", allocated=True,
+                  read=lambda context, snapshot, facts: container_requests(context.annotations)),
+    RequestSource(name="nriPluginsAnnotations",
+                  default=NEUTRAL_SOURCES["nriPluginsAnnotations"], read_from="annotations",
+                  read=lambda context, snapshot, facts: nri_plugins_requests(
+                      context.pod_annotations, context.container_name)))
+
+
+def all_sources(vendors: Sequence[tuple[VendorRules, object]]
+                ) -> tuple[tuple[RequestSource, object], ...]:
+    """Every source that reads requests, with its vendor's facts (the injector's own have
+    none), in source order, but those ignored where denied (the env sources) last;
+    ``vendors``: (vendor, its facts), as ``Registry.paired`` gives them."""
+    paired: list[tuple[RequestSource, object]] = [(s, None) for s in NEUTRAL]
+    for vendor, facts in vendors:
+        paired += [(s, facts) for s in vendor.sources if s.read is not None]
+    return (tuple(p for p in paired if p[0].when_denied != "ignore")
+            + tuple(p for p in paired if p[0].when_denied == "ignore"))
+
+
+def read_asked(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
+               registry: Registry, policy: Policy,
+               vendors: tuple[VendorRules, ...]) -> ContainerContext:
+    """What every source asked for (``read_context``), once the names asked for are counted
+    (``check_name_count``: before anything parses them). A malformed request or too many
+    names raise their Refusal; whether the policy allows the sources that asked is
+    ``context.check_sources``' business."""
+    env_prefixes, env_names = _env_of(vendors)
+    check_name_count(pod.annotations if pod is not None else {}, container, env_prefixes)
+    return read_context(pod, container, all_sources(registry.paired(vendors)), policy,
+                        registry.snapshot, env_names)
+
+
+@functools.lru_cache(maxsize=16)
+def _env_of(vendors: tuple[VendorRules, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The vendors' env requests ("NAME="), and the env names a context keeps: the vendors'
+    and the container's own library path (``vendor.env_read``). Once per vendor set."""
+    return (tuple(p for v in vendors for p in v.env_request_prefixes),
+            env_read(vendors, LD_LIBRARY_PATH_ENV))
+
+
+# Device names one container may ask for, all sources together. Parsing is linear, but a
+# request of hundreds of thousands of names would outlast the runtime's request timeout
+# (the container is then created without us). Real requests name a few devices (8 GPUs x
+# 7 MIG instances is 56).
+MAX_NAMES = 1024
+
+
+class TooManyNamesError(RequestError):
+    """The request names more devices than any container may ask for (MAX_NAMES)."""
+
+    default_rule = "nameLimit"
+
+
+def check_name_count(pod_annotations: Mapping[str, str], container: nri_pb2.Container,
+                     env_prefixes: tuple[str, ...] = ()) -> None:
+    """Raise TooManyNamesError when the request names more than MAX_NAMES devices, before
+    anything parses them (it counts commas). ``env_prefixes``: the vendors' env requests
+    ("NAME=")."""
+    count = 0
+    for where, found in (("pod", pod_annotations), ("container", container.annotations)):
+        for key, value in found.items():
+            if key.startswith(ANNOTATION_PREFIX):
+                count += value.count(",") + 1
+                if count > MAX_NAMES:
+                    raise TooManyNamesError(
+                        f"{where} annotation {key[:80]!r} brings the devices asked for over "
+                        f"{MAX_NAMES} (a container may name at most {MAX_NAMES})",
+                        annotation=key[:80])
+    for entry in container.env:
+        if entry.startswith(env_prefixes) and entry.count(",") >= MAX_NAMES:
+            raise TooManyNamesError(
+                f"{entry.partition('=')[0]} names more than {MAX_NAMES} devices")
+
+
+# Called with the names the registry does not know; returns the registry after a bounded
+# re-read of the spec folders (None: the re-read did not finish in time).
+OnMiss = Callable[[Sequence[str]], Registry | None]
+# Called when every name is known; returns a newer registry once spec removals already
+# made are applied (a bounded wait, no file I/O), None when none is pending.
+OnHit = Callable[[], Registry | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Asker:
+    """How the injector reads what a container asks for: by its vendors' sources and its
+    own, under a registry made current for the names by ``on_miss`` / ``on_hit`` (None:
+    the registry as it is; without ``on_miss`` an unknown name is refused as is)."""
+
+    vendors: tuple[VendorRules, ...]
+    on_miss: OnMiss | None = None
+    on_hit: OnHit | None = None
+
+    def read(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
+             registry: Registry, policy: Policy) -> tuple[ContainerContext, Registry, bool]:
+        """What every source asked for (a source the policy denies raises), the registry
+        to decide with, and whether the spec folders were read again for a name
+        ``registry`` did not know."""
+        context = read_asked(pod, container, registry, policy, self.vendors)
+        check_sources(context, policy)
+        names = [*(r.name for r in context.requests), *(d.name for d in container.CDI_devices)]
+        unknown = ([n for n in names if n not in registry.snapshot.devices]
+                   if self.on_miss is not None else [])
+        newer = None
+        if unknown and self.on_miss is not None:
+            newer = self.on_miss(unknown)
+        elif names and self.on_hit is not None:
+            newer = self.on_hit()
+        if newer is not None and newer is not registry:
+            registry = newer
+            context = read_asked(pod, container, registry, policy, self.vendors)
+            check_sources(context, policy)
+        return context, registry, bool(unknown)
+
+
+def rechecked_refusal(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> Refusal | None:
+    """After the re-read: the refusal for the names still unknown (None: all resolve). It
+    names each device and where it was asked for, and says the folders were read again."""
+    try:
+        lookup_devices(snapshot, requests)
+    except InjectionError as exc:
+        folders = ", ".join(snapshot.spec_dirs) or "(none)"
+        return Refusal(f"{exc} (the node's spec folders were read again just now)",
+                       rule="unresolvable", code=Code.NOT_FOUND, device=exc.reason.device,
+                       node_detail=f"folders {folders}")
+    return None

@@ -1,0 +1,433 @@
+"""Fail-closed, when: the start guard's state machine. Every container whose creation did not
+pass through this plugin process is checked when it starts; what the runtime's Synchronize
+lists is judged at once (``unserved``) and acted on (``eviction``). Its connection, open
+only while needed, is ``nri_plugin.nri.second_connection``; docs/developer/fail-closed.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.api.events import EventMask
+from nri_plugin.nri.dispatch import RpcError
+from nri_plugin.nri.plugin import Plugin
+from nri_plugin.nri.second_connection import Second, SecondConnection, StubFactory
+from nri_plugin.nri.stub import CloseCallback
+from nri_plugin.nri.versions import RuntimeInfo
+from nri_plugin.nri.wire import Code
+from nri_plugin.plugins.cdi_injector.counters import Counters
+from nri_plugin.plugins.cdi_injector.eviction import (
+    CGROUP_ROOT,
+    cgroup_has_processes,
+    stop_processes,
+    write_termination_message,
+)
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.refusal import USER_PREFIX
+from nri_plugin.plugins.cdi_injector.unserved import Unserved, container_unserved, find_unserved
+
+FAILCLOSED_LOGGER = "nri_cdi.failclosed"
+log = logging.getLogger(FAILCLOSED_LOGGER)
+
+GUARD_SUFFIX = "-guard"  # the guard's own connection's name: the injector's, and this
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuardSettings:
+    """The start guard's set-up; the timings are docs/developer/fail-closed.md's."""
+
+    # The start checks ride on a connection of the guard's own (``guarded_connections``),
+    # not on the injector's.
+    own_connection: bool = False
+    cgroup_root: str = CGROUP_ROOT
+    # How long a container created without the plugin is owed a check at its start, and
+    # how often, meanwhile, its cgroup is looked at for a start the guard was not asked
+    # about: longer than the runtime's default request timeout, so a StartContainer held
+    # up by a slow plugin before us has reached us by the next look.
+    pending_limit: float = 60.0
+    recheck: float = 3.0
+    # How long the injector's connection waits for the guard's, and how long the guard's
+    # stays once nothing is in doubt.
+    ready_timeout: float = 5.0
+    linger: float = 10.0
+
+
+@dataclass(slots=True)
+class _Pending:
+    item: Unserved
+    until: float  # let go then, if still not started
+    check_at: float  # its cgroup is next looked at then
+    # Processes were in its cgroup at the last look: the runtime made its task. Seen at two
+    # looks in a row, its start has passed the guard by (one look could fall between the
+    # task's creation and the StartContainer that is still on its way to the guard).
+    had_processes: bool = False
+
+
+class StartGuard(Plugin):
+    """The plugin the stub runs: the injector's handlers plus the fail-closed checks."""
+
+    REMEMBER = 65536  # containers remembered as served, oldest dropped first
+    # The events the guard needs on every runtime, whatever the injector subscribes to.
+    GUARD_EVENTS = (EventMask.POST_CREATE_CONTAINER | EventMask.START_CONTAINER
+                    | EventMask.POST_START_CONTAINER | EventMask.REMOVE_CONTAINER)
+    # containerd fails a container's start when a plugin's StartContainer fails (every
+    # release with NRI): there StartContainer alone keeps a container from running.
+    CONTAINERD_GUARD_EVENTS = EventMask.START_CONTAINER | EventMask.REMOVE_CONTAINER
+
+    def __init__(self, injector: CdiInjector, settings: GuardSettings | None = None, *,
+                 defer: Callable[[Callable[[], None]], object] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 has_processes: Callable[[str], bool] | None = None) -> None:
+        """``defer``: runs the stopping of what Synchronize found after its reply has left
+        (the runtime holds its lock until then); None: at once. ``has_processes``: whether
+        a container's cgroup (``linux.cgroups_path``) has processes now (None: read under
+        ``settings.cgroup_root``)."""
+        self.settings = settings = settings if settings is not None else GuardSettings()
+        self.injector = injector
+        self.counters: Counters = injector.counters
+        self._defer = defer
+        self.cgroup_root = settings.cgroup_root
+        self.own_connection = settings.own_connection
+        self.pending_limit = settings.pending_limit
+        self.recheck = settings.recheck
+        self._clock = clock
+        self._has_processes = has_processes or (
+            lambda cgroups_path: cgroup_has_processes(cgroups_path, settings.cgroup_root))
+        # Told when ``needed`` changes (SecondConnection): called from inside a handler.
+        self._need_listener: Callable[[], None] | None = None
+        self._served: OrderedDict[str, None] = OrderedDict()
+        self._pending: dict[str, _Pending] = {}
+        # Containers already stopped, refused or reported: the guard's Synchronize and the
+        # injector's both list them, and each is acted on (and named) once.
+        self._done: OrderedDict[str, None] = OrderedDict()
+        self._injector_synced = False
+        self._was_needed = True
+        self._runtime = RuntimeInfo()  # as the last Configure (either connection's) named it
+
+    # --- whether checks are owed ---
+
+    @property
+    def needed(self) -> bool:
+        """Whether a container may be in doubt: the injector's connection has not
+        synchronized since it (re)connected, or one created without us is still owed a
+        check at its start."""
+        self._expire_pending()
+        return not self._injector_synced or bool(self._pending)
+
+    def on_need_changed(self, listener: Callable[[], None]) -> None:
+        self._need_listener = listener
+
+    def _need_may_have_changed(self) -> None:
+        now = self.needed
+        if now != self._was_needed:
+            self._was_needed = now
+            if self._need_listener is not None:
+                self._need_listener()
+
+    def next_due(self) -> float | None:
+        """Seconds until ``due`` has a pending container to look at (None: none pending)."""
+        if not self._pending:
+            return None
+        return max(0.0, min(min(p.check_at, p.until) for p in self._pending.values())
+                   - self._clock())
+
+    def due(self) -> None:
+        """Look again at each pending container whose time has come. One whose cgroup had
+        processes at two looks in a row was started without its StartContainer reaching
+        the guard (containerd can dispatch a start just before the guard's registration
+        completes): it is acted on as one found running. One not started by its limit is
+        let go (a container whose start failed stays listed as created)."""
+        now = self._clock()
+        started = []
+        for cid, pending in list(self._pending.items()):
+            if pending.check_at <= now:
+                pending.check_at = now + self.recheck
+                had = pending.had_processes
+                pending.had_processes = self._has_processes(pending.item.cgroups_path)
+                if had and pending.had_processes:
+                    del self._pending[cid]
+                    self._remember(self._done, cid)
+                    started.append(pending.item)
+        for item in started:
+            self._act(item, "unseen-start")
+        self._need_may_have_changed()  # and lets go of what is past its limit
+
+    def _expire_pending(self) -> None:
+        now = self._clock()
+        for cid, pending in list(self._pending.items()):
+            if pending.until <= now:
+                del self._pending[cid]
+                item = pending.item
+                log.warning("fail-closed: container %s (%s) of pod %s, created without its "
+                            "devices while the plugin was away, has not started within "
+                            "%.0f s of being found; its start is no longer waited for (a "
+                            "container whose start failed stays listed as created): %s",
+                            item.name, item.container_id, item.pod, self.pending_limit,
+                            item.reason)
+
+    def _add_pending(self, item: Unserved) -> None:
+        now = self._clock()
+        self._pending[item.container_id] = _Pending(item, now + self.pending_limit,
+                                                    now + self.recheck)
+
+    def main_connection_lost(self) -> None:
+        """The injector's connection ended: until it synchronizes again, containers are
+        created without us."""
+        self._injector_synced = False
+        self._need_may_have_changed()
+
+    def _remember(self, table: OrderedDict[str, None], key: str) -> None:
+        table[key] = None
+        table.move_to_end(key)
+        while len(table) > self.REMEMBER:
+            table.popitem(last=False)
+
+    # --- the injector's connection ---
+
+    def configure(self, config: str, runtime_name: str,
+                  runtime_version: str) -> EventMask | None:
+        self._injector_synced = False
+        mask = self.injector.configure(config, runtime_name, runtime_version)
+        self._runtime = self.injector.runtime
+        if mask is None:
+            return None
+        if self.own_connection:
+            # RemoveContainer only, to forget what we remember: outside every container's
+            # creation and start.
+            return mask | EventMask.REMOVE_CONTAINER
+        return mask | guard_events(runtime_name)
+
+    def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
+                    containers: Sequence[nri_pb2.Container]) -> None:
+        self._judge_listed(pods, containers, self.injector.runtime)
+        self._injector_synced = True
+        self._need_may_have_changed()
+
+    def create_container(
+        self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
+    ) -> nri_pb2.ContainerAdjustment | nri_pb2.CreateContainerResponse | None:
+        result = self.injector.create_container(pod, container)
+        # Every container whose creation we answered, adjusted or not: at its start it is
+        # then one dict lookup.
+        self._remember(self._served, container.id)
+        return result
+
+    def post_create_container(self, pod: nri_pb2.PodSandbox,
+                              container: nri_pb2.Container) -> None:
+        self.check(pod, container, "post-create")
+
+    def start_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self.check(pod, container, "start")
+
+    def post_start_container(self, pod: nri_pb2.PodSandbox,
+                             container: nri_pb2.Container) -> None:
+        self.check(pod, container, "post-start")
+
+    def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self.injector.remove_container(pod, container)
+        self.forget(container.id)
+
+    def forget(self, container_id: str) -> None:
+        """The container is gone: nothing about it is owed or kept."""
+        self._served.pop(container_id, None)
+        self._pending.pop(container_id, None)
+        self._done.pop(container_id, None)
+        self._need_may_have_changed()
+
+    # --- the guard's own connection ---
+
+    def guard_configured(self, runtime_name: str, runtime_version: str) -> EventMask:
+        """The guard's own connection is to this runtime: the events it needs there, and
+        PostCreateContainer on every runtime (docs/developer/fail-closed.md)."""
+        self._runtime = self.injector.runtime_of(runtime_name, runtime_version)
+        return guard_events(runtime_name) | EventMask.POST_CREATE_CONTAINER
+
+    def guard_synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
+                          containers: Sequence[nri_pb2.Container]) -> None:
+        """The guard's own Synchronize: what the injector's would find, judged first."""
+        self._judge_listed(pods, containers, self._runtime)
+        self._need_may_have_changed()
+
+    # --- the checks ---
+
+    def _judge_listed(self, pods: Sequence[nri_pb2.PodSandbox],
+                      containers: Sequence[nri_pb2.Container], runtime: RuntimeInfo) -> None:
+        core = self.injector
+        unserved = find_unserved(pods, containers, core, runtime.native_cdi)
+        now = []
+        for item in unserved:
+            if item.container_id in self._done or item.container_id in self._pending:
+                continue  # the other connection's Synchronize found it first
+            self.counters.unserved_found += 1
+            self._served.pop(item.container_id, None)  # answered too late: owed still
+            if item.started:
+                now.append(item)
+                continue
+            self._add_pending(item)
+            log.warning("fail-closed: container %s (%s) of pod %s, created without its "
+                        "devices while the plugin was away, is created but not started; it is "
+                        "checked when it starts: %s", item.name, item.container_id,
+                        item.pod, item.reason)
+        for item in now:
+            self._remember(self._done, item.container_id)
+        if now and self._defer is not None:
+            self._defer(lambda: self._act_now(now))
+        elif now:
+            self._act_now(now)
+
+    def _act_now(self, items: Sequence[Unserved]) -> None:
+        for item in items:
+            self._act(item, "reconnection")
+
+    def check(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, stage: str) -> None:
+        """The start check of one container at ``stage`` (raises to fail its start)."""
+        try:
+            self._check_once(pod, container, stage)
+        finally:
+            self._need_may_have_changed()
+
+    def _check_once(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
+                    stage: str) -> None:
+        cid = container.id
+        if cid in self._served or cid in self._done:
+            return  # answered at creation, or acted on already: nothing owed
+        pending = self._pending.get(cid)
+        if pending is not None:
+            item: Unserved | None = pending.item
+        else:
+            core = self.injector
+            item = container_unserved(pod, container, core, self._runtime.native_cdi)
+        log.debug("%s check of container %s (%s): %s", stage, container.name, cid,
+                  "unserved" if item else "ok")
+        if item is None:
+            self._pending.pop(cid, None)
+            return
+        if stage == "post-create":
+            if pending is None:
+                self.counters.unserved_found += 1
+                self._add_pending(item)
+                log.warning("fail-closed: container %s (%s) of pod %s was created without "
+                            "passing through the plugin; it is checked when it starts: %s",
+                            item.name, cid, item.pod, item.reason)
+            return
+        if pending is None and stage == "start":
+            self.counters.unserved_found += 1
+        item = replace(item, pid=container.pid,
+                       cgroups_path=container.linux.cgroups_path or item.cgroups_path)
+        stopped = self._act(item, stage)
+        evict = self.injector.policy.fail_closed_action != "report"
+        if evict and not stopped and stage == "start":
+            # A runtime that may start it all the same: stopped as it starts, if it does.
+            self._add_pending(item)
+        else:
+            # A container is started once: nothing about it stays owed.
+            self._pending.pop(cid, None)
+            self._remember(self._done, cid)
+        if evict and stage == "start":
+            # containerd fails the start: the container never runs.
+            raise RpcError(Code.FAILED_PRECONDITION,
+                           f"{USER_PREFIX}container {item.name} was created while the plugin "
+                           f"was away, without its devices: {item.reason}")
+
+    def _act(self, item: Unserved, stage: str) -> bool:
+        """Report or stop one container, as the policy's failClosed.action says; counted
+        and named in the log. True when it is stopped (or its start is to be refused).
+        ``stage``: start, post-start or reconnection."""
+        when = _WHEN[stage]
+        if self.injector.policy.fail_closed_action == "report":
+            self.counters.unserved_reported += 1
+            log.warning("fail-closed report: container %s (%s) of pod %s runs without its "
+                        "devices (%s; policy failClosed.action: report, not stopped): %s",
+                        item.name, item.container_id, item.pod, when, item.reason)
+            return False
+        refuses_start = stage == "start" and self._runtime.is_containerd
+        message = (f"{USER_PREFIX}stopped: the container was created while the plugin was "
+                   f"away, without its devices: {item.reason}\n")
+        if refuses_start:
+            # The start error says why (the kubelet shows it, and would append this too).
+            note = "none: the start error says why"
+        elif item.termination_file:
+            note = write_termination_message(item.termination_file, message) or "written"
+        else:
+            note = "no termination-message file"
+        try:
+            how = stop_processes(item.pid, item.cgroups_path, self.cgroup_root)
+        except OSError as exc:
+            how, error = None, exc.strerror or str(exc)
+        else:
+            error = "" if how else "no process found"
+        if how is None and not refuses_start:
+            log.error("fail-closed: container %s (%s) of pod %s must not run without its "
+                      "devices but could not be stopped %s (%s)%s: %s", item.name,
+                      item.container_id, item.pod, when, error,
+                      "; its start is refused and it is stopped as it starts, if it does"
+                      if stage == "start" else "", item.reason)
+            return False
+        self.counters.unserved_evicted += 1
+        what = "refused the start of" if refuses_start else "stopped"
+        log.warning("fail-closed evict: %s container %s (%s) of pod %s, %s (%s; message for "
+                    "the kubelet: %s): %s", what, item.name, item.container_id, item.pod,
+                    when, how or "nothing to signal yet", note, item.reason)
+        return True
+
+
+_WHEN = {"start": "at its start, before it ran", "post-start": "as it started",
+         "unseen-start": "found running, its start not seen by the guard",
+         "reconnection": "found running when the plugin came back"}
+
+
+def guard_events(runtime_name: str) -> EventMask:
+    """The events the start guard needs on this runtime (see StartGuard)."""
+    if runtime_name == "containerd":
+        return StartGuard.CONTAINERD_GUARD_EVENTS
+    return StartGuard.GUARD_EVENTS
+
+
+class GuardConnection(Plugin):
+    """The start guard's own NRI connection: only the lifecycle events the checks need,
+    served by the ``StartGuard`` it belongs to. ``on_synchronized`` is told when its
+    Synchronize is answered (the guard is in place from then on)."""
+
+    def __init__(self, guard: StartGuard, on_synchronized: Callable[[], None]) -> None:
+        self.guard = guard
+        self._on_synchronized = on_synchronized
+
+    def configure(self, config: str, runtime_name: str,
+                  runtime_version: str) -> EventMask | None:
+        return self.guard.guard_configured(runtime_name, runtime_version)
+
+    def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
+                    containers: Sequence[nri_pb2.Container]) -> None:
+        self.guard.guard_synchronize(pods, containers)
+        self._on_synchronized()
+
+    def post_create_container(self, pod: nri_pb2.PodSandbox,
+                              container: nri_pb2.Container) -> None:
+        self.guard.check(pod, container, "post-create")
+
+    def start_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self.guard.check(pod, container, "start")
+
+    def post_start_container(self, pod: nri_pb2.PodSandbox,
+                             container: nri_pb2.Container) -> None:
+        self.guard.check(pod, container, "post-start")
+
+    def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
+        self.guard.forget(container.id)
+
+
+def guarded_connections(guard: StartGuard, main: Plugin, make_stub: StubFactory,
+                        name: str | None,
+                        on_close: CloseCallback | None = None) -> SecondConnection:
+    """The injector's connection (``main``: the guard, or the metrics around it), with the
+    guard's own around it, open while ``guard.needed`` (docs/developer/fail-closed.md)."""
+    second = Second(need=guard, plugin=lambda ready: GuardConnection(guard, ready),
+                    suffix=GUARD_SUFFIX, label="start guard", logger=log,
+                    ready_timeout=guard.settings.ready_timeout,
+                    linger=guard.settings.linger)
+    return SecondConnection(second, main, make_stub, name, on_close)
