@@ -182,7 +182,25 @@ def test_find_unserved(registry: Registry) -> None:
     stopped.state = nri_pb2.CONTAINER_STOPPED
     judge = CdiInjector(lambda: registry, vendors=[NvidiaRules()], policy=Policy())
     found = find_unserved([pod()], [served, starved, plain, stopped], judge)
-    assert [(u.name, u.missing) for u in found] == [("starved", ("nvidia.com/gpu=1",))]
+    assert [(u.name, u.missing, u.exited) for u in found] == [
+        ("starved", ("nvidia.com/gpu=1",), False), ("stopped", ("nvidia.com/gpu=1",), True)]
+
+
+def test_a_container_that_ran_without_its_devices_and_exited_is_said_not_acted_on(
+        registry: Registry, caplog: pytest.LogCaptureFixture) -> None:
+    """A Job created while the plugin was away ran without its GPU and exited before the
+    plugin came back: nothing is left to stop, but it was said nowhere (seen on a real
+    control plane during an upgrade with no overlap)."""
+    job = live("c5", "job", **{"cdi.k8s.io/dp_0": "nvidia.com/gpu=1"})
+    job.state = nri_pb2.CONTAINER_STOPPED
+    plugin = StartGuard(injector(registry))
+    plugin.synchronize([pod()], [job])
+    assert plugin.counters.unserved_found == 1 and plugin.counters.unserved_evicted == 0
+    assert ("1 container(s) ran without their devices while the plugin was away and have "
+            "exited") in caplog.text and "job (c5) of pod" in caplog.text
+    caplog.clear()
+    plugin.synchronize([pod()], [job])  # listed again at the next connection: said once
+    assert plugin.counters.unserved_found == 1 and "have exited" not in caplog.text
 
 
 def test_report_action_stops_nothing(registry: Registry,

@@ -259,11 +259,15 @@ class StartGuard(Plugin):
                       containers: Sequence[nri_pb2.Container], runtime: RuntimeInfo) -> None:
         core = self.injector
         unserved = find_unserved(pods, containers, core, runtime.native_cdi)
-        now = []
+        now, exited = [], []
         for item in unserved:
             if item.container_id in self._done or item.container_id in self._pending:
                 continue  # the other connection's Synchronize found it first
             self.counters.unserved_found += 1
+            if item.exited:
+                exited.append(item)
+                self._remember(self._done, item.container_id)
+                continue
             self._served.pop(item.container_id, None)  # answered too late: owed still
             if item.started:
                 now.append(item)
@@ -273,6 +277,14 @@ class StartGuard(Plugin):
                         "devices while the plugin was away, is created but not started; it is "
                         "checked when it starts: %s", item.name, item.container_id,
                         item.pod, item.reason)
+        if exited:
+            # Too late to stop: say so, since a pod with restartPolicy Never (a Job's)
+            # failed or ran without its devices, and nothing will create it again.
+            log.warning("fail-closed: %d container(s) ran without their devices while the "
+                        "plugin was away and have exited (a Job's or restartPolicy Never "
+                        "pod's is not run again): %s", len(exited),
+                        "; ".join(f"{i.name} ({i.container_id}) of pod {i.pod}: {i.reason}"
+                                  for i in exited))
         for item in now:
             self._remember(self._done, item.container_id)
         if now and self._defer is not None:

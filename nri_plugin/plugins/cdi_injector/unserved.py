@@ -26,8 +26,10 @@ from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.requests import NRI_PLUGINS_DOMAIN
 from nri_plugin.plugins.cdi_injector.vendor import VendorRules
 
-# Created (not started: the init process waits) and running containers can be used.
-_LIVE_STATES = (nri_pb2.CONTAINER_CREATED, nri_pb2.CONTAINER_RUNNING, nri_pb2.CONTAINER_PAUSED)
+# Created (not started: the init process waits) and running containers can be used;
+# stopped ones have run (a Job's, say) and are only reported.
+_LISTED_STATES = (nri_pb2.CONTAINER_CREATED, nri_pb2.CONTAINER_RUNNING,
+                  nri_pb2.CONTAINER_PAUSED, nri_pb2.CONTAINER_STOPPED)
 # The annotations the kubelet puts on every container: where the container's termination
 # message goes, and its name.
 TERMINATION_PATH_ANNOTATION = "io.kubernetes.container.terminationMessagePath"
@@ -43,6 +45,7 @@ class Unserved:
     pod: str  # namespace/name
     pid: int
     started: bool  # its process ran (running or paused), not only created
+    exited: bool = False  # it ran and has stopped: nothing left to stop, only to say
     missing: tuple[str, ...]
     reason: str
     cgroups_path: str = ""
@@ -53,7 +56,8 @@ class Unserved:
 def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_pb2.Container],
                   injector: CdiInjector,
                   native_cdi: NativeCdi = NativeCdi.UNKNOWN) -> list[Unserved]:
-    """Live containers that asked for devices they do not have, by ``injector``'s policy,
+    """Listed containers that asked for devices they do not have (live ones, and stopped
+    ones as ``exited``), by ``injector``'s policy,
     vendors and registry. ``native_cdi``: whether the runtime's own CDI injects what
     container cdi.k8s.io annotations (and, on, CRI CDIDevices) ask for (``already``)."""
     policy, vendors = injector.policy, injector.vendors
@@ -67,7 +71,7 @@ def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_p
     mounts_ask = any(_enabled(policy, v, "mounts") for v in vendors)
     out = []
     for container in containers:
-        if container.state not in _LIVE_STATES:
+        if container.state not in _LISTED_STATES:
             continue
         # Cheap test first: most containers ask for nothing by any source.
         if (container.pod_sandbox_id not in asking_pods
@@ -134,6 +138,7 @@ def _item(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
                     else container.pod_sandbox_id, pid=container.pid,
                     started=container.state in (nri_pb2.CONTAINER_RUNNING,
                                                 nri_pb2.CONTAINER_PAUSED),
+                    exited=container.state == nri_pb2.CONTAINER_STOPPED,
                     missing=missing, reason=reason,
                     cgroups_path=container.linux.cgroups_path,
                     termination_file=termination_file(pod, container))
