@@ -615,4 +615,4 @@ def container_log_text(replay: Replay, pod: str) -> str:
     (create,) = [c for c in replay.calls if c.short == "CreateContainer"
                  and c.request["sandbox_config"]["metadata"]["name"] == pod]
     folder = str(substitute(create.request["sandbox_config"]["log_directory"], replay.names))
-    return (Path(folder) / create.request["config"]["log_path"]).read_text()
+    return (Path(folder) / str(create.request["config"]["log_path"])).read_text()
