@@ -20,7 +20,7 @@ import copy
 import ctypes
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,16 @@ HOST_FILES = ("/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/dev/terminati
 # plugin is back (it synchronizes, then kills): generous, for a loaded machine.
 EVICTION_WAIT = 30.0
 STOPS = ("StopContainer", "StopPodSandbox", "RemoveContainer", "RemovePodSandbox")
+
+# GPU pods and GPU Jobs a real control plane created (issue 54; its README): one recording
+# per node, named by the node's containerd, replayed on the e2e set-up's containerd below
+# (node cp-nb ran 2.2.1, built from source; the set-up's 2.x is 2.1).
+CONTROL_PLANE = Path(__file__).parents[1] / "data" / "kubelet-1.35.6" / "control-plane"
+CONTROL_PLANE_REPLAYED_ON = {"1.7": "1.7", "2.2": "2.1"}
+# The labels the Job controller gives a Job's pod: what tells a Job's pod in CRI (its
+# restartPolicy never reaches the runtime).
+JOB_NAME = "batch.kubernetes.io/job-name"
+JOB_UID = "batch.kubernetes.io/controller-uid"
 
 
 @dataclass
@@ -222,6 +232,53 @@ class Replay:
             raise AssertionError(f"no container of pod {pod} was created in the replay: "
                                  f"{[(o.code, o.message) for o in self.created(pod)]}")
         return made[-1]
+
+
+def control_plane_recording(version: str) -> Path:
+    """The control plane's recording replayed on the e2e set-up's containerd ``version``."""
+    for recorded, replayed_on in CONTROL_PLANE_REPLAYED_ON.items():
+        if replayed_on == version:
+            return CONTROL_PLANE / f"gpu-load-containerd-{recorded}.jsonl"
+    raise ValueError(f"no control-plane recording is replayed on containerd {version}")
+
+
+def pod_calls(calls: Sequence[Call], pod: str) -> list[Call]:
+    """The calls of one pod of a recording: its RunPodSandbox and every call naming its
+    sandbox or one of its containers (by the recorded ids)."""
+    sandboxes: set[str] = set()
+    containers: set[str] = set()
+    out = []
+    for call in calls:
+        request = call.request
+        if call.short == "RunPodSandbox":
+            mine = request["config"]["metadata"]["name"] == pod
+            if mine and "pod_sandbox_id" in call.response:
+                sandboxes.add(call.response["pod_sandbox_id"])
+        elif call.short == "CreateContainer":
+            mine = request["pod_sandbox_id"] in sandboxes
+            if mine and "container_id" in call.response:
+                containers.add(call.response["container_id"])
+        else:
+            mine = (request.get("container_id") in containers
+                    or request.get("pod_sandbox_id") in sandboxes)
+        if mine:
+            out.append(call)
+    return out
+
+
+def sandbox_labels(calls: Sequence[Call]) -> dict[str, dict[str, str]]:
+    """Each pod's name -> the labels of its (first) RunPodSandbox."""
+    out: dict[str, dict[str, str]] = {}
+    for call in calls:
+        if call.short == "RunPodSandbox":
+            config = call.request["config"]
+            out.setdefault(config["metadata"]["name"], dict(config.get("labels", {})))
+    return out
+
+
+def job_pods(calls: Sequence[Call]) -> list[str]:
+    """The names of the pods a Job made (the Job controller's labels on the sandbox)."""
+    return [name for name, labels in sandbox_labels(calls).items() if JOB_NAME in labels]
 
 
 def remove_cgroup_tree(cgroup_root: str, base: Path = Path("/sys/fs/cgroup")) -> list[str]:

@@ -1,10 +1,11 @@
 """An upgrade's hand-over on a real containerd: the plugin that replaces another starts
 while the older one still serves, and the older one ends only once the newer one is ready
-(the chart's surge roll-out, docs/developer/upgrades.md). Containers that ask for a device
-are created and run to completion all along, as GPU Jobs are (``restartPolicy: Never``: a
-container run without its device is a failed Job, which nothing creates again). None may
-be created without its device or fail, and the newer plugin must end up owning the node's
-status file and metrics address.
+(the chart's surge roll-out, docs/developer/upgrades.md). GPU Jobs are created and run to
+completion all along (``restartPolicy: Never``: a container run without its device is a
+failed Job, which nothing creates again), each from the requests a real kubelet sent for a
+GPU Job's pod on a control plane (tests/data/kubelet-1.35.6/control-plane), rewritten as
+another Job's. None may be created without its device or fail, and the newer plugin must
+end up owning the node's status file and metrics address.
 
 It also holds the premise the hand-over rests on, on each version: with two plugins
 connected, NRI hands the second the container as the first adjusted it, and the second
@@ -13,12 +14,14 @@ leaves it alone, so a container comes out exactly as with one plugin.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,15 +33,27 @@ from nri_plugin.ops.status import CONNECTED, read_status
 from tests.e2e.conftest import ContainerdFactory
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
+from tests.e2e.cri_recorder import Call, read_recording
 from tests.e2e.images import BUSYBOX_IMAGE
+from tests.e2e.kubelet_replay import (
+    JOB_NAME,
+    JOB_UID,
+    STOPS,
+    Replay,
+    control_plane_recording,
+    job_pods,
+    pod_calls,
+    remove_cgroup_tree,
+)
 from tests.e2e.plugin import PluginProcess
 from tests.helpers import generate_link_modes, make_char_device
 
-KIND = "handover.example/gpu"
-DEVICE = "/dev/handgpu0"
+# The device the recorded Job asks for (pod annotation cdi.k8s.io/gpu: nvidia.com/gpu=0)
+# and checks for (exit 3 without /dev/nvidia0): this module's spec gives that name and that
+# path (a character device of its own), so the kubelet's requests run as recorded.
+KIND = "nvidia.com/gpu"
+DEVICE = "/dev/nvidia0"
 ASK = {"cdi.k8s.io/gpu": f"{KIND}=0"}
-# A Job's container: succeeds only with its device node and the spec's env.
-JOB = ["sh", "-c", f'test -c {DEVICE} && test "$HAND_GPU" = 0']
 
 
 @pytest.fixture(scope="module")
@@ -110,28 +125,56 @@ def test_two_plugins_connected_give_the_container_one_plugin_gives(
         first.kill()
 
 
+def recorded_job(version: str) -> list[Call]:
+    """What the kubelet sent to create and start a GPU Job's pod on the control plane (its
+    RunPodSandbox, CreateContainer and StartContainer), in the recording of the node that is
+    replayed on containerd ``version``."""
+    calls = read_recording(control_plane_recording(version))
+    (pod,) = job_pods(calls)
+    return [c for c in pod_calls(calls, pod) if c.short not in STOPS]
+
+
+def another_job(recorded: Sequence[Call], job: str) -> dict[str, str]:
+    """The rewrites (recorded -> now) that make the recorded Job's pod Job ``job``'s, as the
+    API server and the Job controller name a new one: the Job's name (and so its pod's,
+    the Job's name and the recorded suffix), the pod's uid, the Job's uid (fresh UUIDs).
+    The pod's uid names its cgroup, log folder and files too. Nothing else is rewritten:
+    its annotation, command, labels and the kubelet's annotations are as recorded."""
+    config = recorded[0].request["config"]
+    labels = config["labels"]
+    return {config["metadata"]["uid"]: str(uuid.uuid4()), labels[JOB_UID]: str(uuid.uuid4()),
+            labels[JOB_NAME]: job}
+
+
 @dataclass
 class Jobs:
-    """Creates and starts Job-like containers that ask for the device, until stopped."""
+    """Creates and starts GPU Jobs, a pod each, until stopped: each the recorded Job's pod
+    (``recorded_job``), replayed rewritten as another Job's (``another_job``)."""
 
     ctrd: Containerd
-    pod: str = ""
+    node: Path  # the replay's {node}: the kubelet's pod folders
+    cgroup_root: str  # the replay's {cgroup}
+    pods: list[str] = field(default_factory=list)  # the Jobs' sandboxes
     created: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
+        recorded = recorded_job(self.ctrd.version)
         with CriClient(self.ctrd.address, timeout=DEFAULT_TIMEOUT) as cri:
-            self.pod = cri.run_pod("jobs", annotations=ASK)
             for i in range(100000):
                 if self.stop.is_set():
                     return
-                try:
-                    cid = cri.create_container(self.pod, f"job{i}", BUSYBOX_IMAGE, command=JOB)
-                    self.created.append(cid)
-                    cri.start_container(cid)
-                except cri.grpc.RpcError as exc:
-                    self.failed.append(f"job{i}: {exc.code().name}: {exc.details()[:200]}")
+                job = f"job{i}"
+                replay = Replay(cri, recorded, self.node, self.cgroup_root,
+                                extra_names=another_job(recorded, job))
+                for outcome in replay.run():
+                    if outcome.container_id:
+                        self.created.append(outcome.container_id)
+                    if outcome.code not in ("OK", "SKIPPED"):  # skipped: after a failure
+                        self.failed.append(f"{job}: {outcome.call.short}: {outcome.code}: "
+                                           f"{outcome.message[:200]}")
+                self.pods += replay.pods.values()
                 time.sleep(0.05)
 
     def __enter__(self) -> Jobs:
@@ -176,16 +219,29 @@ def _jobs_across(ctrd: Containerd, specs: Path, name: str,
     port = _free_port()
     old = _plugin(ctrd, specs, f"{name}-old", specs / f"{name}-status-{ctrd.version}", port)
     new = _plugin(ctrd, specs, f"{name}-new", specs / f"{name}-status-{ctrd.version}", port)
+    node = specs / f"{name}-kubelet-{ctrd.version}".replace(" ", "-")
+    cgroup_root = f"/nri-cdi-handover-{uuid.uuid4().hex[:8]}"
     try:
         old.start()
-        with ctrd.cri() as cri, cri.cleanup():
-            with Jobs(ctrd) as jobs:
-                jobs.more(5)
-                roll(jobs, old, new)
-            outcome = _outcomes(cri, jobs.created)
-            print(f"\n{len(jobs.created)} Jobs across {name}: "
-                  f"{ {k: len(v) for k, v in outcome.items()} }; CRI failures {jobs.failed}")
-            cri.delete_pod(jobs.pod)
+        with ctrd.cri() as cri:
+            jobs = Jobs(ctrd, node, cgroup_root)
+            try:
+                with jobs:
+                    jobs.more(5)
+                    roll(jobs, old, new)
+                outcome = _outcomes(cri, jobs.created)
+                # Each a Job's pod of its own, as the rewrites named it.
+                mine = [p for p in cri.list_pods() if p.id in jobs.pods]
+                assert len(mine) == len(jobs.pods) >= len(jobs.created)
+                assert len({(p.labels[JOB_NAME], p.labels[JOB_UID], p.metadata.uid)
+                            for p in mine}) == len(mine)
+                print(f"\n{len(jobs.created)} Jobs across {name}: "
+                      f"{ {k: len(v) for k, v in outcome.items()} }; CRI failures {jobs.failed}")
+            finally:
+                for pod in jobs.pods:
+                    with contextlib.suppress(cri.grpc.RpcError):
+                        cri.delete_pod(pod)
+        assert not remove_cgroup_tree(cgroup_root)
         return jobs, outcome
     finally:
         old.kill()

@@ -9,6 +9,10 @@ built as the recording's was (its UUIDs and minors are the same), and the test a
 what the real run showed: which devices and driver files a container got, the refusal
 text that reached the kubelet, which containers fail-closed stopped and which stayed dead.
 The plugin's kill and restart are replayed where the recording marks them.
+
+control-plane/ holds a GPU Job's pod and a GPU pod as a control plane under load created
+them on each of its two nodes (issue 54, its README): replayed on containerd 1.7 and 2.1,
+each container must get its device and run to its end, exit 0.
 """
 
 from __future__ import annotations
@@ -27,11 +31,20 @@ from typing import Any
 
 import pytest
 
+from nri_cdi_testbed.waiting import wait_until
 from tests.e2e import paths
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
 from tests.e2e.cri_recorder import Call, substitute
-from tests.e2e.kubelet_replay import STOPS, Outcome, Replay, remove_cgroup_tree
+from tests.e2e.kubelet_replay import (
+    CONTROL_PLANE_REPLAYED_ON,
+    STOPS,
+    Outcome,
+    Replay,
+    control_plane_recording,
+    job_pods,
+    remove_cgroup_tree,
+)
 from tests.e2e.plugin import REPO, PluginProcess
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None,
@@ -54,6 +67,8 @@ class Setup:
     volume_mounts: bool = False  # the policy's volumeMounts source on
     device_plugin_spec: bool = False
     dra_claim_spec: bool = False
+    # where pods may ask by annotation (the policy's podAnnotations.namespaces)
+    annotation_namespaces: tuple[str, ...] = ("*",)
 
 
 SETUPS: dict[str, Setup] = {
@@ -71,6 +86,8 @@ SETUPS: dict[str, Setup] = {
     "capabilities-mounts-cdi-on": Setup(link_mode="mounts", enable_cdi=True),
     "churn": Setup(),
     "refusal": Setup(),
+    # control-plane/: the chart's install let pods of gpu-lab (only) ask by annotation
+    "gpu-load": Setup(annotation_namespaces=("gpu-lab",)),
 }
 
 
@@ -180,13 +197,15 @@ def dynamic_specs(setup: Setup, recording: Path, folder: Path, simnode_root: Pat
 @pytest.fixture
 def replayed(request: pytest.FixtureRequest, simnode: dict[str, Any], tmp_path: Path,
              image_archives: list[Path]) -> Iterator[Callable[[Path], Replayed]]:
-    """replayed(recording): a containerd of the recording's version with the plugin
-    connected, and a Replay of the recording on it (nothing replayed yet)."""
+    """replayed(recording[, version]): a containerd of the recording's version (or of
+    ``version``) with the plugin connected, and a Replay of the recording on it (nothing
+    replayed yet)."""
     made: list[Replayed] = []
     cgroup_root = f"/nri-cdi-replay-{uuid.uuid4().hex[:8]}"
 
-    def make(recording: Path) -> Replayed:
+    def make(recording: Path, on: str | None = None) -> Replayed:
         scenario, version = split_name(recording)
+        version = on or version
         setup = SETUPS[scenario]
         dyn = tmp_path / "cdi-dyn"
         dyn.mkdir()
@@ -201,7 +220,8 @@ def replayed(request: pytest.FixtureRequest, simnode: dict[str, Any], tmp_path: 
             policy = tmp_path / "policy.yaml"
             policy.write_text("sources: {volumeMounts: {enabled: true}}\n")
             extra = ["--policy", str(policy)]
-        plugin = PluginProcess(ctrd.nri_socket, folders, tmp_path / "plugin.log", extra)
+        plugin = PluginProcess(ctrd.nri_socket, folders, tmp_path / "plugin.log", extra,
+                               annotation_namespaces=setup.annotation_namespaces)
         cri = CriClient(ctrd.address)
         node = tmp_path / "node"
         node.mkdir()
@@ -521,3 +541,78 @@ def pod_of(replay: Replay, call: Call) -> str:
         if earlier.short == "CreateContainer" and earlier.response.get("container_id") == wanted:
             return str(earlier.request["sandbox_config"]["metadata"]["name"])
     return ""
+
+
+# --- (g) a GPU Job and a GPU pod, as a control plane created them under load ------------------
+
+
+def control_plane_versions() -> list[Any]:
+    return [pytest.param(v, id=control_plane_recording(v).stem
+                         + ("" if recorded == v else f"-on-{v}"))
+            for recorded, v in CONTROL_PLANE_REPLAYED_ON.items() if v in paths.runtimes()]
+
+
+@pytest.mark.parametrize("version", control_plane_versions())
+def test_control_plane_gpu_job_and_pod(replayed: Callable[..., Replayed],
+                                       version: str) -> None:
+    """A GPU Job's pod (restartPolicy Never: its container exits 3 without /dev/nvidia0)
+    and a GPU pod, both asking by pod annotation in namespace gpu-lab, replayed as the
+    kubelet sent them: each container gets /dev/nvidia0 and the driver, and runs to its
+    end with exit 0, as the recorded run's did."""
+    done = replayed(control_plane_recording(version), version)
+    replay = done.replay
+    (job,) = job_pods(replay.calls)
+    ended = run_to_each_end(done)
+    assert not replay.mismatches(), "\n".join(replay.mismatches())
+    assert set(ended) == {job, *pod_names(replay)} and len(ended) == 2, ended
+    for pod, (exit_code, gpus, log) in ended.items():
+        assert gpus == ["/dev/nvidia0"], (pod, gpus)
+        assert (exit_code, "HAVE" in log, "NODEV" in log) == (0, True, False), (pod, log)
+
+
+def pod_names(replay: Replay) -> list[str]:
+    return [c.request["config"]["metadata"]["name"] for c in replay.calls
+            if c.short == "RunPodSandbox"]
+
+
+def run_to_each_end(done: Replayed) -> dict[str, tuple[int, list[str], str]]:
+    """Replays the whole recording; a pod whose container was never stopped (it ends by
+    itself: restartPolicy Never) had ended when the kubelet stopped its sandbox, so before
+    each pod's first StopPodSandbox its container is waited for (bounded). Each such pod:
+    its container's exit code, GPUs and log."""
+    replay = done.replay
+    ended: dict[str, tuple[int, list[str], str]] = {}
+    seen: set[int] = set()
+
+    def next_stop(call: Call) -> bool:
+        return call.short == "StopPodSandbox" and call.seq not in seen
+
+    while True:
+        replay.run(until=next_stop)
+        if replay.position >= len(replay.calls):
+            return ended
+        call = replay.calls[replay.position]
+        seen.add(call.seq)
+        pod = pod_of(replay, call)
+        stopped = any(c.short == "StopContainer" and pod_of(replay, c) == pod
+                      for c in replay.calls[:replay.position])
+        if pod in ended or stopped:
+            continue
+        ended[pod] = ended_by_itself(done, pod)
+
+
+def ended_by_itself(done: Replayed, pod: str) -> tuple[int, list[str], str]:
+    cid = done.replay.live(pod)
+    wait_until(lambda: done.replay.state(cid) == done.cri.pb.CONTAINER_EXITED,
+               f"the container of pod {pod} has ended by itself",
+               seen=lambda: f"state {done.replay.state(cid)}")
+    exit_code = int(done.cri.container_status(cid).status.exit_code)
+    return exit_code, done.gpus(cid), container_log_text(done.replay, pod)
+
+
+def container_log_text(replay: Replay, pod: str) -> str:
+    """The container's log file, where the recorded requests had containerd write it."""
+    (create,) = [c for c in replay.calls if c.short == "CreateContainer"
+                 and c.request["sandbox_config"]["metadata"]["name"] == pod]
+    folder = str(substitute(create.request["sandbox_config"]["log_directory"], replay.names))
+    return (Path(folder) / str(create.request["config"]["log_path"])).read_text()
