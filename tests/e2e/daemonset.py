@@ -319,8 +319,8 @@ def _millicpu(text: str | int | float) -> int:
 # What a real kubelet 1.35.6 sent containerd when the API server had it create the
 # DaemonSet's pod from the chart (helm install with RECORDED/values.yaml), one recording per
 # node: trimmed by tests/e2e/cri_recorder.py (its {node} and {cgroup} placeholders); the
-# ConfigMap as the API server held it. RECORDED/README.md says how it was made and how to
-# make it again.
+# ConfigMap as the API server held it. tests/data/kubelet-1.35.6/daemonset/README.md says
+# how it was made and how to make it again.
 RECORDED = REPO / "tests" / "data" / "kubelet-1.35.6" / "daemonset"
 # containerd version of the recording -> the e2e set-up's versions it is replayed on.
 RECORDED_VERSIONS = {"1.7": ("1.7",), "2.2": ("2.1",)}
