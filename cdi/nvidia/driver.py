@@ -98,6 +98,9 @@ XORG_BASES = ("/usr/lib/xorg/modules", "/usr/lib64/xorg/modules", "/usr/X11R6/li
               "/usr/X11R6/lib64/modules")
 FILE_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 IPC_OPTIONS = ("nosuid", "nodev", "rbind", "rprivate", "noexec")
+# A device node bound at another name (a by-path link's, in link mode ``mounts``): writable
+# and without ``nodev``, or the node could not be opened through that name.
+DEVICE_NODE_OPTIONS = ("nosuid", "noexec", "rbind", "rprivate")
 CONTROL_NODE_PATHS = ("/dev/nvidia-modeset", "/dev/nvidia-uvm-tools", "/dev/nvidia-uvm",
                       "/dev/nvidiactl")
 

@@ -23,6 +23,7 @@ from cdi.libpath import EXTRA_LIBRARY_PATH_ENV
 from cdi.model import ContainerEdits, DeviceData, DeviceNode, Hook, Mount, SpecData
 from cdi.nvidia.discover import Gpu, MigDevice, NodeInfo, Roots
 from cdi.nvidia.driver import (
+    DEVICE_NODE_OPTIONS,
     DeviceNodeInfo,
     DeviceNodes,
     DriverFiles,
@@ -334,11 +335,23 @@ def device_edits(nodes: DeviceNodes, opts: Options) -> ContainerEdits:
     NVIDIA's hook programs, which know no ``--device-link``: there the device has its own
     create-symlinks entry, as nvidia-ctk writes it. Also the groups its nodes need."""
     hooks = _hook(opts, _symlink_step(opts, nodes.links)) if _nvidia_program(opts) else ()
-    # Link mode ``mounts`` runs no hook, so it has no ``/dev/dri/by-path`` links (as
-    # nvidia-ctk with its create-symlinks hook disabled): given as device nodes of their
-    # own, each would carry a second, identical device-cgroup rule.
     return ContainerEdits(device_nodes=tuple(_device_node(n) for n in nodes.nodes),
+                          mounts=_by_path_mounts(nodes, opts),
                           hooks=hooks, additional_gids=_gids(opts, nodes.nodes))
+
+
+def _by_path_mounts(nodes: DeviceNodes, opts: Options) -> tuple[Mount, ...]:
+    """Link mode ``mounts`` runs no hook to make the ``/dev/dri/by-path`` links, by which
+    applications pick a GPU by PCI address: each link's node is bind-mounted at the
+    link's name instead. A mount, not a device node of its own: a runtime gives every
+    device node a cgroup rule, and the node's own entry already carries this one."""
+    if opts.link_mode != "mounts":
+        return ()
+    by_path = {n.path: n for n in nodes.nodes}
+    return tuple(Mount(host_path=by_path[node].host, container_path=link.path,
+                       options=DEVICE_NODE_OPTIONS)
+                 for node, link in device_links(nodes) if node == posixpath.normpath(
+                     posixpath.join(posixpath.dirname(link.path), link.target)))
 
 
 # --- simplification -------------------------------------------------------------------------

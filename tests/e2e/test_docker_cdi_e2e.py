@@ -176,9 +176,9 @@ def test_drm_nodes_and_by_path(docker_world: dict[str, object], mode: str) -> No
                  "[ -c \"$p\" ] && echo \"$p\"; done")
     names = done.stdout.split()
     assert names[:2] == ["/dev/dri/card0", "/dev/dri/renderD128"]
-    # The by-path links: made by the hook in hooks mode; none in mounts mode.
-    want = ["card", "render"] if mode == "hooks" else []
-    assert sorted(n.rsplit("-", 1)[1] for n in names[2:]) == want, names
+    # The by-path names, how applications pick a GPU by PCI address: links made by the
+    # hook in hooks mode, the nodes themselves mounted at those names in mounts mode.
+    assert sorted(n.rsplit("-", 1)[1] for n in names[2:]) == ["card", "render"], names
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -186,6 +186,10 @@ def test_device_cgroup_lets_the_gpu_open(docker_world: dict[str, object], mode: 
     # The node has no kernel driver behind it: the open fails with ENXIO, not with the
     # EPERM of a device cgroup that was not widened.
     done = _exec(docker_world, mode, "sh", "-c", "cat /dev/nvidia0")
+    assert "No such device" in done.stderr, done.stderr
+    # Opened for writing through its by-path name, a DRM node passes the same rule (a
+    # mount in mounts mode: neither read-only nor nodev).
+    done = _exec(docker_world, mode, "sh", "-c", ': > "$(echo /dev/dri/by-path/*-render)"')
     assert "No such device" in done.stderr, done.stderr
 
 
@@ -207,7 +211,7 @@ def test_no_path_of_the_spec_is_missing_or_dangles(
         docker_world: dict[str, object], mode: str) -> None:
     out = docker_world["out"]
     assert isinstance(out, Path)
-    paths = _paths_the_spec_makes(out / mode / "nvidia.yaml", mode)
+    paths = _paths_the_spec_makes(out / mode / "nvidia.yaml")
     script = ('for p in "$@"; do [ -e "$p" ] && continue; '
               '[ -L "$p" ] && echo "dangling: $p" || echo "missing: $p"; done')
     done = _exec(docker_world, mode, "sh", "-c", script, "sh", *paths)

@@ -227,6 +227,21 @@ def test_link_mode_mounts(nodes: dict[str, BuiltNode]) -> None:
     assert f"NRI_CDI_LD_LIBRARY_PATH={lib}:{lib}/vdpau" in edits.env
     for device in parse_spec(out).data.devices:
         assert not device.container_edits.hooks  # no by-path hooks either
+        # The by-path names: each a mount of the node it names, which keeps its one
+        # device node (one device-cgroup rule per node).
+        device_nodes = device.container_edits.device_nodes
+        numbers = [(n.major, n.minor) for n in device_nodes]
+        assert len(numbers) == len(set(numbers)), device.name
+        hosts = {n.path: n.host_path or n.path for n in device_nodes}
+        by_path = [m for m in device.container_edits.mounts
+                   if m.container_path.startswith("/dev/dri/by-path/pci-")]
+        assert sorted(m.container_path.rsplit("-", 1)[1] for m in by_path) == \
+            ["card", "render"], device.name
+        for m in by_path:
+            link = node.dev_root / m.container_path.lstrip("/")
+            target = "/dev/dri/" + os.readlink(link).rsplit("/", 1)[1]
+            assert m.host_path == hosts[target], m
+            assert not {"ro", "nodev"} & set(m.options), m
 
 
 def test_hooks_default_to_the_isolated_interpreter_entry(nodes: dict[str, BuiltNode]) -> None:

@@ -164,19 +164,28 @@ def test_nvml_fails_cleanly_and_auto_falls_back(root: Path, kernel: BuiltNode) -
     assert "using procfs" in err and "nvidia.com/gpu" in out
 
 
-def test_mounts_mode_has_no_by_path_links_and_no_second_rule_per_node(
+def test_mounts_mode_gives_the_by_path_names_and_one_rule_per_node(
         specs: dict[str, dict[str, object]]) -> None:
-    # No hook makes the /dev/dri/by-path links in mounts mode, and as device nodes of their
-    # own they would each bring a second, identical device-cgroup rule (as nvidia-ctk
-    # without its create-symlinks hook: no links).
+    # No hook makes the /dev/dri/by-path links in mounts mode: each link's node is mounted
+    # at its name (applications pick a GPU by PCI address through it), not listed as a
+    # device node of its own, which would bring a second, identical device-cgroup rule.
     devices = specs["mounts"]["devices"]
     assert isinstance(devices, list)
     (gpu0,) = [d["containerEdits"] for d in devices if d["name"] == "0"]
-    paths = [n["path"] for n in gpu0["deviceNodes"]]
-    assert "/dev/dri/card0" in paths
-    assert not [p for p in paths if p.startswith("/dev/dri/by-path/")]
+    nodes = {n["path"]: n for n in gpu0["deviceNodes"]}
+    assert "/dev/dri/card0" in nodes
+    assert not [p for p in nodes if p.startswith("/dev/dri/by-path/")]
     numbers = [(n.get("major"), n.get("minor")) for n in gpu0["deviceNodes"]]
     assert len(numbers) == len(set(numbers))
+    by_path = {m["containerPath"].rsplit("-", 1)[1]: m for m in gpu0["mounts"]
+               if m["containerPath"].startswith("/dev/dri/by-path/pci-")}
+    assert sorted(by_path) == ["card", "render"]
+    assert by_path["card"]["hostPath"] == nodes["/dev/dri/card0"].get(
+        "hostPath", "/dev/dri/card0")
+    assert by_path["render"]["hostPath"] == nodes["/dev/dri/renderD128"].get(
+        "hostPath", "/dev/dri/renderD128")
+    for mount in by_path.values():  # the node must open for writing through its name
+        assert not {"ro", "nodev"} & set(mount["options"]), mount
 
 
 # Files of the graphics and video capabilities, whatever name a spec mounts them at.
