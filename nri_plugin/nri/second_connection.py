@@ -23,6 +23,15 @@ log = logging.getLogger("nri_plugin.nri.second_connection")
 StubFactory = Callable[[Plugin, str | None, CloseCallback | None, Callback | None], Stub]
 
 
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+# Runs a callback so many seconds from now, as the event loop's ``call_later`` (a test gives
+# a clock of its own, so the linger and the owner's timed work need no real waiting).
+CallLater = Callable[[float, Callable[[], None]], Cancellable]
+
+
 class Need(Protocol):
     """What decides whether the second connection is open, and what runs on its clock."""
 
@@ -53,7 +62,8 @@ class Second:
     """The second connection: who says when it is needed (``need``), its plugin (built
     with the call that says its Synchronize was answered), its name (the main one's and
     ``suffix``), how the log names it (``label``, on ``logger``), how long the main one
-    waits for it at a (re)connection and how long it stays once not needed."""
+    waits for it at a (re)connection and how long it stays once not needed; ``call_later``
+    times the linger and the owner's work (None: the running event loop's)."""
 
     need: Need
     plugin: Callable[[Callable[[], None]], Plugin]
@@ -62,6 +72,7 @@ class Second:
     ready_timeout: float
     linger: float
     logger: logging.Logger = log
+    call_later: CallLater | None = None
 
 
 class SecondConnection:
@@ -78,9 +89,10 @@ class SecondConnection:
         self._on_close = on_close
         self._ready_timeout = second.ready_timeout
         self._linger = second.linger
+        self._call_later = second.call_later
         self._label = second.label
-        self._closing: asyncio.TimerHandle | None = None  # the close after the linger
-        self._timer: asyncio.TimerHandle | None = None  # the owner's next due work
+        self._closing: Cancellable | None = None  # the close after the linger
+        self._timer: Cancellable | None = None  # the owner's next due work
         self._ready = asyncio.Event()
         self._second_stub: Stub | None = None
         self._second_task: asyncio.Task[None] | None = None
@@ -140,7 +152,7 @@ class SecondConnection:
     def _update(self) -> None:
         if self._stopping:
             return
-        loop = asyncio.get_running_loop()
+        later = self._call_later or asyncio.get_running_loop().call_later
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -150,9 +162,9 @@ class SecondConnection:
                 self._open_second()
             wait = self.need.next_due()
             if wait is not None:  # the owner's timed work may change ``needed``
-                self._timer = loop.call_later(wait, self._run_due)
+                self._timer = later(wait, self._run_due)
         elif self._second_task is not None and self._closing is None:
-            self._closing = loop.call_later(self._linger, self._close_if_idle)
+            self._closing = later(self._linger, self._close_if_idle)
 
     def _run_due(self) -> None:
         self._timer = None

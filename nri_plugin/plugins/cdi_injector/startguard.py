@@ -16,7 +16,7 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.plugin import Plugin
-from nri_plugin.nri.second_connection import Second, SecondConnection, StubFactory
+from nri_plugin.nri.second_connection import CallLater, Second, SecondConnection, StubFactory
 from nri_plugin.nri.stub import CloseCallback
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.nri.wire import Code
@@ -434,12 +434,13 @@ class GuardConnection(Plugin):
 
 
 def guarded_connections(guard: StartGuard, main: Plugin, make_stub: StubFactory,
-                        name: str | None,
-                        on_close: CloseCallback | None = None) -> SecondConnection:
+                        name: str | None, on_close: CloseCallback | None = None, *,
+                        call_later: CallLater | None = None) -> SecondConnection:
     """The injector's connection (``main``: the guard, or the metrics around it), with the
-    guard's own around it, open while ``guard.needed`` (docs/developer/fail-closed.md)."""
+    guard's own around it, open while ``guard.needed`` (docs/developer/fail-closed.md).
+    ``call_later``: what times the linger and the guard's rechecks (None: the event loop)."""
     second = Second(need=guard, plugin=lambda ready: GuardConnection(guard, ready),
                     suffix=GUARD_SUFFIX, label="start guard", logger=log,
                     ready_timeout=guard.settings.ready_timeout,
-                    linger=guard.settings.linger)
+                    linger=guard.settings.linger, call_later=call_later)
     return SecondConnection(second, main, make_stub, name, on_close)
