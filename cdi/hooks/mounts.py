@@ -86,9 +86,11 @@ def find_mount(data: bytes, mnt: int) -> MountInfo | None:
 class MountTable:
     """The container's mounts, read once when first asked about a mount."""
 
-    def __init__(self, root_path: str, container: ContainerRoot | None) -> None:
+    def __init__(self, root_path: str, container: ContainerRoot | None, *,
+                 proc: str = "/proc") -> None:
         self._root = root_path.rstrip("/")
         self._container = container
+        self._proc = proc  # where the tables are read (a test gives a folder of its own)
         self._tables: list[bytes] | None = None  # raw tables, read once
         self._private: dict[int, bool] = {}
 
@@ -101,7 +103,7 @@ class MountTable:
             # first, then ours (the same one, for a createContainer hook).
             for who in ([str(pid)] if pid > 0 else []) + ["self"]:
                 try:
-                    with open(f"/proc/{who}/mountinfo", "rb") as f:
+                    with open(f"{self._proc}/{who}/mountinfo", "rb") as f:
                         self._tables.append(f.read(_MAX_MOUNTINFO))
                 except OSError:
                     continue
