@@ -135,7 +135,7 @@ def docker_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
     ctrd = Containerd(version="2.1").start()
     daemons: list[Dockerd] = []
     try:
-        world: dict[str, object] = {"out": out, "kernel": kernel}
+        world: dict[str, object] = {"out": out, "kernel": kernel, "ctrd": ctrd}
         for mode in MODES:
             # Short socket paths: a unix socket path has at most 107 bytes.
             work = Path(f"/tmp/nri-cdi-docker-{mode}-{os.getpid()}")
@@ -191,6 +191,17 @@ def test_device_cgroup_lets_the_gpu_open(docker_world: dict[str, object], mode: 
     # mount in mounts mode: neither read-only nor nodev).
     done = _exec(docker_world, mode, "sh", "-c", ': > "$(echo /dev/dri/by-path/*-render)"')
     assert "No such device" in done.stderr, done.stderr
+    # One device-cgroup rule per node, as the runtime was given them: the by-path names
+    # bring none of their own.
+    ctrd, (_, cid) = docker_world["ctrd"], docker_world[mode]
+    assert isinstance(ctrd, Containerd)
+    config = json.loads((ctrd.workdir / "state/io.containerd.runtime.v2.task/moby" / cid
+                         / "config.json").read_text())
+    rules = [(r["major"], r["minor"]) for r in config["linux"]["resources"]["devices"]
+             if r.get("allow") and r.get("type") == "c" and r.get("major") is not None
+             and r.get("minor") is not None]
+    nodes = {(d["major"], d["minor"]) for d in config["linux"]["devices"]}
+    assert sorted(r for r in rules if r in nodes) == sorted(nodes), rules
 
 
 @pytest.mark.parametrize("mode", MODES)
