@@ -7,7 +7,7 @@ rejects a spec that declares less than its content needs.
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from cdi.model import SpecData, edits_by_path
+from cdi.model import ContainerEdits, SpecData, edits_by_path
 from cdi.parser import parse_kind
 
 # Newest first: the minimum-version walk visits them in this order.
@@ -54,6 +54,17 @@ def _requirements(spec: SpecData) -> Iterator[Requirement]:
     """Each use of a feature newer than 0.3.0, newest version first. (0.8.0 and 1.0.0
     changed only the Go API, so nothing in a document requires them.)"""
     edits = edits_by_path(spec)
+    yield from _since_1_1(edits)
+    yield from _since_0_7(edits)
+    yield from _since_0_6(spec)
+    yield from _since_0_5(spec, edits)
+    yield from _since_0_4(edits)
+
+
+_Edits = list[tuple[str, ContainerEdits]]
+
+
+def _since_1_1(edits: _Edits) -> Iterator[Requirement]:
     for path, item in edits:
         rdt = item.intel_rdt
         if item.net_devices:
@@ -64,11 +75,17 @@ def _requirements(spec: SpecData) -> Iterator[Requirement]:
             yield Requirement(
                 "1.1.0", f"{path}.intelRdt.enableMonitoring", "intelRdt.enableMonitoring"
             )
+
+
+def _since_0_7(edits: _Edits) -> Iterator[Requirement]:
     for path, item in edits:
         if item.intel_rdt is not None:
             yield Requirement("0.7.0", f"{path}.intelRdt", "intelRdt")
         if item.additional_gids:
             yield Requirement("0.7.0", f"{path}.additionalGids", "additionalGids")
+
+
+def _since_0_6(spec: SpecData) -> Iterator[Requirement]:
     if spec.annotations:
         yield Requirement("0.6.0", "annotations", "spec annotations")
     for index, device in enumerate(spec.devices):
@@ -76,6 +93,9 @@ def _requirements(spec: SpecData) -> Iterator[Requirement]:
             yield Requirement("0.6.0", f"devices[{index}].annotations", "device annotations")
     if "." in parse_kind(spec.kind)[1]:
         yield Requirement("0.6.0", "kind", "a '.' in the class of kind")
+
+
+def _since_0_5(spec: SpecData, edits: _Edits) -> Iterator[Requirement]:
     for path, item in edits:
         for index, node in enumerate(item.device_nodes):
             if node.host_path:
@@ -87,11 +107,13 @@ def _requirements(spec: SpecData) -> Iterator[Requirement]:
             yield Requirement(
                 "0.5.0", f"devices[{index}].name", "a device name starting with a digit"
             )
+
+
+def _since_0_4(edits: _Edits) -> Iterator[Requirement]:
     for path, item in edits:
         for index, mount in enumerate(item.mounts):
             if mount.type:
                 yield Requirement("0.4.0", f"{path}.mounts[{index}].type", "mounts[].type")
-
 
 def minimum_requirement(spec: SpecData) -> Requirement | None:
     """The newest feature the spec uses, or None when 0.3.0 suffices."""
