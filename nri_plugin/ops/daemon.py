@@ -20,7 +20,7 @@ from typing import Any
 
 from cdi.cache import Snapshot, SpecCache
 from cdi.errors import printable
-from cdi.watch import AutoRefresh
+from cdi.watch import AutoRefresh, Timing
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.second_connection import SecondConnection
 from nri_plugin.nri.stub import Callback, CloseCallback, Stub, StubOptions, plugin_identity
@@ -148,7 +148,7 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     injector_counters = Counters()
     address = settings.metrics.address  # metrics are off by default
     metrics = Metrics(injector_counters) if address else None
-    refresher = AutoRefresh(cache, rescan_interval=plugin_settings.rescan_interval,
+    refresher = AutoRefresh(cache, Timing(rescan_interval=plugin_settings.rescan_interval),
                             on_refresh=_Refreshed(registry, metrics)).start()
     # Who holds which device, by the kubelet: a device asked for past the scheduler must
     # not be another pod's (off where the setting is "").

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cdi.cache import SpecCache
-from cdi.watch import AutoRefresh
+from cdi.watch import AutoRefresh, Timing
 from nri_cdi_testbed.waiting import wait_until
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError
@@ -93,8 +93,9 @@ def test_a_removed_spec_leaves_the_registry_at_once(tmp_path: Path) -> None:
     folder = write_specs(tmp_path / "cdi", {"claim.yaml": simple_spec("k8s.example/claim", "a")})
     seen: list[int] = []
     # A settle of an hour: only the removal rule can make the refresh come in time.
-    with AutoRefresh(SpecCache([str(folder)]), rescan_interval=3600, settle=3600,
-                     max_delay=3600, on_refresh=lambda s: seen.append(len(s.devices))) as ref:
+    with AutoRefresh(SpecCache([str(folder)]),
+                     Timing(rescan_interval=3600, settle=3600, max_delay=3600),
+                     on_refresh=lambda s: seen.append(len(s.devices))) as ref:
         assert ref.cache.snapshot.devices
         (folder / "claim.yaml").unlink()
         wait_until(lambda: not ref.cache.snapshot.devices, "the removed spec's device gone",
@@ -129,7 +130,7 @@ def test_a_container_after_a_removal_sees_it_without_polling(tmp_path: Path) -> 
     folder = write_specs(tmp_path / "cdi", {f"c{i}.yaml": simple_spec(f"k8s.example/c{i}", "a")
                                             for i in range(20)})
     holder = RegistryHolder([])
-    with AutoRefresh(SpecCache([str(folder)]), rescan_interval=3600,
+    with AutoRefresh(SpecCache([str(folder)]), Timing(rescan_interval=3600),
                      on_refresh=holder.update) as refresher:
         on_hit = removals_applied(refresher, holder)
         assert on_hit() is None  # nothing pending: no wait, no new registry
@@ -144,7 +145,7 @@ def test_a_removal_is_never_seen_between_the_drain_and_its_flag(tmp_path: Path) 
     looks between the two (queue empty, flag not yet set) would serve the removed spec.
     The watcher is held in that window here while another thread asks."""
     folder = write_specs(tmp_path / "cdi", {"c0.yaml": simple_spec("k8s.example/c0", "a")})
-    refresher = AutoRefresh(SpecCache([str(folder)]), rescan_interval=3600)  # not started
+    refresher = AutoRefresh(SpecCache([str(folder)]), Timing(rescan_interval=3600))  # not started
     watcher = refresher._watcher
     drained, release = threading.Event(), threading.Event()
     read = watcher.read_changes

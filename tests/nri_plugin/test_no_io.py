@@ -259,7 +259,7 @@ def test_only_a_device_the_registry_does_not_know_reads(tmp_path: Path, need_roo
     """With the daemon's miss reader wired: known devices cost no I/O; a name the registry
     does not know (a DRA claim spec written a moment ago) reads the folders once and
     resolves; one still unknown after that is refused saying the folders were read again."""
-    from cdi.watch import AutoRefresh
+    from cdi.watch import AutoRefresh, Timing
     from nri_plugin.ops.daemon import miss_reader
 
     node = make_char_device(tmp_path / "gpu0", major=241, minor=0)
@@ -273,8 +273,9 @@ def test_only_a_device_the_registry_does_not_know_reads(tmp_path: Path, need_roo
         """})
     holder = RegistryHolder([])
     # settle/rescan long: only the miss reader can see the new file within this test
-    refresher = AutoRefresh(SpecCache([str(folder)]), rescan_interval=3600, settle=3600,
-                            max_delay=3600, on_refresh=holder.update)
+    refresher = AutoRefresh(SpecCache([str(folder)]),
+                            Timing(rescan_interval=3600, settle=3600, max_delay=3600),
+                            on_refresh=holder.update)
     refresher._publish(refresher.cache.refresh)  # the start-up read, without the thread
     reads: list[tuple[str, ...]] = []
     reader = miss_reader(refresher, holder)
