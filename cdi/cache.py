@@ -289,10 +289,9 @@ class SpecCache:
         return _read_changed(spec_file, previous, events, events_ns, quiet_since)
 
 
-def _read_changed(
-    spec_file: SpecFile, previous: tuple[Signature, Spec | SpecError] | None,
-    events: set[str] | None, events_ns: int | None, quiet_since: int,
-) -> tuple[Signature, Spec | SpecError] | None:
+def _read_changed(spec_file: SpecFile, previous: tuple[Signature, Spec | SpecError] | None,
+                  events: set[str] | None, events_ns: int | None,
+                  quiet_since: int) -> tuple[Signature, Spec | SpecError] | None:
     """``_load``'s read and parse of a changed file that need not wait."""
     path = spec_file.path
     try:

@@ -71,16 +71,6 @@ def _checked(tag: str, kind: Any, build: Any) -> Any:
     return construct
 
 
-def _construct_null(loader: Any, node: Any) -> Any:
-    if node.value not in _NULL_TEXTS:
-        return _bad(node.tag, node, "not a null")
-    return None
-
-
-def _construct_unknown(loader: Any, node: Any) -> Any:
-    return _bad(node.tag, node, "unknown tag")
-
-
 def _strict_mapping(yaml: Any) -> Any:
     """The mapping constructor: PyYAML's, with duplicate keys an error."""
 
@@ -122,10 +112,18 @@ def _strict_loader() -> Any:
     yaml = _yaml()
     base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+    def construct_null(loader: Any, node: Any) -> Any:
+        if node.value not in _NULL_TEXTS:
+            return _bad(node.tag, node, "not a null")
+        return None
+
     def construct_timestamp(loader: Any, node: Any) -> Any:
         # The reference keeps a timestamp as the text written; an invalid one is refused.
         base.construct_yaml_timestamp(loader, node)
         return node.value
+
+    def construct_unknown(loader: Any, node: Any) -> Any:
+        return _bad(node.tag, node, "unknown tag")
 
     # (The bare tag '!' is found by ``_yaml_event_error`` before loading: libyaml resolves
     # it like an untagged node, so no constructor ever sees it.)
@@ -151,13 +149,13 @@ def _strict_loader() -> Any:
     ):
         tag = _YAML + name
         StrictLoader.add_constructor(tag, _checked(tag, kind, base.yaml_constructors[tag]))
-    StrictLoader.add_constructor(_YAML + "null", _checked(_YAML + "null", scalar, _construct_null))
+    StrictLoader.add_constructor(_YAML + "null", _checked(_YAML + "null", scalar, construct_null))
     StrictLoader.add_constructor(
         _YAML + "timestamp", _checked(_YAML + "timestamp", scalar, construct_timestamp)
     )
     StrictLoader.add_constructor(_YAML + "str", construct_str)
     StrictLoader.add_constructor(_YAML + "map", _strict_mapping(yaml))
-    StrictLoader.add_constructor(None, _construct_unknown)
+    StrictLoader.add_constructor(None, construct_unknown)
     return StrictLoader
 
 

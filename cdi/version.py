@@ -54,17 +54,18 @@ def _requirements(spec: SpecData) -> Iterator[Requirement]:
     """Each use of a feature newer than 0.3.0, newest version first. (0.8.0 and 1.0.0
     changed only the Go API, so nothing in a document requires them.)"""
     edits = edits_by_path(spec)
-    yield from _since_1_1(edits)
-    yield from _since_0_7(edits)
-    yield from _since_0_6(spec)
-    yield from _since_0_5(spec, edits)
-    yield from _since_0_4(edits)
+    yield from _of_1_1_and_0_7(edits)
+    if spec.annotations:
+        yield Requirement("0.6.0", "annotations", "spec annotations")
+    for index, device in enumerate(spec.devices):
+        if device.annotations:
+            yield Requirement("0.6.0", f"devices[{index}].annotations", "device annotations")
+    if "." in parse_kind(spec.kind)[1]:
+        yield Requirement("0.6.0", "kind", "a '.' in the class of kind")
+    yield from _of_0_5_and_0_4(spec, edits)
 
 
-_Edits = list[tuple[str, ContainerEdits]]
-
-
-def _since_1_1(edits: _Edits) -> Iterator[Requirement]:
+def _of_1_1_and_0_7(edits: list[tuple[str, ContainerEdits]]) -> Iterator[Requirement]:
     for path, item in edits:
         rdt = item.intel_rdt
         if item.net_devices:
@@ -75,9 +76,6 @@ def _since_1_1(edits: _Edits) -> Iterator[Requirement]:
             yield Requirement(
                 "1.1.0", f"{path}.intelRdt.enableMonitoring", "intelRdt.enableMonitoring"
             )
-
-
-def _since_0_7(edits: _Edits) -> Iterator[Requirement]:
     for path, item in edits:
         if item.intel_rdt is not None:
             yield Requirement("0.7.0", f"{path}.intelRdt", "intelRdt")
@@ -85,17 +83,8 @@ def _since_0_7(edits: _Edits) -> Iterator[Requirement]:
             yield Requirement("0.7.0", f"{path}.additionalGids", "additionalGids")
 
 
-def _since_0_6(spec: SpecData) -> Iterator[Requirement]:
-    if spec.annotations:
-        yield Requirement("0.6.0", "annotations", "spec annotations")
-    for index, device in enumerate(spec.devices):
-        if device.annotations:
-            yield Requirement("0.6.0", f"devices[{index}].annotations", "device annotations")
-    if "." in parse_kind(spec.kind)[1]:
-        yield Requirement("0.6.0", "kind", "a '.' in the class of kind")
-
-
-def _since_0_5(spec: SpecData, edits: _Edits) -> Iterator[Requirement]:
+def _of_0_5_and_0_4(spec: SpecData,
+                    edits: list[tuple[str, ContainerEdits]]) -> Iterator[Requirement]:
     for path, item in edits:
         for index, node in enumerate(item.device_nodes):
             if node.host_path:
@@ -107,13 +96,11 @@ def _since_0_5(spec: SpecData, edits: _Edits) -> Iterator[Requirement]:
             yield Requirement(
                 "0.5.0", f"devices[{index}].name", "a device name starting with a digit"
             )
-
-
-def _since_0_4(edits: _Edits) -> Iterator[Requirement]:
     for path, item in edits:
         for index, mount in enumerate(item.mounts):
             if mount.type:
                 yield Requirement("0.4.0", f"{path}.mounts[{index}].type", "mounts[].type")
+
 
 def minimum_requirement(spec: SpecData) -> Requirement | None:
     """The newest feature the spec uses, or None when 0.3.0 suffices."""

@@ -280,12 +280,11 @@ class AutoRefresh:
         return self._publish(partial(self.cache.add_new_files, timeout))
 
     def _timeout(self, dirty_since: float | None) -> float:
-        timing = self.timing
         if dirty_since is not None:
-            return timing.settle
+            return self.timing.settle
         if self.cache.pending:
-            return min(timing.quiet, timing.rescan_interval)
-        return timing.rescan_interval
+            return min(self.timing.quiet, self.timing.rescan_interval)
+        return self.timing.rescan_interval
 
     def _publish(self, refresh: Callable[[], Snapshot | None]) -> Snapshot | None:
         """Run ``refresh`` and hand its snapshot to ``on_refresh``; None if it failed."""
