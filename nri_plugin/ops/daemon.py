@@ -46,7 +46,7 @@ from nri_plugin.ops.settings import (
 from nri_plugin.ops.status import LAUNCHED_SOCKET, ReadyFile, StatusFile
 from nri_plugin.plugins.cdi_injector.asked import OnHit, OnMiss
 from nri_plugin.plugins.cdi_injector.counters import Counters
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
 from nri_plugin.plugins.cdi_injector.metered import Metered
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyError, load_policy, parse_policy
 from nri_plugin.plugins.cdi_injector.startguard import (
@@ -155,14 +155,14 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     allocations = (PodResourcesWatch(plugin_settings.pod_resources_socket,
                                      plugin_settings.pod_resources_interval).start()
                    if plugin_settings.pod_resources_socket else None)
-    injector = CdiInjector(registry.get, vendors=vendors, policy=policy,
-                           runtime_cdi=runtime_cdi_config(settings),
-                           counters=injector_counters,
-                           on_miss=miss_reader(refresher, registry),
-                           on_hit=removals_applied(refresher, registry),
-                           on_start_warning=start_warning,
-                           after_reply=loop.call_soon,
-                           allocations=allocations.current if allocations else None)
+    injector = CdiInjector(registry.get, vendors=vendors, policy=policy, wiring=Wiring(
+        runtime_cdi=runtime_cdi_config(settings),
+        counters=injector_counters,
+        on_miss=miss_reader(refresher, registry),
+        on_hit=removals_applied(refresher, registry),
+        on_start_warning=start_warning,
+        after_reply=loop.call_soon,
+        allocations=allocations.current if allocations else None))
     # Launched by the runtime, we have one connection (its fd): the guard rides on it.
     # Otherwise its checks get a connection of their own, open only while needed.
     launched = PLUGIN_SOCKET_ENV in os.environ

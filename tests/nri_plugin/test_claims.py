@@ -18,7 +18,7 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.versions import CDI_OFF, NativeCdi, SpecDirs
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
 from nri_plugin.plugins.cdi_injector.policy import parse_policy
 from nri_plugin.plugins.cdi_injector.vendor import RegistryHolder
 from tests.helpers import simple_spec, write_specs
@@ -26,8 +26,9 @@ from tests.nri_plugin.test_no_io import _nvidia_registry
 
 
 def _plugin(holder: RegistryHolder, **kwargs: object) -> CdiInjector:
-    plugin = CdiInjector(holder.get, vendors=holder.vendors, runtime_cdi=RuntimeCdiConfig(
-        enabled=True, spec_dirs=SpecDirs.of(holder.get().snapshot.spec_dirs), origin="test"),
+    plugin = CdiInjector(holder.get, vendors=holder.vendors, wiring=Wiring(
+        runtime_cdi=RuntimeCdiConfig(enabled=True, origin="test",
+                                     spec_dirs=SpecDirs.of(holder.get().snapshot.spec_dirs))),
         **kwargs)  # type: ignore[arg-type]
     plugin.configure("", "containerd", "2.1.9")
     assert plugin.runtime.native_cdi is NativeCdi.ON
@@ -176,8 +177,8 @@ def test_cdi_devices_the_runtime_ignored_are_injected_by_the_plugin(tmp_path: Pa
     """NRI >= 0.10 shows CRI CDIDevices; with the runtime's CDI off it did not act on them,
     so the plugin injects them (a kubelet >= 1.31 sends a DRA claim only there)."""
     holder = _nvidia_registry(tmp_path)
-    plugin = CdiInjector(holder.get, vendors=holder.vendors, runtime_cdi=RuntimeCdiConfig(
-        enabled=False, spec_dirs=CDI_OFF, origin="test"))
+    plugin = CdiInjector(holder.get, vendors=holder.vendors, wiring=Wiring(
+        runtime_cdi=RuntimeCdiConfig(enabled=False, spec_dirs=CDI_OFF, origin="test")))
     plugin.configure("", "containerd", "2.2.0")
     ctr = nri_pb2.Container(id="c1", name="app")
     ctr.CDI_devices.add(name="nvidia.com/gpu=1")

@@ -34,7 +34,7 @@ from nri_plugin.nri.dispatch import RpcError, dispatch
 from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.ops.logwriter import NonBlockingHandler
 from nri_plugin.ops.metrics import Metrics
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
 from nri_plugin.plugins.cdi_injector.metered import Metered
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
@@ -284,7 +284,7 @@ def test_only_a_device_the_registry_does_not_know_reads(tmp_path: Path, need_roo
         reads.append(tuple(names))  # type: ignore[call-overload]
         return reader(names)
 
-    plugin = CdiInjector(holder.get, on_miss=on_miss,
+    plugin = CdiInjector(holder.get, wiring=Wiring(on_miss=on_miss),
                          policy=annotations_policy(nvidia=False))
     plugin.configure("", "containerd", "v1.7.24")
 
