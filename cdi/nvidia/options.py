@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
 from cdi.nvidia.discover import MODES
 from cdi.nvidia.mountspec import DEFAULT_FOLDER, DEFAULT_NAMES
@@ -21,8 +21,6 @@ from cdi.nvidia.tegra import ORIN_COMPAT_ROOT
 from cdi.runtimes import BUILDS
 
 if TYPE_CHECKING:
-    from typing import TypedDict
-
     from typing_extensions import Unpack
 
     class _Details(TypedDict, total=False):  # ``option``'s keywords: the Option's fields

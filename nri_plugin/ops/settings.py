@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.nvidia.hook_programs import HOOK_PROGRAMS
@@ -29,8 +29,6 @@ from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
 from nri_plugin.ops.kubelet_plugins import DEFAULT_REGISTRY
 
 if TYPE_CHECKING:
-    from typing import TypedDict
-
     from typing_extensions import Unpack
 
     class _Details(TypedDict, total=False):  # ``setting``'s keywords: the Key's fields
