@@ -283,37 +283,46 @@ class SpecCache:
         previous = self._parsed.get(path)
         if previous and previous[0] == signature:
             return previous
-        if _must_wait(path, spec_file.signature, events, events_ns, now, quiet_ns):
+        quiet_since = now - quiet_ns
+        if _must_wait(path, spec_file.signature, events, events_ns, quiet_since):
             return None
-        try:
-            read = _read_stable(path)
-        except OSError as exc:
-            return _UNREAD, SpecError([FieldError("", f"cannot read: {exc.strerror}")], file=path)
-        if read is None:
-            return None  # changed while it was read
-        info, data = read
-        if identity(info) != spec_file.signature[:5] and _must_wait(
-                path, identity(info), events, events_ns, now, quiet_ns):
-            # Changed between the folder scan and the read (a writer that truncated it
-            # meanwhile): judged again by what was read, not by the scan's older look.
-            return None
-        try:
-            result: Spec | SpecError = parse_spec(data, path, spec_file.priority)
-        except SpecError as exc:
-            result = exc
-        now_info = os.stat(path)
-        if now_info.st_ino == info.st_ino and identity(now_info) != identity(info):
-            return None  # written to in place meanwhile: what was read may be partial
-        if (isinstance(result, SpecError) and previous is not None
-                and not isinstance(previous[1], SpecError)
-                and _must_wait(path, identity(info), set(), None, now, quiet_ns)):
-            # A good spec now unreadable, changed less than ``quiet_ns`` ago: most likely
-            # caught between a truncation and the write after it, whose own change time and
-            # event the kernel makes visible only after the new size. It keeps serving its
-            # last good version until it is complete again, or still for that long.
-            return None
-        # (a file renamed over it meanwhile leaves what was read whole: its own event follows)
-        return (*identity(info), spec_file.priority), result
+        return _read_changed(spec_file, previous, events, events_ns, quiet_since)
+
+
+def _read_changed(spec_file: SpecFile, previous: tuple[Signature, Spec | SpecError] | None,
+                  events: set[str] | None, events_ns: int | None,
+                  quiet_since: int) -> tuple[Signature, Spec | SpecError] | None:
+    """``_load``'s read and parse of a changed file that need not wait."""
+    path = spec_file.path
+    try:
+        read = _read_stable(path)
+    except OSError as exc:
+        return _UNREAD, SpecError([FieldError("", f"cannot read: {exc.strerror}")], file=path)
+    if read is None:
+        return None  # changed while it was read
+    info, data = read
+    if identity(info) != (spec_file.signature or ())[:5] and _must_wait(
+            path, identity(info), events, events_ns, quiet_since):
+        # Changed between the folder scan and the read (a writer that truncated it
+        # meanwhile): judged again by what was read, not by the scan's older look.
+        return None
+    try:
+        result: Spec | SpecError = parse_spec(data, path, spec_file.priority)
+    except SpecError as exc:
+        result = exc
+    now_info = os.stat(path)
+    if now_info.st_ino == info.st_ino and identity(now_info) != identity(info):
+        return None  # written to in place meanwhile: what was read may be partial
+    if (isinstance(result, SpecError) and previous is not None
+            and not isinstance(previous[1], SpecError)
+            and _must_wait(path, identity(info), set(), None, quiet_since)):
+        # A good spec now unreadable, changed after ``quiet_since``: most likely
+        # caught between a truncation and the write after it, whose own change time and
+        # event the kernel makes visible only after the new size. It keeps serving its
+        # last good version until it is complete again, or still for that long.
+        return None
+    # (a file renamed over it meanwhile leaves what was read whole: its own event follows)
+    return (*identity(info), spec_file.priority), result
 
 
 _UNREAD: Signature = (0, 0, 0, 0, 0, -2)
@@ -333,15 +342,16 @@ def file_clock_ns() -> int:
 
 
 def _must_wait(path: str, identity: Sequence[int], events: set[str] | None,
-               events_ns: int | None, now: int, quiet_ns: int) -> bool:
+               events_ns: int | None, quiet_since: int) -> bool:
     """Whether a changed file must wait before it is taken: it changed without a
     completion event, or was written to again after it (its change time is later than
-    when the events were taken), and has not been still for ``quiet_ns``."""
+    when the events were taken), and has not been still since ``quiet_since`` (now less
+    the quiet time)."""
     if events is None:
         return False  # a direct refresh takes every changed file at once
     last_change = max(identity[3], identity[4])
     rewritten = events_ns is not None and last_change > events_ns - _CLOCK_SLACK_NS
-    return (path not in events or rewritten) and now - last_change < quiet_ns
+    return (path not in events or rewritten) and last_change > quiet_since
 
 
 def _folder_problem(folder: str, what: str) -> str | None:

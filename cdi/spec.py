@@ -51,30 +51,32 @@ def dump_yaml(document: dict[str, Any]) -> str:
                                     width=1 << 16))
 
 
-@functools.cache
-def _strict_loader() -> Any:
-    """A safe YAML loader (libyaml's when present) for specs.
+def _bad(tag: str, node: Any, why: str) -> BadScalar:
+    short = tag.replace(_YAML, "!!")
+    text = node.value if isinstance(node.value, str) else f"<{node.id}>"
+    return BadScalar(short, text, why)
 
-    * duplicate mapping keys are errors, as in the reference's strict decoder;
-    * plain scalars resolve as YAML 1.1 without sexagesimal numbers and without implicit
-      timestamps (both stay strings, as the reference reads them);
-    * an explicit tag never raises from inside the loader: a value its tag cannot make
-      sense of, or an unknown tag, becomes a ``BadScalar`` that every field decoder
-      refuses, so the error names the field.
 
-    Built on first use, as PyYAML is imported on first use (``_yaml``).
-    """
-    yaml = _yaml()
-    base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+def _checked(tag: str, kind: Any, build: Any) -> Any:
+    """The base constructor for ``tag``, turned into a BadScalar on any failure."""
 
-    def bad(tag: str, node: Any, why: str) -> BadScalar:
-        short = tag.replace(_YAML, "!!")
-        text = node.value if isinstance(node.value, str) else f"<{node.id}>"
-        return BadScalar(short, text, why)
+    def construct(loader: Any, node: Any) -> Any:
+        if not isinstance(node, kind):
+            return _bad(tag, node, f"not a {kind.id}")
+        try:
+            return build(loader, node)
+        except Exception:  # the base constructors raise KeyError, ValueError, ...
+            return _bad(tag, node, f"not a valid {tag.replace(_YAML, '!!')}")
+
+    return construct
+
+
+def _strict_mapping(yaml: Any) -> Any:
+    """The mapping constructor: PyYAML's, with duplicate keys an error."""
 
     def construct_strict_mapping(loader: Any, node: Any, deep: bool = False) -> Any:
         if not isinstance(node, yaml.MappingNode):
-            return bad(node.tag, node, "not a mapping")
+            return _bad(node.tag, node, "not a mapping")
         seen: set[Any] = set()
         for key_node, _ in node.value:
             if key_node.tag == _YAML + "merge":
@@ -91,22 +93,28 @@ def _strict_loader() -> Any:
             seen.add(key)
         return loader.construct_mapping(node, deep=deep)
 
-    def checked(tag: str, kind: Any, build: Any) -> Any:
-        """The base constructor for ``tag``, turned into a BadScalar on any failure."""
+    return construct_strict_mapping
 
-        def construct(loader: Any, node: Any) -> Any:
-            if not isinstance(node, kind):
-                return bad(tag, node, f"not a {kind.id}")
-            try:
-                return build(loader, node)
-            except Exception:  # the base constructors raise KeyError, ValueError, ...
-                return bad(tag, node, f"not a valid {tag.replace(_YAML, '!!')}")
 
-        return construct
+@functools.cache
+def _strict_loader() -> Any:
+    """A safe YAML loader (libyaml's when present) for specs.
+
+    * duplicate mapping keys are errors, as in the reference's strict decoder;
+    * plain scalars resolve as YAML 1.1 without sexagesimal numbers and without implicit
+      timestamps (both stay strings, as the reference reads them);
+    * an explicit tag never raises from inside the loader: a value its tag cannot make
+      sense of, or an unknown tag, becomes a ``BadScalar`` that every field decoder
+      refuses, so the error names the field.
+
+    Built on first use, as PyYAML is imported on first use (``_yaml``).
+    """
+    yaml = _yaml()
+    base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
     def construct_null(loader: Any, node: Any) -> Any:
         if node.value not in _NULL_TEXTS:
-            return bad(node.tag, node, "not a null")
+            return _bad(node.tag, node, "not a null")
         return None
 
     def construct_timestamp(loader: Any, node: Any) -> Any:
@@ -115,7 +123,7 @@ def _strict_loader() -> Any:
         return node.value
 
     def construct_unknown(loader: Any, node: Any) -> Any:
-        return bad(node.tag, node, "unknown tag")
+        return _bad(node.tag, node, "unknown tag")
 
     # (The bare tag '!' is found by ``_yaml_event_error`` before loading: libyaml resolves
     # it like an untagged node, so no constructor ever sees it.)
@@ -133,20 +141,20 @@ def _strict_loader() -> Any:
         # The hot path (every string of a spec): no wrapper around it.
         if node.__class__ is scalar:
             return node.value
-        return bad(_YAML + "str", node, f"not a {scalar.id}")
+        return _bad(_YAML + "str", node, f"not a {scalar.id}")
 
     for name, kind in (
         ("bool", scalar), ("int", scalar), ("float", scalar), ("binary", scalar),
         ("seq", seq), ("set", mapping), ("omap", seq), ("pairs", seq),
     ):
         tag = _YAML + name
-        StrictLoader.add_constructor(tag, checked(tag, kind, base.yaml_constructors[tag]))
-    StrictLoader.add_constructor(_YAML + "null", checked(_YAML + "null", scalar, construct_null))
+        StrictLoader.add_constructor(tag, _checked(tag, kind, base.yaml_constructors[tag]))
+    StrictLoader.add_constructor(_YAML + "null", _checked(_YAML + "null", scalar, construct_null))
     StrictLoader.add_constructor(
-        _YAML + "timestamp", checked(_YAML + "timestamp", scalar, construct_timestamp)
+        _YAML + "timestamp", _checked(_YAML + "timestamp", scalar, construct_timestamp)
     )
     StrictLoader.add_constructor(_YAML + "str", construct_str)
-    StrictLoader.add_constructor(_YAML + "map", construct_strict_mapping)
+    StrictLoader.add_constructor(_YAML + "map", _strict_mapping(yaml))
     StrictLoader.add_constructor(None, construct_unknown)
     return StrictLoader
 

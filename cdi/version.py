@@ -7,7 +7,7 @@ rejects a spec that declares less than its content needs.
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from cdi.model import SpecData, edits_by_path
+from cdi.model import ContainerEdits, SpecData, edits_by_path
 from cdi.parser import parse_kind
 
 # Newest first: the minimum-version walk visits them in this order.
@@ -54,6 +54,18 @@ def _requirements(spec: SpecData) -> Iterator[Requirement]:
     """Each use of a feature newer than 0.3.0, newest version first. (0.8.0 and 1.0.0
     changed only the Go API, so nothing in a document requires them.)"""
     edits = edits_by_path(spec)
+    yield from _of_1_1_and_0_7(edits)
+    if spec.annotations:
+        yield Requirement("0.6.0", "annotations", "spec annotations")
+    for index, device in enumerate(spec.devices):
+        if device.annotations:
+            yield Requirement("0.6.0", f"devices[{index}].annotations", "device annotations")
+    if "." in parse_kind(spec.kind)[1]:
+        yield Requirement("0.6.0", "kind", "a '.' in the class of kind")
+    yield from _of_0_5_and_0_4(spec, edits)
+
+
+def _of_1_1_and_0_7(edits: list[tuple[str, ContainerEdits]]) -> Iterator[Requirement]:
     for path, item in edits:
         rdt = item.intel_rdt
         if item.net_devices:
@@ -69,13 +81,10 @@ def _requirements(spec: SpecData) -> Iterator[Requirement]:
             yield Requirement("0.7.0", f"{path}.intelRdt", "intelRdt")
         if item.additional_gids:
             yield Requirement("0.7.0", f"{path}.additionalGids", "additionalGids")
-    if spec.annotations:
-        yield Requirement("0.6.0", "annotations", "spec annotations")
-    for index, device in enumerate(spec.devices):
-        if device.annotations:
-            yield Requirement("0.6.0", f"devices[{index}].annotations", "device annotations")
-    if "." in parse_kind(spec.kind)[1]:
-        yield Requirement("0.6.0", "kind", "a '.' in the class of kind")
+
+
+def _of_0_5_and_0_4(spec: SpecData,
+                    edits: list[tuple[str, ContainerEdits]]) -> Iterator[Requirement]:
     for path, item in edits:
         for index, node in enumerate(item.device_nodes):
             if node.host_path:

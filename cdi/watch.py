@@ -16,6 +16,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 
 from inotify_simple import INotify, flags
@@ -140,30 +141,36 @@ def _nearest_existing_parent(folder: str) -> str:
     return parent
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Timing:
+    """``AutoRefresh``'s times, in seconds: a rescan every ``rescan_interval``; after an
+    event, a wait until the folder has been quiet for ``settle`` (at most ``max_delay``);
+    a file changed without a completion event is taken once still for ``quiet``."""
+
+    rescan_interval: float = 60.0
+    settle: float = 0.05
+    quiet: float = 1.0
+    max_delay: float = 1.0
+
+
 class AutoRefresh:
     """A daemon thread that refreshes ``cache`` on directory changes and every
-    ``rescan_interval`` seconds. ``on_refresh`` is called with each new Snapshot.
+    ``timing.rescan_interval`` seconds. ``on_refresh`` is called with each new Snapshot.
 
-    After an event it waits until the folder has been quiet for ``settle`` seconds (at
-    most ``max_delay``), so a burst of writes is read once, complete.
+    After an event it waits until the folder has been quiet (``timing``), so a burst of
+    writes is read once, complete.
     """
 
     def __init__(
         self,
         cache: SpecCache,
+        timing: Timing | None = None,
         *,
-        rescan_interval: float = 60.0,
         on_refresh: Callable[[Snapshot], None] | None = None,
-        settle: float = 0.05,
-        quiet: float = 1.0,
-        max_delay: float = 1.0,
     ) -> None:
         self.cache = cache
-        self.rescan_interval = rescan_interval
+        self.timing = timing or Timing()
         self.on_refresh = on_refresh
-        self.settle = settle
-        self.quiet = quiet
-        self.max_delay = max_delay
         self._watcher = SpecDirWatcher(cache.spec_dirs)
         self._wake_r, self._wake_w = os.pipe()
         self._stopping = False
@@ -210,7 +217,7 @@ class AutoRefresh:
                 changed = self._read_changes()
                 if changed and dirty_since is None:
                     dirty_since = now
-                if dirty_since is None or (now - dirty_since < self.max_delay
+                if dirty_since is None or (now - dirty_since < self.timing.max_delay
                                            and not self._watcher.removed):
                     continue  # wait for the burst to end (removals: at once)
             # Whatever a file's completion event said, a write that began since makes it
@@ -221,7 +228,7 @@ class AutoRefresh:
             self._read_changes()
             removal = self._removal_unapplied
             self._publish(partial(self.cache.refresh, self._watcher.take_done(),
-                                  quiet_ns=int(self.quiet * 1e9), events_ns=taken_ns))
+                                  quiet_ns=int(self.timing.quiet * 1e9), events_ns=taken_ns))
             with self._changed:
                 if removal:
                     self._removal_unapplied = False
@@ -274,10 +281,10 @@ class AutoRefresh:
 
     def _timeout(self, dirty_since: float | None) -> float:
         if dirty_since is not None:
-            return self.settle
+            return self.timing.settle
         if self.cache.pending:
-            return min(self.quiet, self.rescan_interval)
-        return self.rescan_interval
+            return min(self.timing.quiet, self.timing.rescan_interval)
+        return self.timing.rescan_interval
 
     def _publish(self, refresh: Callable[[], Snapshot | None]) -> Snapshot | None:
         """Run ``refresh`` and hand its snapshot to ``on_refresh``; None if it failed."""

@@ -123,25 +123,9 @@ def _scan(root: RootFS, folder: str, warnings: list[str]) -> list[LdCacheEntry]:
     read-only), no link is made and the entry names the library's own file, which the
     loader opens as well: nothing is written there and the library is still found.
     """
-    by_soname: dict[str, list[tuple[str, int]]] = {}
     with root.directory(folder) as dir_fd:
         names = folder_names(dir_fd, folder)
-        for name in sorted(names):
-            if not _is_library_name(name):
-                continue
-            path = f"{folder}/{name}".replace("//", "/")
-            info = _elf(root, path, warnings)
-            if info is None or info.elf_type != _ET_DYN:
-                continue
-            foreign = foreign_to_this_machine(path, info)
-            if foreign is not None:  # the loader would pass it over without a word
-                warnings.append(f"{foreign}: left out of the cache")
-                continue
-            arch = _ARCH_FLAGS.get((info.machine, info.bits))
-            soname = info.soname or name
-            if arch is None or not _plain_name(soname):
-                continue  # a hostile SONAME such as "../../x" names no file we would make
-            by_soname.setdefault(soname, []).append((name, _FLAG_ELF_LIBC6 | arch))
+        by_soname = _libraries(root, folder, names, warnings)
         entries: list[LdCacheEntry] = []
         writable: bool | None = None
         for soname, found in by_soname.items():
@@ -158,6 +142,29 @@ def _scan(root: RootFS, folder: str, warnings: list[str]) -> list[LdCacheEntry]:
                 entries.append(LdCacheEntry(key=soname, path=f"{folder.rstrip('/')}/{target}",
                                             flags=flags))
     return entries
+
+
+def _libraries(root: RootFS, folder: str, names: set[str],
+               warnings: list[str]) -> dict[str, list[tuple[str, int]]]:
+    """``_scan``'s libraries of this machine in ``folder``: (file, cache flags) by SONAME."""
+    by_soname: dict[str, list[tuple[str, int]]] = {}
+    for name in sorted(names):
+        if not _is_library_name(name):
+            continue
+        path = f"{folder}/{name}".replace("//", "/")
+        info = _elf(root, path, warnings)
+        if info is None or info.elf_type != _ET_DYN:
+            continue
+        foreign = foreign_to_this_machine(path, info)
+        if foreign is not None:  # the loader would pass it over without a word
+            warnings.append(f"{foreign}: left out of the cache")
+            continue
+        arch = _ARCH_FLAGS.get((info.machine, info.bits))
+        soname = info.soname or name
+        if arch is None or not _plain_name(soname):
+            continue  # a hostile SONAME such as "../../x" names no file we would make
+        by_soname.setdefault(soname, []).append((name, _FLAG_ELF_LIBC6 | arch))
+    return by_soname
 
 
 def _may_write(root: RootFS, dir_fd: int, folder: str, warnings: list[str]) -> bool:

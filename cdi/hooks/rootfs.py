@@ -122,15 +122,8 @@ class _Walk:
                 fd = os.open(part, _O_PATH | os.O_NOFOLLOW, dir_fd=stack[-1])
                 mode = os.fstat(fd).st_mode
                 if stat.S_ISLNK(mode) and (todo or follow):
-                    target = os.readlink("", dir_fd=fd)  # the link we hold, not a new lookup
-                    os.close(fd)
                     hops += 1
-                    if hops > _MAX_HOPS:
-                        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), part)
-                    if target.startswith("/"):
-                        while len(stack) > 1:
-                            os.close(stack.pop())
-                    todo.extend(reversed([p for p in target.split("/") if p]))
+                    _follow(fd, part, hops, stack, todo)
                     continue
                 if todo and not stat.S_ISDIR(mode):
                     os.close(fd)
@@ -140,6 +133,19 @@ class _Walk:
         finally:
             for fd in stack:
                 os.close(fd)
+
+
+def _follow(link_fd: int, part: str, hops: int, stack: list[int], todo: list[str]) -> None:
+    """``_Walk.open``'s step through the symlink held at ``link_fd`` (closed here), the
+    ``hops``-th: its target's parts go on ``todo``, an absolute one from the root."""
+    target = os.readlink("", dir_fd=link_fd)  # the link we hold, not a new lookup
+    os.close(link_fd)
+    if hops > _MAX_HOPS:
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), part)
+    if target.startswith("/"):
+        while len(stack) > 1:
+            os.close(stack.pop())
+    todo.extend(reversed([p for p in target.split("/") if p]))
 
 
 def _probe_openat2() -> _Openat2 | None:

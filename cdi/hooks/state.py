@@ -28,17 +28,17 @@ class ContainerRoot:
 
     __slots__ = ("bundle", "container_id", "devices", "mounts", "path", "pid", "readonly")
 
-    def __init__(self, *, container_id: str, bundle: str, path: str, readonly: bool,
+    def __init__(self, *, bundle: str, path: str, readonly: bool,
                  devices: frozenset[str] = frozenset(),
-                 mounts: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (),
-                 pid: int = 0) -> None:
-        self.container_id = container_id
+                 mounts: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()) -> None:
+        # What the OCI state says besides the bundle, set where it is read: "" and 0 until.
+        self.container_id = ""
+        self.pid = 0  # the container's init process (the state's pid), 0 when unknown
         self.bundle = bundle
         self.path = path  # absolute host path of the root folder
         self.readonly = readonly  # root.readonly in config.json
         self.devices = devices  # container paths of linux.devices[].path
         self.mounts = mounts  # config.json mounts: (destination, type, source, options)
-        self.pid = pid  # the container's init process (the state's pid), 0 when unknown
 
     def __repr__(self) -> str:
         return (f"ContainerRoot(container_id={self.container_id!r}, bundle={self.bundle!r}, "
@@ -108,9 +108,11 @@ def root_from_config(bundle: str, config: Any, *, container_id: str = "") -> Con
     if not isinstance(path, str) or not path:
         raise StateError(f"{bundle}/config.json has no root.path")
     readonly = bool(root.get("readonly", False)) if isinstance(root, dict) else False
-    return ContainerRoot(container_id=container_id, bundle=bundle,
-                         path=os.path.normpath(os.path.join(bundle, path)), readonly=readonly,
-                         devices=_devices(config), mounts=_mounts(config))
+    container = ContainerRoot(bundle=bundle, path=os.path.normpath(os.path.join(bundle, path)),
+                              readonly=readonly, devices=_devices(config),
+                              mounts=_mounts(config))
+    container.container_id = container_id
+    return container
 
 
 def _mounts(config: dict[str, Any]) -> tuple[tuple[str, str, str, tuple[str, ...]], ...]:

@@ -237,7 +237,7 @@ def _parse(raw: _Reader, source: str) -> DynamicInfo:
     soname: str | None = None
     needed: tuple[str, ...] = ()
     if dynamic is not None:
-        soname, needed = _dynamic(raw, order, cls, dynamic, loads, source)
+        soname, needed = _dynamic(raw, order + _DYN[cls], dynamic, loads, source)
     return DynamicInfo(
         bits=32 if cls == _ELFCLASS32 else 64,
         big_endian=order == ">",
@@ -279,13 +279,11 @@ def _program_headers(
 
 def _dynamic(
     raw: _Reader,
-    order: str,
-    cls: int,
+    fmt: str,  # the struct format of one entry, in the file's byte order and class
     dynamic: tuple[int, int],
     loads: list[_Load],
     source: str,
 ) -> tuple[str | None, tuple[str, ...]]:
-    fmt = order + _DYN[cls]
     entsize = struct.calcsize(fmt)
     offset, filesz = dynamic
     filesz = min(filesz, _MAX_DYNAMIC)  # entries past 64 Ki are never read by a loader

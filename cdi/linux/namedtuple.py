@@ -20,7 +20,9 @@ else:
     def _field(index, name):
         return property(lambda self: self[index], doc=f"Alias for field number {index}")
 
-    def _methods(name, fields, defaults):
+    # One closure-building function, kept for the hook's start-up (measured:
+    # bench/reports/2026-11-29-hook-shortcuts-2-cores).
+    def _methods(name, fields, defaults):  # noqa: C901
         required = len(fields) - len(defaults)
 
         def __new__(cls, *args, **kwargs):

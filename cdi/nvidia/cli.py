@@ -17,7 +17,7 @@ from dataclasses import replace
 from hashlib import sha256
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from cdi.errors import SpecError
 from cdi.model import SpecData, to_dict
@@ -329,9 +329,9 @@ def _generate(v: GenerateOptions, out: TextIO, warn: Any,
     path, json_format = _output(v, warn)
     debug(f"driver root {roots.driver}, dev root {roots.dev}, mode {mode}")
     if mode == "csv":
-        inv = _csv_inventory(v, roots, nvml, opts, warn, debug)
+        inv = _csv_inventory(v, roots, nvml, opts, _Report(warn, debug))
     else:
-        inv = _inventory(v, roots, mode, opts, warn, debug)
+        inv = _inventory(v, roots, mode, opts, _Report(warn, debug))
     fp = fingerprint(inv, opts)
     if v.if_changed and path is not None and _unchanged(path, fp):
         warn(f"{path} is up to date ({fp}); not rewritten")
@@ -343,16 +343,26 @@ def _generate(v: GenerateOptions, out: TextIO, warn: Any,
     if path is None:
         out.write(text)
         return 0
+    data = text.encode("utf-8")
     try:
-        _write(path, text, inv, opts, spec, fp)
+        _write(path, data, metadata(inv, opts, spec, fp=fp, spec_file=path.name,
+                                    spec_sha256=sha256(data).hexdigest()))
     except OSError as exc:
         raise OutputError(path) from exc
     return 0
 
 
-def _inventory(v: GenerateOptions, roots: Roots, mode: str, opts: Options, warn: Any,
-               debug: Any) -> Inventory:
+class _Report(NamedTuple):
+    """How a run reports: ``warn`` unless quiet, ``debug`` with --debug as well."""
+
+    warn: Any
+    debug: Any
+
+
+def _inventory(v: GenerateOptions, roots: Roots, mode: str, opts: Options,
+               report: _Report) -> Inventory:
     """The node's GPUs and driver files by NVML or procfs (all modes but csv)."""
+    warn, debug = report
     search = v.library_search_paths or None
     node = discover(mode, roots, warn=warn,
                     nvml_library=lambda: find_nvml_library(roots, search),
@@ -423,8 +433,9 @@ def _compat_root(v: GenerateOptions, nvml: NvmlFacts | None, warn: Any) -> str |
 
 
 def _csv_inventory(v: GenerateOptions, roots: Roots, nvml: NvmlFacts | None, opts: Options,
-                   warn: Any, debug: Any) -> Inventory:
+                   report: _Report) -> Inventory:
     """The one GPU device of a Jetson and the driver files its CSV files list."""
+    warn, debug = report
     folder = os.fspath(roots.driver / DEFAULT_FOLDER.lstrip("/"))
     files = list(v.csv_files) or default_files(folder)
     if not files:
@@ -519,11 +530,7 @@ def _render(spec: SpecData, json_format: bool, *, mode: str, fp: str, sidecar: P
     return "\n".join(lines) + "\n" + body
 
 
-def _write(path: Path, text: str, inv: Inventory, opts: Options, spec: SpecData,
-           fp: str) -> None:
-    data = text.encode("utf-8")
-    meta = metadata(inv, opts, spec, fp=fp, spec_file=path.name,
-                    spec_sha256=sha256(data).hexdigest())
+def _write(path: Path, data: bytes, meta: dict[str, Any]) -> None:
     # The sidecar first (cdi.nvidia.sidecar says why).
     atomic_write(sidecar_path(path), (json.dumps(meta, indent=2) + "\n").encode(), mode=0o644)
     atomic_write(path, data, mode=0o644)

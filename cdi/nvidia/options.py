@@ -13,12 +13,22 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
 from cdi.nvidia.discover import MODES
 from cdi.nvidia.mountspec import DEFAULT_FOLDER, DEFAULT_NAMES
 from cdi.nvidia.tegra import ORIN_COMPAT_ROOT
 from cdi.runtimes import BUILDS
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    class _Details(TypedDict, total=False):  # ``option``'s keywords: the Option's fields
+        kind: Kind
+        metavar: str | None
+        choices: tuple[str, ...]
+        checked: bool
+        default_text: str | None
 
 # ``--mode``: the discovery modes, and csv (Tegra, from its CSV files: cdi.nvidia.tegra).
 GENERATE_MODES = (*MODES, "csv")
@@ -62,11 +72,8 @@ OPTION = "nri_cdi_option"  # the field metadata entry holding the Option
 T = TypeVar("T")
 
 
-def option(default: T, help: str, env: str, *flags: str, kind: Kind = "str",
-           metavar: str | None = None, choices: tuple[str, ...] = (), checked: bool = True,
-           default_text: str | None = None) -> T:
-    return field(default=default, metadata={OPTION: Option(
-        help, env, kind, flags, metavar, choices, checked, default_text)})
+def option(default: T, help: str, env: str, *flags: str, **details: Unpack[_Details]) -> T:
+    return field(default=default, metadata={OPTION: Option(help, env, flags=flags, **details)})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_ADJUSTMENT = ("add_annotation", "add_cdi_device", "add_device", "add_env", "add_hook",
-               "add_mount", "remove_annotation", "remove_device", "remove_env", "remove_mount")
+_ADJUSTMENT = ("OciDevice", "OciHook", "add_annotation", "add_cdi_device", "add_device",
+               "add_env", "add_hook", "add_mount", "remove_annotation", "remove_device",
+               "remove_env", "remove_mount")
 _MESSAGES = ("Container", "ContainerAdjustment", "ContainerUpdate", "CreateContainerResponse",
              "LinuxResources", "PodSandbox")
 _EXPORTS = {
@@ -26,6 +27,8 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # the same names, for type checkers (re-exported with "as")
+    from nri_plugin.nri.adjustment import OciDevice as OciDevice
+    from nri_plugin.nri.adjustment import OciHook as OciHook
     from nri_plugin.nri.adjustment import add_annotation as add_annotation
     from nri_plugin.nri.adjustment import add_cdi_device as add_cdi_device
     from nri_plugin.nri.adjustment import add_device as add_device

@@ -6,6 +6,7 @@ Removals use NRI's convention, a key prefixed with ``-`` (Go's ``MarkForRemoval`
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from nri_plugin.nri.api import nri_pb2
 
@@ -46,30 +47,35 @@ def remove_mount(adjustment: nri_pb2.ContainerAdjustment, destination: str) -> N
     adjustment.mounts.add(destination=_REMOVAL + destination)
 
 
-def add_device(
-    adjustment: nri_pb2.ContainerAdjustment,
-    path: str,
-    *,
-    type: str,  # the OCI field's name
-    major: int,
-    minor: int,
-    file_mode: int | None = None,
-    uid: int | None = None,
-    gid: int | None = None,
-    access: str | None = "rwm",
-) -> None:
-    """Create device node ``path`` (``type`` ``c``, ``b``, ``u`` or ``p``) in the container
-    and, unless ``access`` is None, allow it in the device cgroup with that access."""
+@dataclass(frozen=True, slots=True)
+class OciDevice:
+    """A device node for ``add_device``, as the OCI spec's ``linux.devices[]`` entry
+    (``type`` ``c``, ``b``, ``u`` or ``p``)."""
+
+    path: str
+    type: str  # the OCI field's name
+    major: int
+    minor: int
+    file_mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+
+
+def add_device(adjustment: nri_pb2.ContainerAdjustment, node: OciDevice, *,
+               access: str | None = "rwm") -> None:
+    """Create device node ``node`` in the container and, unless ``access`` is None, allow
+    it in the device cgroup with that access."""
+    path, type, major, minor = node.path, node.type, node.major, node.minor
     _absolute("device path", path)
     if type not in ("c", "b", "u", "p"):
         raise ValueError(f"device {path}: type {type!r} is not one of c, b, u, p")
     device = adjustment.linux.devices.add(path=path, type=type, major=major, minor=minor)
-    if file_mode is not None:
-        device.file_mode.value = file_mode & 0o7777  # permission bits only: NRI adds the type
-    if uid is not None:
-        device.uid.value = uid
-    if gid is not None:
-        device.gid.value = gid
+    if node.file_mode is not None:
+        device.file_mode.value = node.file_mode & 0o7777  # permission bits only: NRI adds the type
+    if node.uid is not None:
+        device.uid.value = node.uid
+    if node.gid is not None:
+        device.gid.value = node.gid
     if access is not None and type != "p":  # a FIFO has no device number to allow
         rule = adjustment.linux.resources.devices.add(allow=True, type=type, access=access)
         rule.major.value = major
@@ -81,23 +87,26 @@ def remove_device(adjustment: nri_pb2.ContainerAdjustment, path: str) -> None:
     adjustment.linux.devices.add(path=_REMOVAL + path)
 
 
-def add_hook(
-    adjustment: nri_pb2.ContainerAdjustment,
-    stage: str,
-    path: str,
-    *,
-    args: Iterable[str] = (),
-    env: Iterable[str] = (),
-    timeout: int | None = None,
-) -> None:
-    """Run OCI hook ``path`` at ``stage`` (one of ``HOOK_STAGES``); ``args`` include
-    argv[0], as in the OCI spec; ``timeout`` is in seconds."""
+@dataclass(frozen=True, slots=True)
+class OciHook:
+    """A hook for ``add_hook``, as the OCI spec's: ``args`` include argv[0]; ``timeout``
+    is in seconds."""
+
+    path: str
+    args: Iterable[str] = ()
+    env: Iterable[str] = ()
+    timeout: int | None = None
+
+
+def add_hook(adjustment: nri_pb2.ContainerAdjustment, stage: str, hook: OciHook) -> None:
+    """Run ``hook`` at ``stage`` (one of ``HOOK_STAGES``)."""
     if stage not in HOOK_STAGES:
         raise ValueError(f"hook stage {stage!r} is not one of {', '.join(HOOK_STAGES)}")
-    _absolute("hook path", path)
-    hook = getattr(adjustment.hooks, stage).add(path=path, args=list(args), env=list(env))
-    if timeout is not None:
-        hook.timeout.value = timeout
+    _absolute("hook path", hook.path)
+    added = getattr(adjustment.hooks, stage).add(path=hook.path, args=list(hook.args),
+                                                 env=list(hook.env))
+    if hook.timeout is not None:
+        added.timeout.value = hook.timeout
 
 
 def add_cdi_device(adjustment: nri_pb2.ContainerAdjustment, name: str) -> None:

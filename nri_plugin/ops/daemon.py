@@ -20,7 +20,7 @@ from typing import Any
 
 from cdi.cache import Snapshot, SpecCache
 from cdi.errors import printable
-from cdi.watch import AutoRefresh
+from cdi.watch import AutoRefresh, Timing
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.second_connection import SecondConnection
 from nri_plugin.nri.stub import Callback, CloseCallback, Stub, StubOptions, plugin_identity
@@ -46,7 +46,7 @@ from nri_plugin.ops.settings import (
 from nri_plugin.ops.status import LAUNCHED_SOCKET, ReadyFile, StatusFile
 from nri_plugin.plugins.cdi_injector.asked import OnHit, OnMiss
 from nri_plugin.plugins.cdi_injector.counters import Counters
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
 from nri_plugin.plugins.cdi_injector.metered import Metered
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyError, load_policy, parse_policy
 from nri_plugin.plugins.cdi_injector.startguard import (
@@ -148,21 +148,21 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     injector_counters = Counters()
     address = settings.metrics.address  # metrics are off by default
     metrics = Metrics(injector_counters) if address else None
-    refresher = AutoRefresh(cache, rescan_interval=plugin_settings.rescan_interval,
+    refresher = AutoRefresh(cache, Timing(rescan_interval=plugin_settings.rescan_interval),
                             on_refresh=_Refreshed(registry, metrics)).start()
     # Who holds which device, by the kubelet: a device asked for past the scheduler must
     # not be another pod's (off where the setting is "").
     allocations = (PodResourcesWatch(plugin_settings.pod_resources_socket,
                                      plugin_settings.pod_resources_interval).start()
                    if plugin_settings.pod_resources_socket else None)
-    injector = CdiInjector(registry.get, vendors=vendors, policy=policy,
-                           runtime_cdi=runtime_cdi_config(settings),
-                           counters=injector_counters,
-                           on_miss=miss_reader(refresher, registry),
-                           on_hit=removals_applied(refresher, registry),
-                           on_start_warning=start_warning,
-                           after_reply=loop.call_soon,
-                           allocations=allocations.current if allocations else None)
+    injector = CdiInjector(registry.get, vendors=vendors, policy=policy, wiring=Wiring(
+        runtime_cdi=runtime_cdi_config(settings),
+        counters=injector_counters,
+        on_miss=miss_reader(refresher, registry),
+        on_hit=removals_applied(refresher, registry),
+        on_start_warning=start_warning,
+        after_reply=loop.call_soon,
+        allocations=allocations.current if allocations else None))
     # Launched by the runtime, we have one connection (its fd): the guard rides on it.
     # Otherwise its checks get a connection of their own, open only while needed.
     launched = PLUGIN_SOCKET_ENV in os.environ

@@ -643,7 +643,7 @@ def containerd_version(binary: str | None = None) -> tuple[int, int, int] | None
     return (int(match[1]), int(match[2]), int(match[3])) if match else None
 
 
-def check_required_plugin(cfg: ContainerdConfig, name: str, index: str,
+def check_required_plugin(cfg: ContainerdConfig, plugin: PluginSettings,
                           version: tuple[int, int, int] | None, *,
                           place: Place = ON_NODE,
                           environ: Mapping[str, str] | None = None) -> Check:
@@ -655,6 +655,7 @@ def check_required_plugin(cfg: ContainerdConfig, name: str, index: str,
     tolerate_missing_plugins_annotation names: without it, an install, a rollout or an
     eviction of the plugin's pod never completes. In the pod, ``TOLERATE_ENV`` (the chart
     sets it with the annotation) says which key the pod carries."""
+    name, index = plugin.name, plugin.index
     title = "plugin required by containerd"
     section = f'[plugins."{NRI_SECTION}".default_validator]'
     fix = (f'in {cfg.path}: {section} enable = true, required_plugins = ["{name}"], '
@@ -870,7 +871,7 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
     return [*checks, check_device_nodes(plugin.spec_dirs),
             check_native_cdi(cfg, plugin.spec_dirs), check_runtime_cdi_setting(cfg, settings),
             check_kinds_runtimes_can_load(plugin.spec_dirs),
-            check_required_plugin(cfg, plugin.name, plugin.index, version, place=place),
+            check_required_plugin(cfg, plugin, version, place=place),
             check_dra(cfg, plugin.spec_dirs, registry, version=version, place=place),
             check_kubelet_allocations(plugin, registry),
             check_driver_architecture(plugin.spec_dirs, place)]

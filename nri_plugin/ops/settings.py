@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.nvidia.hook_programs import HOOK_PROGRAMS
@@ -27,6 +27,15 @@ from cdi.nvidia.options import option_of
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
 from nri_plugin.ops.kubelet_plugins import DEFAULT_REGISTRY
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    class _Details(TypedDict, total=False):  # ``setting``'s keywords: the Key's fields
+        dest: str | None
+        metavar: str | None
+        repeatable: bool
+        default_text: str | None
 
 DEFAULT_CONFIG_PATH = "/etc/nri-cdi/config.yaml"
 CONFIG_ENV = "NRI_CDI_CONFIG"
@@ -202,11 +211,9 @@ KEY = "nri_cdi_key"  # the field metadata entry holding the Key
 
 
 def setting(default: T, value_type: ValueType, help: str, *flags: str,
-            dest: str | None = None, metavar: str | None = None, repeatable: bool = False,
-            default_text: str | None = None) -> T:
+            **details: Unpack[_Details]) -> T:
     """A section field: its default and its :class:`Key`."""
-    key = Key(help, value_type, flags, dest, metavar, repeatable, default_text)
-    return field(default=default, metadata={KEY: key})
+    return field(default=default, metadata={KEY: Key(help, value_type, flags, **details)})
 
 
 _OPTION_DEFAULT: Any = object()

@@ -14,7 +14,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,13 +195,14 @@ def _systemctl(args: list[str]) -> int:
     return subprocess.run(["systemctl", *args], check=False).returncode
 
 
-def install_units(unit_dir: Path, *, binary: str, config: str, enable: bool,
+def install_units(unit_dir: Path, units: Mapping[str, str], *, enable: bool,
                   root: Path | None = None, systemctl: Systemctl = _systemctl) -> list[Path]:
-    """Write the units into ``unit_dir``; with ``enable``, reload systemd and enable and
-    start them. With ``root`` (an offline system image), ``enable`` only enables them
-    there (``systemctl --root``): nothing is reloaded or started."""
+    """Write ``units`` (``render_units``' texts by file name) into ``unit_dir``; with
+    ``enable``, reload systemd and enable and start them. With ``root`` (an offline system
+    image), ``enable`` only enables them there (``systemctl --root``): nothing is reloaded
+    or started."""
     unit_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in render_units(binary, config).items():
+    for name, text in units.items():
         atomic_write(unit_dir / name, text.encode(), mode=0o644)
     if enable:
         steps = ([[f"--root={root}", "enable", *ENABLE]] if root is not None
@@ -356,12 +357,12 @@ def cmd_install_units(args: argparse.Namespace) -> int:
         return _fail("install-units", "cannot tell which nri-cdi is running (started as "
                      f"{sys.argv[0] if sys.argv else '?'}): pass --binary PATH")
     try:
+        units = render_units(binary, args.config)
         if args.print_only:
-            for name, text in render_units(binary, args.config).items():
+            for name, text in units.items():
                 print(f"# --- {name}\n{text}")
             return 0
-        written = install_units(_unit_dir(args), binary=binary, config=args.config,
-                                enable=args.enable, root=args.root)
+        written = install_units(_unit_dir(args), units, enable=args.enable, root=args.root)
     except (ValueError, OSError, RuntimeError) as exc:
         return _fail("install-units", exc)
     for path in written:

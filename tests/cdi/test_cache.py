@@ -13,7 +13,7 @@ import pytest
 
 from cdi.cache import SpecCache
 from cdi.errors import UnresolvedDevicesError
-from cdi.watch import AutoRefresh
+from cdi.watch import AutoRefresh, Timing
 from nri_cdi_testbed.waiting import wait_until
 from tests.helpers import make_char_device, simple_spec, write_specs
 
@@ -198,7 +198,7 @@ def test_unchanged_files_are_not_parsed_again(tmp_path: Path) -> None:
 def test_auto_refresh_sees_new_changed_and_removed_files(tmp_path: Path) -> None:
     folder = tmp_path / "run" / "cdi"  # does not exist yet: its creation must be noticed
     cache = SpecCache([str(folder)])
-    with AutoRefresh(cache, rescan_interval=3600):
+    with AutoRefresh(cache, Timing(rescan_interval=3600)):
         assert cache.snapshot.device_names() == []
         folder.mkdir(parents=True)
         write_specs(folder, {"a.yaml": VENDOR_A})
@@ -233,7 +233,7 @@ def test_refresh_during_renames_never_sees_a_half_written_spec(tmp_path: Path) -
     cache = SpecCache([str(folder)])
     rounds = 300
     seen_versions = set()
-    with AutoRefresh(cache, rescan_interval=3600):
+    with AutoRefresh(cache, Timing(rescan_interval=3600)):
         writer = subprocess.Popen([sys.executable, "-c", WRITER, str(folder), str(rounds)])
         try:
             deadline = time.monotonic() + 120

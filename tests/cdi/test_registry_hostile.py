@@ -14,7 +14,7 @@ import pytest
 
 from cdi.cache import Snapshot, SpecCache, file_clock_ns
 from cdi.dirs import scan
-from cdi.watch import AutoRefresh
+from cdi.watch import AutoRefresh, Timing
 from nri_cdi_testbed.waiting import wait_until
 from tests.helpers import place_file, simple_spec
 
@@ -91,7 +91,7 @@ def test_hostile_file_during_refresh_stops_nothing(tmp_path: Path, name: str) ->
     (folder / "good.yaml").write_text(GOOD)
     cache = SpecCache([str(folder)])
     # A rescan an hour away: whatever is seen below is seen through the events.
-    with AutoRefresh(cache, rescan_interval=3600):
+    with AutoRefresh(cache, Timing(rescan_interval=3600)):
         assert cache.snapshot.device_names() == ["good.example/dev=g0"]
         bad = _make(folder, name)
         wait_until(lambda: str(bad) in cache.snapshot.errors, f"{bad} reported",
@@ -185,7 +185,7 @@ def test_in_place_rewrites_never_serve_a_torn_spec(tmp_path: Path) -> None:
             time.sleep(0.03)
 
     seen = set()
-    with AutoRefresh(cache, rescan_interval=3600, quiet=NEVER_QUIET_NS / 1e9):
+    with AutoRefresh(cache, Timing(rescan_interval=3600, quiet=NEVER_QUIET_NS / 1e9)):
         writer = threading.Thread(target=rewrite)
         churner = threading.Thread(target=churn)
         writer.start()
@@ -230,7 +230,7 @@ def test_symlink_and_fifo_are_seen_without_the_rescan(tmp_path: Path) -> None:
     folder.mkdir()
     (tmp_path / "elsewhere.yaml").write_text(GOOD)
     cache = SpecCache([str(folder)])
-    with AutoRefresh(cache, rescan_interval=3600):
+    with AutoRefresh(cache, Timing(rescan_interval=3600)):
         os.symlink(tmp_path / "elsewhere.yaml", folder / "link.yaml")
         wait_until(lambda: "good.example/dev=g0" in cache.snapshot.devices, "the link served",
                    seen=lambda: sorted(cache.snapshot.devices))

@@ -136,7 +136,7 @@ def test_doctor_confirms_the_plugin_without_metrics(
 HARNESS = """\
 import asyncio, logging, sys
 from cdi.cache import SpecCache
-from cdi.watch import AutoRefresh
+from cdi.watch import AutoRefresh, Timing
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.metered import Metered
 from nri_plugin.plugins.cdi_injector.policy import parse_policy
@@ -148,7 +148,7 @@ metrics = Metrics()
 server = metrics.serve("127.0.0.1:0")
 print("PORT", server.port, file=sys.stderr, flush=True)
 cache = SpecCache([sys.argv[2]])
-AutoRefresh(cache, rescan_interval=3600, on_refresh=metrics.registry).start()
+AutoRefresh(cache, Timing(rescan_interval=3600), on_refresh=metrics.registry).start()
 # Its pods ask by annotation in every namespace.
 anywhere = parse_policy({"sources": {"podAnnotations": {"namespaces": ["*"]}}})
 plugin = Metered(CdiInjector(lambda: Registry(cache.snapshot), policy=anywhere), metrics)

@@ -19,7 +19,7 @@ from nri_plugin.plugins.cdi_injector.allocations import (
     KubeletAllocations,
     overlaps,
 )
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector, RefusedError
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, RefusedError, Wiring
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import annotations_policy, write_specs
@@ -111,7 +111,8 @@ def decide(registry: Registry, allocations: KubeletAllocations | None, request: 
            namespace: str = "ml", name: str = "asker",
            container_annotations: dict[str, str] | None = None) -> None:
     plugin = CdiInjector(lambda: registry, vendors=[NvidiaRules()],
-                         policy=annotations_policy(), allocations=lambda: allocations)
+                         policy=annotations_policy(),
+                         wiring=Wiring(allocations=lambda: allocations))
     plugin.configure("", "containerd", "1.7.24")
     pod = nri_pb2.PodSandbox(id="p1", name=name, namespace=namespace,
                              annotations={"cdi.k8s.io/gpu": request} if request else {})

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from cdi.cache import SpecCache
-from cdi.watch import AutoRefresh
+from cdi.watch import AutoRefresh, Timing
 from nri_cdi_testbed.waiting import wait_until
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.versions import CDI_OFF, NativeCdi, SpecDirs
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
 from nri_plugin.plugins.cdi_injector.policy import parse_policy
 from nri_plugin.plugins.cdi_injector.vendor import RegistryHolder
 from tests.helpers import simple_spec, write_specs
@@ -26,8 +26,9 @@ from tests.nri_plugin.test_no_io import _nvidia_registry
 
 
 def _plugin(holder: RegistryHolder, **kwargs: object) -> CdiInjector:
-    plugin = CdiInjector(holder.get, vendors=holder.vendors, runtime_cdi=RuntimeCdiConfig(
-        enabled=True, spec_dirs=SpecDirs.of(holder.get().snapshot.spec_dirs), origin="test"),
+    plugin = CdiInjector(holder.get, vendors=holder.vendors, wiring=Wiring(
+        runtime_cdi=RuntimeCdiConfig(enabled=True, origin="test",
+                                     spec_dirs=SpecDirs.of(holder.get().snapshot.spec_dirs))),
         **kwargs)  # type: ignore[arg-type]
     plugin.configure("", "containerd", "2.1.9")
     assert plugin.runtime.native_cdi is NativeCdi.ON
@@ -93,8 +94,9 @@ def test_a_removed_spec_leaves_the_registry_at_once(tmp_path: Path) -> None:
     folder = write_specs(tmp_path / "cdi", {"claim.yaml": simple_spec("k8s.example/claim", "a")})
     seen: list[int] = []
     # A settle of an hour: only the removal rule can make the refresh come in time.
-    with AutoRefresh(SpecCache([str(folder)]), rescan_interval=3600, settle=3600,
-                     max_delay=3600, on_refresh=lambda s: seen.append(len(s.devices))) as ref:
+    with AutoRefresh(SpecCache([str(folder)]),
+                     Timing(rescan_interval=3600, settle=3600, max_delay=3600),
+                     on_refresh=lambda s: seen.append(len(s.devices))) as ref:
         assert ref.cache.snapshot.devices
         (folder / "claim.yaml").unlink()
         wait_until(lambda: not ref.cache.snapshot.devices, "the removed spec's device gone",
@@ -129,7 +131,7 @@ def test_a_container_after_a_removal_sees_it_without_polling(tmp_path: Path) -> 
     folder = write_specs(tmp_path / "cdi", {f"c{i}.yaml": simple_spec(f"k8s.example/c{i}", "a")
                                             for i in range(20)})
     holder = RegistryHolder([])
-    with AutoRefresh(SpecCache([str(folder)]), rescan_interval=3600,
+    with AutoRefresh(SpecCache([str(folder)]), Timing(rescan_interval=3600),
                      on_refresh=holder.update) as refresher:
         on_hit = removals_applied(refresher, holder)
         assert on_hit() is None  # nothing pending: no wait, no new registry
@@ -144,7 +146,7 @@ def test_a_removal_is_never_seen_between_the_drain_and_its_flag(tmp_path: Path) 
     looks between the two (queue empty, flag not yet set) would serve the removed spec.
     The watcher is held in that window here while another thread asks."""
     folder = write_specs(tmp_path / "cdi", {"c0.yaml": simple_spec("k8s.example/c0", "a")})
-    refresher = AutoRefresh(SpecCache([str(folder)]), rescan_interval=3600)  # not started
+    refresher = AutoRefresh(SpecCache([str(folder)]), Timing(rescan_interval=3600))  # not started
     watcher = refresher._watcher
     drained, release = threading.Event(), threading.Event()
     read = watcher.read_changes
@@ -175,8 +177,8 @@ def test_cdi_devices_the_runtime_ignored_are_injected_by_the_plugin(tmp_path: Pa
     """NRI >= 0.10 shows CRI CDIDevices; with the runtime's CDI off it did not act on them,
     so the plugin injects them (a kubelet >= 1.31 sends a DRA claim only there)."""
     holder = _nvidia_registry(tmp_path)
-    plugin = CdiInjector(holder.get, vendors=holder.vendors, runtime_cdi=RuntimeCdiConfig(
-        enabled=False, spec_dirs=CDI_OFF, origin="test"))
+    plugin = CdiInjector(holder.get, vendors=holder.vendors, wiring=Wiring(
+        runtime_cdi=RuntimeCdiConfig(enabled=False, spec_dirs=CDI_OFF, origin="test")))
     plugin.configure("", "containerd", "2.2.0")
     ctr = nri_pb2.Container(id="c1", name="app")
     ctr.CDI_devices.add(name="nvidia.com/gpu=1")

@@ -21,8 +21,12 @@ from nri_plugin.nri.versions import RuntimeInfo, SpecDirs
 from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.adjust import UnsupportedEditsError, to_adjustment
 from nri_plugin.plugins.cdi_injector.asked import all_sources
-from nri_plugin.plugins.cdi_injector.context import ContainerContext, read_context
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.context import (
+    ContainerContext,
+    bare_context,
+    read_context,
+)
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
 from nri_plugin.plugins.cdi_injector.plan import InjectionError, PlanFor, plan_injection
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.requests import (
@@ -418,11 +422,11 @@ def test_the_context_keeps_only_the_env_names_the_injector_and_vendors_read(
         "NVIDIA_VISIBLE_DEVICES=all", *(f"{k}={v}" for k, v in wanted.items()),
         "PATH=/bin", "NVIDIA_NO_VALUE"])
     registry = Registry(snapshot, (None,))
-    context = read_context(nri_pb2.PodSandbox(namespace="n"), ctr,
+    context = read_context(bare_context(nri_pb2.PodSandbox(namespace="n"), ctr, names),
                            all_sources(registry.paired(vendors)), Policy.defaults(vendors),
-                           snapshot, names)
+                           snapshot)
     assert context.env == {**wanted, "NVIDIA_NO_VALUE": ""}
-    everything = read_context(None, ctr, (), Policy.defaults(vendors), snapshot)
+    everything = read_context(bare_context(None, ctr), (), Policy.defaults(vendors), snapshot)
     assert len(everything.env) == 300 + 5 + 1
 
 
@@ -452,7 +456,7 @@ def test_the_per_container_line_is_logged_after_the_reply(
     """The runtime waits for the reply, not for the log line: the daemon hands the line to
     the event loop, which runs it once the reply is written."""
     later: list[Callable[[], None]] = []
-    plugin = CdiInjector(lambda: Registry(snapshot), after_reply=later.append,
+    plugin = CdiInjector(lambda: Registry(snapshot), wiring=Wiring(after_reply=later.append),
                          policy=OPEN)
     plugin.configure("", "containerd", "v1.7.24")
     pod = nri_pb2.PodSandbox(name="p", namespace="ns",

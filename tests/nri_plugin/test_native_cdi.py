@@ -10,7 +10,7 @@ from cdi.cache import Snapshot, SpecCache
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.versions import CDI_OFF, NativeCdi, RuntimeInfo, SpecDirs
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.unserved import find_unserved
 from nri_plugin.plugins.cdi_injector.vendor import Registry
@@ -50,8 +50,8 @@ def _native_result(annotations: dict[str, str]) -> nri_pb2.Container:
 
 
 def _plugin(snapshot: Snapshot, enabled: bool | None, version: str = "2.1.9") -> CdiInjector:
-    plugin = CdiInjector(lambda: Registry(snapshot), runtime_cdi=RuntimeCdiConfig(
-        enabled=enabled, spec_dirs=SpecDirs.of(snapshot.spec_dirs), origin="test"))
+    plugin = CdiInjector(lambda: Registry(snapshot), wiring=Wiring(runtime_cdi=RuntimeCdiConfig(
+        enabled=enabled, spec_dirs=SpecDirs.of(snapshot.spec_dirs), origin="test")))
     plugin.configure("", "containerd", version)
     return plugin
 

@@ -34,7 +34,7 @@ from nri_plugin.nri.dispatch import RpcError, dispatch
 from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.ops.logwriter import NonBlockingHandler
 from nri_plugin.ops.metrics import Metrics
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
 from nri_plugin.plugins.cdi_injector.metered import Metered
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
@@ -259,7 +259,7 @@ def test_only_a_device_the_registry_does_not_know_reads(tmp_path: Path, need_roo
     """With the daemon's miss reader wired: known devices cost no I/O; a name the registry
     does not know (a DRA claim spec written a moment ago) reads the folders once and
     resolves; one still unknown after that is refused saying the folders were read again."""
-    from cdi.watch import AutoRefresh
+    from cdi.watch import AutoRefresh, Timing
     from nri_plugin.ops.daemon import miss_reader
 
     node = make_char_device(tmp_path / "gpu0", major=241, minor=0)
@@ -273,8 +273,9 @@ def test_only_a_device_the_registry_does_not_know_reads(tmp_path: Path, need_roo
         """})
     holder = RegistryHolder([])
     # settle/rescan long: only the miss reader can see the new file within this test
-    refresher = AutoRefresh(SpecCache([str(folder)]), rescan_interval=3600, settle=3600,
-                            max_delay=3600, on_refresh=holder.update)
+    refresher = AutoRefresh(SpecCache([str(folder)]),
+                            Timing(rescan_interval=3600, settle=3600, max_delay=3600),
+                            on_refresh=holder.update)
     refresher._publish(refresher.cache.refresh)  # the start-up read, without the thread
     reads: list[tuple[str, ...]] = []
     reader = miss_reader(refresher, holder)
@@ -283,7 +284,7 @@ def test_only_a_device_the_registry_does_not_know_reads(tmp_path: Path, need_roo
         reads.append(tuple(names))  # type: ignore[call-overload]
         return reader(names)
 
-    plugin = CdiInjector(holder.get, on_miss=on_miss,
+    plugin = CdiInjector(holder.get, wiring=Wiring(on_miss=on_miss),
                          policy=annotations_policy(nvidia=False))
     plugin.configure("", "containerd", "v1.7.24")
 

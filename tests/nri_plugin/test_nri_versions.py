@@ -24,7 +24,7 @@ from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.nri.versions import CDI_OFF, RuntimeInfo, SpecDirs
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
 from nri_plugin.plugins.cdi_injector.plan import PlanFor, plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.startguard import StartGuard
@@ -199,7 +199,8 @@ def test_over_the_wire_as_containerd(snapshot: Snapshot, version: str,
     # containerd: two events per container, and the created container as native's.
     plugin = StartGuard(CdiInjector(
         lambda: Registry(snapshot), policy=annotations_policy(nvidia=False),
-        runtime_cdi=RuntimeCdiConfig(enabled=False, spec_dirs=CDI_OFF, origin="test")))
+        wiring=Wiring(runtime_cdi=RuntimeCdiConfig(enabled=False, spec_dirs=CDI_OFF,
+                                                   origin="test"))))
     # (nothing handed over: NRI alone)
     names = ["example.com/v=rw", "example.com/v=block"]
 

@@ -89,12 +89,13 @@ def test_builders_fill_the_fields_like_nris_go_helpers() -> None:
     nri.remove_env(a, "B")
     nri.add_mount(a, "/m", "/src", type="tmpfs", options=["nosuid"])
     nri.remove_mount(a, "/old")
-    nri.add_device(a, "/dev/x", type="b", major=8, minor=1, uid=5, gid=6, access="r")
-    nri.add_device(a, "/dev/fifo", type="p", major=0, minor=0)
-    nri.add_device(a, "/dev/y", type="c", major=1, minor=3, access=None)
+    nri.add_device(a, nri.OciDevice("/dev/x", type="b", major=8, minor=1, uid=5, gid=6),
+                   access="r")
+    nri.add_device(a, nri.OciDevice("/dev/fifo", type="p", major=0, minor=0))
+    nri.add_device(a, nri.OciDevice("/dev/y", type="c", major=1, minor=3), access=None)
     nri.remove_device(a, "/dev/z")
-    nri.add_hook(a, "create_runtime", "/bin/hook", args=["hook", "x"], env=["E=1"],
-                        timeout=5)
+    nri.add_hook(a, "create_runtime",
+                 nri.OciHook("/bin/hook", args=["hook", "x"], env=["E=1"], timeout=5))
     nri.add_cdi_device(a, "example.com/dev=0")
     nri.add_annotation(a, "k", "v")
     nri.remove_annotation(a, "gone")
@@ -117,9 +118,10 @@ def test_builders_fill_the_fields_like_nris_go_helpers() -> None:
 @pytest.mark.parametrize(("call", "message"), [
     (lambda a: adj.add_env(a, "A=B", "1"), "environment variable name 'A=B'"),
     (lambda a: adj.add_mount(a, "rel", "/s"), "mount destination 'rel' is not absolute"),
-    (lambda a: adj.add_device(a, "/dev/q", type="x", major=1, minor=1), "type 'x'"),
-    (lambda a: adj.add_hook(a, "later", "/bin/h"), "hook stage 'later'"),
-    (lambda a: adj.add_hook(a, "poststop", "h"), "hook path 'h' is not absolute"),
+    (lambda a: adj.add_device(a, adj.OciDevice("/dev/q", type="x", major=1, minor=1)),
+     "type 'x'"),
+    (lambda a: adj.add_hook(a, "later", adj.OciHook("/bin/h")), "hook stage 'later'"),
+    (lambda a: adj.add_hook(a, "poststop", adj.OciHook("h")), "hook path 'h' is not absolute"),
     (lambda a: adj.add_cdi_device(a, "gpu0"), "CDI device 'gpu0': want vendor/class=device"),
 ])
 def test_builders_refuse_what_the_runtime_would_reject(call, message: str) -> None:  # type: ignore[no-untyped-def]

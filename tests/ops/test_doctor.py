@@ -332,7 +332,7 @@ def test_required_plugin_check(tmp_path: Path, section: str,
 
     path = tmp_path / "config.toml"
     path.write_text("version = 3\n" + section)
-    check = check_required_plugin(read_containerd_config(str(path), 2), "nri-cdi", "10",
+    check = check_required_plugin(read_containerd_config(str(path), 2), defaults().plugin,
                                   version)
     assert (check.status, words in check.detail) == (status, True), check
     if status == "warn":
@@ -356,7 +356,7 @@ def test_a_required_plugin_without_a_tolerate_key_locks_the_plugins_own_pod(
 
     path = tmp_path / "config.toml"
     path.write_text("version = 3\n" + REQUIRED + tolerate)
-    check = check_required_plugin(read_containerd_config(str(path), 2), "nri-cdi", "10",
+    check = check_required_plugin(read_containerd_config(str(path), 2), defaults().plugin,
                                   (2, 2, 1), environ={})
     assert check.status == status and words in check.detail, check
     assert "nri-cdi is required" in check.detail

@@ -150,7 +150,7 @@ def test_containerds_version_comes_from_the_status_file_in_the_pod(tmp_path: Pat
     plugin = defaults().with_values({"plugin.status_dir": str(tmp_path)}).plugin
     assert running_containerd_version(str(tmp_path / "no-containerd"), plugin) == (2, 2, 1)
     cfg = ContainerdConfig(path="/etc/containerd/config.toml", data={"version": 3}, major=2)
-    check = check_required_plugin(cfg, "nri-cdi", "10", None, place=POD)
+    check = check_required_plugin(cfg, defaults().plugin, None, place=POD)
     assert check.status == "skip" and "not visible from the pod" in check.detail
 
 
@@ -170,7 +170,7 @@ def test_in_the_pod_a_required_plugin_needs_the_pods_tolerate_annotation(
         "version": 3, "plugins": {"io.containerd.nri.v1.nri": {
             "default_validator": validator}}})
     environ = {} if carried is None else {TOLERATE_ENV: carried}
-    check = check_required_plugin(cfg, "nri-cdi", "10", (2, 2, 1), place=POD,
+    check = check_required_plugin(cfg, defaults().plugin, (2, 2, 1), place=POD,
                                   environ=environ)
     assert check.status == status and words in check.detail, check
     if status == "warn":

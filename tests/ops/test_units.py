@@ -103,8 +103,9 @@ def test_render_refuses_relative_paths() -> None:
 
 def test_install_units_writes_and_enables(tmp_path: Path) -> None:
     calls: list[list[str]] = []
-    written = install_units(tmp_path / "units", binary="/usr/bin/nri-cdi",
-                            config="/etc/nri-cdi/config.yaml", enable=True,
+    written = install_units(tmp_path / "units",
+                            render_units("/usr/bin/nri-cdi", "/etc/nri-cdi/config.yaml"),
+                            enable=True,
                             systemctl=lambda args: calls.append(args) or 0)
     assert sorted(p.name for p in written) == sorted(render_units())
     assert all(p.stat().st_mode & 0o777 == 0o644 for p in written)
@@ -188,7 +189,7 @@ def test_install_then_uninstall_in_a_root_folder(tmp_path: Path) -> None:
 
 def test_uninstall_units_stops_before_removing(tmp_path: Path) -> None:
     calls: list[list[str]] = []
-    install_units(tmp_path, binary="/usr/bin/nri-cdi", config="/etc/nri-cdi/config.yaml",
+    install_units(tmp_path, render_units("/usr/bin/nri-cdi", "/etc/nri-cdi/config.yaml"),
                   enable=False)
     (tmp_path / "keep.service").write_text("")
     removed = uninstall_units(tmp_path, disable=True,
@@ -197,7 +198,7 @@ def test_uninstall_units_stops_before_removing(tmp_path: Path) -> None:
     assert calls == [["disable", "--now", *ENABLE], ["daemon-reload"]]
     assert [p.name for p in tmp_path.iterdir()] == ["keep.service"]
     with pytest.raises(RuntimeError, match="systemctl disable --now"):
-        install_units(tmp_path, binary="/usr/bin/nri-cdi", config="/c", enable=False)
+        install_units(tmp_path, render_units("/usr/bin/nri-cdi", "/c"), enable=False)
         uninstall_units(tmp_path, disable=True, systemctl=lambda args: 1)
     assert (tmp_path / "nri-cdi-plugin.service").exists()  # a failed stop removes nothing
 

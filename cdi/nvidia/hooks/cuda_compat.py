@@ -177,21 +177,9 @@ def _read(fd: int, offset: int, length: int, size: int, what: str) -> bytes:
 # --- the hook -------------------------------------------------------------------------------
 
 
-def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = "",
-                       compat_root: str = COMPAT_ROOT) -> CompatResult:
-    """Decide, and write :data:`CONF_PATH` when the image's compat libraries should win."""
-    split_container_path(compat_root)
-    if not host_driver and not host_cuda:
-        return CompatResult(folder=None, reason="no host driver or CUDA version given")
-    try:
-        with root.directory(compat_root) as dir_fd:
-            names = folder_names(dir_fd, compat_root)
-    except (FileNotFoundError, NotADirectoryError):
-        return CompatResult(folder=None, reason=f"no {compat_root} in the container")
-    except (OSError, RootFSError) as exc:  # a loop, a folder too large: the image's
-        why = (f"{compat_root}: cannot be read ({describe_error(exc)}); the host driver's "
-               "libcuda is used")
-        return CompatResult(folder=None, reason=why, warning=why)
+def _only_library(root: RootFS, compat_root: str,
+                  names: set[str]) -> tuple[str, CompatNote | None] | CompatResult:
+    """The one libcuda.so.*.* in ``compat_root`` (of ``names``) with its note, or why not."""
     candidates = []
     for name in sorted(n for n in names if n.startswith("libcuda.so.")
                        and "." in n[len("libcuda.so."):]):
@@ -207,7 +195,6 @@ def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = 
             return CompatResult(folder=None, reason=f"want one libcuda.so.*.* in {compat_root}, "
                                                     f"found {found}")
         path, fd = candidates[0]
-        version = path.rsplit("/libcuda.so.", 1)[1]
         try:
             note = read_compat_note(fd)
         except (ValueError, OSError, struct.error) as exc:
@@ -216,6 +203,29 @@ def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = 
     finally:
         for _, fd in candidates:
             os.close(fd)
+    return path, note
+
+
+def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = "",
+                       compat_root: str = COMPAT_ROOT) -> CompatResult:
+    """Decide, and write :data:`CONF_PATH` when the image's compat libraries should win."""
+    split_container_path(compat_root)
+    if not host_driver and not host_cuda:
+        return CompatResult(folder=None, reason="no host driver or CUDA version given")
+    try:
+        with root.directory(compat_root) as dir_fd:
+            names = folder_names(dir_fd, compat_root)
+    except (FileNotFoundError, NotADirectoryError):
+        return CompatResult(folder=None, reason=f"no {compat_root} in the container")
+    except (OSError, RootFSError) as exc:  # a loop, a folder too large: the image's
+        why = (f"{compat_root}: cannot be read ({describe_error(exc)}); the host driver's "
+               "libcuda is used")
+        return CompatResult(folder=None, reason=why, warning=why)
+    found = _only_library(root, compat_root, names)
+    if isinstance(found, CompatResult):
+        return found
+    path, note = found
+    version = path.rsplit("/libcuda.so.", 1)[1]
     if not use_compat(version, host_driver, host_cuda, note):
         return CompatResult(folder=None, reason=f"{path} is not newer than the host driver "
                                                 f"{host_driver or host_cuda}")

@@ -125,22 +125,22 @@ class Connection:
     def _handle_request(self, stream_id: int, data: bytes) -> Event:
         invalid = self._server.accept(stream_id)
         if invalid is not None:
-            return self._reject(stream_id, "", "", Code.INVALID_ARGUMENT, invalid, tracked=False)
+            return self._reject(stream_id, ("", ""), Code.INVALID_ARGUMENT, invalid, tracked=False)
         try:
             request = decode_request(data, stream_id)
         except RemoteProtocolError as exc:
             # Framing is intact, so only this call fails (Go answers it the same way).
-            return self._reject(stream_id, "", "", Code.INVALID_ARGUMENT, str(exc))
+            return self._reject(stream_id, ("", ""), Code.INVALID_ARGUMENT, str(exc))
         service, method = request.service, request.method
         if self._services is not None:
             if service not in self._services:
                 return self._reject(
-                    stream_id, service, method, Code.UNIMPLEMENTED,
+                    stream_id, (service, method), Code.UNIMPLEMENTED,
                     f"service {clip(service, self.NAME_LIMIT)}",
                 )
             if method not in self._services[service]:
                 return self._reject(
-                    stream_id, service, method, Code.UNIMPLEMENTED,
+                    stream_id, (service, method), Code.UNIMPLEMENTED,
                     f"method {clip(method, self.NAME_LIMIT)}",
                 )
         return RequestReceived(
@@ -156,8 +156,7 @@ class Connection:
     def _reject(
         self,
         stream_id: int,
-        service: str,
-        method: str,
+        called: tuple[str, str],  # (service, method), ("", "") when unreadable
         code: Code,
         message: str,
         *,
@@ -165,7 +164,7 @@ class Connection:
     ) -> RequestRejected:
         # Bounded so that the reply always fits in a frame (a 4 MiB service name quoted
         # in "service X" would not) and the event is cheap to log.
-        service, method = clip(service, self.NAME_LIMIT), clip(method, self.NAME_LIMIT)
+        service, method = clip(called[0], self.NAME_LIMIT), clip(called[1], self.NAME_LIMIT)
         message = bound_message(message)
         self._log.debug("rejecting stream %d (%s/%s): %s", stream_id, service, method, message)
         if tracked:

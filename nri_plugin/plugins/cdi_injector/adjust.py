@@ -168,10 +168,14 @@ def _add_linux(linux: nri_pb2.LinuxContainerAdjustment, oci_linux: dict[str, Any
         linux.net_devices[host_name].name = net["name"]
     rdt = oci_linux.get("intelRdt")
     if rdt is not None:
-        if "closID" in rdt:
-            linux.rdt.clos_id.value = rdt["closID"]
-        if "schemata" in rdt:
-            linux.rdt.schemata.value.extend(rdt["schemata"])
-        if "enableMonitoring" in rdt:
-            linux.rdt.enable_monitoring.value = rdt["enableMonitoring"]
-        linux.rdt.SetInParent()
+        _add_rdt(linux, rdt)
+
+
+def _add_rdt(linux: nri_pb2.LinuxContainerAdjustment, rdt: dict[str, Any]) -> None:
+    if "closID" in rdt:
+        linux.rdt.clos_id.value = rdt["closID"]
+    if "schemata" in rdt:
+        linux.rdt.schemata.value.extend(rdt["schemata"])
+    if "enableMonitoring" in rdt:
+        linux.rdt.enable_monitoring.value = rdt["enableMonitoring"]
+    linux.rdt.SetInParent()

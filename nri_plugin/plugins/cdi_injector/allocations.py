@@ -99,14 +99,7 @@ def check_not_held(context: ContainerContext, registry: Registry,
             device=asked[0].name, node_detail=allocations.unknown)
     snapshot = registry.snapshot
     facts = [f for _, f in registry.paired(vendors)]
-    own: set[str] = set()
-    held: list[tuple[Holding, frozenset[str]]] = []
-    for holding in allocations.holdings:
-        units = held_units(holding, snapshot, vendors, facts)
-        if holding.pod == context.pod:
-            own |= units
-        elif units:
-            held.append((holding, units))
+    own, held = _units_held(allocations, context.pod, snapshot, vendors, facts)
     for request in asked:
         mine = device_units(request.name, snapshot, vendors, facts)
         if _covered(mine, own):
@@ -118,6 +111,21 @@ def check_not_held(context: ContainerContext, registry: Registry,
                     f"to {holding.describe()}; the scheduler does not count devices asked "
                     f"for by annotation or env: ask for it in the pod's resources or a "
                     f"resource claim", device=request.name)
+
+
+def _units_held(allocations: KubeletAllocations, pod: str, snapshot: Snapshot,
+                vendors: Sequence[VendorRules], facts: Sequence[object]
+                ) -> tuple[set[str], list[tuple[Holding, frozenset[str]]]]:
+    """The units allocated to ``pod``, and the other pods' holdings with their units."""
+    own: set[str] = set()
+    held: list[tuple[Holding, frozenset[str]]] = []
+    for holding in allocations.holdings:
+        units = held_units(holding, snapshot, vendors, facts)
+        if holding.pod == pod:
+            own |= units
+        elif units:
+            held.append((holding, units))
+    return own, held
 
 
 def _covered(mine: frozenset[str], own: set[str]) -> bool:

@@ -19,10 +19,10 @@ from cdi.annotations import ANNOTATION_PREFIX
 from cdi.cache import Snapshot
 from cdi.libpath import LD_LIBRARY_PATH_ENV
 from nri_plugin.nri.api import nri_pb2
-from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.context import (
     ContainerContext,
     RequestSource,
+    bare_context,
     check_sources,
     read_context,
 )
@@ -74,8 +74,8 @@ def read_asked(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
     ``context.check_sources``' business."""
     env_prefixes, env_names = _env_of(vendors)
     check_name_count(pod.annotations if pod is not None else {}, container, env_prefixes)
-    return read_context(pod, container, all_sources(registry.paired(vendors)), policy,
-                        registry.snapshot, env_names)
+    return read_context(bare_context(pod, container, env_names),
+                        all_sources(registry.paired(vendors)), policy, registry.snapshot)
 
 
 @functools.lru_cache(maxsize=16)
@@ -168,6 +168,6 @@ def rechecked_refusal(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> 
     except InjectionError as exc:
         folders = ", ".join(snapshot.spec_dirs) or "(none)"
         return Refusal(f"{exc} (the node's spec folders were read again just now)",
-                       rule="unresolvable", code=Code.NOT_FOUND, device=exc.reason.device,
+                       rule="unresolvable", device=exc.reason.device,
                        node_detail=f"folders {folders}")
     return None

@@ -71,25 +71,28 @@ class ContainerContext(NamedTuple):
         return f"{self.namespace}/{self.pod_name}"
 
 
-def read_context(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
-                 sources: Sequence[tuple[RequestSource, object]], policy: Policy,
-                 snapshot: Snapshot, env_names: tuple[str, ...] | None = None
-                 ) -> ContainerContext:
-    """The container with what every source asked for. ``sources``: (source, its vendor's
-    facts) with a reader, in source order, those ignored where denied last
-    (``sources.all_sources`` orders them so). A source ignored where denied is read only
-    where the policy allows it; the others are all read, and a malformed request raises
-    its Refusal here. Whether the policy allows the sources that asked is
-    ``check_sources``' business. ``env_names``: the prefixes of the env names the context
-    keeps (``vendor.env_read``); None keeps them all."""
+def bare_context(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
+                 env_names: tuple[str, ...] | None = None) -> ContainerContext:
+    """The container, no request read yet. ``env_names``: the prefixes of the env names
+    the context keeps (``vendor.env_read``); None keeps them all."""
     user = container.user if container.HasField("user") else None
-    bare = ContainerContext(
+    return ContainerContext(
         pod.namespace if pod is not None else "", pod.name if pod is not None else "",
         container.name, container.id, is_privileged(container),
         user.uid if user else 0, user.gid if user else 0, env_map(container.env, env_names),
         # the container's own annotations: CRI-O shows the pod's among them
         pod.annotations if pod is not None else {}, own_annotations(container),
         container.mounts)
+
+
+def read_context(bare: ContainerContext, sources: Sequence[tuple[RequestSource, object]],
+                 policy: Policy, snapshot: Snapshot) -> ContainerContext:
+    """The container (``bare_context``) with what every source asked for. ``sources``:
+    (source, its vendor's facts) with a reader, in source order, those ignored where denied
+    last (``sources.all_sources`` orders them so). A source ignored where denied is read
+    only where the policy allows it; the others are all read, and a malformed request
+    raises its Refusal here. Whether the policy allows the sources that asked is
+    ``check_sources``' business."""
     groups: list[SourceRequests] = []
     for source, facts in sources:
         read = source.read

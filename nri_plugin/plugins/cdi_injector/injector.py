@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from cdi.device import Device
 from cdi.libpath import LD_LIBRARY_PATH_ENV
@@ -40,6 +40,30 @@ from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorR
 # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
 StartWarning = Callable[[RuntimeInfo], str | None]
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Wiring:
+    """What the daemon connects a ``CdiInjector`` to; each None: not connected."""
+
+    # The runtime's own CDI set-up (the daemon reads it); None: unknown, so annotations
+    # are not assumed injected by the runtime and delegation is not checked ahead.
+    runtime_cdi: RuntimeCdiConfig | None = None
+    counters: Counters | None = None  # None: counters of its own
+    # A bounded re-read of the spec folders for names the registry does not know yet
+    # (a DRA claim spec written moments ago; None: refuse at once, no reader wired) and,
+    # for a container naming only known devices, the registry after any spec removal
+    # already made (None: nothing pending; no file I/O).
+    on_miss: OnMiss | None = None
+    on_hit: OnHit | None = None
+    # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
+    on_start_warning: StartWarning | None = None
+    # Runs the per-container log line once the reply has left (the daemon: the event
+    # loop's call_soon; the runtime waits for the reply, not for the line). None: now.
+    after_reply: Callable[[Callable[[], None]], object] | None = None
+    # What the kubelet allocated to each pod, kept current by the daemon (no I/O here);
+    # None, or a call that returns None: no kubelet to ask, nothing checked.
+    allocations: Callable[[], KubeletAllocations | None] | None = None
+
 log = logging.getLogger("nri_cdi.injector")
 
 
@@ -61,13 +85,7 @@ class CdiInjector(Plugin):
         *,
         vendors: Sequence[VendorRules] = (),
         policy: Policy | None = None,
-        runtime_cdi: RuntimeCdiConfig | None = None,
-        counters: Counters | None = None,
-        on_miss: OnMiss | None = None,
-        on_hit: OnHit | None = None,
-        on_start_warning: StartWarning | None = None,
-        after_reply: Callable[[Callable[[], None]], object] | None = None,
-        allocations: Callable[[], KubeletAllocations | None] | None = None,
+        wiring: Wiring | None = None,
     ) -> None:
         # Returns the current registry (snapshot + the vendors' facts for it, in the order
         # of ``vendors``), replaced whole by the refresher; never does I/O.
@@ -75,24 +93,14 @@ class CdiInjector(Plugin):
         self.vendors = tuple(vendors)
         self.policy = policy or Policy.defaults(self.vendors)
         self.runtime = RuntimeInfo()
-        # The runtime's own CDI set-up (the daemon reads it); None: unknown, so annotations
-        # are not assumed injected by the runtime and delegation is not checked ahead.
-        self.runtime_cdi = runtime_cdi
-        self.counters = counters if counters is not None else Counters()
+        wiring = wiring or Wiring()
+        self.runtime_cdi = wiring.runtime_cdi
+        self.counters = wiring.counters if wiring.counters is not None else Counters()
         self.delegations = DelegationTracker()
-        # A bounded re-read of the spec folders for names the registry does not know yet
-        # (a DRA claim spec written moments ago; None: refuse at once, no reader wired) and,
-        # for a container naming only known devices, the registry after any spec removal
-        # already made (None: nothing pending; no file I/O).
-        self._asker = Asker(self.vendors, on_miss, on_hit)
-        # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
-        self.on_start_warning = on_start_warning
-        # Runs the per-container log line once the reply has left (the daemon: the event
-        # loop's call_soon; the runtime waits for the reply, not for the line). None: now.
-        self._after_reply = after_reply
-        # What the kubelet allocated to each pod, kept current by the daemon (no I/O here);
-        # None, or a call that returns None: no kubelet to ask, nothing checked.
-        self._allocations = allocations
+        self._asker = Asker(self.vendors, wiring.on_miss, wiring.on_hit)
+        self.on_start_warning = wiring.on_start_warning
+        self._after_reply = wiring.after_reply
+        self._allocations = wiring.allocations
         self._plans = PlanCache()
         # Group sets already warned about on this connection (one line each, not one per
         # container: the counters and metrics count every container).

@@ -18,7 +18,6 @@ from cdi.model import ContainerEdits
 from nri_plugin.nri import adjustment as adj
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.versions import Reach, RuntimeInfo
-from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.adjust import (
     as_native_file_modes,
     to_adjustment,
@@ -62,8 +61,7 @@ def lookup_devices(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> lis
         detail = "; ".join(f"{name} (from {source[name]}): {why}"
                            for name, why in exc.reasons.items())
         raise InjectionError(f"unresolvable CDI devices: {detail}", rule="unresolvable",
-                             device=next(iter(exc.reasons), None),
-                             code=Code.NOT_FOUND) from None
+                             device=next(iter(exc.reasons), None)) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,8 +159,7 @@ def _hand_over(snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeIn
             f"({'; '.join(reasons)}), and {why}"
             + ("; policy additionalGids: drop would apply the rest without the groups"
                if gids_only else ""),
-            rule="unsupportedEdits", device=group[0].qualified_name,
-            code=Code.FAILED_PRECONDITION)
+            rule="unsupportedEdits", device=group[0].qualified_name)
     # Access NRI cannot grant exactly (mknod on a char device): the runtime's own CDI can.
     if (not dropped and can_hand_over and not lost
             and runtime.cdi_spec_dirs.reach is not Reach.UNKNOWN

@@ -244,12 +244,11 @@ def parse_policy(doc: Any, *, origin: str = "", vendors: Sequence[VendorPolicy] 
         sources=sources, devices=devices,
         privileged_exempt=_bool(doc, "privilegedExempt", False, "", problems),
         enforce_requirements=_bool(req, "enforce", True, "requirements.", problems),
-        unknown_facts=_choice(req, "unknownFacts", "allow", UNKNOWN_FACTS, "requirements.",
-                              problems),
+        unknown_facts=_choice(req, "unknownFacts", UNKNOWN_FACTS, "requirements.", problems),
         filter_capabilities=_bool(caps, "filter", True, "capabilities.", problems),
         mask_proc=_bool(masking, "enabled", False, "procMasking.", problems),
-        additional_gids=_choice(doc, "additionalGids", "drop", GID_ACTIONS, "", problems),
-        fail_closed_action=_choice(fail, "action", "evict", ACTIONS, "failClosed.", problems),
+        additional_gids=_choice(doc, "additionalGids", GID_ACTIONS, "", problems),
+        fail_closed_action=_choice(fail, "action", ACTIONS, "failClosed.", problems),
         origin=origin or "inline")
     if problems:
         raise PolicyError(problems, origin)
@@ -283,8 +282,10 @@ def _bool(doc: Mapping[str, Any], key: str, default: bool, where: str,
     return value
 
 
-def _choice(doc: Mapping[str, Any], key: str, default: str, choices: Sequence[str],
-            where: str, problems: list[str]) -> str:
+def _choice(doc: Mapping[str, Any], key: str, choices: Sequence[str], where: str,
+            problems: list[str]) -> str:
+    """``doc[key]``, one of ``choices``: the first when absent or invalid (a problem)."""
+    default = choices[0]
     value = doc.get(key, default)
     if value not in choices:
         problems.append(f"{where}{key}: must be one of {', '.join(choices)}, got {value!r}")

@@ -11,6 +11,8 @@ from nri_plugin.nri.wire import Code
 
 # Every message the runtime shows for us starts so: the user sees who refused.
 USER_PREFIX = "nri-cdi: "
+# The status a rule gets whatever the refusal's class: a device no spec names is not found.
+_RULE_CODES = {"unresolvable": Code.NOT_FOUND}
 
 
 class Reason(NamedTuple):
@@ -24,17 +26,17 @@ class Reason(NamedTuple):
 
 class Refusal(NRIPluginError):
     """A container refused on purpose; ``reason`` says by what (no parsing of messages),
-    ``code`` is the status the runtime gets (a subclass picks its kind's)."""
+    ``code`` is the status the runtime gets (its rule's, else its kind's: a subclass picks
+    it)."""
 
     default_rule = "refused"
     default_code = Code.FAILED_PRECONDITION
 
     def __init__(self, message: str, *, rule: str | None = None, device: str | None = None,
-                 annotation: str | None = None, code: Code | None = None,
-                 node_detail: str = "") -> None:
+                 annotation: str | None = None, node_detail: str = "") -> None:
         super().__init__(message)
         self.reason = Reason(rule or self.default_rule, device, annotation)
-        self.code = code if code is not None else self.default_code
+        self.code = _RULE_CODES.get(self.reason.rule, self.default_code)
         # What only the node's operator needs (host paths): the log's, not the pod's user's.
         self.node_detail = node_detail
 
