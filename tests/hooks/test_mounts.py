@@ -65,8 +65,9 @@ SPEC_MOUNTS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 
 
 def container(pid: int = PID) -> ContainerRoot:
-    return ContainerRoot(container_id="c", bundle="/b", path=ROOT, readonly=False,
-                         mounts=SPEC_MOUNTS, pid=pid)
+    root = ContainerRoot(bundle="/b", path=ROOT, readonly=False, mounts=SPEC_MOUNTS)
+    root.pid = pid  # the state's, set where the state is read
+    return root
 
 
 def proc(tmp_path: Path, tables: dict[str, str]) -> str:

@@ -28,7 +28,7 @@ from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.startguard import (
     GuardSettings,
     StartGuard,
-    guarded_connections,
+    guard_second,
 )
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from tests.helpers import write_specs
@@ -190,8 +190,8 @@ def serving(tmp_path: Path, clock: VirtualClock, steps: list[str],
         return Stub(plugin, StubOptions(name=name, socket_path=path, env=ENV, on_close=closed,
                     before_connect=held if before is not None else None, poll_interval=0.02))
 
-    return guard, lambda: guarded_connections(guard, guard, make_stub, None,
-                                              call_later=clock.call_later)
+    return guard, lambda: SecondConnection(guard_second(guard, call_later=clock.call_later),
+                                           guard, make_stub, None)
 
 
 def scenario(tmp_path: Path, body: Callable[[World], Awaitable[None]],

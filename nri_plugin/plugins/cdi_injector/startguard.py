@@ -16,8 +16,7 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.plugin import Plugin
-from nri_plugin.nri.second_connection import CallLater, Second, SecondConnection, StubFactory
-from nri_plugin.nri.stub import CloseCallback
+from nri_plugin.nri.second_connection import CallLater, Second
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.counters import Counters
@@ -41,7 +40,7 @@ GUARD_SUFFIX = "-guard"  # the guard's own connection's name: the injector's, an
 class GuardSettings:
     """The start guard's set-up; the timings are docs/developer/fail-closed.md's."""
 
-    # The start checks ride on a connection of the guard's own (``guarded_connections``),
+    # The start checks ride on a connection of the guard's own (``guard_second``),
     # not on the injector's.
     own_connection: bool = False
     cgroup_root: str = CGROUP_ROOT
@@ -433,14 +432,11 @@ class GuardConnection(Plugin):
         self.guard.forget(container.id)
 
 
-def guarded_connections(guard: StartGuard, main: Plugin, make_stub: StubFactory,
-                        name: str | None, on_close: CloseCallback | None = None, *,
-                        call_later: CallLater | None = None) -> SecondConnection:
-    """The injector's connection (``main``: the guard, or the metrics around it), with the
-    guard's own around it, open while ``guard.needed`` (docs/developer/fail-closed.md).
-    ``call_later``: what times the linger and the guard's rechecks (None: the event loop)."""
-    second = Second(need=guard, plugin=lambda ready: GuardConnection(guard, ready),
-                    suffix=GUARD_SUFFIX, label="start guard", logger=log,
-                    ready_timeout=guard.settings.ready_timeout,
-                    linger=guard.settings.linger, call_later=call_later)
-    return SecondConnection(second, main, make_stub, name, on_close)
+def guard_second(guard: StartGuard, call_later: CallLater | None = None) -> Second:
+    """The guard's own connection, as the second around the injector's (a
+    ``SecondConnection``), open while ``guard.needed`` (docs/developer/fail-closed.md).
+    ``call_later``: what times its linger and the guard's rechecks (None: the event loop)."""
+    return Second(need=guard, plugin=lambda ready: GuardConnection(guard, ready),
+                  suffix=GUARD_SUFFIX, label="start guard", logger=log,
+                  ready_timeout=guard.settings.ready_timeout, linger=guard.settings.linger,
+                  call_later=call_later)
