@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+from cdi.linux.namedtuple import NamedTuple
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from cdi.hooks.state import ContainerRoot
@@ -34,16 +36,15 @@ def mount_id(fd: int) -> int | None:
     return int(data[at + 7:end if end >= 0 else len(data)])
 
 
-class MountInfo:
+class MountInfo(NamedTuple):
     """One line of a ``mountinfo`` table: where a mount is and what it is."""
 
-    __slots__ = ("device", "fstype", "mount_point", "raw_point", "root", "source")
-
-    def __init__(self, mount_point: str, root: str, fstype: str, source: str, *,
-                 device: bytes = b"", raw_point: bytes = b"") -> None:
-        self.mount_point, self.root, self.fstype, self.source = mount_point, root, fstype, source
-        self.device = device  # "major:minor" of its filesystem, as the table writes it
-        self.raw_point = raw_point  # the mount point as the table writes it (escaped)
+    mount_point: str
+    root: str
+    fstype: str
+    source: str
+    device: bytes = b""  # "major:minor" of its filesystem, as the table writes it
+    raw_point: bytes = b""  # the mount point as the table writes it (escaped)
 
 
 def _unescape(field: bytes) -> str:

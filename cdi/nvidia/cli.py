@@ -345,8 +345,8 @@ def _generate(v: GenerateOptions, out: TextIO, warn: Any,
         return 0
     data = text.encode("utf-8")
     try:
-        _write(path, data, metadata(inv, opts, spec, fp=fp, spec_file=path.name,
-                                    spec_sha256=sha256(data).hexdigest()))
+        _write(path, data, metadata(inv, opts, spec, fp=fp,
+                                    written=(path.name, sha256(data).hexdigest())))
     except OSError as exc:
         raise OutputError(path) from exc
     return 0

@@ -635,8 +635,10 @@ def _device_meta(inv: Inventory, target: _Target) -> dict[str, Any]:
 
 
 def metadata(inv: Inventory, opts: Options, spec: SpecData, *, fp: str,
-             spec_file: str | None, spec_sha256: str | None) -> dict[str, Any]:
-    """The sidecar document: what a requirement/capability policy needs per device."""
+             written: tuple[str, str] | None) -> dict[str, Any]:
+    """The sidecar document: what a requirement/capability policy needs per device.
+    ``written``: the spec file's name and sha256 (None: the spec went to no file)."""
+    spec_file, spec_sha256 = written if written is not None else (None, None)
     devices: dict[str, Any] = {}
     if inv.node.mode != "management" and opts.device_ids != ("none",):
         for target in _select(inv, opts.device_ids):
