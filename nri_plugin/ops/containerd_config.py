@@ -335,14 +335,21 @@ def _running(proc: str) -> Iterator[tuple[int, tuple[str, str]]]:
                 yield int(name), found
 
 
-def _containerd(proc: str, pid: int) -> tuple[str, str] | None:
-    """(config path, binary) of process ``pid`` when it is a containerd daemon."""
+def program_argv(proc: str, pid: int, program: str) -> list[str] | None:
+    """The command line of process ``pid`` when it runs ``program`` (by base name); None
+    when it does not, or is gone."""
     try:
         with open(f"{proc}/{pid}/cmdline", "rb") as handle:
             argv = [a.decode(errors="replace") for a in handle.read().split(b"\0") if a]
     except OSError:
         return None
-    if not argv or os.path.basename(argv[0]) != "containerd":
+    return argv if argv and os.path.basename(argv[0]) == program else None
+
+
+def _containerd(proc: str, pid: int) -> tuple[str, str] | None:
+    """(config path, binary) of process ``pid`` when it is a containerd daemon."""
+    argv = program_argv(proc, pid, "containerd")
+    if argv is None:
         return None
     config = DEFAULT_PATH
     args = iter(argv[1:])

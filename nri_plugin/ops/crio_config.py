@@ -30,7 +30,7 @@ except ImportError:  # Python 3.10: no TOML parser in the standard library
 
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, PLUGIN_SOCKET_ENV
-from nri_plugin.ops.containerd_config import same_path
+from nri_plugin.ops.containerd_config import program_argv, same_path
 
 DEFAULT_PATH = "/etc/crio/crio.conf"
 DEFAULT_DROP_IN_DIR = "/etc/crio/crio.conf.d"
@@ -264,12 +264,8 @@ def _pids(proc: str) -> list[int]:
 
 
 def _crio(proc: str, pid: int) -> CrioLocated | None:
-    try:
-        with open(f"{proc}/{pid}/cmdline", "rb") as handle:
-            argv = [a.decode(errors="replace") for a in handle.read().split(b"\0") if a]
-    except OSError:
-        return None
-    if not argv or os.path.basename(argv[0]) != "crio":
+    argv = program_argv(proc, pid, "crio")
+    if argv is None:
         return None
     env = _environ(proc, pid)
     path = env.get("CONTAINER_CONFIG", DEFAULT_PATH)

@@ -798,23 +798,32 @@ def crio_serving(settings: Settings) -> CrioLocated | None:
     return None if containerd.exe is not None or os.path.exists(containerd.path) else found
 
 
-def run_crio_checks(settings: Settings, crio: CrioLocated, *, check_generated: bool,
-                    place: Place) -> list[Check]:
+def _node_checks(settings: Settings, runtime: list[Check], *, check_generated: bool,
+                 place: Place) -> list[Check]:
+    """The checks of every runtime, around ``runtime``'s own checks of its configuration:
+    where doctor runs, the socket, the plugin, its health, the spec folders, the spec's
+    fingerprint, the device nodes."""
     plugin = settings.plugin
-    cfg = crio.read()
     health = health_url(settings)
     checks = [check_place(place)] if place.in_pod else []
-    checks += [check_crio_config(cfg), check_crio_nri(cfg, plugin.socket),
-               check_socket(plugin.socket, place),
+    checks += [*runtime, check_socket(plugin.socket, place),
                check_plugin(plugin, health=health, place=place)]
     if health:
         checks.append(check_health(health))
     checks.append(check_spec_dirs(plugin.spec_dirs, place))
     if check_generated:
         checks.append(check_fingerprint(settings, place))
+    return [*checks, check_device_nodes(plugin.spec_dirs)]
+
+
+def run_crio_checks(settings: Settings, crio: CrioLocated, *, check_generated: bool,
+                    place: Place) -> list[Check]:
+    plugin = settings.plugin
+    cfg = crio.read()
+    checks = _node_checks(settings, [check_crio_config(cfg), check_crio_nri(cfg, plugin.socket)],
+                          check_generated=check_generated, place=place)
     registry = read_registry(settings.doctor.plugin_registry)
-    return [*checks, check_device_nodes(plugin.spec_dirs),
-            check_crio_cdi(cfg, plugin.spec_dirs),
+    return [*checks, check_crio_cdi(cfg, plugin.spec_dirs),
             check_kinds_runtimes_can_load(plugin.spec_dirs),
             check_kubelet_allocations(plugin, registry),
             check_driver_architecture(plugin.spec_dirs, place)]
@@ -856,19 +865,11 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
     else:
         version = (1, 7, 0) if containerd_major_version < 2 else None
         cfg = found.read(containerd_major_version)
-    health = health_url(settings)
-    checks = [check_place(place)] if place.in_pod else []
-    checks += [check_containerd_config(cfg, place),
-               check_nri_enabled(cfg, plugin.socket, place),
-               check_socket(plugin.socket, place),
-               check_plugin(plugin, health=health, place=place)]
-    if health:
-        checks.append(check_health(health))
-    checks.append(check_spec_dirs(plugin.spec_dirs, place))
-    if check_generated:
-        checks.append(check_fingerprint(settings, place))
+    checks = _node_checks(settings, [check_containerd_config(cfg, place),
+                                     check_nri_enabled(cfg, plugin.socket, place)],
+                          check_generated=check_generated, place=place)
     registry = read_registry(settings.doctor.plugin_registry)
-    return [*checks, check_device_nodes(plugin.spec_dirs),
+    return [*checks,
             check_native_cdi(cfg, plugin.spec_dirs), check_runtime_cdi_setting(cfg, settings),
             check_kinds_runtimes_can_load(plugin.spec_dirs),
             check_required_plugin(cfg, plugin, version, place=place),
