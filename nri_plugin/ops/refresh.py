@@ -238,12 +238,10 @@ def run_generator(settings: Settings, runner: Runner = run_generator_process) ->
         done = runner(generator_args(settings))
     except (OSError, subprocess.SubprocessError) as exc:
         return Outcome(ok=False, written=False, fingerprint=None, message=str(exc))
-    message = done.stderr.strip()
-    fingerprint = read_sidecar(output).get("fingerprint")
-    if done.returncode != 0:
-        return Outcome(ok=False, written=False, fingerprint=fingerprint, message=message)
-    return Outcome(ok=True, written=_identity(output) != before, fingerprint=fingerprint,
-                   message=message)
+    ok = done.returncode == 0
+    return Outcome(ok=ok, written=ok and _identity(output) != before,
+                   fingerprint=read_sidecar(output).get("fingerprint"),
+                   message=done.stderr.strip())
 
 
 # --- the watch loop ------------------------------------------------------------------------
@@ -267,7 +265,6 @@ class Watcher:
         self._retry = False
         self._next_resync = 0.0
         self._last_error = ""
-        self.regenerations = 0
 
     def stop(self) -> None:
         self._stop.set()
@@ -312,7 +309,6 @@ class Watcher:
             return outcome
         self._last_error = ""
         if outcome.written:
-            self.regenerations += 1
             log.info("spec regenerated (%s): %s fingerprint %s", reason,
                      self.settings.generate.output, outcome.fingerprint)
         else:

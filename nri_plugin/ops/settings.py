@@ -142,17 +142,14 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def _address(value: Any) -> str:
-    """An address ``parse_address`` reads, or "" (off)."""
-    text = _str(value)
-    if text:
-        parse_address(text)
-    return text
+def _off_or(check: Callable[[str], object]) -> Callable[[Any], str]:
+    """"" (off), or a value ``check`` takes."""
+    def checked(value: Any) -> str:
+        if _str(value):
+            check(value)
+        return str(value)
 
-
-def _path_or_off(value: Any) -> str:
-    text = _str(value)
-    return text if text == "" else _abs_path(text)
+    return checked
 
 
 def one_of(*choices: str) -> ValueType:
@@ -175,10 +172,10 @@ SECONDS = ValueType("number > 0 (seconds)", _positive, from_text=_number_text)
 WAIT_SECONDS = ValueType("number >= 0 (seconds; 0: no wait)", _non_negative,
                          from_text=_number_text)
 INDEX = ValueType("two digits", _index)
-ADDRESS = ValueType('host:port, :port, or "" (off)', _address)
+ADDRESS = ValueType('host:port, :port, or "" (off)', _off_or(parse_address))
 HOOK_PROGRAM = ValueType(f"absolute path ending in /{', /'.join(HOOK_PROGRAMS)}",
                          _optional(_hook_program))
-PATH_OR_OFF = ValueType('absolute path, or "" (off)', _path_or_off)
+PATH_OR_OFF = ValueType('absolute path, or "" (off)', _off_or(_abs_path))
 
 
 # --- a key's declaration -------------------------------------------------------------------
@@ -216,19 +213,16 @@ def setting(default: T, value_type: ValueType, help: str, *flags: str,
     return field(default=default, metadata={KEY: Key(help, value_type, flags, **details)})
 
 
-_OPTION_DEFAULT: Any = object()
-
-
 def generate_setting(option: str, value_type: ValueType, *, flag: bool = False,
-                     default: Any = _OPTION_DEFAULT) -> Any:
+                     default: Any = None) -> Any:
     """A ``generate`` section field: the generator's option ``option`` (its declaration in
     cdi.nvidia.options gives the meaning, the default unless ``default``, and with ``flag``
     its first flag), as a file key."""
     spec = option_of(option)
-    own = default is not _OPTION_DEFAULT
     key = Key(spec.help, value_type, spec.flags[:1] if flag else (), None, spec.metavar,
-              spec.kind == "list", None if own else spec.default_text, option)
-    return field(default=option_default(option) if not own else default, metadata={KEY: key})
+              spec.kind == "list", spec.default_text if default is None else None, option)
+    return field(default=option_default(option) if default is None else default,
+                 metadata={KEY: key})
 
 
 # --- the sections: typed, immutable values -------------------------------------------------
@@ -397,10 +391,11 @@ class Settings:
         out["policy"] = _plain(self.policy)
         return out
 
-    def with_values(self, values: Mapping[str, Any], source: str = "command line"
-                    ) -> Settings:
+    def with_values(self, values: Mapping[str, Any], source: str = "command line",
+                    names: Mapping[str, str] | None = None) -> Settings:
         """A copy with ``{"section.key": value}`` values, each checked like file values;
-        a SettingsError lists every problem."""
+        a SettingsError lists every problem, each under its key's entry in ``names`` (the
+        flag that gave it) if any."""
         changed: dict[str, dict[str, Any]] = {s: {} for s in SECTIONS}
         problems = []
         for dotted, value in values.items():
@@ -413,7 +408,7 @@ class Settings:
             try:
                 changed[section][name] = keys[name].type.check(value)
             except ValueError as exc:
-                problems.append(f"{dotted}: {exc}")
+                problems.append(f"{(names or {}).get(dotted, dotted)}: {exc}")
         if problems:
             raise SettingsError(source, problems)
         return replace(self, **{s: replace(getattr(self, s), **v)
@@ -435,14 +430,6 @@ def section_help(section: str) -> str:
 def keys_of(section: str) -> dict[str, Key]:
     """A section's keys, in declaration order."""
     return {f.name: f.metadata[KEY] for f in fields(SECTIONS[section])}
-
-
-def key_of(section: str, name: str) -> Key:
-    return keys_of(section)[name]
-
-
-def default_of(section: str, name: str) -> Any:
-    return getattr(SECTIONS[section](), name)
 
 
 def all_keys() -> Iterator[tuple[str, str, Key]]:
@@ -474,15 +461,13 @@ def parse_settings(document: Any, source: str = "config") -> Settings:
     values: dict[str, Any] = {}
     policy: Mapping[str, Any] = {}
     for section, body in document.items():
-        if section == "policy":
-            if body is not None and not isinstance(body, Mapping):
-                problems.append(f"policy: expected a mapping, got {body!r}")
-            policy = body if isinstance(body, Mapping) else {}
-        elif section not in SECTIONS:
+        if section not in (*SECTIONS, "policy"):
             problems.append(f"{section}: unknown section (known: "
                             f"{', '.join([*SECTIONS, 'policy'])})")
         elif body is not None and not isinstance(body, Mapping):
             problems.append(f"{section}: expected a mapping, got {body!r}")
+        elif section == "policy":
+            policy = body or {}
         else:
             values.update((f"{section}.{name}", value) for name, value in (body or {}).items())
     settings = Settings(policy=MappingProxyType(dict(policy)), source=source)
@@ -533,10 +518,10 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
 
 def shown_default(section: str, name: str) -> str:
     """The default as help and the reference show it."""
-    key = key_of(section, name)
+    key = keys_of(section)[name]
     if key.default_text is not None:
         return key.default_text
-    value = default_of(section, name)
+    value = getattr(SECTIONS[section](), name)
     if isinstance(value, tuple):
         return ", ".join(value) if value else "none"
     if isinstance(value, float) and value.is_integer():
@@ -557,7 +542,7 @@ def add_setting_flags(parser: argparse.ArgumentParser, *dotted: str) -> None:
                                             *dotted)})
     for name in dotted:
         section, key_name = name.split(".", 1)
-        key = key_of(section, key_name)
+        key = keys_of(section)[key_name]
         if not key.flags:
             raise ValueError(f"{name} has no command-line flag")
         again = "; repeat for several" if key.repeatable else ""
@@ -578,21 +563,15 @@ def apply_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     """``settings`` with the value of each key flag given on the command line; a bad value
     is a SettingsError naming the flag and the key."""
     overrides: dict[str, Any] = {}
-    flags: dict[str, str] = {}
+    names: dict[str, str] = {}
     for dotted in getattr(args, FLAG_KEYS_ATTR, ()):
-        key = key_of(*dotted.split(".", 1))
+        section, name = dotted.split(".", 1)
+        key = keys_of(section)[name]
         given = getattr(args, key.flag_dest, None)
         if given is not None:
             overrides[dotted] = given
-            flags[dotted] = key.flags[0]
-    try:
-        return settings.with_values(overrides) if overrides else settings
-    except SettingsError as exc:
-        lines = []
-        for problem in exc.problems:
-            dotted, _, why = problem.partition(": ")
-            lines.append(f"{flags[dotted]} ({dotted}): {why}")
-        raise SettingsError("command line", lines) from None
+            names[dotted] = f"{key.flags[0]} ({dotted})"
+    return settings.with_values(overrides, "command line", names)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -600,17 +579,13 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return apply_flags(load_settings(getattr(args, "config", None)), args)
 
 
-def print_errors(command: str, exc: SettingsError) -> None:
-    print("\n".join(f"nri-cdi {command}: error: {line}" for line in exc.lines()),
-          file=sys.stderr)
-
-
 def command_settings(args: argparse.Namespace, command: str) -> Settings | None:
     """``settings_from_args``, or None after printing each problem."""
     try:
         return settings_from_args(args)
     except SettingsError as exc:
-        print_errors(command, exc)
+        print("\n".join(f"nri-cdi {command}: error: {line}" for line in exc.lines()),
+              file=sys.stderr)
         return None
 
 
@@ -669,10 +644,8 @@ def render_yaml(settings: Settings) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    try:
-        settings = load_settings(args.config)
-    except SettingsError as exc:
-        print_errors("config", exc)
+    settings = command_settings(args, "config")  # the file alone: check has no key flags
+    if settings is None:
         return 1
     print(f"{settings.source}: valid")
     return 0

@@ -50,13 +50,15 @@ SystemCallFilter=@system-service
 UMask=0022
 """
 
-# The end of the generate and watch services, which write only the spec folders.
+# The end of the generate and watch services' [Service], which write only the spec folders.
 _SPEC_WRITER = """\
 RuntimeDirectory=cdi
 RuntimeDirectoryPreserve=yes
 ReadWritePaths=-/etc/cdi
 RestrictAddressFamilies=AF_UNIX AF_NETLINK
-{hardening}
+"""
+# Every unit ends so; a service's [Service] ends with the sandboxing first.
+_INSTALL = """
 [Install]
 WantedBy=multi-user.target
 """
@@ -92,9 +94,6 @@ Description=nri-cdi: regenerate the NVIDIA CDI spec when driver packages change
 PathChanged=/lib/modules/%v/modules.dep
 PathChanged={binary}
 Unit=nri-cdi-generate.service
-
-[Install]
-WantedBy=multi-user.target
 """
 
 _WATCH_SERVICE = """\
@@ -135,9 +134,6 @@ AmbientCapabilities=
 ProtectProc=invisible
 DevicePolicy=closed
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
-{hardening}
-[Install]
-WantedBy=multi-user.target
 """
 
 UNITS: dict[str, str] = {
@@ -146,7 +142,6 @@ UNITS: dict[str, str] = {
     "nri-cdi-watch.service": _WATCH_SERVICE,
     "nri-cdi-plugin.service": _PLUGIN_SERVICE,
 }
-ENABLE = tuple(UNITS)  # install-units enables every unit
 
 
 def render_units(binary: str = DEFAULT_BINARY,
@@ -154,9 +149,8 @@ def render_units(binary: str = DEFAULT_BINARY,
     for what, path in (("binary", binary), ("config", config)):
         if not os.path.isabs(path) or any(c.isspace() for c in path):
             raise ValueError(f"{what} must be an absolute path without spaces, got {path!r}")
-    spec_writer = _SPEC_WRITER.format(hardening=_HARDENING)
-    return {name: text.format(binary=binary, config=config, hardening=_HARDENING,
-                              spec_writer=spec_writer)
+    return {name: text.format(binary=binary, config=config, spec_writer=_SPEC_WRITER)
+            + (_HARDENING if name.endswith(".service") else "") + _INSTALL
             for name, text in UNITS.items()}
 
 
@@ -205,8 +199,8 @@ def install_units(unit_dir: Path, units: Mapping[str, str], *, enable: bool,
     for name, text in units.items():
         atomic_write(unit_dir / name, text.encode(), mode=0o644)
     if enable:
-        steps = ([[f"--root={root}", "enable", *ENABLE]] if root is not None
-                 else [["daemon-reload"], ["enable", "--now", *ENABLE]])
+        steps = ([[f"--root={root}", "enable", *UNITS]] if root is not None
+                 else [["daemon-reload"], ["enable", "--now", *UNITS]])
         for args in steps:
             if systemctl(args) != 0:
                 raise RuntimeError(f"systemctl {' '.join(args)} failed")

@@ -26,9 +26,8 @@ from nri_plugin.ops.settings import (
     add_setting_flags,
     all_keys,
     apply_flags,
-    default_of,
     defaults,
-    key_of,
+    keys_of,
     load_settings,
     parse_settings,
 )
@@ -36,7 +35,7 @@ from nri_plugin.ops.settings import (
 
 def test_every_default_passes_its_own_check() -> None:
     for section, name, key in all_keys():
-        default = default_of(section, name)
+        default = getattr(SECTIONS[section](), name)
         assert key.type.check(default) == default, f"{section}.{name}"
 
 
@@ -81,7 +80,8 @@ def test_every_key_flag_on_every_command_shows_its_declared_default() -> None:
     seen = 0
     for parser in _all_parsers():
         keys = {key.flag_dest: dotted for dotted in parser.get_default(FLAG_KEYS_ATTR) or ()
-                for key in [key_of(*dotted.split("."))]}
+                for section, name in [dotted.split(".")] for key in [keys_of(section)[name]]}
+
         for action in parser._actions:
             if action.dest not in keys:
                 continue

@@ -12,7 +12,7 @@ import pytest
 
 from nri_plugin.ops.cli import main
 from nri_plugin.ops.units import (
-    ENABLE,
+    UNITS,
     install_units,
     render_launcher,
     render_units,
@@ -109,7 +109,7 @@ def test_install_units_writes_and_enables(tmp_path: Path) -> None:
                             systemctl=lambda args: calls.append(args) or 0)
     assert sorted(p.name for p in written) == sorted(render_units())
     assert all(p.stat().st_mode & 0o777 == 0o644 for p in written)
-    assert calls == [["daemon-reload"], ["enable", "--now", *ENABLE]]
+    assert calls == [["daemon-reload"], ["enable", "--now", *UNITS]]
 
 
 def test_install_units_command_no_enable(tmp_path: Path) -> None:
@@ -180,7 +180,7 @@ def test_install_then_uninstall_in_a_root_folder(tmp_path: Path) -> None:
     binary.chmod(0o755)
     assert main(["install-units", "--root", str(root), "--binary", str(binary)]) == 0
     wanted = sorted(p.name for p in (units / "multi-user.target.wants").iterdir())
-    assert wanted == sorted(ENABLE)
+    assert wanted == sorted(UNITS)
     assert main(["uninstall-units", "--root", str(root)]) == 0
     # systemctl removed the links, and the wants folder with them once empty.
     assert [p.relative_to(units).as_posix() for p in units.rglob("*")] == ["other.service"]
@@ -195,7 +195,7 @@ def test_uninstall_units_stops_before_removing(tmp_path: Path) -> None:
     removed = uninstall_units(tmp_path, disable=True,
                               systemctl=lambda args: calls.append(args) or 0)
     assert sorted(p.name for p in removed) == sorted(render_units())
-    assert calls == [["disable", "--now", *ENABLE], ["daemon-reload"]]
+    assert calls == [["disable", "--now", *UNITS], ["daemon-reload"]]
     assert [p.name for p in tmp_path.iterdir()] == ["keep.service"]
     with pytest.raises(RuntimeError, match="systemctl disable --now"):
         install_units(tmp_path, render_units("/usr/bin/nri-cdi", "/c"), enable=False)
