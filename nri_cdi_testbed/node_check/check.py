@@ -582,7 +582,7 @@ def cmd(args: Any) -> int:
         paths.RUNC = args.runc
     opts = Options(runtime=args.runtime, containerd_bin=args.containerd_bin,
                    containerd_address=args.containerd_address,
-                   nri_socket=args.socket or DEFAULT_SOCKET_PATH,
+                   nri_socket=getattr(args, "plugin.socket") or DEFAULT_SOCKET_PATH,
                    simulated=args.simulated, sim_node=args.sim_node, spec_dir=args.e2e_spec_dir,
                    driver_root=args.driver_root, gpu=args.gpu, repeat=args.repeat)
     previous = signal.signal(signal.SIGTERM, _raise_on_term)

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     class _Details(TypedDict, total=False):  # ``setting``'s keywords: the Key's fields
-        dest: str | None
         metavar: str | None
         repeatable: bool
         default_text: str | None
@@ -184,23 +183,18 @@ PATH_OR_OFF = ValueType('absolute path, or "" (off)', _off_or(_abs_path))
 @dataclass(frozen=True, slots=True)
 class Key:
     """What one key means (``help``), its value type, and its command-line flag (``flags``:
-    none for a file-only key; ``dest`` the argparse attribute, by default the first flag's
-    name; ``repeatable``: a list given one element per flag). ``default_text`` says what
+    none for a file-only key; ``repeatable``: a list given one element per flag; the parsed
+    value is the attribute named ``section.key``). ``default_text`` says what
     the default means where its value does not (``None``, ``""``). ``option``: the
     ``nri-cdi generate`` option a ``generate`` key sets (``refresh`` passes its flag)."""
 
     help: str
     type: ValueType
     flags: tuple[str, ...] = ()
-    dest: str | None = None
     metavar: str | None = None
     repeatable: bool = False
     default_text: str | None = None
     option: str | None = None  # the generate option (cdi.nvidia.options) the key sets
-
-    @property
-    def flag_dest(self) -> str:
-        return self.dest or self.flags[0].lstrip("-").replace("-", "_")
 
 
 T = TypeVar("T")
@@ -219,7 +213,7 @@ def generate_setting(option: str, value_type: ValueType, *, flag: bool = False,
     cdi.nvidia.options gives the meaning, the default unless ``default``, and with ``flag``
     its first flag), as a file key."""
     spec = option_of(option)
-    key = Key(spec.help, value_type, spec.flags[:1] if flag else (), None, spec.metavar,
+    key = Key(spec.help, value_type, spec.flags[:1] if flag else (), spec.metavar,
               spec.kind == "list", spec.default_text if default is None else None, option)
     return field(default=option_default(option) if default is None else default,
                  metadata={KEY: key})
@@ -244,11 +238,11 @@ class PluginSettings:
         "10", INDEX,
         "plugin index, two digits (the runtime calls plugins in index order); "
         "NRI_PLUGIN_IDX wins over the file when the runtime launched the plugin",
-        "--index", "--idx", dest="idx", metavar="NN")
+        "--index", "--idx", metavar="NN")
     spec_dirs: tuple[str, ...] = setting(
         DEFAULT_SPEC_DIRS, PATHS,
         "CDI spec folders; a device in a later folder wins over one of the same name in an "
-        "earlier one", "--spec-dir", dest="spec_dirs", metavar="DIR", repeatable=True)
+        "earlier one", "--spec-dir", metavar="DIR", repeatable=True)
     rescan_interval: float = setting(
         60.0, SECONDS, "full rescan of the spec folders, besides inotify",
         "--rescan-interval", metavar="SECONDS")
@@ -529,17 +523,10 @@ def shown_default(section: str, name: str) -> str:
     return str(value)
 
 
-# The parsed arguments' attribute listing the keys whose flags the command has: only those
-# override the file (another option of the same name, such as doctor --e2e's --driver-root,
-# is not a key's flag).
-FLAG_KEYS_ATTR = "setting_flag_keys"
-
-
 def add_setting_flags(parser: argparse.ArgumentParser, *dotted: str) -> None:
     """The flags of the keys named ``section.key``, help and default from their
-    declaration. A flag overrides the file only when given (argparse default None)."""
-    parser.set_defaults(**{FLAG_KEYS_ATTR: (*(parser.get_default(FLAG_KEYS_ATTR) or ()),
-                                            *dotted)})
+    declaration, each parsed into the attribute of that name (no other option's has a dot).
+    A flag overrides the file only when given (argparse default None)."""
     for name in dotted:
         section, key_name = name.split(".", 1)
         key = keys_of(section)[key_name]
@@ -547,7 +534,7 @@ def add_setting_flags(parser: argparse.ArgumentParser, *dotted: str) -> None:
             raise ValueError(f"{name} has no command-line flag")
         again = "; repeat for several" if key.repeatable else ""
         options: dict[str, Any] = {
-            "dest": key.flag_dest, "default": None,
+            "dest": name, "default": None,
             "help": f"{key.help}{again} ({name}; default: {shown_default(section, key_name)})"}
         if key.type.choices:
             options["choices"] = key.type.choices
@@ -564,13 +551,11 @@ def apply_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     is a SettingsError naming the flag and the key."""
     overrides: dict[str, Any] = {}
     names: dict[str, str] = {}
-    for dotted in getattr(args, FLAG_KEYS_ATTR, ()):
-        section, name = dotted.split(".", 1)
-        key = keys_of(section)[name]
-        given = getattr(args, key.flag_dest, None)
-        if given is not None:
+    for dotted, given in vars(args).items():
+        if "." in dotted and given is not None:
+            section, name = dotted.split(".", 1)
             overrides[dotted] = given
-            names[dotted] = f"{key.flags[0]} ({dotted})"
+            names[dotted] = f"{keys_of(section)[name].flags[0]} ({dotted})"
     return settings.with_values(overrides, "command line", names)
 
 

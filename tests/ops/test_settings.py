@@ -17,7 +17,6 @@ import yaml
 from nri_plugin.ops.cli import build_parser, main
 from nri_plugin.ops.settings import (
     DEFAULT_CONFIG_PATH,
-    FLAG_KEYS_ATTR,
     KEY,
     SECTIONS,
     PluginSettings,
@@ -79,13 +78,11 @@ def _all_parsers() -> list[argparse.ArgumentParser]:
 def test_every_key_flag_on_every_command_shows_its_declared_default() -> None:
     seen = 0
     for parser in _all_parsers():
-        keys = {key.flag_dest: dotted for dotted in parser.get_default(FLAG_KEYS_ATTR) or ()
-                for section, name in [dotted.split(".")] for key in [keys_of(section)[name]]}
-
         for action in parser._actions:
-            if action.dest not in keys:
+            if "." not in action.dest:
                 continue
-            section, name = keys[action.dest].split(".")
+            section, name = action.dest.split(".")
+            assert keys_of(section)[name].flags[0] in action.option_strings
             assert action.default is None  # given or not: the file decides when not
             assert f"({section}.{name}; default: " in (action.help or ""), action.help
             seen += 1
