@@ -377,13 +377,9 @@ class Settings:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data (lists, dicts) for printing, in the file's layout."""
-        out: dict[str, Any] = {
-            section: {name: _plain(getattr(getattr(self, section), name))
-                      for name in keys_of(section)}
-            for section in SECTIONS
-        }
-        out["policy"] = _plain(self.policy)
-        return out
+        sections = {section: {name: getattr(getattr(self, section), name)
+                              for name in keys_of(section)} for section in SECTIONS}
+        return {name: _plain(value) for name, value in {**sections, "policy": self.policy}.items()}
 
     def with_values(self, values: Mapping[str, Any], source: str = "command line",
                     names: Mapping[str, str] | None = None) -> Settings:
@@ -441,10 +437,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def defaults() -> Settings:
-    return Settings()
-
-
 def parse_settings(document: Any, source: str = "config") -> Settings:
     """Validate a parsed YAML document (None = empty file). Collects every problem."""
     if document is None:
@@ -491,7 +483,7 @@ def load_settings(explicit: str | None = None,
     except FileNotFoundError:
         if required:
             raise SettingsError(path, ["file not found"]) from None
-        return defaults()
+        return Settings()
     except OSError as exc:
         raise SettingsError(path, [f"cannot read: {exc.strerror}"]) from None
     try:

@@ -20,7 +20,7 @@ from nri_plugin.ops.doctor import Check, check_kubelet_allocations, check_plugin
 from nri_plugin.ops.kubelet_plugins import Registry
 from nri_plugin.ops.metrics import Metrics
 from nri_plugin.ops.refresh import Watcher
-from nri_plugin.ops.settings import Settings, defaults
+from nri_plugin.ops.settings import Settings
 from nri_plugin.ops.status import StatusFile
 from tests import arm64
 from tests.kubelet_peer import PodResourcesServer, recorded
@@ -77,7 +77,7 @@ def healthy(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     (tmp_path / "config.toml").write_text(NRI_ON.format(socket=nri))
     metrics = Metrics()
     server = metrics.serve("127.0.0.1:0")
-    settings = defaults().with_values({
+    settings = Settings().with_values({
         "plugin.socket": str(nri), "plugin.spec_dirs": [str(tmp_path / "cdi")],
         "generate.output": str(tmp_path / "cdi" / "nvidia.yaml"),
         "generate.driver_root": str(node.root), "generate.mode": "procfs",
@@ -332,7 +332,7 @@ def test_required_plugin_check(tmp_path: Path, section: str,
 
     path = tmp_path / "config.toml"
     path.write_text("version = 3\n" + section)
-    check = check_required_plugin(read_containerd_config(str(path), 2), defaults().plugin,
+    check = check_required_plugin(read_containerd_config(str(path), 2), Settings().plugin,
                                   version)
     assert (check.status, words in check.detail) == (status, True), check
     if status == "warn":
@@ -356,7 +356,7 @@ def test_a_required_plugin_without_a_tolerate_key_locks_the_plugins_own_pod(
 
     path = tmp_path / "config.toml"
     path.write_text("version = 3\n" + REQUIRED + tolerate)
-    check = check_required_plugin(read_containerd_config(str(path), 2), defaults().plugin,
+    check = check_required_plugin(read_containerd_config(str(path), 2), Settings().plugin,
                                   (2, 2, 1), environ={})
     assert check.status == status and words in check.detail, check
     assert "nri-cdi is required" in check.detail
@@ -392,7 +392,7 @@ def test_containerd_settings_not_read_are_said_with_what_is_assumed(healthy: Nod
 def test_the_kubelets_allocations_are_read_as_the_plugin_reads_them(
         tmp_path: Path) -> None:
     registry = Registry(folder=str(tmp_path / "plugins_registry"))
-    plugin = defaults().plugin
+    plugin = Settings().plugin
     sock = tmp_path / "kubelet.sock"
     here = replace(plugin, pod_resources_socket=str(sock))
     kubelet = PodResourcesServer(sock, lambda: recorded("dra-List")).start()

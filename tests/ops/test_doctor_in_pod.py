@@ -30,7 +30,7 @@ from nri_plugin.ops.inpod import (
     Place,
     detect,
 )
-from nri_plugin.ops.settings import defaults
+from nri_plugin.ops.settings import Settings
 
 POD = Place(True, "test")
 UID = "0b9a4f1e-3c2d-4e5f-8a7b-6c5d4e3f2a1b"
@@ -68,7 +68,7 @@ def test_the_plugin_pod_is_recognised(tmp_path: Path) -> None:
 
 
 def test_in_the_pod_doctor_says_so_first(tmp_path: Path) -> None:
-    settings = defaults().with_values({
+    settings = Settings().with_values({
         "runtime_cdi.containerd_config": str(tmp_path / "config.toml"),
         "plugin.socket": str(tmp_path / "nri.sock"), "plugin.spec_dirs": [str(tmp_path)],
         "plugin.status_dir": "", "doctor.plugin_registry": str(tmp_path / "registry")})
@@ -121,7 +121,7 @@ def test_the_fingerprint_is_not_checked_against_the_images_root(
                         lambda settings: ran.append(settings) or ("sha256:ff", ""))
     for root in ("/", str(tmp_path / "driver")):  # the second: not mounted in this container
         (tmp_path / "driver").mkdir(exist_ok=True)
-        settings = defaults().with_values({"generate.output": str(output),
+        settings = Settings().with_values({"generate.output": str(output),
                                            "generate.driver_root": root})
         check = check_fingerprint(settings, POD)
         assert check.status == "skip" and "not visible from the pod" in check.detail, root
@@ -147,10 +147,10 @@ def test_containerds_version_comes_from_the_status_file_in_the_pod(tmp_path: Pat
     (tmp_path / "10-nri-cdi.json").write_text(json.dumps(
         {"format": 1, "state": "connected", "pid": 1, "name": "nri-cdi", "index": "10",
          "runtime": "containerd 2.2.1"}))
-    plugin = defaults().with_values({"plugin.status_dir": str(tmp_path)}).plugin
+    plugin = Settings().with_values({"plugin.status_dir": str(tmp_path)}).plugin
     assert running_containerd_version(str(tmp_path / "no-containerd"), plugin) == (2, 2, 1)
     cfg = ContainerdConfig(path="/etc/containerd/config.toml", data={"version": 3}, major=2)
-    check = check_required_plugin(cfg, defaults().plugin, None, place=POD)
+    check = check_required_plugin(cfg, Settings().plugin, None, place=POD)
     assert check.status == "skip" and "not visible from the pod" in check.detail
 
 
@@ -170,7 +170,7 @@ def test_in_the_pod_a_required_plugin_needs_the_pods_tolerate_annotation(
         "version": 3, "plugins": {"io.containerd.nri.v1.nri": {
             "default_validator": validator}}})
     environ = {} if carried is None else {TOLERATE_ENV: carried}
-    check = check_required_plugin(cfg, defaults().plugin, (2, 2, 1), place=POD,
+    check = check_required_plugin(cfg, Settings().plugin, (2, 2, 1), place=POD,
                                   environ=environ)
     assert check.status == status and words in check.detail, check
     if status == "warn":

@@ -29,7 +29,7 @@ from nri_plugin.ops.kubelet_plugins import (
     Registry,
     read_registry,
 )
-from nri_plugin.ops.settings import defaults
+from nri_plugin.ops.settings import Settings
 
 grpc = pytest.importorskip("grpc")
 
@@ -118,7 +118,7 @@ def silent() -> Iterator[Callable[[Path], None]]:
 
 def test_the_default_folder_is_the_kubelets() -> None:
     assert DEFAULT_REGISTRY == "/var/lib/kubelet/plugins_registry"
-    assert defaults().doctor.plugin_registry == DEFAULT_REGISTRY
+    assert Settings().doctor.plugin_registry == DEFAULT_REGISTRY
 
 
 def test_a_reply_that_is_no_plugin_info_is_said(folder: Path, serve: Any) -> None:
@@ -220,7 +220,7 @@ def test_doctor_asks_the_folder_its_settings_name(folder: Path, serve: Any) -> N
     config = folder / "config.toml"
     config.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n'
                       "  enable_cdi = false\n")
-    settings = defaults().with_values({
+    settings = Settings().with_values({
         "runtime_cdi.containerd_config": str(config), "plugin.socket": str(folder / "nri.sock"),
         "plugin.spec_dirs": [str(folder / "cdi")], "plugin.status_dir": "",
         "doctor.plugin_registry": str(registry)})

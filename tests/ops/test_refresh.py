@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Iterator
 
 from nri_plugin.ops.refresh import NodeState, Outcome, Watcher, generator_args
-from nri_plugin.ops.settings import defaults
+from nri_plugin.ops.settings import Settings
 
 A = NodeState(driver=("580",), mig=(), devices=("195 nvidia",))
 B = NodeState(driver=("590",), mig=(), devices=("195 nvidia",))
@@ -32,7 +32,7 @@ class Script:
 
 
 def watcher(script: Script, clock: list[float]) -> Watcher:
-    settings = defaults().with_values({"watch.settle": 0.001, "watch.resync_interval": 100.0})
+    settings = Settings().with_values({"watch.settle": 0.001, "watch.resync_interval": 100.0})
     return Watcher(settings, generate=script.generate, probe_node=script.probe,
                    clock=lambda: clock[0])
 
@@ -70,7 +70,7 @@ def test_changes_are_named() -> None:
 
 
 def test_generator_args() -> None:
-    s = defaults().with_values({"generate.mode": "procfs", "generate.dev_root": "/host",
+    s = Settings().with_values({"generate.mode": "procfs", "generate.dev_root": "/host",
                             "generate.disabled_hooks": ["update-ldcache"],
                             "generate.extra_args": ["--no-all-device"]})
     args = generator_args(s)
@@ -88,7 +88,7 @@ def test_generator_args_are_the_generate_options_the_section_declares() -> None:
     from cdi.nvidia.options import add_arguments, resolve
     from nri_plugin.ops.settings import keys_of
 
-    s = defaults().with_values({"generate.mode": "procfs", "generate.dev_root": "/host",
+    s = Settings().with_values({"generate.mode": "procfs", "generate.dev_root": "/host",
                                 "generate.device_name_strategies": ["uuid"],
                                 "generate.hook_path": "/usr/bin/nri-cdi",
                                 "generate.disabled_hooks": ["chmod", "update-ldcache"],

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nri_plugin.ops.refresh import driver_parts, wait_for_driver
-from nri_plugin.ops.settings import Settings, defaults
+from nri_plugin.ops.settings import Settings
 
 VERSION = ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.82.07  "
            "Wed Aug 20 00:00:00 UTC 2025\n")
@@ -20,7 +20,7 @@ BOUND = 30.0  # never reached: the files appear, and the test waits on the waite
 
 
 def _node(root: Path) -> Settings:
-    return defaults().with_values({"generate.driver_root": str(root),
+    return Settings().with_values({"generate.driver_root": str(root),
                                    "generate.dev_root": str(root)})
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from nri_plugin.nri.versions import UNKNOWN_DIRS, NativeCdi, RuntimeInfo, SpecDirs
 from nri_plugin.ops.runtime_cdi import runtime_cdi_config
-from nri_plugin.ops.settings import Settings, SettingsError, defaults, parse_settings
+from nri_plugin.ops.settings import Settings, SettingsError, parse_settings
 
 C21 = RuntimeInfo.from_configure("containerd", "2.1.9")
 C17 = RuntimeInfo.from_configure("containerd", "1.7.24")
@@ -17,7 +17,7 @@ C17 = RuntimeInfo.from_configure("containerd", "1.7.24")
 
 def _settings(config: Path, **overrides: object) -> Settings:
     # A socket no running containerd serves: only the named file counts.
-    return defaults().with_values({"runtime_cdi.containerd_config": str(config),
+    return Settings().with_values({"runtime_cdi.containerd_config": str(config),
                                    "plugin.socket": "/nonexistent/nri.sock", **overrides})
 
 
@@ -107,7 +107,7 @@ def test_a_running_crio_serving_the_socket_is_read(tmp_path: Path, monkeypatch: 
     found = crio_config.CrioLocated(path=str(config), drop_in_dir=str(tmp_path / "none"),
                                     source="the running crio (pid 7)", pid=7)
     monkeypatch.setattr(runtime_cdi, "locate_crio", lambda socket: found)
-    settings = defaults().with_values({"plugin.socket": "/run/crio-nri.sock"})
+    settings = Settings().with_values({"plugin.socket": "/run/crio-nri.sock"})
     got = runtime_cdi_config(settings)
     assert (got.enabled, got.spec_dirs, got.unread) == (True, SpecDirs.of(("/srv/cdi",)), "")
     assert got.origin == (f"CRI-O's own CDI is always on; read from {config} "

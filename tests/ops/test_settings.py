@@ -25,7 +25,6 @@ from nri_plugin.ops.settings import (
     add_setting_flags,
     all_keys,
     apply_flags,
-    defaults,
     keys_of,
     load_settings,
     parse_settings,
@@ -103,18 +102,18 @@ def test_a_flag_sets_its_key(argv: list[str], dotted: str, value: object) -> Non
     add_setting_flags(parser, "plugin.socket", "plugin.index", "plugin.spec_dirs",
                       "plugin.rescan_interval", "runtime_cdi.enabled",
                       "runtime_cdi.containerd_config")
-    settings = apply_flags(defaults(), parser.parse_args(argv))
+    settings = apply_flags(Settings(), parser.parse_args(argv))
     section, name = dotted.split(".")
     assert getattr(getattr(settings, section), name) == value
-    untouched = apply_flags(defaults(), parser.parse_args([]))
-    assert untouched == defaults()
+    untouched = apply_flags(Settings(), parser.parse_args([]))
+    assert untouched == Settings()
 
 
 def test_a_bad_flag_value_names_the_flag_and_the_key() -> None:
     parser = argparse.ArgumentParser()
     add_setting_flags(parser, "plugin.socket", "plugin.rescan_interval")
     with pytest.raises(SettingsError) as info:
-        apply_flags(defaults(), parser.parse_args(["--socket", "rel.sock",
+        apply_flags(Settings(), parser.parse_args(["--socket", "rel.sock",
                                                    "--rescan-interval", "soon"]))
     assert info.value.problems == (
         "--socket (plugin.socket): expected an absolute path, got 'rel.sock'",
@@ -185,7 +184,7 @@ def test_all_problems_are_reported_at_once() -> None:
 
 
 def test_missing_files(tmp_path: Path) -> None:
-    assert load_settings(None, environ={}) == defaults() or \
+    assert load_settings(None, environ={}) == Settings() or \
         Path(DEFAULT_CONFIG_PATH).exists()  # the default path may be absent
     with pytest.raises(SettingsError, match="file not found"):
         load_settings(str(tmp_path / "nope.yaml"))
