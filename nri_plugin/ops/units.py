@@ -63,7 +63,9 @@ _INSTALL = """
 WantedBy=multi-user.target
 """
 
-_GENERATE_SERVICE = """\
+# Each unit's own lines, by file name; render_units adds the common ends.
+UNITS: dict[str, str] = {
+    "nri-cdi-generate.service": """\
 [Unit]
 Description=nri-cdi: write the NVIDIA CDI spec if the node changed
 After=systemd-modules-load.service
@@ -82,9 +84,8 @@ ExecStart={binary} refresh --config {config}
 Restart=on-failure
 RestartSec=5
 # Writes only the spec folders; RuntimeDirectory creates /run/cdi (= /var/run/cdi).
-{spec_writer}"""
-
-_GENERATE_PATH = """\
+{spec_writer}""",
+    "nri-cdi-generate.path": """\
 [Unit]
 Description=nri-cdi: regenerate the NVIDIA CDI spec when driver packages change
 
@@ -94,9 +95,8 @@ Description=nri-cdi: regenerate the NVIDIA CDI spec when driver packages change
 PathChanged=/lib/modules/%v/modules.dep
 PathChanged={binary}
 Unit=nri-cdi-generate.service
-"""
-
-_WATCH_SERVICE = """\
+""",
+    "nri-cdi-watch.service": """\
 [Unit]
 Description=nri-cdi: regenerate the NVIDIA CDI spec on driver and MIG changes
 After=nri-cdi-generate.service
@@ -106,9 +106,8 @@ Type=simple
 ExecStart={binary} watch --config {config}
 Restart=always
 RestartSec=5
-{spec_writer}"""
-
-_PLUGIN_SERVICE = """\
+{spec_writer}""",
+    "nri-cdi-plugin.service": """\
 [Unit]
 Description=nri-cdi: NRI plugin that injects CDI devices into containers
 After=containerd.service nri-cdi-generate.service
@@ -134,13 +133,7 @@ AmbientCapabilities=
 ProtectProc=invisible
 DevicePolicy=closed
 RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
-"""
-
-UNITS: dict[str, str] = {
-    "nri-cdi-generate.service": _GENERATE_SERVICE,
-    "nri-cdi-generate.path": _GENERATE_PATH,
-    "nri-cdi-watch.service": _WATCH_SERVICE,
-    "nri-cdi-plugin.service": _PLUGIN_SERVICE,
+""",
 }
 
 
