@@ -9,7 +9,6 @@ anything is written; what is watched and why: docs/usage/keeping-specs-current.m
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -19,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +55,7 @@ class NodeState:
     def changes(self, other: NodeState) -> list[str]:
         """Human names of what differs, for the log."""
         names = {"driver": "driver", "mig": "MIG layout", "devices": "device majors"}
-        return [names[f.name] for f in dataclasses.fields(self)
+        return [names[f.name] for f in fields(self)
                 if getattr(self, f.name) != getattr(other, f.name)]
 
 
@@ -123,7 +122,9 @@ def probe_configured_node(settings: Settings) -> NodeState:
     the last spec's sidecar lists."""
     g = settings.generate
     roots = Roots(driver=Path(g.driver_root), dev=Path(g.dev_root or g.driver_root))
-    return probe(roots, _meta_lib_dirs(Path(g.output)) or _DEFAULT_LIB_DIRS)
+    dirs = read_sidecar(Path(g.output)).get("driver", {}).get("libraryDirs")
+    listed = tuple(d for d in dirs if isinstance(d, str)) if isinstance(dirs, list) else ()
+    return probe(roots, listed or _DEFAULT_LIB_DIRS)
 
 
 # --- waiting for the driver ----------------------------------------------------------------
@@ -201,11 +202,6 @@ def read_sidecar(output: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def _meta_lib_dirs(output: Path) -> tuple[str, ...]:
-    dirs = read_sidecar(output).get("driver", {}).get("libraryDirs")
-    return tuple(d for d in dirs if isinstance(d, str)) if isinstance(dirs, list) else ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
