@@ -466,15 +466,14 @@ def parse_settings(document: Any, source: str = "config") -> Settings:
     return settings
 
 
-def load_settings(explicit: str | None = None,
-                  environ: Mapping[str, str] | None = None) -> Settings:
+def load_settings(explicit: str | None = None) -> Settings:
     """The file given (by flag, else $NRI_CDI_CONFIG), which must exist, else the default
     path, which may be absent."""
     # PyYAML here, not at the top: a plugin started with no settings file, and every
     # subcommand that only builds its parser, never needs it.
     import yaml
 
-    path = explicit or (os.environ if environ is None else environ).get(CONFIG_ENV)
+    path = explicit or os.environ.get(CONFIG_ENV)
     required = bool(path)
     path = path or DEFAULT_CONFIG_PATH
     try:

@@ -183,13 +183,15 @@ def test_all_problems_are_reported_at_once() -> None:
     assert len(info.value.problems) == 3
 
 
-def test_missing_files(tmp_path: Path) -> None:
-    assert load_settings(None, environ={}) == Settings() or \
+def test_missing_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NRI_CDI_CONFIG", raising=False)
+    assert load_settings(None) == Settings() or \
         Path(DEFAULT_CONFIG_PATH).exists()  # the default path may be absent
     with pytest.raises(SettingsError, match="file not found"):
         load_settings(str(tmp_path / "nope.yaml"))
+    monkeypatch.setenv("NRI_CDI_CONFIG", str(tmp_path / "nope.yaml"))
     with pytest.raises(SettingsError, match="file not found"):
-        load_settings(None, environ={"NRI_CDI_CONFIG": str(tmp_path / "nope.yaml")})
+        load_settings(None)
     bad = tmp_path / "bad.yaml"
     bad.write_text("plugin: [unclosed\n")
     with pytest.raises(SettingsError, match="not valid YAML"):
