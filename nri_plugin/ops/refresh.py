@@ -276,8 +276,7 @@ class Watcher:
             state = self._settled(state)
             if self._stop.is_set():
                 return
-            old = self._state
-            reasons = state.changes(old) if old is not None else ["start"]
+            reasons = state.changes(self._state) if self._state else ["start"]
             self._state = state
             self.refresh(" and ".join(reasons) + " changed")
         elif self._retry or self._clock() >= self._next_resync:
