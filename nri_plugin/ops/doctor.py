@@ -31,7 +31,7 @@ from cdi.dirs import DEFAULT_SPEC_DIRS, scan
 from cdi.linux.elf import ElfError, foreign_to_this_machine, is_elf, read_header, this_machine
 from cdi.nvidia.discover import Roots, driver_version_from_proc
 from cdi.nvidia.sidecar import sidecar_path
-from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
+from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, NativeCdi
 from nri_plugin.ops import e2e_args
 from nri_plugin.ops.containerd_config import (
     CRI_V2_SECTION,
@@ -445,7 +445,8 @@ def _runtime_cdi(cfg: ContainerdConfig) -> tuple[bool, tuple[str, ...], str]:
     section = CRI_V3_SECTION if (cfg.data and cfg.data.get("version") == 3) or (
         not cfg.data and cfg.v2_defaults) else CRI_V2_SECTION
     enabled, dirs = cri_cdi_settings(cfg.data)
-    return (cfg.v2_defaults if enabled is None else enabled), dirs, section
+    return (cfg.v2_defaults if enabled is NativeCdi.UNKNOWN else enabled is NativeCdi.ON,
+            dirs, section)
 
 
 def _unread(our_dirs: Iterable[str], theirs: Iterable[str]) -> list[str]:

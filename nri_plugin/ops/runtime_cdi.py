@@ -31,16 +31,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("nri_cdi")
 
 
-def cri_cdi_settings(data: Mapping[str, Any] | None) -> tuple[bool | None, tuple[str, ...]]:
-    """(enable_cdi or None when unset, cdi_spec_dirs or the defaults) of a parsed
+def cri_cdi_settings(data: Mapping[str, Any] | None) -> tuple[NativeCdi, tuple[str, ...]]:
+    """(enable_cdi, UNKNOWN when unset; cdi_spec_dirs or the defaults) of a parsed
     containerd config (None: no file)."""
-    if not data:
-        return None, LIBRARY_DEFAULT_DIRS
-    section = plugin_section(data, CRI_V3_SECTION if data.get("version") == 3
+    section = plugin_section(data, CRI_V3_SECTION if data and data.get("version") == 3
                              else CRI_V2_SECTION)
     enabled = section.get("enable_cdi")
     dirs = section.get("cdi_spec_dirs")
-    return (bool(enabled) if isinstance(enabled, bool) else None,
+    return (NativeCdi.UNKNOWN if not isinstance(enabled, bool) else
+            NativeCdi.ON if enabled else NativeCdi.OFF,
             tuple(str(d) for d in dirs) if isinstance(dirs, list) and dirs
             else LIBRARY_DEFAULT_DIRS)
 
@@ -62,16 +61,18 @@ def crio_cdi_config(cfg: CrioConfig) -> RuntimeCdiConfig:
         log.warning("CRI-O's settings were not read (%s); assuming CRI-O's defaults: its "
                     "own CDI on, reading %s. Set runtime_cdi.spec_dirs to CRI-O's "
                     "cdi_spec_dirs", cfg.error, ", ".join(DEFAULT_CDI_SPEC_DIRS))
-        return RuntimeCdiConfig(enabled=True, spec_dirs=SpecDirs.of(DEFAULT_CDI_SPEC_DIRS),
+        return RuntimeCdiConfig(enabled=NativeCdi.ON,
+                                spec_dirs=SpecDirs.of(DEFAULT_CDI_SPEC_DIRS),
                                 origin="CRI-O's defaults", unread=cfg.error)
-    return RuntimeCdiConfig(enabled=True, spec_dirs=SpecDirs.of(cfg.cdi_spec_dirs), origin=(
-        f"CRI-O's own CDI is always on; read from {cfg.describe_files()} ({cfg.source})"))
+    return RuntimeCdiConfig(enabled=NativeCdi.ON, spec_dirs=SpecDirs.of(cfg.cdi_spec_dirs),
+                            origin=f"CRI-O's own CDI is always on; read from "
+                                   f"{cfg.describe_files()} ({cfg.source})")
 
 
 def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
     wanted = settings.runtime_cdi
     if wanted.enabled != "auto" and wanted.spec_dirs is not None:
-        return RuntimeCdiConfig(enabled=wanted.enabled == "on",
+        return RuntimeCdiConfig(enabled=NativeCdi(wanted.enabled),
                                 spec_dirs=SpecDirs.of(wanted.spec_dirs),
                                 origin="runtime_cdi.enabled and runtime_cdi.spec_dirs set")
     # The file the settings name, else the one the running containerd serving
@@ -86,15 +87,15 @@ def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
     if crio is not None and (crio.pid is not None or cfg.data is None):
         return _overridden(crio_cdi_config(crio.read()), wanted)
     unread = why_unread(cfg)
+    enabled, folders = cri_cdi_settings(cfg.data)  # no data when unread: UNKNOWN
+    dirs = UNKNOWN_DIRS if unread else SpecDirs.of(folders)
     if unread and settings.runtime_cdi.containerd_config:
-        enabled, dirs = None, UNKNOWN_DIRS
         origin = "containerd's defaults for its version"
         log.warning("containerd's settings were not read (%s); assuming containerd's "
                     "defaults for the version that connects. Name the file with "
                     "runtime_cdi.containerd_config, or set runtime_cdi.enabled and "
                     "runtime_cdi.spec_dirs", unread)
     elif unread:
-        enabled, dirs = None, UNKNOWN_DIRS
         origin = "the defaults of the runtime that connects"
         log.warning("the runtime's settings were not read (containerd's: %s; no CRI-O "
                     "configuration either); assuming the defaults of the runtime that "
@@ -102,12 +103,8 @@ def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
                     "Name containerd's file with runtime_cdi.containerd_config, or set "
                     "runtime_cdi.enabled and runtime_cdi.spec_dirs", unread)
     elif cfg.data is None:
-        enabled, folders = cri_cdi_settings(None)
-        dirs = SpecDirs.of(folders)
         origin = f"containerd's defaults: {cfg.source} runs without {cfg.path}"
     else:
-        enabled, folders = cri_cdi_settings(cfg.data)
-        dirs = SpecDirs.of(folders)
         origin = f"read from {cfg.read}"
     return _overridden(RuntimeCdiConfig(enabled=enabled, spec_dirs=dirs, origin=origin,
                                         unread=unread), wanted)
@@ -117,7 +114,7 @@ def _overridden(found: RuntimeCdiConfig, wanted: RuntimeCdiSettings) -> RuntimeC
     """``found`` with what the plugin's settings set themselves."""
     enabled, dirs, origin = found.enabled, found.spec_dirs, found.origin
     if wanted.enabled != "auto":
-        enabled = wanted.enabled == "on"
+        enabled = NativeCdi(wanted.enabled)
         origin += "; runtime_cdi.enabled set"
     if wanted.spec_dirs is not None:
         dirs = SpecDirs.of(wanted.spec_dirs)
