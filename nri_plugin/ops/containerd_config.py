@@ -126,8 +126,18 @@ def plugin_section(data: Mapping[str, Any] | None, name: str) -> Mapping[str, An
     return section if isinstance(section, Mapping) else {}
 
 
-class _Unread(NRIPluginError):
-    """Why containerd's settings cannot be known from the files."""
+class UnreadConfig(NRIPluginError):
+    """Why a runtime's settings cannot be known from its files."""
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    if tomllib is None:
+        raise UnreadConfig("no TOML parser (Python 3.11+ has tomllib)")
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UnreadConfig(f"{path}: {exc}") from None
 
 
 def read_containerd_config(path: str, major: int | None, *, source: str = "",
@@ -137,8 +147,6 @@ def read_containerd_config(path: str, major: int | None, *, source: str = "",
         return ContainerdConfig(path=path, data=None, major=major, error=why, files=files,
                                 source=source, running=running)
 
-    if tomllib is None:
-        return unread("no TOML parser (Python 3.11+ has tomllib)")
     if not os.path.exists(path):
         drop_ins = sorted(glob.glob(default_drop_ins))
         if drop_ins:
@@ -148,7 +156,7 @@ def read_containerd_config(path: str, major: int | None, *, source: str = "",
                                 running=running)
     try:
         docs = list(_load(path))
-    except _Unread as exc:
+    except UnreadConfig as exc:
         return unread(str(exc))
     files = tuple(p for p, _ in docs)
     root_version = _version(docs[0][1])
@@ -172,28 +180,23 @@ def read_containerd_config(path: str, major: int | None, *, source: str = "",
 
 def _load(path: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
     """(file, parsed) for ``path`` and, breadth first, the files its imports name."""
-    assert tomllib is not None
     pending, loaded = [path], set[str]()
     while pending:
         current = pending.pop(0)
         if current in loaded:
             continue
         if len(loaded) >= MAX_FILES:
-            raise _Unread(f"more than {MAX_FILES} files through imports from {path}")
-        try:
-            with open(current, "rb") as handle:
-                doc = tomllib.load(handle)
-        except FileNotFoundError:
-            raise _Unread(f"{current}, which {path} imports, is not there (containerd "
-                          "would not start without it: it may be out of this process's "
-                          "view)") from None
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise _Unread(f"{current}: {exc}") from None
+            raise UnreadConfig(f"more than {MAX_FILES} files through imports from {path}")
+        if not os.path.exists(current):
+            raise UnreadConfig(f"{current}, which {path} imports, is not there (containerd "
+                               "would not start without it: it may be out of this process's "
+                               "view)")
+        doc = load_toml(current)
         loaded.add(current)
         yield current, doc
         imports = doc.get("imports", [])
         if not isinstance(imports, list):
-            raise _Unread(f"{current}: imports is not a list")
+            raise UnreadConfig(f"{current}: imports is not a list")
         pending += _resolved(current, [str(i) for i in imports])
 
 
@@ -225,7 +228,7 @@ def _merged(docs: list[dict[str, Any]], major: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for doc in docs:
         if major >= 2:
-            _merge_keys(out, doc)
+            merge_keys(out, doc)
             continue
         for key, value in doc.items():  # 1.x: a later file's plugin section wins whole
             if key == "plugins" and isinstance(value, Mapping):
@@ -235,10 +238,10 @@ def _merged(docs: list[dict[str, Any]], major: int) -> dict[str, Any]:
     return out
 
 
-def _merge_keys(into: dict[str, Any], other: Mapping[str, Any]) -> None:
+def merge_keys(into: dict[str, Any], other: Mapping[str, Any]) -> None:
     for key, value in other.items():
         if isinstance(value, Mapping) and isinstance(into.get(key), dict):
-            _merge_keys(into[key], value)
+            merge_keys(into[key], value)
         else:
             into[key] = copy.deepcopy(value)
 
@@ -324,25 +327,32 @@ def _visible(proc: str, pid: int, path: str) -> bool:
 
 
 def _running(proc: str) -> Iterator[tuple[int, tuple[str, str]]]:
+    for pid in pids(proc):
+        found = _containerd(proc, pid)
+        if found is not None:
+            yield pid, found
+
+
+def pids(proc: str) -> list[int]:
     try:
-        entries = os.listdir(proc)
+        return [int(n) for n in os.listdir(proc) if n.isdigit()]
     except OSError:
-        return
-    for name in entries:
-        if name.isdigit():
-            found = _containerd(proc, int(name))
-            if found is not None:
-                yield int(name), found
+        return []
+
+
+def proc_strings(proc: str, pid: int, name: str) -> list[str]:
+    """``/proc/<pid>/<name>``'s NUL-separated strings (cmdline, environ); [] when gone."""
+    try:
+        with open(f"{proc}/{pid}/{name}", "rb") as handle:
+            return [a.decode(errors="replace") for a in handle.read().split(b"\0") if a]
+    except OSError:
+        return []
 
 
 def program_argv(proc: str, pid: int, program: str) -> list[str] | None:
     """The command line of process ``pid`` when it runs ``program`` (by base name); None
     when it does not, or is gone."""
-    try:
-        with open(f"{proc}/{pid}/cmdline", "rb") as handle:
-            argv = [a.decode(errors="replace") for a in handle.read().split(b"\0") if a]
-    except OSError:
-        return None
+    argv = proc_strings(proc, pid, "cmdline")
     return argv if argv and os.path.basename(argv[0]) == program else None
 
 
