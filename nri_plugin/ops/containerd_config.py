@@ -101,10 +101,6 @@ class DefaultValidator:
     required: tuple[str, ...] = ()
     tolerate_annotation: str = ""
 
-    def requires(self, *names: str) -> bool:
-        """Whether one of ``names`` (the plugin's name, ``NN-name``) is required."""
-        return self.enabled and bool(set(names) & set(self.required))
-
 
 def default_validator(data: Mapping[str, Any] | None) -> DefaultValidator:
     """The default validator's settings in a parsed containerd configuration."""

@@ -44,13 +44,7 @@ class KubeletPlugin:
     socket: str
     type: str = ""
     name: str = ""
-    endpoint: str = ""
-    versions: tuple[str, ...] = ()
     problem: str = ""
-
-    @property
-    def is_dra(self) -> bool:
-        return self.type == DRA_PLUGIN
 
     def describe(self) -> str:
         if not self.type:
@@ -69,7 +63,7 @@ class Registry:
 
     @property
     def dra(self) -> list[KubeletPlugin]:
-        return [p for p in self.plugins if p.is_dra]
+        return [p for p in self.plugins if p.type == DRA_PLUGIN]
 
     @property
     def unknown(self) -> list[KubeletPlugin]:
@@ -141,8 +135,7 @@ def _answer(path: str, future: Any, grpc: Any) -> KubeletPlugin:
         why = ("no answer in time" if code == grpc.StatusCode.DEADLINE_EXCEEDED
                else f"{code.name if code else 'error'}: {exc.details() or ''}".rstrip(": "))
         return KubeletPlugin(socket=path, problem=why)
-    return KubeletPlugin(socket=path, type=info.type, name=info.name, endpoint=info.endpoint,
-                         versions=tuple(info.supported_versions),
+    return KubeletPlugin(socket=path, type=info.type, name=info.name,
                          problem="" if info.type else "its reply names no type")
 
 
