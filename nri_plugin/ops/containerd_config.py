@@ -71,7 +71,15 @@ class ContainerdConfig:
 
     @property
     def default_validator(self) -> DefaultValidator:
-        return default_validator(self.data)
+        section = self.plugin(NRI_SECTION).get("default_validator", {})
+        if not isinstance(section, Mapping):
+            return DefaultValidator()
+        wanted = section.get("required_plugins", [])
+        tolerate = section.get("tolerate_missing_plugins_annotation", "")
+        return DefaultValidator(
+            enabled=section.get("enable") is True,
+            required=tuple(map(str, wanted)) if isinstance(wanted, list) else (),
+            tolerate_annotation=tolerate if isinstance(tolerate, str) else "")
 
     @property
     def v2_defaults(self) -> bool:
@@ -100,19 +108,6 @@ class DefaultValidator:
     enabled: bool = False
     required: tuple[str, ...] = ()
     tolerate_annotation: str = ""
-
-
-def default_validator(data: Mapping[str, Any] | None) -> DefaultValidator:
-    """The default validator's settings in a parsed containerd configuration."""
-    section = plugin_section(data, NRI_SECTION).get("default_validator", {})
-    if not isinstance(section, Mapping):
-        return DefaultValidator()
-    wanted = section.get("required_plugins", [])
-    tolerate = section.get("tolerate_missing_plugins_annotation", "")
-    return DefaultValidator(
-        enabled=section.get("enable") is True,
-        required=tuple(map(str, wanted)) if isinstance(wanted, list) else (),
-        tolerate_annotation=tolerate if isinstance(tolerate, str) else "")
 
 
 def plugin_section(data: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:

@@ -1,20 +1,12 @@
 """The kubelet's plugin registry: which kubelet plugins are registered on this node, and of
 which type, asked as the kubelet asks them (for ``nri-cdi doctor``, never the plugin;
-docs/operations/doctor.md, "Which DRA drivers are registered").
+docs/operations/doctor.md, "Which DRA drivers are registered", says how and why).
 
-Every kubelet plugin (a DRA driver's, a CSI driver's) registers by putting a Unix socket in
-the kubelet's plugin registry folder, ``/var/lib/kubelet/plugins_registry`` by default
-(names starting with "." are ignored). The kubelet calls the gRPC method
-``pluginregistration.Registration/GetInfo`` on it (an empty ``InfoRequest``); the reply,
-``PluginInfo``, carries the plugin's type (field 1: ``DRAPlugin``, ``CSIPlugin`` or
-``DevicePlugin``), its name (2), an optional endpoint (3) and the API versions it supports
-(4, repeated); Kubernetes' ``k8s.io/kubelet/pkg/apis/pluginregistration/v1``. A registered
-DRA driver is thus known whoever wrote it, without its file names.
-
-The call is made with grpcio when it is installed, all sockets at once, bounded by one
-short timeout; the reply is our own declaration of ``PluginInfo``
-(``kubelet_api/registration.proto``). Without grpcio, or when a socket does not answer in
-time, the socket counts as a kubelet plugin whose type is unknown.
+Each registration socket is asked ``pluginregistration.Registration/GetInfo`` (Kubernetes'
+``k8s.io/kubelet/pkg/apis/pluginregistration/v1``; our declaration of its messages:
+``kubelet_api/registration.proto``) with grpcio, all at once, bounded by one short timeout.
+Without grpcio, or when a socket does not answer in time, the socket counts as a kubelet
+plugin whose type is unknown.
 """
 
 from __future__ import annotations
