@@ -25,7 +25,7 @@ import copy
 import glob
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 try:
@@ -134,39 +134,36 @@ def load_toml(path: str) -> dict[str, Any]:
 def read_containerd_config(path: str, major: int | None, *, source: str = "",
                            running: bool = False, default_drop_ins: str = DEFAULT_DROP_INS
                            ) -> ContainerdConfig:
-    def unread(why: str, files: tuple[str, ...] = ()) -> ContainerdConfig:
-        return ContainerdConfig(path=path, data=None, major=major, error=why, files=files,
-                                source=source, running=running)
-
+    base = ContainerdConfig(path=path, data=None, major=major, source=source, running=running)
     if not os.path.exists(path):
         drop_ins = sorted(glob.glob(default_drop_ins))
         if drop_ins:
-            return unread(f"no {path}, but {', '.join(drop_ins)}: containerd 2.2 and later "
-                          f"read {default_drop_ins} by default, which is not modelled here")
-        return ContainerdConfig(path=path, data=None, major=major, source=source,
-                                running=running)
+            return replace(base, error=f"no {path}, but {', '.join(drop_ins)}: containerd 2.2 "
+                           f"and later read {default_drop_ins} by default, which is not "
+                           "modelled here")
+        return base
     try:
         docs = list(_load(path))
     except UnreadConfig as exc:
-        return unread(str(exc))
+        return replace(base, error=str(exc))
     files = tuple(p for p, _ in docs)
     root_version = _version(docs[0][1])
     if root_version > 2 and major is None:
         major = 2
     for file, doc in docs[1:]:
         if _version(doc) != root_version and doc.get("plugins"):
-            return unread(f"{file} is config version {_version(doc)} under version "
-                          f"{root_version} in {path}: containerd ignores some of such a "
-                          "file's settings; give both the same version", files)
+            return replace(base, major=major, files=files, error=(
+                f"{file} is config version {_version(doc)} under version {root_version} in "
+                f"{path}: containerd ignores some of such a file's settings; give both the "
+                "same version"))
     normalised = [_normalised(doc) for _, doc in docs]
     merged = _merged(normalised, major or 2)
     if major is None and _view(merged) != _view(_merged(normalised, 1)):
-        return unread(f"{' and '.join(files)} set the same plugin section, which "
-                      "containerd 1.x replaces and 2.x merges key by key, and "
-                      "containerd's version is not known here", files)
+        return replace(base, files=files, error=(
+            f"{' and '.join(files)} set the same plugin section, which containerd 1.x "
+            "replaces and 2.x merges key by key, and containerd's version is not known here"))
     merged["version"] = max(root_version, 2)
-    return ContainerdConfig(path=path, data=merged, major=major, files=files, source=source,
-                            running=running)
+    return replace(base, data=merged, major=major, files=files)
 
 
 def _load(path: str) -> Iterator[tuple[str, Mapping[str, Any]]]:

@@ -68,7 +68,6 @@ class CrioConfig:
     drop_in_dir: str
     source: str
     files: tuple[str, ...] = ()
-    running: bool = False
     error: str | None = None
     nri_enabled: bool = True
     nri_socket: str = DEFAULT_SOCKET_PATH
@@ -99,11 +98,11 @@ def _drop_ins(folder: str) -> Iterator[str]:
 
 
 def read_crio_config(path: str = DEFAULT_PATH, drop_in_dir: str = DEFAULT_DROP_IN_DIR, *,
-                     source: str = "CRI-O's default paths", flags: Sequence[str] = (),
-                     running: bool = False) -> CrioConfig:
+                     source: str = "CRI-O's default paths", flags: Sequence[str] = ()
+                     ) -> CrioConfig:
     """CRI-O's settings from ``path``, the files under ``drop_in_dir`` and ``flags`` (its
     command line after the binary)."""
-    base = CrioConfig(path=path, drop_in_dir=drop_in_dir, source=source, running=running)
+    base = CrioConfig(path=path, drop_in_dir=drop_in_dir, source=source)
     merged: dict[str, Any] = {}
     files: list[str] = []
     try:
@@ -194,7 +193,7 @@ class CrioLocated:
 
     def read(self) -> CrioConfig:
         return read_crio_config(self.path, self.drop_in_dir, source=self.source,
-                                flags=self.flags, running=self.pid is not None)
+                                flags=self.flags)
 
 
 def locate_crio(nri_socket: str, *, environ: Mapping[str, str] | None = None,
