@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,20 +102,16 @@ def ask(sockets: list[str], timeout: float = ASK_TIMEOUT) -> list[KubeletPlugin]
     if grpc is None:
         return [KubeletPlugin(socket=s, problem="grpcio is not installed, so doctor cannot "
                               "ask it") for s in sockets]
-    channels = []
-    pending = []
-    try:
+    with ExitStack() as channels:
+        pending = []
         for path in sockets:
-            channel = grpc.insecure_channel(f"unix://{os.path.abspath(path)}")
-            channels.append(channel)
+            channel = channels.enter_context(
+                grpc.insecure_channel(f"unix://{os.path.abspath(path)}"))
             # The reply is parsed in _answer, where a bad one is said as such.
             call = channel.unary_unary(
                 GET_INFO, request_serializer=pb.InfoRequest.SerializeToString)
             pending.append((path, call.future(pb.InfoRequest(), timeout=timeout)))
         return [_answer(path, future, grpc) for path, future in pending]
-    finally:
-        for channel in channels:
-            channel.close()
 
 
 def _answer(path: str, future: Any, grpc: Any) -> KubeletPlugin:
