@@ -276,7 +276,11 @@ def locate(given: str | None, nri_socket: str, *, environ: Mapping[str, str] | N
     # see (their socket unknown), such as a node's containerd seen from a pod.
     serving: dict[str, tuple[int, str]] = {}
     hidden: dict[str, tuple[int, str]] = {}
-    for pid, (path, exe) in _running(proc):
+    for pid in pids(proc):
+        found = _containerd(proc, pid)
+        if found is None:
+            continue
+        path, exe = found
         if not _visible(proc, pid, path):
             hidden.setdefault(path, (pid, exe))
         elif same_path(_nri_socket(path), nri_socket):
@@ -312,13 +316,6 @@ def _visible(proc: str, pid: int, path: str) -> bool:
         return os.readlink(f"{proc}/{pid}/ns/mnt") == os.readlink(f"{proc}/self/ns/mnt")
     except OSError:
         return False  # not ours to look at: cannot tell
-
-
-def _running(proc: str) -> Iterator[tuple[int, tuple[str, str]]]:
-    for pid in pids(proc):
-        found = _containerd(proc, pid)
-        if found is not None:
-            yield pid, found
 
 
 def pids(proc: str) -> list[int]:
@@ -372,8 +369,7 @@ def _containerd(proc: str, pid: int) -> tuple[str, str] | None:
 
 def _nri_socket(path: str) -> str:
     """The NRI socket the configuration at ``path`` sets (containerd's default if none)."""
-    cfg = read_containerd_config(path, None)
-    socket_path = cfg.plugin(NRI_SECTION).get("socket_path") if cfg.data else None
+    socket_path = read_containerd_config(path, None).plugin(NRI_SECTION).get("socket_path")
     return str(socket_path) if socket_path else DEFAULT_SOCKET_PATH
 
 
