@@ -42,14 +42,7 @@ from nri_plugin.ops.containerd_config import (
     same_path,
 )
 from nri_plugin.ops.crio_config import CrioConfig
-from nri_plugin.ops.inpod import (
-    NOT_VISIBLE,
-    ON_NODE,
-    ON_THE_NODE,
-    TOLERATE_ENV,
-    Place,
-    detect,
-)
+from nri_plugin.ops.inpod import NOT_VISIBLE, ON_NODE, ON_THE_NODE, TOLERATE_ENV, Place, detect
 from nri_plugin.ops.kubelet_plugins import Registry, read_registry
 from nri_plugin.ops.podresources import PodResourcesWatch
 from nri_plugin.ops.refresh import generator_args, read_sidecar, run_generator_process
@@ -632,14 +625,10 @@ def check_required_plugin(cfg: ContainerdConfig, plugin: PluginSettings,
                           version: tuple[int, int, int] | None, *,
                           place: Place = ON_NODE,
                           environ: Mapping[str, str] | None = None) -> Check:
-    """Whether containerd requires the plugin: [plugins."io.containerd.nri.v1.nri"
-    .default_validator] enable = true and required_plugins naming it (containerd >= 2.2;
-    containerd/containerd internal/nri/config.go, containerd/nri plugins/default-validator).
-    Then containerd itself fails every container created while the plugin is absent, the
-    plugin's own pod's included unless it carries the annotation whose key
-    tolerate_missing_plugins_annotation names: without it, an install, a rollout or an
-    eviction of the plugin's pod never completes. In the pod, ``TOLERATE_ENV`` (the chart
-    sets it with the annotation) says which key the pod carries."""
+    """Whether containerd (>= 2.2) requires the plugin, and then whether the plugin's own pod
+    can be created while the plugin is absent (containerd/containerd internal/nri/config.go,
+    containerd/nri plugins/default-validator). In the pod, ``TOLERATE_ENV`` (the chart sets
+    it with the annotation) says which tolerate annotation the pod carries."""
     name, index = plugin.name, plugin.index
     title = "plugin required by containerd"
     section = f'[plugins."{NRI_SECTION}".default_validator]'
