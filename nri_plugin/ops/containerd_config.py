@@ -25,7 +25,7 @@ import copy
 import glob
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 try:
@@ -71,7 +71,15 @@ class ContainerdConfig:
 
     @property
     def default_validator(self) -> DefaultValidator:
-        return default_validator(self.data)
+        section = self.plugin(NRI_SECTION).get("default_validator", {})
+        if not isinstance(section, Mapping):
+            return DefaultValidator()
+        wanted = section.get("required_plugins", [])
+        tolerate = section.get("tolerate_missing_plugins_annotation", "")
+        return DefaultValidator(
+            enabled=section.get("enable") is True,
+            required=tuple(map(str, wanted)) if isinstance(wanted, list) else (),
+            tolerate_annotation=tolerate if isinstance(tolerate, str) else "")
 
     @property
     def v2_defaults(self) -> bool:
@@ -101,23 +109,6 @@ class DefaultValidator:
     required: tuple[str, ...] = ()
     tolerate_annotation: str = ""
 
-    def requires(self, *names: str) -> bool:
-        """Whether one of ``names`` (the plugin's name, ``NN-name``) is required."""
-        return self.enabled and bool(set(names) & set(self.required))
-
-
-def default_validator(data: Mapping[str, Any] | None) -> DefaultValidator:
-    """The default validator's settings in a parsed containerd configuration."""
-    section = plugin_section(data, NRI_SECTION).get("default_validator", {})
-    if not isinstance(section, Mapping):
-        return DefaultValidator()
-    wanted = section.get("required_plugins", [])
-    tolerate = section.get("tolerate_missing_plugins_annotation", "")
-    return DefaultValidator(
-        enabled=section.get("enable") is True,
-        required=tuple(map(str, wanted)) if isinstance(wanted, list) else (),
-        tolerate_annotation=tolerate if isinstance(tolerate, str) else "")
-
 
 def plugin_section(data: Mapping[str, Any] | None, name: str) -> Mapping[str, Any]:
     """The ``[plugins."<name>"]`` table of a configuration ({} when there is none)."""
@@ -126,74 +117,74 @@ def plugin_section(data: Mapping[str, Any] | None, name: str) -> Mapping[str, An
     return section if isinstance(section, Mapping) else {}
 
 
-class _Unread(NRIPluginError):
-    """Why containerd's settings cannot be known from the files."""
+class UnreadConfig(NRIPluginError):
+    """Why a runtime's settings cannot be known from its files."""
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    if tomllib is None:
+        raise UnreadConfig("no TOML parser (Python 3.11+ has tomllib)")
+    try:
+        with open(path, "rb") as handle:
+            return tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UnreadConfig(f"{path}: {exc}") from None
 
 
 def read_containerd_config(path: str, major: int | None, *, source: str = "",
                            running: bool = False, default_drop_ins: str = DEFAULT_DROP_INS
                            ) -> ContainerdConfig:
-    def unread(why: str, files: tuple[str, ...] = ()) -> ContainerdConfig:
-        return ContainerdConfig(path=path, data=None, major=major, error=why, files=files,
-                                source=source, running=running)
-
-    if tomllib is None:
-        return unread("no TOML parser (Python 3.11+ has tomllib)")
+    base = ContainerdConfig(path=path, data=None, major=major, source=source, running=running)
     if not os.path.exists(path):
         drop_ins = sorted(glob.glob(default_drop_ins))
         if drop_ins:
-            return unread(f"no {path}, but {', '.join(drop_ins)}: containerd 2.2 and later "
-                          f"read {default_drop_ins} by default, which is not modelled here")
-        return ContainerdConfig(path=path, data=None, major=major, source=source,
-                                running=running)
+            return replace(base, error=f"no {path}, but {', '.join(drop_ins)}: containerd 2.2 "
+                           f"and later read {default_drop_ins} by default, which is not "
+                           "modelled here")
+        return base
     try:
         docs = list(_load(path))
-    except _Unread as exc:
-        return unread(str(exc))
+    except UnreadConfig as exc:
+        return replace(base, error=str(exc))
     files = tuple(p for p, _ in docs)
     root_version = _version(docs[0][1])
     if root_version > 2 and major is None:
         major = 2
     for file, doc in docs[1:]:
         if _version(doc) != root_version and doc.get("plugins"):
-            return unread(f"{file} is config version {_version(doc)} under version "
-                          f"{root_version} in {path}: containerd ignores some of such a "
-                          "file's settings; give both the same version", files)
+            return replace(base, major=major, files=files, error=(
+                f"{file} is config version {_version(doc)} under version {root_version} in "
+                f"{path}: containerd ignores some of such a file's settings; give both the "
+                "same version"))
     normalised = [_normalised(doc) for _, doc in docs]
     merged = _merged(normalised, major or 2)
     if major is None and _view(merged) != _view(_merged(normalised, 1)):
-        return unread(f"{' and '.join(files)} set the same plugin section, which "
-                      "containerd 1.x replaces and 2.x merges key by key, and "
-                      "containerd's version is not known here", files)
+        return replace(base, files=files, error=(
+            f"{' and '.join(files)} set the same plugin section, which containerd 1.x "
+            "replaces and 2.x merges key by key, and containerd's version is not known here"))
     merged["version"] = max(root_version, 2)
-    return ContainerdConfig(path=path, data=merged, major=major, files=files, source=source,
-                            running=running)
+    return replace(base, data=merged, major=major, files=files)
 
 
 def _load(path: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
     """(file, parsed) for ``path`` and, breadth first, the files its imports name."""
-    assert tomllib is not None
     pending, loaded = [path], set[str]()
     while pending:
         current = pending.pop(0)
         if current in loaded:
             continue
         if len(loaded) >= MAX_FILES:
-            raise _Unread(f"more than {MAX_FILES} files through imports from {path}")
-        try:
-            with open(current, "rb") as handle:
-                doc = tomllib.load(handle)
-        except FileNotFoundError:
-            raise _Unread(f"{current}, which {path} imports, is not there (containerd "
-                          "would not start without it: it may be out of this process's "
-                          "view)") from None
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise _Unread(f"{current}: {exc}") from None
+            raise UnreadConfig(f"more than {MAX_FILES} files through imports from {path}")
+        if not os.path.exists(current):
+            raise UnreadConfig(f"{current}, which {path} imports, is not there (containerd "
+                               "would not start without it: it may be out of this process's "
+                               "view)")
+        doc = load_toml(current)
         loaded.add(current)
         yield current, doc
         imports = doc.get("imports", [])
         if not isinstance(imports, list):
-            raise _Unread(f"{current}: imports is not a list")
+            raise UnreadConfig(f"{current}: imports is not a list")
         pending += _resolved(current, [str(i) for i in imports])
 
 
@@ -225,7 +216,7 @@ def _merged(docs: list[dict[str, Any]], major: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for doc in docs:
         if major >= 2:
-            _merge_keys(out, doc)
+            merge_keys(out, doc)
             continue
         for key, value in doc.items():  # 1.x: a later file's plugin section wins whole
             if key == "plugins" and isinstance(value, Mapping):
@@ -235,10 +226,10 @@ def _merged(docs: list[dict[str, Any]], major: int) -> dict[str, Any]:
     return out
 
 
-def _merge_keys(into: dict[str, Any], other: Mapping[str, Any]) -> None:
+def merge_keys(into: dict[str, Any], other: Mapping[str, Any]) -> None:
     for key, value in other.items():
         if isinstance(value, Mapping) and isinstance(into.get(key), dict):
-            _merge_keys(into[key], value)
+            merge_keys(into[key], value)
         else:
             into[key] = copy.deepcopy(value)
 
@@ -285,7 +276,11 @@ def locate(given: str | None, nri_socket: str, *, environ: Mapping[str, str] | N
     # see (their socket unknown), such as a node's containerd seen from a pod.
     serving: dict[str, tuple[int, str]] = {}
     hidden: dict[str, tuple[int, str]] = {}
-    for pid, (path, exe) in _running(proc):
+    for pid in pids(proc):
+        found = _containerd(proc, pid)
+        if found is None:
+            continue
+        path, exe = found
         if not _visible(proc, pid, path):
             hidden.setdefault(path, (pid, exe))
         elif same_path(_nri_socket(path), nri_socket):
@@ -323,26 +318,26 @@ def _visible(proc: str, pid: int, path: str) -> bool:
         return False  # not ours to look at: cannot tell
 
 
-def _running(proc: str) -> Iterator[tuple[int, tuple[str, str]]]:
+def pids(proc: str) -> list[int]:
     try:
-        entries = os.listdir(proc)
+        return [int(n) for n in os.listdir(proc) if n.isdigit()]
     except OSError:
-        return
-    for name in entries:
-        if name.isdigit():
-            found = _containerd(proc, int(name))
-            if found is not None:
-                yield int(name), found
+        return []
+
+
+def proc_strings(proc: str, pid: int, name: str) -> list[str]:
+    """``/proc/<pid>/<name>``'s NUL-separated strings (cmdline, environ); [] when gone."""
+    try:
+        with open(f"{proc}/{pid}/{name}", "rb") as handle:
+            return [a.decode(errors="replace") for a in handle.read().split(b"\0") if a]
+    except OSError:
+        return []
 
 
 def program_argv(proc: str, pid: int, program: str) -> list[str] | None:
     """The command line of process ``pid`` when it runs ``program`` (by base name); None
     when it does not, or is gone."""
-    try:
-        with open(f"{proc}/{pid}/cmdline", "rb") as handle:
-            argv = [a.decode(errors="replace") for a in handle.read().split(b"\0") if a]
-    except OSError:
-        return None
+    argv = proc_strings(proc, pid, "cmdline")
     return argv if argv and os.path.basename(argv[0]) == program else None
 
 
@@ -374,8 +369,7 @@ def _containerd(proc: str, pid: int) -> tuple[str, str] | None:
 
 def _nri_socket(path: str) -> str:
     """The NRI socket the configuration at ``path`` sets (containerd's default if none)."""
-    cfg = read_containerd_config(path, None)
-    socket_path = cfg.plugin(NRI_SECTION).get("socket_path") if cfg.data else None
+    socket_path = read_containerd_config(path, None).plugin(NRI_SECTION).get("socket_path")
     return str(socket_path) if socket_path else DEFAULT_SOCKET_PATH
 
 

@@ -20,17 +20,20 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import chain
 from typing import Any
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10: no TOML parser in the standard library
-    tomllib = None  # type: ignore[assignment]
-
-from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, PLUGIN_SOCKET_ENV
-from nri_plugin.ops.containerd_config import program_argv, same_path
+from nri_plugin.ops.containerd_config import (
+    UnreadConfig,
+    load_toml,
+    merge_keys,
+    pids,
+    proc_strings,
+    program_argv,
+    same_path,
+)
 
 DEFAULT_PATH = "/etc/crio/crio.conf"
 DEFAULT_DROP_IN_DIR = "/etc/crio/crio.conf.d"
@@ -65,7 +68,6 @@ class CrioConfig:
     drop_in_dir: str
     source: str
     files: tuple[str, ...] = ()
-    running: bool = False
     error: str | None = None
     nri_enabled: bool = True
     nri_socket: str = DEFAULT_SOCKET_PATH
@@ -78,10 +80,6 @@ class CrioConfig:
         return ", ".join(self.files) if self.files else f"no file ({self.path} absent)"
 
 
-class _Unread(NRIPluginError):
-    pass
-
-
 def _drop_ins(folder: str) -> Iterator[str]:
     """Every file under ``folder``, recursively, in the order Go's filepath.Walk visits
     them (each folder's entries by name, a sub-folder's files where its name falls)."""
@@ -90,7 +88,7 @@ def _drop_ins(folder: str) -> Iterator[str]:
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise _Unread(f"{folder}: {exc}") from None
+        raise UnreadConfig(f"{folder}: {exc}") from None
     for name in names:
         path = os.path.join(folder, name)
         if os.path.isdir(path):
@@ -99,119 +97,82 @@ def _drop_ins(folder: str) -> Iterator[str]:
             yield path
 
 
-def _load(path: str) -> dict[str, Any]:
-    if tomllib is None:
-        raise _Unread("no TOML parser (Python 3.11+ has tomllib)")
-    try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise _Unread(f"{path}: {exc}") from None
-
-
-def _merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
-    for key, value in other.items():
-        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
-
-
-def _table(doc: Mapping[str, Any], *names: str) -> Mapping[str, Any]:
-    for name in names:
-        value = doc.get(name)
-        doc = value if isinstance(value, Mapping) else {}
-    return doc
-
-
 def read_crio_config(path: str = DEFAULT_PATH, drop_in_dir: str = DEFAULT_DROP_IN_DIR, *,
-                     source: str = "CRI-O's default paths", flags: Sequence[str] = (),
-                     running: bool = False) -> CrioConfig:
+                     source: str = "CRI-O's default paths", flags: Sequence[str] = ()
+                     ) -> CrioConfig:
     """CRI-O's settings from ``path``, the files under ``drop_in_dir`` and ``flags`` (its
     command line after the binary)."""
-    base = CrioConfig(path=path, drop_in_dir=drop_in_dir, source=source, running=running)
+    base = CrioConfig(path=path, drop_in_dir=drop_in_dir, source=source)
     merged: dict[str, Any] = {}
     files: list[str] = []
     try:
-        if os.path.exists(path):
-            _merge(merged, _load(path))
-            files.append(path)
-        for drop_in in _drop_ins(drop_in_dir):
+        for file in chain([path] if os.path.exists(path) else [], _drop_ins(drop_in_dir)):
             if len(files) >= MAX_FILES:
-                raise _Unread(f"more than {MAX_FILES} files in {drop_in_dir}")
-            _merge(merged, _load(drop_in))
-            files.append(drop_in)
-        values = _values(merged, flags)
-    except (_Unread, ValueError) as exc:
-        return CrioConfig(path=path, drop_in_dir=drop_in_dir, source=source, running=running,
-                          files=tuple(files), error=str(exc))
-    return CrioConfig(path=path, drop_in_dir=drop_in_dir, source=source, running=running,
-                      files=tuple(files), **{**_defaults(base), **values})
+                raise UnreadConfig(f"more than {MAX_FILES} files in {drop_in_dir}")
+            merge_keys(merged, load_toml(file))
+            files.append(file)
+        values = {**_file_values(merged), **_flag_values(flags)}
+    except (UnreadConfig, ValueError) as exc:
+        return replace(base, files=tuple(files), error=str(exc))
+    return replace(base, files=tuple(files), **values)
 
 
-def _defaults(cfg: CrioConfig) -> dict[str, Any]:
-    return {"nri_enabled": cfg.nri_enabled, "nri_socket": cfg.nri_socket,
-            "nri_disable_connections": cfg.nri_disable_connections,
-            "registration_timeout": cfg.registration_timeout,
-            "request_timeout": cfg.request_timeout, "cdi_spec_dirs": cfg.cdi_spec_dirs}
+# What nri-cdi reads: (the table under [crio], the key (its flag: --key, with dashes),
+# CrioConfig's field, the kind of value).
+_SETTINGS = (("nri", "enable_nri", "nri_enabled", bool),
+             ("nri", "nri_listen", "nri_socket", str),
+             ("nri", "nri_disable_connections", "nri_disable_connections", bool),
+             ("nri", "nri_plugin_registration_timeout", "registration_timeout", float),
+             ("nri", "nri_plugin_request_timeout", "request_timeout", float),
+             ("runtime", "cdi_spec_dirs", "cdi_spec_dirs", tuple))
 
 
-def _values(doc: Mapping[str, Any], flags: Sequence[str]) -> dict[str, Any]:
-    """The settings nri-cdi reads, from the merged files then the flags."""
-    nri = _table(doc, "crio", "nri")
-    runtime = _table(doc, "crio", "runtime")
+def _table(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = doc.get(name)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _file_values(doc: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key, name, kind in (("enable_nri", "nri_enabled", bool),
-                            ("nri_listen", "nri_socket", str),
-                            ("nri_disable_connections", "nri_disable_connections", bool)):
-        if key in nri:
-            if not isinstance(nri[key], kind):
-                raise ValueError(f"[crio.nri] {key}: not a {kind.__name__}")
-            out[name] = nri[key]
-    for key, name in (("nri_plugin_registration_timeout", "registration_timeout"),
-                      ("nri_plugin_request_timeout", "request_timeout")):
-        if key in nri:
-            out[name] = parse_duration(str(nri[key]))
-    dirs = runtime.get("cdi_spec_dirs")
-    if dirs is not None:
-        if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
-            raise ValueError("[crio.runtime] cdi_spec_dirs: not a list of paths")
-        out["cdi_spec_dirs"] = tuple(dirs)
-    out.update(_flag_values(flags))
+    for table, key, field, kind in _SETTINGS:
+        section = _table(_table(doc, "crio"), table)
+        if key not in section:
+            continue
+        value = section[key]
+        if kind is float:
+            value = parse_duration(str(value))
+        elif kind is tuple:
+            if not isinstance(value, list) or not all(isinstance(d, str) for d in value):
+                raise ValueError(f"[crio.{table}] {key}: not a list of paths")
+            value = tuple(value)
+        elif not isinstance(value, kind):
+            raise ValueError(f"[crio.{table}] {key}: not a {kind.__name__}")
+        out[field] = value
     return out
 
 
-_FLAG_BOOLS = {"enable-nri": "nri_enabled", "nri-disable-connections": "nri_disable_connections"}
-_FLAG_VALUES = {"nri-listen": "nri_socket", "nri-plugin-registration-timeout":
-                "registration_timeout", "nri-plugin-request-timeout": "request_timeout",
-                "cdi-spec-dirs": "cdi_spec_dirs"}
-
-
 def _flag_values(argv: Sequence[str]) -> dict[str, Any]:
+    flags = {f"--{key.replace('_', '-')}": (field, kind) for _, key, field, kind in _SETTINGS}
     out: dict[str, Any] = {}
-    args = list(argv)
     dirs: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        i += 1
-        if not arg.startswith("--"):
+    args = iter(argv)
+    for arg in args:
+        name, eq, value = arg.partition("=")
+        if name not in flags:
             continue
-        name, eq, value = arg[2:].partition("=")
-        if name in _FLAG_BOOLS:
-            out[_FLAG_BOOLS[name]] = value.lower() != "false" if eq else True
-        elif name in _FLAG_VALUES:
-            if not eq:
-                if i >= len(args):
-                    break
-                value, i = args[i], i + 1
-            key = _FLAG_VALUES[name]
-            if key == "cdi_spec_dirs":
-                dirs += [d for d in value.split(",") if d]
-            elif key.endswith("timeout"):
-                out[key] = parse_duration(value)
-            else:
-                out[key] = value
+        field, kind = flags[name]
+        if kind is bool:
+            out[field] = value.lower() != "false" if eq else True
+            continue
+        if not eq:
+            following = next(args, None)
+            if following is None:
+                break
+            value = following
+        if kind is tuple:
+            dirs += [d for d in value.split(",") if d]
+        else:
+            out[field] = parse_duration(value) if kind is float else value
     if dirs:
         out["cdi_spec_dirs"] = tuple(dirs)
     return out
@@ -232,7 +193,7 @@ class CrioLocated:
 
     def read(self) -> CrioConfig:
         return read_crio_config(self.path, self.drop_in_dir, source=self.source,
-                                flags=self.flags, running=self.pid is not None)
+                                flags=self.flags)
 
 
 def locate_crio(nri_socket: str, *, environ: Mapping[str, str] | None = None,
@@ -244,7 +205,7 @@ def locate_crio(nri_socket: str, *, environ: Mapping[str, str] | None = None,
         found = _crio(proc, os.getppid())
         if found is not None:
             return found
-    serving = [c for c in (_crio(proc, pid) for pid in _pids(proc)) if c is not None]
+    serving = [c for c in (_crio(proc, pid) for pid in pids(proc)) if c is not None]
     mine = [c for c in serving if same_path(c.read().nri_socket, nri_socket)]
     if mine:
         return mine[0]
@@ -256,18 +217,11 @@ def locate_crio(nri_socket: str, *, environ: Mapping[str, str] | None = None,
     return None
 
 
-def _pids(proc: str) -> list[int]:
-    try:
-        return [int(n) for n in os.listdir(proc) if n.isdigit()]
-    except OSError:
-        return []
-
-
 def _crio(proc: str, pid: int) -> CrioLocated | None:
     argv = program_argv(proc, pid, "crio")
     if argv is None:
         return None
-    env = _environ(proc, pid)
+    env = dict(e.split("=", 1) for e in proc_strings(proc, pid, "environ") if "=" in e)
     path = env.get("CONTAINER_CONFIG", DEFAULT_PATH)
     folder = env.get("CONTAINER_CONFIG_DIR", DEFAULT_DROP_IN_DIR)
     args = argv[1:]
@@ -281,12 +235,3 @@ def _crio(proc: str, pid: int) -> CrioLocated | None:
             folder = value
     return CrioLocated(path=path, drop_in_dir=folder, flags=tuple(args), pid=pid,
                        source=f"the running crio (pid {pid})")
-
-
-def _environ(proc: str, pid: int) -> dict[str, str]:
-    try:
-        with open(f"{proc}/{pid}/environ", "rb") as handle:
-            pairs = [e.decode(errors="replace") for e in handle.read().split(b"\0") if e]
-    except OSError:
-        return {}
-    return dict(p.split("=", 1) for p in pairs if "=" in p)

@@ -31,7 +31,7 @@ from cdi.dirs import DEFAULT_SPEC_DIRS, scan
 from cdi.linux.elf import ElfError, foreign_to_this_machine, is_elf, read_header, this_machine
 from cdi.nvidia.discover import Roots, driver_version_from_proc
 from cdi.nvidia.sidecar import sidecar_path
-from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
+from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, NativeCdi
 from nri_plugin.ops import e2e_args
 from nri_plugin.ops.containerd_config import (
     CRI_V2_SECTION,
@@ -41,19 +41,12 @@ from nri_plugin.ops.containerd_config import (
     locate,
     same_path,
 )
-from nri_plugin.ops.crio_config import CrioConfig, CrioLocated, locate_crio
-from nri_plugin.ops.inpod import (
-    NOT_VISIBLE,
-    ON_NODE,
-    ON_THE_NODE,
-    TOLERATE_ENV,
-    Place,
-    detect,
-)
+from nri_plugin.ops.crio_config import CrioConfig
+from nri_plugin.ops.inpod import NOT_VISIBLE, ON_NODE, ON_THE_NODE, TOLERATE_ENV, Place, detect
 from nri_plugin.ops.kubelet_plugins import Registry, read_registry
 from nri_plugin.ops.podresources import PodResourcesWatch
 from nri_plugin.ops.refresh import generator_args, read_sidecar, run_generator_process
-from nri_plugin.ops.runtime_cdi import cri_cdi_settings, why_unread
+from nri_plugin.ops.runtime_cdi import cri_cdi_settings, crio_serving, why_unread
 from nri_plugin.ops.settings import (
     PluginSettings,
     Settings,
@@ -445,7 +438,8 @@ def _runtime_cdi(cfg: ContainerdConfig) -> tuple[bool, tuple[str, ...], str]:
     section = CRI_V3_SECTION if (cfg.data and cfg.data.get("version") == 3) or (
         not cfg.data and cfg.v2_defaults) else CRI_V2_SECTION
     enabled, dirs = cri_cdi_settings(cfg.data)
-    return (cfg.v2_defaults if enabled is None else enabled), dirs, section
+    return (cfg.v2_defaults if enabled is NativeCdi.UNKNOWN else enabled is NativeCdi.ON,
+            dirs, section)
 
 
 def _unread(our_dirs: Iterable[str], theirs: Iterable[str]) -> list[str]:
@@ -521,11 +515,6 @@ def claim_specs(dirs: Iterable[str]) -> list[str]:
     return found
 
 
-def _drivers(registry: Registry) -> str:
-    names = sorted({p.name or os.path.basename(p.socket) for p in registry.dra})
-    return ", ".join(names)
-
-
 def _registry_detail(registry: Registry | None, place: Place) -> str:
     """What the kubelet's plugin registry says, for the detail."""
     if registry is None:
@@ -538,7 +527,8 @@ def _registry_detail(registry: Registry | None, place: Place) -> str:
         return (f"the kubelet's plugin registry was not read ({registry.problem}), so whether "
                 "a DRA driver is registered is not known")
     if registry.dra:
-        return f"DRA driver(s) registered with the kubelet: {_drivers(registry)}"
+        names = sorted({p.name or os.path.basename(p.socket) for p in registry.dra})
+        return f"DRA driver(s) registered with the kubelet: {', '.join(names)}"
     unknown = registry.unknown
     others = sorted({p.type for p in registry.plugins if p.type})
     parts = ["no DRA driver is registered with the kubelet"
@@ -627,34 +617,18 @@ def check_runtime_cdi_setting(cfg: ContainerdConfig, settings: Settings) -> Chec
 REQUIRED_FROM = (2, 2, 0)  # NRI 0.10's default validator, built into containerd 2.2
 # The docs' example key for tolerate_missing_plugins_annotation: the operator names it.
 TOLERATE_EXAMPLE = "tolerate-missing-plugins.example.com"
-
-
-def containerd_version(binary: str | None = None) -> tuple[int, int, int] | None:
-    """``containerd --version``'s release (None: no binary or no version in its output)."""
-    exe = binary or shutil.which("containerd")
-    if not exe:
-        return None
-    try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=10,
-                             check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    match = re.search(r"\sv?(\d+)\.(\d+)\.(\d+)", out)
-    return (int(match[1]), int(match[2]), int(match[3])) if match else None
+# A release in ``containerd --version`` or the status file's runtime ("containerd 2.2.1").
+_RELEASE = re.compile(r"\sv?(\d+)\.(\d+)\.(\d+)")
 
 
 def check_required_plugin(cfg: ContainerdConfig, plugin: PluginSettings,
                           version: tuple[int, int, int] | None, *,
                           place: Place = ON_NODE,
                           environ: Mapping[str, str] | None = None) -> Check:
-    """Whether containerd requires the plugin: [plugins."io.containerd.nri.v1.nri"
-    .default_validator] enable = true and required_plugins naming it (containerd >= 2.2;
-    containerd/containerd internal/nri/config.go, containerd/nri plugins/default-validator).
-    Then containerd itself fails every container created while the plugin is absent, the
-    plugin's own pod's included unless it carries the annotation whose key
-    tolerate_missing_plugins_annotation names: without it, an install, a rollout or an
-    eviction of the plugin's pod never completes. In the pod, ``TOLERATE_ENV`` (the chart
-    sets it with the annotation) says which key the pod carries."""
+    """Whether containerd (>= 2.2) requires the plugin, and then whether the plugin's own pod
+    can be created while the plugin is absent (containerd/containerd internal/nri/config.go,
+    containerd/nri plugins/default-validator). In the pod, ``TOLERATE_ENV`` (the chart sets
+    it with the annotation) says which tolerate annotation the pod carries."""
     name, index = plugin.name, plugin.index
     title = "plugin required by containerd"
     section = f'[plugins."{NRI_SECTION}".default_validator]'
@@ -786,62 +760,23 @@ def check_crio_cdi(cfg: CrioConfig, our_dirs: Iterable[str]) -> Check:
                         "trims what it serves")
 
 
-def crio_serving(settings: Settings) -> CrioLocated | None:
-    """The CRI-O whose files doctor reads: one running and serving the plugin's socket, or,
-    with no containerd configuration on the node either, CRI-O's files where they are."""
-    if settings.runtime_cdi.containerd_config:
-        return None
-    found = locate_crio(settings.plugin.socket)
-    if found is None or found.pid is not None:
-        return found
-    containerd = locate(None, settings.plugin.socket)
-    return None if containerd.exe is not None or os.path.exists(containerd.path) else found
-
-
-def _node_checks(settings: Settings, runtime: list[Check], *, check_generated: bool,
-                 place: Place) -> list[Check]:
-    """The checks of every runtime, around ``runtime``'s own checks of its configuration:
-    where doctor runs, the socket, the plugin, its health, the spec folders, the spec's
-    fingerprint, the device nodes."""
-    plugin = settings.plugin
-    health = health_url(settings)
-    checks = [check_place(place)] if place.in_pod else []
-    checks += [*runtime, check_socket(plugin.socket, place),
-               check_plugin(plugin, health=health, place=place)]
-    if health:
-        checks.append(check_health(health))
-    checks.append(check_spec_dirs(plugin.spec_dirs, place))
-    if check_generated:
-        checks.append(check_fingerprint(settings, place))
-    return [*checks, check_device_nodes(plugin.spec_dirs)]
-
-
-def run_crio_checks(settings: Settings, crio: CrioLocated, *, check_generated: bool,
-                    place: Place) -> list[Check]:
-    plugin = settings.plugin
-    cfg = crio.read()
-    checks = _node_checks(settings, [check_crio_config(cfg), check_crio_nri(cfg, plugin.socket)],
-                          check_generated=check_generated, place=place)
-    registry = read_registry(settings.doctor.plugin_registry)
-    return [*checks, check_crio_cdi(cfg, plugin.spec_dirs),
-            check_kinds_runtimes_can_load(plugin.spec_dirs),
-            check_kubelet_allocations(plugin, registry),
-            check_driver_architecture(plugin.spec_dirs, place)]
-
-
 # --- the command ---------------------------------------------------------------------------
 
 
 def running_containerd_version(binary: str | None,
                                plugin: PluginSettings) -> tuple[int, int, int] | None:
-    """containerd's release: its binary's ``--version``, else what the plugin's status file
-    says it connected to (a pod does not see the node's binary)."""
-    version = containerd_version(binary)
-    if version is not None or not plugin.status_dir:
-        return version
-    status = read_status(plugin.status_dir, plugin.name, plugin.index).status
-    match = re.fullmatch(r"containerd v?(\d+)\.(\d+)\.(\d+)\S*",
-                         status.runtime if status else "")
+    """containerd's release: its binary's ``--version`` (``binary``, else PATH's), else what
+    the plugin's status file says it connected to (a pod does not see the node's binary)."""
+    exe = binary or shutil.which("containerd")
+    said = ""
+    if exe:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            said = subprocess.run([exe, "--version"], capture_output=True, text=True,
+                                  timeout=10, check=False).stdout
+    if not _RELEASE.search(said) and plugin.status_dir:
+        status = read_status(plugin.status_dir, plugin.name, plugin.index).status
+        said = status.runtime if status and status.runtime.startswith("containerd ") else ""
+    match = _RELEASE.search(said)
     return (int(match[1]), int(match[2]), int(match[3])) if match else None
 
 
@@ -853,27 +788,40 @@ def check_place(place: Place) -> Check:
 
 def run_checks(settings: Settings, *, containerd_major_version: int | None = None,
                check_generated: bool = True, place: Place | None = None) -> list[Check]:
+    """Every check, for containerd or for CRI-O (the runtime's own checks of its
+    configuration first, of its CDI after the device nodes)."""
     plugin = settings.plugin
     place = detect() if place is None else place
+    registry = read_registry(settings.doctor.plugin_registry)
     crio = crio_serving(settings) if containerd_major_version is None else None
     if crio is not None:
-        return run_crio_checks(settings, crio, check_generated=check_generated, place=place)
-    found = locate(settings.runtime_cdi.containerd_config, plugin.socket)
-    if containerd_major_version is None:
-        version = running_containerd_version(found.exe, plugin)  # the running one's, else PATH's
-        cfg = found.read(version[0] if version else None)
+        crio_cfg = crio.read()
+        config = [check_crio_config(crio_cfg), check_crio_nri(crio_cfg, plugin.socket)]
+        cdi = [check_crio_cdi(crio_cfg, plugin.spec_dirs),
+               check_kinds_runtimes_can_load(plugin.spec_dirs)]
     else:
-        version = (1, 7, 0) if containerd_major_version < 2 else None
-        cfg = found.read(containerd_major_version)
-    checks = _node_checks(settings, [check_containerd_config(cfg, place),
-                                     check_nri_enabled(cfg, plugin.socket, place)],
-                          check_generated=check_generated, place=place)
-    registry = read_registry(settings.doctor.plugin_registry)
-    return [*checks,
-            check_native_cdi(cfg, plugin.spec_dirs), check_runtime_cdi_setting(cfg, settings),
-            check_kinds_runtimes_can_load(plugin.spec_dirs),
-            check_required_plugin(cfg, plugin, version, place=place),
-            check_dra(cfg, plugin.spec_dirs, registry, version=version, place=place),
+        found = locate(settings.runtime_cdi.containerd_config, plugin.socket)
+        if containerd_major_version is None:
+            version = running_containerd_version(found.exe, plugin)  # the running one's
+            cfg = found.read(version[0] if version else None)
+        else:
+            version = (1, 7, 0) if containerd_major_version < 2 else None
+            cfg = found.read(containerd_major_version)
+        config = [check_containerd_config(cfg, place), check_nri_enabled(cfg, plugin.socket, place)]
+        cdi = [check_native_cdi(cfg, plugin.spec_dirs), check_runtime_cdi_setting(cfg, settings),
+               check_kinds_runtimes_can_load(plugin.spec_dirs),
+               check_required_plugin(cfg, plugin, version, place=place),
+               check_dra(cfg, plugin.spec_dirs, registry, version=version, place=place)]
+    health = health_url(settings)
+    checks = [check_place(place)] if place.in_pod else []
+    checks += [*config, check_socket(plugin.socket, place),
+               check_plugin(plugin, health=health, place=place)]
+    if health:
+        checks.append(check_health(health))
+    checks.append(check_spec_dirs(plugin.spec_dirs, place))
+    if check_generated:
+        checks.append(check_fingerprint(settings, place))
+    return [*checks, check_device_nodes(plugin.spec_dirs), *cdi,
             check_kubelet_allocations(plugin, registry),
             check_driver_architecture(plugin.spec_dirs, place)]
 

@@ -44,15 +44,6 @@ class Place:
 ON_NODE = Place(False, "")
 
 
-def kubelet_mount(mountinfo: str) -> str | None:
-    """The mount point of a mount made from a pod's kubelet folder, if any."""
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if len(fields) > 4 and _POD_FOLDER.search(fields[3]):
-            return fields[4]
-    return None
-
-
 def detect(environ: Mapping[str, str] | None = None, mountinfo: str = MOUNTINFO) -> Place:
     env = os.environ if environ is None else environ
     said = env.get(IN_POD_ENV, "").strip().lower()
@@ -64,12 +55,13 @@ def detect(environ: Mapping[str, str] | None = None, mountinfo: str = MOUNTINFO)
         return ON_NODE
     try:
         with open(mountinfo, encoding="utf-8", errors="replace") as handle:
-            mounted = kubelet_mount(handle.read())
+            mounts = [line.split() for line in handle]
     except OSError:
         return ON_NODE
-    if mounted is None:
-        return ON_NODE
-    return Place(True, f"{SERVICE_ENV} is set and the kubelet mounted {mounted}")
+    for fields in mounts:  # a mount made from a pod's kubelet folder (root, mount point)
+        if len(fields) > 4 and _POD_FOLDER.search(fields[3]):
+            return Place(True, f"{SERVICE_ENV} is set and the kubelet mounted {fields[4]}")
+    return ON_NODE
 
 
 NOT_VISIBLE = "not visible from the pod"

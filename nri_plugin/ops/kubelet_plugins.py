@@ -1,20 +1,12 @@
 """The kubelet's plugin registry: which kubelet plugins are registered on this node, and of
 which type, asked as the kubelet asks them (for ``nri-cdi doctor``, never the plugin;
-docs/operations/doctor.md, "Which DRA drivers are registered").
+docs/operations/doctor.md, "Which DRA drivers are registered", says how and why).
 
-Every kubelet plugin (a DRA driver's, a CSI driver's) registers by putting a Unix socket in
-the kubelet's plugin registry folder, ``/var/lib/kubelet/plugins_registry`` by default
-(names starting with "." are ignored). The kubelet calls the gRPC method
-``pluginregistration.Registration/GetInfo`` on it (an empty ``InfoRequest``); the reply,
-``PluginInfo``, carries the plugin's type (field 1: ``DRAPlugin``, ``CSIPlugin`` or
-``DevicePlugin``), its name (2), an optional endpoint (3) and the API versions it supports
-(4, repeated); Kubernetes' ``k8s.io/kubelet/pkg/apis/pluginregistration/v1``. A registered
-DRA driver is thus known whoever wrote it, without its file names.
-
-The call is made with grpcio when it is installed, all sockets at once, bounded by one
-short timeout; the reply is our own declaration of ``PluginInfo``
-(``kubelet_api/registration.proto``). Without grpcio, or when a socket does not answer in
-time, the socket counts as a kubelet plugin whose type is unknown.
+Each registration socket is asked ``pluginregistration.Registration/GetInfo`` (Kubernetes'
+``k8s.io/kubelet/pkg/apis/pluginregistration/v1``; our declaration of its messages:
+``kubelet_api/registration.proto``) with grpcio, all at once, bounded by one short timeout.
+Without grpcio, or when a socket does not answer in time, the socket counts as a kubelet
+plugin whose type is unknown.
 """
 
 from __future__ import annotations
@@ -22,6 +14,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,13 +37,7 @@ class KubeletPlugin:
     socket: str
     type: str = ""
     name: str = ""
-    endpoint: str = ""
-    versions: tuple[str, ...] = ()
     problem: str = ""
-
-    @property
-    def is_dra(self) -> bool:
-        return self.type == DRA_PLUGIN
 
     def describe(self) -> str:
         if not self.type:
@@ -69,7 +56,7 @@ class Registry:
 
     @property
     def dra(self) -> list[KubeletPlugin]:
-        return [p for p in self.plugins if p.is_dra]
+        return [p for p in self.plugins if p.type == DRA_PLUGIN]
 
     @property
     def unknown(self) -> list[KubeletPlugin]:
@@ -115,20 +102,16 @@ def ask(sockets: list[str], timeout: float = ASK_TIMEOUT) -> list[KubeletPlugin]
     if grpc is None:
         return [KubeletPlugin(socket=s, problem="grpcio is not installed, so doctor cannot "
                               "ask it") for s in sockets]
-    channels = []
-    pending = []
-    try:
+    with ExitStack() as channels:
+        pending = []
         for path in sockets:
-            channel = grpc.insecure_channel(f"unix://{os.path.abspath(path)}")
-            channels.append(channel)
+            channel = channels.enter_context(
+                grpc.insecure_channel(f"unix://{os.path.abspath(path)}"))
             # The reply is parsed in _answer, where a bad one is said as such.
             call = channel.unary_unary(
                 GET_INFO, request_serializer=pb.InfoRequest.SerializeToString)
             pending.append((path, call.future(pb.InfoRequest(), timeout=timeout)))
         return [_answer(path, future, grpc) for path, future in pending]
-    finally:
-        for channel in channels:
-            channel.close()
 
 
 def _answer(path: str, future: Any, grpc: Any) -> KubeletPlugin:
@@ -141,8 +124,7 @@ def _answer(path: str, future: Any, grpc: Any) -> KubeletPlugin:
         why = ("no answer in time" if code == grpc.StatusCode.DEADLINE_EXCEEDED
                else f"{code.name if code else 'error'}: {exc.details() or ''}".rstrip(": "))
         return KubeletPlugin(socket=path, problem=why)
-    return KubeletPlugin(socket=path, type=info.type, name=info.name, endpoint=info.endpoint,
-                         versions=tuple(info.supported_versions),
+    return KubeletPlugin(socket=path, type=info.type, name=info.name,
                          problem="" if info.type else "its reply names no type")
 
 

@@ -11,6 +11,7 @@ instead: containerd's defaults for the version that connects.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ from nri_plugin.ops.containerd_config import (
     locate,
     plugin_section,
 )
-from nri_plugin.ops.crio_config import DEFAULT_CDI_SPEC_DIRS, CrioConfig, locate_crio
+from nri_plugin.ops.crio_config import CrioConfig, CrioLocated, locate_crio
 from nri_plugin.plugins.cdi_injector.delegation import LIBRARY_DEFAULT_DIRS, RuntimeCdiConfig
 
 if TYPE_CHECKING:
@@ -31,16 +32,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("nri_cdi")
 
 
-def cri_cdi_settings(data: Mapping[str, Any] | None) -> tuple[bool | None, tuple[str, ...]]:
-    """(enable_cdi or None when unset, cdi_spec_dirs or the defaults) of a parsed
+def cri_cdi_settings(data: Mapping[str, Any] | None) -> tuple[NativeCdi, tuple[str, ...]]:
+    """(enable_cdi, UNKNOWN when unset; cdi_spec_dirs or the defaults) of a parsed
     containerd config (None: no file)."""
-    if not data:
-        return None, LIBRARY_DEFAULT_DIRS
-    section = plugin_section(data, CRI_V3_SECTION if data.get("version") == 3
+    section = plugin_section(data, CRI_V3_SECTION if data and data.get("version") == 3
                              else CRI_V2_SECTION)
     enabled = section.get("enable_cdi")
     dirs = section.get("cdi_spec_dirs")
-    return (bool(enabled) if isinstance(enabled, bool) else None,
+    return (NativeCdi.UNKNOWN if not isinstance(enabled, bool) else
+            NativeCdi.ON if enabled else NativeCdi.OFF,
             tuple(str(d) for d in dirs) if isinstance(dirs, list) and dirs
             else LIBRARY_DEFAULT_DIRS)
 
@@ -55,46 +55,54 @@ def why_unread(cfg: ContainerdConfig) -> str:
     return ""
 
 
+def crio_serving(settings: Settings) -> CrioLocated | None:
+    """The CRI-O whose files the plugin and doctor read: one running and serving the
+    plugin's socket, or, with no containerd configuration named, running or on the node
+    either, CRI-O's files where a node keeps them."""
+    if settings.runtime_cdi.containerd_config:
+        return None
+    found = locate_crio(settings.plugin.socket)
+    if found is None or found.pid is not None:
+        return found
+    containerd = locate(None, settings.plugin.socket)
+    return None if containerd.exe is not None or os.path.exists(containerd.path) else found
+
+
 def crio_cdi_config(cfg: CrioConfig) -> RuntimeCdiConfig:
     """CRI-O's own CDI as its files say: always on (no setting turns it off), reading
     ``cdi_spec_dirs``; CRI-O's defaults where the files could not be read."""
-    if cfg.error:
+    origin = f"CRI-O's own CDI is always on; read from {cfg.describe_files()} ({cfg.source})"
+    if cfg.error:  # cdi_spec_dirs is then CRI-O's default
         log.warning("CRI-O's settings were not read (%s); assuming CRI-O's defaults: its "
                     "own CDI on, reading %s. Set runtime_cdi.spec_dirs to CRI-O's "
-                    "cdi_spec_dirs", cfg.error, ", ".join(DEFAULT_CDI_SPEC_DIRS))
-        return RuntimeCdiConfig(enabled=True, spec_dirs=SpecDirs.of(DEFAULT_CDI_SPEC_DIRS),
-                                origin="CRI-O's defaults", unread=cfg.error)
-    return RuntimeCdiConfig(enabled=True, spec_dirs=SpecDirs.of(cfg.cdi_spec_dirs), origin=(
-        f"CRI-O's own CDI is always on; read from {cfg.describe_files()} ({cfg.source})"))
+                    "cdi_spec_dirs", cfg.error, ", ".join(cfg.cdi_spec_dirs))
+        origin = "CRI-O's defaults"
+    return RuntimeCdiConfig(enabled=NativeCdi.ON, spec_dirs=SpecDirs.of(cfg.cdi_spec_dirs),
+                            origin=origin, unread=cfg.error or "")
 
 
 def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
     wanted = settings.runtime_cdi
     if wanted.enabled != "auto" and wanted.spec_dirs is not None:
-        return RuntimeCdiConfig(enabled=wanted.enabled == "on",
+        return RuntimeCdiConfig(enabled=NativeCdi(wanted.enabled),
                                 spec_dirs=SpecDirs.of(wanted.spec_dirs),
                                 origin="runtime_cdi.enabled and runtime_cdi.spec_dirs set")
+    crio = crio_serving(settings)
+    if crio is not None:
+        return _overridden(crio_cdi_config(crio.read()), wanted)
     # The file the settings name, else the one the running containerd serving
     # plugin.socket was started with, else the default path.
-    located = locate(settings.runtime_cdi.containerd_config, settings.plugin.socket)
-    cfg = located.read(None)
-    # CRI-O's files when no containerd file was named and a CRI-O serves the socket, or
-    # none runs in view but CRI-O's files are where a node keeps them (and containerd's
-    # are not)
-    crio = (locate_crio(settings.plugin.socket)
-            if settings.runtime_cdi.containerd_config is None and not cfg.running else None)
-    if crio is not None and (crio.pid is not None or cfg.data is None):
-        return _overridden(crio_cdi_config(crio.read()), wanted)
+    cfg = locate(settings.runtime_cdi.containerd_config, settings.plugin.socket).read(None)
     unread = why_unread(cfg)
+    enabled, folders = cri_cdi_settings(cfg.data)  # no data when unread: UNKNOWN
+    dirs = UNKNOWN_DIRS if unread else SpecDirs.of(folders)
     if unread and settings.runtime_cdi.containerd_config:
-        enabled, dirs = None, UNKNOWN_DIRS
         origin = "containerd's defaults for its version"
         log.warning("containerd's settings were not read (%s); assuming containerd's "
                     "defaults for the version that connects. Name the file with "
                     "runtime_cdi.containerd_config, or set runtime_cdi.enabled and "
                     "runtime_cdi.spec_dirs", unread)
     elif unread:
-        enabled, dirs = None, UNKNOWN_DIRS
         origin = "the defaults of the runtime that connects"
         log.warning("the runtime's settings were not read (containerd's: %s; no CRI-O "
                     "configuration either); assuming the defaults of the runtime that "
@@ -102,12 +110,8 @@ def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
                     "Name containerd's file with runtime_cdi.containerd_config, or set "
                     "runtime_cdi.enabled and runtime_cdi.spec_dirs", unread)
     elif cfg.data is None:
-        enabled, folders = cri_cdi_settings(None)
-        dirs = SpecDirs.of(folders)
         origin = f"containerd's defaults: {cfg.source} runs without {cfg.path}"
     else:
-        enabled, folders = cri_cdi_settings(cfg.data)
-        dirs = SpecDirs.of(folders)
         origin = f"read from {cfg.read}"
     return _overridden(RuntimeCdiConfig(enabled=enabled, spec_dirs=dirs, origin=origin,
                                         unread=unread), wanted)
@@ -117,7 +121,7 @@ def _overridden(found: RuntimeCdiConfig, wanted: RuntimeCdiSettings) -> RuntimeC
     """``found`` with what the plugin's settings set themselves."""
     enabled, dirs, origin = found.enabled, found.spec_dirs, found.origin
     if wanted.enabled != "auto":
-        enabled = wanted.enabled == "on"
+        enabled = NativeCdi(wanted.enabled)
         origin += "; runtime_cdi.enabled set"
     if wanted.spec_dirs is not None:
         dirs = SpecDirs.of(wanted.spec_dirs)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from nri_plugin.nri.versions import NativeCdi
 from nri_plugin.ops.containerd_config import locate, read_containerd_config
 from nri_plugin.ops.runtime_cdi import cri_cdi_settings
 from tests.e2e import paths
@@ -70,7 +71,8 @@ def test_drop_ins_read_as_containerd_reads_them(e2e_ready: None, version: str,
             return
         assert len(ours.files) == 2
         our_enabled, our_dirs = cri_cdi_settings(ours.data)
-        assert (DEFAULT_ON[version] if our_enabled is None else our_enabled,
+        assert (DEFAULT_ON[version] if our_enabled is NativeCdi.UNKNOWN
+                else our_enabled is NativeCdi.ON,
                 list(our_dirs)) == (enabled, dirs)
         # Where both merge rules agree, the version need not be known.
         if case == "another plugin's section":

@@ -27,7 +27,7 @@ from tests.nri_plugin.test_no_io import _nvidia_registry
 
 def _plugin(holder: RegistryHolder, **kwargs: object) -> CdiInjector:
     plugin = CdiInjector(holder.get, vendors=holder.vendors, wiring=Wiring(
-        runtime_cdi=RuntimeCdiConfig(enabled=True, origin="test",
+        runtime_cdi=RuntimeCdiConfig(enabled=NativeCdi.ON, origin="test",
                                      spec_dirs=SpecDirs.of(holder.get().snapshot.spec_dirs))),
         **kwargs)  # type: ignore[arg-type]
     plugin.configure("", "containerd", "2.1.9")
@@ -178,7 +178,7 @@ def test_cdi_devices_the_runtime_ignored_are_injected_by_the_plugin(tmp_path: Pa
     so the plugin injects them (a kubelet >= 1.31 sends a DRA claim only there)."""
     holder = _nvidia_registry(tmp_path)
     plugin = CdiInjector(holder.get, vendors=holder.vendors, wiring=Wiring(
-        runtime_cdi=RuntimeCdiConfig(enabled=False, spec_dirs=CDI_OFF, origin="test")))
+        runtime_cdi=RuntimeCdiConfig(enabled=NativeCdi.OFF, spec_dirs=CDI_OFF, origin="test")))
     plugin.configure("", "containerd", "2.2.0")
     ctr = nri_pb2.Container(id="c1", name="app")
     ctr.CDI_devices.add(name="nvidia.com/gpu=1")

@@ -49,7 +49,7 @@ def _native_result(annotations: dict[str, str]) -> nri_pb2.Container:
     return ctr
 
 
-def _plugin(snapshot: Snapshot, enabled: bool | None, version: str = "2.1.9") -> CdiInjector:
+def _plugin(snapshot: Snapshot, enabled: NativeCdi, version: str = "2.1.9") -> CdiInjector:
     plugin = CdiInjector(lambda: Registry(snapshot), wiring=Wiring(runtime_cdi=RuntimeCdiConfig(
         enabled=enabled, spec_dirs=SpecDirs.of(snapshot.spec_dirs), origin="test")))
     plugin.configure("", "containerd", version)
@@ -57,7 +57,7 @@ def _plugin(snapshot: Snapshot, enabled: bool | None, version: str = "2.1.9") ->
 
 
 def test_runtime_injected_annotations_are_left_alone(snapshot: Snapshot) -> None:
-    plugin = _plugin(snapshot, None)  # containerd 2.x: on by default
+    plugin = _plugin(snapshot, NativeCdi.UNKNOWN)  # containerd 2.x: on by default
     assert plugin.runtime.native_cdi is NativeCdi.ON
     assert plugin.create_container(_pod(), _native_result({"cdi.k8s.io/x": BOTH})) is None
 
@@ -66,7 +66,7 @@ def test_without_native_cdi_the_env_only_device_would_flip_the_value(
         snapshot: Snapshot) -> None:
     # What the issue saw with 2.x defaults: only the node device was recognised, the
     # env-only one applied again over FOO=bar.
-    plugin = _plugin(snapshot, False)
+    plugin = _plugin(snapshot, NativeCdi.OFF)
     adjustment = plugin.create_container(_pod(), _native_result({"cdi.k8s.io/x": BOTH}))
     assert adjustment is not None
     assert [(kv.key, kv.value) for kv in adjustment.env] == [("FOO", "from-env-device")]
@@ -75,7 +75,7 @@ def test_without_native_cdi_the_env_only_device_would_flip_the_value(
 def test_native_cdi_set_but_evidently_off_injects(snapshot: Snapshot) -> None:
     # containerd 2.0 takes no CDI_devices: the plugin injects itself (2.1 would be handed
     # the request, for the node's rwm: see test_nri_versions.py)
-    plugin = _plugin(snapshot, True, "2.0.5")
+    plugin = _plugin(snapshot, NativeCdi.ON, "2.0.5")
     bare = nri_pb2.Container(id="c2", pod_sandbox_id="p1", name="app",
                              annotations={"cdi.k8s.io/x": BOTH})  # no /dev/ex0: not injected
     adjustment = plugin.create_container(_pod(), bare)
@@ -99,7 +99,7 @@ def test_synchronize_does_not_evict_what_the_runtime_injected(
     # (its node is not there, so the runtime's CDI did not run and the device is missing).
     on = find_unserved([_pod()], [bare], judge, NativeCdi.ON)
     assert [u.missing for u in on] == [("example.com/dev=node",)]
-    plugin = _plugin(snapshot, True)
+    plugin = _plugin(snapshot, NativeCdi.ON)
     decided = plugin.decide(_pod(), bare)
     assert decided is not None and (*decided.devices, *decided.delegated) == (
         "example.com/dev=envonly", "example.com/dev=node")
@@ -107,10 +107,12 @@ def test_synchronize_does_not_evict_what_the_runtime_injected(
 
 def test_runtime_info_from_config() -> None:
     c17 = RuntimeInfo.from_configure("containerd", "1.7.30")
-    off = RuntimeCdiConfig(enabled=None, spec_dirs=SpecDirs.of(("/etc/cdi",))).applied_to(c17)
+    off = RuntimeCdiConfig(enabled=NativeCdi.UNKNOWN,
+                           spec_dirs=SpecDirs.of(("/etc/cdi",))).applied_to(c17)
     assert off.native_cdi is NativeCdi.OFF and off.cdi_spec_dirs == CDI_OFF  # 1.7 needs enable_cdi
     c21 = RuntimeInfo.from_configure("containerd", "2.1.9")
-    off21 = RuntimeCdiConfig(enabled=False, spec_dirs=SpecDirs.of(("/opt/x",))).applied_to(c21)
+    off21 = RuntimeCdiConfig(enabled=NativeCdi.OFF,
+                             spec_dirs=SpecDirs.of(("/opt/x",))).applied_to(c21)
     # the library's defaults
     assert off21.cdi_spec_dirs == SpecDirs.of(("/etc/cdi", "/var/run/cdi"))
     on21 = RuntimeCdiConfig(spec_dirs=SpecDirs.of(("/opt/x",))).applied_to(c21)
@@ -135,7 +137,7 @@ def test_cdi_devices_names_count_unless_the_runtimes_cdi_is_known_off(
 def test_handed_over_creation_is_judged_at_removal_with_no_start_round_trip(
         snapshot: Snapshot, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO")
-    plugin = _plugin(snapshot, True)
+    plugin = _plugin(snapshot, NativeCdi.ON)
     mask = plugin.configure("", "containerd", "2.1.9")
     # Neither PostCreate (0x10) nor Start (0x20): nothing inside a container's creation
     # and start but CreateContainer itself.

@@ -22,7 +22,7 @@ from cdi.edits import apply
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.stub import Stub, StubOptions
-from nri_plugin.nri.versions import CDI_OFF, RuntimeInfo, SpecDirs
+from nri_plugin.nri.versions import CDI_OFF, NativeCdi, RuntimeInfo, SpecDirs
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
 from nri_plugin.plugins.cdi_injector.plan import PlanFor, plan_injection
@@ -78,8 +78,8 @@ def _runtime(name: str, version: str, snapshot: Snapshot, *, known: bool) -> Run
     runtime = RuntimeInfo.from_configure(name, version)
     if not known:
         return runtime  # the runtime's CDI set-up unknown: nothing handed over for access
-    return RuntimeCdiConfig(enabled=True, spec_dirs=SpecDirs.of(snapshot.spec_dirs)).applied_to(
-        runtime)
+    return RuntimeCdiConfig(enabled=NativeCdi.ON,
+                            spec_dirs=SpecDirs.of(snapshot.spec_dirs)).applied_to(runtime)
 
 
 def _native(snapshot: Snapshot, spec: dict[str, Any], names: list[str]) -> dict[str, Any]:
@@ -199,7 +199,7 @@ def test_over_the_wire_as_containerd(snapshot: Snapshot, version: str,
     # containerd: two events per container, and the created container as native's.
     plugin = StartGuard(CdiInjector(
         lambda: Registry(snapshot), policy=annotations_policy(nvidia=False),
-        wiring=Wiring(runtime_cdi=RuntimeCdiConfig(enabled=False, spec_dirs=CDI_OFF,
+        wiring=Wiring(runtime_cdi=RuntimeCdiConfig(enabled=NativeCdi.OFF, spec_dirs=CDI_OFF,
                                                    origin="test"))))
     # (nothing handed over: NRI alone)
     names = ["example.com/v=rw", "example.com/v=block"]

@@ -24,7 +24,7 @@ from cdi.edits import apply
 from cdi.libpath import merge_library_path
 from nri_cdi_testbed.tegra import BuiltTegraNode, TegraLayout
 from nri_plugin.nri.api import nri_pb2
-from nri_plugin.nri.versions import RuntimeInfo, SpecDirs
+from nri_plugin.nri.versions import NativeCdi, RuntimeInfo, SpecDirs
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.plan import PlanFor, plan_injection
@@ -72,8 +72,8 @@ def _native(snapshot: Snapshot, spec: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize("name, version", RUNTIMES, ids=[f"{n}-{v}" for n, v in RUNTIMES])
 def test_gpu_0_through_the_plugin_is_native_cdi(snapshot: Snapshot, name: str,
                                                 version: str) -> None:
-    runtime = RuntimeCdiConfig(enabled=True, spec_dirs=SpecDirs.of(snapshot.spec_dirs)).applied_to(
-        RuntimeInfo.from_configure(name, version))
+    runtime = RuntimeCdiConfig(enabled=NativeCdi.ON, spec_dirs=SpecDirs.of(
+        snapshot.spec_dirs)).applied_to(RuntimeInfo.from_configure(name, version))
     # the default policy (additionalGids: drop) where neither NRI nor the runtime can add them
     plan = plan_injection(snapshot, [DeviceRequest(n, "test") for n in NAMES], runtime,
                           PlanFor(drop_gids=True))

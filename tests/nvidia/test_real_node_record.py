@@ -18,7 +18,7 @@ from cdi.cache import Snapshot, SpecCache
 from cdi.edits import apply
 from cdi.libpath import merge_library_path
 from nri_cdi_testbed.node_check.check import spec_differences, spec_facts
-from nri_plugin.nri.versions import RuntimeInfo, SpecDirs
+from nri_plugin.nri.versions import NativeCdi, RuntimeInfo, SpecDirs
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.plan import plan_injection
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
@@ -110,8 +110,8 @@ def _access(spec: dict[str, Any]) -> dict[tuple[int, int], set[str]]:
 @pytest.mark.parametrize("name, version", RUNTIMES, ids=[f"{n}-{v}" for n, v in RUNTIMES])
 def test_gpu_0_through_the_plugin_is_native_cdi(snapshot: Snapshot, name: str,
                                                 version: str) -> None:
-    runtime = RuntimeCdiConfig(enabled=True, spec_dirs=SpecDirs.of(snapshot.spec_dirs)).applied_to(
-        RuntimeInfo.from_configure(name, version))
+    runtime = RuntimeCdiConfig(enabled=NativeCdi.ON, spec_dirs=SpecDirs.of(
+        snapshot.spec_dirs)).applied_to(RuntimeInfo.from_configure(name, version))
     names = ["nvidia.com/gpu=0"]
     plan = plan_injection(snapshot, [DeviceRequest(n, "test") for n in names], runtime)
     cdi = (lambda spec, wanted: _native(snapshot, spec, wanted)) \

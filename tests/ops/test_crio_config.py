@@ -59,10 +59,15 @@ def test_drop_ins_override_key_by_key_in_path_order_then_flags(tmp_path: Path) -
     ("[crio.nri\n", "crio.conf"),
     ('[crio.nri]\nnri_plugin_request_timeout = "soon"\n', "not a duration: 'soon'"),
     ('[crio.runtime]\ncdi_spec_dirs = "/etc/cdi"\n', "cdi_spec_dirs: not a list of paths"),
+    ('[crio.nri]\nenable_nri = "yes"\n', "[crio.nri] enable_nri: not a bool"),
+    ("crio = 1\n", None),
 ])
-def test_a_bad_file_is_said_not_read(tmp_path: Path, text: str, why: str) -> None:
+def test_a_bad_file_is_said_not_read(tmp_path: Path, text: str, why: str | None) -> None:
     config, folder = _files(tmp_path, text)
     cfg = read_crio_config(str(config), str(folder))
+    if why is None:  # not CRI-O's tables: its defaults, read
+        assert cfg.error is None and cfg.nri_enabled
+        return
     assert cfg.error is not None and why in cfg.error
     assert cfg.cdi_spec_dirs == DEFAULT_CDI_SPEC_DIRS  # CRI-O's defaults, said as assumed
 
@@ -112,3 +117,25 @@ def test_doctor_says_what_crio_lacks(tmp_path: Path) -> None:
     assert wrong.status == "fail" and "plugin.socket: /run/nri/nri.sock" in wrong.fix
     off = read_crio_config(str(config), str(folder), flags=("--enable-nri=false",))
     assert check_crio_nri(off, "/run/nri/nri.sock").detail == "[crio.nri] enable_nri = false"
+
+
+def test_doctor_runs_crios_checks_where_crio_serves_the_socket(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nri_plugin.ops import doctor, runtime_cdi
+    from nri_plugin.ops.crio_config import CrioLocated
+    from nri_plugin.ops.inpod import ON_NODE
+    from nri_plugin.ops.settings import defaults
+
+    config, folder = _files(tmp_path, '[crio.nri]\nnri_listen = "/run/crio-nri.sock"\n')
+    found = CrioLocated(path=str(config), drop_in_dir=str(folder), pid=7,
+                        source="the running crio (pid 7)")
+    monkeypatch.setattr(runtime_cdi, "locate_crio", lambda socket: found)
+    settings = defaults().with_values({
+        "plugin.socket": "/run/crio-nri.sock", "plugin.spec_dirs": [str(tmp_path / "cdi")],
+        "doctor.plugin_registry": str(tmp_path / "registry"),
+        "plugin.pod_resources_socket": ""})
+    names = [c.name for c in doctor.run_checks(settings, check_generated=False, place=ON_NODE)]
+    assert names[:2] == ["CRI-O's settings", "NRI enabled in CRI-O"]
+    assert names[-4:] == ["CRI-O's own CDI", "spec kinds the runtime's CDI can load",
+                          "kubelet allocations", "driver architecture"]
+    assert not any("containerd" in n for n in names)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nri_plugin.nri.versions import CDI_OFF, RuntimeInfo
+from nri_plugin.nri.versions import CDI_OFF, NativeCdi, RuntimeInfo
 from nri_plugin.ops.doctor import ContainerdConfig, check_dra
 from nri_plugin.ops.runtime_cdi import start_warning
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
@@ -34,22 +34,22 @@ def test_cdi_on_serves_dra(tmp_path: Path) -> None:
     assert check_dra(ContainerdConfig(path="/x", data=None, major=2), ["/etc/cdi"]).status == "ok"
 
 
-def _runtime(version: str, enabled: bool) -> RuntimeInfo:
+def _runtime(version: str, enabled: NativeCdi) -> RuntimeInfo:
     runtime = RuntimeInfo.from_configure("containerd", version)
     return RuntimeCdiConfig(enabled=enabled, spec_dirs=CDI_OFF, origin="test").applied_to(runtime)
 
 
 def test_the_plugin_warns_at_start_where_claims_reach_nobody() -> None:
-    line = start_warning(_runtime("1.7.24", False))
+    line = start_warning(_runtime("1.7.24", NativeCdi.OFF))
     assert line is not None and "enable_cdi = true" in line and "\n" not in line
-    assert start_warning(_runtime("2.1.9", True)) is None
+    assert start_warning(_runtime("2.1.9", NativeCdi.ON)) is None
     # containerd 2.2 (NRI 0.11) leaves Container.CDI_devices empty: dropped silently too
-    line = start_warning(_runtime("2.2.1", False))
+    line = start_warning(_runtime("2.2.1", NativeCdi.OFF))
     assert line is not None and "start without their devices" in line
     # containerd 2.3 fills it, but refuses CDIDevices with its CDI off before NRI
-    line = start_warning(_runtime("2.3.4", False))
+    line = start_warning(_runtime("2.3.4", NativeCdi.OFF))
     assert line is not None and "fail to be created" in line
-    assert start_warning(_runtime("2.3.4", True)) is None
+    assert start_warning(_runtime("2.3.4", NativeCdi.ON)) is None
 
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"

@@ -26,7 +26,8 @@ def test_version_3_config(tmp_path: Path) -> None:
     config.write_text('version = 3\n[plugins."io.containerd.cri.v1.runtime"]\n'
                       '  enable_cdi = true\n  cdi_spec_dirs = ["/opt/cdi"]\n')
     got = runtime_cdi_config(_settings(config))
-    assert (got.enabled, got.spec_dirs, got.unread) == (True, SpecDirs.of(("/opt/cdi",)), "")
+    assert (got.enabled, got.spec_dirs, got.unread) == (NativeCdi.ON,
+                                                        SpecDirs.of(("/opt/cdi",)), "")
     assert got.origin == f"read from {config}"
     applied = got.applied_to(C21)
     assert applied.native_cdi is NativeCdi.ON
@@ -44,7 +45,7 @@ def test_a_drop_in_counts(tmp_path: Path) -> None:
     (tmp_path / "conf.d" / "50-off.toml").write_text(
         'version = 3\n[plugins."io.containerd.cri.v1.runtime"]\n  enable_cdi = false\n')
     got = runtime_cdi_config(_settings(config))
-    assert (got.enabled, got.spec_dirs) == (False, SpecDirs.of(("/opt/cdi",)))
+    assert (got.enabled, got.spec_dirs) == (NativeCdi.OFF, SpecDirs.of(("/opt/cdi",)))
     assert got.origin == f"read from {config} (+ {tmp_path / 'conf.d' / '50-off.toml'})"
     assert got.describe(C21).startswith("runtime's own CDI off, resolves CDI_devices from")
 
@@ -54,7 +55,7 @@ def test_no_file_is_said_to_be_an_assumption(tmp_path: Path,
     # The defect: containerd 2.1 had enable_cdi = false in a file the plugin was not told
     # about, and the plugin said "own CDI on, /etc/cdi, /var/run/cdi" as a fact.
     got = runtime_cdi_config(_settings(tmp_path / "absent.toml"))
-    assert got.enabled is None and got.spec_dirs is UNKNOWN_DIRS
+    assert got.enabled is NativeCdi.UNKNOWN and got.spec_dirs is UNKNOWN_DIRS
     assert got.unread.startswith(f"no {tmp_path / 'absent.toml'}")
     said = got.describe(C21)
     assert said.startswith("the runtime's settings were not read (no ")
@@ -69,7 +70,7 @@ def test_an_unreadable_file_is_not_read(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text('version = 3\nimports = ["/nonexistent/extra.toml"]\n')
     got = runtime_cdi_config(_settings(config))
-    assert got.enabled is None and got.spec_dirs is UNKNOWN_DIRS
+    assert got.enabled is NativeCdi.UNKNOWN and got.spec_dirs is UNKNOWN_DIRS
     assert "/nonexistent/extra.toml, which" in got.unread and "imports, is not there" in \
         got.unread
     config.write_text("version = 3\n[plugins\n")
@@ -80,11 +81,13 @@ def test_settings_override_the_file(tmp_path: Path) -> None:
     config = tmp_path / "config.toml"
     config.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  enable_cdi = true\n')
     got = runtime_cdi_config(_settings(config, **{"runtime_cdi.enabled": "off"}))
-    assert (got.enabled, got.spec_dirs) == (False, SpecDirs.of(("/etc/cdi", "/var/run/cdi")))
+    assert (got.enabled, got.spec_dirs) == (NativeCdi.OFF,
+                                     SpecDirs.of(("/etc/cdi", "/var/run/cdi")))
     assert got.origin == f"read from {config}; runtime_cdi.enabled set"
     both = runtime_cdi_config(_settings(tmp_path / "absent.toml", **{
         "runtime_cdi.enabled": "off", "runtime_cdi.spec_dirs": ["/srv/cdi"]}))
-    assert (both.enabled, both.spec_dirs, both.unread) == (False, SpecDirs.of(("/srv/cdi",)), "")
+    assert (both.enabled, both.spec_dirs, both.unread) == (NativeCdi.OFF,
+                                                           SpecDirs.of(("/srv/cdi",)), "")
     assert both.origin == "runtime_cdi.enabled and runtime_cdi.spec_dirs set"
 
 
@@ -109,7 +112,8 @@ def test_a_running_crio_serving_the_socket_is_read(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(runtime_cdi, "locate_crio", lambda socket: found)
     settings = Settings().with_values({"plugin.socket": "/run/crio-nri.sock"})
     got = runtime_cdi_config(settings)
-    assert (got.enabled, got.spec_dirs, got.unread) == (True, SpecDirs.of(("/srv/cdi",)), "")
+    assert (got.enabled, got.spec_dirs, got.unread) == (NativeCdi.ON,
+                                                        SpecDirs.of(("/srv/cdi",)), "")
     assert got.origin == (f"CRI-O's own CDI is always on; read from {config} "
                           "(the running crio (pid 7))")
     assert "containerd" not in caplog.text

@@ -23,11 +23,11 @@ LIBRARY_DEFAULT_DIRS = DEFAULT_SPEC_DIRS
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RuntimeCdiConfig:
     """What the runtime's configuration says about its own CDI support: ``enabled``
-    (containerd enable_cdi; None: the version's default) and ``spec_dirs`` (cdi_spec_dirs,
+    (containerd enable_cdi; UNKNOWN: the version's default) and ``spec_dirs`` (cdi_spec_dirs,
     or unknown). ``origin`` says where it was read, for the log; ``unread`` why the
     runtime's settings were not read ("" when they were): the values are then assumed."""
 
-    enabled: bool | None = None
+    enabled: NativeCdi = NativeCdi.UNKNOWN
     spec_dirs: SpecDirs = UNKNOWN_DIRS
     origin: str = "not configured"
     unread: str = ""
@@ -36,7 +36,8 @@ class RuntimeCdiConfig:
         """``runtime`` with the folders its CDI resolves CDI_devices from and whether it
         injects annotations itself. containerd >= 2.1 resolves CDI_devices with the CDI
         library's default cache when enable_cdi is off; 1.7.30+ refuses them then."""
-        on = self.enabled if self.enabled is not None else runtime.native_cdi_on_by_default
+        on = (runtime.native_cdi_on_by_default if self.enabled is NativeCdi.UNKNOWN
+              else self.enabled is NativeCdi.ON)
         dirs = self.spec_dirs
         if not on and runtime.is_containerd and runtime.version is not None:
             dirs = SpecDirs.of(LIBRARY_DEFAULT_DIRS) if runtime.version >= (2, 0, 0) else CDI_OFF
