@@ -124,13 +124,13 @@ def test_doctor_runs_crios_checks_where_crio_serves_the_socket(
     from nri_plugin.ops import doctor, runtime_cdi
     from nri_plugin.ops.crio_config import CrioLocated
     from nri_plugin.ops.inpod import ON_NODE
-    from nri_plugin.ops.settings import defaults
+    from nri_plugin.ops.settings import Settings
 
     config, folder = _files(tmp_path, '[crio.nri]\nnri_listen = "/run/crio-nri.sock"\n')
     found = CrioLocated(path=str(config), drop_in_dir=str(folder), pid=7,
                         source="the running crio (pid 7)")
     monkeypatch.setattr(runtime_cdi, "locate_crio", lambda socket: found)
-    settings = defaults().with_values({
+    settings = Settings().with_values({
         "plugin.socket": "/run/crio-nri.sock", "plugin.spec_dirs": [str(tmp_path / "cdi")],
         "doctor.plugin_registry": str(tmp_path / "registry"),
         "plugin.pod_resources_socket": ""})
