@@ -14,7 +14,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -317,7 +317,6 @@ class Stub:
                     if opts.sock is None and PLUGIN_SOCKET_ENV in env else None)
         self.log = opts.logger or logging.getLogger("nri_plugin.nri.stub")
         self._session: _Session | None = None
-        self._registered = False
         self._stopping = False
         self._wake = asyncio.Event()
 
@@ -325,11 +324,6 @@ class Stub:
     def launched(self) -> bool:
         """True when we have a one-shot connection (runtime-launched or given ``sock``)."""
         return self._sock is not None or self._fd is not None
-
-    @property
-    def connected(self) -> bool:
-        """Registered with the runtime on the current connection."""
-        return self._registered
 
     @property
     def configuration(self) -> Configuration | None:
@@ -406,22 +400,6 @@ class Stub:
         if self._session is not None:
             self._session.close()
 
-    async def update_containers(
-        self,
-        updates: Iterable[nri_pb2.ContainerUpdate],
-        evictions: Iterable[nri_pb2.ContainerEviction] = (),
-        *,
-        timeout: float | None = None,
-    ) -> list[nri_pb2.ContainerUpdate]:
-        """Ask the runtime to update (or evict) containers; returns the failed updates."""
-        if self._session is None or not self._registered:
-            raise ConnectionError("not registered with a runtime")
-        request = nri_pb2.UpdateContainersRequest(update=list(updates), evict=list(evictions))
-        reply = await self._session.call("UpdateContainers", request, timeout)
-        if not reply.ok:
-            raise RpcError(Code(reply.code), reply.message)
-        return list(nri_pb2.UpdateContainersResponse.FromString(reply.payload).failed)
-
     # --- one connection ---
 
     async def _connect(self) -> _Session:
@@ -451,7 +429,6 @@ class Stub:
         error: BaseException | None = None
         try:
             await self._register(session)
-            self._registered = True
             self.log.info("registered as %s-%s", self.idx, self.name)
             if self.options.on_connected is not None:
                 await _maybe_await(self.options.on_connected(self))
@@ -461,7 +438,6 @@ class Stub:
             error = exc
             session.close()
         finally:
-            self._registered = False
             self._session = None
         self.log.info("connection closed%s", f": {error}" if error else "")
         if self.options.on_close is not None:

@@ -368,3 +368,9 @@ def test_an_empty_page_with_more_is_a_stalled_synchronize() -> None:
 def test_methods_cover_the_plugin_service() -> None:
     served = {m.name for m in nri_pb2.DESCRIPTOR.services_by_name["Plugin"].methods}
     assert served == METHODS
+    # Each is handled, not answered UNIMPLEMENTED (StateChange, empty, names no event).
+    for method in sorted(METHODS - {"StateChange"}):
+        dispatch(Recorder(), method, b"")
+    with pytest.raises(RpcError) as info:
+        dispatch(Recorder(), "ValidateContainerAdjustment", b"")
+    assert info.value.code == Code.UNIMPLEMENTED
