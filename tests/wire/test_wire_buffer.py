@@ -14,13 +14,6 @@ def test_take_returns_none_until_enough_bytes() -> None:
     assert not buf
 
 
-def test_peek_does_not_consume() -> None:
-    buf = ReceiveBuffer()
-    buf.feed(b"hello")
-    assert buf.peek(2) == b"he"
-    assert buf.take(5) == b"hello"
-
-
 def test_take_at_most_and_trailing_bytes_survive() -> None:
     buf = ReceiveBuffer()
     buf.feed(b"0123456789")

@@ -18,25 +18,19 @@ from nri_plugin.nri.wire._errors import (
 )
 from nri_plugin.nri.wire._events import (
     ConnectionClosed,
-    Event,
     RequestReceived,
     RequestRejected,
     ResponseReceived,
 )
-from nri_plugin.nri.wire._mux import GO_READ_BUFFER, PLUGIN_CONN, RUNTIME_CONN
 from nri_plugin.nri.wire._state import ConnectionState
 from nri_plugin.nri.wire._ttrpc import MAX_DATA, Code
 
 __all__ = [
-    "GO_READ_BUFFER",
     "MAX_DATA",
-    "PLUGIN_CONN",
-    "RUNTIME_CONN",
     "Code",
     "Connection",
     "ConnectionClosed",
     "ConnectionState",
-    "Event",
     "FrameTooLargeError",
     "LocalProtocolError",
     "MessageTooLargeError",

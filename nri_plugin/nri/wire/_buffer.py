@@ -21,18 +21,9 @@ class ReceiveBuffer:
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         self._data += data
 
-    def peek(self, n: int) -> bytes | None:
-        """The next ``n`` bytes without consuming them, or ``None`` if fewer are here."""
-        if len(self) < n:
-            return None
-        return bytes(self._data[self._start : self._start + n])
-
     def take(self, n: int) -> bytes | None:
         """Consume exactly ``n`` bytes, or return ``None`` (need more data)."""
-        chunk = self.peek(n)
-        if chunk is not None:
-            self._consume(n)
-        return chunk
+        return self.take_at_most(n) if len(self) >= n else None
 
     def take_at_most(self, n: int) -> bytes:
         """Consume up to ``n`` bytes (possibly none)."""

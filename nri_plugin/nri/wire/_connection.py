@@ -242,13 +242,3 @@ class Connection:
     def buffered(self) -> int:
         """Received bytes held for incomplete frames (bounded, see ``FrameReader``)."""
         return self._mux.buffered + sum(r.buffered for r in self._readers.values())
-
-    @property
-    def pending_calls(self) -> tuple[int, ...]:
-        """Stream ids of our calls still waiting for a response."""
-        return tuple(sorted(self._client.pending))
-
-    @property
-    def requests_in_flight(self) -> tuple[int, ...]:
-        """Stream ids of peer requests we have not answered yet."""
-        return tuple(sorted(self._server.in_flight))

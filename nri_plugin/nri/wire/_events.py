@@ -1,15 +1,10 @@
-"""Events returned by ``Connection.receive_data`` (validated at construction)."""
+"""Events returned by ``Connection.receive_data``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from nri_plugin.nri.wire._ttrpc import Code
-
-
-def _check_stream_id(stream_id: int) -> None:
-    if stream_id <= 0 or stream_id % 2 == 0:
-        raise ValueError(f"client-initiated stream ids are odd and positive, got {stream_id}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,9 +18,6 @@ class RequestReceived:
     # the peer's remaining deadline; 0 = none (docs/developer/nri-protocol.md §1.3)
     timeout_nano: int = 0
     metadata: tuple[tuple[str, str], ...] = ()
-
-    def __post_init__(self) -> None:
-        _check_stream_id(self.stream_id)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,9 +44,6 @@ class ResponseReceived:
     payload: bytes
     code: int = Code.OK
     message: str = ""
-
-    def __post_init__(self) -> None:
-        _check_stream_id(self.stream_id)
 
     @property
     def ok(self) -> bool:

@@ -27,30 +27,23 @@ MAX_DATA = 4 << 20  # messageLengthMax (docs/developer/nri-protocol.md §1.1)
 
 class MessageType(enum.IntEnum):
     REQUEST = 1
-    RESPONSE = 2
-    DATA = 3  # streaming only; NRI never sends it (docs/developer/nri-protocol.md §1.1)
+    RESPONSE = 2  # and 3, DATA: streaming only; NRI never sends it (nri-protocol.md §1.1)
 
 
 class Code(enum.IntEnum):
-    """gRPC status codes carried in ttrpc responses (docs/developer/nri-protocol.md §1.4)."""
+    """The gRPC status codes carried in ttrpc responses that this library sends or reads
+    (docs/developer/nri-protocol.md §1.4)."""
 
     OK = 0
-    CANCELLED = 1
     UNKNOWN = 2
     INVALID_ARGUMENT = 3
     DEADLINE_EXCEEDED = 4
     NOT_FOUND = 5
-    ALREADY_EXISTS = 6
     PERMISSION_DENIED = 7
     RESOURCE_EXHAUSTED = 8
     FAILED_PRECONDITION = 9
-    ABORTED = 10
-    OUT_OF_RANGE = 11
     UNIMPLEMENTED = 12
-    INTERNAL = 13
-    UNAVAILABLE = 14
     DATA_LOSS = 15
-    UNAUTHENTICATED = 16
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
