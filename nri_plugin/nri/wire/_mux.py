@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from nri_plugin.nri.wire._buffer import ReceiveBuffer
+from nri_plugin.nri.wire._buffer import take
 from nri_plugin.nri.wire._errors import FrameTooLargeError, LocalProtocolError, RemoteProtocolError
 
 HEADER = struct.Struct(">II")
@@ -68,7 +68,7 @@ class MuxReader:
     __slots__ = ("_buffer", "_conn_id", "_max_payload", "_remaining")
 
     def __init__(self, *, max_payload: int = MAX_PAYLOAD) -> None:
-        self._buffer = ReceiveBuffer()
+        self._buffer = bytearray()
         self._max_payload = max_payload
         self._conn_id = 0
         self._remaining = 0
@@ -83,21 +83,21 @@ class MuxReader:
         return len(self._buffer)
 
     def feed(self, data: bytes | memoryview) -> list[Chunk]:
-        self._buffer.feed(data)
+        self._buffer += data
         chunks: list[Chunk] = []
         while True:
             if self._remaining == 0:
                 if not self._next_header():
                     return chunks
                 continue
-            piece = self._buffer.take_at_most(self._remaining)
+            piece = take(self._buffer, min(self._remaining, len(self._buffer)))
             if not piece:
                 return chunks
             self._remaining -= len(piece)
             chunks.append(Chunk(conn_id=self._conn_id, data=piece))
 
     def _next_header(self) -> bool:
-        raw = self._buffer.take(HEADER.size)
+        raw = take(self._buffer, HEADER.size)
         if raw is None:
             return False
         conn_id, length = HEADER.unpack(raw)

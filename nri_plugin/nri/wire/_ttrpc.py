@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from nri_plugin.nri.api import ttrpc_pb2
-from nri_plugin.nri.wire._buffer import ReceiveBuffer
+from nri_plugin.nri.wire._buffer import take
 from nri_plugin.nri.wire._errors import (
     FrameTooLargeError,
     MessageTooLargeError,
@@ -75,7 +75,7 @@ class FrameReader:
     __slots__ = ("_buffer", "_header", "_max_data")
 
     def __init__(self, *, max_data: int = MAX_DATA) -> None:
-        self._buffer = ReceiveBuffer()
+        self._buffer = bytearray()
         self._header: tuple[int, int, int, int] | None = None
         self._max_data = max_data
 
@@ -88,7 +88,7 @@ class FrameReader:
         return len(self._buffer)
 
     def feed(self, data: bytes) -> list[Frame]:
-        self._buffer.feed(data)
+        self._buffer += data
         frames = []
         while (frame := self._next_frame()) is not None:
             frames.append(frame)
@@ -96,7 +96,7 @@ class FrameReader:
 
     def _next_frame(self) -> Frame | None:
         if self._header is None:
-            raw = self._buffer.take(HEADER.size)
+            raw = take(self._buffer, HEADER.size)
             if raw is None:
                 return None
             length, stream_id, mtype, flags = HEADER.unpack(raw)
@@ -110,7 +110,7 @@ class FrameReader:
                 )
             self._header = (length, stream_id, mtype, flags)
         length, stream_id, mtype, flags = self._header
-        data = self._buffer.take(length)
+        data = take(self._buffer, length)
         if data is None:
             return None
         self._header = None
