@@ -1,5 +1,5 @@
-"""From a ttrpc request on the Plugin service to a ``Plugin`` method and back: one table row
-per method. Pure: bytes in, bytes out, so it runs without sockets or an event loop.
+"""From a ttrpc request on the Plugin service to a ``Plugin`` method and back. Pure: bytes in,
+bytes out, so it runs without sockets or an event loop.
 """
 
 from __future__ import annotations
@@ -185,13 +185,11 @@ class SyncCollector:
     ``max_bytes`` of pages: beyond it they are answered but only counted
     (docs/developer/nri-protocol.md §3.5)."""
 
-    __slots__ = ("containers", "dropped_bytes", "dropped_pages", "kept_bytes", "max_bytes",
-                 "pages", "pods")
+    __slots__ = ("containers", "dropped_bytes", "dropped_pages", "kept_bytes", "pages", "pods")
 
-    DEFAULT_MAX_BYTES = 16 << 20  # four full pages: thousands of containers
+    max_bytes = 16 << 20  # four full pages: thousands of containers
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        self.max_bytes = max_bytes
+    def __init__(self) -> None:
         self.reset()
 
     def add(self, req: nri_pb2.SynchronizeRequest, size: int = 0) -> bool:

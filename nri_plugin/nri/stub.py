@@ -99,8 +99,7 @@ async def _maybe_await(result: Awaitable[None] | None) -> None:
 class _Session(asyncio.Protocol):
     """One connection: feeds ``Connection``, runs handlers, resolves our calls."""
 
-    def __init__(self, plugin: Plugin, log: logging.Logger, *,
-                 stall_timeout: float = STALL_TIMEOUT,
+    def __init__(self, plugin: Plugin, log: logging.Logger,
                  on_synchronized: Callable[[], object] | None = None) -> None:
         self.log = log
         self.on_synchronized = on_synchronized
@@ -111,7 +110,6 @@ class _Session(asyncio.Protocol):
         self.calls: dict[int, asyncio.Future[ResponseReceived]] = {}
         self.closed: asyncio.Future[BaseException | None] = self.loop.create_future()
         self.shutdown_requested = False
-        self.stall_timeout = stall_timeout
         self._stalled: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol ---
@@ -126,7 +124,7 @@ class _Session(asyncio.Protocol):
         # that what we hold stays bounded (the write buffer plus one read's replies).
         if self.transport is not None:
             self.transport.pause_reading()
-        self._stalled = self.loop.call_later(self.stall_timeout, self._give_up_on_reader)
+        self._stalled = self.loop.call_later(STALL_TIMEOUT, self._give_up_on_reader)
 
     def resume_writing(self) -> None:
         if self._stalled is not None:
@@ -139,7 +137,7 @@ class _Session(asyncio.Protocol):
         self._stalled = None
         size = self.transport.get_write_buffer_size() if self.transport else 0
         self.log.error("the runtime has not read our replies for %.0f s (%d bytes waiting); "
-                       "dropping the connection", self.stall_timeout, size)
+                       "dropping the connection", STALL_TIMEOUT, size)
         self._abort(ConnectionError("peer stopped reading"))
 
     def data_received(self, data: bytes) -> None:
@@ -293,11 +291,9 @@ class StubOptions:
     # Awaited before every connection attempt: a plugin that must not register before
     # something else is in place (another connection of its own) waits here.
     before_connect: Callback | None = None
-    registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT
     poll_interval: float = POLL_INTERVAL
     retry_initial: float = RETRY_INITIAL
     retry_max: float = RETRY_MAX
-    stall_timeout: float = STALL_TIMEOUT
     logger: logging.Logger | None = None
 
 
@@ -409,18 +405,14 @@ class Stub:
             sock = socket.socket(fileno=self._fd)
         synchronized = (None if self.options.on_synchronized is None
                         else functools.partial(self.options.on_synchronized, self))
-
-        def factory() -> _Session:
-            return _Session(self.plugin, self.log, stall_timeout=self.options.stall_timeout,
-                            on_synchronized=synchronized)
-
+        factory = functools.partial(_Session, self.plugin, self.log, synchronized)
         if sock is not None:
             _, session = await loop.create_unix_connection(factory, sock=sock)
         else:
             # Bounded: a runtime that is frozen with its socket open must not hold us.
             _, session = await asyncio.wait_for(
                 loop.create_unix_connection(factory, path=self.options.socket_path),
-                self.options.registration_timeout)
+                DEFAULT_REGISTRATION_TIMEOUT)
         return session
 
     async def _serve_connection(self, session: _Session) -> None:
@@ -445,7 +437,7 @@ class Stub:
 
     async def _register(self, session: _Session) -> None:
         request = nri_pb2.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.idx)
-        reply = await session.call("RegisterPlugin", request, self.options.registration_timeout)
+        reply = await session.call("RegisterPlugin", request, DEFAULT_REGISTRATION_TIMEOUT)
         if not reply.ok:
             raise RegistrationError(f"runtime refused registration: {reply.message}")
 
