@@ -8,7 +8,15 @@ must not import asyncio, socket or os (tests/test_layering.py checks).
 from __future__ import annotations
 
 from nri_plugin.nri.wire._bounded import bound_message, clip
-from nri_plugin.nri.wire._connection import Connection, Role
+from nri_plugin.nri.wire._connection import (
+    Connection,
+    ConnectionClosed,
+    ConnectionState,
+    RequestReceived,
+    RequestRejected,
+    ResponseReceived,
+    Role,
+)
 from nri_plugin.nri.wire._errors import (
     FrameTooLargeError,
     LocalProtocolError,
@@ -16,13 +24,6 @@ from nri_plugin.nri.wire._errors import (
     ProtocolError,
     RemoteProtocolError,
 )
-from nri_plugin.nri.wire._events import (
-    ConnectionClosed,
-    RequestReceived,
-    RequestRejected,
-    ResponseReceived,
-)
-from nri_plugin.nri.wire._state import ConnectionState
 from nri_plugin.nri.wire._ttrpc import MAX_DATA, Code
 
 __all__ = [

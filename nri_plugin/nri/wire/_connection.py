@@ -1,4 +1,5 @@
-"""The sans-IO NRI connection: mux + two ttrpc sessions (docs/developer/nri-protocol.md §1, §2).
+"""The sans-IO NRI connection: mux + two ttrpc sessions (docs/developer/nri-protocol.md §1, §2),
+the events it returns, and the stream bookkeeping of each session (§1.2).
 """
 
 from __future__ import annotations
@@ -6,18 +7,11 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 
 from nri_plugin.nri.wire._bounded import bound_message, clip
 from nri_plugin.nri.wire._errors import LocalProtocolError, RemoteProtocolError
-from nri_plugin.nri.wire._events import (
-    ConnectionClosed,
-    Event,
-    RequestReceived,
-    RequestRejected,
-    ResponseReceived,
-)
 from nri_plugin.nri.wire._mux import PLUGIN_CONN, RUNTIME_CONN, MuxReader, frame_message
-from nri_plugin.nri.wire._state import ClientStreams, ConnectionState, ServerStreams
 from nri_plugin.nri.wire._ttrpc import (
     Code,
     Frame,
@@ -29,6 +23,129 @@ from nri_plugin.nri.wire._ttrpc import (
     encode_request,
     encode_response,
 )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestReceived:
+    """The peer called one of the methods we serve; answer with ``send_response``."""
+
+    stream_id: int
+    service: str
+    method: str
+    payload: bytes
+    # the peer's remaining deadline; 0 = none (docs/developer/nri-protocol.md §1.3)
+    timeout_nano: int = 0
+    metadata: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestRejected:
+    """A request the core answered by itself (bad stream id, unknown method, ...).
+
+    Informational: the error reply is already queued in ``data_to_send()``.
+    """
+
+    stream_id: int
+    service: str
+    method: str
+    code: Code
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseReceived:
+    """The reply to one of our ``send_request`` calls."""
+
+    stream_id: int
+    service: str
+    method: str
+    payload: bytes
+    code: int = Code.OK
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.code == Code.OK
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectionClosed:
+    """The peer closed the trunk cleanly; ``pending`` calls will never be answered."""
+
+    pending: tuple[int, ...] = ()
+
+
+Event = RequestReceived | RequestRejected | ResponseReceived | ConnectionClosed
+
+
+MAX_STREAM_ID = (1 << 32) - 1  # the header field is a uint32
+
+
+class ConnectionState(enum.Enum):
+    OPEN = "open"
+    CLOSED = "closed"  # the peer closed the trunk cleanly
+    ERROR = "error"  # a protocol error happened; the connection cannot be used again
+
+
+class ClientStreams:
+    """Calls we made on one logical connection: odd ids 1, 3, 5, ...
+    (docs/developer/nri-protocol.md §1.2)."""
+
+    __slots__ = ("_next_id", "pending")
+
+    def __init__(self) -> None:
+        self._next_id = 1
+        self.pending: dict[int, tuple[str, str]] = {}
+
+    @property
+    def next_id(self) -> int:
+        if self._next_id > MAX_STREAM_ID:
+            raise LocalProtocolError("ttrpc stream ids exhausted on this connection")
+        return self._next_id
+
+    def open(self, service: str, method: str) -> int:
+        stream_id = self.next_id
+        self._next_id += 2
+        self.pending[stream_id] = (service, method)
+        return stream_id
+
+    def close(self, stream_id: int) -> tuple[str, str]:
+        try:
+            return self.pending.pop(stream_id)
+        except KeyError:
+            raise RemoteProtocolError(
+                f"ttrpc response for stream {stream_id}, which has no call pending"
+            ) from None
+
+
+class ServerStreams:
+    """Calls the peer made to us: each new id odd and above the last
+    (docs/developer/nri-protocol.md §1.2)."""
+
+    __slots__ = ("in_flight", "last_id")
+
+    def __init__(self) -> None:
+        self.last_id = 0
+        self.in_flight: set[int] = set()
+
+    def accept(self, stream_id: int) -> str | None:
+        """Record a new request; return why it is invalid instead, like Go's server."""
+        if stream_id % 2 == 0:
+            return f"StreamID must be odd for client initiated streams: {stream_id}"
+        if stream_id <= self.last_id:
+            return f"StreamID cannot be re-used and must increment: {stream_id}"
+        self.last_id = stream_id
+        self.in_flight.add(stream_id)
+        return None
+
+    def check_open(self, stream_id: int) -> None:
+        if stream_id not in self.in_flight:
+            raise LocalProtocolError(f"no request in flight on stream {stream_id}")
+
+    def close(self, stream_id: int) -> None:
+        self.check_open(stream_id)
+        self.in_flight.remove(stream_id)
+
 
 _NULL_LOGGER = logging.getLogger("nri_plugin.nri.wire")
 _NULL_LOGGER.addHandler(logging.NullHandler())
