@@ -315,8 +315,3 @@ class Dispatcher:
         updates = self.plugin.synchronize(pods, containers)
         self.synchronized = True
         return nri_pb2.SynchronizeResponse(update=list(updates or ())).SerializeToString()
-
-
-def dispatch(plugin: Plugin, method: str, payload: bytes) -> bytes:
-    """One-shot dispatch without connection state (no Synchronize paging)."""
-    return Dispatcher(plugin).dispatch(method, payload)

@@ -311,15 +311,12 @@ class Stub:
         self._sock = opts.sock
         self._fd = (int(env[PLUGIN_SOCKET_ENV])
                     if opts.sock is None and PLUGIN_SOCKET_ENV in env else None)
+        # A one-shot connection (runtime-launched or given ``sock``): no reconnects.
+        self.launched = self._sock is not None or self._fd is not None
         self.log = opts.logger or logging.getLogger("nri_plugin.nri.stub")
         self._session: _Session | None = None
         self._stopping = False
         self._wake = asyncio.Event()
-
-    @property
-    def launched(self) -> bool:
-        """True when we have a one-shot connection (runtime-launched or given ``sock``)."""
-        return self._sock is not None or self._fd is not None
 
     @property
     def configuration(self) -> Configuration | None:
