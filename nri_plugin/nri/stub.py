@@ -104,7 +104,7 @@ class _Session(asyncio.Protocol):
         self.log = log
         self.on_synchronized = on_synchronized
         self.loop = asyncio.get_running_loop()
-        self.conn = Connection(services=SERVICES, logger=log)
+        self.conn = Connection(services=SERVICES)
         self.dispatcher = Dispatcher(plugin)
         self.transport: asyncio.Transport | None = None
         self.calls: dict[int, asyncio.Future[ResponseReceived]] = {}

@@ -5,7 +5,6 @@ the events it returns, and the stream bookkeeping of each session (§1.2).
 from __future__ import annotations
 
 import enum
-import logging
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -147,10 +146,6 @@ class ServerStreams:
         self.in_flight.remove(stream_id)
 
 
-_NULL_LOGGER = logging.getLogger("nri_plugin.nri.wire")
-_NULL_LOGGER.addHandler(logging.NullHandler())
-
-
 class Role(enum.Enum):
     """Which end of the trunk we are; it fixes which conn we serve (docs/developer/nri-protocol.md
     §2.2)."""
@@ -181,14 +176,12 @@ class Connection:
         *,
         role: Role = Role.PLUGIN,
         services: Mapping[str, Collection[str]] | None = None,
-        logger: logging.Logger | None = None,
     ) -> None:
         self.role = role
         self.state = ConnectionState.OPEN
         self._services = (
             None if services is None else {k: frozenset(v) for k, v in services.items()}
         )
-        self._log = logger or _NULL_LOGGER
         self._mux = MuxReader()
         self._readers = {PLUGIN_CONN: FrameReader(), RUNTIME_CONN: FrameReader()}
         self._server = ServerStreams()
@@ -210,7 +203,7 @@ class Connection:
             events: list[Event] = []
             for chunk in self._mux.feed(data):
                 for frame in self._readers[chunk.conn_id].feed(chunk.data):
-                    events.extend(self._handle_frame(chunk.conn_id, frame))
+                    events.append(self._handle_frame(chunk.conn_id, frame))
             return events
         except RemoteProtocolError:
             self.state = ConnectionState.ERROR
@@ -224,7 +217,7 @@ class Connection:
         self._client.pending.clear()
         return ConnectionClosed(pending=pending)
 
-    def _handle_frame(self, conn_id: int, frame: Frame) -> list[Event]:
+    def _handle_frame(self, conn_id: int, frame: Frame) -> Event:
         serving = conn_id == self.role.server_conn
         expected = MessageType.REQUEST if serving else MessageType.RESPONSE
         if frame.type != expected:
@@ -233,8 +226,8 @@ class Connection:
                 f"only {expected.name.lower()}s are valid there"
             )
         if serving:
-            return [self._handle_request(frame.stream_id, frame.data)]
-        return [self._handle_response(frame.stream_id, frame.data)]
+            return self._handle_request(frame.stream_id, frame.data)
+        return self._handle_response(frame.stream_id, frame.data)
 
     # Service and method names are quoted in rejections; a hostile peer may send 4 MiB ones.
     NAME_LIMIT = 128
@@ -249,17 +242,10 @@ class Connection:
             # Framing is intact, so only this call fails (Go answers it the same way).
             return self._reject(stream_id, ("", ""), Code.INVALID_ARGUMENT, str(exc))
         service, method = request.service, request.method
-        if self._services is not None:
-            if service not in self._services:
-                return self._reject(
-                    stream_id, (service, method), Code.UNIMPLEMENTED,
-                    f"service {clip(service, self.NAME_LIMIT)}",
-                )
-            if method not in self._services[service]:
-                return self._reject(
-                    stream_id, (service, method), Code.UNIMPLEMENTED,
-                    f"method {clip(method, self.NAME_LIMIT)}",
-                )
+        if self._services is not None and method not in self._services.get(service, ()):
+            unknown = (f"method {clip(method, self.NAME_LIMIT)}" if service in self._services
+                       else f"service {clip(service, self.NAME_LIMIT)}")
+            return self._reject(stream_id, (service, method), Code.UNIMPLEMENTED, unknown)
         return RequestReceived(
             stream_id=stream_id,
             service=service,
@@ -280,10 +266,9 @@ class Connection:
         tracked: bool = True,
     ) -> RequestRejected:
         # Bounded so that the reply always fits in a frame (a 4 MiB service name quoted
-        # in "service X" would not) and the event is cheap to log.
+        # in "service X" would not) and the event is cheap to log (the stub logs it).
         service, method = clip(called[0], self.NAME_LIMIT), clip(called[1], self.NAME_LIMIT)
         message = bound_message(message)
-        self._log.debug("rejecting stream %d (%s/%s): %s", stream_id, service, method, message)
         if tracked:
             self._server.close(stream_id)
         frame = encode_frame(stream_id, MessageType.RESPONSE, encode_response(b"", code, message))
