@@ -107,7 +107,8 @@ class _Session(asyncio.Protocol):
         self.conn = Connection(services=SERVICES)
         self.dispatcher = Dispatcher(plugin)
         self.transport: asyncio.Transport | None = None
-        self.calls: dict[int, asyncio.Future[ResponseReceived]] = {}
+        # The runtime's answer to our one call, RegisterPlugin.
+        self.registered: asyncio.Future[ResponseReceived] = self.loop.create_future()
         self.closed: asyncio.Future[BaseException | None] = self.loop.create_future()
         self.shutdown_requested = False
         self._stalled: asyncio.TimerHandle | None = None
@@ -140,11 +141,8 @@ class _Session(asyncio.Protocol):
                        "dropping the connection", STALL_TIMEOUT, size)
         self._abort(ConnectionError("peer stopped reading"))
 
-    def data_received(self, data: bytes) -> None:
-        self._feed(data)
-
     def eof_received(self) -> bool:
-        self._feed(b"")
+        self.data_received(b"")
         return False  # let the transport close
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -152,7 +150,7 @@ class _Session(asyncio.Protocol):
 
     # --- the driver ---
 
-    def _feed(self, data: bytes) -> None:
+    def data_received(self, data: bytes) -> None:
         try:
             self._handle(self.conn.receive_data(data))
         except ProtocolError as exc:
@@ -171,10 +169,8 @@ class _Session(asyncio.Protocol):
         for event in events:
             if isinstance(event, RequestReceived):
                 self._serve_request(event)
-            elif isinstance(event, ResponseReceived):
-                future = self.calls.pop(event.stream_id, None)
-                if future is not None and not future.done():
-                    future.set_result(event)
+            elif isinstance(event, ResponseReceived) and not self.registered.done():
+                self.registered.set_result(event)
             elif isinstance(event, RequestRejected):
                 self.log.warning("rejected %s/%s: %s", event.service, event.method, event.message)
             elif isinstance(event, ConnectionClosed):
@@ -233,15 +229,10 @@ class _Session(asyncio.Protocol):
         if data and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
-    async def call(self, method: str, request: Any, timeout: float | None) -> ResponseReceived:
-        stream_id = self.conn.send_request(RUNTIME_SERVICE, method, request.SerializeToString())
-        future: asyncio.Future[ResponseReceived] = self.loop.create_future()
-        self.calls[stream_id] = future
+    async def register(self, request: nri_pb2.RegisterPluginRequest) -> ResponseReceived:
+        self.conn.send_request(RUNTIME_SERVICE, "RegisterPlugin", request.SerializeToString())
         self.flush()
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
-        finally:
-            self.calls.pop(stream_id, None)
+        return await asyncio.wait_for(self.registered, DEFAULT_REGISTRATION_TIMEOUT)
 
     def _abort(self, exc: BaseException) -> None:
         if self.transport is not None:
@@ -252,10 +243,8 @@ class _Session(asyncio.Protocol):
         if self._stalled is not None:
             self._stalled.cancel()
             self._stalled = None
-        for future in self.calls.values():
-            if not future.done():
-                future.set_exception(ConnectionError("NRI connection closed"))
-        self.calls.clear()
+        if not self.registered.done():
+            self.registered.set_exception(ConnectionError("NRI connection closed"))
         if not self.closed.done():
             self.closed.set_result(exc)
 
@@ -434,7 +423,7 @@ class Stub:
 
     async def _register(self, session: _Session) -> None:
         request = nri_pb2.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.idx)
-        reply = await session.call("RegisterPlugin", request, DEFAULT_REGISTRATION_TIMEOUT)
+        reply = await session.register(request)
         if not reply.ok:
             raise RegistrationError(f"runtime refused registration: {reply.message}")
 

@@ -327,7 +327,7 @@ def test_the_reply_is_written_before_the_sessions_own_bookkeeping() -> None:
         frames = b"".join(plugin_call_frame(stream, "CreateContainer",
                                             create_request(f"c{stream}").SerializeToString())
                           for stream in (1, 3))
-        session._feed(frames)  # two requests in one read
+        session.data_received(frames)  # two requests in one read
         return at_check, sink.written
 
     at_check, written = run(serve())
