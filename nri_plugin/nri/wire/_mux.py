@@ -11,7 +11,7 @@ import struct
 from dataclasses import dataclass
 
 from nri_plugin.nri.wire._buffer import take
-from nri_plugin.nri.wire._errors import FrameTooLargeError, LocalProtocolError, RemoteProtocolError
+from nri_plugin.nri.wire._errors import FrameTooLargeError, RemoteProtocolError
 
 HEADER = struct.Struct(">II")
 
@@ -41,10 +41,6 @@ class Chunk:
 
 
 def encode_frame(conn_id: int, payload: bytes) -> bytes:
-    if conn_id not in CONN_IDS:
-        raise LocalProtocolError(f"mux conn id {conn_id} is not 1 or 2")
-    if len(payload) > MAX_PAYLOAD:
-        raise LocalProtocolError(f"mux payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
     return HEADER.pack(conn_id, len(payload)) + payload
 
 
@@ -65,11 +61,10 @@ class MuxReader:
     whole frame, so a frame never costs more memory than the bytes fed so far.
     """
 
-    __slots__ = ("_buffer", "_conn_id", "_max_payload", "_remaining")
+    __slots__ = ("_buffer", "_conn_id", "_remaining")
 
-    def __init__(self, *, max_payload: int = MAX_PAYLOAD) -> None:
+    def __init__(self) -> None:
         self._buffer = bytearray()
-        self._max_payload = max_payload
         self._conn_id = 0
         self._remaining = 0
 
@@ -106,9 +101,9 @@ class MuxReader:
             # and 2, so a
             # different id means we are out of sync with the peer.
             raise RemoteProtocolError(f"mux frame for unknown conn id {conn_id}")
-        if length > self._max_payload:
+        if length > MAX_PAYLOAD:
             raise FrameTooLargeError(
-                f"mux frame on conn {conn_id} announces {length} bytes (max {self._max_payload})"
+                f"mux frame on conn {conn_id} announces {length} bytes (max {MAX_PAYLOAD})"
             )
         self._conn_id = conn_id
         self._remaining = length

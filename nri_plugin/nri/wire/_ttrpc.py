@@ -72,12 +72,11 @@ class FrameReader:
     whatever the caller fed in one go.
     """
 
-    __slots__ = ("_buffer", "_header", "_max_data")
+    __slots__ = ("_buffer", "_header")
 
-    def __init__(self, *, max_data: int = MAX_DATA) -> None:
+    def __init__(self) -> None:
         self._buffer = bytearray()
         self._header: tuple[int, int, int, int] | None = None
-        self._max_data = max_data
 
     @property
     def mid_frame(self) -> bool:
@@ -100,13 +99,13 @@ class FrameReader:
             if raw is None:
                 return None
             length, stream_id, mtype, flags = HEADER.unpack(raw)
-            if length > self._max_data:
+            if length > MAX_DATA:
                 # Go discards the data and answers RESOURCE_EXHAUSTED; no conforming
                 # NRI peer sends this (its own sender refuses), so we treat it as a
                 # broken peer rather than buffer or skip up to 4 GiB.
                 raise FrameTooLargeError(
                     f"ttrpc frame on stream {stream_id} announces {length} bytes "
-                    f"(max {self._max_data})"
+                    f"(max {MAX_DATA})"
                 )
             self._header = (length, stream_id, mtype, flags)
         length, stream_id, mtype, flags = self._header
