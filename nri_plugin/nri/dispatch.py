@@ -176,10 +176,6 @@ SYNC_STALLED = (
     "off; the fix is to shrink or remove that pod (NRI 0.7 to 0.12 all page this way)")
 
 
-class SyncStalledError(RpcError):
-    """The runtime's Synchronize paging makes no progress (see SYNC_STALLED)."""
-
-
 class SyncCollector:
     """Joins paged Synchronize requests so the plugin sees the state once, keeping at most
     ``max_bytes`` of pages: beyond it they are answered but only counted
@@ -221,7 +217,6 @@ class Dispatcher:
         # A whole Synchronize was answered: the stub then reconnects at once after the
         # runtime goes away, without back-off.
         self.synchronized = False
-        self.sync_stalled: str | None = None  # why Synchronize cannot complete
         self._sync = SyncCollector()
 
     def dispatch(self, method: str, payload: bytes) -> bytes:
@@ -292,13 +287,13 @@ class Dispatcher:
         if req.more and not req.pods and not req.containers:
             # The runtime's pager advanced by zero objects (one over 4 MiB rounds its
             # objects per page down to 0): it would send this page until its timeout.
-            self.sync_stalled = SYNC_STALLED.format(pods=len(self._sync.pods),
-                                                    containers=len(self._sync.containers))
+            stalled = SYNC_STALLED.format(pods=len(self._sync.pods),
+                                          containers=len(self._sync.containers))
             self._sync.reset()
-            log.error("%s", self.sync_stalled)
+            log.error("%s", stalled)
             # An error reply makes the runtime give up at once (not a size error, so it does
             # not retry smaller) instead of 2 s of empty pages holding its lock.
-            raise SyncStalledError(Code.FAILED_PRECONDITION, self.sync_stalled)
+            raise RpcError(Code.FAILED_PRECONDITION, stalled)
         if not self._sync.add(req, size):
             # Every page but the last must be answered more=true and no updates
             # (docs/developer/nri-protocol.md §3.5).

@@ -229,10 +229,13 @@ class _Session(asyncio.Protocol):
         if data and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
-    async def register(self, request: nri_pb2.RegisterPluginRequest) -> ResponseReceived:
+    async def register(self, name: str, idx: str) -> None:
+        request = nri_pb2.RegisterPluginRequest(plugin_name=name, plugin_idx=idx)
         self.conn.send_request(RUNTIME_SERVICE, "RegisterPlugin", request.SerializeToString())
         self.flush()
-        return await asyncio.wait_for(self.registered, DEFAULT_REGISTRATION_TIMEOUT)
+        reply = await asyncio.wait_for(self.registered, DEFAULT_REGISTRATION_TIMEOUT)
+        if not reply.ok:
+            raise RegistrationError(f"runtime refused registration: {reply.message}")
 
     def _abort(self, exc: BaseException) -> None:
         if self.transport is not None:
@@ -406,7 +409,7 @@ class Stub:
         self._session = session
         error: BaseException | None = None
         try:
-            await self._register(session)
+            await session.register(self.name, self.idx)
             self.log.info("registered as %s-%s", self.idx, self.name)
             if self.options.on_connected is not None:
                 await _maybe_await(self.options.on_connected(self))
@@ -420,13 +423,6 @@ class Stub:
         self.log.info("connection closed%s", f": {error}" if error else "")
         if self.options.on_close is not None:
             await _maybe_await(self.options.on_close(self, error))
-
-    async def _register(self, session: _Session) -> None:
-        request = nri_pb2.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.idx)
-        reply = await session.register(request)
-        if not reply.ok:
-            raise RegistrationError(f"runtime refused registration: {reply.message}")
-
 
 def _socket_identity(path: str | None) -> tuple[int, int] | None:
     """(inode, ctime) of the socket file: a restarted runtime makes a new one."""

@@ -50,18 +50,17 @@ class Code(enum.IntEnum):
 class Frame:
     stream_id: int
     type: int  # a MessageType value, or whatever unknown byte the peer sent
-    flags: int
     data: bytes
 
 
-def encode_frame(stream_id: int, mtype: MessageType, data: bytes, flags: int = 0) -> bytes:
+def encode_frame(stream_id: int, mtype: MessageType, data: bytes) -> bytes:
     if len(data) > MAX_DATA:
         # Go's sender refuses the same way (OversizedMessageErr,
         # docs/developer/nri-protocol.md §1.1).
         raise MessageTooLargeError(
             f"ttrpc message on stream {stream_id} is {len(data)} bytes (max {MAX_DATA})"
         )
-    return HEADER.pack(len(data), stream_id, mtype, flags) + data
+    return HEADER.pack(len(data), stream_id, mtype, 0) + data  # no flags: NRI sets none
 
 
 class FrameReader:
@@ -76,7 +75,7 @@ class FrameReader:
 
     def __init__(self) -> None:
         self._buffer = bytearray()
-        self._header: tuple[int, int, int, int] | None = None
+        self._header: tuple[int, int, int] | None = None
 
     @property
     def mid_frame(self) -> bool:
@@ -98,7 +97,7 @@ class FrameReader:
             raw = take(self._buffer, HEADER.size)
             if raw is None:
                 return None
-            length, stream_id, mtype, flags = HEADER.unpack(raw)
+            length, stream_id, mtype, _flags = HEADER.unpack(raw)
             if length > MAX_DATA:
                 # Go discards the data and answers RESOURCE_EXHAUSTED; no conforming
                 # NRI peer sends this (its own sender refuses), so we treat it as a
@@ -107,13 +106,13 @@ class FrameReader:
                     f"ttrpc frame on stream {stream_id} announces {length} bytes "
                     f"(max {MAX_DATA})"
                 )
-            self._header = (length, stream_id, mtype, flags)
-        length, stream_id, mtype, flags = self._header
+            self._header = (length, stream_id, mtype)
+        length, stream_id, mtype = self._header
         data = take(self._buffer, length)
         if data is None:
             return None
         self._header = None
-        return Frame(stream_id=stream_id, type=mtype, flags=flags, data=data)
+        return Frame(stream_id=stream_id, type=mtype, data=data)
 
 
 def encode_request(
