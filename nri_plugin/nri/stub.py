@@ -265,8 +265,8 @@ class StubOptions:
     disconnect); else ``socket_path`` (external plugin: reconnect until ``stop()``). While
     the socket is absent or refuses connections we try every ``poll_interval``, so we are
     back within about that long of the runtime listening again; connections that end
-    before Synchronize (a refused registration, ...) back off from ``retry_initial``
-    doubling to ``retry_max``.
+    before Synchronize (a refused registration, ...) back off from ``RETRY_INITIAL``
+    doubling to ``RETRY_MAX``.
     """
 
     name: str | None = None
@@ -284,8 +284,6 @@ class StubOptions:
     # something else is in place (another connection of its own) waits here.
     before_connect: Callback | None = None
     poll_interval: float = POLL_INTERVAL
-    retry_initial: float = RETRY_INITIAL
-    retry_max: float = RETRY_MAX
     logger: logging.Logger | None = None
 
 
@@ -354,20 +352,19 @@ class Stub:
                 await self._await_new_socket(served_socket)
                 continue
             failures += 1
-            delay = min(self.options.retry_initial * 2 ** (failures - 1), self.options.retry_max)
+            delay = min(RETRY_INITIAL * 2 ** (failures - 1), RETRY_MAX)
             self.log.info("reconnecting in %.1f s (%d connection%s in a row ended before "
                           "Synchronize)", delay, failures, "s" if failures > 1 else "")
             await self._pause(delay)
 
-    async def _await_new_socket(self, served: tuple[int, int] | None,
-                                grace: float = 1.0) -> None:
+    async def _await_new_socket(self, served: tuple[int, int] | None) -> None:
         """Until the socket file is not the one we were served on (a new runtime's, or
-        none yet), for at most ``grace`` seconds: after that the same socket is tried
-        again (the runtime only dropped the connection)."""
+        none yet), for at most a second: after that the same socket is tried again (the
+        runtime only dropped the connection)."""
         if served is None:
             return
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
+        deadline = loop.time() + 1.0
         while (not self._stopping and loop.time() < deadline
                and _socket_identity(self.options.socket_path) == served):
             await self._pause(self.options.poll_interval / 5)
