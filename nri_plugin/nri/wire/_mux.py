@@ -19,7 +19,6 @@ HEADER = struct.Struct(">II")
 PLUGIN_CONN = 1
 # the runtime's Runtime service; we are the client (docs/developer/nri-protocol.md §2.2)
 RUNTIME_CONN = 2
-CONN_IDS = frozenset({PLUGIN_CONN, RUNTIME_CONN})
 
 # Go writers since NRI v0.7.0 split at 10 + 4 MiB; v0.2.0-v0.6.1 wrote up to 16 MiB
 # in one frame (docs/developer/nri-protocol.md §2.1). Accept the larger, reject anything beyond it
@@ -96,7 +95,7 @@ class MuxReader:
         if raw is None:
             return False
         conn_id, length = HEADER.unpack(raw)
-        if conn_id not in CONN_IDS:
+        if conn_id not in (PLUGIN_CONN, RUNTIME_CONN):
             # Go drops these silently (docs/developer/nri-protocol.md §2.1); NRI only ever uses 1
             # and 2, so a
             # different id means we are out of sync with the peer.

@@ -132,12 +132,10 @@ def encode_request(
 
 
 def decode_request(data: bytes, stream_id: int) -> ttrpc_pb2.Request:
-    request = ttrpc_pb2.Request()
     try:
-        request.ParseFromString(data)
+        return ttrpc_pb2.Request.FromString(data)
     except DecodeError as exc:
         raise RemoteProtocolError(f"undecodable ttrpc request on stream {stream_id}") from exc
-    return request
 
 
 def encode_response(payload: bytes, code: int = Code.OK, message: str = "") -> bytes:
@@ -150,9 +148,7 @@ def encode_response(payload: bytes, code: int = Code.OK, message: str = "") -> b
 
 
 def decode_response(data: bytes, stream_id: int) -> ttrpc_pb2.Response:
-    response = ttrpc_pb2.Response()
     try:
-        response.ParseFromString(data)
+        return ttrpc_pb2.Response.FromString(data)
     except DecodeError as exc:
         raise RemoteProtocolError(f"undecodable ttrpc response on stream {stream_id}") from exc
-    return response
