@@ -3,8 +3,9 @@ made: the same spec folders and device nodes are built again by the replay
 (tests/test_nri_wire_replay.py), under another root.
 
 Everything the plugin sees of the node lies under one root, written ``{node}`` in the
-recordings: the parity specs of tests/e2e/test_native_parity_e2e.py (env, device nodes with
-and without fileMode, a read-only device, additionalGids, mounts, a hook, two spec files)
+recordings: the parity specs (``parity_node``, which tests/e2e/test_native_parity_e2e.py
+builds too: env, device nodes with and without fileMode, a read-only device, additionalGids,
+mounts, a hook, two spec files)
 and a simulated NVIDIA node with its generated spec (capability trims, requirements). The
 plugin gets one settings file, the same when recording and replaying: the runtime's own CDI
 on, reading the plugin's folders (the set-up docs/install/ recommends); no kubelet.
@@ -28,7 +29,8 @@ from tests.helpers import make_char_device
 
 ROOT_NAME = "{node}"
 MAJOR = 242  # local-use range: no default rule of a container uses it
-KMSG = (1, 11)
+KMSG = (1, 11)  # /dev/kmsg: a write-only open succeeds without privileges, so a
+#                 read-only cgroup rule is what refuses it
 # The spec folders, in the order the plugin and the runtime read them.
 SPEC_FOLDERS = ("cdi", "nvidia")
 IMPOSSIBLE_CUDA = "cuda>=99.0"
@@ -48,9 +50,9 @@ class World:
         return self.root / "nri-cdi.yaml"
 
 
-def build_world(root: Path) -> World:
-    """The node under ``root`` (a new folder): spec folders, device nodes (root only),
-    the simulated NVIDIA driver and its spec, and the plugin's settings file."""
+def parity_node(root: Path) -> None:
+    """The parity specs under ``root``: ``cdi/a.json`` and ``cdi/b.json``, and the host
+    files and device nodes (root only) they name, under ``host/``."""
     host = root / "host"
     (host / "lib").mkdir(parents=True)
     (host / "lib" / "libpar.so.1").write_text("lib\n")
@@ -64,10 +66,11 @@ def build_world(root: Path) -> World:
     mount = {"hostPath": str(host / "lib"), "containerPath": "/usr/lib/par",
              "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"]}
     (specs / "a.json").write_text(json.dumps({
-        "cdiVersion": "0.7.0", "kind": "parity.example/first",
+        "cdiVersion": "0.7.0", "kind": "parity.example/first",  # additionalGids: 0.7.0
         "containerEdits": {"env": ["PAR_SPEC=a", "PAR_SHARED=a"], "hooks": [hook],
                            "mounts": [mount]},
         "devices": [
+            # no fileMode: the host node is 0644
             {"name": "node", "containerEdits": {
                 "deviceNodes": [{"path": "/dev/par0", "hostPath": str(host / "dev0")}],
                 "env": ["PAR_NODE=0"]}},
@@ -75,6 +78,7 @@ def build_world(root: Path) -> World:
             {"name": "moded", "containerEdits": {
                 "deviceNodes": [{"path": "/dev/par1", "hostPath": str(host / "dev1"),
                                  "fileMode": 0o640, "permissions": "rwm"}],
+                # same depth as /usr/lib/par but a name that sorts before it
                 "mounts": [{"hostPath": str(host / "share"), "containerPath": "/usr/lib/aaa",
                             "options": ["ro", "rbind"]}]}},
             {"name": "readonly", "containerEdits": {
@@ -90,6 +94,12 @@ def build_world(root: Path) -> World:
         "devices": [{"name": "other", "containerEdits": {"env": ["PAR_B=1"], "mounts": [
             {"hostPath": str(host / "share"), "containerPath": "/opt/b",
              "options": ["ro", "rbind"]}]}}]}))
+
+
+def build_world(root: Path) -> World:
+    """The node under ``root`` (a new folder): the parity specs (``parity_node``), the
+    simulated NVIDIA driver and its spec, and the plugin's settings file."""
+    parity_node(root)
     _nvidia(root)
     world = World(root)
     dirs = [str(d) for d in world.spec_dirs]

@@ -1,5 +1,5 @@
-"""From a ttrpc request on the Plugin service to a ``Plugin`` method and back: one table row
-per method. Pure: bytes in, bytes out, so it runs without sockets or an event loop.
+"""From a ttrpc request on the Plugin service to a ``Plugin`` method and back. Pure: bytes in,
+bytes out, so it runs without sockets or an event loop.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import DecodeError, Message
+from google.protobuf.message_factory import GetMessageClass
 
 from nri_plugin.nri.api import (
     LEGACY_VALID_EVENTS,
@@ -43,31 +44,16 @@ class RpcError(NRIPluginError):
         self.message = message
 
 
-# Which Plugin method handles each lifecycle event (docs/developer/nri-protocol.md §3.4 table).
-# Validation (event 14) is not supported: we never subscribe to it.
+# Which Plugin method handles each lifecycle event: the event's name in lower case
+# (docs/developer/nri-protocol.md §3.4 table). Validation (event 14) is not supported: we
+# never subscribe to it.
 EVENT_HANDLERS: dict[Event, str] = {
-    Event.RUN_POD_SANDBOX: "run_pod_sandbox",
-    Event.STOP_POD_SANDBOX: "stop_pod_sandbox",
-    Event.REMOVE_POD_SANDBOX: "remove_pod_sandbox",
-    Event.CREATE_CONTAINER: "create_container",
-    Event.POST_CREATE_CONTAINER: "post_create_container",
-    Event.START_CONTAINER: "start_container",
-    Event.POST_START_CONTAINER: "post_start_container",
-    Event.UPDATE_CONTAINER: "update_container",
-    Event.POST_UPDATE_CONTAINER: "post_update_container",
-    Event.STOP_CONTAINER: "stop_container",
-    Event.REMOVE_CONTAINER: "remove_container",
-    Event.UPDATE_POD_SANDBOX: "update_pod_sandbox",
-    Event.POST_UPDATE_POD_SANDBOX: "post_update_pod_sandbox",
+    e: e.name.lower() for e in Event if e is not Event.VALIDATE_CONTAINER_ADJUSTMENT
 }
-_POD_EVENTS = frozenset(
-    {
-        Event.RUN_POD_SANDBOX,
-        Event.STOP_POD_SANDBOX,
-        Event.REMOVE_POD_SANDBOX,
-        Event.POST_UPDATE_POD_SANDBOX,
-    }
-)
+# Each event's own RPC (RUN_POD_SANDBOX: RunPodSandbox), as NRI v0.12 names them.
+_EVENT_OF_RPC: dict[str, Event] = {
+    "".join(word.capitalize() for word in e.name.split("_")): e for e in EVENT_HANDLERS
+}
 
 
 def implemented(plugin: Plugin, name: str) -> bool:
@@ -102,7 +88,7 @@ def subscription(
     return mask
 
 
-# --- per-row adapters: (plugin, request) -> response message ---------------
+# --- the events whose reply carries something: (plugin, request) -> response message ---
 
 
 def _create(plugin: Plugin, req: nri_pb2.CreateContainerRequest) -> Message:
@@ -127,18 +113,15 @@ def _update_pod(plugin: Plugin, req: nri_pb2.UpdatePodSandboxRequest) -> Message
     return nri_pb2.Empty()
 
 
-def _notify(event: Event) -> Callable[[Plugin, Any], Message]:
-    name = EVENT_HANDLERS[event]
-
-    def call(plugin: Plugin, req: Any) -> Message:
-        args = (req.pod,) if event in _POD_EVENTS else (req.pod, req.container)
-        getattr(plugin, name)(*args)  # notifications have nothing to return
-        return nri_pb2.Empty()
-
-    return call
+_REPLIES: dict[Event, Callable[[Plugin, Any], Message]] = {
+    Event.CREATE_CONTAINER: _create,
+    Event.UPDATE_CONTAINER: _update,
+    Event.STOP_CONTAINER: _stop,
+    Event.UPDATE_POD_SANDBOX: _update_pod,
+}
 
 
-def _state_change(plugin: Plugin, req: nri_pb2.StateChangeEvent) -> Message:
+def _state_change_event(req: nri_pb2.StateChangeEvent) -> Event:
     # Pre-v0.12 runtimes deliver the nine notifications here (docs/developer/nri-protocol.md §3.6).
     try:
         event = Event(req.event)
@@ -146,49 +129,18 @@ def _state_change(plugin: Plugin, req: nri_pb2.StateChangeEvent) -> Message:
         raise RpcError(Code.INVALID_ARGUMENT, f"unknown event {req.event}") from None
     if event not in EVENT_HANDLERS or event is Event.UPDATE_POD_SANDBOX:
         raise RpcError(Code.INVALID_ARGUMENT, f"event {event.name} is not a state change")
-    if event in (Event.CREATE_CONTAINER, Event.UPDATE_CONTAINER, Event.STOP_CONTAINER):
+    if event in _REPLIES:
         raise RpcError(Code.INVALID_ARGUMENT, f"event {event.name} has its own RPC")
-    return _notify(event)(plugin, req)
+    return event
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Route:
-    request: type[Message]
-    call: Callable[[Plugin, Any], Message]
-    handler: str | None  # the Plugin method behind it; None for protocol-level rows
-
-
-def _route(request: type[Message], event: Event) -> Route:
-    return Route(request=request, call=_notify(event), handler=EVENT_HANDLERS[event])
-
-
-ROUTES: dict[str, Route] = {
-    "CreateContainer": Route(
-        request=nri_pb2.CreateContainerRequest, call=_create, handler="create_container"
-    ),
-    "UpdateContainer": Route(
-        request=nri_pb2.UpdateContainerRequest, call=_update, handler="update_container"
-    ),
-    "StopContainer": Route(
-        request=nri_pb2.StopContainerRequest, call=_stop, handler="stop_container"
-    ),
-    "UpdatePodSandbox": Route(
-        request=nri_pb2.UpdatePodSandboxRequest, call=_update_pod, handler="update_pod_sandbox"
-    ),
-    "StateChange": Route(request=nri_pb2.StateChangeEvent, call=_state_change, handler=None),
-    "RunPodSandbox": _route(nri_pb2.PodSandboxEventRequest, Event.RUN_POD_SANDBOX),
-    "StopPodSandbox": _route(nri_pb2.PodSandboxEventRequest, Event.STOP_POD_SANDBOX),
-    "RemovePodSandbox": _route(nri_pb2.PodSandboxEventRequest, Event.REMOVE_POD_SANDBOX),
-    "PostUpdatePodSandbox": _route(nri_pb2.PodSandboxEventRequest, Event.POST_UPDATE_POD_SANDBOX),
-    "PostCreateContainer": _route(nri_pb2.ContainerEventRequest, Event.POST_CREATE_CONTAINER),
-    "StartContainer": _route(nri_pb2.ContainerEventRequest, Event.START_CONTAINER),
-    "PostStartContainer": _route(nri_pb2.ContainerEventRequest, Event.POST_START_CONTAINER),
-    "PostUpdateContainer": _route(nri_pb2.ContainerEventRequest, Event.POST_UPDATE_CONTAINER),
-    "RemoveContainer": _route(nri_pb2.ContainerEventRequest, Event.REMOVE_CONTAINER),
+# Every method of the Plugin service, with the request message it decodes; Configure,
+# Synchronize and Shutdown carry connection state and the Dispatcher handles them itself.
+_REQUESTS: dict[str, type[Message]] = {
+    m.name: GetMessageClass(m.input_type)
+    for m in nri_pb2.DESCRIPTOR.services_by_name["Plugin"].methods
 }
-
-# Configure, Synchronize and Shutdown carry connection state; Dispatcher handles them.
-METHODS: frozenset[str] = frozenset({*ROUTES, "Configure", "Synchronize", "Shutdown"})
+METHODS: frozenset[str] = frozenset(_REQUESTS)
 
 
 SERVICES: dict[str, frozenset[str]] = {PLUGIN_SERVICE: METHODS}
@@ -224,22 +176,16 @@ SYNC_STALLED = (
     "off; the fix is to shrink or remove that pod (NRI 0.7 to 0.12 all page this way)")
 
 
-class SyncStalledError(RpcError):
-    """The runtime's Synchronize paging makes no progress (see SYNC_STALLED)."""
-
-
 class SyncCollector:
     """Joins paged Synchronize requests so the plugin sees the state once, keeping at most
     ``max_bytes`` of pages: beyond it they are answered but only counted
     (docs/developer/nri-protocol.md §3.5)."""
 
-    __slots__ = ("containers", "dropped_bytes", "dropped_pages", "kept_bytes", "max_bytes",
-                 "pages", "pods")
+    __slots__ = ("containers", "dropped_bytes", "dropped_pages", "kept_bytes", "pages", "pods")
 
-    DEFAULT_MAX_BYTES = 16 << 20  # four full pages: thousands of containers
+    max_bytes = 16 << 20  # four full pages: thousands of containers
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        self.max_bytes = max_bytes
+    def __init__(self) -> None:
         self.reset()
 
     def add(self, req: nri_pb2.SynchronizeRequest, size: int = 0) -> bool:
@@ -271,7 +217,6 @@ class Dispatcher:
         # A whole Synchronize was answered: the stub then reconnects at once after the
         # runtime goes away, without back-off.
         self.synchronized = False
-        self.sync_stalled: str | None = None  # why Synchronize cannot complete
         self._sync = SyncCollector()
 
     def dispatch(self, method: str, payload: bytes) -> bytes:
@@ -301,16 +246,25 @@ class Dispatcher:
         if method == "Shutdown":
             self.plugin.shutdown()
             return _EMPTY
-        route = ROUTES.get(method)
-        if route is None:
+        request_type = _REQUESTS.get(method)
+        if request_type is None:
             raise RpcError(Code.UNIMPLEMENTED, f"method {method}")
-        request = route.request.FromString(payload)
+        request: Any = request_type.FromString(payload)
         if "container" in request.DESCRIPTOR.fields_by_name:
-            fill_name(request.container)  # type: ignore[attr-defined]
-        if route.handler is not None and not implemented(self.plugin, route.handler):
+            fill_name(request.container)
+        event = (_state_change_event(request) if method == "StateChange"
+                 else _EVENT_OF_RPC[method])
+        if not implemented(self.plugin, EVENT_HANDLERS[event]):
             # Go stub behaviour: a missing handler is an empty reply, not an error.
             return _EMPTY
-        return route.call(self.plugin, request).SerializeToString()
+        reply = _REPLIES.get(event)
+        if reply is not None:
+            return reply(self.plugin, request).SerializeToString()
+        # A notification has nothing to return.
+        pod_only = event.name.endswith("_POD_SANDBOX")
+        handler = getattr(self.plugin, EVENT_HANDLERS[event])
+        handler(*((request.pod,) if pod_only else (request.pod, request.container)))
+        return _EMPTY
 
     def _configure(self, req: nri_pb2.ConfigureRequest) -> bytes:
         requested = self.plugin.configure(req.config, req.runtime_name, req.runtime_version)
@@ -333,13 +287,13 @@ class Dispatcher:
         if req.more and not req.pods and not req.containers:
             # The runtime's pager advanced by zero objects (one over 4 MiB rounds its
             # objects per page down to 0): it would send this page until its timeout.
-            self.sync_stalled = SYNC_STALLED.format(pods=len(self._sync.pods),
-                                                    containers=len(self._sync.containers))
+            stalled = SYNC_STALLED.format(pods=len(self._sync.pods),
+                                          containers=len(self._sync.containers))
             self._sync.reset()
-            log.error("%s", self.sync_stalled)
+            log.error("%s", stalled)
             # An error reply makes the runtime give up at once (not a size error, so it does
             # not retry smaller) instead of 2 s of empty pages holding its lock.
-            raise SyncStalledError(Code.FAILED_PRECONDITION, self.sync_stalled)
+            raise RpcError(Code.FAILED_PRECONDITION, stalled)
         if not self._sync.add(req, size):
             # Every page but the last must be answered more=true and no updates
             # (docs/developer/nri-protocol.md §3.5).
@@ -356,8 +310,3 @@ class Dispatcher:
         updates = self.plugin.synchronize(pods, containers)
         self.synchronized = True
         return nri_pb2.SynchronizeResponse(update=list(updates or ())).SerializeToString()
-
-
-def dispatch(plugin: Plugin, method: str, payload: bytes) -> bytes:
-    """One-shot dispatch without connection state (no Synchronize paging)."""
-    return Dispatcher(plugin).dispatch(method, payload)

@@ -25,8 +25,6 @@ Updates = Iterable[ContainerUpdate] | None
 class Plugin:
     """Base class for NRI plugins. Every method is optional."""
 
-    # --- setup --------------------------------------------------------------
-
     def configure(self, config: str, runtime_name: str, runtime_version: str) -> EventMask | None:
         """Once per connection, with the runtime's config string: return a mask to subscribe
         to fewer events than implemented (a bit without a handler is an error), or ``None``
@@ -41,8 +39,6 @@ class Plugin:
     def shutdown(self) -> None:
         """The runtime asked us to shut down (no released runtime sends this,
         docs/developer/nri-protocol.md §3.6)."""
-
-    # --- pod events -------------------------------------------------------
 
     def run_pod_sandbox(self, pod: PodSandbox) -> None:
         """A pod sandbox was started."""
@@ -60,8 +56,6 @@ class Plugin:
 
     def post_update_pod_sandbox(self, pod: PodSandbox) -> None:
         """A pod's resources were updated (NRI v0.10+)."""
-
-    # --- container events -------------------------------------------------
 
     def create_container(
         self, pod: PodSandbox, container: Container

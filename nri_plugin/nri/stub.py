@@ -14,7 +14,7 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,19 +99,18 @@ async def _maybe_await(result: Awaitable[None] | None) -> None:
 class _Session(asyncio.Protocol):
     """One connection: feeds ``Connection``, runs handlers, resolves our calls."""
 
-    def __init__(self, plugin: Plugin, log: logging.Logger, *,
-                 stall_timeout: float = STALL_TIMEOUT,
+    def __init__(self, plugin: Plugin, log: logging.Logger,
                  on_synchronized: Callable[[], object] | None = None) -> None:
         self.log = log
         self.on_synchronized = on_synchronized
         self.loop = asyncio.get_running_loop()
-        self.conn = Connection(services=SERVICES, logger=log)
+        self.conn = Connection(services=SERVICES)
         self.dispatcher = Dispatcher(plugin)
         self.transport: asyncio.Transport | None = None
-        self.calls: dict[int, asyncio.Future[ResponseReceived]] = {}
+        # The runtime's answer to our one call, RegisterPlugin.
+        self.registered: asyncio.Future[ResponseReceived] = self.loop.create_future()
         self.closed: asyncio.Future[BaseException | None] = self.loop.create_future()
         self.shutdown_requested = False
-        self.stall_timeout = stall_timeout
         self._stalled: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol ---
@@ -126,7 +125,7 @@ class _Session(asyncio.Protocol):
         # that what we hold stays bounded (the write buffer plus one read's replies).
         if self.transport is not None:
             self.transport.pause_reading()
-        self._stalled = self.loop.call_later(self.stall_timeout, self._give_up_on_reader)
+        self._stalled = self.loop.call_later(STALL_TIMEOUT, self._give_up_on_reader)
 
     def resume_writing(self) -> None:
         if self._stalled is not None:
@@ -139,14 +138,11 @@ class _Session(asyncio.Protocol):
         self._stalled = None
         size = self.transport.get_write_buffer_size() if self.transport else 0
         self.log.error("the runtime has not read our replies for %.0f s (%d bytes waiting); "
-                       "dropping the connection", self.stall_timeout, size)
+                       "dropping the connection", STALL_TIMEOUT, size)
         self._abort(ConnectionError("peer stopped reading"))
 
-    def data_received(self, data: bytes) -> None:
-        self._feed(data)
-
     def eof_received(self) -> bool:
-        self._feed(b"")
+        self.data_received(b"")
         return False  # let the transport close
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -154,7 +150,7 @@ class _Session(asyncio.Protocol):
 
     # --- the driver ---
 
-    def _feed(self, data: bytes) -> None:
+    def data_received(self, data: bytes) -> None:
         try:
             self._handle(self.conn.receive_data(data))
         except ProtocolError as exc:
@@ -173,10 +169,8 @@ class _Session(asyncio.Protocol):
         for event in events:
             if isinstance(event, RequestReceived):
                 self._serve_request(event)
-            elif isinstance(event, ResponseReceived):
-                future = self.calls.pop(event.stream_id, None)
-                if future is not None and not future.done():
-                    future.set_result(event)
+            elif isinstance(event, ResponseReceived) and not self.registered.done():
+                self.registered.set_result(event)
             elif isinstance(event, RequestRejected):
                 self.log.warning("rejected %s/%s: %s", event.service, event.method, event.message)
             elif isinstance(event, ConnectionClosed):
@@ -235,15 +229,13 @@ class _Session(asyncio.Protocol):
         if data and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
 
-    async def call(self, method: str, request: Any, timeout: float | None) -> ResponseReceived:
-        stream_id = self.conn.send_request(RUNTIME_SERVICE, method, request.SerializeToString())
-        future: asyncio.Future[ResponseReceived] = self.loop.create_future()
-        self.calls[stream_id] = future
+    async def register(self, name: str, idx: str) -> None:
+        request = nri_pb2.RegisterPluginRequest(plugin_name=name, plugin_idx=idx)
+        self.conn.send_request(RUNTIME_SERVICE, "RegisterPlugin", request.SerializeToString())
         self.flush()
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
-        finally:
-            self.calls.pop(stream_id, None)
+        reply = await asyncio.wait_for(self.registered, DEFAULT_REGISTRATION_TIMEOUT)
+        if not reply.ok:
+            raise RegistrationError(f"runtime refused registration: {reply.message}")
 
     def _abort(self, exc: BaseException) -> None:
         if self.transport is not None:
@@ -254,10 +246,8 @@ class _Session(asyncio.Protocol):
         if self._stalled is not None:
             self._stalled.cancel()
             self._stalled = None
-        for future in self.calls.values():
-            if not future.done():
-                future.set_exception(ConnectionError("NRI connection closed"))
-        self.calls.clear()
+        if not self.registered.done():
+            self.registered.set_exception(ConnectionError("NRI connection closed"))
         if not self.closed.done():
             self.closed.set_result(exc)
 
@@ -275,8 +265,8 @@ class StubOptions:
     disconnect); else ``socket_path`` (external plugin: reconnect until ``stop()``). While
     the socket is absent or refuses connections we try every ``poll_interval``, so we are
     back within about that long of the runtime listening again; connections that end
-    before Synchronize (a refused registration, ...) back off from ``retry_initial``
-    doubling to ``retry_max``.
+    before Synchronize (a refused registration, ...) back off from ``RETRY_INITIAL``
+    doubling to ``RETRY_MAX``.
     """
 
     name: str | None = None
@@ -293,11 +283,7 @@ class StubOptions:
     # Awaited before every connection attempt: a plugin that must not register before
     # something else is in place (another connection of its own) waits here.
     before_connect: Callback | None = None
-    registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT
     poll_interval: float = POLL_INTERVAL
-    retry_initial: float = RETRY_INITIAL
-    retry_max: float = RETRY_MAX
-    stall_timeout: float = STALL_TIMEOUT
     logger: logging.Logger | None = None
 
 
@@ -315,21 +301,12 @@ class Stub:
         self._sock = opts.sock
         self._fd = (int(env[PLUGIN_SOCKET_ENV])
                     if opts.sock is None and PLUGIN_SOCKET_ENV in env else None)
+        # A one-shot connection (runtime-launched or given ``sock``): no reconnects.
+        self.launched = self._sock is not None or self._fd is not None
         self.log = opts.logger or logging.getLogger("nri_plugin.nri.stub")
         self._session: _Session | None = None
-        self._registered = False
         self._stopping = False
         self._wake = asyncio.Event()
-
-    @property
-    def launched(self) -> bool:
-        """True when we have a one-shot connection (runtime-launched or given ``sock``)."""
-        return self._sock is not None or self._fd is not None
-
-    @property
-    def connected(self) -> bool:
-        """Registered with the runtime on the current connection."""
-        return self._registered
 
     @property
     def configuration(self) -> Configuration | None:
@@ -375,20 +352,19 @@ class Stub:
                 await self._await_new_socket(served_socket)
                 continue
             failures += 1
-            delay = min(self.options.retry_initial * 2 ** (failures - 1), self.options.retry_max)
+            delay = min(RETRY_INITIAL * 2 ** (failures - 1), RETRY_MAX)
             self.log.info("reconnecting in %.1f s (%d connection%s in a row ended before "
                           "Synchronize)", delay, failures, "s" if failures > 1 else "")
             await self._pause(delay)
 
-    async def _await_new_socket(self, served: tuple[int, int] | None,
-                                grace: float = 1.0) -> None:
+    async def _await_new_socket(self, served: tuple[int, int] | None) -> None:
         """Until the socket file is not the one we were served on (a new runtime's, or
-        none yet), for at most ``grace`` seconds: after that the same socket is tried
-        again (the runtime only dropped the connection)."""
+        none yet), for at most a second: after that the same socket is tried again (the
+        runtime only dropped the connection)."""
         if served is None:
             return
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
+        deadline = loop.time() + 1.0
         while (not self._stopping and loop.time() < deadline
                and _socket_identity(self.options.socket_path) == served):
             await self._pause(self.options.poll_interval / 5)
@@ -406,22 +382,6 @@ class Stub:
         if self._session is not None:
             self._session.close()
 
-    async def update_containers(
-        self,
-        updates: Iterable[nri_pb2.ContainerUpdate],
-        evictions: Iterable[nri_pb2.ContainerEviction] = (),
-        *,
-        timeout: float | None = None,
-    ) -> list[nri_pb2.ContainerUpdate]:
-        """Ask the runtime to update (or evict) containers; returns the failed updates."""
-        if self._session is None or not self._registered:
-            raise ConnectionError("not registered with a runtime")
-        request = nri_pb2.UpdateContainersRequest(update=list(updates), evict=list(evictions))
-        reply = await self._session.call("UpdateContainers", request, timeout)
-        if not reply.ok:
-            raise RpcError(Code(reply.code), reply.message)
-        return list(nri_pb2.UpdateContainersResponse.FromString(reply.payload).failed)
-
     # --- one connection ---
 
     async def _connect(self) -> _Session:
@@ -431,18 +391,14 @@ class Stub:
             sock = socket.socket(fileno=self._fd)
         synchronized = (None if self.options.on_synchronized is None
                         else functools.partial(self.options.on_synchronized, self))
-
-        def factory() -> _Session:
-            return _Session(self.plugin, self.log, stall_timeout=self.options.stall_timeout,
-                            on_synchronized=synchronized)
-
+        factory = functools.partial(_Session, self.plugin, self.log, synchronized)
         if sock is not None:
             _, session = await loop.create_unix_connection(factory, sock=sock)
         else:
             # Bounded: a runtime that is frozen with its socket open must not hold us.
             _, session = await asyncio.wait_for(
                 loop.create_unix_connection(factory, path=self.options.socket_path),
-                self.options.registration_timeout)
+                DEFAULT_REGISTRATION_TIMEOUT)
         return session
 
     async def _serve_connection(self, session: _Session) -> None:
@@ -450,8 +406,7 @@ class Stub:
         self._session = session
         error: BaseException | None = None
         try:
-            await self._register(session)
-            self._registered = True
+            await session.register(self.name, self.idx)
             self.log.info("registered as %s-%s", self.idx, self.name)
             if self.options.on_connected is not None:
                 await _maybe_await(self.options.on_connected(self))
@@ -461,18 +416,10 @@ class Stub:
             error = exc
             session.close()
         finally:
-            self._registered = False
             self._session = None
         self.log.info("connection closed%s", f": {error}" if error else "")
         if self.options.on_close is not None:
             await _maybe_await(self.options.on_close(self, error))
-
-    async def _register(self, session: _Session) -> None:
-        request = nri_pb2.RegisterPluginRequest(plugin_name=self.name, plugin_idx=self.idx)
-        reply = await session.call("RegisterPlugin", request, self.options.registration_timeout)
-        if not reply.ok:
-            raise RegistrationError(f"runtime refused registration: {reply.message}")
-
 
 def _socket_identity(path: str | None) -> tuple[int, int] | None:
     """(inode, ctime) of the socket file: a restarted runtime makes a new one."""

@@ -172,7 +172,4 @@ def _lookup(table: tuple[tuple[Version, Version], ...],
             version: Version | None) -> Version | None:
     if version is None:
         return None
-    for first_release, value in table:
-        if version >= first_release:
-            return value
-    return None
+    return next((value for first_release, value in table if version >= first_release), None)

@@ -12,7 +12,6 @@ may differ.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,59 +24,15 @@ from tests.e2e.cri import CriClient
 from tests.e2e.images import BUSYBOX_IMAGE
 from tests.e2e.parity import node_mode_seen, nri_mount_order, runtime_of
 from tests.e2e.plugin import PluginProcess
-from tests.helpers import make_char_device
+from tests.nri_wire import KMSG, MAJOR, SLEEP, parity_node
 
-SLEEP = ["sleep", "600"]
-MAJOR = 242  # local-use range: no default rule of the container uses it
-KMSG = (1, 11)  # /dev/kmsg: a write-only open succeeds without privileges, so a
-#                 read-only cgroup rule is what refuses it
 NUMBERS = {(MAJOR, 0), (MAJOR, 1), (MAJOR, 2), KMSG}
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory, e2e_ready: None) -> Path:
     root = tmp_path_factory.mktemp("parity")
-    host = root / "host"
-    (host / "lib").mkdir(parents=True)
-    (host / "lib" / "libpar.so.1").write_text("lib\n")
-    (host / "share").mkdir()
-    for minor in (0, 1, 2):
-        make_char_device(host / f"dev{minor}", major=MAJOR, minor=minor, mode=0o644)
-    make_char_device(host / "kmsg", major=KMSG[0], minor=KMSG[1], mode=0o600)
-    specs = root / "cdi"
-    specs.mkdir()
-    hook = {"hookName": "createContainer", "path": "/bin/true", "args": ["true", "parity"]}
-    mount = {"hostPath": str(host / "lib"), "containerPath": "/usr/lib/par",
-             "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"]}
-    (specs / "a.json").write_text(json.dumps({
-        "cdiVersion": "0.7.0", "kind": "parity.example/first",  # additionalGids: 0.7.0
-        "containerEdits": {"env": ["PAR_SPEC=a", "PAR_SHARED=a"], "hooks": [hook],
-                           "mounts": [mount]},
-        "devices": [
-            # no fileMode: the host node is 0644
-            {"name": "node", "containerEdits": {
-                "deviceNodes": [{"path": "/dev/par0", "hostPath": str(host / "dev0")}],
-                "env": ["PAR_NODE=0"]}},
-            {"name": "envonly", "containerEdits": {"env": ["PAR_SHARED=from-env-device"]}},
-            {"name": "moded", "containerEdits": {
-                "deviceNodes": [{"path": "/dev/par1", "hostPath": str(host / "dev1"),
-                                 "fileMode": 0o640, "permissions": "rwm"}],
-                # same depth as /usr/lib/par but a name that sorts before it
-                "mounts": [{"hostPath": str(host / "share"), "containerPath": "/usr/lib/aaa",
-                            "options": ["ro", "rbind"]}]}},
-            {"name": "readonly", "containerEdits": {
-                "deviceNodes": [{"path": "/dev/par-ro", "hostPath": str(host / "kmsg"),
-                                 "permissions": "r"}]}},
-            {"name": "gids", "containerEdits": {
-                "deviceNodes": [{"path": "/dev/par2", "hostPath": str(host / "dev2")}],
-                "additionalGids": [4242]}},
-        ]}))
-    (specs / "b.json").write_text(json.dumps({
-        "cdiVersion": "0.5.0", "kind": "parity.example/second",
-        "containerEdits": {"env": ["PAR_SHARED=b"]},
-        "devices": [{"name": "other", "containerEdits": {"env": ["PAR_B=1"], "mounts": [
-            {"hostPath": str(host / "share"), "containerPath": "/opt/b",
-             "options": ["ro", "rbind"]}]}}]}))
+    parity_node(root)
     return root
 
 

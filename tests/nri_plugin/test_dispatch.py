@@ -11,8 +11,6 @@ from nri_plugin.nri.dispatch import (
     METHODS,
     Dispatcher,
     RpcError,
-    SyncStalledError,
-    dispatch,
     implemented_events,
     subscription,
 )
@@ -141,14 +139,15 @@ def test_notifications_reach_their_handler_and_reply_empty(
     method: str, payload: bytes, call: tuple[Any, ...]
 ) -> None:
     plugin = Recorder()
-    assert dispatch(plugin, method, payload) == b""
+    assert Dispatcher(plugin).dispatch(method, payload) == b""
     assert plugin.calls == [call]
 
 
 def test_create_container_returns_the_adjustment() -> None:
     plugin = Recorder()
     req = nri_pb2.CreateContainerRequest(pod=POD, container=CTR).SerializeToString()
-    resp = nri_pb2.CreateContainerResponse.FromString(dispatch(plugin, "CreateContainer", req))
+    reply = Dispatcher(plugin).dispatch("CreateContainer", req)
+    resp = nri_pb2.CreateContainerResponse.FromString(reply)
     assert [d.path for d in resp.adjust.linux.devices] == ["/dev/x"]
     assert [d.name for d in resp.adjust.CDI_devices] == ["vendor.com/gpu=0"]
     assert plugin.calls == [("create_container", "pod1", "ctr1")]
@@ -181,7 +180,7 @@ def test_create_container_may_return_a_full_response() -> None:
 
     req = nri_pb2.CreateContainerRequest(pod=POD, container=CTR).SerializeToString()
     resp = nri_pb2.CreateContainerResponse.FromString(
-        dispatch(WithUpdates(), "CreateContainer", req)
+        Dispatcher(WithUpdates()).dispatch("CreateContainer", req)
     )
     assert [u.container_id for u in resp.update] == ["x"]
 
@@ -191,15 +190,14 @@ def test_update_and_stop_container_return_updates() -> None:
     req = nri_pb2.UpdateContainerRequest(pod=POD, container=CTR)
     req.linux_resources.cpu.cpus = "0-3"
     out = nri_pb2.UpdateContainerResponse.FromString(
-        dispatch(plugin, "UpdateContainer", req.SerializeToString())
+        Dispatcher(plugin).dispatch("UpdateContainer", req.SerializeToString())
     )
     assert [u.container_id for u in out.update] == ["other"]
     stop = nri_pb2.StopContainerRequest(pod=POD, container=CTR).SerializeToString()
-    assert nri_pb2.StopContainerResponse.FromString(dispatch(plugin, "StopContainer", stop)) == (
-        nri_pb2.StopContainerResponse()
-    )
+    reply = Dispatcher(plugin).dispatch("StopContainer", stop)
+    assert nri_pb2.StopContainerResponse.FromString(reply) == nri_pb2.StopContainerResponse()
     pod = nri_pb2.UpdatePodSandboxRequest(pod=POD).SerializeToString()
-    assert dispatch(plugin, "UpdatePodSandbox", pod) == b""
+    assert Dispatcher(plugin).dispatch("UpdatePodSandbox", pod) == b""
     assert plugin.calls == [
         ("update_container", "ctr1", "0-3"),
         ("stop_container", "ctr1"),
@@ -212,7 +210,7 @@ def test_update_and_stop_container_return_updates() -> None:
     [("StartContainer", ctr_req()), ("StateChange", state_change(Event.RUN_POD_SANDBOX))],
 )
 def test_no_handler_gives_an_empty_reply(method: str, payload: bytes) -> None:
-    assert dispatch(OnlyCreate(), method, payload) == b""
+    assert Dispatcher(OnlyCreate()).dispatch(method, payload) == b""
 
 
 def test_handler_exception_fails_only_its_request() -> None:
@@ -252,7 +250,7 @@ def test_handler_exception_fails_only_its_request() -> None:
 )
 def test_bad_requests_are_error_statuses(method: str, payload: bytes, code: Code) -> None:
     with pytest.raises(RpcError) as err:
-        dispatch(Recorder(), method, payload)
+        Dispatcher(Recorder()).dispatch(method, payload)
     assert err.value.code == code
 
 
@@ -357,14 +355,20 @@ def test_an_empty_page_with_more_is_a_stalled_synchronize() -> None:
     assert nri_pb2.SynchronizeResponse.FromString(
         d.dispatch("Synchronize", page.SerializeToString())).more
     empty = nri_pb2.SynchronizeRequest(more=True).SerializeToString()
-    with pytest.raises(SyncStalledError) as info:
+    with pytest.raises(RpcError) as info:
         d.dispatch("Synchronize", empty)
     assert info.value.code == Code.FAILED_PRECONDITION
     assert "after 0 pods and 3 containers" in info.value.message
     assert "one pod or container alone is over 4 MiB" in info.value.message
-    assert d.sync_stalled == info.value.message and not d.synchronized
+    assert not d.synchronized
 
 
 def test_methods_cover_the_plugin_service() -> None:
     served = {m.name for m in nri_pb2.DESCRIPTOR.services_by_name["Plugin"].methods}
     assert served == METHODS
+    # Each is handled, not answered UNIMPLEMENTED (StateChange, empty, names no event).
+    for method in sorted(METHODS - {"StateChange"}):
+        Dispatcher(Recorder()).dispatch(method, b"")
+    with pytest.raises(RpcError) as info:
+        Dispatcher(Recorder()).dispatch("ValidateContainerAdjustment", b"")
+    assert info.value.code == Code.UNIMPLEMENTED

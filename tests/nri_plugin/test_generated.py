@@ -65,10 +65,10 @@ def test_generated_modules_carry_the_wire_names() -> None:
 def test_event_enum_matches_the_proto() -> None:
     for event in Event:
         assert nri_pb2.Event.Value(event.name) == event.value
-        assert EventMask[event.name] == 1 << (event.value - 1) == event.bit
+        assert EventMask[event.name] == 1 << (event.value - 1)
 
 
 def test_event_mask_helpers() -> None:
     mask = EventMask.of([Event.CREATE_CONTAINER, Event.REMOVE_CONTAINER])
     assert int(mask) == 0x408
-    assert mask.events() == (Event.CREATE_CONTAINER, Event.REMOVE_CONTAINER)
+    assert mask == EventMask.CREATE_CONTAINER | EventMask.REMOVE_CONTAINER

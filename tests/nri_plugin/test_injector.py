@@ -15,7 +15,7 @@ from cdi.cache import Snapshot, SpecCache
 from cdi.device import Device
 from cdi.model import ContainerEdits, IntelRdt, NetDevice
 from nri_plugin.nri.api import nri_pb2
-from nri_plugin.nri.dispatch import RpcError, dispatch
+from nri_plugin.nri.dispatch import Dispatcher, RpcError
 from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.nri.versions import RuntimeInfo, SpecDirs
 from nri_plugin.nri.wire import Code
@@ -358,10 +358,10 @@ def test_dispatch_create_container(snapshot: Snapshot) -> None:
                                annotations={"cdi.k8s.io/gpu": "example.com/gpu=0"}),
         container=nri_pb2.Container(name="c"))
     reply = nri_pb2.CreateContainerResponse.FromString(
-        dispatch(plugin, "CreateContainer", request.SerializeToString()))
+        Dispatcher(plugin).dispatch("CreateContainer", request.SerializeToString()))
     assert [d.path for d in reply.adjust.linux.devices] == ["/dev/ctl", "/dev/gpu0"]
     empty = nri_pb2.CreateContainerRequest(pod=nri_pb2.PodSandbox(), container=nri_pb2.Container())
-    assert dispatch(plugin, "CreateContainer", empty.SerializeToString()) == b""
+    assert Dispatcher(plugin).dispatch("CreateContainer", empty.SerializeToString()) == b""
 
 
 def test_create_container_over_a_socket_refuses_only_the_bad_request(

@@ -30,7 +30,7 @@ import pytest
 
 from cdi.cache import SpecCache
 from nri_plugin.nri.api import nri_pb2
-from nri_plugin.nri.dispatch import RpcError, dispatch
+from nri_plugin.nri.dispatch import Dispatcher, RpcError
 from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.ops.logwriter import NonBlockingHandler
 from nri_plugin.ops.metrics import Metrics
@@ -113,11 +113,11 @@ def test_create_container_from_bytes_does_no_io(tmp_path: Path, need_root: None)
     with no_io():
         for _ in range(2):  # the first call fills the caches, the second reads them
             reply = nri_pb2.CreateContainerResponse.FromString(
-                dispatch(plugin, "CreateContainer", good))
+                Dispatcher(plugin).dispatch("CreateContainer", good))
             expected = expected or reply
             assert reply == expected
             with pytest.raises(RpcError, match=re.escape("example.com/gpu=9 (from pod")):
-                dispatch(plugin, "CreateContainer", bad)
+                Dispatcher(plugin).dispatch("CreateContainer", bad)
     assert [d.path for d in expected.adjust.linux.devices] == ["/dev/gpu0"]
     assert ("LD_LIBRARY_PATH", "/opt/own:/usr/lib64") in [
         (kv.key, kv.value) for kv in expected.adjust.env]
@@ -296,16 +296,16 @@ def test_only_a_device_the_registry_does_not_know_reads(tmp_path: Path, need_roo
 
     with no_io():
         for _ in range(2):
-            dispatch(plugin, "CreateContainer", request("example.com/gpu=0"))
+            Dispatcher(plugin).dispatch("CreateContainer", request("example.com/gpu=0"))
     assert reads == []
     claim = "k8s.gpu.nvidia.com/claim=1234-gpu-0"
     (folder / "k8s.gpu.nvidia.com-claim_1234.yaml").write_text(
         "cdiVersion: 0.5.0\nkind: k8s.gpu.nvidia.com/claim\ndevices:\n- name: 1234-gpu-0\n"
         f"  containerEdits:\n    deviceNodes: [{{path: /dev/gpu0, hostPath: {node}}}]\n")
     reply = nri_pb2.CreateContainerResponse.FromString(
-        dispatch(plugin, "CreateContainer", request(claim)))
+        Dispatcher(plugin).dispatch("CreateContainer", request(claim)))
     assert [d.path for d in reply.adjust.linux.devices] == ["/dev/gpu0"]
     assert reads == [(claim,)]
     with pytest.raises(RpcError, match=r"example\.com/gpu=9 \(from pod.*read again just now"):
-        dispatch(plugin, "CreateContainer", request("example.com/gpu=9"))
+        Dispatcher(plugin).dispatch("CreateContainer", request("example.com/gpu=9"))
     assert len(reads) == 2

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_plugin.nri.stub import POLL_INTERVAL, Stub, StubOptions
+from nri_plugin.nri.stub import POLL_INTERVAL, RETRY_INITIAL, RETRY_MAX, Stub, StubOptions
 from tests.nri_plugin.test_stub import ENV, Injector
 from tests.nri_runtime_peer import RuntimePeer
 from tests.virtual_clock import run_virtual
@@ -75,12 +75,12 @@ def test_refused_registration_backs_off(tmp_path: Path) -> None:
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        eight = asyncio.Event()
+        ten = asyncio.Event()
 
         async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             attempts.append(loop.time())
-            if len(attempts) == 8:
-                eight.set()
+            if len(attempts) == 10:
+                ten.set()
             peer = RuntimePeer(reader, writer)
             stream, _ = await peer.expect_register()
             peer.reply(stream, code=3, text="invalid plugin index")
@@ -88,16 +88,16 @@ def test_refused_registration_backs_off(tmp_path: Path) -> None:
             peer.close()
 
         server = await asyncio.start_unix_server(refuse, path=path)
-        stub = Stub(Injector(), StubOptions(socket_path=path, env=ENV, retry_initial=0.05,
-                                            retry_max=0.4))
+        stub = Stub(Injector(), StubOptions(socket_path=path, env=ENV))
         runner = asyncio.create_task(stub.run())
-        await eight.wait()
+        await ten.wait()
         stub.stop()
         await runner
         server.close()
 
     run_virtual(main())
-    gaps = [b - a for a, b in itertools.pairwise(attempts[:8])]
-    # From retry_initial, doubling, up to retry_max, and staying there: a refusing
+    gaps = [b - a for a, b in itertools.pairwise(attempts[:10])]
+    # From RETRY_INITIAL, doubling, up to RETRY_MAX, and staying there: a refusing
     # runtime sees a handful of attempts a second, not hundreds.
-    assert gaps == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.4, 0.4, 0.4]), gaps
+    assert gaps == pytest.approx([min(RETRY_INITIAL * 2 ** i, RETRY_MAX) for i in range(9)])
+    assert gaps[-3:] == pytest.approx([RETRY_MAX] * 3), gaps

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from nri_plugin.nri.wire import FrameTooLargeError, LocalProtocolError, RemoteProtocolError
+from nri_plugin.nri.wire import FrameTooLargeError, RemoteProtocolError
 from nri_plugin.nri.wire._mux import (
     GO_READ_BUFFER,
     MAX_PAYLOAD,
@@ -31,12 +31,6 @@ def joined(chunks: list[Chunk]) -> dict[int, bytes]:
 
 def test_header_layout_is_conn_then_length_big_endian() -> None:
     assert encode_frame(2, b"xyz") == b"\x00\x00\x00\x02\x00\x00\x00\x03xyz"
-
-
-@pytest.mark.parametrize("conn_id", [0, 3, 0xFFFFFFFF])
-def test_encode_rejects_other_conn_ids(conn_id: int) -> None:
-    with pytest.raises(LocalProtocolError):
-        encode_frame(conn_id, b"")
 
 
 @pytest.mark.parametrize(

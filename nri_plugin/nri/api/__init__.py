@@ -3,21 +3,14 @@ masks."""
 
 from __future__ import annotations
 
-from nri_plugin.nri.api import nri_pb2, ttrpc_pb2
-from nri_plugin.nri.api.events import LEGACY_VALID_EVENTS, VALID_EVENTS, Event, EventMask
+from nri_plugin.nri.api import nri_pb2 as nri_pb2
+from nri_plugin.nri.api import ttrpc_pb2 as ttrpc_pb2
+from nri_plugin.nri.api.events import LEGACY_VALID_EVENTS as LEGACY_VALID_EVENTS
+from nri_plugin.nri.api.events import VALID_EVENTS as VALID_EVENTS
+from nri_plugin.nri.api.events import Event as Event
+from nri_plugin.nri.api.events import EventMask as EventMask
 
 # Service names are part of the wire format (docs/developer/nri-protocol.md §1.5): take them from
 # our descriptor.
 PLUGIN_SERVICE: str = nri_pb2.DESCRIPTOR.services_by_name["Plugin"].full_name
 RUNTIME_SERVICE: str = nri_pb2.DESCRIPTOR.services_by_name["Runtime"].full_name
-
-__all__ = [
-    "LEGACY_VALID_EVENTS",
-    "PLUGIN_SERVICE",
-    "RUNTIME_SERVICE",
-    "VALID_EVENTS",
-    "Event",
-    "EventMask",
-    "nri_pb2",
-    "ttrpc_pb2",
-]

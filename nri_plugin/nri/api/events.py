@@ -24,13 +24,9 @@ class Event(enum.IntEnum):
     POST_UPDATE_POD_SANDBOX = 13  # NRI v0.10.0+
     VALIDATE_CONTAINER_ADJUSTMENT = 14  # NRI v0.10.0+
 
-    @property
-    def bit(self) -> int:
-        return 1 << (self.value - 1)
-
 
 class EventMask(enum.IntFlag):
-    """Subscription bits: event E is bit ``1 << (E - 1)``."""
+    """Subscription bits: event E is bit ``1 << (E - 1)``, named as the event."""
 
     RUN_POD_SANDBOX = 1 << 0
     STOP_POD_SANDBOX = 1 << 1
@@ -51,11 +47,8 @@ class EventMask(enum.IntFlag):
     def of(cls, events: Iterable[Event]) -> EventMask:
         mask = cls(0)
         for event in events:
-            mask |= cls(event.bit)
+            mask |= cls[event.name]
         return mask
-
-    def events(self) -> tuple[Event, ...]:
-        return tuple(e for e in Event if self & e.bit)
 
 
 # Runtimes reject a Configure reply with any bit outside their ValidEvents

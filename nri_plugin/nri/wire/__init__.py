@@ -7,45 +7,19 @@ must not import asyncio, socket or os (tests/test_layering.py checks).
 
 from __future__ import annotations
 
-from nri_plugin.nri.wire._bounded import bound_message, clip
-from nri_plugin.nri.wire._connection import Connection, Role
-from nri_plugin.nri.wire._errors import (
-    FrameTooLargeError,
-    LocalProtocolError,
-    MessageTooLargeError,
-    ProtocolError,
-    RemoteProtocolError,
-)
-from nri_plugin.nri.wire._events import (
-    ConnectionClosed,
-    Event,
-    RequestReceived,
-    RequestRejected,
-    ResponseReceived,
-)
-from nri_plugin.nri.wire._mux import GO_READ_BUFFER, PLUGIN_CONN, RUNTIME_CONN
-from nri_plugin.nri.wire._state import ConnectionState
-from nri_plugin.nri.wire._ttrpc import MAX_DATA, Code
-
-__all__ = [
-    "GO_READ_BUFFER",
-    "MAX_DATA",
-    "PLUGIN_CONN",
-    "RUNTIME_CONN",
-    "Code",
-    "Connection",
-    "ConnectionClosed",
-    "ConnectionState",
-    "Event",
-    "FrameTooLargeError",
-    "LocalProtocolError",
-    "MessageTooLargeError",
-    "ProtocolError",
-    "RemoteProtocolError",
-    "RequestReceived",
-    "RequestRejected",
-    "ResponseReceived",
-    "Role",
-    "bound_message",
-    "clip",
-]
+from nri_plugin.nri.wire._bounded import bound_message as bound_message
+from nri_plugin.nri.wire._bounded import clip as clip
+from nri_plugin.nri.wire._connection import Connection as Connection
+from nri_plugin.nri.wire._connection import ConnectionClosed as ConnectionClosed
+from nri_plugin.nri.wire._connection import ConnectionState as ConnectionState
+from nri_plugin.nri.wire._connection import RequestReceived as RequestReceived
+from nri_plugin.nri.wire._connection import RequestRejected as RequestRejected
+from nri_plugin.nri.wire._connection import ResponseReceived as ResponseReceived
+from nri_plugin.nri.wire._connection import Role as Role
+from nri_plugin.nri.wire._errors import FrameTooLargeError as FrameTooLargeError
+from nri_plugin.nri.wire._errors import LocalProtocolError as LocalProtocolError
+from nri_plugin.nri.wire._errors import MessageTooLargeError as MessageTooLargeError
+from nri_plugin.nri.wire._errors import ProtocolError as ProtocolError
+from nri_plugin.nri.wire._errors import RemoteProtocolError as RemoteProtocolError
+from nri_plugin.nri.wire._ttrpc import MAX_DATA as MAX_DATA
+from nri_plugin.nri.wire._ttrpc import Code as Code

@@ -1,50 +1,13 @@
-"""A receive buffer that consumes in O(bytes consumed) (h11's idea)."""
+"""Receive buffers: a ``bytearray`` fed at the end and consumed from the front, which
+CPython does in O(bytes consumed) (it moves the array's start instead of its content)."""
 
 from __future__ import annotations
 
 
-class ReceiveBuffer:
-    """Bytes received but not yet parsed: a ``bytearray`` plus a read offset."""
-
-    __slots__ = ("_data", "_start")
-
-    def __init__(self) -> None:
-        self._data = bytearray()
-        self._start = 0
-
-    def __len__(self) -> int:
-        return len(self._data) - self._start
-
-    def __bool__(self) -> bool:
-        return len(self._data) > self._start
-
-    def feed(self, data: bytes | bytearray | memoryview) -> None:
-        self._data += data
-
-    def peek(self, n: int) -> bytes | None:
-        """The next ``n`` bytes without consuming them, or ``None`` if fewer are here."""
-        if len(self) < n:
-            return None
-        return bytes(self._data[self._start : self._start + n])
-
-    def take(self, n: int) -> bytes | None:
-        """Consume exactly ``n`` bytes, or return ``None`` (need more data)."""
-        chunk = self.peek(n)
-        if chunk is not None:
-            self._consume(n)
-        return chunk
-
-    def take_at_most(self, n: int) -> bytes:
-        """Consume up to ``n`` bytes (possibly none)."""
-        n = min(n, len(self))
-        chunk = bytes(self._data[self._start : self._start + n])
-        self._consume(n)
-        return chunk
-
-    def _consume(self, n: int) -> None:
-        self._start += n
-        # Compact once the dead prefix dominates, so each byte is moved O(1) times
-        # on average instead of on every take.
-        if self._start > len(self._data) // 2:
-            del self._data[: self._start]
-            self._start = 0
+def take(buffer: bytearray, n: int) -> bytes | None:
+    """Consume exactly ``n`` bytes from the front, or return ``None`` (need more data)."""
+    if len(buffer) < n:
+        return None
+    chunk = bytes(buffer[:n])
+    del buffer[:n]
+    return chunk

@@ -1,23 +1,16 @@
-"""The sans-IO NRI connection: mux + two ttrpc sessions (docs/developer/nri-protocol.md §1, §2).
+"""The sans-IO NRI connection: mux + two ttrpc sessions (docs/developer/nri-protocol.md §1, §2),
+the events it returns, and the stream bookkeeping of each session (§1.2).
 """
 
 from __future__ import annotations
 
 import enum
-import logging
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 
 from nri_plugin.nri.wire._bounded import bound_message, clip
 from nri_plugin.nri.wire._errors import LocalProtocolError, RemoteProtocolError
-from nri_plugin.nri.wire._events import (
-    ConnectionClosed,
-    Event,
-    RequestReceived,
-    RequestRejected,
-    ResponseReceived,
-)
 from nri_plugin.nri.wire._mux import PLUGIN_CONN, RUNTIME_CONN, MuxReader, frame_message
-from nri_plugin.nri.wire._state import ClientStreams, ConnectionState, ServerStreams
 from nri_plugin.nri.wire._ttrpc import (
     Code,
     Frame,
@@ -30,8 +23,127 @@ from nri_plugin.nri.wire._ttrpc import (
     encode_response,
 )
 
-_NULL_LOGGER = logging.getLogger("nri_plugin.nri.wire")
-_NULL_LOGGER.addHandler(logging.NullHandler())
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestReceived:
+    """The peer called one of the methods we serve; answer with ``send_response``."""
+
+    stream_id: int
+    service: str
+    method: str
+    payload: bytes
+    # the peer's remaining deadline; 0 = none (docs/developer/nri-protocol.md §1.3)
+    timeout_nano: int = 0
+    metadata: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestRejected:
+    """A request the core answered by itself (bad stream id, unknown method, ...).
+
+    Informational: the error reply is already queued in ``data_to_send()``.
+    """
+
+    stream_id: int
+    service: str
+    method: str
+    code: Code
+    message: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseReceived:
+    """The reply to one of our ``send_request`` calls."""
+
+    stream_id: int
+    service: str
+    method: str
+    payload: bytes
+    code: int = Code.OK
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.code == Code.OK
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectionClosed:
+    """The peer closed the trunk cleanly; ``pending`` calls will never be answered."""
+
+    pending: tuple[int, ...] = ()
+
+
+Event = RequestReceived | RequestRejected | ResponseReceived | ConnectionClosed
+
+
+MAX_STREAM_ID = (1 << 32) - 1  # the header field is a uint32
+
+
+class ConnectionState(enum.Enum):
+    OPEN = "open"
+    CLOSED = "closed"  # the peer closed the trunk cleanly
+    ERROR = "error"  # a protocol error happened; the connection cannot be used again
+
+
+class ClientStreams:
+    """Calls we made on one logical connection: odd ids 1, 3, 5, ...
+    (docs/developer/nri-protocol.md §1.2)."""
+
+    __slots__ = ("_next_id", "pending")
+
+    def __init__(self) -> None:
+        self._next_id = 1
+        self.pending: dict[int, tuple[str, str]] = {}
+
+    @property
+    def next_id(self) -> int:
+        if self._next_id > MAX_STREAM_ID:
+            raise LocalProtocolError("ttrpc stream ids exhausted on this connection")
+        return self._next_id
+
+    def open(self, service: str, method: str) -> int:
+        stream_id = self.next_id
+        self._next_id += 2
+        self.pending[stream_id] = (service, method)
+        return stream_id
+
+    def close(self, stream_id: int) -> tuple[str, str]:
+        try:
+            return self.pending.pop(stream_id)
+        except KeyError:
+            raise RemoteProtocolError(
+                f"ttrpc response for stream {stream_id}, which has no call pending"
+            ) from None
+
+
+class ServerStreams:
+    """Calls the peer made to us: each new id odd and above the last
+    (docs/developer/nri-protocol.md §1.2)."""
+
+    __slots__ = ("in_flight", "last_id")
+
+    def __init__(self) -> None:
+        self.last_id = 0
+        self.in_flight: set[int] = set()
+
+    def accept(self, stream_id: int) -> str | None:
+        """Record a new request; return why it is invalid instead, like Go's server."""
+        if stream_id % 2 == 0:
+            return f"StreamID must be odd for client initiated streams: {stream_id}"
+        if stream_id <= self.last_id:
+            return f"StreamID cannot be re-used and must increment: {stream_id}"
+        self.last_id = stream_id
+        self.in_flight.add(stream_id)
+        return None
+
+    def check_open(self, stream_id: int) -> None:
+        if stream_id not in self.in_flight:
+            raise LocalProtocolError(f"no request in flight on stream {stream_id}")
+
+    def close(self, stream_id: int) -> None:
+        self.check_open(stream_id)
+        self.in_flight.remove(stream_id)
 
 
 class Role(enum.Enum):
@@ -64,14 +176,12 @@ class Connection:
         *,
         role: Role = Role.PLUGIN,
         services: Mapping[str, Collection[str]] | None = None,
-        logger: logging.Logger | None = None,
     ) -> None:
         self.role = role
         self.state = ConnectionState.OPEN
         self._services = (
             None if services is None else {k: frozenset(v) for k, v in services.items()}
         )
-        self._log = logger or _NULL_LOGGER
         self._mux = MuxReader()
         self._readers = {PLUGIN_CONN: FrameReader(), RUNTIME_CONN: FrameReader()}
         self._server = ServerStreams()
@@ -93,7 +203,7 @@ class Connection:
             events: list[Event] = []
             for chunk in self._mux.feed(data):
                 for frame in self._readers[chunk.conn_id].feed(chunk.data):
-                    events.extend(self._handle_frame(chunk.conn_id, frame))
+                    events.append(self._handle_frame(chunk.conn_id, frame))
             return events
         except RemoteProtocolError:
             self.state = ConnectionState.ERROR
@@ -107,7 +217,7 @@ class Connection:
         self._client.pending.clear()
         return ConnectionClosed(pending=pending)
 
-    def _handle_frame(self, conn_id: int, frame: Frame) -> list[Event]:
+    def _handle_frame(self, conn_id: int, frame: Frame) -> Event:
         serving = conn_id == self.role.server_conn
         expected = MessageType.REQUEST if serving else MessageType.RESPONSE
         if frame.type != expected:
@@ -116,8 +226,8 @@ class Connection:
                 f"only {expected.name.lower()}s are valid there"
             )
         if serving:
-            return [self._handle_request(frame.stream_id, frame.data)]
-        return [self._handle_response(frame.stream_id, frame.data)]
+            return self._handle_request(frame.stream_id, frame.data)
+        return self._handle_response(frame.stream_id, frame.data)
 
     # Service and method names are quoted in rejections; a hostile peer may send 4 MiB ones.
     NAME_LIMIT = 128
@@ -132,17 +242,10 @@ class Connection:
             # Framing is intact, so only this call fails (Go answers it the same way).
             return self._reject(stream_id, ("", ""), Code.INVALID_ARGUMENT, str(exc))
         service, method = request.service, request.method
-        if self._services is not None:
-            if service not in self._services:
-                return self._reject(
-                    stream_id, (service, method), Code.UNIMPLEMENTED,
-                    f"service {clip(service, self.NAME_LIMIT)}",
-                )
-            if method not in self._services[service]:
-                return self._reject(
-                    stream_id, (service, method), Code.UNIMPLEMENTED,
-                    f"method {clip(method, self.NAME_LIMIT)}",
-                )
+        if self._services is not None and method not in self._services.get(service, ()):
+            unknown = (f"method {clip(method, self.NAME_LIMIT)}" if service in self._services
+                       else f"service {clip(service, self.NAME_LIMIT)}")
+            return self._reject(stream_id, (service, method), Code.UNIMPLEMENTED, unknown)
         return RequestReceived(
             stream_id=stream_id,
             service=service,
@@ -163,10 +266,9 @@ class Connection:
         tracked: bool = True,
     ) -> RequestRejected:
         # Bounded so that the reply always fits in a frame (a 4 MiB service name quoted
-        # in "service X" would not) and the event is cheap to log.
+        # in "service X" would not) and the event is cheap to log (the stub logs it).
         service, method = clip(called[0], self.NAME_LIMIT), clip(called[1], self.NAME_LIMIT)
         message = bound_message(message)
-        self._log.debug("rejecting stream %d (%s/%s): %s", stream_id, service, method, message)
         if tracked:
             self._server.close(stream_id)
         frame = encode_frame(stream_id, MessageType.RESPONSE, encode_response(b"", code, message))
@@ -242,13 +344,3 @@ class Connection:
     def buffered(self) -> int:
         """Received bytes held for incomplete frames (bounded, see ``FrameReader``)."""
         return self._mux.buffered + sum(r.buffered for r in self._readers.values())
-
-    @property
-    def pending_calls(self) -> tuple[int, ...]:
-        """Stream ids of our calls still waiting for a response."""
-        return tuple(sorted(self._client.pending))
-
-    @property
-    def requests_in_flight(self) -> tuple[int, ...]:
-        """Stream ids of peer requests we have not answered yet."""
-        return tuple(sorted(self._server.in_flight))

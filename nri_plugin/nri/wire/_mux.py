@@ -10,8 +10,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from nri_plugin.nri.wire._buffer import ReceiveBuffer
-from nri_plugin.nri.wire._errors import FrameTooLargeError, LocalProtocolError, RemoteProtocolError
+from nri_plugin.nri.wire._buffer import take
+from nri_plugin.nri.wire._errors import FrameTooLargeError, RemoteProtocolError
 
 HEADER = struct.Struct(">II")
 
@@ -19,7 +19,6 @@ HEADER = struct.Struct(">II")
 PLUGIN_CONN = 1
 # the runtime's Runtime service; we are the client (docs/developer/nri-protocol.md §2.2)
 RUNTIME_CONN = 2
-CONN_IDS = frozenset({PLUGIN_CONN, RUNTIME_CONN})
 
 # Go writers since NRI v0.7.0 split at 10 + 4 MiB; v0.2.0-v0.6.1 wrote up to 16 MiB
 # in one frame (docs/developer/nri-protocol.md §2.1). Accept the larger, reject anything beyond it
@@ -41,10 +40,6 @@ class Chunk:
 
 
 def encode_frame(conn_id: int, payload: bytes) -> bytes:
-    if conn_id not in CONN_IDS:
-        raise LocalProtocolError(f"mux conn id {conn_id} is not 1 or 2")
-    if len(payload) > MAX_PAYLOAD:
-        raise LocalProtocolError(f"mux payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
     return HEADER.pack(conn_id, len(payload)) + payload
 
 
@@ -65,11 +60,10 @@ class MuxReader:
     whole frame, so a frame never costs more memory than the bytes fed so far.
     """
 
-    __slots__ = ("_buffer", "_conn_id", "_max_payload", "_remaining")
+    __slots__ = ("_buffer", "_conn_id", "_remaining")
 
-    def __init__(self, *, max_payload: int = MAX_PAYLOAD) -> None:
-        self._buffer = ReceiveBuffer()
-        self._max_payload = max_payload
+    def __init__(self) -> None:
+        self._buffer = bytearray()
         self._conn_id = 0
         self._remaining = 0
 
@@ -83,32 +77,32 @@ class MuxReader:
         return len(self._buffer)
 
     def feed(self, data: bytes | memoryview) -> list[Chunk]:
-        self._buffer.feed(data)
+        self._buffer += data
         chunks: list[Chunk] = []
         while True:
             if self._remaining == 0:
                 if not self._next_header():
                     return chunks
                 continue
-            piece = self._buffer.take_at_most(self._remaining)
+            piece = take(self._buffer, min(self._remaining, len(self._buffer)))
             if not piece:
                 return chunks
             self._remaining -= len(piece)
             chunks.append(Chunk(conn_id=self._conn_id, data=piece))
 
     def _next_header(self) -> bool:
-        raw = self._buffer.take(HEADER.size)
+        raw = take(self._buffer, HEADER.size)
         if raw is None:
             return False
         conn_id, length = HEADER.unpack(raw)
-        if conn_id not in CONN_IDS:
+        if conn_id not in (PLUGIN_CONN, RUNTIME_CONN):
             # Go drops these silently (docs/developer/nri-protocol.md §2.1); NRI only ever uses 1
             # and 2, so a
             # different id means we are out of sync with the peer.
             raise RemoteProtocolError(f"mux frame for unknown conn id {conn_id}")
-        if length > self._max_payload:
+        if length > MAX_PAYLOAD:
             raise FrameTooLargeError(
-                f"mux frame on conn {conn_id} announces {length} bytes (max {self._max_payload})"
+                f"mux frame on conn {conn_id} announces {length} bytes (max {MAX_PAYLOAD})"
             )
         self._conn_id = conn_id
         self._remaining = length

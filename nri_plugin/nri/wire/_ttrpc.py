@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from nri_plugin.nri.api import ttrpc_pb2
-from nri_plugin.nri.wire._buffer import ReceiveBuffer
+from nri_plugin.nri.wire._buffer import take
 from nri_plugin.nri.wire._errors import (
     FrameTooLargeError,
     MessageTooLargeError,
@@ -27,48 +27,40 @@ MAX_DATA = 4 << 20  # messageLengthMax (docs/developer/nri-protocol.md §1.1)
 
 class MessageType(enum.IntEnum):
     REQUEST = 1
-    RESPONSE = 2
-    DATA = 3  # streaming only; NRI never sends it (docs/developer/nri-protocol.md §1.1)
+    RESPONSE = 2  # and 3, DATA: streaming only; NRI never sends it (nri-protocol.md §1.1)
 
 
 class Code(enum.IntEnum):
-    """gRPC status codes carried in ttrpc responses (docs/developer/nri-protocol.md §1.4)."""
+    """The gRPC status codes carried in ttrpc responses that this library sends or reads
+    (docs/developer/nri-protocol.md §1.4)."""
 
     OK = 0
-    CANCELLED = 1
     UNKNOWN = 2
     INVALID_ARGUMENT = 3
     DEADLINE_EXCEEDED = 4
     NOT_FOUND = 5
-    ALREADY_EXISTS = 6
     PERMISSION_DENIED = 7
     RESOURCE_EXHAUSTED = 8
     FAILED_PRECONDITION = 9
-    ABORTED = 10
-    OUT_OF_RANGE = 11
     UNIMPLEMENTED = 12
-    INTERNAL = 13
-    UNAVAILABLE = 14
     DATA_LOSS = 15
-    UNAUTHENTICATED = 16
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Frame:
     stream_id: int
     type: int  # a MessageType value, or whatever unknown byte the peer sent
-    flags: int
     data: bytes
 
 
-def encode_frame(stream_id: int, mtype: MessageType, data: bytes, flags: int = 0) -> bytes:
+def encode_frame(stream_id: int, mtype: MessageType, data: bytes) -> bytes:
     if len(data) > MAX_DATA:
         # Go's sender refuses the same way (OversizedMessageErr,
         # docs/developer/nri-protocol.md §1.1).
         raise MessageTooLargeError(
             f"ttrpc message on stream {stream_id} is {len(data)} bytes (max {MAX_DATA})"
         )
-    return HEADER.pack(len(data), stream_id, mtype, flags) + data
+    return HEADER.pack(len(data), stream_id, mtype, 0) + data  # no flags: NRI sets none
 
 
 class FrameReader:
@@ -79,12 +71,11 @@ class FrameReader:
     whatever the caller fed in one go.
     """
 
-    __slots__ = ("_buffer", "_header", "_max_data")
+    __slots__ = ("_buffer", "_header")
 
-    def __init__(self, *, max_data: int = MAX_DATA) -> None:
-        self._buffer = ReceiveBuffer()
-        self._header: tuple[int, int, int, int] | None = None
-        self._max_data = max_data
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._header: tuple[int, int, int] | None = None
 
     @property
     def mid_frame(self) -> bool:
@@ -95,7 +86,7 @@ class FrameReader:
         return len(self._buffer)
 
     def feed(self, data: bytes) -> list[Frame]:
-        self._buffer.feed(data)
+        self._buffer += data
         frames = []
         while (frame := self._next_frame()) is not None:
             frames.append(frame)
@@ -103,25 +94,25 @@ class FrameReader:
 
     def _next_frame(self) -> Frame | None:
         if self._header is None:
-            raw = self._buffer.take(HEADER.size)
+            raw = take(self._buffer, HEADER.size)
             if raw is None:
                 return None
-            length, stream_id, mtype, flags = HEADER.unpack(raw)
-            if length > self._max_data:
+            length, stream_id, mtype, _flags = HEADER.unpack(raw)
+            if length > MAX_DATA:
                 # Go discards the data and answers RESOURCE_EXHAUSTED; no conforming
                 # NRI peer sends this (its own sender refuses), so we treat it as a
                 # broken peer rather than buffer or skip up to 4 GiB.
                 raise FrameTooLargeError(
                     f"ttrpc frame on stream {stream_id} announces {length} bytes "
-                    f"(max {self._max_data})"
+                    f"(max {MAX_DATA})"
                 )
-            self._header = (length, stream_id, mtype, flags)
-        length, stream_id, mtype, flags = self._header
-        data = self._buffer.take(length)
+            self._header = (length, stream_id, mtype)
+        length, stream_id, mtype = self._header
+        data = take(self._buffer, length)
         if data is None:
             return None
         self._header = None
-        return Frame(stream_id=stream_id, type=mtype, flags=flags, data=data)
+        return Frame(stream_id=stream_id, type=mtype, data=data)
 
 
 def encode_request(
@@ -141,12 +132,10 @@ def encode_request(
 
 
 def decode_request(data: bytes, stream_id: int) -> ttrpc_pb2.Request:
-    request = ttrpc_pb2.Request()
     try:
-        request.ParseFromString(data)
+        return ttrpc_pb2.Request.FromString(data)
     except DecodeError as exc:
         raise RemoteProtocolError(f"undecodable ttrpc request on stream {stream_id}") from exc
-    return request
 
 
 def encode_response(payload: bytes, code: int = Code.OK, message: str = "") -> bytes:
@@ -159,9 +148,7 @@ def encode_response(payload: bytes, code: int = Code.OK, message: str = "") -> b
 
 
 def decode_response(data: bytes, stream_id: int) -> ttrpc_pb2.Response:
-    response = ttrpc_pb2.Response()
     try:
-        response.ParseFromString(data)
+        return ttrpc_pb2.Response.FromString(data)
     except DecodeError as exc:
         raise RemoteProtocolError(f"undecodable ttrpc response on stream {stream_id}") from exc
-    return response
