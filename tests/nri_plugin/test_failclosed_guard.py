@@ -186,14 +186,14 @@ def test_a_created_container_is_owed_a_check_only_for_a_while(
     now = [100.0]
     plugin = guard(snapshot, cgroup_root, clock=now)
     plugin.synchronize([pod()], [container("dead")])
-    assert plugin.needed and plugin.next_due() == plugin.recheck
+    assert plugin.needed and plugin.next_due() == plugin.settings.recheck
     while plugin.needed:  # its cgroup is looked at, empty each time, until the limit
-        assert now[0] < 100.0 + plugin.pending_limit
+        assert now[0] < 100.0 + plugin.settings.pending_limit
         next_due = plugin.next_due()
         assert next_due is not None
         now[0] += next_due
         plugin.due()
-    assert now[0] == 100.0 + plugin.pending_limit
+    assert now[0] == 100.0 + plugin.settings.pending_limit
     assert "has not started within 60 s of being found" in caplog.text
     assert plugin.counters.unserved_evicted == 0
 
@@ -236,7 +236,7 @@ def test_a_pending_container_whose_start_the_guard_never_saw_is_stopped(
     assert "found running, its start not seen by the guard" in caplog.text
     assert log.read_text().startswith("nri-cdi: stopped: the container was created while "
                                       "the plugin was away, without its devices")
-    assert now[0] < 100.0 + plugin.pending_limit  # well before it would have been let go
+    assert now[0] < 100.0 + plugin.settings.pending_limit  # well before it would have been let go
     plugin.start_container(k8s_pod, ctr)  # a late StartContainer: nothing owed any more
 
 
@@ -253,9 +253,9 @@ def test_a_pending_container_whose_start_reaches_the_guard_is_refused_there(
     plugin.configure("", "containerd", "2.1.9")
     plugin.guard_synchronize([pod()], [container("w", cgroup="/k8s.io/w")])
     procs["/k8s.io/w"] = True
-    now[0] += plugin.recheck
+    now[0] += plugin.settings.recheck
     plugin.due()
-    assert plugin.next_due() == plugin.recheck and plugin.counters.unserved_evicted == 0
+    assert plugin.next_due() == plugin.settings.recheck and plugin.counters.unserved_evicted == 0
     with pytest.raises(RpcError, match="created while the plugin was away"):
         plugin.start_container(pod(), container("w", cgroup="/k8s.io/w"))
     assert plugin.next_due() is None and plugin.counters.unserved_evicted == 1

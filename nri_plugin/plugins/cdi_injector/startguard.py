@@ -71,12 +71,6 @@ class StartGuard(Plugin):
     """The plugin the stub runs: the injector's handlers plus the fail-closed checks."""
 
     REMEMBER = 65536  # containers remembered as served, oldest dropped first
-    # The events the guard needs on every runtime, whatever the injector subscribes to.
-    GUARD_EVENTS = (EventMask.POST_CREATE_CONTAINER | EventMask.START_CONTAINER
-                    | EventMask.POST_START_CONTAINER | EventMask.REMOVE_CONTAINER)
-    # containerd fails a container's start when a plugin's StartContainer fails (every
-    # release with NRI): there StartContainer alone keeps a container from running.
-    CONTAINERD_GUARD_EVENTS = EventMask.START_CONTAINER | EventMask.REMOVE_CONTAINER
 
     def __init__(self, injector: CdiInjector, settings: GuardSettings | None = None, *,
                  defer: Callable[[Callable[[], None]], object] | None = None,
@@ -89,23 +83,18 @@ class StartGuard(Plugin):
         self.settings = settings = settings if settings is not None else GuardSettings()
         self.injector = injector
         self.counters: Counters = injector.counters
-        self._defer = defer
-        self.cgroup_root = settings.cgroup_root
-        self.own_connection = settings.own_connection
-        self.pending_limit = settings.pending_limit
-        self.recheck = settings.recheck
+        self._defer = defer or (lambda act: act())
         self._clock = clock
         self._has_processes = has_processes or (
             lambda cgroups_path: cgroup_has_processes(cgroups_path, settings.cgroup_root))
-        # Told when ``needed`` changes (SecondConnection): called from inside a handler.
-        self._need_listener: Callable[[], None] | None = None
+        # Told when ``needed`` may have changed (SecondConnection): called inside a handler.
+        self._need_may_have_changed: Callable[[], None] = lambda: None
         self._served: OrderedDict[str, None] = OrderedDict()
         self._pending: dict[str, _Pending] = {}
         # Containers already stopped, refused or reported: the guard's Synchronize and the
         # injector's both list them, and each is acted on (and named) once.
         self._done: OrderedDict[str, None] = OrderedDict()
         self._injector_synced = False
-        self._was_needed = True
         self._runtime = RuntimeInfo()  # as the last Configure (either connection's) named it
 
     # --- whether checks are owed ---
@@ -119,14 +108,7 @@ class StartGuard(Plugin):
         return not self._injector_synced or bool(self._pending)
 
     def on_need_changed(self, listener: Callable[[], None]) -> None:
-        self._need_listener = listener
-
-    def _need_may_have_changed(self) -> None:
-        now = self.needed
-        if now != self._was_needed:
-            self._was_needed = now
-            if self._need_listener is not None:
-                self._need_listener()
+        self._need_may_have_changed = listener
 
     def next_due(self) -> float | None:
         """Seconds until ``due`` has a pending container to look at (None: none pending)."""
@@ -145,7 +127,7 @@ class StartGuard(Plugin):
         started = []
         for cid, pending in list(self._pending.items()):
             if pending.check_at <= now:
-                pending.check_at = now + self.recheck
+                pending.check_at = now + self.settings.recheck
                 had = pending.had_processes
                 pending.had_processes = self._has_processes(pending.item.cgroups_path)
                 if had and pending.had_processes:
@@ -154,7 +136,7 @@ class StartGuard(Plugin):
                     started.append(pending.item)
         for item in started:
             self._act(item, "unseen-start")
-        self._need_may_have_changed()  # and lets go of what is past its limit
+        self._expire_pending()
 
     def _expire_pending(self) -> None:
         now = self._clock()
@@ -166,13 +148,13 @@ class StartGuard(Plugin):
                             "devices while the plugin was away, has not started within "
                             "%.0f s of being found; its start is no longer waited for (a "
                             "container whose start failed stays listed as created): %s",
-                            item.name, item.container_id, item.pod, self.pending_limit,
+                            item.name, item.container_id, item.pod, self.settings.pending_limit,
                             item.reason)
 
     def _add_pending(self, item: Unserved) -> None:
-        now = self._clock()
-        self._pending[item.container_id] = _Pending(item, now + self.pending_limit,
-                                                    now + self.recheck)
+        now, settings = self._clock(), self.settings
+        self._pending[item.container_id] = _Pending(item, now + settings.pending_limit,
+                                                    now + settings.recheck)
 
     def main_connection_lost(self) -> None:
         """The injector's connection ended: until it synchronizes again, containers are
@@ -195,7 +177,7 @@ class StartGuard(Plugin):
         self._runtime = self.injector.runtime
         if mask is None:
             return None
-        if self.own_connection:
+        if self.settings.own_connection:
             # RemoveContainer only, to forget what we remember: outside every container's
             # creation and start.
             return mask | EventMask.REMOVE_CONTAINER
@@ -286,10 +268,8 @@ class StartGuard(Plugin):
                                   for i in exited))
         for item in now:
             self._remember(self._done, item.container_id)
-        if now and self._defer is not None:
+        if now:
             self._defer(lambda: self._act_now(now))
-        elif now:
-            self._act_now(now)
 
     def _act_now(self, items: Sequence[Unserved]) -> None:
         for item in items:
@@ -367,7 +347,7 @@ class StartGuard(Plugin):
         else:
             note = "no termination-message file"
         try:
-            how = stop_processes(item.pid, item.cgroups_path, self.cgroup_root)
+            how = stop_processes(item.pid, item.cgroups_path, self.settings.cgroup_root)
         except OSError as exc:
             how, error = None, exc.strerror or str(exc)
         else:
@@ -393,10 +373,13 @@ _WHEN = {"start": "at its start, before it ran", "post-start": "as it started",
 
 
 def guard_events(runtime_name: str) -> EventMask:
-    """The events the start guard needs on this runtime (see StartGuard)."""
+    """The events the start guard needs on this runtime, whatever the injector subscribes
+    to. containerd fails a container's start when a plugin's StartContainer fails (every
+    release with NRI): there StartContainer alone keeps a container from running."""
     if runtime_name == "containerd":
-        return StartGuard.CONTAINERD_GUARD_EVENTS
-    return StartGuard.GUARD_EVENTS
+        return EventMask.START_CONTAINER | EventMask.REMOVE_CONTAINER
+    return (EventMask.POST_CREATE_CONTAINER | EventMask.START_CONTAINER
+            | EventMask.POST_START_CONTAINER | EventMask.REMOVE_CONTAINER)
 
 
 class GuardConnection(Plugin):
