@@ -33,28 +33,17 @@ CallLater = Callable[[float, Callable[[], None]], Cancellable]
 
 
 class Need(Protocol):
-    """What decides whether the second connection is open, and what runs on its clock."""
+    """What decides whether the second connection must be open now (``needed``; it calls
+    the ``on_need_changed`` listener, inside a handler, whenever that may have changed),
+    what runs on its clock (``due``, ``next_due`` seconds from now; None: nothing timed),
+    and what is told when the main connection ends."""
 
     @property
-    def needed(self) -> bool:
-        """Whether the second connection must be open now."""
-        ...
-
-    def on_need_changed(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` (from inside a handler) whenever ``needed`` may have changed."""
-        ...
-
-    def next_due(self) -> float | None:
-        """Seconds until ``due`` is next to run (None: nothing is timed)."""
-        ...
-
-    def due(self) -> None:
-        """The timed work whose time has come (``next_due`` said when)."""
-        ...
-
-    def main_connection_lost(self) -> None:
-        """The main connection ended."""
-        ...
+    def needed(self) -> bool: ...
+    def on_need_changed(self, listener: Callable[[], None]) -> None: ...
+    def next_due(self) -> float | None: ...
+    def due(self) -> None: ...
+    def main_connection_lost(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,7 +73,6 @@ class SecondConnection:
                  name: str | None, on_close: CloseCallback | None = None) -> None:
         self.need = second.need
         self._s = second
-        self._log = second.logger
         self._make_stub = make_stub
         self._on_close = on_close
         self._closing: Cancellable | None = None  # the close after the linger
@@ -129,8 +117,9 @@ class SecondConnection:
         try:
             await asyncio.wait_for(self._ready.wait(), self._s.ready_timeout)
         except asyncio.TimeoutError:
-            self._log.warning("the %s's connection is not in place after %.0f s; connecting the "
-                              "main one all the same", self._s.label, self._s.ready_timeout)
+            self._s.logger.warning("the %s's connection is not in place after %.0f s; "
+                                   "connecting the main one all the same", self._s.label,
+                                   self._s.ready_timeout)
 
     async def _main_closed(self, stub: Stub, error: BaseException | None) -> None:
         self._may_open = False
@@ -177,7 +166,7 @@ class SecondConnection:
         self._closing = None
         if self._stopping or self.need.needed or self._second_task is None:
             return
-        self._log.info("nothing in doubt: closing the %s's connection", self._s.label)
+        self._s.logger.info("nothing in doubt: closing the %s's connection", self._s.label)
         if self._second_stub is not None:
             self._second_stub.stop()
 
@@ -189,7 +178,7 @@ class SecondConnection:
         task = asyncio.get_running_loop().create_task(stub.run())
         self._second_task = task
         task.add_done_callback(self._second_ended)
-        self._log.info("%s connection opening", self._s.label)
+        self._s.logger.info("%s connection opening", self._s.label)
 
     def _second_synchronized(self) -> None:
         # The runtime adds the plugin to those it asks right after our reply.
@@ -206,7 +195,7 @@ class SecondConnection:
             self._second_stub = None
             self._ready.clear()
         if not task.cancelled() and task.exception() is not None:
-            self._log.error("the %s's connection failed: %s", self._s.label, task.exception())
+            self._s.logger.error("the %s's connection failed: %s", self._s.label, task.exception())
         if not self._stopping:  # needed again while it was closing: open a new one
             asyncio.get_running_loop().call_soon(self._update)
 

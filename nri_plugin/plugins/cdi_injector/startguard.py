@@ -74,19 +74,14 @@ class StartGuard(Plugin):
 
     def __init__(self, injector: CdiInjector, settings: GuardSettings | None = None, *,
                  defer: Callable[[Callable[[], None]], object] | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 has_processes: Callable[[str], bool] | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """``defer``: runs the stopping of what Synchronize found after its reply has left
-        (the runtime holds its lock until then); None: at once. ``has_processes``: whether
-        a container's cgroup (``linux.cgroups_path``) has processes now (None: read under
-        ``settings.cgroup_root``)."""
-        self.settings = settings = settings if settings is not None else GuardSettings()
+        (the runtime holds its lock until then); None: at once."""
+        self.settings = settings if settings is not None else GuardSettings()
         self.injector = injector
         self.counters: Counters = injector.counters
         self._defer = defer or (lambda act: act())
         self._clock = clock
-        self._has_processes = has_processes or (
-            lambda cgroups_path: cgroup_has_processes(cgroups_path, settings.cgroup_root))
         # Told when ``needed`` may have changed (SecondConnection): called inside a handler.
         self._need_may_have_changed: Callable[[], None] = lambda: None
         self._served: OrderedDict[str, None] = OrderedDict()
@@ -129,7 +124,8 @@ class StartGuard(Plugin):
             if pending.check_at <= now:
                 pending.check_at = now + self.settings.recheck
                 had = pending.had_processes
-                pending.had_processes = self._has_processes(pending.item.cgroups_path)
+                pending.had_processes = cgroup_has_processes(pending.item.cgroups_path,
+                                                             self.settings.cgroup_root)
                 if had and pending.had_processes:
                     del self._pending[cid]
                     self._remember(self._done, cid)
