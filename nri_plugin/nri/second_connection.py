@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -121,13 +121,10 @@ class SecondConnection:
                                    "connecting the main one all the same", self._s.label,
                                    self._s.ready_timeout)
 
-    async def _main_closed(self, stub: Stub, error: BaseException | None) -> None:
+    def _main_closed(self, stub: Stub, error: BaseException | None) -> Awaitable[None] | None:
         self._may_open = False
         self.need.main_connection_lost()
-        if self._on_close is not None:
-            result = self._on_close(stub, error)
-            if asyncio.iscoroutine(result):
-                await result
+        return self._on_close(stub, error) if self._on_close is not None else None
 
     def _need_changed(self) -> None:
         # Called from inside a handler: open or close only after its reply has left.

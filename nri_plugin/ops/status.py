@@ -78,8 +78,7 @@ class StatusFile:
 
     def __init__(self, folder: str, *, name: str, index: str, socket: str) -> None:
         self.path = status_path(folder, name, index) if folder else None
-        self._lock_fd: int | None = None
-        self._owner = False  # the lock is ours: the file is ours to write
+        self._lock_fd: int | None = None  # the lock, once ours: the file is ours to write
         self._write_lock = threading.Lock()  # the loop's writes, the hand-over thread's
         now = time.time()
         self.status = PluginStatus(pid=os.getpid(), name=name, index=index, socket=socket,
@@ -125,7 +124,7 @@ class StatusFile:
 
     def _own(self, fd: int, on_owner: Callable[[], None]) -> None:
         with self._write_lock:
-            self._lock_fd, self._owner = fd, True
+            self._lock_fd = fd
             self._write()
         on_owner()
 
@@ -145,7 +144,7 @@ class StatusFile:
         with self._write_lock:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
-                self._lock_fd, self._owner = None, False
+                self._lock_fd = None
 
     def _set(self, **changes: Any) -> None:
         with self._write_lock:
@@ -153,7 +152,7 @@ class StatusFile:
             self._write()
 
     def _write(self) -> None:
-        if self.path is None or not self._owner:  # another plugin's file, for now
+        if self.path is None or self._lock_fd is None:  # another plugin's file, for now
             return
         try:
             atomic_write(self.path, json.dumps(asdict(self.status), indent=1).encode() + b"\n")
