@@ -113,13 +113,11 @@ class StartGuard(Plugin):
                    - self._clock())
 
     def due(self) -> None:
-        """Look again at each pending container whose time has come. One whose cgroup had
-        processes at two looks in a row was started without its StartContainer reaching
-        the guard (containerd can dispatch a start just before the guard's registration
-        completes): it is acted on as one found running. One not started by its limit is
-        let go (a container whose start failed stays listed as created)."""
+        """Look again at each pending container whose time has come: one started without
+        its StartContainer reaching the guard (``_Pending.had_processes``; containerd can
+        dispatch a start just before the guard's registration completes) is acted on as
+        one found running. One not started by its limit is let go."""
         now = self._clock()
-        started = []
         for cid, pending in list(self._pending.items()):
             if pending.check_at <= now:
                 pending.check_at = now + self.settings.recheck
@@ -129,9 +127,7 @@ class StartGuard(Plugin):
                 if had and pending.had_processes:
                     del self._pending[cid]
                     self._remember(self._done, cid)
-                    started.append(pending.item)
-        for item in started:
-            self._act(item, "unseen-start")
+                    self._act(pending.item, "unseen-start")
         self._expire_pending()
 
     def _expire_pending(self) -> None:
@@ -234,10 +230,8 @@ class StartGuard(Plugin):
 
     def _judge_listed(self, pods: Sequence[nri_pb2.PodSandbox],
                       containers: Sequence[nri_pb2.Container], runtime: RuntimeInfo) -> None:
-        core = self.injector
-        unserved = find_unserved(pods, containers, core, runtime.native_cdi)
         now, exited = [], []
-        for item in unserved:
+        for item in find_unserved(pods, containers, self.injector, runtime.native_cdi):
             if item.container_id in self._done or item.container_id in self._pending:
                 continue  # the other connection's Synchronize found it first
             self.counters.unserved_found += 1
@@ -284,11 +278,8 @@ class StartGuard(Plugin):
         if cid in self._served or cid in self._done:
             return  # answered at creation, or acted on already: nothing owed
         pending = self._pending.get(cid)
-        if pending is not None:
-            item: Unserved | None = pending.item
-        else:
-            core = self.injector
-            item = container_unserved(pod, container, core, self._runtime.native_cdi)
+        item = pending.item if pending is not None else container_unserved(
+            pod, container, self.injector, self._runtime.native_cdi)
         log.debug("%s check of container %s (%s): %s", stage, container.name, cid,
                   "unserved" if item else "ok")
         if item is None:
