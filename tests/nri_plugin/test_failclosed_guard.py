@@ -213,7 +213,7 @@ def test_a_pending_container_whose_start_the_guard_never_saw_is_stopped(
     ctr.state = nri_pb2.CONTAINER_CREATED
     ctr.linux.cgroups_path = "/k8s.io/c8"
     in_cgroup(cgroup_root, ctr.linux.cgroups_path, [])
-    plugin.guard_synchronize([k8s_pod], [ctr])
+    plugin.judge_listed([k8s_pod], [ctr])
     assert "is created but not started; it is checked when it starts" in caplog.text
 
     def look() -> None:
@@ -245,7 +245,7 @@ def test_a_pending_container_whose_start_reaches_the_guard_is_refused_there(
     now = [0.0]
     plugin = guard(snapshot, cgroup_root, runtime="containerd", clock=now)
     in_cgroup(cgroup_root, "/k8s.io/w", [])
-    plugin.guard_synchronize([pod()], [container("w", cgroup="/k8s.io/w")])
+    plugin.judge_listed([pod()], [container("w", cgroup="/k8s.io/w")])
     proc = sleeper()
     in_cgroup(cgroup_root, "/k8s.io/w", [proc.pid])
     now[0] += plugin.settings.recheck

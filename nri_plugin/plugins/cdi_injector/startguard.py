@@ -177,9 +177,8 @@ class StartGuard(Plugin):
 
     def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
                     containers: Sequence[nri_pb2.Container]) -> None:
-        self._judge_listed(pods, containers, self.injector.runtime)
         self._injector_synced = True
-        self._need_may_have_changed()
+        self.judge_listed(pods, containers)
 
     def create_container(
         self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
@@ -220,18 +219,13 @@ class StartGuard(Plugin):
         self._runtime = self.injector.runtime_of(runtime_name, runtime_version)
         return guard_events(runtime_name) | EventMask.POST_CREATE_CONTAINER
 
-    def guard_synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
-                          containers: Sequence[nri_pb2.Container]) -> None:
-        """The guard's own Synchronize: what the injector's would find, judged first."""
-        self._judge_listed(pods, containers, self._runtime)
-        self._need_may_have_changed()
-
     # --- the checks ---
 
-    def _judge_listed(self, pods: Sequence[nri_pb2.PodSandbox],
-                      containers: Sequence[nri_pb2.Container], runtime: RuntimeInfo) -> None:
+    def judge_listed(self, pods: Sequence[nri_pb2.PodSandbox],
+                     containers: Sequence[nri_pb2.Container]) -> None:
+        """What a Synchronize lists, either connection's (the guard's is judged first)."""
         now, exited = [], []
-        for item in find_unserved(pods, containers, self.injector, runtime.native_cdi):
+        for item in find_unserved(pods, containers, self.injector, self._runtime.native_cdi):
             if item.container_id in self._done or item.container_id in self._pending:
                 continue  # the other connection's Synchronize found it first
             self.counters.unserved_found += 1
@@ -260,6 +254,7 @@ class StartGuard(Plugin):
             self._remember(self._done, item.container_id)
         if now:
             self._defer(lambda: self._act_now(now))
+        self._need_may_have_changed()
 
     def _act_now(self, items: Sequence[Unserved]) -> None:
         for item in items:
@@ -384,7 +379,7 @@ class GuardConnection(Plugin):
 
     def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
                     containers: Sequence[nri_pb2.Container]) -> None:
-        self.guard.guard_synchronize(pods, containers)
+        self.guard.judge_listed(pods, containers)
         self._on_synchronized()
 
     def post_create_container(self, pod: nri_pb2.PodSandbox,
