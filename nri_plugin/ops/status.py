@@ -1,15 +1,11 @@
 """The plugin's status file, ``<plugin.status_dir>/<NN>-<name>.json``, for ``nri-cdi doctor``.
 
-The daemon writes it atomically when it starts, when its connection has synchronized, when
-that connection closes and when it stops: never on a container's path. Whether the writer
-still runs is told by a lock, not by the pid: the daemon holds an ``flock`` on
-``<NN>-<name>.lock`` for its whole life, which the kernel drops however it ends, so a reader
-that cannot take it knows the plugin lives, whatever pid namespace either runs in.
-
-During an upgrade two plugins of the same name and index run on one node for a moment (the
-DaemonSet's surge: docs/developer/upgrades.md). Both serve; the lock says which one the node's
-status file (and metrics address) belongs to. The newcomer waits for the lock in a thread
-and takes both over when the old plugin ends, however it ends.
+Written atomically at each change of the connection's state, never on a container's path.
+Whether the writer still runs is told by a lock, not by the pid: the daemon holds an
+``flock`` on ``<NN>-<name>.lock`` for its whole life, which the kernel drops however it
+ends, whatever pid namespace the reader runs in. The lock also says which of two plugins
+of one name and index (an upgrade's overlap) the file and the metrics address belong to:
+docs/developer/upgrades.md.
 """
 
 from __future__ import annotations
