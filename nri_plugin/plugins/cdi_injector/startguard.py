@@ -226,22 +226,23 @@ class StartGuard(Plugin):
         """What a Synchronize lists, either connection's (the guard's is judged first)."""
         now, exited = [], []
         for item in find_unserved(pods, containers, self.injector, self._runtime.native_cdi):
-            if item.container_id in self._done or item.container_id in self._pending:
+            cid = item.container_id
+            if cid in self._done or cid in self._pending:
                 continue  # the other connection's Synchronize found it first
             self.counters.unserved_found += 1
+            self._served.pop(cid, None)  # answered too late: owed still
             if item.exited:
                 exited.append(item)
-                self._remember(self._done, item.container_id)
-                continue
-            self._served.pop(item.container_id, None)  # answered too late: owed still
-            if item.started:
+            elif item.started:
                 now.append(item)
+            else:
+                self._add_pending(item)
+                log.warning("fail-closed: container %s (%s) of pod %s, created without its "
+                            "devices while the plugin was away, is created but not started; "
+                            "it is checked when it starts: %s", item.name, cid, item.pod,
+                            item.reason)
                 continue
-            self._add_pending(item)
-            log.warning("fail-closed: container %s (%s) of pod %s, created without its "
-                        "devices while the plugin was away, is created but not started; it is "
-                        "checked when it starts: %s", item.name, item.container_id,
-                        item.pod, item.reason)
+            self._remember(self._done, cid)  # started already: acted on (or said) once
         if exited:
             # Too late to stop: say so, since a pod with restartPolicy Never (a Job's)
             # failed or ran without its devices, and nothing will create it again.
@@ -250,8 +251,6 @@ class StartGuard(Plugin):
                         "pod's is not run again): %s", len(exited),
                         "; ".join(f"{i.name} ({i.container_id}) of pod {i.pod}: {i.reason}"
                                   for i in exited))
-        for item in now:
-            self._remember(self._done, item.container_id)
         if now:
             self._defer(lambda: self._act_now(now))
         self._need_may_have_changed()
