@@ -101,8 +101,7 @@ def cmd_plugin(args: argparse.Namespace) -> int:
 
 def _identity(args: argparse.Namespace, settings: Settings) -> tuple[str | None, str | None]:
     """Flags win; then the runtime's NRI_PLUGIN_* (the Stub reads those); then the config."""
-    launched = PLUGIN_NAME_ENV in os.environ
-    name = args.name or (None if launched else settings.plugin.name)
+    name = args.name or (None if PLUGIN_NAME_ENV in os.environ else settings.plugin.name)
     idx = args.idx or (None if PLUGIN_IDX_ENV in os.environ else settings.plugin.index)
     return name, idx
 

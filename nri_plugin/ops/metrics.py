@@ -54,8 +54,7 @@ class Metrics:
         if counters is not None:
             r.register(_CountersCollector(counters))
         self._lock = threading.Lock()
-        self._state: dict[str, Any] = {"connected": False, "runtime": None, "connections": 0,
-                                       "registry": None}
+        self._state: dict[str, Any] = {"connected": False, "runtime": None, "registry": None}
         for outcome in OUTCOMES:  # present from the start, so rate() works at once
             self._injections.labels(outcome)
 
@@ -80,8 +79,7 @@ class Metrics:
     def connected(self, runtime: str) -> None:
         """Configure arrived: connected (again) to ``runtime``."""
         with self._lock:
-            self._state["connections"] += 1
-            again = self._state["connections"] > 1
+            again = self._state["runtime"] is not None
             self._state.update(connected=True, runtime=runtime)
         if again:
             self._reconnects.inc()
@@ -98,7 +96,6 @@ class Metrics:
         with self._lock:
             state = dict(self._state)
         state["status"] = "ok" if state["connected"] else "disconnected"
-        del state["connections"]
         if self._counters is not None:
             state["counters"] = dataclasses.asdict(self._counters)
         return state
