@@ -100,7 +100,13 @@ class SecondConnection:
             await self.main.run()
         finally:
             self._stopping = True
-            await self._close_second()
+            self._cancel_close()
+            if self._timer is not None:
+                self._timer.cancel()
+            if self._second_stub is not None:
+                self._second_stub.stop()
+            if self._second_task is not None:
+                await asyncio.gather(self._second_task, return_exceptions=True)
 
     def stop(self) -> None:
         self._stopping = True
@@ -170,7 +176,7 @@ class SecondConnection:
     def _open_second(self) -> None:
         self._ready.clear()
         stub = self._make_stub(self._s.plugin(self._second_synchronized), self._second_name,
-                               self._second_closed, None)
+                               lambda _stub, _error: self._ready.clear(), None)
         self._second_stub = stub
         task = asyncio.get_running_loop().create_task(stub.run())
         self._second_task = task
@@ -183,9 +189,6 @@ class SecondConnection:
         loop.call_soon(self._ready.set)
         loop.call_soon(self._update)
 
-    def _second_closed(self, _stub: Stub, _error: BaseException | None) -> None:
-        self._ready.clear()
-
     def _second_ended(self, task: asyncio.Task[None]) -> None:
         if task is self._second_task:
             self._second_task = None
@@ -195,13 +198,3 @@ class SecondConnection:
             self._s.logger.error("the %s's connection failed: %s", self._s.label, task.exception())
         if not self._stopping:  # needed again while it was closing: open a new one
             asyncio.get_running_loop().call_soon(self._update)
-
-    async def _close_second(self) -> None:
-        self._cancel_close()
-        if self._timer is not None:
-            self._timer.cancel()
-        if self._second_stub is not None:
-            self._second_stub.stop()
-        task = self._second_task
-        if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
