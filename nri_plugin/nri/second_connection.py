@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,28 +33,17 @@ CallLater = Callable[[float, Callable[[], None]], Cancellable]
 
 
 class Need(Protocol):
-    """What decides whether the second connection is open, and what runs on its clock."""
+    """What decides whether the second connection must be open now (``needed``; it calls
+    the ``on_need_changed`` listener, inside a handler, whenever that may have changed),
+    what runs on its clock (``due``, ``next_due`` seconds from now; None: nothing timed),
+    and what is told when the main connection ends."""
 
     @property
-    def needed(self) -> bool:
-        """Whether the second connection must be open now."""
-        ...
-
-    def on_need_changed(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` (from inside a handler) whenever ``needed`` may have changed."""
-        ...
-
-    def next_due(self) -> float | None:
-        """Seconds until ``due`` is next to run (None: nothing is timed)."""
-        ...
-
-    def due(self) -> None:
-        """The timed work whose time has come (``next_due`` said when)."""
-        ...
-
-    def main_connection_lost(self) -> None:
-        """The main connection ended."""
-        ...
+    def needed(self) -> bool: ...
+    def on_need_changed(self, listener: Callable[[], None]) -> None: ...
+    def next_due(self) -> float | None: ...
+    def due(self) -> None: ...
+    def main_connection_lost(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,15 +71,10 @@ class SecondConnection:
 
     def __init__(self, second: Second, main: Plugin, make_stub: StubFactory,
                  name: str | None, on_close: CloseCallback | None = None) -> None:
-        self.need = need = second.need
-        self._log = second.logger
-        self._second = second.plugin
+        self.need = second.need
+        self._s = second
         self._make_stub = make_stub
         self._on_close = on_close
-        self._ready_timeout = second.ready_timeout
-        self._linger = second.linger
-        self._call_later = second.call_later
-        self._label = second.label
         self._closing: Cancellable | None = None  # the close after the linger
         self._timer: Cancellable | None = None  # the owner's next due work
         self._ready = asyncio.Event()
@@ -101,7 +85,7 @@ class SecondConnection:
         # lost, the Stub waits for the runtime's new socket first, and a second connection
         # opened at once would register with the dying runtime and hold the main one back.
         self._may_open = False
-        need.on_need_changed(self._need_changed)
+        self.need.on_need_changed(self._need_changed)
         self.main = make_stub(main, name, self._main_closed, self._second_first)
         self._second_name = self.main.name + second.suffix  # same index, so next to it
 
@@ -116,7 +100,13 @@ class SecondConnection:
             await self.main.run()
         finally:
             self._stopping = True
-            await self._close_second()
+            self._cancel_close()
+            if self._timer is not None:
+                self._timer.cancel()
+            if self._second_stub is not None:
+                self._second_stub.stop()
+            if self._second_task is not None:
+                await asyncio.gather(self._second_task, return_exceptions=True)
 
     def stop(self) -> None:
         self._stopping = True
@@ -131,18 +121,16 @@ class SecondConnection:
         if self._second_task is None or self._ready.is_set():
             return
         try:
-            await asyncio.wait_for(self._ready.wait(), self._ready_timeout)
+            await asyncio.wait_for(self._ready.wait(), self._s.ready_timeout)
         except asyncio.TimeoutError:
-            self._log.warning("the %s's connection is not in place after %.0f s; connecting the "
-                        "main one all the same", self._label, self._ready_timeout)
+            self._s.logger.warning("the %s's connection is not in place after %.0f s; "
+                                   "connecting the main one all the same", self._s.label,
+                                   self._s.ready_timeout)
 
-    async def _main_closed(self, stub: Stub, error: BaseException | None) -> None:
+    def _main_closed(self, stub: Stub, error: BaseException | None) -> Awaitable[None] | None:
         self._may_open = False
         self.need.main_connection_lost()
-        if self._on_close is not None:
-            result = self._on_close(stub, error)
-            if asyncio.iscoroutine(result):
-                await result
+        return self._on_close(stub, error) if self._on_close is not None else None
 
     def _need_changed(self) -> None:
         # Called from inside a handler: open or close only after its reply has left.
@@ -152,7 +140,7 @@ class SecondConnection:
     def _update(self) -> None:
         if self._stopping:
             return
-        later = self._call_later or asyncio.get_running_loop().call_later
+        later = self._s.call_later or asyncio.get_running_loop().call_later
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -164,7 +152,7 @@ class SecondConnection:
             if wait is not None:  # the owner's timed work may change ``needed``
                 self._timer = later(wait, self._run_due)
         elif self._second_task is not None and self._closing is None:
-            self._closing = later(self._linger, self._close_if_idle)
+            self._closing = later(self._s.linger, self._close_if_idle)
 
     def _run_due(self) -> None:
         self._timer = None
@@ -181,19 +169,19 @@ class SecondConnection:
         self._closing = None
         if self._stopping or self.need.needed or self._second_task is None:
             return
-        self._log.info("nothing in doubt: closing the %s's connection", self._label)
+        self._s.logger.info("nothing in doubt: closing the %s's connection", self._s.label)
         if self._second_stub is not None:
             self._second_stub.stop()
 
     def _open_second(self) -> None:
         self._ready.clear()
-        stub = self._make_stub(self._second(self._second_synchronized), self._second_name,
-                               self._second_closed, None)
+        stub = self._make_stub(self._s.plugin(self._second_synchronized), self._second_name,
+                               lambda _stub, _error: self._ready.clear(), None)
         self._second_stub = stub
         task = asyncio.get_running_loop().create_task(stub.run())
         self._second_task = task
         task.add_done_callback(self._second_ended)
-        self._log.info("%s connection opening", self._label)
+        self._s.logger.info("%s connection opening", self._s.label)
 
     def _second_synchronized(self) -> None:
         # The runtime adds the plugin to those it asks right after our reply.
@@ -201,25 +189,12 @@ class SecondConnection:
         loop.call_soon(self._ready.set)
         loop.call_soon(self._update)
 
-    def _second_closed(self, _stub: Stub, _error: BaseException | None) -> None:
-        self._ready.clear()
-
     def _second_ended(self, task: asyncio.Task[None]) -> None:
         if task is self._second_task:
             self._second_task = None
             self._second_stub = None
             self._ready.clear()
         if not task.cancelled() and task.exception() is not None:
-            self._log.error("the %s's connection failed: %s", self._label, task.exception())
+            self._s.logger.error("the %s's connection failed: %s", self._s.label, task.exception())
         if not self._stopping:  # needed again while it was closing: open a new one
             asyncio.get_running_loop().call_soon(self._update)
-
-    async def _close_second(self) -> None:
-        self._cancel_close()
-        if self._timer is not None:
-            self._timer.cancel()
-        if self._second_stub is not None:
-            self._second_stub.stop()
-        task = self._second_task
-        if task is not None:
-            await asyncio.gather(task, return_exceptions=True)

@@ -24,11 +24,7 @@ from cdi.watch import AutoRefresh, Timing
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.second_connection import SecondConnection
 from nri_plugin.nri.stub import Callback, CloseCallback, Stub, StubOptions, plugin_identity
-from nri_plugin.nri.versions import (
-    PLUGIN_IDX_ENV,
-    PLUGIN_NAME_ENV,
-    PLUGIN_SOCKET_ENV,
-)
+from nri_plugin.nri.versions import PLUGIN_IDX_ENV, PLUGIN_NAME_ENV, PLUGIN_SOCKET_ENV
 from nri_plugin.ops.logformat import BoundedLog, log_to
 from nri_plugin.ops.logwriter import NonBlockingHandler
 from nri_plugin.ops.metrics import Metrics, Server
@@ -105,8 +101,8 @@ def cmd_plugin(args: argparse.Namespace) -> int:
 
 def _identity(args: argparse.Namespace, settings: Settings) -> tuple[str | None, str | None]:
     """Flags win; then the runtime's NRI_PLUGIN_* (the Stub reads those); then the config."""
-    launched = PLUGIN_NAME_ENV in os.environ
-    name = getattr(args, "plugin.name") or (None if launched else settings.plugin.name)
+    name = getattr(args, "plugin.name") or (
+        None if PLUGIN_NAME_ENV in os.environ else settings.plugin.name)
     idx = getattr(args, "plugin.index") or (
         None if PLUGIN_IDX_ENV in os.environ else settings.plugin.index)
     return name, idx
@@ -360,12 +356,9 @@ def _policy_reloader(args: argparse.Namespace, settings: Settings,
     """Watches the policy's file (``--policy``, else the config file, whose ``policy``
     section it is) and swaps a new valid policy into ``injector``; SIGHUP forces a
     reload."""
-    vendors = injector.vendors
-    path: str | None = args.policy
+    vendors, path = injector.vendors, args.policy
     if path is not None:
-        policy_file = path
-        return PolicyReloader(path, lambda: load_policy(policy_file, vendors),
-                              injector.set_policy)
+        return PolicyReloader(path, lambda: load_policy(path, vendors), injector.set_policy)
     source = settings.source
     return PolicyReloader(source if os.path.isfile(source) else None,
                           lambda: _config_policy(settings_from_args(args), vendors),

@@ -46,12 +46,8 @@ class JsonFormatter(ClippedFormatter):
 
 
 def log_formatter(kind: str) -> logging.Formatter:
-    """The formatter for ``log.format``: ``text`` or ``json``."""
-    if kind == "json":
-        return JsonFormatter()
-    if kind == "text":
-        return ClippedFormatter(TEXT_FORMAT)
-    raise ValueError(f"unknown log format {kind!r} (want text or json)")
+    """The formatter for ``log.format``: ``json``, else ``text`` (the settings allow no other)."""
+    return JsonFormatter() if kind == "json" else ClippedFormatter(TEXT_FORMAT)
 
 
 def log_to(handler: logging.Handler, level: str, kind: str) -> None:

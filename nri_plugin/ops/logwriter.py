@@ -75,7 +75,7 @@ class NonBlockingHandler(QueueHandler):
 
     def _stop(self) -> None:
         self._listener.stop()
-        self.output.close_fd()
+        os.close(self.output.fd)
 
 
 class _Listener(QueueListener):
@@ -123,6 +123,3 @@ class FdHandler(logging.Handler):
                 select.select([], [self.fd], [], 1.0)
             except OSError:
                 return  # the output is gone (EPIPE, ...): nowhere to say so
-
-    def close_fd(self) -> None:
-        os.close(self.fd)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -55,8 +54,7 @@ class Metrics:
         if counters is not None:
             r.register(_CountersCollector(counters))
         self._lock = threading.Lock()
-        self._state: dict[str, Any] = {"connected": False, "runtime": None, "connections": 0,
-                                       "registry": None}
+        self._state: dict[str, Any] = {"connected": False, "runtime": None, "registry": None}
         for outcome in OUTCOMES:  # present from the start, so rate() works at once
             self._injections.labels(outcome)
 
@@ -81,8 +79,7 @@ class Metrics:
     def connected(self, runtime: str) -> None:
         """Configure arrived: connected (again) to ``runtime``."""
         with self._lock:
-            self._state["connections"] += 1
-            again = self._state["connections"] > 1
+            again = self._state["runtime"] is not None
             self._state.update(connected=True, runtime=runtime)
         if again:
             self._reconnects.inc()
@@ -99,24 +96,16 @@ class Metrics:
         with self._lock:
             state = dict(self._state)
         state["status"] = "ok" if state["connected"] else "disconnected"
-        del state["connections"]
         if self._counters is not None:
             state["counters"] = dataclasses.asdict(self._counters)
         return state
 
-    def render(self) -> tuple[bytes, str]:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest  # loaded by __init__
-
-        return generate_latest(self.registry_), CONTENT_TYPE_LATEST
-
     def serve(self, address: str) -> Server:
-        host, port = parse_address(address)
-        server = ThreadingHTTPServer((host, port), _handler(self))
-        server.daemon_threads = True
-        thread = threading.Thread(target=server.serve_forever, name="nri-cdi-metrics",
-                                  daemon=True)
-        thread.start()
-        return Server(server=server, thread=thread)
+        server = Server(parse_address(address), _Handler)
+        server.metrics = self
+        threading.Thread(target=server.serve_forever, name="nri-cdi-metrics",
+                         daemon=True).start()
+        return server
 
 
 # The plugin's counters (``Counters``) as Prometheus counters: one set of counters, bumped
@@ -146,45 +135,44 @@ class _CountersCollector:
                                       value=value)
 
 
-@dataclass(frozen=True, slots=True)
-class Server:
-    server: ThreadingHTTPServer
-    thread: threading.Thread
+class Server(ThreadingHTTPServer):
+    """The endpoints of ``metrics``, each request answered in a thread of its own."""
+
+    daemon_threads = True
+    metrics: Metrics
 
     @property
     def port(self) -> int:
-        return int(self.server.server_address[1])
+        return int(self.server_address[1])
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
+        self.shutdown()  # returns once serve_forever has
+        self.server_close()
 
 
-def _handler(metrics: Metrics) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                body, content_type = metrics.render()
-                self._reply(200, body, content_type)
-            elif path in ("/healthz", "/livez"):
-                health = metrics.health()
-                ok = path == "/livez" or health["connected"]
-                self._reply(200 if ok else 503, json.dumps(health).encode() + b"\n",
-                            "application/json")
-            else:
-                self._reply(404, b"not found: try /metrics, /healthz or /livez\n",
-                            "text/plain")
+class _Handler(BaseHTTPRequestHandler):
+    server: Server
 
-        def _reply(self, code: int, body: bytes, content_type: str) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def do_GET(self) -> None:
+        path, metrics = self.path.split("?", 1)[0], self.server.metrics
+        if path == "/metrics":
+            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest  # by Metrics()
 
-        def log_message(self, format: str, *args: Any) -> None:
-            pass  # scrapes every few seconds would drown the plugin's own log
+            self._reply(200, generate_latest(metrics.registry_), CONTENT_TYPE_LATEST)
+        elif path in ("/healthz", "/livez"):
+            health = metrics.health()
+            ok = path == "/livez" or health["connected"]
+            self._reply(200 if ok else 503, json.dumps(health).encode() + b"\n",
+                        "application/json")
+        else:
+            self._reply(404, b"not found: try /metrics, /healthz or /livez\n", "text/plain")
 
-    return Handler
+    def _reply(self, code: int, body: bytes, content_type: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # scrapes every few seconds would drown the plugin's own log

@@ -40,8 +40,6 @@ class PolicyReloader:
         self._wake = asyncio.Event()
         self._forced = False
         self._task: asyncio.Task[None] | None = None
-        self.reloads = 0  # policies swapped in
-        self.rejected = 0  # new policies refused
 
     def start(self, loop: asyncio.AbstractEventLoop) -> PolicyReloader:
         loop.add_signal_handler(signal.SIGHUP, self._wake_up, True)
@@ -97,7 +95,6 @@ class PolicyReloader:
             policy = await loop.run_in_executor(None, self._load)
         except (PolicyError, SettingsError) as exc:
             self._digest = digest  # said once; the next change is checked again
-            self.rejected += 1
             log.error("policy %s: new version refused, the previous policy stays in force",
                       where)
             for problem in exc.lines() if isinstance(exc, SettingsError) else exc.problems:
@@ -105,7 +102,6 @@ class PolicyReloader:
             return False
         self._digest = digest
         self._apply(policy)
-        self.reloads += 1
         log.info("policy reloaded from %s", getattr(policy, "origin", self.path))
         return True
 

@@ -1,15 +1,11 @@
 """The plugin's status file, ``<plugin.status_dir>/<NN>-<name>.json``, for ``nri-cdi doctor``.
 
-The daemon writes it atomically when it starts, when its connection has synchronized, when
-that connection closes and when it stops: never on a container's path. Whether the writer
-still runs is told by a lock, not by the pid: the daemon holds an ``flock`` on
-``<NN>-<name>.lock`` for its whole life, which the kernel drops however it ends, so a reader
-that cannot take it knows the plugin lives, whatever pid namespace either runs in.
-
-During an upgrade two plugins of the same name and index run on one node for a moment (the
-DaemonSet's surge: docs/developer/upgrades.md). Both serve; the lock says which one the node's
-status file (and metrics address) belongs to. The newcomer waits for the lock in a thread
-and takes both over when the old plugin ends, however it ends.
+Written atomically at each change of the connection's state, never on a container's path.
+Whether the writer still runs is told by a lock, not by the pid: the daemon holds an
+``flock`` on ``<NN>-<name>.lock`` for its whole life, which the kernel drops however it
+ends, whatever pid namespace the reader runs in. The lock also says which of two plugins
+of one name and index (an upgrade's overlap) the file and the metrics address belong to:
+docs/developer/upgrades.md.
 """
 
 from __future__ import annotations
@@ -78,8 +74,7 @@ class StatusFile:
 
     def __init__(self, folder: str, *, name: str, index: str, socket: str) -> None:
         self.path = status_path(folder, name, index) if folder else None
-        self._lock_fd: int | None = None
-        self._owner = False  # the lock is ours: the file is ours to write
+        self._lock_fd: int | None = None  # the lock, once ours: the file is ours to write
         self._write_lock = threading.Lock()  # the loop's writes, the hand-over thread's
         now = time.time()
         self.status = PluginStatus(pid=os.getpid(), name=name, index=index, socket=socket,
@@ -125,7 +120,7 @@ class StatusFile:
 
     def _own(self, fd: int, on_owner: Callable[[], None]) -> None:
         with self._write_lock:
-            self._lock_fd, self._owner = fd, True
+            self._lock_fd = fd
             self._write()
         on_owner()
 
@@ -145,7 +140,7 @@ class StatusFile:
         with self._write_lock:
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
-                self._lock_fd, self._owner = None, False
+                self._lock_fd = None
 
     def _set(self, **changes: Any) -> None:
         with self._write_lock:
@@ -153,7 +148,7 @@ class StatusFile:
             self._write()
 
     def _write(self) -> None:
-        if self.path is None or not self._owner:  # another plugin's file, for now
+        if self.path is None or self._lock_fd is None:  # another plugin's file, for now
             return
         try:
             atomic_write(self.path, json.dumps(asdict(self.status), indent=1).encode() + b"\n")

@@ -90,7 +90,7 @@ def sleeper() -> subprocess.Popen[bytes]:
 
 def in_cgroup(root: Path, path: str, pids: list[int]) -> None:
     folder = root / "pids" / path.strip("/")
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / "cgroup.procs").write_text("".join(f"{p}\n" for p in pids))
 
 
@@ -186,14 +186,14 @@ def test_a_created_container_is_owed_a_check_only_for_a_while(
     now = [100.0]
     plugin = guard(snapshot, cgroup_root, clock=now)
     plugin.synchronize([pod()], [container("dead")])
-    assert plugin.needed and plugin.next_due() == plugin.recheck
+    assert plugin.needed and plugin.next_due() == plugin.settings.recheck
     while plugin.needed:  # its cgroup is looked at, empty each time, until the limit
-        assert now[0] < 100.0 + plugin.pending_limit
+        assert now[0] < 100.0 + plugin.settings.pending_limit
         next_due = plugin.next_due()
         assert next_due is not None
         now[0] += next_due
         plugin.due()
-    assert now[0] == 100.0 + plugin.pending_limit
+    assert now[0] == 100.0 + plugin.settings.pending_limit
     assert "has not started within 60 s of being found" in caplog.text
     assert plugin.counters.unserved_evicted == 0
 
@@ -206,17 +206,14 @@ def test_a_pending_container_whose_start_the_guard_never_saw_is_stopped(
     registration completed): its cgroup shows processes at two looks in a row, and it is
     stopped as one found running, with the kubelet told why."""
     now = [100.0]
-    procs: dict[str, bool] = {}
-    injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()])
-    plugin = StartGuard(injector, GuardSettings(cgroup_root=str(cgroup_root)), clock=lambda: now[0],
-                        has_processes=lambda path: procs.get(path, False))
+    plugin = guard(snapshot, cgroup_root, runtime="containerd", clock=now)
     plugin.configure("", "containerd", "1.7.24")
     proc = sleeper()
     k8s_pod, ctr, log = kubelet_container(tmp_path, "c8", 0)
     ctr.state = nri_pb2.CONTAINER_CREATED
     ctr.linux.cgroups_path = "/k8s.io/c8"
-    in_cgroup(cgroup_root, ctr.linux.cgroups_path, [proc.pid])
-    plugin.guard_synchronize([k8s_pod], [ctr])
+    in_cgroup(cgroup_root, ctr.linux.cgroups_path, [])
+    plugin.judge_listed([k8s_pod], [ctr])
     assert "is created but not started; it is checked when it starts" in caplog.text
 
     def look() -> None:
@@ -226,7 +223,7 @@ def test_a_pending_container_whose_start_the_guard_never_saw_is_stopped(
         plugin.due()
 
     look()  # no task yet: nothing in its cgroup
-    procs[ctr.linux.cgroups_path] = True
+    in_cgroup(cgroup_root, ctr.linux.cgroups_path, [proc.pid])
     look()  # its task is there: the StartContainer may still be on its way
     assert proc.poll() is None and plugin.needed
     look()  # still there, and no StartContainer came: it started past the guard
@@ -236,7 +233,7 @@ def test_a_pending_container_whose_start_the_guard_never_saw_is_stopped(
     assert "found running, its start not seen by the guard" in caplog.text
     assert log.read_text().startswith("nri-cdi: stopped: the container was created while "
                                       "the plugin was away, without its devices")
-    assert now[0] < 100.0 + plugin.pending_limit  # well before it would have been let go
+    assert now[0] < 100.0 + plugin.settings.pending_limit  # well before it would have been let go
     plugin.start_container(k8s_pod, ctr)  # a late StartContainer: nothing owed any more
 
 
@@ -246,19 +243,18 @@ def test_a_pending_container_whose_start_reaches_the_guard_is_refused_there(
     """One look at processes is no start seen: the StartContainer that follows the task's
     creation is what refuses it (the start error says why)."""
     now = [0.0]
-    procs = {"/k8s.io/w": False}
-    injector = CdiInjector(lambda: Registry(snapshot), vendors=[NvidiaRules()])
-    plugin = StartGuard(injector, GuardSettings(cgroup_root=str(cgroup_root)), clock=lambda: now[0],
-                        has_processes=lambda path: procs[path])
-    plugin.configure("", "containerd", "2.1.9")
-    plugin.guard_synchronize([pod()], [container("w", cgroup="/k8s.io/w")])
-    procs["/k8s.io/w"] = True
-    now[0] += plugin.recheck
+    plugin = guard(snapshot, cgroup_root, runtime="containerd", clock=now)
+    in_cgroup(cgroup_root, "/k8s.io/w", [])
+    plugin.judge_listed([pod()], [container("w", cgroup="/k8s.io/w")])
+    proc = sleeper()
+    in_cgroup(cgroup_root, "/k8s.io/w", [proc.pid])
+    now[0] += plugin.settings.recheck
     plugin.due()
-    assert plugin.next_due() == plugin.recheck and plugin.counters.unserved_evicted == 0
+    assert plugin.next_due() == plugin.settings.recheck and plugin.counters.unserved_evicted == 0
     with pytest.raises(RpcError, match="created while the plugin was away"):
         plugin.start_container(pod(), container("w", cgroup="/k8s.io/w"))
     assert plugin.next_due() is None and plugin.counters.unserved_evicted == 1
+    assert killed(proc)  # its cgroup's processes, killed as its start is refused
 
 
 def test_cgroup_processes_are_read_from_cgroup_procs(cgroup_root: Path) -> None:

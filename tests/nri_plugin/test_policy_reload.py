@@ -15,9 +15,12 @@ from nri_plugin.ops.policy_reload import PolicyReloader
 from nri_plugin.plugins.cdi_injector.policy import Policy, load_policy
 
 
-async def _until(reloader: PolicyReloader, reloads: int, rejected: int = 0) -> None:
+async def _until(current: list[Policy], caplog: pytest.LogCaptureFixture, reloads: int,
+                 rejected: int = 0) -> None:
+    """Policies swapped in after the first, and new versions refused (their log line)."""
     def counts() -> tuple[int, int]:
-        return reloader.reloads, reloader.rejected
+        return len(current) - 1, sum(r.getMessage().endswith("the previous policy stays in "
+                                                             "force") for r in caplog.records)
 
     await wait_until_async(lambda: counts() == (reloads, rejected),
                            f"{reloads} reloads and {rejected} rejected", seen=counts)
@@ -37,16 +40,16 @@ def test_reload_on_change_refuse_bad_and_sighup(tmp_path: Path,
             tmp = tmp_path / "policy.new"  # replaced by rename, as editors do
             tmp.write_text("privilegedExempt: true\n")
             tmp.rename(path)
-            await _until(reloader, 1)
+            await _until(current, caplog, 1)
             assert current[-1].privileged_exempt is True
             path.write_text("privilegedExempt: yes please\nnope: 1\n")
-            await _until(reloader, 1, 1)
+            await _until(current, caplog, 1, 1)
             assert len(current) == 2  # the old policy stays
             path.write_text("privilegedExempt: false\n")
-            await _until(reloader, 2, 1)
+            await _until(current, caplog, 2, 1)
             assert current[-1].privileged_exempt is False
             os.kill(os.getpid(), signal.SIGHUP)  # forced, even though unchanged
-            await _until(reloader, 3, 1)
+            await _until(current, caplog, 3, 1)
         finally:
             reloader.stop(loop)
 

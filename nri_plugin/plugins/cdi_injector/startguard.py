@@ -71,41 +71,25 @@ class StartGuard(Plugin):
     """The plugin the stub runs: the injector's handlers plus the fail-closed checks."""
 
     REMEMBER = 65536  # containers remembered as served, oldest dropped first
-    # The events the guard needs on every runtime, whatever the injector subscribes to.
-    GUARD_EVENTS = (EventMask.POST_CREATE_CONTAINER | EventMask.START_CONTAINER
-                    | EventMask.POST_START_CONTAINER | EventMask.REMOVE_CONTAINER)
-    # containerd fails a container's start when a plugin's StartContainer fails (every
-    # release with NRI): there StartContainer alone keeps a container from running.
-    CONTAINERD_GUARD_EVENTS = EventMask.START_CONTAINER | EventMask.REMOVE_CONTAINER
 
     def __init__(self, injector: CdiInjector, settings: GuardSettings | None = None, *,
                  defer: Callable[[Callable[[], None]], object] | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 has_processes: Callable[[str], bool] | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """``defer``: runs the stopping of what Synchronize found after its reply has left
-        (the runtime holds its lock until then); None: at once. ``has_processes``: whether
-        a container's cgroup (``linux.cgroups_path``) has processes now (None: read under
-        ``settings.cgroup_root``)."""
-        self.settings = settings = settings if settings is not None else GuardSettings()
+        (the runtime holds its lock until then); None: at once."""
+        self.settings = settings if settings is not None else GuardSettings()
         self.injector = injector
         self.counters: Counters = injector.counters
-        self._defer = defer
-        self.cgroup_root = settings.cgroup_root
-        self.own_connection = settings.own_connection
-        self.pending_limit = settings.pending_limit
-        self.recheck = settings.recheck
+        self._defer = defer or (lambda act: act())
         self._clock = clock
-        self._has_processes = has_processes or (
-            lambda cgroups_path: cgroup_has_processes(cgroups_path, settings.cgroup_root))
-        # Told when ``needed`` changes (SecondConnection): called from inside a handler.
-        self._need_listener: Callable[[], None] | None = None
+        # Told when ``needed`` may have changed (SecondConnection): called inside a handler.
+        self._need_may_have_changed: Callable[[], None] = lambda: None
         self._served: OrderedDict[str, None] = OrderedDict()
         self._pending: dict[str, _Pending] = {}
         # Containers already stopped, refused or reported: the guard's Synchronize and the
         # injector's both list them, and each is acted on (and named) once.
         self._done: OrderedDict[str, None] = OrderedDict()
         self._injector_synced = False
-        self._was_needed = True
         self._runtime = RuntimeInfo()  # as the last Configure (either connection's) named it
 
     # --- whether checks are owed ---
@@ -119,14 +103,7 @@ class StartGuard(Plugin):
         return not self._injector_synced or bool(self._pending)
 
     def on_need_changed(self, listener: Callable[[], None]) -> None:
-        self._need_listener = listener
-
-    def _need_may_have_changed(self) -> None:
-        now = self.needed
-        if now != self._was_needed:
-            self._was_needed = now
-            if self._need_listener is not None:
-                self._need_listener()
+        self._need_may_have_changed = listener
 
     def next_due(self) -> float | None:
         """Seconds until ``due`` has a pending container to look at (None: none pending)."""
@@ -136,25 +113,22 @@ class StartGuard(Plugin):
                    - self._clock())
 
     def due(self) -> None:
-        """Look again at each pending container whose time has come. One whose cgroup had
-        processes at two looks in a row was started without its StartContainer reaching
-        the guard (containerd can dispatch a start just before the guard's registration
-        completes): it is acted on as one found running. One not started by its limit is
-        let go (a container whose start failed stays listed as created)."""
+        """Look again at each pending container whose time has come: one started without
+        its StartContainer reaching the guard (``_Pending.had_processes``; containerd can
+        dispatch a start just before the guard's registration completes) is acted on as
+        one found running. One not started by its limit is let go."""
         now = self._clock()
-        started = []
         for cid, pending in list(self._pending.items()):
             if pending.check_at <= now:
-                pending.check_at = now + self.recheck
+                pending.check_at = now + self.settings.recheck
                 had = pending.had_processes
-                pending.had_processes = self._has_processes(pending.item.cgroups_path)
+                pending.had_processes = cgroup_has_processes(pending.item.cgroups_path,
+                                                             self.settings.cgroup_root)
                 if had and pending.had_processes:
                     del self._pending[cid]
                     self._remember(self._done, cid)
-                    started.append(pending.item)
-        for item in started:
-            self._act(item, "unseen-start")
-        self._need_may_have_changed()  # and lets go of what is past its limit
+                    self._act(pending.item, "unseen-start")
+        self._expire_pending()
 
     def _expire_pending(self) -> None:
         now = self._clock()
@@ -166,13 +140,13 @@ class StartGuard(Plugin):
                             "devices while the plugin was away, has not started within "
                             "%.0f s of being found; its start is no longer waited for (a "
                             "container whose start failed stays listed as created): %s",
-                            item.name, item.container_id, item.pod, self.pending_limit,
+                            item.name, item.container_id, item.pod, self.settings.pending_limit,
                             item.reason)
 
     def _add_pending(self, item: Unserved) -> None:
-        now = self._clock()
-        self._pending[item.container_id] = _Pending(item, now + self.pending_limit,
-                                                    now + self.recheck)
+        now, settings = self._clock(), self.settings
+        self._pending[item.container_id] = _Pending(item, now + settings.pending_limit,
+                                                    now + settings.recheck)
 
     def main_connection_lost(self) -> None:
         """The injector's connection ended: until it synchronizes again, containers are
@@ -195,7 +169,7 @@ class StartGuard(Plugin):
         self._runtime = self.injector.runtime
         if mask is None:
             return None
-        if self.own_connection:
+        if self.settings.own_connection:
             # RemoveContainer only, to forget what we remember: outside every container's
             # creation and start.
             return mask | EventMask.REMOVE_CONTAINER
@@ -203,9 +177,8 @@ class StartGuard(Plugin):
 
     def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
                     containers: Sequence[nri_pb2.Container]) -> None:
-        self._judge_listed(pods, containers, self.injector.runtime)
         self._injector_synced = True
-        self._need_may_have_changed()
+        self.judge_listed(pods, containers)
 
     def create_container(
         self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
@@ -246,36 +219,30 @@ class StartGuard(Plugin):
         self._runtime = self.injector.runtime_of(runtime_name, runtime_version)
         return guard_events(runtime_name) | EventMask.POST_CREATE_CONTAINER
 
-    def guard_synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
-                          containers: Sequence[nri_pb2.Container]) -> None:
-        """The guard's own Synchronize: what the injector's would find, judged first."""
-        self._judge_listed(pods, containers, self._runtime)
-        self._need_may_have_changed()
-
     # --- the checks ---
 
-    def _judge_listed(self, pods: Sequence[nri_pb2.PodSandbox],
-                      containers: Sequence[nri_pb2.Container], runtime: RuntimeInfo) -> None:
-        core = self.injector
-        unserved = find_unserved(pods, containers, core, runtime.native_cdi)
+    def judge_listed(self, pods: Sequence[nri_pb2.PodSandbox],
+                     containers: Sequence[nri_pb2.Container]) -> None:
+        """What a Synchronize lists, either connection's (the guard's is judged first)."""
         now, exited = [], []
-        for item in unserved:
-            if item.container_id in self._done or item.container_id in self._pending:
+        for item in find_unserved(pods, containers, self.injector, self._runtime.native_cdi):
+            cid = item.container_id
+            if cid in self._done or cid in self._pending:
                 continue  # the other connection's Synchronize found it first
             self.counters.unserved_found += 1
+            self._served.pop(cid, None)  # answered too late: owed still
             if item.exited:
                 exited.append(item)
-                self._remember(self._done, item.container_id)
-                continue
-            self._served.pop(item.container_id, None)  # answered too late: owed still
-            if item.started:
+            elif item.started:
                 now.append(item)
+            else:
+                self._add_pending(item)
+                log.warning("fail-closed: container %s (%s) of pod %s, created without its "
+                            "devices while the plugin was away, is created but not started; "
+                            "it is checked when it starts: %s", item.name, cid, item.pod,
+                            item.reason)
                 continue
-            self._add_pending(item)
-            log.warning("fail-closed: container %s (%s) of pod %s, created without its "
-                        "devices while the plugin was away, is created but not started; it is "
-                        "checked when it starts: %s", item.name, item.container_id,
-                        item.pod, item.reason)
+            self._remember(self._done, cid)  # started already: acted on (or said) once
         if exited:
             # Too late to stop: say so, since a pod with restartPolicy Never (a Job's)
             # failed or ran without its devices, and nothing will create it again.
@@ -284,12 +251,9 @@ class StartGuard(Plugin):
                         "pod's is not run again): %s", len(exited),
                         "; ".join(f"{i.name} ({i.container_id}) of pod {i.pod}: {i.reason}"
                                   for i in exited))
-        for item in now:
-            self._remember(self._done, item.container_id)
-        if now and self._defer is not None:
+        if now:
             self._defer(lambda: self._act_now(now))
-        elif now:
-            self._act_now(now)
+        self._need_may_have_changed()
 
     def _act_now(self, items: Sequence[Unserved]) -> None:
         for item in items:
@@ -308,11 +272,8 @@ class StartGuard(Plugin):
         if cid in self._served or cid in self._done:
             return  # answered at creation, or acted on already: nothing owed
         pending = self._pending.get(cid)
-        if pending is not None:
-            item: Unserved | None = pending.item
-        else:
-            core = self.injector
-            item = container_unserved(pod, container, core, self._runtime.native_cdi)
+        item = pending.item if pending is not None else container_unserved(
+            pod, container, self.injector, self._runtime.native_cdi)
         log.debug("%s check of container %s (%s): %s", stage, container.name, cid,
                   "unserved" if item else "ok")
         if item is None:
@@ -367,7 +328,7 @@ class StartGuard(Plugin):
         else:
             note = "no termination-message file"
         try:
-            how = stop_processes(item.pid, item.cgroups_path, self.cgroup_root)
+            how = stop_processes(item.pid, item.cgroups_path, self.settings.cgroup_root)
         except OSError as exc:
             how, error = None, exc.strerror or str(exc)
         else:
@@ -393,10 +354,13 @@ _WHEN = {"start": "at its start, before it ran", "post-start": "as it started",
 
 
 def guard_events(runtime_name: str) -> EventMask:
-    """The events the start guard needs on this runtime (see StartGuard)."""
+    """The events the start guard needs on this runtime, whatever the injector subscribes
+    to. containerd fails a container's start when a plugin's StartContainer fails (every
+    release with NRI): there StartContainer alone keeps a container from running."""
     if runtime_name == "containerd":
-        return StartGuard.CONTAINERD_GUARD_EVENTS
-    return StartGuard.GUARD_EVENTS
+        return EventMask.START_CONTAINER | EventMask.REMOVE_CONTAINER
+    return (EventMask.POST_CREATE_CONTAINER | EventMask.START_CONTAINER
+            | EventMask.POST_START_CONTAINER | EventMask.REMOVE_CONTAINER)
 
 
 class GuardConnection(Plugin):
@@ -414,7 +378,7 @@ class GuardConnection(Plugin):
 
     def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
                     containers: Sequence[nri_pb2.Container]) -> None:
-        self.guard.guard_synchronize(pods, containers)
+        self.guard.judge_listed(pods, containers)
         self._on_synchronized()
 
     def post_create_container(self, pod: nri_pb2.PodSandbox,
