@@ -216,11 +216,6 @@ def _file_reader(fd: int) -> _Reader:
     return raw
 
 
-def parse_dynamic(data: bytes, *, source: str = "<bytes>") -> DynamicInfo:
-    """Same as :func:`read_dynamic` over an in-memory image (pure)."""
-    return _parse(lambda off, size: data[off : off + size], source)
-
-
 def _exact(raw: _Reader, off: int, size: int, what: str, source: str) -> bytes:
     chunk = raw(off, size) if off >= 0 else b""
     if len(chunk) != size:

@@ -43,8 +43,6 @@ _EXTENSION_TAG_GENERATOR = 0
 # ignore it). We write little-endian caches only.
 _ENDIAN_UNSET, _ENDIAN_INVALID, _ENDIAN_LITTLE, _ENDIAN_BIG = 0, 1, 2, 3
 
-FLAG_TYPE_MASK = 0x00FF
-FLAG_ELF = 0x0001  # set for both FLAG_ELF (1) and FLAG_ELF_LIBC6 (3)
 FLAG_ARCH_MASK = 0xFF00
 
 # Arch bits that ldconfig records.  0x0000 means "the platform's default 32-bit ABI",
@@ -74,14 +72,6 @@ class LdCacheEntry(NamedTuple):
     flags: int
     osversion: int = 0
     hwcap: int = 0
-
-    @property
-    def soname(self) -> str:
-        return self.key
-
-    @property
-    def is_elf(self) -> bool:
-        return bool(self.flags & FLAG_TYPE_MASK & FLAG_ELF)
 
     @property
     def arch_flag(self) -> int:
@@ -217,23 +207,13 @@ def _read_extension(data: bytes, pos: int, order: str, source: str) -> str | Non
 # --- lookup -------------------------------------------------------------------------------
 
 
-def resolve_in_root(root: str | os.PathLike[str], path: str) -> Path:
-    """Resolve ``path`` as seen from inside ``root`` (like a chroot) and return the host path.
-
-    Absolute symlink targets restart at ``root``; ``..`` never climbs above it, so a
-    hostile driver root cannot make us read host files.  Missing components are kept
-    as they are (like ``realpath -m``); symlink loops raise ``OSError(ELOOP)``.
-    """
-    from pathlib import Path  # lazy: off the update-ldcache hook's start
-
-    root_path = Path(root)
-    parts, _hops = resolve_from(os.fspath(root_path), (), path)
-    return root_path.joinpath(*parts)
-
-
 def resolve_from(root: str, done: Sequence[str], rest: str,
                  hops: int = 0) -> tuple[list[str], int]:
-    """Go on resolving inside ``root`` (a pathlib-normal string, as ``str(Path(...))``).
+    """Resolve ``rest`` as seen from inside ``root`` (a pathlib-normal string, as
+    ``str(Path(...))``), like a chroot: absolute symlink targets restart at ``root`` and
+    ``..`` never climbs above it, so a hostile driver root cannot make us read host files.
+    Missing components are kept as they are (like ``realpath -m``); symlink loops raise
+    ``OSError(ELOOP)``.
 
     ``done`` are the components resolved so far (none of them a link), ``rest`` the path
     still to walk and ``hops`` the links followed so far.  Returns the components of the
@@ -281,7 +261,7 @@ def find_libraries(
     keep cache order and are de-duplicated; dangling entries are skipped.
     """
     import fnmatch  # lazy: it imports re, off the hook's start
-    from pathlib import Path  # lazy, as in resolve_in_root
+    from pathlib import Path  # lazy: off the update-ldcache hook's start
 
     pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
     top = os.fspath(Path(root))

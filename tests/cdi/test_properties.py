@@ -23,7 +23,8 @@ from cdi.model import (
 )
 from cdi.spec import dump_spec, parse_spec, parse_spec_data
 from cdi.validate import DEVICE_TYPES, HOOK_NAMES, validate_spec
-from cdi.version import KNOWN_VERSIONS, minimum_version, version_key
+from cdi.version import KNOWN_VERSIONS, version_key
+from tests.cdi.test_spec_cases import minimum_version
 
 text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=12)
 paths = st.from_regex(r"/[a-z0-9_./-]{0,20}", fullmatch=True)
