@@ -20,10 +20,8 @@ from cdi.dirs import (
     DEFAULT_SPEC_DIRS,
     SpecFile,
     identity,
-    is_spec_name,
     permission_problem,
     scan,
-    stat_file,
 )
 from cdi.edits import merge
 from cdi.errors import DeviceNodeError, FieldError, SpecError, UnresolvedDevicesError
@@ -231,15 +229,8 @@ class SpecCache:
 
     def _new_files(self) -> list[SpecFile]:
         known = set(self._parsed) | set(self.snapshot.specs) | set(self.snapshot.errors)
-        new: list[SpecFile] = []
-        for priority, folder in enumerate(self.spec_dirs):
-            try:
-                names = sorted(os.listdir(folder))
-            except (OSError, ValueError):
-                continue  # refresh() reports it
-            paths = (os.path.join(folder, n) for n in names if is_spec_name(n))
-            new += [stat_file(p, priority) for p in paths if p not in known]
-        return new
+        # A folder that cannot be listed is left to refresh(), which reports it.
+        return [f for f in scan(self.spec_dirs, known) if f.path not in self.spec_dirs]
 
     def _permission_warnings(self, files: list[SpecFile]) -> dict[str, list[str]]:
         if self.permissions == "ignore":
