@@ -410,6 +410,5 @@ def _plain(value: Any) -> Any:
 
 
 def _is_empty(item: Any) -> bool:
-    if isinstance(item, ContainerEdits):
-        return item.is_empty()
-    return item == () or (isinstance(item, Mapping) and not item)
+    # ContainerEdits is a tuple of seven fields: empty when every field is.
+    return item.is_empty() if isinstance(item, ContainerEdits) else not item
