@@ -98,19 +98,11 @@ def parse(data: bytes, *, source: str = "<bytes>") -> LdCache:
     base, compat = _find_new_header(data, source)
     order, nlibs, strings_len, ext_offset = _read_new_header(data, base, source)
     entries_end = base + _NEW_HEADER_SIZE + nlibs * _NEW_ENTRY_SIZE
-    if entries_end > len(data):
-        raise LdCacheError(
-            f"truncated: {nlibs} entries need {entries_end} bytes, file has {len(data)}",
-            source=source,
-            offset=len(data),
-        )
     strings_end = entries_end + strings_len
-    if strings_end > len(data):
-        raise LdCacheError(
-            f"truncated string table: needs {strings_end} bytes, file has {len(data)}",
-            source=source,
-            offset=len(data),
-        )
+    for end, what in ((entries_end, f"{nlibs} entries"), (strings_end, "the string table")):
+        if end > len(data):
+            raise LdCacheError(f"truncated: {what} end at byte {end}, the file has {len(data)}",
+                               source=source, offset=len(data))
 
     def string(rel: int, field_offset: int) -> str:
         """A NUL-terminated string at an offset from the new header, in the string table."""
@@ -194,13 +186,11 @@ def _read_extension(data: bytes, pos: int, order: str, source: str) -> str | Non
     for i in range(count):
         sec = pos + 8 + i * 16
         tag, _flags, offset, size = struct.unpack_from(order + "IIII", data, sec)
-        start = offset
-        if start + size > len(data):
-            raise LdCacheError(
-                f"extension section {i} runs past the end", source=source, offset=sec
-            )
+        if offset + size > len(data):
+            raise LdCacheError(f"extension section {i} runs past the end", source=source,
+                               offset=sec)
         if tag == _EXTENSION_TAG_GENERATOR:
-            generator = data[start : start + size].decode("utf-8", "replace")
+            generator = data[offset : offset + size].decode("utf-8", "replace")
     return generator
 
 
