@@ -384,15 +384,10 @@ def _added(old: Snapshot, added: Snapshot) -> Snapshot:
     )
 
 
-def _build_snapshot(
-    spec_dirs: tuple[str, ...],
-    loaded: list[tuple[SpecFile, Spec | SpecError]],
-    generation: int,
-    *,
-    warnings: Mapping[str, list[str]] | None = None,
-) -> Snapshot:
+def _build_snapshot(spec_dirs: tuple[str, ...], loaded: list[tuple[SpecFile, Spec | SpecError]],
+                    generation: int, *, warnings: Mapping[str, list[str]]) -> Snapshot:
     errors: dict[str, list[str]] = {}
-    notes: dict[str, list[str]] = {path: list(w) for path, w in (warnings or {}).items()}
+    notes: dict[str, list[str]] = {path: list(w) for path, w in warnings.items()}
     specs: dict[str, LoadedSpec] = {}
     candidates: dict[str, list[Device]] = {}
     for spec_file, result in loaded:
