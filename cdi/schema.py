@@ -97,11 +97,8 @@ def _field_errors(error: ValidationError, document: Any) -> Iterator[FieldError]
     schema_path = list(error.relative_schema_path)
     if len(schema_path) >= 2 and schema_path[-2] == "propertyNames":
         # About one key of a mapping: name it as the code does, annotations['key'].
-        key = instance
-        if isinstance(key, str):
-            yield FieldError(_join(path, key, in_map=True), f"invalid key: {error.message}")
-        else:
-            yield FieldError(path, f"invalid key: {error.message}")
+        where = _join(path, instance, in_map=True) if isinstance(instance, str) else path
+        yield FieldError(where, f"invalid key: {error.message}")
         return
     message = error.message
     # A "$comment" on a subschema says in words what the failed keyword means; the root's
