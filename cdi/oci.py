@@ -52,14 +52,8 @@ def mount_to_oci(mount: Mount) -> dict[str, Any]:
 
 
 def hook_to_oci(hook: Hook) -> dict[str, Any]:
-    result: dict[str, Any] = {"path": hook.path}
-    if hook.args:
-        result["args"] = list(hook.args)
-    if hook.env:
-        result["env"] = list(hook.env)
-    if hook.timeout is not None:
-        result["timeout"] = hook.timeout
-    return result
+    # The spec's hook is the OCI runtime spec's (path, args, env, timeout) and its hookName.
+    return {key: value for key, value in to_dict(hook).items() if key != "hookName"}
 
 
 def intel_rdt_to_oci(rdt: IntelRdt) -> dict[str, Any]:
