@@ -8,7 +8,6 @@ qualified device names.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
 
 from cdi.errors import AnnotationError, QualifiedNameError
 from cdi.parser import parse_qualified_name
@@ -32,60 +31,15 @@ def key_suffix_error(suffix: str) -> str | None:
     return None
 
 
-def annotation_key(plugin_name: str, device_id: str) -> str:
-    """``cdi.k8s.io/<plugin>_<device id>``, with every '/' of the id replaced by '_'."""
-    if not plugin_name:
-        raise AnnotationError("invalid CDI annotation key: plugin name is empty")
-    if not device_id:
-        raise AnnotationError("invalid CDI annotation key: device id is empty")
-    suffix = f"{plugin_name}_{device_id.replace('/', '_')}"
-    key = ANNOTATION_PREFIX + suffix
-    problem = key_suffix_error(suffix)
-    if problem:
-        raise AnnotationError(f"invalid CDI annotation key {key!r}: {problem}")
-    return key
-
-
-def annotation_value(devices: Iterable[str]) -> str:
-    """The comma-joined value, every element checked to be a qualified name."""
-    names = list(devices)
-    if not names:
-        raise AnnotationError("invalid CDI annotation value: no devices")
-    return ",".join(_checked_names(names, "invalid CDI annotation value"))
-
-
-def _checked_names(names: list[str], where: str) -> list[str]:
-    for name in names:
-        try:
-            parse_qualified_name(name)
-        except QualifiedNameError as exc:
-            raise AnnotationError(f"{where}: {exc}") from None
-    return names
-
-
-def add_annotation(
-    annotations: Mapping[str, str], plugin_name: str, device_id: str, devices: Iterable[str]
-) -> dict[str, str]:
-    """A copy of ``annotations`` with the request added; never overwrites a key."""
-    key = annotation_key(plugin_name, device_id)
-    if key in annotations:
-        raise AnnotationError(f"CDI annotation {key!r} already set (value {annotations[key]!r})")
-    return {**annotations, key: annotation_value(devices)}
-
-
 def parse_annotation(key: str, value: str) -> list[str]:
     """The device names of one ``cdi.k8s.io/`` annotation; the error names the key."""
     problem = key_suffix_error(key[len(ANNOTATION_PREFIX) :])
     if problem:
         raise AnnotationError(f"annotation {key!r}: invalid key: {problem}")
-    return _checked_names(value.split(","), f"annotation {key!r}")
-
-
-def parse_annotations(annotations: Mapping[str, str]) -> tuple[list[str], list[str]]:
-    """Every ``cdi.k8s.io/`` key (sorted, so the result is stable) and the devices they ask
-    for, in key order then value order. Other keys are ignored."""
-    keys = sorted(k for k in annotations if k.startswith(ANNOTATION_PREFIX))
-    devices: list[str] = []
-    for key in keys:
-        devices.extend(parse_annotation(key, annotations[key]))
-    return keys, devices
+    names = value.split(",")
+    for name in names:
+        try:
+            parse_qualified_name(name)
+        except QualifiedNameError as exc:
+            raise AnnotationError(f"annotation {key!r}: {exc}") from None
+    return names

@@ -20,10 +20,8 @@ from cdi.dirs import (
     DEFAULT_SPEC_DIRS,
     SpecFile,
     identity,
-    is_spec_name,
     permission_problem,
     scan,
-    stat_file,
 )
 from cdi.edits import merge
 from cdi.errors import DeviceNodeError, FieldError, SpecError, UnresolvedDevicesError
@@ -181,7 +179,7 @@ class SpecCache:
             parsed: dict[str, tuple[Signature, Spec | SpecError]] = {}
             pending = set()
             for spec_file in files:
-                result = self._load_isolated(spec_file, events, quiet_ns, now, events_ns)
+                result = self._load(spec_file, events, quiet_ns, now, events_ns)
                 if result is None:
                     pending.add(spec_file.path)
                     previous = self._parsed.get(spec_file.path)
@@ -215,7 +213,7 @@ class SpecCache:
                 return self.snapshot
             now = time.time_ns()
             loaded = [(f, r) for f in new
-                      if (r := self._load_isolated(f, None, 0, now)) is not None]
+                      if (r := self._load(f, None, 0, now)) is not None]
             added = _build_snapshot(self.spec_dirs, [(f, r[1]) for f, r in loaded], 0,
                                     warnings=self._permission_warnings([f for f, _ in loaded]))
             old = self.snapshot
@@ -231,15 +229,8 @@ class SpecCache:
 
     def _new_files(self) -> list[SpecFile]:
         known = set(self._parsed) | set(self.snapshot.specs) | set(self.snapshot.errors)
-        new: list[SpecFile] = []
-        for priority, folder in enumerate(self.spec_dirs):
-            try:
-                names = sorted(os.listdir(folder))
-            except (OSError, ValueError):
-                continue  # refresh() reports it
-            paths = (os.path.join(folder, n) for n in names if is_spec_name(n))
-            new += [stat_file(p, priority) for p in paths if p not in known]
-        return new
+        # A folder that cannot be listed is left to refresh(), which reports it.
+        return [f for f in scan(self.spec_dirs, known) if f.path not in self.spec_dirs]
 
     def _permission_warnings(self, files: list[SpecFile]) -> dict[str, list[str]]:
         if self.permissions == "ignore":
@@ -256,37 +247,31 @@ class SpecCache:
             os.path.dirname(spec_file.path) or ".", "its directory")
         return f"refused: {problem} (spec permissions: refuse)" if problem else None
 
-    def _load_isolated(
+    def _load(
         self, spec_file: SpecFile, events: set[str] | None, quiet_ns: int, now: int,
         events_ns: int | None = None,
     ) -> tuple[Signature, Spec | SpecError] | None:
         """One file, with every failure turned into that file's error: nothing one file
         does can stop a refresh or hide another file's devices. None: not complete yet."""
-        try:
-            return self._load(spec_file, events, quiet_ns, now, events_ns)
-        except Exception as exc:  # a bug or an odd file: report it against that file only
-            return _UNREAD, SpecError(
-                [FieldError("", f"cannot load: {type(exc).__name__}: {exc}")], file=spec_file.path
-            )
-
-    def _load(
-        self, spec_file: SpecFile, events: set[str] | None, quiet_ns: int, now: int,
-        events_ns: int | None = None,
-    ) -> tuple[Signature, Spec | SpecError] | None:
         path = spec_file.path
-        if spec_file.error or spec_file.signature is None:
-            return _UNREAD, SpecError([FieldError("", spec_file.error or "unreadable")], file=path)
-        refused = self._refused(spec_file)
-        if refused:
-            return _UNREAD, SpecError([FieldError("", refused)], file=path)
-        signature = (*spec_file.signature, spec_file.priority)
-        previous = self._parsed.get(path)
-        if previous and previous[0] == signature:
-            return previous
-        quiet_since = now - quiet_ns
-        if _must_wait(path, spec_file.signature, events, events_ns, quiet_since):
-            return None
-        return _read_changed(spec_file, previous, events, events_ns, quiet_since)
+        try:
+            if spec_file.error or spec_file.signature is None:
+                problem = spec_file.error or "unreadable"
+                return _UNREAD, SpecError([FieldError("", problem)], file=path)
+            refused = self._refused(spec_file)
+            if refused:
+                return _UNREAD, SpecError([FieldError("", refused)], file=path)
+            signature = (*spec_file.signature, spec_file.priority)
+            previous = self._parsed.get(path)
+            if previous and previous[0] == signature:
+                return previous
+            quiet_since = now - quiet_ns
+            if _must_wait(path, spec_file.signature, events, events_ns, quiet_since):
+                return None
+            return _read_changed(spec_file, previous, events, events_ns, quiet_since)
+        except Exception as exc:  # a bug or an odd file: report it against that file only
+            error = FieldError("", f"cannot load: {type(exc).__name__}: {exc}")
+            return _UNREAD, SpecError([error], file=path)
 
 
 def _read_changed(spec_file: SpecFile, previous: tuple[Signature, Spec | SpecError] | None,
@@ -399,15 +384,10 @@ def _added(old: Snapshot, added: Snapshot) -> Snapshot:
     )
 
 
-def _build_snapshot(
-    spec_dirs: tuple[str, ...],
-    loaded: list[tuple[SpecFile, Spec | SpecError]],
-    generation: int,
-    *,
-    warnings: Mapping[str, list[str]] | None = None,
-) -> Snapshot:
+def _build_snapshot(spec_dirs: tuple[str, ...], loaded: list[tuple[SpecFile, Spec | SpecError]],
+                    generation: int, *, warnings: Mapping[str, list[str]]) -> Snapshot:
     errors: dict[str, list[str]] = {}
-    notes: dict[str, list[str]] = {path: list(w) for path, w in (warnings or {}).items()}
+    notes: dict[str, list[str]] = {path: list(w) for path, w in warnings.items()}
     specs: dict[str, LoadedSpec] = {}
     candidates: dict[str, list[Device]] = {}
     for spec_file, result in loaded:

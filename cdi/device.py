@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cdi.model import ContainerEdits, DeviceData
@@ -19,11 +18,3 @@ class Device:
     # Why the device cannot be used (e.g. its host device node is missing); raised when
     # the device is requested, so that one broken node does not hide its neighbours.
     error: str | None = None
-
-    @property
-    def name(self) -> str:
-        return self.data.name
-
-    @property
-    def annotations(self) -> Mapping[str, str]:
-        return self.data.annotations

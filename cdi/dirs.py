@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Container, Iterator, Sequence
 from dataclasses import dataclass
 
 SPEC_EXTENSIONS = (".json", ".yaml")  # only these are specs (".yml" is not, as upstream)
@@ -29,8 +29,9 @@ def is_spec_name(name: str) -> bool:
     return name.endswith(SPEC_EXTENSIONS)
 
 
-def scan(dirs: Sequence[str]) -> Iterator[SpecFile]:
-    """Every spec file in ``dirs`` (no recursion), with its priority (= directory index).
+def scan(dirs: Sequence[str], skip: Container[str] = ()) -> Iterator[SpecFile]:
+    """Every spec file in ``dirs`` (no recursion) but those in ``skip`` (not even stat'ed),
+    with its priority (= directory index).
 
     Missing directories are skipped. Files are listed in name order so that results are
     stable. A name that is not a regular file (a folder, a FIFO) is reported, not opened.
@@ -47,8 +48,9 @@ def scan(dirs: Sequence[str]) -> Iterator[SpecFile]:
             yield SpecFile(folder, priority, None, f"cannot list directory: {exc}")
             continue
         for name in names:
-            if is_spec_name(name):
-                yield stat_file(os.path.join(folder, name), priority)
+            path = os.path.join(folder, name)
+            if is_spec_name(name) and path not in skip:
+                yield stat_file(path, priority)
 
 
 def stat_file(path: str, priority: int) -> SpecFile:

@@ -24,4 +24,3 @@ class MissingDependencyError(ImportError):
         name, distribution = extra or EXTRAS[module]
         super().__init__(f"{feature} needs {distribution}, which is not installed: "
                          f"pip install 'nri-cdi[{name}]'", name=module)
-        self.extra = name

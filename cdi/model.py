@@ -146,11 +146,7 @@ class BadScalar(NamedTuple):
     why: str
 
 
-class _Invalid:
-    """Marks a value that failed to decode (its error is already recorded)."""
-
-
-INVALID = _Invalid()
+INVALID: Any = object()  # a value that failed to decode (its error is already recorded)
 
 
 class _Context:
@@ -158,7 +154,7 @@ class _Context:
         self.errors: list[FieldError] = []
         self.values = 0
 
-    def error(self, path: str, message: str) -> _Invalid:
+    def error(self, path: str, message: str) -> Any:
         self.errors.append(FieldError(path, message))
         return INVALID
 
@@ -410,6 +406,5 @@ def _plain(value: Any) -> Any:
 
 
 def _is_empty(item: Any) -> bool:
-    if isinstance(item, ContainerEdits):
-        return item.is_empty()
-    return item == () or (isinstance(item, Mapping) and not item)
+    # ContainerEdits is a tuple of seven fields: empty when every field is.
+    return item.is_empty() if isinstance(item, ContainerEdits) else not item

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cdi.model import DeviceNode, Hook, IntelRdt, Mount
+from cdi.model import DeviceNode, Hook, IntelRdt, Mount, to_dict
 
 
 def cgroup_access(node: DeviceNode) -> str:
@@ -52,24 +52,10 @@ def mount_to_oci(mount: Mount) -> dict[str, Any]:
 
 
 def hook_to_oci(hook: Hook) -> dict[str, Any]:
-    result: dict[str, Any] = {"path": hook.path}
-    if hook.args:
-        result["args"] = list(hook.args)
-    if hook.env:
-        result["env"] = list(hook.env)
-    if hook.timeout is not None:
-        result["timeout"] = hook.timeout
-    return result
+    # The spec's hook is the OCI runtime spec's (path, args, env, timeout) and its hookName.
+    return {key: value for key, value in to_dict(hook).items() if key != "hookName"}
 
 
 def intel_rdt_to_oci(rdt: IntelRdt) -> dict[str, Any]:
-    pairs = (
-        ("closID", rdt.clos_id),
-        ("l3CacheSchema", rdt.l3_cache_schema),
-        ("memBwSchema", rdt.mem_bw_schema),
-        ("schemata", list(rdt.schemata) if rdt.schemata is not None else None),
-        ("enableMonitoring", rdt.enable_monitoring),
-        ("enableCMT", rdt.enable_cmt),
-        ("enableMBM", rdt.enable_mbm),
-    )
-    return {key: value for key, value in pairs if value not in (None, "", False)}
+    # The spec's keys are the OCI runtime spec's; like its Go type, no "" and no false.
+    return {key: value for key, value in to_dict(rdt).items() if value not in ("", False)}

@@ -110,9 +110,3 @@ def is_qualified_name(device: str) -> bool:
         return False
     return True
 
-
-def qualified_name(vendor: str, class_: str, name: str) -> str:
-    """Build ``vendor/class=name``, validating every part."""
-    result = f"{vendor}/{class_}={name}"
-    parse_qualified_name(result)
-    return result

@@ -313,14 +313,6 @@ def _one_line(text: str) -> str:
     return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
-def parse_spec_data(data: bytes | str, *, json_format: bool = False) -> SpecData:
-    """Bytes to a validated SpecData; SpecError lists every problem. Pure."""
-    document = load_document(data, json_format=json_format)
-    spec = spec_from_dict(document)
-    validate_spec(spec)
-    return spec
-
-
 def is_json_path(path: str | os.PathLike[str]) -> bool:
     return str(path).endswith(".json")
 
@@ -342,22 +334,24 @@ class Spec(NamedTuple):
 
 
 def parse_spec(data: bytes | str, path: str = "", priority: int = 0) -> Spec:
-    """Parse a spec document; errors name ``path``. Pure: the path is only a label."""
+    """Parse and validate a spec document (JSON when ``path`` ends in ``.json``, else YAML);
+    SpecError lists every problem, naming ``path``. Pure: the path is only a label."""
     try:
-        spec_data = parse_spec_data(data, json_format=is_json_path(path))
+        spec_data = spec_from_dict(load_document(data, json_format=is_json_path(path)))
+        validate_spec(spec_data)
     except SpecError as exc:
         raise SpecError(exc.errors, file=path) if path else exc from None
     return Spec(data=spec_data, path=path, priority=priority)
 
 
-def read_spec(path: str | os.PathLike[str], priority: int = 0) -> Spec:
+def read_spec(path: str | os.PathLike[str]) -> Spec:
     name = os.fspath(path)
     try:
         with open(name, "rb") as handle:
             data = handle.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
         raise SpecError([FieldError("", f"cannot read: {exc.strerror}")], file=name) from None
-    return parse_spec(data, name, priority)
+    return parse_spec(data, name)
 
 
 def dump_spec(spec: SpecData, *, json_format: bool = False) -> str:

@@ -106,7 +106,3 @@ def minimum_requirement(spec: SpecData) -> Requirement | None:
     """The newest feature the spec uses, or None when 0.3.0 suffices."""
     return next(_requirements(spec), None)
 
-
-def minimum_version(spec: SpecData) -> str:
-    requirement = minimum_requirement(spec)
-    return requirement.version if requirement else EARLIEST_SUPPORTED

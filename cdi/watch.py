@@ -39,7 +39,6 @@ _DIR_MASK = (
     | flags.ONLYDIR
 )
 _PARENT_MASK = flags.CREATE | flags.MOVED_TO | flags.ONLYDIR
-_FILE_EVENTS = flags.CLOSE_WRITE | flags.MOVED_TO | flags.MOVED_FROM | flags.DELETE
 # Events after which a file's content is complete: take it without waiting for quiet.
 _DONE_EVENTS = flags.CLOSE_WRITE | flags.MOVED_TO
 _SELF_EVENTS = flags.DELETE_SELF | flags.MOVE_SELF | flags.IGNORED | flags.Q_OVERFLOW

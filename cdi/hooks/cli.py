@@ -151,9 +151,13 @@ def main(argv: Sequence[str] | None = None, *, stdin: IO[bytes] | None = None) -
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["hook"]:  # a launcher given as --hook-path gets the `nri-cdi hook` argv
         argv = argv[1:]
-    if not argv or argv[0] in ("-h", "--help", "build-static-launcher"):
-        args = build_parser().parse_args(argv)  # help, usage errors and the launcher
-        return _build_static_launcher(args)
+    if argv[:1] == ["build-static-launcher"]:
+        return _build_static_launcher(argv[1:])
+    if not argv or argv[0] in ("-h", "--help"):
+        parser = build_parser()
+        parser.parse_args(argv)  # --help: prints the operations and exits
+        parser.print_usage(sys.stderr)
+        return _fail("usage", "no operation given")
     try:
         steps = parse_operations(argv)
     except UsageError as exc:
@@ -216,7 +220,7 @@ def _from_nri_cdi(args: argparse.Namespace) -> int:
     return main(args.operations)
 
 
-def _build_static_launcher(args: argparse.Namespace) -> int:
+def _build_static_launcher(argv: list[str]) -> int:
     import argparse  # lazy: as costly as this module to import; --help only
 
     from cdi.hooks.launcher import LauncherError, build_launcher  # lazy: subprocess
@@ -224,11 +228,7 @@ def _build_static_launcher(args: argparse.Namespace) -> int:
     parser = argparse.ArgumentParser(prog=f"{_PROG} build-static-launcher")
     parser.add_argument("path")
     parser.add_argument("--python", help="interpreter to run (default: this one)")
-    ops = args.operations
-    if not ops or ops[0] != "build-static-launcher":
-        build_parser().print_usage(sys.stderr)
-        return _fail("usage", "no operation given")
-    options = parser.parse_args(ops[1:])
+    options = parser.parse_args(argv)
     try:
         path = build_launcher(options.path, python=options.python)
     except LauncherError as exc:

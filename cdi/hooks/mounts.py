@@ -62,17 +62,6 @@ def _unescape(field: bytes) -> str:
     return os.fsdecode(bytes(out))
 
 
-def _parse_line(line: bytes) -> tuple[int, MountInfo] | None:
-    fields = line.split(b" ")
-    try:
-        sep = fields.index(b"-", 6)
-        return int(fields[0]), MountInfo(_unescape(fields[4]), _unescape(fields[3]),
-                                         _unescape(fields[sep + 1]), _unescape(fields[sep + 2]),
-                                         device=fields[2], raw_point=fields[4])
-    except (ValueError, IndexError):
-        return None  # not a line of the format: the kernel writes none such
-
-
 def find_mount(data: bytes, mnt: int) -> MountInfo | None:
     """The line of mount ``mnt`` in a mountinfo table, without parsing the others."""
     key = b"%d " % mnt
@@ -80,8 +69,13 @@ def find_mount(data: bytes, mnt: int) -> MountInfo | None:
     if at <= 0 and not data.startswith(key):
         return None
     end = data.find(b"\n", at)
-    parsed = _parse_line(data[at:end if end >= 0 else len(data)])
-    return parsed[1] if parsed is not None else None
+    fields = data[at:end if end >= 0 else len(data)].split(b" ")
+    try:
+        sep = fields.index(b"-", 6)
+        return MountInfo(_unescape(fields[4]), _unescape(fields[3]), _unescape(fields[sep + 1]),
+                         _unescape(fields[sep + 2]), device=fields[2], raw_point=fields[4])
+    except (ValueError, IndexError):
+        return None  # not a line of the format: the kernel writes none such
 
 
 class MountTable:

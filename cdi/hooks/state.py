@@ -83,25 +83,6 @@ def loads(text: str | bytes) -> Any:
     return value
 
 
-def parse_state(text: str | bytes) -> str:
-    """The absolute bundle folder named by an OCI state document."""
-    return _bundle(_load_state(text))
-
-
-def _load_state(text: str | bytes) -> Any:
-    try:
-        return loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise StateError(f"OCI state on stdin is not JSON: {exc}") from None
-
-
-def _bundle(state: Any) -> str:
-    bundle = state.get("bundle") if isinstance(state, dict) else None
-    if not isinstance(bundle, str) or not os.path.isabs(bundle):
-        raise StateError("OCI state on stdin has no absolute 'bundle' path")
-    return bundle
-
-
 def root_from_config(bundle: str, config: Any, *, container_id: str = "") -> ContainerRoot:
     root = config.get("root") if isinstance(config, dict) else None
     path = root.get("path") if isinstance(root, dict) else None
@@ -145,8 +126,13 @@ def read_state(stream: IO[bytes]) -> ContainerRoot:
     data = stream.read(_MAX_STATE + 1)
     if len(data) > _MAX_STATE:
         raise StateError(f"OCI state on stdin is larger than {_MAX_STATE} bytes")
-    state = _load_state(data)
-    bundle = _bundle(state)
+    try:
+        state = loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise StateError(f"OCI state on stdin is not JSON: {exc}") from None
+    bundle = state.get("bundle") if isinstance(state, dict) else None
+    if not isinstance(bundle, str) or not os.path.isabs(bundle):
+        raise StateError("OCI state on stdin has no absolute 'bundle' path")
     container_id = state.get("id", "")
     config_path = os.path.join(bundle, "config.json")
     try:

@@ -136,7 +136,7 @@ def _foreign(path: str, theirs: str, here: str) -> str:
 def read_header(path: str | os.PathLike[str]) -> ElfHeader:
     """The file header of the object at ``path``: its class, byte order, machine, type."""
     source = os.fspath(path)
-    fd = os.open(source, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
     try:
         head = os.pread(fd, 20, 0)
     finally:
@@ -172,15 +172,13 @@ if TYPE_CHECKING:  # collections would slow every hook process's start
 def is_elf(path: str | os.PathLike[str]) -> bool:
     """Whether the file at ``path`` starts with the ELF magic (False when it cannot be read)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            return os.pread(fd, len(_ELF_MAGIC), 0) == _ELF_MAGIC
+        finally:
+            os.close(fd)
     except OSError:
         return False
-    try:
-        return os.pread(fd, len(_ELF_MAGIC), 0) == _ELF_MAGIC
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def read_soname(path: str | os.PathLike[str]) -> str | None:
@@ -190,7 +188,7 @@ def read_soname(path: str | os.PathLike[str]) -> str | None:
 
 def read_dynamic(path: str | os.PathLike[str]) -> DynamicInfo:
     source = os.fspath(path)
-    fd = os.open(source, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
     try:
         return read_dynamic_fd(fd, source)
     finally:
@@ -214,11 +212,6 @@ def _file_reader(fd: int) -> _Reader:
         return os.pread(fd, min(want, size - off), off)
 
     return raw
-
-
-def parse_dynamic(data: bytes, *, source: str = "<bytes>") -> DynamicInfo:
-    """Same as :func:`read_dynamic` over an in-memory image (pure)."""
-    return _parse(lambda off, size: data[off : off + size], source)
 
 
 def _exact(raw: _Reader, off: int, size: int, what: str, source: str) -> bytes:

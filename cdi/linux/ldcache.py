@@ -43,8 +43,6 @@ _EXTENSION_TAG_GENERATOR = 0
 # ignore it). We write little-endian caches only.
 _ENDIAN_UNSET, _ENDIAN_INVALID, _ENDIAN_LITTLE, _ENDIAN_BIG = 0, 1, 2, 3
 
-FLAG_TYPE_MASK = 0x00FF
-FLAG_ELF = 0x0001  # set for both FLAG_ELF (1) and FLAG_ELF_LIBC6 (3)
 FLAG_ARCH_MASK = 0xFF00
 
 # Arch bits that ldconfig records.  0x0000 means "the platform's default 32-bit ABI",
@@ -76,14 +74,6 @@ class LdCacheEntry(NamedTuple):
     hwcap: int = 0
 
     @property
-    def soname(self) -> str:
-        return self.key
-
-    @property
-    def is_elf(self) -> bool:
-        return bool(self.flags & FLAG_TYPE_MASK & FLAG_ELF)
-
-    @property
     def arch_flag(self) -> int:
         return self.flags & FLAG_ARCH_MASK
 
@@ -108,19 +98,11 @@ def parse(data: bytes, *, source: str = "<bytes>") -> LdCache:
     base, compat = _find_new_header(data, source)
     order, nlibs, strings_len, ext_offset = _read_new_header(data, base, source)
     entries_end = base + _NEW_HEADER_SIZE + nlibs * _NEW_ENTRY_SIZE
-    if entries_end > len(data):
-        raise LdCacheError(
-            f"truncated: {nlibs} entries need {entries_end} bytes, file has {len(data)}",
-            source=source,
-            offset=len(data),
-        )
     strings_end = entries_end + strings_len
-    if strings_end > len(data):
-        raise LdCacheError(
-            f"truncated string table: needs {strings_end} bytes, file has {len(data)}",
-            source=source,
-            offset=len(data),
-        )
+    for end, what in ((entries_end, f"{nlibs} entries"), (strings_end, "the string table")):
+        if end > len(data):
+            raise LdCacheError(f"truncated: {what} end at byte {end}, the file has {len(data)}",
+                               source=source, offset=len(data))
 
     def string(rel: int, field_offset: int) -> str:
         """A NUL-terminated string at an offset from the new header, in the string table."""
@@ -204,36 +186,24 @@ def _read_extension(data: bytes, pos: int, order: str, source: str) -> str | Non
     for i in range(count):
         sec = pos + 8 + i * 16
         tag, _flags, offset, size = struct.unpack_from(order + "IIII", data, sec)
-        start = offset
-        if start + size > len(data):
-            raise LdCacheError(
-                f"extension section {i} runs past the end", source=source, offset=sec
-            )
+        if offset + size > len(data):
+            raise LdCacheError(f"extension section {i} runs past the end", source=source,
+                               offset=sec)
         if tag == _EXTENSION_TAG_GENERATOR:
-            generator = data[start : start + size].decode("utf-8", "replace")
+            generator = data[offset : offset + size].decode("utf-8", "replace")
     return generator
 
 
 # --- lookup -------------------------------------------------------------------------------
 
 
-def resolve_in_root(root: str | os.PathLike[str], path: str) -> Path:
-    """Resolve ``path`` as seen from inside ``root`` (like a chroot) and return the host path.
-
-    Absolute symlink targets restart at ``root``; ``..`` never climbs above it, so a
-    hostile driver root cannot make us read host files.  Missing components are kept
-    as they are (like ``realpath -m``); symlink loops raise ``OSError(ELOOP)``.
-    """
-    from pathlib import Path  # lazy: off the update-ldcache hook's start
-
-    root_path = Path(root)
-    parts, _hops = resolve_from(os.fspath(root_path), (), path)
-    return root_path.joinpath(*parts)
-
-
 def resolve_from(root: str, done: Sequence[str], rest: str,
                  hops: int = 0) -> tuple[list[str], int]:
-    """Go on resolving inside ``root`` (a pathlib-normal string, as ``str(Path(...))``).
+    """Resolve ``rest`` as seen from inside ``root`` (a pathlib-normal string, as
+    ``str(Path(...))``), like a chroot: absolute symlink targets restart at ``root`` and
+    ``..`` never climbs above it, so a hostile driver root cannot make us read host files.
+    Missing components are kept as they are (like ``realpath -m``); symlink loops raise
+    ``OSError(ELOOP)``.
 
     ``done`` are the components resolved so far (none of them a link), ``rest`` the path
     still to walk and ``hops`` the links followed so far.  Returns the components of the
@@ -281,7 +251,7 @@ def find_libraries(
     keep cache order and are de-duplicated; dangling entries are skipped.
     """
     import fnmatch  # lazy: it imports re, off the hook's start
-    from pathlib import Path  # lazy, as in resolve_in_root
+    from pathlib import Path  # lazy: off the update-ldcache hook's start
 
     pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
     top = os.fspath(Path(root))

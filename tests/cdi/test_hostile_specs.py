@@ -131,7 +131,8 @@ def _check(data: bytes, name: str) -> None:
 
 
 def _loads_resolves_injects(spec: Spec) -> None:
-    snapshot = _build_snapshot((), [(SpecFile(spec.path, 0, (0, 0, 0, 0, 0)), spec)], 1)
+    loaded = [(SpecFile(spec.path, 0, (0, 0, 0, 0, 0)), spec)]
+    snapshot = _build_snapshot((), loaded, 1, warnings={})
     assert not snapshot.errors, snapshot.errors
     edits = snapshot.resolve(snapshot.device_names())
     oci = apply({"ociVersion": "1.0.2", "process": {"env": []}, "linux": {}}, edits)

@@ -15,10 +15,28 @@ from jsonschema import Draft202012Validator
 from cdi import schema as schema_module
 from cdi.errors import SpecError
 from cdi.model import spec_from_dict
-from cdi.schema import UNEXPRESSIBLE_RULES, load_schema, schema_errors
+from cdi.schema import load_schema, schema_errors
 from cdi.spec import load_document, read_spec
 from cdi.validate import validate_spec
-from cdi.version import minimum_version
+from tests.cdi.test_spec_cases import minimum_version
+
+# Rule ids of specs/cases/expected.yaml that the schema cannot check (see its $comment).
+UNEXPRESSIBLE_RULES: frozenset[str] = frozenset(
+    {
+        # Never reach a schema validator: the text does not parse into a document, or the
+        # parsed document keeps only one value per key.
+        "syntax.yaml",
+        "syntax.json",
+        "syntax.not-utf8",
+        "syntax.duplicate-yaml-key",
+        "syntax.duplicate-json-key",
+        # Relations between values that JSON Schema has no keyword for.
+        "device.name-duplicate",
+        "net-device.duplicate-host-interface",
+        "net-device.duplicate-name",
+        "annotations.total-size",
+    }
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "specs"

@@ -17,7 +17,7 @@ from cdi import spec as spec_module
 from cdi.errors import SpecError
 from cdi.model import SpecData
 from cdi.spec import dump_spec, load_document, parse_spec
-from cdi.version import KNOWN_VERSIONS, minimum_version, version_key
+from cdi.version import EARLIEST_SUPPORTED, KNOWN_VERSIONS, minimum_requirement, version_key
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = ROOT / "specs" / "cases"
@@ -28,6 +28,11 @@ INVALID: dict[str, dict[str, Any]] = EXPECTED["invalid"]
 
 # Messages of a third-party parser: exact only with the parser they were recorded with.
 _LIBYAML = spec_module._strict_loader().__mro__[1] is getattr(yaml, "CSafeLoader", None)
+
+
+def minimum_version(spec: SpecData) -> str:
+    requirement = minimum_requirement(spec)
+    return requirement.version if requirement else EARLIEST_SUPPORTED
 
 
 def _files(kind: str) -> list[str]:

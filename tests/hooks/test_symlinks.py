@@ -13,7 +13,7 @@ import pytest
 
 from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV
 from cdi.hooks.rootfs import RootFS, RootFSError
-from cdi.hooks.state import StateError, parse_state, read_state
+from cdi.hooks.state import StateError, read_state
 from cdi.hooks.symlinks import Link, create_symlinks, parse_link
 from tests.hooks.conftest import make_bundle, tree_digest
 
@@ -112,7 +112,7 @@ def test_state_relative_and_absolute_root(tmp_path: Path) -> None:
 @pytest.mark.parametrize("text", ["", "[]", "{}", '{"bundle": "relative"}', "{bad"])
 def test_bad_state(text: str) -> None:
     with pytest.raises(StateError):
-        parse_state(text)
+        read_state(_Stream(text.encode()))
 
 
 def test_missing_config_is_reported(tmp_path: Path) -> None:
