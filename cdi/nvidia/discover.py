@@ -10,8 +10,6 @@ CUDA version: ``None``, and MIG devices ``indexed=False``): docs/usage/spec-gene
 
 import contextlib
 import os
-import sys
-import types
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -214,7 +212,7 @@ def nvml_session(library: Path, purpose: str) -> Iterator[Any]:
 
 def load_nvml(library: Path | None) -> Any:
     """Import pynvml, point it at ``library`` (loaded by path) and initialise NVML."""
-    pynvml = _import_pynvml()  # only NVML mode pays for this import
+    import pynvml  # type: ignore[import-untyped,unused-ignore]  # only NVML mode needs it
 
     loaded = getattr(pynvml, "nvmlLib", None)
     if library is not None and getattr(loaded, "_name", None) != os.fspath(library):
@@ -228,50 +226,6 @@ def load_nvml(library: Path | None) -> Any:
             cache.clear()
     pynvml.nvmlInit()
     return pynvml
-
-
-def _import_pynvml() -> Any:
-    with _ctypes_util_on_demand():
-        try:
-            # here: only NVML mode pays for nvidia-ml-py (and ctypes)
-            import pynvml  # type: ignore[import-untyped,unused-ignore]
-        except ImportError:
-            if not sys.flags.no_site:
-                raise
-            # Started with -S (the lean entry, cdi/nvidia/__main__.py): look in the
-            # interpreter's own site-packages, which ``site`` would have added.
-            import site  # only when -S hid pynvml
-
-            sys.path.extend(p for p in site.getsitepackages() if p not in sys.path)
-            import pynvml
-    return pynvml
-
-
-@contextlib.contextmanager
-def _ctypes_util_on_demand() -> Iterator[None]:
-    """nvidia-ml-py does ``from ctypes.util import find_library`` and calls it on Windows
-    only; importing ctypes.util (subprocess, shutil, bz2, lzma) is about half of what
-    importing pynvml costs (bench/reports/2026-11-27-generator-stdlib-2-cores).
-    While pynvml imports, ctypes.util is a stand-in whose ``find_library`` imports the real
-    module when called; it is taken out of sys.modules right after, so nothing else ever
-    sees it."""
-    if "ctypes.util" in sys.modules:
-        yield
-        return
-    stand_in = types.ModuleType("ctypes.util")
-    stand_in.find_library = _find_library  # type: ignore[attr-defined]
-    sys.modules["ctypes.util"] = stand_in
-    try:
-        yield
-    finally:
-        if sys.modules.get("ctypes.util") is stand_in:
-            del sys.modules["ctypes.util"]
-
-
-def _find_library(name: str) -> str | None:
-    import ctypes.util  # here: see _ctypes_util_on_demand
-
-    return ctypes.util.find_library(name)
 
 
 def discover_nvml(nvml: Any) -> NodeInfo:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from cdi.linux.elf import ElfError, is_elf, read_soname
-from cdi.linux.ldcache import LdCacheError, find_libraries, read_ldcache, resolve_from
+from cdi.linux.ldcache import LdCacheError, find_libraries, read_ldcache, resolve_in_root
 from cdi.nvidia.discover import Roots
 
 LIBRARY_DIRS = (
@@ -195,12 +195,6 @@ class DriverRoot:
         # Host paths left out (a link loop, a SONAME naming another folder) and why:
         # reported, never fatal (one bad file must not cost the node its whole spec).
         self.skipped: dict[str, str] = {}
-        # Each folder's walk (its components and the links followed to get there; None
-        # when it is no folder or its links loop), for this run only: a run probes a few
-        # hundred paths in a few dozen folders, most of them missing, and a walk continued
-        # from its folder is the walk from the top
-        # (bench/reports/2026-11-27-generator-stdlib-2-cores).
-        self._folders: dict[str, tuple[list[str], int] | None] = {}
 
     def host(self, container: str) -> str:
         """The host path of a container path."""
@@ -213,25 +207,15 @@ class DriverRoot:
         return "/" if rel == "." else "/" + rel
 
     def resolve(self, path: str) -> str | None:
-        """The host path that the container path ``path`` resolves to (its last component
-        kept as it is when missing); None when its folder is none or its links loop."""
-        folder, _, name = posixpath.normpath("/" + path).rpartition("/")
-        walked = self._folder(folder)
-        if walked is not None:
-            walked = self._walk(walked[0], name, walked[1])
-        return None if walked is None else self.host("/".join(walked[0]))
-
-    def _folder(self, folder: str) -> tuple[list[str], int] | None:
-        """The walk to ``folder`` (normal, "" for the root), continued from its parent's."""
-        if folder not in self._folders:
-            parent, _, name = folder.rpartition("/")
-            walked = self._folder(parent) if folder else ([], 0)
-            if walked is not None and folder:
-                walked = self._walk(walked[0], name, walked[1])
-            if walked is not None and not os.path.isdir(self.host("/".join(walked[0]))):
-                walked = None
-            self._folders[folder] = walked
-        return self._folders[folder]
+        """The host path that the container path ``path`` resolves to (missing components
+        kept as they are); None when its links loop."""
+        try:
+            return os.fspath(resolve_in_root(self.root, posixpath.normpath("/" + path)))
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            self.skipped[exc.filename] = "too many levels of symbolic links (a link loop)"
+            return None
 
     def file(self, path: str) -> str | None:
         """The host path of the regular file ``path`` resolves to, else None."""
@@ -243,15 +227,6 @@ class DriverRoot:
         "not there" propagate (``Path.is_dir``): a folder we may not read is no empty one."""
         host = self.resolve(path)
         return host if host is not None and Path(host).is_dir() else None
-
-    def _walk(self, done: list[str], rest: str, hops: int) -> tuple[list[str], int] | None:
-        try:
-            return resolve_from(self.root, done, rest, hops)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            self.skipped[exc.filename] = "too many levels of symbolic links (a link loop)"
-            return None
 
 
 def _glob(folder: str, pattern: str) -> list[str]:
