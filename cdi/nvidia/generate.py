@@ -41,8 +41,6 @@ from cdi.version import minimum_requirement, version_key
 
 # Keep in step with pyproject.toml (a test checks); importlib.metadata would cost start-up.
 GENERATOR_VERSION = "0.1.0"
-HOOK_NAMES = ("create-symlinks", "update-ldcache", "enable-cuda-compat",
-              "disable-device-node-modification", "update-application-profile", "chmod")
 # Hooks emitted by default in hooks mode, as nvidia-ctk does; the other two names are
 # accepted by --disable-hook and refused by --enable-hook (cdi.nvidia.cli says why).
 DEFAULT_HOOKS = frozenset({"create-symlinks", "enable-cuda-compat", "update-ldcache",

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 GENERATE_MODES = (*MODES, "csv")
 STRATEGIES = ("index", "uuid", "type-index")
 LINK_MODES = ("hooks", "mounts")
+# nvidia-ctk's hook names; cdi.nvidia.cli refuses to enable those nri-cdi lacks.
+HOOK_NAMES = ("create-symlinks", "update-ldcache", "enable-cuda-compat",
+              "disable-device-node-modification", "update-application-profile", "chmod")
 # Feature flags nvidia-ctk knows, and what each means here.  Accepted: those whose effect
 # we have (or always have); the others are refused by name with the reason.
 FEATURE_FLAGS: dict[str, str | None] = {
@@ -54,9 +57,9 @@ Kind = Literal["str", "list", "bool"]
 @dataclass(frozen=True, slots=True)
 class Option:
     """One option: its flags (the first is the one other commands pass), the variable it
-    falls back to, its value kind, and its help. ``choices``: the values the parser takes
-    (``checked`` False: said by the generator, for the variable too, with its own
-    message); ``default_text`` says what the default means where its value does not."""
+    falls back to, its value kind, and its help. ``choices``: the values it takes, checked
+    by the generator for the variable too (``checked``: by the parser as well, for a
+    flag); ``default_text`` says what the default means where its value does not."""
 
     help: str
     env: str
@@ -151,17 +154,20 @@ class GenerateOptions:
     disabled_hooks: tuple[str, ...] = option(
         (), "hooks left out of the spec: a hook name, or all",
         "NVIDIA_CTK_CDI_GENERATE_DISABLED_HOOKS", "--disable-hook", "--disable-hooks",
-        kind="list", metavar="HOOK", default_text="none")
+        kind="list", metavar="HOOK", choices=("all", *HOOK_NAMES), checked=False,
+        default_text="none")
     enabled_hooks: tuple[str, ...] = option(
         (), "a hook name; overrides --disable-hook", "NVIDIA_CTK_CDI_GENERATE_ENABLED_HOOKS",
         "--enable-hook", "--enable-hooks", kind="list", metavar="HOOK",
+        choices=("all", *HOOK_NAMES), checked=False,
         default_text="none; hooks mode writes nvidia-ctk's default hooks")
     # nvidia-ctk's global options and its CSV/feature-flag ones: taken where they map to
     # something nri-cdi does, refused by name otherwise (never silently ignored).
     feature_flags: tuple[str, ...] = option(
         (), f"one of {', '.join(FEATURE_FLAGS)} (the explicit driver library list and "
         "coherence annotations are not supported)", "NVIDIA_CTK_CDI_GENERATE_FEATURE_FLAGS",
-        "--feature-flag", "--feature-flags", kind="list", metavar="FLAG", default_text="none")
+        "--feature-flag", "--feature-flags", kind="list", metavar="FLAG",
+        choices=tuple(FEATURE_FLAGS), checked=False, default_text="none")
     csv_files: tuple[str, ...] = option(
         (), "CSV mode: a CSV file listing the devices and files",
         "NVIDIA_CTK_CDI_GENERATE_CSV_FILES", "--csv.file", kind="list", metavar="FILE",
