@@ -252,11 +252,12 @@ def device_links(nodes: DeviceNodes) -> list[tuple[str, Link]]:
     common hook makes a link only when the container has that node (``--device-link``),
     so the devices need no hook entry of their own."""
     paths = [n.path for n in nodes.nodes]
-    out = []
-    for link in nodes.links:
-        node = posixpath.normpath(posixpath.join(posixpath.dirname(link.path), link.target))
-        out.append((node if node in paths else paths[0], link))
-    return out
+    return [(node if (node := _link_end(link)) in paths else paths[0], link)
+            for link in nodes.links]
+
+
+def _link_end(link: Link) -> str:
+    return posixpath.normpath(posixpath.join(posixpath.dirname(link.path), link.target))
 
 
 def _compat_step(opts: Options, node: NodeInfo | None,
@@ -348,8 +349,7 @@ def _by_path_mounts(nodes: DeviceNodes, opts: Options) -> tuple[Mount, ...]:
     by_path = {n.path: n for n in nodes.nodes}
     return tuple(Mount(host_path=by_path[node].host, container_path=link.path,
                        options=DEVICE_NODE_OPTIONS)
-                 for node, link in device_links(nodes) if node == posixpath.normpath(
-                     posixpath.join(posixpath.dirname(link.path), link.target)))
+                 for link in nodes.links if (node := _link_end(link)) in by_path)
 
 
 # --- simplification -------------------------------------------------------------------------
@@ -420,22 +420,15 @@ class _Target(NamedTuple):
         return wanted in ids or wanted.lower() in {i.lower() for i in ids if i}
 
 
-def _mig_targets(inv: Inventory) -> list[_Target]:
-    return [_Target(gpu=g, mig=m, nodes=inv.mig_nodes[g.index, m.index])
-            for g in inv.node.gpus for m in g.mig_devices]
-
-
-def _gpu_targets(inv: Inventory, *, with_mig_mode: bool) -> list[_Target]:
-    return [_Target(gpu=g, mig=None, nodes=inv.gpu_nodes[g.index])
-            for g in inv.node.gpus if with_mig_mode or not g.mig_enabled]
-
-
 def _select(inv: Inventory, ids: Sequence[str]) -> list[_Target]:
     """``all``: every GPU not in MIG mode, then every MIG device; else the named ones
     (an index, ``i:j`` or a UUID; a GPU in MIG mode only when named)."""
+    gpus = [_Target(gpu=g, mig=None, nodes=inv.gpu_nodes[g.index]) for g in inv.node.gpus
+            if "all" not in ids or not g.mig_enabled]
+    everything = gpus + [_Target(gpu=g, mig=m, nodes=inv.mig_nodes[g.index, m.index])
+                         for g in inv.node.gpus for m in g.mig_devices]
     if "all" in ids:
-        return _gpu_targets(inv, with_mig_mode=False) + _mig_targets(inv)
-    everything = _gpu_targets(inv, with_mig_mode=True) + _mig_targets(inv)
+        return everything
     chosen: list[_Target] = []
     for wanted in ids:
         hits = [t for t in everything if t.matches(wanted)]

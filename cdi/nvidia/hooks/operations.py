@@ -13,19 +13,16 @@ which a container without those operations does not need.
 from __future__ import annotations
 
 from cdi.hooks.operation import Args, Operation, Option
-from cdi.hooks.rootfs import RootFS, RootFSError
+from cdi.hooks.rootfs import RootFS
 
 DEFAULT_PROC_ROOT = "/proc/driver/nvidia"
 
 
 def _mask_proc(root: RootFS, args: Args) -> list[str]:
     # lazy: ctypes, which a container without this operation does not need
-    from cdi.nvidia.hooks.mask_proc import MaskError, mask_proc
+    from cdi.nvidia.hooks.mask_proc import mask_proc
 
-    try:
-        mask_proc(root.path, args.gpu, args.proc_root or DEFAULT_PROC_ROOT)
-    except MaskError as exc:
-        raise RootFSError(str(exc)) from None
+    mask_proc(root.path, args.gpu, args.proc_root or DEFAULT_PROC_ROOT)
     return []
 
 
