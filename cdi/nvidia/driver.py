@@ -280,53 +280,48 @@ def _scan_dirs(tree: DriverRoot, dirs: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(folder for folder in found if folder is not None))
 
 
-def _ldcache_files(tree: DriverRoot, patterns: Sequence[str]) -> list[str]:
+def _ldcache_files(tree: DriverRoot, pattern: str) -> list[str]:
     try:
         entries = read_ldcache(os.path.join(tree.root, "etc", "ld.so.cache"))
     except (OSError, LdCacheError):
         return []
-    return [os.fspath(p) for p in find_libraries(entries, patterns, root=tree.root)]
+    return [os.fspath(p) for p in find_libraries(entries, pattern, root=tree.root)]
 
 
 def find_version_from_libraries(roots: Roots, search: Sequence[str] | None) -> str | None:
     """The RM version from ``libcuda.so.<v>`` or ``libnvidia-ml.so.<v>`` file names."""
     tree = DriverRoot(roots.driver)
     for stem in ("libcuda.so.", "libnvidia-ml.so."):
-        for path in _library_candidates(tree, search, [stem + "*.*"]):
+        for path in _library_candidates(tree, search, stem + "*.*"):
             suffix = os.path.basename(path)[len(stem):]
             if suffix.replace(".", "").isdigit():
                 return suffix
     return None
 
 
-def _library_candidates(tree: DriverRoot, search: Sequence[str] | None,
-                        patterns: Sequence[str],
+def _library_candidates(tree: DriverRoot, search: Sequence[str] | None, pattern: str,
                         defaults: Sequence[str] = LIBRARY_DIRS) -> list[str]:
-    folders = _scan_dirs(tree, search if search else defaults)
-    found = [p for folder in folders for pat in patterns for p in _glob(folder, pat)]
+    found = [p for folder in _scan_dirs(tree, search or defaults) for p in _glob(folder, pattern)]
     if not found and not search and defaults is LIBRARY_DIRS:
         # The loader's own view: finds drivers installed outside the usual folders.
-        found = _ldcache_files(tree, patterns)
+        found = _ldcache_files(tree, pattern)
     return list(dict.fromkeys(found))
 
 
 def find_nvml_library(roots: Roots, search: Sequence[str] | None) -> Path | None:
     """The ``libnvidia-ml.so.1`` under the driver root, resolved to its file."""
     tree = DriverRoot(roots.driver)
-    for folder in _scan_dirs(tree, search if search else LIBRARY_DIRS):
-        found = tree.file(tree.container(folder) + "/libnvidia-ml.so.1")
-        if found is not None:
-            return Path(found)
-    if not search:
-        hits = _ldcache_files(tree, ["libnvidia-ml.so.1"])
-        return Path(hits[0]) if hits else None
-    return None
+    hits = [found for folder in _scan_dirs(tree, search or LIBRARY_DIRS)
+            if (found := tree.file(tree.container(folder) + "/libnvidia-ml.so.1"))]
+    if not hits and not search:
+        hits = _ldcache_files(tree, "libnvidia-ml.so.1")
+    return Path(hits[0]) if hits else None
 
 
 def _driver_libraries(tree: DriverRoot, version: str, search: Sequence[str] | None,
                       defaults: Sequence[str] = LIBRARY_DIRS) -> tuple[list[str], list[str]]:
     """(library folders, library files) of the driver, as host paths."""
-    seeds = _library_candidates(tree, search, [f"*.so.{version}"], defaults)
+    seeds = _library_candidates(tree, search, f"*.so.{version}", defaults)
     files: list[str] = []
     for folder in dict.fromkeys(os.path.dirname(p) for p in seeds):
         for pattern in (f"*.so.{version}", *GRAPHICS_LIBRARIES):
