@@ -98,14 +98,6 @@ class UsageError(Exception):
     """Bad options; reported without a traceback."""
 
 
-class OutputError(Exception):
-    """The spec or its sidecar could not be written (the cause is chained)."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(str(path))
-        self.path = path
-
-
 def add_commands(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "generate", help="generate an NVIDIA CDI spec (nvidia-ctk cdi generate compatible)",
@@ -277,12 +269,6 @@ def cmd_generate(args: argparse.Namespace, out: TextIO | None = None,
         say(f"error: {exc}")
     except SpecError as exc:
         say("error: the generated spec is invalid:\n  " + "\n  ".join(exc.lines()))
-    except OutputError as exc:
-        cause = exc.__cause__
-        detail = getattr(cause, "strerror", None) or str(cause)
-        other = getattr(cause, "filename", None)  # a temporary file, or the sidecar
-        where = f" ({other})" if other and str(other) != str(exc.path) else ""
-        say(f"error: cannot write {exc.path}: {detail}{where}")
     except OSError as exc:  # reading the node: a folder we may not enter, a vanished file
         say(f"error: cannot read {exc.filename or 'the node'}: {exc.strerror or exc}")
     return 1
@@ -326,7 +312,9 @@ def _generate(v: GenerateOptions, out: TextIO, warn: Any,
         _write(path, data, metadata(inv, opts, spec, fp=fp,
                                     written=(path.name, sha256(data).hexdigest())))
     except OSError as exc:
-        raise OutputError(path) from exc
+        other = exc.filename  # a temporary file, or the sidecar
+        where = f" ({other})" if other and str(other) != str(path) else ""
+        raise GenerateError(f"cannot write {path}: {exc.strerror or exc}{where}") from None
     return 0
 
 

@@ -101,12 +101,8 @@ def _is_version(word: str) -> bool:
 
 
 def _information(path: Path) -> dict[str, str]:
-    fields: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            fields[key.strip()] = value.strip()
-    return fields
+    pairs = (line.partition(":") for line in path.read_text().splitlines())
+    return {key.strip(): value.strip() for key, sep, value in pairs if sep}
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -131,17 +127,10 @@ def _procfs_gpus(roots: Roots) -> list[Gpu]:
         except OSError:
             continue
     infos.sort(key=lambda f: normalize_bus_id(f.get("Bus Location", "")))
-    gpus = []
-    for index, info in enumerate(infos):
-        minor = int(info.get("Device Minor", "-1"))
-        gpus.append(Gpu(
-            index=index,
-            uuid=info.get("GPU UUID", ""),
-            minor=minor,
-            bus_id=normalize_bus_id(info.get("Bus Location", "")),
-            name=info.get("Model", ""),
-        ))
-    return gpus
+    return [Gpu(index=index, uuid=info.get("GPU UUID", ""),
+                minor=int(info.get("Device Minor", "-1")),
+                bus_id=normalize_bus_id(info.get("Bus Location", "")), name=info.get("Model", ""))
+            for index, info in enumerate(infos)]
 
 
 def _numbered(folder: Path, prefix: str) -> list[int]:
