@@ -203,15 +203,6 @@ def default_of(name: str) -> Any:
     return getattr(GenerateOptions(), name)
 
 
-def shown_default(name: str) -> str:
-    """The default as the help shows it."""
-    spec = option_of(name)
-    if spec.default_text is not None:
-        return spec.default_text
-    value = default_of(name)
-    return ", ".join(value) if isinstance(value, tuple) else str(value)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every option's flags. Their defaults are None, so that an unset flag falls back to
     its variable (:func:`resolve`)."""
@@ -223,7 +214,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             options_ |= {"action": "store_true", "help": spec.help}
         else:
             again = "; repeatable" if spec.kind == "list" else ""
-            options_ |= {"help": f"{spec.help}{again} (default: {shown_default(name)})",
+            default = default_of(name)
+            shown = spec.default_text or (", ".join(default) if isinstance(default, tuple)
+                                          else str(default))
+            options_ |= {"help": f"{spec.help}{again} (default: {shown})",
                          "metavar": spec.metavar}
             if spec.kind == "list":
                 options_["action"] = "append"

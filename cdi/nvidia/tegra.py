@@ -154,18 +154,15 @@ def locate_tegra(roots: Roots, entries: Sequence[MountSpec],
     in, before the root itself."""
     driver, dev = _Root(roots.driver), _Root(roots.dev)
     found = _Found()
-    by_kind: dict[str, list[MountSpec]] = {}
-    for entry in entries:
-        by_kind.setdefault(entry.kind, []).append(entry)
     search = [*library_search_paths, "/"]
-    for entry in by_kind.get("dev", []):
+    for entry in (e for e in entries if e.kind == "dev"):
         _device(roots, dev, entry, found)
-    for entry in by_kind.get("dir", []):
+    for entry in (e for e in entries if e.kind == "dir"):
         _folder(driver, entry, found)
     libraries: dict[FileMount, None] = {}
-    for entry in by_kind.get("lib", []):
+    for entry in (e for e in entries if e.kind == "lib"):
         libraries.update(dict.fromkeys(_files(driver, entry, search, found)))
-    for entry in by_kind.get("sym", []):
+    for entry in (e for e in entries if e.kind == "sym"):
         _files(driver, entry, search, found)
         _chain_links(driver, entry, found)
     release = driver.stat(RELEASE_FILE)
