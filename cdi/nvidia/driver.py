@@ -144,7 +144,6 @@ def capability_of(basename: str) -> str | None:
 class FileMount(NamedTuple):
     host: str  # host path (under the driver root)
     path: str  # container path
-    kind: str  # library, binary, config, firmware, ipc, xorg
     options: tuple[str, ...] = FILE_OPTIONS
 
 
@@ -243,9 +242,9 @@ def _listdir(folder: str | Path) -> list[str]:
         return []
 
 
-def _mount(tree: DriverRoot, host: str, kind: str, path: str | None = None,
+def _mount(tree: DriverRoot, host: str, path: str | None = None,
            options: tuple[str, ...] = FILE_OPTIONS) -> FileMount:
-    return FileMount(host=host, path=path or tree.container(host), kind=kind, options=options)
+    return FileMount(host=host, path=path or tree.container(host), options=options)
 
 
 # --- device nodes ---------------------------------------------------------------------------
@@ -380,8 +379,7 @@ def _default_folder_links(tree: DriverRoot, files: Sequence[str],
                 end = tree.file(container)
                 if end in ends:
                     links.append(Link(target=os.readlink(path), path=container,
-                                      resolved=FileMount(host=end, path=container,
-                                                         kind="library")))
+                                      resolved=FileMount(host=end, path=container)))
     return links
 
 
@@ -429,7 +427,7 @@ def _wine_dlls(tree: DriverRoot, folders: Sequence[str], files: Sequence[str],
             folder_of, name = os.path.split(host)
             for where in (tree.container(folder_of), *(f"{g}/{WINE_DLLS}" for g in glx)):
                 path = f"{where}/{name}"
-                found.setdefault(path, _mount(tree, host, "library", path))
+                found.setdefault(path, _mount(tree, host, path))
     return list(found.values())
 
 
@@ -454,7 +452,7 @@ def _link(tree: DriverRoot, container: str, target: str) -> Link | None:
     if end is None:
         return None
     return Link(target=target, path=container,
-                resolved=FileMount(host=end, path=container, kind="library"))
+                resolved=FileMount(host=end, path=container))
 
 
 def _unique_links(links: Iterable[Link | None]) -> list[Link]:
@@ -483,14 +481,13 @@ def _xorg(tree: DriverRoot, lib_dirs: Sequence[str],
             if hit is None:
                 continue
             found, host = hit
-            base = next((b for b in XORG_BASES if found.startswith(b + "/")), None)
-            path = found if base is not None else f"{XORG_BASES[0]}/{sub}/{name}"
-            mounts.append(_mount(tree, host, "library", path))
+            ours = any(found.startswith(b + "/") for b in XORG_BASES)
+            path = found if ours else f"{XORG_BASES[0]}/{sub}/{name}"
+            mounts.append(_mount(tree, host, path))
             if name == glx:
                 unversioned = f"{posixpath.dirname(path)}/libglxserver_nvidia.so"
                 links.append(Link(target=name, path=unversioned,
-                                  resolved=FileMount(host=host, path=unversioned,
-                                                     kind="library")))
+                                  resolved=FileMount(host=host, path=unversioned)))
             break
     return mounts, links
 
@@ -527,7 +524,7 @@ def _binaries(tree: DriverRoot) -> list[FileMount]:
                 hosts.append((folder, host))
         if hosts:
             program = next((h for _, h in hosts if is_elf(h)), hosts[0][1])
-            found.append(_mount(tree, program, "binary", path=f"{hosts[0][0]}/{name}"))
+            found.append(_mount(tree, program, path=f"{hosts[0][0]}/{name}"))
     return found
 
 
@@ -536,10 +533,10 @@ def _ipc(tree: DriverRoot) -> list[FileMount]:
     for path in IPC_SOCKETS:
         host = tree.resolve(path)
         if host is not None and Path(host).is_socket():
-            found.setdefault(host, _mount(tree, host, "ipc", path, IPC_OPTIONS))
+            found.setdefault(host, _mount(tree, host, path, IPC_OPTIONS))
     mps = tree.folder(MPS_PIPE_DIR)
     if mps is not None:
-        found.setdefault(mps, _mount(tree, mps, "ipc", MPS_PIPE_DIR, IPC_OPTIONS))
+        found.setdefault(mps, _mount(tree, mps, MPS_PIPE_DIR, IPC_OPTIONS))
     return list(found.values())
 
 
@@ -559,8 +556,7 @@ def _firmware(tree: DriverRoot, roots: Roots, version: str) -> list[FileMount]:
         sub = f"{folder}/nvidia/{version}"
         where = tree.resolve(sub)
         for host in _glob(where, "gsp*.bin") if where is not None else ():
-            found.setdefault(host, _mount(tree, host, "firmware",
-                                          f"{sub}/{os.path.basename(host)}"))
+            found.setdefault(host, _mount(tree, host, f"{sub}/{os.path.basename(host)}"))
     return list(found.values())
 
 
@@ -580,7 +576,7 @@ def _configs(tree: DriverRoot, search: Sequence[str] | None, xdg_data_dirs: str 
         for folder in (*dirs, *top):
             host = tree.file(f"{folder}/{rel}")
             if host is not None:
-                found.append(_mount(tree, host, "config", f"{where}/{rel}"))
+                found.append(_mount(tree, host, f"{where}/{rel}"))
                 break
     return found
 
@@ -606,7 +602,7 @@ def locate_driver(
     xorg_mounts, xorg_links = _xorg(tree, lib_dirs, version)
     every = [*files, *files32]
     defaults = _default_folder_links(tree, every, search, (*LIBRARY_DIRS, *LIBRARY_DIRS_32))
-    libraries = [*(_mount(tree, p, "library") for p in every), *xorg_mounts]
+    libraries = [*(_mount(tree, p) for p in every), *xorg_mounts]
     libraries += _wine_dlls(tree, folders, files, defaults)
     links = (_library_links(tree, files, folders, version)
              + _library_links(tree, files32, folders32, version) + xorg_links)

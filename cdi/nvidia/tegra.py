@@ -143,8 +143,8 @@ class _Found:
         self.links: dict[str, Link] = {}  # by container path
         self.missing: list[str] = []
 
-    def mount(self, host: str, path: str, kind: str) -> FileMount:
-        return self.mounts.setdefault(host, FileMount(host=host, path=path, kind=kind))
+    def mount(self, host: str, path: str) -> FileMount:
+        return self.mounts.setdefault(host, FileMount(host=host, path=path))
 
 
 def locate_tegra(roots: Roots, entries: Sequence[MountSpec],
@@ -167,7 +167,7 @@ def locate_tegra(roots: Roots, entries: Sequence[MountSpec],
         _chain_links(driver, entry, found)
     release = driver.stat(RELEASE_FILE)
     if release is not None and stat.S_ISREG(release[1].st_mode):
-        found.mount(release[0], RELEASE_FILE, "config")
+        found.mount(release[0], RELEASE_FILE)
     # The links beside the libraries first; where a sym line's chain makes the same link,
     # the host's own text wins.
     links = {k.path: k for m in libraries for k in _library_links(m)} | found.links
@@ -196,7 +196,7 @@ def _folder(driver: _Root, entry: MountSpec, found: _Found) -> None:
     if not hits:
         found.missing.append(f"{entry.source}: dir {entry.path}")
     for path, host in hits:
-        found.mount(host, path, "folder")
+        found.mount(host, path)
 
 
 def _files(driver: _Root, entry: MountSpec, search: Sequence[str],
@@ -208,7 +208,7 @@ def _files(driver: _Root, entry: MountSpec, search: Sequence[str],
         for path in driver.expand(_under(prefix, entry.path)):
             end = driver.stat(path)
             if end is not None and not stat.S_ISDIR(end[1].st_mode):
-                out.append(found.mount(end[0], driver.container(end[0]), "library"))
+                out.append(found.mount(end[0], driver.container(end[0])))
     if not out:
         found.missing.append(f"{entry.source}: {entry.kind} {entry.path}")
     return out
@@ -221,7 +221,7 @@ def _chain_links(driver: _Root, entry: MountSpec, found: _Found) -> None:
         end = driver.stat(path)
         if end is None or stat.S_ISDIR(end[1].st_mode):
             continue
-        last = found.mount(end[0], driver.container(end[0]), "library")
+        last = found.mount(end[0], driver.container(end[0]))
         seen = set()
         while path not in seen:
             seen.add(path)
