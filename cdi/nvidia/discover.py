@@ -114,14 +114,18 @@ def normalize_bus_id(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest}"
 
 
-def _procfs_gpus(roots: Roots) -> list[Gpu]:
-    base = roots.proc_path("driver/nvidia/gpus")
+def listdir(folder: str | Path) -> list[str]:
+    """The names in ``folder``, sorted; none where it cannot be read."""
     try:
-        entries = sorted(os.listdir(base))
+        return sorted(os.listdir(folder))
     except OSError:
         return []
+
+
+def _procfs_gpus(roots: Roots) -> list[Gpu]:
+    base = roots.proc_path("driver/nvidia/gpus")
     infos = []
-    for entry in entries:
+    for entry in listdir(base):
         try:
             infos.append(_information(base / entry / "information"))
         except OSError:
@@ -134,12 +138,8 @@ def _procfs_gpus(roots: Roots) -> list[Gpu]:
 
 
 def _numbered(folder: Path, prefix: str) -> list[int]:
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
     # ``gi<N>`` / ``ci<N>`` folders; anything else there is not a MIG instance
-    return sorted(int(n[2:]) for n in names if n.startswith(prefix) and n[2:].isdecimal())
+    return sorted(int(n[2:]) for n in listdir(folder) if n.startswith(prefix) and n[2:].isdecimal())
 
 
 def _procfs_migs(roots: Roots, minor: int) -> tuple[MigDevice, ...]:

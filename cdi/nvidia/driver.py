@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from cdi.linux.elf import ElfError, is_elf, read_soname
 from cdi.linux.ldcache import LdCacheError, find_libraries, read_ldcache, resolve_in_root
-from cdi.nvidia.discover import Roots
+from cdi.nvidia.discover import Roots, listdir
 
 LIBRARY_DIRS = (
     "/usr/lib64",
@@ -221,6 +221,10 @@ class DriverRoot:
         host = self.resolve(path)
         return host if host is not None and os.path.isfile(host) else None
 
+    def first_file(self, paths: Iterable[str]) -> tuple[str, str] | None:
+        """The first of ``paths`` that resolves to a regular file, and that file."""
+        return next(((p, host) for p in paths if (host := self.file(p)) is not None), None)
+
     def folder(self, path: str) -> str | None:
         """The host path of the folder ``path`` resolves to, else None.  Errors other than
         "not there" propagate (``Path.is_dir``): a folder we may not read is no empty one."""
@@ -231,15 +235,8 @@ class DriverRoot:
 def _glob(folder: str, pattern: str) -> list[str]:
     """Host paths of the regular files (links followed) in the host folder ``folder``
     whose names match ``pattern``, in name order."""
-    paths = (os.path.join(folder, name) for name in fnmatch.filter(_listdir(folder), pattern))
+    paths = (os.path.join(folder, name) for name in fnmatch.filter(listdir(folder), pattern))
     return [path for path in paths if os.path.isfile(path)]
-
-
-def _listdir(folder: str | Path) -> list[str]:
-    try:
-        return sorted(os.listdir(folder))
-    except OSError:
-        return []
 
 
 def _mount(tree: DriverRoot, host: str, path: str | None = None,
@@ -371,7 +368,7 @@ def _default_folder_links(tree: DriverRoot, files: Sequence[str],
     for folder in _scan_dirs(tree, dirs):
         for sub in LINK_SUBDIRS:
             where = os.path.join(folder, sub) if sub else folder
-            for name in _listdir(where):
+            for name in listdir(where):
                 path = os.path.join(where, name)
                 if not os.path.islink(path):
                     continue
@@ -469,39 +466,27 @@ def _xorg(tree: DriverRoot, lib_dirs: Sequence[str],
     from (``<modules>/drivers``, ``<modules>/extensions``), wherever the host keeps the
     files (Debian: /usr/lib/nvidia/current, reached through /etc/alternatives links).  The
     GLX module is looked for versioned, then by the unversioned name Debian's links have."""
-    bases = list(XORG_BASES) + [f"{d}/nvidia/xorg" for d in lib_dirs]
-    bases += [f"{d}/xorg/modules" for d in lib_dirs]
+    folders = [f"{base}/{sub}" for base in XORG_BASES for sub in XORG_SUBDIRS]
+    folders += [f"{d}/nvidia/xorg" for d in lib_dirs]
+    folders += [f"{d}/xorg/modules/{sub}" for d in lib_dirs for sub in XORG_SUBDIRS]
     mounts: list[FileMount] = []
     links: list[Link] = []
     glx = f"libglxserver_nvidia.so.{version}"
     for names, sub in ((("nvidia_drv.so",), "drivers"),
                        ((glx, "libglxserver_nvidia.so"), "extensions")):
-        for name in names:
-            hit = _first_xorg(tree, bases, name)
-            if hit is None:
-                continue
-            found, host = hit
-            ours = any(found.startswith(b + "/") for b in XORG_BASES)
-            path = found if ours else f"{XORG_BASES[0]}/{sub}/{name}"
-            mounts.append(_mount(tree, host, path))
-            if name == glx:
-                unversioned = f"{posixpath.dirname(path)}/libglxserver_nvidia.so"
-                links.append(Link(target=name, path=unversioned,
-                                  resolved=FileMount(host=host, path=unversioned)))
-            break
+        hit = tree.first_file(f"{folder}/{name}" for name in names for folder in folders)
+        if hit is None:
+            continue
+        found, host = posixpath.normpath(hit[0]), hit[1]
+        name = posixpath.basename(found)
+        ours = any(found.startswith(b + "/") for b in XORG_BASES)
+        path = found if ours else f"{XORG_BASES[0]}/{sub}/{name}"
+        mounts.append(_mount(tree, host, path))
+        if name == glx:
+            unversioned = f"{posixpath.dirname(path)}/libglxserver_nvidia.so"
+            links.append(Link(target=name, path=unversioned,
+                              resolved=FileMount(host=host, path=unversioned)))
     return mounts, links
-
-
-def _first_xorg(tree: DriverRoot, bases: Sequence[str], name: str) -> tuple[str, str] | None:
-    """(the container path it was found at, the host file it ends at)."""
-    for base in bases:
-        subdirs = ("",) if base.endswith("/nvidia/xorg") else XORG_SUBDIRS
-        for sub in subdirs:
-            path = f"{base}/{sub}/{name}" if sub else f"{base}/{name}"
-            host = tree.file(path)
-            if host is not None:
-                return posixpath.normpath(path), host
-    return None
 
 
 # --- other files ----------------------------------------------------------------------------
@@ -573,11 +558,9 @@ def _configs(tree: DriverRoot, search: Sequence[str] | None, xdg_data_dirs: str 
                        *((r, "/etc") for r in ETC_CONFIGS)]:
         # GKE's driver installs the Vulkan files at the top of its driver root.
         top = ("/",) if rel.startswith("vulkan/") and not search else ()
-        for folder in (*dirs, *top):
-            host = tree.file(f"{folder}/{rel}")
-            if host is not None:
-                found.append(_mount(tree, host, f"{where}/{rel}"))
-                break
+        hit = tree.first_file(f"{folder}/{rel}" for folder in (*dirs, *top))
+        if hit is not None:
+            found.append(_mount(tree, hit[1], f"{where}/{rel}"))
     return found
 
 
@@ -637,7 +620,7 @@ def gpu_nodes(roots: Roots, minor: int, bus_id: str) -> DeviceNodes:
     """``/dev/nvidia<minor>``, the GPU's DRM nodes and their ``/dev/dri/by-path`` links
     (those present in /dev only: a sysfs DRM entry without a /dev node, old kernels'
     controlD<N>, would fail every container that asks for the GPU)."""
-    names = _listdir(roots.dev_path(f"sys/bus/pci/devices/{bus_id}/drm"))
+    names = listdir(roots.dev_path(f"sys/bus/pci/devices/{bus_id}/drm"))
     nodes = _device_nodes(roots, [f"/dev/nvidia{minor}", *(f"/dev/dri/{n}" for n in names)])
     links = []
     for suffix in ("card", "render"):
@@ -682,11 +665,11 @@ _MANAGEMENT_SKIP = ("nvidia-fs", "nvidia-nvswitch", "nvidia-nvlink")
 
 
 def management_nodes(roots: Roots) -> tuple[DeviceNodeInfo, ...]:
-    paths = [f"/dev/{n}" for n in _listdir(roots.dev_path("/dev"))
+    paths = [f"/dev/{n}" for n in listdir(roots.dev_path("/dev"))
              if n.startswith("nvidia") and not n.startswith(_MANAGEMENT_SKIP)]
-    paths += [f"/dev/nvidia-caps/{n}" for n in _listdir(roots.dev_path("/dev/nvidia-caps"))
+    paths += [f"/dev/nvidia-caps/{n}" for n in listdir(roots.dev_path("/dev/nvidia-caps"))
               if n.startswith("nvidia-cap")]
     paths += [f"/dev/nvidia-caps-imex-channels/{n}"
-              for n in _listdir(roots.dev_path("/dev/nvidia-caps-imex-channels"))
+              for n in listdir(roots.dev_path("/dev/nvidia-caps-imex-channels"))
               if n.startswith("channel")]
     return _device_nodes(roots, paths)

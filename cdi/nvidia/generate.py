@@ -21,7 +21,7 @@ from cdi.edits import merge
 from cdi.hooks import entry as hook_entry
 from cdi.libpath import EXTRA_LIBRARY_PATH_ENV
 from cdi.model import ContainerEdits, DeviceData, DeviceNode, Hook, Mount, SpecData
-from cdi.nvidia.discover import Gpu, MigDevice, NodeInfo, Roots
+from cdi.nvidia.discover import Gpu, MigDevice, NodeInfo, Roots, listdir
 from cdi.nvidia.driver import (
     DEVICE_NODE_OPTIONS,
     DeviceNodeInfo,
@@ -124,11 +124,7 @@ def _extra_nodes(roots: Roots, minors: dict[str, str] | None) -> dict[str, Devic
     for key, name in (("config", "migConfig"), ("monitor", "migMonitor")):
         if minors is not None and key in minors:
             found[name] = stat_device_node(roots, f"/dev/nvidia-caps/nvidia-cap{int(minors[key])}")
-    try:
-        channels = os.listdir(roots.dev_path(IMEX_CHANNEL_DIR))
-    except OSError:
-        channels = []
-    for entry in channels:
+    for entry in listdir(roots.dev_path(IMEX_CHANNEL_DIR)):
         if entry.startswith("channel") and entry[7:].isdigit():
             found[f"imexChannel{int(entry[7:])}"] = stat_device_node(
                 roots, f"{IMEX_CHANNEL_DIR}/{entry}")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from cdi.linux.elf import ElfError, read_soname
-from cdi.nvidia.discover import Roots, cuda_version, nvml_session, nvml_text
+from cdi.nvidia.discover import Roots, cuda_version, listdir, nvml_session, nvml_text
 from cdi.nvidia.driver import (
     DeviceNodeInfo,
     DeviceNodes,
@@ -101,10 +101,7 @@ class _Root(DriverRoot):
             found = []
             for folder in paths:
                 host = self.resolve(folder)
-                try:
-                    names = sorted(os.listdir(host)) if host is not None else []
-                except OSError:
-                    continue
+                names = listdir(host) if host is not None else []
                 found += [posixpath.join(folder, n) for n in fnmatch.filter(names, part)]
             paths = found
         return paths
