@@ -106,13 +106,15 @@ class _Root(DriverRoot):
             paths = found
         return paths
 
-    def stat(self, path: str) -> tuple[str, os.stat_result] | None:
-        """(the host path ``path`` ends at, its stat), or None when it ends at nothing."""
+    def end(self, path: str, *, folder: bool = False) -> str | None:
+        """The host path of the folder (``folder``) or the other thing ``path`` ends at;
+        None when it ends at nothing, or at the other kind."""
         host = self.resolve(path)
         try:
-            return (host, os.stat(host)) if host is not None else None
+            st = os.stat(host) if host is not None else None
         except OSError:  # missing
             return None
+        return host if st is not None and stat.S_ISDIR(st.st_mode) == folder else None
 
     def readlink(self, path: str) -> str | None:
         """The text of the link at ``path`` (its folder resolved), or None if it is none."""
@@ -162,9 +164,9 @@ def locate_tegra(roots: Roots, entries: Sequence[MountSpec],
     for entry in (e for e in entries if e.kind == "sym"):
         _files(driver, entry, search, found)
         _chain_links(driver, entry, found)
-    release = driver.stat(RELEASE_FILE)
-    if release is not None and stat.S_ISREG(release[1].st_mode):
-        found.mount(release[0], RELEASE_FILE)
+    release = driver.file(RELEASE_FILE)
+    if release is not None:
+        found.mount(release, RELEASE_FILE)
     # The links beside the libraries first; where a sym line's chain makes the same link,
     # the host's own text wins.
     links = {k.path: k for m in libraries for k in _library_links(m)} | found.links
@@ -188,8 +190,8 @@ def _device(roots: Roots, dev: _Root, entry: MountSpec, found: _Found) -> None:
 
 
 def _folder(driver: _Root, entry: MountSpec, found: _Found) -> None:
-    hits = [(path, end[0]) for path in driver.expand(_under("/", entry.path))
-            if (end := driver.stat(path)) is not None and stat.S_ISDIR(end[1].st_mode)]
+    hits = [(path, host) for path in driver.expand(_under("/", entry.path))
+            if (host := driver.end(path, folder=True)) is not None]
     if not hits:
         found.missing.append(f"{entry.source}: dir {entry.path}")
     for path, host in hits:
@@ -203,9 +205,8 @@ def _files(driver: _Root, entry: MountSpec, search: Sequence[str],
     out = []
     for prefix in search:
         for path in driver.expand(_under(prefix, entry.path)):
-            end = driver.stat(path)
-            if end is not None and not stat.S_ISDIR(end[1].st_mode):
-                out.append(found.mount(end[0], driver.container(end[0])))
+            if (host := driver.end(path)) is not None:
+                out.append(found.mount(host, driver.container(host)))
     if not out:
         found.missing.append(f"{entry.source}: {entry.kind} {entry.path}")
     return out
@@ -215,10 +216,10 @@ def _chain_links(driver: _Root, entry: MountSpec, found: _Found) -> None:
     """The links of a ``sym`` entry's chain: the listed link, the one its text names, ...,
     each with its own text, up to the file they end at."""
     for path in driver.expand(_under("/", entry.path)):
-        end = driver.stat(path)
-        if end is None or stat.S_ISDIR(end[1].st_mode):
+        host = driver.end(path)
+        if host is None:
             continue
-        last = found.mount(end[0], driver.container(end[0]))
+        last = found.mount(host, driver.container(host))
         seen = set()
         while path not in seen:
             seen.add(path)
