@@ -637,7 +637,7 @@ def gpu_nodes(roots: Roots, minor: int, bus_id: str) -> DeviceNodes:
 def read_mig_minors(roots: Roots) -> dict[str, str] | None:
     """``proc/driver/nvidia-caps/mig-minors`` as {key: minor, in digits}; None when it is
     missing.  The minors stay text: the file has thousands of lines, a spec uses a few of
-    them, and ``mig_cap_paths`` makes numbers of those."""
+    them, and ``generate`` makes numbers of those."""
     try:
         text = roots.proc_path("driver/nvidia-caps/mig-minors").read_text()
     except OSError:
@@ -650,14 +650,6 @@ def read_mig_minors(roots: Roots) -> dict[str, str] | None:
         if value.isascii() and value.isdigit():  # int() refuses other scripts' digits
             table[key] = value
     return table
-
-
-def mig_cap_paths(minors: dict[str, str], parent_minor: int, gi: int, ci: int) -> tuple[str, str]:
-    """The GPU-instance and compute-instance cap nodes of one MIG device."""
-    gi_key = f"gpu{parent_minor}/gi{gi}/access"
-    ci_key = f"gpu{parent_minor}/gi{gi}/ci{ci}/access"
-    return (f"/dev/nvidia-caps/nvidia-cap{int(minors[gi_key])}",
-            f"/dev/nvidia-caps/nvidia-cap{int(minors[ci_key])}")
 
 
 # Management mode takes every NVIDIA node except those of other subsystems.

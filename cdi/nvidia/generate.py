@@ -32,7 +32,6 @@ from cdi.nvidia.driver import (
     capability_of,
     gpu_nodes,
     management_nodes,
-    mig_cap_paths,
     read_mig_minors,
     stat_device_node,
 )
@@ -152,13 +151,15 @@ def collect(roots: Roots, node: NodeInfo, driver: DriverFiles) -> Inventory:
 
 def _mig_nodes(roots: Roots, gpu: Gpu, mig: MigDevice, minors: dict[str, str],
                parent: DeviceNodes) -> DeviceNodes:
-    try:
-        caps = mig_cap_paths(minors, gpu.minor, mig.gi, mig.ci)
-    except KeyError as exc:
-        raise GenerateError(f"GPU {gpu.index} MIG gi{mig.gi}/ci{mig.ci}: no {exc} entry in "
-                            f"{roots.proc_path('driver/nvidia-caps/mig-minors')}") from None
     nodes = [n for n in parent.nodes if n.path == f"/dev/nvidia{gpu.minor}"]
-    for path in caps:
+    # The GPU instance's and the compute instance's capability nodes.
+    instance = f"gpu{gpu.minor}/gi{mig.gi}"
+    keys = (f"{instance}/access", f"{instance}/ci{mig.ci}/access")
+    if missing := [key for key in keys if key not in minors]:
+        raise GenerateError(f"GPU {gpu.index} MIG gi{mig.gi}/ci{mig.ci}: no {missing[0]!r} "
+                            f"entry in {roots.proc_path('driver/nvidia-caps/mig-minors')}")
+    for key in keys:
+        path = f"/dev/nvidia-caps/nvidia-cap{int(minors[key])}"
         found = stat_device_node(roots, path)
         if found is None:
             raise GenerateError(f"GPU {gpu.index} MIG {mig.index}: {roots.dev_path(path)} is "
