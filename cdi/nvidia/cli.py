@@ -264,8 +264,8 @@ def cmd_generate(args: argparse.Namespace, out: TextIO | None = None,
             say(f"debug: {message}")
 
     try:
-        return _generate(v, out, warn, debug)
-    except (UsageError, DiscoveryError, GenerateError) as exc:
+        return _generate(v, out, _Report(warn, debug))
+    except (UsageError, DiscoveryError, GenerateError, MountSpecError) as exc:
         say(f"error: {exc}")
     except SpecError as exc:
         say("error: the generated spec is invalid:\n  " + "\n  ".join(exc.lines()))
@@ -274,8 +274,8 @@ def cmd_generate(args: argparse.Namespace, out: TextIO | None = None,
     return 1
 
 
-def _generate(v: GenerateOptions, out: TextIO, warn: Any,
-              debug: Any = lambda message: None) -> int:
+def _generate(v: GenerateOptions, out: TextIO, report: _Report) -> int:
+    warn, debug = report
     _check_choices(v)
     mode = v.mode
     _vendor(v, mode)  # a bad name is said before any look at the node
@@ -285,7 +285,6 @@ def _generate(v: GenerateOptions, out: TextIO, warn: Any,
     roots = _roots(v)
     search = v.library_search_paths or None
     nvml: NvmlFacts | None = None
-    report = _Report(warn, debug)
     if mode == "csv" or (mode == "auto" and is_tegra(roots)):
         mode, nvml = _tegra(mode, roots, search, report)
     _refuse_csv_options(v, mode)
@@ -407,10 +406,7 @@ def _csv_inventory(v: GenerateOptions, roots: Roots, nvml: NvmlFacts | None, opt
             "writes the single-device CSV spec only: pass --feature-flag "
             "disable-multiple-csv-devices for it, or use --mode nvml for a discrete GPU")
     patterns = v.csv_ignore_patterns
-    try:
-        entries = [e for e in read_mount_specs(files) if not ignored(e, patterns)]
-    except MountSpecError as exc:
-        raise UsageError(str(exc)) from None
+    entries = [e for e in read_mount_specs(files) if not ignored(e, patterns)]
     found = locate_tegra(roots, entries, v.library_search_paths)
     for line in found.missing:
         debug(f"not on this node: {line}")
@@ -508,10 +504,9 @@ def _unchanged(path: Path, fp: str) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Stand-alone entry (``python -m cdi.nvidia.cli``): only ``generate``."""
-    parser = argparse.ArgumentParser(prog="nri-cdi")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["generate", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args))
+    parser = argparse.ArgumentParser(prog="nri-cdi generate")
+    add_arguments(parser)
+    return cmd_generate(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -627,13 +627,9 @@ def metadata(inv: Inventory, opts: Options, spec: SpecData, *, fp: str,
     """The sidecar document: what a requirement/capability policy needs per device.
     ``written``: the spec file's name and sha256 (None: the spec went to no file)."""
     spec_file, spec_sha256 = written if written is not None else (None, None)
-    devices: dict[str, Any] = {}
-    if inv.node.mode != "management" and opts.device_ids != ("none",):
-        for target in _select(inv, opts.device_ids):
-            for strategy in opts.strategies:
-                name = target.name(strategy)
-                if name is not None:
-                    devices[name] = _device_meta(inv, target)
+    devices = {} if inv.node.mode == "management" or opts.device_ids == ("none",) else {
+        name: _device_meta(inv, target) for target in _select(inv, opts.device_ids)
+        for name in map(target.name, opts.strategies) if name is not None}
     return {
         "format": METADATA_FORMAT,
         "generator": f"nri-cdi {GENERATOR_VERSION}",
