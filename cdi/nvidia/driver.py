@@ -187,7 +187,7 @@ class DriverFiles(NamedTuple):
 
 class DriverRoot:
     """The driver root seen from inside, like a chroot: absolute link targets restart at
-    the root and ``..`` never climbs above it (``ldcache.resolve_from``)."""
+    the root and ``..`` never climbs above it (``ldcache.resolve_in_root``)."""
 
     def __init__(self, root: Path) -> None:
         self.root = os.fspath(root)
@@ -196,12 +196,10 @@ class DriverRoot:
         self.skipped: dict[str, str] = {}
 
     def host(self, container: str) -> str:
-        """The host path of a container path."""
         rel = container.lstrip("/")
         return os.path.join(self.root, rel) if rel else self.root
 
     def container(self, host: str) -> str:
-        """The container path of a host path under the root."""
         rel = os.path.relpath(host, self.root)
         return "/" if rel == "." else "/" + rel
 

@@ -257,15 +257,14 @@ def _link_end(link: Link) -> str:
     return posixpath.normpath(posixpath.join(posixpath.dirname(link.path), link.target))
 
 
-def _compat_step(opts: Options, node: NodeInfo | None,
-                 version: str) -> list[tuple[str, list[str]]]:
+def _compat_step(opts: Options, node: NodeInfo, version: str) -> list[tuple[str, list[str]]]:
     """Before update-ldcache, which puts the folder it chooses first (nvidia-ctk's order:
     create-symlinks, enable-cuda-compat, update-ldcache, disable-device-node-modification).
     The host's driver version; in CSV mode its CUDA version instead (a Tegra driver's
     version says nothing of CUDA), and no hook where no NVML told it, as nvidia-ctk does."""
     if "enable-cuda-compat" not in opts.hooks or opts.link_mode != "hooks":
         return []
-    if node is not None and node.mode == "csv":
+    if node.mode == "csv":
         if not node.cuda_version:
             return []
         args = [f"--host-cuda-version={node.cuda_version}"]
@@ -276,13 +275,12 @@ def _compat_step(opts: Options, node: NodeInfo | None,
     return [("enable-cuda-compat", args)]
 
 
-def common_edits(driver: DriverFiles, opts: Options,
-                 devices: Sequence[tuple[str, Link]] = (), *,
-                 node: NodeInfo | None = None) -> ContainerEdits:
+def common_edits(driver: DriverFiles, opts: Options, devices: Sequence[tuple[str, Link]],
+                 node: NodeInfo) -> ContainerEdits:
     """The spec-wide edits; ``devices``: every device's links (see :func:`device_links`).
     ``node`` says what the compat hook is told; CSV mode names no libcuda folder (Tegra's
     is whatever the CSV files list, and nvidia-ctk leaves the variable out there too)."""
-    csv = node is not None and node.mode == "csv"
+    csv = node.mode == "csv"
     # As nvidia-ctk: the folders of libcuda (not vdpau's), every library folder without one.
     cuda_dirs = [d for d in driver.lib_dirs if any(
         m.path.startswith(f"{d}/libcuda.so") and "/" not in m.path[len(d) + 1:]
@@ -485,7 +483,7 @@ def build_spec(inv: Inventory, opts: Options, *, warn: Callable[[str], None] = l
     links = [] if inv.node.mode == "management" or opts.device_ids == ("none",) \
         or _nvidia_program(opts) else [
         dl for t in _select(inv, opts.device_ids) for dl in device_links(t.nodes)]
-    common = _simplify(common_edits(inv.driver, opts, list(dict.fromkeys(links)), node=inv.node))
+    common = _simplify(common_edits(inv.driver, opts, list(dict.fromkeys(links)), inv.node))
     # The "all" device's annotations, which management mode's one device has too.
     notes = MappingProxyType(_device_annotations(inv, None) if opts.annotations else {})
     if inv.node.mode == "management":
