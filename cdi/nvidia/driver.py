@@ -525,15 +525,12 @@ def _ipc(tree: DriverRoot) -> list[FileMount]:
 
 def _firmware(tree: DriverRoot, roots: Roots, version: str) -> list[FileMount]:
     release = os.uname().release
-    dirs = []
     try:
         custom = roots.dev_path("sys/module/firmware_class/parameters/path").read_text().strip()
     except OSError:
         custom = ""
-    if custom:
-        dirs.append(custom)
-    dirs += [f"/lib/firmware/updates/{release}", "/lib/firmware/updates",
-             f"/lib/firmware/{release}", "/lib/firmware"]
+    dirs = [*([custom] if custom else []), f"/lib/firmware/updates/{release}",
+            "/lib/firmware/updates", f"/lib/firmware/{release}", "/lib/firmware"]
     found: dict[str, FileMount] = {}
     for folder in dirs:
         sub = f"{folder}/nvidia/{version}"
@@ -543,8 +540,8 @@ def _firmware(tree: DriverRoot, roots: Roots, version: str) -> list[FileMount]:
     return list(found.values())
 
 
-def _configs(tree: DriverRoot, search: Sequence[str] | None, xdg_data_dirs: str | None,
-             version: str) -> list[FileMount]:
+def _configs(tree: DriverRoot, search: Sequence[str] | None,
+             xdg_data_dirs: str | None) -> list[FileMount]:
     # Without --config-search-path: /etc and the XDG data folders ($XDG_DATA_DIRS, absolute
     # entries only).
     xdg = [d.rstrip("/") or "/" for d in (xdg_data_dirs or "").split(":") if d.startswith("/")]
@@ -598,7 +595,7 @@ def locate_driver(
         binaries=tuple(_binaries(tree)),
         ipc=tuple(_ipc(tree)),
         firmware=tuple(_firmware(tree, roots, version)),
-        configs=tuple(_configs(tree, config_search_paths, xdg_data_dirs, version)),
+        configs=tuple(_configs(tree, config_search_paths, xdg_data_dirs)),
         control_nodes=_device_nodes(roots, CONTROL_NODE_PATHS),
         skipped=tuple(f"{path}: {why}" for path, why in sorted(tree.skipped.items())),
     )

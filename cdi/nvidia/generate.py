@@ -609,7 +609,7 @@ def fingerprint(inv: Inventory, opts: Options) -> str:
     return "sha256:" + str(sha256(text.encode()).hexdigest())
 
 
-def _device_meta(inv: Inventory, target: _Target) -> dict[str, Any]:
+def _device_meta(target: _Target) -> dict[str, Any]:
     g, m = target.gpu, target.mig
     meta: dict[str, Any] = {"type": "gpu" if m is None else "mig", "gpuIndex": g.index,
                             "gpuUuid": g.uuid, "minor": g.minor, "busId": g.bus_id,
@@ -626,7 +626,7 @@ def metadata(inv: Inventory, opts: Options, spec: SpecData, *, fp: str,
     ``written``: the spec file's name and sha256 (None: the spec went to no file)."""
     spec_file, spec_sha256 = written if written is not None else (None, None)
     devices = {} if inv.node.mode == "management" or opts.device_ids == ("none",) else {
-        name: _device_meta(inv, target) for target in _select(inv, opts.device_ids)
+        name: _device_meta(target) for target in _select(inv, opts.device_ids)
         for name in map(target.name, opts.strategies) if name is not None}
     return {
         "format": METADATA_FORMAT,
