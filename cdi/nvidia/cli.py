@@ -405,8 +405,7 @@ def _csv_inventory(v: GenerateOptions, roots: Roots, nvml: NvmlFacts | None, opt
             f"csv mode: NVML sees {len(nvml.gpus)} GPUs ({', '.join(nvml.gpus)}); nri-cdi "
             "writes the single-device CSV spec only: pass --feature-flag "
             "disable-multiple-csv-devices for it, or use --mode nvml for a discrete GPU")
-    patterns = v.csv_ignore_patterns
-    entries = [e for e in read_mount_specs(files) if not ignored(e, patterns)]
+    entries = [e for e in read_mount_specs(files) if not ignored(e, v.csv_ignore_patterns)]
     found = locate_tegra(roots, entries, v.library_search_paths)
     for line in found.missing:
         debug(f"not on this node: {line}")
