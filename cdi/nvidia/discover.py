@@ -18,7 +18,6 @@ from cdi.extras import MissingDependencyError
 from cdi.linux.elf import ElfError, foreign_to_this_process
 
 NVML_EXTRA = ("nvml", "nvidia-ml-py")  # pynvml's extra and distribution (cdi.extras)
-MODES = ("auto", "nvml", "procfs", "management")
 
 # nvmlBrandType values -> the names NVIDIA_REQUIRE_BRAND compares against (lower-cased).
 _BRANDS = {

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
-from cdi.nvidia.discover import MODES
 from cdi.nvidia.mountspec import DEFAULT_FOLDER, DEFAULT_NAMES
 from cdi.nvidia.tegra import ORIN_COMPAT_ROOT
 from cdi.runtimes import BUILDS
@@ -30,10 +29,6 @@ if TYPE_CHECKING:
         checked: bool
         default_text: str | None
 
-# ``--mode``: the discovery modes, and csv (Tegra, from its CSV files: cdi.nvidia.tegra).
-GENERATE_MODES = (*MODES, "csv")
-STRATEGIES = ("index", "uuid", "type-index")
-LINK_MODES = ("hooks", "mounts")
 # nvidia-ctk's hook names; cdi.nvidia.cli refuses to enable those nri-cdi lacks.
 HOOK_NAMES = ("create-symlinks", "update-ldcache", "enable-cuda-compat",
               "disable-device-node-modification", "update-application-profile", "chmod")
@@ -102,7 +97,7 @@ class GenerateOptions:
     mode: str = option(
         "auto", "how the GPUs are discovered: auto, nvml, procfs, management or csv "
         "(Jetson/Tegra)", "NVIDIA_CTK_CDI_GENERATE_MODE", "--mode", "--discovery-mode",
-        choices=GENERATE_MODES, checked=False)
+        choices=("auto", "nvml", "procfs", "management", "csv"), checked=False)
     driver_root: str | None = option(
         None, "the root the driver's files are under", "NVIDIA_CTK_DRIVER_ROOT",
         "--driver-root", metavar="DIR",
@@ -124,7 +119,8 @@ class GenerateOptions:
     strategies: tuple[str, ...] = option(
         ("index", "uuid"), "how devices are named: index, uuid or type-index",
         "NVIDIA_CTK_CDI_GENERATE_DEVICE_NAME_STRATEGIES", "--device-name-strategy",
-        kind="list", metavar="STRATEGY", choices=STRATEGIES, checked=False)
+        kind="list", metavar="STRATEGY", choices=("index", "uuid", "type-index"),
+        checked=False)
     vendor: str | None = option(
         None, "the spec's vendor", "NVIDIA_CTK_CDI_GENERATE_VENDOR", "--vendor", "--cdi-vendor",
         default_text="nvidia.com; management mode: management.nvidia.com")
@@ -141,7 +137,7 @@ class GenerateOptions:
     link_mode: str = option(
         "hooks", "hooks: createContainer hooks make the driver's symlinks and ld cache; "
         "mounts: bind mounts at the link paths, no hook runs", "NRI_CDI_GENERATE_LINK_MODE",
-        "--link-mode", choices=LINK_MODES)
+        "--link-mode", choices=("hooks", "mounts"))
     hook_path: str | None = option(
         None, "the hook program the spec names: an absolute path to nri-cdi, nri-cdi-hook (the "
         "static launcher), nvidia-cdi-hook or nvidia-ctk, each given arguments it "
