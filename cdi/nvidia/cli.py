@@ -40,7 +40,6 @@ from cdi.nvidia.driver import (
 from cdi.nvidia.generate import (
     DEFAULT_HOOKS,
     GENERATOR_VERSION,
-    HOOK_NAMES,
     GenerateError,
     Inventory,
     Options,
@@ -61,12 +60,10 @@ from cdi.nvidia.mountspec import (
 )
 from cdi.nvidia.options import (
     FEATURE_FLAGS,
-    GENERATE_MODES,
-    LINK_MODES,
-    STRATEGIES,
     GenerateOptions,
     add_arguments,
     option_of,
+    options,
     resolve,
 )
 from cdi.nvidia.sidecar import SUFFIX as SIDECAR_SUFFIX
@@ -101,14 +98,6 @@ class UsageError(Exception):
     """Bad options; reported without a traceback."""
 
 
-class OutputError(Exception):
-    """The spec or its sidecar could not be written (the cause is chained)."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(str(path))
-        self.path = path
-
-
 def add_commands(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "generate", help="generate an NVIDIA CDI spec (nvidia-ctk cdi generate compatible)",
@@ -120,29 +109,34 @@ def add_commands(subparsers: Any) -> None:
 # --- option resolution ----------------------------------------------------------------------
 
 
-def _hooks(enabled: Sequence[str] | None, disabled: Sequence[str] | None, *,
-           link_mode: str = "hooks", mode: str = "auto") -> frozenset[str]:
+def _check_choices(v: GenerateOptions) -> None:
+    """Every value of an option with choices is one of them, the variables' too."""
+    for name, spec in options().items():
+        value = getattr(v, name)
+        for item in value if isinstance(value, tuple) else (value,):
+            if spec.choices and item is not None and item not in spec.choices:
+                raise UsageError(f"unknown {spec.flags[0]} {item!r} (want one of "
+                                 f"{', '.join(spec.choices)})")
+
+
+def _hooks(v: GenerateOptions, mode: str) -> frozenset[str]:
     """The hooks to emit.  Defaults: nvidia-ctk's (less the two we lack) in hooks mode,
     none in mounts mode; management mode leaves out disable-device-node-modification, as
     nvidia-ctk does.  An explicit --enable-hook that cannot take effect is refused."""
-    enabled, disabled = list(enabled or ()), list(disabled or ())
-    for name in (*enabled, *disabled):
-        if name != "all" and name not in HOOK_NAMES:
-            raise UsageError(f"unknown hook {name!r} (want one of {', '.join(HOOK_NAMES)})")
-    if "all" in enabled:
+    if "all" in v.enabled_hooks:
         raise UsageError("--enable-hook all is not allowed; name the hooks")
-    for name in enabled:
+    for name in v.enabled_hooks:
         if name in UNSUPPORTED_HOOKS:
             raise UsageError(f"--enable-hook {name}: not supported: {UNSUPPORTED_HOOKS[name]}")
-        if link_mode == "mounts" and name in _LINK_HOOKS:
+        if v.link_mode == "mounts" and name in _LINK_HOOKS:
             raise UsageError(f"--enable-hook {name}: --link-mode mounts runs no {name} hook "
                              "(links are bind mounts and the loader path comes from the "
                              "environment); use --link-mode hooks")
-    defaults = set(DEFAULT_HOOKS) if link_mode == "hooks" else set()
+    defaults = set(DEFAULT_HOOKS) if v.link_mode == "hooks" else set()
     if mode in ("management", "csv"):  # nvidia-ctk's: no driver here that makes nodes
         defaults.discard("disable-device-node-modification")
-    hooks = set() if "all" in disabled else defaults - set(disabled)
-    return frozenset(hooks | set(enabled))
+    hooks = set() if "all" in v.disabled_hooks else defaults - set(v.disabled_hooks)
+    return frozenset(hooks | set(v.enabled_hooks))
 
 
 def _hook_path(value: str | None) -> str:
@@ -160,17 +154,6 @@ def _hook_path(value: str | None) -> str:
                          f"knows the arguments of (want a path ending in "
                          f"{', '.join('/' + p for p in HOOK_PROGRAMS)})")
     return value
-
-
-def _feature_flags(values: Sequence[str] | None) -> frozenset[str]:
-    for flag in values or ():
-        if flag not in FEATURE_FLAGS:
-            raise UsageError(f"unknown --feature-flag {flag!r} "
-                             f"(nvidia-ctk's are {', '.join(FEATURE_FLAGS)})")
-        reason = FEATURE_FLAGS[flag]
-        if reason is not None:
-            raise UsageError(f"--feature-flag {flag}: not supported: {reason}")
-    return frozenset(values or ())
 
 
 def _refuse_csv_options(v: GenerateOptions, mode: str) -> None:
@@ -228,26 +211,19 @@ def _max_version(value: str | None) -> str | None:
 
 
 def _options(v: GenerateOptions, mode: str, compat_root: str | None = None) -> Options:
-    strategies = tuple(dict.fromkeys(v.strategies))
-    for s in strategies:
-        if s not in STRATEGIES:
-            raise UsageError(f"unknown --device-name-strategy {s!r} "
-                             f"(want one of {', '.join(STRATEGIES)})")
-    if v.link_mode not in LINK_MODES:
-        raise UsageError(f"unknown --link-mode {v.link_mode!r} (want one of "
-                         f"{', '.join(LINK_MODES)})")
     ids = v.device_ids
     if "none" in ids and len(ids) > 1:
         raise UsageError("--device-id none cannot be combined with other ids")
-    vendor = _vendor(v, mode)
+    for flag in v.feature_flags:
+        if (reason := FEATURE_FLAGS[flag]) is not None:
+            raise UsageError(f"--feature-flag {flag}: not supported: {reason}")
     return Options(
-        vendor=vendor, class_=v.class_, strategies=strategies, device_ids=ids,
-        all_device=not v.no_all_device and ids != ("none",),
-        link_mode=v.link_mode, hook_path=_hook_path(v.hook_path),
-        hooks=_hooks(v.enabled_hooks, v.disabled_hooks, link_mode=v.link_mode, mode=mode),
+        vendor=_vendor(v, mode), class_=v.class_, strategies=tuple(dict.fromkeys(v.strategies)),
+        device_ids=ids, all_device=not v.no_all_device and ids != ("none",),
+        link_mode=v.link_mode, hook_path=_hook_path(v.hook_path), hooks=_hooks(v, mode),
         ldconfig_path=v.ldconfig_path, max_version=_max_version(v.cdi_version),
-        feature_flags=(flags := _feature_flags(v.feature_flags)), debug=v.debug,
-        additional_gids="no-additional-gids-for-device-nodes" not in flags,
+        feature_flags=frozenset(v.feature_flags), debug=v.debug,
+        additional_gids="no-additional-gids-for-device-nodes" not in v.feature_flags,
         compat_container_root=compat_root,
     )
 
@@ -255,14 +231,11 @@ def _options(v: GenerateOptions, mode: str, compat_root: str | None = None) -> O
 def _output(v: GenerateOptions, warn: Any) -> tuple[Path | None, bool]:
     """(output path or None for stdout, JSON?) with nvidia-ctk's extension rules."""
     out = v.output
-    fmt = v.format
-    if fmt not in (None, "yaml", "json"):
-        raise UsageError(f"unknown --format {fmt!r} (want yaml or json)")
     if not out:
-        return None, fmt == "json"
+        return None, v.format == "json"
     ext = os.path.splitext(out)[1]
     inferred = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}.get(ext)
-    fmt = fmt or inferred or "yaml"
+    fmt = v.format or inferred or "yaml"
     if ext in (".json", ".yaml") and inferred != fmt:
         raise UsageError(f"--format {fmt} does not match the extension of --output {out}")
     if ext not in (".json", ".yaml"):
@@ -291,28 +264,20 @@ def cmd_generate(args: argparse.Namespace, out: TextIO | None = None,
             say(f"debug: {message}")
 
     try:
-        return _generate(v, out, warn, debug)
-    except (UsageError, DiscoveryError, GenerateError) as exc:
+        return _generate(v, out, _Report(warn, debug))
+    except (UsageError, DiscoveryError, GenerateError, MountSpecError) as exc:
         say(f"error: {exc}")
     except SpecError as exc:
         say("error: the generated spec is invalid:\n  " + "\n  ".join(exc.lines()))
-    except OutputError as exc:
-        cause = exc.__cause__
-        detail = getattr(cause, "strerror", None) or str(cause)
-        other = getattr(cause, "filename", None)  # a temporary file, or the sidecar
-        where = f" ({other})" if other and str(other) != str(exc.path) else ""
-        say(f"error: cannot write {exc.path}: {detail}{where}")
     except OSError as exc:  # reading the node: a folder we may not enter, a vanished file
         say(f"error: cannot read {exc.filename or 'the node'}: {exc.strerror or exc}")
     return 1
 
 
-def _generate(v: GenerateOptions, out: TextIO, warn: Any,
-              debug: Any = lambda message: None) -> int:
+def _generate(v: GenerateOptions, out: TextIO, report: _Report) -> int:
+    warn, debug = report
+    _check_choices(v)
     mode = v.mode
-    if mode not in GENERATE_MODES:
-        raise UsageError(f"mode {mode!r} is not supported (want one of "
-                         f"{', '.join(GENERATE_MODES)})")
     _vendor(v, mode)  # a bad name is said before any look at the node
     if v.config and not v.driver_root:
         v = replace(v, driver_root=_config_driver_root(v.config))
@@ -320,18 +285,16 @@ def _generate(v: GenerateOptions, out: TextIO, warn: Any,
     roots = _roots(v)
     search = v.library_search_paths or None
     nvml: NvmlFacts | None = None
-    if mode == "auto" and is_tegra(roots):
-        mode, nvml = _tegra_auto(roots, search, warn)
-    elif mode == "csv":
-        nvml = _tegra_nvml(roots, search, debug, warn)
+    if mode == "csv" or (mode == "auto" and is_tegra(roots)):
+        mode, nvml = _tegra(mode, roots, search, report)
     _refuse_csv_options(v, mode)
     opts = _options(v, mode, _compat_root(v, nvml, warn) if mode == "csv" else None)
     path, json_format = _output(v, warn)
     debug(f"driver root {roots.driver}, dev root {roots.dev}, mode {mode}")
     if mode == "csv":
-        inv = _csv_inventory(v, roots, nvml, opts, _Report(warn, debug))
+        inv = _csv_inventory(v, roots, nvml, opts, report)
     else:
-        inv = _inventory(v, roots, mode, opts, _Report(warn, debug))
+        inv = _inventory(v, roots, mode, opts, report)
     fp = fingerprint(inv, opts)
     if v.if_changed and path is not None and _unchanged(path, fp):
         warn(f"{path} is up to date ({fp}); not rewritten")
@@ -348,7 +311,9 @@ def _generate(v: GenerateOptions, out: TextIO, warn: Any,
         _write(path, data, metadata(inv, opts, spec, fp=fp,
                                     written=(path.name, sha256(data).hexdigest())))
     except OSError as exc:
-        raise OutputError(path) from exc
+        other = exc.filename  # a temporary file, or the sidecar
+        where = f" ({other})" if other and str(other) != str(path) else ""
+        raise GenerateError(f"cannot write {path}: {exc.strerror or exc}{where}") from None
     return 0
 
 
@@ -387,37 +352,30 @@ def _inventory(v: GenerateOptions, roots: Roots, mode: str, opts: Options,
 # --- CSV mode (Jetson / Tegra) --------------------------------------------------------------
 
 
-def _tegra_auto(roots: Roots, search: Sequence[str] | None,
-                warn: Any) -> tuple[str, NvmlFacts | None]:
-    """``--mode auto`` on a node with Tegra's files: csv where there is no NVML or NVML
+def _tegra(mode: str, roots: Roots, search: Sequence[str] | None, report: _Report
+           ) -> tuple[str, NvmlFacts | None]:
+    """The mode, and what the board's NVML says where it has one (JetPack 6 and later).
+    ``--mode auto`` on a node with Tegra's files is csv where there is no NVML or NVML
     names an integrated GPU (nvidia-ctk's rule), else the usual NVML/procfs choice."""
     library = find_nvml_library(roots, search)
-    if library is None:
-        warn("mode auto: using csv (Tegra files, no NVML)")
-        return "csv", None
     try:
-        nvml = nvml_facts(library)
+        nvml, why = (nvml_facts(library) if library else None), "no NVML"
     except DiscoveryError as exc:
-        warn(f"mode auto: using csv (Tegra files; {exc})")
+        nvml, why = None, str(exc)
+    if mode == "csv":
+        if library is None:
+            report.debug("csv mode: no libnvidia-ml.so.1, so no CUDA version for "
+                         "enable-cuda-compat")
+        elif nvml is None:
+            report.warn(f"csv mode: {why}; the spec gets no enable-cuda-compat hook")
+        return mode, nvml
+    if nvml is None:
+        report.warn(f"mode auto: using csv (Tegra files{', ' if library is None else '; '}{why})")
         return "csv", None
     if any(integrated(name) for name in nvml.gpus):
-        warn("mode auto: using csv (an integrated GPU)")
+        report.warn("mode auto: using csv (an integrated GPU)")
         return "csv", nvml
-    return "auto", None
-
-
-def _tegra_nvml(roots: Roots, search: Sequence[str] | None, debug: Any,
-                warn: Any) -> NvmlFacts | None:
-    """What the board's NVML says, where it has one (JetPack 6 and later); None without."""
-    library = find_nvml_library(roots, search)
-    if library is None:
-        debug("csv mode: no libnvidia-ml.so.1, so no CUDA version for enable-cuda-compat")
-        return None
-    try:
-        return nvml_facts(library)
-    except DiscoveryError as exc:
-        warn(f"csv mode: {exc}; the spec gets no enable-cuda-compat hook")
-        return None
+    return mode, None
 
 
 def _compat_root(v: GenerateOptions, nvml: NvmlFacts | None, warn: Any) -> str | None:
@@ -447,11 +405,7 @@ def _csv_inventory(v: GenerateOptions, roots: Roots, nvml: NvmlFacts | None, opt
             f"csv mode: NVML sees {len(nvml.gpus)} GPUs ({', '.join(nvml.gpus)}); nri-cdi "
             "writes the single-device CSV spec only: pass --feature-flag "
             "disable-multiple-csv-devices for it, or use --mode nvml for a discrete GPU")
-    patterns = v.csv_ignore_patterns
-    try:
-        entries = [e for e in read_mount_specs(files) if not ignored(e, patterns)]
-    except MountSpecError as exc:
-        raise UsageError(str(exc)) from None
+    entries = [e for e in read_mount_specs(files) if not ignored(e, v.csv_ignore_patterns)]
     found = locate_tegra(roots, entries, v.library_search_paths)
     for line in found.missing:
         debug(f"not on this node: {line}")
@@ -549,10 +503,9 @@ def _unchanged(path: Path, fp: str) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Stand-alone entry (``python -m cdi.nvidia.cli``): only ``generate``."""
-    parser = argparse.ArgumentParser(prog="nri-cdi")
-    add_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["generate", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args))
+    parser = argparse.ArgumentParser(prog="nri-cdi generate")
+    add_arguments(parser)
+    return cmd_generate(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 # The control nodes' numbers: name -> (/proc/devices names of its major, in preference
 # order; minor). Their paths, for the spec: cdi.nvidia.driver.CONTROL_NODE_PATHS.
@@ -30,12 +30,6 @@ CONTROL_NODE_NUMBERS: dict[str, tuple[tuple[str, ...], int]] = {
 }
 _BLOCKED = ("nvidia-fs", "nvidia-nvswitch", "nvidia-nvlink")
 _MAX_PROC_DEVICES = 1 << 20
-
-
-class Action(NamedTuple):
-    path: str
-    what: str  # created | replaced | kept | skipped | would create | would replace
-    detail: str = ""
 
 
 def char_majors(text: str) -> dict[str, int]:
@@ -67,33 +61,31 @@ def control_node_plan(majors: dict[str, int]) -> tuple[list[tuple[str, int, int]
 
 
 def create_device_nodes(dev_root: Path, majors: dict[str, int], *, dry_run: bool = False
-                        ) -> list[Action]:
+                        ) -> list[str]:
+    """What was done (or would be): a line for each node made, replaced or skipped."""
     plan, missing = control_node_plan(majors)
-    actions = [Action(path=m.split(":", 1)[0], what="skipped", detail=m.split(": ", 1)[1])
-               for m in missing]
-    dev = dev_root / "dev"
+    said = [f"skipped {m.replace(': ', ' (', 1)})" for m in missing]
     for name, major, minor in plan:
-        actions.append(_make_node(dev, name, os.makedev(major, minor), dry_run))
-    return actions
+        said.append(_make_node(dev_root / "dev" / name, os.makedev(major, minor), dry_run))
+    return [line for line in said if line]
 
 
-def _make_node(dev: Path, name: str, rdev: int, dry_run: bool) -> Action:
-    path = dev / name
+def _make_node(path: Path, rdev: int, dry_run: bool) -> str:
     numbers = f"{os.major(rdev)}:{os.minor(rdev)}"
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         st = None
     if st is not None and stat.S_ISCHR(st.st_mode) and st.st_rdev == rdev:
-        return Action(path=str(path), what="kept", detail=numbers)
+        return ""  # kept
     if st is not None and stat.S_ISDIR(st.st_mode):
-        return Action(path=str(path), what="skipped", detail="a folder is in the way")
+        return f"skipped {path} (a folder is in the way)"
     was = (f"was {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}" if st is not None
            and stat.S_ISCHR(st.st_mode) else "was not a character device") if st else ""
+    detail = ", ".join(filter(None, (numbers, was)))
     if dry_run:
-        return Action(path=str(path), what="would replace" if st else "would create",
-                      detail=", ".join(filter(None, (numbers, was))))
-    tmp = dev / f".{name}.nri-cdi-{os.urandom(4).hex()}"
+        return f"would {'replace' if st else 'create'} {path} ({detail})"
+    tmp = path.with_name(f".{path.name}.nri-cdi-{os.urandom(4).hex()}")
     os.mknod(tmp, stat.S_IFCHR | 0o666, rdev)
     try:
         os.chmod(tmp, 0o666)  # whatever the umask
@@ -101,8 +93,7 @@ def _make_node(dev: Path, name: str, rdev: int, dry_run: bool) -> Action:
     except BaseException:
         os.unlink(tmp)
         raise
-    return Action(path=str(path), what="replaced" if st else "created",
-                  detail=", ".join(filter(None, (numbers, was))))
+    return f"{'replaced' if st else 'created'} {path} ({detail})"
 
 
 def nvidia_char_nodes(dev_root: Path) -> list[tuple[Path, int]]:
@@ -122,14 +113,15 @@ def nvidia_char_nodes(dev_root: Path) -> list[tuple[Path, int]]:
 
 
 def create_dev_char_links(dev_root: Path, dev_char: Path, *, dry_run: bool = False
-                          ) -> list[Action]:
+                          ) -> list[str]:
+    """What was done (or would be): a line for each link made, replaced or skipped."""
     nodes = nvidia_char_nodes(dev_root)
     if nodes and not dry_run:
         dev_char.mkdir(mode=0o755, parents=True, exist_ok=True)
-    return [_link(dev_char, path, rdev, dry_run) for path, rdev in nodes]
+    return [line for path, rdev in nodes if (line := _link(dev_char, path, rdev, dry_run))]
 
 
-def _link(dev_char: Path, node: Path, rdev: int, dry_run: bool) -> Action:
+def _link(dev_char: Path, node: Path, rdev: int, dry_run: bool) -> str:
     link = dev_char / f"{os.major(rdev)}:{os.minor(rdev)}"
     target = os.path.relpath(node, dev_char)
     try:
@@ -139,17 +131,16 @@ def _link(dev_char: Path, node: Path, rdev: int, dry_run: bool) -> Action:
     except OSError as exc:
         if exc.errno != errno.EINVAL:
             raise
-        return Action(path=str(link), what="skipped", detail="not a link; left alone")
+        return f"skipped {link} (not a link; left alone)"
     if current == target:
-        return Action(path=str(link), what="kept", detail=f"-> {target}")
+        return ""  # kept
     detail = f"-> {target}" + (f", was -> {current}" if current is not None else "")
     if dry_run:
-        return Action(path=str(link), what="would replace" if current else "would create",
-                      detail=detail)
+        return f"would {'replace' if current else 'create'} {link} ({detail})"
     tmp = dev_char / f".{link.name}.nri-cdi-{os.urandom(4).hex()}"
     os.symlink(target, tmp)
     os.rename(tmp, link)
-    return Action(path=str(link), what="replaced" if current else "created", detail=detail)
+    return f"{'replaced' if current else 'created'} {link} ({detail})"
 
 
 # --- the command ----------------------------------------------------------------------------
@@ -196,7 +187,7 @@ def _majors(args: argparse.Namespace, root: Path) -> dict[str, int]:
         return char_majors(f.read(_MAX_PROC_DEVICES))
 
 
-def _run(prog: str, args: argparse.Namespace, work: Callable[[Path], list[Action]]) -> int:
+def _run(prog: str, args: argparse.Namespace, work: Callable[[Path], list[str]]) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr)
 
@@ -209,10 +200,8 @@ def _run(prog: str, args: argparse.Namespace, work: Callable[[Path], list[Action
         say(f"nri-cdi system {prog}: error: dev root {root} is not a folder")
         return 1
     try:
-        for action in work(root):
-            if action.what != "kept":
-                detail = f" ({action.detail})" if action.detail else ""
-                say(f"nri-cdi system {prog}: {action.what} {action.path}{detail}")
+        for line in work(root):
+            say(f"nri-cdi system {prog}: {line}")
     except OSError as exc:
         say(f"nri-cdi system {prog}: error: {exc.filename or ''}: {exc.strerror or exc}")
         return 1
@@ -231,7 +220,7 @@ def cmd_create_dev_char_symlinks(args: argparse.Namespace) -> int:
               "control nodes first)", file=sys.stderr)
         return 2
 
-    def work(root: Path) -> list[Action]:
+    def work(root: Path) -> list[str]:
         actions = []
         if args.create_device_nodes:
             actions += create_device_nodes(root, _majors(args, root), dry_run=args.dry_run)

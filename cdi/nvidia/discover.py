@@ -10,8 +10,6 @@ CUDA version: ``None``, and MIG devices ``indexed=False``): docs/usage/spec-gene
 
 import contextlib
 import os
-import sys
-import types
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,7 +18,6 @@ from cdi.extras import MissingDependencyError
 from cdi.linux.elf import ElfError, foreign_to_this_process
 
 NVML_EXTRA = ("nvml", "nvidia-ml-py")  # pynvml's extra and distribution (cdi.extras)
-MODES = ("auto", "nvml", "procfs", "management")
 
 # nvmlBrandType values -> the names NVIDIA_REQUIRE_BRAND compares against (lower-cased).
 _BRANDS = {
@@ -103,12 +100,8 @@ def _is_version(word: str) -> bool:
 
 
 def _information(path: Path) -> dict[str, str]:
-    fields: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            fields[key.strip()] = value.strip()
-    return fields
+    pairs = (line.partition(":") for line in path.read_text().splitlines())
+    return {key.strip(): value.strip() for key, sep, value in pairs if sep}
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -120,39 +113,32 @@ def normalize_bus_id(bus_id: str) -> str:
     return f"{int(domain, 16):04x}:{rest}"
 
 
-def _procfs_gpus(roots: Roots) -> list[Gpu]:
-    base = roots.proc_path("driver/nvidia/gpus")
+def listdir(folder: str | Path) -> list[str]:
+    """The names in ``folder``, sorted; none where it cannot be read."""
     try:
-        entries = sorted(os.listdir(base))
+        return sorted(os.listdir(folder))
     except OSError:
         return []
+
+
+def _procfs_gpus(roots: Roots) -> list[Gpu]:
+    base = roots.proc_path("driver/nvidia/gpus")
     infos = []
-    for entry in entries:
+    for entry in listdir(base):
         try:
             infos.append(_information(base / entry / "information"))
         except OSError:
             continue
     infos.sort(key=lambda f: normalize_bus_id(f.get("Bus Location", "")))
-    gpus = []
-    for index, info in enumerate(infos):
-        minor = int(info.get("Device Minor", "-1"))
-        gpus.append(Gpu(
-            index=index,
-            uuid=info.get("GPU UUID", ""),
-            minor=minor,
-            bus_id=normalize_bus_id(info.get("Bus Location", "")),
-            name=info.get("Model", ""),
-        ))
-    return gpus
+    return [Gpu(index=index, uuid=info.get("GPU UUID", ""),
+                minor=int(info.get("Device Minor", "-1")),
+                bus_id=normalize_bus_id(info.get("Bus Location", "")), name=info.get("Model", ""))
+            for index, info in enumerate(infos)]
 
 
 def _numbered(folder: Path, prefix: str) -> list[int]:
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return []
     # ``gi<N>`` / ``ci<N>`` folders; anything else there is not a MIG instance
-    return sorted(int(n[2:]) for n in names if n.startswith(prefix) and n[2:].isdecimal())
+    return sorted(int(n[2:]) for n in listdir(folder) if n.startswith(prefix) and n[2:].isdecimal())
 
 
 def _procfs_migs(roots: Roots, minor: int) -> tuple[MigDevice, ...]:
@@ -214,7 +200,7 @@ def nvml_session(library: Path, purpose: str) -> Iterator[Any]:
 
 def load_nvml(library: Path | None) -> Any:
     """Import pynvml, point it at ``library`` (loaded by path) and initialise NVML."""
-    pynvml = _import_pynvml()  # only NVML mode pays for this import
+    import pynvml  # type: ignore[import-untyped,unused-ignore]  # only NVML mode needs it
 
     loaded = getattr(pynvml, "nvmlLib", None)
     if library is not None and getattr(loaded, "_name", None) != os.fspath(library):
@@ -228,50 +214,6 @@ def load_nvml(library: Path | None) -> Any:
             cache.clear()
     pynvml.nvmlInit()
     return pynvml
-
-
-def _import_pynvml() -> Any:
-    with _ctypes_util_on_demand():
-        try:
-            # here: only NVML mode pays for nvidia-ml-py (and ctypes)
-            import pynvml  # type: ignore[import-untyped,unused-ignore]
-        except ImportError:
-            if not sys.flags.no_site:
-                raise
-            # Started with -S (the lean entry, cdi/nvidia/__main__.py): look in the
-            # interpreter's own site-packages, which ``site`` would have added.
-            import site  # only when -S hid pynvml
-
-            sys.path.extend(p for p in site.getsitepackages() if p not in sys.path)
-            import pynvml
-    return pynvml
-
-
-@contextlib.contextmanager
-def _ctypes_util_on_demand() -> Iterator[None]:
-    """nvidia-ml-py does ``from ctypes.util import find_library`` and calls it on Windows
-    only; importing ctypes.util (subprocess, shutil, bz2, lzma) is about half of what
-    importing pynvml costs (bench/reports/2026-11-27-generator-stdlib-2-cores).
-    While pynvml imports, ctypes.util is a stand-in whose ``find_library`` imports the real
-    module when called; it is taken out of sys.modules right after, so nothing else ever
-    sees it."""
-    if "ctypes.util" in sys.modules:
-        yield
-        return
-    stand_in = types.ModuleType("ctypes.util")
-    stand_in.find_library = _find_library  # type: ignore[attr-defined]
-    sys.modules["ctypes.util"] = stand_in
-    try:
-        yield
-    finally:
-        if sys.modules.get("ctypes.util") is stand_in:
-            del sys.modules["ctypes.util"]
-
-
-def _find_library(name: str) -> str | None:
-    import ctypes.util  # here: see _ctypes_util_on_demand
-
-    return ctypes.util.find_library(name)
 
 
 def discover_nvml(nvml: Any) -> NodeInfo:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from cdi.linux.elf import ElfError, is_elf, read_soname
-from cdi.linux.ldcache import LdCacheError, find_libraries, read_ldcache, resolve_from
-from cdi.nvidia.discover import Roots
+from cdi.linux.ldcache import LdCacheError, find_libraries, read_ldcache, resolve_in_root
+from cdi.nvidia.discover import Roots, listdir
 
 LIBRARY_DIRS = (
     "/usr/lib64",
@@ -144,7 +144,6 @@ def capability_of(basename: str) -> str | None:
 class FileMount(NamedTuple):
     host: str  # host path (under the driver root)
     path: str  # container path
-    kind: str  # library, binary, config, firmware, ipc, xorg
     options: tuple[str, ...] = FILE_OPTIONS
 
 
@@ -188,55 +187,41 @@ class DriverFiles(NamedTuple):
 
 class DriverRoot:
     """The driver root seen from inside, like a chroot: absolute link targets restart at
-    the root and ``..`` never climbs above it (``ldcache.resolve_from``)."""
+    the root and ``..`` never climbs above it (``ldcache.resolve_in_root``)."""
 
     def __init__(self, root: Path) -> None:
         self.root = os.fspath(root)
         # Host paths left out (a link loop, a SONAME naming another folder) and why:
         # reported, never fatal (one bad file must not cost the node its whole spec).
         self.skipped: dict[str, str] = {}
-        # Each folder's walk (its components and the links followed to get there; None
-        # when it is no folder or its links loop), for this run only: a run probes a few
-        # hundred paths in a few dozen folders, most of them missing, and a walk continued
-        # from its folder is the walk from the top
-        # (bench/reports/2026-11-27-generator-stdlib-2-cores).
-        self._folders: dict[str, tuple[list[str], int] | None] = {}
 
     def host(self, container: str) -> str:
-        """The host path of a container path."""
         rel = container.lstrip("/")
         return os.path.join(self.root, rel) if rel else self.root
 
     def container(self, host: str) -> str:
-        """The container path of a host path under the root."""
         rel = os.path.relpath(host, self.root)
         return "/" if rel == "." else "/" + rel
 
     def resolve(self, path: str) -> str | None:
-        """The host path that the container path ``path`` resolves to (its last component
-        kept as it is when missing); None when its folder is none or its links loop."""
-        folder, _, name = posixpath.normpath("/" + path).rpartition("/")
-        walked = self._folder(folder)
-        if walked is not None:
-            walked = self._walk(walked[0], name, walked[1])
-        return None if walked is None else self.host("/".join(walked[0]))
-
-    def _folder(self, folder: str) -> tuple[list[str], int] | None:
-        """The walk to ``folder`` (normal, "" for the root), continued from its parent's."""
-        if folder not in self._folders:
-            parent, _, name = folder.rpartition("/")
-            walked = self._folder(parent) if folder else ([], 0)
-            if walked is not None and folder:
-                walked = self._walk(walked[0], name, walked[1])
-            if walked is not None and not os.path.isdir(self.host("/".join(walked[0]))):
-                walked = None
-            self._folders[folder] = walked
-        return self._folders[folder]
+        """The host path that the container path ``path`` resolves to (missing components
+        kept as they are); None when its links loop."""
+        try:
+            return os.fspath(resolve_in_root(self.root, posixpath.normpath("/" + path)))
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            self.skipped[exc.filename] = "too many levels of symbolic links (a link loop)"
+            return None
 
     def file(self, path: str) -> str | None:
         """The host path of the regular file ``path`` resolves to, else None."""
         host = self.resolve(path)
         return host if host is not None and os.path.isfile(host) else None
+
+    def first_file(self, paths: Iterable[str]) -> tuple[str, str] | None:
+        """The first of ``paths`` that resolves to a regular file, and that file."""
+        return next(((p, host) for p in paths if (host := self.file(p)) is not None), None)
 
     def folder(self, path: str) -> str | None:
         """The host path of the folder ``path`` resolves to, else None.  Errors other than
@@ -244,33 +229,17 @@ class DriverRoot:
         host = self.resolve(path)
         return host if host is not None and Path(host).is_dir() else None
 
-    def _walk(self, done: list[str], rest: str, hops: int) -> tuple[list[str], int] | None:
-        try:
-            return resolve_from(self.root, done, rest, hops)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            self.skipped[exc.filename] = "too many levels of symbolic links (a link loop)"
-            return None
-
 
 def _glob(folder: str, pattern: str) -> list[str]:
     """Host paths of the regular files (links followed) in the host folder ``folder``
     whose names match ``pattern``, in name order."""
-    paths = (os.path.join(folder, name) for name in fnmatch.filter(_listdir(folder), pattern))
+    paths = (os.path.join(folder, name) for name in fnmatch.filter(listdir(folder), pattern))
     return [path for path in paths if os.path.isfile(path)]
 
 
-def _listdir(folder: str | Path) -> list[str]:
-    try:
-        return sorted(os.listdir(folder))
-    except OSError:
-        return []
-
-
-def _mount(tree: DriverRoot, host: str, kind: str, path: str | None = None,
+def _mount(tree: DriverRoot, host: str, path: str | None = None,
            options: tuple[str, ...] = FILE_OPTIONS) -> FileMount:
-    return FileMount(host=host, path=path or tree.container(host), kind=kind, options=options)
+    return FileMount(host=host, path=path or tree.container(host), options=options)
 
 
 # --- device nodes ---------------------------------------------------------------------------
@@ -305,53 +274,48 @@ def _scan_dirs(tree: DriverRoot, dirs: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(folder for folder in found if folder is not None))
 
 
-def _ldcache_files(tree: DriverRoot, patterns: Sequence[str]) -> list[str]:
+def _ldcache_files(tree: DriverRoot, pattern: str) -> list[str]:
     try:
         entries = read_ldcache(os.path.join(tree.root, "etc", "ld.so.cache"))
     except (OSError, LdCacheError):
         return []
-    return [os.fspath(p) for p in find_libraries(entries, patterns, root=tree.root)]
+    return [os.fspath(p) for p in find_libraries(entries, pattern, root=tree.root)]
 
 
 def find_version_from_libraries(roots: Roots, search: Sequence[str] | None) -> str | None:
     """The RM version from ``libcuda.so.<v>`` or ``libnvidia-ml.so.<v>`` file names."""
     tree = DriverRoot(roots.driver)
     for stem in ("libcuda.so.", "libnvidia-ml.so."):
-        for path in _library_candidates(tree, search, [stem + "*.*"]):
+        for path in _library_candidates(tree, search, stem + "*.*"):
             suffix = os.path.basename(path)[len(stem):]
             if suffix.replace(".", "").isdigit():
                 return suffix
     return None
 
 
-def _library_candidates(tree: DriverRoot, search: Sequence[str] | None,
-                        patterns: Sequence[str],
+def _library_candidates(tree: DriverRoot, search: Sequence[str] | None, pattern: str,
                         defaults: Sequence[str] = LIBRARY_DIRS) -> list[str]:
-    folders = _scan_dirs(tree, search if search else defaults)
-    found = [p for folder in folders for pat in patterns for p in _glob(folder, pat)]
+    found = [p for folder in _scan_dirs(tree, search or defaults) for p in _glob(folder, pattern)]
     if not found and not search and defaults is LIBRARY_DIRS:
         # The loader's own view: finds drivers installed outside the usual folders.
-        found = _ldcache_files(tree, patterns)
+        found = _ldcache_files(tree, pattern)
     return list(dict.fromkeys(found))
 
 
 def find_nvml_library(roots: Roots, search: Sequence[str] | None) -> Path | None:
     """The ``libnvidia-ml.so.1`` under the driver root, resolved to its file."""
     tree = DriverRoot(roots.driver)
-    for folder in _scan_dirs(tree, search if search else LIBRARY_DIRS):
-        found = tree.file(tree.container(folder) + "/libnvidia-ml.so.1")
-        if found is not None:
-            return Path(found)
-    if not search:
-        hits = _ldcache_files(tree, ["libnvidia-ml.so.1"])
-        return Path(hits[0]) if hits else None
-    return None
+    hits = [found for folder in _scan_dirs(tree, search or LIBRARY_DIRS)
+            if (found := tree.file(tree.container(folder) + "/libnvidia-ml.so.1"))]
+    if not hits and not search:
+        hits = _ldcache_files(tree, "libnvidia-ml.so.1")
+    return Path(hits[0]) if hits else None
 
 
 def _driver_libraries(tree: DriverRoot, version: str, search: Sequence[str] | None,
                       defaults: Sequence[str] = LIBRARY_DIRS) -> tuple[list[str], list[str]]:
     """(library folders, library files) of the driver, as host paths."""
-    seeds = _library_candidates(tree, search, [f"*.so.{version}"], defaults)
+    seeds = _library_candidates(tree, search, f"*.so.{version}", defaults)
     files: list[str] = []
     for folder in dict.fromkeys(os.path.dirname(p) for p in seeds):
         for pattern in (f"*.so.{version}", *GRAPHICS_LIBRARIES):
@@ -402,7 +366,7 @@ def _default_folder_links(tree: DriverRoot, files: Sequence[str],
     for folder in _scan_dirs(tree, dirs):
         for sub in LINK_SUBDIRS:
             where = os.path.join(folder, sub) if sub else folder
-            for name in _listdir(where):
+            for name in listdir(where):
                 path = os.path.join(where, name)
                 if not os.path.islink(path):
                     continue
@@ -410,8 +374,7 @@ def _default_folder_links(tree: DriverRoot, files: Sequence[str],
                 end = tree.file(container)
                 if end in ends:
                     links.append(Link(target=os.readlink(path), path=container,
-                                      resolved=FileMount(host=end, path=container,
-                                                         kind="library")))
+                                      resolved=FileMount(host=end, path=container)))
     return links
 
 
@@ -459,7 +422,7 @@ def _wine_dlls(tree: DriverRoot, folders: Sequence[str], files: Sequence[str],
             folder_of, name = os.path.split(host)
             for where in (tree.container(folder_of), *(f"{g}/{WINE_DLLS}" for g in glx)):
                 path = f"{where}/{name}"
-                found.setdefault(path, _mount(tree, host, "library", path))
+                found.setdefault(path, _mount(tree, host, path))
     return list(found.values())
 
 
@@ -484,7 +447,7 @@ def _link(tree: DriverRoot, container: str, target: str) -> Link | None:
     if end is None:
         return None
     return Link(target=target, path=container,
-                resolved=FileMount(host=end, path=container, kind="library"))
+                resolved=FileMount(host=end, path=container))
 
 
 def _unique_links(links: Iterable[Link | None]) -> list[Link]:
@@ -501,40 +464,27 @@ def _xorg(tree: DriverRoot, lib_dirs: Sequence[str],
     from (``<modules>/drivers``, ``<modules>/extensions``), wherever the host keeps the
     files (Debian: /usr/lib/nvidia/current, reached through /etc/alternatives links).  The
     GLX module is looked for versioned, then by the unversioned name Debian's links have."""
-    bases = list(XORG_BASES) + [f"{d}/nvidia/xorg" for d in lib_dirs]
-    bases += [f"{d}/xorg/modules" for d in lib_dirs]
+    folders = [f"{base}/{sub}" for base in XORG_BASES for sub in XORG_SUBDIRS]
+    folders += [f"{d}/nvidia/xorg" for d in lib_dirs]
+    folders += [f"{d}/xorg/modules/{sub}" for d in lib_dirs for sub in XORG_SUBDIRS]
     mounts: list[FileMount] = []
     links: list[Link] = []
     glx = f"libglxserver_nvidia.so.{version}"
     for names, sub in ((("nvidia_drv.so",), "drivers"),
                        ((glx, "libglxserver_nvidia.so"), "extensions")):
-        for name in names:
-            hit = _first_xorg(tree, bases, name)
-            if hit is None:
-                continue
-            found, host = hit
-            base = next((b for b in XORG_BASES if found.startswith(b + "/")), None)
-            path = found if base is not None else f"{XORG_BASES[0]}/{sub}/{name}"
-            mounts.append(_mount(tree, host, "library", path))
-            if name == glx:
-                unversioned = f"{posixpath.dirname(path)}/libglxserver_nvidia.so"
-                links.append(Link(target=name, path=unversioned,
-                                  resolved=FileMount(host=host, path=unversioned,
-                                                     kind="library")))
-            break
+        hit = tree.first_file(f"{folder}/{name}" for name in names for folder in folders)
+        if hit is None:
+            continue
+        found, host = posixpath.normpath(hit[0]), hit[1]
+        name = posixpath.basename(found)
+        ours = any(found.startswith(b + "/") for b in XORG_BASES)
+        path = found if ours else f"{XORG_BASES[0]}/{sub}/{name}"
+        mounts.append(_mount(tree, host, path))
+        if name == glx:
+            unversioned = f"{posixpath.dirname(path)}/libglxserver_nvidia.so"
+            links.append(Link(target=name, path=unversioned,
+                              resolved=FileMount(host=host, path=unversioned)))
     return mounts, links
-
-
-def _first_xorg(tree: DriverRoot, bases: Sequence[str], name: str) -> tuple[str, str] | None:
-    """(the container path it was found at, the host file it ends at)."""
-    for base in bases:
-        subdirs = ("",) if base.endswith("/nvidia/xorg") else XORG_SUBDIRS
-        for sub in subdirs:
-            path = f"{base}/{sub}/{name}" if sub else f"{base}/{name}"
-            host = tree.file(path)
-            if host is not None:
-                return posixpath.normpath(path), host
-    return None
 
 
 # --- other files ----------------------------------------------------------------------------
@@ -557,7 +507,7 @@ def _binaries(tree: DriverRoot) -> list[FileMount]:
                 hosts.append((folder, host))
         if hosts:
             program = next((h for _, h in hosts if is_elf(h)), hosts[0][1])
-            found.append(_mount(tree, program, "binary", path=f"{hosts[0][0]}/{name}"))
+            found.append(_mount(tree, program, path=f"{hosts[0][0]}/{name}"))
     return found
 
 
@@ -566,36 +516,32 @@ def _ipc(tree: DriverRoot) -> list[FileMount]:
     for path in IPC_SOCKETS:
         host = tree.resolve(path)
         if host is not None and Path(host).is_socket():
-            found.setdefault(host, _mount(tree, host, "ipc", path, IPC_OPTIONS))
+            found.setdefault(host, _mount(tree, host, path, IPC_OPTIONS))
     mps = tree.folder(MPS_PIPE_DIR)
     if mps is not None:
-        found.setdefault(mps, _mount(tree, mps, "ipc", MPS_PIPE_DIR, IPC_OPTIONS))
+        found.setdefault(mps, _mount(tree, mps, MPS_PIPE_DIR, IPC_OPTIONS))
     return list(found.values())
 
 
 def _firmware(tree: DriverRoot, roots: Roots, version: str) -> list[FileMount]:
     release = os.uname().release
-    dirs = []
     try:
         custom = roots.dev_path("sys/module/firmware_class/parameters/path").read_text().strip()
     except OSError:
         custom = ""
-    if custom:
-        dirs.append(custom)
-    dirs += [f"/lib/firmware/updates/{release}", "/lib/firmware/updates",
-             f"/lib/firmware/{release}", "/lib/firmware"]
+    dirs = [*([custom] if custom else []), f"/lib/firmware/updates/{release}",
+            "/lib/firmware/updates", f"/lib/firmware/{release}", "/lib/firmware"]
     found: dict[str, FileMount] = {}
     for folder in dirs:
         sub = f"{folder}/nvidia/{version}"
         where = tree.resolve(sub)
         for host in _glob(where, "gsp*.bin") if where is not None else ():
-            found.setdefault(host, _mount(tree, host, "firmware",
-                                          f"{sub}/{os.path.basename(host)}"))
+            found.setdefault(host, _mount(tree, host, f"{sub}/{os.path.basename(host)}"))
     return list(found.values())
 
 
-def _configs(tree: DriverRoot, search: Sequence[str] | None, xdg_data_dirs: str | None,
-             version: str) -> list[FileMount]:
+def _configs(tree: DriverRoot, search: Sequence[str] | None,
+             xdg_data_dirs: str | None) -> list[FileMount]:
     # Without --config-search-path: /etc and the XDG data folders ($XDG_DATA_DIRS, absolute
     # entries only).
     xdg = [d.rstrip("/") or "/" for d in (xdg_data_dirs or "").split(":") if d.startswith("/")]
@@ -607,11 +553,9 @@ def _configs(tree: DriverRoot, search: Sequence[str] | None, xdg_data_dirs: str 
                        *((r, "/etc") for r in ETC_CONFIGS)]:
         # GKE's driver installs the Vulkan files at the top of its driver root.
         top = ("/",) if rel.startswith("vulkan/") and not search else ()
-        for folder in (*dirs, *top):
-            host = tree.file(f"{folder}/{rel}")
-            if host is not None:
-                found.append(_mount(tree, host, "config", f"{where}/{rel}"))
-                break
+        hit = tree.first_file(f"{folder}/{rel}" for folder in (*dirs, *top))
+        if hit is not None:
+            found.append(_mount(tree, hit[1], f"{where}/{rel}"))
     return found
 
 
@@ -636,7 +580,7 @@ def locate_driver(
     xorg_mounts, xorg_links = _xorg(tree, lib_dirs, version)
     every = [*files, *files32]
     defaults = _default_folder_links(tree, every, search, (*LIBRARY_DIRS, *LIBRARY_DIRS_32))
-    libraries = [*(_mount(tree, p, "library") for p in every), *xorg_mounts]
+    libraries = [*(_mount(tree, p) for p in every), *xorg_mounts]
     libraries += _wine_dlls(tree, folders, files, defaults)
     links = (_library_links(tree, files, folders, version)
              + _library_links(tree, files32, folders32, version) + xorg_links)
@@ -651,7 +595,7 @@ def locate_driver(
         binaries=tuple(_binaries(tree)),
         ipc=tuple(_ipc(tree)),
         firmware=tuple(_firmware(tree, roots, version)),
-        configs=tuple(_configs(tree, config_search_paths, xdg_data_dirs, version)),
+        configs=tuple(_configs(tree, config_search_paths, xdg_data_dirs)),
         control_nodes=_device_nodes(roots, CONTROL_NODE_PATHS),
         skipped=tuple(f"{path}: {why}" for path, why in sorted(tree.skipped.items())),
     )
@@ -671,7 +615,7 @@ def gpu_nodes(roots: Roots, minor: int, bus_id: str) -> DeviceNodes:
     """``/dev/nvidia<minor>``, the GPU's DRM nodes and their ``/dev/dri/by-path`` links
     (those present in /dev only: a sysfs DRM entry without a /dev node, old kernels'
     controlD<N>, would fail every container that asks for the GPU)."""
-    names = _listdir(roots.dev_path(f"sys/bus/pci/devices/{bus_id}/drm"))
+    names = listdir(roots.dev_path(f"sys/bus/pci/devices/{bus_id}/drm"))
     nodes = _device_nodes(roots, [f"/dev/nvidia{minor}", *(f"/dev/dri/{n}" for n in names)])
     links = []
     for suffix in ("card", "render"):
@@ -688,7 +632,7 @@ def gpu_nodes(roots: Roots, minor: int, bus_id: str) -> DeviceNodes:
 def read_mig_minors(roots: Roots) -> dict[str, str] | None:
     """``proc/driver/nvidia-caps/mig-minors`` as {key: minor, in digits}; None when it is
     missing.  The minors stay text: the file has thousands of lines, a spec uses a few of
-    them, and ``mig_cap_paths`` makes numbers of those."""
+    them, and ``generate`` makes numbers of those."""
     try:
         text = roots.proc_path("driver/nvidia-caps/mig-minors").read_text()
     except OSError:
@@ -703,24 +647,16 @@ def read_mig_minors(roots: Roots) -> dict[str, str] | None:
     return table
 
 
-def mig_cap_paths(minors: dict[str, str], parent_minor: int, gi: int, ci: int) -> tuple[str, str]:
-    """The GPU-instance and compute-instance cap nodes of one MIG device."""
-    gi_key = f"gpu{parent_minor}/gi{gi}/access"
-    ci_key = f"gpu{parent_minor}/gi{gi}/ci{ci}/access"
-    return (f"/dev/nvidia-caps/nvidia-cap{int(minors[gi_key])}",
-            f"/dev/nvidia-caps/nvidia-cap{int(minors[ci_key])}")
-
-
 # Management mode takes every NVIDIA node except those of other subsystems.
 _MANAGEMENT_SKIP = ("nvidia-fs", "nvidia-nvswitch", "nvidia-nvlink")
 
 
 def management_nodes(roots: Roots) -> tuple[DeviceNodeInfo, ...]:
-    paths = [f"/dev/{n}" for n in _listdir(roots.dev_path("/dev"))
+    paths = [f"/dev/{n}" for n in listdir(roots.dev_path("/dev"))
              if n.startswith("nvidia") and not n.startswith(_MANAGEMENT_SKIP)]
-    paths += [f"/dev/nvidia-caps/{n}" for n in _listdir(roots.dev_path("/dev/nvidia-caps"))
+    paths += [f"/dev/nvidia-caps/{n}" for n in listdir(roots.dev_path("/dev/nvidia-caps"))
               if n.startswith("nvidia-cap")]
     paths += [f"/dev/nvidia-caps-imex-channels/{n}"
-              for n in _listdir(roots.dev_path("/dev/nvidia-caps-imex-channels"))
+              for n in listdir(roots.dev_path("/dev/nvidia-caps-imex-channels"))
               if n.startswith("channel")]
     return _device_nodes(roots, paths)

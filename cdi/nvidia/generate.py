@@ -21,7 +21,7 @@ from cdi.edits import merge
 from cdi.hooks import entry as hook_entry
 from cdi.libpath import EXTRA_LIBRARY_PATH_ENV
 from cdi.model import ContainerEdits, DeviceData, DeviceNode, Hook, Mount, SpecData
-from cdi.nvidia.discover import Gpu, MigDevice, NodeInfo, Roots
+from cdi.nvidia.discover import Gpu, MigDevice, NodeInfo, Roots, listdir
 from cdi.nvidia.driver import (
     DEVICE_NODE_OPTIONS,
     DeviceNodeInfo,
@@ -32,7 +32,6 @@ from cdi.nvidia.driver import (
     capability_of,
     gpu_nodes,
     management_nodes,
-    mig_cap_paths,
     read_mig_minors,
     stat_device_node,
 )
@@ -41,8 +40,6 @@ from cdi.version import minimum_requirement, version_key
 
 # Keep in step with pyproject.toml (a test checks); importlib.metadata would cost start-up.
 GENERATOR_VERSION = "0.1.0"
-HOOK_NAMES = ("create-symlinks", "update-ldcache", "enable-cuda-compat",
-              "disable-device-node-modification", "update-application-profile", "chmod")
 # Hooks emitted by default in hooks mode, as nvidia-ctk does; the other two names are
 # accepted by --disable-hook and refused by --enable-hook (cdi.nvidia.cli says why).
 DEFAULT_HOOKS = frozenset({"create-symlinks", "enable-cuda-compat", "update-ldcache",
@@ -126,11 +123,7 @@ def _extra_nodes(roots: Roots, minors: dict[str, str] | None) -> dict[str, Devic
     for key, name in (("config", "migConfig"), ("monitor", "migMonitor")):
         if minors is not None and key in minors:
             found[name] = stat_device_node(roots, f"/dev/nvidia-caps/nvidia-cap{int(minors[key])}")
-    try:
-        channels = os.listdir(roots.dev_path(IMEX_CHANNEL_DIR))
-    except OSError:
-        channels = []
-    for entry in channels:
+    for entry in listdir(roots.dev_path(IMEX_CHANNEL_DIR)):
         if entry.startswith("channel") and entry[7:].isdigit():
             found[f"imexChannel{int(entry[7:])}"] = stat_device_node(
                 roots, f"{IMEX_CHANNEL_DIR}/{entry}")
@@ -158,13 +151,15 @@ def collect(roots: Roots, node: NodeInfo, driver: DriverFiles) -> Inventory:
 
 def _mig_nodes(roots: Roots, gpu: Gpu, mig: MigDevice, minors: dict[str, str],
                parent: DeviceNodes) -> DeviceNodes:
-    try:
-        caps = mig_cap_paths(minors, gpu.minor, mig.gi, mig.ci)
-    except KeyError as exc:
-        raise GenerateError(f"GPU {gpu.index} MIG gi{mig.gi}/ci{mig.ci}: no {exc} entry in "
-                            f"{roots.proc_path('driver/nvidia-caps/mig-minors')}") from None
     nodes = [n for n in parent.nodes if n.path == f"/dev/nvidia{gpu.minor}"]
-    for path in caps:
+    # The GPU instance's and the compute instance's capability nodes.
+    instance = f"gpu{gpu.minor}/gi{mig.gi}"
+    keys = (f"{instance}/access", f"{instance}/ci{mig.ci}/access")
+    if missing := [key for key in keys if key not in minors]:
+        raise GenerateError(f"GPU {gpu.index} MIG gi{mig.gi}/ci{mig.ci}: no {missing[0]!r} "
+                            f"entry in {roots.proc_path('driver/nvidia-caps/mig-minors')}")
+    for key in keys:
+        path = f"/dev/nvidia-caps/nvidia-cap{int(minors[key])}"
         found = stat_device_node(roots, path)
         if found is None:
             raise GenerateError(f"GPU {gpu.index} MIG {mig.index}: {roots.dev_path(path)} is "
@@ -254,22 +249,22 @@ def device_links(nodes: DeviceNodes) -> list[tuple[str, Link]]:
     common hook makes a link only when the container has that node (``--device-link``),
     so the devices need no hook entry of their own."""
     paths = [n.path for n in nodes.nodes]
-    out = []
-    for link in nodes.links:
-        node = posixpath.normpath(posixpath.join(posixpath.dirname(link.path), link.target))
-        out.append((node if node in paths else paths[0], link))
-    return out
+    return [(node if (node := _link_end(link)) in paths else paths[0], link)
+            for link in nodes.links]
 
 
-def _compat_step(opts: Options, node: NodeInfo | None,
-                 version: str) -> list[tuple[str, list[str]]]:
+def _link_end(link: Link) -> str:
+    return posixpath.normpath(posixpath.join(posixpath.dirname(link.path), link.target))
+
+
+def _compat_step(opts: Options, node: NodeInfo, version: str) -> list[tuple[str, list[str]]]:
     """Before update-ldcache, which puts the folder it chooses first (nvidia-ctk's order:
     create-symlinks, enable-cuda-compat, update-ldcache, disable-device-node-modification).
     The host's driver version; in CSV mode its CUDA version instead (a Tegra driver's
     version says nothing of CUDA), and no hook where no NVML told it, as nvidia-ctk does."""
     if "enable-cuda-compat" not in opts.hooks or opts.link_mode != "hooks":
         return []
-    if node is not None and node.mode == "csv":
+    if node.mode == "csv":
         if not node.cuda_version:
             return []
         args = [f"--host-cuda-version={node.cuda_version}"]
@@ -280,13 +275,12 @@ def _compat_step(opts: Options, node: NodeInfo | None,
     return [("enable-cuda-compat", args)]
 
 
-def common_edits(driver: DriverFiles, opts: Options,
-                 devices: Sequence[tuple[str, Link]] = (), *,
-                 node: NodeInfo | None = None) -> ContainerEdits:
+def common_edits(driver: DriverFiles, opts: Options, devices: Sequence[tuple[str, Link]],
+                 node: NodeInfo) -> ContainerEdits:
     """The spec-wide edits; ``devices``: every device's links (see :func:`device_links`).
     ``node`` says what the compat hook is told; CSV mode names no libcuda folder (Tegra's
     is whatever the CSV files list, and nvidia-ctk leaves the variable out there too)."""
-    csv = node is not None and node.mode == "csv"
+    csv = node.mode == "csv"
     # As nvidia-ctk: the folders of libcuda (not vdpau's), every library folder without one.
     cuda_dirs = [d for d in driver.lib_dirs if any(
         m.path.startswith(f"{d}/libcuda.so") and "/" not in m.path[len(d) + 1:]
@@ -350,8 +344,7 @@ def _by_path_mounts(nodes: DeviceNodes, opts: Options) -> tuple[Mount, ...]:
     by_path = {n.path: n for n in nodes.nodes}
     return tuple(Mount(host_path=by_path[node].host, container_path=link.path,
                        options=DEVICE_NODE_OPTIONS)
-                 for node, link in device_links(nodes) if node == posixpath.normpath(
-                     posixpath.join(posixpath.dirname(link.path), link.target)))
+                 for link in nodes.links if (node := _link_end(link)) in by_path)
 
 
 # --- simplification -------------------------------------------------------------------------
@@ -422,22 +415,15 @@ class _Target(NamedTuple):
         return wanted in ids or wanted.lower() in {i.lower() for i in ids if i}
 
 
-def _mig_targets(inv: Inventory) -> list[_Target]:
-    return [_Target(gpu=g, mig=m, nodes=inv.mig_nodes[g.index, m.index])
-            for g in inv.node.gpus for m in g.mig_devices]
-
-
-def _gpu_targets(inv: Inventory, *, with_mig_mode: bool) -> list[_Target]:
-    return [_Target(gpu=g, mig=None, nodes=inv.gpu_nodes[g.index])
-            for g in inv.node.gpus if with_mig_mode or not g.mig_enabled]
-
-
 def _select(inv: Inventory, ids: Sequence[str]) -> list[_Target]:
     """``all``: every GPU not in MIG mode, then every MIG device; else the named ones
     (an index, ``i:j`` or a UUID; a GPU in MIG mode only when named)."""
+    gpus = [_Target(gpu=g, mig=None, nodes=inv.gpu_nodes[g.index]) for g in inv.node.gpus
+            if "all" not in ids or not g.mig_enabled]
+    everything = gpus + [_Target(gpu=g, mig=m, nodes=inv.mig_nodes[g.index, m.index])
+                         for g in inv.node.gpus for m in g.mig_devices]
     if "all" in ids:
-        return _gpu_targets(inv, with_mig_mode=False) + _mig_targets(inv)
-    everything = _gpu_targets(inv, with_mig_mode=True) + _mig_targets(inv)
+        return everything
     chosen: list[_Target] = []
     for wanted in ids:
         hits = [t for t in everything if t.matches(wanted)]
@@ -497,7 +483,7 @@ def build_spec(inv: Inventory, opts: Options, *, warn: Callable[[str], None] = l
     links = [] if inv.node.mode == "management" or opts.device_ids == ("none",) \
         or _nvidia_program(opts) else [
         dl for t in _select(inv, opts.device_ids) for dl in device_links(t.nodes)]
-    common = _simplify(common_edits(inv.driver, opts, list(dict.fromkeys(links)), node=inv.node))
+    common = _simplify(common_edits(inv.driver, opts, list(dict.fromkeys(links)), inv.node))
     # The "all" device's annotations, which management mode's one device has too.
     notes = MappingProxyType(_device_annotations(inv, None) if opts.annotations else {})
     if inv.node.mode == "management":
@@ -623,7 +609,7 @@ def fingerprint(inv: Inventory, opts: Options) -> str:
     return "sha256:" + str(sha256(text.encode()).hexdigest())
 
 
-def _device_meta(inv: Inventory, target: _Target) -> dict[str, Any]:
+def _device_meta(target: _Target) -> dict[str, Any]:
     g, m = target.gpu, target.mig
     meta: dict[str, Any] = {"type": "gpu" if m is None else "mig", "gpuIndex": g.index,
                             "gpuUuid": g.uuid, "minor": g.minor, "busId": g.bus_id,
@@ -639,13 +625,9 @@ def metadata(inv: Inventory, opts: Options, spec: SpecData, *, fp: str,
     """The sidecar document: what a requirement/capability policy needs per device.
     ``written``: the spec file's name and sha256 (None: the spec went to no file)."""
     spec_file, spec_sha256 = written if written is not None else (None, None)
-    devices: dict[str, Any] = {}
-    if inv.node.mode != "management" and opts.device_ids != ("none",):
-        for target in _select(inv, opts.device_ids):
-            for strategy in opts.strategies:
-                name = target.name(strategy)
-                if name is not None:
-                    devices[name] = _device_meta(inv, target)
+    devices = {} if inv.node.mode == "management" or opts.device_ids == ("none",) else {
+        name: _device_meta(target) for target in _select(inv, opts.device_ids)
+        for name in map(target.name, opts.strategies) if name is not None}
     return {
         "format": METADATA_FORMAT,
         "generator": f"nri-cdi {GENERATOR_VERSION}",

@@ -24,8 +24,6 @@ class MountSpecError(Exception):
     """A CSV file that cannot be read or has a bad line; the message names both."""
 
 
-# A NamedTuple, not a dataclass: the generator's start-up does without the dataclasses
-# module (tests/nvidia/test_generate_cli.py).
 class MountSpec(NamedTuple):
     """One line of a CSV file (made by :func:`parse_mount_specs`, which checks it)."""
 

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
-from cdi.nvidia.discover import MODES
 from cdi.nvidia.mountspec import DEFAULT_FOLDER, DEFAULT_NAMES
 from cdi.nvidia.tegra import ORIN_COMPAT_ROOT
 from cdi.runtimes import BUILDS
@@ -30,10 +29,9 @@ if TYPE_CHECKING:
         checked: bool
         default_text: str | None
 
-# ``--mode``: the discovery modes, and csv (Tegra, from its CSV files: cdi.nvidia.tegra).
-GENERATE_MODES = (*MODES, "csv")
-STRATEGIES = ("index", "uuid", "type-index")
-LINK_MODES = ("hooks", "mounts")
+# nvidia-ctk's hook names; cdi.nvidia.cli refuses to enable those nri-cdi lacks.
+HOOK_NAMES = ("create-symlinks", "update-ldcache", "enable-cuda-compat",
+              "disable-device-node-modification", "update-application-profile", "chmod")
 # Feature flags nvidia-ctk knows, and what each means here.  Accepted: those whose effect
 # we have (or always have); the others are refused by name with the reason.
 FEATURE_FLAGS: dict[str, str | None] = {
@@ -54,9 +52,9 @@ Kind = Literal["str", "list", "bool"]
 @dataclass(frozen=True, slots=True)
 class Option:
     """One option: its flags (the first is the one other commands pass), the variable it
-    falls back to, its value kind, and its help. ``choices``: the values the parser takes
-    (``checked`` False: said by the generator, for the variable too, with its own
-    message); ``default_text`` says what the default means where its value does not."""
+    falls back to, its value kind, and its help. ``choices``: the values it takes, checked
+    by the generator for the variable too (``checked``: by the parser as well, for a
+    flag); ``default_text`` says what the default means where its value does not."""
 
     help: str
     env: str
@@ -99,7 +97,7 @@ class GenerateOptions:
     mode: str = option(
         "auto", "how the GPUs are discovered: auto, nvml, procfs, management or csv "
         "(Jetson/Tegra)", "NVIDIA_CTK_CDI_GENERATE_MODE", "--mode", "--discovery-mode",
-        choices=GENERATE_MODES, checked=False)
+        choices=("auto", "nvml", "procfs", "management", "csv"), checked=False)
     driver_root: str | None = option(
         None, "the root the driver's files are under", "NVIDIA_CTK_DRIVER_ROOT",
         "--driver-root", metavar="DIR",
@@ -121,7 +119,8 @@ class GenerateOptions:
     strategies: tuple[str, ...] = option(
         ("index", "uuid"), "how devices are named: index, uuid or type-index",
         "NVIDIA_CTK_CDI_GENERATE_DEVICE_NAME_STRATEGIES", "--device-name-strategy",
-        kind="list", metavar="STRATEGY", choices=STRATEGIES, checked=False)
+        kind="list", metavar="STRATEGY", choices=("index", "uuid", "type-index"),
+        checked=False)
     vendor: str | None = option(
         None, "the spec's vendor", "NVIDIA_CTK_CDI_GENERATE_VENDOR", "--vendor", "--cdi-vendor",
         default_text="nvidia.com; management mode: management.nvidia.com")
@@ -138,7 +137,7 @@ class GenerateOptions:
     link_mode: str = option(
         "hooks", "hooks: createContainer hooks make the driver's symlinks and ld cache; "
         "mounts: bind mounts at the link paths, no hook runs", "NRI_CDI_GENERATE_LINK_MODE",
-        "--link-mode", choices=LINK_MODES)
+        "--link-mode", choices=("hooks", "mounts"))
     hook_path: str | None = option(
         None, "the hook program the spec names: an absolute path to nri-cdi, nri-cdi-hook (the "
         "static launcher), nvidia-cdi-hook or nvidia-ctk, each given arguments it "
@@ -151,17 +150,20 @@ class GenerateOptions:
     disabled_hooks: tuple[str, ...] = option(
         (), "hooks left out of the spec: a hook name, or all",
         "NVIDIA_CTK_CDI_GENERATE_DISABLED_HOOKS", "--disable-hook", "--disable-hooks",
-        kind="list", metavar="HOOK", default_text="none")
+        kind="list", metavar="HOOK", choices=("all", *HOOK_NAMES), checked=False,
+        default_text="none")
     enabled_hooks: tuple[str, ...] = option(
         (), "a hook name; overrides --disable-hook", "NVIDIA_CTK_CDI_GENERATE_ENABLED_HOOKS",
         "--enable-hook", "--enable-hooks", kind="list", metavar="HOOK",
+        choices=("all", *HOOK_NAMES), checked=False,
         default_text="none; hooks mode writes nvidia-ctk's default hooks")
     # nvidia-ctk's global options and its CSV/feature-flag ones: taken where they map to
     # something nri-cdi does, refused by name otherwise (never silently ignored).
     feature_flags: tuple[str, ...] = option(
         (), f"one of {', '.join(FEATURE_FLAGS)} (the explicit driver library list and "
         "coherence annotations are not supported)", "NVIDIA_CTK_CDI_GENERATE_FEATURE_FLAGS",
-        "--feature-flag", "--feature-flags", kind="list", metavar="FLAG", default_text="none")
+        "--feature-flag", "--feature-flags", kind="list", metavar="FLAG",
+        choices=tuple(FEATURE_FLAGS), checked=False, default_text="none")
     csv_files: tuple[str, ...] = option(
         (), "CSV mode: a CSV file listing the devices and files",
         "NVIDIA_CTK_CDI_GENERATE_CSV_FILES", "--csv.file", kind="list", metavar="FILE",
@@ -197,15 +199,6 @@ def default_of(name: str) -> Any:
     return getattr(GenerateOptions(), name)
 
 
-def shown_default(name: str) -> str:
-    """The default as the help shows it."""
-    spec = option_of(name)
-    if spec.default_text is not None:
-        return spec.default_text
-    value = default_of(name)
-    return ", ".join(value) if isinstance(value, tuple) else str(value)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every option's flags. Their defaults are None, so that an unset flag falls back to
     its variable (:func:`resolve`)."""
@@ -217,7 +210,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             options_ |= {"action": "store_true", "help": spec.help}
         else:
             again = "; repeatable" if spec.kind == "list" else ""
-            options_ |= {"help": f"{spec.help}{again} (default: {shown_default(name)})",
+            default = default_of(name)
+            shown = spec.default_text or (", ".join(default) if isinstance(default, tuple)
+                                          else str(default))
+            options_ |= {"help": f"{spec.help}{again} (default: {shown})",
                          "metavar": spec.metavar}
             if spec.kind == "list":
                 options_["action"] = "append"

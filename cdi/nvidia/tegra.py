@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from cdi.linux.elf import ElfError, read_soname
-from cdi.nvidia.discover import Roots, cuda_version, nvml_session, nvml_text
+from cdi.nvidia.discover import Roots, cuda_version, listdir, nvml_session, nvml_text
 from cdi.nvidia.driver import (
     DeviceNodeInfo,
     DeviceNodes,
@@ -101,21 +101,20 @@ class _Root(DriverRoot):
             found = []
             for folder in paths:
                 host = self.resolve(folder)
-                try:
-                    names = sorted(os.listdir(host)) if host is not None else []
-                except OSError:
-                    continue
+                names = listdir(host) if host is not None else []
                 found += [posixpath.join(folder, n) for n in fnmatch.filter(names, part)]
             paths = found
         return paths
 
-    def stat(self, path: str) -> tuple[str, os.stat_result] | None:
-        """(the host path ``path`` ends at, its stat), or None when it ends at nothing."""
+    def end(self, path: str, *, folder: bool = False) -> str | None:
+        """The host path of the folder (``folder``) or the other thing ``path`` ends at;
+        None when it ends at nothing, or at the other kind."""
         host = self.resolve(path)
         try:
-            return (host, os.stat(host)) if host is not None else None
+            st = os.stat(host) if host is not None else None
         except OSError:  # missing
             return None
+        return host if st is not None and stat.S_ISDIR(st.st_mode) == folder else None
 
     def readlink(self, path: str) -> str | None:
         """The text of the link at ``path`` (its folder resolved), or None if it is none."""
@@ -143,8 +142,8 @@ class _Found:
         self.links: dict[str, Link] = {}  # by container path
         self.missing: list[str] = []
 
-    def mount(self, host: str, path: str, kind: str) -> FileMount:
-        return self.mounts.setdefault(host, FileMount(host=host, path=path, kind=kind))
+    def mount(self, host: str, path: str) -> FileMount:
+        return self.mounts.setdefault(host, FileMount(host=host, path=path))
 
 
 def locate_tegra(roots: Roots, entries: Sequence[MountSpec],
@@ -154,23 +153,20 @@ def locate_tegra(roots: Roots, entries: Sequence[MountSpec],
     in, before the root itself."""
     driver, dev = _Root(roots.driver), _Root(roots.dev)
     found = _Found()
-    by_kind: dict[str, list[MountSpec]] = {}
-    for entry in entries:
-        by_kind.setdefault(entry.kind, []).append(entry)
     search = [*library_search_paths, "/"]
-    for entry in by_kind.get("dev", []):
+    for entry in (e for e in entries if e.kind == "dev"):
         _device(roots, dev, entry, found)
-    for entry in by_kind.get("dir", []):
+    for entry in (e for e in entries if e.kind == "dir"):
         _folder(driver, entry, found)
     libraries: dict[FileMount, None] = {}
-    for entry in by_kind.get("lib", []):
+    for entry in (e for e in entries if e.kind == "lib"):
         libraries.update(dict.fromkeys(_files(driver, entry, search, found)))
-    for entry in by_kind.get("sym", []):
+    for entry in (e for e in entries if e.kind == "sym"):
         _files(driver, entry, search, found)
         _chain_links(driver, entry, found)
-    release = driver.stat(RELEASE_FILE)
-    if release is not None and stat.S_ISREG(release[1].st_mode):
-        found.mount(release[0], RELEASE_FILE, "config")
+    release = driver.file(RELEASE_FILE)
+    if release is not None:
+        found.mount(release, RELEASE_FILE)
     # The links beside the libraries first; where a sym line's chain makes the same link,
     # the host's own text wins.
     links = {k.path: k for m in libraries for k in _library_links(m)} | found.links
@@ -194,12 +190,12 @@ def _device(roots: Roots, dev: _Root, entry: MountSpec, found: _Found) -> None:
 
 
 def _folder(driver: _Root, entry: MountSpec, found: _Found) -> None:
-    hits = [(path, end[0]) for path in driver.expand(_under("/", entry.path))
-            if (end := driver.stat(path)) is not None and stat.S_ISDIR(end[1].st_mode)]
+    hits = [(path, host) for path in driver.expand(_under("/", entry.path))
+            if (host := driver.end(path, folder=True)) is not None]
     if not hits:
         found.missing.append(f"{entry.source}: dir {entry.path}")
     for path, host in hits:
-        found.mount(host, path, "folder")
+        found.mount(host, path)
 
 
 def _files(driver: _Root, entry: MountSpec, search: Sequence[str],
@@ -209,9 +205,8 @@ def _files(driver: _Root, entry: MountSpec, search: Sequence[str],
     out = []
     for prefix in search:
         for path in driver.expand(_under(prefix, entry.path)):
-            end = driver.stat(path)
-            if end is not None and not stat.S_ISDIR(end[1].st_mode):
-                out.append(found.mount(end[0], driver.container(end[0]), "library"))
+            if (host := driver.end(path)) is not None:
+                out.append(found.mount(host, driver.container(host)))
     if not out:
         found.missing.append(f"{entry.source}: {entry.kind} {entry.path}")
     return out
@@ -221,10 +216,10 @@ def _chain_links(driver: _Root, entry: MountSpec, found: _Found) -> None:
     """The links of a ``sym`` entry's chain: the listed link, the one its text names, ...,
     each with its own text, up to the file they end at."""
     for path in driver.expand(_under("/", entry.path)):
-        end = driver.stat(path)
-        if end is None or stat.S_ISDIR(end[1].st_mode):
+        host = driver.end(path)
+        if host is None:
             continue
-        last = found.mount(end[0], driver.container(end[0]), "library")
+        last = found.mount(host, driver.container(host))
         seen = set()
         while path not in seen:
             seen.add(path)

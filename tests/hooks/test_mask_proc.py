@@ -26,10 +26,11 @@ mount --make-rprivate /
 mount -t proc proc "$ROOT/proc"
 "$PY" -c "
 import sys
-from cdi.nvidia.hooks.mask_proc import mask_proc, MaskError
+from cdi.hooks.rootfs import RootFSError
+from cdi.nvidia.hooks.mask_proc import mask_proc
 try:
     print(mask_proc(sys.argv[1], sys.argv[3:], sys.argv[2]))
-except MaskError as exc:
+except RootFSError as exc:
     print('error:', exc)
 " "$ROOT" "$SRC" $GPUS
 ls "$ROOT/proc/driver/nvidia/gpus" 2>/dev/null | tr '\n' ' '; echo

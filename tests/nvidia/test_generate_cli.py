@@ -121,7 +121,7 @@ def test_hooks_options(root_args: list[str]) -> None:
                                              "/sbin/ldconfig.real")]
     assert generate([*root_args, "--enable-hook", "all"])[0] == 1
     rc, _, err = generate([*root_args, "--disable-hook", "bogus"])
-    assert rc == 1 and "unknown hook 'bogus'" in err
+    assert rc == 1 and "unknown --disable-hook 'bogus'" in err
     # nvidia-ctk's hooks that we lack: disabling them is true already, enabling is refused.
     assert generate([*root_args, "--disable-hook", "chmod"])[0] == 0
     for name in ("chmod", "update-application-profile"):
@@ -154,7 +154,7 @@ def test_library_search_path(node: BuiltNode, root_args: list[str]) -> None:
 
 def test_bad_options(tmp_path: Path) -> None:
     for argv, message in [
-        (["--mode", "wsl"], "mode 'wsl' is not supported"),
+        (["--mode", "wsl"], "unknown --mode 'wsl'"),
         (["--device-name-strategy", "serial"], "unknown --device-name-strategy"),
         (["--hook-path", "relative/nri-cdi"], "must be absolute"),
         (["--driver-root", str(tmp_path / "missing")], "is not a folder"),

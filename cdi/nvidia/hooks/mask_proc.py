@@ -17,14 +17,12 @@ import ctypes
 import os
 from collections.abc import Sequence
 
+from cdi.hooks.rootfs import RootFSError
+
 PROC_SUPER_MAGIC = 0x9FA0
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC = 32, 4096, 16384
 _SAFE = MS_NOSUID | MS_NODEV | MS_NOEXEC
-
-
-class MaskError(Exception):
-    """Masking cannot be done; the message names the path."""
 
 
 class _Statfs(ctypes.Structure):
@@ -48,7 +46,7 @@ def _mount(source: str | None, target: str, fstype: str | None, flags: int,
     enc = [None if v is None else v.encode() for v in (source, target, fstype, data)]
     if _libc().mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]) != 0:
         err = ctypes.get_errno()
-        raise MaskError(f"mount {target}: {os.strerror(err)}")
+        raise RootFSError(f"mount {target}: {os.strerror(err)}")
 
 
 def procfs_bus_names(bus: str) -> list[str]:
@@ -67,7 +65,7 @@ def _source(proc_root: str, bus: str) -> str:
         path = os.path.join(proc_root, "gpus", name)
         if os.path.isdir(path):
             return path
-    raise MaskError(f"GPU {bus}: no folder for it under {proc_root}/gpus")
+    raise RootFSError(f"GPU {bus}: no folder for it under {proc_root}/gpus")
 
 
 def mask_proc(root: str, gpus: Sequence[str], proc_root: str = "/proc/driver/nvidia") -> str:
@@ -77,14 +75,14 @@ def mask_proc(root: str, gpus: Sequence[str], proc_root: str = "/proc/driver/nvi
     try:
         proc = os.open(os.path.join(root, "proc"), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as exc:
-        raise MaskError(f"{root}/proc: {exc.strerror}") from None
+        raise RootFSError(f"{root}/proc: {exc.strerror}") from None
     try:
         if _fs_type(proc) != PROC_SUPER_MAGIC:
-            raise MaskError(f"{root}/proc is not a procfs mount")
+            raise RootFSError(f"{root}/proc is not a procfs mount")
         real = _open_dir(proc, "driver/nvidia/gpus")
         fd = real if real is not None else _open_dir(proc, "driver")
         if fd is None:
-            raise MaskError(f"{root}/proc has no driver folder")
+            raise RootFSError(f"{root}/proc has no driver folder")
         try:
             target = f"/proc/self/fd/{fd}"
             _mount("tmpfs", target, "tmpfs", _SAFE, "mode=0755,size=64k")

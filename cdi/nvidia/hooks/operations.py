@@ -13,24 +13,19 @@ which a container without those operations does not need.
 from __future__ import annotations
 
 from cdi.hooks.operation import Args, Operation, Option
-from cdi.hooks.rootfs import RootFS, RootFSError
+from cdi.hooks.rootfs import RootFS
 
 DEFAULT_PROC_ROOT = "/proc/driver/nvidia"
 
 
 def _mask_proc(root: RootFS, args: Args) -> list[str]:
-    # lazy: ctypes, which a container without this operation does not need
-    from cdi.nvidia.hooks.mask_proc import MaskError, mask_proc
+    from cdi.nvidia.hooks.mask_proc import mask_proc
 
-    try:
-        mask_proc(root.path, args.gpu, args.proc_root or DEFAULT_PROC_ROOT)
-    except MaskError as exc:
-        raise RootFSError(str(exc)) from None
+    mask_proc(root.path, args.gpu, args.proc_root or DEFAULT_PROC_ROOT)
     return []
 
 
 def _enable_cuda_compat(root: RootFS, args: Args) -> list[str]:
-    # lazy, as every operation's module: paid only when on the line
     from cdi.nvidia.hooks.cuda_compat import COMPAT_ROOT, enable_cuda_compat
 
     result = enable_cuda_compat(root, host_driver=args.host_driver_version or "",
@@ -42,7 +37,6 @@ def _enable_cuda_compat(root: RootFS, args: Args) -> list[str]:
 
 
 def _disable_device_node_modification(root: RootFS, args: Args) -> list[str]:
-    # lazy: ctypes
     from cdi.nvidia.hooks.device_params import PARAMS, disable_device_node_modification
 
     disable_device_node_modification(root, host_params=args.host_params or PARAMS)
