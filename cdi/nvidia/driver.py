@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from cdi.linux.elf import ElfError, is_elf, read_soname
-from cdi.linux.ldcache import LdCacheError, find_libraries, read_ldcache, resolve_in_root
+from cdi.linux.ldcache import LdCacheError, find_libraries, read_ldcache, resolve_from
 from cdi.nvidia.discover import Roots, listdir
 
 LIBRARY_DIRS = (
@@ -207,7 +207,9 @@ class DriverRoot:
         """The host path that the container path ``path`` resolves to (missing components
         kept as they are); None when its links loop."""
         try:
-            return os.fspath(resolve_in_root(self.root, posixpath.normpath("/" + path)))
+            root = os.fspath(Path(self.root))
+            parts, _hops = resolve_from(root, (), posixpath.normpath("/" + path))
+            return os.fspath(Path(root).joinpath(*parts))
         except OSError as exc:
             if exc.errno != errno.ELOOP:
                 raise
