@@ -18,7 +18,6 @@ from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
 from nri_plugin.vendors.nvidia import units
 from nri_plugin.vendors.nvidia.capabilities import ENV as CAPABILITIES_ENV
 from nri_plugin.vendors.nvidia.capabilities import filter_edits, requested_capabilities
-from nri_plugin.vendors.nvidia.k8s_sources import NRI_KEY
 from nri_plugin.vendors.nvidia.no_device_requests import (
     IMEX_ENV,
     MIG_CONFIG_ENV,
@@ -42,6 +41,7 @@ from nri_plugin.vendors.nvidia.sources import (
     IMEX_CHANNELS,
     MIG_CAPABILITIES,
     NRI_ANNOTATIONS,
+    NRI_KEY,
     SOURCES,
     VISIBLE_DEVICES,
     facts_of,
