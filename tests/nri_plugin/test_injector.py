@@ -27,7 +27,7 @@ from nri_plugin.plugins.cdi_injector.context import (
     read_context,
 )
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
-from nri_plugin.plugins.cdi_injector.plan import InjectionError, PlanFor, plan_injection
+from nri_plugin.plugins.cdi_injector.plan import InjectionError, PlanFor
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.requests import (
     DeviceRequest,
@@ -38,7 +38,7 @@ from nri_plugin.plugins.cdi_injector.requests import (
 )
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RequestSource, env_read
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from tests.helpers import annotations_policy, write_specs
+from tests.helpers import annotations_policy, plan_injection, write_specs
 from tests.nri_runtime_peer import RuntimePeer
 
 # The injector's own annotation sources allowed everywhere: these tests ask by annotation.

@@ -1,7 +1,6 @@
 """The shipped plugin: CDI device requests → a ContainerAdjustment, in one pass
-(``CdiInjector.decide``; its steps: docs/developer/architecture.md). Vendor-neutral, and
-nothing here reads files but ``on_miss``: the registry and the policy were loaded ahead and
-are swapped in whole by a refresher.
+(``CdiInjector.decide``; its steps: docs/developer/architecture.md). Vendor-neutral; nothing
+here reads files but ``on_miss``.
 """
 
 from __future__ import annotations
@@ -37,9 +36,6 @@ from nri_plugin.plugins.cdi_injector.refusal import Reason, Refusal
 from nri_plugin.plugins.cdi_injector.requests import unique_requests
 from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules
 
-# Set-ups to warn about once connected (the daemon: one broken for DRA claims).
-StartWarning = Callable[[RuntimeInfo], str | None]
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Wiring:
@@ -56,7 +52,7 @@ class Wiring:
     on_miss: OnMiss | None = None
     on_hit: OnHit | None = None
     # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
-    on_start_warning: StartWarning | None = None
+    on_start_warning: Callable[[RuntimeInfo], str | None] | None = None
     # Runs the per-container log line once the reply has left (the daemon: the event
     # loop's call_soon; the runtime waits for the reply, not for the line). None: now.
     after_reply: Callable[[Callable[[], None]], object] | None = None
@@ -87,9 +83,7 @@ class CdiInjector(Plugin):
         policy: Policy | None = None,
         wiring: Wiring | None = None,
     ) -> None:
-        # Returns the current registry (snapshot + the vendors' facts for it, in the order
-        # of ``vendors``), replaced whole by the refresher; never does I/O.
-        self._registry = registry
+        self._registry = registry  # swapped whole by the refresher; never does I/O
         self.vendors = tuple(vendors)
         self.policy = policy or Policy.defaults(self.vendors)
         self.runtime = RuntimeInfo()
@@ -107,7 +101,6 @@ class CdiInjector(Plugin):
         self._gids_warned: set[tuple[int, ...]] = set()
 
     def registry(self) -> Registry:
-        """The registry in force now (what one container's decision reads, once)."""
         return self._registry()
 
     def set_policy(self, policy: Policy) -> None:
@@ -196,8 +189,7 @@ class CdiInjector(Plugin):
     def decide(self, pod: nri_pb2.PodSandbox,
                container: nri_pb2.Container) -> Injection | None:
         """The whole decision for one container (None: nothing to change); raises a
-        Refusal with the reason. The registry and the policy are read once: every step
-        sees the same snapshot, facts and rules."""
+        Refusal. The registry and the policy are read once: every step sees the same."""
         policy = self.policy
         # 1. What it asks for, by every source, under a registry that knows the names; no
         # device another pod holds asked for past the scheduler.
@@ -232,8 +224,7 @@ class CdiInjector(Plugin):
                  policy: Policy) -> tuple[dict[str, Device], EditFilter | None]:
         """Every device to be added or already there, against the policy's device rules,
         the registry (an unknown name is said before any verdict) and each vendor's
-        verdict (a refusal raises): the devices by name, and the vendors' edit filter,
-        combined (None: none)."""
+        verdict: the devices by name, and the vendors' edit filter (None: none)."""
         checked = unique_requests([*want.to_add, *want.there])
         names = [r.name for r in checked]
         policy.check_devices(names, context.namespace, context.privileged)
@@ -296,8 +287,8 @@ class _FilterChain:
 
 def _with_removals(injection: Injection, trimmed: Injection | None, *,
                    adds: bool) -> Injection | None:
-    """``injection`` with the mounts to take back (``trimmed``) merged in; None when it
-    changes nothing and adds no device (extras that came to nothing)."""
+    """``injection`` with ``trimmed``'s removals; None when it changes nothing and adds no
+    device (extras that came to nothing)."""
     if trimmed is not None:  # the plan is kept (``PlanCache``): add to a copy
         adjustment = nri_pb2.ContainerAdjustment()
         adjustment.CopyFrom(injection.adjustment)

@@ -183,12 +183,6 @@ def _by_spec(devices: Sequence[Device]) -> dict[str, list[Device]]:
     return by_spec
 
 
-def plan_injection(snapshot: Snapshot, requests: Sequence[DeviceRequest], runtime: RuntimeInfo,
-                   plan_for: PlanFor | None = None) -> Injection:
-    """``plan_devices`` for the devices ``requests`` name (looked up first)."""
-    return plan_devices(snapshot, lookup_devices(snapshot, requests), runtime, plan_for)
-
-
 def removes_runtime_mounts(runtime: RuntimeInfo) -> bool:
     """Whether NRI mount removals reach the mounts the runtime's own CDI injected: seen
     with containerd 2.1.9; containerd 1.7.24 accepts the removals and keeps the mounts."""

@@ -13,7 +13,7 @@ from cdi.model import ContainerEdits, DeviceNode
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.vendors.nvidia.nodefacts import NodeFacts
 from nri_plugin.vendors.nvidia.visible_devices import ENV as VISIBLE_ENV
-from nri_plugin.vendors.nvidia.visible_devices import GPU_KIND
+from nri_plugin.vendors.nvidia.visible_devices import GPU_KIND, items, listed
 
 MIG_CONFIG_ENV = "NVIDIA_MIG_CONFIG_DEVICES"
 MIG_MONITOR_ENV = "NVIDIA_MIG_MONITOR_DEVICES"
@@ -24,39 +24,35 @@ class ExtrasError(Refusal):
     default_rule = "nvidia.extras"
 
 
-def _items(value: str) -> list[str]:
-    return [i.strip() for i in value.split(",") if i.strip()]
-
-
 def wants_driver_only(env: Mapping[str, str]) -> bool:
     """``NVIDIA_VISIBLE_DEVICES=none`` (``void`` anywhere wins: nothing at all)."""
-    items = _items(env.get(VISIBLE_ENV, ""))
-    return bool(items) and "void" not in items and all(i == "none" for i in items)
+    found = items(env.get(VISIBLE_ENV, ""))
+    return bool(found) and "void" not in found and all(i == "none" for i in found)
 
 
 def wants_mig_capability(env: Mapping[str, str], variable: str) -> bool:
     """True for ``all``; False when unset or empty; ExtrasError for anything else."""
-    items = _items(env.get(variable, ""))
-    for item in items:
+    found = items(env.get(variable, ""))
+    for item in found:
         if item.lower() != "all":
             raise ExtrasError(f"{variable}={env[variable]}: {item!r}: only 'all' is "
                               "supported (as in libnvidia-container)", rule=f"nvidia.{variable}")
-    return bool(items)
+    return bool(found)
 
 
 def imex_channel_ids(env: Mapping[str, str], available: Sequence[int]) -> list[int]:
     """The channels ``NVIDIA_IMEX_CHANNELS`` asks for ([] for unset, empty, void, none)."""
     text = env.get(IMEX_ENV, "")
-    items = _items(text)
-    if not items or "void" in items or items == ["none"]:
+    asked = listed(text)
+    if not asked:
         return []
-    if any(i.lower() == "all" for i in items):
+    if any(i.lower() == "all" for i in asked):
         if not available:
             raise ExtrasError(f"{IMEX_ENV}=all: this node has no IMEX channel nodes",
                               rule=f"nvidia.{IMEX_ENV}")
         return sorted(available)
     out: list[int] = []
-    for item in items:
+    for item in asked:
         if not item.isdigit():
             raise ExtrasError(f"{IMEX_ENV}={text}: {item!r} is not a channel number",
                               rule=f"nvidia.{IMEX_ENV}")

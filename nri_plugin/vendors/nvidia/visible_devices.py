@@ -27,10 +27,19 @@ def visible_device_names(env: Mapping[str, str], snapshot: Snapshot, facts: Node
     text = env.get(ENV, "all" if legacy else "")
     if text.rstrip("/") == VOLUME_MOUNT_ROOT:
         return []  # the device plugin's volume-mounts strategy: the mounts are the request
-    ids = [i.strip() for i in text.split(",") if i.strip()]
-    if not ids or "void" in ids or ids == ["none"]:
-        return []
-    return resolve_ids([i for i in ids if i != "none"], snapshot, facts, ENV)
+    return resolve_ids([i for i in listed(text) if i != "none"], snapshot, facts, ENV)
+
+
+def items(text: str) -> list[str]:
+    """The items of a comma list, stripped, empty ones left out."""
+    return [i.strip() for i in text.split(",") if i.strip()]
+
+
+def listed(text: str) -> list[str]:
+    """The items of a comma list in libnvidia-container's grammar: none where it is empty,
+    holds ``void`` or is ``none`` alone."""
+    found = items(text)
+    return [] if "void" in found or found == ["none"] else found
 
 
 def resolve_ids(ids: Iterable[str], snapshot: Snapshot, facts: NodeFacts,
