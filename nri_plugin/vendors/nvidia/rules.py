@@ -1,8 +1,7 @@
-"""NVIDIA's rules behind the injector's ``VendorRules`` interface: its request sources and
-default denial (``management.nvidia.com/*``), ``NVIDIA_REQUIRE_*`` checked against the
-facts of the specs a requested device comes from, and ``NVIDIA_DRIVER_CAPABILITIES`` as an
-edit filter. Facts come from the generator's sidecars (``nodefacts``), loaded in the
-refresher's thread; everything else here is pure.
+"""NVIDIA's rules behind the injector's ``VendorRules`` interface: ``NVIDIA_REQUIRE_*``
+checked against the facts of the specs a requested device comes from, and
+``NVIDIA_DRIVER_CAPABILITIES`` as an edit filter. Facts come from the generator's sidecars
+(``nodefacts``), loaded in the refresher's thread; everything else here is pure.
 """
 
 from __future__ import annotations
@@ -18,18 +17,6 @@ from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
 from nri_plugin.vendors.nvidia import units
 from nri_plugin.vendors.nvidia.capabilities import ENV as CAPABILITIES_ENV
 from nri_plugin.vendors.nvidia.capabilities import filter_edits, requested_capabilities
-from nri_plugin.vendors.nvidia.no_device_requests import (
-    IMEX_ENV,
-    MIG_CONFIG_ENV,
-    MIG_MONITOR_ENV,
-    ExtrasError,
-    driver_only_edits,
-    imex_channel_ids,
-    imex_channels,
-    mig_capability_node,
-    wants_driver_only,
-    wants_mig_capability,
-)
 from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts, SpecFacts, load_facts
 from nri_plugin.vendors.nvidia.requirements import (
     GpuInfo,
@@ -48,6 +35,18 @@ from nri_plugin.vendors.nvidia.sources import (
     is_legacy_image,
 )
 from nri_plugin.vendors.nvidia.visible_devices import ENV as VISIBLE_ENV
+from nri_plugin.vendors.nvidia.visible_devices import (
+    IMEX_ENV,
+    MIG_CONFIG_ENV,
+    MIG_MONITOR_ENV,
+    ExtrasError,
+    driver_only_edits,
+    imex_channel_ids,
+    imex_channels,
+    mig_capability_node,
+    wants_driver_only,
+    wants_mig_capability,
+)
 
 
 class CapabilityFilter(NamedTuple):
@@ -102,9 +101,9 @@ class NvidiaRules:
 
     def verdict(self, context: ContainerContext, names: Sequence[str], policy: Policy,
                 snapshot: Snapshot, facts: object) -> CapabilityFilter | None:
-        """Check NVIDIA_REQUIRE_* against the facts of the requested devices' specs, add
-        what ``none``, the MIG capabilities and IMEX channels ask for, and return the
-        capability filter for NVIDIA_DRIVER_CAPABILITIES (None: nothing to add or drop)."""
+        """Check NVIDIA_REQUIRE_*, add what ``none``, the MIG capabilities and IMEX
+        channels ask for, and return the capability filter (None: nothing to add or
+        drop)."""
         env = context.env
         node = facts_of(facts)
         specs = {s.path: s for s in (node.spec_of(n, snapshot) for n in names)
@@ -149,8 +148,8 @@ class NvidiaRules:
     def _extras(self, policy: Policy, names: Sequence[str], context: ContainerContext,
                 snapshot: Snapshot,
                 node: NodeFacts) -> tuple[ContainerEdits, str | None]:
-        """Edits of no device that the env asks for and the policy allows: (the edits, the
-        NVIDIA spec they came from when ``none`` added its edits)."""
+        """Edits of no device that the env asks for and the policy allows, and the NVIDIA
+        spec ``none``'s edits came from."""
         env = context.env
         parts: list[ContainerEdits] = []
         spec_path = None
@@ -218,9 +217,8 @@ def _mask_hook(names: Sequence[str], snapshot: Snapshot, node: NodeFacts,
                driver_only_spec: str | None) -> Hook | None:
     """``mask-proc`` with one ``--gpu`` per GPU the container gets from NVIDIA specs that
     record the hook (a MIG device: its parent); None when no such spec is involved."""
-    hook: Hook | None = None
-    buses: list[str] = []
     involved = [node.specs.get(driver_only_spec)] if driver_only_spec else []
+    buses: list[str] = []
     for name in names:
         spec = node.spec_of(name, snapshot)
         if spec is None or spec.mask_hook is None:
@@ -230,15 +228,11 @@ def _mask_hook(names: Sequence[str], snapshot: Snapshot, node: NodeFacts,
             buses += [d.bus_id for d in spec.devices.values()]
         elif name in spec.devices:
             buses.append(spec.devices[name].bus_id)
-    for spec in involved:
-        if spec is not None and spec.mask_hook is not None:
-            hook = spec.mask_hook
-    if hook is None:
+    hooks = [s.mask_hook for s in involved if s is not None and s.mask_hook is not None]
+    if not hooks:
         return None
-    args: list[str] = []
-    for bus in sorted({b for b in buses if b}):
-        args += ["--gpu", bus]
-    return hook._replace(args=(*hook.args, *args))
+    gpus = [arg for bus in sorted({b for b in buses if b}) for arg in ("--gpu", bus)]
+    return hooks[-1]._replace(args=(*hooks[-1].args, *gpus))
 
 
 def _allows(policy: Policy, source: RequestSource, context: ContainerContext) -> bool:

@@ -16,10 +16,12 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
 from nri_plugin.plugins.cdi_injector.policy import NO_NAMESPACE, SourceRule
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, comma_list_requests
-from nri_plugin.vendors.nvidia.no_device_requests import IMEX_ENV, MIG_CONFIG_ENV, MIG_MONITOR_ENV
 from nri_plugin.vendors.nvidia.nodefacts import NodeFacts
 from nri_plugin.vendors.nvidia.visible_devices import ENV as VISIBLE_ENV
 from nri_plugin.vendors.nvidia.visible_devices import (
+    IMEX_ENV,
+    MIG_CONFIG_ENV,
+    MIG_MONITOR_ENV,
     VOLUME_MOUNT_ROOT,
     VisibleDevicesError,
     resolve_ids,
