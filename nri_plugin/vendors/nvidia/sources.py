@@ -32,22 +32,17 @@ NRI_KEY = "nvidia.cdi.k8s.io"
 NRI_KEY_PREFIX = NRI_KEY + "/container."
 
 
-def nvidia_nri_key(pod_annotations: Mapping[str, str], container_name: str) -> str | None:
-    """The one pod annotation NVIDIA's NRI plugin reads for a container, by containerd/nri's
-    rule for a container's effective annotation: ``<key>/container.<name>``, else
-    ``<key>/pod``, else the bare ``<key>``; ``<key>/container.*`` (this plugin's own, and
-    NVIDIA's before its 1.20) comes after the container's own key."""
+def nvidia_nri_requests(pod_annotations: Mapping[str, str],
+                        container_name: str) -> list[DeviceRequest]:
+    """What the one pod annotation NVIDIA's NRI plugin reads for a container asks for, by
+    containerd/nri's rule for a container's effective annotation: ``<key>/container.<name>``,
+    else ``<key>/pod``, else the bare ``<key>``; ``<key>/container.*`` (this plugin's own,
+    and NVIDIA's before its 1.20) comes after the container's own key."""
     for key in (NRI_KEY_PREFIX + container_name, NRI_KEY_PREFIX + "*", NRI_KEY + "/pod",
                 NRI_KEY):
         if key in pod_annotations:
-            return key
-    return None
-
-
-def nvidia_nri_requests(pod_annotations: Mapping[str, str],
-                        container_name: str) -> list[DeviceRequest]:
-    key = nvidia_nri_key(pod_annotations, container_name)
-    return comma_list_requests(key, pod_annotations[key]) if key is not None else []
+            return comma_list_requests(key, pod_annotations[key])
+    return []
 
 
 def volume_mount_ids(mounts: Sequence[nri_pb2.Mount]) -> list[tuple[str, str]]:

@@ -7,8 +7,6 @@ plugin's own), from the device nodes it carries. Pure.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from cdi.cache import Snapshot
 from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts
 from nri_plugin.vendors.nvidia.visible_devices import GPU_KIND, match_id
@@ -51,25 +49,18 @@ def allocated_units(resource: str, device_id: str, facts: NodeFacts) -> frozense
 
 
 def _by_nodes(paths: set[str], snapshot: Snapshot, facts: NodeFacts) -> frozenset[str]:
-    """Units whose device nodes ``paths`` hold: a MIG device by its capability nodes (all
-    of them present), else a GPU by its ``/dev/nvidia<minor>``."""
-    mig = {unit(d) for d, caps in _mig_caps(snapshot, facts).items() if caps <= paths}
-    if mig:
-        return frozenset(mig)
-    return frozenset(unit(d) for d in facts.devices.values() if d.type == "gpu"
-                     and d.minor is not None and f"/dev/nvidia{d.minor}" in paths)
-
-
-def _mig_caps(snapshot: Snapshot, facts: NodeFacts) -> Mapping[DeviceFacts, frozenset[str]]:
-    """Each MIG device's capability nodes (``/dev/nvidia-caps/``), from its spec's edits:
-    what tells one MIG device of a GPU from another."""
-    out: dict[DeviceFacts, frozenset[str]] = {}
+    """Units whose device nodes ``paths`` hold: a MIG device by its capability nodes
+    (``/dev/nvidia-caps/``, which tell one MIG device of a GPU from another; all of them
+    present), else a GPU by its ``/dev/nvidia<minor>``."""
+    mig = set()
     for facts_device in facts.devices.values():
         device = snapshot.devices.get(facts_device.name)
         if facts_device.type != "mig" or device is None:
             continue
-        caps = frozenset(n.path for n in device.edits.device_nodes
-                         if n.path.startswith(CAPS_FOLDER))
-        if caps:
-            out[facts_device] = caps
-    return out
+        caps = {n.path for n in device.edits.device_nodes if n.path.startswith(CAPS_FOLDER)}
+        if caps and caps <= paths:
+            mig.add(unit(facts_device))
+    if mig:
+        return frozenset(mig)
+    return frozenset(unit(d) for d in facts.devices.values() if d.type == "gpu"
+                     and d.minor is not None and f"/dev/nvidia{d.minor}" in paths)
