@@ -54,11 +54,12 @@ class Wiring:
     # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
     on_start_warning: Callable[[RuntimeInfo], str | None] | None = None
     # Runs the per-container log line once the reply has left (the daemon: the event
-    # loop's call_soon; the runtime waits for the reply, not for the line). None: now.
-    after_reply: Callable[[Callable[[], None]], object] | None = None
+    # loop's call_soon; the runtime waits for the reply, not for the line).
+    after_reply: Callable[[Callable[[], None]], object] = lambda line: line()
     # What the kubelet allocated to each pod, kept current by the daemon (no I/O here);
     # None, or a call that returns None: no kubelet to ask, nothing checked.
     allocations: Callable[[], KubeletAllocations | None] | None = None
+
 
 log = logging.getLogger("nri_cdi.injector")
 
@@ -87,14 +88,10 @@ class CdiInjector(Plugin):
         self.vendors = tuple(vendors)
         self.policy = policy or Policy.defaults(self.vendors)
         self.runtime = RuntimeInfo()
-        wiring = wiring or Wiring()
-        self.runtime_cdi = wiring.runtime_cdi
+        self._wiring = wiring = wiring or Wiring()
         self.counters = wiring.counters if wiring.counters is not None else Counters()
         self.delegations = DelegationTracker()
         self._asker = Asker(self.vendors, wiring.on_miss, wiring.on_hit)
-        self.on_start_warning = wiring.on_start_warning
-        self._after_reply = wiring.after_reply
-        self._allocations = wiring.allocations
         self._plans = PlanCache()
         # Group sets already warned about on this connection (one line each, not one per
         # container: the counters and metrics count every container).
@@ -110,7 +107,7 @@ class CdiInjector(Plugin):
     def runtime_of(self, runtime_name: str, runtime_version: str) -> RuntimeInfo:
         """The runtime Configure names, with what the settings say of its own CDI."""
         runtime = RuntimeInfo.from_configure(runtime_name, runtime_version)
-        cdi = self.runtime_cdi
+        cdi = self._wiring.runtime_cdi
         return cdi.applied_to(runtime) if cdi is not None else runtime
 
     # --- the NRI events ---
@@ -118,7 +115,7 @@ class CdiInjector(Plugin):
     def configure(self, config: str, runtime_name: str,
                   runtime_version: str) -> EventMask | None:
         self.runtime = self.runtime_of(runtime_name, runtime_version)
-        cdi = self.runtime_cdi
+        cdi, warning = self._wiring.runtime_cdi, self._wiring.on_start_warning
         self.delegations = DelegationTracker()  # events of an earlier connection are lost
         self._gids_warned.clear()
         log.info("connected to %s; %s", self.runtime.describe(),
@@ -130,7 +127,7 @@ class CdiInjector(Plugin):
                      "mounts by (depth, path) whenever a plugin adds mounts, so same-depth "
                      "mounts (which never nest) may be listed in another order than with "
                      "native CDI", self.runtime.describe_cdi())
-        if self.on_start_warning is not None and (line := self.on_start_warning(self.runtime)):
+        if warning is not None and (line := warning(self.runtime)):
             log.warning("%s", line)
         if not self.runtime.supports_cdi_devices:
             return EventMask.CREATE_CONTAINER  # nothing is handed over: nothing to follow up
@@ -156,10 +153,7 @@ class CdiInjector(Plugin):
             self.delegations.delegated(container.id, label, injection.delegated)
         if injection.dropped_gids:
             self.counters.gids_dropped += 1
-        if self._after_reply is None:
-            self._log_answer(label, injection)
-        else:
-            self._after_reply(lambda: self._log_answer(label, injection))
+        self._wiring.after_reply(lambda: self._log_answer(label, injection))
         return injection.adjustment
 
     def _log_answer(self, label: str, injection: Injection) -> None:
@@ -194,8 +188,8 @@ class CdiInjector(Plugin):
         # 1. What it asks for, by every source, under a registry that knows the names; no
         # device another pod holds asked for past the scheduler.
         context, registry, reread = self._asker.read(pod, container, self._registry(), policy)
-        if self._allocations is not None:
-            check_not_held(context, registry, self.vendors, self._allocations)
+        if self._wiring.allocations is not None:
+            check_not_held(context, registry, self.vendors, self._wiring.allocations)
         # 2. What of it is already in the container (the runtime's CDI, an earlier plugin).
         want = wanted(context, container, registry.snapshot, self.runtime.native_cdi, policy)
         if reread and (refusal := rechecked_refusal(registry.snapshot, want.to_add)):

@@ -74,8 +74,8 @@ class NodeFacts:
 
 def load_facts(snapshot: Snapshot, previous: NodeFacts | None = None) -> NodeFacts:
     """Read every spec's sidecar (I/O); problems are logged and that sidecar skipped. A
-    sidecar that does not match its spec keeps ``previous``'s facts for that spec when they
-    were read for the same parsed spec object (the file did not change since)."""
+    sidecar that does not match its spec keeps ``previous``'s facts for that spec when the
+    spec file did not change since."""
     specs: dict[str, SpecFacts] = {}
     devices: dict[str, DeviceFacts] = {}
     stale: list[str] = []
@@ -84,7 +84,6 @@ def load_facts(snapshot: Snapshot, previous: NodeFacts | None = None) -> NodeFac
         doc = _read_sidecar(path)
         if doc is _STALE:
             stale.append(path)
-            # Unchanged since its facts were read: they still hold.
             kept = (previous.specs.get(path) if previous is not None
                     and previous.loaded_for.get(path) is loaded.spec else None)
             if kept is not None:
@@ -158,7 +157,6 @@ def parse_sidecar(path: str, kind: str, doc: Mapping[str, Any]) -> SpecFacts:
 
 
 def _node(meta: Mapping[str, Any]) -> DeviceNode:
-    """A recorded device node (the generator's sidecar ``nodes`` entries)."""
     return DeviceNode(path=str(meta["path"]), host_path=_str(meta.get("hostPath")), type="c",
                       major=int(meta["major"]), minor=int(meta["minor"]),
                       file_mode=_int(meta.get("fileMode")), permissions="rw",
