@@ -132,8 +132,11 @@ def _hand_over(snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeIn
     if not devices:
         return False, ()
     can_hand_over = runtime.supports_cdi_devices and not delegation_problems(devices, runtime)
+    by_spec: dict[str, list[Device]] = {}
+    for device in devices:
+        by_spec.setdefault(device.spec.path, []).append(device)
     dropped: set[int] = set()
-    for group in _by_spec(devices).values():
+    for group in by_spec.values():
         edits = snapshot.merged_edits(group)
         reasons = unsupported_edits(edits, runtime)
         if not reasons:
@@ -167,13 +170,6 @@ def _why_not(devices: Sequence[Device], runtime: RuntimeInfo) -> str:
                 ">= 1.7.30, CRI-O >= 1.34 can)")
     return "the runtime's own CDI would fail on them: " + "; ".join(
         delegation_problems(devices, runtime))
-
-
-def _by_spec(devices: Sequence[Device]) -> dict[str, list[Device]]:
-    by_spec: dict[str, list[Device]] = {}
-    for device in devices:
-        by_spec.setdefault(device.spec.path, []).append(device)
-    return by_spec
 
 
 def removes_runtime_mounts(runtime: RuntimeInfo) -> bool:

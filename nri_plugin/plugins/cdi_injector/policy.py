@@ -109,13 +109,10 @@ def default_device_rules(vendors: Sequence[VendorPolicy] = ()) -> tuple[DeviceRu
     return (DeviceRule(index=0, allow=("*",), deny=deny),)
 
 
-DEFAULT_DEVICE_RULES = default_device_rules()
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Policy:
     sources: Mapping[str, SourceRule] = field(default_factory=default_sources)
-    devices: tuple[DeviceRule, ...] = DEFAULT_DEVICE_RULES
+    devices: tuple[DeviceRule, ...] = field(default_factory=default_device_rules)
     privileged_exempt: bool = False
     enforce_requirements: bool = True
     unknown_facts: str = "allow"  # a spec without sidecar facts: skip the checks

@@ -69,10 +69,8 @@ class CapabilityFilter(NamedTuple):
             edits = merge([edits, self.extra])
         if not self.capability_maps:
             return edits
-        capability_of: dict[str, str] = {}
-        for capabilities in self.capability_maps:
-            capability_of.update(capabilities)
-        return filter_edits(edits, capability_of, self.wanted)
+        return filter_edits(edits, {file: capability for m in self.capability_maps
+                                    for file, capability in m.items()}, self.wanted)
 
 
 class NvidiaRules:
@@ -119,7 +117,7 @@ class NvidiaRules:
                 raise RequirementError(
                     f"cannot check {requirements[0].env}: no recorded node facts for "
                     f"{', '.join(names)} (policy requirements.unknownFacts: deny)",
-                    rule="requirements.unknownFacts", device=names[0] if names else None)
+                    rule="requirements.unknownFacts", device=names[0])
             for spec in specs.values():
                 check(requirements, spec.versions, _gpus(names, spec))
             # GPUs named by another spec (the device plugin's own, another generator's):

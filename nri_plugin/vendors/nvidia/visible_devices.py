@@ -79,22 +79,13 @@ def _resolve(item: str, known: list[DeviceFacts], snapshot: Snapshot,
 def _all(known: list[DeviceFacts], snapshot: Snapshot) -> list[str]:
     if f"{GPU_KIND}=all" in snapshot.devices:
         return [f"{GPU_KIND}=all"]
-    names = _one_name_each(known)
-    if not names:
-        raise VisibleDevicesError(f"{ENV}=all: no {GPU_KIND} devices on this node")
-    return names
-
-
-def _one_name_each(known: Iterable[DeviceFacts]) -> list[str]:
     # Each physical device is listed once per naming strategy: keep the first name.
-    seen: set[tuple[object, ...]] = set()
-    out = []
+    first: dict[tuple[str, str], str] = {}
     for d in sorted(known, key=lambda d: d.name):
-        key = (d.gpu_uuid, d.mig_uuid)
-        if key not in seen:
-            seen.add(key)
-            out.append(d.name)
-    return out
+        first.setdefault((d.gpu_uuid, d.mig_uuid), d.name)
+    if not first:
+        raise VisibleDevicesError(f"{ENV}=all: no {GPU_KIND} devices on this node")
+    return list(first.values())
 
 
 def match_id(item: str, known: list[DeviceFacts]) -> str | None:
