@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -62,9 +63,7 @@ def visible_to_runtime(spec_path: str, runtime: RuntimeInfo) -> bool:
 
 def _norm(path: str) -> str:
     # /var/run is a link to /run on current distributions.
-    path = os.path.normpath(path)
-    return "/run" + path[len("/var/run"):] if path.startswith("/var/run/") or \
-        path == "/var/run" else path
+    return re.sub(r"^/var/run(?=/|$)", "/run", os.path.normpath(path))
 
 
 def delegation_problems(devices: Iterable[Device], runtime: RuntimeInfo) -> list[str]:

@@ -223,10 +223,11 @@ class CdiInjector(Plugin):
         names = [r.name for r in checked]
         policy.check_devices(names, context.namespace, context.privileged)
         devices = {d.qualified_name: d for d in lookup_devices(registry.snapshot, checked)}
-        return devices, _combined([f for vendor, facts in registry.paired(self.vendors)
-                                   if (f := vendor.verdict(context, names, policy,
-                                                           registry.snapshot, facts))
-                                   is not None])
+        filters = [f for vendor, facts in registry.paired(self.vendors)
+                   if (f := vendor.verdict(context, names, policy, registry.snapshot, facts))
+                   is not None]
+        return devices, (_FilterChain(filters) if len(filters) > 1 else
+                         filters[0] if filters else None)
 
     def _trimmed(self, want: Wanted, edit_filter: EditFilter | None,
                  context: ContainerContext, container: nri_pb2.Container,
@@ -291,12 +292,6 @@ def _with_removals(injection: Injection, trimmed: Injection | None, *,
     if not adds and not injection.adjustment.ListFields():
         return None
     return injection
-
-
-def _combined(filters: Sequence[EditFilter]) -> EditFilter | None:
-    if not filters:
-        return None
-    return filters[0] if len(filters) == 1 else _FilterChain(filters)
 
 
 def was_created(container: nri_pb2.Container) -> bool:

@@ -105,9 +105,9 @@ class RegistryHolder:
     """The current Registry, replaced whole by the refresher (one assignment, atomic for
     readers on other threads)."""
 
-    def __init__(self, vendors: Sequence[VendorRules], snapshot: Snapshot | None = None) -> None:
+    def __init__(self, vendors: Sequence[VendorRules]) -> None:
         self.vendors = tuple(vendors)
-        self.current = Registry(snapshot or Snapshot(), tuple(None for _ in self.vendors))
+        self.current = Registry(Snapshot(), tuple(None for _ in self.vendors))
 
     def get(self) -> Registry:
         return self.current

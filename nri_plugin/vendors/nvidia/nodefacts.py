@@ -77,7 +77,6 @@ def load_facts(snapshot: Snapshot, previous: NodeFacts | None = None) -> NodeFac
     sidecar that does not match its spec keeps ``previous``'s facts for that spec when the
     spec file did not change since."""
     specs: dict[str, SpecFacts] = {}
-    devices: dict[str, DeviceFacts] = {}
     stale: list[str] = []
     loaded_for: dict[str, object] = {}
     for path, loaded in snapshot.specs.items():
@@ -88,7 +87,6 @@ def load_facts(snapshot: Snapshot, previous: NodeFacts | None = None) -> NodeFac
                     and previous.loaded_for.get(path) is loaded.spec else None)
             if kept is not None:
                 specs[path], loaded_for[path] = kept, loaded.spec
-                devices.update(kept.devices)
             continue
         if doc is None:
             continue
@@ -99,7 +97,7 @@ def load_facts(snapshot: Snapshot, previous: NodeFacts | None = None) -> NodeFac
                         "for this spec", path, SIDECAR_SUFFIX, exc)
             continue
         specs[path], loaded_for[path] = facts, loaded.spec
-        devices.update(facts.devices)
+    devices = {name: d for facts in specs.values() for name, d in facts.devices.items()}
     return NodeFacts(MappingProxyType(specs), MappingProxyType(devices), snapshot.generation,
                      tuple(stale), MappingProxyType(loaded_for))
 

@@ -137,15 +137,12 @@ def _failure(c: Constraint, node: NodeVersions, gpu: GpuInfo | None) -> str | No
         have, described = gpu.brand, f"GPU {gpu.name} is brand {gpu.brand}"
     if have is None:
         return f"{c}: the node's {c.name} is not recorded (regenerate the spec in nvml mode)"
-    if _holds(c, have):
-        return None
-    return f"{c} not met: {described}"
-
-
-def _holds(c: Constraint, have: str) -> bool:
     if c.name == "brand":
-        return (have.lower() == c.value) == (c.op == "=")
-    return bool(_VERSION.match(have)) and _OPS[c.op](_version_key(have), _version_key(c.value))
+        holds = (have.lower() == c.value) == (c.op == "=")
+    else:
+        holds = bool(_VERSION.match(have)) and _OPS[c.op](_version_key(have),
+                                                          _version_key(c.value))
+    return None if holds else f"{c} not met: {described}"
 
 
 def _message(requirement: Requirement, failures: list[str]) -> str:

@@ -163,20 +163,12 @@ def imex_channel_ids(env: Mapping[str, str], available: Sequence[int]) -> list[i
     return sorted(set(out))
 
 
-def nvidia_spec_path(snapshot: Snapshot) -> str | None:
-    """The spec that serves ``nvidia.com/gpu`` (the one ``all`` comes from, else the first)."""
-    device = snapshot.devices.get(f"{GPU_KIND}=all")
-    if device is not None:
-        return device.spec.path
-    for path, loaded in snapshot.specs.items():
-        if loaded.spec.kind == GPU_KIND:
-            return path
-    return None
-
-
 def driver_only_edits(snapshot: Snapshot) -> tuple[str, ContainerEdits]:
-    """The NVIDIA spec's own (spec-level) edits: what ``none`` gives."""
-    path = nvidia_spec_path(snapshot)
+    """The spec-level edits of the spec that serves ``nvidia.com/gpu`` (the one ``all``
+    comes from, else the first): what ``none`` gives."""
+    device = snapshot.devices.get(f"{GPU_KIND}=all")
+    path = device.spec.path if device is not None else next(
+        (p for p, loaded in snapshot.specs.items() if loaded.spec.kind == GPU_KIND), None)
     if path is None:
         raise ExtrasError(f"{ENV}=none: no {GPU_KIND} spec in the spec directories",
                           rule=f"nvidia.{ENV}")
