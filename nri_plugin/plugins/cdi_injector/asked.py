@@ -33,7 +33,7 @@ from nri_plugin.plugins.cdi_injector.requests import (
     nri_plugins_requests,
     pod_requests,
 )
-from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules, env_read
+from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules
 
 NEUTRAL = (
     RequestSource(name="podAnnotations", default=NEUTRAL_SOURCES["podAnnotations"],
@@ -74,9 +74,15 @@ def read_asked(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
 
 @functools.lru_cache(maxsize=16)
 def _env_of(vendors: tuple[VendorRules, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The vendors' env requests ("NAME="), and the env names a context keeps."""
-    return (tuple(p for v in vendors for p in v.env_request_prefixes),
-            env_read(vendors, LD_LIBRARY_PATH_ENV))
+    """The vendors' env requests ("NAME="), and the prefixes of the env names a context
+    keeps: the container's library path and what the vendors declare they read.
+    Kubernetes puts several variables per service of the namespace in every container:
+    only these are parsed and kept."""
+    requests = tuple(p for v in vendors for p in v.env_request_prefixes)
+    names = [LD_LIBRARY_PATH_ENV, *(p.rstrip("=") for p in requests)]
+    for vendor in vendors:
+        names += [*vendor.verdict_env, *vendor.extras_env, *vendor.filter_env]
+    return requests, tuple(dict.fromkeys(names))
 
 
 # Device names one container may ask for, all sources together. Parsing is linear, but a

@@ -73,7 +73,7 @@ class ContainerContext(NamedTuple):
 def bare_context(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
                  env_names: tuple[str, ...] | None = None) -> ContainerContext:
     """The container, no request read yet. ``env_names``: the prefixes of the env names
-    the context keeps (``vendor.env_read``); None keeps them all."""
+    the context keeps; None keeps them all."""
     user = container.user if container.HasField("user") else None
     return ContainerContext(
         pod.namespace if pod is not None else "", pod.name if pod is not None else "",

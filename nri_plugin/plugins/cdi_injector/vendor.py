@@ -43,7 +43,7 @@ class VendorRules(Protocol):
     annotation_prefixes: tuple[str, ...]
     env_request_prefixes: tuple[str, ...]
     # Prefixes of the env names the verdict reads: the context's env holds only the names
-    # these declarations cover (``env_read``).
+    # these declarations cover.
     verdict_env: tuple[str, ...]
     # Env names whose non-empty value may ask for edits of no device: a container that
     # asks for no device is only handed to the verdict when one is set.
@@ -72,16 +72,6 @@ class VendorRules(Protocol):
                         facts: object) -> frozenset[str]:
         """The units of one device id a device plugin of ``resource`` allocated; empty:
         not the vendor's resource."""
-
-
-def env_read(vendors: Sequence[VendorRules], *own: str) -> tuple[str, ...]:
-    """The prefixes of every env name a container's context keeps: ``own`` (the
-    injector's) and what the vendors declare they read."""
-    names = list(own)
-    for vendor in vendors:
-        names += [p.rstrip("=") for p in vendor.env_request_prefixes]
-        names += [*vendor.verdict_env, *vendor.extras_env, *vendor.filter_env]
-    return tuple(dict.fromkeys(names))
 
 
 class Registry(NamedTuple):
