@@ -1,11 +1,8 @@
 """What the kubelet allocated to which pod (its pod-resources API, read by the daemon), and
 the one check made with it: a device asked for through a source the kubelet does not
-allocate from (a pod annotation, an env variable) must not be one the kubelet gave another
-pod, through a device plugin or a DRA claim. Pure.
-
-Devices are compared by the units they cover, which a vendor names as paths ("GPU-1",
-"GPU-1/MIG-2"): two devices overlap when one's unit is the other's or lies under it (a MIG
-device and its whole GPU). A device no vendor knows covers its CDI name only.
+allocate from must not be one the kubelet gave another pod. Pure. Devices are compared by
+the units they cover, which a vendor names as paths ("GPU-1", "GPU-1/MIG-2": a MIG device
+lies under its GPU); a device no vendor knows covers its CDI name only.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """What is already in the container, by the runtime's own CDI or by an earlier NRI plugin
-(NRI hands each plugin the container as earlier plugins adjusted it: during an upgrade the
-new instance sees the old one's work and must leave it alone). The one place the injector
-and fail-closed learn which of the devices asked for the plugin still has to add. Pure
-(logging aside).
-
-With its CDI on, the runtime injects the devices of ``cdi.k8s.io/`` container annotations
-before NRI (again would run their hooks twice) but names them only from containerd 2.3
-(``Container.CDI_devices``): the plugin relies on ``native_cdi``, checking that the
-devices' nodes are there (docs/reference/runtime-cdi.md).
+(during an upgrade the new instance sees the old one's work and must leave it alone): the
+one place the injector and fail-closed learn what the plugin still has to add. Pure
+(logging aside). With its CDI on, the runtime injects the devices of ``cdi.k8s.io/``
+container annotations before NRI (again would run their hooks twice) but names them only
+from containerd 2.3: the plugin relies on ``native_cdi``, checking that the devices' nodes
+are there (docs/reference/runtime-cdi.md).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Which GPUs and MIG devices a device covers, as units the injector compares
-(``allocations``): a whole GPU is ``GPU-<uuid>``, a MIG device ``GPU-<uuid>/MIG-<uuid>``,
-so a GPU and a MIG device on it overlap. Known from the generator's facts (our own specs'
-devices, the device plugin's ids) or, for another spec's device (a DRA claim's, the device
-plugin's own), from the device nodes it carries. Pure.
+(``allocations``): a whole GPU is ``GPU-<uuid>``, a MIG device ``GPU-<uuid>/MIG-<uuid>``.
+Known from the generator's facts, or for another spec's device (a DRA claim's) from the
+device nodes it carries. Pure.
 """
 
 from __future__ import annotations
