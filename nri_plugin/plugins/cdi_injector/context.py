@@ -100,7 +100,7 @@ def read_context(bare: ContainerContext, sources: Sequence[tuple[RequestSource, 
     if not groups:
         return bare
     requests = unique_requests([r for group in groups for r in group.requests])
-    return ContainerContext(*bare[:-2], tuple(groups), tuple(requests))
+    return bare._replace(groups=tuple(groups), requests=tuple(requests))
 
 
 def check_sources(context: ContainerContext, policy: Policy) -> None:
