@@ -1,7 +1,8 @@
 """NVIDIA's rules behind the injector's ``VendorRules`` interface: ``NVIDIA_REQUIRE_*``
-checked against the facts of the specs a requested device comes from, and
-``NVIDIA_DRIVER_CAPABILITIES`` as an edit filter. Facts come from the generator's sidecars
-(``nodefacts``), loaded in the refresher's thread; everything else here is pure.
+checked against the facts of the specs a requested device comes from,
+``NVIDIA_DRIVER_CAPABILITIES`` as an edit filter, and the GPUs and MIG devices a device
+covers (``allocations``). Facts come from the generator's sidecars (``nodefacts``), loaded
+in the refresher's thread; everything else here is pure.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from cdi.edits import merge
 from cdi.model import ContainerEdits, DeviceNode, Hook
 from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
-from nri_plugin.vendors.nvidia import units
 from nri_plugin.vendors.nvidia.capabilities import ENV as CAPABILITIES_ENV
 from nri_plugin.vendors.nvidia.capabilities import filter_edits, requested_capabilities
 from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts, SpecFacts, load_facts
@@ -36,6 +36,7 @@ from nri_plugin.vendors.nvidia.sources import (
 )
 from nri_plugin.vendors.nvidia.visible_devices import ENV as VISIBLE_ENV
 from nri_plugin.vendors.nvidia.visible_devices import (
+    GPU_KIND,
     IMEX_ENV,
     MIG_CONFIG_ENV,
     MIG_MONITOR_ENV,
@@ -43,10 +44,16 @@ from nri_plugin.vendors.nvidia.visible_devices import (
     driver_only_edits,
     imex_channel_ids,
     imex_channels,
+    match_id,
     mig_capability_node,
     wants_driver_only,
     wants_mig_capability,
 )
+
+# The resource names NVIDIA's device plugin registers (nvidia.com/gpu, nvidia.com/mig-1g.10gb,
+# a renamed or shared resource): all under its domain.
+RESOURCE_DOMAIN = "nvidia.com/"
+CAPS_FOLDER = "/dev/nvidia-caps/"
 
 
 class CapabilityFilter(NamedTuple):
@@ -137,11 +144,32 @@ class NvidiaRules:
         return CapabilityFilter(capability_maps, wanted, extra)
 
     def device_units(self, name: str, snapshot: Snapshot, facts: object) -> frozenset[str]:
-        return units.device_units(name, snapshot, facts_of(facts))
+        """A GPU is unit ``GPU-<uuid>``, a MIG device ``GPU-<uuid>/MIG-<uuid>``: a device
+        of a spec with facts by its facts (``all``: every device of its spec), another
+        spec's (a DRA claim's) by the device nodes it carries."""
+        node = facts_of(facts)
+        known = node.devices.get(name)
+        if known is not None:
+            return frozenset({_unit(known)})
+        device = snapshot.devices.get(name)
+        if device is None:
+            return frozenset()
+        spec = node.specs.get(device.spec.path)
+        if spec is not None:  # a name of our spec without facts of its own: its "all"
+            return frozenset(_unit(d) for d in spec.devices.values()) if (
+                name == f"{spec.kind}=all") else frozenset()
+        return _units_by_nodes({n.path for n in device.edits.device_nodes}, snapshot, node)
 
     def allocated_units(self, resource: str, device_id: str, snapshot: Snapshot,
                         facts: object) -> frozenset[str]:
-        return units.allocated_units(resource, device_id, facts_of(facts))
+        """The units of one of NVIDIA's device plugin's ids (a GPU or MIG uuid, an index)."""
+        if not resource.startswith(RESOURCE_DOMAIN):
+            return frozenset()
+        # A GPU shared by time-slicing or MPS is listed once per replica: "<id>::<replica>".
+        node = facts_of(facts)
+        known = [d for d in node.devices.values() if d.name.startswith(GPU_KIND + "=")]
+        name = match_id(device_id.partition("::")[0], known)
+        return frozenset({_unit(node.devices[name])}) if name is not None else frozenset()
 
     def _extras(self, policy: Policy, names: Sequence[str], context: ContainerContext,
                 snapshot: Snapshot,
@@ -178,6 +206,28 @@ class NvidiaRules:
             if hook is not None:
                 parts.append(ContainerEdits(hooks=(hook,)))
         return merge(parts) if parts else ContainerEdits(), spec_path
+
+
+def _unit(device: DeviceFacts) -> str:
+    return f"{device.gpu_uuid}/{device.mig_uuid}" if device.type == "mig" else device.gpu_uuid
+
+
+def _units_by_nodes(paths: set[str], snapshot: Snapshot, facts: NodeFacts) -> frozenset[str]:
+    """Units whose device nodes ``paths`` hold: a MIG device by its capability nodes
+    (``/dev/nvidia-caps/``, which tell one MIG device of a GPU from another; all of them
+    present), else a GPU by its ``/dev/nvidia<minor>``."""
+    mig = set()
+    for facts_device in facts.devices.values():
+        device = snapshot.devices.get(facts_device.name)
+        if facts_device.type != "mig" or device is None:
+            continue
+        caps = {n.path for n in device.edits.device_nodes if n.path.startswith(CAPS_FOLDER)}
+        if caps and caps <= paths:
+            mig.add(_unit(facts_device))
+    if mig:
+        return frozenset(mig)
+    return frozenset(_unit(d) for d in facts.devices.values() if d.type == "gpu"
+                     and d.minor is not None and f"/dev/nvidia{d.minor}" in paths)
 
 
 def _whole_devices(context: ContainerContext) -> bool:
