@@ -1,6 +1,6 @@
 """A device asked for past the scheduler (a pod annotation, an env variable) that the kubelet
 allocated to another pod is refused, naming that pod (plugins/cdi_injector/allocations.py,
-vendors/nvidia/units.py); the pod's own allocation, a device shared with it, and sources
+vendors/nvidia/rules.py); the pod's own allocation, a device shared with it, and sources
 the kubelet itself fills pass."""
 
 from __future__ import annotations

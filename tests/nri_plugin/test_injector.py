@@ -20,14 +20,14 @@ from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.nri.versions import RuntimeInfo, SpecDirs
 from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.adjust import UnsupportedEditsError, to_adjustment
-from nri_plugin.plugins.cdi_injector.asked import all_sources
+from nri_plugin.plugins.cdi_injector.asked import read_asked
 from nri_plugin.plugins.cdi_injector.context import (
     ContainerContext,
     bare_context,
     read_context,
 )
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
-from nri_plugin.plugins.cdi_injector.plan import InjectionError, PlanFor, plan_injection
+from nri_plugin.plugins.cdi_injector.plan import InjectionError, PlanFor
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.requests import (
     DeviceRequest,
@@ -36,9 +36,9 @@ from nri_plugin.plugins.cdi_injector.requests import (
     pod_requests,
     unique_requests,
 )
-from nri_plugin.plugins.cdi_injector.vendor import Registry, RequestSource, env_read
+from nri_plugin.plugins.cdi_injector.vendor import Registry, RequestSource
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from tests.helpers import annotations_policy, write_specs
+from tests.helpers import annotations_policy, plan_injection, write_specs
 from tests.nri_runtime_peer import RuntimePeer
 
 # The injector's own annotation sources allowed everywhere: these tests ask by annotation.
@@ -413,18 +413,14 @@ def test_the_context_keeps_only_the_env_names_the_injector_and_vendors_read(
     """Kubernetes' service variables are neither parsed nor kept; what the NVIDIA vendor
     and the injector read is, the last entry of a name winning as in execve."""
     vendors = (NvidiaRules(),)
-    names = env_read(vendors, "LD_LIBRARY_PATH")
-    assert {"LD_LIBRARY_PATH", "NVIDIA_", "CUDA_VERSION", "NVIDIA_VISIBLE_DEVICES"} <= set(names)
     wanted = {"NVIDIA_VISIBLE_DEVICES": "none", "NVIDIA_DRIVER_CAPABILITIES": "utility",
               "CUDA_VERSION": "12.4", "LD_LIBRARY_PATH": "/opt/lib"}
     ctr = nri_pb2.Container(name="app", env=[
         *(f"SVC{i}_SERVICE_HOST=10.0.{i // 250}.{i % 250}" for i in range(300)),
         "NVIDIA_VISIBLE_DEVICES=all", *(f"{k}={v}" for k, v in wanted.items()),
         "PATH=/bin", "NVIDIA_NO_VALUE"])
-    registry = Registry(snapshot, (None,))
-    context = read_context(bare_context(nri_pb2.PodSandbox(namespace="n"), ctr, names),
-                           all_sources(registry.paired(vendors)), Policy.defaults(vendors),
-                           snapshot)
+    context = read_asked(nri_pb2.PodSandbox(namespace="n"), ctr, Registry(snapshot, (None,)),
+                         Policy.defaults(vendors), vendors)
     assert context.env == {**wanted, "NVIDIA_NO_VALUE": ""}
     everything = read_context(bare_context(None, ctr), (), Policy.defaults(vendors), snapshot)
     assert len(everything.env) == 300 + 5 + 1

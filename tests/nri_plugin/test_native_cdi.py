@@ -122,6 +122,7 @@ def test_runtime_info_from_config() -> None:
 def test_cdi_devices_names_count_unless_the_runtimes_cdi_is_known_off(
         snapshot: Snapshot) -> None:
     from nri_plugin.plugins.cdi_injector.already import not_yet_in
+    from nri_plugin.plugins.cdi_injector.context import bare_context
     from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 
     # containerd 2.3 lists CRI CDIDevices in Container.CDI_devices, injected only with its
@@ -129,9 +130,10 @@ def test_cdi_devices_names_count_unless_the_runtimes_cdi_is_known_off(
     ctr = nri_pb2.Container(id="c", name="app")
     ctr.CDI_devices.add(name="example.com/dev=envonly")
     wanted = [DeviceRequest("example.com/dev=envonly", "s")]
-    assert not_yet_in(wanted, ctr, snapshot, False, NativeCdi.UNKNOWN) == []
-    assert not_yet_in(wanted, ctr, snapshot, False, NativeCdi.ON) == []
-    assert not_yet_in(wanted, ctr, snapshot, False, NativeCdi.OFF) == wanted
+    bare = bare_context(None, ctr)
+    assert not_yet_in(wanted, bare, ctr, snapshot, NativeCdi.UNKNOWN) == []
+    assert not_yet_in(wanted, bare, ctr, snapshot, NativeCdi.ON) == []
+    assert not_yet_in(wanted, bare, ctr, snapshot, NativeCdi.OFF) == wanted
 
 
 def test_handed_over_creation_is_judged_at_removal_with_no_start_round_trip(

@@ -25,11 +25,11 @@ from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.nri.versions import CDI_OFF, NativeCdi, RuntimeInfo, SpecDirs
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
-from nri_plugin.plugins.cdi_injector.plan import PlanFor, plan_injection
+from nri_plugin.plugins.cdi_injector.plan import PlanFor
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.startguard import StartGuard
 from nri_plugin.plugins.cdi_injector.vendor import Registry
-from tests.helpers import annotations_policy, write_specs
+from tests.helpers import annotations_policy, plan_injection, write_specs
 from tests.nri_apply import CONTAINER_BEFORE_NRI, apply_adjustment
 from tests.nri_runtime_peer import RuntimePeer
 

@@ -17,14 +17,14 @@ from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.requests import RequestError, nri_plugins_requests
 from nri_plugin.plugins.cdi_injector.vendor import Registry
-from nri_plugin.vendors.nvidia.k8s_sources import nvidia_nri_requests, volume_mount_ids
-from nri_plugin.vendors.nvidia.no_device_requests import (
+from nri_plugin.vendors.nvidia.rules import NvidiaRules
+from nri_plugin.vendors.nvidia.sources import nvidia_nri_requests, volume_mount_ids
+from nri_plugin.vendors.nvidia.visible_devices import (
     ExtrasError,
     imex_channel_ids,
     wants_driver_only,
     wants_mig_capability,
 )
-from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import annotations_policy, nvidia_policy, write_specs
 
 SPEC = """\

@@ -27,11 +27,11 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.versions import NativeCdi, RuntimeInfo, SpecDirs
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-from nri_plugin.plugins.cdi_injector.plan import PlanFor, plan_injection
+from nri_plugin.plugins.cdi_injector.plan import PlanFor
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from tests.helpers import annotations_policy
+from tests.helpers import annotations_policy, plan_injection
 from tests.helpers import run_generate as generate
 from tests.nri_apply import CONTAINER_BEFORE_NRI, apply_adjustment
 

@@ -32,8 +32,7 @@ class UnsupportedEditsError(NRIPluginError):
 
 def narrowed_permissions(edits: ContainerEdits) -> list[str]:
     """Device nodes whose ``permissions`` deny something that NRI would allow: NRI adds an
-    allow rule of its own for each device node of an adjustment (before 0.10 it applies no
-    other rule; from 0.10 ours only add to it), so through NRI they would be widened."""
+    allow rule of its own for each device node of an adjustment (ours only add to it)."""
     reasons = []
     for node in edits.device_nodes:
         if node.type not in ("c", "b"):
@@ -50,7 +49,7 @@ def narrowed_permissions(edits: ContainerEdits) -> list[str]:
 def wider_than_nri(edits: ContainerEdits) -> list[str]:
     """The device nodes whose access NRI's own rule does not fully grant (e.g. ``m`` of a
     char device), as ``path (+letters)``: only the runtime's own CDI gives native CDI's one
-    rule, so ``plan.py`` hands such a request to it where that works."""
+    rule."""
     out = []
     for node in edits.device_nodes:
         if node.type not in ("c", "b"):
@@ -87,10 +86,7 @@ def to_adjustment(
     image_library_path: str = "",
 ) -> nri_pb2.ContainerAdjustment:
     """The adjustment that gives a container ``edits``; raises UnsupportedEditsError.
-
-    ``image_library_path`` is the container's own LD_LIBRARY_PATH: hook-free specs ask for
-    their library folders to be appended to it (see ``cdi.libpath``).
-    """
+    ``image_library_path``: the container's own LD_LIBRARY_PATH (``cdi.libpath``)."""
     reasons = unsupported_edits(edits, runtime)
     if reasons:
         raise UnsupportedEditsError(reasons)
@@ -112,13 +108,9 @@ def to_adjustment(
 def as_native_file_modes(edits: ContainerEdits, spec_nodes: Sequence[DeviceNode],
                          runtime: RuntimeInfo) -> ContainerEdits:
     """The edits with each device node's fileMode as the runtime's own CDI would give it.
-
-    ``spec_nodes`` are the same nodes as ``edits.device_nodes``, in the same order, as the
-    spec files wrote them (before the host fill-in). A runtime whose CDI library predates
-    v1.1.0 does not fill an unset fileMode from the host node, and runc then creates the
-    node 0666: the adjustment must leave it unset too, or the container gets another mode
-    than native CDI gives it.
-    """
+    ``spec_nodes``: ``edits.device_nodes`` as the spec files wrote them. A CDI library
+    before v1.1.0 does not fill an unset fileMode from the host node (runc then creates
+    the node 0666): the adjustment leaves it unset too."""
     if runtime.native_fills_file_mode or len(spec_nodes) != len(edits.device_nodes):
         return edits
     nodes = tuple(
@@ -130,7 +122,7 @@ def as_native_file_modes(edits: ContainerEdits, spec_nodes: Sequence[DeviceNode]
 
 def _with_library_path(env: list[str], image_library_path: str) -> tuple[str, ...]:
     """Fold the hook-free library folders into LD_LIBRARY_PATH, after the image's own
-    folders (or after the spec's LD_LIBRARY_PATH, which replaces the image's)."""
+    folders (or the spec's LD_LIBRARY_PATH, which replaces them)."""
     if not any(e.startswith(EXTRA_LIBRARY_PATH_ENV + "=") for e in env):
         return tuple(env)
     base = [f"{LD_LIBRARY_PATH_ENV}={image_library_path}"] if image_library_path else []

@@ -1,11 +1,8 @@
 """What the kubelet allocated to which pod (its pod-resources API, read by the daemon), and
 the one check made with it: a device asked for through a source the kubelet does not
-allocate from (a pod annotation, an env variable) must not be one the kubelet gave another
-pod, through a device plugin or a DRA claim. Pure.
-
-Devices are compared by the units they cover, which a vendor names as paths ("GPU-1",
-"GPU-1/MIG-2"): two devices overlap when one's unit is the other's or lies under it (a MIG
-device and its whole GPU). A device no vendor knows covers its CDI name only.
+allocate from must not be one the kubelet gave another pod. Pure. Devices are compared by
+the units they cover, which a vendor names as paths ("GPU-1", "GPU-1/MIG-2": a MIG device
+lies under its GPU); a device no vendor knows covers its CDI name only.
 """
 
 from __future__ import annotations
@@ -55,26 +52,25 @@ def overlaps(a: str, b: str) -> bool:
     return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 
 
-def device_units(name: str, snapshot: Snapshot, vendors: Sequence[VendorRules],
-                 facts: Sequence[object]) -> frozenset[str]:
+# (vendor, its facts), as ``Registry.paired`` gives them.
+Paired = Sequence[tuple[VendorRules, object]]
+
+
+def device_units(name: str, snapshot: Snapshot, vendors: Paired) -> frozenset[str]:
     """The units a CDI device covers: what its vendor says, and its name."""
-    units = {f"cdi:{name}"}
-    for vendor, vendor_facts in zip(vendors, facts, strict=True):
-        units |= vendor.device_units(name, snapshot, vendor_facts)
-    return frozenset(units)
+    return frozenset({f"cdi:{name}"}).union(
+        *(vendor.device_units(name, snapshot, facts) for vendor, facts in vendors))
 
 
-def held_units(holding: Holding, snapshot: Snapshot, vendors: Sequence[VendorRules],
-               facts: Sequence[object]) -> frozenset[str]:
+def held_units(holding: Holding, snapshot: Snapshot, vendors: Paired) -> frozenset[str]:
     """The units of a holding: its device plugin ids as the vendors map them, its claim's
     CDI devices as any device."""
     units: set[str] = set()
     for device_id in holding.device_ids:
-        for vendor, vendor_facts in zip(vendors, facts, strict=True):
-            units |= vendor.allocated_units(holding.resource, device_id, snapshot,
-                                            vendor_facts)
+        for vendor, facts in vendors:
+            units |= vendor.allocated_units(holding.resource, device_id, snapshot, facts)
     for name in holding.cdi_devices:
-        units |= device_units(name, snapshot, vendors, facts)
+        units |= device_units(name, snapshot, vendors)
     return frozenset(units)
 
 
@@ -97,11 +93,10 @@ def check_not_held(context: ContainerContext, registry: Registry,
             f"cannot check that {asked[0].name} ({asked[0].source}) is not allocated to "
             f"another pod: the kubelet's device allocations are not known right now",
             device=asked[0].name, node_detail=allocations.unknown)
-    snapshot = registry.snapshot
-    facts = [f for _, f in registry.paired(vendors)]
-    own, held = _units_held(allocations, context.pod, snapshot, vendors, facts)
+    snapshot, paired = registry.snapshot, registry.paired(vendors)
+    own, held = _units_held(allocations, context.pod, snapshot, paired)
     for request in asked:
-        mine = device_units(request.name, snapshot, vendors, facts)
+        mine = device_units(request.name, snapshot, paired)
         if _covered(mine, own):
             continue
         for holding, units in held:
@@ -114,13 +109,12 @@ def check_not_held(context: ContainerContext, registry: Registry,
 
 
 def _units_held(allocations: KubeletAllocations, pod: str, snapshot: Snapshot,
-                vendors: Sequence[VendorRules], facts: Sequence[object]
-                ) -> tuple[set[str], list[tuple[Holding, frozenset[str]]]]:
+                vendors: Paired) -> tuple[set[str], list[tuple[Holding, frozenset[str]]]]:
     """The units allocated to ``pod``, and the other pods' holdings with their units."""
     own: set[str] = set()
     held: list[tuple[Holding, frozenset[str]]] = []
     for holding in allocations.holdings:
-        units = held_units(holding, snapshot, vendors, facts)
+        units = held_units(holding, snapshot, vendors)
         if holding.pod == pod:
             own |= units
         elif units:

@@ -1,13 +1,10 @@
 """What is already in the container, by the runtime's own CDI or by an earlier NRI plugin
-(NRI hands each plugin the container as earlier plugins adjusted it: during an upgrade the
-new instance sees the old one's work and must leave it alone). The one place the injector
-and fail-closed learn which of the devices asked for the plugin still has to add. Pure
-(logging aside).
-
-With its CDI on, the runtime injects the devices of ``cdi.k8s.io/`` container annotations
-before NRI (again would run their hooks twice) but names them only from containerd 2.3
-(``Container.CDI_devices``): the plugin relies on ``native_cdi``, checking that the
-devices' nodes are there (docs/reference/runtime-cdi.md).
+(during an upgrade the new instance sees the old one's work and must leave it alone): the
+one place the injector and fail-closed learn what the plugin still has to add. Pure
+(logging aside). With its CDI on, the runtime injects the devices of ``cdi.k8s.io/``
+container annotations before NRI (again would run their hooks twice) but names them only
+from containerd 2.3: the plugin relies on ``native_cdi``, checking that the devices' nodes
+are there (docs/reference/runtime-cdi.md).
 """
 
 from __future__ import annotations
@@ -18,17 +15,11 @@ from dataclasses import dataclass
 
 from cdi.cache import Snapshot
 from cdi.device import Device
-from cdi.errors import AnnotationError
 from nri_plugin.nri.api import nri_pb2
-from nri_plugin.nri.crio import own_annotations
 from nri_plugin.nri.versions import NativeCdi
 from nri_plugin.plugins.cdi_injector.context import ContainerContext
 from nri_plugin.plugins.cdi_injector.policy import Policy
-from nri_plugin.plugins.cdi_injector.requests import (
-    DeviceRequest,
-    container_requests,
-    unique_requests,
-)
+from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, unique_requests
 
 log = logging.getLogger("nri_cdi.injector")
 _warned: set[str] = set()
@@ -62,7 +53,7 @@ def wanted(context: ContainerContext, container: nri_pb2.Container, snapshot: Sn
     did not act on CRI CDIDevices: the plugin adds them, as a container annotation's (the
     policy's source rule for those applies; a denial raises)."""
     asked = list(context.requests)
-    cri = shown_cri_devices(container)
+    cri = [DeviceRequest(d.name, CDI_DEVICES_SOURCE) for d in container.CDI_devices]
     if native is NativeCdi.OFF:
         if cri:
             policy.check_source("containerAnnotations", context.namespace,
@@ -70,7 +61,7 @@ def wanted(context: ContainerContext, container: nri_pb2.Container, snapshot: Sn
             asked = unique_requests([*asked, *(DeviceRequest(r.name, "CRI CDIDevices")
                                                for r in cri)])
         cri = []
-    to_add = not_yet_in(asked, container, snapshot, context.privileged, native)
+    to_add = not_yet_in(asked, context, container, snapshot, native)
     # The known devices there: by name (CRI CDIDevices on NRI >= 0.10, annotations), else,
     # with the runtime's CDI on and nothing else asked, by the device nodes it has.
     left = {r.name for r in to_add}
@@ -81,13 +72,9 @@ def wanted(context: ContainerContext, container: nri_pb2.Container, snapshot: Sn
     return Wanted(tuple(to_add), tuple(there))
 
 
-def shown_cri_devices(container: nri_pb2.Container) -> list[DeviceRequest]:
-    """What NRI >= 0.10 says the runtime injected from CRI CDIDevices (empty before)."""
-    return [DeviceRequest(d.name, CDI_DEVICES_SOURCE) for d in container.CDI_devices]
-
-
-def not_yet_in(requests: Sequence[DeviceRequest], container: nri_pb2.Container,
-               snapshot: Snapshot, privileged: bool, native: NativeCdi) -> list[DeviceRequest]:
+def not_yet_in(requests: Sequence[DeviceRequest], context: ContainerContext,
+               container: nri_pb2.Container, snapshot: Snapshot,
+               native: NativeCdi) -> list[DeviceRequest]:
     """``requests`` but what is in the container already: names in ``CDI_devices`` (filled
     by containerd 2.3+ from CRI CDIDevices, which it injects only with its own CDI on: not
     trusted when known off), with the runtime's CDI on every device named in the
@@ -95,23 +82,21 @@ def not_yet_in(requests: Sequence[DeviceRequest], container: nri_pb2.Container,
     node is there. Privileged containers get every host node, so there only names count."""
     done = set() if native is NativeCdi.OFF else {d.name for d in container.CDI_devices}
     if native is NativeCdi.ON:
-        done |= annotations_injected(container, snapshot, privileged)
-    present = set() if privileged else {d.path for d in container.linux.devices}
+        done |= annotations_injected(context, container, snapshot)
+    present = set() if context.privileged else {d.path for d in container.linux.devices}
     return [r for r in requests if r.name not in done
             and not all_nodes_present(snapshot.devices.get(r.name), present)]
 
 
-def annotations_injected(container: nri_pb2.Container, snapshot: Snapshot,
-                         privileged: bool) -> frozenset[str]:
+def annotations_injected(context: ContainerContext, container: nri_pb2.Container,
+                         snapshot: Snapshot) -> frozenset[str]:
     """The devices the runtime's own CDI (known to be on) injected from the container's
-    ``cdi.k8s.io/`` annotations; empty when the container shows it did not run."""
-    try:
-        # CRI-O shows the pod's annotations among each container's and resolves only the
-        # container's own
-        names = [r.name for r in container_requests(own_annotations(container))]
-    except AnnotationError:
-        return frozenset()  # the runtime would have failed it; read_context reports it
-    if not names or privileged:
+    own ``cdi.k8s.io/`` annotations (CRI-O shows the pod's among them and resolves only
+    the container's): those ``context`` read; empty when the container shows it did not
+    run."""
+    names = [r.name for group in context.groups
+             if group.source.name == "containerAnnotations" for r in group.requests]
+    if not names or context.privileged:
         return frozenset(names)
     present = {d.path for d in container.linux.devices}
     for name in names:

@@ -1,12 +1,9 @@
 """What a container asks for, the first step of the injector's decision and of
-fail-closed's: the injector's own request sources, declared as the vendors declare theirs,
-the order all are read in (docs/usage/policy.md, "Request sources"), the cap on the names
-asked for, the reading itself (``read_asked``), and the registry made current for the
-names (docs/developer/kubernetes-allocation.md): a DRA claim's spec is written a moment
-before its container is created and removed a moment after, so a name the registry does
-not know gets a bounded re-read of the spec folders (``OnMiss``, the one file I/O of a
-decision, wired by the daemon) and known names wait for a spec removal already made
-(``OnHit``, no file I/O). Pure but for what ``OnMiss`` does.
+fail-closed's: the injector's own request sources, the order all are read in
+(docs/usage/policy.md, "Request sources"), the cap on the names asked for, and the registry
+made current for the names (docs/developer/kubernetes-allocation.md): a DRA claim's spec is
+written a moment before its container is created and removed a moment after. Pure but for
+what ``OnMiss`` does.
 """
 
 from __future__ import annotations
@@ -36,9 +33,8 @@ from nri_plugin.plugins.cdi_injector.requests import (
     nri_plugins_requests,
     pod_requests,
 )
-from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules, env_read
+from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules
 
-# The injector's own sources: the readers only forward the context's fields.
 NEUTRAL = (
     RequestSource(name="podAnnotations", default=NEUTRAL_SOURCES["podAnnotations"],
                   read_from="annotations",
@@ -55,9 +51,8 @@ NEUTRAL = (
 
 def all_sources(vendors: Sequence[tuple[VendorRules, object]]
                 ) -> tuple[tuple[RequestSource, object], ...]:
-    """Every source that reads requests, with its vendor's facts (the injector's own have
-    none), in source order, but those ignored where denied (the env sources) last;
-    ``vendors``: (vendor, its facts), as ``Registry.paired`` gives them."""
+    """Every source that reads requests, with its vendor's facts (``Registry.paired``), in
+    source order, but those ignored where denied (the env sources) last."""
     paired: list[tuple[RequestSource, object]] = [(s, None) for s in NEUTRAL]
     for vendor, facts in vendors:
         paired += [(s, facts) for s in vendor.sources if s.read is not None]
@@ -69,8 +64,7 @@ def read_asked(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
                registry: Registry, policy: Policy,
                vendors: tuple[VendorRules, ...]) -> ContainerContext:
     """What every source asked for (``read_context``), once the names asked for are counted
-    (``check_name_count``: before anything parses them). A malformed request or too many
-    names raise their Refusal; whether the policy allows the sources that asked is
+    (before anything parses them). Whether the policy allows the sources that asked is
     ``context.check_sources``' business."""
     env_prefixes, env_names = _env_of(vendors)
     check_name_count(pod.annotations if pod is not None else {}, container, env_prefixes)
@@ -80,10 +74,15 @@ def read_asked(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
 
 @functools.lru_cache(maxsize=16)
 def _env_of(vendors: tuple[VendorRules, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The vendors' env requests ("NAME="), and the env names a context keeps: the vendors'
-    and the container's own library path (``vendor.env_read``). Once per vendor set."""
-    return (tuple(p for v in vendors for p in v.env_request_prefixes),
-            env_read(vendors, LD_LIBRARY_PATH_ENV))
+    """The vendors' env requests ("NAME="), and the prefixes of the env names a context
+    keeps: the container's library path and what the vendors declare they read.
+    Kubernetes puts several variables per service of the namespace in every container:
+    only these are parsed and kept."""
+    requests = tuple(p for v in vendors for p in v.env_request_prefixes)
+    names = [LD_LIBRARY_PATH_ENV, *(p.rstrip("=") for p in requests)]
+    for vendor in vendors:
+        names += [*vendor.verdict_env, *vendor.extras_env, *vendor.filter_env]
+    return requests, tuple(dict.fromkeys(names))
 
 
 # Device names one container may ask for, all sources together. Parsing is linear, but a
@@ -101,9 +100,8 @@ class TooManyNamesError(RequestError):
 
 def check_name_count(pod_annotations: Mapping[str, str], container: nri_pb2.Container,
                      env_prefixes: tuple[str, ...] = ()) -> None:
-    """Raise TooManyNamesError when the request names more than MAX_NAMES devices, before
-    anything parses them (it counts commas). ``env_prefixes``: the vendors' env requests
-    ("NAME=")."""
+    """Raise TooManyNamesError when the request names more than MAX_NAMES devices (it
+    counts commas). ``env_prefixes``: the vendors' env requests ("NAME=")."""
     count = 0
     for where, found in (("pod", pod_annotations), ("container", container.annotations)):
         for key, value in found.items():
@@ -130,9 +128,8 @@ OnHit = Callable[[], Registry | None]
 
 @dataclass(frozen=True, slots=True)
 class Asker:
-    """How the injector reads what a container asks for: by its vendors' sources and its
-    own, under a registry made current for the names by ``on_miss`` / ``on_hit`` (None:
-    the registry as it is; without ``on_miss`` an unknown name is refused as is)."""
+    """Reads what a container asks for under a registry made current for the names by
+    ``on_miss`` / ``on_hit`` (None: the registry as it is)."""
 
     vendors: tuple[VendorRules, ...]
     on_miss: OnMiss | None = None
@@ -141,8 +138,7 @@ class Asker:
     def read(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
              registry: Registry, policy: Policy) -> tuple[ContainerContext, Registry, bool]:
         """What every source asked for (a source the policy denies raises), the registry
-        to decide with, and whether the spec folders were read again for a name
-        ``registry`` did not know."""
+        to decide with, and whether the spec folders were read again."""
         context = read_asked(pod, container, registry, policy, self.vendors)
         check_sources(context, policy)
         names = [*(r.name for r in context.requests), *(d.name for d in container.CDI_devices)]
@@ -161,8 +157,7 @@ class Asker:
 
 
 def rechecked_refusal(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> Refusal | None:
-    """After the re-read: the refusal for the names still unknown (None: all resolve). It
-    names each device and where it was asked for, and says the folders were read again."""
+    """After the re-read: the refusal for the names still unknown (None: all resolve)."""
     try:
         lookup_devices(snapshot, requests)
     except InjectionError as exc:

@@ -1,6 +1,5 @@
 """One container as the injector sees it, with what every request source asked for, built
-once per CreateContainer (``read_context``); every later step reads this one immutable
-value. Pure.
+once per CreateContainer; every later step reads this one immutable value. Pure.
 """
 
 from __future__ import annotations
@@ -74,7 +73,7 @@ class ContainerContext(NamedTuple):
 def bare_context(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
                  env_names: tuple[str, ...] | None = None) -> ContainerContext:
     """The container, no request read yet. ``env_names``: the prefixes of the env names
-    the context keeps (``vendor.env_read``); None keeps them all."""
+    the context keeps; None keeps them all."""
     user = container.user if container.HasField("user") else None
     return ContainerContext(
         pod.namespace if pod is not None else "", pod.name if pod is not None else "",
@@ -87,25 +86,21 @@ def bare_context(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
 
 def read_context(bare: ContainerContext, sources: Sequence[tuple[RequestSource, object]],
                  policy: Policy, snapshot: Snapshot) -> ContainerContext:
-    """The container (``bare_context``) with what every source asked for. ``sources``:
-    (source, its vendor's facts) with a reader, in source order, those ignored where denied
-    last (``sources.all_sources`` orders them so). A source ignored where denied is read
-    only where the policy allows it; the others are all read, and a malformed request
-    raises its Refusal here. Whether the policy allows the sources that asked is
-    ``check_sources``' business."""
+    """``bare`` with what every source (``asked.all_sources``) asked for. A source ignored
+    where denied is read only where the policy allows it; the others are all read, and a
+    malformed request raises its Refusal here."""
     groups: list[SourceRequests] = []
     for source, facts in sources:
-        read = source.read
-        if read is None or (source.when_denied == "ignore" and policy.source_allowed(
+        if source.read is None or (source.when_denied == "ignore" and policy.source_allowed(
                 source.name, bare.namespace, bare.privileged, source.default) is not None):
             continue
-        found = read(bare, snapshot, facts)
+        found = source.read(bare, snapshot, facts)
         if found:
             groups.append(SourceRequests(source, tuple(found)))
     if not groups:
         return bare
     requests = unique_requests([r for group in groups for r in group.requests])
-    return ContainerContext(*bare[:-2], tuple(groups), tuple(requests))
+    return bare._replace(groups=tuple(groups), requests=tuple(requests))
 
 
 def check_sources(context: ContainerContext, policy: Policy) -> None:
@@ -119,16 +114,13 @@ def is_privileged(container: nri_pb2.Container) -> bool:
     """NRI carries no privileged flag; a privileged container is the one whose device
     cgroup allows every device (containerd and CRI-O give privileged containers a single
     allow-all rule: allow, no type or type 'a', no major/minor)."""
-    for rule in container.linux.resources.devices:
-        if (rule.allow and rule.type in ("", "a") and not rule.HasField("major")
-                and not rule.HasField("minor")):
-            return True
-    return False
+    return any(rule.allow and rule.type in ("", "a") and not rule.HasField("major")
+               and not rule.HasField("minor") for rule in container.linux.resources.devices)
 
 
 def env_map(env: Sequence[str], names: tuple[str, ...] | None = None) -> dict[str, str]:
-    """``K=V`` entries → a dict; a later entry wins, as in execve's environment. ``names``:
-    only the entries whose name starts with one of these (None: every entry)."""
+    """``K=V`` entries → a dict, a later entry winning as in execve's environment; only the
+    names that start with one of ``names`` (None: all)."""
     out: dict[str, str] = {}
     for entry in env:
         if names is None or entry.startswith(names):

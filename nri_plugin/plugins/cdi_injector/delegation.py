@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -16,16 +17,14 @@ from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.version import parse_version
 from nri_plugin.nri.versions import CDI_OFF, UNKNOWN_DIRS, NativeCdi, Reach, RuntimeInfo, SpecDirs
 
-# Where every CDI library looks when not told otherwise (containerd's defaults too).
-LIBRARY_DEFAULT_DIRS = DEFAULT_SPEC_DIRS
+LIBRARY_DEFAULT_DIRS = DEFAULT_SPEC_DIRS  # containerd's defaults too
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RuntimeCdiConfig:
     """What the runtime's configuration says about its own CDI support: ``enabled``
-    (containerd enable_cdi; UNKNOWN: the version's default) and ``spec_dirs`` (cdi_spec_dirs,
-    or unknown). ``origin`` says where it was read, for the log; ``unread`` why the
-    runtime's settings were not read ("" when they were): the values are then assumed."""
+    (containerd enable_cdi; UNKNOWN: the version's default), ``spec_dirs`` (cdi_spec_dirs),
+    where they were read (``origin``) or why not (``unread``: the values are assumed)."""
 
     enabled: NativeCdi = NativeCdi.UNKNOWN
     spec_dirs: SpecDirs = UNKNOWN_DIRS
@@ -65,9 +64,7 @@ def visible_to_runtime(spec_path: str, runtime: RuntimeInfo) -> bool:
 
 def _norm(path: str) -> str:
     # /var/run is a link to /run on current distributions.
-    path = os.path.normpath(path)
-    return "/run" + path[len("/var/run"):] if path.startswith("/var/run/") or \
-        path == "/var/run" else path
+    return re.sub(r"^/var/run(?=/|$)", "/run", os.path.normpath(path))
 
 
 def delegation_problems(devices: Iterable[Device], runtime: RuntimeInfo) -> list[str]:
@@ -96,11 +93,9 @@ def delegation_problems(devices: Iterable[Device], runtime: RuntimeInfo) -> list
 
 
 class DelegationTracker:
-    """Containers whose devices were handed to the runtime's CDI, until the runtime says how
-    it went, at RemoveContainer: a container the runtime created (``injector.was_created``)
-    got them injected; one it never created did not (containerd undoes a creation that
-    failed after the plugin answered, e.g. "CDI device injection failed"). Bounded: the
-    oldest entries are forgotten first."""
+    """Containers whose devices were handed to the runtime's CDI, until RemoveContainer
+    says how it went (``injector.was_created``: containerd undoes a creation that failed
+    after the plugin answered). Bounded: the oldest entries are forgotten first."""
 
     LIMIT = 1024
 
@@ -113,5 +108,4 @@ class DelegationTracker:
             self._pending.popitem(last=False)
 
     def undone(self, container_id: str) -> tuple[str, tuple[str, ...]] | None:
-        """The entry of a container being removed (None: nothing was handed over)."""
         return self._pending.pop(container_id, None)

@@ -1,7 +1,6 @@
 """The shipped plugin: CDI device requests → a ContainerAdjustment, in one pass
-(``CdiInjector.decide``; its steps: docs/developer/architecture.md). Vendor-neutral, and
-nothing here reads files but ``on_miss``: the registry and the policy were loaded ahead and
-are swapped in whole by a refresher.
+(``CdiInjector.decide``; its steps: docs/developer/architecture.md). Vendor-neutral; nothing
+here reads files but ``on_miss``.
 """
 
 from __future__ import annotations
@@ -37,9 +36,6 @@ from nri_plugin.plugins.cdi_injector.refusal import Reason, Refusal
 from nri_plugin.plugins.cdi_injector.requests import unique_requests
 from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules
 
-# Set-ups to warn about once connected (the daemon: one broken for DRA claims).
-StartWarning = Callable[[RuntimeInfo], str | None]
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Wiring:
@@ -56,13 +52,14 @@ class Wiring:
     on_miss: OnMiss | None = None
     on_hit: OnHit | None = None
     # Set-ups to warn about once connected (the daemon: one broken for DRA claims).
-    on_start_warning: StartWarning | None = None
+    on_start_warning: Callable[[RuntimeInfo], str | None] | None = None
     # Runs the per-container log line once the reply has left (the daemon: the event
-    # loop's call_soon; the runtime waits for the reply, not for the line). None: now.
-    after_reply: Callable[[Callable[[], None]], object] | None = None
+    # loop's call_soon; the runtime waits for the reply, not for the line).
+    after_reply: Callable[[Callable[[], None]], object] = lambda line: line()
     # What the kubelet allocated to each pod, kept current by the daemon (no I/O here);
     # None, or a call that returns None: no kubelet to ask, nothing checked.
     allocations: Callable[[], KubeletAllocations | None] | None = None
+
 
 log = logging.getLogger("nri_cdi.injector")
 
@@ -87,27 +84,20 @@ class CdiInjector(Plugin):
         policy: Policy | None = None,
         wiring: Wiring | None = None,
     ) -> None:
-        # Returns the current registry (snapshot + the vendors' facts for it, in the order
-        # of ``vendors``), replaced whole by the refresher; never does I/O.
-        self._registry = registry
+        self._registry = registry  # swapped whole by the refresher; never does I/O
         self.vendors = tuple(vendors)
         self.policy = policy or Policy.defaults(self.vendors)
         self.runtime = RuntimeInfo()
-        wiring = wiring or Wiring()
-        self.runtime_cdi = wiring.runtime_cdi
+        self._wiring = wiring = wiring or Wiring()
         self.counters = wiring.counters if wiring.counters is not None else Counters()
         self.delegations = DelegationTracker()
         self._asker = Asker(self.vendors, wiring.on_miss, wiring.on_hit)
-        self.on_start_warning = wiring.on_start_warning
-        self._after_reply = wiring.after_reply
-        self._allocations = wiring.allocations
         self._plans = PlanCache()
         # Group sets already warned about on this connection (one line each, not one per
         # container: the counters and metrics count every container).
         self._gids_warned: set[tuple[int, ...]] = set()
 
     def registry(self) -> Registry:
-        """The registry in force now (what one container's decision reads, once)."""
         return self._registry()
 
     def set_policy(self, policy: Policy) -> None:
@@ -117,7 +107,7 @@ class CdiInjector(Plugin):
     def runtime_of(self, runtime_name: str, runtime_version: str) -> RuntimeInfo:
         """The runtime Configure names, with what the settings say of its own CDI."""
         runtime = RuntimeInfo.from_configure(runtime_name, runtime_version)
-        cdi = self.runtime_cdi
+        cdi = self._wiring.runtime_cdi
         return cdi.applied_to(runtime) if cdi is not None else runtime
 
     # --- the NRI events ---
@@ -125,7 +115,7 @@ class CdiInjector(Plugin):
     def configure(self, config: str, runtime_name: str,
                   runtime_version: str) -> EventMask | None:
         self.runtime = self.runtime_of(runtime_name, runtime_version)
-        cdi = self.runtime_cdi
+        cdi, warning = self._wiring.runtime_cdi, self._wiring.on_start_warning
         self.delegations = DelegationTracker()  # events of an earlier connection are lost
         self._gids_warned.clear()
         log.info("connected to %s; %s", self.runtime.describe(),
@@ -137,7 +127,7 @@ class CdiInjector(Plugin):
                      "mounts by (depth, path) whenever a plugin adds mounts, so same-depth "
                      "mounts (which never nest) may be listed in another order than with "
                      "native CDI", self.runtime.describe_cdi())
-        if self.on_start_warning is not None and (line := self.on_start_warning(self.runtime)):
+        if warning is not None and (line := warning(self.runtime)):
             log.warning("%s", line)
         if not self.runtime.supports_cdi_devices:
             return EventMask.CREATE_CONTAINER  # nothing is handed over: nothing to follow up
@@ -163,10 +153,7 @@ class CdiInjector(Plugin):
             self.delegations.delegated(container.id, label, injection.delegated)
         if injection.dropped_gids:
             self.counters.gids_dropped += 1
-        if self._after_reply is None:
-            self._log_answer(label, injection)
-        else:
-            self._after_reply(lambda: self._log_answer(label, injection))
+        self._wiring.after_reply(lambda: self._log_answer(label, injection))
         return injection.adjustment
 
     def _log_answer(self, label: str, injection: Injection) -> None:
@@ -196,14 +183,13 @@ class CdiInjector(Plugin):
     def decide(self, pod: nri_pb2.PodSandbox,
                container: nri_pb2.Container) -> Injection | None:
         """The whole decision for one container (None: nothing to change); raises a
-        Refusal with the reason. The registry and the policy are read once: every step
-        sees the same snapshot, facts and rules."""
+        Refusal. The registry and the policy are read once: every step sees the same."""
         policy = self.policy
         # 1. What it asks for, by every source, under a registry that knows the names; no
         # device another pod holds asked for past the scheduler.
         context, registry, reread = self._asker.read(pod, container, self._registry(), policy)
-        if self._allocations is not None:
-            check_not_held(context, registry, self.vendors, self._allocations)
+        if self._wiring.allocations is not None:
+            check_not_held(context, registry, self.vendors, self._wiring.allocations)
         # 2. What of it is already in the container (the runtime's CDI, an earlier plugin).
         want = wanted(context, container, registry.snapshot, self.runtime.native_cdi, policy)
         if reread and (refusal := rechecked_refusal(registry.snapshot, want.to_add)):
@@ -232,16 +218,16 @@ class CdiInjector(Plugin):
                  policy: Policy) -> tuple[dict[str, Device], EditFilter | None]:
         """Every device to be added or already there, against the policy's device rules,
         the registry (an unknown name is said before any verdict) and each vendor's
-        verdict (a refusal raises): the devices by name, and the vendors' edit filter,
-        combined (None: none)."""
+        verdict: the devices by name, and the vendors' edit filter (None: none)."""
         checked = unique_requests([*want.to_add, *want.there])
         names = [r.name for r in checked]
         policy.check_devices(names, context.namespace, context.privileged)
         devices = {d.qualified_name: d for d in lookup_devices(registry.snapshot, checked)}
-        return devices, _combined([f for vendor, facts in registry.paired(self.vendors)
-                                   if (f := vendor.verdict(context, names, policy,
-                                                           registry.snapshot, facts))
-                                   is not None])
+        filters = [f for vendor, facts in registry.paired(self.vendors)
+                   if (f := vendor.verdict(context, names, policy, registry.snapshot, facts))
+                   is not None]
+        return devices, (_FilterChain(filters) if len(filters) > 1 else
+                         filters[0] if filters else None)
 
     def _trimmed(self, want: Wanted, edit_filter: EditFilter | None,
                  context: ContainerContext, container: nri_pb2.Container,
@@ -296,8 +282,8 @@ class _FilterChain:
 
 def _with_removals(injection: Injection, trimmed: Injection | None, *,
                    adds: bool) -> Injection | None:
-    """``injection`` with the mounts to take back (``trimmed``) merged in; None when it
-    changes nothing and adds no device (extras that came to nothing)."""
+    """``injection`` with ``trimmed``'s removals; None when it changes nothing and adds no
+    device (extras that came to nothing)."""
     if trimmed is not None:  # the plan is kept (``PlanCache``): add to a copy
         adjustment = nri_pb2.ContainerAdjustment()
         adjustment.CopyFrom(injection.adjustment)
@@ -306,12 +292,6 @@ def _with_removals(injection: Injection, trimmed: Injection | None, *,
     if not adds and not injection.adjustment.ListFields():
         return None
     return injection
-
-
-def _combined(filters: Sequence[EditFilter]) -> EditFilter | None:
-    if not filters:
-        return None
-    return filters[0] if len(filters) == 1 else _FilterChain(filters)
 
 
 def was_created(container: nri_pb2.Container) -> bool:

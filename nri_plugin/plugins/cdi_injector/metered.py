@@ -1,5 +1,5 @@
-"""``Metered``: any of our plugins with metrics, by composition: it passes every event on and
-counts each CreateContainer by outcome, timed (docs/operations/metrics.md).
+"""``Metered``: a plugin with metrics, by composition: it passes every event on and counts
+each CreateContainer by outcome, timed (docs/operations/metrics.md).
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ class InjectionMetrics(Protocol):
 
 
 class Metered(Plugin):
-    """``plugin`` with its CreateContainer outcomes and connections reported."""
-
     def __init__(self, plugin: Plugin, metrics: InjectionMetrics) -> None:
         self.plugin = plugin
         self.metrics = metrics

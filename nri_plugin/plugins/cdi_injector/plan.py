@@ -1,7 +1,6 @@
 """From looked-up devices to a ContainerAdjustment: what the plugin applies itself, what it
-hands to the runtime's own CDI (``ContainerAdjustment.CDI_devices``) and when, and the
-mounts it takes back of what the runtime's CDI injected (docs/developer/architecture.md,
-step 7). Pure.
+hands to the runtime's own CDI (``CDI_devices``) and when, and the mounts it takes back of
+what the runtime's CDI injected (docs/developer/architecture.md, step 7). Pure.
 """
 
 from __future__ import annotations
@@ -33,8 +32,6 @@ _LIBRARY_PATH_ENTRY = EXTRA_LIBRARY_PATH_ENV + "="
 
 
 class InjectionError(Refusal):
-    """The container must not be created; the message says what and why."""
-
     default_rule = "injection"
 
 
@@ -53,7 +50,7 @@ class Injection:
 
 def lookup_devices(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> list[Device]:
     """The requested devices, in request order; InjectionError naming each unknown one and
-    the source that asked for it."""
+    its source."""
     try:
         return snapshot.lookup(r.name for r in requests)
     except UnresolvedDevicesError as exc:
@@ -66,11 +63,10 @@ def lookup_devices(snapshot: Snapshot, requests: Sequence[DeviceRequest]) -> lis
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanFor:
-    """What a plan depends on besides the devices and the runtime: the container's user;
-    the vendors' filter of the resolved edits (None keeps everything); the container's own
-    LD_LIBRARY_PATH, which hook-free specs add their folders to; whether, where
-    additionalGids are all the plugin cannot apply itself, the rest is applied without
-    them (``drop_gids``) instead of refused."""
+    """What a plan depends on besides the devices and the runtime. ``library_path``: the
+    container's own LD_LIBRARY_PATH, which hook-free specs add their folders to;
+    ``drop_gids``: where additionalGids are all the plugin cannot apply itself, apply the
+    rest without them instead of refusing."""
 
     uid: int = 0
     gid: int = 0
@@ -87,7 +83,6 @@ class PlanFor:
 
 def plan_devices(snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeInfo,
                  plan_for: PlanFor | None = None) -> Injection:
-    """The adjustment for ``devices`` (looked up, in request order)."""
     plan_for = plan_for if plan_for is not None else PlanFor()
     edit_filter, drop_gids = plan_for.edit_filter, plan_for.drop_gids
     edits = snapshot.merged_edits(devices) if devices else ContainerEdits()
@@ -132,15 +127,16 @@ def _lost_by_handing_over(edits: ContainerEdits, filtered: ContainerEdits) -> st
 def _hand_over(snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeInfo,
                drop_gids: bool, lost: str) -> tuple[bool, tuple[int, ...]]:
     """(whether every device goes to the runtime's own CDI, the additionalGids left out).
-
     All or nothing: NRI applies our edits before the runtime's CDI, so a mix would merge
-    env, mounts and device rules in another order than native CDI. Raises InjectionError
-    for edits neither can apply."""
+    env, mounts and device rules in another order than native CDI."""
     if not devices:
         return False, ()
     can_hand_over = runtime.supports_cdi_devices and not delegation_problems(devices, runtime)
+    by_spec: dict[str, list[Device]] = {}
+    for device in devices:
+        by_spec.setdefault(device.spec.path, []).append(device)
     dropped: set[int] = set()
-    for group in _by_spec(devices).values():
+    for group in by_spec.values():
         edits = snapshot.merged_edits(group)
         reasons = unsupported_edits(edits, runtime)
         if not reasons:
@@ -176,19 +172,6 @@ def _why_not(devices: Sequence[Device], runtime: RuntimeInfo) -> str:
         delegation_problems(devices, runtime))
 
 
-def _by_spec(devices: Sequence[Device]) -> dict[str, list[Device]]:
-    by_spec: dict[str, list[Device]] = {}
-    for device in devices:
-        by_spec.setdefault(device.spec.path, []).append(device)
-    return by_spec
-
-
-def plan_injection(snapshot: Snapshot, requests: Sequence[DeviceRequest], runtime: RuntimeInfo,
-                   plan_for: PlanFor | None = None) -> Injection:
-    """``plan_devices`` for the devices ``requests`` name (looked up first)."""
-    return plan_devices(snapshot, lookup_devices(snapshot, requests), runtime, plan_for)
-
-
 def removes_runtime_mounts(runtime: RuntimeInfo) -> bool:
     """Whether NRI mount removals reach the mounts the runtime's own CDI injected: seen
     with containerd 2.1.9; containerd 1.7.24 accepts the removals and keeps the mounts."""
@@ -198,9 +181,8 @@ def removes_runtime_mounts(runtime: RuntimeInfo) -> bool:
 
 def mount_removals(snapshot: Snapshot, names: Sequence[str], edit_filter: EditFilter,
                    container: nri_pb2.Container) -> nri_pb2.ContainerAdjustment | None:
-    """Remove from a container the mounts the runtime's CDI gave it for ``names`` that
-    ``edit_filter`` would not have given (a vendor's filter variable not asking for them);
-    NRI lets a plugin remove mounts by destination. None: nothing to remove."""
+    """The removal of the mounts the runtime's CDI gave a container for ``names`` that
+    ``edit_filter`` would not have given (None: none)."""
     known = [n for n in names if n in snapshot.devices]
     if not known:
         return None
@@ -218,11 +200,10 @@ def mount_removals(snapshot: Snapshot, names: Sequence[str], edit_filter: EditFi
 
 
 class PlanCache:
-    """The plans made under the registry in force, by everything else a plan depends on
-    (the devices, the runtime, the user, the vendors' filter, the image's library path,
-    the policy's additionalGids): pods of one Deployment ask alike, and planning a
-    driver's worth of mounts is most of a container's decision. One rule: a new registry
-    snapshot empties it. A kept plan is shared: its adjustment is never changed."""
+    """The plans made under the registry in force, by everything else a plan depends on:
+    pods of one Deployment ask alike, and planning a driver's worth of mounts is most of a
+    container's decision. A new registry snapshot empties it; a kept plan's adjustment is
+    shared, never changed."""
 
     SIZE = 256
 
@@ -232,7 +213,6 @@ class PlanCache:
 
     def plan(self, snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeInfo,
              plan_for: PlanFor) -> Injection:
-        """``plan_devices``, kept."""
         if snapshot is not self._snapshot:
             self._snapshot = snapshot
             self._plans.clear()

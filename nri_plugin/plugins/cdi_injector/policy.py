@@ -1,6 +1,6 @@
 """The authorization policy (docs/usage/policy.md): loaded once from YAML, validated with
-messages that name the key; evaluation is pure. A vendor declares its own request sources and
-default denials (``VendorPolicy``); the parser learns them from the vendors it is given.
+messages that name the key; evaluation is pure. The parser learns the vendors' request
+sources and default denials from the vendors it is given (``VendorPolicy``).
 """
 
 from __future__ import annotations
@@ -29,9 +29,8 @@ class PolicyError(NRIPluginError):
 
 
 class PolicyDenied(Refusal):
-    """A request the policy does not allow; the message names the rule, and
-    ``reason.rule`` is its short id (``sources.podAnnotations.namespaces``, ``devices[1]``)
-    for metrics."""
+    """A request the policy does not allow; ``reason.rule`` names the rule
+    (``sources.podAnnotations.namespaces``, ``devices[1]``)."""
 
     default_rule = "policy"
     default_code = Code.PERMISSION_DENIED
@@ -46,7 +45,7 @@ class SourceRule:
 
 
 class NamedSource(Protocol):
-    """What the policy needs of a request source: its key and its default rule."""
+    """What the policy needs of a request source (``context.RequestSource``)."""
 
     @property
     def name(self) -> str: ...
@@ -55,8 +54,7 @@ class NamedSource(Protocol):
 
 
 class VendorPolicy(Protocol):
-    """What the policy needs of a vendor's rules (``vendor.VendorRules`` has it): the
-    sources it adds, and the device patterns it denies by default."""
+    """What the policy needs of a vendor's rules (``vendor.VendorRules``)."""
 
     @property
     def sources(self) -> Sequence[NamedSource]: ...
@@ -111,13 +109,10 @@ def default_device_rules(vendors: Sequence[VendorPolicy] = ()) -> tuple[DeviceRu
     return (DeviceRule(index=0, allow=("*",), deny=deny),)
 
 
-DEFAULT_DEVICE_RULES = default_device_rules()
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Policy:
     sources: Mapping[str, SourceRule] = field(default_factory=default_sources)
-    devices: tuple[DeviceRule, ...] = DEFAULT_DEVICE_RULES
+    devices: tuple[DeviceRule, ...] = field(default_factory=default_device_rules)
     privileged_exempt: bool = False
     enforce_requirements: bool = True
     unknown_facts: str = "allow"  # a spec without sidecar facts: skip the checks
@@ -132,15 +127,13 @@ class Policy:
     @classmethod
     def defaults(cls, vendors: Sequence[VendorPolicy] = (), *,
                  origin: str = "built-in defaults") -> Policy:
-        """The built-in policy for the injector's sources and these vendors'."""
         return cls(sources=default_sources(vendors), devices=default_device_rules(vendors),
                    origin=origin)
 
     # --- evaluation (pure) ------------------------------------------------------------------
 
     def rule(self, source: str, default: SourceRule | None = None) -> SourceRule:
-        """The rule of ``source``; ``default`` (a vendor's declared default) for a source
-        this policy was made without."""
+        """The rule of ``source``; ``default`` for a source this policy was made without."""
         rule = self.sources.get(source, default)
         if rule is None:
             raise KeyError(f"request source {source!r} is not known to this policy")
@@ -168,8 +161,8 @@ class Policy:
 
     def check_source(self, source: str, namespace: str, privileged: bool, *,
                      default: SourceRule | None = None, asked_by: str = "") -> None:
-        """Raise PolicyDenied naming the rule (and ``asked_by``, what asked) when
-        ``source`` may not be used here."""
+        """Raise PolicyDenied naming the rule (and what asked) when ``source`` may not be
+        used here."""
         why = self.source_allowed(source, namespace, privileged, default)
         if why is None:
             return
@@ -210,8 +203,7 @@ def _check_device(name: str, namespace: str, rules: list[DeviceRule]) -> None:
 
 
 def load_policy(path: str, vendors: Sequence[VendorPolicy] = ()) -> Policy:
-    """Read and validate a policy file (YAML); raises PolicyError naming every problem.
-    ``vendors``: whose request sources and default denials the policy knows."""
+    """Read and validate a policy file (YAML); raises PolicyError naming every problem."""
     import yaml  # lazy: the built-in default policy never needs it
 
     try:

@@ -16,8 +16,7 @@ _RULE_CODES = {"unresolvable": Code.NOT_FOUND}
 
 
 class Reason(NamedTuple):
-    """Why a container was refused. ``rule`` is a short stable id for metrics
-    (``policy.devices[1]``, ``request.annotation``, a vendor's own rules, ...)."""
+    """Why a container was refused; ``rule``: a short stable id for metrics."""
 
     rule: str
     device: str | None = None
@@ -25,9 +24,8 @@ class Reason(NamedTuple):
 
 
 class Refusal(NRIPluginError):
-    """A container refused on purpose; ``reason`` says by what (no parsing of messages),
-    ``code`` is the status the runtime gets (its rule's, else its kind's: a subclass picks
-    it)."""
+    """A container refused on purpose; ``code`` is the status the runtime gets (its
+    rule's, else its class's)."""
 
     default_rule = "refused"
     default_code = Code.FAILED_PRECONDITION
@@ -41,9 +39,7 @@ class Refusal(NRIPluginError):
         self.node_detail = node_detail
 
     def user_message(self) -> str:
-        """The line the runtime passes on to the pod's user."""
         return USER_PREFIX + str(self)
 
     def log_message(self) -> str:
-        """The line the plugin's log gets: the user's, with what only the node says."""
         return f"{self} ({self.node_detail})" if self.node_detail else str(self)

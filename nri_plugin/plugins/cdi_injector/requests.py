@@ -1,9 +1,7 @@
-"""Which CDI devices a container asks for, from pod and container annotations. Pure.
-
-The ``cdi.k8s.io/`` keys and what each applies to: docs/usage/requesting-devices.md. A
-pod's ``cdi.k8s.io/ctr.<container-name>`` stays within the annotation key rules (container
-names up to 59 characters) and cannot clash with device-plugin keys, which always hold a
-``_`` that container names cannot.
+"""Which CDI devices a container asks for, from pod and container annotations
+(docs/usage/requesting-devices.md). Pure. A pod's ``cdi.k8s.io/ctr.<container-name>``
+cannot clash with device-plugin keys, which always hold a ``_`` that container names
+cannot.
 """
 
 from __future__ import annotations
@@ -26,14 +24,10 @@ class DeviceRequest:
     source: str  # e.g. "pod annotation 'cdi.k8s.io/gpu'", for error messages
 
 
-def container_key(container_name: str) -> str:
-    return CONTAINER_KEY_PREFIX + container_name
-
-
 def pod_requests(pod_annotations: Mapping[str, str], container_name: str) -> list[DeviceRequest]:
     """Requests from the pod's ``cdi.k8s.io/`` annotations (pod-wide and this container's)."""
     requests: list[DeviceRequest] = []
-    own_key = container_key(container_name)
+    own_key = CONTAINER_KEY_PREFIX + container_name
     for key in sorted(pod_annotations):
         if not key.startswith(ANNOTATION_PREFIX):
             continue
@@ -44,8 +38,7 @@ def pod_requests(pod_annotations: Mapping[str, str], container_name: str) -> lis
 
 
 def container_requests(container_annotations: Mapping[str, str]) -> list[DeviceRequest]:
-    """Requests from the container's ``cdi.k8s.io/`` annotations (kubelet: device plugins,
-    DRA)."""
+    """Requests from the container's ``cdi.k8s.io/`` annotations (the kubelet's)."""
     requests: list[DeviceRequest] = []
     for key in sorted(container_annotations):
         if key.startswith(ANNOTATION_PREFIX):
@@ -54,7 +47,6 @@ def container_requests(container_annotations: Mapping[str, str]) -> list[DeviceR
 
 
 def _annotation_requests(where: str, key: str, value: str) -> list[DeviceRequest]:
-    """The requests of one ``cdi.k8s.io/`` annotation of a pod or container (``where``)."""
     try:
         names = parse_annotation(key, value)
     except AnnotationError as exc:
@@ -69,8 +61,7 @@ NRI_PLUGINS_DOMAIN = "cdi.nri.io"  # containers/nri-plugins' cdi-device-injector
 def nri_plugins_requests(pod_annotations: Mapping[str, str],
                          container_name: str) -> list[DeviceRequest]:
     """The pod annotations of containers/nri-plugins' CDI device injector, all of which
-    apply together as there: ``cdi.nri.io/container.<name>``, ``cdi.nri.io/pod`` and the
-    bare ``cdi.nri.io``; each value a comma list of fully qualified CDI names."""
+    apply together as there."""
     requests: list[DeviceRequest] = []
     for key in (f"{NRI_PLUGINS_DOMAIN}/container.{container_name}",
                 f"{NRI_PLUGINS_DOMAIN}/pod", NRI_PLUGINS_DOMAIN):
@@ -81,7 +72,7 @@ def nri_plugins_requests(pod_annotations: Mapping[str, str],
 
 def comma_list_requests(key: str, value: str) -> list[DeviceRequest]:
     """A pod annotation whose value is a comma list of qualified CDI names (the other NRI
-    injectors' format); a name that is not qualified is a RequestError naming the key."""
+    injectors' format)."""
     source = f"pod annotation {key!r}"
     out = []
     for item in value.split(","):
@@ -94,7 +85,7 @@ def comma_list_requests(key: str, value: str) -> list[DeviceRequest]:
 
 
 class RequestError(Refusal):
-    """A malformed request annotation; ``reason.annotation`` names its key."""
+    """A malformed request; ``reason.annotation`` names its key."""
 
     default_rule = "request.annotation"
     default_code = Code.INVALID_ARGUMENT
@@ -102,10 +93,7 @@ class RequestError(Refusal):
 
 def unique_requests(requests: list[DeviceRequest]) -> list[DeviceRequest]:
     """Each device once, at its first request (its source names the first asker)."""
-    seen: set[str] = set()
-    result = []
+    first: dict[str, DeviceRequest] = {}
     for request in requests:
-        if request.name not in seen:
-            seen.add(request.name)
-            result.append(request)
-    return result
+        first.setdefault(request.name, request)
+    return list(first.values())

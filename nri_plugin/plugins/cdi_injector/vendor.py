@@ -1,8 +1,7 @@
 """The one interface between the vendor-neutral injector and a vendor's rules
-(``VendorRules``: declarations as data, and one verdict per container), and ``Registry``,
-what the injector reads on the CreateContainer path: a registry snapshot and every
-vendor's facts for that very snapshot, built together and swapped in with one assignment.
-With no vendor rules the injector serves any CDI vendor's specs as the CDI convention says.
+(``VendorRules``), and ``Registry``: a registry snapshot and every vendor's facts for that
+very snapshot, built together and swapped in with one assignment. With no vendor rules the
+injector serves any CDI vendor's specs as the CDI convention says.
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ class EditFilter(Protocol):
 
 class VendorRules(Protocol):
     """A vendor's rules. ``verdict`` and the sources' readers are pure and do no I/O: they
-    run on the CreateContainer path. Refusals are raised as ``refusal.Refusal``.
-    """
+    run on the CreateContainer path."""
 
     name: str
     sources: tuple[RequestSource, ...]
@@ -44,9 +42,8 @@ class VendorRules(Protocol):
     # container of the node.
     annotation_prefixes: tuple[str, ...]
     env_request_prefixes: tuple[str, ...]
-    # Prefixes of the env names the verdict reads.
-    # The container's env as the verdict and the sources see it holds only the names
-    # these declarations cover (``env_read``).
+    # Prefixes of the env names the verdict reads: the context's env holds only the names
+    # these declarations cover.
     verdict_env: tuple[str, ...]
     # Env names whose non-empty value may ask for edits of no device: a container that
     # asks for no device is only handed to the verdict when one is set.
@@ -57,15 +54,14 @@ class VendorRules(Protocol):
     filter_env: tuple[str, ...]
 
     def load_facts(self, snapshot: Snapshot) -> object:
-        """What the vendor needs to know about ``snapshot``'s specs (may do file I/O; runs in
-        the refresher's thread). The result is handed back to ``verdict`` and the readers."""
+        """What the vendor needs to know about ``snapshot``'s specs, handed back to
+        ``verdict`` and the readers (may do file I/O; runs in the refresher's thread)."""
 
     def verdict(self, context: ContainerContext, names: Sequence[str], policy: Policy,
                 snapshot: Snapshot, facts: object) -> EditFilter | None:
-        """The vendor's one word on a container that asks for ``names`` (after what the
-        runtime injected itself): raise a Refusal for what its rules forbid, else return
-        the filter for the edits (None: keep all). A filter may also add edits of no
-        device (see ``extras_env``)."""
+        """The vendor's one word on a container that asks for ``names``: raise a Refusal
+        for what its rules forbid, else return the filter for the edits (None: keep all),
+        which may also add edits of no device (``extras_env``)."""
 
     def device_units(self, name: str, snapshot: Snapshot, facts: object) -> frozenset[str]:
         """The hardware a CDI device covers, as units ``allocations`` compares (paths: a
@@ -76,18 +72,6 @@ class VendorRules(Protocol):
                         facts: object) -> frozenset[str]:
         """The units of one device id a device plugin of ``resource`` allocated; empty:
         not the vendor's resource."""
-
-
-def env_read(vendors: Sequence[VendorRules], *own: str) -> tuple[str, ...]:
-    """The prefixes of every env name a container's context keeps (``ContainerContext.env``):
-    ``own`` (the injector's) and what the vendors declare they read (their env requests,
-    verdicts, extras and filters). Kubernetes puts several variables per service of the
-    namespace in every container: read once, only these are parsed and kept."""
-    names = list(own)
-    for vendor in vendors:
-        names += [p.rstrip("=") for p in vendor.env_request_prefixes]
-        names += [*vendor.verdict_env, *vendor.extras_env, *vendor.filter_env]
-    return tuple(dict.fromkeys(names))
 
 
 class Registry(NamedTuple):
@@ -108,12 +92,12 @@ class Registry(NamedTuple):
 
 
 class RegistryHolder:
-    """The current Registry, replaced whole by the refresher (one attribute assignment,
-    atomic for readers on other threads)."""
+    """The current Registry, replaced whole by the refresher (one assignment, atomic for
+    readers on other threads)."""
 
-    def __init__(self, vendors: Sequence[VendorRules], snapshot: Snapshot | None = None) -> None:
+    def __init__(self, vendors: Sequence[VendorRules]) -> None:
         self.vendors = tuple(vendors)
-        self.current = Registry(snapshot or Snapshot(), tuple(None for _ in self.vendors))
+        self.current = Registry(Snapshot(), tuple(None for _ in self.vendors))
 
     def get(self) -> Registry:
         return self.current

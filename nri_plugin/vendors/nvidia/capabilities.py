@@ -49,12 +49,10 @@ def _expand(names: frozenset[str]) -> frozenset[str]:
 def filter_edits(edits: ContainerEdits, capability_of: Mapping[str, str],
                  wanted: frozenset[str]) -> ContainerEdits:
     """``edits`` without the mounts of driver files that belong to a capability not in
-    ``wanted``. A mount is known by the host file it mounts, whatever container path it
-    has: a hook-free spec mounts one library at its versioned name and at each link name
-    (``libEGL_nvidia.so.0``, ``libcuda.so.1``), all of the same file. Sidecars older than
-    that record container paths: a mount is then known by its container path, else by
-    another mount of the same host file that is. Files of no capability (``other``),
-    device nodes, hooks and env stay."""
+    ``wanted``. A mount is known by the host file it mounts: a hook-free spec mounts one
+    library at its versioned name and at each link name. Older sidecars record container
+    paths: a mount is then known by its container path, else by another mount of the same
+    host file that is."""
     if wanted >= KNOWN or not capability_of:
         return edits
     by_host = {m.host_path: capability_of[m.container_path] for m in edits.mounts

@@ -74,22 +74,19 @@ class NodeFacts:
 
 def load_facts(snapshot: Snapshot, previous: NodeFacts | None = None) -> NodeFacts:
     """Read every spec's sidecar (I/O); problems are logged and that sidecar skipped. A
-    sidecar that does not match its spec keeps ``previous``'s facts for that spec when they
-    were read for the same parsed spec object (the file did not change since)."""
+    sidecar that does not match its spec keeps ``previous``'s facts for that spec when the
+    spec file did not change since."""
     specs: dict[str, SpecFacts] = {}
-    devices: dict[str, DeviceFacts] = {}
     stale: list[str] = []
     loaded_for: dict[str, object] = {}
     for path, loaded in snapshot.specs.items():
         doc = _read_sidecar(path)
         if doc is _STALE:
             stale.append(path)
-            # Unchanged since its facts were read: they still hold.
             kept = (previous.specs.get(path) if previous is not None
                     and previous.loaded_for.get(path) is loaded.spec else None)
             if kept is not None:
                 specs[path], loaded_for[path] = kept, loaded.spec
-                devices.update(kept.devices)
             continue
         if doc is None:
             continue
@@ -100,7 +97,7 @@ def load_facts(snapshot: Snapshot, previous: NodeFacts | None = None) -> NodeFac
                         "for this spec", path, SIDECAR_SUFFIX, exc)
             continue
         specs[path], loaded_for[path] = facts, loaded.spec
-        devices.update(facts.devices)
+    devices = {name: d for facts in specs.values() for name, d in facts.devices.items()}
     return NodeFacts(MappingProxyType(specs), MappingProxyType(devices), snapshot.generation,
                      tuple(stale), MappingProxyType(loaded_for))
 
@@ -158,7 +155,6 @@ def parse_sidecar(path: str, kind: str, doc: Mapping[str, Any]) -> SpecFacts:
 
 
 def _node(meta: Mapping[str, Any]) -> DeviceNode:
-    """A recorded device node (the generator's sidecar ``nodes`` entries)."""
     return DeviceNode(path=str(meta["path"]), host_path=_str(meta.get("hostPath")), type="c",
                       major=int(meta["major"]), minor=int(meta["minor"]),
                       file_mode=_int(meta.get("fileMode")), permissions="rw",

@@ -5,6 +5,7 @@ against the node facts in the generator's sidecar. Pure. NVIDIA's CDI modes skip
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -16,14 +17,13 @@ IGNORED = frozenset({"NVIDIA_REQUIRE_JETPACK"})
 DISABLE = "NVIDIA_DISABLE_REQUIRE"
 NAMES = ("cuda", "driver", "arch", "brand")
 # Longest first, so that "<=" is not read as "<" followed by "=value".
-_OPS = ("<=", ">=", "!=", "<", ">", "=")
+_OPS = {"<=": operator.le, ">=": operator.ge, "!=": operator.ne, "<": operator.lt,
+        ">": operator.gt, "=": operator.eq}
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})  # Go's strconv.ParseBool
 _VERSION = re.compile(r"^\d+(\.\d+)*$")
 
 
 class RequirementError(Refusal):
-    """A requirement is malformed or not met; the message says which and why."""
-
     default_rule = "nvidia.requirements"
 
 
@@ -57,7 +57,7 @@ class GpuInfo:
     brand: str | None = None  # e.g. tesla, nvidia
 
 
-def constraint_version_key(text: str) -> tuple[int, ...]:
+def _version_key(text: str) -> tuple[int, ...]:
     parts = [int(p) for p in text.split(".")]
     while len(parts) > 1 and parts[-1] == 0:
         parts.pop()
@@ -116,18 +116,11 @@ def check(requirements: Sequence[Requirement], node: NodeVersions,
     (arch and brand are per device); with no GPU, once with arch/brand taken as met."""
     for requirement in requirements:
         for gpu in gpus or (None,):
-            failures = [_first_failure(alt, node, gpu) for alt in requirement.alternatives]
+            # Each alternative's first term not met (None: it holds).
+            failures = [next(filter(None, (_failure(c, node, gpu) for c in alternative)), None)
+                        for alternative in requirement.alternatives]
             if requirement.alternatives and all(failures):
                 raise RequirementError(_message(requirement, [f for f in failures if f]))
-
-
-def _first_failure(terms: tuple[Constraint, ...], node: NodeVersions,
-                   gpu: GpuInfo | None) -> str | None:
-    for c in terms:
-        why = _failure(c, node, gpu)
-        if why:
-            return why
-    return None
 
 
 def _failure(c: Constraint, node: NodeVersions, gpu: GpuInfo | None) -> str | None:
@@ -144,19 +137,12 @@ def _failure(c: Constraint, node: NodeVersions, gpu: GpuInfo | None) -> str | No
         have, described = gpu.brand, f"GPU {gpu.name} is brand {gpu.brand}"
     if have is None:
         return f"{c}: the node's {c.name} is not recorded (regenerate the spec in nvml mode)"
-    if _holds(c, have):
-        return None
-    return f"{c} not met: {described}"
-
-
-def _holds(c: Constraint, have: str) -> bool:
     if c.name == "brand":
-        return (have.lower() == c.value) == (c.op == "=")
-    if not _VERSION.match(have):
-        return False
-    a, b = constraint_version_key(have), constraint_version_key(c.value)
-    return {"=": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b,
-            ">=": a >= b}[c.op]
+        holds = (have.lower() == c.value) == (c.op == "=")
+    else:
+        holds = bool(_VERSION.match(have)) and _OPS[c.op](_version_key(have),
+                                                          _version_key(c.value))
+    return None if holds else f"{c} not met: {described}"
 
 
 def _message(requirement: Requirement, failures: list[str]) -> str:

@@ -1,8 +1,8 @@
-"""NVIDIA's rules behind the injector's ``VendorRules`` interface: its request sources and
-default denial (``management.nvidia.com/*``), ``NVIDIA_REQUIRE_*`` checked against the
-facts of the specs a requested device comes from, and ``NVIDIA_DRIVER_CAPABILITIES`` as an
-edit filter. Facts come from the generator's sidecars (``nodefacts``), loaded in the
-refresher's thread; everything else here is pure.
+"""NVIDIA's rules behind the injector's ``VendorRules`` interface: ``NVIDIA_REQUIRE_*``
+checked against the facts of the specs a requested device comes from,
+``NVIDIA_DRIVER_CAPABILITIES`` as an edit filter, and the GPUs and MIG devices a device
+covers (``allocations``). Facts come from the generator's sidecars (``nodefacts``), loaded
+in the refresher's thread; everything else here is pure.
 """
 
 from __future__ import annotations
@@ -15,22 +15,8 @@ from cdi.edits import merge
 from cdi.model import ContainerEdits, DeviceNode, Hook
 from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
-from nri_plugin.vendors.nvidia import units
 from nri_plugin.vendors.nvidia.capabilities import ENV as CAPABILITIES_ENV
 from nri_plugin.vendors.nvidia.capabilities import filter_edits, requested_capabilities
-from nri_plugin.vendors.nvidia.k8s_sources import NRI_KEY
-from nri_plugin.vendors.nvidia.no_device_requests import (
-    IMEX_ENV,
-    MIG_CONFIG_ENV,
-    MIG_MONITOR_ENV,
-    ExtrasError,
-    driver_only_edits,
-    imex_channel_ids,
-    imex_channels,
-    mig_capability_node,
-    wants_driver_only,
-    wants_mig_capability,
-)
 from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts, SpecFacts, load_facts
 from nri_plugin.vendors.nvidia.requirements import (
     GpuInfo,
@@ -42,12 +28,32 @@ from nri_plugin.vendors.nvidia.sources import (
     IMEX_CHANNELS,
     MIG_CAPABILITIES,
     NRI_ANNOTATIONS,
+    NRI_KEY,
     SOURCES,
     VISIBLE_DEVICES,
     facts_of,
     is_legacy_image,
 )
 from nri_plugin.vendors.nvidia.visible_devices import ENV as VISIBLE_ENV
+from nri_plugin.vendors.nvidia.visible_devices import (
+    GPU_KIND,
+    IMEX_ENV,
+    MIG_CONFIG_ENV,
+    MIG_MONITOR_ENV,
+    ExtrasError,
+    driver_only_edits,
+    imex_channel_ids,
+    imex_channels,
+    match_id,
+    mig_capability_node,
+    wants_driver_only,
+    wants_mig_capability,
+)
+
+# The resource names NVIDIA's device plugin registers (nvidia.com/gpu, nvidia.com/mig-1g.10gb,
+# a renamed or shared resource): all under its domain.
+RESOURCE_DOMAIN = "nvidia.com/"
+CAPS_FOLDER = "/dev/nvidia-caps/"
 
 
 class CapabilityFilter(NamedTuple):
@@ -70,10 +76,8 @@ class CapabilityFilter(NamedTuple):
             edits = merge([edits, self.extra])
         if not self.capability_maps:
             return edits
-        capability_of: dict[str, str] = {}
-        for capabilities in self.capability_maps:
-            capability_of.update(capabilities)
-        return filter_edits(edits, capability_of, self.wanted)
+        return filter_edits(edits, {file: capability for m in self.capability_maps
+                                    for file, capability in m.items()}, self.wanted)
 
 
 class NvidiaRules:
@@ -102,9 +106,9 @@ class NvidiaRules:
 
     def verdict(self, context: ContainerContext, names: Sequence[str], policy: Policy,
                 snapshot: Snapshot, facts: object) -> CapabilityFilter | None:
-        """Check NVIDIA_REQUIRE_* against the facts of the requested devices' specs, add
-        what ``none``, the MIG capabilities and IMEX channels ask for, and return the
-        capability filter for NVIDIA_DRIVER_CAPABILITIES (None: nothing to add or drop)."""
+        """Check NVIDIA_REQUIRE_*, add what ``none``, the MIG capabilities and IMEX
+        channels ask for, and return the capability filter (None: nothing to add or
+        drop)."""
         env = context.env
         node = facts_of(facts)
         specs = {s.path: s for s in (node.spec_of(n, snapshot) for n in names)
@@ -120,7 +124,7 @@ class NvidiaRules:
                 raise RequirementError(
                     f"cannot check {requirements[0].env}: no recorded node facts for "
                     f"{', '.join(names)} (policy requirements.unknownFacts: deny)",
-                    rule="requirements.unknownFacts", device=names[0] if names else None)
+                    rule="requirements.unknownFacts", device=names[0])
             for spec in specs.values():
                 check(requirements, spec.versions, _gpus(names, spec))
             # GPUs named by another spec (the device plugin's own, another generator's):
@@ -140,17 +144,38 @@ class NvidiaRules:
         return CapabilityFilter(capability_maps, wanted, extra)
 
     def device_units(self, name: str, snapshot: Snapshot, facts: object) -> frozenset[str]:
-        return units.device_units(name, snapshot, facts_of(facts))
+        """A GPU is unit ``GPU-<uuid>``, a MIG device ``GPU-<uuid>/MIG-<uuid>``: a device
+        of a spec with facts by its facts (``all``: every device of its spec), another
+        spec's (a DRA claim's) by the device nodes it carries."""
+        node = facts_of(facts)
+        known = node.devices.get(name)
+        if known is not None:
+            return frozenset({_unit(known)})
+        device = snapshot.devices.get(name)
+        if device is None:
+            return frozenset()
+        spec = node.specs.get(device.spec.path)
+        if spec is not None:  # a name of our spec without facts of its own: its "all"
+            return frozenset(_unit(d) for d in spec.devices.values()) if (
+                name == f"{spec.kind}=all") else frozenset()
+        return _units_by_nodes({n.path for n in device.edits.device_nodes}, snapshot, node)
 
     def allocated_units(self, resource: str, device_id: str, snapshot: Snapshot,
                         facts: object) -> frozenset[str]:
-        return units.allocated_units(resource, device_id, facts_of(facts))
+        """The units of one of NVIDIA's device plugin's ids (a GPU or MIG uuid, an index)."""
+        if not resource.startswith(RESOURCE_DOMAIN):
+            return frozenset()
+        # A GPU shared by time-slicing or MPS is listed once per replica: "<id>::<replica>".
+        node = facts_of(facts)
+        known = [d for d in node.devices.values() if d.name.startswith(GPU_KIND + "=")]
+        name = match_id(device_id.partition("::")[0], known)
+        return frozenset({_unit(node.devices[name])}) if name is not None else frozenset()
 
     def _extras(self, policy: Policy, names: Sequence[str], context: ContainerContext,
                 snapshot: Snapshot,
                 node: NodeFacts) -> tuple[ContainerEdits, str | None]:
-        """Edits of no device that the env asks for and the policy allows: (the edits, the
-        NVIDIA spec they came from when ``none`` added its edits)."""
+        """Edits of no device that the env asks for and the policy allows, and the NVIDIA
+        spec ``none``'s edits came from."""
         env = context.env
         parts: list[ContainerEdits] = []
         spec_path = None
@@ -181,6 +206,28 @@ class NvidiaRules:
             if hook is not None:
                 parts.append(ContainerEdits(hooks=(hook,)))
         return merge(parts) if parts else ContainerEdits(), spec_path
+
+
+def _unit(device: DeviceFacts) -> str:
+    return f"{device.gpu_uuid}/{device.mig_uuid}" if device.type == "mig" else device.gpu_uuid
+
+
+def _units_by_nodes(paths: set[str], snapshot: Snapshot, facts: NodeFacts) -> frozenset[str]:
+    """Units whose device nodes ``paths`` hold: a MIG device by its capability nodes
+    (``/dev/nvidia-caps/``, which tell one MIG device of a GPU from another; all of them
+    present), else a GPU by its ``/dev/nvidia<minor>``."""
+    mig = set()
+    for facts_device in facts.devices.values():
+        device = snapshot.devices.get(facts_device.name)
+        if facts_device.type != "mig" or device is None:
+            continue
+        caps = {n.path for n in device.edits.device_nodes if n.path.startswith(CAPS_FOLDER)}
+        if caps and caps <= paths:
+            mig.add(_unit(facts_device))
+    if mig:
+        return frozenset(mig)
+    return frozenset(_unit(d) for d in facts.devices.values() if d.type == "gpu"
+                     and d.minor is not None and f"/dev/nvidia{d.minor}" in paths)
 
 
 def _whole_devices(context: ContainerContext) -> bool:
@@ -218,9 +265,8 @@ def _mask_hook(names: Sequence[str], snapshot: Snapshot, node: NodeFacts,
                driver_only_spec: str | None) -> Hook | None:
     """``mask-proc`` with one ``--gpu`` per GPU the container gets from NVIDIA specs that
     record the hook (a MIG device: its parent); None when no such spec is involved."""
-    hook: Hook | None = None
-    buses: list[str] = []
     involved = [node.specs.get(driver_only_spec)] if driver_only_spec else []
+    buses: list[str] = []
     for name in names:
         spec = node.spec_of(name, snapshot)
         if spec is None or spec.mask_hook is None:
@@ -230,15 +276,11 @@ def _mask_hook(names: Sequence[str], snapshot: Snapshot, node: NodeFacts,
             buses += [d.bus_id for d in spec.devices.values()]
         elif name in spec.devices:
             buses.append(spec.devices[name].bus_id)
-    for spec in involved:
-        if spec is not None and spec.mask_hook is not None:
-            hook = spec.mask_hook
-    if hook is None:
+    hooks = [s.mask_hook for s in involved if s is not None and s.mask_hook is not None]
+    if not hooks:
         return None
-    args: list[str] = []
-    for bus in sorted({b for b in buses if b}):
-        args += ["--gpu", bus]
-    return hook._replace(args=(*hook.args, *args))
+    gpus = [arg for bus in sorted({b for b in buses if b}) for arg in ("--gpu", bus)]
+    return hooks[-1]._replace(args=(*hooks[-1].args, *gpus))
 
 
 def _allows(policy: Policy, source: RequestSource, context: ContainerContext) -> bool:

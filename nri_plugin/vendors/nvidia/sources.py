@@ -1,21 +1,90 @@
 """NVIDIA's request sources, as the injector's policy knows them (``sources.<name>``; their
-defaults and why: docs/usage/policy.md). Pure. ``migCapabilitiesEnv`` and
-``imexChannelsEnv`` ask for edits of no device: the verdict (``rules``) reads them.
+defaults and why: docs/usage/policy.md), with the ways Kubernetes set-ups built for
+NVIDIA's toolkit ask for GPUs: NVIDIA's NRI plugin's pod annotations and the device
+plugin's ``/dev/null`` volume mounts (docs/reference/annotations-and-env.md). Pure.
+``migCapabilitiesEnv`` and ``imexChannelsEnv`` ask for edits of no device: the verdict
+(``rules``) reads them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import posixpath
+from collections.abc import Mapping, Sequence
 
 from cdi.cache import Snapshot
+from nri_plugin.nri.api import nri_pb2
 from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
 from nri_plugin.plugins.cdi_injector.policy import NO_NAMESPACE, SourceRule
-from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
-from nri_plugin.vendors.nvidia.k8s_sources import nvidia_nri_requests, volume_mount_requests
-from nri_plugin.vendors.nvidia.no_device_requests import IMEX_ENV, MIG_CONFIG_ENV, MIG_MONITOR_ENV
+from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, comma_list_requests
 from nri_plugin.vendors.nvidia.nodefacts import NodeFacts
 from nri_plugin.vendors.nvidia.visible_devices import ENV as VISIBLE_ENV
-from nri_plugin.vendors.nvidia.visible_devices import VOLUME_MOUNT_ROOT, visible_device_names
+from nri_plugin.vendors.nvidia.visible_devices import (
+    IMEX_ENV,
+    MIG_CONFIG_ENV,
+    MIG_MONITOR_ENV,
+    VOLUME_MOUNT_ROOT,
+    VisibleDevicesError,
+    resolve_ids,
+    visible_device_names,
+)
+
+NRI_KEY = "nvidia.cdi.k8s.io"
+NRI_KEY_PREFIX = NRI_KEY + "/container."
+
+
+def nvidia_nri_requests(pod_annotations: Mapping[str, str],
+                        container_name: str) -> list[DeviceRequest]:
+    """What the one pod annotation NVIDIA's NRI plugin reads for a container asks for, by
+    containerd/nri's rule for a container's effective annotation: ``<key>/container.<name>``,
+    else ``<key>/pod``, else the bare ``<key>``; ``<key>/container.*`` (this plugin's own,
+    and NVIDIA's before its 1.20) comes after the container's own key."""
+    for key in (NRI_KEY_PREFIX + container_name, NRI_KEY_PREFIX + "*", NRI_KEY + "/pod",
+                NRI_KEY):
+        if key in pod_annotations:
+            return comma_list_requests(key, pod_annotations[key])
+    return []
+
+
+def volume_mount_ids(mounts: Sequence[nri_pb2.Mount]) -> list[tuple[str, str]]:
+    """(id, destination) for each ``/dev/null`` mount under the device-list root."""
+    out = []
+    for mount in mounts:
+        source = mount.source
+        # normpath only drops "." and ".." parts and doubled slashes: a source that
+        # becomes /dev/null has "null" in it (most mounts do not: no normpath for them).
+        if "null" not in source or posixpath.normpath(source) != "/dev/null":
+            continue
+        destination = mount.destination
+        path = posixpath.normpath(destination)
+        if not path.startswith(VOLUME_MOUNT_ROOT + "/"):
+            continue
+        device = path[len(VOLUME_MOUNT_ROOT) + 1:].strip("/")
+        if device:
+            out.append((device, destination))
+    return out
+
+
+def volume_mount_requests(mounts: Sequence[nri_pb2.Mount], snapshot: Snapshot,
+                          facts: NodeFacts) -> list[DeviceRequest]:
+    requests: list[DeviceRequest] = []
+    for device, destination in volume_mount_ids(mounts):
+        source = f"volume mount {destination}"
+        if device.startswith("cdi/"):
+            parts = device[4:].split("/")
+            if len(parts) < 3:
+                raise VisibleDevicesError(f"{source}: expected cdi/<vendor>/<class>/<name>",
+                                          rule="nvidia.volumeMounts")
+            name = f"{'/'.join(parts[:-2])}/{parts[-2]}={parts[-1]}"
+            requests.append(DeviceRequest(name, source))
+            continue
+        if device.startswith("imex/"):
+            raise VisibleDevicesError(f"{source}: IMEX channels as volume mounts are not "
+                                      "supported; use NVIDIA_IMEX_CHANNELS or a CDI name",
+                                      rule="nvidia.volumeMounts")
+        requests += [DeviceRequest(n, source)
+                     for n in resolve_ids([device], snapshot, facts, source)]
+    return requests
+
 
 EMPTY_FACTS = NodeFacts()
 
