@@ -176,34 +176,9 @@ SYNC_STALLED = (
     "off; the fix is to shrink or remove that pod (NRI 0.7 to 0.12 all page this way)")
 
 
-class SyncCollector:
-    """Joins paged Synchronize requests so the plugin sees the state once, keeping at most
-    ``max_bytes`` of pages: beyond it they are answered but only counted
-    (docs/developer/nri-protocol.md §3.5)."""
-
-    __slots__ = ("containers", "dropped_bytes", "dropped_pages", "kept_bytes", "pages", "pods")
-
-    max_bytes = 16 << 20  # four full pages: thousands of containers
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def add(self, req: nri_pb2.SynchronizeRequest, size: int = 0) -> bool:
-        """Add a page (``size``: its serialized bytes); True when it was the last one."""
-        self.pages += 1
-        if self.kept_bytes + size > self.max_bytes:
-            self.dropped_pages += 1
-            self.dropped_bytes += size
-        else:
-            self.kept_bytes += size
-            self.pods.extend(req.pods)
-            self.containers.extend(req.containers)
-        return not req.more
-
-    def reset(self) -> None:
-        self.pods: list[nri_pb2.PodSandbox] = []
-        self.containers: list[nri_pb2.Container] = []
-        self.pages = self.dropped_pages = self.kept_bytes = self.dropped_bytes = 0
+# Synchronize pages kept until the last arrives (docs/developer/nri-protocol.md §3.5): four
+# full pages, thousands of containers; pages beyond it are answered but only counted.
+SYNC_MAX_BYTES = 16 << 20
 
 
 class Dispatcher:
@@ -217,7 +192,11 @@ class Dispatcher:
         # A whole Synchronize was answered: the stub then reconnects at once after the
         # runtime goes away, without back-off.
         self.synchronized = False
-        self._sync = SyncCollector()
+        # This Synchronize's pages so far: those kept (and their bytes), and the sizes of
+        # those over SYNC_MAX_BYTES.
+        self._kept: list[nri_pb2.SynchronizeRequest] = []
+        self._kept_bytes = 0
+        self._dropped: list[int] = []
 
     def dispatch(self, method: str, payload: bytes) -> bytes:
         """Handle one Plugin-service request; return the serialized reply.
@@ -287,26 +266,32 @@ class Dispatcher:
         if req.more and not req.pods and not req.containers:
             # The runtime's pager advanced by zero objects (one over 4 MiB rounds its
             # objects per page down to 0): it would send this page until its timeout.
-            stalled = SYNC_STALLED.format(pods=len(self._sync.pods),
-                                          containers=len(self._sync.containers))
-            self._sync.reset()
+            stalled = SYNC_STALLED.format(pods=sum(len(p.pods) for p in self._kept),
+                                          containers=sum(len(p.containers) for p in self._kept))
+            self._kept, self._kept_bytes, self._dropped = [], 0, []
             log.error("%s", stalled)
             # An error reply makes the runtime give up at once (not a size error, so it does
             # not retry smaller) instead of 2 s of empty pages holding its lock.
             raise RpcError(Code.FAILED_PRECONDITION, stalled)
-        if not self._sync.add(req, size):
+        if self._kept_bytes + size > SYNC_MAX_BYTES:
+            self._dropped.append(size)
+        else:
+            self._kept_bytes += size
+            self._kept.append(req)
+        if req.more:
             # Every page but the last must be answered more=true and no updates
             # (docs/developer/nri-protocol.md §3.5).
             return nri_pb2.SynchronizeResponse(more=True).SerializeToString()
-        pods, containers = self._sync.pods, self._sync.containers
+        pods = [pod for page in self._kept for pod in page.pods]
+        containers = [container for page in self._kept for container in page.containers]
         for container in containers:
             fill_name(container)
-        if self._sync.dropped_pages:
+        if self._dropped:
             log.error("Synchronize: %d of %d pages (%d bytes) were over the %d MiB cap and "
                       "were not examined; their containers are checked only when they start",
-                      self._sync.dropped_pages, self._sync.pages, self._sync.dropped_bytes,
-                      self._sync.max_bytes >> 20)
-        self._sync.reset()
+                      len(self._dropped), len(self._kept) + len(self._dropped),
+                      sum(self._dropped), SYNC_MAX_BYTES >> 20)
+        self._kept, self._kept_bytes, self._dropped = [], 0, []
         updates = self.plugin.synchronize(pods, containers)
         self.synchronized = True
         return nri_pb2.SynchronizeResponse(update=list(updates or ())).SerializeToString()
