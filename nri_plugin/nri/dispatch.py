@@ -5,7 +5,6 @@ bytes out, so it runs without sockets or an event loop.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,37 +87,28 @@ def subscription(
     return mask
 
 
-# --- the events whose reply carries something: (plugin, request) -> response message ---
-
-
-def _create(plugin: Plugin, req: nri_pb2.CreateContainerRequest) -> Message:
-    result = plugin.create_container(req.pod, req.container)
-    if isinstance(result, nri_pb2.ContainerAdjustment):
-        return nri_pb2.CreateContainerResponse(adjust=result)
-    return nri_pb2.CreateContainerResponse() if result is None else result
-
-
-def _update(plugin: Plugin, req: nri_pb2.UpdateContainerRequest) -> Message:
-    updates = plugin.update_container(req.pod, req.container, req.linux_resources)
-    return nri_pb2.UpdateContainerResponse(update=list(updates or ()))
-
-
-def _stop(plugin: Plugin, req: nri_pb2.StopContainerRequest) -> Message:
-    updates = plugin.stop_container(req.pod, req.container)
-    return nri_pb2.StopContainerResponse(update=list(updates or ()))
-
-
-def _update_pod(plugin: Plugin, req: nri_pb2.UpdatePodSandboxRequest) -> Message:
-    plugin.update_pod_sandbox(req.pod, req.overhead_linux_resources, req.linux_resources)
+def _call(plugin: Plugin, event: Event, req: Any) -> Message:
+    """Call the plugin's handler for ``event`` with what ``req`` carries; the reply."""
+    if event is Event.CREATE_CONTAINER:
+        result = plugin.create_container(req.pod, req.container)
+        if isinstance(result, nri_pb2.ContainerAdjustment):
+            return nri_pb2.CreateContainerResponse(adjust=result)
+        return nri_pb2.CreateContainerResponse() if result is None else result
+    if event is Event.UPDATE_CONTAINER:
+        updates = plugin.update_container(req.pod, req.container, req.linux_resources)
+        return nri_pb2.UpdateContainerResponse(update=list(updates or ()))
+    if event is Event.STOP_CONTAINER:
+        updates = plugin.stop_container(req.pod, req.container)
+        return nri_pb2.StopContainerResponse(update=list(updates or ()))
+    # The rest are notifications: nothing to return.
+    handler = getattr(plugin, EVENT_HANDLERS[event])
+    if event is Event.UPDATE_POD_SANDBOX:
+        handler(req.pod, req.overhead_linux_resources, req.linux_resources)
+    elif event.name.endswith("_POD_SANDBOX"):
+        handler(req.pod)
+    else:
+        handler(req.pod, req.container)
     return nri_pb2.Empty()
-
-
-_REPLIES: dict[Event, Callable[[Plugin, Any], Message]] = {
-    Event.CREATE_CONTAINER: _create,
-    Event.UPDATE_CONTAINER: _update,
-    Event.STOP_CONTAINER: _stop,
-    Event.UPDATE_POD_SANDBOX: _update_pod,
-}
 
 
 def _state_change_event(req: nri_pb2.StateChangeEvent) -> Event:
@@ -129,7 +119,7 @@ def _state_change_event(req: nri_pb2.StateChangeEvent) -> Event:
         raise RpcError(Code.INVALID_ARGUMENT, f"unknown event {req.event}") from None
     if event not in EVENT_HANDLERS or event is Event.UPDATE_POD_SANDBOX:
         raise RpcError(Code.INVALID_ARGUMENT, f"event {event.name} is not a state change")
-    if event in _REPLIES:
+    if event in (Event.CREATE_CONTAINER, Event.UPDATE_CONTAINER, Event.STOP_CONTAINER):
         raise RpcError(Code.INVALID_ARGUMENT, f"event {event.name} has its own RPC")
     return event
 
@@ -236,14 +226,7 @@ class Dispatcher:
         if not implemented(self.plugin, EVENT_HANDLERS[event]):
             # Go stub behaviour: a missing handler is an empty reply, not an error.
             return _EMPTY
-        reply = _REPLIES.get(event)
-        if reply is not None:
-            return reply(self.plugin, request).SerializeToString()
-        # A notification has nothing to return.
-        pod_only = event.name.endswith("_POD_SANDBOX")
-        handler = getattr(self.plugin, EVENT_HANDLERS[event])
-        handler(*((request.pod,) if pod_only else (request.pod, request.container)))
-        return _EMPTY
+        return _call(self.plugin, event, request).SerializeToString()
 
     def _configure(self, req: nri_pb2.ConfigureRequest) -> bytes:
         requested = self.plugin.configure(req.config, req.runtime_name, req.runtime_version)
