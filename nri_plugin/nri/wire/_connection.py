@@ -93,14 +93,6 @@ class Role(enum.Enum):
     PLUGIN = "plugin"
     RUNTIME = "runtime"  # only used by tests, to play the runtime
 
-    @property
-    def server_conn(self) -> int:
-        return PLUGIN_CONN if self is Role.PLUGIN else RUNTIME_CONN
-
-    @property
-    def client_conn(self) -> int:
-        return RUNTIME_CONN if self is Role.PLUGIN else PLUGIN_CONN
-
 
 class Connection:
     """One NRI trunk: we serve ttrpc on one conn id and call out on the other.
@@ -118,6 +110,9 @@ class Connection:
         services: Mapping[str, Collection[str]] | None = None,
     ) -> None:
         self.role = role
+        # The conn ids we serve on and call out on.
+        self._server_conn, self._client_conn = (
+            (PLUGIN_CONN, RUNTIME_CONN) if role is Role.PLUGIN else (RUNTIME_CONN, PLUGIN_CONN))
         self.state = ConnectionState.OPEN
         self._services = (
             None if services is None else {k: frozenset(v) for k, v in services.items()}
@@ -163,7 +158,7 @@ class Connection:
         return ConnectionClosed(pending=pending)
 
     def _handle_frame(self, conn_id: int, frame: Frame) -> Event:
-        serving = conn_id == self.role.server_conn
+        serving = conn_id == self._server_conn
         expected = MessageType.REQUEST if serving else MessageType.RESPONSE
         if frame.type != expected:
             raise RemoteProtocolError(
@@ -215,7 +210,7 @@ class Connection:
         service, method = clip(called[0], self.NAME_LIMIT), clip(called[1], self.NAME_LIMIT)
         message = bound_message(message)
         frame = encode_frame(stream_id, MessageType.RESPONSE, encode_response(b"", code, message))
-        self._outbound += frame_message(self.role.server_conn, frame)
+        self._outbound += frame_message(self._server_conn, frame)
         return RequestRejected(
             stream_id=stream_id, service=service, method=method, code=code, message=message
         )
@@ -260,7 +255,7 @@ class Connection:
         frame = encode_frame(stream_id, MessageType.REQUEST, data)
         self._next_id += 2
         self._pending[stream_id] = (service, method)
-        self._outbound += frame_message(self.role.client_conn, frame)
+        self._outbound += frame_message(self._client_conn, frame)
         return stream_id
 
     def send_response(
@@ -280,7 +275,7 @@ class Connection:
         data = encode_response(payload, code, message)
         frame = encode_frame(stream_id, MessageType.RESPONSE, data)
         self._in_flight.remove(stream_id)
-        self._outbound += frame_message(self.role.server_conn, frame)
+        self._outbound += frame_message(self._server_conn, frame)
 
     def _check_usable(self) -> None:
         if self.state is not ConnectionState.OPEN:
