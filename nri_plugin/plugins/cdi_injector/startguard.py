@@ -262,49 +262,45 @@ class StartGuard(Plugin):
     def check(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, stage: str) -> None:
         """The start check of one container at ``stage`` (raises to fail its start)."""
         try:
-            self._check_once(pod, container, stage)
+            cid = container.id
+            if cid in self._served or cid in self._done:
+                return  # answered at creation, or acted on already: nothing owed
+            pending = self._pending.get(cid)
+            item = pending.item if pending is not None else container_unserved(
+                pod, container, self.injector, self._runtime.native_cdi)
+            log.debug("%s check of container %s (%s): %s", stage, container.name, cid,
+                      "unserved" if item else "ok")
+            if item is None:
+                self._pending.pop(cid, None)
+                return
+            if stage == "post-create":
+                if pending is None:
+                    self.counters.unserved_found += 1
+                    self._add_pending(item)
+                    log.warning("fail-closed: container %s (%s) of pod %s was created without "
+                                "passing through the plugin; it is checked when it starts: %s",
+                                item.name, cid, item.pod, item.reason)
+                return
+            if pending is None and stage == "start":
+                self.counters.unserved_found += 1
+            item = replace(item, pid=container.pid,
+                           cgroups_path=container.linux.cgroups_path or item.cgroups_path)
+            stopped = self._act(item, stage)
+            evict = self.injector.policy.fail_closed_action != "report"
+            if evict and not stopped and stage == "start":
+                # A runtime that may start it all the same: stopped as it starts, if it does.
+                self._add_pending(item)
+            else:
+                # A container is started once: nothing about it stays owed.
+                self._pending.pop(cid, None)
+                self._remember(self._done, cid)
+            if evict and stage == "start":
+                # containerd fails the start: the container never runs.
+                raise RpcError(Code.FAILED_PRECONDITION,
+                               f"{USER_PREFIX}container {item.name} was created while the plugin "
+                               f"was away, without its devices: {item.reason}")
         finally:
             self._need_may_have_changed()
-
-    def _check_once(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
-                    stage: str) -> None:
-        cid = container.id
-        if cid in self._served or cid in self._done:
-            return  # answered at creation, or acted on already: nothing owed
-        pending = self._pending.get(cid)
-        item = pending.item if pending is not None else container_unserved(
-            pod, container, self.injector, self._runtime.native_cdi)
-        log.debug("%s check of container %s (%s): %s", stage, container.name, cid,
-                  "unserved" if item else "ok")
-        if item is None:
-            self._pending.pop(cid, None)
-            return
-        if stage == "post-create":
-            if pending is None:
-                self.counters.unserved_found += 1
-                self._add_pending(item)
-                log.warning("fail-closed: container %s (%s) of pod %s was created without "
-                            "passing through the plugin; it is checked when it starts: %s",
-                            item.name, cid, item.pod, item.reason)
-            return
-        if pending is None and stage == "start":
-            self.counters.unserved_found += 1
-        item = replace(item, pid=container.pid,
-                       cgroups_path=container.linux.cgroups_path or item.cgroups_path)
-        stopped = self._act(item, stage)
-        evict = self.injector.policy.fail_closed_action != "report"
-        if evict and not stopped and stage == "start":
-            # A runtime that may start it all the same: stopped as it starts, if it does.
-            self._add_pending(item)
-        else:
-            # A container is started once: nothing about it stays owed.
-            self._pending.pop(cid, None)
-            self._remember(self._done, cid)
-        if evict and stage == "start":
-            # containerd fails the start: the container never runs.
-            raise RpcError(Code.FAILED_PRECONDITION,
-                           f"{USER_PREFIX}container {item.name} was created while the plugin "
-                           f"was away, without its devices: {item.reason}")
 
     def _act(self, item: Unserved, stage: str) -> bool:
         """Report or stop one container, as the policy's failClosed.action says; counted
