@@ -90,7 +90,7 @@ class StartGuard(Plugin):
         # injector's both list them, and each is acted on (and named) once.
         self._done: OrderedDict[str, None] = OrderedDict()
         self._injector_synced = False
-        self._runtime = RuntimeInfo()  # as the last Configure (either connection's) named it
+        self.runtime = RuntimeInfo()  # as the last Configure (either connection's) named it
 
     # --- whether checks are owed ---
 
@@ -166,7 +166,7 @@ class StartGuard(Plugin):
                   runtime_version: str) -> EventMask | None:
         self._injector_synced = False
         mask = self.injector.configure(config, runtime_name, runtime_version)
-        self._runtime = self.injector.runtime
+        self.runtime = self.injector.runtime
         if mask is None:
             return None
         if self.settings.own_connection:
@@ -211,21 +211,13 @@ class StartGuard(Plugin):
         self._done.pop(container_id, None)
         self._need_may_have_changed()
 
-    # --- the guard's own connection ---
-
-    def guard_configured(self, runtime_name: str, runtime_version: str) -> EventMask:
-        """The guard's own connection is to this runtime: the events it needs there, and
-        PostCreateContainer on every runtime (docs/developer/fail-closed.md)."""
-        self._runtime = self.injector.runtime_of(runtime_name, runtime_version)
-        return guard_events(runtime_name) | EventMask.POST_CREATE_CONTAINER
-
     # --- the checks ---
 
     def judge_listed(self, pods: Sequence[nri_pb2.PodSandbox],
                      containers: Sequence[nri_pb2.Container]) -> None:
         """What a Synchronize lists, either connection's (the guard's is judged first)."""
         now, exited = [], []
-        for item in find_unserved(pods, containers, self.injector, self._runtime.native_cdi):
+        for item in find_unserved(pods, containers, self.injector, self.runtime.native_cdi):
             cid = item.container_id
             if cid in self._done or cid in self._pending:
                 continue  # the other connection's Synchronize found it first
@@ -267,7 +259,7 @@ class StartGuard(Plugin):
                 return  # answered at creation, or acted on already: nothing owed
             pending = self._pending.get(cid)
             item = pending.item if pending is not None else container_unserved(
-                pod, container, self.injector, self._runtime.native_cdi)
+                pod, container, self.injector, self.runtime.native_cdi)
             log.debug("%s check of container %s (%s): %s", stage, container.name, cid,
                       "unserved" if item else "ok")
             if item is None:
@@ -313,7 +305,7 @@ class StartGuard(Plugin):
                         "devices (%s; policy failClosed.action: report, not stopped): %s",
                         item.name, item.container_id, item.pod, when, item.reason)
             return False
-        refuses_start = stage == "start" and self._runtime.is_containerd
+        refuses_start = stage == "start" and self.runtime.is_containerd
         message = (f"{USER_PREFIX}stopped: the container was created while the plugin was "
                    f"away, without its devices: {item.reason}\n")
         if refuses_start:
@@ -370,7 +362,10 @@ class GuardConnection(Plugin):
 
     def configure(self, config: str, runtime_name: str,
                   runtime_version: str) -> EventMask | None:
-        return self.guard.guard_configured(runtime_name, runtime_version)
+        # The events the guard needs on this runtime, and PostCreateContainer on every
+        # runtime (docs/developer/fail-closed.md).
+        self.guard.runtime = self.guard.injector.runtime_of(runtime_name, runtime_version)
+        return guard_events(runtime_name) | EventMask.POST_CREATE_CONTAINER
 
     def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
                     containers: Sequence[nri_pb2.Container]) -> None:
