@@ -16,7 +16,7 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.plugin import Plugin
-from nri_plugin.nri.second_connection import CallLater, Second
+from nri_plugin.nri.second_connection import CallLater
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.counters import Counters
@@ -40,7 +40,7 @@ GUARD_SUFFIX = "-guard"  # the guard's own connection's name: the injector's, an
 class GuardSettings:
     """The start guard's set-up; the timings are docs/developer/fail-closed.md's."""
 
-    # The start checks ride on a connection of the guard's own (``guard_second``),
+    # The start checks ride on a connection of the guard's own (a ``SecondConnection``),
     # not on the injector's.
     own_connection: bool = False
     cgroup_root: str = CGROUP_ROOT
@@ -71,13 +71,22 @@ class StartGuard(Plugin):
     """The plugin the stub runs: the injector's handlers plus the fail-closed checks."""
 
     REMEMBER = 65536  # containers remembered as served, oldest dropped first
+    # Its own connection, as the second around the injector's (``Need`` of a
+    # ``SecondConnection``): open while ``needed`` (docs/developer/fail-closed.md).
+    suffix = GUARD_SUFFIX
+    label = "start guard"
+    logger = log
 
     def __init__(self, injector: CdiInjector, settings: GuardSettings | None = None, *,
                  defer: Callable[[Callable[[], None]], object] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 call_later: CallLater | None = None) -> None:
         """``defer``: runs the stopping of what Synchronize found after its reply has left
-        (the runtime holds its lock until then); None: at once."""
+        (the runtime holds its lock until then); None: at once. ``call_later``: what times
+        its connection's linger and the rechecks, on ``clock`` (None: the event loop)."""
+        self.call_later = call_later
         self.settings = settings if settings is not None else GuardSettings()
+        self.ready_timeout, self.linger = self.settings.ready_timeout, self.settings.linger
         self.injector = injector
         self.counters: Counters = injector.counters
         self._defer = defer or (lambda act: act())
@@ -147,6 +156,10 @@ class StartGuard(Plugin):
         now, settings = self._clock(), self.settings
         self._pending[item.container_id] = _Pending(item, now + settings.pending_limit,
                                                     now + settings.recheck)
+
+    def second_plugin(self, synchronized: Callable[[], None]) -> Plugin:
+        """The plugin of the guard's own connection."""
+        return GuardConnection(self, synchronized)
 
     def main_connection_lost(self) -> None:
         """The injector's connection ended: until it synchronizes again, containers are
@@ -386,12 +399,3 @@ class GuardConnection(Plugin):
     def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
         self.guard.forget(container.id)
 
-
-def guard_second(guard: StartGuard, call_later: CallLater | None = None) -> Second:
-    """The guard's own connection, as the second around the injector's (a
-    ``SecondConnection``), open while ``guard.needed`` (docs/developer/fail-closed.md).
-    ``call_later``: what times its linger and the guard's rechecks (None: the event loop)."""
-    return Second(need=guard, plugin=lambda ready: GuardConnection(guard, ready),
-                  suffix=GUARD_SUFFIX, label="start guard", logger=log,
-                  ready_timeout=guard.settings.ready_timeout, linger=guard.settings.linger,
-                  call_later=call_later)
