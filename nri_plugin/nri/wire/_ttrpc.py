@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from nri_plugin.nri.api import ttrpc_pb2
-from nri_plugin.nri.wire._buffer import take
 from nri_plugin.nri.wire._errors import (
     FrameTooLargeError,
     MessageTooLargeError,
     RemoteProtocolError,
 )
+from nri_plugin.nri.wire._mux import take
 
 HEADER = struct.Struct(">IIBB")
 MAX_DATA = 4 << 20  # messageLengthMax (docs/developer/nri-protocol.md §1.1)
