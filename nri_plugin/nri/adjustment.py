@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from nri_plugin.nri.api import nri_pb2
 
 # OCI hook stages, as named by NRI's ``Hooks`` message.
-HOOK_STAGES = ("prestart", "create_runtime", "create_container", "start_container",
-               "poststart", "poststop")
+HOOK_STAGES = tuple(field.name for field in nri_pb2.Hooks.DESCRIPTOR.fields)
 _REMOVAL = "-"
 
 

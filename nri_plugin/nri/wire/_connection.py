@@ -198,8 +198,7 @@ class Connection:
             method=method,
             payload=request.payload,
             timeout_nano=request.timeout_nano,
-            metadata=tuple((kv.key, kv.value) for kv in request.metadata)
-            if request.metadata else (),
+            metadata=tuple((kv.key, kv.value) for kv in request.metadata),
         )
 
     def _reject(self, stream_id: int, called: tuple[str, str], code: Code,
