@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from nri_plugin.nri.api import nri_pb2
 
 # OCI hook stages, as named by NRI's ``Hooks`` message.
-HOOK_STAGES = ("prestart", "create_runtime", "create_container", "start_container",
-               "poststart", "poststop")
+HOOK_STAGES = tuple(field.name for field in nri_pb2.Hooks.DESCRIPTOR.fields)
 _REMOVAL = "-"
 
 
@@ -69,17 +68,15 @@ def add_device(adjustment: nri_pb2.ContainerAdjustment, node: OciDevice, *,
     _absolute("device path", path)
     if type not in ("c", "b", "u", "p"):
         raise ValueError(f"device {path}: type {type!r} is not one of c, b, u, p")
-    device = adjustment.linux.devices.add(path=path, type=type, major=major, minor=minor)
-    if node.file_mode is not None:
-        device.file_mode.value = node.file_mode & 0o7777  # permission bits only: NRI adds the type
-    if node.uid is not None:
-        device.uid.value = node.uid
-    if node.gid is not None:
-        device.gid.value = node.gid
+    adjustment.linux.devices.add(
+        path=path, type=type, major=major, minor=minor,
+        # permission bits only: NRI adds the type
+        file_mode=None if node.file_mode is None else {"value": node.file_mode & 0o7777},
+        uid=None if node.uid is None else {"value": node.uid},
+        gid=None if node.gid is None else {"value": node.gid})
     if access is not None and type != "p":  # a FIFO has no device number to allow
-        rule = adjustment.linux.resources.devices.add(allow=True, type=type, access=access)
-        rule.major.value = major
-        rule.minor.value = minor
+        adjustment.linux.resources.devices.add(allow=True, type=type, access=access,
+                                               major={"value": major}, minor={"value": minor})
 
 
 def remove_device(adjustment: nri_pb2.ContainerAdjustment, path: str) -> None:
@@ -103,10 +100,9 @@ def add_hook(adjustment: nri_pb2.ContainerAdjustment, stage: str, hook: OciHook)
     if stage not in HOOK_STAGES:
         raise ValueError(f"hook stage {stage!r} is not one of {', '.join(HOOK_STAGES)}")
     _absolute("hook path", hook.path)
-    added = getattr(adjustment.hooks, stage).add(path=hook.path, args=list(hook.args),
-                                                 env=list(hook.env))
-    if hook.timeout is not None:
-        added.timeout.value = hook.timeout
+    getattr(adjustment.hooks, stage).add(
+        path=hook.path, args=list(hook.args), env=list(hook.env),
+        timeout=None if hook.timeout is None else {"value": hook.timeout})
 
 
 def add_cdi_device(adjustment: nri_pb2.ContainerAdjustment, name: str) -> None:

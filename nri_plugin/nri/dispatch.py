@@ -5,7 +5,6 @@ bytes out, so it runs without sockets or an event loop.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,37 +87,28 @@ def subscription(
     return mask
 
 
-# --- the events whose reply carries something: (plugin, request) -> response message ---
-
-
-def _create(plugin: Plugin, req: nri_pb2.CreateContainerRequest) -> Message:
-    result = plugin.create_container(req.pod, req.container)
-    if isinstance(result, nri_pb2.ContainerAdjustment):
-        return nri_pb2.CreateContainerResponse(adjust=result)
-    return nri_pb2.CreateContainerResponse() if result is None else result
-
-
-def _update(plugin: Plugin, req: nri_pb2.UpdateContainerRequest) -> Message:
-    updates = plugin.update_container(req.pod, req.container, req.linux_resources)
-    return nri_pb2.UpdateContainerResponse(update=list(updates or ()))
-
-
-def _stop(plugin: Plugin, req: nri_pb2.StopContainerRequest) -> Message:
-    updates = plugin.stop_container(req.pod, req.container)
-    return nri_pb2.StopContainerResponse(update=list(updates or ()))
-
-
-def _update_pod(plugin: Plugin, req: nri_pb2.UpdatePodSandboxRequest) -> Message:
-    plugin.update_pod_sandbox(req.pod, req.overhead_linux_resources, req.linux_resources)
+def _call(plugin: Plugin, event: Event, req: Any) -> Message:
+    """Call the plugin's handler for ``event`` with what ``req`` carries; the reply."""
+    if event is Event.CREATE_CONTAINER:
+        result = plugin.create_container(req.pod, req.container)
+        if isinstance(result, nri_pb2.ContainerAdjustment):
+            return nri_pb2.CreateContainerResponse(adjust=result)
+        return nri_pb2.CreateContainerResponse() if result is None else result
+    if event is Event.UPDATE_CONTAINER:
+        updates = plugin.update_container(req.pod, req.container, req.linux_resources)
+        return nri_pb2.UpdateContainerResponse(update=list(updates or ()))
+    if event is Event.STOP_CONTAINER:
+        updates = plugin.stop_container(req.pod, req.container)
+        return nri_pb2.StopContainerResponse(update=list(updates or ()))
+    # The rest are notifications: nothing to return.
+    handler = getattr(plugin, EVENT_HANDLERS[event])
+    if event is Event.UPDATE_POD_SANDBOX:
+        handler(req.pod, req.overhead_linux_resources, req.linux_resources)
+    elif event.name.endswith("_POD_SANDBOX"):
+        handler(req.pod)
+    else:
+        handler(req.pod, req.container)
     return nri_pb2.Empty()
-
-
-_REPLIES: dict[Event, Callable[[Plugin, Any], Message]] = {
-    Event.CREATE_CONTAINER: _create,
-    Event.UPDATE_CONTAINER: _update,
-    Event.STOP_CONTAINER: _stop,
-    Event.UPDATE_POD_SANDBOX: _update_pod,
-}
 
 
 def _state_change_event(req: nri_pb2.StateChangeEvent) -> Event:
@@ -129,7 +119,7 @@ def _state_change_event(req: nri_pb2.StateChangeEvent) -> Event:
         raise RpcError(Code.INVALID_ARGUMENT, f"unknown event {req.event}") from None
     if event not in EVENT_HANDLERS or event is Event.UPDATE_POD_SANDBOX:
         raise RpcError(Code.INVALID_ARGUMENT, f"event {event.name} is not a state change")
-    if event in _REPLIES:
+    if event in (Event.CREATE_CONTAINER, Event.UPDATE_CONTAINER, Event.STOP_CONTAINER):
         raise RpcError(Code.INVALID_ARGUMENT, f"event {event.name} has its own RPC")
     return event
 
@@ -176,34 +166,9 @@ SYNC_STALLED = (
     "off; the fix is to shrink or remove that pod (NRI 0.7 to 0.12 all page this way)")
 
 
-class SyncCollector:
-    """Joins paged Synchronize requests so the plugin sees the state once, keeping at most
-    ``max_bytes`` of pages: beyond it they are answered but only counted
-    (docs/developer/nri-protocol.md §3.5)."""
-
-    __slots__ = ("containers", "dropped_bytes", "dropped_pages", "kept_bytes", "pages", "pods")
-
-    max_bytes = 16 << 20  # four full pages: thousands of containers
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def add(self, req: nri_pb2.SynchronizeRequest, size: int = 0) -> bool:
-        """Add a page (``size``: its serialized bytes); True when it was the last one."""
-        self.pages += 1
-        if self.kept_bytes + size > self.max_bytes:
-            self.dropped_pages += 1
-            self.dropped_bytes += size
-        else:
-            self.kept_bytes += size
-            self.pods.extend(req.pods)
-            self.containers.extend(req.containers)
-        return not req.more
-
-    def reset(self) -> None:
-        self.pods: list[nri_pb2.PodSandbox] = []
-        self.containers: list[nri_pb2.Container] = []
-        self.pages = self.dropped_pages = self.kept_bytes = self.dropped_bytes = 0
+# Synchronize pages kept until the last arrives (docs/developer/nri-protocol.md §3.5): four
+# full pages, thousands of containers; pages beyond it are answered but only counted.
+SYNC_MAX_BYTES = 16 << 20
 
 
 class Dispatcher:
@@ -217,7 +182,11 @@ class Dispatcher:
         # A whole Synchronize was answered: the stub then reconnects at once after the
         # runtime goes away, without back-off.
         self.synchronized = False
-        self._sync = SyncCollector()
+        # This Synchronize's pages so far: those kept (and their bytes), and the sizes of
+        # those over SYNC_MAX_BYTES.
+        self._kept: list[nri_pb2.SynchronizeRequest] = []
+        self._kept_bytes = 0
+        self._dropped: list[int] = []
 
     def dispatch(self, method: str, payload: bytes) -> bytes:
         """Handle one Plugin-service request; return the serialized reply.
@@ -257,14 +226,7 @@ class Dispatcher:
         if not implemented(self.plugin, EVENT_HANDLERS[event]):
             # Go stub behaviour: a missing handler is an empty reply, not an error.
             return _EMPTY
-        reply = _REPLIES.get(event)
-        if reply is not None:
-            return reply(self.plugin, request).SerializeToString()
-        # A notification has nothing to return.
-        pod_only = event.name.endswith("_POD_SANDBOX")
-        handler = getattr(self.plugin, EVENT_HANDLERS[event])
-        handler(*((request.pod,) if pod_only else (request.pod, request.container)))
-        return _EMPTY
+        return _call(self.plugin, event, request).SerializeToString()
 
     def _configure(self, req: nri_pb2.ConfigureRequest) -> bytes:
         requested = self.plugin.configure(req.config, req.runtime_name, req.runtime_version)
@@ -287,26 +249,32 @@ class Dispatcher:
         if req.more and not req.pods and not req.containers:
             # The runtime's pager advanced by zero objects (one over 4 MiB rounds its
             # objects per page down to 0): it would send this page until its timeout.
-            stalled = SYNC_STALLED.format(pods=len(self._sync.pods),
-                                          containers=len(self._sync.containers))
-            self._sync.reset()
+            stalled = SYNC_STALLED.format(pods=sum(len(p.pods) for p in self._kept),
+                                          containers=sum(len(p.containers) for p in self._kept))
+            self._kept, self._kept_bytes, self._dropped = [], 0, []
             log.error("%s", stalled)
             # An error reply makes the runtime give up at once (not a size error, so it does
             # not retry smaller) instead of 2 s of empty pages holding its lock.
             raise RpcError(Code.FAILED_PRECONDITION, stalled)
-        if not self._sync.add(req, size):
+        if self._kept_bytes + size > SYNC_MAX_BYTES:
+            self._dropped.append(size)
+        else:
+            self._kept_bytes += size
+            self._kept.append(req)
+        if req.more:
             # Every page but the last must be answered more=true and no updates
             # (docs/developer/nri-protocol.md §3.5).
             return nri_pb2.SynchronizeResponse(more=True).SerializeToString()
-        pods, containers = self._sync.pods, self._sync.containers
+        pods = [pod for page in self._kept for pod in page.pods]
+        containers = [container for page in self._kept for container in page.containers]
         for container in containers:
             fill_name(container)
-        if self._sync.dropped_pages:
+        if self._dropped:
             log.error("Synchronize: %d of %d pages (%d bytes) were over the %d MiB cap and "
                       "were not examined; their containers are checked only when they start",
-                      self._sync.dropped_pages, self._sync.pages, self._sync.dropped_bytes,
-                      self._sync.max_bytes >> 20)
-        self._sync.reset()
+                      len(self._dropped), len(self._kept) + len(self._dropped),
+                      sum(self._dropped), SYNC_MAX_BYTES >> 20)
+        self._kept, self._kept_bytes, self._dropped = [], 0, []
         updates = self.plugin.synchronize(pods, containers)
         self.synchronized = True
         return nri_pb2.SynchronizeResponse(update=list(updates or ())).SerializeToString()

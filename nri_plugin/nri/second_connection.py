@@ -11,13 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.stub import Callback, CloseCallback, Stub
-
-log = logging.getLogger("nri_plugin.nri.second_connection")
 
 # Builds a Stub for one of the plugin's connections: (plugin, name, on_close, before_connect).
 StubFactory = Callable[[Plugin, str | None, CloseCallback | None, Callback | None], Stub]
@@ -33,10 +30,21 @@ CallLater = Callable[[float, Callable[[], None]], Cancellable]
 
 
 class Need(Protocol):
-    """What decides whether the second connection must be open now (``needed``; it calls
+    """The second connection's owner: whether it must be open now (``needed``; it calls
     the ``on_need_changed`` listener, inside a handler, whenever that may have changed),
     what runs on its clock (``due``, ``next_due`` seconds from now; None: nothing timed),
-    and what is told when the main connection ends."""
+    what is told when the main connection ends; and the connection: its plugin (built with
+    the call that says its Synchronize was answered), its name (the main one's and
+    ``suffix``), how the log names it (``label``, on ``logger``), how long the main one
+    waits for it at a (re)connection and how long it stays once not needed; ``call_later``
+    times the linger and the owner's work (None: the running event loop's)."""
+
+    suffix: str
+    label: str
+    logger: logging.Logger
+    ready_timeout: float
+    linger: float
+    call_later: CallLater | None
 
     @property
     def needed(self) -> bool: ...
@@ -44,35 +52,17 @@ class Need(Protocol):
     def next_due(self) -> float | None: ...
     def due(self) -> None: ...
     def main_connection_lost(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Second:
-    """The second connection: who says when it is needed (``need``), its plugin (built
-    with the call that says its Synchronize was answered), its name (the main one's and
-    ``suffix``), how the log names it (``label``, on ``logger``), how long the main one
-    waits for it at a (re)connection and how long it stays once not needed; ``call_later``
-    times the linger and the owner's work (None: the running event loop's)."""
-
-    need: Need
-    plugin: Callable[[Callable[[], None]], Plugin]
-    suffix: str
-    label: str
-    ready_timeout: float
-    linger: float
-    logger: logging.Logger = log
-    call_later: CallLater | None = None
+    def second_plugin(self, synchronized: Callable[[], None]) -> Plugin: ...
 
 
 class SecondConnection:
-    """Runs ``main``'s connection, and ``second``'s around it: on every (re)connection the
-    second goes first (bounded by ``second.ready_timeout``), and it is closed
-    ``second.linger`` after ``second.need.needed`` turns false."""
+    """Runs ``main``'s connection, and ``need``'s around it: on every (re)connection the
+    second goes first (bounded by ``need.ready_timeout``), and it is closed ``need.linger``
+    after ``need.needed`` turns false."""
 
-    def __init__(self, second: Second, main: Plugin, make_stub: StubFactory,
+    def __init__(self, need: Need, main: Plugin, make_stub: StubFactory,
                  name: str | None, on_close: CloseCallback | None = None) -> None:
-        self.need = second.need
-        self._s = second
+        self.need = need
         self._make_stub = make_stub
         self._on_close = on_close
         self._closing: Cancellable | None = None  # the close after the linger
@@ -87,7 +77,7 @@ class SecondConnection:
         self._may_open = False
         self.need.on_need_changed(self._need_changed)
         self.main = make_stub(main, name, self._main_closed, self._second_first)
-        self._second_name = self.main.name + second.suffix  # same index, so next to it
+        self._second_name = self.main.name + need.suffix  # same index, so next to it
 
     @property
     def second_open(self) -> bool:
@@ -121,11 +111,11 @@ class SecondConnection:
         if self._second_task is None or self._ready.is_set():
             return
         try:
-            await asyncio.wait_for(self._ready.wait(), self._s.ready_timeout)
+            await asyncio.wait_for(self._ready.wait(), self.need.ready_timeout)
         except asyncio.TimeoutError:
-            self._s.logger.warning("the %s's connection is not in place after %.0f s; "
-                                   "connecting the main one all the same", self._s.label,
-                                   self._s.ready_timeout)
+            self.need.logger.warning("the %s's connection is not in place after %.0f s; "
+                                     "connecting the main one all the same", self.need.label,
+                                     self.need.ready_timeout)
 
     def _main_closed(self, stub: Stub, error: BaseException | None) -> Awaitable[None] | None:
         self._may_open = False
@@ -140,7 +130,7 @@ class SecondConnection:
     def _update(self) -> None:
         if self._stopping:
             return
-        later = self._s.call_later or asyncio.get_running_loop().call_later
+        later = self.need.call_later or asyncio.get_running_loop().call_later
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -152,7 +142,7 @@ class SecondConnection:
             if wait is not None:  # the owner's timed work may change ``needed``
                 self._timer = later(wait, self._run_due)
         elif self._second_task is not None and self._closing is None:
-            self._closing = later(self._s.linger, self._close_if_idle)
+            self._closing = later(self.need.linger, self._close_if_idle)
 
     def _run_due(self) -> None:
         self._timer = None
@@ -169,19 +159,20 @@ class SecondConnection:
         self._closing = None
         if self._stopping or self.need.needed or self._second_task is None:
             return
-        self._s.logger.info("nothing in doubt: closing the %s's connection", self._s.label)
+        self.need.logger.info("nothing in doubt: closing the %s's connection", self.need.label)
         if self._second_stub is not None:
             self._second_stub.stop()
 
     def _open_second(self) -> None:
         self._ready.clear()
-        stub = self._make_stub(self._s.plugin(self._second_synchronized), self._second_name,
+        stub = self._make_stub(self.need.second_plugin(self._second_synchronized),
+                               self._second_name,
                                lambda _stub, _error: self._ready.clear(), None)
         self._second_stub = stub
         task = asyncio.get_running_loop().create_task(stub.run())
         self._second_task = task
         task.add_done_callback(self._second_ended)
-        self._s.logger.info("%s connection opening", self._s.label)
+        self.need.logger.info("%s connection opening", self.need.label)
 
     def _second_synchronized(self) -> None:
         # The runtime adds the plugin to those it asks right after our reply.
@@ -195,6 +186,7 @@ class SecondConnection:
             self._second_stub = None
             self._ready.clear()
         if not task.cancelled() and task.exception() is not None:
-            self._s.logger.error("the %s's connection failed: %s", self._s.label, task.exception())
+            self.need.logger.error("the %s's connection failed: %s", self.need.label,
+                                   task.exception())
         if not self._stopping:  # needed again while it was closing: open a new one
             asyncio.get_running_loop().call_soon(self._update)

@@ -78,12 +78,11 @@ def plugin_identity(
     source.
     """
     base = os.path.basename(argv0)
-    from_argv = _NAME_WITH_INDEX.match(base)
-    name = name or env.get(PLUGIN_NAME_ENV) or (from_argv.group(2) if from_argv else base)
+    name = name or env.get(PLUGIN_NAME_ENV) or base
     if (m := _NAME_WITH_INDEX.match(name)) is not None:
         name = m.group(2)
-        idx = idx or env.get(PLUGIN_IDX_ENV) or m.group(1)
-    idx = idx or env.get(PLUGIN_IDX_ENV) or (from_argv.group(1) if from_argv else "")
+    m = m or _NAME_WITH_INDEX.match(base)
+    idx = idx or env.get(PLUGIN_IDX_ENV) or (m.group(1) if m else "")
     if not name:
         raise ValueError("plugin name is empty")
     if not re.fullmatch(r"\d\d", idx):
@@ -262,11 +261,8 @@ class StubOptions:
 
     Connection source, in order: ``sock``; the fd in NRI_PLUGIN_SOCKET of ``env`` (None:
     the process's; we were launched by the runtime: no reconnects, ``run()`` returns on
-    disconnect); else ``socket_path`` (external plugin: reconnect until ``stop()``). While
-    the socket is absent or refuses connections we try every ``poll_interval``, so we are
-    back within about that long of the runtime listening again; connections that end
-    before Synchronize (a refused registration, ...) back off from ``RETRY_INITIAL``
-    doubling to ``RETRY_MAX``.
+    disconnect); else ``socket_path`` (external plugin: reconnect until ``stop()``, polling
+    an absent socket every ``poll_interval``).
     """
 
     name: str | None = None

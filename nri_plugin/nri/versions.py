@@ -101,8 +101,9 @@ class RuntimeInfo:
     @classmethod
     def from_configure(cls, name: str, version: str, nri_version: str = "") -> RuntimeInfo:
         parsed = parse_runtime_version(version)
-        nri = (parse_runtime_version(nri_version) if nri_version
-               else _lookup(_NRI.get(name, ()), parsed))
+        # Sent from NRI v0.12.0 on; before it, the newest row the release has reached.
+        nri = parse_runtime_version(nri_version) if nri_version else next(
+            (nri for first, nri in _NRI.get(name, ()) if parsed and parsed >= first), None)
         return cls(name=name, version=parsed, nri_version=nri,
                    cdi_version=library_of(name, parsed))
 
@@ -167,9 +168,3 @@ class RuntimeInfo:
             return f"{self.name or 'the runtime'}'s CDI library (version unknown)"
         return f"{self.name}'s CDI library {'.'.join(map(str, self.cdi_version))}"
 
-
-def _lookup(table: tuple[tuple[Version, Version], ...],
-            version: Version | None) -> Version | None:
-    if version is None:
-        return None
-    return next((value for first_release, value in table if version >= first_release), None)

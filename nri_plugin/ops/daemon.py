@@ -50,7 +50,6 @@ from nri_plugin.plugins.cdi_injector.startguard import (
     GuardConnection,
     GuardSettings,
     StartGuard,
-    guard_second,
 )
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder, VendorRules
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
@@ -206,7 +205,7 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
 
     runner: Stub | SecondConnection = (
         make_stub(main, name, on_close, None) if launched
-        else SecondConnection(guard_second(guard), main, make_stub, name, on_close))
+        else SecondConnection(guard, main, make_stub, name, on_close))
     log.info("plugin %s-%s starting; spec dirs %s; policy %s; vendors %s", own_index,
              own_name, ", ".join(cache.spec_dirs), policy.origin,
              ", ".join(f"{v.name} (hooks: {', '.join(v.hooks) or 'none'})" for v in vendors)

@@ -28,7 +28,6 @@ from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.startguard import (
     GuardSettings,
     StartGuard,
-    guard_second,
 )
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from tests.helpers import write_specs
@@ -174,7 +173,7 @@ def serving(tmp_path: Path, clock: VirtualClock, steps: list[str],
     (tmp_path / "cgroup" / "pids").mkdir(parents=True)
     guard = StartGuard(CdiInjector(lambda: Registry(snapshot)), GuardSettings(
         own_connection=True, cgroup_root=str(tmp_path / "cgroup"), pending_limit=pending_limit,
-        linger=LINGER), clock=clock.now)
+        linger=LINGER), clock=clock.now, call_later=clock.call_later)
     path = str(tmp_path / "nri.sock")
 
     def make_stub(plugin: Plugin, name: str | None, closed: CloseCallback | None,
@@ -190,8 +189,7 @@ def serving(tmp_path: Path, clock: VirtualClock, steps: list[str],
         return Stub(plugin, StubOptions(name=name, socket_path=path, env=ENV, on_close=closed,
                     before_connect=held if before is not None else None, poll_interval=0.02))
 
-    return guard, lambda: SecondConnection(guard_second(guard, call_later=clock.call_later),
-                                           guard, make_stub, None)
+    return guard, lambda: SecondConnection(guard, guard, make_stub, None)
 
 
 def scenario(tmp_path: Path, body: Callable[[World], Awaitable[None]],

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from nri_plugin.nri.wire._buffer import take
+from nri_plugin.nri.wire._mux import take
 
 
 def test_take_returns_none_until_enough_bytes() -> None:

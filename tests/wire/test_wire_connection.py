@@ -303,7 +303,7 @@ def test_a_whole_request_in_one_read_is_what_the_readers_make_of_it(
     split_events = split.receive_data(data[:9]) + split.receive_data(data[9:])
     assert whole_events == split_events and len(whole_events) == 1
     assert one.data_to_send() == split.data_to_send()
-    assert one._server.in_flight == split._server.in_flight
+    assert one._in_flight == split._in_flight
     assert one.buffered == split.buffered == 0
 
 

@@ -35,6 +35,5 @@ def bound_message(text: str, limit: int = MAX_MESSAGE) -> str:
     parts = []
     for part in summarize(text.split("; "), item_limit=limit):
         names = part.split(", ")
-        parts.append(", ".join(summarize(names)) if len(names) > LIST_HEAD else
-                     part)
+        parts.append(", ".join(summarize(names)) if len(names) > LIST_HEAD else part)
     return clip("; ".join(parts), limit)

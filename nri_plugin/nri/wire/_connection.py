@@ -1,5 +1,5 @@
 """The sans-IO NRI connection: mux + two ttrpc sessions (docs/developer/nri-protocol.md §1, §2),
-the events it returns, and the stream bookkeeping of each session (§1.2).
+the events it returns, and the stream ids of each session (§1.2).
 """
 
 from __future__ import annotations
@@ -86,80 +86,12 @@ class ConnectionState(enum.Enum):
     ERROR = "error"  # a protocol error happened; the connection cannot be used again
 
 
-class ClientStreams:
-    """Calls we made on one logical connection: odd ids 1, 3, 5, ...
-    (docs/developer/nri-protocol.md §1.2)."""
-
-    __slots__ = ("_next_id", "pending")
-
-    def __init__(self) -> None:
-        self._next_id = 1
-        self.pending: dict[int, tuple[str, str]] = {}
-
-    @property
-    def next_id(self) -> int:
-        if self._next_id > MAX_STREAM_ID:
-            raise LocalProtocolError("ttrpc stream ids exhausted on this connection")
-        return self._next_id
-
-    def open(self, service: str, method: str) -> int:
-        stream_id = self.next_id
-        self._next_id += 2
-        self.pending[stream_id] = (service, method)
-        return stream_id
-
-    def close(self, stream_id: int) -> tuple[str, str]:
-        try:
-            return self.pending.pop(stream_id)
-        except KeyError:
-            raise RemoteProtocolError(
-                f"ttrpc response for stream {stream_id}, which has no call pending"
-            ) from None
-
-
-class ServerStreams:
-    """Calls the peer made to us: each new id odd and above the last
-    (docs/developer/nri-protocol.md §1.2)."""
-
-    __slots__ = ("in_flight", "last_id")
-
-    def __init__(self) -> None:
-        self.last_id = 0
-        self.in_flight: set[int] = set()
-
-    def accept(self, stream_id: int) -> str | None:
-        """Record a new request; return why it is invalid instead, like Go's server."""
-        if stream_id % 2 == 0:
-            return f"StreamID must be odd for client initiated streams: {stream_id}"
-        if stream_id <= self.last_id:
-            return f"StreamID cannot be re-used and must increment: {stream_id}"
-        self.last_id = stream_id
-        self.in_flight.add(stream_id)
-        return None
-
-    def check_open(self, stream_id: int) -> None:
-        if stream_id not in self.in_flight:
-            raise LocalProtocolError(f"no request in flight on stream {stream_id}")
-
-    def close(self, stream_id: int) -> None:
-        self.check_open(stream_id)
-        self.in_flight.remove(stream_id)
-
-
 class Role(enum.Enum):
     """Which end of the trunk we are; it fixes which conn we serve (docs/developer/nri-protocol.md
     §2.2)."""
 
     PLUGIN = "plugin"
     RUNTIME = "runtime"  # only used by tests, to play the runtime
-
-    @property
-    def server_conn(self) -> int:
-        return PLUGIN_CONN if self is Role.PLUGIN else RUNTIME_CONN
-
-    @property
-    def client_conn(self) -> int:
-        return RUNTIME_CONN if self is Role.PLUGIN else PLUGIN_CONN
 
 
 class Connection:
@@ -178,14 +110,22 @@ class Connection:
         services: Mapping[str, Collection[str]] | None = None,
     ) -> None:
         self.role = role
+        # The conn ids we serve on and call out on.
+        self._server_conn, self._client_conn = (
+            (PLUGIN_CONN, RUNTIME_CONN) if role is Role.PLUGIN else (RUNTIME_CONN, PLUGIN_CONN))
         self.state = ConnectionState.OPEN
         self._services = (
             None if services is None else {k: frozenset(v) for k, v in services.items()}
         )
         self._mux = MuxReader()
         self._readers = {PLUGIN_CONN: FrameReader(), RUNTIME_CONN: FrameReader()}
-        self._server = ServerStreams()
-        self._client = ClientStreams()
+        # Stream ids (docs/developer/nri-protocol.md §1.2): our calls take odd ids 1, 3, 5,
+        # ... and wait for their replies in ``_pending``; the peer's calls to us must each
+        # take a new odd id above the last, and stay ``_in_flight`` until answered.
+        self._next_id = 1
+        self._pending: dict[int, tuple[str, str]] = {}  # stream id: (service, method)
+        self._last_id = 0
+        self._in_flight: set[int] = set()
         self._outbound = bytearray()
 
     # --- inbound ---------------------------------------------------------
@@ -213,12 +153,12 @@ class Connection:
         if self._mux.mid_frame or any(r.mid_frame for r in self._readers.values()):
             raise RemoteProtocolError("connection closed in the middle of a frame")
         self.state = ConnectionState.CLOSED
-        pending = tuple(sorted(self._client.pending))
-        self._client.pending.clear()
+        pending = tuple(sorted(self._pending))
+        self._pending.clear()
         return ConnectionClosed(pending=pending)
 
     def _handle_frame(self, conn_id: int, frame: Frame) -> Event:
-        serving = conn_id == self.role.server_conn
+        serving = conn_id == self._server_conn
         expected = MessageType.REQUEST if serving else MessageType.RESPONSE
         if frame.type != expected:
             raise RemoteProtocolError(
@@ -233,9 +173,14 @@ class Connection:
     NAME_LIMIT = 128
 
     def _handle_request(self, stream_id: int, data: bytes) -> Event:
-        invalid = self._server.accept(stream_id)
-        if invalid is not None:
-            return self._reject(stream_id, ("", ""), Code.INVALID_ARGUMENT, invalid, tracked=False)
+        # Rejected as Go's server does.
+        if stream_id % 2 == 0:
+            return self._reject(stream_id, ("", ""), Code.INVALID_ARGUMENT,
+                                f"StreamID must be odd for client initiated streams: {stream_id}")
+        if stream_id <= self._last_id:
+            return self._reject(stream_id, ("", ""), Code.INVALID_ARGUMENT,
+                                f"StreamID cannot be re-used and must increment: {stream_id}")
+        self._last_id = stream_id
         try:
             request = decode_request(data, stream_id)
         except RemoteProtocolError as exc:
@@ -246,39 +191,35 @@ class Connection:
             unknown = (f"method {clip(method, self.NAME_LIMIT)}" if service in self._services
                        else f"service {clip(service, self.NAME_LIMIT)}")
             return self._reject(stream_id, (service, method), Code.UNIMPLEMENTED, unknown)
+        self._in_flight.add(stream_id)  # until answered
         return RequestReceived(
             stream_id=stream_id,
             service=service,
             method=method,
             payload=request.payload,
             timeout_nano=request.timeout_nano,
-            metadata=tuple((kv.key, kv.value) for kv in request.metadata)
-            if request.metadata else (),
+            metadata=tuple((kv.key, kv.value) for kv in request.metadata),
         )
 
-    def _reject(
-        self,
-        stream_id: int,
-        called: tuple[str, str],  # (service, method), ("", "") when unreadable
-        code: Code,
-        message: str,
-        *,
-        tracked: bool = True,
-    ) -> RequestRejected:
-        # Bounded so that the reply always fits in a frame (a 4 MiB service name quoted
-        # in "service X" would not) and the event is cheap to log (the stub logs it).
+    def _reject(self, stream_id: int, called: tuple[str, str], code: Code,
+                message: str) -> RequestRejected:
+        # ``called``: (service, method), ("", "") when unreadable. Bounded so that the
+        # reply always fits in a frame (a 4 MiB service name quoted in "service X" would
+        # not) and the event is cheap to log (the stub logs it).
         service, method = clip(called[0], self.NAME_LIMIT), clip(called[1], self.NAME_LIMIT)
         message = bound_message(message)
-        if tracked:
-            self._server.close(stream_id)
         frame = encode_frame(stream_id, MessageType.RESPONSE, encode_response(b"", code, message))
-        self._outbound += frame_message(self.role.server_conn, frame)
+        self._outbound += frame_message(self._server_conn, frame)
         return RequestRejected(
             stream_id=stream_id, service=service, method=method, code=code, message=message
         )
 
     def _handle_response(self, stream_id: int, data: bytes) -> ResponseReceived:
-        service, method = self._client.close(stream_id)
+        called = self._pending.pop(stream_id, None)
+        if called is None:
+            raise RemoteProtocolError(
+                f"ttrpc response for stream {stream_id}, which has no call pending")
+        service, method = called
         try:
             response = decode_response(data, stream_id)
         except RemoteProtocolError as exc:
@@ -306,10 +247,14 @@ class Connection:
         data = encode_request(
             service, method, payload, timeout_nano=timeout_nano, metadata=metadata
         )
-        # Encode before taking a stream id: an oversize call then leaves no gap or trace.
-        frame = encode_frame(self._client.next_id, MessageType.REQUEST, data)
-        stream_id = self._client.open(service, method)
-        self._outbound += frame_message(self.role.client_conn, frame)
+        stream_id = self._next_id
+        if stream_id > MAX_STREAM_ID:
+            raise LocalProtocolError("ttrpc stream ids exhausted on this connection")
+        # Encode before taking the stream id: an oversize call then leaves no gap or trace.
+        frame = encode_frame(stream_id, MessageType.REQUEST, data)
+        self._next_id += 2
+        self._pending[stream_id] = (service, method)
+        self._outbound += frame_message(self._client_conn, frame)
         return stream_id
 
     def send_response(
@@ -322,13 +267,14 @@ class Connection:
         messages are bounded (``bound_message``), so an error reply always fits.
         """
         self._check_usable()
-        self._server.check_open(stream_id)
+        if stream_id not in self._in_flight:
+            raise LocalProtocolError(f"no request in flight on stream {stream_id}")
         if code != Code.OK:
             message = bound_message(message)
         data = encode_response(payload, code, message)
         frame = encode_frame(stream_id, MessageType.RESPONSE, data)
-        self._server.close(stream_id)
-        self._outbound += frame_message(self.role.server_conn, frame)
+        self._in_flight.remove(stream_id)
+        self._outbound += frame_message(self._server_conn, frame)
 
     def _check_usable(self) -> None:
         if self.state is not ConnectionState.OPEN:

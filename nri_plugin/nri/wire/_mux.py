@@ -10,7 +10,6 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from nri_plugin.nri.wire._buffer import take
 from nri_plugin.nri.wire._errors import FrameTooLargeError, RemoteProtocolError
 
 HEADER = struct.Struct(">II")
@@ -29,6 +28,17 @@ MAX_PAYLOAD = 16 << 20
 # the whole mux if the next frame is larger (docs/developer/nri-protocol.md §2.4): no frame that
 # starts a ttrpc message may exceed this.
 GO_READ_BUFFER = 4096
+
+
+def take(buffer: bytearray, n: int) -> bytes | None:
+    """Consume exactly ``n`` bytes from the front of a receive buffer, or return ``None``
+    (need more data). CPython does it in O(bytes consumed): it moves the array's start
+    instead of its content."""
+    if len(buffer) < n:
+        return None
+    chunk = bytes(buffer[:n])
+    del buffer[:n]
+    return chunk
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from nri_plugin.nri.api import ttrpc_pb2
-from nri_plugin.nri.wire._buffer import take
 from nri_plugin.nri.wire._errors import (
     FrameTooLargeError,
     MessageTooLargeError,
     RemoteProtocolError,
 )
+from nri_plugin.nri.wire._mux import take
 
 HEADER = struct.Struct(">IIBB")
 MAX_DATA = 4 << 20  # messageLengthMax (docs/developer/nri-protocol.md §1.1)
@@ -123,12 +123,10 @@ def encode_request(
     timeout_nano: int = 0,
     metadata: Iterable[tuple[str, str]] = (),
 ) -> bytes:
-    request = ttrpc_pb2.Request(
-        service=service, method=method, payload=payload, timeout_nano=timeout_nano
-    )
-    for key, value in metadata:
-        request.metadata.add(key=key, value=value)
-    return request.SerializeToString()
+    return ttrpc_pb2.Request(
+        service=service, method=method, payload=payload, timeout_nano=timeout_nano,
+        metadata=[{"key": key, "value": value} for key, value in metadata],
+    ).SerializeToString()
 
 
 def decode_request(data: bytes, stream_id: int) -> ttrpc_pb2.Request:
@@ -140,11 +138,8 @@ def decode_request(data: bytes, stream_id: int) -> ttrpc_pb2.Request:
 
 def encode_response(payload: bytes, code: int = Code.OK, message: str = "") -> bytes:
     # Status unset on success, as Go servers leave it (docs/developer/nri-protocol.md §1.4).
-    response = ttrpc_pb2.Response(payload=payload)
-    if code != Code.OK:
-        response.status.code = code
-        response.status.message = message
-    return response.SerializeToString()
+    status = None if code == Code.OK else {"code": code, "message": message}
+    return ttrpc_pb2.Response(payload=payload, status=status).SerializeToString()
 
 
 def decode_response(data: bytes, stream_id: int) -> ttrpc_pb2.Response:

@@ -16,7 +16,7 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.nri.plugin import Plugin
-from nri_plugin.nri.second_connection import CallLater, Second
+from nri_plugin.nri.second_connection import CallLater
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.counters import Counters
@@ -40,7 +40,7 @@ GUARD_SUFFIX = "-guard"  # the guard's own connection's name: the injector's, an
 class GuardSettings:
     """The start guard's set-up; the timings are docs/developer/fail-closed.md's."""
 
-    # The start checks ride on a connection of the guard's own (``guard_second``),
+    # The start checks ride on a connection of the guard's own (a ``SecondConnection``),
     # not on the injector's.
     own_connection: bool = False
     cgroup_root: str = CGROUP_ROOT
@@ -71,13 +71,22 @@ class StartGuard(Plugin):
     """The plugin the stub runs: the injector's handlers plus the fail-closed checks."""
 
     REMEMBER = 65536  # containers remembered as served, oldest dropped first
+    # Its own connection, as the second around the injector's (``Need`` of a
+    # ``SecondConnection``): open while ``needed`` (docs/developer/fail-closed.md).
+    suffix = GUARD_SUFFIX
+    label = "start guard"
+    logger = log
 
     def __init__(self, injector: CdiInjector, settings: GuardSettings | None = None, *,
                  defer: Callable[[Callable[[], None]], object] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 call_later: CallLater | None = None) -> None:
         """``defer``: runs the stopping of what Synchronize found after its reply has left
-        (the runtime holds its lock until then); None: at once."""
+        (the runtime holds its lock until then); None: at once. ``call_later``: what times
+        its connection's linger and the rechecks, on ``clock`` (None: the event loop)."""
+        self.call_later = call_later
         self.settings = settings if settings is not None else GuardSettings()
+        self.ready_timeout, self.linger = self.settings.ready_timeout, self.settings.linger
         self.injector = injector
         self.counters: Counters = injector.counters
         self._defer = defer or (lambda act: act())
@@ -90,7 +99,7 @@ class StartGuard(Plugin):
         # injector's both list them, and each is acted on (and named) once.
         self._done: OrderedDict[str, None] = OrderedDict()
         self._injector_synced = False
-        self._runtime = RuntimeInfo()  # as the last Configure (either connection's) named it
+        self.runtime = RuntimeInfo()  # as the last Configure (either connection's) named it
 
     # --- whether checks are owed ---
 
@@ -148,6 +157,10 @@ class StartGuard(Plugin):
         self._pending[item.container_id] = _Pending(item, now + settings.pending_limit,
                                                     now + settings.recheck)
 
+    def second_plugin(self, synchronized: Callable[[], None]) -> Plugin:
+        """The plugin of the guard's own connection."""
+        return GuardConnection(self, synchronized)
+
     def main_connection_lost(self) -> None:
         """The injector's connection ended: until it synchronizes again, containers are
         created without us."""
@@ -166,7 +179,7 @@ class StartGuard(Plugin):
                   runtime_version: str) -> EventMask | None:
         self._injector_synced = False
         mask = self.injector.configure(config, runtime_name, runtime_version)
-        self._runtime = self.injector.runtime
+        self.runtime = self.injector.runtime
         if mask is None:
             return None
         if self.settings.own_connection:
@@ -211,21 +224,13 @@ class StartGuard(Plugin):
         self._done.pop(container_id, None)
         self._need_may_have_changed()
 
-    # --- the guard's own connection ---
-
-    def guard_configured(self, runtime_name: str, runtime_version: str) -> EventMask:
-        """The guard's own connection is to this runtime: the events it needs there, and
-        PostCreateContainer on every runtime (docs/developer/fail-closed.md)."""
-        self._runtime = self.injector.runtime_of(runtime_name, runtime_version)
-        return guard_events(runtime_name) | EventMask.POST_CREATE_CONTAINER
-
     # --- the checks ---
 
     def judge_listed(self, pods: Sequence[nri_pb2.PodSandbox],
                      containers: Sequence[nri_pb2.Container]) -> None:
         """What a Synchronize lists, either connection's (the guard's is judged first)."""
         now, exited = [], []
-        for item in find_unserved(pods, containers, self.injector, self._runtime.native_cdi):
+        for item in find_unserved(pods, containers, self.injector, self.runtime.native_cdi):
             cid = item.container_id
             if cid in self._done or cid in self._pending:
                 continue  # the other connection's Synchronize found it first
@@ -262,49 +267,45 @@ class StartGuard(Plugin):
     def check(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container, stage: str) -> None:
         """The start check of one container at ``stage`` (raises to fail its start)."""
         try:
-            self._check_once(pod, container, stage)
+            cid = container.id
+            if cid in self._served or cid in self._done:
+                return  # answered at creation, or acted on already: nothing owed
+            pending = self._pending.get(cid)
+            item = pending.item if pending is not None else container_unserved(
+                pod, container, self.injector, self.runtime.native_cdi)
+            log.debug("%s check of container %s (%s): %s", stage, container.name, cid,
+                      "unserved" if item else "ok")
+            if item is None:
+                self._pending.pop(cid, None)
+                return
+            if stage == "post-create":
+                if pending is None:
+                    self.counters.unserved_found += 1
+                    self._add_pending(item)
+                    log.warning("fail-closed: container %s (%s) of pod %s was created without "
+                                "passing through the plugin; it is checked when it starts: %s",
+                                item.name, cid, item.pod, item.reason)
+                return
+            if pending is None and stage == "start":
+                self.counters.unserved_found += 1
+            item = replace(item, pid=container.pid,
+                           cgroups_path=container.linux.cgroups_path or item.cgroups_path)
+            stopped = self._act(item, stage)
+            evict = self.injector.policy.fail_closed_action != "report"
+            if evict and not stopped and stage == "start":
+                # A runtime that may start it all the same: stopped as it starts, if it does.
+                self._add_pending(item)
+            else:
+                # A container is started once: nothing about it stays owed.
+                self._pending.pop(cid, None)
+                self._remember(self._done, cid)
+            if evict and stage == "start":
+                # containerd fails the start: the container never runs.
+                raise RpcError(Code.FAILED_PRECONDITION,
+                               f"{USER_PREFIX}container {item.name} was created while the plugin "
+                               f"was away, without its devices: {item.reason}")
         finally:
             self._need_may_have_changed()
-
-    def _check_once(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container,
-                    stage: str) -> None:
-        cid = container.id
-        if cid in self._served or cid in self._done:
-            return  # answered at creation, or acted on already: nothing owed
-        pending = self._pending.get(cid)
-        item = pending.item if pending is not None else container_unserved(
-            pod, container, self.injector, self._runtime.native_cdi)
-        log.debug("%s check of container %s (%s): %s", stage, container.name, cid,
-                  "unserved" if item else "ok")
-        if item is None:
-            self._pending.pop(cid, None)
-            return
-        if stage == "post-create":
-            if pending is None:
-                self.counters.unserved_found += 1
-                self._add_pending(item)
-                log.warning("fail-closed: container %s (%s) of pod %s was created without "
-                            "passing through the plugin; it is checked when it starts: %s",
-                            item.name, cid, item.pod, item.reason)
-            return
-        if pending is None and stage == "start":
-            self.counters.unserved_found += 1
-        item = replace(item, pid=container.pid,
-                       cgroups_path=container.linux.cgroups_path or item.cgroups_path)
-        stopped = self._act(item, stage)
-        evict = self.injector.policy.fail_closed_action != "report"
-        if evict and not stopped and stage == "start":
-            # A runtime that may start it all the same: stopped as it starts, if it does.
-            self._add_pending(item)
-        else:
-            # A container is started once: nothing about it stays owed.
-            self._pending.pop(cid, None)
-            self._remember(self._done, cid)
-        if evict and stage == "start":
-            # containerd fails the start: the container never runs.
-            raise RpcError(Code.FAILED_PRECONDITION,
-                           f"{USER_PREFIX}container {item.name} was created while the plugin "
-                           f"was away, without its devices: {item.reason}")
 
     def _act(self, item: Unserved, stage: str) -> bool:
         """Report or stop one container, as the policy's failClosed.action says; counted
@@ -317,7 +318,7 @@ class StartGuard(Plugin):
                         "devices (%s; policy failClosed.action: report, not stopped): %s",
                         item.name, item.container_id, item.pod, when, item.reason)
             return False
-        refuses_start = stage == "start" and self._runtime.is_containerd
+        refuses_start = stage == "start" and self.runtime.is_containerd
         message = (f"{USER_PREFIX}stopped: the container was created while the plugin was "
                    f"away, without its devices: {item.reason}\n")
         if refuses_start:
@@ -374,7 +375,10 @@ class GuardConnection(Plugin):
 
     def configure(self, config: str, runtime_name: str,
                   runtime_version: str) -> EventMask | None:
-        return self.guard.guard_configured(runtime_name, runtime_version)
+        # The events the guard needs on this runtime, and PostCreateContainer on every
+        # runtime (docs/developer/fail-closed.md).
+        self.guard.runtime = self.guard.injector.runtime_of(runtime_name, runtime_version)
+        return guard_events(runtime_name) | EventMask.POST_CREATE_CONTAINER
 
     def synchronize(self, pods: Sequence[nri_pb2.PodSandbox],
                     containers: Sequence[nri_pb2.Container]) -> None:
@@ -395,12 +399,3 @@ class GuardConnection(Plugin):
     def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
         self.guard.forget(container.id)
 
-
-def guard_second(guard: StartGuard, call_later: CallLater | None = None) -> Second:
-    """The guard's own connection, as the second around the injector's (a
-    ``SecondConnection``), open while ``guard.needed`` (docs/developer/fail-closed.md).
-    ``call_later``: what times its linger and the guard's rechecks (None: the event loop)."""
-    return Second(need=guard, plugin=lambda ready: GuardConnection(guard, ready),
-                  suffix=GUARD_SUFFIX, label="start guard", logger=log,
-                  ready_timeout=guard.settings.ready_timeout, linger=guard.settings.linger,
-                  call_later=call_later)

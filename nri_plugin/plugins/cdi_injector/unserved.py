@@ -57,9 +57,9 @@ def find_unserved(pods: Sequence[nri_pb2.PodSandbox], containers: Sequence[nri_p
                   injector: CdiInjector,
                   native_cdi: NativeCdi = NativeCdi.UNKNOWN) -> list[Unserved]:
     """Listed containers that asked for devices they do not have (live ones, and stopped
-    ones as ``exited``), by ``injector``'s policy,
-    vendors and registry. ``native_cdi``: whether the runtime's own CDI injects what
-    container cdi.k8s.io annotations (and, on, CRI CDIDevices) ask for (``already``)."""
+    ones as ``exited``), by ``injector``'s policy, vendors and registry. ``native_cdi``:
+    whether the runtime's own CDI injects what container cdi.k8s.io annotations (and, on,
+    CRI CDIDevices) ask for (``already``)."""
     policy, vendors = injector.policy, injector.vendors
     by_id = {p.id: p for p in pods}
     keys = (ANNOTATION_PREFIX, NRI_PLUGINS_DOMAIN,
