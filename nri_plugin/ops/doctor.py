@@ -751,14 +751,14 @@ def check_place(place: Place) -> Check:
               f"check that needs more says '{NOT_VISIBLE}'")
 
 
-def run_checks(settings: Settings, *, containerd_major_version: int | None = None,
-               check_generated: bool = True, place: Place | None = None) -> list[Check]:
+def run_checks(settings: Settings, *, check_generated: bool = True,
+               place: Place | None = None) -> list[Check]:
     """Every check, for containerd or for CRI-O (the runtime's own checks of its
     configuration first, of its CDI after the device nodes)."""
     plugin = settings.plugin
     place = detect() if place is None else place
     registry = read_registry(settings.doctor.plugin_registry)
-    crio = crio_serving(settings) if containerd_major_version is None else None
+    crio = crio_serving(settings)
     if crio is not None:
         crio_cfg = crio.read()
         config = [check_crio_config(crio_cfg), check_crio_nri(crio_cfg, plugin.socket)]
@@ -766,12 +766,8 @@ def run_checks(settings: Settings, *, containerd_major_version: int | None = Non
                check_kinds_runtimes_can_load(plugin.spec_dirs)]
     else:
         found = locate(settings.runtime_cdi.containerd_config, plugin.socket)
-        if containerd_major_version is None:
-            version = running_containerd_version(found.exe, plugin)  # the running one's
-            cfg = found.read(version[0] if version else None)
-        else:
-            version = (1, 7, 0) if containerd_major_version < 2 else None
-            cfg = found.read(containerd_major_version)
+        version = running_containerd_version(found.exe, plugin)  # the running one's
+        cfg = found.read(version[0] if version else None)
         config = [check_containerd_config(cfg, place), check_nri_enabled(cfg, plugin.socket, place)]
         cdi = [check_native_cdi(cfg, plugin.spec_dirs), check_runtime_cdi_setting(cfg, settings),
                check_kinds_runtimes_can_load(plugin.spec_dirs),
