@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import glob
 import json
 import os
 import re
@@ -495,14 +496,8 @@ CLAIM_MARK = "-claim_"  # in the transient spec names NVIDIA's DRA driver writes
 def claim_specs(dirs: Iterable[str]) -> list[str]:
     """Transient per-claim spec files of NVIDIA's DRA driver present now (extra detail: the
     registry of kubelet plugins is the sign that a DRA driver runs, whoever wrote it)."""
-    found = []
-    for folder in dirs:
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        found += sorted(os.path.join(folder, n) for n in names if CLAIM_MARK in n)
-    return found
+    return [path for folder in dirs
+            for path in sorted(glob.glob(os.path.join(glob.escape(folder), f"*{CLAIM_MARK}*")))]
 
 
 def _registry_detail(registry: Registry | None, place: Place) -> str:
