@@ -23,6 +23,7 @@ from nri_plugin.ops.metrics import Metrics
 from nri_plugin.ops.refresh import Watcher
 from nri_plugin.ops.settings import Settings
 from nri_plugin.ops.status import StatusFile
+from nri_plugin.plugins.cdi_injector.counters import Counters
 from tests import arm64
 from tests.kubelet_peer import PodResourcesServer, recorded
 from tests.ops.simchange import upgrade_driver
@@ -76,7 +77,7 @@ def healthy(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     listener.bind(str(nri))
     listener.listen()
     (tmp_path / "config.toml").write_text(NRI_ON.format(socket=nri))
-    metrics = Metrics()
+    metrics = Metrics(Counters())
     server = metrics.serve("127.0.0.1:0")
     settings = Settings().with_values({
         "plugin.socket": str(nri), "plugin.spec_dirs": [str(tmp_path / "cdi")],
