@@ -41,6 +41,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 DOCUMENTATION = ("Documentation: the docs/ folder of the nri-cdi source repository, the "
                  "nri-cdi documentation site (mkdocs); start at docs/index.md. Each "
                  "command's options: nri-cdi COMMAND --help.")
+
+
 class _Version(argparse.Action):
     """``--version``: the installed distribution's version, its metadata read only when
     asked for."""

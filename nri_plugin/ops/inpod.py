@@ -49,9 +49,7 @@ def detect(environ: Mapping[str, str] | None = None, mountinfo: str = MOUNTINFO)
     said = env.get(IN_POD_ENV, "").strip().lower()
     if said in ("1", "true", "yes"):
         return Place(True, f"{IN_POD_ENV}={env[IN_POD_ENV]}")
-    if said in ("0", "false", "no"):
-        return ON_NODE
-    if SERVICE_ENV not in env:
+    if said in ("0", "false", "no") or SERVICE_ENV not in env:
         return ON_NODE
     try:
         with open(mountinfo, encoding="utf-8", errors="replace") as handle:

@@ -28,7 +28,7 @@ REGISTRY_FIGURES = {"devices": "CDI devices in the registry", "specs": "spec fil
 
 
 class Metrics:
-    def __init__(self, counters: Counters | None = None) -> None:
+    def __init__(self, counters: Counters) -> None:
         """``counters``: the plugin's own (injector and guard), shown in the health JSON."""
         try:
             from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -51,8 +51,7 @@ class Metrics:
         self._registry = {name: Gauge(f"nri_cdi_registry_{name}", text, registry=r)
                           for name, text in REGISTRY_FIGURES.items()}
         self._counters = counters
-        if counters is not None:
-            r.register(_CountersCollector(counters))
+        r.register(_CountersCollector(counters))
         self._lock = threading.Lock()
         self._state: dict[str, Any] = {"connected": False, "runtime": None, "registry": None}
         for outcome in OUTCOMES:  # present from the start, so rate() works at once
@@ -96,8 +95,7 @@ class Metrics:
         with self._lock:
             state = dict(self._state)
         state["status"] = "ok" if state["connected"] else "disconnected"
-        if self._counters is not None:
-            state["counters"] = dataclasses.asdict(self._counters)
+        state["counters"] = dataclasses.asdict(self._counters)
         return state
 
     def serve(self, address: str) -> Server:

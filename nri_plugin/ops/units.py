@@ -2,19 +2,20 @@
 and the commands that put them in place and take them away (``nri-cdi install-units`` /
 ``uninstall-units``, ``install-plugin-launcher`` / ``uninstall-plugin-launcher``; what each
 unit does: docs/install/systemd.md). The units are rendered here, so the installed
-ExecStart lines name the ``nri-cdi`` actually installed; ``systemd/`` in the repository
-holds the output for the default paths (a test checks it).
+ExecStart lines name the ``nri-cdi`` actually installed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -26,115 +27,10 @@ DEFAULT_UNIT_DIR = "/etc/systemd/system"
 DEFAULT_PLUGIN_DIR = "/opt/nri/plugins"
 DEFAULT_LAUNCHER_LOG = "/var/log/nri-cdi.log"
 
-# Sandboxing shared by every unit. Not used, and why:
-# PrivateDevices hides /dev/nvidia*, which the plugin stats to fill device numbers and the
-# generator (NVML) opens; MemoryDenyWriteExecute is left out because NVML and ctypes'
-# callbacks may need writable+executable pages.
-_HARDENING = """\
-NoNewPrivileges=yes
-ProtectSystem=strict
-ProtectHome=yes
-PrivateTmp=yes
-ProtectKernelTunables=yes
-ProtectKernelModules=yes
-ProtectKernelLogs=yes
-ProtectControlGroups=yes
-ProtectClock=yes
-ProtectHostname=yes
-RestrictNamespaces=yes
-RestrictRealtime=yes
-RestrictSUIDSGID=yes
-LockPersonality=yes
-SystemCallArchitectures=native
-SystemCallFilter=@system-service
-UMask=0022
-"""
-
-# The end of the generate and watch services' [Service], which write only the spec folders.
-_SPEC_WRITER = """\
-RuntimeDirectory=cdi
-RuntimeDirectoryPreserve=yes
-ReadWritePaths=-/etc/cdi
-RestrictAddressFamilies=AF_UNIX AF_NETLINK
-"""
-# Every unit ends so; a service's [Service] ends with the sandboxing first.
-_INSTALL = """
-[Install]
-WantedBy=multi-user.target
-"""
-
-# Each unit's own lines, by file name; render_units adds the common ends.
-UNITS: dict[str, str] = {
-    "nri-cdi-generate.service": """\
-[Unit]
-Description=nri-cdi: write the NVIDIA CDI spec if the node changed
-After=systemd-modules-load.service
-Before=containerd.service nri-cdi-plugin.service nri-cdi-watch.service
-StartLimitIntervalSec=60
-StartLimitBurst=5
-
-[Service]
-Type=oneshot
-# Nothing else creates the control nodes before CUDA first runs: make the missing ones
-# (and their /dev/char links) so that the spec has them. Best effort, as nvidia-ctk's unit.
-ExecStartPre=-{binary} system create-device-nodes --control-devices
-ExecStartPre=-{binary} system create-dev-char-symlinks
-ExecStart={binary} refresh --config {config}
-# The driver may still be loading at boot: try again rather than leave no spec.
-Restart=on-failure
-RestartSec=5
-# Writes only the spec folders; RuntimeDirectory creates /run/cdi (= /var/run/cdi).
-{spec_writer}""",
-    "nri-cdi-generate.path": """\
-[Unit]
-Description=nri-cdi: regenerate the NVIDIA CDI spec when driver packages change
-
-[Path]
-# A driver or kernel package install rewrites modules.dep; a new nri-cdi may write a
-# different spec. Module reloads and MIG changes are nri-cdi-watch.service's job.
-PathChanged=/lib/modules/%v/modules.dep
-PathChanged={binary}
-Unit=nri-cdi-generate.service
-""",
-    "nri-cdi-watch.service": """\
-[Unit]
-Description=nri-cdi: regenerate the NVIDIA CDI spec on driver and MIG changes
-After=nri-cdi-generate.service
-
-[Service]
-Type=simple
-ExecStart={binary} watch --config {config}
-Restart=always
-RestartSec=5
-{spec_writer}""",
-    "nri-cdi-plugin.service": """\
-[Unit]
-Description=nri-cdi: NRI plugin that injects CDI devices into containers
-After=containerd.service nri-cdi-generate.service
-Wants=nri-cdi-generate.service
-
-[Service]
-Type=simple
-ExecStart={binary} plugin --config {config}
-# /run/nri-cdi holds the status file nri-cdi doctor reads (kept after a stop: it says when
-# the plugin was last connected).
-RuntimeDirectory=nri-cdi
-RuntimeDirectoryPreserve=yes
-# The plugin reconnects when containerd restarts; if it exits anyway, start it again:
-# while it is gone, containers are created without their devices (NRI is fail-open).
-Restart=always
-RestartSec=2
-# Root with one capability: it owns the NRI socket and its 0700 folder, and the specs
-# are world-readable. CAP_KILL lets fail-closed stop a container created without its
-# devices whatever user runs it. The NRI socket is reached by connect(), which a
-# read-only mount does not block; the metrics endpoint, when enabled, needs AF_INET/6.
-CapabilityBoundingSet=CAP_KILL
-AmbientCapabilities=
-ProtectProc=invisible
-DevicePolicy=closed
-RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
-""",
-}
+# The units, in the order they are enabled. Their one home is nri_plugin/ops/systemd/ (ready
+# to copy: they run DEFAULT_BINARY with DEFAULT_CONFIG_PATH); render_units names other paths.
+UNITS = ("nri-cdi-generate.service", "nri-cdi-generate.path", "nri-cdi-watch.service",
+         "nri-cdi-plugin.service")
 
 
 def render_units(binary: str = DEFAULT_BINARY,
@@ -142,9 +38,12 @@ def render_units(binary: str = DEFAULT_BINARY,
     for what, path in (("binary", binary), ("config", config)):
         if not os.path.isabs(path) or any(c.isspace() for c in path):
             raise ValueError(f"{what} must be an absolute path without spaces, got {path!r}")
-    return {name: text.format(binary=binary, config=config, spec_writer=_SPEC_WRITER)
-            + (_HARDENING if name.endswith(".service") else "") + _INSTALL
-            for name, text in UNITS.items()}
+    paths = {DEFAULT_BINARY: binary, DEFAULT_CONFIG_PATH: config}
+    # One pass: a path given may contain the other default.
+    default = re.compile(f"({'|'.join(map(re.escape, paths))})(?=\\s)")
+    folder = resources.files("nri_plugin.ops").joinpath("systemd")
+    return {name: default.sub(lambda m: paths[m[0]], folder.joinpath(name).read_text())
+            for name in UNITS}
 
 
 # The launcher's second line: how uninstall-plugin-launcher knows a file is ours.

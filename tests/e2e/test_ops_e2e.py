@@ -142,9 +142,10 @@ from nri_plugin.plugins.cdi_injector.metered import Metered
 from nri_plugin.plugins.cdi_injector.policy import parse_policy
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.ops.metrics import Metrics
+from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.nri.stub import Stub, StubOptions
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-metrics = Metrics()
+metrics = Metrics(Counters())
 server = metrics.serve("127.0.0.1:0")
 print("PORT", server.port, file=sys.stderr, flush=True)
 cache = SpecCache([sys.argv[2]])

@@ -34,6 +34,7 @@ from nri_plugin.nri.dispatch import Dispatcher, RpcError
 from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.ops.logwriter import NonBlockingHandler
 from nri_plugin.ops.metrics import Metrics
+from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
 from nri_plugin.plugins.cdi_injector.metered import Metered
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
@@ -184,7 +185,7 @@ def test_create_container_over_the_wire_with_nvidia_rules_does_no_io(
     policy = annotations_policy({"sources": {"visibleDevicesEnv": {"enabled": True,
                                                              "privilegedOnly": False}}})
     plugin = Metered(CdiInjector(registry.get, vendors=registry.vendors, policy=policy),
-                     Metrics())
+                     Metrics(Counters()))
     gpu = {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}
     requests = {
         "annotation": _request(["NVIDIA_REQUIRE_CUDA=cuda>=12.0 brand=tesla",

@@ -16,12 +16,14 @@ import pytest
 from nri_cdi_testbed.simnode import BuiltNode, NodeLayout, build_node
 from nri_plugin.nri.api import EventMask
 from nri_plugin.nri.dispatch import Configuration
+from nri_plugin.ops import doctor
 from nri_plugin.ops.doctor import Check, check_kubelet_allocations, check_plugin, run_checks
 from nri_plugin.ops.kubelet_plugins import Registry
 from nri_plugin.ops.metrics import Metrics
 from nri_plugin.ops.refresh import Watcher
 from nri_plugin.ops.settings import Settings
 from nri_plugin.ops.status import StatusFile
+from nri_plugin.plugins.cdi_injector.counters import Counters
 from tests import arm64
 from tests.kubelet_peer import PodResourcesServer, recorded
 from tests.ops.simchange import upgrade_driver
@@ -75,7 +77,7 @@ def healthy(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     listener.bind(str(nri))
     listener.listen()
     (tmp_path / "config.toml").write_text(NRI_ON.format(socket=nri))
-    metrics = Metrics()
+    metrics = Metrics(Counters())
     server = metrics.serve("127.0.0.1:0")
     settings = Settings().with_values({
         "plugin.socket": str(nri), "plugin.spec_dirs": [str(tmp_path / "cdi")],
@@ -111,8 +113,14 @@ def by_name(checks: list[Check]) -> dict[str, Check]:
     return {c.name: c for c in checks}
 
 
-def test_healthy_node_passes_every_check(healthy: Node) -> None:
-    checks = run_checks(healthy.settings, containerd_major_version=1)
+def containerd_runs(monkeypatch: pytest.MonkeyPatch, version: tuple[int, int, int]) -> None:
+    """doctor sees ``version`` run, whatever containerd this machine has."""
+    monkeypatch.setattr(doctor, "running_containerd_version", lambda *_: version)
+
+
+def test_healthy_node_passes_every_check(healthy: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    containerd_runs(monkeypatch, (1, 7, 0))
+    checks = run_checks(healthy.settings)
     # enable_cdi off and no claim spec: healthy but for DRA, which warns (test_dra_check)
     assert [(c.name, c.status) for c in checks if c.status != "ok"] == [
         ("DRA claims reach a CDI injector", "warn")]
@@ -128,16 +136,17 @@ def test_nri_disabled(healthy: Node) -> None:
     assert "disable = false" in check.fix
 
 
-@pytest.mark.parametrize("major, status", [(1, "fail"), (2, "ok")])
+@pytest.mark.parametrize("version, status", [((1, 7, 0), "fail"), ((2, 1, 0), "ok")])
 def test_nri_section_missing_depends_on_containerd_version(
-    healthy: Node, major: int, status: str
+    healthy: Node, version: tuple[int, int, int], status: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    containerd_runs(monkeypatch, version)
     config = Path(healthy.settings.runtime_cdi.containerd_config)
     # no "disable" key: containerd's default decides
     config.write_text(f'version = 2\n[plugins."io.containerd.nri.v1.nri"]\n'
                       f'  socket_path = "{healthy.settings.plugin.socket}"\n')
-    check = by_name(run_checks(healthy.settings, containerd_major_version=major,
-                               check_generated=False))["NRI enabled in containerd"]
+    check = by_name(run_checks(healthy.settings, check_generated=False))[
+        "NRI enabled in containerd"]
     assert check.status == status
 
 
@@ -365,17 +374,18 @@ def test_a_required_plugin_without_a_tolerate_key_locks_the_plugins_own_pod(
         assert "requiredPlugins.tolerateAnnotation" in check.fix
 
 
-def test_containerd_settings_not_read_are_said_with_what_is_assumed(healthy: Node) -> None:
+def test_containerd_settings_not_read_are_said_with_what_is_assumed(
+        healthy: Node, monkeypatch: pytest.MonkeyPatch) -> None:
     config = Path(healthy.settings.runtime_cdi.containerd_config or "")
-    checks = by_name(run_checks(healthy.settings, containerd_major_version=2,
-                                check_generated=False))
+    containerd_runs(monkeypatch, (2, 1, 0))
+    checks = by_name(run_checks(healthy.settings, check_generated=False))
     assert checks["containerd's settings"].status == "ok"
     assert checks["containerd's settings"].detail == (
         f"read {config} (runtime_cdi.containerd_config)")
     config.write_text('imports = ["/nonexistent/nri.toml"]\n' + NRI_ON.format(
         socket=healthy.settings.plugin.socket))
-    check = by_name(run_checks(healthy.settings, containerd_major_version=2,
-                               check_generated=False))["containerd's settings"]
+    check = by_name(run_checks(healthy.settings, check_generated=False))[
+        "containerd's settings"]
     assert check.status == "warn"
     assert check.detail.startswith("not read (/nonexistent/nri.toml, which ")
     assert check.detail.endswith("the checks below and the plugin assume containerd 2.x's "
@@ -383,8 +393,9 @@ def test_containerd_settings_not_read_are_said_with_what_is_assumed(healthy: Nod
                                  "/var/run/cdi")
     assert "runtime_cdi.containerd_config" in check.fix
     config.unlink()
-    check = by_name(run_checks(healthy.settings, containerd_major_version=1,
-                               check_generated=False))["containerd's settings"]
+    containerd_runs(monkeypatch, (1, 7, 0))
+    check = by_name(run_checks(healthy.settings, check_generated=False))[
+        "containerd's settings"]
     assert check.status == "warn" and check.detail.startswith(f"not read (no {config}; ")
     assert "assume containerd 1.7's defaults: NRI off, its own CDI off" in check.detail
 

@@ -67,16 +67,16 @@ def test_the_plugin_pod_is_recognised(tmp_path: Path) -> None:
     assert not detect({IN_POD_ENV: "0", SERVICE_ENV: "x"}, pod).in_pod
 
 
-def test_in_the_pod_doctor_says_so_first(tmp_path: Path) -> None:
+def test_in_the_pod_doctor_says_so_first(tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings().with_values({
         "runtime_cdi.containerd_config": str(tmp_path / "config.toml"),
         "plugin.socket": str(tmp_path / "nri.sock"), "plugin.spec_dirs": [str(tmp_path)],
         "plugin.status_dir": "", "doctor.plugin_registry": str(tmp_path / "registry")})
-    checks = run_checks(settings, containerd_major_version=2, check_generated=False,
-                        place=POD)
+    monkeypatch.setattr(doctor, "running_containerd_version", lambda *_: (2, 1, 0))
+    checks = run_checks(settings, check_generated=False, place=POD)
     assert checks[0].name == "where doctor runs" and "in a pod" in checks[0].detail
-    on_node = run_checks(settings, containerd_major_version=2, check_generated=False,
-                         place=ON_NODE)
+    on_node = run_checks(settings, check_generated=False, place=ON_NODE)
     assert "where doctor runs" not in [c.name for c in on_node]
     dra = next(c for c in checks if c.name == doctor.DRA_CHECK)
     assert dra.status == "ok"  # containerd 2.x's defaults: its CDI on

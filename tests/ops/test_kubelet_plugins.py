@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from nri_plugin.ops import kubelet_plugins
+from nri_plugin.ops import doctor, kubelet_plugins
 from nri_plugin.ops.containerd_config import ContainerdConfig
 from nri_plugin.ops.doctor import DRA_CHECK, check_dra, run_checks
 from nri_plugin.ops.inpod import ON_NODE, Place
@@ -212,7 +212,8 @@ def test_an_empty_registry_is_a_warning_that_says_so(folder: Path) -> None:
     assert f"{folder} holds no registration socket" in check.detail
 
 
-def test_doctor_asks_the_folder_its_settings_name(folder: Path, serve: Any) -> None:
+def test_doctor_asks_the_folder_its_settings_name(folder: Path, serve: Any,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """run_checks reads doctor.plugin_registry (the flag --plugin-registry)."""
     registry = folder / "registry"
     registry.mkdir()
@@ -224,8 +225,8 @@ def test_doctor_asks_the_folder_its_settings_name(folder: Path, serve: Any) -> N
         "runtime_cdi.containerd_config": str(config), "plugin.socket": str(folder / "nri.sock"),
         "plugin.spec_dirs": [str(folder / "cdi")], "plugin.status_dir": "",
         "doctor.plugin_registry": str(registry)})
-    checks = run_checks(settings, containerd_major_version=1, check_generated=False,
-                        place=ON_NODE)
+    monkeypatch.setattr(doctor, "running_containerd_version", lambda *_: (1, 7, 0))
+    checks = run_checks(settings, check_generated=False, place=ON_NODE)
     (dra,) = [c for c in checks if c.name == DRA_CHECK]
     assert dra.status == "fail" and TEST_DRIVER in dra.detail
 

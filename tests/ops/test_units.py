@@ -24,11 +24,20 @@ from tests.prerequisites import missing
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_shipped_units_are_the_rendered_defaults() -> None:
-    rendered = render_units()
-    shipped = {p.name: p.read_text() for p in (REPO / "systemd").iterdir()
-               if p.suffix in (".service", ".path")}
-    assert shipped == rendered
+def test_the_shipped_units_are_rendered_for_other_paths() -> None:
+    folder = REPO / "nri_plugin" / "ops" / "systemd"
+    shipped = {p.name: p.read_text() for p in folder.iterdir()}
+    assert render_units() == shipped and sorted(shipped) == sorted(UNITS)
+    # A binary whose path holds the default config's, and the other way round: one pass.
+    other = render_units("/opt/etc/nri-cdi/config.yaml/nri-cdi", "/usr/local/bin/nri-cdi.yaml")
+    assert ("ExecStart=/opt/etc/nri-cdi/config.yaml/nri-cdi refresh --config "
+            "/usr/local/bin/nri-cdi.yaml\n") in other["nri-cdi-generate.service"]
+    assert "PathChanged=/opt/etc/nri-cdi/config.yaml/nri-cdi\n" in other["nri-cdi-generate.path"]
+    assert [n for n, text in other.items() if "/usr/local/bin/nri-cdi " in text
+            or "/etc/nri-cdi/config.yaml\n" in text] == []
+    # Every service is sandboxed alike (the lines after the plugin's address families).
+    sandbox = shipped["nri-cdi-plugin.service"].split("AF_INET6\n")[1]
+    assert all(text.endswith(sandbox) for n, text in shipped.items() if n.endswith(".service"))
 
 
 def _systemd_analyze() -> str:
