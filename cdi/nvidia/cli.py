@@ -27,7 +27,8 @@ from cdi.nvidia.discover import (
     Gpu,
     NodeInfo,
     Roots,
-    discover,
+    discover_procfs,
+    discover_with_nvml,
     driver_version_from_proc,
 )
 from cdi.nvidia.driver import (
@@ -329,9 +330,7 @@ def _inventory(v: GenerateOptions, roots: Roots, mode: str, opts: Options,
     """The node's GPUs and driver files by NVML or procfs (all modes but csv)."""
     warn, debug = report
     search = v.library_search_paths or None
-    node = discover(mode, roots, warn=warn,
-                    nvml_library=lambda: find_nvml_library(roots, search),
-                    fallback_version=lambda: find_version_from_libraries(roots, search))
+    node = _discover(mode, roots, search, warn)
     driver = locate_driver(roots, node.driver_version, library_search_paths=search,
                            config_search_paths=v.config_search_paths or None,
                            xdg_data_dirs=v.xdg_data_dirs)
@@ -347,6 +346,24 @@ def _inventory(v: GenerateOptions, roots: Roots, mode: str, opts: Options,
           f"hooks {', '.join(sorted(opts.hooks)) or 'none'} via "
           f"{opts.hook_path or 'this Python'}")
     return collect(roots, node, driver)
+
+
+def _discover(mode: str, roots: Roots, search: Sequence[str] | None, warn: Any) -> NodeInfo:
+    """The node's GPUs by NVML or procfs; ``auto`` tries NVML first and says which it took."""
+    if mode in ("nvml", "auto"):
+        try:
+            node = discover_with_nvml(find_nvml_library(roots, search))
+        except DiscoveryError as exc:
+            if mode == "nvml":
+                raise
+            warn(f"mode auto: using procfs ({exc})")
+        else:
+            if mode == "auto":
+                warn("mode auto: using nvml")
+            return node
+    node = discover_procfs(roots,
+                           fallback_version=lambda: find_version_from_libraries(roots, search))
+    return node._replace(mode="management") if mode == "management" else node
 
 
 # --- CSV mode (Jetson / Tegra) --------------------------------------------------------------

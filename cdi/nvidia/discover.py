@@ -278,32 +278,6 @@ def _profile_name(device_name: str) -> str | None:
     return profile.strip() if sep else None
 
 
-# --- dispatch -------------------------------------------------------------------------------
-
-
-def discover(
-    mode: str,
-    roots: Roots,
-    *,
-    nvml_library: Callable[[], Path | None],
-    fallback_version: Callable[[], str | None],
-    warn: Callable[[str], None],
-) -> NodeInfo:
-    """Run discovery in ``mode``; ``auto`` says on ``warn`` which mode it picked and why."""
-    if mode in ("procfs", "management"):
-        info = discover_procfs(roots, fallback_version=fallback_version)
-        return info if mode == "procfs" else info._replace(mode="management")
-    if mode == "nvml":
-        return discover_with_nvml(nvml_library())
-    try:
-        info = discover_with_nvml(nvml_library())
-    except DiscoveryError as exc:
-        warn(f"mode auto: using procfs ({exc})")
-        return discover_procfs(roots, fallback_version=fallback_version)
-    warn("mode auto: using nvml")
-    return info
-
-
 def discover_with_nvml(library: Path | None) -> NodeInfo:
     """The node as NVML loaded from ``library`` sees it; DiscoveryError saying why NVML
     is not usable."""

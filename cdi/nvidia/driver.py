@@ -187,7 +187,7 @@ class DriverFiles(NamedTuple):
 
 class DriverRoot:
     """The driver root seen from inside, like a chroot: absolute link targets restart at
-    the root and ``..`` never climbs above it (``ldcache.resolve_in_root``)."""
+    the root and ``..`` never climbs above it (``ldcache.resolve_from``)."""
 
     def __init__(self, root: Path) -> None:
         self.root = os.fspath(root)

@@ -50,6 +50,7 @@ GENERATOR_ANNOTATION_PREFIX = "nri-cdi/"
 ANNOTATIONS_SINCE = "0.6.0"
 GIDS_SINCE = "0.7.0"
 METADATA_FORMAT = 1
+Step = tuple[str, list[str]]  # a hook operation and its arguments
 
 
 class GenerateError(Exception):
@@ -184,7 +185,7 @@ def _mount(m: FileMount) -> Mount:
     return Mount(host_path=m.host, container_path=m.path, options=m.options)
 
 
-def _hook(opts: Options, steps: Sequence[tuple[str, Sequence[str]]]) -> tuple[Hook, ...]:
+def _hook(opts: Options, steps: Sequence[Step]) -> tuple[Hook, ...]:
     """One hook entry running every operation in ``steps``, in order, in one process: a
     hook is an interpreter start per container, which costs more than the work itself
     (cdi.hooks.cli), so a container gets one entry, not one per operation or device.
@@ -220,28 +221,24 @@ def _nvidia_program(opts: Options) -> bool:
     return os.path.basename(opts.hook_path) in NVIDIA_HOOK_PROGRAMS
 
 
+def _step(opts: Options, name: str, args: list[str]) -> list[Step]:
+    """The hook operation ``name`` where the spec runs it: the ones acting in the container
+    root by links and the ld cache run in link mode ``hooks`` only."""
+    return [(name, args)] if name in opts.hooks and opts.link_mode == "hooks" else []
+
+
 def _symlink_step(opts: Options, links: Sequence[Link],
-                  device_links: Sequence[tuple[str, Link]] = ()) -> list[tuple[str, list[str]]]:
-    if (not links and not device_links) or "create-symlinks" not in opts.hooks \
-            or opts.link_mode != "hooks":
-        return []
-    args: list[str] = []
-    for link in links:
-        args += ["--link", f"{link.target}::{link.path}"]
-    for device, link in device_links:
-        args += ["--device-link", f"{device}::{link.target}::{link.path}"]
-    return [("create-symlinks", args)]
+                  device_links: Sequence[tuple[str, Link]] = ()) -> list[Step]:
+    args = [w for link in links for w in ("--link", f"{link.target}::{link.path}")]
+    args += [w for device, link in device_links
+             for w in ("--device-link", f"{device}::{link.target}::{link.path}")]
+    return _step(opts, "create-symlinks", args) if args else []
 
 
-def _ldcache_step(opts: Options, folders: Sequence[str]) -> list[tuple[str, list[str]]]:
-    if not folders or "update-ldcache" not in opts.hooks or opts.link_mode != "hooks":
-        return []
-    args: list[str] = []
-    if opts.ldconfig_path:
-        args += ["--ldconfig-path", opts.ldconfig_path]
-    for folder in folders:
-        args += ["--folder", folder]
-    return [("update-ldcache", args)]
+def _ldcache_step(opts: Options, folders: Sequence[str]) -> list[Step]:
+    args = ["--ldconfig-path", opts.ldconfig_path] if opts.ldconfig_path else []
+    args += [w for folder in folders for w in ("--folder", folder)]
+    return _step(opts, "update-ldcache", args) if folders else []
 
 
 def device_links(nodes: DeviceNodes) -> list[tuple[str, Link]]:
@@ -257,13 +254,11 @@ def _link_end(link: Link) -> str:
     return posixpath.normpath(posixpath.join(posixpath.dirname(link.path), link.target))
 
 
-def _compat_step(opts: Options, node: NodeInfo, version: str) -> list[tuple[str, list[str]]]:
+def _compat_step(opts: Options, node: NodeInfo, version: str) -> list[Step]:
     """Before update-ldcache, which puts the folder it chooses first (nvidia-ctk's order:
     create-symlinks, enable-cuda-compat, update-ldcache, disable-device-node-modification).
     The host's driver version; in CSV mode its CUDA version instead (a Tegra driver's
     version says nothing of CUDA), and no hook where no NVML told it, as nvidia-ctk does."""
-    if "enable-cuda-compat" not in opts.hooks or opts.link_mode != "hooks":
-        return []
     if node.mode == "csv":
         if not node.cuda_version:
             return []
@@ -272,7 +267,7 @@ def _compat_step(opts: Options, node: NodeInfo, version: str) -> list[tuple[str,
         args = [f"--host-driver-version={version}"] if version and "*" not in version else []
     if opts.compat_container_root:
         args.append(f"--cuda-compat-container-root={opts.compat_container_root}")
-    return [("enable-cuda-compat", args)]
+    return _step(opts, "enable-cuda-compat", args)
 
 
 def common_edits(driver: DriverFiles, opts: Options, devices: Sequence[tuple[str, Link]],
@@ -354,23 +349,20 @@ def _depth_key(path: str) -> tuple[int, str]:
     return path.rstrip("/").count("/"), path
 
 
+# The fields a device's edits lose where the spec-wide edits carry the same entries.
+_REDUCED = ("env", "device_nodes", "mounts", "hooks")
+
+
 def _simplify(edits: ContainerEdits, common: ContainerEdits | None = None) -> ContainerEdits:
     """De-duplicate, drop what the common edits already carry (unless that empties it),
     and order nodes and mounts by path depth, then path; hooks and env keep their order."""
-    env = tuple(dict.fromkeys(edits.env))
-    nodes = tuple(dict.fromkeys(edits.device_nodes))
-    mounts = tuple(dict.fromkeys(edits.mounts))
-    hooks = tuple(dict.fromkeys(edits.hooks))
+    kept = [tuple(dict.fromkeys(getattr(edits, f))) for f in _REDUCED]
     if common is not None:
-        reduced = ContainerEdits(
-            env=tuple(e for e in env if e not in common.env),
-            device_nodes=tuple(n for n in nodes if n not in common.device_nodes),
-            mounts=tuple(m for m in mounts if m not in common.mounts),
-            hooks=tuple(h for h in hooks if h not in common.hooks),
-        )
-        if not reduced.is_empty():
-            env, nodes, mounts, hooks = (reduced.env, reduced.device_nodes, reduced.mounts,
-                                         reduced.hooks)
+        reduced = [tuple(x for x in xs if x not in getattr(common, f))
+                   for f, xs in zip(_REDUCED, kept, strict=True)]
+        if any(reduced):
+            kept = reduced
+    env, nodes, mounts, hooks = kept
     return ContainerEdits(
         env=env,
         device_nodes=tuple(sorted(nodes, key=lambda n: _depth_key(n.path))),

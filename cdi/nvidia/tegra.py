@@ -255,14 +255,10 @@ def _library_links(library: FileMount) -> list[Link]:
 def _dev_link_name(soname: str) -> str:
     """The ``.so`` name of a library name: ``libfoo.so.1.2`` -> ``libfoo.so``; "" for a
     name without ``.so``."""
-    base = soname
-    while True:
-        stem, ext = posixpath.splitext(base)
-        if not ext:
-            return ""
-        if ext == ".so":
-            return base
-        base = stem
+    if soname.endswith(".so"):
+        return soname
+    stem, sep, _ = soname.rpartition(".so.")
+    return stem + ".so" if sep else ""
 
 
 def _library_folders(mounts: Iterable[FileMount]) -> tuple[str, ...]:
