@@ -47,7 +47,9 @@ NRI_SECTION = "io.containerd.nri.v1.nri"
 _SHORT_IDS = {"cri": CRI_V2_SECTION, "nri": NRI_SECTION}
 # containerd's subcommands: a process running one is not the daemon.
 _SUBCOMMANDS = frozenset({"config", "publish", "oci-hook", "help", "h"})
-MAX_FILES = 256  # imports that never end (a glob matching itself is read once anyway)
+# More files than a configuration has: imports that never end (a glob matching itself is
+# read once anyway), a drop-in folder not meant for it.
+MAX_FILES = 256
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,17 +187,9 @@ def _load(path: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
         imports = doc.get("imports", [])
         if not isinstance(imports, list):
             raise UnreadConfig(f"{current}: imports is not a list")
-        pending += _resolved(current, [str(i) for i in imports])
-
-
-def _resolved(parent: str, imports: list[str]) -> list[str]:
-    out: list[str] = []
-    for name in imports:
-        if not os.path.isabs(name):
-            name = os.path.join(os.path.dirname(parent), name)
-        name = os.path.normpath(name)
-        out += sorted(glob.glob(name)) if "*" in name else [name]
-    return out
+        for name in imports:  # joined to an absolute path, the folder is dropped
+            name = os.path.normpath(os.path.join(os.path.dirname(current), str(name)))
+            pending += sorted(glob.glob(name)) if "*" in name else [name]
 
 
 def _version(doc: Mapping[str, Any]) -> int:

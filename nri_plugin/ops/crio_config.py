@@ -24,8 +24,10 @@ from dataclasses import dataclass, replace
 from itertools import chain
 from typing import Any
 
+from cdi.dirs import DEFAULT_SPEC_DIRS
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, PLUGIN_SOCKET_ENV
 from nri_plugin.ops.containerd_config import (
+    MAX_FILES,
     UnreadConfig,
     load_toml,
     merge_keys,
@@ -37,11 +39,6 @@ from nri_plugin.ops.containerd_config import (
 
 DEFAULT_PATH = "/etc/crio/crio.conf"
 DEFAULT_DROP_IN_DIR = "/etc/crio/crio.conf.d"
-DEFAULT_CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
-# NRI's defaults in CRI-O 1.35 (internal/config/nri): on, the library's socket and timeouts.
-DEFAULT_REGISTRATION_TIMEOUT = 5.0
-DEFAULT_REQUEST_TIMEOUT = 2.0
-MAX_FILES = 256  # a drop-in folder holding more is not one we read whole
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -69,12 +66,14 @@ class CrioConfig:
     source: str
     files: tuple[str, ...] = ()
     error: str | None = None
+    # NRI's defaults in CRI-O 1.35 (internal/config/nri): on, the library's socket and
+    # timeouts; CDI's the library's folders.
     nri_enabled: bool = True
     nri_socket: str = DEFAULT_SOCKET_PATH
     nri_disable_connections: bool = False
-    registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
-    cdi_spec_dirs: tuple[str, ...] = DEFAULT_CDI_SPEC_DIRS
+    registration_timeout: float = 5.0
+    request_timeout: float = 2.0
+    cdi_spec_dirs: tuple[str, ...] = DEFAULT_SPEC_DIRS
 
     def describe_files(self) -> str:
         return ", ".join(self.files) if self.files else f"no file ({self.path} absent)"

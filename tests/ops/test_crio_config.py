@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from cdi.dirs import DEFAULT_SPEC_DIRS
 from nri_plugin.ops.crio_config import (
-    DEFAULT_CDI_SPEC_DIRS,
     locate_crio,
     parse_duration,
     read_crio_config,
@@ -31,7 +31,7 @@ def test_defaults_where_nothing_is_set(tmp_path: Path) -> None:
     cfg = read_crio_config(str(tmp_path / "absent.conf"), str(tmp_path / "absent.d"))
     assert cfg.error is None and cfg.files == ()
     assert (cfg.nri_enabled, cfg.nri_socket, cfg.cdi_spec_dirs) == (
-        True, "/var/run/nri/nri.sock", DEFAULT_CDI_SPEC_DIRS)
+        True, "/var/run/nri/nri.sock", DEFAULT_SPEC_DIRS)
     assert (cfg.registration_timeout, cfg.request_timeout) == (5.0, 2.0)
 
 
@@ -69,7 +69,7 @@ def test_a_bad_file_is_said_not_read(tmp_path: Path, text: str, why: str | None)
         assert cfg.error is None and cfg.nri_enabled
         return
     assert cfg.error is not None and why in cfg.error
-    assert cfg.cdi_spec_dirs == DEFAULT_CDI_SPEC_DIRS  # CRI-O's defaults, said as assumed
+    assert cfg.cdi_spec_dirs == DEFAULT_SPEC_DIRS  # CRI-O's defaults, said as assumed
 
 
 def test_durations() -> None:
