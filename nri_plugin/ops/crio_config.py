@@ -59,11 +59,13 @@ def parse_duration(text: str) -> float:
 class CrioConfig:
     """What CRI-O's files (and flags) say, with CRI-O's defaults for what they leave out.
     ``files``: those read, in order; ``error``: why they could not be read (the values are
-    then CRI-O's defaults); ``source``: how the files were chosen."""
+    then CRI-O's defaults); ``source``: how the files were chosen; ``pid``: the running
+    CRI-O's whose files and flags these are (None: the default files)."""
 
     path: str
     drop_in_dir: str
     source: str
+    pid: int | None = None
     files: tuple[str, ...] = ()
     error: str | None = None
     # NRI's defaults in CRI-O 1.35 (internal/config/nri): on, the library's socket and
@@ -97,11 +99,11 @@ def _drop_ins(folder: str) -> Iterator[str]:
 
 
 def read_crio_config(path: str = DEFAULT_PATH, drop_in_dir: str = DEFAULT_DROP_IN_DIR, *,
-                     source: str = "CRI-O's default paths", flags: Sequence[str] = ()
-                     ) -> CrioConfig:
+                     source: str = "CRI-O's default paths", flags: Sequence[str] = (),
+                     pid: int | None = None) -> CrioConfig:
     """CRI-O's settings from ``path``, the files under ``drop_in_dir`` and ``flags`` (its
     command line after the binary)."""
-    base = CrioConfig(path=path, drop_in_dir=drop_in_dir, source=source)
+    base = CrioConfig(path=path, drop_in_dir=drop_in_dir, source=source, pid=pid)
     merged: dict[str, Any] = {}
     files: list[str] = []
     try:
@@ -180,43 +182,29 @@ def _flag_values(argv: Sequence[str]) -> dict[str, Any]:
 # --- which files ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CrioLocated:
-    """The running CRI-O's files and flags (``pid``), or the default files (pid None)."""
-
-    path: str
-    drop_in_dir: str
-    source: str
-    flags: tuple[str, ...] = ()
-    pid: int | None = None
-
-    def read(self) -> CrioConfig:
-        return read_crio_config(self.path, self.drop_in_dir, source=self.source,
-                                flags=self.flags)
-
-
 def locate_crio(nri_socket: str, *, environ: Mapping[str, str] | None = None,
-                proc: str = "/proc") -> CrioLocated | None:
-    """The running CRI-O serving ``nri_socket`` (or that launched this plugin); else, when
-    no CRI-O runs in view, its default files if they exist; None when neither."""
+                proc: str = "/proc") -> CrioConfig | None:
+    """The settings of the running CRI-O serving ``nri_socket`` (or that launched this
+    plugin); else, when no CRI-O runs in view, of its default files if they exist; None
+    when neither."""
     env = os.environ if environ is None else environ
     if PLUGIN_SOCKET_ENV in env:
         found = _crio(proc, os.getppid())
         if found is not None:
             return found
     serving = [c for c in (_crio(proc, pid) for pid in pids(proc)) if c is not None]
-    mine = [c for c in serving if same_path(c.read().nri_socket, nri_socket)]
+    mine = [c for c in serving if same_path(c.nri_socket, nri_socket)]
     if mine:
         return mine[0]
     if serving:
         return None  # CRI-O runs, serving another socket: not ours
     if os.path.exists(DEFAULT_PATH) or os.path.isdir(DEFAULT_DROP_IN_DIR):
-        return CrioLocated(path=DEFAULT_PATH, drop_in_dir=DEFAULT_DROP_IN_DIR,
-                           source="CRI-O's default paths (no running crio could be seen)")
+        return read_crio_config(
+            source="CRI-O's default paths (no running crio could be seen)")
     return None
 
 
-def _crio(proc: str, pid: int) -> CrioLocated | None:
+def _crio(proc: str, pid: int) -> CrioConfig | None:
     argv = program_argv(proc, pid, "crio")
     if argv is None:
         return None
@@ -232,5 +220,5 @@ def _crio(proc: str, pid: int) -> CrioLocated | None:
             path = value
         elif name in ("--config-dir", "-d"):
             folder = value
-    return CrioLocated(path=path, drop_in_dir=folder, flags=tuple(args), pid=pid,
-                       source=f"the running crio (pid {pid})")
+    return read_crio_config(path, folder, source=f"the running crio (pid {pid})", flags=args,
+                            pid=pid)

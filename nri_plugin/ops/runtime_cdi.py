@@ -23,7 +23,7 @@ from nri_plugin.ops.containerd_config import (
     locate,
     plugin_section,
 )
-from nri_plugin.ops.crio_config import CrioConfig, CrioLocated, locate_crio
+from nri_plugin.ops.crio_config import CrioConfig, locate_crio
 from nri_plugin.plugins.cdi_injector.delegation import LIBRARY_DEFAULT_DIRS, RuntimeCdiConfig
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def why_unread(cfg: ContainerdConfig) -> str:
     return ""
 
 
-def crio_serving(settings: Settings) -> CrioLocated | None:
+def crio_serving(settings: Settings) -> CrioConfig | None:
     """The CRI-O whose files the plugin and doctor read: one running and serving the
     plugin's socket, or, with no containerd configuration named, running or on the node
     either, CRI-O's files where a node keeps them."""
@@ -89,7 +89,7 @@ def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
                                 origin="runtime_cdi.enabled and runtime_cdi.spec_dirs set")
     crio = crio_serving(settings)
     if crio is not None:
-        return _overridden(crio_cdi_config(crio.read()), wanted)
+        return _overridden(crio_cdi_config(crio), wanted)
     # The file the settings name, else the one the running containerd serving
     # plugin.socket was started with, else the default path.
     cfg = locate(settings.runtime_cdi.containerd_config, settings.plugin.socket).read(None)

@@ -98,7 +98,7 @@ def test_the_running_crio_serving_our_socket_is_found(tmp_path: Path) -> None:
     _fake_proc(proc, 12, ["/usr/bin/containerd"], {})
     found = locate_crio("/var/run/ours.sock", environ={}, proc=str(proc))
     assert found is not None and found.pid == 11 and found.path == str(ours)
-    assert found.read().nri_socket == "/run/ours.sock"
+    assert found.nri_socket == "/run/ours.sock"
     assert locate_crio("/run/nobody.sock", environ={}, proc=str(proc)) is None
 
 
@@ -122,13 +122,12 @@ def test_doctor_says_what_crio_lacks(tmp_path: Path) -> None:
 def test_doctor_runs_crios_checks_where_crio_serves_the_socket(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from nri_plugin.ops import doctor, runtime_cdi
-    from nri_plugin.ops.crio_config import CrioLocated
     from nri_plugin.ops.inpod import ON_NODE
     from nri_plugin.ops.settings import Settings
 
     config, folder = _files(tmp_path, '[crio.nri]\nnri_listen = "/run/crio-nri.sock"\n')
-    found = CrioLocated(path=str(config), drop_in_dir=str(folder), pid=7,
-                        source="the running crio (pid 7)")
+    found = read_crio_config(str(config), str(folder), pid=7,
+                             source="the running crio (pid 7)")
     monkeypatch.setattr(runtime_cdi, "locate_crio", lambda socket: found)
     settings = Settings().with_values({
         "plugin.socket": "/run/crio-nri.sock", "plugin.spec_dirs": [str(tmp_path / "cdi")],
