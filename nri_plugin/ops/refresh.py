@@ -159,11 +159,10 @@ def wait_for_driver(parts: Sequence[tuple[str, Callable[[], bool]]], bound: floa
     of those still missing (empty: the driver is there). ``wait(seconds)`` returns True
     when asked to stop."""
     missing = [name for name, present in parts if not present()]
-    if not missing:
-        return []
-    log.info("waiting up to %gs for the NVIDIA driver: %s", bound, "; ".join(missing))
+    if missing:
+        log.info("waiting up to %gs for the NVIDIA driver: %s", bound, "; ".join(missing))
     start = clock()
-    while True:
+    while missing:
         left = start + bound - clock()
         if left <= 0 or wait(min(poll, left)):
             return missing
@@ -171,10 +170,10 @@ def wait_for_driver(parts: Sequence[tuple[str, Callable[[], bool]]], bound: floa
         for name in missing:
             if name not in now:
                 log.info("appeared after %.1fs: %s", clock() - start, name)
-        missing = now
-        if not missing:
+        if not now:
             log.info("NVIDIA driver ready after %.1fs", clock() - start)
-            return []
+        missing = now
+    return []
 
 
 # --- running the generator ---------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from nri_plugin.nri.versions import UNKNOWN_DIRS, NativeCdi, RuntimeInfo, SpecDirs
@@ -119,15 +120,13 @@ def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
 
 def _overridden(found: RuntimeCdiConfig, wanted: RuntimeCdiSettings) -> RuntimeCdiConfig:
     """``found`` with what the plugin's settings set themselves."""
-    enabled, dirs, origin = found.enabled, found.spec_dirs, found.origin
     if wanted.enabled != "auto":
-        enabled = NativeCdi(wanted.enabled)
-        origin += "; runtime_cdi.enabled set"
+        found = replace(found, enabled=NativeCdi(wanted.enabled),
+                        origin=f"{found.origin}; runtime_cdi.enabled set")
     if wanted.spec_dirs is not None:
-        dirs = SpecDirs.of(wanted.spec_dirs)
-        origin += "; runtime_cdi.spec_dirs set"
-    return RuntimeCdiConfig(enabled=enabled, spec_dirs=dirs, origin=origin,
-                            unread=found.unread)
+        found = replace(found, spec_dirs=SpecDirs.of(wanted.spec_dirs),
+                        origin=f"{found.origin}; runtime_cdi.spec_dirs set")
+    return found
 
 
 def start_warning(runtime: RuntimeInfo) -> str | None:
