@@ -257,9 +257,8 @@ class Watcher:
         self._clock = clock
         self._stop = threading.Event()
         self._state: NodeState | None = None
-        self._retry = False
         self._next_resync = 0.0
-        self._last_error = ""
+        self._error: str | None = None  # the last run's failure: retried at the next poll
 
     def stop(self) -> None:
         self._stop.set()
@@ -278,8 +277,8 @@ class Watcher:
             reasons = state.changes(self._state) if self._state else ["start"]
             self._state = state
             self.refresh(" and ".join(reasons) + " changed")
-        elif self._retry or self._clock() >= self._next_resync:
-            self.refresh("retry" if self._retry else "periodic check")
+        elif self._error is not None or self._clock() >= self._next_resync:
+            self.refresh("periodic check" if self._error is None else "retry")
 
     def _settled(self, state: NodeState) -> NodeState:
         """Wait until the node stays the same for ``settle`` seconds (or stop is asked)."""
@@ -295,18 +294,15 @@ class Watcher:
             self._state = self._probe()
         outcome = self._generate()
         self._next_resync = self._clock() + self.settings.watch.resync_interval
-        self._retry = not outcome.ok
         if not outcome.ok:
-            if outcome.message != self._last_error:
+            if outcome.message != self._error:  # once per error, not once a poll
                 log.error("spec generation failed (%s): %s", reason, outcome.message)
-            self._last_error = outcome.message
-            return outcome
-        self._last_error = ""
-        if outcome.written:
+        elif outcome.written:
             log.info("spec regenerated (%s): %s fingerprint %s", reason,
                      self.settings.generate.output, outcome.fingerprint)
         else:
             log.info("spec up to date (%s): fingerprint %s", reason, outcome.fingerprint)
+        self._error = None if outcome.ok else outcome.message
         return outcome
 
 
