@@ -343,10 +343,9 @@ def _containerd(proc: str, pid: int) -> tuple[str, str] | None:
     config = DEFAULT_PATH
     args = iter(argv[1:])
     for arg in args:
-        if arg in ("--config", "-c"):
-            config = next(args, config)
-        elif arg.startswith(("--config=", "-c=")):
-            config = arg.split("=", 1)[1]
+        name, eq, value = arg.partition("=")
+        if name in ("--config", "-c"):
+            config = value if eq else next(args, config)
         elif arg in _SUBCOMMANDS:
             return None  # containerd config dump, ...: not the daemon
     if not os.path.isabs(config):

@@ -71,8 +71,7 @@ def registration_sockets(folder: str) -> Iterator[str]:
     """The Unix sockets under ``folder`` the kubelet would ask (it walks subfolders too and
     skips names starting with "."), in name order; raises OSError when ``folder`` cannot be
     listed."""
-    names = sorted(os.listdir(folder))
-    for name in names:
+    for name in sorted(os.listdir(folder)):
         if name.startswith("."):
             continue
         path = os.path.join(folder, name)

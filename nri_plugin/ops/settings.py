@@ -429,8 +429,7 @@ def _plain(value: Any) -> Any:
 
 def parse_settings(document: Any, source: str = "config") -> Settings:
     """Validate a parsed YAML document (None = empty file). Collects every problem."""
-    if document is None:
-        document = {}
+    document = {} if document is None else document
     if not isinstance(document, Mapping):
         raise SettingsError(source, [f"(top level): expected a mapping, got {document!r}"])
     problems: list[str] = []
