@@ -15,7 +15,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -412,11 +412,9 @@ def keys_of(section: str) -> dict[str, Key]:
     return {f.name: f.metadata[KEY] for f in fields(SECTIONS[section])}
 
 
-def all_keys() -> Iterator[tuple[str, str, Key]]:
+def all_keys() -> list[tuple[str, str, Key]]:
     """(section, name, key) of every key."""
-    for section in SECTIONS:
-        for name, key in keys_of(section).items():
-            yield section, name, key
+    return [(section, name, key) for section in SECTIONS for name, key in keys_of(section).items()]
 
 
 def _plain(value: Any) -> Any:
