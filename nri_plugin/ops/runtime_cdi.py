@@ -133,10 +133,8 @@ def start_warning(runtime: RuntimeInfo) -> str | None:
     """What the plugin logs once it knows the runtime: with containerd's own CDI off, the
     CRI CDIDevices a kubelet >= 1.31 sends for a DRA claim reach no plugin
     (docs/developer/kubernetes-allocation.md); None when that is not the case."""
-    if runtime.native_cdi is not NativeCdi.OFF:
-        return None
-    if not runtime.is_containerd:
-        return None  # CRI-O's CDI cannot be switched off
+    if runtime.native_cdi is not NativeCdi.OFF or not runtime.is_containerd:
+        return None  # (CRI-O's CDI cannot be switched off)
     refuses = runtime.version is not None and runtime.version >= (2, 3, 0)
     what = ("fail to be created (containerd refuses CDIDevices with its CDI off)" if refuses
             else "start without their devices")
