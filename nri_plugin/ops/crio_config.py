@@ -211,14 +211,12 @@ def _crio(proc: str, pid: int) -> CrioConfig | None:
     env = dict(e.split("=", 1) for e in proc_strings(proc, pid, "environ") if "=" in e)
     path = env.get("CONTAINER_CONFIG", DEFAULT_PATH)
     folder = env.get("CONTAINER_CONFIG_DIR", DEFAULT_DROP_IN_DIR)
-    args = argv[1:]
-    for i, arg in enumerate(args):
+    args = iter(argv[1:])
+    for arg in args:
         name, eq, value = arg.partition("=")
-        if not eq:
-            value = args[i + 1] if i + 1 < len(args) else ""
         if name in ("--config", "-c"):
-            path = value
+            path = value if eq else next(args, "")
         elif name in ("--config-dir", "-d"):
-            folder = value
-    return read_crio_config(path, folder, source=f"the running crio (pid {pid})", flags=args,
-                            pid=pid)
+            folder = value if eq else next(args, "")
+    return read_crio_config(path, folder, source=f"the running crio (pid {pid})",
+                            flags=argv[1:], pid=pid)

@@ -211,9 +211,6 @@ class Outcome:
     message: str = ""
 
 
-Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
-
-
 # The generator in an isolated interpreter (-I: no PYTHONPATH, no user site, not the
 # current folder): the entry finds its own package from its path, its dependencies
 # (PyYAML, nvidia-ml-py for --mode nvml) in the interpreter's site-packages.
@@ -225,7 +222,8 @@ def run_generator_process(args: list[str]) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300, check=False)
 
 
-def run_generator(settings: Settings, runner: Runner = run_generator_process) -> Outcome:
+def run_generator(settings: Settings, runner: Callable[
+        [list[str]], subprocess.CompletedProcess[str]] = run_generator_process) -> Outcome:
     output = Path(settings.generate.output)
     before = _identity(output)
     output.parent.mkdir(parents=True, exist_ok=True)
