@@ -155,7 +155,6 @@ def _file_values(doc: Mapping[str, Any]) -> dict[str, Any]:
 def _flag_values(argv: Sequence[str]) -> dict[str, Any]:
     flags = {f"--{key.replace('_', '-')}": (field, kind) for _, key, field, kind in _SETTINGS}
     out: dict[str, Any] = {}
-    dirs: list[str] = []
     args = iter(argv)
     for arg in args:
         name, eq, value = arg.partition("=")
@@ -165,17 +164,12 @@ def _flag_values(argv: Sequence[str]) -> dict[str, Any]:
         if kind is bool:
             out[field] = value.lower() != "false" if eq else True
             continue
-        if not eq:
-            following = next(args, None)
-            if following is None:
-                break
-            value = following
-        if kind is tuple:
-            dirs += [d for d in value.split(",") if d]
-        else:
+        if not eq:  # (a crio whose last flag lacks its value does not run)
+            value = next(args, "")
+        if kind is not tuple:
             out[field] = parse_duration(value) if kind is float else value
-    if dirs:
-        out["cdi_spec_dirs"] = tuple(dirs)
+        elif dirs := tuple(d for d in value.split(",") if d):  # each flag adds its folders
+            out[field] = (*out.get(field, ()), *dirs)
     return out
 
 

@@ -50,9 +50,9 @@ def test_drop_ins_override_key_by_key_in_path_order_then_flags(tmp_path: Path) -
     assert cfg.cdi_spec_dirs == ("/etc/cdi", "/srv/cdi")
     flagged = read_crio_config(str(config), str(folder), flags=(
         "--enable-nri=false", "--nri-listen", "/run/c.sock", "--cdi-spec-dirs", "/x,/y",
-        "--nri-plugin-request-timeout=1m30s"))
+        "--nri-plugin-request-timeout=1m30s", "--cdi-spec-dirs=/z"))
     assert (flagged.nri_enabled, flagged.nri_socket, flagged.cdi_spec_dirs,
-            flagged.request_timeout) == (False, "/run/c.sock", ("/x", "/y"), 90.0)
+            flagged.request_timeout) == (False, "/run/c.sock", ("/x", "/y", "/z"), 90.0)
 
 
 @pytest.mark.parametrize("text, why", [
