@@ -93,10 +93,8 @@ class ContainerdConfig:
     @property
     def read(self) -> str:
         """The files read, for messages: ``a.toml (+ b.toml, c.toml)``."""
-        if not self.files:
-            return self.path
-        more = f" (+ {', '.join(self.files[1:])})" if len(self.files) > 1 else ""
-        return self.files[0] + more
+        first, *more = self.files or (self.path,)
+        return first + (f" (+ {', '.join(more)})" if more else "")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -96,7 +96,6 @@ def _libraries(driver_root: Path, lib_dirs: Sequence[str]) -> tuple[Any, ...]:
 def _tree(folder: Path) -> tuple[str, ...]:
     entries = []
     for top, dirs, _files in os.walk(folder):
-        dirs.sort()
         rel = os.path.relpath(top, folder)
         entries += [os.path.join(rel, d) for d in dirs]
     return tuple(sorted(entries))
