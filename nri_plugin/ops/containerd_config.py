@@ -47,7 +47,9 @@ NRI_SECTION = "io.containerd.nri.v1.nri"
 _SHORT_IDS = {"cri": CRI_V2_SECTION, "nri": NRI_SECTION}
 # containerd's subcommands: a process running one is not the daemon.
 _SUBCOMMANDS = frozenset({"config", "publish", "oci-hook", "help", "h"})
-MAX_FILES = 256  # imports that never end (a glob matching itself is read once anyway)
+# More files than a configuration has: imports that never end (a glob matching itself is
+# read once anyway), a drop-in folder not meant for it.
+MAX_FILES = 256
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,10 +93,8 @@ class ContainerdConfig:
     @property
     def read(self) -> str:
         """The files read, for messages: ``a.toml (+ b.toml, c.toml)``."""
-        if not self.files:
-            return self.path
-        more = f" (+ {', '.join(self.files[1:])})" if len(self.files) > 1 else ""
-        return self.files[0] + more
+        first, *more = self.files or (self.path,)
+        return first + (f" (+ {', '.join(more)})" if more else "")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,17 +185,9 @@ def _load(path: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
         imports = doc.get("imports", [])
         if not isinstance(imports, list):
             raise UnreadConfig(f"{current}: imports is not a list")
-        pending += _resolved(current, [str(i) for i in imports])
-
-
-def _resolved(parent: str, imports: list[str]) -> list[str]:
-    out: list[str] = []
-    for name in imports:
-        if not os.path.isabs(name):
-            name = os.path.join(os.path.dirname(parent), name)
-        name = os.path.normpath(name)
-        out += sorted(glob.glob(name)) if "*" in name else [name]
-    return out
+        for name in imports:  # joined to an absolute path, the folder is dropped
+            name = os.path.normpath(os.path.join(os.path.dirname(current), str(name)))
+            pending += sorted(glob.glob(name)) if "*" in name else [name]
 
 
 def _version(doc: Mapping[str, Any]) -> int:
@@ -349,10 +341,9 @@ def _containerd(proc: str, pid: int) -> tuple[str, str] | None:
     config = DEFAULT_PATH
     args = iter(argv[1:])
     for arg in args:
-        if arg in ("--config", "-c"):
-            config = next(args, config)
-        elif arg.startswith(("--config=", "-c=")):
-            config = arg.split("=", 1)[1]
+        name, eq, value = arg.partition("=")
+        if name in ("--config", "-c"):
+            config = value if eq else next(args, config)
         elif arg in _SUBCOMMANDS:
             return None  # containerd config dump, ...: not the daemon
     if not os.path.isabs(config):

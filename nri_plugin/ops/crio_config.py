@@ -24,8 +24,10 @@ from dataclasses import dataclass, replace
 from itertools import chain
 from typing import Any
 
+from cdi.dirs import DEFAULT_SPEC_DIRS
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, PLUGIN_SOCKET_ENV
 from nri_plugin.ops.containerd_config import (
+    MAX_FILES,
     UnreadConfig,
     load_toml,
     merge_keys,
@@ -37,11 +39,6 @@ from nri_plugin.ops.containerd_config import (
 
 DEFAULT_PATH = "/etc/crio/crio.conf"
 DEFAULT_DROP_IN_DIR = "/etc/crio/crio.conf.d"
-DEFAULT_CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
-# NRI's defaults in CRI-O 1.35 (internal/config/nri): on, the library's socket and timeouts.
-DEFAULT_REGISTRATION_TIMEOUT = 5.0
-DEFAULT_REQUEST_TIMEOUT = 2.0
-MAX_FILES = 256  # a drop-in folder holding more is not one we read whole
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -62,19 +59,23 @@ def parse_duration(text: str) -> float:
 class CrioConfig:
     """What CRI-O's files (and flags) say, with CRI-O's defaults for what they leave out.
     ``files``: those read, in order; ``error``: why they could not be read (the values are
-    then CRI-O's defaults); ``source``: how the files were chosen."""
+    then CRI-O's defaults); ``source``: how the files were chosen; ``pid``: the running
+    CRI-O's whose files and flags these are (None: the default files)."""
 
     path: str
     drop_in_dir: str
     source: str
+    pid: int | None = None
     files: tuple[str, ...] = ()
     error: str | None = None
+    # NRI's defaults in CRI-O 1.35 (internal/config/nri): on, the library's socket and
+    # timeouts; CDI's the library's folders.
     nri_enabled: bool = True
     nri_socket: str = DEFAULT_SOCKET_PATH
     nri_disable_connections: bool = False
-    registration_timeout: float = DEFAULT_REGISTRATION_TIMEOUT
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
-    cdi_spec_dirs: tuple[str, ...] = DEFAULT_CDI_SPEC_DIRS
+    registration_timeout: float = 5.0
+    request_timeout: float = 2.0
+    cdi_spec_dirs: tuple[str, ...] = DEFAULT_SPEC_DIRS
 
     def describe_files(self) -> str:
         return ", ".join(self.files) if self.files else f"no file ({self.path} absent)"
@@ -98,11 +99,11 @@ def _drop_ins(folder: str) -> Iterator[str]:
 
 
 def read_crio_config(path: str = DEFAULT_PATH, drop_in_dir: str = DEFAULT_DROP_IN_DIR, *,
-                     source: str = "CRI-O's default paths", flags: Sequence[str] = ()
-                     ) -> CrioConfig:
+                     source: str = "CRI-O's default paths", flags: Sequence[str] = (),
+                     pid: int | None = None) -> CrioConfig:
     """CRI-O's settings from ``path``, the files under ``drop_in_dir`` and ``flags`` (its
     command line after the binary)."""
-    base = CrioConfig(path=path, drop_in_dir=drop_in_dir, source=source)
+    base = CrioConfig(path=path, drop_in_dir=drop_in_dir, source=source, pid=pid)
     merged: dict[str, Any] = {}
     files: list[str] = []
     try:
@@ -154,7 +155,6 @@ def _file_values(doc: Mapping[str, Any]) -> dict[str, Any]:
 def _flag_values(argv: Sequence[str]) -> dict[str, Any]:
     flags = {f"--{key.replace('_', '-')}": (field, kind) for _, key, field, kind in _SETTINGS}
     out: dict[str, Any] = {}
-    dirs: list[str] = []
     args = iter(argv)
     for arg in args:
         name, eq, value = arg.partition("=")
@@ -164,74 +164,53 @@ def _flag_values(argv: Sequence[str]) -> dict[str, Any]:
         if kind is bool:
             out[field] = value.lower() != "false" if eq else True
             continue
-        if not eq:
-            following = next(args, None)
-            if following is None:
-                break
-            value = following
-        if kind is tuple:
-            dirs += [d for d in value.split(",") if d]
-        else:
+        if not eq:  # (a crio whose last flag lacks its value does not run)
+            value = next(args, "")
+        if kind is not tuple:
             out[field] = parse_duration(value) if kind is float else value
-    if dirs:
-        out["cdi_spec_dirs"] = tuple(dirs)
+        elif dirs := tuple(d for d in value.split(",") if d):  # each flag adds its folders
+            out[field] = (*out.get(field, ()), *dirs)
     return out
 
 
 # --- which files ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CrioLocated:
-    """The running CRI-O's files and flags (``pid``), or the default files (pid None)."""
-
-    path: str
-    drop_in_dir: str
-    source: str
-    flags: tuple[str, ...] = ()
-    pid: int | None = None
-
-    def read(self) -> CrioConfig:
-        return read_crio_config(self.path, self.drop_in_dir, source=self.source,
-                                flags=self.flags)
-
-
 def locate_crio(nri_socket: str, *, environ: Mapping[str, str] | None = None,
-                proc: str = "/proc") -> CrioLocated | None:
-    """The running CRI-O serving ``nri_socket`` (or that launched this plugin); else, when
-    no CRI-O runs in view, its default files if they exist; None when neither."""
+                proc: str = "/proc") -> CrioConfig | None:
+    """The settings of the running CRI-O serving ``nri_socket`` (or that launched this
+    plugin); else, when no CRI-O runs in view, of its default files if they exist; None
+    when neither."""
     env = os.environ if environ is None else environ
     if PLUGIN_SOCKET_ENV in env:
         found = _crio(proc, os.getppid())
         if found is not None:
             return found
     serving = [c for c in (_crio(proc, pid) for pid in pids(proc)) if c is not None]
-    mine = [c for c in serving if same_path(c.read().nri_socket, nri_socket)]
+    mine = [c for c in serving if same_path(c.nri_socket, nri_socket)]
     if mine:
         return mine[0]
     if serving:
         return None  # CRI-O runs, serving another socket: not ours
     if os.path.exists(DEFAULT_PATH) or os.path.isdir(DEFAULT_DROP_IN_DIR):
-        return CrioLocated(path=DEFAULT_PATH, drop_in_dir=DEFAULT_DROP_IN_DIR,
-                           source="CRI-O's default paths (no running crio could be seen)")
+        return read_crio_config(
+            source="CRI-O's default paths (no running crio could be seen)")
     return None
 
 
-def _crio(proc: str, pid: int) -> CrioLocated | None:
+def _crio(proc: str, pid: int) -> CrioConfig | None:
     argv = program_argv(proc, pid, "crio")
     if argv is None:
         return None
     env = dict(e.split("=", 1) for e in proc_strings(proc, pid, "environ") if "=" in e)
     path = env.get("CONTAINER_CONFIG", DEFAULT_PATH)
     folder = env.get("CONTAINER_CONFIG_DIR", DEFAULT_DROP_IN_DIR)
-    args = argv[1:]
-    for i, arg in enumerate(args):
+    args = iter(argv[1:])
+    for arg in args:
         name, eq, value = arg.partition("=")
-        if not eq:
-            value = args[i + 1] if i + 1 < len(args) else ""
         if name in ("--config", "-c"):
-            path = value
+            path = value if eq else next(args, "")
         elif name in ("--config-dir", "-d"):
-            folder = value
-    return CrioLocated(path=path, drop_in_dir=folder, flags=tuple(args), pid=pid,
-                       source=f"the running crio (pid {pid})")
+            folder = value if eq else next(args, "")
+    return read_crio_config(path, folder, source=f"the running crio (pid {pid})",
+                            flags=argv[1:], pid=pid)

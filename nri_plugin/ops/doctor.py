@@ -755,9 +755,8 @@ def run_checks(settings: Settings, *, check_generated: bool = True,
     registry = read_registry(settings.doctor.plugin_registry)
     crio = crio_serving(settings)
     if crio is not None:
-        crio_cfg = crio.read()
-        config = [check_crio_config(crio_cfg), check_crio_nri(crio_cfg, plugin.socket)]
-        cdi = [check_crio_cdi(crio_cfg, plugin.spec_dirs),
+        config = [check_crio_config(crio), check_crio_nri(crio, plugin.socket)]
+        cdi = [check_crio_cdi(crio, plugin.spec_dirs),
                check_kinds_runtimes_can_load(plugin.spec_dirs)]
     else:
         found = locate(settings.runtime_cdi.containerd_config, plugin.socket)

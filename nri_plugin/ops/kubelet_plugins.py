@@ -21,6 +21,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from nri_plugin.ops.kubelet_api import registration_pb2 as pb
+from nri_plugin.ops.podresources import describe_rpc_error
 
 DEFAULT_REGISTRY = "/var/lib/kubelet/plugins_registry"
 GET_INFO = "/pluginregistration.Registration/GetInfo"
@@ -70,8 +71,7 @@ def registration_sockets(folder: str) -> Iterator[str]:
     """The Unix sockets under ``folder`` the kubelet would ask (it walks subfolders too and
     skips names starting with "."), in name order; raises OSError when ``folder`` cannot be
     listed."""
-    names = sorted(os.listdir(folder))
-    for name in names:
+    for name in sorted(os.listdir(folder)):
         if name.startswith("."):
             continue
         path = os.path.join(folder, name)
@@ -88,20 +88,12 @@ def registration_sockets(folder: str) -> Iterator[str]:
                 continue
 
 
-def _grpc() -> Any:
-    try:
-        import grpc
-    except ImportError:
-        return None
-    return grpc
-
-
 def ask(sockets: list[str], timeout: float = ASK_TIMEOUT) -> list[KubeletPlugin]:
     """GetInfo of each socket, all at once, as the kubelet asks it."""
-    grpc = _grpc()
-    if grpc is None:
-        return [KubeletPlugin(socket=s, problem="grpcio is not installed, so doctor cannot "
-                              "ask it") for s in sockets]
+    try:
+        import grpc  # the kubelet extra
+    except ImportError as exc:
+        return [KubeletPlugin(socket=s, problem=describe_rpc_error(exc)) for s in sockets]
     with ExitStack() as channels:
         pending = []
         for path in sockets:
@@ -120,10 +112,7 @@ def _answer(path: str, future: Any, grpc: Any) -> KubeletPlugin:
     except DecodeError:
         return KubeletPlugin(socket=path, problem="not a PluginInfo reply")
     except grpc.RpcError as exc:
-        code = exc.code()
-        why = ("no answer in time" if code == grpc.StatusCode.DEADLINE_EXCEEDED
-               else f"{code.name if code else 'error'}: {exc.details() or ''}".rstrip(": "))
-        return KubeletPlugin(socket=path, problem=why)
+        return KubeletPlugin(socket=path, problem=describe_rpc_error(exc))
     return KubeletPlugin(socket=path, type=info.type, name=info.name,
                          problem="" if info.type else "its reply names no type")
 

@@ -91,13 +91,13 @@ class PodResourcesWatch:
         try:
             response = self._list()
         except Exception as exc:  # grpc's errors, a missing grpcio: said, never raised
-            error = _describe(exc)
+            error = describe_rpc_error(exc)
             # A new channel next time: grpc's own reconnection backs off for minutes, a
             # restarted kubelet answers at once.
             self._close_channel()
             if error != previous_error:  # once per change, not once a second
-                log.warning("the kubelet's pod-resources API (%s) did not answer: %s; "
-                            "devices asked for by annotation are refused until it does",
+                log.warning("the kubelet's pod-resources API (%s) failed: %s; devices "
+                            "asked for by annotation are refused until it answers",
                             self.socket_path, error)
             self._state = (True, allocations, at, error)
             return
@@ -141,12 +141,14 @@ class PodResourcesWatch:
             self._stop.wait(self.interval)
 
 
-def _describe(exc: Exception) -> str:
+def describe_rpc_error(exc: Exception) -> str:
+    """What a grpc call raised (or the import of a missing grpcio), in one line."""
     if isinstance(exc, ImportError):
-        return ("grpcio is not installed (pip install 'nri-cdi[kubelet]'; the image has "
-                "it)")
-    code = getattr(exc, "code", None)
-    details = getattr(exc, "details", None)
-    if callable(code) and callable(details):
-        return f"{code().name}: {details()}"
-    return f"{type(exc).__name__}: {exc}"
+        return "grpcio is not installed (pip install 'nri-cdi[kubelet]'; the image has it)"
+    code, details = getattr(exc, "code", None), getattr(exc, "details", None)
+    if not (callable(code) and callable(details)):
+        return f"{type(exc).__name__}: {exc}"
+    status = code()  # None: a failed future may carry none
+    if status is not None and status.name == "DEADLINE_EXCEEDED":
+        return "no answer in time"
+    return f"{status.name if status else 'error'}: {details() or ''}".rstrip(": ")

@@ -96,7 +96,6 @@ def _libraries(driver_root: Path, lib_dirs: Sequence[str]) -> tuple[Any, ...]:
 def _tree(folder: Path) -> tuple[str, ...]:
     entries = []
     for top, dirs, _files in os.walk(folder):
-        dirs.sort()
         rel = os.path.relpath(top, folder)
         entries += [os.path.join(rel, d) for d in dirs]
     return tuple(sorted(entries))
@@ -159,11 +158,10 @@ def wait_for_driver(parts: Sequence[tuple[str, Callable[[], bool]]], bound: floa
     of those still missing (empty: the driver is there). ``wait(seconds)`` returns True
     when asked to stop."""
     missing = [name for name, present in parts if not present()]
-    if not missing:
-        return []
-    log.info("waiting up to %gs for the NVIDIA driver: %s", bound, "; ".join(missing))
+    if missing:
+        log.info("waiting up to %gs for the NVIDIA driver: %s", bound, "; ".join(missing))
     start = clock()
-    while True:
+    while missing:
         left = start + bound - clock()
         if left <= 0 or wait(min(poll, left)):
             return missing
@@ -171,10 +169,10 @@ def wait_for_driver(parts: Sequence[tuple[str, Callable[[], bool]]], bound: floa
         for name in missing:
             if name not in now:
                 log.info("appeared after %.1fs: %s", clock() - start, name)
-        missing = now
-        if not missing:
+        if not now:
             log.info("NVIDIA driver ready after %.1fs", clock() - start)
-            return []
+        missing = now
+    return []
 
 
 # --- running the generator ---------------------------------------------------------------
@@ -212,9 +210,6 @@ class Outcome:
     message: str = ""
 
 
-Runner = Callable[[list[str]], "subprocess.CompletedProcess[str]"]
-
-
 # The generator in an isolated interpreter (-I: no PYTHONPATH, no user site, not the
 # current folder): the entry finds its own package from its path, its dependencies
 # (PyYAML, nvidia-ml-py for --mode nvml) in the interpreter's site-packages.
@@ -226,7 +221,8 @@ def run_generator_process(args: list[str]) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300, check=False)
 
 
-def run_generator(settings: Settings, runner: Runner = run_generator_process) -> Outcome:
+def run_generator(settings: Settings, runner: Callable[
+        [list[str]], subprocess.CompletedProcess[str]] = run_generator_process) -> Outcome:
     output = Path(settings.generate.output)
     before = _identity(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -258,9 +254,8 @@ class Watcher:
         self._clock = clock
         self._stop = threading.Event()
         self._state: NodeState | None = None
-        self._retry = False
         self._next_resync = 0.0
-        self._last_error = ""
+        self._error: str | None = None  # the last run's failure: retried at the next poll
 
     def stop(self) -> None:
         self._stop.set()
@@ -279,8 +274,8 @@ class Watcher:
             reasons = state.changes(self._state) if self._state else ["start"]
             self._state = state
             self.refresh(" and ".join(reasons) + " changed")
-        elif self._retry or self._clock() >= self._next_resync:
-            self.refresh("retry" if self._retry else "periodic check")
+        elif self._error is not None or self._clock() >= self._next_resync:
+            self.refresh("periodic check" if self._error is None else "retry")
 
     def _settled(self, state: NodeState) -> NodeState:
         """Wait until the node stays the same for ``settle`` seconds (or stop is asked)."""
@@ -296,18 +291,15 @@ class Watcher:
             self._state = self._probe()
         outcome = self._generate()
         self._next_resync = self._clock() + self.settings.watch.resync_interval
-        self._retry = not outcome.ok
         if not outcome.ok:
-            if outcome.message != self._last_error:
+            if outcome.message != self._error:  # once per error, not once a poll
                 log.error("spec generation failed (%s): %s", reason, outcome.message)
-            self._last_error = outcome.message
-            return outcome
-        self._last_error = ""
-        if outcome.written:
+        elif outcome.written:
             log.info("spec regenerated (%s): %s fingerprint %s", reason,
                      self.settings.generate.output, outcome.fingerprint)
         else:
             log.info("spec up to date (%s): fingerprint %s", reason, outcome.fingerprint)
+        self._error = None if outcome.ok else outcome.message
         return outcome
 
 

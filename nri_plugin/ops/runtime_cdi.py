@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from nri_plugin.nri.versions import UNKNOWN_DIRS, NativeCdi, RuntimeInfo, SpecDirs
@@ -23,7 +24,7 @@ from nri_plugin.ops.containerd_config import (
     locate,
     plugin_section,
 )
-from nri_plugin.ops.crio_config import CrioConfig, CrioLocated, locate_crio
+from nri_plugin.ops.crio_config import CrioConfig, locate_crio
 from nri_plugin.plugins.cdi_injector.delegation import LIBRARY_DEFAULT_DIRS, RuntimeCdiConfig
 
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def why_unread(cfg: ContainerdConfig) -> str:
     return ""
 
 
-def crio_serving(settings: Settings) -> CrioLocated | None:
+def crio_serving(settings: Settings) -> CrioConfig | None:
     """The CRI-O whose files the plugin and doctor read: one running and serving the
     plugin's socket, or, with no containerd configuration named, running or on the node
     either, CRI-O's files where a node keeps them."""
@@ -89,7 +90,7 @@ def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
                                 origin="runtime_cdi.enabled and runtime_cdi.spec_dirs set")
     crio = crio_serving(settings)
     if crio is not None:
-        return _overridden(crio_cdi_config(crio.read()), wanted)
+        return _overridden(crio_cdi_config(crio), wanted)
     # The file the settings name, else the one the running containerd serving
     # plugin.socket was started with, else the default path.
     cfg = locate(settings.runtime_cdi.containerd_config, settings.plugin.socket).read(None)
@@ -119,25 +120,21 @@ def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
 
 def _overridden(found: RuntimeCdiConfig, wanted: RuntimeCdiSettings) -> RuntimeCdiConfig:
     """``found`` with what the plugin's settings set themselves."""
-    enabled, dirs, origin = found.enabled, found.spec_dirs, found.origin
     if wanted.enabled != "auto":
-        enabled = NativeCdi(wanted.enabled)
-        origin += "; runtime_cdi.enabled set"
+        found = replace(found, enabled=NativeCdi(wanted.enabled),
+                        origin=f"{found.origin}; runtime_cdi.enabled set")
     if wanted.spec_dirs is not None:
-        dirs = SpecDirs.of(wanted.spec_dirs)
-        origin += "; runtime_cdi.spec_dirs set"
-    return RuntimeCdiConfig(enabled=enabled, spec_dirs=dirs, origin=origin,
-                            unread=found.unread)
+        found = replace(found, spec_dirs=SpecDirs.of(wanted.spec_dirs),
+                        origin=f"{found.origin}; runtime_cdi.spec_dirs set")
+    return found
 
 
 def start_warning(runtime: RuntimeInfo) -> str | None:
     """What the plugin logs once it knows the runtime: with containerd's own CDI off, the
     CRI CDIDevices a kubelet >= 1.31 sends for a DRA claim reach no plugin
     (docs/developer/kubernetes-allocation.md); None when that is not the case."""
-    if runtime.native_cdi is not NativeCdi.OFF:
-        return None
-    if not runtime.is_containerd:
-        return None  # CRI-O's CDI cannot be switched off
+    if runtime.native_cdi is not NativeCdi.OFF or not runtime.is_containerd:
+        return None  # (CRI-O's CDI cannot be switched off)
     refuses = runtime.version is not None and runtime.version >= (2, 3, 0)
     what = ("fail to be created (containerd refuses CDIDevices with its CDI off)" if refuses
             else "start without their devices")

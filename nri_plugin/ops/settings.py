@@ -15,10 +15,10 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.nvidia.hook_programs import HOOK_PROGRAMS
@@ -27,14 +27,6 @@ from cdi.nvidia.options import option_of
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
 from nri_plugin.ops.kubelet_plugins import DEFAULT_REGISTRY
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
-
-    class _Details(TypedDict, total=False):  # ``setting``'s keywords: the Key's fields
-        metavar: str | None
-        repeatable: bool
-        default_text: str | None
 
 DEFAULT_CONFIG_PATH = "/etc/nri-cdi/config.yaml"
 CONFIG_ENV = "NRI_CDI_CONFIG"
@@ -79,10 +71,6 @@ def _abs_path(value: Any) -> str:
     return text
 
 
-def _optional(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: None if value is None else check(value)
-
-
 def _hook_program(value: Any) -> str:
     """An absolute path to a hook program generate knows the arguments of."""
     path = _abs_path(value)
@@ -106,17 +94,16 @@ def _strs(value: Any) -> tuple[str, ...]:
     return tuple(_str(v) for v in value)
 
 
-def _positive(value: Any) -> float:
-    # bool is an int subclass: "true" must not read as 1 second
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"expected a number > 0, got {value!r}")
-    return float(value)
+def _seconds(zero: bool) -> Callable[[Any], float]:
+    """A number > 0, or >= 0 with ``zero``."""
+    def check(value: Any) -> float:
+        # bool is an int subclass: "true" must not read as 1 second
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                value >= 0 if zero else value > 0):
+            raise ValueError(f"expected a number {'>=' if zero else '>'} 0, got {value!r}")
+        return float(value)
 
-
-def _non_negative(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ValueError(f"expected a number >= 0, got {value!r}")
-    return float(value)
+    return check
 
 
 def _number_text(text: str) -> Any:
@@ -161,19 +148,16 @@ def one_of(*choices: str) -> ValueType:
 
 
 STRING = ValueType("string", _str)
-OPTIONAL_STRING = ValueType("string", _optional(_str))
 ABSOLUTE_PATH = ValueType("absolute path", _abs_path)
-OPTIONAL_ABSOLUTE_PATH = ValueType("absolute path", _optional(_abs_path))
 PATHS = ValueType("list of absolute paths", _paths)
-OPTIONAL_PATHS = ValueType("list of absolute paths", _optional(_paths))
 STRINGS = ValueType("list of strings", _strs)
-SECONDS = ValueType("number > 0 (seconds)", _positive, from_text=_number_text)
-WAIT_SECONDS = ValueType("number >= 0 (seconds; 0: no wait)", _non_negative,
+SECONDS = ValueType("number > 0 (seconds)", _seconds(False), from_text=_number_text)
+WAIT_SECONDS = ValueType("number >= 0 (seconds; 0: no wait)", _seconds(True),
                          from_text=_number_text)
 INDEX = ValueType("two digits", _index)
 ADDRESS = ValueType('host:port, :port, or "" (off)', _off_or(parse_address))
 HOOK_PROGRAM = ValueType(f"absolute path ending in /{', /'.join(HOOK_PROGRAMS)}",
-                         _optional(_hook_program))
+                         _hook_program)
 PATH_OR_OFF = ValueType('absolute path, or "" (off)', _off_or(_abs_path))
 
 
@@ -195,16 +179,21 @@ class Key:
     repeatable: bool = False
     default_text: str | None = None
     option: str | None = None  # the generate option (cdi.nvidia.options) the key sets
+    optional: bool = False  # None (null in the file) is a value: the default is None
+
+    def check(self, value: Any) -> Any:
+        return None if value is None and self.optional else self.type.check(value)
 
 
 T = TypeVar("T")
 KEY = "nri_cdi_key"  # the field metadata entry holding the Key
 
 
-def setting(default: T, value_type: ValueType, help: str, *flags: str,
-            **details: Unpack[_Details]) -> T:
-    """A section field: its default and its :class:`Key`."""
-    return field(default=default, metadata={KEY: Key(help, value_type, flags, **details)})
+def setting(default: T, value_type: ValueType, help: str, *flags: str, **details: Any) -> T:
+    """A section field: its default and its :class:`Key` (``details``: its other fields; a
+    wrong name fails at import)."""
+    key = Key(help, value_type, flags, optional=default is None, **details)
+    return field(default=default, metadata={KEY: key})
 
 
 def generate_setting(option: str, value_type: ValueType, *, flag: bool = False,
@@ -213,10 +202,11 @@ def generate_setting(option: str, value_type: ValueType, *, flag: bool = False,
     cdi.nvidia.options gives the meaning, the default unless ``default``, and with ``flag``
     its first flag), as a file key."""
     spec = option_of(option)
+    value = option_default(option) if default is None else default
     key = Key(spec.help, value_type, spec.flags[:1] if flag else (), spec.metavar,
-              spec.kind == "list", spec.default_text if default is None else None, option)
-    return field(default=option_default(option) if default is None else default,
-                 metadata={KEY: key})
+              spec.kind == "list", spec.default_text if default is None else None, option,
+              value is None)
+    return field(default=value, metadata={KEY: key})
 
 
 # --- the sections: typed, immutable values -------------------------------------------------
@@ -280,7 +270,7 @@ class GenerateSettings:
     mode: str = generate_setting("mode", one_of(*option_of("mode").choices), flag=True)
     # Always a folder: refresh and watch look at the node under it.
     driver_root: str = generate_setting("driver_root", ABSOLUTE_PATH, flag=True, default="/")
-    dev_root: str | None = generate_setting("dev_root", OPTIONAL_ABSOLUTE_PATH, flag=True)
+    dev_root: str | None = generate_setting("dev_root", ABSOLUTE_PATH, flag=True)
     device_name_strategies: tuple[str, ...] = generate_setting("strategies", STRINGS)
     link_mode: str = generate_setting("link_mode", one_of(*option_of("link_mode").choices))
     hook_path: str | None = generate_setting("hook_path", HOOK_PROGRAM)
@@ -331,7 +321,7 @@ class LogSettings:
 class DoctorSettings:
     """What ``nri-cdi doctor`` asks besides the files."""
 
-    health_url: str | None = setting(None, OPTIONAL_STRING, "the plugin's /healthz URL",
+    health_url: str | None = setting(None, STRING, "the plugin's /healthz URL",
                                      "--health-url", metavar="URL",
                                      default_text="from metrics.address")
     plugin_registry: str = setting(
@@ -348,7 +338,7 @@ class RuntimeCdiSettings:
     from. Read from containerd's configuration when the plugin starts, unless set here."""
 
     containerd_config: str | None = setting(
-        None, OPTIONAL_ABSOLUTE_PATH,
+        None, ABSOLUTE_PATH,
         "containerd's configuration file, read with its imports when the plugin and the "
         "doctor start", "--containerd-config", metavar="FILE",
         default_text="the --config of the running containerd serving plugin.socket, else "
@@ -356,7 +346,7 @@ class RuntimeCdiSettings:
     enabled: str = setting("auto", one_of("auto", "on", "off"),
                            "whether the runtime's own CDI is on (auto: from containerd's "
                            "configuration)", "--runtime-cdi")
-    spec_dirs: tuple[str, ...] | None = setting(None, OPTIONAL_PATHS,
+    spec_dirs: tuple[str, ...] | None = setting(None, PATHS,
                                                 "the folders the runtime's CDI reads",
                                                 default_text="from containerd's configuration")
 
@@ -396,7 +386,7 @@ class Settings:
                                 f"{dotted}: unknown key (known: {', '.join(keys)})")
                 continue
             try:
-                changed[section][name] = keys[name].type.check(value)
+                changed[section][name] = keys[name].check(value)
             except ValueError as exc:
                 problems.append(f"{(names or {}).get(dotted, dotted)}: {exc}")
         if problems:
@@ -422,11 +412,9 @@ def keys_of(section: str) -> dict[str, Key]:
     return {f.name: f.metadata[KEY] for f in fields(SECTIONS[section])}
 
 
-def all_keys() -> Iterator[tuple[str, str, Key]]:
+def all_keys() -> list[tuple[str, str, Key]]:
     """(section, name, key) of every key."""
-    for section in SECTIONS:
-        for name, key in keys_of(section).items():
-            yield section, name, key
+    return [(section, name, key) for section in SECTIONS for name, key in keys_of(section).items()]
 
 
 def _plain(value: Any) -> Any:
@@ -439,8 +427,7 @@ def _plain(value: Any) -> Any:
 
 def parse_settings(document: Any, source: str = "config") -> Settings:
     """Validate a parsed YAML document (None = empty file). Collects every problem."""
-    if document is None:
-        document = {}
+    document = {} if document is None else document
     if not isinstance(document, Mapping):
         raise SettingsError(source, [f"(top level): expected a mapping, got {document!r}"])
     problems: list[str] = []

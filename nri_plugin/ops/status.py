@@ -91,7 +91,7 @@ class StatusFile:
         lock = self.path.with_suffix(".lock")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = _open_lock(lock)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)  # readers probe it
         except OSError as exc:
             log.warning("no status file for nri-cdi doctor: %s", _why(exc))
             self.path = None
@@ -184,11 +184,6 @@ def _pid_in(path: Path) -> str:
         return str(PluginStatus.from_json(path.read_text()).pid)
     except (OSError, ValueError, TypeError):
         return "unknown"
-
-
-def _open_lock(path: Path) -> int:
-    """An fd of the lock file ``path`` (made 0644: readers probe it)."""
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
 
 def _lock_within(fd: int, seconds: float) -> bool:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from cdi.dirs import DEFAULT_SPEC_DIRS
 from nri_plugin.ops.crio_config import (
-    DEFAULT_CDI_SPEC_DIRS,
     locate_crio,
     parse_duration,
     read_crio_config,
@@ -31,7 +31,7 @@ def test_defaults_where_nothing_is_set(tmp_path: Path) -> None:
     cfg = read_crio_config(str(tmp_path / "absent.conf"), str(tmp_path / "absent.d"))
     assert cfg.error is None and cfg.files == ()
     assert (cfg.nri_enabled, cfg.nri_socket, cfg.cdi_spec_dirs) == (
-        True, "/var/run/nri/nri.sock", DEFAULT_CDI_SPEC_DIRS)
+        True, "/var/run/nri/nri.sock", DEFAULT_SPEC_DIRS)
     assert (cfg.registration_timeout, cfg.request_timeout) == (5.0, 2.0)
 
 
@@ -50,9 +50,9 @@ def test_drop_ins_override_key_by_key_in_path_order_then_flags(tmp_path: Path) -
     assert cfg.cdi_spec_dirs == ("/etc/cdi", "/srv/cdi")
     flagged = read_crio_config(str(config), str(folder), flags=(
         "--enable-nri=false", "--nri-listen", "/run/c.sock", "--cdi-spec-dirs", "/x,/y",
-        "--nri-plugin-request-timeout=1m30s"))
+        "--nri-plugin-request-timeout=1m30s", "--cdi-spec-dirs=/z"))
     assert (flagged.nri_enabled, flagged.nri_socket, flagged.cdi_spec_dirs,
-            flagged.request_timeout) == (False, "/run/c.sock", ("/x", "/y"), 90.0)
+            flagged.request_timeout) == (False, "/run/c.sock", ("/x", "/y", "/z"), 90.0)
 
 
 @pytest.mark.parametrize("text, why", [
@@ -69,7 +69,7 @@ def test_a_bad_file_is_said_not_read(tmp_path: Path, text: str, why: str | None)
         assert cfg.error is None and cfg.nri_enabled
         return
     assert cfg.error is not None and why in cfg.error
-    assert cfg.cdi_spec_dirs == DEFAULT_CDI_SPEC_DIRS  # CRI-O's defaults, said as assumed
+    assert cfg.cdi_spec_dirs == DEFAULT_SPEC_DIRS  # CRI-O's defaults, said as assumed
 
 
 def test_durations() -> None:
@@ -98,7 +98,7 @@ def test_the_running_crio_serving_our_socket_is_found(tmp_path: Path) -> None:
     _fake_proc(proc, 12, ["/usr/bin/containerd"], {})
     found = locate_crio("/var/run/ours.sock", environ={}, proc=str(proc))
     assert found is not None and found.pid == 11 and found.path == str(ours)
-    assert found.read().nri_socket == "/run/ours.sock"
+    assert found.nri_socket == "/run/ours.sock"
     assert locate_crio("/run/nobody.sock", environ={}, proc=str(proc)) is None
 
 
@@ -122,13 +122,12 @@ def test_doctor_says_what_crio_lacks(tmp_path: Path) -> None:
 def test_doctor_runs_crios_checks_where_crio_serves_the_socket(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from nri_plugin.ops import doctor, runtime_cdi
-    from nri_plugin.ops.crio_config import CrioLocated
     from nri_plugin.ops.inpod import ON_NODE
     from nri_plugin.ops.settings import Settings
 
     config, folder = _files(tmp_path, '[crio.nri]\nnri_listen = "/run/crio-nri.sock"\n')
-    found = CrioLocated(path=str(config), drop_in_dir=str(folder), pid=7,
-                        source="the running crio (pid 7)")
+    found = read_crio_config(str(config), str(folder), pid=7,
+                             source="the running crio (pid 7)")
     monkeypatch.setattr(runtime_cdi, "locate_crio", lambda socket: found)
     settings = Settings().with_values({
         "plugin.socket": "/run/crio-nri.sock", "plugin.spec_dirs": [str(tmp_path / "cdi")],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from nri_plugin.ops import doctor, kubelet_plugins
+from nri_plugin.ops import doctor
 from nri_plugin.ops.containerd_config import ContainerdConfig
 from nri_plugin.ops.doctor import DRA_CHECK, check_dra, run_checks
 from nri_plugin.ops.inpod import ON_NODE, Place
@@ -154,7 +155,7 @@ def test_a_silent_socket_counts_as_a_plugin_of_unknown_type(folder: Path, silent
 def test_without_grpcio_every_socket_is_of_unknown_type(folder: Path, serve: Any,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     serve(folder / "dra.sock", plugin_info("DRAPlugin", TEST_DRIVER))
-    monkeypatch.setattr(kubelet_plugins, "_grpc", lambda: None)
+    monkeypatch.setitem(sys.modules, "grpc", None)  # its import fails
     (plugin,) = read_registry(str(folder)).plugins
     assert plugin.type == "" and "grpcio is not installed" in plugin.problem
 

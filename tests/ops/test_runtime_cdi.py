@@ -107,8 +107,8 @@ def test_a_running_crio_serving_the_socket_is_read(tmp_path: Path, monkeypatch: 
     config = tmp_path / "crio.conf"
     config.write_text('[crio.runtime]\ncdi_spec_dirs = ["/srv/cdi"]\n'
                       '[crio.nri]\nnri_listen = "/run/crio-nri.sock"\n')
-    found = crio_config.CrioLocated(path=str(config), drop_in_dir=str(tmp_path / "none"),
-                                    source="the running crio (pid 7)", pid=7)
+    found = crio_config.read_crio_config(str(config), str(tmp_path / "none"),
+                                         source="the running crio (pid 7)", pid=7)
     monkeypatch.setattr(runtime_cdi, "locate_crio", lambda socket: found)
     settings = Settings().with_values({"plugin.socket": "/run/crio-nri.sock"})
     got = runtime_cdi_config(settings)

@@ -34,7 +34,7 @@ from nri_plugin.ops.settings import (
 def test_every_default_passes_its_own_check() -> None:
     for section, name, key in all_keys():
         default = getattr(SECTIONS[section](), name)
-        assert key.type.check(default) == default, f"{section}.{name}"
+        assert key.check(default) == default, f"{section}.{name}"
 
 
 def test_settings_are_typed_immutable_values() -> None:
