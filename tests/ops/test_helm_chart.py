@@ -317,9 +317,11 @@ def test_the_init_container_waits_for_a_driver_container_with_a_bound(
     assert command[:2] == ["nri-cdi", "refresh"]
     assert command[command.index("--wait-for-driver") + 1] == bound
     from nri_plugin.ops.cli import build_parser
+    from nri_plugin.ops.settings import Settings, apply_flags
 
     args = build_parser("refresh").parse_args(command[1:])
-    assert args.wait_for_driver == float(bound)
+    # the flag's value as the settings take it (the --config file is the pod's own)
+    assert apply_flags(Settings(), args).watch.wait_for_driver == float(bound)
 
 
 def test_a_negative_driver_wait_is_refused() -> None:
