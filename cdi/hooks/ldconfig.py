@@ -218,23 +218,23 @@ def _plain_name(name: str) -> bool:
 
 
 def write_file(root: RootFS, path: str, data: bytes) -> None:
-    """Replace the container file ``path`` atomically (mode 0644, folders made): a new
-    file in the same folder, then rename."""
+    """Replace the container file ``path`` atomically (mode 0644, folders made)."""
     with root.parent(path, create=True) as (dir_fd, name):
         root.check_writable(dir_fd, path)
-        root.check_name(dir_fd, name, path)
-        tmp = f".{name}.nri-cdi-{os.urandom(4).hex()}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(tmp, flags, 0o644, dir_fd=dir_fd)
-        try:
-            os.fchmod(fd, 0o644)  # whatever the hook's umask
-            os.write(fd, data)
-        except BaseException:
-            os.close(fd)
-            os.unlink(tmp, dir_fd=dir_fd)
-            raise
+        root.replace(dir_fd, name, path, lambda tmp: _new_file(dir_fd, tmp, data))
+
+
+def _new_file(dir_fd: int, name: str, data: bytes) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, 0o644)  # whatever the hook's umask
+        os.write(fd, data)
+    except BaseException:
+        os.unlink(name, dir_fd=dir_fd)
+        raise
+    finally:
         os.close(fd)
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 # --- musl -----------------------------------------------------------------------------------

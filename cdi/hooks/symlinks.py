@@ -8,7 +8,6 @@ another mount than the container's own is skipped with a line: docs/developer/ho
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 
@@ -73,8 +72,8 @@ def _create(root: RootFS, link: Link) -> LinkResult:
                     previous = _current(root, link, dir_fd, name)  # raced: fall through
                     if previous == link.target:
                         return LinkResult(link=link, action="kept")
-            root.check_name(dir_fd, name, link.path)  # a host file mounted there stays
-            _replace(dir_fd, name, link.target)
+            root.replace(dir_fd, name, link.path,
+                         lambda tmp: os.symlink(link.target, tmp, dir_fd=dir_fd))
             return LinkResult(link=link, action="replaced", previous=previous)
     except ForeignMountError as exc:  # a volume, a host folder: not the container's to write
         return LinkResult(link=link, action="skipped", previous=str(exc))
@@ -92,20 +91,3 @@ def _current(root: RootFS, link: Link, dir_fd: int, name: str) -> str | None:
         return "<file>"
     raise RootFSError(f"{root.where(link.path)} exists and is not a file or a link; "
                       "not replacing it with a link")
-
-
-def _replace(dir_fd: int, name: str, target: str) -> None:
-    for _ in range(8):
-        tmp = f".{name}.nri-cdi-{os.urandom(4).hex()}"
-        try:
-            os.symlink(target, tmp, dir_fd=dir_fd)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise OSError(errno.EEXIST, "no free temporary name", name)
-    try:
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except OSError:
-        os.unlink(tmp, dir_fd=dir_fd)
-        raise

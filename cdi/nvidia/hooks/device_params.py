@@ -16,7 +16,7 @@ import os
 import stat
 import struct
 
-from cdi.hooks.rootfs import RootFS, RootFSError
+from cdi.hooks.rootfs import RootFS, RootFSError, syscall
 from cdi.linux.namedtuple import NamedTuple  # not dataclasses: the hook's start-up budget
 
 PARAMS = "/proc/driver/nvidia/params"
@@ -91,15 +91,8 @@ def disable_device_node_modification(root: RootFS, *, host_params: str = PARAMS
 
 
 def _mount_copy(target_fd: int, contents: bytes) -> None:
-    syscall = ctypes.CDLL(None, use_errno=True).syscall
-    syscall.restype = ctypes.c_long
-
     def call(number: int, *args: object) -> int:
-        result = syscall(ctypes.c_long(number), *args)
-        if result < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), "mount API")
-        return int(result)
+        return syscall(number, *args, what="mount API")
 
     c_int, c_uint, c_str = ctypes.c_int, ctypes.c_uint, ctypes.c_char_p
     fds: list[int] = []

@@ -17,7 +17,7 @@ import ctypes
 import os
 from collections.abc import Sequence
 
-from cdi.hooks.rootfs import RootFSError
+from cdi.hooks.rootfs import RootFSError, libc
 
 PROC_SUPER_MAGIC = 0x9FA0
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
@@ -29,13 +29,9 @@ class _Statfs(ctypes.Structure):
     _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 120)]
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)  # this process's libc: no ctypes.util lookup
-
-
 def _fs_type(fd: int) -> int:
     buf = _Statfs()
-    if _libc().fstatfs(fd, ctypes.byref(buf)) != 0:
+    if libc().fstatfs(fd, ctypes.byref(buf)) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     return int(buf.f_type)
@@ -44,7 +40,7 @@ def _fs_type(fd: int) -> int:
 def _mount(source: str | None, target: str, fstype: str | None, flags: int,
            data: str | None = None) -> None:
     enc = [None if v is None else v.encode() for v in (source, target, fstype, data)]
-    if _libc().mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]) != 0:
+    if libc().mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]) != 0:
         err = ctypes.get_errno()
         raise RootFSError(f"mount {target}: {os.strerror(err)}")
 
