@@ -153,11 +153,8 @@ def main(argv: Sequence[str] | None = None, *, stdin: IO[bytes] | None = None) -
         argv = argv[1:]
     if argv[:1] == ["build-static-launcher"]:
         return _build_static_launcher(argv[1:])
-    if not argv or argv[0] in ("-h", "--help"):
-        parser = build_parser()
-        parser.parse_args(argv)  # --help: prints the operations and exits
-        parser.print_usage(sys.stderr)
-        return _fail("usage", "no operation given")
+    if argv[:1] in (["-h"], ["--help"]):
+        build_parser().parse_args(argv)  # prints the operations and exits
     try:
         steps = parse_operations(argv)
     except UsageError as exc:
@@ -173,7 +170,8 @@ def _fail(where: str, message: str) -> int:
 # --- argparse: --help, build-static-launcher and ``nri-cdi hook`` --------------------------------
 
 
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The hook's command line for ``--help`` (on ``parser``, ``nri-cdi``'s subcommand)."""
     import argparse  # lazy: as costly as this module to import; --help only
 
     lines = ["operations (one or more, each followed by its options; they run in order, "
@@ -183,27 +181,20 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         lines += [f"    --{o.name} {o.metavar}: {o.help}" for o in op.options.values()]
     lines += ["", "build-static-launcher PATH [--python PYTHON]: build the static hook "
               "launcher at PATH (needs gcc)"]
+    parser = parser or argparse.ArgumentParser(prog=_PROG, description="createContainer hooks")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "\n".join(lines)
     parser.add_argument("operations", nargs=argparse.REMAINDER, metavar="OPERATION ...",
                         help="see below")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    import argparse  # lazy: as costly as this module to import; --help only
-
-    parser = argparse.ArgumentParser(prog=_PROG, description="createContainer hooks")
-    _add_arguments(parser)
     return parser
 
 
 def add_commands(subparsers: Any) -> None:
     """Add ``hook`` to the ``nri-cdi`` command."""
-    parser = subparsers.add_parser(
+    build_parser(subparsers.add_parser(
         "hook", help="the createContainer hook run by the OCI runtime (create-symlinks, "
-                     "update-ldcache, ...)", description="createContainer hooks")
-    _add_arguments(parser)
-    parser.set_defaults(func=_from_nri_cdi)
+                     "update-ldcache, ...)", description="createContainer hooks",
+    )).set_defaults(func=_from_nri_cdi)
 
 
 def _from_nri_cdi(args: argparse.Namespace) -> int:

@@ -1,38 +1,26 @@
-"""What a hook operation is: its name, options and function (the table's entries).
-
-The neutral operations (:data:`cdi.hooks.cli.OPERATIONS`) and each vendor's
-(``cdi/<vendor>/hooks/operations.py``, found by :func:`cdi.hooks.cli.operations`) are
-:class:`Operation` values.  This module is on every hook's start-up path: it imports nothing
-(no ``typing``, ``dataclasses``: see tests/hooks/test_one_process.py).
+"""What a hook operation is: its name, options and function; the entries of
+:data:`cdi.hooks.cli.OPERATIONS` and of each vendor's ``cdi/<vendor>/hooks/operations.py``.
+On every hook's start-up path: it imports nothing heavy (tests/hooks/test_one_process.py).
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace  # imported on the hook's start-up path anyway, by ctypes
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
 
     from cdi.hooks.rootfs import RootFS
-    from cdi.hooks.state import ContainerRoot
+
+
+# One operation's option values, an attribute per option (``--device-link`` ->
+# ``device_link``), and ``container``, the :class:`cdi.hooks.state.ContainerRoot`.
+Args = SimpleNamespace
 
 
 class UsageError(Exception):
     """The command line names no operation, or an unknown one or option; says which."""
-
-
-class Args:
-    """One operation's option values (attributes named after the options) and the container."""
-
-    container: ContainerRoot
-    if TYPE_CHECKING:  # the options: one attribute each, typed by the operation that reads it
-        def __getattr__(self, name: str) -> Any: ...
-
-    def __init__(self, **values: Any) -> None:
-        self.__dict__.update(values)
-
-    def __repr__(self) -> str:
-        return f"Args({', '.join(f'{k}={v!r}' for k, v in sorted(self.__dict__.items()))})"
 
 
 class Option:
