@@ -1,15 +1,10 @@
-"""``update-ldcache``: make the injected folders' libraries findable by SONAME.
+"""``update-ldcache``: make the injected folders' libraries findable by SONAME, without
+running ``ldconfig`` (docs/developer/hook-safety.md §1).
 
-For a glibc image: read the image's ``/etc/ld.so.cache`` (if any; a malformed one is
-replaced), scan each injected folder for shared objects, make missing SONAME links as
-``ldconfig`` would, and write a new cache with the injected entries first, atomically
-(temporary file + rename in ``/etc``).  When the image has ``/etc/ld.so.conf.d``, a
-``000-nri-cdi.conf`` listing the folders is written too, so that an ``ldconfig`` run later
-inside the container keeps them.  For a musl image: add the folders to
-``/etc/ld-musl-<arch>.path``.
-
-Every file is reached through :class:`~cdi.hooks.rootfs.RootFS`, every ELF header and old
-cache is parsed as untrusted input, and no program is run.
+glibc: a new ``/etc/ld.so.cache`` with the injected entries first and the image's (a
+malformed one is dropped), SONAME links made as ``ldconfig`` would, and, when the image has
+``/etc/ld.so.conf.d``, a ``000-nri-cdi.conf`` naming the folders, so that an ``ldconfig``
+run later in the container keeps them. musl: the folders go into ``/etc/ld-musl-<arch>.path``.
 """
 
 from __future__ import annotations
@@ -135,7 +130,10 @@ def _scan(root: RootFS, folder: str, warnings: list[str]) -> list[LdCacheEntry]:
                 if writable is None:
                     writable = _may_write(root, dir_fd, folder, warnings)
                 if writable:
-                    _link(dir_fd, newest, soname)
+                    try:  # noqa: SIM105 (contextlib would slow the hook's start)
+                        os.symlink(newest, soname, dir_fd=dir_fd)
+                    except FileExistsError:  # made meanwhile (by another container, say): kept
+                        pass
                 else:
                     target = newest
             for flags in dict.fromkeys(f for _, f in found):
@@ -174,13 +172,6 @@ def _may_write(root: RootFS, dir_fd: int, folder: str, warnings: list[str]) -> b
         warnings.append(f"{exc}; no SONAME links made there (the cache names the files)")
         return False
     return True
-
-
-def _link(dir_fd: int, target: str, name: str) -> None:
-    try:
-        os.symlink(target, name, dir_fd=dir_fd)
-    except FileExistsError:  # made meanwhile (by the image's other container, say): kept
-        return
 
 
 def _is_library_name(name: str) -> bool:

@@ -1,25 +1,12 @@
 """``enable-cuda-compat``: use the image's CUDA forward-compatibility libraries when they are
-newer than the host driver.
+newer than the host driver, deciding as NVIDIA's hook of the same name does (:func:`use_compat`).
 
 CUDA images can carry ``cuda-compat`` (``/usr/local/cuda/compat/libcuda.so.<version>``): a
 user-space driver newer than the node's, which datacenter GPUs accept on an older kernel
-module.  The hook decides, as NVIDIA's hook of the same name does:
-
-* nothing to do without a host driver or CUDA version, without the compat folder, or
-  unless the folder holds exactly one ``libcuda.so.*.*`` (regular file);
-* when that library has the ELF note ``.note.cuda.fwd_compatibility`` (owner
-  ``NVIDIA Corporation``, a JSON description such as
-  ``{"CUDA Version": "12.9", "Driver": [535, 550], ...}``): with both driver versions
-  known, use it when the host driver's major is listed and the compat version is higher
-  than the host's; otherwise compare the note's CUDA version with the host's;
-* without the note: use it when its major version is above the host driver's (and no host
-  CUDA version was given, which needs the note).
-
-"Use it" means writing ``/etc/ld.so.conf.d/00-compat-nri-cdi.conf`` naming the folder.
-``update-ldcache`` (which must run after this hook, as the generator orders them) puts the
-folders of ``00-compat-*.conf`` files ahead of the injected driver, as ``ldconfig`` would:
-those files sort before its own ``000-nri-cdi.conf``. The rules it follows:
-docs/developer/hook-safety.md.
+module. Using it means writing ``/etc/ld.so.conf.d/00-compat-nri-cdi.conf`` naming the
+folder: ``update-ldcache`` (which must run after this hook, as the generator orders them)
+puts the folders of ``00-compat-*.conf`` files ahead of the injected driver, as ``ldconfig``
+would, those files sorting before its own ``000-nri-cdi.conf``.
 """
 
 from __future__ import annotations
@@ -39,8 +26,7 @@ from cdi.hooks.rootfs import (
 from cdi.linux.namedtuple import NamedTuple
 
 # On the hook's start-up path (the generator runs enable-cuda-compat in every container):
-# no re, fnmatch, json or dataclasses here
-# (tests/hooks/test_one_process.py); json is imported only when a compat note is parsed.
+# no re, fnmatch, json or dataclasses here (tests/hooks/test_one_process.py).
 
 COMPAT_ROOT = "/usr/local/cuda/compat"
 CONF_PATH = f"{CONF_DIR}/00-compat-nri-cdi.conf"
@@ -75,7 +61,9 @@ def parse_dotted_version(text: str | None) -> tuple[int, int, int] | None:
 
 def use_compat(compat_version: str, host_driver: str, host_cuda: str,
                note: CompatNote | None) -> bool:
-    """Whether the compat library of ``compat_version`` should win over the host driver."""
+    """Whether the compat library of ``compat_version`` should win over the host driver: by
+    its ``.note.cuda.fwd_compatibility`` note when it has one (the drivers it supports, else
+    its CUDA version against the host's), else by the driver's major version alone."""
     compat, driver, cuda = (parse_dotted_version(compat_version), parse_dotted_version(host_driver),
                             parse_dotted_version(host_cuda))
     if note is not None:
@@ -92,7 +80,8 @@ def use_compat(compat_version: str, host_driver: str, host_cuda: str,
 
 
 def parse_note(data: bytes, *, little: bool, align: int) -> CompatNote | None:
-    """The JSON description of an NVIDIA note section, or None when it is not one."""
+    """The JSON description of an NVIDIA note section (``{"CUDA Version": "12.9", "Driver":
+    [535, 550], ...}``), or None when it is not one."""
     order = "<" if little else ">"
     if len(data) < 12:
         return None

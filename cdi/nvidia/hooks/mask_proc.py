@@ -1,14 +1,9 @@
 """``mask-proc``: the container sees only its own GPUs under ``/proc/driver/nvidia/gpus``
 (policy ``procMasking``; docs/usage/policy.md). A hook, as runc refuses any mount inside
-``/proc``; it runs in the container's mount namespace before pivot_root:
-
-1. the container's ``/proc`` (opened without following links) must be a procfs mount;
-2. a read-only tmpfs (0555, nosuid, nodev, noexec) goes over its ``driver/nvidia/gpus``;
-3. each of the container's GPUs gets its folder back: a read-only bind mount of
-   ``<proc root>/gpus/<bus id>`` (the bus id as given, then with procfs's 4-digit domain).
-
-Without an NVIDIA driver in this kernel (a simulated node) the tmpfs goes over ``driver``
-and ``nvidia/gpus/<bus id>`` is built in it from ``--proc-root``.
+``/proc``; it runs in the container's mount namespace before pivot_root. A read-only tmpfs
+goes over the container's ``/proc/driver/nvidia/gpus`` and each of its GPUs gets its folder
+back, bound read-only. Without an NVIDIA driver in this kernel (a simulated node) the tmpfs
+goes over ``driver`` and ``nvidia/gpus/<bus id>`` is built in it from ``--proc-root``.
 """
 
 from __future__ import annotations

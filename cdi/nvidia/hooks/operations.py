@@ -1,14 +1,6 @@
-"""NVIDIA's hook operations, as a table the neutral hook entry composes with its own.
-
-:func:`cdi.hooks.cli.operations` loads ``OPERATIONS`` from every
-``cdi/<vendor>/hooks/operations.py``, so the entry every spec names
-(``.../cdi/hooks/__main__.py``, ``nri-cdi hook``, the static launcher) runs these too,
-in the same process, without the neutral code naming NVIDIA.
-
-Each function imports its operation's module when it runs: this table is on every hook's
-start-up path, and ``mask-proc``/``disable-device-node-modification`` load ``ctypes``,
-which a container without those operations does not need.
-"""
+"""NVIDIA's hook operations, the table :func:`cdi.hooks.cli.operations` adds to the neutral
+ones. Each function imports its operation's module when it runs: the table is on the start-up
+path of every hook that names one of them."""
 
 from __future__ import annotations
 
