@@ -17,7 +17,6 @@ import stat
 import struct
 
 from cdi.hooks.rootfs import RootFS, RootFSError, syscall
-from cdi.linux.namedtuple import NamedTuple  # not dataclasses: the hook's start-up budget
 
 PARAMS = "/proc/driver/nvidia/params"
 _MAX_PARAMS = 64 << 10
@@ -35,11 +34,6 @@ _AT_EMPTY_PATH = 0x1000
 _MOVE_MOUNT_F_EMPTY_PATH, _MOVE_MOUNT_T_EMPTY_PATH = 0x4, 0x40
 
 
-class ParamsResult(NamedTuple):
-    mounted: bool
-    reason: str
-
-
 def modified_params(text: str) -> str | None:
     """``text`` with ``ModifyDeviceFiles: 1`` turned into ``0``; None when nothing needs
     hiding (already 0, or no such line)."""
@@ -55,36 +49,34 @@ def modified_params(text: str) -> str | None:
     return "".join(f"{line}\n" for line in lines) if changed else None
 
 
-def disable_device_node_modification(root: RootFS, *, host_params: str = PARAMS
-                                     ) -> ParamsResult:
+def disable_device_node_modification(root: RootFS, *, host_params: str = PARAMS) -> bool:
+    """Whether a copy of the host's params with ``ModifyDeviceFiles: 0`` was mounted over
+    the container's (not when nothing needs hiding, or the kernel lacks the mount API)."""
     try:
         with open(host_params, "rb") as f:
             data = f.read(_MAX_PARAMS + 1)
     except FileNotFoundError:
-        return ParamsResult(mounted=False, reason=f"no {host_params} on the host")
+        return False  # no NVIDIA driver on the host
     if len(data) > _MAX_PARAMS:
         raise RootFSError(f"{host_params} is larger than {_MAX_PARAMS} bytes")
     contents = modified_params(data.decode("utf-8", "replace"))
     if contents is None:
-        return ParamsResult(mounted=False, reason=f"{host_params} already has "
-                                                  "ModifyDeviceFiles: 0 (or none)")
+        return False
     try:
         target = root.open_path(PARAMS)
     except FileNotFoundError:
-        return ParamsResult(mounted=False, reason=f"no {PARAMS} in the container")
+        return False  # no driver folder in the container's /proc
     try:
         if not stat.S_ISREG(os.fstat(target).st_mode):
             raise RootFSError(f"{root.where(PARAMS)} is not a regular file")
         _mount_copy(target, contents.encode())
     except OSError as exc:
         if exc.errno in (errno.ENOSYS, errno.EPERM) and exc.filename == "mount API":
-            return ParamsResult(mounted=False, reason="this kernel (or its seccomp filter) "
-                                "lacks the mount API (Linux >= 5.12); device node "
-                                "modification stays allowed")
+            return False  # Linux < 5.12 or a seccomp filter: modification stays allowed
         raise
     finally:
         os.close(target)
-    return ParamsResult(mounted=True, reason=f"{PARAMS}: ModifyDeviceFiles: 0 mounted")
+    return True
 
 
 # --- the new mount API through ctypes -------------------------------------------------------
