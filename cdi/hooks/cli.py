@@ -13,20 +13,52 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from types import SimpleNamespace  # imported on the hook's start-up path anyway, by ctypes
 
-from cdi.hooks.operation import Args, Operation, Option, UsageError
 from cdi.hooks.rootfs import RootFS, RootFSError, read_only_message
 from cdi.hooks.state import StateError, read_state
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import IO, Any
 
 
 _PROG = "nri-cdi hook"
 _CDI = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the cdi package's folder
+
+
+# --- what an operation is (a vendor's cdi/<vendor>/hooks/operations.py makes them too) ------
+
+# One operation's option values, an attribute per option (``--device-link`` ->
+# ``device_link``), and ``container``, the :class:`cdi.hooks.state.ContainerRoot`.
+Args = SimpleNamespace
+
+
+class UsageError(Exception):
+    """The command line names no operation, or an unknown one or option; says which."""
+
+
+class Option:
+    """``--name VALUE`` (or ``--name=VALUE``); ``many``: repeatable, collected in a list."""
+
+    __slots__ = ("dest", "help", "many", "metavar", "name")
+
+    def __init__(self, name: str, metavar: str, help: str, *, many: bool = True) -> None:
+        self.name, self.metavar, self.help, self.many = name, metavar, help, many
+        self.dest = name.replace("-", "_")
+
+
+class Operation:
+    """A hook operation: its name, what it does (help), its options and its function."""
+
+    __slots__ = ("help", "name", "options", "run")
+
+    def __init__(self, name: str, run: Callable[[RootFS, Args], list[str]], help: str,
+                 *options: Option) -> None:
+        self.name, self.run, self.help = name, run, help
+        self.options = {o.name: o for o in options}
 
 
 # --- the operations (their logic lives in their own modules) --------------------------------

@@ -4,7 +4,7 @@ path of every hook that names one of them."""
 
 from __future__ import annotations
 
-from cdi.hooks.operation import Args, Operation, Option
+from cdi.hooks.cli import Args, Operation, Option
 from cdi.hooks.rootfs import RootFS
 
 DEFAULT_PROC_ROOT = "/proc/driver/nvidia"
