@@ -1,9 +1,7 @@
-"""Paths inside a container root, resolved so that nothing in the image can point outside it.
-
-Every path a hook touches is resolved as if chrooted into the root, by ``openat2(2)``
-(``RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS``) where the kernel has it, else by a walk of
-one ``O_PATH | O_NOFOLLOW`` component at a time; both return descriptors, which callers act
-through. The rules: docs/developer/hook-safety.md §2.
+"""Paths inside a container root, resolved as if chrooted into it so that nothing in the image
+can point outside it: by ``openat2(2)`` (``RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS``) where the
+kernel has it, else by a walk of one ``O_PATH | O_NOFOLLOW`` component at a time, into
+descriptors that callers act through (docs/developer/hook-safety.md §2).
 """
 
 from __future__ import annotations
@@ -41,11 +39,8 @@ class ForeignMountError(RootFSError):
 
 
 def split_container_path(path: str) -> tuple[str, ...]:
-    """The components of an absolute container path given to a hook.
-
-    Paths come from the CDI spec (host-controlled), so ``..`` or a relative path is a bug in
-    the spec rather than an attack; refusing them keeps what a hook touches obvious.
-    """
+    """The components of an absolute container path given to a hook. Paths come from the
+    spec (host-controlled): ``..`` or a relative path is the spec's bug, refused."""
     if not path.startswith("/") or "\0" in path:
         raise RootFSError(f"{path!r}: want an absolute path inside the container")
     parts = tuple(p for p in path.split("/") if p not in ("", "."))
@@ -121,13 +116,11 @@ def _openat2(root_fd: int, parts: tuple[str, ...], follow: bool) -> int:
 
 def _walk(root_fd: int, parts: tuple[str, ...], follow: bool) -> int:
     stack = [os.dup(root_fd)]  # stack[0] is the root; '..' never pops it
-    todo = list(reversed(parts))
+    todo = list(reversed(parts))  # no "" or "." in it: split_container_path, link targets
     hops = 0
     try:
         while todo:
             part = todo.pop()
-            if part in ("", "."):
-                continue
             if part == "..":
                 if len(stack) > 1:
                     os.close(stack.pop())
@@ -135,8 +128,15 @@ def _walk(root_fd: int, parts: tuple[str, ...], follow: bool) -> int:
             fd = os.open(part, _O_PATH | os.O_NOFOLLOW, dir_fd=stack[-1])
             mode = os.fstat(fd).st_mode
             if stat.S_ISLNK(mode) and (todo or follow):
+                target = os.readlink("", dir_fd=fd)  # the link we hold, not a new lookup
+                os.close(fd)
                 hops += 1
-                _follow(fd, part, hops, stack, todo)
+                if hops > _MAX_HOPS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), part)
+                if target.startswith("/"):  # restarts at the root
+                    while len(stack) > 1:
+                        os.close(stack.pop())
+                todo.extend(reversed([p for p in target.split("/") if p not in ("", ".")]))
                 continue
             if todo and not stat.S_ISDIR(mode):
                 os.close(fd)
@@ -146,19 +146,6 @@ def _walk(root_fd: int, parts: tuple[str, ...], follow: bool) -> int:
     finally:
         for fd in stack:
             os.close(fd)
-
-
-def _follow(link_fd: int, part: str, hops: int, stack: list[int], todo: list[str]) -> None:
-    """``_walk``'s step through the symlink held at ``link_fd`` (closed here), the
-    ``hops``-th: its target's parts go on ``todo``, an absolute one from the root."""
-    target = os.readlink("", dir_fd=link_fd)  # the link we hold, not a new lookup
-    os.close(link_fd)
-    if hops > _MAX_HOPS:
-        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), part)
-    if target.startswith("/"):
-        while len(stack) > 1:
-            os.close(stack.pop())
-    todo.extend(reversed([p for p in target.split("/") if p]))
 
 
 def _probe_openat2() -> Callable[[int, tuple[str, ...], bool], int] | None:
@@ -279,12 +266,9 @@ class RootFS:
             raise
 
     def open_read(self, path: str) -> int:
-        """A read-only fd of the regular file at ``path``; the caller closes it.
-
-        The object is resolved first as an ``O_PATH`` fd and only then re-opened for reading
-        through ``/proc/self/fd``: the re-open names the object we hold, not a path, and a
-        FIFO or device node planted in the image is refused before anything opens it.
-        """
+        """A read-only fd of the regular file at ``path``; the caller closes it. Re-opened
+        through ``/proc/self/fd`` from the ``O_PATH`` fd held, so a FIFO or device node
+        planted in the image is refused before anything opens it."""
         pfd = self.open_path(path)
         try:
             if not stat.S_ISREG(os.fstat(pfd).st_mode):
