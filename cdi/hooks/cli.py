@@ -126,27 +126,25 @@ def parse_operations(argv: Sequence[str]) -> list[tuple[Operation, Args]]:
         raise UsageError(f"no operation given (want one of: {', '.join(operations())})")
     table = OPERATIONS
     steps: list[tuple[Operation, Args]] = []
-    i = 0
-    while i < len(argv):
-        op = table.get(argv[i])
+    todo = list(reversed(argv))
+    while todo:
+        word = todo.pop()
+        op = table.get(word)
         if op is None and table is OPERATIONS:  # a vendor's operation, or a mistake
             table = operations()
-            op = table.get(argv[i])
+            op = table.get(word)
         if op is None:
-            raise UsageError(f"{argv[i]!r}: not an operation (want one of: "
-                             f"{', '.join(table)})")
+            raise UsageError(f"{word!r}: not an operation (want one of: {', '.join(table)})")
         values: dict[str, Any] = {o.dest: [] if o.many else None for o in op.options.values()}
-        i += 1
-        while i < len(argv) and argv[i].startswith("--"):
-            name, eq, value = argv[i][2:].partition("=")
+        while todo and todo[-1].startswith("--"):
+            name, eq, value = todo.pop()[2:].partition("=")
             option = op.options.get(name)
             if option is None:
                 raise UsageError(f"{op.name}: unknown option --{name}")
             if not eq:
-                if i + 1 >= len(argv):
+                if not todo:
                     raise UsageError(f"{op.name} --{name}: needs a value")
-                value = argv[i + 1]
-            i += 1 if eq else 2
+                value = todo.pop()
             if option.many:
                 values[option.dest].append(value)
             else:
@@ -232,7 +230,7 @@ def add_commands(subparsers: Any) -> None:
 def _from_nri_cdi(args: argparse.Namespace) -> int:
     """``nri-cdi hook``: re-executed as the isolated entry (``-I -S``,
     :data:`~cdi.hooks.entry.HOOK_ENV`) when started as a console script."""
-    from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV  # lazy: it imports typing
+    from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV  # lazy: it imports collections
 
     if (args.operations and args.operations[0] != "build-static-launcher"
             and not sys.flags.isolated and sys.argv[1:2] == ["hook"]

@@ -248,9 +248,8 @@ def _update_musl(root: RootFS, folders: Sequence[str]) -> list[str]:
 
 def compat_folders(root: RootFS, warnings: list[str]) -> list[str]:
     """The folders named by ``/etc/ld.so.conf.d/00-compat-*.conf`` (in name order), which
-    ``update-ldcache`` puts ahead of the injected ones.  The files are the image's: at
-    most 16 files of 64 KiB and 64 folders are read, and a file that cannot be read (a
-    FIFO, a link out of the root, too large) is skipped with a line in ``warnings``."""
+    ``update-ldcache`` puts ahead of the injected ones. The files are the image's: bounded,
+    and one that cannot be read (a FIFO, a link out of the root) is a line in ``warnings``."""
     try:
         with root.directory(CONF_DIR) as dir_fd:
             names = sorted(n for n in folder_names(dir_fd, CONF_DIR)

@@ -127,11 +127,8 @@ class MountTable:
         return found
 
     def is_private(self, mnt: int) -> bool:
-        """Whether mount ``mnt`` is a new tmpfs made for this container alone: a tmpfs
-        mounted from its own root, whose filesystem is mounted nowhere else in the table (a
-        host or pod tmpfs bound in is also mounted at its origin), with nothing else
-        stacked at its mount point, where ``config.json`` asks for a ``tmpfs`` that is not a
-        bind.  Anything else, or a table too large to read whole, is not the container's."""
+        """Whether mount ``mnt`` is a new tmpfs made for this container alone (the rules:
+        docs/developer/hook-safety.md §3); a table too large to read whole says no."""
         if mnt not in self._private:
             self._private[mnt] = self._fresh_tmpfs(mnt)
         return self._private[mnt]

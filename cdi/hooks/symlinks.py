@@ -34,9 +34,6 @@ class Link:
         self.target = target
         self.path = path
 
-    def __repr__(self) -> str:
-        return f"Link(target={self.target!r}, path={self.path!r})"
-
 
 class LinkResult(NamedTuple):
     link: Link

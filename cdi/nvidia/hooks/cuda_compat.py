@@ -108,12 +108,9 @@ def parse_note(data: bytes, *, little: bool, align: int) -> CompatNote | None:
 
 
 def read_compat_note(fd: int) -> CompatNote | None:
-    """The ``.note.cuda.fwd_compatibility`` note of the ELF file open at ``fd``, if any.
-
-    The file is the image's: every offset and size is checked against the file's size
-    before it is read, so a malformed header yields ``None`` (or :class:`ValueError` naming
-    what is wrong), never a huge read.
-    """
+    """The ``.note.cuda.fwd_compatibility`` note of the ELF file open at ``fd``, if any. The
+    file is the image's: every offset and size is checked against its size before a read, so
+    a malformed header is ``None`` or a :class:`ValueError` naming it, never a huge read."""
     size = os.fstat(fd).st_size
     head = os.pread(fd, 64, 0)
     if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
