@@ -21,7 +21,7 @@ from cdi.hooks.state import StateError, read_state
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
     from typing import IO, Any
 
 
@@ -51,51 +51,26 @@ class Option:
 
 
 class Operation:
-    """A hook operation: its name, what it does (help), its options and its function."""
+    """A hook operation: its name, what it does (help), its options and the module whose
+    ``run(root, args) -> list[str]`` does it, imported only when a command line names it."""
 
-    __slots__ = ("help", "name", "options", "run")
+    __slots__ = ("help", "module", "name", "options")
 
-    def __init__(self, name: str, run: Callable[[RootFS, Args], list[str]], help: str,
-                 *options: Option) -> None:
-        self.name, self.run, self.help = name, run, help
+    def __init__(self, name: str, module: str, help: str, *options: Option) -> None:
+        self.name, self.module, self.help = name, module, help
         self.options = {o.name: o for o in options}
 
 
-# --- the operations (their logic lives in their own modules) --------------------------------
-
-
-def _create_symlinks(root: RootFS, args: Args) -> list[str]:
-    # lazy, as every operation's module: imported only when on the line
-    from cdi.hooks.symlinks import Link, create_symlinks, parse_link
-
-    links = [parse_link(s) for s in args.link]
-    for spec in args.device_link:  # all checked, also those for devices not in this container
-        device, sep, link = spec.partition("::")
-        target, sep2, path = link.partition("::")
-        if not sep or not sep2 or not device.startswith("/"):
-            raise RootFSError(f"--device-link {spec!r}: want DEVICE::TARGET::LINK")
-        found = Link(target=target, path=path)
-        if device in args.container.devices:  # the link is for a device this container has
-            links.append(found)
-    results = create_symlinks(root, links)
-    return [f"replaced {r.link.path} -> {r.link.target} (was {r.previous})"
-            if r.action == "replaced" else f"{r.previous}; link not made"
-            for r in results if r.action in ("replaced", "skipped")]
-
-
-def _update_ldcache(root: RootFS, args: Args) -> list[str]:
-    from cdi.hooks.ldconfig import update_ldcache
-
-    return update_ldcache(root, args.folder)
+# --- the operations -------------------------------------------------------------------------
 
 
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (
-    Operation("create-symlinks", _create_symlinks, "make LINK -> TARGET in the container",
+    Operation("create-symlinks", "cdi.hooks.symlinks", "make LINK -> TARGET in the container",
               Option("link", "TARGET::LINK", "repeatable; LINK is an absolute container path"),
               Option("device-link", "DEVICE::TARGET::LINK",
                      "repeatable; made only when the container has the device node DEVICE "
                      "(a container path in its config's linux.devices)")),
-    Operation("update-ldcache", _update_ldcache,
+    Operation("update-ldcache", "cdi.hooks.ldconfig",
               "make the libraries in DIR findable by SONAME",
               Option("folder", "DIR", "repeatable; an absolute container path"),
               Option("ldconfig-path", "PATH", "accepted for compatibility with other hook "
@@ -111,7 +86,6 @@ def operations() -> dict[str, Operation]:
     table = dict(OPERATIONS)
     for vendor in sorted(os.listdir(_CDI)):
         if os.path.isfile(os.path.join(_CDI, vendor, "hooks", "operations.py")):
-            # __import__, not importlib: importing importlib slows every hook's start.
             module = __import__(f"cdi.{vendor}.hooks.operations", fromlist=["OPERATIONS"])
             table.update(module.OPERATIONS)
     return table
@@ -162,7 +136,9 @@ def run_operations(steps: Sequence[tuple[Operation, Args]], stdin: IO[bytes]) ->
             for op, args in steps:
                 name = op.name
                 args.container = container
-                for line in op.run(root, args):
+                # __import__, not importlib: importing importlib slows every hook's start
+                module = __import__(op.module, fromlist=["run"])
+                for line in module.run(root, args):
                     print(f"{_PROG} {name}: {line}", file=sys.stderr)
     except (RootFSError, StateError) as exc:
         return _fail(name, str(exc))

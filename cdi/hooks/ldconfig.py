@@ -31,6 +31,7 @@ from cdi.linux.ldcache import LdCacheEntry, LdCacheError, NameOrder, encode, mer
 TYPE_CHECKING = False  # collections would slow every hook's start
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from types import SimpleNamespace
 
 CACHE = "/etc/ld.so.cache"
 CONF_DIR = "/etc/ld.so.conf.d"
@@ -47,6 +48,10 @@ _FLAG_ELF_LIBC6 = 0x0003
 # (e_machine, bits) -> ldconfig's arch bits; the loader accepts only its own exact flags.
 _ARCH_FLAGS = {(62, 64): 0x0300, (183, 64): 0x0A00, (21, 64): 0x0500, (62, 32): 0x0800,
                (3, 32): 0x0000}
+
+
+def run(root: RootFS, args: SimpleNamespace) -> list[str]:
+    return update_ldcache(root, args.folder)  # --ldconfig-path: ignored, nothing is run
 
 
 def update_ldcache(root: RootFS, folders: Sequence[str]) -> list[str]:

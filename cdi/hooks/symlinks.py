@@ -17,6 +17,7 @@ from cdi.linux.namedtuple import NamedTuple
 TYPE_CHECKING = False  # collections would slow every hook's start
 if TYPE_CHECKING:
     from collections.abc import Iterable
+    from types import SimpleNamespace
 
 
 # Not dataclasses: ``dataclasses`` imports ``inspect``, which costs a hook process's start
@@ -48,6 +49,22 @@ def parse_link(spec: str) -> Link:
     if not sep:
         raise RootFSError(f"--link {spec!r}: want TARGET::LINK")
     return Link(target=target, path=path)
+
+
+def run(root: RootFS, args: SimpleNamespace) -> list[str]:
+    """The operation: ``--link``s, and the ``--device-link``s of the container's devices."""
+    links = [parse_link(s) for s in args.link]
+    for spec in args.device_link:  # all checked, also those for devices not in this container
+        device, sep, link = spec.partition("::")
+        target, sep2, path = link.partition("::")
+        if not sep or not sep2 or not device.startswith("/"):
+            raise RootFSError(f"--device-link {spec!r}: want DEVICE::TARGET::LINK")
+        found = Link(target=target, path=path)
+        if device in args.container.devices:  # the link is for a device this container has
+            links.append(found)
+    return [f"replaced {r.link.path} -> {r.link.target} (was {r.previous})"
+            if r.action == "replaced" else f"{r.previous}; link not made"
+            for r in create_symlinks(root, links) if r.action in ("replaced", "skipped")]
 
 
 def create_symlinks(root: RootFS, links: Iterable[Link]) -> list[LinkResult]:

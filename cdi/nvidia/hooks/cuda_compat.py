@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import struct
+from types import SimpleNamespace
 
 from cdi.hooks.ldconfig import CONF_DIR, write_file
 from cdi.hooks.rootfs import (
@@ -190,6 +191,13 @@ def _only_library(root: RootFS, compat_root: str,
         for _, fd in candidates:
             os.close(fd)
     return path, note
+
+
+def run(root: RootFS, args: SimpleNamespace) -> list[str]:
+    result = enable_cuda_compat(root, host_driver=args.host_driver_version or "",
+                                host_cuda=args.host_cuda_version or "",
+                                compat_root=args.cuda_compat_container_root or COMPAT_ROOT)
+    return [result.warning] if result.warning else []  # silent unless the image was skipped
 
 
 def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = "",

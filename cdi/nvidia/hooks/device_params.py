@@ -15,6 +15,7 @@ import errno
 import os
 import stat
 import struct
+from types import SimpleNamespace
 
 from cdi.hooks.rootfs import RootFS, RootFSError, syscall
 
@@ -47,6 +48,11 @@ def modified_params(text: str) -> str | None:
                 lines[i] = "ModifyDeviceFiles: 0"
                 changed = True
     return "".join(f"{line}\n" for line in lines) if changed else None
+
+
+def run(root: RootFS, args: SimpleNamespace) -> list[str]:
+    disable_device_node_modification(root, host_params=args.host_params or PARAMS)
+    return []
 
 
 def disable_device_node_modification(root: RootFS, *, host_params: str = PARAMS) -> bool:

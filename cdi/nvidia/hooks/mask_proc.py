@@ -11,9 +11,11 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Sequence
+from types import SimpleNamespace
 
-from cdi.hooks.rootfs import RootFSError, libc
+from cdi.hooks.rootfs import RootFS, RootFSError, libc
 
+PROC_ROOT = "/proc/driver/nvidia"
 PROC_SUPER_MAGIC = 0x9FA0
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC = 32, 4096, 16384
@@ -59,7 +61,12 @@ def _source(proc_root: str, bus: str) -> str:
     raise RootFSError(f"GPU {bus}: no folder for it under {proc_root}/gpus")
 
 
-def mask_proc(root: str, gpus: Sequence[str], proc_root: str = "/proc/driver/nvidia") -> str:
+def run(root: RootFS, args: SimpleNamespace) -> list[str]:
+    mask_proc(root.path, args.gpu, args.proc_root or PROC_ROOT)
+    return []
+
+
+def mask_proc(root: str, gpus: Sequence[str], proc_root: str = PROC_ROOT) -> str:
     """Mask the container at ``root`` (host path of its root folder, in its mount
     namespace); returns which folder was covered."""
     sources = [(procfs_bus_names(b)[-1], _source(proc_root, b)) for b in gpus]
