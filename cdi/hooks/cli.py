@@ -31,11 +31,6 @@ _CDI = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the cdi pa
 
 # --- what an operation is (a vendor's cdi/<vendor>/hooks/operations.py makes them too) ------
 
-# One operation's option values, an attribute per option (``--device-link`` ->
-# ``device_link``), and ``container``, the :class:`cdi.hooks.state.ContainerRoot`.
-Args = SimpleNamespace
-
-
 class UsageError(Exception):
     """The command line names no operation, or an unknown one or option; says which."""
 
@@ -94,12 +89,13 @@ def operations() -> dict[str, Operation]:
 # --- command line ---------------------------------------------------------------------------
 
 
-def parse_operations(argv: Sequence[str]) -> list[tuple[Operation, Args]]:
-    """``OPERATION [--option VALUE]...`` repeated, checked before anything is touched."""
+def parse_operations(argv: Sequence[str]) -> list[tuple[Operation, SimpleNamespace]]:
+    """``OPERATION [--option VALUE]...`` repeated, checked before anything is touched: each
+    operation's values, an attribute per option (``--device-link`` -> ``device_link``)."""
     if not argv:
         raise UsageError(f"no operation given (want one of: {', '.join(operations())})")
     table = OPERATIONS
-    steps: list[tuple[Operation, Args]] = []
+    steps: list[tuple[Operation, SimpleNamespace]] = []
     todo = list(reversed(argv))
     while todo:
         word = todo.pop()
@@ -123,11 +119,11 @@ def parse_operations(argv: Sequence[str]) -> list[tuple[Operation, Args]]:
                 values[option.dest].append(value)
             else:
                 values[option.dest] = value
-        steps.append((op, Args(**values)))
+        steps.append((op, SimpleNamespace(**values)))
     return steps
 
 
-def run_operations(steps: Sequence[tuple[Operation, Args]], stdin: IO[bytes]) -> int:
+def run_operations(steps: Sequence[tuple[Operation, SimpleNamespace]], stdin: IO[bytes]) -> int:
     """Open the container named by the state on ``stdin`` and run ``steps`` in it."""
     name = steps[0][0].name if steps else "hook"
     try:

@@ -111,10 +111,8 @@ class MountTable:
     def destination(self, info: MountInfo) -> str:
         """The mount's path as the container sees it (or the host path when outside)."""
         point = info.mount_point
-        if point == self._root:
-            return "/"
-        if point.startswith(self._root + "/"):
-            return point[len(self._root):]
+        if f"{point}/".startswith(f"{self._root}/"):
+            return point[len(self._root):] or "/"
         return point
 
     def _spec_mount(self, destination: str) -> tuple[str, str, tuple[str, ...]] | None:
