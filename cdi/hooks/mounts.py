@@ -49,16 +49,13 @@ class MountInfo(NamedTuple):
 
 def _unescape(field: bytes) -> str:
     """mountinfo writes space, tab, newline and backslash as ``\\ooo``."""
-    if b"\\" not in field:
-        return os.fsdecode(field)
-    out, i = bytearray(), 0
-    while i < len(field):
-        if field[i] == 0x5C and field[i + 1:i + 4].isdigit():
-            out.append(int(field[i + 1:i + 4], 8) & 0xFF)
-            i += 4
+    head, *escaped = field.split(b"\\")
+    out = bytearray(head)
+    for part in escaped:  # each followed a backslash
+        if part[:3].isdigit():
+            out += bytes([int(part[:3], 8) & 0xFF]) + part[3:]
         else:
-            out.append(field[i])
-            i += 1
+            out += b"\\" + part
     return os.fsdecode(bytes(out))
 
 

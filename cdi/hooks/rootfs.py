@@ -166,11 +166,8 @@ def _probe_openat2() -> Callable[[int, tuple[str, ...], bool], int] | None:
 
 
 class RootFS:
-    """An open container root; every method resolves its path inside it.
-
-    ``resolver`` is ``"auto"`` (openat2 when the kernel has it), ``"openat2"`` or ``"walk"``;
-    the last two exist so that tests run both against the same hostile trees.
-    """
+    """An open container root; every method resolves its path inside it. ``resolver``:
+    ``"auto"`` (openat2 when the kernel has it), or, to test each, ``"openat2"``, ``"walk"``."""
 
     def __init__(self, path: str, *, resolver: str = "auto",
                  container: ContainerRoot | None = None):
@@ -221,9 +218,8 @@ class RootFS:
         return _Parent(self._open_dir(parts[:-1], create), parts[-1])
 
     def check_writable(self, dir_fd: int, path: str) -> None:
-        """Refuse a folder on another mount than the container's own filesystems
-        (:class:`ForeignMountError`), and with a clear message, rather than EROFS half-way,
-        a read-only one."""
+        """Refuse a folder on another mount than the container's own (:meth:`check_own`) and,
+        with a clear message rather than EROFS half-way, a read-only one."""
         self.check_own(dir_fd, path)
         if os.fstatvfs(dir_fd).f_flag & os.ST_RDONLY:
             raise RootFSError(read_only_message(self.where(path)))
