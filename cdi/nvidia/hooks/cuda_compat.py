@@ -47,7 +47,7 @@ class CompatNote(NamedTuple):
 class CompatResult(NamedTuple):
     folder: str | None  # the compat folder put first, or None when not used
     reason: str  # why (one line, for the hook's message)
-    warning: str = ""  # what in the image was skipped, for the hook to print (one line)
+    warn: bool = False  # the reason names what in the image was skipped: the hook prints it
 
 
 def parse_dotted_version(text: str | None) -> tuple[int, int, int] | None:
@@ -185,8 +185,8 @@ def _only_library(root: RootFS, compat_root: str,
         try:
             note = read_compat_note(fd)
         except (ValueError, OSError, struct.error) as exc:
-            why = f"{path}: malformed ELF object ({exc}); the host driver's libcuda is used"
-            return CompatResult(folder=None, reason=why, warning=why)
+            return CompatResult(folder=None, warn=True, reason=f"{path}: malformed ELF object "
+                                f"({exc}); the host driver's libcuda is used")
     finally:
         for _, fd in candidates:
             os.close(fd)
@@ -197,7 +197,7 @@ def run(root: RootFS, args: SimpleNamespace) -> list[str]:
     result = enable_cuda_compat(root, host_driver=args.host_driver_version or "",
                                 host_cuda=args.host_cuda_version or "",
                                 compat_root=args.cuda_compat_container_root or COMPAT_ROOT)
-    return [result.warning] if result.warning else []  # silent unless the image was skipped
+    return [result.reason] if result.warn else []
 
 
 def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = "",
@@ -212,9 +212,8 @@ def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = 
     except (FileNotFoundError, NotADirectoryError):
         return CompatResult(folder=None, reason=f"no {compat_root} in the container")
     except (OSError, RootFSError) as exc:  # a loop, a folder too large: the image's
-        why = (f"{compat_root}: cannot be read ({describe_error(exc)}); the host driver's "
-               "libcuda is used")
-        return CompatResult(folder=None, reason=why, warning=why)
+        return CompatResult(folder=None, warn=True, reason=f"{compat_root}: cannot be read "
+                            f"({describe_error(exc)}); the host driver's libcuda is used")
     found = _only_library(root, compat_root, names)
     if isinstance(found, CompatResult):
         return found
@@ -226,7 +225,7 @@ def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = 
     try:
         write_file(root, CONF_PATH, f"{compat_root}\n".encode())
     except ForeignMountError as exc:
-        why = f"{exc}; {CONF_PATH} not written, the host driver's libcuda is used"
-        return CompatResult(folder=None, reason=why, warning=why)
+        return CompatResult(folder=None, warn=True, reason=f"{exc}; {CONF_PATH} not written, "
+                                                           "the host driver's libcuda is used")
     return CompatResult(folder=compat_root,
                         reason=f"{path} is newer than the host driver {host_driver or host_cuda}")

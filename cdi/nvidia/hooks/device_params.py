@@ -51,38 +51,34 @@ def modified_params(text: str) -> str | None:
 
 
 def run(root: RootFS, args: SimpleNamespace) -> list[str]:
-    disable_device_node_modification(root, host_params=args.host_params or PARAMS)
-    return []
-
-
-def disable_device_node_modification(root: RootFS, *, host_params: str = PARAMS) -> bool:
-    """Whether a copy of the host's params with ``ModifyDeviceFiles: 0`` was mounted over
-    the container's (not when nothing needs hiding, or the kernel lacks the mount API)."""
+    """Mount a copy of the host's params with ``ModifyDeviceFiles: 0`` over the container's;
+    nothing when nothing needs hiding or the kernel lacks the mount API."""
+    host_params = args.host_params or PARAMS
     try:
         with open(host_params, "rb") as f:
             data = f.read(_MAX_PARAMS + 1)
     except FileNotFoundError:
-        return False  # no NVIDIA driver on the host
+        return []  # no NVIDIA driver on the host
     if len(data) > _MAX_PARAMS:
         raise RootFSError(f"{host_params} is larger than {_MAX_PARAMS} bytes")
     contents = modified_params(data.decode("utf-8", "replace"))
     if contents is None:
-        return False
+        return []
     try:
         target = root.open_path(PARAMS)
     except FileNotFoundError:
-        return False  # no driver folder in the container's /proc
+        return []  # no driver folder in the container's /proc
     try:
         if not stat.S_ISREG(os.fstat(target).st_mode):
             raise RootFSError(f"{root.where(PARAMS)} is not a regular file")
         _mount_copy(target, contents.encode())
     except OSError as exc:
-        if exc.errno in (errno.ENOSYS, errno.EPERM) and exc.filename == "mount API":
-            return False  # Linux < 5.12 or a seccomp filter: modification stays allowed
-        raise
+        if exc.errno not in (errno.ENOSYS, errno.EPERM) or exc.filename != "mount API":
+            raise
+        # Linux < 5.12 or a seccomp filter: device node modification stays allowed
     finally:
         os.close(target)
-    return True
+    return []
 
 
 # --- the new mount API through ctypes -------------------------------------------------------

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 from cdi.hooks.cli import Operation, Option
 
-DEFAULT_PROC_ROOT = "/proc/driver/nvidia"
-
-
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     # The generator runs it before update-ldcache, which puts the folders of the
     # 00-compat-*.conf it writes first (the table's order is only the help's).
@@ -26,5 +23,5 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
               "show only the given GPUs under /proc/driver/nvidia/gpus",
               Option("gpu", "BUS_ID", "repeatable; a PCI bus id the container was given"),
               Option("proc-root", "DIR", "the driver's procfs folder on the host (default "
-                     f"{DEFAULT_PROC_ROOT})", many=False)),
+                     "/proc/driver/nvidia)", many=False)),
 )}
