@@ -239,8 +239,7 @@ def _new_file(dir_fd: int, name: str, data: bytes) -> None:
 def _update_musl(root: RootFS, folders: Sequence[str]) -> list[str]:
     path = f"/etc/ld-musl-{_MUSL_ARCH}.path"
     data = root.read_file(path, limit=_MAX_PATH_FILE)
-    text = os.fsdecode(data) if data is not None else ""
-    current = [p for p in text.replace("\n", ":").split(":") if p] if data is not None else []
+    current = [p for p in os.fsdecode(data or b"").replace("\n", ":").split(":") if p]
     known = current or list(_MUSL_DEFAULT)  # the file replaces musl's default path
     new = known + [f for f in dict.fromkeys(folders) if f not in known]
     if data is None or new != current:

@@ -167,30 +167,27 @@ def _read(fd: int, offset: int, length: int, size: int, what: str) -> bytes:
 def _only_library(root: RootFS, compat_root: str,
                   names: set[str]) -> tuple[str, CompatNote | None] | CompatResult:
     """The one libcuda.so.*.* in ``compat_root`` (of ``names``) with its note, or why not."""
-    candidates = []
-    for name in sorted(n for n in names if n.startswith("libcuda.so.")
-                       and "." in n[len("libcuda.so."):]):
-        path = f"{compat_root.rstrip('/')}/{name}"
-        try:
-            fd = root.open_read(path)
-        except (OSError, RootFSError):
-            continue  # a folder, a FIFO, a dangling link: not a library
-        candidates.append((path, fd))
+    found: list[tuple[str, int]] = []
     try:
-        if len(candidates) != 1:
-            found = ", ".join(p for p, _ in candidates) or "none"
+        for name in sorted(n for n in names if n.startswith("libcuda.so.")
+                           and "." in n[len("libcuda.so."):]):
+            path = f"{compat_root.rstrip('/')}/{name}"
+            try:
+                found.append((path, root.open_read(path)))
+            except (OSError, RootFSError):
+                continue  # a folder, a FIFO, a dangling link: not a library
+        if len(found) != 1:
             return CompatResult(folder=None, reason=f"want one libcuda.so.*.* in {compat_root}, "
-                                                    f"found {found}")
-        path, fd = candidates[0]
+                                f"found {', '.join(p for p, _ in found) or 'none'}")
+        path, fd = found[0]
         try:
-            note = read_compat_note(fd)
+            return path, read_compat_note(fd)
         except (ValueError, OSError, struct.error) as exc:
             return CompatResult(folder=None, warn=True, reason=f"{path}: malformed ELF object "
                                 f"({exc}); the host driver's libcuda is used")
     finally:
-        for _, fd in candidates:
+        for _, fd in found:
             os.close(fd)
-    return path, note
 
 
 def run(root: RootFS, args: SimpleNamespace) -> list[str]:
