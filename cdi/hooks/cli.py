@@ -1,11 +1,8 @@
-"""The hook's command line: one process does every operation a container needs.
-
-``OPERATION [--option VALUE]... [OPERATION [--option VALUE]...]...``, for example
-``create-symlinks --link TARGET::LINK update-ldcache --folder DIR``, with a vendor's
-operations (:func:`operations`) anywhere among them; ``build-static-launcher PATH`` builds
-the static launcher (:mod:`cdi.hooks.launcher`). The OCI state is read once, the container
-root opened once, the operations run in order; the first failure prints one line and exits
-1. The rules, why one process, and how to add an operation: docs/developer/hook-safety.md.
+"""The hook's command line, ``OPERATION [--option VALUE]... [OPERATION ...]...`` (a vendor's
+operations, :func:`operations`, anywhere among them) or ``build-static-launcher PATH``: one
+process reads the OCI state, opens the container root and runs the operations in order; the
+first failure prints one line and exits 1. The rules, why one process, and how to add an
+operation: docs/developer/hook-safety.md.
 """
 
 from __future__ import annotations

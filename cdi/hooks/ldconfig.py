@@ -118,11 +118,8 @@ def _old_entries(root: RootFS, warnings: list[str]) -> list[LdCacheEntry]:
 
 def _scan(root: RootFS, folder: str, warnings: list[str]) -> list[LdCacheEntry]:
     """Cache entries for the shared objects in ``folder``, its missing SONAME links made.
-
-    Where the folder cannot be written (another mount than the container's own, or
-    read-only), no link is made and the entry names the library's own file, which the
-    loader opens as well: nothing is written there and the library is still found.
-    """
+    Where the folder cannot be written (another mount than the container's own, read-only),
+    the entry names the library's own file instead, which the loader opens as well."""
     with root.directory(folder) as dir_fd:
         names = folder_names(dir_fd, folder)
         by_soname = _libraries(root, folder, names, warnings)

@@ -3,10 +3,8 @@ newer than the host driver, deciding as NVIDIA's hook of the same name does (:fu
 
 CUDA images can carry ``cuda-compat`` (``/usr/local/cuda/compat/libcuda.so.<version>``): a
 user-space driver newer than the node's, which datacenter GPUs accept on an older kernel
-module. Using it means writing ``/etc/ld.so.conf.d/00-compat-nri-cdi.conf`` naming the
-folder: ``update-ldcache`` (which must run after this hook, as the generator orders them)
-puts the folders of ``00-compat-*.conf`` files ahead of the injected driver, as ``ldconfig``
-would, those files sorting before its own ``000-nri-cdi.conf``.
+module. The hook writes ``/etc/ld.so.conf.d/00-compat-nri-cdi.conf`` naming the folder, which
+``update-ldcache``, run after it, puts ahead of the injected driver (as ``ldconfig`` would).
 """
 
 from __future__ import annotations
