@@ -1,8 +1,6 @@
-"""Isolated hook entry: ``PYTHON -I -S /abs/path/to/cdi/hooks/__main__.py SUBCOMMAND ...``.
-
+"""Isolated hook entry: ``PYTHON -I -S /abs/path/to/cdi/hooks/__main__.py OPERATION ...``.
 Under ``-I -S`` neither the current folder nor site-packages is on ``sys.path``, so the
-folder that holds the ``cdi`` package (derived from this file's own absolute path, a host
-path written in the spec) is put first.  ``python3 -I -m cdi.hooks`` works as well.
+folder holding ``cdi`` (from this file's own absolute path, written in the spec) goes first.
 """
 
 from __future__ import annotations

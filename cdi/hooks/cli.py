@@ -1,11 +1,8 @@
-"""The hook's command line: one process does every operation a container needs.
-
-``OPERATION [--option VALUE]... [OPERATION [--option VALUE]...]...``, for example
-``create-symlinks --link TARGET::LINK update-ldcache --folder DIR``, with a vendor's
-operations (:func:`operations`) anywhere among them; ``build-static-launcher PATH`` builds
-the static launcher (:mod:`cdi.hooks.launcher`). The OCI state is read once, the container
-root opened once, the operations run in order; the first failure prints one line and exits
-1. The rules, why one process, and how to add an operation: docs/developer/hook-safety.md.
+"""The hook's command line, ``OPERATION [--option VALUE]... [OPERATION ...]...`` (a vendor's
+operations, :func:`operations`, anywhere among them) or ``build-static-launcher PATH``: one
+process reads the OCI state, opens the container root and runs the operations in order; the
+first failure prints one line and exits 1. The rules, why one process, and how to add an
+operation: docs/developer/hook-safety.md.
 """
 
 from __future__ import annotations
@@ -13,8 +10,8 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from types import SimpleNamespace  # imported on the hook's start-up path anyway, by ctypes
 
-from cdi.hooks.operation import Args, Operation, Option, UsageError
 from cdi.hooks.rootfs import RootFS, RootFSError, read_only_message
 from cdi.hooks.state import StateError, read_state
 
@@ -29,41 +26,43 @@ _PROG = "nri-cdi hook"
 _CDI = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the cdi package's folder
 
 
-# --- the operations (their logic lives in their own modules) --------------------------------
+# --- what an operation is (a vendor's cdi/<vendor>/hooks/operations.py makes them too) ------
+
+class UsageError(Exception):
+    """The command line names no operation, or an unknown one or option; says which."""
 
 
-def _create_symlinks(root: RootFS, args: Args) -> list[str]:
-    # lazy, as every operation's module: imported only when on the line
-    from cdi.hooks.symlinks import Link, create_symlinks, parse_link
+class Option:
+    """``--name VALUE`` (or ``--name=VALUE``); ``many``: repeatable, collected in a list."""
 
-    links = [parse_link(s) for s in args.link]
-    for spec in args.device_link:  # all checked, also those for devices not in this container
-        device, sep, link = spec.partition("::")
-        target, sep2, path = link.partition("::")
-        if not sep or not sep2 or not device.startswith("/"):
-            raise RootFSError(f"--device-link {spec!r}: want DEVICE::TARGET::LINK")
-        found = Link(target=target, path=path)
-        if device in args.container.devices:  # the link is for a device this container has
-            links.append(found)
-    results = create_symlinks(root, links)
-    return [f"replaced {r.link.path} -> {r.link.target} (was {r.previous})"
-            if r.action == "replaced" else f"{r.previous}; link not made"
-            for r in results if r.action in ("replaced", "skipped")]
+    __slots__ = ("dest", "help", "many", "metavar", "name")
+
+    def __init__(self, name: str, metavar: str, help: str, *, many: bool = True) -> None:
+        self.name, self.metavar, self.help, self.many = name, metavar, help, many
+        self.dest = name.replace("-", "_")
 
 
-def _update_ldcache(root: RootFS, args: Args) -> list[str]:
-    from cdi.hooks.ldconfig import update_ldcache
+class Operation:
+    """A hook operation: its name, what it does (help), its options and the module whose
+    ``run(root, args) -> list[str]`` does it, imported only when a command line names it."""
 
-    return update_ldcache(root, args.folder)
+    __slots__ = ("help", "module", "name", "options")
+
+    def __init__(self, name: str, module: str, help: str, *options: Option) -> None:
+        self.name, self.module, self.help = name, module, help
+        self.options = {o.name: o for o in options}
+
+
+# --- the operations -------------------------------------------------------------------------
 
 
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (
-    Operation("create-symlinks", _create_symlinks, "make LINK -> TARGET in the container",
+    Operation("create-symlinks", "cdi.hooks.symlinks", "make LINK -> TARGET in the container",
               Option("link", "TARGET::LINK", "repeatable; LINK is an absolute container path"),
               Option("device-link", "DEVICE::TARGET::LINK",
                      "repeatable; made only when the container has the device node DEVICE "
                      "(a container path in its config's linux.devices)")),
-    Operation("update-ldcache", _update_ldcache,
+    Operation("update-ldcache", "cdi.hooks.ldconfig",
               "make the libraries in DIR findable by SONAME",
               Option("folder", "DIR", "repeatable; an absolute container path"),
               Option("ldconfig-path", "PATH", "accepted for compatibility with other hook "
@@ -79,7 +78,6 @@ def operations() -> dict[str, Operation]:
     table = dict(OPERATIONS)
     for vendor in sorted(os.listdir(_CDI)):
         if os.path.isfile(os.path.join(_CDI, vendor, "hooks", "operations.py")):
-            # __import__, not importlib: importing importlib slows every hook's start.
             module = __import__(f"cdi.{vendor}.hooks.operations", fromlist=["OPERATIONS"])
             table.update(module.OPERATIONS)
     return table
@@ -88,42 +86,41 @@ def operations() -> dict[str, Operation]:
 # --- command line ---------------------------------------------------------------------------
 
 
-def parse_operations(argv: Sequence[str]) -> list[tuple[Operation, Args]]:
-    """``OPERATION [--option VALUE]...`` repeated, checked before anything is touched."""
+def parse_operations(argv: Sequence[str]) -> list[tuple[Operation, SimpleNamespace]]:
+    """``OPERATION [--option VALUE]...`` repeated, checked before anything is touched: each
+    operation's values, an attribute per option (``--device-link`` -> ``device_link``)."""
     if not argv:
         raise UsageError(f"no operation given (want one of: {', '.join(operations())})")
     table = OPERATIONS
-    steps: list[tuple[Operation, Args]] = []
-    i = 0
-    while i < len(argv):
-        op = table.get(argv[i])
+    steps: list[tuple[Operation, SimpleNamespace]] = []
+    todo = list(reversed(argv))
+    while todo:
+        word = todo.pop()
+        op = table.get(word)
         if op is None and table is OPERATIONS:  # a vendor's operation, or a mistake
             table = operations()
-            op = table.get(argv[i])
+            op = table.get(word)
         if op is None:
-            raise UsageError(f"{argv[i]!r}: not an operation (want one of: "
-                             f"{', '.join(table)})")
+            raise UsageError(f"{word!r}: not an operation (want one of: {', '.join(table)})")
         values: dict[str, Any] = {o.dest: [] if o.many else None for o in op.options.values()}
-        i += 1
-        while i < len(argv) and argv[i].startswith("--"):
-            name, eq, value = argv[i][2:].partition("=")
+        while todo and todo[-1].startswith("--"):
+            name, eq, value = todo.pop()[2:].partition("=")
             option = op.options.get(name)
             if option is None:
                 raise UsageError(f"{op.name}: unknown option --{name}")
             if not eq:
-                if i + 1 >= len(argv):
+                if not todo:
                     raise UsageError(f"{op.name} --{name}: needs a value")
-                value = argv[i + 1]
-            i += 1 if eq else 2
+                value = todo.pop()
             if option.many:
                 values[option.dest].append(value)
             else:
                 values[option.dest] = value
-        steps.append((op, Args(**values)))
+        steps.append((op, SimpleNamespace(**values)))
     return steps
 
 
-def run_operations(steps: Sequence[tuple[Operation, Args]], stdin: IO[bytes]) -> int:
+def run_operations(steps: Sequence[tuple[Operation, SimpleNamespace]], stdin: IO[bytes]) -> int:
     """Open the container named by the state on ``stdin`` and run ``steps`` in it."""
     name = steps[0][0].name if steps else "hook"
     try:
@@ -132,7 +129,9 @@ def run_operations(steps: Sequence[tuple[Operation, Args]], stdin: IO[bytes]) ->
             for op, args in steps:
                 name = op.name
                 args.container = container
-                for line in op.run(root, args):
+                # __import__, not importlib: importing importlib slows every hook's start
+                module = __import__(op.module, fromlist=["run"])
+                for line in module.run(root, args):
                     print(f"{_PROG} {name}: {line}", file=sys.stderr)
     except (RootFSError, StateError) as exc:
         return _fail(name, str(exc))
@@ -153,11 +152,8 @@ def main(argv: Sequence[str] | None = None, *, stdin: IO[bytes] | None = None) -
         argv = argv[1:]
     if argv[:1] == ["build-static-launcher"]:
         return _build_static_launcher(argv[1:])
-    if not argv or argv[0] in ("-h", "--help"):
-        parser = build_parser()
-        parser.parse_args(argv)  # --help: prints the operations and exits
-        parser.print_usage(sys.stderr)
-        return _fail("usage", "no operation given")
+    if argv[:1] in (["-h"], ["--help"]):
+        build_parser().parse_args(argv)  # prints the operations and exits
     try:
         steps = parse_operations(argv)
     except UsageError as exc:
@@ -173,7 +169,8 @@ def _fail(where: str, message: str) -> int:
 # --- argparse: --help, build-static-launcher and ``nri-cdi hook`` --------------------------------
 
 
-def _add_arguments(parser: argparse.ArgumentParser) -> None:
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The hook's command line for ``--help`` (on ``parser``, ``nri-cdi``'s subcommand)."""
     import argparse  # lazy: as costly as this module to import; --help only
 
     lines = ["operations (one or more, each followed by its options; they run in order, "
@@ -183,33 +180,26 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         lines += [f"    --{o.name} {o.metavar}: {o.help}" for o in op.options.values()]
     lines += ["", "build-static-launcher PATH [--python PYTHON]: build the static hook "
               "launcher at PATH (needs gcc)"]
+    parser = parser or argparse.ArgumentParser(prog=_PROG, description="createContainer hooks")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "\n".join(lines)
     parser.add_argument("operations", nargs=argparse.REMAINDER, metavar="OPERATION ...",
                         help="see below")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    import argparse  # lazy: as costly as this module to import; --help only
-
-    parser = argparse.ArgumentParser(prog=_PROG, description="createContainer hooks")
-    _add_arguments(parser)
     return parser
 
 
 def add_commands(subparsers: Any) -> None:
     """Add ``hook`` to the ``nri-cdi`` command."""
-    parser = subparsers.add_parser(
+    build_parser(subparsers.add_parser(
         "hook", help="the createContainer hook run by the OCI runtime (create-symlinks, "
-                     "update-ldcache, ...)", description="createContainer hooks")
-    _add_arguments(parser)
-    parser.set_defaults(func=_from_nri_cdi)
+                     "update-ldcache, ...)", description="createContainer hooks",
+    )).set_defaults(func=_from_nri_cdi)
 
 
 def _from_nri_cdi(args: argparse.Namespace) -> int:
     """``nri-cdi hook``: re-executed as the isolated entry (``-I -S``,
     :data:`~cdi.hooks.entry.HOOK_ENV`) when started as a console script."""
-    from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV  # lazy: it imports typing
+    from cdi.hooks.entry import ENTRY_SCRIPT, HOOK_ENV  # lazy: it imports collections
 
     if (args.operations and args.operations[0] != "build-static-launcher"
             and not sys.flags.isolated and sys.argv[1:2] == ["hook"]

@@ -7,30 +7,22 @@ entry runs every operation a container needs (:mod:`cdi.hooks.cli`).
 import os
 import sys
 from collections.abc import Iterable
-from typing import NamedTuple
 
 HOOK_ENV: tuple[str, ...] = ("PATH=/usr/sbin:/usr/bin:/sbin:/bin",)
 ENTRY_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
 
 
-class _HookFields(NamedTuple):
-    path: str
-    args: tuple[str, ...]
-    env: tuple[str, ...]
-
-
-class HookCommand(_HookFields):
+class HookCommand:
     """The ``path``, ``args`` and ``env`` of one CDI hook entry (``hookName: createContainer``)."""
 
-    __slots__ = ()
+    __slots__ = ("args", "env", "path")
 
-    def __new__(cls, path: str, args: tuple[str, ...],
-                env: tuple[str, ...] = HOOK_ENV) -> "HookCommand":
+    def __init__(self, path: str, args: tuple[str, ...], env: tuple[str, ...] = HOOK_ENV) -> None:
         if not os.path.isabs(path):
             raise ValueError(f"hook path {path!r} must be absolute")
         if not env:
             raise ValueError("a hook needs an explicit env, or it inherits the container's")
-        return super().__new__(cls, path, args, env)
+        self.path, self.args, self.env = path, args, env
 
 
 def isolated_python(subcommand: str, args: Iterable[str]) -> HookCommand:

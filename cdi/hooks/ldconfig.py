@@ -1,15 +1,10 @@
-"""``update-ldcache``: make the injected folders' libraries findable by SONAME.
+"""``update-ldcache``: make the injected folders' libraries findable by SONAME, without
+running ``ldconfig`` (docs/developer/hook-safety.md §1).
 
-For a glibc image: read the image's ``/etc/ld.so.cache`` (if any; a malformed one is
-replaced), scan each injected folder for shared objects, make missing SONAME links as
-``ldconfig`` would, and write a new cache with the injected entries first, atomically
-(temporary file + rename in ``/etc``).  When the image has ``/etc/ld.so.conf.d``, a
-``000-nri-cdi.conf`` listing the folders is written too, so that an ``ldconfig`` run later
-inside the container keeps them.  For a musl image: add the folders to
-``/etc/ld-musl-<arch>.path``.
-
-Every file is reached through :class:`~cdi.hooks.rootfs.RootFS`, every ELF header and old
-cache is parsed as untrusted input, and no program is run.
+glibc: a new ``/etc/ld.so.cache`` with the injected entries first and the image's (a
+malformed one is dropped), SONAME links made as ``ldconfig`` would, and, when the image has
+``/etc/ld.so.conf.d``, a ``000-nri-cdi.conf`` naming the folders, so that an ``ldconfig``
+run later in the container keeps them. musl: the folders go into ``/etc/ld-musl-<arch>.path``.
 """
 
 from __future__ import annotations
@@ -36,6 +31,7 @@ from cdi.linux.ldcache import LdCacheEntry, LdCacheError, NameOrder, encode, mer
 TYPE_CHECKING = False  # collections would slow every hook's start
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from types import SimpleNamespace
 
 CACHE = "/etc/ld.so.cache"
 CONF_DIR = "/etc/ld.so.conf.d"
@@ -52,6 +48,10 @@ _FLAG_ELF_LIBC6 = 0x0003
 # (e_machine, bits) -> ldconfig's arch bits; the loader accepts only its own exact flags.
 _ARCH_FLAGS = {(62, 64): 0x0300, (183, 64): 0x0A00, (21, 64): 0x0500, (62, 32): 0x0800,
                (3, 32): 0x0000}
+
+
+def run(root: RootFS, args: SimpleNamespace) -> list[str]:
+    return update_ldcache(root, args.folder)  # --ldconfig-path: ignored, nothing is run
 
 
 def update_ldcache(root: RootFS, folders: Sequence[str]) -> list[str]:
@@ -118,11 +118,8 @@ def _old_entries(root: RootFS, warnings: list[str]) -> list[LdCacheEntry]:
 
 def _scan(root: RootFS, folder: str, warnings: list[str]) -> list[LdCacheEntry]:
     """Cache entries for the shared objects in ``folder``, its missing SONAME links made.
-
-    Where the folder cannot be written (another mount than the container's own, or
-    read-only), no link is made and the entry names the library's own file, which the
-    loader opens as well: nothing is written there and the library is still found.
-    """
+    Where the folder cannot be written (another mount than the container's own, read-only),
+    the entry names the library's own file instead, which the loader opens as well."""
     with root.directory(folder) as dir_fd:
         names = folder_names(dir_fd, folder)
         by_soname = _libraries(root, folder, names, warnings)
@@ -135,7 +132,10 @@ def _scan(root: RootFS, folder: str, warnings: list[str]) -> list[LdCacheEntry]:
                 if writable is None:
                     writable = _may_write(root, dir_fd, folder, warnings)
                 if writable:
-                    _link(dir_fd, newest, soname)
+                    try:  # noqa: SIM105 (contextlib would slow the hook's start)
+                        os.symlink(newest, soname, dir_fd=dir_fd)
+                    except FileExistsError:  # made meanwhile (by another container, say): kept
+                        pass
                 else:
                     target = newest
             for flags in dict.fromkeys(f for _, f in found):
@@ -176,13 +176,6 @@ def _may_write(root: RootFS, dir_fd: int, folder: str, warnings: list[str]) -> b
     return True
 
 
-def _link(dir_fd: int, target: str, name: str) -> None:
-    try:
-        os.symlink(target, name, dir_fd=dir_fd)
-    except FileExistsError:  # made meanwhile (by the image's other container, say): kept
-        return
-
-
 def _is_library_name(name: str) -> bool:
     """``lib*.so``, ``lib*.so.VERSION``, ``ld-*.so*``: the names ldconfig looks at."""
     if not name.startswith(("lib", "ld-")) or "\n" in name:
@@ -218,23 +211,23 @@ def _plain_name(name: str) -> bool:
 
 
 def write_file(root: RootFS, path: str, data: bytes) -> None:
-    """Replace the container file ``path`` atomically (mode 0644, folders made): a new
-    file in the same folder, then rename."""
+    """Replace the container file ``path`` atomically (mode 0644, folders made)."""
     with root.parent(path, create=True) as (dir_fd, name):
         root.check_writable(dir_fd, path)
-        root.check_name(dir_fd, name, path)
-        tmp = f".{name}.nri-cdi-{os.urandom(4).hex()}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(tmp, flags, 0o644, dir_fd=dir_fd)
-        try:
-            os.fchmod(fd, 0o644)  # whatever the hook's umask
-            os.write(fd, data)
-        except BaseException:
-            os.close(fd)
-            os.unlink(tmp, dir_fd=dir_fd)
-            raise
+        root.replace(dir_fd, name, path, lambda tmp: _new_file(dir_fd, tmp, data))
+
+
+def _new_file(dir_fd: int, name: str, data: bytes) -> None:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, 0o644)  # whatever the hook's umask
+        os.write(fd, data)
+    except BaseException:
+        os.unlink(name, dir_fd=dir_fd)
+        raise
+    finally:
         os.close(fd)
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 # --- musl -----------------------------------------------------------------------------------
@@ -243,8 +236,7 @@ def write_file(root: RootFS, path: str, data: bytes) -> None:
 def _update_musl(root: RootFS, folders: Sequence[str]) -> list[str]:
     path = f"/etc/ld-musl-{_MUSL_ARCH}.path"
     data = root.read_file(path, limit=_MAX_PATH_FILE)
-    text = os.fsdecode(data) if data is not None else ""
-    current = [p for p in text.replace("\n", ":").split(":") if p] if data is not None else []
+    current = [p for p in os.fsdecode(data or b"").replace("\n", ":").split(":") if p]
     known = current or list(_MUSL_DEFAULT)  # the file replaces musl's default path
     new = known + [f for f in dict.fromkeys(folders) if f not in known]
     if data is None or new != current:
@@ -257,9 +249,8 @@ def _update_musl(root: RootFS, folders: Sequence[str]) -> list[str]:
 
 def compat_folders(root: RootFS, warnings: list[str]) -> list[str]:
     """The folders named by ``/etc/ld.so.conf.d/00-compat-*.conf`` (in name order), which
-    ``update-ldcache`` puts ahead of the injected ones.  The files are the image's: at
-    most 16 files of 64 KiB and 64 folders are read, and a file that cannot be read (a
-    FIFO, a link out of the root, too large) is skipped with a line in ``warnings``."""
+    ``update-ldcache`` puts ahead of the injected ones. The files are the image's: bounded,
+    and one that cannot be read (a FIFO, a link out of the root) is a line in ``warnings``."""
     try:
         with root.directory(CONF_DIR) as dir_fd:
             names = sorted(n for n in folder_names(dir_fd, CONF_DIR)

@@ -49,16 +49,13 @@ class MountInfo(NamedTuple):
 
 def _unescape(field: bytes) -> str:
     """mountinfo writes space, tab, newline and backslash as ``\\ooo``."""
-    if b"\\" not in field:
-        return os.fsdecode(field)
-    out, i = bytearray(), 0
-    while i < len(field):
-        if field[i] == 0x5C and field[i + 1:i + 4].isdigit():
-            out.append(int(field[i + 1:i + 4], 8) & 0xFF)
-            i += 4
+    head, *escaped = field.split(b"\\")
+    out = bytearray(head)
+    for part in escaped:  # each followed a backslash
+        if part[:3].isdigit():
+            out += bytes([int(part[:3], 8) & 0xFF]) + part[3:]
         else:
-            out.append(field[i])
-            i += 1
+            out += b"\\" + part
     return os.fsdecode(bytes(out))
 
 
@@ -111,10 +108,8 @@ class MountTable:
     def destination(self, info: MountInfo) -> str:
         """The mount's path as the container sees it (or the host path when outside)."""
         point = info.mount_point
-        if point == self._root:
-            return "/"
-        if point.startswith(self._root + "/"):
-            return point[len(self._root):]
+        if f"{point}/".startswith(f"{self._root}/"):
+            return point[len(self._root):] or "/"
         return point
 
     def _spec_mount(self, destination: str) -> tuple[str, str, tuple[str, ...]] | None:
@@ -127,11 +122,8 @@ class MountTable:
         return found
 
     def is_private(self, mnt: int) -> bool:
-        """Whether mount ``mnt`` is a new tmpfs made for this container alone: a tmpfs
-        mounted from its own root, whose filesystem is mounted nowhere else in the table (a
-        host or pod tmpfs bound in is also mounted at its origin), with nothing else
-        stacked at its mount point, where ``config.json`` asks for a ``tmpfs`` that is not a
-        bind.  Anything else, or a table too large to read whole, is not the container's."""
+        """Whether mount ``mnt`` is a new tmpfs made for this container alone (the rules:
+        docs/developer/hook-safety.md §3); a table too large to read whole says no."""
         if mnt not in self._private:
             self._private[mnt] = self._fresh_tmpfs(mnt)
         return self._private[mnt]

@@ -1,9 +1,7 @@
-"""Paths inside a container root, resolved so that nothing in the image can point outside it.
-
-Every path a hook touches is resolved as if chrooted into the root, by ``openat2(2)``
-(``RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS``) where the kernel has it, else by a walk of
-one ``O_PATH | O_NOFOLLOW`` component at a time; both return descriptors, which callers act
-through. The rules: docs/developer/hook-safety.md §2.
+"""Paths inside a container root, resolved as if chrooted into it so that nothing in the image
+can point outside it: by ``openat2(2)`` (``RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS``) where the
+kernel has it, else by a walk of one ``O_PATH | O_NOFOLLOW`` component at a time, into
+descriptors that callers act through (docs/developer/hook-safety.md §2).
 """
 
 from __future__ import annotations
@@ -18,13 +16,15 @@ from cdi.hooks.mounts import MountTable, mount_id
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from cdi.hooks.state import ContainerRoot
 
 _MAX_HOPS = 40  # symlinks per resolution, the bound Linux's own path walk uses
 _RESOLVE_NO_MAGICLINKS = 0x02
 _RESOLVE_IN_ROOT = 0x10
 # openat2 is 437 on x86_64 and on the generic table that aarch64 uses.
-_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(os.uname().machine)
+_OPENAT2 = {"x86_64": 437, "aarch64": 437}.get(os.uname().machine, 0)
 _O_PATH = os.O_PATH | os.O_CLOEXEC
 _MAX_NAMES = 1 << 16  # names per folder listed; a distribution's /usr/lib has a few 1000
 
@@ -39,11 +39,8 @@ class ForeignMountError(RootFSError):
 
 
 def split_container_path(path: str) -> tuple[str, ...]:
-    """The components of an absolute container path given to a hook.
-
-    Paths come from the CDI spec (host-controlled), so ``..`` or a relative path is a bug in
-    the spec rather than an attack; refusing them keeps what a hook touches obvious.
-    """
+    """The components of an absolute container path given to a hook. Paths come from the
+    spec (host-controlled): ``..`` or a relative path is the spec's bug, refused."""
     if not path.startswith("/") or "\0" in path:
         raise RootFSError(f"{path!r}: want an absolute path inside the container")
     parts = tuple(p for p in path.split("/") if p not in ("", "."))
@@ -82,96 +79,95 @@ def folder_names(dir_fd: int, folder: str) -> set[str]:
 # --- the two resolvers ----------------------------------------------------------------------
 
 
-class _Openat2:
-    def __init__(self, number: int) -> None:
-        self._number = number
-        libc = ctypes.CDLL(None, use_errno=True)
-        self._syscall = libc.syscall
-        self._syscall.restype = ctypes.c_long
-
-    def open(self, root_fd: int, parts: tuple[str, ...], follow: bool) -> int:
-        flags = _O_PATH | (0 if follow else os.O_NOFOLLOW)
-        how = struct.pack("=QQQ", flags, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
-        path = os.fsencode("/".join(parts) or ".")
-        for _ in range(16):  # EAGAIN: a concurrent rename was seen; the kernel asks to retry
-            fd = self._syscall(ctypes.c_long(self._number), ctypes.c_int(root_fd),
-                               ctypes.c_char_p(path), ctypes.c_char_p(how),
-                               ctypes.c_size_t(len(how)))
-            if fd >= 0:
-                return int(fd)
-            err = ctypes.get_errno()
-            if err != errno.EAGAIN:
-                raise OSError(err, os.strerror(err), "/" + "/".join(parts))
-        raise OSError(errno.EAGAIN, "path keeps changing", "/" + "/".join(parts))
+_LIBC: ctypes.CDLL | None = None
 
 
-class _Walk:
-    def open(self, root_fd: int, parts: tuple[str, ...], follow: bool) -> int:
-        stack = [os.dup(root_fd)]  # stack[0] is the root; '..' never pops it
-        todo = list(reversed(parts))
-        hops = 0
+def libc() -> ctypes.CDLL:
+    """This process's libc (no ``ctypes.util`` lookup), loaded once."""
+    global _LIBC
+    if _LIBC is None:
+        _LIBC = ctypes.CDLL(None, use_errno=True)
+        _LIBC.syscall.restype = ctypes.c_long
+    return _LIBC
+
+
+def syscall(number: int, *args: object, what: str) -> int:
+    """``syscall(2)``: the result, or OSError naming ``what``."""
+    result = libc().syscall(ctypes.c_long(number), *args)
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), what)
+    return int(result)
+
+
+def _openat2(root_fd: int, parts: tuple[str, ...], follow: bool) -> int:
+    flags = _O_PATH | (0 if follow else os.O_NOFOLLOW)
+    how = struct.pack("=QQQ", flags, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+    path = "/" + "/".join(parts)
+    name = ctypes.c_char_p(os.fsencode(path[1:] or "."))
+    for _ in range(16):  # EAGAIN: a concurrent rename was seen; the kernel asks to retry
         try:
-            while todo:
-                part = todo.pop()
-                if part in ("", "."):
-                    continue
-                if part == "..":
-                    if len(stack) > 1:
-                        os.close(stack.pop())
-                    continue
-                fd = os.open(part, _O_PATH | os.O_NOFOLLOW, dir_fd=stack[-1])
-                mode = os.fstat(fd).st_mode
-                if stat.S_ISLNK(mode) and (todo or follow):
-                    hops += 1
-                    _follow(fd, part, hops, stack, todo)
-                    continue
-                if todo and not stat.S_ISDIR(mode):
-                    os.close(fd)
-                    raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), part)
-                stack.append(fd)
-            return os.dup(stack[-1])
-        finally:
-            for fd in stack:
+            return syscall(_OPENAT2, ctypes.c_int(root_fd), name, ctypes.c_char_p(how),
+                           ctypes.c_size_t(len(how)), what=path)
+        except BlockingIOError:
+            continue
+    raise OSError(errno.EAGAIN, "path keeps changing", path)
+
+
+def _walk(root_fd: int, parts: tuple[str, ...], follow: bool) -> int:
+    stack = [os.dup(root_fd)]  # stack[0] is the root; '..' never pops it
+    todo = list(reversed(parts))  # no "" or "." in it: split_container_path, link targets
+    hops = 0
+    try:
+        while todo:
+            part = todo.pop()
+            if part == "..":
+                if len(stack) > 1:
+                    os.close(stack.pop())
+                continue
+            fd = os.open(part, _O_PATH | os.O_NOFOLLOW, dir_fd=stack[-1])
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISLNK(mode) and (todo or follow):
+                target = os.readlink("", dir_fd=fd)  # the link we hold, not a new lookup
                 os.close(fd)
+                hops += 1
+                if hops > _MAX_HOPS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), part)
+                if target.startswith("/"):  # restarts at the root
+                    while len(stack) > 1:
+                        os.close(stack.pop())
+                todo.extend(reversed([p for p in target.split("/") if p not in ("", ".")]))
+                continue
+            if todo and not stat.S_ISDIR(mode):
+                os.close(fd)
+                raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), part)
+            stack.append(fd)
+        return os.dup(stack[-1])
+    finally:
+        for fd in stack:
+            os.close(fd)
 
 
-def _follow(link_fd: int, part: str, hops: int, stack: list[int], todo: list[str]) -> None:
-    """``_Walk.open``'s step through the symlink held at ``link_fd`` (closed here), the
-    ``hops``-th: its target's parts go on ``todo``, an absolute one from the root."""
-    target = os.readlink("", dir_fd=link_fd)  # the link we hold, not a new lookup
-    os.close(link_fd)
-    if hops > _MAX_HOPS:
-        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), part)
-    if target.startswith("/"):
-        while len(stack) > 1:
-            os.close(stack.pop())
-    todo.extend(reversed([p for p in target.split("/") if p]))
-
-
-def _probe_openat2() -> _Openat2 | None:
-    if _OPENAT2 is None:
+def _probe_openat2() -> Callable[[int, tuple[str, ...], bool], int] | None:
+    if not _OPENAT2:
         return None
     try:
-        resolver = _Openat2(_OPENAT2)
         fd = os.open("/", _O_PATH | os.O_DIRECTORY)
         try:
-            os.close(resolver.open(fd, (), True))
+            os.close(_openat2(fd, (), True))
         finally:
             os.close(fd)
     except (OSError, AttributeError):  # ENOSYS on old kernels, EPERM under some seccomp
         return None
-    return resolver
+    return _openat2
 
 
 # --- the API hooks use ----------------------------------------------------------------------
 
 
 class RootFS:
-    """An open container root; every method resolves its path inside it.
-
-    ``resolver`` is ``"auto"`` (openat2 when the kernel has it), ``"openat2"`` or ``"walk"``;
-    the last two exist so that tests run both against the same hostile trees.
-    """
+    """An open container root; every method resolves its path inside it. ``resolver``:
+    ``"auto"`` (openat2 when the kernel has it), or, to test each, ``"openat2"``, ``"walk"``."""
 
     def __init__(self, path: str, *, resolver: str = "auto",
                  container: ContainerRoot | None = None):
@@ -179,18 +175,13 @@ class RootFS:
         self.container = container  # its config's mounts name the mounts in messages
         self._mount: int | None = None
         self._mounts: MountTable | None = None
-        impl: _Openat2 | _Walk | None
-        if resolver == "auto":  # probed per root: a hook opens one
-            impl = _probe_openat2() or _Walk()
-        elif resolver == "openat2":
-            impl = _probe_openat2()
-            if impl is None:
-                raise RootFSError("openat2 is not available on this kernel")
-        elif resolver == "walk":
-            impl = _Walk()
-        else:
+        if resolver not in ("auto", "openat2", "walk"):
             raise ValueError(f"unknown resolver {resolver!r}")
-        self._impl = impl
+        # probed per root: a hook opens one
+        impl = _probe_openat2() if resolver != "walk" else None
+        if impl is None and resolver == "openat2":
+            raise RootFSError("openat2 is not available on this kernel")
+        self._open = impl or _walk
         try:
             self.fd = os.open(path, _O_PATH | os.O_DIRECTORY)
         except OSError as exc:
@@ -211,7 +202,7 @@ class RootFS:
 
     def open_path(self, path: str, *, follow: bool = True) -> int:
         """An ``O_PATH`` fd of ``path`` resolved in the root; the caller closes it."""
-        return self._impl.open(self.fd, split_container_path(path), follow)
+        return self._open(self.fd, split_container_path(path), follow)
 
     def directory(self, path: str, *, create: bool = False) -> _Folder:
         """An ``O_PATH`` fd of the folder ``path``, made (``0755``) with its parents if asked;
@@ -227,9 +218,8 @@ class RootFS:
         return _Parent(self._open_dir(parts[:-1], create), parts[-1])
 
     def check_writable(self, dir_fd: int, path: str) -> None:
-        """Refuse a folder on another mount than the container's own filesystems
-        (:class:`ForeignMountError`), and with a clear message, rather than EROFS half-way,
-        a read-only one."""
+        """Refuse a folder on another mount than the container's own (:meth:`check_own`) and,
+        with a clear message rather than EROFS half-way, a read-only one."""
         self.check_own(dir_fd, path)
         if os.fstatvfs(dir_fd).f_flag & os.ST_RDONLY:
             raise RootFSError(read_only_message(self.where(path)))
@@ -249,25 +239,32 @@ class RootFS:
             raise ForeignMountError(f"{path}: on {self._mounts.describe(mnt)}; the hook "
                                     "writes only into the container's own filesystems")
 
-    def check_name(self, dir_fd: int, name: str, path: str) -> None:
-        """Refuse to replace ``name`` in ``dir_fd`` when it is a mount point of another
-        mount (a host file bind-mounted there): a rename over it would fail half-way."""
+    def replace(self, dir_fd: int, name: str, path: str, make: Callable[[str], None]) -> None:
+        """Replace ``name`` in the folder ``dir_fd`` (``path`` in messages) so that the name
+        never disappears: ``make(tmp)`` makes the new object under a fresh name beside it (or
+        raises having made nothing), which is renamed over ``name``. Refused when ``name`` is
+        a mount point of another mount (a host file bind-mounted there)."""
         try:
             fd = os.open(name, _O_PATH | os.O_NOFOLLOW, dir_fd=dir_fd)
         except FileNotFoundError:
-            return
+            pass
+        else:
+            try:
+                self.check_own(fd, path)
+            finally:
+                os.close(fd)
+        tmp = f".{name}.nri-cdi-{os.urandom(4).hex()}"
+        make(tmp)
         try:
-            self.check_own(fd, path)
-        finally:
-            os.close(fd)
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except OSError:
+            os.unlink(tmp, dir_fd=dir_fd)
+            raise
 
     def open_read(self, path: str) -> int:
-        """A read-only fd of the regular file at ``path``; the caller closes it.
-
-        The object is resolved first as an ``O_PATH`` fd and only then re-opened for reading
-        through ``/proc/self/fd``: the re-open names the object we hold, not a path, and a
-        FIFO or device node planted in the image is refused before anything opens it.
-        """
+        """A read-only fd of the regular file at ``path``; the caller closes it. Re-opened
+        through ``/proc/self/fd`` from the ``O_PATH`` fd held, so a FIFO or device node
+        planted in the image is refused before anything opens it."""
         pfd = self.open_path(path)
         try:
             if not stat.S_ISREG(os.fstat(pfd).st_mode):
@@ -295,7 +292,7 @@ class RootFS:
 
     def _open_dir(self, parts: tuple[str, ...], create: bool) -> int:
         try:
-            fd = self._impl.open(self.fd, parts, True)
+            fd = self._open(self.fd, parts, True)
         except FileNotFoundError:
             if not create or not parts:
                 raise
@@ -306,7 +303,7 @@ class RootFS:
                 except FileExistsError:
                     pass  # made meanwhile, or a dangling link: see below
             try:
-                fd = self._impl.open(self.fd, parts, True)
+                fd = self._open(self.fd, parts, True)
             except FileNotFoundError:
                 raise RootFSError(f"{self.where('/' + '/'.join(parts))} is a dangling symlink; "
                                   "not making a folder through it") from None

@@ -26,23 +26,17 @@ class StateError(Exception):
 class ContainerRoot:
     """Where the container's root is, and what of its config the hook operations use."""
 
-    __slots__ = ("bundle", "container_id", "devices", "mounts", "path", "pid", "readonly")
+    __slots__ = ("container_id", "devices", "mounts", "path", "pid", "readonly")
 
-    def __init__(self, *, bundle: str, path: str, readonly: bool,
-                 devices: frozenset[str] = frozenset(),
+    def __init__(self, *, path: str, readonly: bool, devices: frozenset[str] = frozenset(),
                  mounts: tuple[tuple[str, str, str, tuple[str, ...]], ...] = ()) -> None:
-        # What the OCI state says besides the bundle, set where it is read: "" and 0 until.
-        self.container_id = ""
-        self.pid = 0  # the container's init process (the state's pid), 0 when unknown
-        self.bundle = bundle
         self.path = path  # absolute host path of the root folder
         self.readonly = readonly  # root.readonly in config.json
         self.devices = devices  # container paths of linux.devices[].path
         self.mounts = mounts  # config.json mounts: (destination, type, source, options)
-
-    def __repr__(self) -> str:
-        return (f"ContainerRoot(container_id={self.container_id!r}, bundle={self.bundle!r}, "
-                f"path={self.path!r}, readonly={self.readonly!r}, devices={self.devices!r})")
+        # What the OCI state says besides the bundle, set where it is read
+        self.pid = 0  # the container's init process, 0 when unknown
+        self.container_id = ""
 
 
 class _Context:
@@ -83,17 +77,14 @@ def loads(text: str | bytes) -> Any:
     return value
 
 
-def root_from_config(bundle: str, config: Any, *, container_id: str = "") -> ContainerRoot:
+def root_from_config(bundle: str, config: Any) -> ContainerRoot:
     root = config.get("root") if isinstance(config, dict) else None
     path = root.get("path") if isinstance(root, dict) else None
-    if not isinstance(path, str) or not path:
+    if not isinstance(root, dict) or not isinstance(path, str) or not path:
         raise StateError(f"{bundle}/config.json has no root.path")
-    readonly = bool(root.get("readonly", False)) if isinstance(root, dict) else False
-    container = ContainerRoot(bundle=bundle, path=os.path.normpath(os.path.join(bundle, path)),
-                              readonly=readonly, devices=_devices(config),
-                              mounts=_mounts(config))
-    container.container_id = container_id
-    return container
+    return ContainerRoot(path=os.path.normpath(os.path.join(bundle, path)),
+                         readonly=bool(root.get("readonly", False)), devices=_devices(config),
+                         mounts=_mounts(config))
 
 
 def _mounts(config: dict[str, Any]) -> tuple[tuple[str, str, str, tuple[str, ...]], ...]:
@@ -133,7 +124,6 @@ def read_state(stream: IO[bytes]) -> ContainerRoot:
     bundle = state.get("bundle") if isinstance(state, dict) else None
     if not isinstance(bundle, str) or not os.path.isabs(bundle):
         raise StateError("OCI state on stdin has no absolute 'bundle' path")
-    container_id = state.get("id", "")
     config_path = os.path.join(bundle, "config.json")
     try:
         with open(config_path, "rb") as f:
@@ -142,7 +132,8 @@ def read_state(stream: IO[bytes]) -> ContainerRoot:
         raise StateError(f"{config_path}: {exc.strerror}") from None
     except (ValueError, RecursionError) as exc:
         raise StateError(f"{config_path}: not JSON: {exc}") from None
-    container = root_from_config(bundle, config, container_id=str(container_id))
+    container = root_from_config(bundle, config)
+    container.container_id = str(state.get("id", ""))
     pid = state.get("pid")
     container.pid = pid if type(pid) is int and pid > 0 else 0
     return container

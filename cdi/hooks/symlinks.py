@@ -8,7 +8,6 @@ another mount than the container's own is skipped with a line: docs/developer/ho
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 
@@ -18,6 +17,7 @@ from cdi.linux.namedtuple import NamedTuple
 TYPE_CHECKING = False  # collections would slow every hook's start
 if TYPE_CHECKING:
     from collections.abc import Iterable
+    from types import SimpleNamespace
 
 
 # Not dataclasses: ``dataclasses`` imports ``inspect``, which costs a hook process's start
@@ -35,9 +35,6 @@ class Link:
         self.target = target
         self.path = path
 
-    def __repr__(self) -> str:
-        return f"Link(target={self.target!r}, path={self.path!r})"
-
 
 class LinkResult(NamedTuple):
     link: Link
@@ -52,6 +49,22 @@ def parse_link(spec: str) -> Link:
     if not sep:
         raise RootFSError(f"--link {spec!r}: want TARGET::LINK")
     return Link(target=target, path=path)
+
+
+def run(root: RootFS, args: SimpleNamespace) -> list[str]:
+    """The operation: ``--link``s, and the ``--device-link``s of the container's devices."""
+    links = [parse_link(s) for s in args.link]
+    for spec in args.device_link:  # all checked, also those for devices not in this container
+        device, sep, link = spec.partition("::")
+        target, sep2, path = link.partition("::")
+        if not sep or not sep2 or not device.startswith("/"):
+            raise RootFSError(f"--device-link {spec!r}: want DEVICE::TARGET::LINK")
+        found = Link(target=target, path=path)
+        if device in args.container.devices:  # the link is for a device this container has
+            links.append(found)
+    return [f"replaced {r.link.path} -> {r.link.target} (was {r.previous})"
+            if r.action == "replaced" else f"{r.previous}; link not made"
+            for r in create_symlinks(root, links) if r.action in ("replaced", "skipped")]
 
 
 def create_symlinks(root: RootFS, links: Iterable[Link]) -> list[LinkResult]:
@@ -73,8 +86,8 @@ def _create(root: RootFS, link: Link) -> LinkResult:
                     previous = _current(root, link, dir_fd, name)  # raced: fall through
                     if previous == link.target:
                         return LinkResult(link=link, action="kept")
-            root.check_name(dir_fd, name, link.path)  # a host file mounted there stays
-            _replace(dir_fd, name, link.target)
+            root.replace(dir_fd, name, link.path,
+                         lambda tmp: os.symlink(link.target, tmp, dir_fd=dir_fd))
             return LinkResult(link=link, action="replaced", previous=previous)
     except ForeignMountError as exc:  # a volume, a host folder: not the container's to write
         return LinkResult(link=link, action="skipped", previous=str(exc))
@@ -92,20 +105,3 @@ def _current(root: RootFS, link: Link, dir_fd: int, name: str) -> str | None:
         return "<file>"
     raise RootFSError(f"{root.where(link.path)} exists and is not a file or a link; "
                       "not replacing it with a link")
-
-
-def _replace(dir_fd: int, name: str, target: str) -> None:
-    for _ in range(8):
-        tmp = f".{name}.nri-cdi-{os.urandom(4).hex()}"
-        try:
-            os.symlink(target, tmp, dir_fd=dir_fd)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise OSError(errno.EEXIST, "no free temporary name", name)
-    try:
-        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except OSError:
-        os.unlink(tmp, dir_fd=dir_fd)
-        raise

@@ -65,7 +65,7 @@ SPEC_MOUNTS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 
 
 def container(pid: int = PID) -> ContainerRoot:
-    root = ContainerRoot(bundle="/b", path=ROOT, readonly=False, mounts=SPEC_MOUNTS)
+    root = ContainerRoot(path=ROOT, readonly=False, mounts=SPEC_MOUNTS)
     root.pid = pid  # the state's, set where the state is read
     return root
 

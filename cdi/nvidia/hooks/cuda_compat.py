@@ -1,31 +1,17 @@
 """``enable-cuda-compat``: use the image's CUDA forward-compatibility libraries when they are
-newer than the host driver.
+newer than the host driver, deciding as NVIDIA's hook of the same name does (:func:`use_compat`).
 
 CUDA images can carry ``cuda-compat`` (``/usr/local/cuda/compat/libcuda.so.<version>``): a
 user-space driver newer than the node's, which datacenter GPUs accept on an older kernel
-module.  The hook decides, as NVIDIA's hook of the same name does:
-
-* nothing to do without a host driver or CUDA version, without the compat folder, or
-  unless the folder holds exactly one ``libcuda.so.*.*`` (regular file);
-* when that library has the ELF note ``.note.cuda.fwd_compatibility`` (owner
-  ``NVIDIA Corporation``, a JSON description such as
-  ``{"CUDA Version": "12.9", "Driver": [535, 550], ...}``): with both driver versions
-  known, use it when the host driver's major is listed and the compat version is higher
-  than the host's; otherwise compare the note's CUDA version with the host's;
-* without the note: use it when its major version is above the host driver's (and no host
-  CUDA version was given, which needs the note).
-
-"Use it" means writing ``/etc/ld.so.conf.d/00-compat-nri-cdi.conf`` naming the folder.
-``update-ldcache`` (which must run after this hook, as the generator orders them) puts the
-folders of ``00-compat-*.conf`` files ahead of the injected driver, as ``ldconfig`` would:
-those files sort before its own ``000-nri-cdi.conf``. The rules it follows:
-docs/developer/hook-safety.md.
+module. The hook writes ``/etc/ld.so.conf.d/00-compat-nri-cdi.conf`` naming the folder, which
+``update-ldcache``, run after it, puts ahead of the injected driver (as ``ldconfig`` would).
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from types import SimpleNamespace
 
 from cdi.hooks.ldconfig import CONF_DIR, write_file
 from cdi.hooks.rootfs import (
@@ -39,8 +25,7 @@ from cdi.hooks.rootfs import (
 from cdi.linux.namedtuple import NamedTuple
 
 # On the hook's start-up path (the generator runs enable-cuda-compat in every container):
-# no re, fnmatch, json or dataclasses here
-# (tests/hooks/test_one_process.py); json is imported only when a compat note is parsed.
+# no re, fnmatch, json or dataclasses here (tests/hooks/test_one_process.py).
 
 COMPAT_ROOT = "/usr/local/cuda/compat"
 CONF_PATH = f"{CONF_DIR}/00-compat-nri-cdi.conf"
@@ -60,7 +45,7 @@ class CompatNote(NamedTuple):
 class CompatResult(NamedTuple):
     folder: str | None  # the compat folder put first, or None when not used
     reason: str  # why (one line, for the hook's message)
-    warning: str = ""  # what in the image was skipped, for the hook to print (one line)
+    warn: bool = False  # the reason names what in the image was skipped: the hook prints it
 
 
 def parse_dotted_version(text: str | None) -> tuple[int, int, int] | None:
@@ -75,7 +60,9 @@ def parse_dotted_version(text: str | None) -> tuple[int, int, int] | None:
 
 def use_compat(compat_version: str, host_driver: str, host_cuda: str,
                note: CompatNote | None) -> bool:
-    """Whether the compat library of ``compat_version`` should win over the host driver."""
+    """Whether the compat library of ``compat_version`` should win over the host driver: by
+    its ``.note.cuda.fwd_compatibility`` note when it has one (the drivers it supports, else
+    its CUDA version against the host's), else by the driver's major version alone."""
     compat, driver, cuda = (parse_dotted_version(compat_version), parse_dotted_version(host_driver),
                             parse_dotted_version(host_cuda))
     if note is not None:
@@ -92,7 +79,8 @@ def use_compat(compat_version: str, host_driver: str, host_cuda: str,
 
 
 def parse_note(data: bytes, *, little: bool, align: int) -> CompatNote | None:
-    """The JSON description of an NVIDIA note section, or None when it is not one."""
+    """The JSON description of an NVIDIA note section (``{"CUDA Version": "12.9", "Driver":
+    [535, 550], ...}``), or None when it is not one."""
     order = "<" if little else ">"
     if len(data) < 12:
         return None
@@ -119,12 +107,9 @@ def parse_note(data: bytes, *, little: bool, align: int) -> CompatNote | None:
 
 
 def read_compat_note(fd: int) -> CompatNote | None:
-    """The ``.note.cuda.fwd_compatibility`` note of the ELF file open at ``fd``, if any.
-
-    The file is the image's: every offset and size is checked against the file's size
-    before it is read, so a malformed header yields ``None`` (or :class:`ValueError` naming
-    what is wrong), never a huge read.
-    """
+    """The ``.note.cuda.fwd_compatibility`` note of the ELF file open at ``fd``, if any. The
+    file is the image's: every offset and size is checked against its size before a read, so
+    a malformed header is ``None`` or a :class:`ValueError` naming it, never a huge read."""
     size = os.fstat(fd).st_size
     head = os.pread(fd, 64, 0)
     if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
@@ -180,30 +165,34 @@ def _read(fd: int, offset: int, length: int, size: int, what: str) -> bytes:
 def _only_library(root: RootFS, compat_root: str,
                   names: set[str]) -> tuple[str, CompatNote | None] | CompatResult:
     """The one libcuda.so.*.* in ``compat_root`` (of ``names``) with its note, or why not."""
-    candidates = []
-    for name in sorted(n for n in names if n.startswith("libcuda.so.")
-                       and "." in n[len("libcuda.so."):]):
-        path = f"{compat_root.rstrip('/')}/{name}"
-        try:
-            fd = root.open_read(path)
-        except (OSError, RootFSError):
-            continue  # a folder, a FIFO, a dangling link: not a library
-        candidates.append((path, fd))
+    found: list[tuple[str, int]] = []
     try:
-        if len(candidates) != 1:
-            found = ", ".join(p for p, _ in candidates) or "none"
+        for name in sorted(n for n in names if n.startswith("libcuda.so.")
+                           and "." in n[len("libcuda.so."):]):
+            path = f"{compat_root.rstrip('/')}/{name}"
+            try:
+                found.append((path, root.open_read(path)))
+            except (OSError, RootFSError):
+                continue  # a folder, a FIFO, a dangling link: not a library
+        if len(found) != 1:
             return CompatResult(folder=None, reason=f"want one libcuda.so.*.* in {compat_root}, "
-                                                    f"found {found}")
-        path, fd = candidates[0]
+                                f"found {', '.join(p for p, _ in found) or 'none'}")
+        path, fd = found[0]
         try:
-            note = read_compat_note(fd)
+            return path, read_compat_note(fd)
         except (ValueError, OSError, struct.error) as exc:
-            why = f"{path}: malformed ELF object ({exc}); the host driver's libcuda is used"
-            return CompatResult(folder=None, reason=why, warning=why)
+            return CompatResult(folder=None, warn=True, reason=f"{path}: malformed ELF object "
+                                f"({exc}); the host driver's libcuda is used")
     finally:
-        for _, fd in candidates:
+        for _, fd in found:
             os.close(fd)
-    return path, note
+
+
+def run(root: RootFS, args: SimpleNamespace) -> list[str]:
+    result = enable_cuda_compat(root, host_driver=args.host_driver_version or "",
+                                host_cuda=args.host_cuda_version or "",
+                                compat_root=args.cuda_compat_container_root or COMPAT_ROOT)
+    return [result.reason] if result.warn else []
 
 
 def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = "",
@@ -218,9 +207,8 @@ def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = 
     except (FileNotFoundError, NotADirectoryError):
         return CompatResult(folder=None, reason=f"no {compat_root} in the container")
     except (OSError, RootFSError) as exc:  # a loop, a folder too large: the image's
-        why = (f"{compat_root}: cannot be read ({describe_error(exc)}); the host driver's "
-               "libcuda is used")
-        return CompatResult(folder=None, reason=why, warning=why)
+        return CompatResult(folder=None, warn=True, reason=f"{compat_root}: cannot be read "
+                            f"({describe_error(exc)}); the host driver's libcuda is used")
     found = _only_library(root, compat_root, names)
     if isinstance(found, CompatResult):
         return found
@@ -232,7 +220,7 @@ def enable_cuda_compat(root: RootFS, *, host_driver: str = "", host_cuda: str = 
     try:
         write_file(root, CONF_PATH, f"{compat_root}\n".encode())
     except ForeignMountError as exc:
-        why = f"{exc}; {CONF_PATH} not written, the host driver's libcuda is used"
-        return CompatResult(folder=None, reason=why, warning=why)
+        return CompatResult(folder=None, warn=True, reason=f"{exc}; {CONF_PATH} not written, "
+                                                           "the host driver's libcuda is used")
     return CompatResult(folder=compat_root,
                         reason=f"{path} is newer than the host driver {host_driver or host_cuda}")

@@ -15,9 +15,9 @@ import errno
 import os
 import stat
 import struct
+from types import SimpleNamespace
 
-from cdi.hooks.rootfs import RootFS, RootFSError
-from cdi.linux.namedtuple import NamedTuple  # not dataclasses: the hook's start-up budget
+from cdi.hooks.rootfs import RootFS, RootFSError, syscall
 
 PARAMS = "/proc/driver/nvidia/params"
 _MAX_PARAMS = 64 << 10
@@ -35,11 +35,6 @@ _AT_EMPTY_PATH = 0x1000
 _MOVE_MOUNT_F_EMPTY_PATH, _MOVE_MOUNT_T_EMPTY_PATH = 0x4, 0x40
 
 
-class ParamsResult(NamedTuple):
-    mounted: bool
-    reason: str
-
-
 def modified_params(text: str) -> str | None:
     """``text`` with ``ModifyDeviceFiles: 1`` turned into ``0``; None when nothing needs
     hiding (already 0, or no such line)."""
@@ -55,51 +50,43 @@ def modified_params(text: str) -> str | None:
     return "".join(f"{line}\n" for line in lines) if changed else None
 
 
-def disable_device_node_modification(root: RootFS, *, host_params: str = PARAMS
-                                     ) -> ParamsResult:
+def run(root: RootFS, args: SimpleNamespace) -> list[str]:
+    """Mount a copy of the host's params with ``ModifyDeviceFiles: 0`` over the container's;
+    nothing when nothing needs hiding or the kernel lacks the mount API."""
+    host_params = args.host_params or PARAMS
     try:
         with open(host_params, "rb") as f:
             data = f.read(_MAX_PARAMS + 1)
     except FileNotFoundError:
-        return ParamsResult(mounted=False, reason=f"no {host_params} on the host")
+        return []  # no NVIDIA driver on the host
     if len(data) > _MAX_PARAMS:
         raise RootFSError(f"{host_params} is larger than {_MAX_PARAMS} bytes")
     contents = modified_params(data.decode("utf-8", "replace"))
     if contents is None:
-        return ParamsResult(mounted=False, reason=f"{host_params} already has "
-                                                  "ModifyDeviceFiles: 0 (or none)")
+        return []
     try:
         target = root.open_path(PARAMS)
     except FileNotFoundError:
-        return ParamsResult(mounted=False, reason=f"no {PARAMS} in the container")
+        return []  # no driver folder in the container's /proc
     try:
         if not stat.S_ISREG(os.fstat(target).st_mode):
             raise RootFSError(f"{root.where(PARAMS)} is not a regular file")
         _mount_copy(target, contents.encode())
     except OSError as exc:
-        if exc.errno in (errno.ENOSYS, errno.EPERM) and exc.filename == "mount API":
-            return ParamsResult(mounted=False, reason="this kernel (or its seccomp filter) "
-                                "lacks the mount API (Linux >= 5.12); device node "
-                                "modification stays allowed")
-        raise
+        if exc.errno not in (errno.ENOSYS, errno.EPERM) or exc.filename != "mount API":
+            raise
+        # Linux < 5.12 or a seccomp filter: device node modification stays allowed
     finally:
         os.close(target)
-    return ParamsResult(mounted=True, reason=f"{PARAMS}: ModifyDeviceFiles: 0 mounted")
+    return []
 
 
 # --- the new mount API through ctypes -------------------------------------------------------
 
 
 def _mount_copy(target_fd: int, contents: bytes) -> None:
-    syscall = ctypes.CDLL(None, use_errno=True).syscall
-    syscall.restype = ctypes.c_long
-
     def call(number: int, *args: object) -> int:
-        result = syscall(ctypes.c_long(number), *args)
-        if result < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err), "mount API")
-        return int(result)
+        return syscall(number, *args, what="mount API")
 
     c_int, c_uint, c_str = ctypes.c_int, ctypes.c_uint, ctypes.c_char_p
     fds: list[int] = []

@@ -1,14 +1,9 @@
 """``mask-proc``: the container sees only its own GPUs under ``/proc/driver/nvidia/gpus``
 (policy ``procMasking``; docs/usage/policy.md). A hook, as runc refuses any mount inside
-``/proc``; it runs in the container's mount namespace before pivot_root:
-
-1. the container's ``/proc`` (opened without following links) must be a procfs mount;
-2. a read-only tmpfs (0555, nosuid, nodev, noexec) goes over its ``driver/nvidia/gpus``;
-3. each of the container's GPUs gets its folder back: a read-only bind mount of
-   ``<proc root>/gpus/<bus id>`` (the bus id as given, then with procfs's 4-digit domain).
-
-Without an NVIDIA driver in this kernel (a simulated node) the tmpfs goes over ``driver``
-and ``nvidia/gpus/<bus id>`` is built in it from ``--proc-root``.
+``/proc``; it runs in the container's mount namespace before pivot_root. A read-only tmpfs
+goes over the container's ``/proc/driver/nvidia/gpus`` and each of its GPUs gets its folder
+back, bound read-only. Without an NVIDIA driver in this kernel (a simulated node) the tmpfs
+goes over ``driver`` and ``nvidia/gpus/<bus id>`` is built in it from ``--proc-root``.
 """
 
 from __future__ import annotations
@@ -16,9 +11,11 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Sequence
+from types import SimpleNamespace
 
-from cdi.hooks.rootfs import RootFSError
+from cdi.hooks.rootfs import RootFS, RootFSError, libc
 
+PROC_ROOT = "/proc/driver/nvidia"
 PROC_SUPER_MAGIC = 0x9FA0
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC = 32, 4096, 16384
@@ -29,13 +26,9 @@ class _Statfs(ctypes.Structure):
     _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 120)]
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)  # this process's libc: no ctypes.util lookup
-
-
 def _fs_type(fd: int) -> int:
     buf = _Statfs()
-    if _libc().fstatfs(fd, ctypes.byref(buf)) != 0:
+    if libc().fstatfs(fd, ctypes.byref(buf)) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     return int(buf.f_type)
@@ -44,7 +37,7 @@ def _fs_type(fd: int) -> int:
 def _mount(source: str | None, target: str, fstype: str | None, flags: int,
            data: str | None = None) -> None:
     enc = [None if v is None else v.encode() for v in (source, target, fstype, data)]
-    if _libc().mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]) != 0:
+    if libc().mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]) != 0:
         err = ctypes.get_errno()
         raise RootFSError(f"mount {target}: {os.strerror(err)}")
 
@@ -68,7 +61,12 @@ def _source(proc_root: str, bus: str) -> str:
     raise RootFSError(f"GPU {bus}: no folder for it under {proc_root}/gpus")
 
 
-def mask_proc(root: str, gpus: Sequence[str], proc_root: str = "/proc/driver/nvidia") -> str:
+def run(root: RootFS, args: SimpleNamespace) -> list[str]:
+    mask_proc(root.path, args.gpu, args.proc_root or PROC_ROOT)
+    return []
+
+
+def mask_proc(root: str, gpus: Sequence[str], proc_root: str = PROC_ROOT) -> str:
     """Mask the container at ``root`` (host path of its root folder, in its mount
     namespace); returns which folder was covered."""
     sources = [(procfs_bus_names(b)[-1], _source(proc_root, b)) for b in gpus]
