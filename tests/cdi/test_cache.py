@@ -151,7 +151,7 @@ def test_resolve_names_every_unresolvable_device(tmp_path: Path) -> None:
     snapshot = SpecCache([str(folder)]).refresh()
     with pytest.raises(UnresolvedDevicesError) as info:
         snapshot.resolve(["vendor-a.com/fpga=f0", "vendor-a.com/fpga=f9", "not-a-name"])
-    assert info.value.names == ("vendor-a.com/fpga=f9", "not-a-name")
+    assert tuple(info.value.reasons) == ("vendor-a.com/fpga=f9", "not-a-name")
     assert "no such device" in str(info.value)
     assert "not a qualified CDI device name" in str(info.value)
 
