@@ -74,9 +74,6 @@ class Snapshot:
         object.__setattr__(self, "by_device_node",
                            _frozen({path: tuple(names) for path, names in index.items()}))
 
-    def device_names(self) -> list[str]:
-        return sorted(self.devices)
-
     def lookup(self, names: Iterable[str]) -> list[Device]:
         """The devices for ``names`` in request order, each once; one error naming every
         device that cannot be used."""
