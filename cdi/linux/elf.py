@@ -54,30 +54,23 @@ class NotElfError(ElfError):
     such as ``libc.so``), as opposed to a malformed one."""
 
 
-class DynamicInfo(NamedTuple):
+class ElfHeader(NamedTuple):
+    """What the ELF file header says about the machine an object is for."""
+
     bits: int  # 32 or 64
     big_endian: bool
     machine: int  # e_machine (62 = x86-64, 183 = aarch64, 3 = i386)
     elf_type: int  # e_type (3 = ET_DYN)
+
+    @property
+    def architecture(self) -> str:
+        return architecture_name(self.machine, self.bits, self.big_endian)
+
+
+class DynamicInfo(NamedTuple):
+    header: ElfHeader
     soname: str | None
     needed: tuple[str, ...] = ()
-
-    @property
-    def architecture(self) -> str:
-        return architecture_name(self.machine, self.bits, self.big_endian)
-
-
-class ElfHeader(NamedTuple):
-    """What the ELF file header says about the machine an object is for."""
-
-    bits: int
-    big_endian: bool
-    machine: int
-    elf_type: int
-
-    @property
-    def architecture(self) -> str:
-        return architecture_name(self.machine, self.bits, self.big_endian)
 
 
 # --- architectures ------------------------------------------------------------------------
@@ -120,7 +113,7 @@ def foreign_to_this_process(path: str | os.PathLike[str]) -> str | None:
     return _foreign(os.fspath(path), header.architecture, here)
 
 
-def foreign_to_this_machine(path: str, header: ElfHeader | DynamicInfo) -> str | None:
+def foreign_to_this_machine(path: str, header: ElfHeader) -> str | None:
     """None when this machine runs objects like ``header``'s (its own architecture or its
     32-bit companion: i386 on x86_64), else one line as :func:`foreign_to_this_process`."""
     here = this_machine()
@@ -231,14 +224,9 @@ def _parse(raw: _Reader, source: str) -> DynamicInfo:
     needed: tuple[str, ...] = ()
     if dynamic is not None:
         soname, needed = _dynamic(raw, order + _DYN[cls], dynamic, loads, source)
-    return DynamicInfo(
-        bits=32 if cls == _ELFCLASS32 else 64,
-        big_endian=order == ">",
-        machine=e_machine,
-        elf_type=e_type,
-        soname=soname,
-        needed=needed,
-    )
+    header = ElfHeader(bits=32 if cls == _ELFCLASS32 else 64, big_endian=order == ">",
+                       machine=e_machine, elf_type=e_type)
+    return DynamicInfo(header=header, soname=soname, needed=needed)
 
 
 _Load = tuple[int, int, int]  # vaddr, filesz, offset
