@@ -190,7 +190,19 @@ def read_dynamic(path: str | os.PathLike[str]) -> DynamicInfo:
 
 def read_dynamic_fd(fd: int, source: str) -> DynamicInfo:
     """Same as :func:`read_dynamic` on an open file; ``source`` names it in errors."""
-    return _parse(_file_reader(fd), source)
+    raw = _file_reader(fd)
+    cls, order = _identify(raw(0, 16), source)
+    hdr_fmt = order + _HEADER[cls]
+    hdr = struct.unpack(hdr_fmt, _exact(raw, 16, struct.calcsize(hdr_fmt), "ELF header", source))
+    e_type, e_machine, e_phoff, e_phentsize, e_phnum = hdr[0], hdr[1], hdr[4], hdr[8], hdr[9]
+    loads, dynamic = _program_headers(raw, order, cls, (e_phoff, e_phentsize, e_phnum), source)
+    soname: str | None = None
+    needed: tuple[str, ...] = ()
+    if dynamic is not None:
+        soname, needed = _dynamic(raw, order + _DYN[cls], dynamic, loads, source)
+    header = ElfHeader(bits=32 if cls == _ELFCLASS32 else 64, big_endian=order == ">",
+                       machine=e_machine, elf_type=e_type)
+    return DynamicInfo(header=header, soname=soname, needed=needed)
 
 
 def _file_reader(fd: int) -> _Reader:
@@ -212,21 +224,6 @@ def _exact(raw: _Reader, off: int, size: int, what: str, source: str) -> bytes:
     if len(chunk) != size:
         raise ElfError(f"truncated {what}", source=source, offset=off)
     return chunk
-
-
-def _parse(raw: _Reader, source: str) -> DynamicInfo:
-    cls, order = _identify(raw(0, 16), source)
-    hdr_fmt = order + _HEADER[cls]
-    hdr = struct.unpack(hdr_fmt, _exact(raw, 16, struct.calcsize(hdr_fmt), "ELF header", source))
-    e_type, e_machine, e_phoff, e_phentsize, e_phnum = hdr[0], hdr[1], hdr[4], hdr[8], hdr[9]
-    loads, dynamic = _program_headers(raw, order, cls, (e_phoff, e_phentsize, e_phnum), source)
-    soname: str | None = None
-    needed: tuple[str, ...] = ()
-    if dynamic is not None:
-        soname, needed = _dynamic(raw, order + _DYN[cls], dynamic, loads, source)
-    header = ElfHeader(bits=32 if cls == _ELFCLASS32 else 64, big_endian=order == ">",
-                       machine=e_machine, elf_type=e_type)
-    return DynamicInfo(header=header, soname=soname, needed=needed)
 
 
 _Load = tuple[int, int, int]  # vaddr, filesz, offset
