@@ -45,16 +45,8 @@ _ENDIAN_UNSET, _ENDIAN_INVALID, _ENDIAN_LITTLE, _ENDIAN_BIG = 0, 1, 2, 3
 
 FLAG_ARCH_MASK = 0xFF00
 
-# Arch bits that ldconfig records.  0x0000 means "the platform's default 32-bit ABI",
-# which on x86 hosts is i386.
-ARCH_NAMES: dict[int, str] = {
-    0x0000: "i386",
-    0x0300: "x86-64",
-    0x0500: "ppc64",
-    0x0800: "x32",
-    0x0900: "armhf",
-    0x0A00: "aarch64",
-}
+# The 64-bit arch bits ldconfig records: x86-64, ppc64, aarch64 (0x0000 is the platform's
+# default 32-bit ABI, i386 on x86; 0x0800 x32, 0x0900 armhf).
 ARCH_64BIT = frozenset({0x0300, 0x0500, 0x0A00})
 
 _MAX_SYMLINK_HOPS = 40  # same bound as Linux's path walk
@@ -76,10 +68,6 @@ class LdCacheEntry(NamedTuple):
     @property
     def arch_flag(self) -> int:
         return self.flags & FLAG_ARCH_MASK
-
-    @property
-    def arch(self) -> str:
-        return ARCH_NAMES.get(self.arch_flag, f"unknown(0x{self.arch_flag:04x})")
 
     @property
     def is_64bit(self) -> bool:
