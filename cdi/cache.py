@@ -15,7 +15,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from cdi.device import Device
 from cdi.dirs import (
     DEFAULT_SPEC_DIRS,
     SpecFile,
@@ -26,13 +25,25 @@ from cdi.dirs import (
 from cdi.edits import merge
 from cdi.errors import DeviceNodeError, FieldError, SpecError, UnresolvedDevicesError
 from cdi.hostdev import fill_edits
-from cdi.model import ContainerEdits
+from cdi.model import ContainerEdits, DeviceData
 from cdi.parser import split_device
 from cdi.spec import MAX_SPEC_BYTES, Spec, parse_spec
 from cdi.validate import interop_warnings
 
 Signature = tuple[int, int, int, int, int, int]  # dev, ino, size, mtime, ctime, priority
 # (a priority of -2 marks a result that came from no read: never reused)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Device:
+    qualified_name: str
+    spec: Spec
+    data: DeviceData
+    # The device's own edits with device nodes filled in from the host at load time.
+    edits: ContainerEdits
+    # Why the device cannot be used (e.g. its host device node is missing); raised when
+    # the device is requested, so that one broken node does not hide its neighbours.
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

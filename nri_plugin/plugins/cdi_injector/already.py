@@ -16,8 +16,7 @@ import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from cdi.cache import Snapshot
-from cdi.device import Device
+from cdi.cache import Device, Snapshot
 from cdi.errors import AnnotationError
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.crio import own_annotations
