@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from itertools import chain
 from typing import Any
 
-from cdi.errors import EditError
+from cdi.errors import CDIError
 from cdi.model import ContainerEdits, DeviceNode, Hook, IntelRdt, Mount, to_dict
 from cdi.validate import HOOK_NAMES
 
@@ -96,7 +96,7 @@ def _apply_mounts(oci: dict[str, Any], mounts: tuple[Mount, ...]) -> None:
 def _apply_hooks(oci: dict[str, Any], edits: ContainerEdits) -> None:
     for hook in edits.hooks:
         if hook.hook_name not in HOOK_NAMES:
-            raise EditError(f"unknown hook name {hook.hook_name!r}")
+            raise CDIError(f"unknown hook name {hook.hook_name!r}")
         oci.setdefault("hooks", {}).setdefault(hook.hook_name, []).append(hook_to_oci(hook))
 
 

@@ -61,7 +61,3 @@ class UnresolvedDevicesError(CDIError):
         self.reasons = dict(reasons)
         detail = "; ".join(f"{name}: {why}" for name, why in self.reasons.items())
         super().__init__(f"unresolvable CDI devices {', '.join(self.reasons)} ({detail})")
-
-
-class EditError(CDIError):
-    """Edits that cannot be applied to an OCI runtime spec."""
