@@ -105,30 +105,25 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Error lines and warnings (valid, but trouble elsewhere) go to stderr."""
     failed = False
     for path in args.files:
-        errors = _file_errors(path, with_schema=args.schema)
+        errors: list[str] = []
+        try:
+            spec = read_spec(path)
+        except SpecError as exc:
+            errors += exc.lines()
+        else:
+            for warning in interop_warnings(spec.data):
+                print(f"{printable(path)}: {warning}", file=sys.stderr)
+        if args.schema:
+            errors += [f"{printable(path)}: schema: {e}" for e in _schema_errors(path)]
         failed |= bool(errors)
         for line in errors:
             print(line, file=sys.stderr)
         if not errors:
             print(f"{printable(path)}: valid")
     return 1 if failed else 0
-
-
-def _file_errors(path: str, *, with_schema: bool) -> list[str]:
-    """Error lines for ``path``; warnings (valid, but trouble elsewhere) go to stderr."""
-    lines: list[str] = []
-    try:
-        spec = read_spec(path)
-    except SpecError as exc:
-        lines += exc.lines()
-    else:
-        for warning in interop_warnings(spec.data):
-            print(f"{printable(path)}: {warning}", file=sys.stderr)
-    if with_schema:
-        lines += [f"{printable(path)}: schema: {e}" for e in _schema_errors(path)]
-    return lines
 
 
 def _schema_errors(path: str) -> list[FieldError]:
