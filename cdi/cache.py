@@ -12,7 +12,7 @@ import stat
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from cdi.dirs import (
@@ -381,13 +381,12 @@ def _fill(edits: ContainerEdits) -> tuple[ContainerEdits, str | None]:
 
 def _added(old: Snapshot, added: Snapshot) -> Snapshot:
     """``old`` with the specs of ``added`` (disjoint devices, no conflicts) added."""
-    return Snapshot(
-        spec_dirs=old.spec_dirs,
+    return replace(
+        old,
         specs=_frozen({**old.specs, **added.specs}),
         devices=_frozen({**old.devices, **added.devices}),
         errors=_frozen({**old.errors, **added.errors}),
         warnings=_frozen({**old.warnings, **added.warnings}),
-        conflicts=old.conflicts,
         generation=old.generation + 1,
     )
 
