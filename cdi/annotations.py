@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-from cdi.errors import AnnotationError, QualifiedNameError
-from cdi.parser import parse_qualified_name
+from cdi.errors import AnnotationError
+from cdi.parser import qualified_name_error
 
 ANNOTATION_PREFIX = "cdi.k8s.io/"
 MAX_KEY_SUFFIX_LENGTH = 63
@@ -38,8 +38,7 @@ def parse_annotation(key: str, value: str) -> list[str]:
         raise AnnotationError(f"annotation {key!r}: invalid key: {problem}")
     names = value.split(",")
     for name in names:
-        try:
-            parse_qualified_name(name)
-        except QualifiedNameError as exc:
-            raise AnnotationError(f"annotation {key!r}: {exc}") from None
+        problem = qualified_name_error(name)
+        if problem:
+            raise AnnotationError(f"annotation {key!r}: {problem}")
     return names

@@ -12,10 +12,9 @@ import stat
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from cdi.device import Device
 from cdi.dirs import (
     DEFAULT_SPEC_DIRS,
     SpecFile,
@@ -26,13 +25,25 @@ from cdi.dirs import (
 from cdi.edits import merge
 from cdi.errors import DeviceNodeError, FieldError, SpecError, UnresolvedDevicesError
 from cdi.hostdev import fill_edits
-from cdi.model import ContainerEdits
+from cdi.model import ContainerEdits, DeviceData
 from cdi.parser import split_device
 from cdi.spec import MAX_SPEC_BYTES, Spec, parse_spec
 from cdi.validate import interop_warnings
 
 Signature = tuple[int, int, int, int, int, int]  # dev, ino, size, mtime, ctime, priority
 # (a priority of -2 marks a result that came from no read: never reused)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Device:
+    qualified_name: str
+    spec: Spec
+    data: DeviceData
+    # The device's own edits with device nodes filled in from the host at load time.
+    edits: ContainerEdits
+    # Why the device cannot be used (e.g. its host device node is missing); raised when
+    # the device is requested, so that one broken node does not hide its neighbours.
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,9 +84,6 @@ class Snapshot:
                 index.setdefault(node.path, []).append(name)
         object.__setattr__(self, "by_device_node",
                            _frozen({path: tuple(names) for path, names in index.items()}))
-
-    def device_names(self) -> list[str]:
-        return sorted(self.devices)
 
     def lookup(self, names: Iterable[str]) -> list[Device]:
         """The devices for ``names`` in request order, each once; one error naming every
@@ -373,13 +381,12 @@ def _fill(edits: ContainerEdits) -> tuple[ContainerEdits, str | None]:
 
 def _added(old: Snapshot, added: Snapshot) -> Snapshot:
     """``old`` with the specs of ``added`` (disjoint devices, no conflicts) added."""
-    return Snapshot(
-        spec_dirs=old.spec_dirs,
+    return replace(
+        old,
         specs=_frozen({**old.specs, **added.specs}),
         devices=_frozen({**old.devices, **added.devices}),
         errors=_frozen({**old.errors, **added.errors}),
         warnings=_frozen({**old.warnings, **added.warnings}),
-        conflicts=old.conflicts,
         generation=old.generation + 1,
     )
 

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from cdi.cache import SpecCache
 from cdi.dirs import DEFAULT_SPEC_DIRS
@@ -82,55 +82,48 @@ def spec_dirs(args: argparse.Namespace) -> list[str] | None:
     return [d.strip() for d in raw.split(",") if d.strip()] or None
 
 
-def cmd_list(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    out, err = out or sys.stdout, err or sys.stderr
+def cmd_list(args: argparse.Namespace) -> int:
     snapshot = SpecCache(spec_dirs(args)).refresh()
     for path, messages in [*sorted(snapshot.errors.items()), *sorted(snapshot.warnings.items())]:
         for message in messages:
-            print(printable(f"{path}: {message}"), file=err)
+            print(printable(f"{path}: {message}"), file=sys.stderr)
     if args.json:
         listing = [
             {"name": name, "spec": snapshot.devices[name].spec.path}
-            for name in snapshot.device_names()
+            for name in sorted(snapshot.devices)
         ]
         errors = [{"file": p, "error": m} for p, ms in sorted(snapshot.errors.items()) for m in ms]
         warnings = [
             {"file": p, "warning": m} for p, ms in sorted(snapshot.warnings.items()) for m in ms
         ]
         # ensure_ascii (the default) also writes names that are not UTF-8 as escapes
-        json.dump({"devices": listing, "errors": errors, "warnings": warnings}, out, indent=2)
-        out.write("\n")
+        print(json.dumps({"devices": listing, "errors": errors, "warnings": warnings}, indent=2))
     else:
-        for name in snapshot.device_names():
-            print(name, file=out)
+        for name in sorted(snapshot.devices):
+            print(name)
     return 1 if args.strict and snapshot.errors else 0
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Error lines and warnings (valid, but trouble elsewhere) go to stderr."""
     failed = False
     for path in args.files:
-        errors = _file_errors(path, with_schema=args.schema)
+        errors: list[str] = []
+        try:
+            spec = read_spec(path)
+        except SpecError as exc:
+            errors += exc.lines()
+        else:
+            for warning in interop_warnings(spec.data):
+                print(f"{printable(path)}: {warning}", file=sys.stderr)
+        if args.schema:
+            errors += [f"{printable(path)}: schema: {e}" for e in _schema_errors(path)]
         failed |= bool(errors)
         for line in errors:
             print(line, file=sys.stderr)
         if not errors:
             print(f"{printable(path)}: valid")
     return 1 if failed else 0
-
-
-def _file_errors(path: str, *, with_schema: bool) -> list[str]:
-    """Error lines for ``path``; warnings (valid, but trouble elsewhere) go to stderr."""
-    lines: list[str] = []
-    try:
-        spec = read_spec(path)
-    except SpecError as exc:
-        lines += exc.lines()
-    else:
-        for warning in interop_warnings(spec.data):
-            print(f"{printable(path)}: {warning}", file=sys.stderr)
-    if with_schema:
-        lines += [f"{printable(path)}: schema: {e}" for e in _schema_errors(path)]
-    return lines
 
 
 def _schema_errors(path: str) -> list[FieldError]:

@@ -46,10 +46,6 @@ class SpecError(CDIError):
         return [f"{prefix}{err}" for err in self.errors]
 
 
-class QualifiedNameError(CDIError, ValueError):
-    """A string that is not a valid ``vendor/class=name`` device name."""
-
-
 class AnnotationError(CDIError, ValueError):
     """A ``cdi.k8s.io/`` annotation key or value that breaks the convention."""
 
@@ -63,10 +59,5 @@ class UnresolvedDevicesError(CDIError):
 
     def __init__(self, reasons: Mapping[str, str]) -> None:
         self.reasons = dict(reasons)
-        self.names = tuple(self.reasons)
         detail = "; ".join(f"{name}: {why}" for name, why in self.reasons.items())
-        super().__init__(f"unresolvable CDI devices {', '.join(self.names)} ({detail})")
-
-
-class EditError(CDIError):
-    """Edits that cannot be applied to an OCI runtime spec."""
+        super().__init__(f"unresolvable CDI devices {', '.join(self.reasons)} ({detail})")

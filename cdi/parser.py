@@ -4,9 +4,6 @@ Pure functions, no dependencies: every other module may import this one.
 """
 
 import re
-from typing import NamedTuple
-
-from cdi.errors import QualifiedNameError
 
 # vendor and class: a letter first, alphanumeric last, [A-Za-z0-9_.-] between.
 _QUALIFIER_RE = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
@@ -17,19 +14,6 @@ _NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
 # library does not enforce them, we do, because a runtime keyed on DNS names may.
 MAX_VENDOR_LENGTH = 253
 MAX_CLASS_LENGTH = 63
-
-
-class QualifiedName(NamedTuple):
-    vendor: str
-    class_: str
-    name: str
-
-    @property
-    def kind(self) -> str:
-        return f"{self.vendor}/{self.class_}"
-
-    def __str__(self) -> str:
-        return f"{self.vendor}/{self.class_}={self.name}"
 
 
 def _kind_parts_error(vendor: str, class_: str) -> str | None:
@@ -92,21 +76,14 @@ def split_device(device: str) -> tuple[str, str, str]:
     return vendor, class_, name
 
 
-def parse_qualified_name(device: str) -> QualifiedName:
-    """Parse and validate ``vendor/class=name``; raise QualifiedNameError saying why not."""
+def qualified_name_error(device: str) -> str | None:
+    """Why ``device`` is not a valid ``vendor/class=name``, or None when it is."""
     vendor, class_, name = split_device(device)
-    if not vendor:
-        raise QualifiedNameError(f"invalid CDI device name {device!r}: expected vendor/class=name")
-    problem = _kind_parts_error(vendor, class_) or device_name_error(name)
-    if problem:
-        raise QualifiedNameError(f"invalid CDI device name {device!r}: {problem}")
-    return QualifiedName(vendor, class_, name)
+    problem = ("expected vendor/class=name" if not vendor
+               else _kind_parts_error(vendor, class_) or device_name_error(name))
+    return f"invalid CDI device name {device!r}: {problem}" if problem else None
 
 
 def is_qualified_name(device: str) -> bool:
-    try:
-        parse_qualified_name(device)
-    except QualifiedNameError:
-        return False
-    return True
+    return qualified_name_error(device) is None
 

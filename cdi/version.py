@@ -10,7 +10,7 @@ from typing import NamedTuple
 from cdi.model import ContainerEdits, SpecData, edits_by_path
 from cdi.parser import parse_kind
 
-# Newest first: the minimum-version walk visits them in this order.
+# Newest first.
 KNOWN_VERSIONS = (
     "1.1.0",
     "1.0.0",
@@ -51,58 +51,49 @@ class Requirement(NamedTuple):
 
 
 def _requirements(spec: SpecData) -> Iterator[Requirement]:
-    """Each use of a feature newer than 0.3.0, newest version first. (0.8.0 and 1.0.0
-    changed only the Go API, so nothing in a document requires them.)"""
-    edits = edits_by_path(spec)
-    yield from _of_1_1_and_0_7(edits)
+    """Each use of a feature newer than 0.3.0. (0.8.0 and 1.0.0 changed only the Go API,
+    so nothing in a document requires them.)"""
+    for path, item in edits_by_path(spec):
+        yield from _edits_requirements(path, item)
     if spec.annotations:
         yield Requirement("0.6.0", "annotations", "spec annotations")
     for index, device in enumerate(spec.devices):
         if device.annotations:
             yield Requirement("0.6.0", f"devices[{index}].annotations", "device annotations")
-    if "." in parse_kind(spec.kind)[1]:
-        yield Requirement("0.6.0", "kind", "a '.' in the class of kind")
-    yield from _of_0_5_and_0_4(spec, edits)
-
-
-def _of_1_1_and_0_7(edits: list[tuple[str, ContainerEdits]]) -> Iterator[Requirement]:
-    for path, item in edits:
-        rdt = item.intel_rdt
-        if item.net_devices:
-            yield Requirement("1.1.0", f"{path}.netDevices", "netDevices")
-        if rdt is not None and rdt.schemata is not None:
-            yield Requirement("1.1.0", f"{path}.intelRdt.schemata", "intelRdt.schemata")
-        if rdt is not None and rdt.enable_monitoring:
-            yield Requirement(
-                "1.1.0", f"{path}.intelRdt.enableMonitoring", "intelRdt.enableMonitoring"
-            )
-    for path, item in edits:
-        if item.intel_rdt is not None:
-            yield Requirement("0.7.0", f"{path}.intelRdt", "intelRdt")
-        if item.additional_gids:
-            yield Requirement("0.7.0", f"{path}.additionalGids", "additionalGids")
-
-
-def _of_0_5_and_0_4(spec: SpecData,
-                    edits: list[tuple[str, ContainerEdits]]) -> Iterator[Requirement]:
-    for path, item in edits:
-        for index, node in enumerate(item.device_nodes):
-            if node.host_path:
-                yield Requirement(
-                    "0.5.0", f"{path}.deviceNodes[{index}].hostPath", "deviceNodes[].hostPath"
-                )
-    for index, device in enumerate(spec.devices):
         if device.name[:1].isdigit():
             yield Requirement(
                 "0.5.0", f"devices[{index}].name", "a device name starting with a digit"
             )
-    for path, item in edits:
-        for index, mount in enumerate(item.mounts):
-            if mount.type:
-                yield Requirement("0.4.0", f"{path}.mounts[{index}].type", "mounts[].type")
+    if "." in parse_kind(spec.kind)[1]:
+        yield Requirement("0.6.0", "kind", "a '.' in the class of kind")
+
+
+def _edits_requirements(path: str, item: ContainerEdits) -> Iterator[Requirement]:
+    if item.net_devices:
+        yield Requirement("1.1.0", f"{path}.netDevices", "netDevices")
+    rdt = item.intel_rdt
+    if rdt is not None:
+        if rdt.schemata is not None:
+            yield Requirement("1.1.0", f"{path}.intelRdt.schemata", "intelRdt.schemata")
+        if rdt.enable_monitoring:
+            yield Requirement(
+                "1.1.0", f"{path}.intelRdt.enableMonitoring", "intelRdt.enableMonitoring"
+            )
+        yield Requirement("0.7.0", f"{path}.intelRdt", "intelRdt")
+    if item.additional_gids:
+        yield Requirement("0.7.0", f"{path}.additionalGids", "additionalGids")
+    for index, node in enumerate(item.device_nodes):
+        if node.host_path:
+            yield Requirement(
+                "0.5.0", f"{path}.deviceNodes[{index}].hostPath", "deviceNodes[].hostPath"
+            )
+    for index, mount in enumerate(item.mounts):
+        if mount.type:
+            yield Requirement("0.4.0", f"{path}.mounts[{index}].type", "mounts[].type")
 
 
 def minimum_requirement(spec: SpecData) -> Requirement | None:
-    """The newest feature the spec uses, or None when 0.3.0 suffices."""
-    return next(_requirements(spec), None)
+    """The newest feature the spec uses (the first found of that version), or None when
+    0.3.0 suffices."""
+    return max(_requirements(spec), key=lambda r: version_key(r.version), default=None)
 

@@ -153,13 +153,13 @@ def _libraries(root: RootFS, folder: str, names: set[str],
             continue
         path = f"{folder}/{name}".replace("//", "/")
         info = _elf(root, path, warnings)
-        if info is None or info.elf_type != _ET_DYN:
+        if info is None or info.header.elf_type != _ET_DYN:
             continue
-        foreign = foreign_to_this_machine(path, info)
+        foreign = foreign_to_this_machine(path, info.header)
         if foreign is not None:  # the loader would pass it over without a word
             warnings.append(f"{foreign}: left out of the cache")
             continue
-        arch = _ARCH_FLAGS.get((info.machine, info.bits))
+        arch = _ARCH_FLAGS.get((info.header.machine, info.header.bits))
         soname = info.soname or name
         if arch is None or not _plain_name(soname):
             continue  # a hostile SONAME such as "../../x" names no file we would make

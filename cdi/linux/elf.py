@@ -1,4 +1,4 @@
-"""Read the dynamic section of an ELF shared object (DT_SONAME, DT_NEEDED).
+"""Read the header and the DT_SONAME of an ELF shared object.
 
 Not pyelftools: importing it and walking a driver's objects with it would cost the
 generator more than all its other work (bench/reports/2026-11-27-generator-stdlib-2-cores/).
@@ -20,7 +20,7 @@ _ELF_MAGIC = b"\x7fELF"
 _ELFCLASS32, _ELFCLASS64 = 1, 2
 _ELFDATA2LSB, _ELFDATA2MSB = 1, 2
 _PT_LOAD, _PT_DYNAMIC = 1, 2
-_DT_NULL, _DT_NEEDED, _DT_STRTAB, _DT_STRSZ, _DT_SONAME = 0, 1, 5, 10, 14
+_DT_NULL, _DT_STRTAB, _DT_STRSZ, _DT_SONAME = 0, 5, 10, 14
 _MAX_STRING = 4096
 # Real objects have a few dozen program headers and a dynamic segment of a few KiB; an
 # untrusted file asking for more is read no further than these (an image's library is input).
@@ -54,30 +54,22 @@ class NotElfError(ElfError):
     such as ``libc.so``), as opposed to a malformed one."""
 
 
-class DynamicInfo(NamedTuple):
+class ElfHeader(NamedTuple):
+    """What the ELF file header says about the machine an object is for."""
+
     bits: int  # 32 or 64
     big_endian: bool
     machine: int  # e_machine (62 = x86-64, 183 = aarch64, 3 = i386)
     elf_type: int  # e_type (3 = ET_DYN)
+
+    @property
+    def architecture(self) -> str:
+        return architecture_name(self.machine, self.bits, self.big_endian)
+
+
+class DynamicInfo(NamedTuple):
+    header: ElfHeader
     soname: str | None
-    needed: tuple[str, ...] = ()
-
-    @property
-    def architecture(self) -> str:
-        return architecture_name(self.machine, self.bits, self.big_endian)
-
-
-class ElfHeader(NamedTuple):
-    """What the ELF file header says about the machine an object is for."""
-
-    bits: int
-    big_endian: bool
-    machine: int
-    elf_type: int
-
-    @property
-    def architecture(self) -> str:
-        return architecture_name(self.machine, self.bits, self.big_endian)
 
 
 # --- architectures ------------------------------------------------------------------------
@@ -120,7 +112,7 @@ def foreign_to_this_process(path: str | os.PathLike[str]) -> str | None:
     return _foreign(os.fspath(path), header.architecture, here)
 
 
-def foreign_to_this_machine(path: str, header: ElfHeader | DynamicInfo) -> str | None:
+def foreign_to_this_machine(path: str, header: ElfHeader) -> str | None:
     """None when this machine runs objects like ``header``'s (its own architecture or its
     32-bit companion: i386 on x86_64), else one line as :func:`foreign_to_this_process`."""
     here = this_machine()
@@ -197,7 +189,16 @@ def read_dynamic(path: str | os.PathLike[str]) -> DynamicInfo:
 
 def read_dynamic_fd(fd: int, source: str) -> DynamicInfo:
     """Same as :func:`read_dynamic` on an open file; ``source`` names it in errors."""
-    return _parse(_file_reader(fd), source)
+    raw = _file_reader(fd)
+    cls, order = _identify(raw(0, 16), source)
+    hdr_fmt = order + _HEADER[cls]
+    hdr = struct.unpack(hdr_fmt, _exact(raw, 16, struct.calcsize(hdr_fmt), "ELF header", source))
+    e_type, e_machine, e_phoff, e_phentsize, e_phnum = hdr[0], hdr[1], hdr[4], hdr[8], hdr[9]
+    loads, dynamic = _program_headers(raw, order, cls, (e_phoff, e_phentsize, e_phnum), source)
+    soname = None if dynamic is None else _soname(raw, order + _DYN[cls], dynamic, loads, source)
+    header = ElfHeader(bits=32 if cls == _ELFCLASS32 else 64, big_endian=order == ">",
+                       machine=e_machine, elf_type=e_type)
+    return DynamicInfo(header=header, soname=soname)
 
 
 def _file_reader(fd: int) -> _Reader:
@@ -219,26 +220,6 @@ def _exact(raw: _Reader, off: int, size: int, what: str, source: str) -> bytes:
     if len(chunk) != size:
         raise ElfError(f"truncated {what}", source=source, offset=off)
     return chunk
-
-
-def _parse(raw: _Reader, source: str) -> DynamicInfo:
-    cls, order = _identify(raw(0, 16), source)
-    hdr_fmt = order + _HEADER[cls]
-    hdr = struct.unpack(hdr_fmt, _exact(raw, 16, struct.calcsize(hdr_fmt), "ELF header", source))
-    e_type, e_machine, e_phoff, e_phentsize, e_phnum = hdr[0], hdr[1], hdr[4], hdr[8], hdr[9]
-    loads, dynamic = _program_headers(raw, order, cls, (e_phoff, e_phentsize, e_phnum), source)
-    soname: str | None = None
-    needed: tuple[str, ...] = ()
-    if dynamic is not None:
-        soname, needed = _dynamic(raw, order + _DYN[cls], dynamic, loads, source)
-    return DynamicInfo(
-        bits=32 if cls == _ELFCLASS32 else 64,
-        big_endian=order == ">",
-        machine=e_machine,
-        elf_type=e_type,
-        soname=soname,
-        needed=needed,
-    )
 
 
 _Load = tuple[int, int, int]  # vaddr, filesz, offset
@@ -270,29 +251,25 @@ def _program_headers(
     return loads, dynamic
 
 
-def _dynamic(
+def _soname(
     raw: _Reader,
     fmt: str,  # the struct format of one entry, in the file's byte order and class
     dynamic: tuple[int, int],
     loads: list[_Load],
     source: str,
-) -> tuple[str | None, tuple[str, ...]]:
+) -> str | None:
     entsize = struct.calcsize(fmt)
     offset, filesz = dynamic
     filesz = min(filesz, _MAX_DYNAMIC)  # entries past 64 Ki are never read by a loader
     blob = _exact(raw, offset, filesz - filesz % entsize, "dynamic segment", source)
     tags: dict[int, int] = {}
-    needed_offs: list[int] = []
     for tag, val in struct.iter_unpack(fmt, blob):
         if tag == _DT_NULL:
             break
-        if tag == _DT_NEEDED:
-            needed_offs.append(val)
-        else:
-            tags.setdefault(tag, val)
-    soname_off = tags.get(_DT_SONAME)
-    if soname_off is None and not needed_offs:
-        return None, ()
+        tags.setdefault(tag, val)
+    soname = tags.get(_DT_SONAME)
+    if soname is None:
+        return None
     if _DT_STRTAB not in tags:
         raise ElfError("dynamic segment has no DT_STRTAB", source=source, offset=offset)
     # DT_STRTAB is a virtual address: map it to a file offset through the PT_LOADs.
@@ -306,15 +283,10 @@ def _dynamic(
             offset=offset,
         )
     strsz = tags.get(_DT_STRSZ, _MAX_STRING)
-
-    def string(rel: int) -> str:
-        if rel >= strsz:
-            raise ElfError(f"string offset {rel} beyond DT_STRSZ", source=source, offset=offset)
-        chunk = raw(base + rel, min(strsz - rel, _MAX_STRING))
-        nul = chunk.find(b"\0")
-        if nul < 0:
-            raise ElfError("unterminated string", source=source, offset=base + rel)
-        return os.fsdecode(chunk[:nul])
-
-    soname = None if soname_off is None else string(soname_off)
-    return soname, tuple(string(o) for o in needed_offs)
+    if soname >= strsz:
+        raise ElfError(f"string offset {soname} beyond DT_STRSZ", source=source, offset=offset)
+    chunk = raw(base + soname, min(strsz - soname, _MAX_STRING))
+    nul = chunk.find(b"\0")
+    if nul < 0:
+        raise ElfError("unterminated string", source=source, offset=base + soname)
+    return os.fsdecode(chunk[:nul])

@@ -10,8 +10,9 @@ that ``ldconfig`` wrote under the driver root.  Two layouts exist in the wild:
 * "compat" format: an old ``ld.so-1.7.0`` header with 12-byte entries, padded to 8 bytes,
   followed by a complete new-format section.  Only the new section is read.
 
-String offsets in new entries count from the start of the new header.  ``parse`` is pure
-(bytes in, values out); ``read_ldcache`` adds only the file read and its name in errors.
+String offsets in new entries count from the start of the new header.  ``parse_ldcache``
+is pure (bytes in, values out); ``read_ldcache`` adds only the file read and its name in
+errors.
 Every malformed input raises :class:`LdCacheError` naming the source and the offset.
 
 The writer (``merge`` then ``encode``) is pure as well; the ``update-ldcache`` hook uses it.
@@ -37,7 +38,6 @@ _OLD_ENTRY_SIZE = 12
 _NEW_HEADER_SIZE = 48
 _NEW_ENTRY_SIZE = 24
 _EXTENSION_MAGIC = 0xEAA42174
-_EXTENSION_TAG_GENERATOR = 0
 
 # Byte 28 of the new header records the writer's byte order (glibc >= 2.33; older loaders
 # ignore it). We write little-endian caches only.
@@ -45,16 +45,8 @@ _ENDIAN_UNSET, _ENDIAN_INVALID, _ENDIAN_LITTLE, _ENDIAN_BIG = 0, 1, 2, 3
 
 FLAG_ARCH_MASK = 0xFF00
 
-# Arch bits that ldconfig records.  0x0000 means "the platform's default 32-bit ABI",
-# which on x86 hosts is i386.
-ARCH_NAMES: dict[int, str] = {
-    0x0000: "i386",
-    0x0300: "x86-64",
-    0x0500: "ppc64",
-    0x0800: "x32",
-    0x0900: "armhf",
-    0x0A00: "aarch64",
-}
+# The 64-bit arch bits ldconfig records: x86-64, ppc64, aarch64 (0x0000 is the platform's
+# default 32-bit ABI, i386 on x86; 0x0800 x32, 0x0900 armhf).
 ARCH_64BIT = frozenset({0x0300, 0x0500, 0x0A00})
 
 _MAX_SYMLINK_HOPS = 40  # same bound as Linux's path walk
@@ -78,24 +70,14 @@ class LdCacheEntry(NamedTuple):
         return self.flags & FLAG_ARCH_MASK
 
     @property
-    def arch(self) -> str:
-        return ARCH_NAMES.get(self.arch_flag, f"unknown(0x{self.arch_flag:04x})")
-
-    @property
     def is_64bit(self) -> bool:
         return self.arch_flag in ARCH_64BIT
 
 
-class LdCache(NamedTuple):
-    entries: tuple[LdCacheEntry, ...]
-    compat: bool = False  # an old-format section preceded the new one
-    big_endian: bool = False
-    generator: str | None = None  # e.g. "ldconfig (GNU libc) 2.36", from the extension
-
-
-def parse(data: bytes, *, source: str = "<bytes>") -> LdCache:
-    """Parse a whole cache file's bytes."""
-    base, compat = _find_new_header(data, source)
+def parse_ldcache(data: bytes, *, source: str = "<bytes>") -> list[LdCacheEntry]:
+    """The entries of a whole cache file's bytes, in file order (the loader's preference
+    order)."""
+    base = _find_new_header(data, source)
     order, nlibs, strings_len, ext_offset = _read_new_header(data, base, source)
     entries_end = base + _NEW_HEADER_SIZE + nlibs * _NEW_ENTRY_SIZE
     strings_end = entries_end + strings_len
@@ -120,14 +102,9 @@ def parse(data: bytes, *, source: str = "<bytes>") -> LdCache:
         flags, key, value, osversion, hwcap = struct.unpack_from(order + "iIIIQ", data, off)
         entries.append(LdCacheEntry(key=string(key, off + 4), path=string(value, off + 8),
                                     flags=flags, osversion=osversion, hwcap=hwcap))
-    generator = _read_extension(data, ext_offset, order, source) if ext_offset else None
-    return LdCache(entries=tuple(entries), compat=compat, big_endian=order == ">",
-                   generator=generator)
-
-
-def parse_ldcache(data: bytes, *, source: str = "<bytes>") -> list[LdCacheEntry]:
-    """The cache's entries, in file order (the loader's preference order)."""
-    return list(parse(data, source=source).entries)
+    if ext_offset:
+        _check_extension(data, ext_offset, order, source)
+    return entries
 
 
 def read_ldcache(path: str | os.PathLike[str]) -> list[LdCacheEntry]:
@@ -137,23 +114,23 @@ def read_ldcache(path: str | os.PathLike[str]) -> list[LdCacheEntry]:
     return parse_ldcache(data, source=os.fspath(path))
 
 
-def _find_new_header(data: bytes, source: str) -> tuple[int, bool]:
+def _find_new_header(data: bytes, source: str) -> int:
     if data.startswith(NEW_MAGIC):
-        return 0, False
+        return 0
     if not data.startswith(OLD_MAGIC):
         raise LdCacheError("bad magic: not an ld.so.cache", source=source, offset=0)
     if len(data) < _OLD_HEADER_SIZE:
         raise LdCacheError("truncated old-format header", source=source, offset=len(data))
     (old_nlibs,) = struct.unpack_from("<I", data, 12)
     # The new section is aligned like its header struct (which holds a u64): to 8 bytes.
-    base = (_OLD_HEADER_SIZE + old_nlibs * _OLD_ENTRY_SIZE + 7) // 8 * 8
+    base: int = (_OLD_HEADER_SIZE + old_nlibs * _OLD_ENTRY_SIZE + 7) // 8 * 8
     if not data.startswith(NEW_MAGIC, base):
         raise LdCacheError(
             "old-format cache without a new-format section is not supported",
             source=source,
             offset=min(base, len(data)),
         )
-    return base, True
+    return base
 
 
 def _read_new_header(data: bytes, base: int, source: str) -> tuple[str, int, int, int]:
@@ -169,8 +146,8 @@ def _read_new_header(data: bytes, base: int, source: str) -> tuple[str, int, int
     return order, nlibs, strings_len, ext_offset
 
 
-def _read_extension(data: bytes, pos: int, order: str, source: str) -> str | None:
-    """Validate the extension directory (glibc >= 2.33) and return the generator string.
+def _check_extension(data: bytes, pos: int, order: str, source: str) -> None:
+    """Validate the extension directory (glibc >= 2.33; nothing of it is read).
 
     Unlike string offsets, extension offsets count from the start of the file (this is
     visible in compat-format caches, where the new header does not start at 0).
@@ -182,16 +159,12 @@ def _read_extension(data: bytes, pos: int, order: str, source: str) -> str | Non
         raise LdCacheError("bad extension magic", source=source, offset=pos)
     if pos + 8 + count * 16 > len(data):
         raise LdCacheError("truncated extension sections", source=source, offset=len(data))
-    generator = None
     for i in range(count):
         sec = pos + 8 + i * 16
-        tag, _flags, offset, size = struct.unpack_from(order + "IIII", data, sec)
+        _tag, _flags, offset, size = struct.unpack_from(order + "IIII", data, sec)
         if offset + size > len(data):
             raise LdCacheError(f"extension section {i} runs past the end", source=source,
                                offset=sec)
-        if tag == _EXTENSION_TAG_GENERATOR:
-            generator = data[offset : offset + size].decode("utf-8", "replace")
-    return generator
 
 
 # --- lookup -------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 
 from cdi.cache import SpecCache
 from cdi.edits import apply, merge
-from cdi.errors import EditError, UnresolvedDevicesError
+from cdi.errors import CDIError, UnresolvedDevicesError
 from cdi.model import ContainerEdits, Hook, IntelRdt, Mount, NetDevice
 from tests.helpers import make_char_device, write_specs
 
@@ -233,6 +233,6 @@ def test_mount_sort_is_stable_and_by_depth() -> None:
 
 def test_unknown_hook_type_is_an_error_and_input_untouched() -> None:
     oci: dict[str, Any] = {}
-    with pytest.raises(EditError, match="unknown hook name 'preStart'"):
+    with pytest.raises(CDIError, match="unknown hook name 'preStart'"):
         apply(oci, ContainerEdits(env=("A=1",), hooks=(Hook(hook_name="preStart", path="/bin/x"),)))
     assert oci == {}

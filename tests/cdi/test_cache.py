@@ -32,7 +32,7 @@ def test_devices_of_all_dirs_are_listed_sorted(tmp_path: Path) -> None:
         },
     )
     snapshot = SpecCache([str(low), str(high)]).refresh()
-    assert snapshot.device_names() == [
+    assert sorted(snapshot.devices) == [
         "vendor-a.com/fpga=f0",
         "vendor-a.com/fpga=f1",
         "vendor-b.com/nic=n0",
@@ -58,7 +58,7 @@ def test_equal_priority_conflict_drops_device_and_reports_both(tmp_path: Path) -
         },
     )
     snapshot = SpecCache([str(folder)]).refresh()
-    assert snapshot.device_names() == ["x.com/gpu=0", "x.com/gpu=2"]
+    assert sorted(snapshot.devices) == ["x.com/gpu=0", "x.com/gpu=2"]
     one, two = str(folder / "one.yaml"), str(folder / "two.yaml")
     assert set(snapshot.errors) == {one, two}
     assert "conflicting device 'x.com/gpu=1'" in snapshot.errors[one][0]
@@ -90,7 +90,7 @@ def test_bad_file_never_hides_good_ones(tmp_path: Path) -> None:
         },
     )
     snapshot = SpecCache([str(folder)]).refresh()
-    assert snapshot.device_names() == [
+    assert sorted(snapshot.devices) == [
         "vendor-a.com/fpga=f0",
         "vendor-a.com/fpga=f1",
         "vendor-b.com/nic=n0",
@@ -151,7 +151,7 @@ def test_resolve_names_every_unresolvable_device(tmp_path: Path) -> None:
     snapshot = SpecCache([str(folder)]).refresh()
     with pytest.raises(UnresolvedDevicesError) as info:
         snapshot.resolve(["vendor-a.com/fpga=f0", "vendor-a.com/fpga=f9", "not-a-name"])
-    assert info.value.names == ("vendor-a.com/fpga=f9", "not-a-name")
+    assert tuple(info.value.reasons) == ("vendor-a.com/fpga=f9", "not-a-name")
     assert "no such device" in str(info.value)
     assert "not a qualified CDI device name" in str(info.value)
 
@@ -199,7 +199,7 @@ def test_auto_refresh_sees_new_changed_and_removed_files(tmp_path: Path) -> None
     folder = tmp_path / "run" / "cdi"  # does not exist yet: its creation must be noticed
     cache = SpecCache([str(folder)])
     with AutoRefresh(cache, Timing(rescan_interval=3600)):
-        assert cache.snapshot.device_names() == []
+        assert sorted(cache.snapshot.devices) == []
         folder.mkdir(parents=True)
         write_specs(folder, {"a.yaml": VENDOR_A})
         wait_until(lambda: len(cache.snapshot.devices) == 2, "a.yaml's 2 devices served",

@@ -134,7 +134,7 @@ def _loads_resolves_injects(spec: Spec) -> None:
     loaded = [(SpecFile(spec.path, 0, (0, 0, 0, 0, 0)), spec)]
     snapshot = _build_snapshot((), loaded, 1, warnings={})
     assert not snapshot.errors, snapshot.errors
-    edits = snapshot.resolve(snapshot.device_names())
+    edits = snapshot.resolve(sorted(snapshot.devices))
     oci = apply({"ociVersion": "1.0.2", "process": {"env": []}, "linux": {}}, edits)
     json.dumps(oci, ensure_ascii=False).encode("utf-8")  # what goes to the runtime
 

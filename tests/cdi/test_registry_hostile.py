@@ -78,7 +78,7 @@ def test_hostile_file_at_start_hides_nothing(tmp_path: Path, name: str) -> None:
     (folder / "good.yaml").write_text(GOOD)
     bad = _make(folder, name)
     snapshot = SpecCache([str(folder)]).refresh()
-    assert snapshot.device_names() == ["good.example/dev=g0"]
+    assert sorted(snapshot.devices) == ["good.example/dev=g0"]
     assert snapshot.resolve(["good.example/dev=g0"]).env
     assert list(snapshot.errors) == [str(bad)]
     assert all(line.isprintable() for line in snapshot.errors[str(bad)])
@@ -92,7 +92,7 @@ def test_hostile_file_during_refresh_stops_nothing(tmp_path: Path, name: str) ->
     cache = SpecCache([str(folder)])
     # A rescan an hour away: whatever is seen below is seen through the events.
     with AutoRefresh(cache, Timing(rescan_interval=3600)):
-        assert cache.snapshot.device_names() == ["good.example/dev=g0"]
+        assert sorted(cache.snapshot.devices) == ["good.example/dev=g0"]
         bad = _make(folder, name)
         wait_until(lambda: str(bad) in cache.snapshot.errors, f"{bad} reported",
                    seen=lambda: cache.snapshot.errors)
@@ -102,7 +102,7 @@ def test_hostile_file_during_refresh_stops_nothing(tmp_path: Path, name: str) ->
         wait_until(lambda: "good.example/dev=g1" in cache.snapshot.devices, "g1 served",
                    seen=lambda: sorted(cache.snapshot.devices))
         snapshot = cache.snapshot
-        assert snapshot.device_names() == ["good.example/dev=g0", "good.example/dev=g1"]
+        assert sorted(snapshot.devices) == ["good.example/dev=g0", "good.example/dev=g1"]
         assert list(snapshot.errors) == [str(bad)]
 
 
@@ -247,16 +247,16 @@ def test_world_writable_spec_warns_and_can_be_refused(tmp_path: Path) -> None:
     spec.write_text(GOOD)
     spec.chmod(0o666)
     snapshot = SpecCache([str(folder)]).refresh()
-    assert snapshot.device_names() == ["good.example/dev=g0"]
+    assert sorted(snapshot.devices) == ["good.example/dev=g0"]
     assert snapshot.warnings == {str(spec): ("file is world-writable",)}
     refused = SpecCache([str(folder)], permissions="refuse").refresh()
-    assert refused.device_names() == []
+    assert sorted(refused.devices) == []
     assert "refused: file is world-writable" in refused.errors[str(spec)][0]
     spec.chmod(0o644)
     folder.chmod(0o777)
     snapshot = SpecCache([str(folder)]).refresh()
     assert snapshot.warnings == {str(folder): ("spec directory is world-writable",)}
-    assert SpecCache([str(folder)], permissions="refuse").refresh().device_names() == []
+    assert SpecCache([str(folder)], permissions="refuse").refresh().devices == {}
     assert SpecCache([str(folder)], permissions="ignore").refresh().warnings == {}
 
 

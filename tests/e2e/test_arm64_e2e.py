@@ -163,7 +163,7 @@ def _check(ctrd: Containerd, parts: arm64.Arm64, world: dict[str, Path], mode: s
 def _hooks_ran_as_aarch64(cri: CriClient, cid: str, world: dict[str, Path]) -> None:
     rootfs = Path(f"/proc/{cri.container_info(cid)['pid']}/root")
     cuda = [e for e in read_ldcache(rootfs / "etc/ld.so.cache") if e.key == "libcuda.so.1"]
-    assert cuda and {e.arch for e in cuda} == {"aarch64"}, cuda
+    assert cuda and {e.arch_flag for e in cuda} == {0x0A00}, cuda  # FLAG_AARCH64_LIB64
     logs = sorted((world["out"] / "strace").glob("hook-*"))
     assert logs, "the emulator logged no hook process"
     text = "\n".join(log.read_text() for log in logs)

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cdi.cache import Snapshot, SpecCache
-from cdi.device import Device
+from cdi.cache import Device, Snapshot, SpecCache
 from cdi.model import ContainerEdits, IntelRdt, NetDevice
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.dispatch import Dispatcher, RpcError

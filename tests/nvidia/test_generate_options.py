@@ -7,7 +7,6 @@ a container root, so "arguments it understands" is checked by the binary itself.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import shutil
 import subprocess
@@ -240,31 +239,28 @@ def test_missing_uvm_is_warned(node_factory: Callable[[str, NodeLayout], BuiltNo
 # --- nri-cdi list and NVIDIA_CTK_CDI_SPEC_DIRS -------------------------------------------------
 
 
-def test_list_reads_nvidia_ctk_spec_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_list_reads_nvidia_ctk_spec_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
     for folder, name in (("a", "x"), ("b", "y")):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "s.yaml").write_text(
             f"cdiVersion: 0.3.0\nkind: example.com/dev\ndevices:\n- name: {name}\n"
             "  containerEdits:\n    env: [A=1]\n")
     monkeypatch.setenv("NVIDIA_CTK_CDI_SPEC_DIRS", f"{tmp_path / 'a'},{tmp_path / 'b'}")
-    out = io.StringIO()
     assert cdi_cli.cmd_list(argparse.Namespace(spec_dirs=None, json=False, strict=False,
-                                               spec_dirs_env=SPEC_DIRS_ENV),
-                            out, io.StringIO()) == 0
-    assert out.getvalue().split() == ["example.com/dev=x", "example.com/dev=y"]
-    out = io.StringIO()  # --spec-dir wins over the variable
+                                               spec_dirs_env=SPEC_DIRS_ENV)) == 0
+    assert capsys.readouterr().out.split() == ["example.com/dev=x", "example.com/dev=y"]
+    # --spec-dir wins over the variable
     cdi_cli.cmd_list(argparse.Namespace(spec_dirs=[str(tmp_path / "b")], json=False,
-                                        strict=False, spec_dirs_env=SPEC_DIRS_ENV),
-                     out, io.StringIO())
-    assert out.getvalue().split() == ["example.com/dev=y"]
+                                        strict=False, spec_dirs_env=SPEC_DIRS_ENV))
+    assert capsys.readouterr().out.split() == ["example.com/dev=y"]
     # the command line nri-cdi builds passes the variable's name; the neutral default none
     parser = build_parser("list")
     assert parser.parse_args(["list"]).spec_dirs_env == SPEC_DIRS_ENV
     sub = argparse.ArgumentParser().add_subparsers()
     cdi_cli.add_commands(sub)
-    out = io.StringIO()
-    assert cdi_cli.cmd_list(sub.choices["list"].parse_args([]), out, io.StringIO()) == 0
-    assert "example.com/dev" not in out.getvalue()
+    assert cdi_cli.cmd_list(sub.choices["list"].parse_args([])) == 0
+    assert "example.com/dev" not in capsys.readouterr().out
 
 
 # --- NVIDIA's binary runs what we wrote for it ----------------------------------------------

@@ -8,10 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cdi.edits import apply
+from cdi.edits import apply, cgroup_access
 from cdi.libpath import EXTRA_LIBRARY_PATH_ENV, LD_LIBRARY_PATH_ENV, merge_library_path
 from cdi.model import ContainerEdits, DeviceNode
-from cdi.oci import cgroup_access
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.derived import beyond_derived, derived_access, explicit_rule_needed
 from nri_plugin.nri.errors import NRIPluginError

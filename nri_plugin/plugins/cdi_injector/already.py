@@ -13,8 +13,7 @@ import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from cdi.cache import Snapshot
-from cdi.device import Device
+from cdi.cache import Device, Snapshot
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.versions import NativeCdi
 from nri_plugin.plugins.cdi_injector.context import ContainerContext

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from cdi.device import Device
+from cdi.cache import Device
 from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.version import parse_version
 from nri_plugin.nri.versions import CDI_OFF, UNKNOWN_DIRS, NativeCdi, Reach, RuntimeInfo, SpecDirs

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from cdi.device import Device
+from cdi.cache import Device
 from cdi.libpath import LD_LIBRARY_PATH_ENV
 from cdi.model import ContainerEdits
 from nri_plugin.nri.api import nri_pb2

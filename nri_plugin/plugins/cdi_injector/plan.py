@@ -9,8 +9,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from cdi.cache import Snapshot
-from cdi.device import Device
+from cdi.cache import Device, Snapshot
 from cdi.errors import UnresolvedDevicesError
 from cdi.libpath import EXTRA_LIBRARY_PATH_ENV
 from cdi.model import ContainerEdits

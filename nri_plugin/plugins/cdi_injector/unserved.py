@@ -12,8 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from cdi.annotations import ANNOTATION_PREFIX
-from cdi.cache import Snapshot
-from cdi.device import Device
+from cdi.cache import Device, Snapshot
 from cdi.errors import UnresolvedDevicesError
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.versions import NativeCdi
