@@ -1,5 +1,5 @@
-"""The sans-IO NRI connection: mux + two ttrpc sessions (docs/developer/nri-protocol.md §1, §2),
-the events it returns, and the stream ids of each session (§1.2).
+"""The sans-IO NRI connection: mux + two ttrpc sessions, the events it returns, and the
+stream ids of each session (docs/developer/nri-protocol.md §1, §1.2, §2).
 """
 
 from __future__ import annotations
@@ -87,8 +87,8 @@ class ConnectionState(enum.Enum):
 
 
 class Role(enum.Enum):
-    """Which end of the trunk we are; it fixes which conn we serve (docs/developer/nri-protocol.md
-    §2.2)."""
+    """Which end of the trunk we are; it fixes which conn we serve
+    (docs/developer/nri-protocol.md §2.2)."""
 
     PLUGIN = "plugin"
     RUNTIME = "runtime"  # only used by tests, to play the runtime

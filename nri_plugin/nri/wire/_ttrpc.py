@@ -27,7 +27,7 @@ MAX_DATA = 4 << 20  # messageLengthMax (docs/developer/nri-protocol.md §1.1)
 
 class MessageType(enum.IntEnum):
     REQUEST = 1
-    RESPONSE = 2  # and 3, DATA: streaming only; NRI never sends it (nri-protocol.md §1.1)
+    RESPONSE = 2  # and 3, DATA: streaming only; NRI never sends it
 
 
 class Code(enum.IntEnum):
