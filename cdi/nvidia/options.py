@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, TypeVar
 
-from cdi.declare import Declared, declarations, declare
+from cdi.declare import DECLARED, Declared, declarations
 from cdi.nvidia.mountspec import DEFAULT_FOLDER, DEFAULT_NAMES
 from cdi.nvidia.tegra import ORIN_COMPAT_ROOT
 from cdi.runtimes import BUILDS
@@ -42,19 +43,16 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Option(Declared):
     """A generate option: the variable it falls back to (its ``choices`` are checked by the
-    generator, the variable's too); ``switch``: a flag without a value."""
+    generator, the variable's too). A bool option is a flag without a value."""
 
     env: str
-    switch: bool = False
 
 
 def option(default: T, help: str, env: str, *flags: str, **details: Any) -> T:
-    """A field of :class:`GenerateOptions`: a bool ``default`` makes a switch, a tuple a
-    repeatable option (``details``: the Option's other fields; a wrong name fails at
-    import)."""
-    return declare(default, Option(help=help, env=env, flags=flags,
-                                   switch=isinstance(default, bool),
-                                   repeatable=isinstance(default, tuple), **details))
+    """A field of :class:`GenerateOptions` (``details``: the Option's other fields; a wrong
+    name fails at import)."""
+    spec = Option(default=default, help=help, env=env, flags=flags, **details)
+    return field(default=default, metadata={DECLARED: spec})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,40 +164,30 @@ class GenerateOptions:
         "root", "NVIDIA_CTK_CONFIG", "--config", metavar="FILE", default_text="none")
 
 
-def options() -> dict[str, Option]:
-    """Every option by field name, in declaration order."""
-    return declarations(GenerateOptions)
-
-
-def option_of(name: str) -> Option:
-    return options()[name]
-
-
-def default_of(name: str) -> Any:
-    return getattr(GenerateOptions(), name)
+# Every option by field name, in declaration order.
+OPTIONS: Mapping[str, Option] = MappingProxyType(declarations(GenerateOptions))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every option's flags. Their defaults are None, so that an unset flag falls back to
     its variable (:func:`resolve`)."""
-    for name, spec in options().items():
-        if spec.switch:
+    for name, spec in OPTIONS.items():
+        if isinstance(spec.default, bool):
             parser.add_argument(*spec.flags, dest=name, default=None, action="store_true",
                                 help=spec.help)
         elif spec.flags:
-            parser.add_argument(*spec.flags, dest=name,
-                                **spec.argument(default_of(name), "; repeatable"))
+            parser.add_argument(*spec.flags, dest=name, **spec.argument("; repeatable"))
 
 
 def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> GenerateOptions:
     """The options from the parsed flags, each unset one from its variable, else its
     default."""
     values: dict[str, Any] = {}
-    for name, spec in options().items():
+    for name, spec in OPTIONS.items():
         given = getattr(args, name, None)
         raw = environ.get(spec.env)
         if given is None and raw:
-            if spec.switch:
+            if isinstance(spec.default, bool):
                 given = raw.strip().lower() in _TRUE
             else:
                 given = [raw] if spec.repeatable else raw
