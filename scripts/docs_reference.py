@@ -13,12 +13,10 @@ that differs from what the code gives (tests/test_docs_site.py runs it).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE = REPO / "docs" / "reference"
@@ -55,70 +53,10 @@ def cli_page() -> str:
     return GENERATED + "\n".join(lines)
 
 
-def _accepted(check: Callable[[Any], Any]) -> str:
-    """What a key's check accepts, in its own words: the message of the most specific probe
-    it refuses ("expected one of auto, nvml, ...")."""
-    said = "any value"
-    for probe in (object(), "", "relative/name", "/absolute/name"):
-        try:
-            check(probe)
-        except ValueError as exc:
-            said = str(exc).split(", got ", 1)[0].removeprefix("expected ")
-    return said
-
-
-def _flags(keys: dict[str, str]) -> dict[str, list[str]]:
-    """configuration key -> the long options that set it, read from the parsers."""
-    os.environ["COLUMNS"] = HELP_WIDTH
-    from nri_plugin.ops.cli import build_parser
-
-    found: dict[str, set[str]] = {}
-    for _, parser in _walk(build_parser(), ("nri-cdi",)):
-        for action in parser._actions:
-            if action.dest in keys:
-                found.setdefault(keys[action.dest], set()).update(
-                    o for o in action.option_strings if o.startswith("--"))
-    return {key: sorted(options) for key, options in found.items()}
-
-
-def _shown(value: Any) -> str:
-    import yaml
-
-    text = yaml.safe_dump(list(value) if isinstance(value, tuple) else value,
-                          default_flow_style=True, width=1000)
-    return text.removesuffix("\n...\n").strip()
-
-
 def configuration_page() -> str:
-    from nri_plugin.ops import settings
+    from nri_plugin.ops.settings import render_reference
 
-    intro = ["# Configuration file", ""]
-    render = getattr(settings, "render_reference", None)
-    if callable(render):  # the settings module documents its keys itself
-        return GENERATED + "\n".join(intro) + "\n" + str(render())
-    lines = [*intro,
-             f"One file, `{settings.DEFAULT_CONFIG_PATH}` (`--config FILE` or "
-             f"`${settings.CONFIG_ENV}` to choose), read by `plugin`, `refresh`, `watch` and "
-             "`doctor`. A flag given on the command line wins over the file; "
-             "`nri-cdi config show` prints the effective configuration and `nri-cdi config "
-             "check` validates the file. Every error names its key, and all errors are "
-             "listed at once."]
-    flags = _flags(settings.FLAG_KEYS)
-    for section, (cls, checks) in settings.SECTIONS.items():
-        doc = " ".join((cls.__doc__ or "").split()).replace("``", "`")
-        lines += ["", f"## `{section}`", ""]
-        if doc and not doc.startswith(cls.__name__ + "("):
-            lines += [doc, ""]
-        lines += ["| key | default | accepts | flag |", "|---|---|---|---|"]
-        defaults = {f.name: getattr(cls(), f.name) for f in dataclasses.fields(cls)}
-        for name, check in checks.items():
-            flag = ", ".join(f"`{f}`" for f in flags.get(f"{section}.{name}", [])) or "-"
-            cells = [f"`{name}`", f"`{_shown(defaults[name])}`", _accepted(check), flag]
-            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    lines += ["", "## `policy`", "",
-              "The authorization policy, as a mapping: [Policy](../usage/policy.md). The "
-              "plugin validates it and reloads it when the file changes."]
-    return GENERATED + "\n".join(lines) + "\n"
+    return GENERATED + "# Configuration file\n\n" + render_reference()
 
 
 PROBE = "(probe)"

@@ -61,10 +61,9 @@ from cdi.nvidia.mountspec import (
 )
 from cdi.nvidia.options import (
     FEATURE_FLAGS,
+    OPTIONS,
     GenerateOptions,
     add_arguments,
-    option_of,
-    options,
     resolve,
 )
 from cdi.nvidia.sidecar import SUFFIX as SIDECAR_SUFFIX
@@ -112,7 +111,7 @@ def add_commands(subparsers: Any) -> None:
 
 def _check_choices(v: GenerateOptions) -> None:
     """Every value of an option with choices is one of them, the variables' too."""
-    for name, spec in options().items():
+    for name, spec in OPTIONS.items():
         value = getattr(v, name)
         for item in value if isinstance(value, tuple) else (value,):
             if spec.choices and item is not None and item not in spec.choices:
@@ -160,7 +159,7 @@ def _hook_path(value: str | None) -> str:
 def _refuse_csv_options(v: GenerateOptions, mode: str) -> None:
     """The --csv.* options outside CSV mode would be silently ignored: refused instead."""
     for name in ("csv_files", "csv_ignore_patterns", "csv_compat_root"):
-        spec = option_of(name)
+        spec = OPTIONS[name]
         if getattr(v, name) and mode != "csv":
             raise UsageError(f"{spec.flags[0]} / {spec.env}: only for --mode csv (this run is "
                              f"in {mode} mode)")

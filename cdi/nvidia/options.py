@@ -12,22 +12,14 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, TypeVar
 
+from cdi.declare import DECLARED, Declared, declarations
 from cdi.nvidia.mountspec import DEFAULT_FOLDER, DEFAULT_NAMES
 from cdi.nvidia.tegra import ORIN_COMPAT_ROOT
 from cdi.runtimes import BUILDS
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
-
-    class _Details(TypedDict, total=False):  # ``option``'s keywords: the Option's fields
-        kind: Kind
-        metavar: str | None
-        choices: tuple[str, ...]
-        checked: bool
-        default_text: str | None
 
 # nvidia-ctk's hook names; cdi.nvidia.cli refuses to enable those nri-cdi lacks.
 HOOK_NAMES = ("create-symlinks", "update-ldcache", "enable-cuda-compat",
@@ -45,33 +37,22 @@ FEATURE_FLAGS: dict[str, str | None] = {
     "disable-multiple-csv-devices": None,  # CSV mode: one device even where NVML sees more
 }
 _TRUE = ("1", "t", "true", "yes", "y", "on")
-
-Kind = Literal["str", "list", "bool"]
-
-
-@dataclass(frozen=True, slots=True)
-class Option:
-    """One option: its flags (the first is the one other commands pass), the variable it
-    falls back to, its value kind, and its help. ``choices``: the values it takes, checked
-    by the generator for the variable too (``checked``: by the parser as well, for a
-    flag); ``default_text`` says what the default means where its value does not."""
-
-    help: str
-    env: str
-    kind: Kind = "str"
-    flags: tuple[str, ...] = ()
-    metavar: str | None = None
-    choices: tuple[str, ...] = ()
-    checked: bool = True
-    default_text: str | None = None
-
-
-OPTION = "nri_cdi_option"  # the field metadata entry holding the Option
 T = TypeVar("T")
 
 
-def option(default: T, help: str, env: str, *flags: str, **details: Unpack[_Details]) -> T:
-    return field(default=default, metadata={OPTION: Option(help, env, flags=flags, **details)})
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Option(Declared):
+    """A generate option: the variable it falls back to (its ``choices`` are checked by the
+    generator, the variable's too). A bool option is a flag without a value."""
+
+    env: str
+
+
+def option(default: T, help: str, env: str, *flags: str, **details: Any) -> T:
+    """A field of :class:`GenerateOptions` (``details``: the Option's other fields; a wrong
+    name fails at import)."""
+    spec = Option(default=default, help=help, env=env, flags=flags, **details)
+    return field(default=default, metadata={DECLARED: spec})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,7 +73,7 @@ class GenerateOptions:
         metavar="VERSION|RUNTIME", default_text="the lowest the spec needs")
     if_changed: bool = option(
         False, "do nothing when the existing spec has the same fingerprint",
-        "NRI_CDI_GENERATE_IF_CHANGED", "--if-changed", kind="bool")
+        "NRI_CDI_GENERATE_IF_CHANGED", "--if-changed")
     # discovery
     mode: str = option(
         "auto", "how the GPUs are discovered: auto, nvml, procfs, management or csv "
@@ -107,11 +88,11 @@ class GenerateOptions:
         metavar="DIR", default_text="the driver root")
     library_search_paths: tuple[str, ...] = option(
         (), "search only these folders for driver libraries",
-        "NVIDIA_CTK_CDI_GENERATE_LIBRARY_SEARCH_PATHS", "--library-search-path", kind="list",
+        "NVIDIA_CTK_CDI_GENERATE_LIBRARY_SEARCH_PATHS", "--library-search-path",
         metavar="DIR", default_text="the driver's usual folders")
     config_search_paths: tuple[str, ...] = option(
         (), "search these folders for driver config files",
-        "NVIDIA_CTK_CDI_GENERATE_CONFIG_SEARCH_PATHS", "--config-search-path", kind="list",
+        "NVIDIA_CTK_CDI_GENERATE_CONFIG_SEARCH_PATHS", "--config-search-path",
         metavar="DIR", default_text="the driver's usual folders")
     xdg_data_dirs: str | None = option(  # no flag: where the config files are searched too
         None, "more folders to search for driver config files", "XDG_DATA_DIRS")
@@ -119,8 +100,7 @@ class GenerateOptions:
     strategies: tuple[str, ...] = option(
         ("index", "uuid"), "how devices are named: index, uuid or type-index",
         "NVIDIA_CTK_CDI_GENERATE_DEVICE_NAME_STRATEGIES", "--device-name-strategy",
-        kind="list", metavar="STRATEGY", choices=("index", "uuid", "type-index"),
-        checked=False)
+        metavar="STRATEGY", choices=("index", "uuid", "type-index"), checked=False)
     vendor: str | None = option(
         None, "the spec's vendor", "NVIDIA_CTK_CDI_GENERATE_VENDOR", "--vendor", "--cdi-vendor",
         default_text="nvidia.com; management mode: management.nvidia.com")
@@ -128,11 +108,11 @@ class GenerateOptions:
                          "--cdi-class", metavar="CLASS")
     no_all_device: bool = option(
         False, "do not add the 'all' device", "NVIDIA_CTK_CDI_GENERATE_NO_ALL_DEVICE",
-        "--no-all-device", kind="bool")
+        "--no-all-device")
     device_ids: tuple[str, ...] = option(
         ("all",), "the devices to write: all, none, an index, i:j, or a GPU-/MIG- UUID",
         "NVIDIA_CTK_CDI_GENERATE_DEVICE_IDS", "--device-id", "--device-ids", "--device",
-        "--devices", kind="list", metavar="ID")
+        "--devices", metavar="ID")
     # hooks
     link_mode: str = option(
         "hooks", "hooks: createContainer hooks make the driver's symlinks and ld cache; "
@@ -150,91 +130,68 @@ class GenerateOptions:
     disabled_hooks: tuple[str, ...] = option(
         (), "hooks left out of the spec: a hook name, or all",
         "NVIDIA_CTK_CDI_GENERATE_DISABLED_HOOKS", "--disable-hook", "--disable-hooks",
-        kind="list", metavar="HOOK", choices=("all", *HOOK_NAMES), checked=False,
-        default_text="none")
+        metavar="HOOK", choices=("all", *HOOK_NAMES), checked=False, default_text="none")
     enabled_hooks: tuple[str, ...] = option(
         (), "a hook name; overrides --disable-hook", "NVIDIA_CTK_CDI_GENERATE_ENABLED_HOOKS",
-        "--enable-hook", "--enable-hooks", kind="list", metavar="HOOK",
-        choices=("all", *HOOK_NAMES), checked=False,
-        default_text="none; hooks mode writes nvidia-ctk's default hooks")
+        "--enable-hook", "--enable-hooks", metavar="HOOK", choices=("all", *HOOK_NAMES),
+        checked=False, default_text="none; hooks mode writes nvidia-ctk's default hooks")
     # nvidia-ctk's global options and its CSV/feature-flag ones: taken where they map to
     # something nri-cdi does, refused by name otherwise (never silently ignored).
     feature_flags: tuple[str, ...] = option(
         (), f"one of {', '.join(FEATURE_FLAGS)} (the explicit driver library list and "
         "coherence annotations are not supported)", "NVIDIA_CTK_CDI_GENERATE_FEATURE_FLAGS",
-        "--feature-flag", "--feature-flags", kind="list", metavar="FLAG",
+        "--feature-flag", "--feature-flags", metavar="FLAG",
         choices=tuple(FEATURE_FLAGS), checked=False, default_text="none")
     csv_files: tuple[str, ...] = option(
         (), "CSV mode: a CSV file listing the devices and files",
-        "NVIDIA_CTK_CDI_GENERATE_CSV_FILES", "--csv.file", kind="list", metavar="FILE",
+        "NVIDIA_CTK_CDI_GENERATE_CSV_FILES", "--csv.file", metavar="FILE",
         default_text=f"{', '.join(DEFAULT_NAMES)} in <driver root>{DEFAULT_FOLDER}")
     csv_ignore_patterns: tuple[str, ...] = option(
         (), "CSV mode: leave out the sym lines whose path matches (a glob; **/NAME matches "
         "the file name in any folder)", "NVIDIA_CTK_CDI_GENERATE_CSV_IGNORE_PATTERNS",
-        "--csv.ignore-pattern", kind="list", metavar="PATTERN", default_text="none")
+        "--csv.ignore-pattern", metavar="PATTERN", default_text="none")
     csv_compat_root: str | None = option(
         None, "CSV mode on an Orin: where images keep their CUDA forward-compatibility "
         "libraries", "NVIDIA_CTK_CDI_GENERATE_CSV_CONTAINER_COMPAT_ROOT",
         "--csv.compat-container-root", metavar="DIR", default_text=ORIN_COMPAT_ROOT)
     debug: bool = option(
         False, "say what was found and decided, on stderr (NVIDIA hook programs also get "
-        "NVIDIA_CTK_DEBUG=true)", "NVIDIA_CTK_DEBUG", "--debug", "-d", kind="bool")
+        "NVIDIA_CTK_DEBUG=true)", "NVIDIA_CTK_DEBUG", "--debug", "-d")
     quiet: bool = option(False, "print errors only; overrides --debug", "NVIDIA_CTK_QUIET",
-                         "--quiet", kind="bool")
+                         "--quiet")
     config: str | None = option(
         None, "nvidia-ctk's config.toml: its nvidia-container-cli.root is the default driver "
         "root", "NVIDIA_CTK_CONFIG", "--config", metavar="FILE", default_text="none")
 
 
-def options() -> dict[str, Option]:
-    """Every option by field name, in declaration order."""
-    return {f.name: f.metadata[OPTION] for f in fields(GenerateOptions)}
-
-
-def option_of(name: str) -> Option:
-    return options()[name]
-
-
-def default_of(name: str) -> Any:
-    return getattr(GenerateOptions(), name)
+# Every option by field name, in declaration order.
+OPTIONS: Mapping[str, Option] = MappingProxyType(declarations(GenerateOptions))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every option's flags. Their defaults are None, so that an unset flag falls back to
     its variable (:func:`resolve`)."""
-    for name, spec in options().items():
-        if not spec.flags:
-            continue
-        options_: dict[str, Any] = {"dest": name, "default": None}
-        if spec.kind == "bool":
-            options_ |= {"action": "store_true", "help": spec.help}
-        else:
-            again = "; repeatable" if spec.kind == "list" else ""
-            default = default_of(name)
-            shown = spec.default_text or (", ".join(default) if isinstance(default, tuple)
-                                          else str(default))
-            options_ |= {"help": f"{spec.help}{again} (default: {shown})",
-                         "metavar": spec.metavar}
-            if spec.kind == "list":
-                options_["action"] = "append"
-            if spec.choices and spec.checked:
-                options_["choices"] = spec.choices
-        parser.add_argument(*spec.flags, **options_)
+    for name, spec in OPTIONS.items():
+        if isinstance(spec.default, bool):
+            parser.add_argument(*spec.flags, dest=name, default=None, action="store_true",
+                                help=spec.help)
+        elif spec.flags:
+            parser.add_argument(*spec.flags, dest=name, **spec.argument("; repeatable"))
 
 
 def resolve(args: argparse.Namespace, environ: Mapping[str, str]) -> GenerateOptions:
     """The options from the parsed flags, each unset one from its variable, else its
     default."""
     values: dict[str, Any] = {}
-    for name, spec in options().items():
+    for name, spec in OPTIONS.items():
         given = getattr(args, name, None)
         raw = environ.get(spec.env)
         if given is None and raw:
-            if spec.kind == "bool":
+            if isinstance(spec.default, bool):
                 given = raw.strip().lower() in _TRUE
             else:
-                given = [raw] if spec.kind == "list" else raw
-        if spec.kind == "list" and given is not None:  # comma-separated, in flags too
+                given = [raw] if spec.repeatable else raw
+        if spec.repeatable and given is not None:  # comma-separated, in flags too
             given = tuple(v.strip() for item in given for v in item.split(",") if v.strip())
         if given:
             values[name] = given

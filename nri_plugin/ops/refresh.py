@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cdi.nvidia.discover import Roots
-from cdi.nvidia.options import option_of
+from cdi.nvidia.options import OPTIONS
 from cdi.nvidia.sidecar import sidecar_path
 from nri_plugin.ops.logformat import log_to
 from nri_plugin.ops.settings import (
@@ -187,7 +187,7 @@ def generator_args(settings: Settings) -> list[str]:
         value = getattr(g, name)
         if key.option is None or value is None:
             continue
-        flag = option_of(key.option).flags[0]
+        flag = OPTIONS[key.option].flags[0]
         for one in value if isinstance(value, tuple) else (value,):
             args += [flag, one]
     return args + list(g.extra_args)

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from cdi.declare import DECLARED, Declared, declarations
 from cdi.dirs import DEFAULT_SPEC_DIRS
 from cdi.nvidia.hook_programs import HOOK_PROGRAMS
-from cdi.nvidia.options import default_of as option_default
-from cdi.nvidia.options import option_of
+from cdi.nvidia.options import OPTIONS
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
 from nri_plugin.ops.kubelet_plugins import DEFAULT_REGISTRY
@@ -164,36 +164,29 @@ PATH_OR_OFF = ValueType('absolute path, or "" (off)', _off_or(_abs_path))
 # --- a key's declaration -------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Key:
-    """What one key means (``help``), its value type, and its command-line flag (``flags``:
-    none for a file-only key; ``repeatable``: a list given one element per flag; the parsed
-    value is the attribute named ``section.key``). ``default_text`` says what
-    the default means where its value does not (``None``, ``""``). ``option``: the
-    ``nri-cdi generate`` option a ``generate`` key sets (``refresh`` passes its flag)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Key(Declared):
+    """A key: its value type (a flag's value is parsed into the attribute named
+    ``section.key``); ``option``: the ``nri-cdi generate`` option a ``generate`` key sets
+    (``refresh`` passes its flag)."""
 
-    help: str
     type: ValueType
-    flags: tuple[str, ...] = ()
-    metavar: str | None = None
-    repeatable: bool = False
-    default_text: str | None = None
-    option: str | None = None  # the generate option (cdi.nvidia.options) the key sets
-    optional: bool = False  # None (null in the file) is a value: the default is None
+    option: str | None = None
 
     def check(self, value: Any) -> Any:
-        return None if value is None and self.optional else self.type.check(value)
+        # None (null in the file) is a value where it is the default
+        return None if value is None and self.default is None else self.type.check(value)
 
 
 T = TypeVar("T")
-KEY = "nri_cdi_key"  # the field metadata entry holding the Key
 
 
 def setting(default: T, value_type: ValueType, help: str, *flags: str, **details: Any) -> T:
     """A section field: its default and its :class:`Key` (``details``: its other fields; a
     wrong name fails at import)."""
-    key = Key(help, value_type, flags, optional=default is None, **details)
-    return field(default=default, metadata={KEY: key})
+    key = Key(default=default, help=help, type=value_type, flags=flags,
+              choices=value_type.choices, **details)
+    return field(default=default, metadata={DECLARED: key})
 
 
 def generate_setting(option: str, value_type: ValueType, *, flag: bool = False,
@@ -201,12 +194,10 @@ def generate_setting(option: str, value_type: ValueType, *, flag: bool = False,
     """A ``generate`` section field: the generator's option ``option`` (its declaration in
     cdi.nvidia.options gives the meaning, the default unless ``default``, and with ``flag``
     its first flag), as a file key."""
-    spec = option_of(option)
-    value = option_default(option) if default is None else default
-    key = Key(spec.help, value_type, spec.flags[:1] if flag else (), spec.metavar,
-              spec.kind == "list", spec.default_text if default is None else None, option,
-              value is None)
-    return field(default=value, metadata={KEY: key})
+    spec = OPTIONS[option]
+    return setting(spec.default if default is None else default, value_type, spec.help,
+                   *spec.flags[:1] if flag else (), metavar=spec.metavar, option=option,
+                   default_text=spec.default_text if default is None else None)
 
 
 # --- the sections: typed, immutable values -------------------------------------------------
@@ -232,7 +223,7 @@ class PluginSettings:
     spec_dirs: tuple[str, ...] = setting(
         DEFAULT_SPEC_DIRS, PATHS,
         "CDI spec folders; a device in a later folder wins over one of the same name in an "
-        "earlier one", "--spec-dir", metavar="DIR", repeatable=True)
+        "earlier one", "--spec-dir", metavar="DIR")
     rescan_interval: float = setting(
         60.0, SECONDS, "full rescan of the spec folders, besides inotify",
         "--rescan-interval", metavar="SECONDS")
@@ -267,12 +258,12 @@ class GenerateSettings:
     # The spec nri-cdi's own commands read: a file, where generate alone writes stdout.
     output: str = generate_setting("output", ABSOLUTE_PATH, flag=True,
                                    default="/var/run/cdi/nvidia.yaml")
-    mode: str = generate_setting("mode", one_of(*option_of("mode").choices), flag=True)
+    mode: str = generate_setting("mode", one_of(*OPTIONS["mode"].choices), flag=True)
     # Always a folder: refresh and watch look at the node under it.
     driver_root: str = generate_setting("driver_root", ABSOLUTE_PATH, flag=True, default="/")
     dev_root: str | None = generate_setting("dev_root", ABSOLUTE_PATH, flag=True)
     device_name_strategies: tuple[str, ...] = generate_setting("strategies", STRINGS)
-    link_mode: str = generate_setting("link_mode", one_of(*option_of("link_mode").choices))
+    link_mode: str = generate_setting("link_mode", one_of(*OPTIONS["link_mode"].choices))
     hook_path: str | None = generate_setting("hook_path", HOOK_PROGRAM)
     disabled_hooks: tuple[str, ...] = generate_setting("disabled_hooks", STRINGS)
     extra_args: tuple[str, ...] = setting((), STRINGS, "more nri-cdi generate arguments")
@@ -409,7 +400,7 @@ def section_help(section: str) -> str:
 
 def keys_of(section: str) -> dict[str, Key]:
     """A section's keys, in declaration order."""
-    return {f.name: f.metadata[KEY] for f in fields(SECTIONS[section])}
+    return declarations(SECTIONS[section])
 
 
 def all_keys() -> list[tuple[str, str, Key]]:
@@ -488,19 +479,6 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
                              f"{DEFAULT_CONFIG_PATH} if it exists)")
 
 
-def shown_default(section: str, name: str) -> str:
-    """The default as help and the reference show it."""
-    key = keys_of(section)[name]
-    if key.default_text is not None:
-        return key.default_text
-    value = getattr(SECTIONS[section](), name)
-    if isinstance(value, tuple):
-        return ", ".join(value) if value else "none"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
 def add_setting_flags(parser: argparse.ArgumentParser, *dotted: str) -> None:
     """The flags of the keys named ``section.key``, help and default from their
     declaration, each parsed into the attribute of that name (no other option's has a dot).
@@ -510,18 +488,10 @@ def add_setting_flags(parser: argparse.ArgumentParser, *dotted: str) -> None:
         key = keys_of(section)[key_name]
         if not key.flags:
             raise ValueError(f"{name} has no command-line flag")
-        again = "; repeat for several" if key.repeatable else ""
-        options: dict[str, Any] = {
-            "dest": name, "default": None,
-            "help": f"{key.help}{again} ({name}; default: {shown_default(section, key_name)})"}
-        if key.type.choices:
-            options["choices"] = key.type.choices
-        else:
-            options["type"] = key.type.from_text
-            options["metavar"] = key.metavar or "VALUE"
-        if key.repeatable:
-            options["action"] = "append"
-        parser.add_argument(*key.flags, **options)
+        options = key.argument("; repeat for several", f"{name}; ")
+        if not key.choices:
+            options |= {"type": key.type.from_text, "metavar": key.metavar or "VALUE"}
+        parser.add_argument(*key.flags, dest=name, **options)
 
 
 def apply_flags(settings: Settings, args: argparse.Namespace) -> Settings:
@@ -626,8 +596,8 @@ def render_reference() -> str:
                   "| key | type | default | flag | meaning |", "|---|---|---|---|---|"]
         for name, key in keys_of(section).items():
             flag = ", ".join(f"`{f}`" for f in key.flags) or "-"
-            cells = [f"`{section}.{name}`", key.type.name, f"`{shown_default(section, name)}`",
-                     flag, key.help]
+            cells = [f"`{section}.{name}`", key.type.name, f"`{key.shown_default()}`", flag,
+                     key.help]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines += ["", "## `policy`", "", "The authorization policy, as a mapping "
               "([Policy](../usage/policy.md)); the plugin validates it and reloads it when "

@@ -293,7 +293,7 @@ def test_options_are_declared_once_and_resolved_into_a_frozen_record() -> None:
     import argparse
     import dataclasses
 
-    from cdi.nvidia.options import GenerateOptions, add_arguments, options, resolve
+    from cdi.nvidia.options import OPTIONS, GenerateOptions, add_arguments, resolve
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -311,6 +311,6 @@ def test_options_are_declared_once_and_resolved_into_a_frozen_record() -> None:
     assert resolve(parser.parse_args([]), {}) == GenerateOptions()
     # Every option has a variable; every flag is the parser's.
     flags = {f for action in parser._actions for f in action.option_strings}
-    for name, spec in options().items():
+    for name, spec in OPTIONS.items():
         assert spec.env, name
         assert set(spec.flags) <= flags, name

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cdi.declare import DECLARED
 from nri_plugin.ops.cli import build_parser, main
 from nri_plugin.ops.settings import (
     DEFAULT_CONFIG_PATH,
-    KEY,
     SECTIONS,
+    Key,
     PluginSettings,
     Settings,
     SettingsError,
@@ -56,7 +57,7 @@ def test_each_key_is_declared_once_on_its_field() -> None:
                               if f.name not in ("policy", "source")]
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
-            assert KEY in f.metadata, f"{section}.{f.name} has no declaration"
+            assert isinstance(f.metadata.get(DECLARED), Key), f"{section}.{f.name} has no key"
     flags = [flag for _, _, key in all_keys() for flag in key.flags]
     assert len(flags) == len(set(flags)), "two keys share a flag"
 
