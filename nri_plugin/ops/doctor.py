@@ -18,6 +18,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -34,7 +35,6 @@ from cdi.linux.elf import ElfError, foreign_to_this_machine, is_elf, read_header
 from cdi.nvidia.discover import Roots, driver_version_from_proc
 from cdi.nvidia.sidecar import sidecar_path
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, NativeCdi
-from nri_plugin.ops import e2e_args
 from nri_plugin.ops.containerd_config import (
     CRI_V2_SECTION,
     CRI_V3_SECTION,
@@ -832,13 +832,31 @@ def add_commands(subparsers: Any) -> None:
     parser.add_argument("--no-generate", dest="check_generated", action="store_false",
                         help="skip the fingerprint check (it runs the generator)")
     parser.add_argument("--json", action="store_true", help="JSON output")
-    e2e_args.add_arguments(parser)
+    parser.add_argument("--e2e", nargs=argparse.REMAINDER, metavar="FLAG",
+                        help="the end-to-end node check (a throwaway GPU container on this "
+                             "node), from a checkout: what follows are its flags (doctor "
+                             "--e2e --help)")
     parser.set_defaults(func=cmd_doctor)
 
 
+def _e2e(args: argparse.Namespace) -> int:
+    """The node check, from the test bed; without it (an installed wheel carries only the
+    product) one line says where it is."""
+    try:
+        from nri_cdi_testbed.node_check import check  # here: only --e2e needs the test bed
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("nri_cdi_testbed", "nri_cdi_testbed.node_check"):
+            raise  # the test bed is there but something it needs is not
+        print("nri-cdi doctor --e2e: needs the test bed (nri_cdi_testbed), which the installed "
+              "package does not carry: run `python3 -m nri_plugin.ops.cli doctor --e2e` in a "
+              "checkout of the nri-cdi repository", file=sys.stderr)
+        return 2
+    return check.main(args.e2e, json_output=args.json, socket=getattr(args, "plugin.socket"))
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
-    if args.e2e:
-        return e2e_args.run(args)
+    if args.e2e is not None:
+        return _e2e(args)
     settings = command_settings(args, "doctor")
     if settings is None:
         return 2
