@@ -68,7 +68,7 @@ from cdi.nvidia.options import (
     resolve,
 )
 from cdi.nvidia.sidecar import SUFFIX as SIDECAR_SUFFIX
-from cdi.nvidia.sidecar import sidecar_path
+from cdi.nvidia.sidecar import read_sidecar, sidecar_path
 from cdi.nvidia.tegra import (
     ORIN_COMPAT_ROOT,
     NvmlFacts,
@@ -509,12 +509,12 @@ def _write(path: Path, data: bytes, meta: dict[str, Any]) -> None:
 
 def _unchanged(path: Path, fp: str) -> bool:
     """True when ``path`` is the spec a previous run wrote for the same fingerprint."""
+    meta = read_sidecar(path)
     try:
-        meta = json.loads(sidecar_path(path).read_text())
         data = path.read_bytes()
-    except (OSError, ValueError):
+    except OSError:
         return False
-    return bool(isinstance(meta, dict) and meta.get("fingerprint") == fp
+    return bool(meta.get("fingerprint") == fp
                 and meta.get("spec", {}).get("sha256") == sha256(data).hexdigest())
 
 

@@ -33,7 +33,7 @@ from cdi.cache import SpecCache
 from cdi.dirs import DEFAULT_SPEC_DIRS, scan
 from cdi.linux.elf import ElfError, foreign_to_this_machine, is_elf, read_header, this_machine
 from cdi.nvidia.discover import Roots, driver_version_from_proc
-from cdi.nvidia.sidecar import sidecar_path
+from cdi.nvidia.sidecar import read_sidecar, sidecar_path
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, NativeCdi
 from nri_plugin.ops.containerd_config import (
     CRI_V2_SECTION,
@@ -47,7 +47,7 @@ from nri_plugin.ops.crio_config import CrioConfig
 from nri_plugin.ops.inpod import NOT_VISIBLE, ON_NODE, ON_THE_NODE, TOLERATE_ENV, Place, detect
 from nri_plugin.ops.kubelet_plugins import Registry, read_registry
 from nri_plugin.ops.podresources import PodResourcesWatch
-from nri_plugin.ops.refresh import generator_args, read_sidecar, run_generator_process
+from nri_plugin.ops.refresh import generator_args, run_generator_process
 from nri_plugin.ops.runtime_cdi import cri_cdi_settings, crio_serving, why_unread
 from nri_plugin.ops.settings import (
     PluginSettings,
