@@ -36,8 +36,6 @@ from cdi.nvidia.discover import Roots, driver_version_from_proc
 from cdi.nvidia.sidecar import read_sidecar, sidecar_path
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, NativeCdi
 from nri_plugin.ops.containerd_config import (
-    CRI_V2_SECTION,
-    CRI_V3_SECTION,
     NRI_SECTION,
     ContainerdConfig,
     locate,
@@ -429,13 +427,10 @@ def current_fingerprint(settings: Settings) -> tuple[str | None, str]:
 # (docs/install/containerd.md, "containerd's own CDI beside the plugin").
 
 
-def _runtime_cdi(cfg: ContainerdConfig) -> tuple[bool, tuple[str, ...], str]:
-    """(enable_cdi in effect, the folders it resolves from, the section name)."""
-    section = CRI_V3_SECTION if (cfg.data and cfg.data.get("version") == 3) or (
-        not cfg.data and cfg.v2_defaults) else CRI_V2_SECTION
-    enabled, dirs = cri_cdi_settings(cfg.data)
-    return (cfg.v2_defaults if enabled is NativeCdi.UNKNOWN else enabled is NativeCdi.ON,
-            dirs, section)
+def _runtime_cdi(cfg: ContainerdConfig) -> tuple[bool, tuple[str, ...]]:
+    """(enable_cdi in effect, the folders it resolves from)."""
+    enabled, dirs = cri_cdi_settings(cfg)
+    return cfg.v2_defaults if enabled is NativeCdi.UNKNOWN else enabled is NativeCdi.ON, dirs
 
 
 def _unread(our_dirs: Iterable[str], theirs: Iterable[str]) -> list[str]:
@@ -445,7 +440,7 @@ def _unread(our_dirs: Iterable[str], theirs: Iterable[str]) -> list[str]:
 
 @named("containerd's own CDI")
 def check_native_cdi(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
-    enabled, dirs, section = _runtime_cdi(cfg)
+    enabled, dirs = _runtime_cdi(cfg)
     if not enabled:
         if not cfg.v2_defaults:
             return ok("enable_cdi is off: the plugin injects every device; devices NRI cannot "
@@ -460,7 +455,7 @@ def check_native_cdi(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
                     f"{', '.join(unread)}: devices from there that the plugin hands to "
                     "containerd (additionalGids, permissions narrower than rw) fail with "
                     "'unresolvable CDI devices'",
-                    fix=f'[plugins."{section}"] enable_cdi = true and cdi_spec_dirs = '
+                    fix=f'[plugins."{cfg.cri_section}"] enable_cdi = true and cdi_spec_dirs = '
                         f"{json.dumps([*dirs, *unread])}, or keep the plugin's specs in "
                         f"{', '.join(DEFAULT_SPEC_DIRS)}")
     how = ("injects devices named in container cdi.k8s.io annotations itself (the plugin "
@@ -538,7 +533,7 @@ def check_dra(cfg: ContainerdConfig, our_dirs: Iterable[str],
     for a DRA claim) reach no CDI injector, nri-cdi included: a failure where a DRA driver is
     registered with the kubelet (its plugin registry, any vendor's) or NVIDIA's claim specs
     are present, a warning otherwise."""
-    enabled, dirs, section = _runtime_cdi(cfg)
+    enabled, dirs = _runtime_cdi(cfg)
     our_dirs = list(our_dirs)
     seen = _registry_detail(registry, place)
     if enabled:
@@ -560,7 +555,7 @@ def check_dra(cfg: ContainerdConfig, our_dirs: Iterable[str],
         "which is all a kubelet >= 1.31 sends for a DRA claim (and the device plugin's "
         "cdi-cri), and no NRI plugin, nri-cdi included, can inject them instead: such "
         f"containers {what}" + (f"; {'; '.join(signs)}" if signs else ""),
-        fix=f'in {cfg.path}: [plugins."{section}"] enable_cdi = true and cdi_spec_dirs = '
+        fix=f'in {cfg.path}: [plugins."{cfg.cri_section}"] enable_cdi = true and cdi_spec_dirs = '
             f'["/etc/cdi", "/var/run/cdi"] (the plugin\'s folders: {", ".join(our_dirs)}), '
             "then restart containerd; nri-cdi then checks the claims' devices (there is no "
             "nri-cdi setting that injects them instead)")
@@ -569,7 +564,7 @@ def check_dra(cfg: ContainerdConfig, our_dirs: Iterable[str],
 @named("plugin knows containerd's CDI")
 def check_runtime_cdi_setting(cfg: ContainerdConfig, settings: Settings) -> Check:
     """The plugin's runtime_cdi settings agree with containerd's configuration."""
-    enabled, dirs, _ = _runtime_cdi(cfg)
+    enabled, dirs = _runtime_cdi(cfg)
     wanted = settings.runtime_cdi
     problems = []
     if wanted.enabled != "auto" and (wanted.enabled == "on") != enabled:
