@@ -835,8 +835,7 @@ def add_commands(subparsers: Any) -> None:
 
 
 def _e2e(args: argparse.Namespace) -> int:
-    """The node check, from the test bed; without it (an installed wheel carries only the
-    product) one line says where it is."""
+    """The node check, from a checkout's test bed (an installed wheel carries only the product)."""
     try:
         from nri_cdi_testbed.node_check import check  # here: only --e2e needs the test bed
     except ModuleNotFoundError as exc:
