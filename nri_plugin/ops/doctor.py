@@ -828,29 +828,23 @@ def add_commands(subparsers: Any) -> None:
                         help="skip the fingerprint check (it runs the generator)")
     parser.add_argument("--json", action="store_true", help="JSON output")
     parser.add_argument("--e2e", nargs=argparse.REMAINDER, metavar="FLAG",
-                        help="the end-to-end node check (a throwaway GPU container on this "
-                             "node), from a checkout: what follows are its flags (doctor "
-                             "--e2e --help)")
+                        help="run a throwaway GPU container on this node (from a checkout); "
+                             "the flags after --e2e are its own: doctor --e2e --help")
     parser.set_defaults(func=cmd_doctor)
 
 
-def _e2e(args: argparse.Namespace) -> int:
-    """The node check, from a checkout's test bed (an installed wheel carries only the product)."""
-    try:
-        from nri_cdi_testbed.node_check import check  # here: only --e2e needs the test bed
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("nri_cdi_testbed", "nri_cdi_testbed.node_check"):
-            raise  # the test bed is there but something it needs is not
-        print("nri-cdi doctor --e2e: needs the test bed (nri_cdi_testbed), which the installed "
-              "package does not carry: run `python3 -m nri_plugin.ops.cli doctor --e2e` in a "
-              "checkout of the nri-cdi repository", file=sys.stderr)
-        return 2
-    return check.main(args.e2e, json_output=args.json, socket=getattr(args, "plugin.socket"))
-
-
 def cmd_doctor(args: argparse.Namespace) -> int:
-    if args.e2e is not None:
-        return _e2e(args)
+    if args.e2e is not None:  # the node check: the test bed's, which the wheel does not carry
+        try:
+            from nri_cdi_testbed.node_check import check  # here: only --e2e needs it
+        except ModuleNotFoundError as exc:
+            if exc.name not in ("nri_cdi_testbed", "nri_cdi_testbed.node_check"):
+                raise  # the test bed is there but something it needs is not
+            print("nri-cdi doctor --e2e: needs the test bed (nri_cdi_testbed), which the "
+                  "installed package does not carry: run `python3 -m nri_plugin.ops.cli doctor "
+                  "--e2e` in a checkout of the nri-cdi repository", file=sys.stderr)
+            return 2
+        return check.main(args.e2e, json_output=args.json, socket=getattr(args, "plugin.socket"))
     settings = command_settings(args, "doctor")
     if settings is None:
         return 2
