@@ -1,6 +1,7 @@
 """Writes the documentation site's reference pages from the code, so they cannot drift:
 
-* docs/reference/cli.md: every command's ``--help``, from ``nri_plugin.ops.cli.build_parser``;
+* docs/reference/cli.md: every command's ``--help``, from ``nri_plugin.ops.cli.build_parser``
+  (and ``doctor --e2e``'s, from the test bed that parses it);
 * docs/reference/configuration.md: every key of the configuration file, from the settings
   dataclasses (``nri_plugin.ops.settings``);
 * docs/reference/metrics.md: every Prometheus metric the plugin serves, from the registry
@@ -46,7 +47,13 @@ def cli_page() -> str:
              "Every `nri-cdi` command with its options, as `--help` prints them. Options "
              "that name a configuration key override the file "
              "([Configuration file](configuration.md)).", ""]
-    for words, parser in _walk(build_parser(), ("nri-cdi",)):
+    from nri_cdi_testbed.node_check.check import build_parser as e2e_parser
+
+    pages = list(_walk(build_parser(), ("nri-cdi",)))
+    # what follows doctor's --e2e: the test bed's flags (it parses them itself)
+    doctor = [words for words, _ in pages].index(("nri-cdi", "doctor"))
+    pages.insert(doctor + 1, (("nri-cdi", "doctor", "--e2e"), e2e_parser()))
+    for words, parser in pages:
         level = "#" * min(len(words) + 1, 4)
         lines += [f"{level} `{' '.join(words)}`", "", "```text",
                   parser.format_help().rstrip(), "```", ""]

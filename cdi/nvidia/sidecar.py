@@ -10,7 +10,9 @@ a sidecar whose ``spec.sha256`` matches no spec on disk is ignored and regenerat
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 SUFFIX = ".meta"
 
@@ -18,3 +20,12 @@ SUFFIX = ".meta"
 def sidecar_path(spec: Path) -> Path:
     """The sidecar of the spec file ``spec``."""
     return spec.with_name(spec.name + SUFFIX)
+
+
+def read_sidecar(spec: Path) -> dict[str, Any]:
+    """The sidecar of the spec file ``spec`` ({} when absent or unreadable)."""
+    try:
+        data = json.loads(sidecar_path(spec).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -12,6 +12,7 @@ Ctrl-C/SIGTERM too.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -37,6 +38,7 @@ from nri_cdi_testbed.node_check.containerd import Containerd, ContainerdError
 from nri_cdi_testbed.node_check.cri import CriClient
 from nri_cdi_testbed.node_check.images import import_image
 from nri_cdi_testbed.node_check.plugin import PluginProcess
+from nri_cdi_testbed.node_record import record
 from nri_cdi_testbed.simnode import BuiltNode, NodeLayout, SimNodeError, build_node
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH
@@ -575,14 +577,64 @@ def _raise_on_term(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def cmd(args: Any) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``nri-cdi doctor --e2e``'s flags: doctor hands this check what follows ``--e2e``."""
+    parser = argparse.ArgumentParser(
+        prog="nri-cdi doctor --e2e",
+        description="The end-to-end node check: a throwaway GPU container on this node.")
+    parser.add_argument("--runtime", default=paths.DEFAULT_RUNTIME, choices=tuple(paths.RUNTIMES),
+                        help="the private containerd's version (default %(default)s)")
+    parser.add_argument("--cache", type=Path, help="scripts/install-containerd.sh's cache "
+                        "(default $NRI_CDI_CACHE, else .cache/containerd in the source tree)")
+    parser.add_argument("--containerd-bin", type=Path, metavar="DIR",
+                        help="a folder holding containerd, ctr and containerd-shim-runc-v2")
+    parser.add_argument("--runc", type=Path, metavar="PATH",
+                        help="the runc for the private containerd (default $NRI_CDI_RUNC, "
+                        "else /usr/sbin/runc)")
+    parser.add_argument("--containerd-address", metavar="SOCK",
+                        help="use the node's containerd at SOCK (our plugin connects to "
+                        "--socket)")
+    parser.add_argument("--socket", default=DEFAULT_SOCKET_PATH, metavar="PATH",
+                        help="the NRI socket of --containerd-address (default %(default)s)")
+    parser.add_argument("--simulated", action="store_true",
+                        help="use a simulated node even where a GPU is present")
+    parser.add_argument("--sim-node", type=Path, metavar="DIR",
+                        help="an already built simulated node (nri_cdi_testbed/simnode/)")
+    parser.add_argument("--e2e-spec-dir", type=Path, metavar="DIR",
+                        help="check the specs in DIR instead of generating them")
+    parser.add_argument("--driver-root", type=Path,
+                        help="the real node's driver root (default /)")
+    parser.add_argument("--gpu", type=int, default=0,
+                        help="the GPU index to ask for (default 0)")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="containers per timing (median; default %(default)s)")
+    parser.add_argument("--record-node", type=Path, metavar="FILE",
+                        help="on a real node: also write to FILE what the generator reads "
+                             "there (driver files, device nodes, /proc), so its spec can be "
+                             "regenerated from the record later")
+    parser.add_argument("--json", action="store_true", help="JSON output")
+    return parser
+
+
+def main(argv: Sequence[str], *, json_output: bool = False, socket: str | None = None) -> int:
+    """``nri-cdi doctor --e2e ARGV``; doctor's own ``--json`` and ``--socket``, given before
+    ``--e2e``, are the defaults of this check's."""
+    parser = build_parser()
+    parser.set_defaults(json=json_output, socket=socket or DEFAULT_SOCKET_PATH)
+    args = parser.parse_args(argv)
+    if args.record_node is not None:
+        if args.simulated:
+            print("nri-cdi doctor: --record-node records a real node, not --simulated's",
+                  file=sys.stderr)
+            return 2
+        args.record_node.write_text(json.dumps(
+            record(args.driver_root or "/", "/"), indent=1, sort_keys=True) + "\n")
     if args.cache:
         os.environ[paths.CACHE_ENV] = str(args.cache)
     if args.runc:  # this process only: the private containerd's config names it
         paths.RUNC = args.runc
     opts = Options(runtime=args.runtime, containerd_bin=args.containerd_bin,
-                   containerd_address=args.containerd_address,
-                   nri_socket=getattr(args, "plugin.socket") or DEFAULT_SOCKET_PATH,
+                   containerd_address=args.containerd_address, nri_socket=args.socket,
                    simulated=args.simulated, sim_node=args.sim_node, spec_dir=args.e2e_spec_dir,
                    driver_root=args.driver_root, gpu=args.gpu, repeat=args.repeat)
     previous = signal.signal(signal.SIGTERM, _raise_on_term)

@@ -91,6 +91,12 @@ class ContainerdConfig:
         return bool(self.data and self.data.get("version") == 3)
 
     @property
+    def cri_section(self) -> str:
+        """The CRI plugin's section: config version 3's, or with no file, 2.x's defaults."""
+        version3 = self.data.get("version") == 3 if self.data else self.v2_defaults
+        return CRI_V3_SECTION if version3 else CRI_V2_SECTION
+
+    @property
     def read(self) -> str:
         """The files read, for messages: ``a.toml (+ b.toml, c.toml)``."""
         first, *more = self.files or (self.path,)

@@ -39,7 +39,7 @@ from nri_plugin.ops.settings import (
     parse_address,
     settings_from_args,
 )
-from nri_plugin.ops.status import LAUNCHED_SOCKET, ReadyFile, StatusFile
+from nri_plugin.ops.status import LAUNCHED_SOCKET, StatusFile, set_ready
 from nri_plugin.plugins.cdi_injector.asked import OnHit, OnMiss
 from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
@@ -177,15 +177,15 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     status = StatusFile(plugin_settings.status_dir, name=own_name, index=own_index,
                         socket=LAUNCHED_SOCKET if launched else plugin_settings.socket
                         ).start(on_owner=endpoint.open)
-    ready = ReadyFile(plugin_settings.ready_file)
-    ready.set(False)  # one a killed predecessor in this pod left
+    ready_file = plugin_settings.ready_file
+    set_ready(ready_file, False)  # one a killed predecessor in this pod left
 
     def connected(stub: Stub) -> None:
         status.connected(stub.configuration)
-        ready.set(True)
+        set_ready(ready_file, True)
 
     def on_close(stub: Stub, error: BaseException | None) -> None:
-        ready.set(False)
+        set_ready(ready_file, False)
         status.disconnected(error)
         if metrics is not None:
             metrics.disconnected()
@@ -214,7 +214,7 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
     try:
         await _run(runner)
     finally:
-        ready.set(False)
+        set_ready(ready_file, False)
         reloader.stop(loop)
         endpoint.close()  # before the lock goes: a successor binds the address at once
         status.stopped()

@@ -18,6 +18,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -32,12 +33,9 @@ from cdi.cache import SpecCache
 from cdi.dirs import DEFAULT_SPEC_DIRS, scan
 from cdi.linux.elf import ElfError, foreign_to_this_machine, is_elf, read_header, this_machine
 from cdi.nvidia.discover import Roots, driver_version_from_proc
-from cdi.nvidia.sidecar import sidecar_path
+from cdi.nvidia.sidecar import read_sidecar, sidecar_path
 from nri_plugin.nri.versions import DEFAULT_SOCKET_PATH, NativeCdi
-from nri_plugin.ops import e2e_args
 from nri_plugin.ops.containerd_config import (
-    CRI_V2_SECTION,
-    CRI_V3_SECTION,
     NRI_SECTION,
     ContainerdConfig,
     locate,
@@ -47,7 +45,7 @@ from nri_plugin.ops.crio_config import CrioConfig
 from nri_plugin.ops.inpod import NOT_VISIBLE, ON_NODE, ON_THE_NODE, TOLERATE_ENV, Place, detect
 from nri_plugin.ops.kubelet_plugins import Registry, read_registry
 from nri_plugin.ops.podresources import PodResourcesWatch
-from nri_plugin.ops.refresh import generator_args, read_sidecar, run_generator_process
+from nri_plugin.ops.refresh import generator_args, run_generator_process
 from nri_plugin.ops.runtime_cdi import cri_cdi_settings, crio_serving, why_unread
 from nri_plugin.ops.settings import (
     PluginSettings,
@@ -429,13 +427,10 @@ def current_fingerprint(settings: Settings) -> tuple[str | None, str]:
 # (docs/install/containerd.md, "containerd's own CDI beside the plugin").
 
 
-def _runtime_cdi(cfg: ContainerdConfig) -> tuple[bool, tuple[str, ...], str]:
-    """(enable_cdi in effect, the folders it resolves from, the section name)."""
-    section = CRI_V3_SECTION if (cfg.data and cfg.data.get("version") == 3) or (
-        not cfg.data and cfg.v2_defaults) else CRI_V2_SECTION
-    enabled, dirs = cri_cdi_settings(cfg.data)
-    return (cfg.v2_defaults if enabled is NativeCdi.UNKNOWN else enabled is NativeCdi.ON,
-            dirs, section)
+def _runtime_cdi(cfg: ContainerdConfig) -> tuple[bool, tuple[str, ...]]:
+    """(enable_cdi in effect, the folders it resolves from)."""
+    enabled, dirs = cri_cdi_settings(cfg)
+    return cfg.v2_defaults if enabled is NativeCdi.UNKNOWN else enabled is NativeCdi.ON, dirs
 
 
 def _unread(our_dirs: Iterable[str], theirs: Iterable[str]) -> list[str]:
@@ -445,7 +440,7 @@ def _unread(our_dirs: Iterable[str], theirs: Iterable[str]) -> list[str]:
 
 @named("containerd's own CDI")
 def check_native_cdi(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
-    enabled, dirs, section = _runtime_cdi(cfg)
+    enabled, dirs = _runtime_cdi(cfg)
     if not enabled:
         if not cfg.v2_defaults:
             return ok("enable_cdi is off: the plugin injects every device; devices NRI cannot "
@@ -460,7 +455,7 @@ def check_native_cdi(cfg: ContainerdConfig, our_dirs: Iterable[str]) -> Check:
                     f"{', '.join(unread)}: devices from there that the plugin hands to "
                     "containerd (additionalGids, permissions narrower than rw) fail with "
                     "'unresolvable CDI devices'",
-                    fix=f'[plugins."{section}"] enable_cdi = true and cdi_spec_dirs = '
+                    fix=f'[plugins."{cfg.cri_section}"] enable_cdi = true and cdi_spec_dirs = '
                         f"{json.dumps([*dirs, *unread])}, or keep the plugin's specs in "
                         f"{', '.join(DEFAULT_SPEC_DIRS)}")
     how = ("injects devices named in container cdi.k8s.io annotations itself (the plugin "
@@ -538,7 +533,7 @@ def check_dra(cfg: ContainerdConfig, our_dirs: Iterable[str],
     for a DRA claim) reach no CDI injector, nri-cdi included: a failure where a DRA driver is
     registered with the kubelet (its plugin registry, any vendor's) or NVIDIA's claim specs
     are present, a warning otherwise."""
-    enabled, dirs, section = _runtime_cdi(cfg)
+    enabled, dirs = _runtime_cdi(cfg)
     our_dirs = list(our_dirs)
     seen = _registry_detail(registry, place)
     if enabled:
@@ -560,7 +555,7 @@ def check_dra(cfg: ContainerdConfig, our_dirs: Iterable[str],
         "which is all a kubelet >= 1.31 sends for a DRA claim (and the device plugin's "
         "cdi-cri), and no NRI plugin, nri-cdi included, can inject them instead: such "
         f"containers {what}" + (f"; {'; '.join(signs)}" if signs else ""),
-        fix=f'in {cfg.path}: [plugins."{section}"] enable_cdi = true and cdi_spec_dirs = '
+        fix=f'in {cfg.path}: [plugins."{cfg.cri_section}"] enable_cdi = true and cdi_spec_dirs = '
             f'["/etc/cdi", "/var/run/cdi"] (the plugin\'s folders: {", ".join(our_dirs)}), '
             "then restart containerd; nri-cdi then checks the claims' devices (there is no "
             "nri-cdi setting that injects them instead)")
@@ -569,7 +564,7 @@ def check_dra(cfg: ContainerdConfig, our_dirs: Iterable[str],
 @named("plugin knows containerd's CDI")
 def check_runtime_cdi_setting(cfg: ContainerdConfig, settings: Settings) -> Check:
     """The plugin's runtime_cdi settings agree with containerd's configuration."""
-    enabled, dirs, _ = _runtime_cdi(cfg)
+    enabled, dirs = _runtime_cdi(cfg)
     wanted = settings.runtime_cdi
     problems = []
     if wanted.enabled != "auto" and (wanted.enabled == "on") != enabled:
@@ -832,13 +827,24 @@ def add_commands(subparsers: Any) -> None:
     parser.add_argument("--no-generate", dest="check_generated", action="store_false",
                         help="skip the fingerprint check (it runs the generator)")
     parser.add_argument("--json", action="store_true", help="JSON output")
-    e2e_args.add_arguments(parser)
+    parser.add_argument("--e2e", nargs=argparse.REMAINDER, metavar="FLAG",
+                        help="run a throwaway GPU container on this node (from a checkout); "
+                             "the flags after --e2e are its own: doctor --e2e --help")
     parser.set_defaults(func=cmd_doctor)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    if args.e2e:
-        return e2e_args.run(args)
+    if args.e2e is not None:  # the node check: the test bed's, which the wheel does not carry
+        try:
+            from nri_cdi_testbed.node_check import check  # here: only --e2e needs it
+        except ModuleNotFoundError as exc:
+            if exc.name not in ("nri_cdi_testbed", "nri_cdi_testbed.node_check"):
+                raise  # the test bed is there but something it needs is not
+            print("nri-cdi doctor --e2e: needs the test bed (nri_cdi_testbed), which the "
+                  "installed package does not carry: run `python3 -m nri_plugin.ops.cli doctor "
+                  "--e2e` in a checkout of the nri-cdi repository", file=sys.stderr)
+            return 2
+        return check.main(args.e2e, json_output=args.json, socket=getattr(args, "plugin.socket"))
     settings = command_settings(args, "doctor")
     if settings is None:
         return 2

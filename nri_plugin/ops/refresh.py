@@ -9,7 +9,6 @@ anything is written; what is watched and why: docs/usage/keeping-specs-current.m
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -24,7 +23,7 @@ from typing import Any
 
 from cdi.nvidia.discover import Roots
 from cdi.nvidia.options import OPTIONS
-from cdi.nvidia.sidecar import sidecar_path
+from cdi.nvidia.sidecar import read_sidecar
 from nri_plugin.ops.logformat import log_to
 from nri_plugin.ops.settings import (
     Settings,
@@ -191,15 +190,6 @@ def generator_args(settings: Settings) -> list[str]:
         for one in value if isinstance(value, tuple) else (value,):
             args += [flag, one]
     return args + list(g.extra_args)
-
-
-def read_sidecar(output: Path) -> dict[str, Any]:
-    """The generator's sidecar of the spec ``output`` ({} when absent or unreadable)."""
-    try:
-        data = json.loads(sidecar_path(output).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,18 +12,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from nri_plugin.nri.versions import UNKNOWN_DIRS, NativeCdi, RuntimeInfo, SpecDirs
-from nri_plugin.ops.containerd_config import (
-    CRI_V2_SECTION,
-    CRI_V3_SECTION,
-    ContainerdConfig,
-    locate,
-    plugin_section,
-)
+from nri_plugin.ops.containerd_config import ContainerdConfig, locate
 from nri_plugin.ops.crio_config import CrioConfig, locate_crio
 from nri_plugin.plugins.cdi_injector.delegation import LIBRARY_DEFAULT_DIRS, RuntimeCdiConfig
 
@@ -33,11 +26,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("nri_cdi")
 
 
-def cri_cdi_settings(data: Mapping[str, Any] | None) -> tuple[NativeCdi, tuple[str, ...]]:
-    """(enable_cdi, UNKNOWN when unset; cdi_spec_dirs or the defaults) of a parsed
-    containerd config (None: no file)."""
-    section = plugin_section(data, CRI_V3_SECTION if data and data.get("version") == 3
-                             else CRI_V2_SECTION)
+def cri_cdi_settings(cfg: ContainerdConfig) -> tuple[NativeCdi, tuple[str, ...]]:
+    """(enable_cdi, UNKNOWN when unset or unread; cdi_spec_dirs or the defaults)."""
+    section = cfg.plugin(cfg.cri_section)
     enabled = section.get("enable_cdi")
     dirs = section.get("cdi_spec_dirs")
     return (NativeCdi.UNKNOWN if not isinstance(enabled, bool) else
@@ -95,7 +86,7 @@ def runtime_cdi_config(settings: Settings) -> RuntimeCdiConfig:
     # plugin.socket was started with, else the default path.
     cfg = locate(settings.runtime_cdi.containerd_config, settings.plugin.socket).read(None)
     unread = why_unread(cfg)
-    enabled, folders = cri_cdi_settings(cfg.data)  # no data when unread: UNKNOWN
+    enabled, folders = cri_cdi_settings(cfg)  # no data when unread: UNKNOWN
     dirs = UNKNOWN_DIRS if unread else SpecDirs.of(folders)
     if unread and settings.runtime_cdi.containerd_config:
         origin = "containerd's defaults for its version"

@@ -156,26 +156,21 @@ class StatusFile:
             log.warning("cannot write the status file %s: %s", self.path, _why(exc))
 
 
-class ReadyFile:
-    """``plugin.ready_file``: present while this process's connection is synchronized. A
-    readiness probe that asks the process itself: the metrics address is the node's, held
-    by the older plugin while two run during an upgrade."""
-
-    def __init__(self, path: str) -> None:
-        self.path = Path(path) if path else None
-
-    def set(self, ready: bool) -> None:
-        if self.path is None:
-            return
-        try:
-            if ready:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self.path.touch()
-            else:
-                self.path.unlink(missing_ok=True)
-        except OSError as exc:
-            log.warning("cannot %s the ready file %s: %s", "create" if ready else "remove",
-                        self.path, _why(exc))
+def set_ready(path: str, ready: bool) -> None:
+    """``plugin.ready_file`` ("": none): present while this process's connection is
+    synchronized. A readiness probe that asks the process itself: the metrics address is the
+    node's, held by the older plugin while two run during an upgrade."""
+    if not path:
+        return
+    try:
+        if ready:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).touch()
+        else:
+            Path(path).unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("cannot %s the ready file %s: %s", "create" if ready else "remove", path,
+                    _why(exc))
 
 
 def _pid_in(path: Path) -> str:

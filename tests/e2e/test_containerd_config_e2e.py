@@ -70,7 +70,7 @@ def test_drop_ins_read_as_containerd_reads_them(e2e_ready: None, version: str,
             assert "is config version 2 under version 3" in ours.error
             return
         assert len(ours.files) == 2
-        our_enabled, our_dirs = cri_cdi_settings(ours.data)
+        our_enabled, our_dirs = cri_cdi_settings(ours)
         assert (DEFAULT_ON[version] if our_enabled is NativeCdi.UNKNOWN
                 else our_enabled is NativeCdi.ON,
                 list(our_dirs)) == (enabled, dirs)

@@ -82,6 +82,7 @@ def test_format_and_extension(root_args: list[str], tmp_path: Path) -> None:
     assert rc == 1 and "does not match" in err
     rc, _, err = generate([*root_args, "--output", str(tmp_path / "b.yml")])
     assert rc == 0 and (tmp_path / "b.yml.yaml").is_file()  # as nvidia-ctk; and says so
+    assert "# metadata: b.yml.yaml.meta\n" in (tmp_path / "b.yml.yaml").read_text()
     assert "only read .json and .yaml" in err
     rc, _, _ = generate([*root_args, "--output", str(tmp_path / "c"), "--format", "json"])
     assert rc == 0 and json.loads((tmp_path / "c.json").read_text())

@@ -106,17 +106,18 @@ def test_doctor_e2e_writes_the_record(node: BuiltNode, tmp_path: Path,
     from nri_plugin.ops import doctor
     from nri_plugin.ops.cli import build_parser
 
-    ran: list[object] = []
+    ran: list[check.Options] = []
 
-    def e2e(args: object) -> int:
-        ran.append(args)
-        return 0
+    def e2e(opts: check.Options) -> check.Report:
+        ran.append(opts)
+        return check.Report()
 
-    monkeypatch.setattr(check, "cmd", e2e)
+    monkeypatch.setattr(check, "run", e2e)
     out = tmp_path / "node-record.json"
     args = build_parser("doctor").parse_args(
         ["doctor", "--e2e", "--driver-root", str(node.driver_root), "--record-node", str(out)])
-    assert doctor.cmd_doctor(args) == 0 and ran
+    assert doctor.cmd_doctor(args) == 0
+    assert [opts.driver_root for opts in ran] == [node.driver_root]
     doc = json.loads(out.read_text())
     assert any(p.endswith("/libcuda.so.1") for p in doc["driver_files"])
     assert doc["ld.so.cache"]

@@ -16,6 +16,7 @@ import pytest
 from nri_plugin.nri.versions import NativeCdi
 from nri_plugin.ops.containerd_config import (
     CRI_V2_SECTION,
+    CRI_V3_SECTION,
     DEFAULT_PATH,
     DefaultValidator,
     locate,
@@ -48,7 +49,7 @@ def test_imports_relative_glob_and_nested_in_order(tmp_path: Path) -> None:
     assert cfg.error is None and cfg.major == 2  # version 3: containerd 2.x
     assert cfg.files == (str(config), str(tmp_path / "d/10-a.toml"),
                          str(tmp_path / "d/20-b.toml"), str(tmp_path / "more/c.toml"))
-    assert cri_cdi_settings(cfg.data) == (NativeCdi.ON, ("/c",))
+    assert cri_cdi_settings(cfg) == (NativeCdi.ON, ("/c",))
 
 
 def test_the_default_validator_and_its_tolerate_key_are_read_through_imports(
@@ -77,7 +78,7 @@ def test_1x_replaces_a_plugin_section_2x_merges_keys(tmp_path: Path) -> None:
     config = _write(tmp_path, {"config.toml": 'imports = ["d.toml"]\n' + V2_ON,
                                "d.toml": V2_SELINUX})
     # Measured on the daemons (e2e): 1.7 loses the root's enable_cdi, 2.1 keeps it.
-    v1, v2 = (read_containerd_config(str(config), major).data for major in (1, 2))
+    v1, v2 = (read_containerd_config(str(config), major) for major in (1, 2))
     assert cri_cdi_settings(v1)[0] is NativeCdi.UNKNOWN
     assert cri_cdi_settings(v2)[0] is NativeCdi.ON
     unknown = read_containerd_config(str(config), None)
@@ -88,14 +89,25 @@ def test_1x_replaces_a_plugin_section_2x_merges_keys(tmp_path: Path) -> None:
     (tmp_path / "d.toml").write_text('version = 2\n[plugins."io.containerd.nri.v1.nri"]\n'
                                      '  disable = false\n')
     both = read_containerd_config(str(config), None)
-    assert both.error is None and cri_cdi_settings(both.data)[0] is NativeCdi.ON
+    assert both.error is None and cri_cdi_settings(both)[0] is NativeCdi.ON
     assert both.plugin("io.containerd.nri.v1.nri") == {"disable": False}
+
+
+def test_the_cri_section_is_the_files_version_or_without_a_file_the_major(
+        tmp_path: Path) -> None:
+    config = _write(tmp_path, {"config.toml": V2_ON})
+    assert read_containerd_config(str(config), 2).cri_section == CRI_V2_SECTION
+    config.write_text(f'version = 3\n[plugins."{CRI_V3_SECTION}"]\n  enable_cdi = true\n')
+    assert read_containerd_config(str(config), None).cri_section == CRI_V3_SECTION
+    missing = str(tmp_path / "none.toml")
+    assert [read_containerd_config(missing, major, default_drop_ins="").cri_section
+            for major in (1, 2)] == [CRI_V2_SECTION, CRI_V3_SECTION]
 
 
 def test_version_1_short_names(tmp_path: Path) -> None:
     config = _write(tmp_path, {"config.toml": "[plugins.cri]\n  enable_cdi = true\n"})
     cfg = read_containerd_config(str(config), 1)
-    assert cri_cdi_settings(cfg.data) == (NativeCdi.ON, ("/etc/cdi", "/var/run/cdi"))
+    assert cri_cdi_settings(cfg) == (NativeCdi.ON, ("/etc/cdi", "/var/run/cdi"))
 
 
 @pytest.mark.parametrize(("files", "words"), [
@@ -159,7 +171,7 @@ def test_the_running_containerd_serving_our_socket_tells_the_file(
     assert found.path == str(config) and found.error is None
     assert found.source == f"the running containerd serving {tmp_path / 'nri.sock'} (pid {pid})"
     cfg = found.read(None)
-    assert cfg.running and cri_cdi_settings(cfg.data)[0] is NativeCdi.ON
+    assert cfg.running and cri_cdi_settings(cfg)[0] is NativeCdi.ON
     # Another socket: not that containerd's; the default path, said as such.
     other = locate(None, str(tmp_path / "other.sock"))
     assert other.path == DEFAULT_PATH and "could be seen" in other.source

@@ -3,10 +3,13 @@ what the container checks expect from a spec, and how a waiting process is descr
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from nri_cdi_testbed.node_check.check import spec_differences, spec_facts
 from nri_cdi_testbed.node_check.containerd import thread_waits
@@ -72,6 +75,25 @@ def test_the_plugin_keeps_the_callers_python_path(tmp_path: Path) -> None:
 
 
 # An installed nri-cdi carries no test bed: tests/ops/test_product_wheel.py.
+
+
+def test_doctor_hands_the_test_bed_what_follows_e2e(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from nri_cdi_testbed.node_check import check
+    from nri_plugin.ops.cli import main
+
+    ran: list[check.Options] = []
+    monkeypatch.setattr(check, "run", lambda opts: ran.append(opts) or check.Report())
+    # doctor's own --json and --socket, given before --e2e, count for the check too
+    assert main(["doctor", "--json", "--socket", "/s", "--e2e", "--runtime", "2.1",
+                 "--gpu", "1"]) == 0
+    assert [(o.nri_socket, o.runtime, o.gpu) for o in ran] == [("/s", "2.1", 1)]
+    assert json.loads(capsys.readouterr().out)["checks"] == []
+    with pytest.raises(SystemExit) as done:
+        main(["doctor", "--e2e", "--help"])
+    shown = capsys.readouterr().out
+    assert done.value.code == 0
+    assert shown.startswith("usage: nri-cdi doctor --e2e") and "--sim-node DIR" in shown
 
 
 def test_the_checkout_names_its_install_script(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from nri_cdi_testbed.node_check.paths import REPO
 from nri_cdi_testbed.waiting import wait_until
-from nri_plugin.ops.status import CONNECTED, STOPPED, ReadyFile, StatusFile, read_status
+from nri_plugin.ops.status import CONNECTED, STOPPED, StatusFile, read_status, set_ready
 
 
 def _file(folder: Path) -> dict[str, object]:
@@ -71,10 +71,9 @@ def test_without_a_folder_the_plugin_owns_nothing_and_serves_its_metrics_at_once
 
 def test_the_ready_file_follows_the_connection(tmp_path: Path) -> None:
     path = tmp_path / "pod" / "ready"
-    ready = ReadyFile(str(path))
-    ready.set(True)
+    set_ready(str(path), True)
     assert path.exists()
-    ready.set(False)
+    set_ready(str(path), False)
     assert not path.exists()
-    ready.set(False)  # absent already: no error
-    ReadyFile("").set(True)  # off
+    set_ready(str(path), False)  # absent already: no error
+    set_ready("", True)  # off
