@@ -96,11 +96,12 @@ def to_adjustment(
         name, _, value = entry.partition("=")
         adjustment.env.add(key=name, value=value)
     for mount in oci.get("mounts", []):
-        adjustment.mounts.add(destination=mount["destination"], source=mount["source"],
-                              type=mount.get("type", ""), options=mount.get("options", []))
+        adjustment.mounts.add(**mount)  # destination, source, type, options: NRI's names
     for hook_name, hooks in oci.get("hooks", {}).items():
         for hook in hooks:
-            _add_hook(getattr(adjustment.hooks, _HOOK_FIELDS[hook_name]), hook)
+            getattr(adjustment.hooks, _HOOK_FIELDS[hook_name]).add(
+                path=hook["path"], args=hook.get("args", []), env=hook.get("env", []),
+                **_optional(hook, timeout="timeout"))
     _add_linux(adjustment.linux, oci.get("linux", {}), runtime)
     return adjustment
 
@@ -129,45 +130,31 @@ def _with_library_path(env: list[str], image_library_path: str) -> tuple[str, ..
     return merge_library_path(base + env)
 
 
-def _add_hook(target: Any, hook: dict[str, Any]) -> None:
-    added = target.add(path=hook["path"], args=hook.get("args", []), env=hook.get("env", []))
-    if "timeout" in hook:
-        added.timeout.value = hook["timeout"]
+def _optional(oci: dict[str, Any], **fields: str) -> dict[str, Any]:
+    """The OCI keys ``oci`` has, as NRI's ``Optional*`` wrappers by field name (each
+    ``fields`` entry: NRI field = OCI key)."""
+    return {name: {"value": oci[key]} for name, key in fields.items() if key in oci}
 
 
 def _add_linux(linux: nri_pb2.LinuxContainerAdjustment, oci_linux: dict[str, Any],
                runtime: RuntimeInfo) -> None:
     for device in oci_linux.get("devices", []):
-        added = linux.devices.add(path=device["path"], type=device["type"],
-                                  major=device["major"], minor=device["minor"])
-        if "fileMode" in device:
-            # permission bits only (docs/developer/nri-protocol.md §4.3)
-            added.file_mode.value = device["fileMode"] & 0o7777
-        if "uid" in device:
-            added.uid.value = device["uid"]
-        if "gid" in device:
-            added.gid.value = device["gid"]
+        if "fileMode" in device:  # permission bits only (docs/developer/nri-protocol.md §4.3)
+            device = {**device, "fileMode": device["fileMode"] & 0o7777}
+        linux.devices.add(path=device["path"], type=device["type"], major=device["major"],
+                          minor=device["minor"],
+                          **_optional(device, file_mode="fileMode", uid="uid", gid="gid"))
     # NRI adds its own rule for each node (derived.py): only what it does not grant, and
     # only where this NRI version applies explicit rules, else the rule comes out twice.
     for rule in oci_linux.get("resources", {}).get("devices", []):
-        if not explicit_rule_needed(rule["type"], rule["access"], runtime.nri_version):
-            continue
-        added_rule = linux.resources.devices.add(allow=rule["allow"], type=rule["type"],
-                                                 access=rule["access"])
-        added_rule.major.value = rule["major"]
-        added_rule.minor.value = rule["minor"]
+        if explicit_rule_needed(rule["type"], rule["access"], runtime.nri_version):
+            linux.resources.devices.add(allow=rule["allow"], type=rule["type"],
+                                        access=rule["access"],
+                                        **_optional(rule, major="major", minor="minor"))
     for host_name, net in oci_linux.get("netDevices", {}).items():
         linux.net_devices[host_name].name = net["name"]
     rdt = oci_linux.get("intelRdt")
     if rdt is not None:
-        _add_rdt(linux, rdt)
-
-
-def _add_rdt(linux: nri_pb2.LinuxContainerAdjustment, rdt: dict[str, Any]) -> None:
-    if "closID" in rdt:
-        linux.rdt.clos_id.value = rdt["closID"]
-    if "schemata" in rdt:
-        linux.rdt.schemata.value.extend(rdt["schemata"])
-    if "enableMonitoring" in rdt:
-        linux.rdt.enable_monitoring.value = rdt["enableMonitoring"]
-    linux.rdt.SetInParent()
+        linux.rdt.MergeFrom(nri_pb2.LinuxRdt(**_optional(
+            rdt, clos_id="closID", schemata="schemata", enable_monitoring="enableMonitoring")))
+        linux.rdt.SetInParent()
