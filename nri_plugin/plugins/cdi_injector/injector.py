@@ -6,8 +6,10 @@ here reads files but ``on_miss``.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from cdi.device import Device
 from cdi.libpath import LD_LIBRARY_PATH_ENV
@@ -37,6 +39,14 @@ from nri_plugin.plugins.cdi_injector.requests import unique_requests
 from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules
 
 
+class InjectionMetrics(Protocol):
+    """What is reported (``nri_plugin.ops.metrics.Metrics`` implements it)."""
+
+    def connected(self, runtime: str) -> None: ...
+    def denial(self, rule: str) -> None: ...
+    def injection(self, outcome: str, seconds: float) -> None: ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Wiring:
     """What the daemon connects a ``CdiInjector`` to; each None: not connected."""
@@ -59,6 +69,8 @@ class Wiring:
     # What the kubelet allocated to each pod, kept current by the daemon (no I/O here);
     # None, or a call that returns None: no kubelet to ask, nothing checked.
     allocations: Callable[[], KubeletAllocations | None] | None = None
+    # Each connection and each CreateContainer by outcome, timed (docs/operations/metrics.md).
+    metrics: InjectionMetrics | None = None
 
 
 log = logging.getLogger("nri_cdi.injector")
@@ -129,6 +141,8 @@ class CdiInjector(Plugin):
                      "native CDI", self.runtime.describe_cdi())
         if warning is not None and (line := warning(self.runtime)):
             log.warning("%s", line)
+        if self._wiring.metrics is not None:
+            self._wiring.metrics.connected(f"{runtime_name} {runtime_version}")
         if not self.runtime.supports_cdi_devices:
             return EventMask.CREATE_CONTAINER  # nothing is handed over: nothing to follow up
         # RemoveContainer tells a handed-over creation that failed (containerd undoes it)
@@ -138,13 +152,18 @@ class CdiInjector(Plugin):
     def create_container(
         self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
     ) -> nri_pb2.ContainerAdjustment | None:
+        start = time.perf_counter()
         label = f"container={container.name} pod={pod.namespace}/{pod.name}"
         try:
             injection = self.decide(pod, container)
         except Refusal as exc:
             self.counters.refused += 1
             log.warning("refused %s: %s", label, exc.log_message())
+            self._measure("refused", start, exc.reason.rule)
             raise RefusedError(exc) from exc
+        except Exception:
+            self._measure("error", start)
+            raise
         if injection is None:
             return None
         self.counters.injected += 1
@@ -153,8 +172,16 @@ class CdiInjector(Plugin):
             self.delegations.delegated(container.id, label, injection.delegated)
         if injection.dropped_gids:
             self.counters.gids_dropped += 1
+        self._measure("delegated" if injection.delegated else "injected", start)
         self._wiring.after_reply(lambda: self._log_answer(label, injection))
         return injection.adjustment
+
+    def _measure(self, outcome: str, start: float, rule: str = "") -> None:
+        metrics = self._wiring.metrics
+        if metrics is not None:
+            if rule:
+                metrics.denial(rule)
+            metrics.injection(outcome, time.perf_counter() - start)
 
     def _log_answer(self, label: str, injection: Injection) -> None:
         if injection.delegated:
