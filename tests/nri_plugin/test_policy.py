@@ -18,10 +18,8 @@ from nri_plugin.vendors.nvidia.capabilities import (
     filter_edits,
     requested_capabilities,
 )
-from nri_plugin.vendors.nvidia.nodefacts import NodeFacts, parse_sidecar
+from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts, NodeVersions, parse_sidecar
 from nri_plugin.vendors.nvidia.requirements import (
-    GpuInfo,
-    NodeVersions,
     RequirementError,
     check,
     parse_requirement,
@@ -31,7 +29,7 @@ from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from nri_plugin.vendors.nvidia.visible_devices import VisibleDevicesError, visible_device_names
 
 NODE = NodeVersions(driver="550.54.15", cuda="12.4")
-A100 = GpuInfo(name="nvidia.com/gpu=0", arch="8.0", brand="tesla")
+A100 = DeviceFacts(name="nvidia.com/gpu=0", type="gpu", arch="8.0", brand="tesla")
 
 
 # --- requirements ------------------------------------------------------------------------------
@@ -101,7 +99,7 @@ def test_requirements_from_env(env: dict[str, str], expected: list[str]) -> None
 def test_per_gpu_and_no_gpu() -> None:
     req = [parse_requirement("R", "arch>=8.0")]
     check(req, NODE, [])  # no GPU visible: arch holds
-    old = GpuInfo(name="nvidia.com/gpu=1", arch="7.5", brand="tesla")
+    old = DeviceFacts(name="nvidia.com/gpu=1", type="gpu", arch="7.5", brand="tesla")
     with pytest.raises(RequirementError, match=re.escape("GPU nvidia.com/gpu=1 has arch 7.5")):
         check(req, NODE, [A100, old])
 

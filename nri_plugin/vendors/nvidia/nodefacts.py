@@ -16,10 +16,15 @@ from typing import Any
 from cdi.cache import Snapshot
 from cdi.model import DeviceNode, Hook
 from cdi.nvidia.sidecar import SUFFIX as SIDECAR_SUFFIX
-from nri_plugin.vendors.nvidia.requirements import NodeVersions
 
 log = logging.getLogger("nri_cdi.facts")
 _MAX_SIDECAR_BYTES = 16 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeVersions:
+    driver: str | None = None  # RM version, e.g. 550.54.15
+    cuda: str | None = None  # the newest CUDA the driver supports, e.g. 12.4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,8 +36,8 @@ class DeviceFacts:
     bus_id: str = ""
     mig_index: int | None = None
     mig_uuid: str = ""
-    arch: str | None = None
-    brand: str | None = None
+    arch: str | None = None  # compute capability, e.g. 8.0
+    brand: str | None = None  # e.g. tesla, nvidia
     minor: int | None = None  # of /dev/nvidia<minor> (the parent GPU's, for MIG)
 
 

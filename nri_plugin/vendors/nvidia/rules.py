@@ -8,6 +8,7 @@ in the refresher's thread; everything else here is pure.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
 from cdi.cache import Snapshot
@@ -19,7 +20,6 @@ from nri_plugin.vendors.nvidia.capabilities import ENV as CAPABILITIES_ENV
 from nri_plugin.vendors.nvidia.capabilities import filter_edits, requested_capabilities
 from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts, SpecFacts, load_facts
 from nri_plugin.vendors.nvidia.requirements import (
-    GpuInfo,
     RequirementError,
     check,
     requirements_from_env,
@@ -240,7 +240,7 @@ def _whole_devices(context: ContainerContext) -> bool:
 
 
 def _by_device_node(names: Sequence[str], snapshot: Snapshot,
-                    node: NodeFacts) -> dict[str, list[GpuInfo]]:
+                    node: NodeFacts) -> dict[str, list[DeviceFacts]]:
     """For requested devices of specs without facts: the recorded GPUs whose
     ``/dev/nvidia<minor>`` node they carry, by the spec path whose facts know them."""
     minors: dict[str, tuple[str, DeviceFacts]] = {}
@@ -248,7 +248,7 @@ def _by_device_node(names: Sequence[str], snapshot: Snapshot,
         for d in spec.devices.values():
             if d.type == "gpu" and d.minor is not None:
                 minors.setdefault(f"/dev/nvidia{d.minor}", (spec.path, d))
-    out: dict[str, list[GpuInfo]] = {}
+    out: dict[str, list[DeviceFacts]] = {}
     for name in names:
         device = snapshot.devices.get(name)
         if device is None or device.spec.path in node.specs:
@@ -256,8 +256,7 @@ def _by_device_node(names: Sequence[str], snapshot: Snapshot,
         for dev_node in device.edits.device_nodes:
             found = minors.get(dev_node.path)
             if found is not None:
-                out.setdefault(found[0], []).append(
-                    GpuInfo(name=name, arch=found[1].arch, brand=found[1].brand))
+                out.setdefault(found[0], []).append(replace(found[1], name=name))
     return out
 
 
@@ -297,9 +296,7 @@ def _check(policy: Policy, source: RequestSource, variable: str,
         raise ExtrasError(f"{variable}: {denial}", rule=denial.reason.rule) from None
 
 
-def _gpus(names: Sequence[str], spec: SpecFacts) -> list[GpuInfo]:
-    devices = spec.devices
-    requested = [devices[n] for n in names if n in devices]
+def _gpus(names: Sequence[str], spec: SpecFacts) -> list[DeviceFacts]:
     if f"{spec.kind}=all" in names:  # "all": every device of that spec
-        requested = list(devices.values())
-    return [GpuInfo(name=d.name, arch=d.arch, brand=d.brand) for d in requested]
+        return list(spec.devices.values())
+    return [spec.devices[n] for n in names if n in spec.devices]
