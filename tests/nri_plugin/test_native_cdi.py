@@ -145,7 +145,7 @@ def test_handed_over_creation_is_judged_at_removal_with_no_start_round_trip(
     # and start but CreateContainer itself.
     assert mask & 0x10 == 0 and mask & 0x20 == 0 and mask & 0x400
     for cid in ("b", "c", "d"):
-        plugin.delegations.delegated(cid, f"container={cid}", ("example.com/dev=node",))
+        plugin.delegations[cid] = (f"container={cid}", ("example.com/dev=node",))
     plugin.remove_container(_pod(), nri_pb2.Container(id="b",
                                                       state=nri_pb2.CONTAINER_STOPPED))
     # containerd 2.3 (criContainer.GetStatus): an exited container has no state, only a

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -24,7 +25,7 @@ from nri_plugin.plugins.cdi_injector.already import Wanted, wanted
 from nri_plugin.plugins.cdi_injector.asked import Asker, OnHit, OnMiss, rechecked_refusal
 from nri_plugin.plugins.cdi_injector.context import ContainerContext
 from nri_plugin.plugins.cdi_injector.counters import Counters
-from nri_plugin.plugins.cdi_injector.delegation import DelegationTracker, RuntimeCdiConfig
+from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.plan import (
     Injection,
     PlanCache,
@@ -74,6 +75,7 @@ class Wiring:
 
 
 log = logging.getLogger("nri_cdi.injector")
+DELEGATIONS_KEPT = 1024
 
 
 class RefusedError(RpcError):
@@ -102,7 +104,10 @@ class CdiInjector(Plugin):
         self.runtime = RuntimeInfo()
         self._wiring = wiring = wiring or Wiring()
         self.counters = wiring.counters if wiring.counters is not None else Counters()
-        self.delegations = DelegationTracker()
+        # Containers whose devices were handed to the runtime's CDI (container id -> label,
+        # names), until RemoveContainer says how it went (``was_created``); the oldest
+        # forgotten first, past DELEGATIONS_KEPT.
+        self.delegations: OrderedDict[str, tuple[str, tuple[str, ...]]] = OrderedDict()
         self._asker = Asker(self.vendors, wiring.on_miss, wiring.on_hit)
         self._plans = PlanCache()
         # Group sets already warned about on this connection (one line each, not one per
@@ -128,7 +133,7 @@ class CdiInjector(Plugin):
                   runtime_version: str) -> EventMask | None:
         self.runtime = self.runtime_of(runtime_name, runtime_version)
         cdi, warning = self._wiring.runtime_cdi, self._wiring.on_start_warning
-        self.delegations = DelegationTracker()  # events of an earlier connection are lost
+        self.delegations.clear()  # events of an earlier connection are lost
         self._gids_warned.clear()
         log.info("connected to %s; %s", self.runtime.describe(),
                  cdi.describe(self.runtime) if cdi is not None else
@@ -169,7 +174,9 @@ class CdiInjector(Plugin):
         self.counters.injected += 1
         if injection.delegated:
             # Not injected yet: the runtime's CDI resolves them after this reply.
-            self.delegations.delegated(container.id, label, injection.delegated)
+            self.delegations[container.id] = (label, injection.delegated)
+            if len(self.delegations) > DELEGATIONS_KEPT:
+                self.delegations.popitem(last=False)
         if injection.dropped_gids:
             self.counters.gids_dropped += 1
         self._measure("delegated" if injection.delegated else "injected", start)
@@ -193,7 +200,7 @@ class CdiInjector(Plugin):
             self._warn_dropped_gids(injection)
 
     def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
-        entry = self.delegations.undone(container.id)
+        entry = self.delegations.pop(container.id, None)
         if entry is None:
             return
         if was_created(container):  # the runtime's store has it: its CDI did inject them
