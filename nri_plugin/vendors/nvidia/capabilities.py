@@ -40,10 +40,7 @@ def requested_capabilities(env: Mapping[str, str], *, legacy: bool = False) -> f
 
 
 def _expand(names: frozenset[str]) -> frozenset[str]:
-    out = set(names)
-    for name in names:
-        out |= _IMPLIES.get(name, frozenset())
-    return frozenset(out)
+    return names.union(*(_IMPLIES.get(name, ()) for name in names))
 
 
 def filter_edits(edits: ContainerEdits, capability_of: Mapping[str, str],

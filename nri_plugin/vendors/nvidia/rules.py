@@ -186,7 +186,11 @@ class NvidiaRules:
         for variable, which in ((MIG_CONFIG_ENV, "migConfig"), (MIG_MONITOR_ENV, "migMonitor")):
             if not wants_mig_capability(env, variable):
                 continue
-            _check(policy, MIG_CAPABILITIES, variable, context)
+            try:
+                policy.check_source(MIG_CAPABILITIES.name, context.namespace,
+                                    context.privileged, default=MIG_CAPABILITIES.default)
+            except PolicyDenied as denial:
+                raise ExtrasError(f"{variable}: {denial}", rule=denial.reason.rule) from None
             mig = [n for n in names if node.devices.get(n) is not None
                    and node.devices[n].type == "mig"]
             if mig:
@@ -285,15 +289,6 @@ def _mask_hook(names: Sequence[str], snapshot: Snapshot, node: NodeFacts,
 def _allows(policy: Policy, source: RequestSource, context: ContainerContext) -> bool:
     return policy.source_allowed(source.name, context.namespace, context.privileged,
                                  source.default) is None
-
-
-def _check(policy: Policy, source: RequestSource, variable: str,
-           context: ContainerContext) -> None:
-    try:
-        policy.check_source(source.name, context.namespace, context.privileged,
-                            default=source.default)
-    except PolicyDenied as denial:
-        raise ExtrasError(f"{variable}: {denial}", rule=denial.reason.rule) from None
 
 
 def _gpus(names: Sequence[str], spec: SpecFacts) -> list[DeviceFacts]:
