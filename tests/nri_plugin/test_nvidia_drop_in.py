@@ -18,10 +18,11 @@ from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.requests import RequestError, nri_plugins_requests
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from nri_plugin.vendors.nvidia.sources import nvidia_nri_requests, volume_mount_ids
-from nri_plugin.vendors.nvidia.visible_devices import (
+from nri_plugin.vendors.nvidia.sources import (
     ExtrasError,
     imex_channel_ids,
+    nvidia_nri_requests,
+    volume_mount_ids,
     wants_driver_only,
     wants_mig_capability,
 )

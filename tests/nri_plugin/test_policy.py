@@ -13,11 +13,6 @@ from cdi.model import ContainerEdits, Mount
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.plugins.cdi_injector.context import is_privileged
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied, PolicyError, parse_policy
-from nri_plugin.vendors.nvidia.capabilities import (
-    CapabilityError,
-    filter_edits,
-    requested_capabilities,
-)
 from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts, NodeVersions, parse_sidecar
 from nri_plugin.vendors.nvidia.requirements import (
     RequirementError,
@@ -25,8 +20,13 @@ from nri_plugin.vendors.nvidia.requirements import (
     parse_requirement,
     requirements_from_env,
 )
-from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from nri_plugin.vendors.nvidia.visible_devices import VisibleDevicesError, visible_device_names
+from nri_plugin.vendors.nvidia.rules import (
+    CapabilityError,
+    NvidiaRules,
+    filter_edits,
+    requested_capabilities,
+)
+from nri_plugin.vendors.nvidia.sources import VisibleDevicesError, visible_device_names
 
 NODE = NodeVersions(driver="550.54.15", cuda="12.4")
 A100 = DeviceFacts(name="nvidia.com/gpu=0", type="gpu", arch="8.0", brand="tesla")
