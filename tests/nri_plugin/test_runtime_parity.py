@@ -11,8 +11,7 @@ import pytest
 
 from cdi.cache import Snapshot, SpecCache
 from nri_plugin.nri.versions import RuntimeInfo
-from nri_plugin.plugins.cdi_injector.adjust import narrowed_permissions
-from nri_plugin.plugins.cdi_injector.plan import InjectionError
+from nri_plugin.plugins.cdi_injector.plan import InjectionError, narrowed_permissions
 from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from tests.helpers import make_char_device, plan_injection, write_specs
 
