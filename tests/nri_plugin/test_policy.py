@@ -272,7 +272,7 @@ SIDECAR = {
 
 def _facts() -> NodeFacts:
     spec = parse_sidecar("/s.yaml", "nvidia.com/gpu", SIDECAR)
-    return NodeFacts(MappingProxyType({"/s.yaml": spec}), spec.devices, 1)
+    return NodeFacts(MappingProxyType({"/s.yaml": spec}), spec.devices)
 
 
 @pytest.mark.parametrize("value, expected", [
