@@ -15,9 +15,9 @@ from nri_cdi_testbed.node_check.plugin import ANNOTATION_SOURCES
 if TYPE_CHECKING:
     from cdi.cache import Snapshot
     from nri_plugin.nri.versions import RuntimeInfo
+    from nri_plugin.plugins.cdi_injector.context import DeviceRequest
     from nri_plugin.plugins.cdi_injector.plan import Injection, PlanFor
     from nri_plugin.plugins.cdi_injector.policy import Policy
-    from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 
 
 def write_specs(folder: Path, files: Mapping[str, str]) -> Path:

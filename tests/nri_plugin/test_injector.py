@@ -22,8 +22,13 @@ from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.asked import read_asked
 from nri_plugin.plugins.cdi_injector.context import (
     ContainerContext,
+    DeviceRequest,
+    RequestError,
     bare_context,
+    container_requests,
+    pod_requests,
     read_context,
+    unique_requests,
 )
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
 from nri_plugin.plugins.cdi_injector.plan import (
@@ -33,13 +38,6 @@ from nri_plugin.plugins.cdi_injector.plan import (
     to_adjustment,
 )
 from nri_plugin.plugins.cdi_injector.policy import Policy
-from nri_plugin.plugins.cdi_injector.requests import (
-    DeviceRequest,
-    RequestError,
-    container_requests,
-    pod_requests,
-    unique_requests,
-)
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RequestSource
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import annotations_policy, plan_injection, write_specs

@@ -122,8 +122,7 @@ def test_runtime_info_from_config() -> None:
 def test_cdi_devices_names_count_unless_the_runtimes_cdi_is_known_off(
         snapshot: Snapshot) -> None:
     from nri_plugin.plugins.cdi_injector.already import not_yet_in
-    from nri_plugin.plugins.cdi_injector.context import bare_context
-    from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+    from nri_plugin.plugins.cdi_injector.context import DeviceRequest, bare_context
 
     # containerd 2.3 lists CRI CDIDevices in Container.CDI_devices, injected only with its
     # own CDI on.

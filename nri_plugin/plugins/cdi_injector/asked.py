@@ -18,21 +18,19 @@ from cdi.libpath import LD_LIBRARY_PATH_ENV
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.plugins.cdi_injector.context import (
     ContainerContext,
+    DeviceRequest,
+    RequestError,
     RequestSource,
     bare_context,
     check_sources,
+    container_requests,
+    nri_plugins_requests,
+    pod_requests,
     read_context,
 )
 from nri_plugin.plugins.cdi_injector.plan import InjectionError, lookup_devices
 from nri_plugin.plugins.cdi_injector.policy import NEUTRAL_SOURCES, Policy
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
-from nri_plugin.plugins.cdi_injector.requests import (
-    DeviceRequest,
-    RequestError,
-    container_requests,
-    nri_plugins_requests,
-    pod_requests,
-)
 from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules
 
 NEUTRAL = (

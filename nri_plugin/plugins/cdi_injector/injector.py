@@ -23,7 +23,7 @@ from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.allocations import KubeletAllocations, check_not_held
 from nri_plugin.plugins.cdi_injector.already import Wanted, wanted
 from nri_plugin.plugins.cdi_injector.asked import Asker, OnHit, OnMiss, rechecked_refusal
-from nri_plugin.plugins.cdi_injector.context import ContainerContext
+from nri_plugin.plugins.cdi_injector.context import ContainerContext, unique_requests
 from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.plan import (
@@ -36,7 +36,6 @@ from nri_plugin.plugins.cdi_injector.plan import (
 )
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.refusal import Reason, Refusal
-from nri_plugin.plugins.cdi_injector.requests import unique_requests
 from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules
 
 

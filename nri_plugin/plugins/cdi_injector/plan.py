@@ -25,9 +25,9 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.derived import beyond_derived, derived_access, explicit_rule_needed
 from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.versions import Reach, RuntimeInfo
+from nri_plugin.plugins.cdi_injector.context import DeviceRequest
 from nri_plugin.plugins.cdi_injector.delegation import delegation_problems
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
-from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.vendor import EditFilter
 
 _LIBRARY_PATH_ENTRY = EXTRA_LIBRARY_PATH_ENV + "="

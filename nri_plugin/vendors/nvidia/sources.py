@@ -18,10 +18,14 @@ from cdi.cache import Snapshot
 from cdi.model import ContainerEdits, DeviceNode
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.wire import Code
-from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
+from nri_plugin.plugins.cdi_injector.context import (
+    ContainerContext,
+    DeviceRequest,
+    RequestSource,
+    comma_list_requests,
+)
 from nri_plugin.plugins.cdi_injector.policy import NO_NAMESPACE, SourceRule
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
-from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, comma_list_requests
 from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts
 
 VISIBLE_ENV = "NVIDIA_VISIBLE_DEVICES"
