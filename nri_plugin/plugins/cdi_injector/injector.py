@@ -35,7 +35,7 @@ from nri_plugin.plugins.cdi_injector.plan import (
     removes_runtime_mounts,
 )
 from nri_plugin.plugins.cdi_injector.policy import Policy
-from nri_plugin.plugins.cdi_injector.refusal import Reason, Refusal
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules
 
 
@@ -75,15 +75,6 @@ class Wiring:
 
 log = logging.getLogger("nri_cdi.injector")
 DELEGATIONS_KEPT = 1024
-
-
-class RefusedError(RpcError):
-    """The status a refused CreateContainer is answered with: the refusal's code and the
-    user's message (``Refusal.user_message``), with its structured reason for metrics."""
-
-    def __init__(self, refusal: Refusal) -> None:
-        super().__init__(refusal.code, refusal.user_message())
-        self.reason: Reason = refusal.reason
 
 
 class CdiInjector(Plugin):
@@ -164,7 +155,8 @@ class CdiInjector(Plugin):
             self.counters.refused += 1
             log.warning("refused %s: %s", label, exc.log_message())
             self._measure("refused", start, exc.reason.rule)
-            raise RefusedError(exc) from exc
+            # Answered with the refusal's code and the words its user reads.
+            raise RpcError(exc.code, exc.user_message()) from exc
         except Exception:
             self._measure("error", start)
             raise
