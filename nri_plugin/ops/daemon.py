@@ -41,8 +41,7 @@ from nri_plugin.ops.settings import (
 )
 from nri_plugin.ops.status import LAUNCHED_SOCKET, ReadyFile, StatusFile
 from nri_plugin.plugins.cdi_injector.asked import OnHit, OnMiss
-from nri_plugin.plugins.cdi_injector.counters import Counters
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Counters, Wiring
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyError, load_policy, parse_policy
 from nri_plugin.plugins.cdi_injector.startguard import (
     FAILCLOSED_LOGGER,

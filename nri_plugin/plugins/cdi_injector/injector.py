@@ -24,7 +24,6 @@ from nri_plugin.plugins.cdi_injector.allocations import KubeletAllocations, chec
 from nri_plugin.plugins.cdi_injector.already import Wanted, wanted
 from nri_plugin.plugins.cdi_injector.asked import Asker, OnHit, OnMiss, rechecked_refusal
 from nri_plugin.plugins.cdi_injector.context import ContainerContext, unique_requests
-from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.plan import (
     Injection,
@@ -37,6 +36,21 @@ from nri_plugin.plugins.cdi_injector.plan import (
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules
+
+
+@dataclass(slots=True)
+class Counters:
+    """The plugin's counters, for its log and metrics: one object, shared by the injector
+    and the fail-closed guard; the metrics export every field. Plain ints, bumped on the
+    event loop and read without locking."""
+
+    injected: int = 0  # CreateContainer answered with devices
+    refused: int = 0  # CreateContainer refused (policy, requirements, bad request)
+    delegation_failed: int = 0  # handed to the runtime's own CDI, which failed them
+    unserved_found: int = 0  # found by Synchronize without their devices
+    unserved_reported: int = 0  # fail-closed action "report"
+    unserved_evicted: int = 0  # fail-closed action "evict": stopped, or its start refused
+    gids_dropped: int = 0  # containers given their devices without the spec's additionalGids
 
 
 class InjectionMetrics(Protocol):
