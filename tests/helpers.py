@@ -132,6 +132,7 @@ def hook_links(hook_args: Iterable[Sequence[str]]) -> dict[str, str]:
 def plan_injection(snapshot: Snapshot, requests: Sequence[DeviceRequest], runtime: RuntimeInfo,
                    plan_for: PlanFor | None = None) -> Injection:
     """The injector's plan for the devices ``requests`` name (looked up first)."""
-    from nri_plugin.plugins.cdi_injector.plan import lookup_devices, plan_devices
+    from nri_plugin.plugins.cdi_injector.plan import PlanFor, lookup_devices, plan_devices
 
-    return plan_devices(snapshot, lookup_devices(snapshot, requests), runtime, plan_for)
+    return plan_devices(snapshot, lookup_devices(snapshot, requests), runtime,
+                        plan_for or PlanFor())

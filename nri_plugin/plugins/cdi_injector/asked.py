@@ -54,8 +54,7 @@ def all_sources(vendors: Sequence[tuple[VendorRules, object]]
     paired: list[tuple[RequestSource, object]] = [(s, None) for s in NEUTRAL]
     for vendor, facts in vendors:
         paired += [(s, facts) for s in vendor.sources if s.read is not None]
-    return (tuple(p for p in paired if p[0].when_denied != "ignore")
-            + tuple(p for p in paired if p[0].when_denied == "ignore"))
+    return tuple(sorted(paired, key=lambda p: p[0].when_denied == "ignore"))  # stable
 
 
 def read_asked(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,

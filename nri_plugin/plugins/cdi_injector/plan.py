@@ -84,8 +84,7 @@ class PlanFor:
 
 
 def plan_devices(snapshot: Snapshot, devices: Sequence[Device], runtime: RuntimeInfo,
-                 plan_for: PlanFor | None = None) -> Injection:
-    plan_for = plan_for if plan_for is not None else PlanFor()
+                 plan_for: PlanFor) -> Injection:
     edit_filter, drop_gids = plan_for.edit_filter, plan_for.drop_gids
     edits = snapshot.merged_edits(devices) if devices else ContainerEdits()
     filtered = edit_filter.apply(edits) if edit_filter is not None else edits

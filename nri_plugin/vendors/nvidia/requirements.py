@@ -65,12 +65,11 @@ def _parse_constraint(env: str, term: str) -> Constraint:
     for op in _OPS:
         name, sep, value = term.partition(op)
         if sep and name and value:
-            return _checked(env, Constraint(name.strip().lower(), op, value.strip()))
-    raise RequirementError(f"{env}: cannot parse {term!r} (want NAME OP VALUE, OP one of "
-                           "= != < <= > >=)")
-
-
-def _checked(env: str, c: Constraint) -> Constraint:
+            break
+    else:
+        raise RequirementError(f"{env}: cannot parse {term!r} (want NAME OP VALUE, OP one "
+                               "of = != < <= > >=)")
+    c = Constraint(name.strip().lower(), op, value.strip())
     if c.name not in NAMES:
         raise RequirementError(f"{env}: unknown name {c.name!r} in {c} (known: "
                                f"{', '.join(NAMES)})")
