@@ -31,7 +31,6 @@ from nri_plugin.plugins.cdi_injector.plan import (
     PlanFor,
     lookup_devices,
     mount_removals,
-    removes_runtime_mounts,
 )
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
@@ -280,7 +279,10 @@ class CdiInjector(Plugin):
                                   edit_filter, container)
         if removals is None:
             return None
-        if not removes_runtime_mounts(self.runtime):
+        # NRI mount removals reach the mounts the runtime's own CDI injected: seen with
+        # containerd 2.1.9; containerd 1.7.24 accepts the removals and keeps the mounts.
+        version = self.runtime.version
+        if self.runtime.is_containerd and version is not None and version < (2, 0, 0):
             log.warning("container %s: %d driver mount(s) its env did not ask for (e.g. %s) "
                         "stay: %s keeps the mounts its own CDI injected whatever NRI "
                         "removes", container.name, len(removals.mounts),

@@ -173,13 +173,6 @@ def _why_not(devices: Sequence[Device], runtime: RuntimeInfo) -> str:
         delegation_problems(devices, runtime))
 
 
-def removes_runtime_mounts(runtime: RuntimeInfo) -> bool:
-    """Whether NRI mount removals reach the mounts the runtime's own CDI injected: seen
-    with containerd 2.1.9; containerd 1.7.24 accepts the removals and keeps the mounts."""
-    return not (runtime.is_containerd and runtime.version is not None
-                and runtime.version < (2, 0, 0))
-
-
 def mount_removals(snapshot: Snapshot, names: Sequence[str], edit_filter: EditFilter,
                    container: nri_pb2.Container) -> nri_pb2.ContainerAdjustment | None:
     """The removal of the mounts the runtime's CDI gave a container for ``names`` that

@@ -281,10 +281,9 @@ def _units_by_nodes(paths: set[str], snapshot: Snapshot, facts: NodeFacts) -> fr
         caps = {n.path for n in device.edits.device_nodes if n.path.startswith(CAPS_FOLDER)}
         if caps and caps <= paths:
             mig.add(_unit(facts_device))
-    if mig:
-        return frozenset(mig)
-    return frozenset(_unit(d) for d in facts.devices.values() if d.type == "gpu"
-                     and d.minor is not None and f"/dev/nvidia{d.minor}" in paths)
+    return frozenset(mig) or frozenset(
+        _unit(d) for d in facts.devices.values()
+        if d.type == "gpu" and d.minor is not None and f"/dev/nvidia{d.minor}" in paths)
 
 
 def _whole_devices(context: ContainerContext) -> bool:

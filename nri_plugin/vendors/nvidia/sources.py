@@ -116,13 +116,9 @@ def match_id(item: str, known: list[DeviceFacts]) -> str | None:
     else:
         bus = _bus(lowered)
         candidates = [d for d in known if d.type == "gpu" and _bus(d.bus_id.lower()) == bus]
-    if not candidates:
-        return None
     # Prefer the name that is the id itself (index strategy), else the first by name.
-    for d in candidates:
-        if d.name == f"{GPU_KIND}={item}":
-            return d.name
-    return sorted(d.name for d in candidates)[0]
+    names, own = sorted(d.name for d in candidates), f"{GPU_KIND}={item}"
+    return own if own in names else next(iter(names), None)
 
 
 def _bus(text: str) -> str:
