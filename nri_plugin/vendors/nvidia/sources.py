@@ -67,10 +67,8 @@ def resolve_ids(ids: Iterable[str], snapshot: Snapshot, facts: NodeFacts,
     """CDI names for device ids in NVIDIA_VISIBLE_DEVICES' grammar (one id each; ``label``
     names where they came from in errors)."""
     known = [d for d in facts.devices.values() if d.name.startswith(GPU_KIND + "=")]
-    names: list[str] = []
-    for item in ids:
-        names += _resolve(item, known, snapshot, label)
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(name for item in ids
+                              for name in _resolve(item, known, snapshot, label)))
 
 
 def _resolve(item: str, known: list[DeviceFacts], snapshot: Snapshot,
@@ -102,7 +100,6 @@ def _all(known: list[DeviceFacts], snapshot: Snapshot) -> list[str]:
 
 def match_id(item: str, known: list[DeviceFacts]) -> str | None:
     lowered = item.lower()
-    candidates: list[DeviceFacts] = []
     if item.isdigit():
         candidates = [d for d in known if d.type == "gpu" and d.gpu_index == int(item)]
     elif ":" in item and all(p.isdigit() for p in item.split(":")) and item.count(":") == 1:
@@ -199,10 +196,7 @@ def mig_capability_node(facts: NodeFacts, which: str, variable: str) -> DeviceNo
 
 
 def imex_channels(facts: NodeFacts) -> dict[int, DeviceNode]:
-    out: dict[int, DeviceNode] = {}
-    for spec in facts.specs.values():
-        out.update(spec.imex_channels)
-    return out
+    return {n: node for spec in facts.specs.values() for n, node in spec.imex_channels.items()}
 
 
 NRI_KEY = "nvidia.cdi.k8s.io"
