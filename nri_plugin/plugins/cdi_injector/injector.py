@@ -101,7 +101,8 @@ class CdiInjector(Plugin):
         policy: Policy | None = None,
         wiring: Wiring | None = None,
     ) -> None:
-        self._registry = registry  # swapped whole by the refresher; never does I/O
+        # The registry in force, swapped whole by the refresher; never does I/O.
+        self.registry = registry
         self.vendors = tuple(vendors)
         self.policy = policy or Policy.defaults(self.vendors)
         self.runtime = RuntimeInfo()
@@ -116,9 +117,6 @@ class CdiInjector(Plugin):
         # Group sets already warned about on this connection (one line each, not one per
         # container: the counters and metrics count every container).
         self._gids_warned: set[tuple[int, ...]] = set()
-
-    def registry(self) -> Registry:
-        return self._registry()
 
     def set_policy(self, policy: Policy) -> None:
         """Put a new (validated) policy in force, from the next container on."""
@@ -225,7 +223,7 @@ class CdiInjector(Plugin):
         policy = self.policy
         # 1. What it asks for, by every source, under a registry that knows the names; no
         # device another pod holds asked for past the scheduler.
-        context, registry, reread = self._asker.read(pod, container, self._registry(), policy)
+        context, registry, reread = self._asker.read(pod, container, self.registry(), policy)
         if self._wiring.allocations is not None:
             check_not_held(context, registry, self.vendors, self._wiring.allocations)
         # 2. What of it is already in the container (the runtime's CDI, an earlier plugin).
