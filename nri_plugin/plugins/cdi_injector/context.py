@@ -166,14 +166,13 @@ def bare_context(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
                  env_names: tuple[str, ...] | None = None) -> ContainerContext:
     """The container, no request read yet. ``env_names``: the prefixes of the env names
     the context keeps; None keeps them all."""
+    pod = pod if pod is not None else nri_pb2.PodSandbox()
     user = container.user if container.HasField("user") else None
     return ContainerContext(
-        pod.namespace if pod is not None else "", pod.name if pod is not None else "",
-        container.name, container.id, is_privileged(container),
+        pod.namespace, pod.name, container.name, container.id, is_privileged(container),
         user.uid if user else 0, user.gid if user else 0, env_map(container.env, env_names),
         # the container's own annotations: CRI-O shows the pod's among them
-        pod.annotations if pod is not None else {}, own_annotations(container),
-        container.mounts)
+        pod.annotations, own_annotations(container), container.mounts)
 
 
 def read_context(bare: ContainerContext, sources: Sequence[tuple[RequestSource, object]],
