@@ -72,7 +72,7 @@ UNITS = {"_seconds": "seconds", "_total": "1 (count)", "_bytes": "bytes"}
 
 def metrics_page() -> str:
     from nri_plugin.ops import metrics
-    from nri_plugin.plugins.cdi_injector.counters import Counters
+    from nri_plugin.plugins.cdi_injector.injector import Counters
 
     served = metrics.Metrics(Counters())
     served.denial(PROBE)  # a label appears once it has a value: give the rule label one

@@ -15,9 +15,9 @@ from nri_cdi_testbed.node_check.plugin import ANNOTATION_SOURCES
 if TYPE_CHECKING:
     from cdi.cache import Snapshot
     from nri_plugin.nri.versions import RuntimeInfo
+    from nri_plugin.plugins.cdi_injector.context import DeviceRequest
     from nri_plugin.plugins.cdi_injector.plan import Injection, PlanFor
     from nri_plugin.plugins.cdi_injector.policy import Policy
-    from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 
 
 def write_specs(folder: Path, files: Mapping[str, str]) -> Path:
@@ -132,6 +132,7 @@ def hook_links(hook_args: Iterable[Sequence[str]]) -> dict[str, str]:
 def plan_injection(snapshot: Snapshot, requests: Sequence[DeviceRequest], runtime: RuntimeInfo,
                    plan_for: PlanFor | None = None) -> Injection:
     """The injector's plan for the devices ``requests`` name (looked up first)."""
-    from nri_plugin.plugins.cdi_injector.plan import lookup_devices, plan_devices
+    from nri_plugin.plugins.cdi_injector.plan import PlanFor, lookup_devices, plan_devices
 
-    return plan_devices(snapshot, lookup_devices(snapshot, requests), runtime, plan_for)
+    return plan_devices(snapshot, lookup_devices(snapshot, requests), runtime,
+                        plan_for or PlanFor())

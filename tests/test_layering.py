@@ -187,7 +187,7 @@ def test_plugins_never_import_vendor_rules() -> None:
 
 
 def test_plugins_never_import_operations() -> None:
-    # Metrics reach the metered injector as an object with a small protocol.
+    # Metrics reach the injector as an object with a small protocol (``Wiring.metrics``).
     assert violations(["nri_plugin.plugins"], ["nri_plugin.ops"]) == []
 
 

@@ -41,9 +41,7 @@ from nri_plugin.ops.settings import (
 )
 from nri_plugin.ops.status import LAUNCHED_SOCKET, StatusFile, set_ready
 from nri_plugin.plugins.cdi_injector.asked import OnHit, OnMiss
-from nri_plugin.plugins.cdi_injector.counters import Counters
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
-from nri_plugin.plugins.cdi_injector.metered import Metered
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Counters, Wiring
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyError, load_policy, parse_policy
 from nri_plugin.plugins.cdi_injector.startguard import (
     FAILCLOSED_LOGGER,
@@ -158,16 +156,16 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
         on_hit=removals_applied(refresher, registry),
         on_start_warning=start_warning,
         after_reply=loop.call_soon,
-        allocations=allocations.current if allocations else None))
+        allocations=allocations.current if allocations else None,
+        metrics=metrics))
     # Launched by the runtime, we have one connection (its fd): the guard rides on it.
     # Otherwise its checks get a connection of their own, open only while needed.
     launched = PLUGIN_SOCKET_ENV in os.environ
     # The start guard checks every container whose creation did not pass through us
-    # (fail-closed); it wraps the injector, and the metrics wrap both. What Synchronize
-    # finds is stopped after its reply (the runtime holds its lock until it has it).
+    # (fail-closed); it wraps the injector. What Synchronize finds is stopped after its
+    # reply (the runtime holds its lock until it has it).
     guard = StartGuard(injector, GuardSettings(own_connection=not launched),
                        defer=loop.call_soon)
-    main: Plugin = guard if metrics is None else Metered(guard, metrics)
     name, idx = _identity(args, settings)
     # For nri-cdi doctor: connected to which runtime, since when (nri_plugin/ops/status.py).
     own_name, own_index = plugin_identity(name, idx, os.environ, sys.argv[0])  # the Stub's
@@ -204,8 +202,8 @@ async def serve(args: argparse.Namespace, policy: Policy, settings: Settings,
                     on_close=closed, before_connect=before_connect, logger=logger))
 
     runner: Stub | SecondConnection = (
-        make_stub(main, name, on_close, None) if launched
-        else SecondConnection(guard, main, make_stub, name, on_close))
+        make_stub(guard, name, on_close, None) if launched
+        else SecondConnection(guard, guard, make_stub, name, on_close))
     log.info("plugin %s-%s starting; spec dirs %s; policy %s; vendors %s", own_index,
              own_name, ", ".join(cache.spec_dirs), policy.origin,
              ", ".join(f"{v.name} (hooks: {', '.join(v.hooks) or 'none'})" for v in vendors)

@@ -15,7 +15,7 @@ from typing import Any
 
 from cdi.extras import MissingDependencyError
 from nri_plugin.ops.settings import parse_address
-from nri_plugin.plugins.cdi_injector.counters import Counters
+from nri_plugin.plugins.cdi_injector.injector import Counters
 
 # CreateContainer must answer within the runtime's 2 s request timeout.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,

@@ -130,19 +130,18 @@ def test_doctor_confirms_the_plugin_without_metrics(
 
 
 # --- metrics and health, counting real injections ----------------------------------------
-# The daemon's wiring of Metrics is mirrored here (Metered, registry callback,
+# The daemon's wiring of Metrics is mirrored here (the injector's metrics, registry callback,
 # on_close), so that the endpoint is tested on the real CreateContainer path.
 
 HARNESS = """\
 import asyncio, logging, sys
 from cdi.cache import SpecCache
 from cdi.watch import AutoRefresh, Timing
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector
-from nri_plugin.plugins.cdi_injector.metered import Metered
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
 from nri_plugin.plugins.cdi_injector.policy import parse_policy
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.ops.metrics import Metrics
-from nri_plugin.plugins.cdi_injector.counters import Counters
+from nri_plugin.plugins.cdi_injector.injector import Counters
 from nri_plugin.nri.stub import Stub, StubOptions
 logging.basicConfig(level=logging.INFO, stream=sys.stderr)
 metrics = Metrics(Counters())
@@ -152,7 +151,8 @@ cache = SpecCache([sys.argv[2]])
 AutoRefresh(cache, Timing(rescan_interval=3600), on_refresh=metrics.registry).start()
 # Its pods ask by annotation in every namespace.
 anywhere = parse_policy({"sources": {"podAnnotations": {"namespaces": ["*"]}}})
-plugin = Metered(CdiInjector(lambda: Registry(cache.snapshot), policy=anywhere), metrics)
+plugin = CdiInjector(lambda: Registry(cache.snapshot), policy=anywhere,
+                     wiring=Wiring(metrics=metrics))
 stub = Stub(plugin, StubOptions(name="nri-cdi", idx="10", socket_path=sys.argv[1],
             on_close=lambda stub, error: metrics.disconnected()))
 asyncio.run(stub.run())

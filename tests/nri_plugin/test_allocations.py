@@ -13,13 +13,14 @@ import pytest
 
 from cdi.cache import SpecCache
 from nri_plugin.nri.api import nri_pb2
+from nri_plugin.nri.dispatch import RpcError
 from nri_plugin.plugins.cdi_injector.allocations import (
     DeviceHeld,
     Holding,
     KubeletAllocations,
     overlaps,
 )
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector, RefusedError, Wiring
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import annotations_policy, write_specs
@@ -135,7 +136,7 @@ def decide(registry: Registry, allocations: KubeletAllocations | None, request: 
 ])
 def test_an_annotation_asking_for_another_pods_device_is_refused_naming_it(
         registry: Registry, request_name: str, holding: Holding) -> None:
-    with pytest.raises(RefusedError) as info:
+    with pytest.raises(RpcError) as info:
         decide(registry, KubeletAllocations(holdings=(holding,)), request_name)
     message = str(info.value)
     assert message.startswith(f"nri-cdi: device {request_name} (pod annotation "
@@ -143,7 +144,7 @@ def test_an_annotation_asking_for_another_pods_device_is_refused_naming_it(
                               f"{holding.describe()}")
     assert "the scheduler does not count devices asked for by annotation" in message
     assert isinstance(info.value.__cause__, DeviceHeld)
-    assert info.value.reason.rule == "allocations"
+    assert info.value.__cause__.reason.rule == "allocations"
 
 
 @pytest.mark.parametrize(("request_name", "holdings"), [
@@ -168,7 +169,7 @@ def test_the_pods_own_allocation_and_a_device_shared_with_it_pass(registry: Regi
                     device_ids=(f"{GPU0}::2",))
     decide(registry, KubeletAllocations(holdings=(own, other)), "nvidia.com/gpu=0")
     # Covered only in part: GPU 1 is not the pod's.
-    with pytest.raises(RefusedError, match="allocated by the kubelet to pod default/mig"):
+    with pytest.raises(RpcError, match="allocated by the kubelet to pod default/mig"):
         decide(registry, KubeletAllocations(holdings=(own, MIG_DP)), "nvidia.com/gpu=all")
 
 
@@ -182,7 +183,7 @@ def test_what_the_kubelet_allocated_itself_is_not_checked_against_others(
 def test_no_kubelet_checks_nothing_and_unknown_allocations_refuse(registry: Registry) -> None:
     decide(registry, None, "nvidia.com/gpu=0")
     unknown = KubeletAllocations(unknown="/x/kubelet.sock: UNAVAILABLE: connection refused")
-    with pytest.raises(RefusedError) as info:
+    with pytest.raises(RpcError) as info:
         decide(registry, unknown, "nvidia.com/gpu=0")
     assert str(info.value) == (
         "nri-cdi: cannot check that nvidia.com/gpu=0 (pod annotation 'cdi.k8s.io/gpu') is "

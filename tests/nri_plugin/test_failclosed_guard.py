@@ -542,7 +542,7 @@ def test_a_refused_start_leaves_the_termination_message_to_the_start_error(
 
 def test_the_refusal_keeps_the_nodes_folders_for_the_log(snapshot: Snapshot) -> None:
     from nri_plugin.plugins.cdi_injector.asked import rechecked_refusal
-    from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+    from nri_plugin.plugins.cdi_injector.context import DeviceRequest
 
     refusal = rechecked_refusal(snapshot, [DeviceRequest("vendor.com/gpu=7", "s")])
     assert refusal is not None

@@ -18,23 +18,25 @@ from nri_plugin.nri.dispatch import Dispatcher, RpcError
 from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.nri.versions import RuntimeInfo, SpecDirs
 from nri_plugin.nri.wire import Code
-from nri_plugin.plugins.cdi_injector.adjust import UnsupportedEditsError, to_adjustment
 from nri_plugin.plugins.cdi_injector.asked import read_asked
 from nri_plugin.plugins.cdi_injector.context import (
     ContainerContext,
-    bare_context,
-    read_context,
-)
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
-from nri_plugin.plugins.cdi_injector.plan import InjectionError, PlanFor
-from nri_plugin.plugins.cdi_injector.policy import Policy
-from nri_plugin.plugins.cdi_injector.requests import (
     DeviceRequest,
     RequestError,
+    bare_context,
     container_requests,
     pod_requests,
+    read_context,
     unique_requests,
 )
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
+from nri_plugin.plugins.cdi_injector.plan import (
+    InjectionError,
+    PlanFor,
+    UnsupportedEditsError,
+    to_adjustment,
+)
+from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RequestSource
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import annotations_policy, plan_injection, write_specs

@@ -122,8 +122,7 @@ def test_runtime_info_from_config() -> None:
 def test_cdi_devices_names_count_unless_the_runtimes_cdi_is_known_off(
         snapshot: Snapshot) -> None:
     from nri_plugin.plugins.cdi_injector.already import not_yet_in
-    from nri_plugin.plugins.cdi_injector.context import bare_context
-    from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+    from nri_plugin.plugins.cdi_injector.context import DeviceRequest, bare_context
 
     # containerd 2.3 lists CRI CDIDevices in Container.CDI_devices, injected only with its
     # own CDI on.
@@ -145,7 +144,7 @@ def test_handed_over_creation_is_judged_at_removal_with_no_start_round_trip(
     # and start but CreateContainer itself.
     assert mask & 0x10 == 0 and mask & 0x20 == 0 and mask & 0x400
     for cid in ("b", "c", "d"):
-        plugin.delegations.delegated(cid, f"container={cid}", ("example.com/dev=node",))
+        plugin.delegations[cid] = (f"container={cid}", ("example.com/dev=node",))
     plugin.remove_container(_pod(), nri_pb2.Container(id="b",
                                                       state=nri_pb2.CONTAINER_STOPPED))
     # containerd 2.3 (criContainer.GetStatus): an exited container has no state, only a

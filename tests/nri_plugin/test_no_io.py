@@ -2,7 +2,7 @@
 imports nothing: it runs for every container on a node, inside the runtime's 2 s budget.
 
 The path is driven from raw request bytes through ``dispatch``, and from raw wire bytes on
-a socket through the Stub and the metered, policy-enforcing injector with the NVIDIA rules
+a socket through the Stub and the policy-enforcing injector, with metrics, with the NVIDIA rules
 and their node facts, while an audit hook (armed by a flag, since audit hooks cannot be
 removed) fails on the events that mean I/O.
 ``os.stat``/``os.lstat`` raise no audit event, so they are patched to fail as well.
@@ -34,9 +34,7 @@ from nri_plugin.nri.dispatch import Dispatcher, RpcError
 from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.ops.logwriter import NonBlockingHandler
 from nri_plugin.ops.metrics import Metrics
-from nri_plugin.plugins.cdi_injector.counters import Counters
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
-from nri_plugin.plugins.cdi_injector.metered import Metered
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Counters, Wiring
 from nri_plugin.plugins.cdi_injector.vendor import Registry, RegistryHolder
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import annotations_policy, make_char_device, write_specs
@@ -178,14 +176,14 @@ def _request(env: list[str], **annotations: str) -> nri_pb2.CreateContainerReque
 def test_create_container_over_the_wire_with_nvidia_rules_does_no_io(
         tmp_path: Path, need_root: None) -> None:
     """The real path: raw mux + ttrpc bytes on a socket, the Stub, the dispatcher, the
-    metered injector under a policy, the NVIDIA rules with node facts (NVIDIA_REQUIRE_*,
+    injector with metrics under a policy, the NVIDIA rules with node facts (NVIDIA_REQUIRE_*,
     NVIDIA_DRIVER_CAPABILITIES, NVIDIA_VISIBLE_DEVICES), the reply bytes back."""
     global _armed_everywhere
     registry = _nvidia_registry(tmp_path)
     policy = annotations_policy({"sources": {"visibleDevicesEnv": {"enabled": True,
                                                              "privilegedOnly": False}}})
-    plugin = Metered(CdiInjector(registry.get, vendors=registry.vendors, policy=policy),
-                     Metrics(Counters()))
+    plugin = CdiInjector(registry.get, vendors=registry.vendors, policy=policy,
+                         wiring=Wiring(metrics=Metrics(Counters())))
     gpu = {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}
     requests = {
         "annotation": _request(["NVIDIA_REQUIRE_CUDA=cuda>=12.0 brand=tesla",

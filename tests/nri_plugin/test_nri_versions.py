@@ -23,10 +23,10 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.api.events import EventMask
 from nri_plugin.nri.stub import Stub, StubOptions
 from nri_plugin.nri.versions import CDI_OFF, NativeCdi, RuntimeInfo, SpecDirs
+from nri_plugin.plugins.cdi_injector.context import DeviceRequest
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Wiring
 from nri_plugin.plugins.cdi_injector.plan import PlanFor
-from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.startguard import StartGuard
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from tests.helpers import annotations_policy, plan_injection, write_specs

@@ -12,16 +12,17 @@ import pytest
 
 from cdi.cache import SpecCache
 from nri_plugin.nri.api import nri_pb2
+from nri_plugin.plugins.cdi_injector.context import RequestError, nri_plugins_requests
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
-from nri_plugin.plugins.cdi_injector.requests import RequestError, nri_plugins_requests
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from nri_plugin.vendors.nvidia.sources import nvidia_nri_requests, volume_mount_ids
-from nri_plugin.vendors.nvidia.visible_devices import (
+from nri_plugin.vendors.nvidia.sources import (
     ExtrasError,
     imex_channel_ids,
+    nvidia_nri_requests,
+    volume_mount_ids,
     wants_driver_only,
     wants_mig_capability,
 )

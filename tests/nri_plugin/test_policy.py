@@ -13,25 +13,23 @@ from cdi.model import ContainerEdits, Mount
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.plugins.cdi_injector.context import is_privileged
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied, PolicyError, parse_policy
-from nri_plugin.vendors.nvidia.capabilities import (
-    CapabilityError,
-    filter_edits,
-    requested_capabilities,
-)
-from nri_plugin.vendors.nvidia.nodefacts import NodeFacts, parse_sidecar
+from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts, NodeVersions, parse_sidecar
 from nri_plugin.vendors.nvidia.requirements import (
-    GpuInfo,
-    NodeVersions,
     RequirementError,
     check,
     parse_requirement,
     requirements_from_env,
 )
-from nri_plugin.vendors.nvidia.rules import NvidiaRules
-from nri_plugin.vendors.nvidia.visible_devices import VisibleDevicesError, visible_device_names
+from nri_plugin.vendors.nvidia.rules import (
+    CapabilityError,
+    NvidiaRules,
+    filter_edits,
+    requested_capabilities,
+)
+from nri_plugin.vendors.nvidia.sources import VisibleDevicesError, visible_device_names
 
 NODE = NodeVersions(driver="550.54.15", cuda="12.4")
-A100 = GpuInfo(name="nvidia.com/gpu=0", arch="8.0", brand="tesla")
+A100 = DeviceFacts(name="nvidia.com/gpu=0", type="gpu", arch="8.0", brand="tesla")
 
 
 # --- requirements ------------------------------------------------------------------------------
@@ -101,7 +99,7 @@ def test_requirements_from_env(env: dict[str, str], expected: list[str]) -> None
 def test_per_gpu_and_no_gpu() -> None:
     req = [parse_requirement("R", "arch>=8.0")]
     check(req, NODE, [])  # no GPU visible: arch holds
-    old = GpuInfo(name="nvidia.com/gpu=1", arch="7.5", brand="tesla")
+    old = DeviceFacts(name="nvidia.com/gpu=1", type="gpu", arch="7.5", brand="tesla")
     with pytest.raises(RequirementError, match=re.escape("GPU nvidia.com/gpu=1 has arch 7.5")):
         check(req, NODE, [A100, old])
 
@@ -274,7 +272,7 @@ SIDECAR = {
 
 def _facts() -> NodeFacts:
     spec = parse_sidecar("/s.yaml", "nvidia.com/gpu", SIDECAR)
-    return NodeFacts(MappingProxyType({"/s.yaml": spec}), spec.devices, 1)
+    return NodeFacts(MappingProxyType({"/s.yaml": spec}), spec.devices)
 
 
 @pytest.mark.parametrize("value, expected", [

@@ -24,6 +24,9 @@ from nri_plugin.vendors.nvidia.requirements import RequirementError
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import annotations_policy, write_specs
 
+# How the facts' log says a sidecar belongs to another version of its spec.
+STALE = "belongs to another version of the spec"
+
 SPEC = """\
 cdiVersion: 0.5.0
 kind: nvidia.com/gpu
@@ -92,11 +95,12 @@ def test_facts_loaded_from_sidecar(registry: Registry) -> None:
     assert next(iter(facts.specs.values())).versions.cuda == "12.4"
 
 
-def test_stale_sidecar_is_ignored(tmp_path: Path) -> None:
+def test_stale_sidecar_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", "nri_cdi.facts")
     folder = write_specs(tmp_path / "cdi", {"nvidia.yaml": SPEC})
     (folder / "nvidia.yaml.meta").write_text(json.dumps(_sidecar(b"other")))
     facts = load_facts(SpecCache([str(folder)]).refresh())
-    assert not facts.specs and facts.stale
+    assert not facts.specs and STALE in caplog.text
 
 
 @pytest.mark.parametrize("caps, expected", [
@@ -229,7 +233,8 @@ def test_synchronize_acts_after_its_reply_on_started_containers_only(
 
 # --- registry and facts swapped together, structured refusal reasons ----------------------
 
-def test_stale_sidecar_keeps_the_facts_of_the_unchanged_spec(tmp_path: Path) -> None:
+def test_stale_sidecar_keeps_the_facts_of_the_unchanged_spec(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The generator writes the sidecar first: until the new spec arrives, the old spec
     keeps the facts read for it; a changed spec with a sidecar of another spec gets none."""
     folder = write_specs(tmp_path / "cdi", {"nvidia.yaml": SPEC})
@@ -238,13 +243,15 @@ def test_stale_sidecar_keeps_the_facts_of_the_unchanged_spec(tmp_path: Path) -> 
     cache, holder = SpecCache([str(folder)]), RegistryHolder([NvidiaRules()])
     first = holder.update(cache.refresh())
     assert first.facts[0].specs
+    caplog.set_level("INFO", "nri_cdi.facts")
     meta.write_text(json.dumps(_sidecar(b"the next spec")))  # sidecar of the next version
     kept = holder.update(cache.refresh())
     assert kept.snapshot.generation == first.snapshot.generation + 1
-    assert kept.facts[0].specs and kept.facts[0].stale == (str(spec),)
+    assert kept.facts[0].specs and f"{spec}.meta {STALE}" in caplog.text
+    caplog.clear()
     spec.write_text(SPEC.replace("550", "560"))  # a spec the sidecar does not describe
     changed = holder.update(cache.refresh())
-    assert not changed.facts[0].specs and changed.facts[0].stale
+    assert not changed.facts[0].specs and STALE in caplog.text
 
 
 def test_registry_holder_swaps_snapshot_and_facts_in_one_object(registry: Registry) -> None:
@@ -253,7 +260,10 @@ def test_registry_holder_swaps_snapshot_and_facts_in_one_object(registry: Regist
     after = holder.update(registry.snapshot)
     assert holder.get() is after and after is not before
     assert after.snapshot is registry.snapshot
-    assert after.facts[0].generation == registry.snapshot.generation
+    # The facts were read for this very snapshot's spec objects.
+    loaded_for = after.facts[0].loaded_for
+    assert loaded_for and all(loaded_for[path] is loaded.spec
+                              for path, loaded in registry.snapshot.specs.items())
 
 
 @pytest.mark.parametrize("policy, env, annotations, rule, device", [

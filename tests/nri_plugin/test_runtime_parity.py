@@ -11,9 +11,8 @@ import pytest
 
 from cdi.cache import Snapshot, SpecCache
 from nri_plugin.nri.versions import RuntimeInfo
-from nri_plugin.plugins.cdi_injector.adjust import narrowed_permissions
-from nri_plugin.plugins.cdi_injector.plan import InjectionError
-from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
+from nri_plugin.plugins.cdi_injector.context import DeviceRequest
+from nri_plugin.plugins.cdi_injector.plan import InjectionError, narrowed_permissions
 from tests.helpers import make_char_device, plan_injection, write_specs
 
 C1724 = RuntimeInfo.from_configure("containerd", "1.7.24~ds1")

@@ -25,10 +25,10 @@ from cdi.libpath import merge_library_path
 from nri_cdi_testbed.tegra import BuiltTegraNode, TegraLayout
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.versions import NativeCdi, RuntimeInfo, SpecDirs
+from nri_plugin.plugins.cdi_injector.context import DeviceRequest
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.plan import PlanFor
-from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from nri_plugin.plugins.cdi_injector.vendor import Registry
 from nri_plugin.vendors.nvidia.rules import NvidiaRules
 from tests.helpers import annotations_policy, plan_injection

@@ -19,8 +19,8 @@ from cdi.edits import apply
 from cdi.libpath import merge_library_path
 from nri_cdi_testbed.node_check.check import spec_differences, spec_facts
 from nri_plugin.nri.versions import NativeCdi, RuntimeInfo, SpecDirs
+from nri_plugin.plugins.cdi_injector.context import DeviceRequest
 from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
-from nri_plugin.plugins.cdi_injector.requests import DeviceRequest
 from tests.helpers import plan_injection
 from tests.nri_apply import CONTAINER_BEFORE_NRI, apply_adjustment
 

@@ -23,7 +23,7 @@ from nri_plugin.ops.metrics import Metrics
 from nri_plugin.ops.refresh import Watcher
 from nri_plugin.ops.settings import Settings
 from nri_plugin.ops.status import StatusFile
-from nri_plugin.plugins.cdi_injector.counters import Counters
+from nri_plugin.plugins.cdi_injector.injector import Counters
 from tests import arm64
 from tests.kubelet_peer import PodResourcesServer, recorded
 from tests.ops.simchange import upgrade_driver

@@ -13,7 +13,7 @@ import pytest
 from nri_plugin.ops.logformat import JsonFormatter, log_formatter
 from nri_plugin.ops.metrics import Metrics
 from nri_plugin.ops.settings import parse_address
-from nri_plugin.plugins.cdi_injector.counters import Counters
+from nri_plugin.plugins.cdi_injector.injector import Counters
 
 
 def _get(url: str) -> tuple[int, str]:

@@ -65,13 +65,10 @@ def device_units(name: str, snapshot: Snapshot, vendors: Paired) -> frozenset[st
 def held_units(holding: Holding, snapshot: Snapshot, vendors: Paired) -> frozenset[str]:
     """The units of a holding: its device plugin ids as the vendors map them, its claim's
     CDI devices as any device."""
-    units: set[str] = set()
-    for device_id in holding.device_ids:
-        for vendor, facts in vendors:
-            units |= vendor.allocated_units(holding.resource, device_id, snapshot, facts)
-    for name in holding.cdi_devices:
-        units |= device_units(name, snapshot, vendors)
-    return frozenset(units)
+    return frozenset[str]().union(
+        *(vendor.allocated_units(holding.resource, device_id, snapshot, facts)
+          for device_id in holding.device_ids for vendor, facts in vendors),
+        *(device_units(name, snapshot, vendors) for name in holding.cdi_devices))
 
 
 def check_not_held(context: ContainerContext, registry: Registry,

@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from cdi.cache import Device, Snapshot
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.versions import NativeCdi
-from nri_plugin.plugins.cdi_injector.context import ContainerContext
+from nri_plugin.plugins.cdi_injector.context import ContainerContext, DeviceRequest, unique_requests
 from nri_plugin.plugins.cdi_injector.policy import Policy
-from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, unique_requests
 
 log = logging.getLogger("nri_cdi.injector")
 _warned: set[str] = set()

@@ -18,21 +18,19 @@ from cdi.libpath import LD_LIBRARY_PATH_ENV
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.plugins.cdi_injector.context import (
     ContainerContext,
+    DeviceRequest,
+    RequestError,
     RequestSource,
     bare_context,
     check_sources,
+    container_requests,
+    nri_plugins_requests,
+    pod_requests,
     read_context,
 )
 from nri_plugin.plugins.cdi_injector.plan import InjectionError, lookup_devices
 from nri_plugin.plugins.cdi_injector.policy import NEUTRAL_SOURCES, Policy
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
-from nri_plugin.plugins.cdi_injector.requests import (
-    DeviceRequest,
-    RequestError,
-    container_requests,
-    nri_plugins_requests,
-    pod_requests,
-)
 from nri_plugin.plugins.cdi_injector.vendor import Registry, VendorRules
 
 NEUTRAL = (
@@ -56,8 +54,7 @@ def all_sources(vendors: Sequence[tuple[VendorRules, object]]
     paired: list[tuple[RequestSource, object]] = [(s, None) for s in NEUTRAL]
     for vendor, facts in vendors:
         paired += [(s, facts) for s in vendor.sources if s.read is not None]
-    return (tuple(p for p in paired if p[0].when_denied != "ignore")
-            + tuple(p for p in paired if p[0].when_denied == "ignore"))
+    return tuple(sorted(paired, key=lambda p: p[0].when_denied == "ignore"))  # stable
 
 
 def read_asked(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,

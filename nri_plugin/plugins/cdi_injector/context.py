@@ -1,5 +1,9 @@
 """One container as the injector sees it, with what every request source asked for, built
-once per CreateContainer; every later step reads this one immutable value. Pure.
+once per CreateContainer; every later step reads this one immutable value; and the
+injector's own sources' grammar: which CDI devices pod and container annotations ask for
+(docs/usage/requesting-devices.md). Pure. A pod's ``cdi.k8s.io/ctr.<container-name>``
+cannot clash with device-plugin keys, which always hold a ``_`` that container names
+cannot.
 """
 
 from __future__ import annotations
@@ -8,11 +12,99 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+from cdi.annotations import ANNOTATION_PREFIX, parse_annotation
 from cdi.cache import Snapshot
+from cdi.errors import AnnotationError
+from cdi.parser import is_qualified_name
 from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.crio import own_annotations
+from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.policy import Policy, SourceRule
-from nri_plugin.plugins.cdi_injector.requests import DeviceRequest, unique_requests
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
+
+CONTAINER_KEY_PREFIX = ANNOTATION_PREFIX + "ctr."
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRequest:
+    name: str
+    source: str  # e.g. "pod annotation 'cdi.k8s.io/gpu'", for error messages
+
+
+def pod_requests(pod_annotations: Mapping[str, str], container_name: str) -> list[DeviceRequest]:
+    """Requests from the pod's ``cdi.k8s.io/`` annotations (pod-wide and this container's)."""
+    requests: list[DeviceRequest] = []
+    own_key = CONTAINER_KEY_PREFIX + container_name
+    for key in sorted(pod_annotations):
+        if not key.startswith(ANNOTATION_PREFIX):
+            continue
+        if key.startswith(CONTAINER_KEY_PREFIX) and key != own_key:
+            continue  # another container's request
+        requests += _annotation_requests("pod", key, pod_annotations[key])
+    return requests
+
+
+def container_requests(container_annotations: Mapping[str, str]) -> list[DeviceRequest]:
+    """Requests from the container's ``cdi.k8s.io/`` annotations (the kubelet's)."""
+    requests: list[DeviceRequest] = []
+    for key in sorted(container_annotations):
+        if key.startswith(ANNOTATION_PREFIX):
+            requests += _annotation_requests("container", key, container_annotations[key])
+    return requests
+
+
+def _annotation_requests(where: str, key: str, value: str) -> list[DeviceRequest]:
+    try:
+        names = parse_annotation(key, value)
+    except AnnotationError as exc:
+        raise RequestError(f"{where} {exc}", annotation=key) from None
+    source = f"{where} annotation {key!r}"
+    return [DeviceRequest(n, source) for n in names]
+
+
+NRI_PLUGINS_DOMAIN = "cdi.nri.io"  # containers/nri-plugins' cdi-device-injector
+
+
+def nri_plugins_requests(pod_annotations: Mapping[str, str],
+                         container_name: str) -> list[DeviceRequest]:
+    """The pod annotations of containers/nri-plugins' CDI device injector, all of which
+    apply together as there."""
+    requests: list[DeviceRequest] = []
+    for key in (f"{NRI_PLUGINS_DOMAIN}/container.{container_name}",
+                f"{NRI_PLUGINS_DOMAIN}/pod", NRI_PLUGINS_DOMAIN):
+        if key in pod_annotations:
+            requests += comma_list_requests(key, pod_annotations[key])
+    return requests
+
+
+def comma_list_requests(key: str, value: str) -> list[DeviceRequest]:
+    """A pod annotation whose value is a comma list of qualified CDI names (the other NRI
+    injectors' format)."""
+    source = f"pod annotation {key!r}"
+    out = []
+    for item in value.split(","):
+        name = item.strip()
+        if not is_qualified_name(name):
+            raise RequestError(f"pod annotation {key!r}: {name!r} is not a fully qualified "
+                               "CDI device name (vendor/class=name)", annotation=key)
+        out.append(DeviceRequest(name, source))
+    return out
+
+
+class RequestError(Refusal):
+    """A malformed request; ``reason.annotation`` names its key."""
+
+    default_rule = "request.annotation"
+    default_code = Code.INVALID_ARGUMENT
+
+
+def unique_requests(requests: list[DeviceRequest]) -> list[DeviceRequest]:
+    """Each device once, at its first request (its source names the first asker)."""
+    first: dict[str, DeviceRequest] = {}
+    for request in requests:
+        first.setdefault(request.name, request)
+    return list(first.values())
+
 
 # Reads a source's requests from a container (pure): the container, the snapshot and the
 # vendor's facts for it. Raises a Refusal for a malformed request.
@@ -74,14 +166,13 @@ def bare_context(pod: nri_pb2.PodSandbox | None, container: nri_pb2.Container,
                  env_names: tuple[str, ...] | None = None) -> ContainerContext:
     """The container, no request read yet. ``env_names``: the prefixes of the env names
     the context keeps; None keeps them all."""
+    pod = pod if pod is not None else nri_pb2.PodSandbox()
     user = container.user if container.HasField("user") else None
     return ContainerContext(
-        pod.namespace if pod is not None else "", pod.name if pod is not None else "",
-        container.name, container.id, is_privileged(container),
+        pod.namespace, pod.name, container.name, container.id, is_privileged(container),
         user.uid if user else 0, user.gid if user else 0, env_map(container.env, env_names),
         # the container's own annotations: CRI-O shows the pod's among them
-        pod.annotations if pod is not None else {}, own_annotations(container),
-        container.mounts)
+        pod.annotations, own_annotations(container), container.mounts)
 
 
 def read_context(bare: ContainerContext, sources: Sequence[tuple[RequestSource, object]],

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -90,22 +89,3 @@ def delegation_problems(devices: Iterable[Device], runtime: RuntimeInfo) -> list
                 "share the folder (containerd: cdi_spec_dirs, or the defaults /etc/cdi and "
                 "/var/run/cdi) and set runtime_cdi.spec_dirs to match")
     return problems
-
-
-class DelegationTracker:
-    """Containers whose devices were handed to the runtime's CDI, until RemoveContainer
-    says how it went (``injector.was_created``: containerd undoes a creation that failed
-    after the plugin answered). Bounded: the oldest entries are forgotten first."""
-
-    LIMIT = 1024
-
-    def __init__(self) -> None:
-        self._pending: OrderedDict[str, tuple[str, tuple[str, ...]]] = OrderedDict()
-
-    def delegated(self, container_id: str, label: str, names: tuple[str, ...]) -> None:
-        self._pending[container_id] = (label, names)
-        if len(self._pending) > self.LIMIT:
-            self._pending.popitem(last=False)
-
-    def undone(self, container_id: str) -> tuple[str, tuple[str, ...]] | None:
-        return self._pending.pop(container_id, None)

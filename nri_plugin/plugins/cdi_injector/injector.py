@@ -6,8 +6,11 @@ here reads files but ``on_miss``.
 from __future__ import annotations
 
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from cdi.cache import Device
 from cdi.libpath import LD_LIBRARY_PATH_ENV
@@ -20,21 +23,41 @@ from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.plugins.cdi_injector.allocations import KubeletAllocations, check_not_held
 from nri_plugin.plugins.cdi_injector.already import Wanted, wanted
 from nri_plugin.plugins.cdi_injector.asked import Asker, OnHit, OnMiss, rechecked_refusal
-from nri_plugin.plugins.cdi_injector.context import ContainerContext
-from nri_plugin.plugins.cdi_injector.counters import Counters
-from nri_plugin.plugins.cdi_injector.delegation import DelegationTracker, RuntimeCdiConfig
+from nri_plugin.plugins.cdi_injector.context import ContainerContext, unique_requests
+from nri_plugin.plugins.cdi_injector.delegation import RuntimeCdiConfig
 from nri_plugin.plugins.cdi_injector.plan import (
     Injection,
     PlanCache,
     PlanFor,
     lookup_devices,
     mount_removals,
-    removes_runtime_mounts,
 )
 from nri_plugin.plugins.cdi_injector.policy import Policy
-from nri_plugin.plugins.cdi_injector.refusal import Reason, Refusal
-from nri_plugin.plugins.cdi_injector.requests import unique_requests
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.plugins.cdi_injector.vendor import EditFilter, Registry, VendorRules
+
+
+@dataclass(slots=True)
+class Counters:
+    """The plugin's counters, for its log and metrics: one object, shared by the injector
+    and the fail-closed guard; the metrics export every field. Plain ints, bumped on the
+    event loop and read without locking."""
+
+    injected: int = 0  # CreateContainer answered with devices
+    refused: int = 0  # CreateContainer refused (policy, requirements, bad request)
+    delegation_failed: int = 0  # handed to the runtime's own CDI, which failed them
+    unserved_found: int = 0  # found by Synchronize without their devices
+    unserved_reported: int = 0  # fail-closed action "report"
+    unserved_evicted: int = 0  # fail-closed action "evict": stopped, or its start refused
+    gids_dropped: int = 0  # containers given their devices without the spec's additionalGids
+
+
+class InjectionMetrics(Protocol):
+    """What is reported (``nri_plugin.ops.metrics.Metrics`` implements it)."""
+
+    def connected(self, runtime: str) -> None: ...
+    def denial(self, rule: str) -> None: ...
+    def injection(self, outcome: str, seconds: float) -> None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,18 +82,12 @@ class Wiring:
     # What the kubelet allocated to each pod, kept current by the daemon (no I/O here);
     # None, or a call that returns None: no kubelet to ask, nothing checked.
     allocations: Callable[[], KubeletAllocations | None] | None = None
+    # Each connection and each CreateContainer by outcome, timed (docs/operations/metrics.md).
+    metrics: InjectionMetrics | None = None
 
 
 log = logging.getLogger("nri_cdi.injector")
-
-
-class RefusedError(RpcError):
-    """The status a refused CreateContainer is answered with: the refusal's code and the
-    user's message (``Refusal.user_message``), with its structured reason for metrics."""
-
-    def __init__(self, refusal: Refusal) -> None:
-        super().__init__(refusal.code, refusal.user_message())
-        self.reason: Reason = refusal.reason
+DELEGATIONS_KEPT = 1024
 
 
 class CdiInjector(Plugin):
@@ -84,21 +101,22 @@ class CdiInjector(Plugin):
         policy: Policy | None = None,
         wiring: Wiring | None = None,
     ) -> None:
-        self._registry = registry  # swapped whole by the refresher; never does I/O
+        # The registry in force, swapped whole by the refresher; never does I/O.
+        self.registry = registry
         self.vendors = tuple(vendors)
         self.policy = policy or Policy.defaults(self.vendors)
         self.runtime = RuntimeInfo()
         self._wiring = wiring = wiring or Wiring()
         self.counters = wiring.counters if wiring.counters is not None else Counters()
-        self.delegations = DelegationTracker()
+        # Containers whose devices were handed to the runtime's CDI (container id -> label,
+        # names), until RemoveContainer says how it went (``was_created``); the oldest
+        # forgotten first, past DELEGATIONS_KEPT.
+        self.delegations: OrderedDict[str, tuple[str, tuple[str, ...]]] = OrderedDict()
         self._asker = Asker(self.vendors, wiring.on_miss, wiring.on_hit)
         self._plans = PlanCache()
         # Group sets already warned about on this connection (one line each, not one per
         # container: the counters and metrics count every container).
         self._gids_warned: set[tuple[int, ...]] = set()
-
-    def registry(self) -> Registry:
-        return self._registry()
 
     def set_policy(self, policy: Policy) -> None:
         """Put a new (validated) policy in force, from the next container on."""
@@ -116,7 +134,7 @@ class CdiInjector(Plugin):
                   runtime_version: str) -> EventMask | None:
         self.runtime = self.runtime_of(runtime_name, runtime_version)
         cdi, warning = self._wiring.runtime_cdi, self._wiring.on_start_warning
-        self.delegations = DelegationTracker()  # events of an earlier connection are lost
+        self.delegations.clear()  # events of an earlier connection are lost
         self._gids_warned.clear()
         log.info("connected to %s; %s", self.runtime.describe(),
                  cdi.describe(self.runtime) if cdi is not None else
@@ -129,6 +147,8 @@ class CdiInjector(Plugin):
                      "native CDI", self.runtime.describe_cdi())
         if warning is not None and (line := warning(self.runtime)):
             log.warning("%s", line)
+        if self._wiring.metrics is not None:
+            self._wiring.metrics.connected(f"{runtime_name} {runtime_version}")
         if not self.runtime.supports_cdi_devices:
             return EventMask.CREATE_CONTAINER  # nothing is handed over: nothing to follow up
         # RemoveContainer tells a handed-over creation that failed (containerd undoes it)
@@ -138,23 +158,39 @@ class CdiInjector(Plugin):
     def create_container(
         self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container
     ) -> nri_pb2.ContainerAdjustment | None:
+        start = time.perf_counter()
         label = f"container={container.name} pod={pod.namespace}/{pod.name}"
         try:
             injection = self.decide(pod, container)
         except Refusal as exc:
             self.counters.refused += 1
             log.warning("refused %s: %s", label, exc.log_message())
-            raise RefusedError(exc) from exc
+            self._measure("refused", start, exc.reason.rule)
+            # Answered with the refusal's code and the words its user reads.
+            raise RpcError(exc.code, exc.user_message()) from exc
+        except Exception:
+            self._measure("error", start)
+            raise
         if injection is None:
             return None
         self.counters.injected += 1
         if injection.delegated:
             # Not injected yet: the runtime's CDI resolves them after this reply.
-            self.delegations.delegated(container.id, label, injection.delegated)
+            self.delegations[container.id] = (label, injection.delegated)
+            if len(self.delegations) > DELEGATIONS_KEPT:
+                self.delegations.popitem(last=False)
         if injection.dropped_gids:
             self.counters.gids_dropped += 1
+        self._measure("delegated" if injection.delegated else "injected", start)
         self._wiring.after_reply(lambda: self._log_answer(label, injection))
         return injection.adjustment
+
+    def _measure(self, outcome: str, start: float, rule: str = "") -> None:
+        metrics = self._wiring.metrics
+        if metrics is not None:
+            if rule:
+                metrics.denial(rule)
+            metrics.injection(outcome, time.perf_counter() - start)
 
     def _log_answer(self, label: str, injection: Injection) -> None:
         if injection.delegated:
@@ -166,7 +202,7 @@ class CdiInjector(Plugin):
             self._warn_dropped_gids(injection)
 
     def remove_container(self, pod: nri_pb2.PodSandbox, container: nri_pb2.Container) -> None:
-        entry = self.delegations.undone(container.id)
+        entry = self.delegations.pop(container.id, None)
         if entry is None:
             return
         if was_created(container):  # the runtime's store has it: its CDI did inject them
@@ -187,7 +223,7 @@ class CdiInjector(Plugin):
         policy = self.policy
         # 1. What it asks for, by every source, under a registry that knows the names; no
         # device another pod holds asked for past the scheduler.
-        context, registry, reread = self._asker.read(pod, container, self._registry(), policy)
+        context, registry, reread = self._asker.read(pod, container, self.registry(), policy)
         if self._wiring.allocations is not None:
             check_not_held(context, registry, self.vendors, self._wiring.allocations)
         # 2. What of it is already in the container (the runtime's CDI, an earlier plugin).
@@ -241,7 +277,10 @@ class CdiInjector(Plugin):
                                   edit_filter, container)
         if removals is None:
             return None
-        if not removes_runtime_mounts(self.runtime):
+        # NRI mount removals reach the mounts the runtime's own CDI injected: seen with
+        # containerd 2.1.9; containerd 1.7.24 accepts the removals and keeps the mounts.
+        version = self.runtime.version
+        if self.runtime.is_containerd and version is not None and version < (2, 0, 0):
             log.warning("container %s: %d driver mount(s) its env did not ask for (e.g. %s) "
                         "stay: %s keeps the mounts its own CDI injected whatever NRI "
                         "removes", container.name, len(removals.mounts),

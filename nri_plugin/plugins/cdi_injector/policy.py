@@ -6,7 +6,7 @@ sources and default denials from the vendors it is given (``VendorPolicy``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from fnmatch import fnmatchcase
 from typing import Any, Protocol
 
@@ -14,9 +14,11 @@ from nri_plugin.nri.errors import NRIPluginError
 from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
 
-ACTIONS = ("evict", "report")
-GID_ACTIONS = ("drop", "refuse")
-UNKNOWN_FACTS = ("allow", "deny")
+
+def _key(key: str, default: Any = MISSING, check: str | tuple[str, ...] = "bool") -> Any:
+    """A field the policy file sets: its key (``section.key`` inside a section) and how its
+    value is checked (``_checked``: "bool", "patterns", or the choices of a string)."""
+    return field(default=default, metadata={"key": key, "check": check})
 
 
 class PolicyError(NRIPluginError):
@@ -39,9 +41,9 @@ class PolicyDenied(Refusal):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SourceRule:
     title: str  # how messages name the source, e.g. "pod annotations"
-    enabled: bool
-    namespaces: tuple[str, ...] = ("*",)
-    privileged_only: bool = False
+    enabled: bool = _key("enabled")
+    namespaces: tuple[str, ...] = _key("namespaces", ("*",), "patterns")
+    privileged_only: bool = _key("privilegedOnly", False)
 
 
 class NamedSource(Protocol):
@@ -65,9 +67,9 @@ class VendorPolicy(Protocol):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceRule:
     index: int
-    namespaces: tuple[str, ...] = ("*",)
-    allow: tuple[str, ...] = ()
-    deny: tuple[str, ...] = ()
+    namespaces: tuple[str, ...] = _key("namespaces", ("*",), "patterns")
+    allow: tuple[str, ...] = _key("allow", (), "patterns")
+    deny: tuple[str, ...] = _key("deny", (), "patterns")
 
     def describe(self) -> str:
         return f"devices[{self.index}] (namespaces {list(self.namespaces)})"
@@ -113,15 +115,16 @@ def default_device_rules(vendors: Sequence[VendorPolicy] = ()) -> tuple[DeviceRu
 class Policy:
     sources: Mapping[str, SourceRule] = field(default_factory=default_sources)
     devices: tuple[DeviceRule, ...] = field(default_factory=default_device_rules)
-    privileged_exempt: bool = False
-    enforce_requirements: bool = True
-    unknown_facts: str = "allow"  # a spec without sidecar facts: skip the checks
-    filter_capabilities: bool = True
-    mask_proc: bool = False  # procMasking.enabled: others' GPUs hidden in /proc (a hook)
+    privileged_exempt: bool = _key("privilegedExempt", False)
+    enforce_requirements: bool = _key("requirements.enforce", True)
+    # A spec without sidecar facts: allow skips the checks.
+    unknown_facts: str = _key("requirements.unknownFacts", "allow", ("allow", "deny"))
+    filter_capabilities: bool = _key("capabilities.filter", True)
+    mask_proc: bool = _key("procMasking.enabled", False)  # others' GPUs hidden in /proc
     # additionalGids NRI cannot carry and the runtime cannot take: drop (inject without
     # them, with a warning: narrower than the spec) or refuse the container.
-    additional_gids: str = "drop"
-    fail_closed_action: str = "evict"
+    additional_gids: str = _key("additionalGids", "drop", ("drop", "refuse"))
+    fail_closed_action: str = _key("failClosed.action", "evict", ("evict", "report"))
     origin: str = "built-in defaults"
 
     @classmethod
@@ -222,29 +225,28 @@ def parse_policy(doc: Any, *, origin: str = "", vendors: Sequence[VendorPolicy] 
         doc = {}
     if not isinstance(doc, dict):
         raise PolicyError(["the document must be a mapping"], origin)
-    _keys(doc, "", {"version", "sources", "devices", "privilegedExempt", "requirements",
-                    "capabilities", "failClosed", "procMasking", "additionalGids"}, problems)
+    # The plain settings by section ("": the top level).
+    sections: dict[str, dict[str, Field[Any]]] = {"": {}}
+    for key, setting in _declared(Policy).items():
+        section, _, name = key.rpartition(".")
+        sections.setdefault(section, {})[name] = setting
+    _keys(doc, "", {"version", "sources", "devices", *sections[""], *sections} - {""}, problems)
     if doc.get("version", 1) != 1:
         problems.append(f"version: unsupported {doc.get('version')!r} (want 1)")
-    sources = _sources(doc.get("sources", {}), default_sources(vendors), problems)
-    devices = _device_rules(doc.get("devices"), default_device_rules(vendors), problems)
-    req = _section(doc, "requirements", {"enforce", "unknownFacts"}, problems)
-    caps = _section(doc, "capabilities", {"filter"}, problems)
-    fail = _section(doc, "failClosed", {"action"}, problems)
-    masking = _section(doc, "procMasking", {"enabled"}, problems)
-    policy = Policy(
-        sources=sources, devices=devices,
-        privileged_exempt=_bool(doc, "privilegedExempt", False, "", problems),
-        enforce_requirements=_bool(req, "enforce", True, "requirements.", problems),
-        unknown_facts=_choice(req, "unknownFacts", UNKNOWN_FACTS, "requirements.", problems),
-        filter_capabilities=_bool(caps, "filter", True, "capabilities.", problems),
-        mask_proc=_bool(masking, "enabled", False, "procMasking.", problems),
-        additional_gids=_choice(doc, "additionalGids", GID_ACTIONS, "", problems),
-        fail_closed_action=_choice(fail, "action", ACTIONS, "failClosed.", problems),
-        origin=origin or "inline")
+    values: dict[str, Any] = {
+        "sources": _sources(doc.get("sources", {}), default_sources(vendors), problems),
+        "devices": _device_rules(doc.get("devices"), default_device_rules(vendors), problems)}
+    for section, declared in sections.items():
+        found = _section(doc, section, section, set(declared), problems) if section else doc
+        values.update(_read(found, f"{section}." if section else "", declared, problems))
     if problems:
         raise PolicyError(problems, origin)
-    return policy
+    return Policy(**values, origin=origin or "inline")
+
+
+def _declared(cls: type) -> dict[str, Field[Any]]:
+    """``cls``'s fields that the policy file sets, by key."""
+    return {f.metadata["key"]: f for f in fields(cls) if "key" in f.metadata}
 
 
 def _keys(doc: Mapping[str, Any], where: str, known: set[str], problems: list[str]) -> None:
@@ -253,45 +255,45 @@ def _keys(doc: Mapping[str, Any], where: str, known: set[str], problems: list[st
             problems.append(f"{where}{key}: unknown key (known: {', '.join(sorted(known))})")
 
 
-def _section(doc: Mapping[str, Any], key: str, known: set[str],
+def _section(doc: Mapping[str, Any], key: str, where: str, known: set[str],
              problems: list[str]) -> Mapping[str, Any]:
+    """The mapping ``doc[key]``, at ``where`` (empty when absent, null or not a mapping:
+    a problem)."""
     value = doc.get(key, {})
     if value is None:
         return {}
     if not isinstance(value, dict):
-        problems.append(f"{key}: must be a mapping")
+        problems.append(f"{where}: must be a mapping")
         return {}
-    _keys(value, key + ".", known, problems)
+    _keys(value, where + ".", known, problems)
     return value
 
 
-def _bool(doc: Mapping[str, Any], key: str, default: bool, where: str,
-          problems: list[str]) -> bool:
-    value = doc.get(key, default)
-    if not isinstance(value, bool):
-        problems.append(f"{where}{key}: must be true or false, got {value!r}")
-        return default
-    return value
+def _read(doc: Mapping[str, Any], where: str, declared: Mapping[str, Field[Any]],
+          problems: list[str]) -> dict[str, Any]:
+    """The declared keys ``doc`` has, checked, by field name."""
+    return {f.name: _checked(doc[key], where + key, f.metadata["check"], problems)
+            for key, f in declared.items() if key in doc}
 
 
-def _choice(doc: Mapping[str, Any], key: str, choices: Sequence[str], where: str,
-            problems: list[str]) -> str:
-    """``doc[key]``, one of ``choices``: the first when absent or invalid (a problem)."""
-    default = choices[0]
-    value = doc.get(key, default)
-    if value not in choices:
-        problems.append(f"{where}{key}: must be one of {', '.join(choices)}, got {value!r}")
-        return default
-    return str(value)
-
-
-def _patterns(value: Any, where: str, problems: list[str]) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
-        problems.append(f"{where}: must be a list of non-empty glob patterns, got {value!r}")
-        return ()
-    return tuple(value)
+def _checked(value: Any, where: str, check: str | tuple[str, ...],
+             problems: list[str]) -> Any:
+    """``value`` as ``check`` wants it; None with a problem when it is not."""
+    if check == "bool":
+        if isinstance(value, bool):
+            return value
+        want = "true or false"
+    elif check == "patterns":
+        value = [value] if isinstance(value, str) else value
+        if isinstance(value, list) and all(isinstance(p, str) and p for p in value):
+            return tuple(value)
+        want = "a list of non-empty glob patterns"
+    else:
+        if value in check:
+            return value
+        want = f"one of {', '.join(check)}"
+    problems.append(f"{where}: must be {want}, got {value!r}")
+    return None
 
 
 def _sources(doc: Any, defaults: Mapping[str, SourceRule],
@@ -300,25 +302,10 @@ def _sources(doc: Any, defaults: Mapping[str, SourceRule],
         problems.append("sources: must be a mapping")
         return defaults
     _keys(doc, "sources.", set(defaults), problems)
-    out = dict(defaults)
-    for name in defaults:
-        section = doc.get(name)
-        if section is None:
-            continue
-        where = f"sources.{name}"
-        if not isinstance(section, dict):
-            problems.append(f"{where}: must be a mapping")
-            continue
-        _keys(section, where + ".", {"enabled", "namespaces", "privilegedOnly"}, problems)
-        base = defaults[name]
-        out[name] = SourceRule(
-            title=base.title,
-            enabled=_bool(section, "enabled", base.enabled, where + ".", problems),
-            namespaces=_patterns(section.get("namespaces", list(base.namespaces)),
-                                 where + ".namespaces", problems),
-            privileged_only=_bool(section, "privilegedOnly", base.privileged_only,
-                                  where + ".", problems))
-    return out
+    declared = _declared(SourceRule)
+    return {name: replace(rule, **_read(
+        _section(doc, name, f"sources.{name}", set(declared), problems),
+        f"sources.{name}.", declared, problems)) for name, rule in defaults.items()}
 
 
 def _device_rules(doc: Any, defaults: tuple[DeviceRule, ...],
@@ -328,18 +315,17 @@ def _device_rules(doc: Any, defaults: tuple[DeviceRule, ...],
     if not isinstance(doc, list):
         problems.append("devices: must be a list of rules")
         return defaults
+    declared = _declared(DeviceRule)
     rules = []
     for i, item in enumerate(doc):
         where = f"devices[{i}]"
         if not isinstance(item, dict):
             problems.append(f"{where}: must be a mapping")
             continue
-        _keys(item, where + ".", {"namespaces", "allow", "deny"}, problems)
+        _keys(item, where + ".", set(declared), problems)
         if "allow" not in item and "deny" not in item:
             problems.append(f"{where}: needs allow or deny")
-        rules.append(DeviceRule(
-            index=i, namespaces=_patterns(item.get("namespaces", ["*"]), where + ".namespaces",
-                                          problems),
-            allow=_patterns(item.get("allow") or [], where + ".allow", problems),
-            deny=_patterns(item.get("deny") or [], where + ".deny", problems)))
+        none = {k: item.get(k) or [] for k in ("allow", "deny")}  # null or empty: none
+        rules.append(DeviceRule(index=i, **_read({**item, **none}, where + ".", declared,
+                                                 problems)))
     return tuple(rules)

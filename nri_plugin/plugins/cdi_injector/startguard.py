@@ -19,14 +19,13 @@ from nri_plugin.nri.plugin import Plugin
 from nri_plugin.nri.second_connection import CallLater
 from nri_plugin.nri.versions import RuntimeInfo
 from nri_plugin.nri.wire import Code
-from nri_plugin.plugins.cdi_injector.counters import Counters
 from nri_plugin.plugins.cdi_injector.eviction import (
     CGROUP_ROOT,
     cgroup_has_processes,
     stop_processes,
     write_termination_message,
 )
-from nri_plugin.plugins.cdi_injector.injector import CdiInjector
+from nri_plugin.plugins.cdi_injector.injector import CdiInjector, Counters
 from nri_plugin.plugins.cdi_injector.refusal import USER_PREFIX
 from nri_plugin.plugins.cdi_injector.unserved import Unserved, container_unserved, find_unserved
 

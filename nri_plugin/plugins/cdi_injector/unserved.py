@@ -18,11 +18,10 @@ from nri_plugin.nri.api import nri_pb2
 from nri_plugin.nri.versions import NativeCdi
 from nri_plugin.plugins.cdi_injector.already import all_nodes_present, wanted
 from nri_plugin.plugins.cdi_injector.asked import read_asked
-from nri_plugin.plugins.cdi_injector.context import check_sources
+from nri_plugin.plugins.cdi_injector.context import NRI_PLUGINS_DOMAIN, check_sources
 from nri_plugin.plugins.cdi_injector.injector import CdiInjector
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
-from nri_plugin.plugins.cdi_injector.requests import NRI_PLUGINS_DOMAIN
 from nri_plugin.plugins.cdi_injector.vendor import VendorRules
 
 # Created (not started: the init process waits) and running containers can be used;

@@ -97,13 +97,12 @@ class RegistryHolder:
 
     def __init__(self, vendors: Sequence[VendorRules]) -> None:
         self.vendors = tuple(vendors)
-        self.current = Registry(Snapshot(), tuple(None for _ in self.vendors))
+        self.current = Registry(Snapshot())  # no facts: None for each vendor
 
     def get(self) -> Registry:
         return self.current
 
     def update(self, snapshot: Snapshot) -> Registry:
         """Load the vendors' facts for ``snapshot`` and swap both in together."""
-        registry = Registry.load(snapshot, self.vendors)
-        self.current = registry
-        return registry
+        self.current = Registry.load(snapshot, self.vendors)
+        return self.current

@@ -16,10 +16,15 @@ from typing import Any
 from cdi.cache import Snapshot
 from cdi.model import DeviceNode, Hook
 from cdi.nvidia.sidecar import SUFFIX as SIDECAR_SUFFIX
-from nri_plugin.vendors.nvidia.requirements import NodeVersions
 
 log = logging.getLogger("nri_cdi.facts")
 _MAX_SIDECAR_BYTES = 16 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeVersions:
+    driver: str | None = None  # RM version, e.g. 550.54.15
+    cuda: str | None = None  # the newest CUDA the driver supports, e.g. 12.4
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,8 +36,8 @@ class DeviceFacts:
     bus_id: str = ""
     mig_index: int | None = None
     mig_uuid: str = ""
-    arch: str | None = None
-    brand: str | None = None
+    arch: str | None = None  # compute capability, e.g. 8.0
+    brand: str | None = None  # e.g. tesla, nvidia
     minor: int | None = None  # of /dev/nvidia<minor> (the parent GPU's, for MIG)
 
 
@@ -60,9 +65,6 @@ class SpecFacts:
 class NodeFacts:
     specs: Mapping[str, SpecFacts] = field(default_factory=_empty)  # by spec path
     devices: Mapping[str, DeviceFacts] = field(default_factory=_empty)  # by CDI name
-    generation: int = 0  # the snapshot generation they were loaded for
-    # Sidecars that did not match their spec (one of the two is being rewritten).
-    stale: tuple[str, ...] = ()
     # The parsed spec object each spec's facts were read for (the registry keeps the
     # object of an unchanged file), so that a later load can tell they still apply.
     loaded_for: Mapping[str, object] = field(default_factory=_empty)
@@ -77,12 +79,10 @@ def load_facts(snapshot: Snapshot, previous: NodeFacts | None = None) -> NodeFac
     sidecar that does not match its spec keeps ``previous``'s facts for that spec when the
     spec file did not change since."""
     specs: dict[str, SpecFacts] = {}
-    stale: list[str] = []
     loaded_for: dict[str, object] = {}
     for path, loaded in snapshot.specs.items():
         doc = _read_sidecar(path)
-        if doc is _STALE:
-            stale.append(path)
+        if doc is _STALE:  # one of the two is being rewritten
             kept = (previous.specs.get(path) if previous is not None
                     and previous.loaded_for.get(path) is loaded.spec else None)
             if kept is not None:
@@ -98,8 +98,8 @@ def load_facts(snapshot: Snapshot, previous: NodeFacts | None = None) -> NodeFac
             continue
         specs[path], loaded_for[path] = facts, loaded.spec
     devices = {name: d for facts in specs.values() for name, d in facts.devices.items()}
-    return NodeFacts(MappingProxyType(specs), MappingProxyType(devices), snapshot.generation,
-                     tuple(stale), MappingProxyType(loaded_for))
+    return NodeFacts(MappingProxyType(specs), MappingProxyType(devices),
+                     MappingProxyType(loaded_for))
 
 
 _STALE: dict[str, Any] = {}

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nri_plugin.plugins.cdi_injector.refusal import Refusal
+from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeVersions
 
 REQUIRE_PREFIX = "NVIDIA_REQUIRE_"
 IGNORED = frozenset({"NVIDIA_REQUIRE_JETPACK"})
@@ -44,19 +45,6 @@ class Requirement:
     alternatives: tuple[tuple[Constraint, ...], ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeVersions:
-    driver: str | None = None  # RM version, e.g. 550.54.15
-    cuda: str | None = None  # the newest CUDA the driver supports, e.g. 12.4
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GpuInfo:
-    name: str  # CDI name, for messages
-    arch: str | None = None  # compute capability, e.g. 8.0
-    brand: str | None = None  # e.g. tesla, nvidia
-
-
 def _version_key(text: str) -> tuple[int, ...]:
     parts = [int(p) for p in text.split(".")]
     while len(parts) > 1 and parts[-1] == 0:
@@ -77,12 +65,11 @@ def _parse_constraint(env: str, term: str) -> Constraint:
     for op in _OPS:
         name, sep, value = term.partition(op)
         if sep and name and value:
-            return _checked(env, Constraint(name.strip().lower(), op, value.strip()))
-    raise RequirementError(f"{env}: cannot parse {term!r} (want NAME OP VALUE, OP one of "
-                           "= != < <= > >=)")
-
-
-def _checked(env: str, c: Constraint) -> Constraint:
+            break
+    else:
+        raise RequirementError(f"{env}: cannot parse {term!r} (want NAME OP VALUE, OP one "
+                               "of = != < <= > >=)")
+    c = Constraint(name.strip().lower(), op, value.strip())
     if c.name not in NAMES:
         raise RequirementError(f"{env}: unknown name {c.name!r} in {c} (known: "
                                f"{', '.join(NAMES)})")
@@ -111,7 +98,7 @@ def requirements_from_env(env: Mapping[str, str]) -> list[Requirement]:
 
 
 def check(requirements: Sequence[Requirement], node: NodeVersions,
-          gpus: Sequence[GpuInfo]) -> None:
+          gpus: Sequence[DeviceFacts]) -> None:
     """Raise RequirementError for the first requirement not met. Evaluated once per GPU
     (arch and brand are per device); with no GPU, once with arch/brand taken as met."""
     for requirement in requirements:
@@ -123,7 +110,7 @@ def check(requirements: Sequence[Requirement], node: NodeVersions,
                 raise RequirementError(_message(requirement, [f for f in failures if f]))
 
 
-def _failure(c: Constraint, node: NodeVersions, gpu: GpuInfo | None) -> str | None:
+def _failure(c: Constraint, node: NodeVersions, gpu: DeviceFacts | None) -> str | None:
     if c.name == "cuda":
         have = node.cuda
         described = f"node driver {node.driver or '(unknown version)'} supports CUDA {have}"

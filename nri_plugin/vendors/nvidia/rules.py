@@ -1,54 +1,107 @@
 """NVIDIA's rules behind the injector's ``VendorRules`` interface: ``NVIDIA_REQUIRE_*``
 checked against the facts of the specs a requested device comes from,
-``NVIDIA_DRIVER_CAPABILITIES`` as an edit filter, and the GPUs and MIG devices a device
-covers (``allocations``). Facts come from the generator's sidecars (``nodefacts``), loaded
-in the refresher's thread; everything else here is pure.
+``NVIDIA_DRIVER_CAPABILITIES`` as an edit filter (only the driver files of the capabilities
+asked for, as the generator's sidecar assigns them: docs/usage/policy.md, "Driver
+capabilities"), and the GPUs and MIG devices a device covers (``allocations``). Facts
+come from the generator's sidecars (``nodefacts``), loaded in the refresher's thread;
+everything else here is pure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
 from cdi.cache import Snapshot
 from cdi.edits import merge
-from cdi.model import ContainerEdits, DeviceNode, Hook
+from cdi.model import ContainerEdits, DeviceNode, Hook, Mount
+from nri_plugin.nri.wire import Code
 from nri_plugin.plugins.cdi_injector.context import ContainerContext, RequestSource
 from nri_plugin.plugins.cdi_injector.policy import Policy, PolicyDenied
-from nri_plugin.vendors.nvidia.capabilities import ENV as CAPABILITIES_ENV
-from nri_plugin.vendors.nvidia.capabilities import filter_edits, requested_capabilities
+from nri_plugin.plugins.cdi_injector.refusal import Refusal
 from nri_plugin.vendors.nvidia.nodefacts import DeviceFacts, NodeFacts, SpecFacts, load_facts
-from nri_plugin.vendors.nvidia.requirements import (
-    GpuInfo,
-    RequirementError,
-    check,
-    requirements_from_env,
-)
+from nri_plugin.vendors.nvidia.requirements import RequirementError, check, requirements_from_env
 from nri_plugin.vendors.nvidia.sources import (
+    GPU_KIND,
     IMEX_CHANNELS,
+    IMEX_ENV,
     MIG_CAPABILITIES,
+    MIG_CONFIG_ENV,
+    MIG_MONITOR_ENV,
     NRI_ANNOTATIONS,
     NRI_KEY,
     SOURCES,
     VISIBLE_DEVICES,
-    facts_of,
-    is_legacy_image,
-)
-from nri_plugin.vendors.nvidia.visible_devices import ENV as VISIBLE_ENV
-from nri_plugin.vendors.nvidia.visible_devices import (
-    GPU_KIND,
-    IMEX_ENV,
-    MIG_CONFIG_ENV,
-    MIG_MONITOR_ENV,
+    VISIBLE_ENV,
     ExtrasError,
     driver_only_edits,
+    facts_of,
     imex_channel_ids,
     imex_channels,
+    is_legacy_image,
     match_id,
     mig_capability_node,
     wants_driver_only,
     wants_mig_capability,
 )
+
+CAPABILITIES_ENV = "NVIDIA_DRIVER_CAPABILITIES"
+ALL_CAPABILITIES = frozenset({"compute", "compat32", "graphics", "utility", "video", "display",
+                              "ngx"})
+DEFAULT_CAPABILITIES = frozenset({"utility", "compute"})
+# What one capability brings along: video needs the compute libraries; display is
+# the graphics libraries plus the modeset node.
+_IMPLIES = {"video": frozenset({"compute"}), "display": frozenset({"graphics"})}
+
+
+class CapabilityError(Refusal):
+    default_rule = "nvidia.capabilities"
+    default_code = Code.INVALID_ARGUMENT
+
+
+def requested_capabilities(env: Mapping[str, str], *, legacy: bool = False) -> frozenset[str]:
+    """The capability set a container asks for. Unset or empty: utility,compute (a legacy
+    image without the variable: all). Raises CapabilityError for an unknown name."""
+    text = env.get(CAPABILITIES_ENV, "")
+    names = {n.strip() for n in text.split(",") if n.strip()}
+    if not names:
+        return ALL_CAPABILITIES if legacy else _expand(DEFAULT_CAPABILITIES)
+    if "all" in names:
+        return ALL_CAPABILITIES
+    unknown = sorted(names - ALL_CAPABILITIES)
+    if unknown:
+        raise CapabilityError(f"{CAPABILITIES_ENV}: unknown capability "
+                              f"{', '.join(map(repr, unknown))} "
+                              f"(known: all, {', '.join(sorted(ALL_CAPABILITIES))})")
+    return _expand(frozenset(names))
+
+
+def _expand(names: frozenset[str]) -> frozenset[str]:
+    return names.union(*(_IMPLIES.get(name, ()) for name in names))
+
+
+def filter_edits(edits: ContainerEdits, capability_of: Mapping[str, str],
+                 wanted: frozenset[str]) -> ContainerEdits:
+    """``edits`` without the mounts of driver files that belong to a capability not in
+    ``wanted``. A mount is known by the host file it mounts: a hook-free spec mounts one
+    library at its versioned name and at each link name. Older sidecars record container
+    paths: a mount is then known by its container path, else by another mount of the same
+    host file that is."""
+    if wanted >= ALL_CAPABILITIES or not capability_of:
+        return edits
+    by_host = {m.host_path: capability_of[m.container_path] for m in edits.mounts
+               if m.container_path in capability_of}
+
+    def capability(mount: Mount) -> str:
+        return (capability_of.get(mount.host_path) or capability_of.get(mount.container_path)
+                or by_host.get(mount.host_path, "other"))
+
+    kept = tuple(m for m in edits.mounts if capability(m) in wanted or capability(m) == "other")
+    if len(kept) == len(edits.mounts):
+        return edits
+    return edits._replace(mounts=kept)
+
 
 # The resource names NVIDIA's device plugin registers (nvidia.com/gpu, nvidia.com/mig-1g.10gb,
 # a renamed or shared resource): all under its domain.
@@ -186,7 +239,11 @@ class NvidiaRules:
         for variable, which in ((MIG_CONFIG_ENV, "migConfig"), (MIG_MONITOR_ENV, "migMonitor")):
             if not wants_mig_capability(env, variable):
                 continue
-            _check(policy, MIG_CAPABILITIES, variable, context)
+            try:
+                policy.check_source(MIG_CAPABILITIES.name, context.namespace,
+                                    context.privileged, default=MIG_CAPABILITIES.default)
+            except PolicyDenied as denial:
+                raise ExtrasError(f"{variable}: {denial}", rule=denial.reason.rule) from None
             mig = [n for n in names if node.devices.get(n) is not None
                    and node.devices[n].type == "mig"]
             if mig:
@@ -224,10 +281,9 @@ def _units_by_nodes(paths: set[str], snapshot: Snapshot, facts: NodeFacts) -> fr
         caps = {n.path for n in device.edits.device_nodes if n.path.startswith(CAPS_FOLDER)}
         if caps and caps <= paths:
             mig.add(_unit(facts_device))
-    if mig:
-        return frozenset(mig)
-    return frozenset(_unit(d) for d in facts.devices.values() if d.type == "gpu"
-                     and d.minor is not None and f"/dev/nvidia{d.minor}" in paths)
+    return frozenset(mig) or frozenset(
+        _unit(d) for d in facts.devices.values()
+        if d.type == "gpu" and d.minor is not None and f"/dev/nvidia{d.minor}" in paths)
 
 
 def _whole_devices(context: ContainerContext) -> bool:
@@ -240,7 +296,7 @@ def _whole_devices(context: ContainerContext) -> bool:
 
 
 def _by_device_node(names: Sequence[str], snapshot: Snapshot,
-                    node: NodeFacts) -> dict[str, list[GpuInfo]]:
+                    node: NodeFacts) -> dict[str, list[DeviceFacts]]:
     """For requested devices of specs without facts: the recorded GPUs whose
     ``/dev/nvidia<minor>`` node they carry, by the spec path whose facts know them."""
     minors: dict[str, tuple[str, DeviceFacts]] = {}
@@ -248,7 +304,7 @@ def _by_device_node(names: Sequence[str], snapshot: Snapshot,
         for d in spec.devices.values():
             if d.type == "gpu" and d.minor is not None:
                 minors.setdefault(f"/dev/nvidia{d.minor}", (spec.path, d))
-    out: dict[str, list[GpuInfo]] = {}
+    out: dict[str, list[DeviceFacts]] = {}
     for name in names:
         device = snapshot.devices.get(name)
         if device is None or device.spec.path in node.specs:
@@ -256,8 +312,7 @@ def _by_device_node(names: Sequence[str], snapshot: Snapshot,
         for dev_node in device.edits.device_nodes:
             found = minors.get(dev_node.path)
             if found is not None:
-                out.setdefault(found[0], []).append(
-                    GpuInfo(name=name, arch=found[1].arch, brand=found[1].brand))
+                out.setdefault(found[0], []).append(replace(found[1], name=name))
     return out
 
 
@@ -288,18 +343,7 @@ def _allows(policy: Policy, source: RequestSource, context: ContainerContext) ->
                                  source.default) is None
 
 
-def _check(policy: Policy, source: RequestSource, variable: str,
-           context: ContainerContext) -> None:
-    try:
-        policy.check_source(source.name, context.namespace, context.privileged,
-                            default=source.default)
-    except PolicyDenied as denial:
-        raise ExtrasError(f"{variable}: {denial}", rule=denial.reason.rule) from None
-
-
-def _gpus(names: Sequence[str], spec: SpecFacts) -> list[GpuInfo]:
-    devices = spec.devices
-    requested = [devices[n] for n in names if n in devices]
+def _gpus(names: Sequence[str], spec: SpecFacts) -> list[DeviceFacts]:
     if f"{spec.kind}=all" in names:  # "all": every device of that spec
-        requested = list(devices.values())
-    return [GpuInfo(name=d.name, arch=d.arch, brand=d.brand) for d in requested]
+        return list(spec.devices.values())
+    return [spec.devices[n] for n in names if n in spec.devices]
