@@ -194,6 +194,11 @@ class DriverRoot:
         # Host paths left out (a link loop, a SONAME naming another folder) and why:
         # reported, never fatal (one bad file must not cost the node its whole spec).
         self.skipped: dict[str, str] = {}
+        # Each folder's walk (its components and the links followed to get there; None
+        # when it is no folder or its links loop), for this run only: a run probes a few
+        # hundred paths in a few dozen folders, most of them missing, and a walk continued
+        # from its folder is the walk from the top.
+        self._folders: dict[str, tuple[list[str], int] | None] = {}
 
     def host(self, container: str) -> str:
         rel = container.lstrip("/")
@@ -204,12 +209,29 @@ class DriverRoot:
         return "/" if rel == "." else "/" + rel
 
     def resolve(self, path: str) -> str | None:
-        """The host path that the container path ``path`` resolves to (missing components
-        kept as they are); None when its links loop."""
+        """The host path that the container path ``path`` resolves to (its last component
+        kept as it is when missing); None when its folder is none or its links loop."""
+        folder, _, name = posixpath.normpath("/" + path).rpartition("/")
+        walked = self._folder(folder)
+        if walked is not None:
+            walked = self._walk(walked[0], name, walked[1])
+        return None if walked is None else self.host("/".join(walked[0]))
+
+    def _folder(self, folder: str) -> tuple[list[str], int] | None:
+        """The walk to ``folder`` (normal, "" for the root), continued from its parent's."""
+        if folder not in self._folders:
+            parent, _, name = folder.rpartition("/")
+            walked = self._folder(parent) if folder else ([], 0)
+            if walked is not None and folder:
+                walked = self._walk(walked[0], name, walked[1])
+            if walked is not None and not os.path.isdir(self.host("/".join(walked[0]))):
+                walked = None
+            self._folders[folder] = walked
+        return self._folders[folder]
+
+    def _walk(self, done: list[str], rest: str, hops: int) -> tuple[list[str], int] | None:
         try:
-            root = os.fspath(Path(self.root))
-            parts, _hops = resolve_from(root, (), posixpath.normpath("/" + path))
-            return os.fspath(Path(root).joinpath(*parts))
+            return resolve_from(self.root, done, rest, hops)
         except OSError as exc:
             if exc.errno != errno.ELOOP:
                 raise
