@@ -95,7 +95,7 @@ from cdi.cache import SpecCache
 from tests.e2e import images, paths
 from tests.e2e.containerd import Containerd
 from tests.e2e.cri import CriClient
-from tests.e2e.plugin import PluginProcess
+from tests.e2e.plugin import PluginProcess, annotation_policy
 from tests.helpers import make_char_device
 
 KIND = "bench.example/gpu"
@@ -153,6 +153,8 @@ class CheckoutPlugin(PluginProcess):
         return args
 
     def spawn(self) -> PluginProcess:
+        # The same policy as ours (the harness writes it when it spawns its own plugin).
+        self.policy_path.write_text(annotation_policy(self.annotation_namespaces))
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         env = {**os.environ, "PYTHONPATH": str(self.repo)}
         self.process = subprocess.Popen(self.command(), stdout=log, stderr=log, env=env,
